@@ -1,0 +1,32 @@
+#include <cuComplex.h>
+
+#include "kernels/cuda_check.hpp"
+#include "kernels/gemm.hpp"
+
+namespace qstage::kernels::detail {
+
+// cuBLAS is column-major. A row-major m×k matrix is a column-major k×m matrix, so the row-major
+// product C = A·B is the column-major product Cᵀ = Bᵀ·Aᵀ: swap the operands and m with n.
+void gemm_cuda(void* cuda_stream, void* cublas_handle, const Gemm& g) {
+  if (g.m == 0 || g.n == 0) return;
+  auto handle = static_cast<cublasHandle_t>(cublas_handle);
+  cudaDataType_t type;
+  cublasComputeType_t compute;
+  const float one_f[2] = {1, 0}, zero_f[2] = {0, 0};
+  const double one_d[2] = {1, 0}, zero_d[2] = {0, 0};
+  const void *one = one_f, *zero = zero_f;
+  switch (g.dtype) {
+    case h5::DType::float32: type = CUDA_R_32F; compute = g.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F; break;
+    case h5::DType::complex64: type = CUDA_C_32F; compute = g.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F; break;
+    case h5::DType::float64: type = CUDA_R_64F; compute = CUBLAS_COMPUTE_64F; one = one_d; zero = zero_d; break;
+    case h5::DType::complex128: type = CUDA_C_64F; compute = CUBLAS_COMPUTE_64F; one = one_d; zero = zero_d; break;
+    default: throw std::invalid_argument("gemm: unsupported dtype");
+  }
+  QSTAGE_CUDA_CHECK(cublasSetStream(handle, static_cast<cudaStream_t>(cuda_stream)));
+  QSTAGE_CUDA_CHECK(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(g.n), static_cast<int>(g.m),
+                                 static_cast<int>(g.k), one, g.b, type, static_cast<int>(g.ldb), g.a, type,
+                                 static_cast<int>(g.lda), zero, g.c, type, static_cast<int>(g.ldc), compute,
+                                 CUBLAS_GEMM_DEFAULT));
+}
+
+}  // namespace qstage::kernels::detail

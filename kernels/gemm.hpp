@@ -1,0 +1,33 @@
+#pragma once
+// Dense matrix products on either backend: C = A · B with row-major operands (the layout HDF5
+// rows stream in), through cuBLAS (cublasGemmEx) or OpenBLAS (cblas_?gemm).
+// Flop convention (used in every rate qstage reports): 2 m n k real flops for real types and
+// 8 m n k for complex types (a complex multiply-add is 8 real flops).
+#include <cstdint>
+
+#include "backend/backend.hpp"
+#include "io/h5.hpp"
+
+namespace qstage::kernels {
+
+struct Gemm {
+  h5::DType dtype = h5::DType::complex64;  // float32, float64, complex64, complex128
+  std::int64_t m = 0, n = 0, k = 0;
+  const void* a = nullptr;  // m × k, row-major, leading dimension lda (>= k)
+  std::int64_t lda = 0;
+  const void* b = nullptr;  // k × n, row-major, leading dimension ldb (>= n)
+  std::int64_t ldb = 0;
+  void* c = nullptr;        // m × n, row-major, leading dimension ldc (>= n)
+  std::int64_t ldc = 0;
+  bool tf32 = false;        // cuda, single precision: use TF32 tensor cores
+};
+
+void gemm(Stream& stream, const Gemm& args);
+void gemm_cpu(const Gemm& args);
+double gemm_flops(const Gemm& args);
+
+namespace detail {
+void gemm_cuda(void* cuda_stream, void* cublas_handle, const Gemm& args);
+}
+
+}  // namespace qstage::kernels

@@ -1,0 +1,58 @@
+#include <stdexcept>
+
+#include "kernels/stats.hpp"
+#include "kernels/stats_math.hpp"
+
+namespace qstage::kernels {
+
+std::uint64_t stats_tiles(const Stats& a) {
+  return a.tile_elements ? (a.elements + a.tile_elements - 1) / a.tile_elements : 0;
+}
+
+void fold(StatsPartial& a, const StatsPartial& b) { detail::merge(a, b); }
+
+namespace {
+
+template <typename T>
+void stats_tiles_cpu(const Stats& a, bool complex) {
+  const auto tiles = static_cast<std::int64_t>(stats_tiles(a));
+#pragma omp parallel for schedule(dynamic)
+  for (std::int64_t t = 0; t < tiles; ++t) {
+    StatsPartial p;
+    const std::uint64_t begin = static_cast<std::uint64_t>(t) * a.tile_elements;
+    const std::uint64_t end = std::min(a.elements, begin + a.tile_elements);
+    for (std::uint64_t e = begin; e < end; ++e) {
+      double re, im;
+      detail::load<T>(a.data, e, complex, re, im);
+      detail::accumulate(p, re, im, complex);
+      detail::add_qsum<T>(p, a.data, e, complex, a.first_word);
+    }
+    a.partials[t] = p;
+  }
+}
+
+}  // namespace
+
+void stats_cpu(const Stats& a) {
+  switch (a.dtype) {
+    case h5::DType::float32: return stats_tiles_cpu<float>(a, false);
+    case h5::DType::complex64: return stats_tiles_cpu<float>(a, true);
+    case h5::DType::float64: return stats_tiles_cpu<double>(a, false);
+    case h5::DType::complex128: return stats_tiles_cpu<double>(a, true);
+    default: throw std::invalid_argument("stats: unsupported dtype");
+  }
+}
+
+void stats(Stream& stream, const Stats& args) {
+  if (stream.kind() == BackendKind::cuda) {
+#ifdef QSTAGE_HAVE_CUDA
+    detail::stats_cuda(stream.native(), args);
+    return;
+#else
+    throw std::logic_error("stats: cuda stream in a build without CUDA");
+#endif
+  }
+  stats_cpu(args);
+}
+
+}  // namespace qstage::kernels

@@ -1,0 +1,132 @@
+#pragma once
+// The compute backends behind one interface: `cpu` (OpenBLAS and OpenMP threads) and `cuda`
+// (cuBLAS and the kernels in kernels/). A stage never sees which one it runs on: it gets device
+// buffers, a Stream, and calls kernels::* functions that dispatch on the stream's kind.
+//
+// Every allocation is charged to a MemoryBudget (--device-memory, --host-memory), so budgets are
+// enforced where memory is taken, and the peak is what qstage reports.
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+
+namespace qstage {
+
+enum class BackendKind { cpu, cuda };
+std::string_view backend_name(BackendKind kind);
+
+// A byte budget with a running total and a high-water mark. Thread-safe.
+class MemoryBudget {
+ public:
+  MemoryBudget(std::string name, std::uint64_t limit) : name_(std::move(name)), limit_(limit) {}
+  // Charges `bytes` for `what`; throws RuntimeFailure (the planner should have prevented it).
+  void charge(std::uint64_t bytes, std::string_view what);
+  void release(std::uint64_t bytes);
+  void reset_peak() { peak_ = in_use_.load(); }
+  std::uint64_t limit() const { return limit_; }
+  std::uint64_t in_use() const { return in_use_.load(); }
+  std::uint64_t peak() const { return peak_.load(); }
+  const std::string& name() const { return name_; }
+
+ private:
+  std::string name_;
+  std::uint64_t limit_;
+  std::atomic<std::uint64_t> in_use_{0}, peak_{0};
+  std::mutex mutex_;
+};
+
+// Memory owned by a backend (device memory, or pinned host memory), released on destruction.
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(void* data, std::size_t bytes, MemoryBudget* budget, std::function<void(void*)> free)
+      : data_(data), bytes_(bytes), budget_(budget), free_(std::move(free)) {}
+  Buffer(Buffer&& o) noexcept { *this = std::move(o); }
+  Buffer& operator=(Buffer&& o) noexcept;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer() { reset(); }
+  void reset();
+  void* data() const { return data_; }
+  template <typename T>
+  T* as() const { return static_cast<T*>(data_); }
+  std::size_t size() const { return bytes_; }
+
+ private:
+  void* data_ = nullptr;
+  std::size_t bytes_ = 0;
+  MemoryBudget* budget_ = nullptr;
+  std::function<void(void*)> free_;
+};
+
+// An ordered queue of device work. On `cpu` every call runs at once on the calling thread;
+// on `cuda` it is a cudaStream_t with its own cuBLAS handle, and calls are asynchronous.
+class Stream {
+ public:
+  static constexpr int kMarks = 8;
+  virtual ~Stream() = default;
+  virtual BackendKind kind() const = 0;
+  virtual void synchronize() = 0;
+  // True if all work enqueued so far has finished (never blocks).
+  virtual bool ready() = 0;
+  // Records timing mark i (0 <= i < kMarks) at this point of the queue.
+  virtual void mark(int i) = 0;
+  // Seconds between two marks; valid once the work after both marks has finished.
+  virtual double seconds_between(int from, int to) = 0;
+  // Native handles for kernels (nullptr on cpu): cudaStream_t and cublasHandle_t.
+  virtual void* native() { return nullptr; }
+  virtual void* blas_handle() { return nullptr; }
+};
+
+class Backend {
+ public:
+  Backend(std::uint64_t device_limit, std::uint64_t host_limit)
+      : device_budget_("device", device_limit), host_budget_("host", host_limit) {}
+  virtual ~Backend() = default;
+  virtual BackendKind kind() const = 0;
+  // One line saying what runs the work, e.g. "NVIDIA H100 80GB HBM3 (GPU 0 of 1, sm_90)".
+  virtual std::string description() const = 0;
+  virtual Buffer alloc_device(std::size_t bytes, std::string_view what) = 0;
+  // Host memory for streaming (pinned on cuda, so copies overlap with compute).
+  virtual Buffer alloc_host(std::size_t bytes, std::string_view what) = 0;
+  virtual std::unique_ptr<Stream> make_stream() = 0;
+  virtual void copy_to_device(void* dst, const void* src, std::size_t bytes, Stream& stream) = 0;
+  virtual void copy_to_host(void* dst, const void* src, std::size_t bytes, Stream& stream) = 0;
+  // Device memory each Stream takes from the device budget (cuBLAS workspace on cuda).
+  virtual std::uint64_t stream_overhead_bytes() const { return 0; }
+  // Makes this backend's device current on the calling thread (CUDA's current device is per thread).
+  virtual void bind_thread() {}
+  MemoryBudget& device_budget() { return device_budget_; }
+  MemoryBudget& host_budget() { return host_budget_; }
+
+ protected:
+  MemoryBudget device_budget_, host_budget_;
+};
+
+struct BackendOptions {
+  std::string device = "auto";   // auto | cuda | cpu
+  std::uint64_t device_memory = 0;  // 0: the default for the backend
+  std::uint64_t host_memory = 0;    // 0: the default
+  int local_rank = 0;               // picks the GPU: local_rank % number of GPUs
+};
+
+// Builds the backend the options ask for. `auto` picks cuda when this build has it and a GPU is
+// visible. Throws InputError for `cuda` without a GPU or CUDA support.
+std::unique_ptr<Backend> make_backend(const BackendOptions& options);
+
+// True if this build includes the CUDA backend and at least one GPU is visible.
+bool cuda_available();
+
+namespace detail {
+std::unique_ptr<Backend> make_cpu_backend(std::uint64_t device_limit, std::uint64_t host_limit);
+#ifdef QSTAGE_HAVE_CUDA
+std::unique_ptr<Backend> make_cuda_backend(std::uint64_t device_limit, std::uint64_t host_limit, int local_rank);
+int cuda_device_count();
+#endif
+}  // namespace detail
+
+}  // namespace qstage

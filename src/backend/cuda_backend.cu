@@ -1,0 +1,136 @@
+// The cuda backend: one GPU per rank (local rank modulo the GPUs on the host), device memory
+// from cudaMalloc, pinned host memory from cudaHostAlloc, one cudaStream_t and one cuBLAS
+// handle (with a budgeted workspace) per Stream.
+#include <fmt/format.h>
+
+#include "backend/backend.hpp"
+#include "core/error.hpp"
+#include "core/units.hpp"
+#include "kernels/cuda_check.hpp"
+
+namespace qstage::detail {
+
+void throw_cuda_error(const char* call, const char* file, int line, const char* text) {
+  throw RuntimeFailure(fmt::format("CUDA call {} failed at {}:{}: {}", call, file, line, text));
+}
+
+namespace {
+
+constexpr std::size_t kCublasWorkspace = 32u << 20;  // NVIDIA's recommendation for Hopper
+
+class CudaStream final : public Stream {
+ public:
+  CudaStream(Buffer workspace) : workspace_(std::move(workspace)) {
+    QSTAGE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    QSTAGE_CUDA_CHECK(cublasCreate(&blas_));
+    QSTAGE_CUDA_CHECK(cublasSetStream(blas_, stream_));
+    QSTAGE_CUDA_CHECK(cublasSetWorkspace(blas_, workspace_.data(), workspace_.size()));
+    for (auto& e : marks_) QSTAGE_CUDA_CHECK(cudaEventCreate(&e));
+  }
+  ~CudaStream() override {
+    for (auto& e : marks_) cudaEventDestroy(e);
+    cublasDestroy(blas_);
+    cudaStreamDestroy(stream_);
+  }
+  BackendKind kind() const override { return BackendKind::cuda; }
+  void synchronize() override { QSTAGE_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  bool ready() override {
+    cudaError_t rc = cudaStreamQuery(stream_);
+    if (rc == cudaErrorNotReady) return false;
+    QSTAGE_CUDA_CHECK(rc);
+    return true;
+  }
+  void mark(int i) override { QSTAGE_CUDA_CHECK(cudaEventRecord(marks_[i], stream_)); }
+  double seconds_between(int from, int to) override {
+    float ms = 0;
+    QSTAGE_CUDA_CHECK(cudaEventElapsedTime(&ms, marks_[from], marks_[to]));
+    return ms * 1e-3;
+  }
+  void* native() override { return stream_; }
+  void* blas_handle() override { return blas_; }
+
+ private:
+  Buffer workspace_;
+  cudaStream_t stream_{};
+  cublasHandle_t blas_{};
+  cudaEvent_t marks_[kMarks]{};
+};
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(std::uint64_t device_limit, std::uint64_t host_limit, int device)
+      : Backend(device_limit, host_limit), device_(device) {
+    QSTAGE_CUDA_CHECK(cudaSetDevice(device_));
+    QSTAGE_CUDA_CHECK(cudaGetDeviceProperties(&props_, device_));
+    QSTAGE_CUDA_CHECK(cudaGetDeviceCount(&count_));
+  }
+  BackendKind kind() const override { return BackendKind::cuda; }
+  std::string description() const override {
+    return fmt::format("{} (GPU {} of {}, sm_{}{}, {})", props_.name, device_, count_, props_.major, props_.minor,
+                       format_bytes(static_cast<double>(props_.totalGlobalMem)));
+  }
+  Buffer alloc_device(std::size_t bytes, std::string_view what) override {
+    device_budget_.charge(bytes, what);
+    void* p = nullptr;
+    cudaError_t rc = cudaMalloc(&p, std::max<std::size_t>(bytes, 1));
+    if (rc != cudaSuccess) {
+      device_budget_.release(bytes);
+      cudaGetLastError();
+      throw RuntimeFailure(fmt::format("cudaMalloc of {} for {} failed: {} (lower --device-memory?)",
+                                       format_bytes(bytes), what, cudaGetErrorString(rc)));
+    }
+    return Buffer(p, bytes, &device_budget_, [](void* q) { cudaFree(q); });
+  }
+  Buffer alloc_host(std::size_t bytes, std::string_view what) override {
+    host_budget_.charge(bytes, what);
+    void* p = nullptr;
+    cudaError_t rc = cudaHostAlloc(&p, std::max<std::size_t>(bytes, 1), cudaHostAllocDefault);
+    if (rc != cudaSuccess) {
+      host_budget_.release(bytes);
+      cudaGetLastError();
+      throw RuntimeFailure(fmt::format("cudaHostAlloc of {} for {} failed: {}", format_bytes(bytes), what,
+                                       cudaGetErrorString(rc)));
+    }
+    return Buffer(p, bytes, &host_budget_, [](void* q) { cudaFreeHost(q); });
+  }
+  std::unique_ptr<Stream> make_stream() override {
+    return std::make_unique<CudaStream>(alloc_device(kCublasWorkspace, "cuBLAS workspace"));
+  }
+  std::uint64_t stream_overhead_bytes() const override { return kCublasWorkspace; }
+  void bind_thread() override { QSTAGE_CUDA_CHECK(cudaSetDevice(device_)); }
+  void copy_to_device(void* dst, const void* src, std::size_t bytes, Stream& s) override {
+    QSTAGE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, static_cast<cudaStream_t>(s.native())));
+  }
+  void copy_to_host(void* dst, const void* src, std::size_t bytes, Stream& s) override {
+    QSTAGE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(s.native())));
+  }
+
+ private:
+  int device_ = 0, count_ = 0;
+  cudaDeviceProp props_{};
+};
+
+}  // namespace
+
+int cuda_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+std::unique_ptr<Backend> make_cuda_backend(std::uint64_t device_limit, std::uint64_t host_limit, int local_rank) {
+  const int device = local_rank % cuda_device_count();
+  QSTAGE_CUDA_CHECK(cudaSetDevice(device));
+  if (device_limit == 0) {
+    // Default: 90% of what is free now (the CUDA context and other processes keep the rest).
+    std::size_t free = 0, total = 0;
+    QSTAGE_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+    device_limit = free / 10 * 9;
+  }
+  return std::make_unique<CudaBackend>(device_limit, host_limit, device);
+}
+
+}  // namespace qstage::detail

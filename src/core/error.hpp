@@ -1,0 +1,35 @@
+#pragma once
+// Error types and the exit codes they map to. Every user-facing failure is one of these,
+// so the CLI can turn it into a one-line message and a documented exit code.
+#include <stdexcept>
+#include <string>
+
+namespace qstage {
+
+enum ExitCode : int {
+  kExitDone = 0,      // all steps done
+  kExitInternal = 1,  // a bug or an environment failure (I/O error, CUDA error, MPI error)
+  kExitBadInput = 2,  // the spec, a file, a dataset or a parameter is wrong; nothing was changed
+  kExitStopped = 75,  // stopped early on SIGTERM/SIGINT after committing progress: resumable
+};
+
+// Bad input from the user (spec, file, dataset, parameter, budget). Exit code 2.
+// The message names the thing that is wrong and what was expected.
+class InputError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// A stop was requested (signal) and all progress up to the last batch boundary is committed.
+class StopRequested : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// The environment failed underneath us (file system, device, MPI). Exit code 1.
+class RuntimeFailure : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+}  // namespace qstage

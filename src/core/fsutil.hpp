@@ -1,0 +1,30 @@
+#pragma once
+// Durable file operations: the commit protocol of every checkpoint and output
+// (write under a temporary name, fsync, rename into place, fsync the directory).
+#include <filesystem>
+#include <string_view>
+
+namespace qstage::fsutil {
+
+namespace fs = std::filesystem;
+
+// Flushes a file's data and metadata to stable storage. Throws RuntimeFailure.
+void fsync_file(const fs::path& path);
+
+// Flushes a directory entry table (needed after create/rename/unlink to make them durable).
+void fsync_dir(const fs::path& dir);
+
+// Renames `from` to `to` atomically and makes the rename durable (fsyncs `from` first).
+void commit_rename(const fs::path& from, const fs::path& to);
+
+// Replaces `path` with `content` atomically: readers see the old or the new file, never a mix,
+// also after a crash at any instant.
+void write_file_atomic(const fs::path& path, std::string_view content);
+
+// Reads a whole file; throws InputError naming it if it cannot be read.
+std::string read_file(const fs::path& path);
+
+// Path of the temporary sibling used while `path` is being written.
+fs::path temp_path(const fs::path& path);
+
+}  // namespace qstage::fsutil

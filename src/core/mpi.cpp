@@ -1,0 +1,118 @@
+#include "core/mpi.hpp"
+
+#include <cstdlib>
+#include <stdexcept>
+
+#include "core/error.hpp"
+
+namespace qstage::mpi {
+namespace {
+
+void check(int rc, const char* what) {
+  if (rc != MPI_SUCCESS) {
+    char text[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(rc, text, &len);
+    throw RuntimeFailure(std::string("MPI ") + what + " failed: " + std::string(text, static_cast<size_t>(len)));
+  }
+}
+
+}  // namespace
+
+Session::Session(int* argc, char*** argv) {
+  // OpenMPI 4.1: OMPIO's default collective component (vulcan) has hung and corrupted chunked
+  // HDF5 collective writes (HDFGroup/hdf5#1227, open-mpi/ompi#12718), and ROMIO 3.2.1 in 4.x
+  // segfaults on some of them (ompi#7795). OMPIO with the two_phase component passes our
+  // 3-rank chunked read/write test; users can still override both variables.
+  setenv("OMPI_MCA_io", "ompio", 0);
+  setenv("OMPI_MCA_fcoll", "two_phase", 0);
+  int provided = 0;
+  check(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+}
+
+Session::~Session() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
+bool initialized() {
+  int flag = 0;
+  MPI_Initialized(&flag);
+  return flag != 0;
+}
+
+Comm::Comm(MPI_Comm comm) : comm_(comm) {
+  if (!initialized()) {
+    comm_ = MPI_COMM_NULL;
+    return;
+  }
+  MPI_Comm_rank(comm_, &rank_);
+  MPI_Comm_size(comm_, &size_);
+  MPI_Comm local;
+  check(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local), "MPI_Comm_split_type");
+  MPI_Comm_rank(local, &local_rank_);
+  MPI_Comm_free(&local);
+}
+
+void Comm::barrier() const {
+  if (size_ > 1) check(MPI_Barrier(comm_), "MPI_Barrier");
+}
+
+std::string Comm::broadcast(const std::string& value) const {
+  if (size_ == 1) return value;
+  std::uint64_t n = broadcast(static_cast<std::uint64_t>(value.size()));
+  std::string out = rank_ == 0 ? value : std::string(n, '\0');
+  check(MPI_Bcast(out.data(), static_cast<int>(n), MPI_CHAR, 0, comm_), "MPI_Bcast");
+  return out;
+}
+
+std::uint64_t Comm::broadcast(std::uint64_t value) const {
+  if (size_ > 1) check(MPI_Bcast(&value, 1, MPI_UINT64_T, 0, comm_), "MPI_Bcast");
+  return value;
+}
+
+std::vector<std::int64_t> Comm::max(std::vector<std::int64_t> values) const {
+  if (size_ > 1)
+    check(MPI_Allreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), MPI_INT64_T, MPI_MAX, comm_),
+          "MPI_Allreduce");
+  return values;
+}
+
+std::vector<std::uint64_t> Comm::sum_wrapping(std::vector<std::uint64_t> values) const {
+  // Unsigned addition wraps modulo 2^64 in C, and MPI_SUM on MPI_UINT64_T is that addition.
+  if (size_ > 1)
+    check(MPI_Allreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), MPI_UINT64_T, MPI_SUM, comm_),
+          "MPI_Allreduce");
+  return values;
+}
+
+double Comm::max(double value) const {
+  if (size_ > 1) check(MPI_Allreduce(MPI_IN_PLACE, &value, 1, MPI_DOUBLE, MPI_MAX, comm_), "MPI_Allreduce");
+  return value;
+}
+
+std::vector<std::string> Comm::gather(const std::string& mine) const {
+  if (size_ == 1) return {mine};
+  int n = static_cast<int>(mine.size());
+  std::vector<int> sizes(rank_ == 0 ? static_cast<size_t>(size_) : 0);
+  check(MPI_Gather(&n, 1, MPI_INT, sizes.data(), 1, MPI_INT, 0, comm_), "MPI_Gather");
+  std::vector<int> offsets(sizes.size());
+  int total = 0;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    offsets[i] = total;
+    total += sizes[i];
+  }
+  std::string all(static_cast<size_t>(total), '\0');
+  check(MPI_Gatherv(mine.data(), n, MPI_CHAR, all.data(), sizes.data(), offsets.data(), MPI_CHAR, 0, comm_),
+        "MPI_Gatherv");
+  std::vector<std::string> out;
+  for (size_t i = 0; i < sizes.size(); ++i)
+    out.push_back(all.substr(static_cast<size_t>(offsets[i]), static_cast<size_t>(sizes[i])));
+  return out;
+}
+
+bool Comm::any(bool mine) const { return max(std::vector<std::int64_t>{mine ? 1 : 0})[0] != 0; }
+
+}  // namespace qstage::mpi

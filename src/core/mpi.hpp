@@ -1,0 +1,54 @@
+#pragma once
+// MPI session and the few collectives qstage needs. All MPI calls happen on the main (I/O)
+// thread, so MPI is initialised with MPI_THREAD_FUNNELED.
+#include <mpi.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace qstage::mpi {
+
+// Initialises MPI for the process lifetime (finalises in the destructor). Before MPI_Init it
+// selects the MPI-IO component that works with chunked collective HDF5 writes on OpenMPI 4.1
+// (see docs/design.md, "MPI-IO"), unless the user set OMPI_MCA_io themselves.
+class Session {
+ public:
+  Session(int* argc, char*** argv);
+  ~Session();
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+};
+
+// A communicator handle with the rank facts the runner needs. Does not own the MPI_Comm.
+class Comm {
+ public:
+  explicit Comm(MPI_Comm comm = MPI_COMM_WORLD);
+  MPI_Comm get() const { return comm_; }
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  int local_rank() const { return local_rank_; }  // rank among the ranks on this host
+  bool root() const { return rank_ == 0; }
+
+  void barrier() const;
+  // Broadcasts a string from rank 0 to every rank.
+  std::string broadcast(const std::string& value) const;
+  std::uint64_t broadcast(std::uint64_t value) const;
+  // Element-wise maximum / sum over ranks.
+  std::vector<std::int64_t> max(std::vector<std::int64_t> values) const;
+  std::vector<std::uint64_t> sum_wrapping(std::vector<std::uint64_t> values) const;  // mod 2^64
+  double max(double value) const;
+  // Gathers every rank's bytes on rank 0, in rank order (others get an empty vector).
+  std::vector<std::string> gather(const std::string& mine) const;
+  // Agrees on an outcome: true on every rank if any rank passed true.
+  bool any(bool mine) const;
+
+ private:
+  MPI_Comm comm_;
+  int rank_ = 0, size_ = 1, local_rank_ = 0;
+};
+
+// True if MPI_Init has been called (commands like `inspect` never initialise MPI).
+bool initialized();
+
+}  // namespace qstage::mpi

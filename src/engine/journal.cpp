@@ -1,0 +1,123 @@
+#include "engine/journal.hpp"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <set>
+
+#include "core/fsutil.hpp"
+#include "core/hash.hpp"
+
+namespace qstage::engine {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+// Reduction state is binary; store it as hex so the journal stays plain JSON.
+std::string to_hex(const std::string& bytes) {
+  std::string out;
+  out.reserve(bytes.size() * 2);
+  for (unsigned char c : bytes) out += fmt::format("{:02x}", c);
+  return out;
+}
+
+std::string from_hex(const std::string& hex) {
+  std::string out(hex.size() / 2, '\0');
+  for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<char>(std::stoi(hex.substr(2 * i, 2), nullptr, 16));
+  return out;
+}
+
+}  // namespace
+
+json Journal::to_json() const {
+  json segs = json::array();
+  for (const auto& s : segments) segs.push_back({{"file", s.file}, {"rows", {s.rows.begin, s.rows.end}}});
+  json sums = json::array();
+  for (auto c : checksums) sums.push_back(hex64(c));
+  return {{"format", "qstage-journal-1"}, {"key", key}, {"rows", rows}, {"tile_rows", tile_rows},
+          {"committed_rows", committed_rows}, {"segments", segs}, {"checksums", sums},
+          {"reduction", to_hex(reduction)}, {"attempts", attempts}, {"wall_seconds", wall_seconds},
+          {"compute_seconds", compute_seconds}};
+}
+
+Journal Journal::from_json(const json& j) {
+  Journal out;
+  out.key = j.at("key").get<std::string>();
+  out.rows = j.at("rows").get<std::uint64_t>();
+  out.tile_rows = j.at("tile_rows").get<std::uint64_t>();
+  out.committed_rows = j.at("committed_rows").get<std::uint64_t>();
+  for (const auto& s : j.at("segments"))
+    out.segments.push_back({s.at("file").get<std::string>(), {s.at("rows")[0].get<std::uint64_t>(),
+                                                               s.at("rows")[1].get<std::uint64_t>()}});
+  for (const auto& c : j.at("checksums")) out.checksums.push_back(parse_hex64(c.get<std::string>()));
+  out.reduction = from_hex(j.at("reduction").get<std::string>());
+  out.attempts = j.value("attempts", 0);
+  out.wall_seconds = j.value("wall_seconds", 0.0);
+  out.compute_seconds = j.value("compute_seconds", 0.0);
+  return out;
+}
+
+StepWork::StepWork(fs::path dir, std::string key, const mpi::Comm& comm)
+    : dir_(std::move(dir)), key_(std::move(key)), comm_(comm) {}
+
+Journal StepWork::load(const PassSpec& spec) {
+  std::string text;
+  if (comm_.root()) {
+    fs::create_directories(dir_);
+    Journal j;
+    const fs::path path = dir_ / "journal.json";
+    bool usable = false;
+    if (fs::exists(path)) {
+      try {
+        j = Journal::from_json(json::parse(fsutil::read_file(path)));
+        usable = j.key == key_ && j.rows == spec.rows && j.tile_rows == spec.tile_rows &&
+                 j.checksums.size() == spec.outputs.size();
+        for (const auto& s : j.segments) usable = usable && fs::exists(dir_ / s.file);
+        if (!usable) spdlog::info("discarding earlier progress in {}: it belongs to other parameters or inputs",
+                                  dir_.string());
+      } catch (const std::exception& e) {
+        spdlog::warn("discarding unreadable journal {}: {}", path.string(), e.what());
+      }
+    }
+    if (!usable) {
+      j = Journal{};
+      j.key = key_;
+      j.rows = spec.rows;
+      j.tile_rows = spec.tile_rows;
+      j.checksums.assign(spec.outputs.size(), 0);
+    }
+    // Anything the journal does not name is not trusted: half-written segments, a segment
+    // renamed just before a kill, an interrupted merge.
+    std::set<std::string> keep{"journal.json"};
+    for (const auto& s : j.segments) keep.insert(s.file);
+    for (const auto& entry : fs::directory_iterator(dir_))
+      if (!keep.count(entry.path().filename().string())) fs::remove_all(entry.path());
+    fsutil::fsync_dir(dir_);
+    text = j.to_json().dump();
+  }
+  return Journal::from_json(json::parse(comm_.broadcast(text)));
+}
+
+void StepWork::save(const Journal& journal) const {
+  fsutil::write_file_atomic(dir_ / "journal.json", journal.to_json().dump(1));
+}
+
+void StepWork::remove() const {
+  std::error_code ec;
+  fs::remove_all(dir_, ec);
+  if (ec) spdlog::warn("could not remove {}: {}", dir_.string(), ec.message());
+}
+
+fs::path StepWork::segment_path(std::size_t index) const { return dir_ / fmt::format("seg-{:06}.h5", index); }
+
+void StepWork::save_progress(const json& progress) const {
+  try {
+    fsutil::write_file_atomic(dir_ / "progress.json", progress.dump());
+  } catch (const std::exception& e) {
+    spdlog::debug("could not write progress: {}", e.what());
+  }
+}
+
+}  // namespace qstage::engine

@@ -1,0 +1,64 @@
+#pragma once
+// A step's committed progress: <run>/steps/<id>/journal.json plus the segment files it lists.
+//
+// The journal is the only source of truth inside a step. It is replaced atomically (temporary
+// name, fsync, rename, fsync directory) after the segment files it names are durable, so after
+// a kill at any instant it names only complete segments. Files it does not name (a *.tmp being
+// written, a segment renamed just before the kill) are deleted on resume, never read.
+#include <cstdint>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/mpi.hpp"
+#include "engine/pass.hpp"
+
+namespace qstage::engine {
+
+struct Segment {
+  std::string file;  // name inside the work directory
+  RowRange rows;
+};
+
+struct Journal {
+  std::string key;                  // the step key this progress belongs to
+  std::uint64_t rows = 0;           // the pass's rows and tile size when it started
+  std::uint64_t tile_rows = 0;
+  std::uint64_t committed_rows = 0; // rows [0, committed_rows) are done and durable
+  std::vector<Segment> segments;
+  std::vector<std::uint64_t> checksums;  // qsum64 per output over the committed rows
+  std::string reduction;            // Reduction::save() after folding the committed tiles
+  int attempts = 0;                 // runs that worked on this step
+  double wall_seconds = 0;          // summed over attempts, up to the last commit
+  double compute_seconds = 0;
+
+  nlohmann::json to_json() const;
+  static Journal from_json(const nlohmann::json& j);
+};
+
+// The work directory of one step.
+class StepWork {
+ public:
+  StepWork(std::filesystem::path dir, std::string key, const mpi::Comm& comm);
+  const std::filesystem::path& dir() const { return dir_; }
+  // Collective. Rank 0 reads the journal if it belongs to this key and pass shape; otherwise
+  // (first run, parameters changed, different tiling) it clears the directory. Stray files are
+  // removed. Every rank receives the journal.
+  Journal load(const PassSpec& spec);
+  // Rank 0: replaces the journal atomically.
+  void save(const Journal& journal) const;
+  // Rank 0: the directory is no longer needed (the output is committed).
+  void remove() const;
+  // A new segment's final and temporary paths.
+  std::filesystem::path segment_path(std::size_t index) const;
+  // Last reported progress of a running step, for `qstage status` (rank 0, best effort).
+  void save_progress(const nlohmann::json& progress) const;
+
+ private:
+  std::filesystem::path dir_;
+  std::string key_;
+  const mpi::Comm& comm_;
+};
+
+}  // namespace qstage::engine

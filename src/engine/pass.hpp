@@ -1,0 +1,89 @@
+#pragma once
+// What a stage hands the streaming engine: a *pass* over a row space (axis 0 of its datasets).
+//
+// The engine cuts [0, rows) into batches of whole tiles, reads each batch's rows of every input
+// into pinned host buffers, copies them to the device, calls PassKernel::process, computes the
+// outputs' checksums on the device, copies outputs back and writes them to HDF5 - with reads,
+// copies, compute and writes of different batches overlapped. Batches are spread over MPI ranks.
+//
+// Reductions across batches are deterministic: a kernel writes one partial per *tile* (a fixed
+// block of tile_rows rows), and a Reduction folds the partials in tile order. Tile boundaries
+// do not depend on the batch size or the rank count, so neither does the result.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "backend/backend.hpp"
+#include "io/h5.hpp"
+
+namespace qstage::engine {
+
+struct RowRange {
+  std::uint64_t begin = 0, end = 0;
+  std::uint64_t size() const { return end - begin; }
+};
+
+// A dataset read batch by batch (rows aligned with the pass's rows).
+struct StreamedInput {
+  std::string name;                      // the stage's slot name, for messages
+  const h5::Dataset* dataset = nullptr;  // opened read-only by the runner
+  std::uint64_t row_bytes = 0;
+};
+
+// A dataset the pass writes batch by batch: shape[0] == the pass's rows.
+struct OutputDecl {
+  std::string name;  // dataset path in the step's output file
+  h5::DType dtype = h5::DType::float32;
+  h5::Shape shape;
+  h5::Shape chunk;   // chunk[0] must divide the pass's tile_rows
+  std::uint64_t row_bytes() const;
+};
+
+struct PassSpec {
+  std::uint64_t rows = 0;       // length of the batch axis
+  std::uint64_t tile_rows = 1;  // batches are whole tiles; the reduction unit
+  std::vector<StreamedInput> inputs;
+  std::vector<OutputDecl> outputs;
+  std::uint64_t resident_device_bytes = 0;         // kept by the kernel for the whole pass
+  std::uint64_t scratch_device_bytes_per_row = 0;  // per batch row, per slot
+  std::size_t tile_partial_bytes = 0;              // 0: no reduction
+  std::uint64_t prepare_host_bytes = 0;            // host memory PassKernel::prepare needs briefly
+  // Scale for progress and throughput: bytes the pass moves per row (in + out by default).
+  std::uint64_t progress_bytes_per_row() const;
+};
+
+// One batch as the kernel sees it. Pointers are device memory (host memory on cpu).
+struct BatchView {
+  std::uint64_t index = 0;  // batch number within this run (global over ranks)
+  RowRange rows;            // rows of the pass
+  std::vector<const void*> inputs;  // one per PassSpec::inputs, rows.size() rows each
+  std::vector<void*> outputs;       // one per PassSpec::outputs
+  void* scratch = nullptr;          // scratch_device_bytes_per_row * rows.size() bytes
+  void* partials = nullptr;         // ceil(rows/tile_rows) * tile_partial_bytes bytes
+  Stream* stream = nullptr;
+};
+
+// The stage's per-batch work (Ginkgo's apply_impl: the framework did the validation and moves
+// the data; this only computes). Must be deterministic for a given batch.
+class PassKernel {
+ public:
+  virtual ~PassKernel() = default;
+  // Once per rank before the first batch, on the I/O thread: load resident data (e.g. a matrix
+  // that every batch multiplies with) into device memory charged to the device budget.
+  virtual void prepare(Backend& backend, Stream& stream) {}
+  // Enqueue the batch's work on batch.stream (cpu: do it now).
+  virtual void process(const BatchView& batch) = 0;
+};
+
+// Folds per-tile partials in tile order on rank 0; its state is saved in the step's journal at
+// every checkpoint, so a resumed pass continues the same fold.
+class Reduction {
+ public:
+  virtual ~Reduction() = default;
+  virtual void fold(const std::byte* tile_partial) = 0;
+  virtual std::string save() const = 0;            // bytes
+  virtual void load(const std::string& state) = 0;
+};
+
+}  // namespace qstage::engine

@@ -1,0 +1,568 @@
+#include "engine/stream_engine.hpp"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <thread>
+
+#include "core/error.hpp"
+#include "core/fsutil.hpp"
+#include "core/signals.hpp"
+#include "core/units.hpp"
+#include "io/h5.hpp"
+#include "kernels/checksum.hpp"
+
+namespace qstage::engine {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+std::uint64_t OutputDecl::row_bytes() const {
+  std::uint64_t n = h5::dtype_size(dtype);
+  for (size_t i = 1; i < shape.size(); ++i) n *= shape[i];
+  return n;
+}
+
+std::uint64_t PassSpec::progress_bytes_per_row() const {
+  std::uint64_t n = 0;
+  for (const auto& in : inputs) n += in.row_bytes;
+  for (const auto& out : outputs) n += out.row_bytes();
+  return n;
+}
+
+namespace {
+
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+std::uint64_t ceil_div(std::uint64_t a, std::uint64_t b) { return b ? (a + b - 1) / b : 0; }
+
+unsigned word_bytes(h5::DType t) { return h5::dtype_size(t) % 4 == 0 ? 4 : 1; }
+
+struct PerBatchBytes {
+  std::uint64_t in_per_row = 0, out_per_row = 0, device_per_tile = 0, host_per_tile = 0, fixed_per_slot = 0;
+};
+
+PerBatchBytes per_batch_bytes(const PassSpec& s) {
+  PerBatchBytes b;
+  for (const auto& in : s.inputs) b.in_per_row += in.row_bytes;
+  for (const auto& out : s.outputs) b.out_per_row += out.row_bytes();
+  const std::uint64_t row = b.in_per_row + b.out_per_row;
+  b.device_per_tile = s.tile_rows * (row + s.scratch_device_bytes_per_row) + s.tile_partial_bytes;
+  b.host_per_tile = s.tile_rows * row + s.tile_partial_bytes;
+  b.fixed_per_slot = 8 * s.outputs.size();  // the outputs' checksums
+  return b;
+}
+
+// Batches of `batch_rows` rows covering [first, rows): every batch is whole tiles but the last.
+std::vector<RowRange> partition(std::uint64_t first, std::uint64_t rows, std::uint64_t batch_rows) {
+  std::vector<RowRange> out;
+  for (std::uint64_t r = first; r < rows; r += batch_rows) out.push_back({r, std::min(rows, r + batch_rows)});
+  return out;
+}
+
+// ------------------------------------------------------------------------------ Pipeline
+// The slots and the compute thread of one rank.
+class Pipeline {
+ public:
+  struct Slot {
+    enum class State { free, loaded, enqueued };
+    State state = State::free;
+    std::uint64_t local = 0;  // this rank's batch number
+    std::uint64_t index = 0;  // global batch number
+    RowRange rows;
+    std::vector<Buffer> host_in, dev_in, host_out, dev_out;
+    Buffer scratch, dev_partials, host_partials, dev_sums, host_sums;
+    std::unique_ptr<Stream> stream;
+  };
+
+  Pipeline(Backend& backend, const PassSpec& spec, std::uint64_t batch_rows, int slots, PassKernel& kernel)
+      : backend_(backend), spec_(spec), kernel_(kernel), slots_(static_cast<size_t>(slots)) {
+    const std::uint64_t tiles = ceil_div(batch_rows, spec.tile_rows);
+    int n = 0;
+    for (auto& s : slots_) {
+      const std::string tag = fmt::format("slot {}", n++);
+      for (const auto& in : spec.inputs) {
+        s.host_in.push_back(backend.alloc_host(in.row_bytes * batch_rows, tag + " input " + in.name));
+        s.dev_in.push_back(backend.alloc_device(in.row_bytes * batch_rows, tag + " input " + in.name));
+      }
+      for (const auto& out : spec.outputs) {
+        s.host_out.push_back(backend.alloc_host(out.row_bytes() * batch_rows, tag + " output " + out.name));
+        s.dev_out.push_back(backend.alloc_device(out.row_bytes() * batch_rows, tag + " output " + out.name));
+      }
+      if (spec.scratch_device_bytes_per_row)
+        s.scratch = backend.alloc_device(spec.scratch_device_bytes_per_row * batch_rows, tag + " scratch");
+      if (spec.tile_partial_bytes) {
+        s.dev_partials = backend.alloc_device(tiles * spec.tile_partial_bytes, tag + " partials");
+        s.host_partials = backend.alloc_host(tiles * spec.tile_partial_bytes, tag + " partials");
+      }
+      if (!spec.outputs.empty()) {
+        s.dev_sums = backend.alloc_device(8 * spec.outputs.size(), tag + " checksums");
+        s.host_sums = backend.alloc_host(8 * spec.outputs.size(), tag + " checksums");
+      }
+      s.stream = backend.make_stream();
+    }
+  }
+
+  ~Pipeline() { stop(); }
+
+  size_t size() const { return slots_.size(); }
+  Slot& slot_of(std::uint64_t local) { return slots_[local % slots_.size()]; }
+
+  void start(std::uint64_t my_batches) {
+    my_batches_ = my_batches;
+    thread_ = std::thread([this] { compute_loop(); });
+  }
+
+  // Joins the compute thread and waits for the device work it enqueued.
+  void stop() {
+    {
+      std::lock_guard lock(mutex_);
+      abort_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+    for (auto& s : slots_)
+      if (s.stream) try { s.stream->synchronize(); } catch (...) {}
+  }
+
+  void mark_loaded(Slot& s, std::uint64_t local) {
+    {
+      std::lock_guard lock(mutex_);
+      s.local = local;
+      s.state = Slot::State::loaded;
+    }
+    cv_.notify_all();
+  }
+
+  // Blocks until the slot's batch is computed and copied back; adds its phase times.
+  void wait_done(Slot& s, PhaseTimes& t) {
+    {
+      std::unique_lock lock(mutex_);
+      cv_.wait(lock, [&] { return s.state == Slot::State::enqueued || error_; });
+      if (error_) std::rethrow_exception(error_);
+    }
+    s.stream->synchronize();
+    t.h2d += s.stream->seconds_between(0, 1);
+    t.compute += s.stream->seconds_between(1, 2);
+    t.d2h += s.stream->seconds_between(2, 3);
+  }
+
+  void release(Slot& s) {
+    std::lock_guard lock(mutex_);
+    s.state = Slot::State::free;
+  }
+
+ private:
+  void compute_loop() {
+    try {
+      backend_.bind_thread();
+      for (std::uint64_t i = 0; i < my_batches_; ++i) {
+        Slot& s = slot_of(i);
+        {
+          std::unique_lock lock(mutex_);
+          cv_.wait(lock, [&] { return abort_ || (s.state == Slot::State::loaded && s.local == i); });
+          if (abort_) return;
+        }
+        enqueue(s);
+        {
+          std::lock_guard lock(mutex_);
+          s.state = Slot::State::enqueued;
+        }
+        cv_.notify_all();
+      }
+    } catch (...) {
+      {
+        std::lock_guard lock(mutex_);
+        error_ = std::current_exception();
+      }
+      cv_.notify_all();
+    }
+  }
+
+  void enqueue(Slot& s) {
+    Stream& st = *s.stream;
+    const std::uint64_t n = s.rows.size();
+    st.mark(0);
+    for (size_t i = 0; i < spec_.inputs.size(); ++i)
+      backend_.copy_to_device(s.dev_in[i].data(), s.host_in[i].data(), spec_.inputs[i].row_bytes * n, st);
+    st.mark(1);
+    BatchView view;
+    view.index = s.index;
+    view.rows = s.rows;
+    for (auto& b : s.dev_in) view.inputs.push_back(b.data());
+    for (auto& b : s.dev_out) view.outputs.push_back(b.data());
+    view.scratch = s.scratch.data();
+    view.partials = s.dev_partials.data();
+    view.stream = &st;
+    kernel_.process(view);
+    for (size_t o = 0; o < spec_.outputs.size(); ++o) {
+      const auto& out = spec_.outputs[o];
+      const unsigned w = word_bytes(out.dtype);
+      kernels::checksum(st, {s.dev_out[o].data(), out.row_bytes() * n, w, s.rows.begin * out.row_bytes() / w,
+                             s.dev_sums.as<std::uint64_t>() + o});
+    }
+    st.mark(2);
+    for (size_t o = 0; o < spec_.outputs.size(); ++o)
+      backend_.copy_to_host(s.host_out[o].data(), s.dev_out[o].data(), spec_.outputs[o].row_bytes() * n, st);
+    if (spec_.tile_partial_bytes)
+      backend_.copy_to_host(s.host_partials.data(), s.dev_partials.data(),
+                            ceil_div(n, spec_.tile_rows) * spec_.tile_partial_bytes, st);
+    if (!spec_.outputs.empty()) backend_.copy_to_host(s.host_sums.data(), s.dev_sums.data(), s.dev_sums.size(), st);
+    st.mark(3);
+  }
+
+  Backend& backend_;
+  const PassSpec& spec_;
+  PassKernel& kernel_;
+  std::vector<Slot> slots_;
+  std::uint64_t my_batches_ = 0;
+  std::thread thread_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool abort_ = false;
+  std::exception_ptr error_;
+};
+
+// ------------------------------------------------------------------------------ SegmentWriter
+// The segment file being written: the outputs' rows since the last checkpoint.
+class SegmentWriter {
+ public:
+  SegmentWriter(const PassSpec& spec, const mpi::Comm& comm) : spec_(spec), comm_(comm) {}
+  bool open() const { return file_.id() >= 0; }
+  std::uint64_t first_row() const { return first_; }
+  const fs::path& temp() const { return temp_; }
+  h5::File& file() { return file_; }
+
+  void create(const fs::path& final_path, std::uint64_t first_row) {
+    first_ = first_row;
+    temp_ = fsutil::temp_path(final_path);
+    file_ = h5::File::create(temp_, comm_.get());
+    datasets_.clear();
+    for (const auto& out : spec_.outputs) {
+      h5::Shape shape = out.shape;
+      shape[0] = 0;
+      datasets_.push_back(file_.create_dataset(out.name, {out.dtype, shape, out.chunk, true}));
+    }
+  }
+
+  // Collective: grows the datasets to the end of the round, then writes this rank's rows.
+  void write_round(std::uint64_t round_end, const RowRange* mine, const std::vector<Buffer>* data) {
+    for (size_t o = 0; o < datasets_.size(); ++o) {
+      datasets_[o].set_rows(round_end - first_);
+      if (mine)
+        datasets_[o].write_rows(mine->begin - first_, mine->size(), (*data)[o].data());
+      else
+        datasets_[o].write_rows(0, 0, nullptr);
+    }
+  }
+
+  // Collective: flushes (MPI_File_sync under MPI-IO) and closes.
+  void close() {
+    datasets_.clear();
+    file_.flush();
+    file_.close();
+  }
+
+ private:
+  const PassSpec& spec_;
+  const mpi::Comm& comm_;
+  h5::File file_;
+  std::vector<h5::Dataset> datasets_;
+  std::uint64_t first_ = 0;
+  fs::path temp_;
+};
+
+// ------------------------------------------------------------------------------ PassRun
+// One run of a pass on one rank: the I/O loop, checkpoints and the final commit.
+class PassRun {
+ public:
+  PassRun(Backend& backend, const mpi::Comm& comm, const EngineOptions& options, const PassSpec& spec,
+          PassKernel& kernel, Reduction* reduction, StepWork& work)
+      : backend_(backend), comm_(comm), options_(options), spec_(spec), kernel_(kernel), reduction_(reduction),
+        work_(work), writer_(spec, comm) {}
+
+  PassOutcome run(const BatchPlan& plan, const fs::path& output, const Annotate& annotate, const ProgressFn& progress) {
+    start_ = Clock::now();
+    last_commit_ = start_;
+    outcome_.plan = plan;
+    journal_ = work_.load(spec_);
+    outcome_.resumed_from = journal_.committed_rows;
+    base_wall_ = journal_.wall_seconds;
+    base_compute_ = journal_.compute_seconds;
+    journal_.attempts += 1;
+    pending_sums_ = journal_.checksums;
+    if (reduction_ && !journal_.reduction.empty()) reduction_->load(journal_.reduction);
+    if (journal_.committed_rows > 0 && comm_.root())
+      spdlog::info("resuming at row {} of {} ({:.1f}% committed in earlier runs)", journal_.committed_rows,
+                   spec_.rows, 100.0 * static_cast<double>(journal_.committed_rows) / static_cast<double>(spec_.rows));
+
+    if (progress && comm_.root()) progress(journal_.committed_rows, spec_.rows);  // the baseline
+    batches_ = partition(journal_.committed_rows, spec_.rows, plan.batch_rows);
+    const bool complete = stream(plan, progress);
+    if (complete) finish(output, annotate);
+    outcome_.complete = complete;
+    outcome_.journal = journal_;
+    outcome_.times.wall = since(start_);
+    return outcome_;
+  }
+
+ private:
+  // The batch loop. Returns false if it stopped early (after committing).
+  bool stream(const BatchPlan& plan, const ProgressFn& progress) {
+    const auto P = static_cast<std::uint64_t>(comm_.size()), rank = static_cast<std::uint64_t>(comm_.rank());
+    const std::uint64_t nb = batches_.size(), rounds = ceil_div(nb, P);
+    if (rounds == 0) return true;
+    const std::uint64_t mine = nb > rank ? ceil_div(nb - rank, P) : 0;  // batches rank, rank+P, ...
+    auto my_batch = [&](std::uint64_t local) { return local * P + rank; };
+
+    {  // resident data first: its host staging is gone before the slots take their share
+      auto setup = backend_.make_stream();
+      kernel_.prepare(backend_, *setup);
+      setup->synchronize();
+    }
+    Pipeline pipe(backend_, spec_, plan.batch_rows, options_.slots, kernel_);
+    pipe.start(mine);
+    std::uint64_t next_read = 0;
+    for (std::uint64_t j = 0; j < rounds; ++j) {
+      // Read ahead into every free slot, then wait for this round's batch.
+      while (next_read < mine && next_read < j + pipe.size()) read(pipe, next_read++, my_batch);
+      const bool have = j < mine;
+      Pipeline::Slot* slot = have ? &pipe.slot_of(j) : nullptr;
+      if (slot) pipe.wait_done(*slot, outcome_.times);
+      const RowRange round{batches_[j * P].begin, batches_[std::min(nb, (j + 1) * P) - 1].end};
+      write_round(round, slot);
+      if (slot) pipe.release(*slot);
+      outcome_.rows_run += round.size();
+
+      // Agree at the batch boundary: stop (a signal on any rank) or checkpoint (rank 0's clock).
+      const bool due = comm_.root() && options_.checkpoint_seconds && since(last_commit_) >= *options_.checkpoint_seconds;
+      const auto flags = comm_.max({signals::stop_requested() != 0 ? 1 : 0, due ? 1 : 0});
+      if (progress && comm_.root()) progress(round.end, spec_.rows);
+      if (j + 1 == rounds) break;
+      if (flags[0] || flags[1]) commit(round.end);
+      if (flags[0]) {
+        pipe.stop();
+        return false;
+      }
+    }
+    pipe.stop();
+    return true;
+  }
+
+  // Fills the (free) slot of this rank's batch `local` with its input rows.
+  void read(Pipeline& pipe, std::uint64_t local, const std::function<std::uint64_t(std::uint64_t)>& global_index) {
+    Pipeline::Slot& s = pipe.slot_of(local);
+    s.index = global_index(local);
+    s.rows = batches_[s.index];
+    const auto t = Clock::now();
+    for (size_t i = 0; i < spec_.inputs.size(); ++i)
+      spec_.inputs[i].dataset->read_rows(s.rows.begin, s.rows.size(), s.host_in[i].data());
+    outcome_.times.read += since(t);
+    pipe.mark_loaded(s, local);
+  }
+
+  // Collective: writes the round's outputs and folds its partials and checksums on rank 0.
+  void write_round(const RowRange& round, Pipeline::Slot* slot) {
+    const auto t = Clock::now();
+    if (!spec_.outputs.empty()) {
+      if (!writer_.open()) writer_.create(work_.segment_path(journal_.segments.size()), round.begin);
+      writer_.write_round(round.end, slot ? &slot->rows : nullptr, slot ? &slot->host_out : nullptr);
+    }
+    outcome_.times.write += since(t);
+
+    std::string record;
+    if (slot) {
+      record.assign(slot->host_sums.as<char>(), slot->host_sums.size());
+      if (spec_.tile_partial_bytes)
+        record.append(slot->host_partials.as<char>(), ceil_div(slot->rows.size(), spec_.tile_rows) * spec_.tile_partial_bytes);
+    }
+    const auto records = comm_.gather(record);  // rank order == batch order within the round
+    if (!comm_.root()) return;
+    const size_t sums = 8 * spec_.outputs.size();
+    for (const auto& r : records) {
+      if (r.empty()) continue;
+      for (size_t o = 0; o < spec_.outputs.size(); ++o) {
+        std::uint64_t v;
+        std::memcpy(&v, r.data() + 8 * o, 8);
+        pending_sums_[o] += v;  // wraps modulo 2^64
+      }
+      if (reduction_)
+        for (size_t off = sums; off < r.size(); off += spec_.tile_partial_bytes)
+          reduction_->fold(reinterpret_cast<const std::byte*>(r.data() + off));
+    }
+  }
+
+  // Collective: makes rows [0, upto) durable and records them in the journal.
+  void commit(std::uint64_t upto) {
+    if (upto == journal_.committed_rows) return;
+    const auto t = Clock::now();
+    if (writer_.open()) {
+      const fs::path final_path = work_.segment_path(journal_.segments.size());
+      const std::uint64_t first = writer_.first_row();
+      writer_.close();
+      if (comm_.root()) fsutil::commit_rename(writer_.temp(), final_path);
+      journal_.segments.push_back({final_path.filename().string(), {first, upto}});
+    }
+    journal_.committed_rows = upto;
+    journal_.checksums = pending_sums_;
+    journal_.wall_seconds = base_wall_ + since(start_);
+    journal_.compute_seconds = base_compute_ + outcome_.times.compute;
+    if (reduction_ && comm_.root()) journal_.reduction = reduction_->save();
+    if (comm_.root()) work_.save(journal_);
+    comm_.barrier();
+    last_commit_ = Clock::now();
+    outcome_.times.commit += since(t);
+    spdlog::debug("committed rows [0, {}) in {:.3f}s", upto, since(t));
+  }
+
+  // Rank 0's final state, on every rank (annotations are collective and must agree).
+  void share_final_state() {
+    journal_.committed_rows = spec_.rows;
+    journal_.checksums = pending_sums_;
+    journal_.wall_seconds = base_wall_ + since(start_);
+    journal_.compute_seconds = base_compute_ + outcome_.times.compute;
+    if (reduction_ && comm_.root()) journal_.reduction = reduction_->save();
+    journal_ = Journal::from_json(nlohmann::json::parse(comm_.broadcast(journal_.to_json().dump())));
+    if (reduction_ && !journal_.reduction.empty()) reduction_->load(journal_.reduction);
+  }
+
+  void finish(const fs::path& output, const Annotate& annotate) {
+    const auto t = Clock::now();
+    if (writer_.open() && writer_.first_row() == 0 && journal_.segments.empty()) {
+      // The whole pass is in the open segment: it becomes the output, no copy needed.
+      share_final_state();
+      annotate(writer_.file(), journal_);
+      writer_.close();
+      if (comm_.root()) fsutil::commit_rename(writer_.temp(), output);
+    } else {
+      commit(spec_.rows);
+      share_final_state();
+      merge(output, annotate);
+    }
+    comm_.barrier();
+    outcome_.times.finalize += since(t);
+  }
+
+  // Collective: copies the committed segments into a new output file, in chunk-aligned pieces
+  // dealt to ranks round by round (each rank writes whole chunks).
+  void merge(const fs::path& output, const Annotate& annotate) {
+    const fs::path temp = fsutil::temp_path(output);
+    h5::File out = h5::File::create(temp, comm_.get());
+    std::vector<h5::Dataset> dsets;
+    std::uint64_t row_max = 1;
+    for (const auto& o : spec_.outputs) {
+      dsets.push_back(out.create_dataset(o.name, {o.dtype, o.shape, o.chunk, true}));
+      row_max = std::max(row_max, o.row_bytes());
+    }
+    if (!dsets.empty() && !journal_.segments.empty()) {
+      const std::uint64_t piece = std::max(outcome_.plan.batch_rows, spec_.tile_rows);
+      Buffer buffer = backend_.alloc_host(piece * row_max, "merge buffer");
+      const auto P = static_cast<std::uint64_t>(comm_.size()), rank = static_cast<std::uint64_t>(comm_.rank());
+      for (const auto& seg : journal_.segments) {
+        h5::File in = h5::File::open(work_.dir() / seg.file, h5::Mode::read_only, comm_.get());
+        const std::uint64_t pieces = ceil_div(seg.rows.size(), piece);
+        for (size_t o = 0; o < dsets.size(); ++o) {
+          h5::Dataset src = in.open_dataset(spec_.outputs[o].name);
+          for (std::uint64_t round = 0; round < ceil_div(pieces, P); ++round) {
+            const std::uint64_t p = round * P + rank;
+            if (p < pieces) {
+              const std::uint64_t first = p * piece, n = std::min(piece, seg.rows.size() - first);
+              src.read_rows(first, n, buffer.data());
+              dsets[o].write_rows(seg.rows.begin + first, n, buffer.data());
+            } else {
+              dsets[o].write_rows(0, 0, nullptr);
+            }
+          }
+        }
+        in.close();
+      }
+    }
+    annotate(out, journal_);
+    dsets.clear();
+    out.flush();
+    out.close();
+    if (comm_.root()) fsutil::commit_rename(temp, output);
+  }
+
+  Backend& backend_;
+  const mpi::Comm& comm_;
+  const EngineOptions& options_;
+  const PassSpec& spec_;
+  PassKernel& kernel_;
+  Reduction* reduction_;
+  StepWork& work_;
+  SegmentWriter writer_;
+  Journal journal_;
+  std::vector<RowRange> batches_;
+  std::vector<std::uint64_t> pending_sums_;
+  PassOutcome outcome_;
+  Clock::time_point start_, last_commit_;
+  double base_wall_ = 0, base_compute_ = 0;
+};
+
+}  // namespace
+
+StreamEngine::StreamEngine(Backend& backend, const mpi::Comm& comm, EngineOptions options)
+    : backend_(backend), comm_(comm), options_(options) {
+  if (options_.slots < 2) throw InputError("the streaming engine needs at least 2 buffer slots");
+}
+
+BatchPlan StreamEngine::plan(const PassSpec& spec) const {
+  if (spec.tile_rows == 0) throw std::logic_error("PassSpec.tile_rows must be positive");
+  for (const auto& o : spec.outputs)
+    if (o.chunk.empty() || spec.tile_rows % o.chunk[0] != 0)
+      throw std::logic_error("output chunk rows must divide the pass's tile_rows");
+  const PerBatchBytes b = per_batch_bytes(spec);
+  const auto S = static_cast<std::uint64_t>(options_.slots);
+  const std::uint64_t fixed_device = spec.resident_device_bytes + (S + 1) * backend_.stream_overhead_bytes() +
+                                     S * b.fixed_per_slot;
+  const std::uint64_t fixed_host = S * b.fixed_per_slot;
+  const std::uint64_t dev_limit = backend_.device_budget().limit(), host_limit = backend_.host_budget().limit();
+  auto need = [&](std::uint64_t tiles, std::uint64_t fixed, std::uint64_t per_tile) { return fixed + S * tiles * per_tile; };
+  if (need(1, fixed_device, b.device_per_tile) > dev_limit)
+    throw InputError(fmt::format(
+        "--device-memory {} is too small: one batch of {} rows needs {} ({} resident + {} slots x {} per batch); "
+        "expected at least that much",
+        format_bytes(static_cast<double>(dev_limit)), spec.tile_rows,
+        format_bytes(static_cast<double>(need(1, fixed_device, b.device_per_tile))),
+        format_bytes(static_cast<double>(fixed_device)), S, format_bytes(static_cast<double>(b.device_per_tile))));
+  if (need(1, fixed_host, b.host_per_tile) > host_limit)
+    throw InputError(fmt::format("--host-memory {} is too small: one batch of {} rows needs {} ({} slots x {}); "
+                                 "expected at least that much",
+                                 format_bytes(static_cast<double>(host_limit)), spec.tile_rows,
+                                 format_bytes(static_cast<double>(need(1, fixed_host, b.host_per_tile))), S,
+                                 format_bytes(static_cast<double>(b.host_per_tile))));
+  if (spec.prepare_host_bytes > host_limit)
+    throw InputError(fmt::format("--host-memory {} is too small: loading the resident data needs {}",
+                                 format_bytes(static_cast<double>(host_limit)),
+                                 format_bytes(static_cast<double>(spec.prepare_host_bytes))));
+  std::uint64_t tiles = std::min((dev_limit - fixed_device) / (S * std::max<std::uint64_t>(b.device_per_tile, 1)),
+                                 (host_limit - fixed_host) / (S * std::max<std::uint64_t>(b.host_per_tile, 1)));
+  const std::uint64_t row = b.in_per_row + b.out_per_row;
+  if (row) tiles = std::min(tiles, std::max<std::uint64_t>(1, options_.max_batch_bytes / (row * spec.tile_rows)));
+  if (options_.max_batch_rows)
+    tiles = std::min(tiles, std::max<std::uint64_t>(1, options_.max_batch_rows / spec.tile_rows));
+  // Give every rank a batch when the pass is small.
+  const std::uint64_t total_tiles = std::max<std::uint64_t>(1, ceil_div(spec.rows, spec.tile_rows));
+  tiles = std::clamp<std::uint64_t>(tiles, 1, std::max<std::uint64_t>(1, ceil_div(total_tiles, comm_.size())));
+  BatchPlan plan;
+  plan.batch_rows = tiles * spec.tile_rows;
+  plan.device_bytes = need(tiles, fixed_device, b.device_per_tile);
+  plan.host_bytes = need(tiles, fixed_host, b.host_per_tile);
+  return plan;
+}
+
+PassOutcome StreamEngine::run(const PassSpec& spec, PassKernel& kernel, Reduction* reduction, StepWork& work,
+                              const fs::path& output, const Annotate& annotate, const ProgressFn& progress) {
+  const BatchPlan plan = this->plan(spec);
+  PassRun run(backend_, comm_, options_, spec, kernel, reduction, work);
+  return run.run(plan, output, annotate, progress);
+}
+
+}  // namespace qstage::engine

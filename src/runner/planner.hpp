@@ -1,0 +1,33 @@
+#pragma once
+// Plans a whole workflow before anything runs: every step's inputs are resolved to a dataset
+// whose dtype and shape are known (from the producing step's plan, or from the file), and every
+// stage checks its parameters against them. Bad input is reported before a byte is written.
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "spec/workflow.hpp"
+#include "stages/stage.hpp"
+
+namespace qstage::runner {
+
+struct ResolvedInput {
+  spec::InputRef ref;
+  std::string dataset;  // the dataset path (a step's primary output when the spec named none)
+  stages::DatasetInfo info;
+};
+
+struct PlannedStep {
+  const spec::Step* step = nullptr;
+  std::map<std::string, ResolvedInput> inputs;
+  stages::StagePlan plan;
+};
+
+// Throws InputError "<file:line:col>: steps[i] (id, stage): <what is wrong>".
+std::vector<PlannedStep> plan_workflow(const spec::Workflow& wf);
+
+// Reads dtype, shape and chunk of a dataset in a file; InputError naming file and dataset.
+stages::DatasetInfo describe_file_dataset(const std::filesystem::path& file, const std::string& dataset);
+
+}  // namespace qstage::runner

@@ -1,0 +1,435 @@
+#include "runner/runner.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+
+#include "core/build_info.hpp"
+#include "core/error.hpp"
+#include "core/fsutil.hpp"
+#include "core/hash.hpp"
+#include "core/log.hpp"
+#include "core/signals.hpp"
+#include "core/units.hpp"
+#include "engine/stream_engine.hpp"
+#include "io/h5.hpp"
+#include "runner/manifest.hpp"
+#include "runner/planner.hpp"
+#include "runner/progress.hpp"
+
+namespace qstage::runner {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+fs::path default_run_dir(const std::string& workflow) { return fs::path("qstage-runs") / workflow; }
+
+namespace {
+
+// Runs `check` on rank 0; if it returns a message, every rank throws InputError with it.
+template <typename F>
+void collective_check(const mpi::Comm& comm, F&& check) {
+  std::string message;
+  if (comm.root()) {
+    try {
+      message = check();
+    } catch (const InputError& e) {
+      message = e.what();
+    }
+  }
+  message = comm.broadcast(message);
+  if (!message.empty()) throw InputError(message);
+}
+
+// Creates or checks the run directory. Nothing in it is changed if it belongs to another spec.
+void prepare_run_dir(const spec::Workflow& wf, const RunDir& dir, const mpi::Comm& comm) {
+  collective_check(comm, [&]() -> std::string {
+    std::error_code ec;
+    if (fs::exists(dir.root, ec) && !fs::is_directory(dir.root, ec))
+      return fmt::format("run directory '{}' is a file; expected a directory", dir.root.string());
+    auto manifest = Manifest::load(dir.root);
+    if (manifest) {
+      if (manifest->workflow() != wf.name)
+        return fmt::format("run directory '{}' holds workflow '{}' (from {}); this spec is workflow '{}'; expected a "
+                           "new directory (--run-dir) or the same workflow",
+                           dir.root.string(), manifest->workflow(), manifest->data().value("spec_source", "?"), wf.name);
+    } else if (fs::exists(dir.root, ec) && !fs::is_empty(dir.root, ec)) {
+      return fmt::format("run directory '{}' exists, is not empty and has no manifest.json; expected a new or empty "
+                         "directory, or one made by qstage",
+                         dir.root.string());
+    }
+    fs::create_directories(dir.root / "outputs");
+    fs::create_directories(dir.root / "steps");
+    fs::create_directories(dir.logs());
+    Manifest m = manifest ? *manifest : Manifest::create(wf.name);
+    m.data()["spec_source"] = wf.source;
+    m.data()["spec_dir"] = wf.base_dir.string();
+    m.data()["qstage_version"] = QSTAGE_VERSION;
+    fsutil::write_file_atomic(dir.spec(), wf.text);
+    m.save(dir.root);
+    return "";
+  });
+}
+
+std::string plural(std::uint64_t n, const char* word) { return fmt::format("{} {}{}", n, word, n == 1 ? "" : "s"); }
+
+// Why a step must run, from its previous record; empty if the record says it is done with this key.
+std::string rerun_reason(const json* record, const std::string& key, const json& params, const json& input_hashes,
+                         bool output_exists) {
+  if (!record || record->empty()) return "new step";
+  const std::string state = record->value("state", "");
+  if (record->value("key", "") == key) {
+    if (state == "done") return output_exists ? "" : "its output file is missing";
+    return state == "stopped" || state == "running" ? "resuming an interrupted run" : "retrying after a failure";
+  }
+  std::vector<std::string> changes;
+  const json old_params = record->value("params", json::object());
+  for (auto it = params.begin(); it != params.end(); ++it)
+    if (!old_params.contains(it.key()) || old_params[it.key()] != it.value())
+      changes.push_back(fmt::format("{} {} -> {}", it.key(), old_params.contains(it.key()) ? old_params[it.key()].dump()
+                                                                                          : "(unset)",
+                                    it.value().dump()));
+  if (!changes.empty()) return fmt::format("parameters changed: {}", fmt::join(changes, ", "));
+  const json old_inputs = record->value("inputs", json::object());
+  for (auto it = input_hashes.begin(); it != input_hashes.end(); ++it)
+    if (!old_inputs.contains(it.key()) || old_inputs[it.key()].value("hash", "") != it.value().value("hash", ""))
+      changes.push_back(fmt::format("input '{}' ({})", it.key(), it.value().value("source", "?")));
+  if (!changes.empty()) return fmt::format("inputs changed: {}", fmt::join(changes, ", "));
+  return "the stage's version changed";
+}
+
+class WorkflowRun {
+ public:
+  WorkflowRun(const spec::Workflow& wf, const RunOptions& options, const mpi::Comm& comm, RunDir dir)
+      : wf_(wf), options_(options), comm_(comm), dir_(std::move(dir)) {}
+
+  // Builds the backend and checks every step's batch plan against the budgets (before anything
+  // is written).
+  void setup(std::vector<PlannedStep>& planned) {
+    BackendOptions bo = options_.backend;
+    bo.local_rank = comm_.local_rank();
+    const auto device_memory = options_.device_memory ? options_.device_memory : wf_.options.device_memory;
+    const auto host_memory = options_.host_memory ? options_.host_memory : wf_.options.host_memory;
+    if (device_memory) bo.device_memory = parse_size(*device_memory, "device memory budget");
+    if (host_memory) bo.host_memory = parse_size(*host_memory, "host memory budget");
+    backend_ = make_backend(bo);
+    device_text_ = comm_.broadcast(backend_->description());
+    engine::EngineOptions eo;
+    eo.slots = options_.slots;
+    const std::string interval = options_.checkpoint_interval.value_or(wf_.options.checkpoint_interval.value_or("2m"));
+    auto parsed = parse_duration(interval, "checkpoint interval");
+    eo.checkpoint_seconds = parsed ? std::optional<double>(parsed->count()) : std::nullopt;
+    checkpoint_seconds_ = eo.checkpoint_seconds;
+    eo.max_batch_rows = options_.max_batch_rows.value_or(wf_.options.max_batch_rows.value_or(0));
+    engine_ = std::make_unique<engine::StreamEngine>(*backend_, comm_, eo);
+    // Check every step's batch plan against the budgets before running any of them.
+    for (auto& p : planned) {
+      try {
+        engine_->plan(p.plan.pass);
+      } catch (const InputError& e) {
+        throw InputError(fmt::format("step '{}' ({}): {}", p.step->id, p.step->stage, e.what()));
+      }
+    }
+  }
+
+  void run(std::vector<PlannedStep>& planned) {
+    const auto& eo_interval = checkpoint_seconds_;
+    if (comm_.root()) {
+      spdlog::info("workflow '{}': {} in {} on {} ({} {}; device budget {}, host budget {}; checkpoint every {})",
+                   wf_.name, plural(wf_.steps.size(), "step"), dir_.root.string(), device_text_, comm_.size(),
+                   comm_.size() == 1 ? "rank" : "ranks", format_bytes(static_cast<double>(backend_->device_budget().limit())),
+                   format_bytes(static_cast<double>(backend_->host_budget().limit())),
+                   eo_interval ? format_duration(*eo_interval) : std::string("never"));
+    }
+    for (auto& p : planned) {
+      if (signals::stop_requested())
+        throw StopRequested(fmt::format("stopped by {} before step '{}'", signals::signal_name(signals::stop_requested()),
+                                        p.step->id));
+      run_step(p);
+    }
+  }
+
+ private:
+  // The content hash of each input, as recorded in the manifest (rank 0).
+  json input_hashes(const PlannedStep& p, Manifest& m) {
+    json out = json::object();
+    for (const auto& [slot, in] : p.inputs) {
+      json entry;
+      if (!in.ref.step.empty()) {
+        const json* rec = m.find_step(in.ref.step);
+        const std::string sum = rec ? rec->value("checksums", json::object()).value(in.dataset, "") : "";
+        entry = {{"source", fmt::format("step {}:{}", in.ref.step, in.dataset)},
+                 {"hash", hash_bytes(json{{"qsum64", sum}, {"dtype", h5::dtype_name(in.info.dtype)}, {"shape", in.info.shape}}.dump())}};
+      } else {
+        entry = {{"source", fmt::format("{}:{}", in.ref.file.string(), in.dataset)},
+                 {"hash", hash_bytes(json{{"file", cached_file_hash(in.ref.file, m)}, {"dataset", in.dataset}}.dump())}};
+      }
+      out[slot] = entry;
+    }
+    return out;
+  }
+
+  // Hashing a large input file is costly: reuse the hash while its size and mtime are unchanged.
+  static std::string cached_file_hash(const fs::path& file, Manifest& m) {
+    const auto size = fs::file_size(file);
+    const auto mtime = fs::last_write_time(file).time_since_epoch().count();
+    json& cache = m.data()["file_hashes"][file.string()];
+    if (cache.is_object() && cache.value("size", std::uintmax_t{0}) == size && cache.value("mtime", decltype(mtime){0}) == mtime)
+      return cache["hash"].get<std::string>();
+    const std::string h = hash_file(file);
+    cache = {{"size", size}, {"mtime", mtime}, {"hash", h}};
+    return h;
+  }
+
+  // A committed output whose key matches (e.g. written just before a kill, before the manifest
+  // was updated) is complete - it only ever appears by an atomic rename - so it is adopted.
+  static std::optional<json> adoptable(const fs::path& output, const std::string& key) {
+    if (!h5::File::is_hdf5(output)) return std::nullopt;
+    try {
+      h5::File f = h5::File::open(output, h5::Mode::read_only);
+      if (!f.has_attribute("qstage.step_key") || f.string_attribute("qstage.step_key") != key) return std::nullopt;
+      json sums = json::object();
+      for (const auto& path : f.dataset_paths()) {
+        h5::Dataset d = f.open_dataset(path);
+        if (d.has_attribute("qsum64")) sums[path.substr(1)] = d.string_attribute("qsum64");
+      }
+      return sums;
+    } catch (const std::exception&) {
+      return std::nullopt;
+    }
+  }
+
+  void run_step(PlannedStep& p) {
+    const spec::Step& step = *p.step;
+    const fs::path output = dir_.output(step.id);
+    std::string key;
+    json hashes;
+    // Rank 0 decides (it owns the manifest); every rank follows.
+    json decision;
+    if (comm_.root()) {
+      Manifest m = *Manifest::load(dir_.root);
+      hashes = input_hashes(p, m);
+      // Only content hashes enter the key; the sources are for people.
+      json key_inputs = json::object();
+      for (auto it = hashes.begin(); it != hashes.end(); ++it) key_inputs[it.key()] = it.value()["hash"];
+      key = hash_bytes(json{{"stage", step.stage}, {"version", step.impl->info().version}, {"params", step.params},
+                            {"inputs", key_inputs}}
+                           .dump());
+      const std::string reason = rerun_reason(m.find_step(step.id), key, step.params, hashes, fs::exists(output));
+      std::optional<json> adopted = reason.empty() ? std::nullopt : adoptable(output, key);
+      decision = {{"key", key}, {"hashes", hashes}, {"reason", reason}, {"adopt", adopted ? *adopted : json(nullptr)}};
+      if (adopted) {
+        json& rec = m.step(step.id);
+        rec.update({{"stage", step.stage}, {"version", step.impl->info().version}, {"state", "done"}, {"key", key},
+                    {"params", step.params}, {"inputs", hashes}, {"output", fs::relative(output, dir_.root).string()},
+                    {"checksums", *adopted}, {"finished", utc_now()}});
+      } else if (!reason.empty()) {
+        json& rec = m.step(step.id);
+        rec.update({{"stage", step.stage}, {"version", step.impl->info().version}, {"state", "running"}, {"key", key},
+                    {"params", step.params}, {"inputs", hashes}, {"started", utc_now()}});
+      }
+      m.save(dir_.root);
+    }
+    decision = json::parse(comm_.broadcast(decision.dump()));
+    key = decision["key"].get<std::string>();
+    hashes = decision["hashes"];
+    const std::string reason = decision["reason"].get<std::string>();
+    if (reason.empty()) {
+      if (comm_.root()) spdlog::info("step '{}' ({}): up to date, skipped", step.id, step.stage);
+      return;
+    }
+    if (!decision["adopt"].is_null()) {
+      if (comm_.root()) spdlog::info("step '{}' ({}): its complete output was already committed; recorded", step.id, step.stage);
+      return;
+    }
+    if (comm_.root()) spdlog::info("step '{}' ({}): running ({})", step.id, step.stage, reason);
+    execute(p, key, hashes, output);
+  }
+
+  void execute(PlannedStep& p, const std::string& key, const json& hashes, const fs::path& output) {
+    const spec::Step& step = *p.step;
+    const auto started = Clock::now();
+    backend_->device_budget().reset_peak();
+    backend_->host_budget().reset_peak();
+
+    // Open the inputs on every rank and bind them to the pass.
+    std::vector<h5::File> files;
+    std::map<std::string, h5::Dataset> datasets;
+    for (const auto& [slot, in] : p.inputs) {
+      const fs::path path = in.ref.step.empty() ? in.ref.file : dir_.output(in.ref.step);
+      files.push_back(h5::File::open(path, h5::Mode::read_only, comm_.get()));
+      datasets[slot] = files.back().open_dataset(in.dataset);
+    }
+    std::map<std::string, const h5::Dataset*> by_slot;
+    for (auto& [slot, d] : datasets) by_slot[slot] = &d;
+    engine::PassSpec pass = p.plan.pass;
+    for (size_t i = 0; i < pass.inputs.size(); ++i) pass.inputs[i].dataset = by_slot.at(p.plan.streamed_inputs[i]);
+
+    auto kernel = step.impl->make_kernel({step.params, by_slot, p.plan});
+    auto reduction = step.impl->make_reduction(p.plan);
+    engine::StepWork work(dir_.work(step.id), key, comm_);
+    const std::string created = comm_.broadcast(utc_now());
+
+    auto annotate = [&](h5::File& out, const engine::Journal& j) {
+      const auto peaks = comm_.max({static_cast<std::int64_t>(backend_->device_budget().peak()),
+                                    static_cast<std::int64_t>(backend_->host_budget().peak())});
+      out.set_attribute("qstage.stage", step.stage);
+      out.set_attribute("qstage.stage_version", static_cast<std::int64_t>(step.impl->info().version));
+      out.set_attribute("qstage.step", step.id);
+      out.set_attribute("qstage.workflow", wf_.name);
+      out.set_attribute("qstage.params", step.params.dump());
+      out.set_attribute("qstage.inputs", hashes.dump());
+      out.set_attribute("qstage.step_key", key);
+      out.set_attribute("qstage.version", QSTAGE_VERSION);
+      out.set_attribute("qstage.backend", std::string(backend_name(backend_->kind())));
+      out.set_attribute("qstage.device", device_text_);
+      out.set_attribute("qstage.ranks", static_cast<std::int64_t>(comm_.size()));
+      out.set_attribute("qstage.wall_seconds", j.wall_seconds);
+      out.set_attribute("qstage.attempts", static_cast<std::int64_t>(j.attempts));
+      out.set_attribute("qstage.peak_device_bytes", static_cast<std::int64_t>(peaks[0]));
+      out.set_attribute("qstage.peak_host_bytes", static_cast<std::int64_t>(peaks[1]));
+      out.set_attribute("qstage.created", created);
+      out.set_attribute("qstage.summary", p.plan.summary.dump());
+      for (size_t o = 0; o < pass.outputs.size(); ++o)
+        out.open_dataset(pass.outputs[o].name).set_attribute("qsum64", hex64(j.checksums[o]));
+      step.impl->write_results(p.plan, reduction.get(), out);
+    };
+
+    std::unique_ptr<ProgressReporter> reporter;
+    if (comm_.root())
+      reporter = std::make_unique<ProgressReporter>(
+          fmt::format("{} {}", step.id, step.stage), pass.rows, pass.progress_bytes_per_row(), p.plan.flops,
+          options_.progress_seconds, [&work](const std::string& j) { work.save_progress(json::parse(j)); });
+    auto progress = [&](std::uint64_t done, std::uint64_t) {
+      if (reporter) reporter->update(done);
+    };
+
+    engine::PassOutcome outcome;
+    try {
+      outcome = engine_->run(pass, *kernel, reduction.get(), work, output, annotate, progress);
+    } catch (...) {
+      if (reporter) reporter->finish();
+      record_failure(step.id);
+      throw;
+    }
+    if (reporter) reporter->finish();
+    const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
+    const auto peaks = comm_.max({static_cast<std::int64_t>(backend_->device_budget().peak()),
+                                  static_cast<std::int64_t>(backend_->host_budget().peak())});
+    const auto times = comm_.max({static_cast<std::int64_t>(outcome.times.read * 1e6), static_cast<std::int64_t>(outcome.times.h2d * 1e6),
+                                  static_cast<std::int64_t>(outcome.times.compute * 1e6), static_cast<std::int64_t>(outcome.times.d2h * 1e6),
+                                  static_cast<std::int64_t>(outcome.times.write * 1e6), static_cast<std::int64_t>(outcome.times.commit * 1e6),
+                                  static_cast<std::int64_t>(outcome.times.finalize * 1e6)});
+    const double bytes = static_cast<double>(outcome.rows_run * pass.progress_bytes_per_row());
+    json metrics = {{"seconds", seconds}, {"rows", outcome.rows_run}, {"resumed_from_row", outcome.resumed_from},
+                    {"batch_rows", outcome.plan.batch_rows}, {"bytes", bytes},
+                    {"bytes_per_second", seconds > 0 ? bytes / seconds : 0},
+                    {"read_seconds", times[0] * 1e-6}, {"h2d_seconds", times[1] * 1e-6},
+                    {"compute_seconds", times[2] * 1e-6}, {"d2h_seconds", times[3] * 1e-6},
+                    {"write_seconds", times[4] * 1e-6}, {"commit_seconds", times[5] * 1e-6},
+                    {"finalize_seconds", times[6] * 1e-6}, {"peak_device_bytes", peaks[0]}, {"peak_host_bytes", peaks[1]},
+                    {"planned_device_bytes", outcome.plan.device_bytes}, {"planned_host_bytes", outcome.plan.host_bytes}};
+    if (p.plan.flops > 0 && pass.rows > 0)
+      metrics["gflops_per_second"] = p.plan.flops * static_cast<double>(outcome.rows_run) / static_cast<double>(pass.rows) / seconds / 1e9;
+
+    if (!outcome.complete) {
+      if (comm_.root()) {
+        Manifest m = *Manifest::load(dir_.root);
+        json& rec = m.step(step.id);
+        rec["state"] = "stopped";
+        rec["committed_rows"] = outcome.journal.committed_rows;
+        rec["rows_total"] = pass.rows;
+        rec["metrics"] = metrics;
+        m.save(dir_.root);
+      }
+      throw StopRequested(fmt::format("stopped by {} in step '{}' at row {} of {} (committed); run `qstage resume {}` to "
+                                      "continue",
+                                      signals::signal_name(signals::stop_requested()), step.id,
+                                      outcome.journal.committed_rows, pass.rows, dir_.root.string()));
+    }
+    if (comm_.root()) {
+      json sums = json::object();
+      for (size_t o = 0; o < pass.outputs.size(); ++o) sums[pass.outputs[o].name] = hex64(outcome.journal.checksums[o]);
+      Manifest m = *Manifest::load(dir_.root);
+      json& rec = m.step(step.id);
+      rec.update({{"state", "done"}, {"output", fs::relative(output, dir_.root).string()}, {"checksums", sums},
+                  {"wall_seconds", outcome.journal.wall_seconds}, {"attempts", outcome.journal.attempts},
+                  {"finished", utc_now()}, {"device", device_text_}, {"ranks", comm_.size()}, {"metrics", metrics},
+                  {"rows_total", pass.rows}, {"results", step.impl->describe_results(p.plan, reduction.get())}});
+      rec.erase("error");
+      m.save(dir_.root);
+      work.remove();
+      log_summary(step, metrics, reduction.get(), p);
+    }
+    comm_.barrier();
+  }
+
+  void log_summary(const spec::Step& step, const json& mt, engine::Reduction* reduction, const PlannedStep& p) {
+    const double s = mt["seconds"].get<double>();
+    std::string rate = format_rate(mt["bytes_per_second"].get<double>());
+    if (mt.contains("gflops_per_second")) rate += fmt::format(", {:.1f} GFLOP/s", mt["gflops_per_second"].get<double>());
+    spdlog::info("step '{}' done in {}: {} at {}; busy: read {:.2f}s, to device {:.2f}s, compute {:.2f}s, from device "
+                 "{:.2f}s, write {:.2f}s; commits {:.2f}s, finalize {:.2f}s; peak device {} (planned {}), host {}",
+                 step.id, format_duration(s), format_bytes(mt["bytes"].get<double>()), rate,
+                 mt["read_seconds"].get<double>(), mt["h2d_seconds"].get<double>(), mt["compute_seconds"].get<double>(),
+                 mt["d2h_seconds"].get<double>(), mt["write_seconds"].get<double>(), mt["commit_seconds"].get<double>(),
+                 mt["finalize_seconds"].get<double>(), format_bytes(mt["peak_device_bytes"].get<double>()),
+                 format_bytes(mt["planned_device_bytes"].get<double>()), format_bytes(mt["peak_host_bytes"].get<double>()));
+    const std::string results = step.impl->describe_results(p.plan, reduction);
+    if (!results.empty()) spdlog::info("step '{}' result: {}", step.id, results);
+  }
+
+  void record_failure(const std::string& id) {
+    if (!comm_.root()) return;
+    try {
+      Manifest m = *Manifest::load(dir_.root);
+      if (signals::stop_requested()) return;
+      m.step(id)["state"] = "failed";
+      m.save(dir_.root);
+    } catch (...) {
+    }
+  }
+
+  const spec::Workflow& wf_;
+  const RunOptions& options_;
+  const mpi::Comm& comm_;
+  RunDir dir_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<engine::StreamEngine> engine_;
+  std::string device_text_;
+  std::optional<double> checkpoint_seconds_;
+};
+
+}  // namespace
+
+void run_workflow(const spec::Workflow& wf, const RunOptions& options, const mpi::Comm& comm) {
+  // Everything that can be checked without writing is checked first.
+  std::vector<PlannedStep> planned = plan_workflow(wf);
+  RunDir dir{options.run_dir.empty() ? default_run_dir(wf.name) : options.run_dir};
+  dir.root = fs::absolute(dir.root);
+  WorkflowRun run(wf, options, comm, dir);
+  run.setup(planned);
+  prepare_run_dir(wf, dir, comm);
+  log::add_run_file(dir.root, comm.rank());
+  run.run(planned);
+  if (comm.root()) spdlog::info("workflow '{}' done; outputs in {}", wf.name, (dir.root / "outputs").string());
+}
+
+spec::Workflow workflow_of_run_dir(const fs::path& run_dir) {
+  auto manifest = Manifest::load(run_dir);
+  if (!manifest)
+    throw InputError(fmt::format("'{}' has no manifest.json; expected a run directory made by `qstage run`",
+                                 run_dir.string()));
+  const fs::path spec_path = run_dir / "spec.yaml";
+  if (!fs::exists(spec_path))
+    throw InputError(fmt::format("run directory '{}' has no spec.yaml; expected the copy `qstage run` leaves there",
+                                 run_dir.string()));
+  const std::string source = manifest->data().value("spec_source", spec_path.string());
+  return spec::load_workflow(fsutil::read_file(spec_path), source,
+                             manifest->data().value("spec_dir", fs::absolute(run_dir).string()));
+}
+
+}  // namespace qstage::runner

@@ -1,0 +1,47 @@
+#include <algorithm>
+#include <map>
+#include <mutex>
+
+#include "core/embedded.hpp"
+#include "stages/stage.hpp"
+#include "stages/tensor/tensor_stages.hpp"
+
+namespace qstage::stages {
+
+std::uint64_t DatasetInfo::row_bytes() const {
+  std::uint64_t n = h5::dtype_size(dtype);
+  for (size_t i = 1; i < shape.size(); ++i) n *= shape[i];
+  return n;
+}
+
+const std::vector<const Stage*>& all_stages() {
+  // An explicit list (not static self-registration) so nothing depends on link order.
+  static const std::vector<const Stage*> stages = [] {
+    std::vector<const Stage*> v{&tensor_random(), &tensor_matmul(), &tensor_stats()};
+    std::sort(v.begin(), v.end(), [](auto* a, auto* b) { return a->info().name < b->info().name; });
+    return v;
+  }();
+  return stages;
+}
+
+const Stage* find_stage(std::string_view name) {
+  for (const Stage* s : all_stages())
+    if (s->info().name == name) return s;
+  return nullptr;
+}
+
+const nlohmann::json& parameter_schema(const Stage& stage) {
+  static std::mutex mutex;
+  static std::map<std::string, nlohmann::json> cache;
+  std::lock_guard lock(mutex);
+  auto& slot = cache[stage.info().name];
+  if (slot.is_null()) slot = nlohmann::json::parse(embedded::file("schemas/stages/" + stage.info().name + ".json"));
+  return slot;
+}
+
+std::uint64_t default_chunk_rows(std::uint64_t row_bytes) {
+  constexpr std::uint64_t target = 4u << 20;
+  return std::max<std::uint64_t>(1, target / std::max<std::uint64_t>(row_bytes, 1));
+}
+
+}  // namespace qstage::stages

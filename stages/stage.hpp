@@ -1,0 +1,83 @@
+#pragma once
+// What a stage declares, and what the framework does for it.
+//
+// A stage is a pure description plus per-batch work. It declares its name, version, input slots
+// and a JSON Schema for its parameters (schemas/stages/<name>.json). Given parameters that passed
+// the schema (defaults filled in) and the shapes of its inputs, plan() checks them against each
+// other and describes one streaming pass: the rows, the tile size, the outputs, the memory it
+// keeps resident. The framework then does everything else: opening inputs, batching, buffers,
+// transfers, checkpoints, resume, MPI distribution, output files and provenance. The stage's
+// kernel only computes one batch (docs/writing-a-stage.md).
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "engine/pass.hpp"
+#include "io/h5.hpp"
+
+namespace qstage::stages {
+
+// Shape and type of a dataset, known before any data is read (for planning a whole workflow).
+struct DatasetInfo {
+  h5::DType dtype = h5::DType::float32;
+  h5::Shape shape;
+  h5::Shape chunk;  // empty: contiguous
+  std::uint64_t rows() const { return shape.empty() ? 1 : shape[0]; }
+  std::uint64_t row_bytes() const;
+};
+
+struct InputSlot {
+  std::string name;
+  std::string description;
+};
+
+struct StageInfo {
+  std::string name;     // e.g. "tensor.matmul"
+  int version = 1;      // bump when the output for the same parameters and inputs changes
+  std::string summary;  // one line
+  std::vector<InputSlot> inputs;
+  std::string example;  // a YAML step, shown by `qstage stages NAME`
+};
+
+struct StagePlan {
+  engine::PassSpec pass;                     // inputs' dataset pointers are bound by the runner
+  std::vector<std::string> streamed_inputs;  // slot name of each pass input, in order
+  std::string primary_output;                // the dataset a later step gets when it names this step
+  double flops = 0;                          // arithmetic of the whole pass (0 if not meaningful)
+  nlohmann::json summary = nlohmann::json::object();  // shown in the log and stored as provenance
+};
+
+// Handed to make_kernel: the step's parameters and its opened input datasets.
+struct KernelContext {
+  const nlohmann::json& params;
+  const std::map<std::string, const h5::Dataset*>& inputs;
+  const StagePlan& plan;
+};
+
+class Stage {
+ public:
+  virtual ~Stage() = default;
+  virtual const StageInfo& info() const = 0;
+  // Checks the parameters against the inputs and describes the pass. Throws InputError naming
+  // the parameter or input that is wrong and what was expected.
+  virtual StagePlan plan(const nlohmann::json& params, const std::map<std::string, DatasetInfo>& inputs) const = 0;
+  virtual std::unique_ptr<engine::PassKernel> make_kernel(const KernelContext& ctx) const = 0;
+  virtual std::unique_ptr<engine::Reduction> make_reduction(const StagePlan& plan) const { return nullptr; }
+  // After the pass, on every rank with the same reduction state: small results into the output.
+  virtual void write_results(const StagePlan& plan, engine::Reduction* reduction, h5::File& out) const {}
+  // One line for the log, e.g. "norm 1.0e3, 0 non-finite".
+  virtual std::string describe_results(const StagePlan& plan, engine::Reduction* reduction) const { return ""; }
+};
+
+// Every stage qstage knows, in name order.
+const std::vector<const Stage*>& all_stages();
+const Stage* find_stage(std::string_view name);
+// The parameter schema of a stage (embedded schemas/stages/<name>.json).
+const nlohmann::json& parameter_schema(const Stage& stage);
+
+// Default chunk rows for a row of `row_bytes`: about 4 MiB per chunk, at least one row.
+std::uint64_t default_chunk_rows(std::uint64_t row_bytes);
+
+}  // namespace qstage::stages

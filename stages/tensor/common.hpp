@@ -1,0 +1,35 @@
+#pragma once
+// Helpers shared by the tensor stages.
+#include <fmt/format.h>
+
+#include <string>
+
+#include "core/error.hpp"
+#include "stages/stage.hpp"
+
+namespace qstage::stages::detail {
+
+inline bool is_float_type(h5::DType t) {
+  return t == h5::DType::float32 || t == h5::DType::float64 || t == h5::DType::complex64 ||
+         t == h5::DType::complex128;
+}
+
+// The chunk shape for an output of `shape` with `chunk_rows` rows per chunk (full extent in the
+// other axes). Checks HDF5's 4 GiB limit on a chunk.
+inline h5::Shape row_chunk(const h5::Shape& shape, std::uint64_t chunk_rows, h5::DType dtype, std::string_view what) {
+  h5::Shape chunk = shape;
+  chunk[0] = std::max<std::uint64_t>(1, std::min(chunk_rows, std::max<std::uint64_t>(shape[0], 1)));
+  std::uint64_t bytes = h5::dtype_size(dtype);
+  for (auto d : chunk) bytes *= std::max<std::uint64_t>(d, 1);
+  if (bytes >= (4ull << 30))
+    throw InputError(fmt::format("{}: a chunk of {} rows would be {} bytes; HDF5 chunks must stay below 4 GiB, "
+                                 "expected a smaller chunk_rows or narrower rows",
+                                 what, chunk[0], bytes));
+  return chunk;
+}
+
+inline std::string shape_text(const h5::Shape& s) {
+  return fmt::format("[{}]", fmt::join(s, ", "));
+}
+
+}  // namespace qstage::stages::detail

@@ -1,0 +1,122 @@
+// tensor.matmul: out-of-core C = A · B. A (M x K) streams through the engine in row batches; B
+// (K x N) stays on the device; each batch is one GEMM (cuBLAS or OpenBLAS). This is the pattern
+// of applying a gate or a small operator to a huge intermediate.
+#include "core/units.hpp"
+#include "kernels/gemm.hpp"
+#include "stages/tensor/common.hpp"
+#include "stages/tensor/tensor_stages.hpp"
+
+namespace qstage::stages {
+namespace {
+
+class MatmulKernel final : public engine::PassKernel {
+ public:
+  MatmulKernel(const h5::Dataset& b, h5::DType dtype, std::uint64_t k, std::uint64_t n, bool tf32)
+      : b_(b), dtype_(dtype), k_(k), n_(n), tf32_(tf32) {}
+
+  void prepare(Backend& backend, Stream& stream) override {
+    const std::size_t bytes = k_ * n_ * h5::dtype_size(dtype_);
+    Buffer staging = backend.alloc_host(bytes, "matmul: B staging");
+    b_.read_all(staging.data());
+    b_device_ = backend.alloc_device(bytes, "matmul: B");
+    backend.copy_to_device(b_device_.data(), staging.data(), bytes, stream);
+    stream.synchronize();
+  }
+
+  void process(const engine::BatchView& batch) override {
+    kernels::Gemm g;
+    g.dtype = dtype_;
+    g.m = static_cast<std::int64_t>(batch.rows.size());
+    g.n = static_cast<std::int64_t>(n_);
+    g.k = static_cast<std::int64_t>(k_);
+    g.a = batch.inputs[0];
+    g.lda = g.k;
+    g.b = b_device_.data();
+    g.ldb = g.n;
+    g.c = batch.outputs[0];
+    g.ldc = g.n;
+    g.tf32 = tf32_;
+    kernels::gemm(*batch.stream, g);
+  }
+
+ private:
+  const h5::Dataset& b_;
+  h5::DType dtype_;
+  std::uint64_t k_, n_;
+  bool tf32_;
+  Buffer b_device_;
+};
+
+class MatmulStage final : public Stage {
+ public:
+  const StageInfo& info() const override {
+    static const StageInfo info{
+        "tensor.matmul", 1,
+        "out-of-core C = A . B: A (M x K) streamed in row batches, B (K x N) resident on the device",
+        {{"a", "the large operand, M x K, streamed"}, {"b", "the small operand, K x N, kept in device memory"}},
+        "- id: c\n  stage: tensor.matmul\n  inputs: {a: psi, b: gate}\n  params: {tf32: false}\n"};
+    return info;
+  }
+
+  StagePlan plan(const nlohmann::json& p, const std::map<std::string, DatasetInfo>& in) const override {
+    const DatasetInfo& a = in.at("a");
+    const DatasetInfo& b = in.at("b");
+    if (a.shape.size() != 2)
+      throw InputError(fmt::format("input 'a' has shape {}; expected a matrix (2 dimensions, M x K)",
+                                   detail::shape_text(a.shape)));
+    if (b.shape.size() != 2)
+      throw InputError(fmt::format("input 'b' has shape {}; expected a matrix (2 dimensions, K x N)",
+                                   detail::shape_text(b.shape)));
+    if (!detail::is_float_type(a.dtype))
+      throw InputError(fmt::format("input 'a' has dtype {}; expected float32, float64, complex64 or complex128",
+                                   h5::dtype_name(a.dtype)));
+    if (b.dtype != a.dtype)
+      throw InputError(fmt::format("input 'b' has dtype {}; expected {} (the dtype of input 'a')",
+                                   h5::dtype_name(b.dtype), h5::dtype_name(a.dtype)));
+    if (b.shape[0] != a.shape[1])
+      throw InputError(fmt::format("input 'b' has {} rows; expected {} (the columns of input 'a', shape {})",
+                                   b.shape[0], a.shape[1], detail::shape_text(a.shape)));
+    const std::uint64_t m = a.shape[0], k = a.shape[1], n = b.shape[1];
+    const bool tf32 = p.at("tf32").get<bool>();
+    if (tf32 && a.dtype != h5::DType::float32 && a.dtype != h5::DType::complex64)
+      throw InputError("params.tf32: TF32 applies to float32 and complex64 inputs only");
+    std::uint64_t chunk_rows = p.at("chunk_rows").get<std::uint64_t>();
+    if (!chunk_rows) chunk_rows = a.chunk.empty() ? default_chunk_rows(n * h5::dtype_size(a.dtype)) : a.chunk[0];
+
+    StagePlan plan;
+    engine::OutputDecl out{"data", a.dtype, {m, n}, {}};
+    out.chunk = detail::row_chunk(out.shape, chunk_rows, a.dtype, "params.chunk_rows");
+    plan.pass.rows = m;
+    plan.pass.tile_rows = out.chunk[0];
+    plan.pass.inputs.push_back({"a", nullptr, a.row_bytes()});
+    plan.pass.outputs.push_back(out);
+    plan.pass.resident_device_bytes = k * n * h5::dtype_size(a.dtype);
+    plan.pass.prepare_host_bytes = plan.pass.resident_device_bytes;
+    plan.streamed_inputs = {"a"};
+    plan.primary_output = "data";
+    kernels::Gemm g;
+    g.dtype = a.dtype;
+    g.m = static_cast<std::int64_t>(m);
+    g.n = static_cast<std::int64_t>(n);
+    g.k = static_cast<std::int64_t>(k);
+    plan.flops = kernels::gemm_flops(g);
+    plan.summary = {{"m", m}, {"k", k}, {"n", n}, {"dtype", h5::dtype_name(a.dtype)}, {"tf32", tf32},
+                    {"flops", plan.flops}, {"b_bytes", plan.pass.resident_device_bytes}};
+    return plan;
+  }
+
+  std::unique_ptr<engine::PassKernel> make_kernel(const KernelContext& ctx) const override {
+    const auto& out = ctx.plan.pass.outputs[0];
+    const h5::Dataset& b = *ctx.inputs.at("b");
+    return std::make_unique<MatmulKernel>(b, out.dtype, b.shape()[0], out.shape[1], ctx.params.at("tf32").get<bool>());
+  }
+};
+
+}  // namespace
+
+const Stage& tensor_matmul() {
+  static const MatmulStage stage;
+  return stage;
+}
+
+}  // namespace qstage::stages

@@ -1,0 +1,74 @@
+// tensor.random: a large chunked tensor of uniform random numbers from a seed. Component j's
+// value depends only on (seed, j), so the tensor is identical for any rank count, batch size or
+// backend (kernels/random.hpp).
+#include <fmt/ranges.h>
+
+#include "kernels/random.hpp"
+#include "stages/tensor/common.hpp"
+#include "stages/tensor/tensor_stages.hpp"
+
+namespace qstage::stages {
+namespace {
+
+class RandomKernel final : public engine::PassKernel {
+ public:
+  RandomKernel(h5::DType dtype, std::uint64_t seed, std::uint64_t row_components)
+      : dtype_(dtype), seed_(seed), row_components_(row_components) {}
+  void process(const engine::BatchView& b) override {
+    kernels::random_fill(*b.stream, {dtype_, seed_, b.rows.begin * row_components_, b.rows.size() * row_components_,
+                                     b.outputs[0]});
+  }
+
+ private:
+  h5::DType dtype_;
+  std::uint64_t seed_, row_components_;
+};
+
+class RandomStage final : public Stage {
+ public:
+  const StageInfo& info() const override {
+    static const StageInfo info{
+        "tensor.random", 1,
+        "a chunked tensor of uniform random numbers in [-1, 1) from a seed (the same for any rank count or backend)",
+        {},
+        "- id: psi\n  stage: tensor.random\n  params: {shape: [1048576, 64], dtype: complex64, seed: 7}\n"};
+    return info;
+  }
+
+  StagePlan plan(const nlohmann::json& p, const std::map<std::string, DatasetInfo>&) const override {
+    const auto shape = p.at("shape").get<h5::Shape>();
+    const auto dtype = *h5::parse_dtype(p.at("dtype").get<std::string>());
+    const std::uint64_t chunk_rows = p.at("chunk_rows").get<std::uint64_t>();
+    std::uint64_t row_bytes = h5::dtype_size(dtype);
+    for (size_t i = 1; i < shape.size(); ++i) row_bytes *= shape[i];
+    StagePlan plan;
+    engine::OutputDecl out;
+    out.name = "data";
+    out.dtype = dtype;
+    out.shape = shape;
+    out.chunk = detail::row_chunk(shape, chunk_rows ? chunk_rows : default_chunk_rows(row_bytes), dtype, "params.chunk_rows");
+    plan.pass.rows = shape[0];
+    plan.pass.tile_rows = out.chunk[0];
+    plan.pass.outputs.push_back(out);
+    plan.primary_output = "data";
+    plan.summary = {{"shape", shape}, {"dtype", h5::dtype_name(dtype)}, {"chunk", out.chunk},
+                    {"bytes", row_bytes * shape[0]}};
+    return plan;
+  }
+
+  std::unique_ptr<engine::PassKernel> make_kernel(const KernelContext& ctx) const override {
+    const auto& out = ctx.plan.pass.outputs[0];
+    const std::uint64_t components = out.row_bytes() / (h5::dtype_is_complex(out.dtype) ? h5::dtype_size(out.dtype) / 2
+                                                                                        : h5::dtype_size(out.dtype));
+    return std::make_unique<RandomKernel>(out.dtype, ctx.params.at("seed").get<std::uint64_t>(), components);
+  }
+};
+
+}  // namespace
+
+const Stage& tensor_random() {
+  static const RandomStage stage;
+  return stage;
+}
+
+}  // namespace qstage::stages

@@ -1,0 +1,121 @@
+// tensor.stats: norm, min, max, largest modulus, count of non-finite values and the qsum64
+// checksum of a dataset, in one streaming pass. Partials are per tile and folded in tile order,
+// so the numbers do not depend on the batch size or the rank count.
+#include <cmath>
+#include <cstring>
+
+#include "core/hash.hpp"
+#include "kernels/stats.hpp"
+#include "stages/tensor/common.hpp"
+#include "stages/tensor/tensor_stages.hpp"
+
+namespace qstage::stages {
+namespace {
+
+using kernels::StatsPartial;
+
+class StatsKernel final : public engine::PassKernel {
+ public:
+  StatsKernel(h5::DType dtype, std::uint64_t row_elements, std::uint64_t row_bytes, std::uint64_t tile_rows)
+      : dtype_(dtype), row_elements_(row_elements), row_bytes_(row_bytes), tile_rows_(tile_rows) {}
+  void process(const engine::BatchView& b) override {
+    kernels::stats(*b.stream, {dtype_, b.inputs[0], b.rows.size() * row_elements_, tile_rows_ * row_elements_,
+                               b.rows.begin * row_bytes_ / 4, static_cast<StatsPartial*>(b.partials)});
+  }
+
+ private:
+  h5::DType dtype_;
+  std::uint64_t row_elements_, row_bytes_, tile_rows_;
+};
+
+class StatsReduction final : public engine::Reduction {
+ public:
+  void fold(const std::byte* tile) override {
+    StatsPartial p;
+    std::memcpy(&p, tile, sizeof p);
+    kernels::fold(acc_, p);
+  }
+  std::string save() const override { return std::string(reinterpret_cast<const char*>(&acc_), sizeof acc_); }
+  void load(const std::string& state) override {
+    if (state.size() != sizeof acc_) throw std::runtime_error("tensor.stats: saved state has the wrong size");
+    std::memcpy(&acc_, state.data(), sizeof acc_);
+  }
+  const StatsPartial& result() const { return acc_; }
+
+ private:
+  StatsPartial acc_;
+};
+
+class StatsStage final : public Stage {
+ public:
+  const StageInfo& info() const override {
+    static const StageInfo info{
+        "tensor.stats", 1,
+        "norm, min, max, largest modulus, non-finite count and qsum64 checksum of a dataset, in one pass",
+        {{"x", "the dataset to summarise (float32, float64, complex64 or complex128)"}},
+        "- id: check\n  stage: tensor.stats\n  inputs: {x: c}\n"};
+    return info;
+  }
+
+  StagePlan plan(const nlohmann::json&, const std::map<std::string, DatasetInfo>& in) const override {
+    const DatasetInfo& x = in.at("x");
+    if (!detail::is_float_type(x.dtype))
+      throw InputError(fmt::format("input 'x' has dtype {}; expected float32, float64, complex64 or complex128",
+                                   h5::dtype_name(x.dtype)));
+    if (x.shape.empty()) throw InputError("input 'x' is a scalar; expected a dataset with at least one dimension");
+    StagePlan plan;
+    plan.pass.rows = x.shape[0];
+    plan.pass.tile_rows = x.chunk.empty() ? default_chunk_rows(x.row_bytes()) : x.chunk[0];
+    plan.pass.inputs.push_back({"x", nullptr, x.row_bytes()});
+    plan.pass.tile_partial_bytes = sizeof(StatsPartial);
+    plan.streamed_inputs = {"x"};
+    plan.summary = {{"shape", x.shape}, {"dtype", h5::dtype_name(x.dtype)}};
+    return plan;
+  }
+
+  std::unique_ptr<engine::PassKernel> make_kernel(const KernelContext& ctx) const override {
+    const h5::Dataset& x = *ctx.inputs.at("x");
+    const auto dtype = *x.dtype();
+    const std::uint64_t row_bytes = x.row_bytes();
+    return std::make_unique<StatsKernel>(dtype, row_bytes / h5::dtype_size(dtype), row_bytes, ctx.plan.pass.tile_rows);
+  }
+
+  std::unique_ptr<engine::Reduction> make_reduction(const StagePlan&) const override {
+    return std::make_unique<StatsReduction>();
+  }
+
+  void write_results(const StagePlan&, engine::Reduction* r, h5::File& out) const override {
+    const StatsPartial& s = static_cast<StatsReduction*>(r)->result();
+    auto scalar = [&](const char* name, h5::DType t, const void* value, const char* doc) {
+      h5::Dataset d = out.create_dataset(name, {t, {}, {}, false});
+      d.write_all(value);
+      d.set_attribute("description", doc);
+    };
+    const double norm = std::sqrt(s.sum_sq);
+    const double nan = std::nan("");
+    const double mn = s.finite_components ? s.min : nan, mx = s.finite_components ? s.max : nan;
+    scalar("norm", h5::DType::float64, &norm, "2-norm over finite elements (sum of |x|^2 in float64, tile order)");
+    scalar("sum_sq", h5::DType::float64, &s.sum_sq, "sum of |x|^2 over finite elements");
+    scalar("min", h5::DType::float64, &mn, "smallest finite real component (both parts of complex values)");
+    scalar("max", h5::DType::float64, &mx, "largest finite real component (both parts of complex values)");
+    scalar("max_abs", h5::DType::float64, &s.max_abs, "largest |x| over finite elements");
+    scalar("nonfinite", h5::DType::uint64, &s.nonfinite, "elements with a NaN or infinite component");
+    scalar("count", h5::DType::uint64, &s.count, "elements");
+    out.set_attribute("input_checksum", hex64(s.qsum));
+  }
+
+  std::string describe_results(const StagePlan&, engine::Reduction* r) const override {
+    const StatsPartial& s = static_cast<StatsReduction*>(r)->result();
+    return fmt::format("norm {:.9g}, min {:.6g}, max {:.6g}, max |x| {:.6g}, {} non-finite of {}, checksum {}",
+                       std::sqrt(s.sum_sq), s.min, s.max, s.max_abs, s.nonfinite, s.count, hex64(s.qsum));
+  }
+};
+
+}  // namespace
+
+const Stage& tensor_stats() {
+  static const StatsStage stage;
+  return stage;
+}
+
+}  // namespace qstage::stages

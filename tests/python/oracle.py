@@ -1,0 +1,74 @@
+"""Independent re-implementations of qstage's documented formulas (numpy only), used by the
+tests as oracles: the random stream of tensor.random, the qsum64 checksum, and the stats."""
+import numpy as np
+
+GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+M64 = (1 << 64) - 1
+
+
+def _mix(z, a, b, s1, s2, s3):
+    z = z.copy()
+    with np.errstate(over="ignore"):
+        z ^= z >> np.uint64(s1)
+        z *= np.uint64(a)
+        z ^= z >> np.uint64(s2)
+        z *= np.uint64(b)
+        z ^= z >> np.uint64(s3)
+    return z
+
+
+def splitmix64(z):
+    return _mix(np.asarray(z, dtype=np.uint64), 0xBF58476D1CE4E5B9, 0x94D049BB133111EB, 30, 27, 31)
+
+
+def fmix64(z):
+    return _mix(np.asarray(z, dtype=np.uint64), 0xFF51AFD7ED558CCD, 0xC4CEB9FE1A85EC53, 33, 33, 33)
+
+
+def random_tensor(shape, dtype, seed):
+    """tensor.random: component j = splitmix64(splitmix64(seed) + (j+1)*golden), mapped to [-1, 1)."""
+    dtype = np.dtype(dtype)
+    complex_ = dtype.kind == "c"
+    n = int(np.prod(shape)) * (2 if complex_ else 1)
+    key = splitmix64(np.array([seed], dtype=np.uint64))[0]
+    j = np.arange(1, n + 1, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        bits = splitmix64(key + j * GOLDEN)
+    single = dtype in (np.complex64, np.float32)
+    if single:
+        comp = (bits >> np.uint64(40)).astype(np.float32) * np.float32(2.0 ** -23) - np.float32(1)
+        base = np.float32
+    else:
+        comp = (bits >> np.uint64(11)).astype(np.float64) * 2.0 ** -52 - 1.0
+        base = np.float64
+    comp = comp.astype(base)
+    if complex_:
+        return comp.view(dtype).reshape(shape)
+    return comp.reshape(shape)
+
+
+def qsum64(array):
+    """qsum64: sum over 4-byte little-endian words w_i of fmix64(w_i ^ ((i+1)*golden)) mod 2^64."""
+    a = np.ascontiguousarray(array)
+    w = np.frombuffer(a.tobytes(), dtype="<u4").astype(np.uint64)
+    i = np.arange(1, w.size + 1, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        terms = fmix64(w ^ (i * GOLDEN))
+    return int(terms.sum(dtype=np.uint64))
+
+
+def stats(array):
+    a = np.asarray(array)
+    comps = a.view(a.real.dtype) if np.iscomplexobj(a) else a
+    finite_el = np.isfinite(a) if not np.iscomplexobj(a) else (np.isfinite(a.real) & np.isfinite(a.imag))
+    f = a[finite_el]
+    fc = f.view(f.real.dtype) if np.iscomplexobj(f) else f
+    return {
+        "sum_sq": float(np.sum(np.abs(f.astype(np.complex128 if np.iscomplexobj(f) else np.float64)) ** 2)),
+        "min": float(fc.min()) if fc.size else float("nan"),
+        "max": float(fc.max()) if fc.size else float("nan"),
+        "max_abs": float(np.abs(f).max()) if f.size else 0.0,
+        "nonfinite": int(a.size - f.size),
+        "count": int(a.size),
+        "checksum": qsum64(a),
+    }

@@ -1,0 +1,57 @@
+#include <gtest/gtest.h>
+
+#include "core/error.hpp"
+#include "core/hash.hpp"
+#include "core/units.hpp"
+
+using namespace qstage;
+
+TEST(Units, ParsesSizes) {
+  EXPECT_EQ(parse_size("512MiB", "x"), 512ull << 20);
+  EXPECT_EQ(parse_size("4GB", "x"), 4000000000ull);
+  EXPECT_EQ(parse_size("1.5 GiB", "x"), 3ull << 29);
+  EXPECT_EQ(parse_size("123", "x"), 123u);
+  EXPECT_EQ(parse_size("2G", "x"), 2ull << 30);
+}
+
+TEST(Units, RejectsBadSizes) {
+  EXPECT_THROW(parse_size("lots", "--device-memory"), InputError);
+  EXPECT_THROW(parse_size("4 parsecs", "--device-memory"), InputError);
+  EXPECT_THROW(parse_size("-1GiB", "--device-memory"), InputError);
+  try {
+    parse_size("4XB", "--host-memory");
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("--host-memory"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("XB"), std::string::npos);
+  }
+}
+
+TEST(Units, ParsesDurations) {
+  EXPECT_DOUBLE_EQ(parse_duration("30s", "x")->count(), 30);
+  EXPECT_DOUBLE_EQ(parse_duration("5m", "x")->count(), 300);
+  EXPECT_DOUBLE_EQ(parse_duration("1.5h", "x")->count(), 5400);
+  EXPECT_DOUBLE_EQ(parse_duration("250ms", "x")->count(), 0.25);
+  EXPECT_DOUBLE_EQ(parse_duration("0", "x")->count(), 0);
+  EXPECT_FALSE(parse_duration("never", "x").has_value());
+  EXPECT_THROW(parse_duration("soon", "x"), InputError);
+  EXPECT_THROW(parse_duration("3 weeks", "x"), InputError);
+}
+
+TEST(Units, Formats) {
+  EXPECT_EQ(format_bytes(512.0 * 1024 * 1024), "512 MiB");
+  EXPECT_EQ(format_bytes(1.5 * 1024 * 1024 * 1024), "1.50 GiB");
+  EXPECT_EQ(format_rate(3.21e9), "3.21 GB/s");
+  EXPECT_EQ(format_duration(3723), "1h02m03s");
+  EXPECT_EQ(format_duration(12.34), "12.3s");
+}
+
+TEST(Hash, Hex64RoundTrips) {
+  for (std::uint64_t v : {0ull, 1ull, 0xdeadbeefcafef00dull, ~0ull}) EXPECT_EQ(parse_hex64(hex64(v)), v);
+  EXPECT_THROW(parse_hex64("xyz"), std::invalid_argument);
+}
+
+TEST(Hash, BytesHashIsStableAndSensitive) {
+  EXPECT_EQ(hash_bytes("qstage"), hash_bytes("qstage"));
+  EXPECT_NE(hash_bytes("qstage"), hash_bytes("qstagf"));
+  EXPECT_EQ(hash_bytes("").size(), 32u);
+}
