@@ -3,6 +3,8 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "kernels/dispatch.hpp"
+
 namespace qstage::kernels {
 
 void checksum_cpu(const Checksum& a) {
@@ -23,15 +25,7 @@ void checksum_cpu(const Checksum& a) {
 
 void checksum(Stream& stream, const Checksum& args) {
   if (args.word_bytes != 4 && args.word_bytes != 1) throw std::invalid_argument("checksum: word_bytes must be 1 or 4");
-  if (stream.kind() == BackendKind::cuda) {
-#ifdef QSTAGE_HAVE_CUDA
-    detail::checksum_cuda(stream.native(), args);
-    return;
-#else
-    throw std::logic_error("checksum: cuda stream in a build without CUDA");
-#endif
-  }
-  checksum_cpu(args);
+  QSTAGE_DISPATCH(stream, checksum_cpu(args), detail::checksum_cuda(stream.native(), args));
 }
 
 }  // namespace qstage::kernels

@@ -5,6 +5,8 @@
 #include <complex>
 #include <stdexcept>
 
+#include "kernels/dispatch.hpp"
+
 namespace qstage::kernels {
 
 double gemm_flops(const Gemm& g) {
@@ -40,15 +42,7 @@ void gemm_cpu(const Gemm& g) {
 }
 
 void gemm(Stream& stream, const Gemm& args) {
-  if (stream.kind() == BackendKind::cuda) {
-#ifdef QSTAGE_HAVE_CUDA
-    detail::gemm_cuda(stream.native(), stream.blas_handle(), args);
-    return;
-#else
-    throw std::logic_error("gemm: cuda stream in a build without CUDA");
-#endif
-  }
-  gemm_cpu(args);
+  QSTAGE_DISPATCH(stream, gemm_cpu(args), detail::gemm_cuda(stream.native(), stream.blas_handle(), args));
 }
 
 }  // namespace qstage::kernels

@@ -1,6 +1,6 @@
 #include "kernels/random.hpp"
 
-#include <stdexcept>
+#include "kernels/dispatch.hpp"
 
 namespace qstage::kernels {
 
@@ -20,15 +20,7 @@ void random_fill_cpu(const RandomFill& a) {
 }
 
 void random_fill(Stream& stream, const RandomFill& args) {
-  if (stream.kind() == BackendKind::cuda) {
-#ifdef QSTAGE_HAVE_CUDA
-    detail::random_fill_cuda(stream.native(), args);
-    return;
-#else
-    throw std::logic_error("random_fill: cuda stream in a build without CUDA");
-#endif
-  }
-  random_fill_cpu(args);
+  QSTAGE_DISPATCH(stream, random_fill_cpu(args), detail::random_fill_cuda(stream.native(), args));
 }
 
 }  // namespace qstage::kernels

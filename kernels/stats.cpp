@@ -1,5 +1,7 @@
 #include <stdexcept>
 
+#include "kernels/dispatch.hpp"
+
 #include "kernels/stats.hpp"
 #include "kernels/stats_math.hpp"
 
@@ -44,15 +46,7 @@ void stats_cpu(const Stats& a) {
 }
 
 void stats(Stream& stream, const Stats& args) {
-  if (stream.kind() == BackendKind::cuda) {
-#ifdef QSTAGE_HAVE_CUDA
-    detail::stats_cuda(stream.native(), args);
-    return;
-#else
-    throw std::logic_error("stats: cuda stream in a build without CUDA");
-#endif
-  }
-  stats_cpu(args);
+  QSTAGE_DISPATCH(stream, stats_cpu(args), detail::stats_cuda(stream.native(), args));
 }
 
 }  // namespace qstage::kernels

@@ -124,7 +124,8 @@ int status(const Args& args) {
     std::cout << fmt::format("{:<16} {:<16} {:<9} {:>6.1f}%  {:<22} {:>12} {:>10}\n", r["step"].get<std::string>(),
                              r["stage"].get<std::string>(), r["state"].get<std::string>(),
                              100 * r["fraction"].get<double>(), rows_text, rate, wall);
-    if (r.contains("results")) std::cout << "    " << r["results"].get<std::string>() << "\n";
+    if (r.contains("results") && !r["results"].get<std::string>().empty())
+      std::cout << "    " << r["results"].get<std::string>() << "\n";
   }
   return kExitDone;
 }

@@ -10,13 +10,12 @@
 namespace qstage::log {
 
 spdlog::level::level_enum parse_level(std::string_view name) {
-  for (auto level : {spdlog::level::trace, spdlog::level::debug, spdlog::level::info, spdlog::level::warn,
-                     spdlog::level::err, spdlog::level::off}) {
-    auto sv = spdlog::level::to_string_view(level);
-    if (std::string_view(sv.data(), sv.size()) == name) return level;
-  }
-  if (name == "warning") return spdlog::level::warn;
-  if (name == "error") return spdlog::level::err;
+  static const std::pair<std::string_view, spdlog::level::level_enum> levels[] = {
+      {"trace", spdlog::level::trace}, {"debug", spdlog::level::debug}, {"info", spdlog::level::info},
+      {"warn", spdlog::level::warn},   {"warning", spdlog::level::warn}, {"error", spdlog::level::err},
+      {"off", spdlog::level::off}};
+  for (const auto& [text, level] : levels)
+    if (text == name) return level;
   throw InputError(fmt::format("--log-level: unknown level '{}'; expected trace, debug, info, warn, error or off", name));
 }
 

@@ -238,14 +238,25 @@ class WorkflowRun {
     hashes = decision["hashes"];
     const std::string reason = decision["reason"].get<std::string>();
     if (reason.empty()) {
-      if (comm_.root()) spdlog::info("step '{}' ({}): up to date, skipped", step.id, step.stage);
+      if (comm_.root()) {
+        spdlog::info("step '{}' ({}): up to date, skipped", step.id, step.stage);
+        remove_leftovers(step.id, output);  // a kill after the manifest update leaves these
+      }
       return;
     }
     if (!decision["adopt"].is_null()) {
-      if (comm_.root()) spdlog::info("step '{}' ({}): its complete output was already committed; recorded", step.id, step.stage);
+      if (comm_.root()) {
+        spdlog::info("step '{}' ({}): its complete output was already committed; recorded", step.id, step.stage);
+        remove_leftovers(step.id, output);
+      }
       return;
     }
-    if (comm_.root()) spdlog::info("step '{}' ({}): running ({})", step.id, step.stage, reason);
+    if (comm_.root()) {
+      spdlog::info("step '{}' ({}): running ({})", step.id, step.stage, reason);
+      std::error_code ec;
+      fs::remove(fsutil::temp_path(output), ec);  // an interrupted merge's file is never reused
+    }
+    comm_.barrier();
     execute(p, key, hashes, output);
   }
 
@@ -380,6 +391,12 @@ class WorkflowRun {
                  format_bytes(mt["planned_device_bytes"].get<double>()), format_bytes(mt["peak_host_bytes"].get<double>()));
     const std::string results = step.impl->describe_results(p.plan, reduction);
     if (!results.empty()) spdlog::info("step '{}' result: {}", step.id, results);
+  }
+
+  void remove_leftovers(const std::string& id, const fs::path& output) {
+    std::error_code ec;
+    fs::remove_all(dir_.work(id), ec);
+    fs::remove(fsutil::temp_path(output), ec);
   }
 
   void record_failure(const std::string& id) {
