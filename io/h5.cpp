@@ -81,8 +81,10 @@ Shape space_dims(hid_t space, const Where& where) {
 }
 
 std::string join_object(std::string_view parent, std::string_view name) {
-  if (parent.empty() || parent == "/") return "/" + std::string(name);
-  return std::string(parent) + "/" + std::string(name);
+  std::string out(parent.empty() || parent == "/" ? "" : parent);
+  out += "/";
+  out += name;
+  return out;
 }
 
 }  // namespace

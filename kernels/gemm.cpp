@@ -2,7 +2,9 @@
 
 #include <cblas.h>
 
+#include <algorithm>
 #include <complex>
+#include <mutex>
 #include <stdexcept>
 
 #include "kernels/dispatch.hpp"
@@ -14,8 +16,15 @@ double gemm_flops(const Gemm& g) {
   return h5::dtype_is_complex(g.dtype) ? 8 * mnk : 2 * mnk;
 }
 
-void gemm_cpu(const Gemm& g) {
-  if (g.m == 0 || g.n == 0) return;
+std::int64_t deterministic_row_block(std::int64_t tile_rows, std::int64_t target) {
+  for (std::int64_t b = std::min(target, tile_rows); b >= std::max<std::int64_t>(1, target / 8); --b)
+    if (tile_rows % b == 0) return b;
+  return tile_rows;
+}
+
+namespace {
+
+void gemm_cpu_call(const Gemm& g) {
   const auto m = static_cast<blasint>(g.m), n = static_cast<blasint>(g.n), k = static_cast<blasint>(g.k);
   const auto lda = static_cast<blasint>(g.lda), ldb = static_cast<blasint>(g.ldb), ldc = static_cast<blasint>(g.ldc);
   switch (g.dtype) {
@@ -39,6 +48,31 @@ void gemm_cpu(const Gemm& g) {
     }
     default: throw std::invalid_argument("gemm: unsupported dtype");
   }
+}
+
+}  // namespace
+
+void gemm_cpu(const Gemm& g) {
+  if (g.m == 0 || g.n == 0) return;
+  // OpenBLAS runs single-threaded: its threaded kernels round differently with the thread count.
+  // qstage spreads fixed blocks over OpenMP threads instead, so the bits never depend on it.
+  static std::once_flag single;
+  std::call_once(single, [] { openblas_set_num_threads(1); });
+  constexpr std::int64_t kDefaultRows = 256, kCols = 1024;
+  const std::int64_t rb = g.row_block > 0 ? g.row_block : kDefaultRows;
+  const std::int64_t row_blocks = (g.m + rb - 1) / rb, col_blocks = (g.n + kCols - 1) / kCols;
+  const std::size_t element = h5::dtype_size(g.dtype);
+#pragma omp parallel for schedule(dynamic) collapse(2)
+  for (std::int64_t r = 0; r < row_blocks; ++r)
+    for (std::int64_t c = 0; c < col_blocks; ++c) {
+      Gemm part = g;
+      part.m = std::min(rb, g.m - r * rb);
+      part.n = std::min(kCols, g.n - c * kCols);
+      part.a = static_cast<const char*>(g.a) + static_cast<std::size_t>(r * rb * g.lda) * element;
+      part.b = static_cast<const char*>(g.b) + static_cast<std::size_t>(c * kCols) * element;
+      part.c = static_cast<char*>(g.c) + static_cast<std::size_t>(r * rb * g.ldc + c * kCols) * element;
+      gemm_cpu_call(part);
+    }
 }
 
 void gemm(Stream& stream, const Gemm& args) {

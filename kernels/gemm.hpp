@@ -20,7 +20,16 @@ struct Gemm {
   void* c = nullptr;        // m × n, row-major, leading dimension ldc (>= n)
   std::int64_t ldc = 0;
   bool tf32 = false;        // cuda, single precision: use TF32 tensor cores
+  // cpu: C is computed in blocks of row_block rows (counted from row 0; 0: 256) by 1024 columns,
+  // one single-threaded OpenBLAS call per block, blocks spread over OpenMP threads. Each row's
+  // arithmetic then depends neither on the thread count (OpenBLAS's own threading changes the
+  // rounding) nor, when batches start on block boundaries, on the batch size or rank count.
+  std::int64_t row_block = 0;
 };
+
+// A row block near `target` rows that divides `tile_rows` (so blocks never straddle tiles), or
+// tile_rows itself when it has no divisor between target/8 and target.
+std::int64_t deterministic_row_block(std::int64_t tile_rows, std::int64_t target = 512);
 
 void gemm(Stream& stream, const Gemm& args);
 void gemm_cpu(const Gemm& args);

@@ -80,11 +80,15 @@ json step_status(const runner::RunDir& dir, const std::string& id, const json& r
 
 int status(const Args& args) {
   po::options_description o("options");
-  o.add_options()("dir", po::value<std::string>(), "the run directory (positional)")("json", "print JSON");
+  o.add_options()("dir", po::value<std::string>(), "the run directory (positional)")("json", "print JSON")(
+      "exit-code", "exit 0 if every step is done, 75 if the run can be resumed, 1 if a step failed");
   po::positional_options_description pos;
   pos.add("dir", 1);
-  auto vm = parse(args, o, pos, "usage: qstage status DIR [--json]\n\nShows each step's state, progress and throughput.\n",
-                  "examples:\n  qstage status runs/qs\n  watch -n 10 qstage status runs/big\n");
+  auto vm = parse(args, o, pos,
+                  "usage: qstage status DIR [--json] [--exit-code]\n\nShows each step's state, progress and "
+                  "throughput.\n",
+                  "examples:\n  qstage status runs/qs\n  watch -n 10 qstage status runs/big\n"
+                  "  qstage status runs/big --exit-code || scontrol requeue $SLURM_JOB_ID   # in a job script\n");
   if (!vm) return kExitDone;
   if (!vm->count("dir")) throw InputError("status: missing the run directory; expected `qstage status DIR`");
   runner::RunDir dir{(*vm)["dir"].as<std::string>()};
@@ -107,9 +111,15 @@ int status(const Args& args) {
   json out = {{"run_dir", dir.root.string()}, {"workflow", manifest->workflow()},
               {"spec", manifest->data().value("spec_source", "")}, {"updated", manifest->data().value("updated", "")},
               {"steps", rows}};
+  int code = kExitDone;
+  for (const auto& r : rows) {
+    if (r["state"] == "failed") code = kExitInternal;
+    else if (r["state"] != "done" && code == kExitDone) code = kExitStopped;
+  }
+  if (!vm->count("exit-code")) code = kExitDone;
   if (vm->count("json")) {
     std::cout << out.dump(2) << "\n";
-    return kExitDone;
+    return code;
   }
   std::cout << fmt::format("run directory {}  workflow '{}'  spec {}  (updated {})\n", out["run_dir"].get<std::string>(),
                            out["workflow"].get<std::string>(), out["spec"].get<std::string>(),
@@ -127,7 +137,7 @@ int status(const Args& args) {
     if (r.contains("results") && !r["results"].get<std::string>().empty())
       std::cout << "    " << r["results"].get<std::string>() << "\n";
   }
-  return kExitDone;
+  return code;
 }
 
 // ---------------------------------------------------------------------------------- inspect

@@ -527,19 +527,20 @@ BatchPlan StreamEngine::plan(const PassSpec& spec) const {
   auto need = [&](std::uint64_t tiles, std::uint64_t fixed, std::uint64_t per_tile) { return fixed + S * tiles * per_tile; };
   if (need(1, fixed_device, b.device_per_tile) > dev_limit)
     throw InputError(fmt::format(
-        "--device-memory {} is too small: one batch of {} rows needs {} ({} resident + {} slots x {} per batch); "
-        "expected at least that much",
+        "device memory budget {} is too small: one batch of {} rows needs {} ({} resident + {} slots x {} per "
+        "batch); expected at least that much (--device-memory or options.device_memory)",
         format_bytes(static_cast<double>(dev_limit)), spec.tile_rows,
         format_bytes(static_cast<double>(need(1, fixed_device, b.device_per_tile))),
         format_bytes(static_cast<double>(fixed_device)), S, format_bytes(static_cast<double>(b.device_per_tile))));
   if (need(1, fixed_host, b.host_per_tile) > host_limit)
-    throw InputError(fmt::format("--host-memory {} is too small: one batch of {} rows needs {} ({} slots x {}); "
-                                 "expected at least that much",
+    throw InputError(fmt::format("host memory budget {} is too small: one batch of {} rows needs {} ({} slots x {}); "
+                                 "expected at least that much (--host-memory or options.host_memory)",
                                  format_bytes(static_cast<double>(host_limit)), spec.tile_rows,
                                  format_bytes(static_cast<double>(need(1, fixed_host, b.host_per_tile))), S,
                                  format_bytes(static_cast<double>(b.host_per_tile))));
   if (spec.prepare_host_bytes > host_limit)
-    throw InputError(fmt::format("--host-memory {} is too small: loading the resident data needs {}",
+    throw InputError(fmt::format("host memory budget {} is too small: loading the resident data needs {} "
+                                 "(--host-memory or options.host_memory)",
                                  format_bytes(static_cast<double>(host_limit)),
                                  format_bytes(static_cast<double>(spec.prepare_host_bytes))));
   std::uint64_t tiles = std::min((dev_limit - fixed_device) / (S * std::max<std::uint64_t>(b.device_per_tile, 1)),
@@ -548,9 +549,9 @@ BatchPlan StreamEngine::plan(const PassSpec& spec) const {
   if (row) tiles = std::min(tiles, std::max<std::uint64_t>(1, options_.max_batch_bytes / (row * spec.tile_rows)));
   if (options_.max_batch_rows)
     tiles = std::min(tiles, std::max<std::uint64_t>(1, options_.max_batch_rows / spec.tile_rows));
-  // Give every rank a batch when the pass is small.
-  const std::uint64_t total_tiles = std::max<std::uint64_t>(1, ceil_div(spec.rows, spec.tile_rows));
-  tiles = std::clamp<std::uint64_t>(tiles, 1, std::max<std::uint64_t>(1, ceil_div(total_tiles, comm_.size())));
+  // Not more than the pass has. (The rank count must not enter: the batch grid is the same for
+  // any number of ranks, so a batch's arithmetic is too.)
+  tiles = std::clamp<std::uint64_t>(tiles, 1, std::max<std::uint64_t>(1, ceil_div(spec.rows, spec.tile_rows)));
   BatchPlan plan;
   plan.batch_rows = tiles * spec.tile_rows;
   plan.device_bytes = need(tiles, fixed_device, b.device_per_tile);

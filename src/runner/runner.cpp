@@ -145,7 +145,8 @@ class WorkflowRun {
                    eo_interval ? format_duration(*eo_interval) : std::string("never"));
     }
     for (auto& p : planned) {
-      if (signals::stop_requested())
+      // Collective: a signal may reach the ranks at different moments.
+      if (comm_.any(signals::stop_requested() != 0))
         throw StopRequested(fmt::format("stopped by {} before step '{}'", signals::signal_name(signals::stop_requested()),
                                         p.step->id));
       run_step(p);

@@ -26,7 +26,8 @@ std::string context_pointer(const std::vector<std::string>& context) {
     std::string token = c;
     if (token.size() >= 2 && token.front() == '[' && token.back() == ']') token = token.substr(1, token.size() - 2);
     if (token.size() >= 2 && token.front() == '"' && token.back() == '"') token = token.substr(1, token.size() - 2);
-    p += "/" + token;
+    p += '/';
+    p += token;
   }
   return p;
 }
@@ -92,7 +93,7 @@ std::string expected_type(const json& schema) {
       out = name(schema["type"].get<std::string>());
     }
     if (schema["type"] == "array" && schema.contains("items") && schema["items"].contains("type"))
-      out += " of " + expected_type(schema["items"]) + "s";
+      out += fmt::format(" of {}s", expected_type(schema["items"]));
   }
   return out;
 }
@@ -114,15 +115,30 @@ std::string friendly(const json& root, const json& document, const std::string& 
     } else {
       expectation = expected_type(*s);
     }
-    if (s->contains("description")) expectation += (expectation.empty() ? "" : ": ") + (*s)["description"].get<std::string>();
+    if (s->contains("description"))
+      expectation += fmt::format("{}{}", expectation.empty() ? "" : ": ", (*s)["description"].get<std::string>());
   }
   std::string problem = text;
-  if (text.find("'type' constraint") != std::string::npos && value) problem = "got " + json_type(*value);
-  else if (text.find("enum values") != std::string::npos && value) problem = "got " + value->dump();
-  else if (text.find("'pattern' constraint") != std::string::npos && value) problem = "got " + value->dump();
+  // Bounds: "got -4; expected an integer >= 1" reads better than valijson's wording.
+  for (const auto& [prefix, op] : {std::pair<std::string, std::string>{"Expected number greater than or equal to ", ">="},
+                                  {"Expected number greater than ", ">"},
+                                  {"Expected number less than or equal to ", "<="},
+                                  {"Expected number less than ", "<"}})
+    if (text.rfind(prefix, 0) == 0 && value && s) {
+      const double bound = std::stod(text.substr(prefix.size()));
+      return fmt::format("got {}; expected {} {} {}", value->dump(), expected_type(*s), op, bound);
+    }
+  if (text.rfind("Missing required property ", 0) == 0) {
+    std::string name = text.substr(std::string("Missing required property ").size());
+    if (!name.empty() && name.back() == '.') name.pop_back();
+    return fmt::format("missing required key {}", name);
+  }
+  if (text.find("'type' constraint") != std::string::npos && value) problem = fmt::format("got {}", json_type(*value));
+  else if (text.find("enum values") != std::string::npos && value) problem = fmt::format("got {}", value->dump());
+  else if (text.find("'pattern' constraint") != std::string::npos && value) problem = fmt::format("got {}", value->dump());
   else if (!problem.empty() && problem.back() == '.') problem.pop_back();
-  if (expectation.empty() || text.find("Missing required property") != std::string::npos) return problem;
-  return problem + "; expected " + expectation;
+  if (expectation.empty()) return problem;
+  return fmt::format("{}; expected {}", problem, expectation);
 }
 
 bool is_wrapper(const std::string& description) {
@@ -148,7 +164,7 @@ void unknown_keys(const json& root, const json& schema, const json& value, const
   if (!value.is_object() || !s->is_object()) {
     if (value.is_array() && s->contains("items") && (*s)["items"].is_object())
       for (size_t i = 0; i < value.size(); ++i)
-        unknown_keys(root, (*s)["items"], value[i], pointer + "/" + std::to_string(i), errors);
+        unknown_keys(root, (*s)["items"], value[i], fmt::format("{}/{}", pointer, i), errors);
     return;
   }
   const bool closed = s->contains("additionalProperties") && (*s)["additionalProperties"] == false;
@@ -156,7 +172,7 @@ void unknown_keys(const json& root, const json& schema, const json& value, const
   if (s->contains("properties"))
     for (auto it = (*s)["properties"].begin(); it != (*s)["properties"].end(); ++it) known.push_back(it.key());
   for (auto it = value.begin(); it != value.end(); ++it) {
-    const std::string child = pointer + "/" + it.key();
+    const std::string child = fmt::format("{}/{}", pointer, it.key());
     if (std::find(known.begin(), known.end(), it.key()) != known.end()) {
       unknown_keys(root, (*s)["properties"][it.key()], it.value(), child, errors);
     } else if (closed) {

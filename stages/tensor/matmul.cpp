@@ -11,8 +11,10 @@ namespace {
 
 class MatmulKernel final : public engine::PassKernel {
  public:
-  MatmulKernel(const h5::Dataset& b, h5::DType dtype, std::uint64_t k, std::uint64_t n, bool tf32)
-      : b_(b), dtype_(dtype), k_(k), n_(n), tf32_(tf32) {}
+  MatmulKernel(const h5::Dataset& b, h5::DType dtype, std::uint64_t k, std::uint64_t n, bool tf32,
+               std::uint64_t tile_rows)
+      : b_(b), dtype_(dtype), k_(k), n_(n), tf32_(tf32),
+        row_block_(kernels::deterministic_row_block(static_cast<std::int64_t>(tile_rows))) {}
 
   void prepare(Backend& backend, Stream& stream) override {
     const std::size_t bytes = k_ * n_ * h5::dtype_size(dtype_);
@@ -36,6 +38,7 @@ class MatmulKernel final : public engine::PassKernel {
     g.c = batch.outputs[0];
     g.ldc = g.n;
     g.tf32 = tf32_;
+    g.row_block = row_block_;  // batches start on tile boundaries, and blocks divide tiles
     kernels::gemm(*batch.stream, g);
   }
 
@@ -44,6 +47,7 @@ class MatmulKernel final : public engine::PassKernel {
   h5::DType dtype_;
   std::uint64_t k_, n_;
   bool tf32_;
+  std::int64_t row_block_;
   Buffer b_device_;
 };
 
@@ -108,7 +112,8 @@ class MatmulStage final : public Stage {
   std::unique_ptr<engine::PassKernel> make_kernel(const KernelContext& ctx) const override {
     const auto& out = ctx.plan.pass.outputs[0];
     const h5::Dataset& b = *ctx.inputs.at("b");
-    return std::make_unique<MatmulKernel>(b, out.dtype, b.shape()[0], out.shape[1], ctx.params.at("tf32").get<bool>());
+    return std::make_unique<MatmulKernel>(b, out.dtype, b.shape()[0], out.shape[1], ctx.params.at("tf32").get<bool>(),
+                                          ctx.plan.pass.tile_rows);
   }
 };
 

@@ -1,0 +1,83 @@
+"""Fixtures for the end-to-end tests: they drive the `qstage` binary (QSTAGE_BIN) and check its
+files with h5py and numpy."""
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+QSTAGE = os.environ.get("QSTAGE_BIN", "qstage")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def mpirun_prefix(n):
+    exe = shutil.which("mpirun")
+    if exe is None:
+        pytest.skip("mpirun not found")
+    # --oversubscribe: CI machines have 2 cores; root is allowed because containers run as root.
+    return [exe, "--oversubscribe", "--allow-run-as-root", "-np", str(n)]
+
+
+class Result:
+    def __init__(self, proc):
+        self.code = proc.returncode
+        self.out = proc.stdout
+        self.err = proc.stderr
+
+    def __repr__(self):
+        return f"exit {self.code}\nstdout:\n{self.out}\nstderr:\n{self.err}"
+
+
+def run(args, cwd=None, mpi=0, timeout=600, env=None):
+    cmd = (mpirun_prefix(mpi) if mpi else []) + [QSTAGE] + [str(a) for a in args]
+    e = dict(os.environ)
+    e.setdefault("OMP_NUM_THREADS", "2")
+    if env:
+        e.update(env)
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=e)
+    return Result(proc)
+
+
+def write_spec(path, text):
+    path = Path(path)
+    path.write_text(textwrap.dedent(text).lstrip())
+    return path
+
+
+def file_digest(path):
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def tree_digest(root):
+    """Digest of every file under root (names and bytes): 'nothing was touched' checks."""
+    h = {}
+    for p in sorted(Path(root).rglob("*")):
+        if p.is_file():
+            h[str(p.relative_to(root))] = file_digest(p)
+    return h
+
+
+def manifest(run_dir):
+    return json.loads((Path(run_dir) / "manifest.json").read_text())
+
+
+def checksums(run_dir):
+    """step -> dataset -> qsum64, from the manifest."""
+    return {k: v.get("checksums") for k, v in manifest(run_dir)["steps"].items() if v.get("state") == "done"}
+
+
+@pytest.fixture
+def qstage():
+    return run
+
+
+@pytest.fixture
+def tmp(tmp_path):
+    return tmp_path

@@ -1,0 +1,133 @@
+"""Bad input: a one-line error naming the thing and what was expected, exit code 2, and nothing
+already committed is touched (every file of an earlier run keeps its bytes)."""
+import h5py
+import numpy as np
+import pytest
+
+from conftest import run, tree_digest, write_spec
+
+GOOD = """
+name: chain
+options: {device_memory: 4MiB}
+steps:
+  - id: psi
+    stage: tensor.random
+    params: {shape: [4000, 8], dtype: complex64, seed: 1}
+  - id: gate
+    stage: tensor.random
+    params: {shape: [8, 8], dtype: complex64, seed: 2}
+  - id: applied
+    stage: tensor.matmul
+    inputs: {a: psi, b: gate}
+"""
+
+
+@pytest.fixture
+def committed(tmp):
+    spec = write_spec(tmp / "good.yaml", GOOD)
+    r = run(["run", spec, "--run-dir", tmp / "run", "--device", "cpu"])
+    assert r.code == 0, r
+    with h5py.File(tmp / "ints.h5", "w") as f:
+        f["i"] = np.arange(10, dtype=np.int32)
+        f["cube"] = np.zeros((4, 4, 4), dtype=np.complex64)
+        f["s"] = np.array([b"ab", b"cd"])
+    (tmp / "text.h5").write_text("not an HDF5 file")
+    return tmp
+
+
+def one_line_error(r, *fragments):
+    assert r.code == 2, r
+    lines = [l for l in r.err.splitlines() if l.strip()]
+    errors = [l for l in lines if l.startswith("qstage: error: ")]
+    assert len(errors) == 1, r
+    for f in fragments:
+        assert f in errors[0], (f, errors[0])
+
+
+SPEC_CASES = {
+    "malformed yaml": ("name: chain\nsteps: [\n", ["bad.yaml:", "malformed YAML"]),
+    "unknown stage": (GOOD.replace("tensor.matmul", "tensor.matmull"),
+                      ["unknown stage 'tensor.matmull'", "did you mean 'tensor.matmul'"]),
+    "unknown parameter": (GOOD.replace("seed: 1}", "seed: 1, sed: 2}"), ["steps[0].params.sed", "unknown key"]),
+    "wrong parameter type": (GOOD.replace("seed: 1", "seed: one"), ["steps[0].params.seed", "expected an integer"]),
+    "missing input": (GOOD.replace("inputs: {a: psi, b: gate}", "inputs: {a: psi}"), ["missing input 'b'"]),
+    "shape mismatch": (GOOD.replace("shape: [8, 8]", "shape: [9, 8]"), ["input 'b' has 9 rows; expected 8"]),
+    "missing file": (GOOD + "  - id: s\n    stage: tensor.stats\n    inputs: {x: {file: nowhere.h5, dataset: d}}\n",
+                     ["nowhere.h5' does not exist", "expected an HDF5 file"]),
+    "not hdf5": (GOOD + "  - id: s\n    stage: tensor.stats\n    inputs: {x: {file: text.h5, dataset: d}}\n",
+                 ["is not an HDF5 file"]),
+    "missing dataset": (GOOD + "  - id: s\n    stage: tensor.stats\n    inputs: {x: {file: ints.h5, dataset: /nope}}\n",
+                        ["has no dataset '/nope'", "datasets in it: /cube, /i, /s"]),
+    "wrong dtype": (GOOD + "  - id: s\n    stage: tensor.stats\n    inputs: {x: {file: ints.h5, dataset: /i}}\n",
+                    ["input 'x' has dtype int32; expected float32, float64, complex64 or complex128"]),
+    "string dataset": (GOOD + "  - id: s\n    stage: tensor.stats\n    inputs: {x: {file: ints.h5, dataset: /s}}\n",
+                       ["element type string"]),
+    "wrong rank": (GOOD + "  - id: m\n    stage: tensor.matmul\n    inputs: {a: {file: ints.h5, dataset: /cube}, b: gate}\n",
+                   ["input 'a' has shape [4, 4, 4]; expected a matrix"]),
+    "budget too small": (GOOD.replace("device_memory: 4MiB", "device_memory: 1KiB"),
+                         ["device memory budget 1.00 KiB is too small", "needs", "--device-memory"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SPEC_CASES))
+def test_bad_spec_leaves_committed_run_untouched(committed, case):
+    text, fragments = SPEC_CASES[case]
+    spec = write_spec(committed / "bad.yaml", text)
+    before = tree_digest(committed / "run")
+    r = run(["run", spec, "--run-dir", committed / "run", "--device", "cpu"])
+    one_line_error(r, *fragments)
+    assert tree_digest(committed / "run") == before
+    # validate reports the same problem
+    if case != "budget too small":
+        one_line_error(run(["validate", spec]), *fragments)
+
+
+def test_run_dir_of_another_spec(committed):
+    spec = write_spec(committed / "other.yaml", GOOD.replace("name: chain", "name: other"))
+    before = tree_digest(committed / "run")
+    r = run(["run", spec, "--run-dir", committed / "run", "--device", "cpu"])
+    one_line_error(r, "holds workflow 'chain'", "this spec is workflow 'other'")
+    assert tree_digest(committed / "run") == before
+
+
+def test_foreign_directory_is_refused(committed):
+    (committed / "foreign").mkdir()
+    (committed / "foreign" / "thesis.tex").write_text("precious")
+    spec = committed / "good.yaml"
+    one_line_error(run(["run", spec, "--run-dir", committed / "foreign", "--device", "cpu"]),
+                   "exists, is not empty and has no manifest.json")
+    assert (committed / "foreign" / "thesis.tex").read_text() == "precious"
+
+
+@pytest.mark.parametrize("args,fragments", [
+    (["--device", "tpu"], ["--device: unknown device 'tpu'"]),
+    (["--device-memory", "lots"], ["--device-memory: 'lots' is not a size"]),
+    (["--checkpoint-interval", "soon"], ["'soon' is not a duration"]),
+    (["--slots", "1"], ["--slots 1: expected at least 2"]),
+    (["--log-level", "loud"], ["unknown level 'loud'"]),
+    (["--frobnicate"], ["unrecognised option '--frobnicate'"]),
+])
+def test_bad_options(committed, args, fragments):
+    before = tree_digest(committed / "run")
+    r = run(["run", committed / "good.yaml", "--run-dir", committed / "run", "--device", "cpu"] + args
+            if args[0] != "--device" else ["run", committed / "good.yaml", "--run-dir", committed / "run"] + args)
+    one_line_error(r, *fragments)
+    assert tree_digest(committed / "run") == before
+
+
+def test_cuda_without_gpu_is_bad_input(committed):
+    r = run(["--version"])
+    if "built without CUDA" not in r.out:
+        pytest.skip("this build has CUDA; the GPU machine runs the GPU paths instead")
+    one_line_error(run(["run", committed / "good.yaml", "--run-dir", committed / "r2", "--device", "cuda"]),
+                   "--device cuda")
+
+
+def test_other_commands_reject_bad_input(committed):
+    one_line_error(run(["run", committed / "missing.yaml"]), "missing.yaml' does not exist")
+    one_line_error(run(["resume", committed]), "has no manifest.json")
+    one_line_error(run(["status", committed / "nowhere"]), "has no manifest.json")
+    one_line_error(run(["inspect", committed / "text.h5"]), "is not an HDF5 file")
+    one_line_error(run(["inspect", committed / "absent.h5"]), "does not exist")
+    one_line_error(run(["stages", "tensor.nope"]), "unknown stage 'tensor.nope'")
+    one_line_error(run(["frobnicate"]), "unknown command 'frobnicate'")

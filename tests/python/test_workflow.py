@@ -1,0 +1,162 @@
+"""End to end on the cpu backend: outputs against numpy oracles, provenance, reuse, reruns."""
+import json
+import os
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+import oracle
+from conftest import ROOT, checksums, manifest, run, write_spec
+
+SPEC = """
+name: chain
+options: {device_memory: 2MiB}
+steps:
+  - id: psi
+    stage: tensor.random
+    params: {shape: [20000, 24], dtype: complex64, seed: 3, chunk_rows: 1000}
+  - id: gate
+    stage: tensor.random
+    params: {shape: [24, 16], dtype: complex64, seed: 4}
+  - id: applied
+    stage: tensor.matmul
+    inputs: {a: psi, b: gate}
+  - id: summary
+    stage: tensor.stats
+    inputs: {x: applied}
+"""
+
+
+@pytest.fixture
+def chain(tmp):
+    spec = write_spec(tmp / "chain.yaml", SPEC)
+    r = run(["run", spec, "--run-dir", tmp / "run", "--device", "cpu"])
+    assert r.code == 0, r
+    return spec, tmp / "run", r
+
+
+def test_outputs_match_numpy(chain):
+    _, run_dir, _ = chain
+    out = run_dir / "outputs"
+    with h5py.File(out / "psi.h5") as f:
+        psi = f["data"][...]
+        assert f["data"].dtype == np.complex64
+        assert f["data"].chunks == (1000, 24)
+        assert f["data"].attrs["qsum64"] == "%016x" % oracle.qsum64(psi)
+    np.testing.assert_array_equal(psi, oracle.random_tensor((20000, 24), np.complex64, 3))
+    with h5py.File(out / "gate.h5") as f:
+        gate = f["data"][...]
+    np.testing.assert_array_equal(gate, oracle.random_tensor((24, 16), np.complex64, 4))
+    with h5py.File(out / "applied.h5") as f:
+        c = f["data"][...]
+    ref = psi.astype(np.complex128) @ gate.astype(np.complex128)
+    assert np.linalg.norm(c - ref) / np.linalg.norm(ref) < 1e-5
+    with h5py.File(out / "summary.h5") as f:
+        want = oracle.stats(c)
+        assert f["norm"][()] == pytest.approx(want["sum_sq"] ** 0.5, rel=1e-12)
+        assert f["min"][()] == want["min"] and f["max"][()] == want["max"]
+        assert f["nonfinite"][()] == 0 and f["count"][()] == c.size
+        assert f.attrs["input_checksum"] == "%016x" % want["checksum"]
+
+
+def test_provenance_attributes(chain):
+    _, run_dir, _ = chain
+    with h5py.File(run_dir / "outputs" / "applied.h5") as f:
+        a = dict(f.attrs)
+    assert a["qstage.stage"] == "tensor.matmul"
+    assert a["qstage.stage_version"] == 1
+    assert json.loads(a["qstage.params"]) == {"chunk_rows": 0, "tf32": False}
+    inputs = json.loads(a["qstage.inputs"])
+    assert set(inputs) == {"a", "b"} and all(len(v["hash"]) == 32 for v in inputs.values())
+    assert a["qstage.version"]
+    assert a["qstage.device"].startswith("CPU")
+    assert a["qstage.ranks"] == 1
+    assert a["qstage.wall_seconds"] > 0
+    assert a["qstage.peak_device_bytes"] <= 2 * 1024 * 1024
+    assert a["qstage.step_key"] == manifest(run_dir)["steps"]["applied"]["key"]
+
+
+def test_rerun_skips_and_touches_nothing(chain):
+    spec, run_dir, _ = chain
+    before = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in (run_dir / "outputs").iterdir()}
+    r = run(["run", spec, "--run-dir", run_dir, "--device", "cpu"])
+    assert r.code == 0, r
+    assert r.err.count("up to date, skipped") == 4
+    after = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in (run_dir / "outputs").iterdir()}
+    assert before == after
+
+
+def test_changed_parameter_reruns_downstream_and_says_so(chain, tmp):
+    spec, run_dir, _ = chain
+    old = checksums(run_dir)
+    write_spec(spec, SPEC.replace("seed: 4", "seed: 5"))
+    r = run(["run", spec, "--run-dir", run_dir, "--device", "cpu"])
+    assert r.code == 0, r
+    assert "step 'psi' (tensor.random): up to date, skipped" in r.err
+    assert "step 'gate' (tensor.random): running (parameters changed: seed 4 -> 5)" in r.err
+    assert "step 'applied' (tensor.matmul): running (inputs changed: input 'b'" in r.err
+    assert "step 'summary' (tensor.stats): running (inputs changed: input 'x'" in r.err
+    new = checksums(run_dir)
+    assert new["psi"] == old["psi"] and new["gate"] != old["gate"] and new["applied"] != old["applied"]
+
+
+def test_result_is_the_same_for_any_batch_size(chain, tmp):
+    spec, run_dir, _ = chain
+    r = run(["run", spec, "--run-dir", tmp / "big", "--device", "cpu", "--device-memory", "64MiB"])
+    assert r.code == 0, r
+    assert checksums(tmp / "big") == checksums(run_dir)
+
+
+def test_status_and_inspect(chain):
+    _, run_dir, _ = chain
+    r = run(["status", run_dir, "--json"])
+    assert r.code == 0, r
+    status = json.loads(r.out)
+    assert [s["step"] for s in status["steps"]] == ["psi", "gate", "applied", "summary"]
+    assert all(s["state"] == "done" and s["fraction"] == 1.0 for s in status["steps"])
+    r = run(["status", run_dir])
+    assert r.code == 0 and "applied" in r.out and "done" in r.out
+    r = run(["inspect", run_dir / "outputs" / "applied.h5"])
+    assert r.code == 0, r
+    assert "qstage.stage" in r.out and "complex64" in r.out and "qsum64" in r.out
+
+
+def test_output_layouts_match_their_schemas(chain):
+    jsonschema = pytest.importorskip("jsonschema")
+    _, run_dir, _ = chain
+    for step, stage in [("psi", "tensor.random"), ("applied", "tensor.matmul"), ("summary", "tensor.stats")]:
+        r = run(["inspect", run_dir / "outputs" / f"{step}.h5", "--json"])
+        assert r.code == 0, r
+        schema = json.loads((ROOT / "schemas" / "outputs" / f"{stage}.json").read_text())
+        jsonschema.validate(json.loads(r.out), schema)
+
+
+def test_every_workflow_validates():
+    for spec in sorted((ROOT / "workflows").glob("*.yaml")):
+        r = run(["validate", spec])
+        assert r.code == 0, (spec, r)
+
+
+def test_embedded_quickstart_runs_in_the_current_directory(tmp):
+    r = run(["run", "--device", "cpu"], cwd=tmp)
+    assert r.code == 0, r
+    run_dir = tmp / "qstage-runs" / "quickstart"
+    assert set(checksums(run_dir)) == {"psi", "gate", "applied", "summary"}
+    with h5py.File(run_dir / "outputs" / "applied.h5") as f:
+        assert f["data"].shape == (1048576, 64)
+        # The device budget (128 MiB) was a quarter of the streamed tensor, and it was respected.
+        assert f.attrs["qstage.peak_device_bytes"] <= 128 * 2**20
+
+
+def test_help_and_version():
+    r = run(["--help"])
+    assert r.code == 0 and "exit codes" in r.out and "resume" in r.out
+    for cmd in ["run", "resume", "status", "inspect", "validate", "stages"]:
+        r = run([cmd, "--help"])
+        assert r.code == 0 and "examples:" in r.out, (cmd, r)
+    r = run(["--version"])
+    assert r.code == 0 and r.out.startswith("qstage ")
+    r = run(["stages", "tensor.matmul"])
+    assert r.code == 0 and "tf32" in r.out and "default false" in r.out

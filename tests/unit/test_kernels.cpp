@@ -1,0 +1,307 @@
+// Every kernel's CPU twin against a plain reference, and (on a machine with a GPU) the CUDA
+// kernel against the CPU twin on the same inputs. Tolerances:
+//   random, checksum, stats' counts/min/max/qsum: bitwise equal on both backends
+//   stats' sum_sq: 1e-12 relative between backends (summation order differs)
+//   gemm: 1e-5 relative (complex64/float32) and 1e-12 (complex128/float64) against a float64
+//   reference; TF32: 5e-3
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <complex>
+#include <cstring>
+#include <limits>
+#include <random>
+
+#include "backend/backend.hpp"
+#include "kernels/checksum.hpp"
+#include "kernels/gemm.hpp"
+#include "kernels/random.hpp"
+#include "kernels/stats.hpp"
+#include "test_util.hpp"
+
+using namespace qstage;
+using kernels::StatsPartial;
+
+namespace {
+
+#define REQUIRE_GPU()                                                                     \
+  if (!test::gpu_available()) GTEST_SKIP() << "GPU test skipped: no CUDA GPU visible " \
+                                              "(this build or machine has none)"
+
+std::vector<float> random_floats(std::size_t n, unsigned seed) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> d(-1, 1);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(gen);
+  return v;
+}
+
+// Runs `fill` on the GPU with device copies of `inputs`, returning the bytes of `out_bytes`.
+struct GpuRun {
+  std::unique_ptr<Backend> backend = make_backend({"cuda", 1ull << 30, 1ull << 30, 0});
+  std::unique_ptr<Stream> stream = backend->make_stream();
+  Buffer upload(const void* data, std::size_t bytes) {
+    Buffer b = backend->alloc_device(bytes, "test");
+    backend->copy_to_device(b.data(), data, bytes, *stream);
+    return b;
+  }
+  template <typename T>
+  std::vector<T> download(const Buffer& b, std::size_t count) {
+    std::vector<T> out(count);
+    backend->copy_to_host(out.data(), b.data(), count * sizeof(T), *stream);
+    stream->synchronize();
+    return out;
+  }
+};
+
+}  // namespace
+
+// ------------------------------------------------------------------------------ random
+TEST(RandomKernel, CpuMatchesTheDocumentedFormula) {
+  const std::uint64_t seed = 42, first = 1000, n = 4097;
+  std::vector<float> f(n);
+  kernels::random_fill_cpu({h5::DType::complex64, seed, first, n, f.data()});
+  std::vector<double> d(n);
+  kernels::random_fill_cpu({h5::DType::float64, seed, first, n, d.data()});
+  const std::uint64_t key = kernels::splitmix64(seed);
+  for (std::uint64_t i = 0; i < n; ++i) {
+    const std::uint64_t bits = kernels::splitmix64(key + (first + i + 1) * kernels::kGolden);
+    ASSERT_EQ(f[i], static_cast<float>(bits >> 40) / 8388608.0f - 1.0f);
+    ASSERT_EQ(d[i], static_cast<double>(bits >> 11) / 4503599627370496.0 - 1.0);
+    ASSERT_GE(f[i], -1.0f);
+    ASSERT_LT(f[i], 1.0f);
+  }
+}
+
+TEST(RandomKernel, SplitsDoNotChangeValues) {
+  std::vector<float> whole(1000), parts(1000);
+  kernels::random_fill_cpu({h5::DType::float32, 9, 0, 1000, whole.data()});
+  kernels::random_fill_cpu({h5::DType::float32, 9, 0, 333, parts.data()});
+  kernels::random_fill_cpu({h5::DType::float32, 9, 333, 667, parts.data() + 333});
+  EXPECT_EQ(whole, parts);
+}
+
+TEST(RandomKernel, GpuMatchesCpuBitwise) {
+  REQUIRE_GPU();
+  GpuRun gpu;
+  for (auto dtype : {h5::DType::complex64, h5::DType::float64}) {
+    const std::uint64_t n = 1 << 20, size = h5::dtype_size(dtype) / (h5::dtype_is_complex(dtype) ? 2 : 1);
+    std::vector<char> cpu(n * size);
+    kernels::random_fill_cpu({dtype, 123, 77, n, cpu.data()});
+    Buffer out = gpu.backend->alloc_device(n * size, "test");
+    kernels::random_fill(*gpu.stream, {dtype, 123, 77, n, out.data()});
+    auto got = gpu.download<char>(out, n * size);
+    EXPECT_EQ(std::memcmp(got.data(), cpu.data(), cpu.size()), 0) << h5::dtype_name(dtype);
+  }
+}
+
+// ------------------------------------------------------------------------------ checksum
+TEST(ChecksumKernel, CpuMatchesDefinitionAndIsSplitInvariant) {
+  auto v = random_floats(10001, 1);
+  std::uint64_t reference = 0;
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    std::uint32_t w;
+    std::memcpy(&w, &v[i], 4);
+    reference += kernels::fmix64(w ^ ((i + 1) * kernels::kGolden));
+  }
+  std::uint64_t whole = 0, a = 0, b = 0;
+  kernels::checksum_cpu({v.data(), v.size() * 4, 4, 0, &whole});
+  kernels::checksum_cpu({v.data(), 4000 * 4, 4, 0, &a});
+  kernels::checksum_cpu({v.data() + 4000, (v.size() - 4000) * 4, 4, 4000, &b});
+  EXPECT_EQ(whole, reference);
+  EXPECT_EQ(a + b, whole);
+  // One flipped bit changes it; swapping two words changes it.
+  auto w = v;
+  std::uint32_t bits;
+  std::memcpy(&bits, &w[5], 4);
+  bits ^= 1;
+  std::memcpy(&w[5], &bits, 4);
+  std::uint64_t flipped = 0;
+  kernels::checksum_cpu({w.data(), w.size() * 4, 4, 0, &flipped});
+  EXPECT_NE(flipped, whole);
+  auto s = v;
+  std::swap(s[1], s[2]);
+  std::uint64_t swapped = 0;
+  kernels::checksum_cpu({s.data(), s.size() * 4, 4, 0, &swapped});
+  EXPECT_NE(swapped, whole);
+}
+
+TEST(ChecksumKernel, GpuMatchesCpu) {
+  REQUIRE_GPU();
+  GpuRun gpu;
+  auto v = random_floats((1 << 22) + 3, 2);
+  std::uint64_t cpu = 0;
+  kernels::checksum_cpu({v.data(), v.size() * 4, 4, 12345, &cpu});
+  Buffer in = gpu.upload(v.data(), v.size() * 4);
+  Buffer out = gpu.backend->alloc_device(8, "test");
+  kernels::checksum(*gpu.stream, {in.data(), v.size() * 4, 4, 12345, out.as<std::uint64_t>()});
+  EXPECT_EQ(gpu.download<std::uint64_t>(out, 1)[0], cpu);
+}
+
+// ------------------------------------------------------------------------------ stats
+namespace {
+
+StatsPartial naive_stats(const std::vector<float>& v, bool complex, std::uint64_t first_word) {
+  StatsPartial p;
+  const std::size_t step = complex ? 2 : 1;
+  bool any = false;
+  for (std::size_t i = 0; i < v.size(); i += step) {
+    const double re = v[i], im = complex ? v[i + 1] : 0.0;
+    p.count++;
+    if (!std::isfinite(re) || !std::isfinite(im)) {
+      p.nonfinite++;
+    } else {
+      p.sum_sq += re * re + im * im;
+      for (double c : complex ? std::vector<double>{re, im} : std::vector<double>{re}) {
+        p.min = any ? std::min(p.min, c) : c;
+        p.max = any ? std::max(p.max, c) : c;
+        any = true;
+      }
+      p.max_abs = std::max(p.max_abs, std::sqrt(re * re + im * im));
+    }
+  }
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    std::uint32_t w;
+    std::memcpy(&w, &v[i], 4);
+    p.qsum += kernels::qsum_term(w, first_word + i);
+  }
+  return p;
+}
+
+StatsPartial fold_all(const std::vector<StatsPartial>& tiles) {
+  StatsPartial acc;
+  for (const auto& t : tiles) kernels::fold(acc, t);
+  return acc;
+}
+
+}  // namespace
+
+TEST(StatsKernel, CpuMatchesNaiveIncludingNonFinite) {
+  auto v = random_floats(2 * 5000, 3);
+  v[10] = std::numeric_limits<float>::quiet_NaN();
+  v[21] = std::numeric_limits<float>::infinity();
+  v[777] = 7.5f;
+  const std::uint64_t tile = 512, elements = v.size() / 2;
+  std::vector<StatsPartial> tiles((elements + tile - 1) / tile);
+  kernels::Stats s{h5::DType::complex64, v.data(), elements, tile, 100, tiles.data()};
+  kernels::stats_cpu(s);
+  const StatsPartial got = fold_all(tiles), want = naive_stats(v, true, 100);
+  EXPECT_NEAR(got.sum_sq, want.sum_sq, 1e-12 * want.sum_sq);
+  EXPECT_EQ(got.min, want.min);
+  EXPECT_EQ(got.max, 7.5);
+  EXPECT_EQ(got.max_abs, want.max_abs);
+  EXPECT_EQ(got.nonfinite, 2u);
+  EXPECT_EQ(got.count, elements);
+  EXPECT_EQ(got.qsum, want.qsum);
+}
+
+TEST(StatsKernel, AllNonFiniteLeavesMinMaxUndefined) {
+  std::vector<float> v(8, std::numeric_limits<float>::quiet_NaN());
+  StatsPartial tile;
+  kernels::stats_cpu({h5::DType::float32, v.data(), 8, 8, 0, &tile});
+  EXPECT_EQ(tile.finite_components, 0u);
+  EXPECT_EQ(tile.nonfinite, 8u);
+}
+
+TEST(StatsKernel, GpuMatchesCpu) {
+  REQUIRE_GPU();
+  GpuRun gpu;
+  auto v = random_floats(2 * 300000, 4);
+  v[5] = std::numeric_limits<float>::quiet_NaN();
+  const std::uint64_t tile = 4096, elements = v.size() / 2, tiles = (elements + tile - 1) / tile;
+  std::vector<StatsPartial> cpu(tiles);
+  kernels::stats_cpu({h5::DType::complex64, v.data(), elements, tile, 9, cpu.data()});
+  Buffer in = gpu.upload(v.data(), v.size() * 4);
+  Buffer out = gpu.backend->alloc_device(tiles * sizeof(StatsPartial), "test");
+  kernels::stats(*gpu.stream, {h5::DType::complex64, in.data(), elements, tile, 9, out.as<StatsPartial>()});
+  auto got = gpu.download<StatsPartial>(out, tiles);
+  for (std::uint64_t t = 0; t < tiles; ++t) {
+    EXPECT_NEAR(got[t].sum_sq, cpu[t].sum_sq, 1e-12 * cpu[t].sum_sq) << "tile " << t;
+    EXPECT_EQ(got[t].min, cpu[t].min);
+    EXPECT_EQ(got[t].max, cpu[t].max);
+    EXPECT_EQ(got[t].max_abs, cpu[t].max_abs);
+    EXPECT_EQ(got[t].nonfinite, cpu[t].nonfinite);
+    EXPECT_EQ(got[t].count, cpu[t].count);
+    EXPECT_EQ(got[t].qsum, cpu[t].qsum);
+  }
+}
+
+// ------------------------------------------------------------------------------ gemm
+namespace {
+
+using cd = std::complex<double>;
+
+// Row-major reference in float64 / complex128.
+std::vector<cd> reference_gemm(const std::vector<std::complex<float>>& a, const std::vector<std::complex<float>>& b,
+                               std::int64_t m, std::int64_t n, std::int64_t k) {
+  std::vector<cd> c(static_cast<size_t>(m * n));
+  for (std::int64_t i = 0; i < m; ++i)
+    for (std::int64_t p = 0; p < k; ++p)
+      for (std::int64_t j = 0; j < n; ++j) c[i * n + j] += cd(a[i * k + p]) * cd(b[p * n + j]);
+  return c;
+}
+
+template <typename T>
+double relative_error(const std::vector<T>& got, const std::vector<cd>& want) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    num += std::norm(cd(got[i]) - want[i]);
+    den += std::norm(want[i]);
+  }
+  return std::sqrt(num / den);
+}
+
+std::vector<std::complex<float>> random_complex(std::size_t n, unsigned seed) {
+  auto f = random_floats(2 * n, seed);
+  std::vector<std::complex<float>> v(n);
+  std::memcpy(v.data(), f.data(), f.size() * 4);
+  return v;
+}
+
+}  // namespace
+
+TEST(GemmKernel, CpuComplexMatchesReference) {
+  const std::int64_t m = 37, n = 19, k = 23;
+  auto a = random_complex(m * k, 5), b = random_complex(k * n, 6);
+  std::vector<std::complex<float>> c(m * n);
+  kernels::Gemm g{h5::DType::complex64, m, n, k, a.data(), k, b.data(), n, c.data(), n};
+  kernels::gemm_cpu(g);
+  EXPECT_LT(relative_error(c, reference_gemm(a, b, m, n, k)), 1e-5);
+  EXPECT_EQ(kernels::gemm_flops(g), 8.0 * m * n * k);
+}
+
+TEST(GemmKernel, CpuDoubleComplexMatchesReference) {
+  const std::int64_t m = 16, n = 9, k = 31;
+  auto a32 = random_complex(m * k, 7), b32 = random_complex(k * n, 8);
+  std::vector<cd> a(a32.begin(), a32.end()), b(b32.begin(), b32.end()), c(m * n);
+  kernels::gemm_cpu({h5::DType::complex128, m, n, k, a.data(), k, b.data(), n, c.data(), n});
+  EXPECT_LT(relative_error(c, reference_gemm(a32, b32, m, n, k)), 1e-12);
+}
+
+TEST(GemmKernel, CpuRealMatchesReference) {
+  const std::int64_t m = 13, n = 11, k = 17;
+  auto a = random_floats(m * k, 9), b = random_floats(k * n, 10);
+  std::vector<float> c(m * n);
+  kernels::gemm_cpu({h5::DType::float32, m, n, k, a.data(), k, b.data(), n, c.data(), n});
+  for (std::int64_t i = 0; i < m; ++i)
+    for (std::int64_t j = 0; j < n; ++j) {
+      double want = 0;
+      for (std::int64_t p = 0; p < k; ++p) want += double(a[i * k + p]) * b[p * n + j];
+      EXPECT_NEAR(c[i * n + j], want, 1e-5);
+    }
+}
+
+TEST(GemmKernel, GpuMatchesReferenceAndCpu) {
+  REQUIRE_GPU();
+  GpuRun gpu;
+  const std::int64_t m = 300, n = 64, k = 128;
+  auto a = random_complex(m * k, 11), b = random_complex(k * n, 12);
+  const auto want = reference_gemm(a, b, m, n, k);
+  Buffer da = gpu.upload(a.data(), a.size() * 8), db = gpu.upload(b.data(), b.size() * 8);
+  Buffer dc = gpu.backend->alloc_device(m * n * 8, "test");
+  for (bool tf32 : {false, true}) {
+    kernels::gemm(*gpu.stream, {h5::DType::complex64, m, n, k, da.data(), k, db.data(), n, dc.data(), n, tf32});
+    auto c = gpu.download<std::complex<float>>(dc, m * n);
+    EXPECT_LT(relative_error(c, want), tf32 ? 5e-3 : 1e-5) << (tf32 ? "tf32" : "fp32");
+  }
+}
