@@ -1,6 +1,7 @@
 #include "kernels/gemm.hpp"
 
 #include <cblas.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <complex>
@@ -57,7 +58,12 @@ void gemm_cpu(const Gemm& g) {
   // OpenBLAS runs single-threaded: its threaded kernels round differently with the thread count.
   // qstage spreads fixed blocks over OpenMP threads instead, so the bits never depend on it.
   static std::once_flag single;
-  std::call_once(single, [] { openblas_set_num_threads(1); });
+  std::call_once(single, [] {
+    // The OpenMP build's openblas_set_num_threads also calls omp_set_num_threads: put ours back.
+    const int threads = omp_get_max_threads();
+    openblas_set_num_threads(1);
+    omp_set_num_threads(threads);
+  });
   constexpr std::int64_t kDefaultRows = 256, kCols = 1024;
   const std::int64_t rb = g.row_block > 0 ? g.row_block : kDefaultRows;
   const std::int64_t row_blocks = (g.m + rb - 1) / rb, col_blocks = (g.n + kCols - 1) / kCols;

@@ -14,6 +14,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 QSTAGE = os.environ.get("QSTAGE_BIN", "qstage")
+# cpu in CI; the GPU machine runs the same tests with QSTAGE_TEST_DEVICE=cuda.
+DEVICE = os.environ.get("QSTAGE_TEST_DEVICE", "cpu")
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -4,7 +4,7 @@ import h5py
 import numpy as np
 import pytest
 
-from conftest import run, tree_digest, write_spec
+from conftest import DEVICE, run, tree_digest, write_spec
 
 GOOD = """
 name: chain
@@ -25,7 +25,7 @@ steps:
 @pytest.fixture
 def committed(tmp):
     spec = write_spec(tmp / "good.yaml", GOOD)
-    r = run(["run", spec, "--run-dir", tmp / "run", "--device", "cpu"])
+    r = run(["run", spec, "--run-dir", tmp / "run", "--device", DEVICE])
     assert r.code == 0, r
     with h5py.File(tmp / "ints.h5", "w") as f:
         f["i"] = np.arange(10, dtype=np.int32)
@@ -74,7 +74,7 @@ def test_bad_spec_leaves_committed_run_untouched(committed, case):
     text, fragments = SPEC_CASES[case]
     spec = write_spec(committed / "bad.yaml", text)
     before = tree_digest(committed / "run")
-    r = run(["run", spec, "--run-dir", committed / "run", "--device", "cpu"])
+    r = run(["run", spec, "--run-dir", committed / "run", "--device", DEVICE])
     one_line_error(r, *fragments)
     assert tree_digest(committed / "run") == before
     # validate reports the same problem
@@ -85,7 +85,7 @@ def test_bad_spec_leaves_committed_run_untouched(committed, case):
 def test_run_dir_of_another_spec(committed):
     spec = write_spec(committed / "other.yaml", GOOD.replace("name: chain", "name: other"))
     before = tree_digest(committed / "run")
-    r = run(["run", spec, "--run-dir", committed / "run", "--device", "cpu"])
+    r = run(["run", spec, "--run-dir", committed / "run", "--device", DEVICE])
     one_line_error(r, "holds workflow 'chain'", "this spec is workflow 'other'")
     assert tree_digest(committed / "run") == before
 
@@ -94,7 +94,7 @@ def test_foreign_directory_is_refused(committed):
     (committed / "foreign").mkdir()
     (committed / "foreign" / "thesis.tex").write_text("precious")
     spec = committed / "good.yaml"
-    one_line_error(run(["run", spec, "--run-dir", committed / "foreign", "--device", "cpu"]),
+    one_line_error(run(["run", spec, "--run-dir", committed / "foreign", "--device", DEVICE]),
                    "exists, is not empty and has no manifest.json")
     assert (committed / "foreign" / "thesis.tex").read_text() == "precious"
 
@@ -109,8 +109,8 @@ def test_foreign_directory_is_refused(committed):
 ])
 def test_bad_options(committed, args, fragments):
     before = tree_digest(committed / "run")
-    r = run(["run", committed / "good.yaml", "--run-dir", committed / "run", "--device", "cpu"] + args
-            if args[0] != "--device" else ["run", committed / "good.yaml", "--run-dir", committed / "run"] + args)
+    base = ["run", committed / "good.yaml", "--run-dir", committed / "run"]
+    r = run(base + (args if args[0] == "--device" else ["--device", DEVICE] + args))
     one_line_error(r, *fragments)
     assert tree_digest(committed / "run") == before
 

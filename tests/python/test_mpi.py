@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import oracle
-from conftest import QSTAGE, checksums, manifest, mpirun_prefix, run, write_spec
+from conftest import DEVICE, QSTAGE, checksums, manifest, mpirun_prefix, run, write_spec
 
 SPEC = """
 name: mpi
@@ -37,14 +37,14 @@ steps:
 def single(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("single")
     spec = write_spec(tmp / "spec.yaml", SPEC)
-    r = run(["run", spec, "--run-dir", tmp / "run", "--device", "cpu"])
+    r = run(["run", spec, "--run-dir", tmp / "run", "--device", DEVICE])
     assert r.code == 0, r
     return spec, checksums(tmp / "run")
 
 
 def test_three_ranks_match_one_rank(single, tmp):
     spec, want = single
-    r = run(["run", spec, "--run-dir", tmp / "run3", "--device", "cpu"], mpi=3)
+    r = run(["run", spec, "--run-dir", tmp / "run3", "--device", DEVICE], mpi=3)
     assert r.code == 0, r
     assert "3 ranks" in r.err
     assert checksums(tmp / "run3") == want
@@ -64,13 +64,13 @@ BIG = SPEC.replace("[50000, 24]", "[1000000, 24]").replace("name: mpi", "name: m
 def big(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("big")
     spec = write_spec(tmp / "spec.yaml", BIG)
-    r = run(["run", spec, "--run-dir", tmp / "run", "--device", "cpu"])
+    r = run(["run", spec, "--run-dir", tmp / "run", "--device", DEVICE])
     assert r.code == 0, r
     return spec, checksums(tmp / "run")
 
 
 def start_mpirun(spec, run_dir, ranks):
-    cmd = mpirun_prefix(ranks) + [QSTAGE, "run", str(spec), "--run-dir", str(run_dir), "--device", "cpu"]
+    cmd = mpirun_prefix(ranks) + [QSTAGE, "run", str(spec), "--run-dir", str(run_dir), "--device", DEVICE]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          env=dict(os.environ, OMP_NUM_THREADS="1"))
     journal = run_dir / "steps" / "psi" / "journal.json"
@@ -93,7 +93,7 @@ def test_sigterm_to_the_ranks_stops_all_with_75_and_resume_with_other_rank_count
         pytest.skip("the run finished before SIGTERM arrived")
     assert p.returncode == 75, err
     assert run(["status", run_dir, "--exit-code"]).code == 75
-    r = run(["resume", run_dir, "--device", "cpu"], mpi=3)
+    r = run(["resume", run_dir, "--device", DEVICE], mpi=3)
     assert r.code == 0, r
     assert checksums(run_dir) == want
     assert run(["status", run_dir, "--exit-code"]).code == 0
@@ -111,6 +111,6 @@ def test_sigterm_to_mpirun_leaves_a_resumable_run(big, tmp):
         pytest.skip("the run finished before SIGTERM arrived")
     assert "stop requested" in err, err
     assert run(["status", run_dir, "--exit-code"]).code == 75
-    r = run(["resume", run_dir, "--device", "cpu"], mpi=2)
+    r = run(["resume", run_dir, "--device", DEVICE], mpi=2)
     assert r.code == 0, r
     assert checksums(run_dir) == want

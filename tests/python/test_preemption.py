@@ -14,7 +14,7 @@ import h5py
 import numpy as np
 import pytest
 
-from conftest import QSTAGE, checksums, manifest, run, write_spec
+from conftest import DEVICE, QSTAGE, checksums, manifest, run, write_spec
 
 SPEC = """
 name: preempt
@@ -55,7 +55,7 @@ def start(args, cwd):
 def clean(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("clean")
     spec = write_spec(tmp / "spec.yaml", SPEC)
-    r = run(["run", spec, "--run-dir", tmp / "run", "--device", "cpu"])
+    r = run(["run", spec, "--run-dir", tmp / "run", "--device", DEVICE])
     assert r.code == 0, r
     return spec, checksums(tmp / "run"), data_digests(tmp / "run")
 
@@ -72,7 +72,7 @@ def wait_for(predicate, timeout=60):
 def test_sigterm_stops_with_75_and_resume_completes(clean, tmp):
     spec, want_sums, want_data = clean
     run_dir = tmp / "run"
-    p = start(["run", spec, "--run-dir", run_dir, "--device", "cpu"], tmp)
+    p = start(["run", spec, "--run-dir", run_dir, "--device", DEVICE], tmp)
     # Wait until the big matmul step has committed something, then ask it to stop.
     journal = run_dir / "steps" / "applied" / "journal.json"
     assert wait_for(lambda: journal.exists() or p.poll() is not None), "the step never started"
@@ -87,7 +87,7 @@ def test_sigterm_stops_with_75_and_resume_completes(clean, tmp):
     assert 0 < m["steps"]["applied"]["committed_rows"] < 240000
     st = run(["status", run_dir])
     assert "stopped" in st.out, st
-    r = run(["resume", run_dir, "--device", "cpu"])
+    r = run(["resume", run_dir, "--device", DEVICE])
     assert r.code == 0, r
     assert re.search(r"resuming at row [1-9][0-9]* of 240000", r.err), r.err
     assert checksums(run_dir) == want_sums
@@ -103,7 +103,7 @@ def test_random_sigkills_then_resume_match_a_clean_run(clean, tmp):
     while kills < 20:
         run_dir = tmp / f"run{runs}"
         runs += 1
-        args = ["run", spec, "--run-dir", run_dir, "--device", "cpu"]
+        args = ["run", spec, "--run-dir", run_dir, "--device", DEVICE]
         while True:
             p = start(args, tmp)
             delay = rng.uniform(0.05, 0.7)
@@ -113,7 +113,7 @@ def test_random_sigkills_then_resume_match_a_clean_run(clean, tmp):
                 p.kill()  # SIGKILL
                 p.communicate()
                 kills += 1
-                args = ["resume", run_dir, "--device", "cpu"]
+                args = ["resume", run_dir, "--device", DEVICE]
                 continue
             assert p.returncode == 0, err
             resumed_rows += [int(x) for x in re.findall(r"resuming at row (\d+)", err)]
@@ -130,6 +130,6 @@ def test_random_sigkills_then_resume_match_a_clean_run(clean, tmp):
 
 def test_rank_count_and_checkpointing_do_not_change_results(clean, tmp):
     spec, want_sums, _ = clean
-    r = run(["run", spec, "--run-dir", tmp / "never", "--device", "cpu", "--checkpoint-interval", "never"])
+    r = run(["run", spec, "--run-dir", tmp / "never", "--device", DEVICE, "--checkpoint-interval", "never"])
     assert r.code == 0, r
     assert checksums(tmp / "never") == want_sums

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import oracle
-from conftest import ROOT, checksums, manifest, run, write_spec
+from conftest import DEVICE, ROOT, checksums, manifest, run, write_spec
 
 SPEC = """
 name: chain
@@ -32,7 +32,7 @@ steps:
 @pytest.fixture
 def chain(tmp):
     spec = write_spec(tmp / "chain.yaml", SPEC)
-    r = run(["run", spec, "--run-dir", tmp / "run", "--device", "cpu"])
+    r = run(["run", spec, "--run-dir", tmp / "run", "--device", DEVICE])
     assert r.code == 0, r
     return spec, tmp / "run", r
 
@@ -71,7 +71,8 @@ def test_provenance_attributes(chain):
     inputs = json.loads(a["qstage.inputs"])
     assert set(inputs) == {"a", "b"} and all(len(v["hash"]) == 32 for v in inputs.values())
     assert a["qstage.version"]
-    assert a["qstage.device"].startswith("CPU")
+    assert a["qstage.backend"] == DEVICE
+    assert a["qstage.device"].startswith("CPU") == (DEVICE == "cpu")
     assert a["qstage.ranks"] == 1
     assert a["qstage.wall_seconds"] > 0
     assert a["qstage.peak_device_bytes"] <= 2 * 1024 * 1024
@@ -81,7 +82,7 @@ def test_provenance_attributes(chain):
 def test_rerun_skips_and_touches_nothing(chain):
     spec, run_dir, _ = chain
     before = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in (run_dir / "outputs").iterdir()}
-    r = run(["run", spec, "--run-dir", run_dir, "--device", "cpu"])
+    r = run(["run", spec, "--run-dir", run_dir, "--device", DEVICE])
     assert r.code == 0, r
     assert r.err.count("up to date, skipped") == 4
     after = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in (run_dir / "outputs").iterdir()}
@@ -92,7 +93,7 @@ def test_changed_parameter_reruns_downstream_and_says_so(chain, tmp):
     spec, run_dir, _ = chain
     old = checksums(run_dir)
     write_spec(spec, SPEC.replace("seed: 4", "seed: 5"))
-    r = run(["run", spec, "--run-dir", run_dir, "--device", "cpu"])
+    r = run(["run", spec, "--run-dir", run_dir, "--device", DEVICE])
     assert r.code == 0, r
     assert "step 'psi' (tensor.random): up to date, skipped" in r.err
     assert "step 'gate' (tensor.random): running (parameters changed: seed 4 -> 5)" in r.err
@@ -104,7 +105,7 @@ def test_changed_parameter_reruns_downstream_and_says_so(chain, tmp):
 
 def test_result_is_the_same_for_any_batch_size(chain, tmp):
     spec, run_dir, _ = chain
-    r = run(["run", spec, "--run-dir", tmp / "big", "--device", "cpu", "--device-memory", "64MiB"])
+    r = run(["run", spec, "--run-dir", tmp / "big", "--device", DEVICE, "--device-memory", "64MiB"])
     assert r.code == 0, r
     assert checksums(tmp / "big") == checksums(run_dir)
 
@@ -140,7 +141,7 @@ def test_every_workflow_validates():
 
 
 def test_embedded_quickstart_runs_in_the_current_directory(tmp):
-    r = run(["run", "--device", "cpu"], cwd=tmp)
+    r = run(["run", "--device", DEVICE], cwd=tmp)
     assert r.code == 0, r
     run_dir = tmp / "qstage-runs" / "quickstart"
     assert set(checksums(run_dir)) == {"psi", "gate", "applied", "summary"}
@@ -160,3 +161,14 @@ def test_help_and_version():
     assert r.code == 0 and r.out.startswith("qstage ")
     r = run(["stages", "tensor.matmul"])
     assert r.code == 0 and "tf32" in r.out and "default false" in r.out
+
+
+def test_the_qsum64_snippet_in_the_docs_is_right(chain):
+    """docs/outputs.md's numpy code recomputes a file's checksum attribute."""
+    text = (ROOT / "docs" / "outputs.md").read_text()
+    code = text.split("```python\n", 1)[1].split("```", 1)[0]
+    namespace = {}
+    exec(code, namespace)
+    _, run_dir, _ = chain
+    with h5py.File(run_dir / "outputs" / "applied.h5") as f:
+        assert namespace["qsum64"](f["data"][...]) == f["data"].attrs["qsum64"]

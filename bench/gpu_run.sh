@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Runs qstage's GPU tests and benchmarks on a lent GPU machine, from the checkout root, after
+# ../shared/gpu/pack.sh libopenblas0-openmp and a build installed into .gpu/install
+# (docs/benchmarks.md, "How to reproduce").
+#   bash bench/gpu_run.sh tests        unit tests (GPU kernels included) and the pytest suite on cuda
+#   bash bench/gpu_run.sh bench ARGS   bench/matmul_bench.py with ARGS
+#   bash bench/gpu_run.sh probe        device facts and I/O ceilings only
+set -uo pipefail
+source .gpu/env.sh
+# qstage links the OpenMP build of OpenBLAS; env.sh puts the pthread build first on the path.
+export LD_LIBRARY_PATH=/tmp/qdeps/usr/lib/x86_64-linux-gnu/openblas-openmp:$LD_LIBRARY_PATH
+export PATH=$PWD/.gpu/install/bin:$PATH
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
+OUT=${OUT:-/tmp/qstage-out}
+mkdir -p "$OUT"
+
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader
+qstage --version
+case "${1:-}" in
+  tests)
+    qstage_unit_tests --gtest_brief=1 2>&1 | tail -n 30
+    QSTAGE_BIN=$(command -v qstage) QSTAGE_TEST_DEVICE=cuda python3 -m pytest -q -rs -p no:cacheprovider \
+      tests/python 2>&1 | tail -n 40
+    ;;
+  bench)
+    shift
+    python3 bench/matmul_bench.py --qstage "$(command -v qstage)" --bench "$(command -v qstage_bench)" "$@"
+    ;;
+  probe)
+    for dir in /dev/shm/qprobe /tmp/qprobe; do
+      qstage_bench ceilings --device cuda --m 4096 --n 16384 --k 16384 --io-dir $dir --io-bytes 8GiB
+    done
+    df -h /tmp /dev/shm | cat
+    free -g | cat
+    ;;
+  *) echo "usage: bash bench/gpu_run.sh tests|bench ARGS|probe" >&2; exit 2 ;;
+esac
