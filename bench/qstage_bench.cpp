@@ -92,7 +92,7 @@ json gemm_rate(Backend& be, std::int64_t m, std::int64_t n, std::int64_t k) {
   const std::size_t a_bytes = m * k * 8, b_bytes = k * n * 8, c_bytes = m * n * 8;
   Buffer a = be.alloc_device(a_bytes, "bench A"), b = be.alloc_device(b_bytes, "bench B"),
          c = be.alloc_device(c_bytes, "bench C");
-  auto s = be.make_stream();
+  auto s = be.make_stream(/*with_blas=*/true);
   // Random operands (not zeros: zeros run faster than real data on some GPUs).
   kernels::random_fill(*s, {h5::DType::complex64, 1, 0, static_cast<std::uint64_t>(2 * m * k), a.data()});
   kernels::random_fill(*s, {h5::DType::complex64, 2, 0, static_cast<std::uint64_t>(2 * k * n), b.data()});

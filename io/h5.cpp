@@ -548,6 +548,8 @@ Dataset File::create_dataset(std::string_view name, const DatasetCreate& how) {
     std::vector<hsize_t> chunk(how.chunk.begin(), how.chunk.end());
     check(H5Pset_chunk(dcpl.get(), static_cast<int>(chunk.size()), chunk.data()), "H5Pset_chunk", w);
   }
+  if (how.early_allocation)
+    check(H5Pset_alloc_time(dcpl.get(), H5D_ALLOC_TIME_EARLY), "H5Pset_alloc_time", w);
   // Never write fill values (a full extra pass under MPI-IO); what was written is tracked outside.
   check(H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER), "H5Pset_fill_time", w);
   // No timestamps in object headers: identical runs give identical files.

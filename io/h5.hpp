@@ -119,6 +119,7 @@ struct DatasetCreate {
   Shape shape;
   Shape chunk;                   // empty: contiguous layout
   bool extendible_rows = false;  // axis 0 unlimited (needs a chunked layout)
+  bool early_allocation = false; // allocate storage at creation and on every extent change
 };
 
 class Dataset : public Object {
@@ -138,6 +139,7 @@ class Dataset : public Object {
   void read_all(void* buf) const;
   void write_all(const void* buf);  // collective when parallel; every rank writes the same data
   void set_rows(std::uint64_t rows);  // extends or shrinks axis 0 (collective)
+  bool parallel() const { return parallel_; }  // the file is open with MPI-IO
 
  private:
   bool parallel_ = false;

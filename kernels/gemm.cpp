@@ -82,6 +82,8 @@ void gemm_cpu(const Gemm& g) {
 }
 
 void gemm(Stream& stream, const Gemm& args) {
+  if (stream.kind() == BackendKind::cuda && !stream.blas_handle())
+    throw std::logic_error("gemm on a stream made without BLAS: the pass must set PassSpec::uses_blas");
   QSTAGE_DISPATCH(stream, gemm_cpu(args), detail::gemm_cuda(stream.native(), stream.blas_handle(), args));
 }
 

@@ -93,11 +93,12 @@ class Backend {
   virtual Buffer alloc_device(std::size_t bytes, std::string_view what) = 0;
   // Host memory for streaming (pinned on cuda, so copies overlap with compute).
   virtual Buffer alloc_host(std::size_t bytes, std::string_view what) = 0;
-  virtual std::unique_ptr<Stream> make_stream() = 0;
+  // A stream; with_blas also gives it a BLAS handle (and, on cuda, a budgeted cuBLAS workspace).
+  virtual std::unique_ptr<Stream> make_stream(bool with_blas = false) = 0;
   virtual void copy_to_device(void* dst, const void* src, std::size_t bytes, Stream& stream) = 0;
   virtual void copy_to_host(void* dst, const void* src, std::size_t bytes, Stream& stream) = 0;
-  // Device memory each Stream takes from the device budget (cuBLAS workspace on cuda).
-  virtual std::uint64_t stream_overhead_bytes() const { return 0; }
+  // Device memory a Stream made with_blas takes from the device budget (cuBLAS workspace on cuda).
+  virtual std::uint64_t blas_stream_bytes() const { return 0; }
   // Makes this backend's device current on the calling thread (CUDA's current device is per thread).
   virtual void bind_thread() {}
   MemoryBudget& device_budget() { return device_budget_; }

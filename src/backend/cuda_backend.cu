@@ -16,20 +16,25 @@ void throw_cuda_error(const char* call, const char* file, int line, const char* 
 
 namespace {
 
-constexpr std::size_t kCublasWorkspace = 32u << 20;  // NVIDIA's recommendation for Hopper
+// cuBLAS's workspace per BLAS stream. NVIDIA recommends 32 MiB on Hopper for split-K kernels;
+// the large GEMMs qstage streams need none, and qstage_bench measures GEMM rates with this size.
+constexpr std::size_t kCublasWorkspace = 8u << 20;
 
 class CudaStream final : public Stream {
  public:
-  CudaStream(Buffer workspace) : workspace_(std::move(workspace)) {
+  // Without a workspace the stream has no cuBLAS handle (blas_handle() returns nullptr).
+  explicit CudaStream(Buffer workspace) : workspace_(std::move(workspace)) {
     QSTAGE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    QSTAGE_CUDA_CHECK(cublasCreate(&blas_));
-    QSTAGE_CUDA_CHECK(cublasSetStream(blas_, stream_));
-    QSTAGE_CUDA_CHECK(cublasSetWorkspace(blas_, workspace_.data(), workspace_.size()));
+    if (workspace_.data()) {
+      QSTAGE_CUDA_CHECK(cublasCreate(&blas_));
+      QSTAGE_CUDA_CHECK(cublasSetStream(blas_, stream_));
+      QSTAGE_CUDA_CHECK(cublasSetWorkspace(blas_, workspace_.data(), workspace_.size()));
+    }
     for (auto& e : marks_) QSTAGE_CUDA_CHECK(cudaEventCreate(&e));
   }
   ~CudaStream() override {
     for (auto& e : marks_) cudaEventDestroy(e);
-    cublasDestroy(blas_);
+    if (blas_) cublasDestroy(blas_);
     cudaStreamDestroy(stream_);
   }
   BackendKind kind() const override { return BackendKind::cuda; }
@@ -52,7 +57,7 @@ class CudaStream final : public Stream {
  private:
   Buffer workspace_;
   cudaStream_t stream_{};
-  cublasHandle_t blas_{};
+  cublasHandle_t blas_ = nullptr;
   cudaEvent_t marks_[kMarks]{};
 };
 
@@ -93,10 +98,10 @@ class CudaBackend final : public Backend {
     }
     return Buffer(p, bytes, &host_budget_, [](void* q) { cudaFreeHost(q); });
   }
-  std::unique_ptr<Stream> make_stream() override {
-    return std::make_unique<CudaStream>(alloc_device(kCublasWorkspace, "cuBLAS workspace"));
+  std::unique_ptr<Stream> make_stream(bool with_blas) override {
+    return std::make_unique<CudaStream>(with_blas ? alloc_device(kCublasWorkspace, "cuBLAS workspace") : Buffer());
   }
-  std::uint64_t stream_overhead_bytes() const override { return kCublasWorkspace; }
+  std::uint64_t blas_stream_bytes() const override { return kCublasWorkspace; }
   void bind_thread() override { QSTAGE_CUDA_CHECK(cudaSetDevice(device_)); }
   void copy_to_device(void* dst, const void* src, std::size_t bytes, Stream& s) override {
     QSTAGE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, static_cast<cudaStream_t>(s.native())));

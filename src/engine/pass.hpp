@@ -49,6 +49,7 @@ struct PassSpec {
   std::uint64_t scratch_device_bytes_per_row = 0;  // per batch row, per slot
   std::size_t tile_partial_bytes = 0;              // 0: no reduction
   std::uint64_t prepare_host_bytes = 0;            // host memory PassKernel::prepare needs briefly
+  bool uses_blas = false;                          // the kernel calls kernels::gemm (cuda: a cuBLAS handle per slot)
   // Scale for progress and throughput: bytes the pass moves per row (in + out by default).
   std::uint64_t progress_bytes_per_row() const;
 };

@@ -16,6 +16,7 @@
 #include "core/signals.hpp"
 #include "core/units.hpp"
 #include "io/h5.hpp"
+#include "io/row_io.hpp"
 #include "kernels/checksum.hpp"
 
 namespace qstage::engine {
@@ -105,7 +106,7 @@ class Pipeline {
         s.dev_sums = backend.alloc_device(8 * spec.outputs.size(), tag + " checksums");
         s.host_sums = backend.alloc_host(8 * spec.outputs.size(), tag + " checksums");
       }
-      s.stream = backend.make_stream();
+      s.stream = backend.make_stream(spec.uses_blas);
     }
   }
 
@@ -243,11 +244,15 @@ class SegmentWriter {
     first_ = first_row;
     temp_ = fsutil::temp_path(final_path);
     file_ = h5::File::create(temp_, comm_.get());
+    writers_.clear();
     datasets_.clear();
+    datasets_.reserve(spec_.outputs.size());  // writers keep references
     for (const auto& out : spec_.outputs) {
       h5::Shape shape = out.shape;
       shape[0] = 0;
-      datasets_.push_back(file_.create_dataset(out.name, {out.dtype, shape, out.chunk, true}));
+      // Early allocation: chunks exist when the extent grows, so rows can be written in parallel.
+      datasets_.push_back(file_.create_dataset(out.name, {out.dtype, shape, out.chunk, true, !file_.parallel()}));
+      writers_.push_back(std::make_unique<h5::RowWriter>(datasets_.back()));
     }
   }
 
@@ -255,15 +260,17 @@ class SegmentWriter {
   void write_round(std::uint64_t round_end, const RowRange* mine, const std::vector<Buffer>* data) {
     for (size_t o = 0; o < datasets_.size(); ++o) {
       datasets_[o].set_rows(round_end - first_);
+      writers_[o]->refresh();
       if (mine)
-        datasets_[o].write_rows(mine->begin - first_, mine->size(), (*data)[o].data());
+        writers_[o]->write(mine->begin - first_, mine->size(), (*data)[o].data());
       else
-        datasets_[o].write_rows(0, 0, nullptr);
+        writers_[o]->write(0, 0, nullptr);
     }
   }
 
   // Collective: flushes (MPI_File_sync under MPI-IO) and closes.
   void close() {
+    writers_.clear();
     datasets_.clear();
     file_.flush();
     file_.close();
@@ -274,6 +281,7 @@ class SegmentWriter {
   const mpi::Comm& comm_;
   h5::File file_;
   std::vector<h5::Dataset> datasets_;
+  std::vector<std::unique_ptr<h5::RowWriter>> writers_;
   std::uint64_t first_ = 0;
   fs::path temp_;
 };
@@ -304,6 +312,7 @@ class PassRun {
 
     if (progress && comm_.root()) progress(journal_.committed_rows, spec_.rows);  // the baseline
     batches_ = partition(journal_.committed_rows, spec_.rows, plan.batch_rows);
+    for (const auto& in : spec_.inputs) readers_.push_back(std::make_unique<h5::RowReader>(*in.dataset));
     const bool complete = stream(plan, progress);
     if (complete) finish(output, annotate);
     outcome_.complete = complete;
@@ -361,8 +370,7 @@ class PassRun {
     s.index = global_index(local);
     s.rows = batches_[s.index];
     const auto t = Clock::now();
-    for (size_t i = 0; i < spec_.inputs.size(); ++i)
-      spec_.inputs[i].dataset->read_rows(s.rows.begin, s.rows.size(), s.host_in[i].data());
+    for (size_t i = 0; i < spec_.inputs.size(); ++i) readers_[i]->read(s.rows.begin, s.rows.size(), s.host_in[i].data());
     outcome_.times.read += since(t);
     pipe.mark_loaded(s, local);
   }
@@ -455,9 +463,12 @@ class PassRun {
     const fs::path temp = fsutil::temp_path(output);
     h5::File out = h5::File::create(temp, comm_.get());
     std::vector<h5::Dataset> dsets;
+    std::vector<std::unique_ptr<h5::RowWriter>> writers;
+    dsets.reserve(spec_.outputs.size());  // writers keep references
     std::uint64_t row_max = 1;
     for (const auto& o : spec_.outputs) {
-      dsets.push_back(out.create_dataset(o.name, {o.dtype, o.shape, o.chunk, true}));
+      dsets.push_back(out.create_dataset(o.name, {o.dtype, o.shape, o.chunk, true, !out.parallel()}));
+      writers.push_back(std::make_unique<h5::RowWriter>(dsets.back()));
       row_max = std::max(row_max, o.row_bytes());
     }
     if (!dsets.empty() && !journal_.segments.empty()) {
@@ -469,14 +480,15 @@ class PassRun {
         const std::uint64_t pieces = ceil_div(seg.rows.size(), piece);
         for (size_t o = 0; o < dsets.size(); ++o) {
           h5::Dataset src = in.open_dataset(spec_.outputs[o].name);
+          h5::RowReader reader(src);
           for (std::uint64_t round = 0; round < ceil_div(pieces, P); ++round) {
             const std::uint64_t p = round * P + rank;
             if (p < pieces) {
               const std::uint64_t first = p * piece, n = std::min(piece, seg.rows.size() - first);
-              src.read_rows(first, n, buffer.data());
-              dsets[o].write_rows(seg.rows.begin + first, n, buffer.data());
+              reader.read(first, n, buffer.data());
+              writers[o]->write(seg.rows.begin + first, n, buffer.data());
             } else {
-              dsets[o].write_rows(0, 0, nullptr);
+              writers[o]->write(0, 0, nullptr);
             }
           }
         }
@@ -484,6 +496,7 @@ class PassRun {
       }
     }
     annotate(out, journal_);
+    writers.clear();
     dsets.clear();
     out.flush();
     out.close();
@@ -500,6 +513,7 @@ class PassRun {
   SegmentWriter writer_;
   Journal journal_;
   std::vector<RowRange> batches_;
+  std::vector<std::unique_ptr<h5::RowReader>> readers_;
   std::vector<std::uint64_t> pending_sums_;
   PassOutcome outcome_;
   Clock::time_point start_, last_commit_;
@@ -520,8 +534,8 @@ BatchPlan StreamEngine::plan(const PassSpec& spec) const {
       throw std::logic_error("output chunk rows must divide the pass's tile_rows");
   const PerBatchBytes b = per_batch_bytes(spec);
   const auto S = static_cast<std::uint64_t>(options_.slots);
-  const std::uint64_t fixed_device = spec.resident_device_bytes + (S + 1) * backend_.stream_overhead_bytes() +
-                                     S * b.fixed_per_slot;
+  const std::uint64_t fixed_device = spec.resident_device_bytes +
+                                     (spec.uses_blas ? S * backend_.blas_stream_bytes() : 0) + S * b.fixed_per_slot;
   const std::uint64_t fixed_host = S * b.fixed_per_slot;
   const std::uint64_t dev_limit = backend_.device_budget().limit(), host_limit = backend_.host_budget().limit();
   auto need = [&](std::uint64_t tiles, std::uint64_t fixed, std::uint64_t per_tile) { return fixed + S * tiles * per_tile; };

@@ -96,6 +96,7 @@ class MatmulStage final : public Stage {
     plan.pass.outputs.push_back(out);
     plan.pass.resident_device_bytes = k * n * h5::dtype_size(a.dtype);
     plan.pass.prepare_host_bytes = plan.pass.resident_device_bytes;
+    plan.pass.uses_blas = true;
     plan.streamed_inputs = {"a"};
     plan.primary_output = "data";
     kernels::Gemm g;

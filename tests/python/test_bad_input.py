@@ -8,7 +8,7 @@ from conftest import DEVICE, run, tree_digest, write_spec
 
 GOOD = """
 name: chain
-options: {device_memory: 4MiB}
+options: {device_memory: 32MiB}
 steps:
   - id: psi
     stage: tensor.random
@@ -64,7 +64,7 @@ SPEC_CASES = {
                        ["element type string"]),
     "wrong rank": (GOOD + "  - id: m\n    stage: tensor.matmul\n    inputs: {a: {file: ints.h5, dataset: /cube}, b: gate}\n",
                    ["input 'a' has shape [4, 4, 4]; expected a matrix"]),
-    "budget too small": (GOOD.replace("device_memory: 4MiB", "device_memory: 1KiB"),
+    "budget too small": (GOOD.replace("device_memory: 32MiB", "device_memory: 1KiB"),
                          ["device memory budget 1.00 KiB is too small", "needs", "--device-memory"]),
 }
 

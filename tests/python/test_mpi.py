@@ -16,7 +16,7 @@ from conftest import DEVICE, QSTAGE, checksums, manifest, mpirun_prefix, run, wr
 
 SPEC = """
 name: mpi
-options: {device_memory: 3MiB, checkpoint_interval: 0}
+options: {device_memory: 32MiB, max_batch_rows: 700, checkpoint_interval: 0}
 steps:
   - id: psi
     stage: tensor.random

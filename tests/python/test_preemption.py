@@ -18,7 +18,7 @@ from conftest import DEVICE, QSTAGE, checksums, manifest, run, write_spec
 
 SPEC = """
 name: preempt
-options: {device_memory: 3MiB, checkpoint_interval: 0}
+options: {device_memory: 32MiB, max_batch_rows: 1024, checkpoint_interval: 0}
 steps:
   - id: psi
     stage: tensor.random

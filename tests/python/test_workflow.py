@@ -12,7 +12,7 @@ from conftest import DEVICE, ROOT, checksums, manifest, run, write_spec
 
 SPEC = """
 name: chain
-options: {device_memory: 2MiB}
+options: {device_memory: 32MiB, max_batch_rows: 1000}
 steps:
   - id: psi
     stage: tensor.random
@@ -75,7 +75,7 @@ def test_provenance_attributes(chain):
     assert a["qstage.device"].startswith("CPU") == (DEVICE == "cpu")
     assert a["qstage.ranks"] == 1
     assert a["qstage.wall_seconds"] > 0
-    assert a["qstage.peak_device_bytes"] <= 2 * 1024 * 1024
+    assert 0 < a["qstage.peak_device_bytes"] <= 32 * 1024 * 1024
     assert a["qstage.step_key"] == manifest(run_dir)["steps"]["applied"]["key"]
 
 

@@ -39,7 +39,7 @@ std::vector<float> random_floats(std::size_t n, unsigned seed) {
 // Runs `fill` on the GPU with device copies of `inputs`, returning the bytes of `out_bytes`.
 struct GpuRun {
   std::unique_ptr<Backend> backend = make_backend({"cuda", 1ull << 30, 1ull << 30, 0});
-  std::unique_ptr<Stream> stream = backend->make_stream();
+  std::unique_ptr<Stream> stream = backend->make_stream(/*with_blas=*/true);
   Buffer upload(const void* data, std::size_t bytes) {
     Buffer b = backend->alloc_device(bytes, "test");
     backend->copy_to_device(b.data(), data, bytes, *stream);

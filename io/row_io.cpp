@@ -1,0 +1,282 @@
+#include "io/row_io.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <fmt/format.h>
+#include <mutex>
+
+#include "core/error.hpp"
+
+namespace qstage::h5 {
+
+// ------------------------------------------------------------------------------ IoPool
+// Every worker acknowledges every run, so no worker is ever still inside an old run when the
+// next one starts.
+struct IoPool::State {
+  std::mutex mutex;
+  std::condition_variable work_ready, work_done;
+  const std::function<void(std::size_t)>* job = nullptr;
+  std::size_t n = 0;
+  std::atomic<std::size_t> next{0};
+  std::uint64_t generation = 0;
+  std::size_t finished = 0;  // workers done with the current generation
+  bool quit = false;
+  std::exception_ptr error;
+
+  void drain(const std::function<void(std::size_t)>& f, std::size_t count) {
+    for (std::size_t i = next++; i < count; i = next++) {
+      try {
+        f(i);
+      } catch (...) {
+        std::lock_guard lock(mutex);
+        if (!error) error = std::current_exception();
+      }
+    }
+  }
+};
+
+IoPool& IoPool::shared() {
+  static IoPool pool([] {
+    if (const char* env = std::getenv("QSTAGE_IO_THREADS")) return std::max(1, std::atoi(env));
+    return std::max(1, std::min(8, static_cast<int>(std::thread::hardware_concurrency())));
+  }());
+  return pool;
+}
+
+IoPool::IoPool(int threads) : state_(std::make_unique<State>()) {
+  for (int t = 1; t < threads; ++t)
+    workers_.emplace_back([s = state_.get()] {
+      std::uint64_t seen = 0;
+      while (true) {
+        const std::function<void(std::size_t)>* job;
+        std::size_t n;
+        {
+          std::unique_lock lock(s->mutex);
+          s->work_ready.wait(lock, [&] { return s->quit || s->generation != seen; });
+          if (s->quit) return;
+          seen = s->generation;
+          job = s->job;
+          n = s->n;
+        }
+        s->drain(*job, n);
+        {
+          std::lock_guard lock(s->mutex);
+          ++s->finished;
+        }
+        s->work_done.notify_all();
+      }
+    });
+}
+
+IoPool::~IoPool() {
+  {
+    std::lock_guard lock(state_->mutex);
+    state_->quit = true;
+  }
+  state_->work_ready.notify_all();
+  for (auto& w : workers_) w.join();
+}
+
+void IoPool::run(std::size_t n, const std::function<void(std::size_t)>& job) {
+  if (n == 0) return;
+  State& s = *state_;
+  if (n == 1 || workers_.empty()) {  // nothing to share
+    s.next = 0;
+    s.error = nullptr;
+    s.drain(job, n);
+    if (s.error) std::rethrow_exception(s.error);
+    return;
+  }
+  {
+    std::lock_guard lock(s.mutex);
+    s.job = &job;
+    s.n = n;
+    s.next = 0;
+    s.error = nullptr;
+    s.finished = 0;
+    ++s.generation;
+  }
+  s.work_ready.notify_all();
+  s.drain(job, n);
+  std::unique_lock lock(s.mutex);
+  s.work_done.wait(lock, [&] { return s.finished == workers_.size(); });
+  if (s.error) std::rethrow_exception(s.error);
+}
+
+// ------------------------------------------------------------------------------ RowLocator
+namespace {
+
+constexpr std::uint64_t kMaxPiece = 16u << 20;
+
+struct ChunkNotAllocated {};
+
+std::optional<DType> plain_dtype(hid_t dataset) {
+  hid_t ftype = H5Dget_type(dataset);
+  if (ftype < 0) return std::nullopt;
+  auto dtype = dtype_of(ftype);
+  bool same = false;
+  if (dtype) {
+    Id mtype = memory_type(*dtype);
+    same = H5Tequal(ftype, mtype.get()) > 0;
+  }
+  H5Tclose(ftype);
+  H5Eclear2(H5E_DEFAULT);
+  return same ? dtype : std::nullopt;
+}
+
+}  // namespace
+
+std::optional<RowLocator> RowLocator::make(const Dataset& d) {
+  const Shape shape = d.shape();
+  if (shape.empty() || !plain_dtype(d.id())) return std::nullopt;
+  Id dcpl(H5Dget_create_plist(d.id()), H5Pclose);
+  if (!dcpl.valid() || H5Pget_nfilters(dcpl.get()) != 0 || H5Pget_external_count(dcpl.get()) != 0) return std::nullopt;
+  RowLocator loc;
+  loc.dataset_ = d.id();
+  loc.row_bytes_ = d.row_bytes();
+  const H5D_layout_t layout = H5Pget_layout(dcpl.get());
+  if (layout == H5D_CONTIGUOUS) {
+    const haddr_t offset = H5Dget_offset(d.id());
+    H5Eclear2(H5E_DEFAULT);
+    if (offset == HADDR_UNDEF) return std::nullopt;  // not allocated yet
+    loc.contiguous_offset_ = offset;
+    return loc;
+  }
+  if (layout != H5D_CHUNKED) return std::nullopt;
+  const Shape chunk = d.chunk();
+  for (size_t i = 1; i < shape.size(); ++i)
+    if (chunk[i] != shape[i]) return std::nullopt;  // a chunk does not hold whole rows
+  loc.chunk_rows_ = chunk[0];
+  return loc;
+}
+
+std::uint64_t RowLocator::address(std::uint64_t c) const {
+  if (c >= chunk_address_.size()) chunk_address_.resize(c + 1, 0);
+  if (chunk_address_[c] == 0) {
+    hsize_t offset[32] = {0};
+    offset[0] = c * chunk_rows_;
+    unsigned mask = 0;
+    haddr_t addr = HADDR_UNDEF;
+    hsize_t size = 0;
+    const herr_t rc = H5Dget_chunk_info_by_coord(dataset_, offset, &mask, &addr, &size);
+    H5Eclear2(H5E_DEFAULT);
+    if (rc < 0 || addr == HADDR_UNDEF || addr == 0) throw ChunkNotAllocated{};
+    chunk_address_[c] = addr;
+  }
+  return chunk_address_[c];
+}
+
+std::vector<Piece> RowLocator::pieces(std::uint64_t row0, std::uint64_t n) const {
+  std::vector<Piece> raw;
+  if (chunk_rows_ == 0) {
+    raw.push_back({contiguous_offset_ + row0 * row_bytes_, n * row_bytes_, 0});
+  } else {
+    for (std::uint64_t r = row0; r < row0 + n;) {
+      const std::uint64_t c = r / chunk_rows_, in_chunk = r - c * chunk_rows_;
+      const std::uint64_t rows = std::min(chunk_rows_ - in_chunk, row0 + n - r);
+      const Piece p{address(c) + in_chunk * row_bytes_, rows * row_bytes_, (r - row0) * row_bytes_};
+      // Chunks allocated one after another form one piece.
+      if (!raw.empty() && raw.back().file_offset + raw.back().bytes == p.file_offset &&
+          raw.back().buffer_offset + raw.back().bytes == p.buffer_offset)
+        raw.back().bytes += p.bytes;
+      else
+        raw.push_back(p);
+      r += rows;
+    }
+  }
+  std::vector<Piece> out;
+  for (const auto& p : raw)
+    for (std::uint64_t done = 0; done < p.bytes; done += kMaxPiece)
+      out.push_back({p.file_offset + done, std::min(kMaxPiece, p.bytes - done), p.buffer_offset + done});
+  return out;
+}
+
+// ------------------------------------------------------------------------------ readers, writers
+namespace {
+
+void transfer(int fd, const std::vector<Piece>& pieces, char* buffer, bool write, const std::string& file) {
+  IoPool::shared().run(pieces.size(), [&](std::size_t i) {
+    const Piece& p = pieces[i];
+    std::uint64_t done = 0;
+    while (done < p.bytes) {
+      const auto off = static_cast<off_t>(p.file_offset + done);
+      char* at = buffer + p.buffer_offset + done;
+      const ssize_t k = write ? ::pwrite(fd, at, p.bytes - done, off) : ::pread(fd, at, p.bytes - done, off);
+      if (k < 0 && errno == EINTR) continue;
+      if (k <= 0)
+        throw RuntimeFailure(fmt::format("{} of {} bytes at offset {} of '{}' failed: {}", write ? "write" : "read",
+                                         p.bytes - done, off, file, k == 0 ? "unexpected end of file" : std::strerror(errno)));
+      done += static_cast<std::uint64_t>(k);
+    }
+  });
+}
+
+}  // namespace
+
+RowReader::RowReader(const Dataset& d) : dataset_(d), locator_(RowLocator::make(d)) {
+  if (locator_) {
+    fd_ = ::open(d.where().file.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd_ < 0) locator_.reset();
+  }
+}
+
+RowReader::~RowReader() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void RowReader::read(std::uint64_t row0, std::uint64_t n, void* buffer) {
+  if (n == 0) return;
+  if (locator_) {
+    std::vector<Piece> pieces;
+    try {
+      pieces = locator_->pieces(row0, n);
+    } catch (const ChunkNotAllocated&) {
+      dataset_.read_rows(row0, n, buffer);  // unwritten chunks read as fill values through HDF5
+      return;
+    }
+    transfer(fd_, pieces, static_cast<char*>(buffer), false, dataset_.where().file);
+    return;
+  }
+  dataset_.read_rows(row0, n, buffer);
+}
+
+RowWriter::RowWriter(Dataset& d) : dataset_(d) {
+  if (!d.parallel()) {
+    locator_ = RowLocator::make(d);
+    if (locator_) {
+      fd_ = ::open(d.where().file.c_str(), O_WRONLY | O_CLOEXEC);
+      if (fd_ < 0) locator_.reset();
+    }
+  }
+}
+
+RowWriter::~RowWriter() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void RowWriter::refresh() {
+  if (locator_) locator_ = RowLocator::make(dataset_);
+}
+
+void RowWriter::write(std::uint64_t row0, std::uint64_t n, const void* buffer) {
+  if (locator_) {
+    if (n == 0) return;
+    try {
+      transfer(fd_, locator_->pieces(row0, n), const_cast<char*>(static_cast<const char*>(buffer)), true,
+               dataset_.where().file);
+      return;
+    } catch (const ChunkNotAllocated&) {
+      // created without early allocation: let HDF5 allocate and write
+    }
+  }
+  dataset_.write_rows(row0, n, buffer);
+}
+
+}  // namespace qstage::h5
