@@ -20,8 +20,10 @@ qstage --version
 case "${1:-}" in
   tests)
     qstage_unit_tests --gtest_brief=1 2>&1 | tail -n 30
+    per_test=""
+    python3 -c "import pytest_timeout" 2>/dev/null && per_test="--timeout 150"
     QSTAGE_BIN=$(command -v qstage) QSTAGE_TEST_DEVICE=cuda python3 -m pytest -q -rs -p no:cacheprovider \
-      tests/python 2>&1 | tail -n 40
+      $per_test tests/python 2>&1 | tail -n 40
     ;;
   bench)
     shift

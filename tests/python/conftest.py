@@ -47,6 +47,29 @@ def run(args, cwd=None, mpi=0, timeout=600, env=None):
     return Result(proc)
 
 
+def chain_spec(name, rows, cols, out_cols, seed, options, chunk_rows=None):
+    """The workflow most end-to-end tests use: a random psi (rows x cols, complex64), a random
+    gate (cols x out_cols), applied = psi . gate, and the stats of applied."""
+    chunk = f", chunk_rows: {chunk_rows}" if chunk_rows else ""
+    return f"""
+name: {name}
+options: {options}
+steps:
+  - id: psi
+    stage: tensor.random
+    params: {{shape: [{rows}, {cols}], dtype: complex64, seed: {seed}{chunk}}}
+  - id: gate
+    stage: tensor.random
+    params: {{shape: [{cols}, {out_cols}], dtype: complex64, seed: {seed + 1}}}
+  - id: applied
+    stage: tensor.matmul
+    inputs: {{a: psi, b: gate}}
+  - id: summary
+    stage: tensor.stats
+    inputs: {{x: applied}}
+"""
+
+
 def write_spec(path, text):
     path = Path(path)
     path.write_text(textwrap.dedent(text).lstrip())

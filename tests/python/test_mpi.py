@@ -12,25 +12,9 @@ import numpy as np
 import pytest
 
 import oracle
-from conftest import DEVICE, QSTAGE, checksums, manifest, mpirun_prefix, run, write_spec
+from conftest import DEVICE, chain_spec, QSTAGE, checksums, manifest, mpirun_prefix, run, write_spec
 
-SPEC = """
-name: mpi
-options: {device_memory: 32MiB, max_batch_rows: 700, checkpoint_interval: 0}
-steps:
-  - id: psi
-    stage: tensor.random
-    params: {shape: [50000, 24], dtype: complex64, seed: 21, chunk_rows: 700}
-  - id: gate
-    stage: tensor.random
-    params: {shape: [24, 12], dtype: complex64, seed: 22}
-  - id: applied
-    stage: tensor.matmul
-    inputs: {a: psi, b: gate}
-  - id: summary
-    stage: tensor.stats
-    inputs: {x: applied}
-"""
+SPEC = chain_spec("mpi", 50000, 24, 12, 21, "{device_memory: 32MiB, max_batch_rows: 700, checkpoint_interval: 0}", 700)
 
 
 @pytest.fixture(scope="module")

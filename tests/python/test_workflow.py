@@ -8,25 +8,9 @@ import numpy as np
 import pytest
 
 import oracle
-from conftest import DEVICE, ROOT, checksums, manifest, run, write_spec
+from conftest import DEVICE, chain_spec, ROOT, checksums, manifest, run, write_spec
 
-SPEC = """
-name: chain
-options: {device_memory: 32MiB, max_batch_rows: 1000}
-steps:
-  - id: psi
-    stage: tensor.random
-    params: {shape: [20000, 24], dtype: complex64, seed: 3, chunk_rows: 1000}
-  - id: gate
-    stage: tensor.random
-    params: {shape: [24, 16], dtype: complex64, seed: 4}
-  - id: applied
-    stage: tensor.matmul
-    inputs: {a: psi, b: gate}
-  - id: summary
-    stage: tensor.stats
-    inputs: {x: applied}
-"""
+SPEC = chain_spec("chain", 20000, 24, 16, 3, "{device_memory: 32MiB, max_batch_rows: 1000}", 1000)
 
 
 @pytest.fixture
