@@ -23,7 +23,8 @@ case "${1:-}" in
     per_test=""
     python3 -c "import pytest_timeout" 2>/dev/null && per_test="--timeout 150"
     QSTAGE_BIN=$(command -v qstage) QSTAGE_TEST_DEVICE=cuda python3 -m pytest -q -rs -p no:cacheprovider \
-      $per_test tests/python 2>&1 | tail -n 40
+      $per_test tests/python > "$OUT/pytest.log" 2>&1
+    grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest.log" | tail -n 20
     ;;
   bench)
     shift

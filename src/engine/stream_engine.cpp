@@ -330,12 +330,15 @@ class PassRun {
     const std::uint64_t mine = nb > rank ? ceil_div(nb - rank, P) : 0;  // batches rank, rank+P, ...
     auto my_batch = [&](std::uint64_t local) { return local * P + rank; };
 
+    const auto setup_start = Clock::now();
     {  // resident data first: its host staging is gone before the slots take their share
       auto setup = backend_.make_stream();
       kernel_.prepare(backend_, *setup);
       setup->synchronize();
     }
     Pipeline pipe(backend_, spec_, plan.batch_rows, options_.slots, kernel_);
+    outcome_.times.setup = since(setup_start);
+    const auto loop_start = Clock::now();
     pipe.start(mine);
     std::uint64_t next_read = 0;
     for (std::uint64_t j = 0; j < rounds; ++j) {
@@ -357,10 +360,12 @@ class PassRun {
       if (flags[0] || flags[1]) commit(round.end);
       if (flags[0]) {
         pipe.stop();
+        outcome_.times.loop = since(loop_start);
         return false;
       }
     }
     pipe.stop();
+    outcome_.times.loop = since(loop_start);
     return true;
   }
 

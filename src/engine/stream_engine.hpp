@@ -39,6 +39,8 @@ struct BatchPlan {
 
 struct PhaseTimes {
   double read = 0, h2d = 0, compute = 0, d2h = 0, write = 0;  // summed over this rank's batches
+  double setup = 0;  // resident data (prepare) and the slots' buffers (pinning is slow)
+  double loop = 0;   // the batch loop: reads, compute, writes, checkpoints
   double commit = 0, finalize = 0, wall = 0;
 };
 

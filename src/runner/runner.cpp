@@ -44,6 +44,19 @@ void collective_check(const mpi::Comm& comm, F&& check) {
   if (!message.empty()) throw InputError(message);
 }
 
+// True if `dir` holds nothing but what an interrupted first `qstage run` leaves before its
+// manifest exists (empty outputs/ and steps/, logs, temporary files): it can be taken as new.
+bool only_our_skeleton(const fs::path& dir) {
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name == "logs" || name == "manifest.json.tmp" || name == "spec.yaml" || name == "spec.yaml.tmp") continue;
+    if ((name == "outputs" || name == "steps") && fs::is_empty(entry.path(), ec)) continue;
+    return false;
+  }
+  return true;
+}
+
 // Creates or checks the run directory. Nothing in it is changed if it belongs to another spec.
 void prepare_run_dir(const spec::Workflow& wf, const RunDir& dir, const mpi::Comm& comm) {
   collective_check(comm, [&]() -> std::string {
@@ -56,7 +69,7 @@ void prepare_run_dir(const spec::Workflow& wf, const RunDir& dir, const mpi::Com
         return fmt::format("run directory '{}' holds workflow '{}' (from {}); this spec is workflow '{}'; expected a "
                            "new directory (--run-dir) or the same workflow",
                            dir.root.string(), manifest->workflow(), manifest->data().value("spec_source", "?"), wf.name);
-    } else if (fs::exists(dir.root, ec) && !fs::is_empty(dir.root, ec)) {
+    } else if (fs::exists(dir.root, ec) && !only_our_skeleton(dir.root)) {
       return fmt::format("run directory '{}' exists, is not empty and has no manifest.json; expected a new or empty "
                          "directory, or one made by qstage",
                          dir.root.string());
@@ -334,7 +347,8 @@ class WorkflowRun {
     const auto times = comm_.max({static_cast<std::int64_t>(outcome.times.read * 1e6), static_cast<std::int64_t>(outcome.times.h2d * 1e6),
                                   static_cast<std::int64_t>(outcome.times.compute * 1e6), static_cast<std::int64_t>(outcome.times.d2h * 1e6),
                                   static_cast<std::int64_t>(outcome.times.write * 1e6), static_cast<std::int64_t>(outcome.times.commit * 1e6),
-                                  static_cast<std::int64_t>(outcome.times.finalize * 1e6)});
+                                  static_cast<std::int64_t>(outcome.times.finalize * 1e6),
+                                  static_cast<std::int64_t>(outcome.times.setup * 1e6), static_cast<std::int64_t>(outcome.times.loop * 1e6)});
     const double bytes = static_cast<double>(outcome.rows_run * pass.progress_bytes_per_row());
     json metrics = {{"seconds", seconds}, {"rows", outcome.rows_run}, {"resumed_from_row", outcome.resumed_from},
                     {"batch_rows", outcome.plan.batch_rows}, {"bytes", bytes},
@@ -342,7 +356,8 @@ class WorkflowRun {
                     {"read_seconds", times[0] * 1e-6}, {"h2d_seconds", times[1] * 1e-6},
                     {"compute_seconds", times[2] * 1e-6}, {"d2h_seconds", times[3] * 1e-6},
                     {"write_seconds", times[4] * 1e-6}, {"commit_seconds", times[5] * 1e-6},
-                    {"finalize_seconds", times[6] * 1e-6}, {"peak_device_bytes", peaks[0]}, {"peak_host_bytes", peaks[1]},
+                    {"finalize_seconds", times[6] * 1e-6}, {"setup_seconds", times[7] * 1e-6},
+                    {"loop_seconds", times[8] * 1e-6}, {"peak_device_bytes", peaks[0]}, {"peak_host_bytes", peaks[1]},
                     {"planned_device_bytes", outcome.plan.device_bytes}, {"planned_host_bytes", outcome.plan.host_bytes}};
     if (p.plan.flops > 0 && pass.rows > 0)
       metrics["gflops_per_second"] = p.plan.flops * static_cast<double>(outcome.rows_run) / static_cast<double>(pass.rows) / seconds / 1e9;
@@ -383,9 +398,11 @@ class WorkflowRun {
     const double s = mt["seconds"].get<double>();
     std::string rate = format_rate(mt["bytes_per_second"].get<double>());
     if (mt.contains("gflops_per_second")) rate += fmt::format(", {:.1f} GFLOP/s", mt["gflops_per_second"].get<double>());
-    spdlog::info("step '{}' done in {}: {} at {}; busy: read {:.2f}s, to device {:.2f}s, compute {:.2f}s, from device "
-                 "{:.2f}s, write {:.2f}s; commits {:.2f}s, finalize {:.2f}s; peak device {} (planned {}), host {}",
+    spdlog::info("step '{}' done in {}: {} at {}; setup {:.2f}s, batch loop {:.2f}s (busy: read {:.2f}s, to device {:.2f}s, "
+                 "compute {:.2f}s, from device {:.2f}s, write {:.2f}s; commits {:.2f}s), finalize {:.2f}s; peak device {} "
+                 "(planned {}), host {}",
                  step.id, format_duration(s), format_bytes(mt["bytes"].get<double>()), rate,
+                 mt["setup_seconds"].get<double>(), mt["loop_seconds"].get<double>(),
                  mt["read_seconds"].get<double>(), mt["h2d_seconds"].get<double>(), mt["compute_seconds"].get<double>(),
                  mt["d2h_seconds"].get<double>(), mt["write_seconds"].get<double>(), mt["commit_seconds"].get<double>(),
                  mt["finalize_seconds"].get<double>(), format_bytes(mt["peak_device_bytes"].get<double>()),

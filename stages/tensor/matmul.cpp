@@ -2,6 +2,7 @@
 // (K x N) stays on the device; each batch is one GEMM (cuBLAS or OpenBLAS). This is the pattern
 // of applying a gate or a small operator to a huge intermediate.
 #include "core/units.hpp"
+#include "io/row_io.hpp"
 #include "kernels/gemm.hpp"
 #include "stages/tensor/common.hpp"
 #include "stages/tensor/tensor_stages.hpp"
@@ -16,14 +17,23 @@ class MatmulKernel final : public engine::PassKernel {
       : b_(b), dtype_(dtype), k_(k), n_(n), tf32_(tf32),
         row_block_(kernels::deterministic_row_block(static_cast<std::int64_t>(tile_rows))) {}
 
+  // B goes to the device through a small pinned buffer: pinning a B-sized one would cost more
+  // than the copy (pinning runs at 1-2 GB/s).
   void prepare(Backend& backend, Stream& stream) override {
-    const std::size_t bytes = k_ * n_ * h5::dtype_size(dtype_);
-    Buffer staging = backend.alloc_host(bytes, "matmul: B staging");
-    b_.read_all(staging.data());
+    const std::size_t row = n_ * h5::dtype_size(dtype_), bytes = k_ * row;
+    const std::uint64_t rows_per_piece = std::max<std::uint64_t>(1, kStagingBytes / row);
+    Buffer staging = backend.alloc_host(std::min<std::uint64_t>(k_, rows_per_piece) * row, "matmul: B staging");
     b_device_ = backend.alloc_device(bytes, "matmul: B");
-    backend.copy_to_device(b_device_.data(), staging.data(), bytes, stream);
-    stream.synchronize();
+    h5::RowReader reader(b_);
+    for (std::uint64_t r = 0; r < k_; r += rows_per_piece) {
+      const std::uint64_t n = std::min(rows_per_piece, k_ - r);
+      reader.read(r, n, staging.data());
+      backend.copy_to_device(b_device_.as<char>() + r * row, staging.data(), n * row, stream);
+      stream.synchronize();
+    }
   }
+
+  static constexpr std::uint64_t kStagingBytes = 64u << 20;
 
   void process(const engine::BatchView& batch) override {
     kernels::Gemm g;
@@ -95,7 +105,8 @@ class MatmulStage final : public Stage {
     plan.pass.inputs.push_back({"a", nullptr, a.row_bytes()});
     plan.pass.outputs.push_back(out);
     plan.pass.resident_device_bytes = k * n * h5::dtype_size(a.dtype);
-    plan.pass.prepare_host_bytes = plan.pass.resident_device_bytes;
+    plan.pass.prepare_host_bytes =
+        std::min<std::uint64_t>(plan.pass.resident_device_bytes, std::max(MatmulKernel::kStagingBytes, n * h5::dtype_size(a.dtype)));
     plan.pass.uses_blas = true;
     plan.streamed_inputs = {"a"};
     plan.primary_output = "data";

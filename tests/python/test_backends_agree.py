@@ -99,7 +99,7 @@ options: {device_memory: 4MiB}
 steps:
   - id: big
     stage: tensor.random
-    params: {shape: [160000, 32], dtype: complex64, seed: 35, chunk_rows: 1024}
+    params: {shape: [170000, 32], dtype: complex64, seed: 35, chunk_rows: 1024}
   - id: big_stats
     stage: tensor.stats
     inputs: {x: big}

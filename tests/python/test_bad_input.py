@@ -131,3 +131,16 @@ def test_other_commands_reject_bad_input(committed):
     one_line_error(run(["inspect", committed / "absent.h5"]), "does not exist")
     one_line_error(run(["stages", "tensor.nope"]), "unknown stage 'tensor.nope'")
     one_line_error(run(["frobnicate"]), "unknown command 'frobnicate'")
+
+
+def test_a_run_killed_before_its_manifest_can_start_again(committed):
+    """A kill between creating the run directory and writing its manifest leaves only qstage's
+    own skeleton; `qstage run` takes such a directory as new."""
+    d = committed / "half"
+    for sub in ["outputs", "steps", "logs"]:
+        (d / sub).mkdir(parents=True)
+    (d / "logs" / "rank-0.log").write_text("started\n")
+    (d / "manifest.json.tmp").write_text("{")
+    r = run(["run", committed / "good.yaml", "--run-dir", d, "--device", DEVICE])
+    assert r.code == 0, r
+    assert (d / "manifest.json").exists()

@@ -102,7 +102,10 @@ def test_random_sigkills_then_resume_match_a_clean_run(clean, tmp):
                 p.kill()  # SIGKILL
                 p.communicate()
                 kills += 1
-                args = ["resume", run_dir, "--device", DEVICE]
+                # Killed before the run directory had its manifest: start it again, as a job
+                # script would (README, SLURM).
+                if (run_dir / "manifest.json").exists():
+                    args = ["resume", run_dir, "--device", DEVICE]
         assert checksums(run_dir) == want_sums, f"after {kills} kills"
         assert data_digests(run_dir) == want_data, f"after {kills} kills"
         # Every log line of every attempt is kept in the run's log.
