@@ -328,7 +328,7 @@ class PassRun {
     const std::uint64_t nb = batches_.size(), rounds = ceil_div(nb, P);
     if (rounds == 0) return true;
     const std::uint64_t mine = nb > rank ? ceil_div(nb - rank, P) : 0;  // batches rank, rank+P, ...
-    auto my_batch = [&](std::uint64_t local) { return local * P + rank; };
+    auto global_index = [&](std::uint64_t local) { return local * P + rank; };
 
     const auto setup_start = Clock::now();
     {  // resident data first: its host staging is gone before the slots take their share
@@ -343,7 +343,7 @@ class PassRun {
     std::uint64_t next_read = 0;
     for (std::uint64_t j = 0; j < rounds; ++j) {
       // Read ahead into every free slot, then wait for this round's batch.
-      while (next_read < mine && next_read < j + pipe.size()) read(pipe, next_read++, my_batch);
+      while (next_read < mine && next_read < j + pipe.size()) read(pipe, next_read++, global_index);
       const bool have = j < mine;
       Pipeline::Slot* slot = have ? &pipe.slot_of(j) : nullptr;
       if (slot) pipe.wait_done(*slot, outcome_.times);
