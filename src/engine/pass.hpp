@@ -50,6 +50,11 @@ struct PassSpec {
   std::size_t tile_partial_bytes = 0;              // 0: no reduction
   std::uint64_t prepare_host_bytes = 0;            // host memory PassKernel::prepare needs briefly
   bool uses_blas = false;                          // the kernel calls kernels::gemm (cuda: a cuBLAS handle per slot)
+  // Explicit batches, e.g. key ranges over key-sorted rows (key_range_batches): consecutive
+  // non-empty ranges covering [0, rows). Empty: batches of whole tiles, sized by the budgets.
+  // With explicit batches each batch is one reduction unit (one partial), the largest must fit
+  // the budgets, and every boundary must be a multiple of each output's chunk rows.
+  std::vector<RowRange> batches;
   // Scale for progress and throughput: bytes the pass moves per row (in + out by default).
   std::uint64_t progress_bytes_per_row() const;
 };
@@ -61,7 +66,7 @@ struct BatchView {
   std::vector<const void*> inputs;  // one per PassSpec::inputs, rows.size() rows each
   std::vector<void*> outputs;       // one per PassSpec::outputs
   void* scratch = nullptr;          // scratch_device_bytes_per_row * rows.size() bytes
-  void* partials = nullptr;         // ceil(rows/tile_rows) * tile_partial_bytes bytes
+  void* partials = nullptr;         // tiles * tile_partial_bytes (explicit batches: one partial)
   Stream* stream = nullptr;
 };
 

@@ -1,5 +1,7 @@
 #include "engine/stream_engine.hpp"
 
+#include "engine/partition.hpp"
+
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
@@ -60,13 +62,6 @@ PerBatchBytes per_batch_bytes(const PassSpec& s) {
   return b;
 }
 
-// Batches of `batch_rows` rows covering [first, rows): every batch is whole tiles but the last.
-std::vector<RowRange> partition(std::uint64_t first, std::uint64_t rows, std::uint64_t batch_rows) {
-  std::vector<RowRange> out;
-  for (std::uint64_t r = first; r < rows; r += batch_rows) out.push_back({r, std::min(rows, r + batch_rows)});
-  return out;
-}
-
 // ------------------------------------------------------------------------------ Pipeline
 // The slots and the compute thread of one rank.
 class Pipeline {
@@ -84,7 +79,7 @@ class Pipeline {
 
   Pipeline(Backend& backend, const PassSpec& spec, std::uint64_t batch_rows, int slots, PassKernel& kernel)
       : backend_(backend), spec_(spec), kernel_(kernel), slots_(static_cast<size_t>(slots)) {
-    const std::uint64_t tiles = ceil_div(batch_rows, spec.tile_rows);
+    const std::uint64_t tiles = spec.batches.empty() ? ceil_div(batch_rows, spec.tile_rows) : 1;
     int n = 0;
     for (auto& s : slots_) {
       const std::string tag = fmt::format("slot {}", n++);
@@ -213,7 +208,7 @@ class Pipeline {
       backend_.copy_to_host(s.host_out[o].data(), s.dev_out[o].data(), spec_.outputs[o].row_bytes() * n, st);
     if (spec_.tile_partial_bytes)
       backend_.copy_to_host(s.host_partials.data(), s.dev_partials.data(),
-                            ceil_div(n, spec_.tile_rows) * spec_.tile_partial_bytes, st);
+                            partials_in(spec_, s.rows) * spec_.tile_partial_bytes, st);
     if (!spec_.outputs.empty()) backend_.copy_to_host(s.host_sums.data(), s.dev_sums.data(), s.dev_sums.size(), st);
     st.mark(3);
   }
@@ -311,7 +306,7 @@ class PassRun {
                    spec_.rows, 100.0 * static_cast<double>(journal_.committed_rows) / static_cast<double>(spec_.rows));
 
     if (progress && comm_.root()) progress(journal_.committed_rows, spec_.rows);  // the baseline
-    batches_ = partition(journal_.committed_rows, spec_.rows, plan.batch_rows);
+    batches_ = partition(spec_, journal_.committed_rows, plan.batch_rows);
     for (const auto& in : spec_.inputs) readers_.push_back(std::make_unique<h5::RowReader>(*in.dataset));
     const bool complete = stream(plan, progress);
     if (complete) finish(output, annotate);
@@ -393,7 +388,7 @@ class PassRun {
     if (slot) {
       record.assign(slot->host_sums.as<char>(), slot->host_sums.size());
       if (spec_.tile_partial_bytes)
-        record.append(slot->host_partials.as<char>(), ceil_div(slot->rows.size(), spec_.tile_rows) * spec_.tile_partial_bytes);
+        record.append(slot->host_partials.as<char>(), partials_in(spec_, slot->rows) * spec_.tile_partial_bytes);
     }
     const auto records = comm_.gather(record);  // rank order == batch order within the round
     if (!comm_.root()) return;
@@ -537,7 +532,17 @@ BatchPlan StreamEngine::plan(const PassSpec& spec) const {
   for (const auto& o : spec.outputs)
     if (o.chunk.empty() || spec.tile_rows % o.chunk[0] != 0)
       throw std::logic_error("output chunk rows must divide the pass's tile_rows");
-  const PerBatchBytes b = per_batch_bytes(spec);
+  check_batches(spec);
+  PerBatchBytes b = per_batch_bytes(spec);
+  std::uint64_t unit_rows = spec.tile_rows;  // the smallest batch the engine may choose
+  if (!spec.batches.empty()) {
+    // Explicit batches: the largest one, whole, is the unit that must fit.
+    unit_rows = 0;
+    for (const auto& r : spec.batches) unit_rows = std::max(unit_rows, r.size());
+    const std::uint64_t row = b.in_per_row + b.out_per_row;
+    b.device_per_tile = unit_rows * (row + spec.scratch_device_bytes_per_row) + spec.tile_partial_bytes;
+    b.host_per_tile = unit_rows * row + spec.tile_partial_bytes;
+  }
   const auto S = static_cast<std::uint64_t>(options_.slots);
   const std::uint64_t fixed_device = spec.resident_device_bytes +
                                      (spec.uses_blas ? S * backend_.blas_stream_bytes() : 0) + S * b.fixed_per_slot;
@@ -548,13 +553,13 @@ BatchPlan StreamEngine::plan(const PassSpec& spec) const {
     throw InputError(fmt::format(
         "device memory budget {} is too small: one batch of {} rows needs {} ({} resident + {} slots x {} per "
         "batch); expected at least that much (--device-memory or options.device_memory)",
-        format_bytes(static_cast<double>(dev_limit)), spec.tile_rows,
+        format_bytes(static_cast<double>(dev_limit)), unit_rows,
         format_bytes(static_cast<double>(need(1, fixed_device, b.device_per_tile))),
         format_bytes(static_cast<double>(fixed_device)), S, format_bytes(static_cast<double>(b.device_per_tile))));
   if (need(1, fixed_host, b.host_per_tile) > host_limit)
     throw InputError(fmt::format("host memory budget {} is too small: one batch of {} rows needs {} ({} slots x {}); "
                                  "expected at least that much (--host-memory or options.host_memory)",
-                                 format_bytes(static_cast<double>(host_limit)), spec.tile_rows,
+                                 format_bytes(static_cast<double>(host_limit)), unit_rows,
                                  format_bytes(static_cast<double>(need(1, fixed_host, b.host_per_tile))), S,
                                  format_bytes(static_cast<double>(b.host_per_tile))));
   if (spec.prepare_host_bytes > host_limit)
@@ -572,7 +577,8 @@ BatchPlan StreamEngine::plan(const PassSpec& spec) const {
   // any number of ranks, so a batch's arithmetic is too.)
   tiles = std::clamp<std::uint64_t>(tiles, 1, std::max<std::uint64_t>(1, ceil_div(spec.rows, spec.tile_rows)));
   BatchPlan plan;
-  plan.batch_rows = tiles * spec.tile_rows;
+  if (!spec.batches.empty()) tiles = 1;  // the explicit batches are the batches
+  plan.batch_rows = tiles * unit_rows;
   plan.device_bytes = need(tiles, fixed_device, b.device_per_tile);
   plan.host_bytes = need(tiles, fixed_host, b.host_per_tile);
   return plan;

@@ -11,6 +11,7 @@
 #include "core/error.hpp"
 #include "core/mpi.hpp"
 #include "core/signals.hpp"
+#include "engine/partition.hpp"
 #include "engine/stream_engine.hpp"
 #include "io/h5.hpp"
 #include "kernels/checksum.hpp"
@@ -240,4 +241,114 @@ TEST(Engine, BudgetTooSmallForOneBatchIsInputError) {
   auto host_starved = detail::make_cpu_backend(1ull << 30, 64u << 10);
   engine::StreamEngine engine2(*host_starved, comm, {});
   EXPECT_THROW(engine2.plan(fx.spec()), InputError);
+}
+
+// ------------------------------------------------------------------------------ key ranges
+namespace {
+
+// Per batch: {count, sum of keys}, one partial.
+class KeySumKernel final : public engine::PassKernel {
+ public:
+  explicit KeySumKernel(std::int64_t stop_at = -1) : stop_at_(stop_at) {}
+  void process(const engine::BatchView& b) override {
+    const auto* keys = static_cast<const std::uint64_t*>(b.inputs[0]);
+    std::uint64_t out[2] = {b.rows.size(), 0};
+    for (std::uint64_t i = 0; i < b.rows.size(); ++i) out[1] += keys[i];
+    std::memcpy(b.partials, out, sizeof out);
+    if (stop_at_ >= 0 && static_cast<std::int64_t>(b.index) == stop_at_) signals::request_stop(SIGTERM);
+  }
+
+ private:
+  std::int64_t stop_at_;
+};
+
+class ListReduction final : public engine::Reduction {
+ public:
+  void fold(const std::byte* p) override {
+    std::uint64_t v[2];
+    std::memcpy(v, p, sizeof v);
+    list.push_back({v[0], v[1]});
+  }
+  std::string save() const override {
+    return std::string(reinterpret_cast<const char*>(list.data()), list.size() * sizeof(list[0]));
+  }
+  void load(const std::string& s) override {
+    list.resize(s.size() / sizeof(list[0]));
+    std::memcpy(list.data(), s.data(), s.size());
+  }
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> list;
+};
+
+}  // namespace
+
+TEST(Engine, KeyRangeBatchesFromSortedKeys) {
+  test::TempDir dir;
+  const std::uint64_t n = 10000;
+  std::vector<std::uint64_t> keys(n);
+  for (std::uint64_t i = 0; i < n; ++i) keys[i] = i / 3;  // sorted, with duplicates
+  {
+    h5::File f = h5::File::create(dir.path / "keys.h5");
+    f.create_dataset("keys", {h5::DType::uint64, {n}, {512}, false}).write_all(keys.data());
+    f.close();
+  }
+  h5::File f = h5::File::open(dir.path / "keys.h5", h5::Mode::read_only);
+  h5::Dataset d = f.open_dataset("keys");
+  const auto ranges = engine::key_range_batches(d, {100, 101, 2000, 2500, 99999});
+  ASSERT_EQ(ranges.size(), 5u);
+  const std::vector<std::pair<std::uint64_t, std::uint64_t>> want_ranges = {
+      {0, 300}, {300, 303}, {303, 6000}, {6000, 7500}, {7500, 10000}};
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    EXPECT_EQ(ranges[i].begin, want_ranges[i].first);
+    EXPECT_EQ(ranges[i].end, want_ranges[i].second);
+  }
+
+  engine::PassSpec spec;
+  spec.rows = n;
+  spec.tile_rows = 512;
+  spec.inputs.push_back({"keys", &d, 8});
+  spec.tile_partial_bytes = 16;
+  spec.batches = ranges;
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> want;
+  for (const auto& r : ranges) {
+    std::uint64_t sum = 0;
+    for (auto i = r.begin; i < r.end; ++i) sum += keys[i];
+    want.push_back({r.size(), sum});
+  }
+
+  auto run = [&](std::uint64_t budget, const char* name, std::int64_t stop_at, bool fresh) {
+    auto backend = detail::make_cpu_backend(budget, 1ull << 30);
+    mpi::Comm comm;
+    engine::EngineOptions options;
+    options.checkpoint_seconds = 0.0;
+    engine::StreamEngine engine(*backend, comm, options);
+    if (fresh) fs::remove_all(dir.path / name);
+    engine::StepWork work(dir.path / name, name, comm);
+    KeySumKernel kernel(stop_at);
+    ListReduction reduction;
+    auto outcome = engine.run(spec, kernel, &reduction, work, dir.path / (std::string(name) + ".h5"),
+                              [](h5::File&, const engine::Journal&) {}, nullptr);
+    return std::make_pair(outcome, reduction.list);
+  };
+  // The batches are the key ranges whatever the budget.
+  EXPECT_EQ(run(1u << 20, "roomy", -1, true).second, want);
+  EXPECT_EQ(run(200u << 10, "tight", -1, true).second, want);
+  // Stop after the third batch, resume: the fold continues where the journal left it.
+  signals::request_stop(0);
+  auto first = run(1u << 20, "stopped", 2, true);
+  signals::request_stop(0);
+  ASSERT_FALSE(first.first.complete);
+  // Committed at a key-range boundary (the signal is seen at the first round boundary after it).
+  const auto committed = first.first.journal.committed_rows;
+  EXPECT_TRUE(committed == 300 || committed == 303 || committed == 6000) << committed;
+  auto second = run(1u << 20, "stopped", -1, false);
+  ASSERT_TRUE(second.first.complete);
+  EXPECT_EQ(second.first.resumed_from, committed);
+  EXPECT_EQ(second.second, want);
+  // The largest key range must fit: 5697 rows x 8 bytes x 3 slots do not fit 64 KiB.
+  auto small = detail::make_cpu_backend(64u << 10, 1ull << 30);
+  mpi::Comm comm;
+  EXPECT_THROW(engine::StreamEngine(*small, comm, {}).plan(spec), InputError);
+  // Boundaries must be consecutive.
+  spec.batches[1].begin = 299;
+  EXPECT_THROW(engine::StreamEngine(*small, comm, {}).plan(spec), std::invalid_argument);
 }
