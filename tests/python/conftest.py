@@ -76,6 +76,14 @@ def write_spec(path, text):
     return path
 
 
+def committed_run(tmp, text, device=None):
+    """Writes `text` as tmp/spec.yaml and runs it into tmp/run; returns (spec, run_dir)."""
+    spec = write_spec(tmp / "spec.yaml", text)
+    r = run(["run", spec, "--run-dir", tmp / "run", "--device", device or DEVICE])
+    assert r.code == 0, r
+    return spec, tmp / "run"
+
+
 def file_digest(path):
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 

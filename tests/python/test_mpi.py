@@ -12,18 +12,15 @@ import numpy as np
 import pytest
 
 import oracle
-from conftest import DEVICE, chain_spec, QSTAGE, checksums, manifest, mpirun_prefix, run, write_spec
+from conftest import DEVICE, committed_run, chain_spec, QSTAGE, checksums, manifest, mpirun_prefix, run, write_spec
 
 SPEC = chain_spec("mpi", 50000, 24, 12, 21, "{device_memory: 32MiB, max_batch_rows: 700, checkpoint_interval: 0}", 700)
 
 
 @pytest.fixture(scope="module")
 def single(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("single")
-    spec = write_spec(tmp / "spec.yaml", SPEC)
-    r = run(["run", spec, "--run-dir", tmp / "run", "--device", DEVICE])
-    assert r.code == 0, r
-    return spec, checksums(tmp / "run")
+    spec, run_dir = committed_run(tmp_path_factory.mktemp("single"), SPEC)
+    return spec, checksums(run_dir)
 
 
 def test_three_ranks_match_one_rank(single, tmp):
@@ -46,11 +43,8 @@ BIG = SPEC.replace("[50000, 24]", "[1000000, 24]").replace("name: mpi", "name: m
 
 @pytest.fixture(scope="module")
 def big(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("big")
-    spec = write_spec(tmp / "spec.yaml", BIG)
-    r = run(["run", spec, "--run-dir", tmp / "run", "--device", DEVICE])
-    assert r.code == 0, r
-    return spec, checksums(tmp / "run")
+    spec, run_dir = committed_run(tmp_path_factory.mktemp("big"), BIG)
+    return spec, checksums(run_dir)
 
 
 def start_mpirun(spec, run_dir, ranks):

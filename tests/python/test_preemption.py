@@ -14,7 +14,7 @@ import h5py
 import numpy as np
 import pytest
 
-from conftest import DEVICE, chain_spec, QSTAGE, checksums, manifest, run, write_spec
+from conftest import DEVICE, committed_run, chain_spec, QSTAGE, checksums, manifest, run, write_spec
 
 SPEC = chain_spec("preempt", 240000, 32, 32, 11, "{device_memory: 32MiB, max_batch_rows: 1024, checkpoint_interval: 0}", 1024)
 
@@ -37,11 +37,8 @@ def start(args, cwd):
 
 @pytest.fixture(scope="module")
 def clean(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("clean")
-    spec = write_spec(tmp / "spec.yaml", SPEC)
-    r = run(["run", spec, "--run-dir", tmp / "run", "--device", DEVICE])
-    assert r.code == 0, r
-    return spec, checksums(tmp / "run"), data_digests(tmp / "run")
+    spec, run_dir = committed_run(tmp_path_factory.mktemp("clean"), SPEC)
+    return spec, checksums(run_dir), data_digests(run_dir)
 
 
 def wait_for(predicate, timeout=60):
