@@ -27,24 +27,25 @@ namespace {
 
 void gemm_cpu_call(const Gemm& g) {
   const auto m = static_cast<blasint>(g.m), n = static_cast<blasint>(g.n), k = static_cast<blasint>(g.k);
+  const auto tb = g.b_transposed ? CblasTrans : CblasNoTrans;
   const auto lda = static_cast<blasint>(g.lda), ldb = static_cast<blasint>(g.ldb), ldc = static_cast<blasint>(g.ldc);
   switch (g.dtype) {
     case h5::DType::float32:
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, static_cast<const float*>(g.a), lda,
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, tb, m, n, k, 1.0f, static_cast<const float*>(g.a), lda,
                   static_cast<const float*>(g.b), ldb, 0.0f, static_cast<float*>(g.c), ldc);
       return;
     case h5::DType::float64:
-      cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0, static_cast<const double*>(g.a), lda,
+      cblas_dgemm(CblasRowMajor, CblasNoTrans, tb, m, n, k, 1.0, static_cast<const double*>(g.a), lda,
                   static_cast<const double*>(g.b), ldb, 0.0, static_cast<double*>(g.c), ldc);
       return;
     case h5::DType::complex64: {
       const std::complex<float> one(1, 0), zero(0, 0);
-      cblas_cgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, &one, g.a, lda, g.b, ldb, &zero, g.c, ldc);
+      cblas_cgemm(CblasRowMajor, CblasNoTrans, tb, m, n, k, &one, g.a, lda, g.b, ldb, &zero, g.c, ldc);
       return;
     }
     case h5::DType::complex128: {
       const std::complex<double> one(1, 0), zero(0, 0);
-      cblas_zgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, &one, g.a, lda, g.b, ldb, &zero, g.c, ldc);
+      cblas_zgemm(CblasRowMajor, CblasNoTrans, tb, m, n, k, &one, g.a, lda, g.b, ldb, &zero, g.c, ldc);
       return;
     }
     default: throw std::invalid_argument("gemm: unsupported dtype");
@@ -54,7 +55,7 @@ void gemm_cpu_call(const Gemm& g) {
 }  // namespace
 
 void gemm_cpu(const Gemm& g) {
-  if (g.m == 0 || g.n == 0) return;
+  if (g.m == 0 || g.n == 0 || g.batch == 0) return;
   // OpenBLAS runs single-threaded: its threaded kernels round differently with the thread count.
   // qstage spreads fixed blocks over OpenMP threads instead, so the bits never depend on it.
   static std::once_flag single;
@@ -65,9 +66,22 @@ void gemm_cpu(const Gemm& g) {
     omp_set_num_threads(threads);
   });
   constexpr std::int64_t kDefaultRows = 256, kCols = 1024;
+  const std::size_t element = h5::dtype_size(g.dtype);
+  if (g.batch > 1) {
+    // One single-threaded call per batch entry, spread over the threads.
+#pragma omp parallel for schedule(dynamic)
+    for (std::int64_t i = 0; i < g.batch; ++i) {
+      Gemm one = g;
+      one.batch = 1;
+      one.a = static_cast<const char*>(g.a) + static_cast<std::size_t>(i * g.stride_a) * element;
+      one.b = static_cast<const char*>(g.b) + static_cast<std::size_t>(i * g.stride_b) * element;
+      one.c = static_cast<char*>(g.c) + static_cast<std::size_t>(i * g.stride_c) * element;
+      gemm_cpu_call(one);
+    }
+    return;
+  }
   const std::int64_t rb = g.row_block > 0 ? g.row_block : kDefaultRows;
   const std::int64_t row_blocks = (g.m + rb - 1) / rb, col_blocks = (g.n + kCols - 1) / kCols;
-  const std::size_t element = h5::dtype_size(g.dtype);
 #pragma omp parallel for schedule(dynamic) collapse(2)
   for (std::int64_t r = 0; r < row_blocks; ++r)
     for (std::int64_t c = 0; c < col_blocks; ++c) {
@@ -75,7 +89,9 @@ void gemm_cpu(const Gemm& g) {
       part.m = std::min(rb, g.m - r * rb);
       part.n = std::min(kCols, g.n - c * kCols);
       part.a = static_cast<const char*>(g.a) + static_cast<std::size_t>(r * rb * g.lda) * element;
-      part.b = static_cast<const char*>(g.b) + static_cast<std::size_t>(c * kCols) * element;
+      // A column block of C is a row block of a transposed B.
+      part.b = static_cast<const char*>(g.b) +
+               static_cast<std::size_t>(g.b_transposed ? c * kCols * g.ldb : c * kCols) * element;
       part.c = static_cast<char*>(g.c) + static_cast<std::size_t>(r * rb * g.ldc + c * kCols) * element;
       gemm_cpu_call(part);
     }

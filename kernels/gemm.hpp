@@ -15,7 +15,7 @@ struct Gemm {
   std::int64_t m = 0, n = 0, k = 0;
   const void* a = nullptr;  // m × k, row-major, leading dimension lda (>= k)
   std::int64_t lda = 0;
-  const void* b = nullptr;  // k × n, row-major, leading dimension ldb (>= n)
+  const void* b = nullptr;  // k × n, row-major, leading dimension ldb (>= n); b_transposed: n × k (ldb >= k)
   std::int64_t ldb = 0;
   void* c = nullptr;        // m × n, row-major, leading dimension ldc (>= n)
   std::int64_t ldc = 0;
@@ -25,6 +25,10 @@ struct Gemm {
   // arithmetic then depends neither on the thread count (OpenBLAS's own threading changes the
   // rounding) nor, when batches start on block boundaries, on the batch size or rank count.
   std::int64_t row_block = 0;
+  bool b_transposed = false;  // B is stored n × k and used transposed: C = A · Bᵀ
+  // Strided batch: `batch` products, the i-th at a + i*stride_a, b + i*stride_b, c + i*stride_c
+  // (elements).
+  std::int64_t batch = 1, stride_a = 0, stride_b = 0, stride_c = 0;
 };
 
 // A row block near `target` rows that divides `tile_rows` (so blocks never straddle tiles), or

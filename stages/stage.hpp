@@ -49,11 +49,17 @@ struct StagePlan {
   nlohmann::json summary = nlohmann::json::object();  // shown in the log and stored as provenance
 };
 
-// Handed to make_kernel: the step's parameters and its opened input datasets.
+// Handed to make_kernel and compute: the step's parameters and its opened input datasets.
 struct KernelContext {
   const nlohmann::json& params;
   const std::map<std::string, const h5::Dataset*>& inputs;
   const StagePlan& plan;
+};
+
+// What a step produced besides its streamed outputs, handed to write_results on every rank.
+struct StepResults {
+  engine::Reduction* reduction = nullptr;  // the folded partials (make_reduction), if any
+  const std::string* computed = nullptr;   // compute()'s result, if the stage computes
 };
 
 class Stage {
@@ -65,10 +71,15 @@ class Stage {
   virtual StagePlan plan(const nlohmann::json& params, const std::map<std::string, DatasetInfo>& inputs) const = 0;
   virtual std::unique_ptr<engine::PassKernel> make_kernel(const KernelContext& ctx) const = 0;
   virtual std::unique_ptr<engine::Reduction> make_reduction(const StagePlan& plan) const { return nullptr; }
-  // After the pass, on every rank with the same reduction state: small results into the output.
-  virtual void write_results(const StagePlan& plan, engine::Reduction* reduction, h5::File& out) const {}
+  // Stages whose work is a host computation on small data (building a network, finding a path)
+  // rather than a stream of batches: compute() runs on rank 0 with the opened inputs (open your
+  // own read-only handles for other datasets), and its result reaches write_results on every rank.
+  virtual bool computes() const { return false; }
+  virtual std::string compute(const KernelContext& ctx) const { return {}; }
+  // After the pass, on every rank with the same results: small results into the output.
+  virtual void write_results(const StagePlan& plan, const StepResults& results, h5::File& out) const {}
   // One line for the log, e.g. "norm 1.0e3, 0 non-finite".
-  virtual std::string describe_results(const StagePlan& plan, engine::Reduction* reduction) const { return ""; }
+  virtual std::string describe_results(const StagePlan& plan, const StepResults& results) const { return ""; }
 };
 
 // Every stage qstage knows, in name order.

@@ -18,12 +18,14 @@
 #include "runner/manifest.hpp"
 #include "runner/planner.hpp"
 #include "runner/progress.hpp"
+#include "stages/stage.hpp"
 
 namespace qstage::runner {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
+using stages::StepResults;
 
 fs::path default_run_dir(const std::string& workflow) { return fs::path("qstage-runs") / workflow; }
 
@@ -295,6 +297,25 @@ class WorkflowRun {
 
     auto kernel = step.impl->make_kernel({step.params, by_slot, p.plan});
     auto reduction = step.impl->make_reduction(p.plan);
+    // Host computations run on rank 0 before the (empty) pass; every rank gets the result.
+    std::string computed;
+    if (step.impl->computes()) {
+      std::string error;
+      if (comm_.root()) {
+        try {
+          computed = step.impl->compute({step.params, by_slot, p.plan});
+        } catch (const InputError& e) {
+          error = e.what();
+        }
+      }
+      error = comm_.broadcast(error);
+      if (!error.empty()) {
+        record_failure(step.id);
+        throw InputError(fmt::format("step '{}' ({}): {}", step.id, step.stage, error));
+      }
+      computed = comm_.broadcast(computed);
+    }
+    const StepResults results{reduction.get(), step.impl->computes() ? &computed : nullptr};
     engine::StepWork work(dir_.work(step.id), key, comm_);
     const std::string created = comm_.broadcast(utc_now());
 
@@ -320,7 +341,7 @@ class WorkflowRun {
       out.set_attribute("qstage.summary", p.plan.summary.dump());
       for (size_t o = 0; o < pass.outputs.size(); ++o)
         out.open_dataset(pass.outputs[o].name).set_attribute("qsum64", hex64(j.checksums[o]));
-      step.impl->write_results(p.plan, reduction.get(), out);
+      step.impl->write_results(p.plan, results, out);
     };
 
     std::unique_ptr<ProgressReporter> reporter;
@@ -385,16 +406,16 @@ class WorkflowRun {
       rec.update({{"state", "done"}, {"output", fs::relative(output, dir_.root).string()}, {"checksums", sums},
                   {"wall_seconds", outcome.journal.wall_seconds}, {"attempts", outcome.journal.attempts},
                   {"finished", utc_now()}, {"device", device_text_}, {"ranks", comm_.size()}, {"metrics", metrics},
-                  {"rows_total", pass.rows}, {"results", step.impl->describe_results(p.plan, reduction.get())}});
+                  {"rows_total", pass.rows}, {"results", step.impl->describe_results(p.plan, results)}});
       rec.erase("error");
       m.save(dir_.root);
       work.remove();
-      log_summary(step, metrics, reduction.get(), p);
+      log_summary(step, metrics, results, p);
     }
     comm_.barrier();
   }
 
-  void log_summary(const spec::Step& step, const json& mt, engine::Reduction* reduction, const PlannedStep& p) {
+  void log_summary(const spec::Step& step, const json& mt, const StepResults& results, const PlannedStep& p) {
     const double s = mt["seconds"].get<double>();
     std::string rate = format_rate(mt["bytes_per_second"].get<double>());
     if (mt.contains("gflops_per_second")) rate += fmt::format(", {:.1f} GFLOP/s", mt["gflops_per_second"].get<double>());
@@ -407,8 +428,8 @@ class WorkflowRun {
                  mt["d2h_seconds"].get<double>(), mt["write_seconds"].get<double>(), mt["commit_seconds"].get<double>(),
                  mt["finalize_seconds"].get<double>(), format_bytes(mt["peak_device_bytes"].get<double>()),
                  format_bytes(mt["planned_device_bytes"].get<double>()), format_bytes(mt["peak_host_bytes"].get<double>()));
-    const std::string results = step.impl->describe_results(p.plan, reduction);
-    if (!results.empty()) spdlog::info("step '{}' result: {}", step.id, results);
+    const std::string line = step.impl->describe_results(p.plan, results);
+    if (!line.empty()) spdlog::info("step '{}' result: {}", step.id, line);
   }
 
   void remove_leftovers(const std::string& id, const fs::path& output) {

@@ -84,8 +84,8 @@ class StatsStage final : public Stage {
     return std::make_unique<StatsReduction>();
   }
 
-  void write_results(const StagePlan&, engine::Reduction* r, h5::File& out) const override {
-    const StatsPartial& s = static_cast<StatsReduction*>(r)->result();
+  void write_results(const StagePlan&, const StepResults& r, h5::File& out) const override {
+    const StatsPartial& s = static_cast<StatsReduction*>(r.reduction)->result();
     auto scalar = [&](const char* name, h5::DType t, const void* value, const char* doc) {
       h5::Dataset d = out.create_dataset(name, {t, {}, {}, false});
       d.write_all(value);
@@ -104,8 +104,8 @@ class StatsStage final : public Stage {
     out.set_attribute("input_checksum", hex64(s.qsum));
   }
 
-  std::string describe_results(const StagePlan&, engine::Reduction* r) const override {
-    const StatsPartial& s = static_cast<StatsReduction*>(r)->result();
+  std::string describe_results(const StagePlan&, const StepResults& r) const override {
+    const StatsPartial& s = static_cast<StatsReduction*>(r.reduction)->result();
     return fmt::format("norm {:.9g}, min {:.6g}, max {:.6g}, max |x| {:.6g}, {} non-finite of {}, checksum {}",
                        std::sqrt(s.sum_sq), s.min, s.max, s.max_abs, s.nonfinite, s.count, hex64(s.qsum));
   }

@@ -1,0 +1,42 @@
+#include "kernels/cuda_check.hpp"
+#include "kernels/permute.hpp"
+
+namespace qstage::kernels::detail {
+namespace {
+
+template <typename T>
+__global__ void gather_kernel(const T* in, T* out, GatherPermute g, std::int64_t total) {
+  const std::int64_t stride = std::int64_t(gridDim.x) * blockDim.x;
+  for (std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
+    std::int64_t rest = i, offset = g.base;
+    for (int j = g.rank - 1; j >= 0; --j) {
+      offset += (rest % g.dims[j]) * g.strides[j];
+      rest /= g.dims[j];
+    }
+    out[i] = in[offset];
+  }
+}
+
+struct alignas(16) Bytes16 {
+  double a, b;
+};
+
+}  // namespace
+
+void gather_permute_cuda(void* cuda_stream, const GatherPermute& g) {
+  std::int64_t total = 1;
+  for (int j = 0; j < g.rank; ++j) total *= g.dims[j];
+  if (total == 0) return;
+  auto stream = static_cast<cudaStream_t>(cuda_stream);
+  constexpr int threads = 256;
+  const unsigned blocks = static_cast<unsigned>(std::min<std::int64_t>((total + threads - 1) / threads, 65536));
+  switch (h5::dtype_size(g.dtype)) {
+    case 16: gather_kernel<Bytes16><<<blocks, threads, 0, stream>>>(static_cast<const Bytes16*>(g.in), static_cast<Bytes16*>(g.out), g, total); break;
+    case 8: gather_kernel<double><<<blocks, threads, 0, stream>>>(static_cast<const double*>(g.in), static_cast<double*>(g.out), g, total); break;
+    case 4: gather_kernel<float><<<blocks, threads, 0, stream>>>(static_cast<const float*>(g.in), static_cast<float*>(g.out), g, total); break;
+    default: gather_kernel<char><<<blocks, threads, 0, stream>>>(static_cast<const char*>(g.in), static_cast<char*>(g.out), g, total); break;
+  }
+  QSTAGE_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace qstage::kernels::detail

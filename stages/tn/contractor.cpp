@@ -1,0 +1,197 @@
+#include "stages/tn/contractor.hpp"
+
+#include <chrono>
+#include <complex>
+#include <cstring>
+
+#include "kernels/gemm.hpp"
+#include "kernels/permute.hpp"
+
+namespace qstage::tn {
+
+namespace {
+
+std::vector<std::int64_t> row_major_strides(const Network& net, const std::vector<Mode>& modes) {
+  std::vector<std::int64_t> s(modes.size(), 1);
+  for (size_t j = modes.size(); j-- > 1;) s[j - 1] = s[j] * net.extent.at(modes[j]);
+  return s;
+}
+
+std::int64_t stride_of(const Network& net, const std::vector<Mode>& modes, Mode m) {
+  const auto s = row_major_strides(net, modes);
+  for (size_t j = 0; j < modes.size(); ++j)
+    if (modes[j] == m) return s[j];
+  return 0;  // not in this tensor: the loop index does not move it
+}
+
+// Input data in the compute precision.
+std::vector<char> converted(const std::vector<cd>& data, h5::DType dtype) {
+  std::vector<char> out(data.size() * h5::dtype_size(dtype));
+  if (dtype == h5::DType::complex128) {
+    std::memcpy(out.data(), data.data(), out.size());
+  } else {
+    auto* f = reinterpret_cast<std::complex<float>*>(out.data());
+    for (size_t i = 0; i < data.size(); ++i) f[i] = std::complex<float>(data[i]);
+  }
+  return out;
+}
+
+}  // namespace
+
+Contractor::Contractor(const Network& net, const Plan& plan, h5::DType dtype, bool tf32)
+    : net_(net), plan_(plan), dtype_(dtype), tf32_(tf32) {
+  for (Mode m : plan.output) result_elements_ *= static_cast<std::uint64_t>(net.extent.at(m));
+  for (Mode m : plan.sliced) slice_radix_.push_back(net.extent.at(m));
+  for (size_t i = 0; i < net.tensors.size(); ++i) {
+    const auto& stored = net.tensors[i].modes;
+    Staging st;
+    for (Mode m : plan.input_layouts[i]) {
+      st.dims.push_back(net.extent.at(m));
+      st.strides.push_back(stride_of(net, stored, m));
+    }
+    for (size_t j = 0; j < plan.sliced.size(); ++j) {
+      const std::int64_t s = stride_of(net, stored, plan.sliced[j]);
+      if (s) st.sliced.push_back({j, s});
+    }
+    staging_.push_back(std::move(st));
+  }
+}
+
+std::uint64_t Contractor::resident_bytes() const {
+  std::uint64_t b = 0;
+  for (const auto& t : net_.tensors) b += static_cast<std::uint64_t>(net_.size_of(t.modes)) * element_bytes() * (t.projects_qubit >= 0 ? 2 : 1);
+  return b;
+}
+
+void Contractor::upload(Backend& backend, Stream& stream) {
+  for (const auto& t : net_.tensors) {
+    if (t.projects_qubit >= 0) {
+      std::array<Buffer, 2> pair;
+      for (int bit = 0; bit < 2; ++bit) {
+        const auto data = converted({bit ? 0.0 : 1.0, bit ? 1.0 : 0.0}, dtype_);
+        pair[bit] = backend.alloc_device(data.size(), "tn: projection");
+        backend.copy_to_device(pair[bit].data(), data.data(), data.size(), stream);
+        stream.synchronize();  // `data` is pageable and goes out of scope
+      }
+      projection_.push_back(std::move(pair));
+      resident_.emplace_back();
+    } else {
+      const auto data = converted(t.data, dtype_);
+      resident_.push_back(backend.alloc_device(data.size(), "tn: input tensor"));
+      backend.copy_to_device(resident_.back().data(), data.data(), data.size(), stream);
+      stream.synchronize();
+      projection_.emplace_back();
+    }
+  }
+}
+
+void Contractor::stage_input(Stream& stream, int id, std::uint64_t slice, const std::vector<std::uint8_t>& bits,
+                             char* dst) {
+  const auto& t = net_.tensors[static_cast<size_t>(id)];
+  const Staging& st = staging_[static_cast<size_t>(id)];
+  kernels::GatherPermute g;
+  g.dtype = dtype_;
+  g.in = t.projects_qubit >= 0 ? projection_[static_cast<size_t>(id)][bits.at(static_cast<size_t>(t.projects_qubit)) ? 1 : 0].data()
+                               : resident_[static_cast<size_t>(id)].data();
+  g.out = dst;
+  g.rank = static_cast<int>(st.dims.size());
+  for (int j = 0; j < g.rank; ++j) {
+    g.dims[j] = st.dims[static_cast<size_t>(j)];
+    g.strides[j] = st.strides[static_cast<size_t>(j)];
+  }
+  // Mixed-radix digits of the slice number (the first sliced mode is the most significant).
+  std::vector<std::int64_t> digit(slice_radix_.size());
+  std::uint64_t rest = slice;
+  for (size_t j = slice_radix_.size(); j-- > 0;) {
+    digit[j] = static_cast<std::int64_t>(rest % static_cast<std::uint64_t>(slice_radix_[j]));
+    rest /= static_cast<std::uint64_t>(slice_radix_[j]);
+  }
+  for (auto [j, stride] : st.sliced) g.base += digit[j] * stride;
+  kernels::gather_permute(stream, g);
+}
+
+void Contractor::run_step(Stream& stream, const PlanStep& st, char* arena) {
+  const size_t e = element_bytes();
+  const char* a = arena + st.a_offset;
+  const char* b = arena + st.b_offset;
+  char* c = arena + st.c_offset;
+  const auto& L_modes = st.left_is_b ? st.b_modes : st.a_modes;
+  const auto& R_modes = st.left_is_b ? st.a_modes : st.b_modes;
+  const char* L = st.left_is_b ? b : a;
+  const char* R = st.left_is_b ? a : b;
+  kernels::Gemm g;
+  g.dtype = dtype_;
+  g.m = st.m;
+  g.n = st.n;
+  g.k = st.k;
+  g.lda = st.k;
+  g.ldb = st.k;
+  g.ldc = st.n;
+  g.b_transposed = true;
+  g.tf32 = tf32_;
+  if (st.loop_modes.empty()) {
+    g.a = L;
+    g.b = R;
+    g.c = c;
+    kernels::gemm(stream, g);
+    return;
+  }
+  // Loops over C's leading modes: a strided batch over the innermost loop mode, a host loop over
+  // the others (their offsets need not form one progression).
+  const Mode inner = st.loop_modes.back();
+  g.batch = net_.extent.at(inner);
+  g.stride_a = stride_of(net_, L_modes, inner);
+  g.stride_b = stride_of(net_, R_modes, inner);
+  g.stride_c = stride_of(net_, st.c_modes, inner);
+  std::vector<Mode> outer(st.loop_modes.begin(), st.loop_modes.end() - 1);
+  std::int64_t count = 1;
+  for (Mode m : outer) count *= net_.extent.at(m);
+  for (std::int64_t i = 0; i < count; ++i) {
+    std::int64_t rest = i, off_l = 0, off_r = 0, off_c = 0;
+    for (size_t j = outer.size(); j-- > 0;) {
+      const std::int64_t idx = rest % net_.extent.at(outer[j]);
+      rest /= net_.extent.at(outer[j]);
+      off_l += idx * stride_of(net_, L_modes, outer[j]);
+      off_r += idx * stride_of(net_, R_modes, outer[j]);
+      off_c += idx * stride_of(net_, st.c_modes, outer[j]);
+    }
+    kernels::Gemm one = g;
+    one.a = L + off_l * static_cast<std::int64_t>(e);
+    one.b = R + off_r * static_cast<std::int64_t>(e);
+    one.c = c + off_c * static_cast<std::int64_t>(e);
+    kernels::gemm(stream, one);
+  }
+}
+
+void Contractor::contract(Stream& stream, std::uint64_t slice, const std::vector<std::uint8_t>& bits, void* arena_ptr,
+                          void* out, std::vector<double>* step_seconds) {
+  char* arena = static_cast<char*>(arena_ptr);
+  const size_t N = net_.tensors.size();
+  if (plan_.steps.empty()) {  // a single tensor: the result is that tensor, in output order
+    stage_input(stream, 0, slice, bits, static_cast<char*>(out));
+    return;
+  }
+  if (step_seconds) step_seconds->assign(plan_.steps.size(), 0.0);
+  for (size_t s = 0; s < plan_.steps.size(); ++s) {
+    const auto start = std::chrono::steady_clock::now();
+    const PlanStep& st = plan_.steps[s];
+    if (st.a < static_cast<int>(N)) stage_input(stream, st.a, slice, bits, arena + st.a_offset);
+    if (st.b < static_cast<int>(N)) stage_input(stream, st.b, slice, bits, arena + st.b_offset);
+    run_step(stream, st, arena);
+    if (step_seconds) {
+      stream.synchronize();
+      (*step_seconds)[s] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    }
+  }
+  // The root is in the arena; hand it to the caller's buffer.
+  kernels::GatherPermute copy;
+  copy.dtype = dtype_;
+  copy.in = arena + plan_.steps.back().c_offset;
+  copy.out = out;
+  copy.rank = 1;
+  copy.dims[0] = static_cast<std::int64_t>(result_elements_);
+  copy.strides[0] = 1;
+  kernels::gather_permute(stream, copy);
+}
+
+}  // namespace qstage::tn

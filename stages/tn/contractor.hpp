@@ -1,0 +1,53 @@
+#pragma once
+// Executes a Plan on a backend: inputs stay resident (stored order, compute precision); per work
+// item (a slice, and for amplitude networks a bitstring) each step stages its input operands in
+// their planned layout (gather + permute, the sliced indices fixed) and runs its GEMMs into the
+// arena offsets the plan assigned. Deterministic: fixed shapes, fixed order, no atomics.
+#include <array>
+#include <cstdint>
+#include <vector>
+
+#include "backend/backend.hpp"
+#include "stages/tn/network.hpp"
+#include "stages/tn/plan.hpp"
+
+namespace qstage::tn {
+
+class Contractor {
+ public:
+  // dtype: complex64 or complex128 (the compute precision); tf32 for complex64 on cuda.
+  Contractor(const Network& net, const Plan& plan, h5::DType dtype, bool tf32);
+
+  std::uint64_t resident_bytes() const;  // device memory of the resident inputs
+  std::uint64_t result_elements() const { return result_elements_; }
+  std::uint64_t element_bytes() const { return h5::dtype_size(dtype_); }
+
+  // Uploads the inputs (on the I/O thread, before the pass).
+  void upload(Backend& backend, Stream& stream);
+  // Contracts slice `slice` with the projections set to `bits` (amplitude networks; else empty)
+  // into `out` (device memory, result_elements values in the plan's output order). `arena` is
+  // plan.arena_bytes of device memory. If `step_seconds` is given, synchronizes after every step
+  // and records the time of each.
+  void contract(Stream& stream, std::uint64_t slice, const std::vector<std::uint8_t>& bits, void* arena, void* out,
+                std::vector<double>* step_seconds);
+
+ private:
+  struct Staging {  // how to gather input tensor i into its planned layout
+    std::vector<std::int64_t> dims, strides;
+    std::vector<std::pair<std::size_t, std::int64_t>> sliced;  // (index in plan.sliced, stride in the stored tensor)
+  };
+  void stage_input(Stream& stream, int id, std::uint64_t slice, const std::vector<std::uint8_t>& bits, char* dst);
+  void run_step(Stream& stream, const PlanStep& st, char* arena);
+
+  const Network& net_;
+  const Plan& plan_;
+  h5::DType dtype_;
+  bool tf32_;
+  std::uint64_t result_elements_ = 1;
+  std::vector<Staging> staging_;
+  std::vector<Buffer> resident_;                 // per input tensor
+  std::vector<std::array<Buffer, 2>> projection_;  // per input tensor: <0| and <1| (projections only)
+  std::vector<std::int64_t> slice_radix_;
+};
+
+}  // namespace qstage::tn

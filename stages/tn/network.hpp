@@ -1,0 +1,79 @@
+#pragma once
+// Tensor networks: tensors with integer mode labels, open (output) modes, and mode extents -
+// the {inputs, output, size_dict} layout cotengra's benchmark files use, plus tensor data.
+//
+// Amplitude networks for circuits end in one projection tensor per qubit; those tensors are
+// marked with the qubit they project, so one contraction plan serves a whole batch of
+// bitstrings: the executor swaps the projection data per bitstring.
+#include <complex>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "io/h5.hpp"
+#include "stages/tn/circuit.hpp"
+
+namespace qstage::tn {
+
+using Mode = std::int64_t;
+
+struct NetTensor {
+  std::vector<Mode> modes;
+  std::vector<cd> data;    // row-major over modes
+  std::string tag;         // what it is, e.g. "fs q3,q4 t7", "<x| q3"
+  int projects_qubit = -1; // >= 0: an output projection <x_q|, whose data follows the bitstring
+};
+
+struct Network {
+  std::vector<NetTensor> tensors;
+  std::vector<Mode> output;             // open modes, in the output's order
+  std::map<Mode, std::int64_t> extent;  // every mode's extent
+  std::string kind = "generic";         // "amplitude", "expectation" or "generic"
+  int qubits = 0;                       // circuits: the qubit count
+  std::vector<int> open_qubits;         // amplitude networks: qubits left open (output modes, in order)
+  std::string description;
+
+  std::int64_t size_of(const std::vector<Mode>& modes) const;
+  // Checks labels: every mode has an extent; a mode appears in at most two tensors unless it is
+  // an output (hyperedges are refused); output modes appear in some tensor. Throws InputError.
+  void validate(const std::string& what) const;
+  // {inputs, output, size_dict} with integer labels (cotengra's layout, labels as numbers).
+  nlohmann::json to_json() const;
+};
+
+// Amplitudes <x|C|0>: one projection tensor per closed qubit (data from `bitstring`, which may
+// be changed per contraction), the last wire of every qubit in `open_qubits` left open.
+Network amplitude_network(const Circuit& c, const std::vector<int>& open_qubits = {});
+
+// <0|C^dagger P C|0> for a Pauli string P = {(qubit, 'X'|'Y'|'Z')}; gates outside P's backward
+// light cone cancel and are left out, and so are qubits the cone never reaches.
+Network expectation_network(const Circuit& c, const std::vector<std::pair<int, char>>& pauli);
+
+// "Z0 Z3", "X1Y2" or "Z_0 Z_3" into (qubit, letter) pairs; InputError naming the string.
+std::vector<std::pair<int, char>> parse_pauli(const std::string& text, int qubits);
+
+// A generic network from cotengra's JSON layout: inputs as lists of labels (or strings of one-
+// character labels), output likewise, size_dict mapping labels to extents. Labels are renamed to
+// integers in order of first appearance. Data: `data` per tensor, or seeded random values.
+Network network_from_json(const nlohmann::json& j, const std::string& what);
+// An einsum expression "ab,bc->ac" with extents per letter.
+Network network_from_einsum(const std::string& expression, const std::map<std::string, std::int64_t>& extents,
+                            const std::string& what);
+// Uniform random tensor data on [-1, 1) + i[-1, 1) from a seed (tensor t, element e: the
+// counter-based generator of tensor.random with components 2(base + e), 2(base + e) + 1).
+void fill_random(Network& n, std::uint64_t seed);
+
+// The projection data of `bitstring` (one byte per qubit, 0 or 1) for the network's projections.
+void set_bitstring(Network& n, const std::vector<std::uint8_t>& bitstring);
+
+// HDF5: the root attribute "network" (JSON: inputs, output, size_dict, kind, qubits, open
+// qubits, projections) and one chunked complex128 dataset per tensor, /tensors/tNNNNNN, with
+// attributes "modes" (JSON list) and "tag". Rank-0 tensors are stored with shape [1].
+void save_network(const Network& n, h5::File& file);
+Network load_network(const h5::File& file);
+
+}  // namespace qstage::tn

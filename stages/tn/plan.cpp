@@ -1,0 +1,290 @@
+#include "stages/tn/plan.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cmath>
+#include <list>
+#include <set>
+
+#include "core/error.hpp"
+#include "core/units.hpp"
+
+namespace qstage::tn {
+
+using nlohmann::json;
+
+namespace {
+
+// 256-byte alignment for blocks that GEMMs read (what cuBLAS prefers), 16 for tiny ones, whose
+// padding would otherwise dominate the arena of a circuit's many small tensors.
+std::uint64_t align(std::uint64_t x) {
+  const std::uint64_t a = x >= 4096 ? 256 : 16;
+  return (x + a - 1) / a * a;
+}
+
+bool contains(const std::vector<Mode>& v, Mode m) { return std::find(v.begin(), v.end(), m) != v.end(); }
+
+std::vector<Mode> without(const std::vector<Mode>& v, const std::set<Mode>& drop) {
+  std::vector<Mode> out;
+  for (Mode m : v)
+    if (!drop.count(m)) out.push_back(m);
+  return out;
+}
+
+// First-fit placement of blocks in an arena, freed explicitly.
+class Arena {
+ public:
+  std::uint64_t place(std::uint64_t bytes) {
+    bytes = align(std::max<std::uint64_t>(bytes, 1));
+    std::uint64_t at = 0;
+    for (auto it = used_.begin(); it != used_.end(); ++it) {
+      if (it->first >= at + bytes) {
+        used_.insert(it, {at, bytes});
+        peak_ = std::max(peak_, at + bytes);
+        return at;
+      }
+      at = it->first + it->second;
+    }
+    used_.push_back({at, bytes});
+    peak_ = std::max(peak_, at + bytes);
+    return at;
+  }
+  void free(std::uint64_t at) {
+    used_.remove_if([&](const auto& b) { return b.first == at; });
+  }
+  std::uint64_t in_use() const {
+    std::uint64_t s = 0;
+    for (const auto& b : used_) s += b.second;
+    return s;
+  }
+  std::uint64_t peak() const { return peak_; }
+
+ private:
+  std::list<std::pair<std::uint64_t, std::uint64_t>> used_;  // (offset, bytes), by offset
+  std::uint64_t peak_ = 0;
+};
+
+// Builds the layouts, GEMM mapping, memory plan and predictions for a fixed set of sliced modes.
+Plan build(const Network& net, const Path& path, const std::set<Mode>& sliced, const PlanOptions& o) {
+  const size_t N = net.tensors.size();
+  Path p = path;
+  p.sliced.assign(sliced.begin(), sliced.end());
+  const auto inter = intermediate_modes(net, p);  // per slice (sliced modes removed)
+  Plan plan;
+  plan.element_bytes = o.element_bytes;
+  plan.sliced = p.sliced;
+  for (Mode m : sliced) plan.slices *= net.extent.at(m);
+  plan.output = net.output;
+  plan.bandwidth = o.bandwidth;
+  plan.gemm_rate = o.gemm_rate;
+  plan.cost = path_cost(net, p);
+
+  std::vector<std::vector<Mode>> modes;  // unordered modes of every id (per slice)
+  for (const auto& t : net.tensors) modes.push_back(without(t.modes, sliced));
+  modes.insert(modes.end(), inter.begin(), inter.end());
+  std::vector<std::vector<Mode>> layout(modes.size());
+  auto bytes_of = [&](const std::vector<Mode>& ms) {
+    return static_cast<std::uint64_t>(net.size_of(ms)) * o.element_bytes;
+  };
+
+  // Backward pass: the root's layout is the output order; every step gives its operands
+  // [retained in C's order | reduced, ascending].
+  if (N == 1) {
+    layout[0] = net.output;
+  } else {
+    layout[modes.size() - 1] = net.output;
+    for (size_t s = p.ssa.size(); s-- > 0;) {
+      const int a = p.ssa[s].first, b = p.ssa[s].second;
+      const auto& C = layout[N + s];
+      const auto& A = modes[static_cast<size_t>(a)];
+      const auto& B = modes[static_cast<size_t>(b)];
+      std::vector<Mode> K;
+      for (Mode m : A)
+        if (contains(B, m) && !contains(C, m)) K.push_back(m);
+      std::sort(K.begin(), K.end());
+      for (int id : {a, b}) {
+        const auto& X = modes[static_cast<size_t>(id)];
+        std::vector<Mode> l;
+        for (Mode m : C)
+          if (contains(X, m)) l.push_back(m);
+        l.insert(l.end(), K.begin(), K.end());
+        layout[static_cast<size_t>(id)] = l;
+      }
+    }
+  }
+  for (size_t i = 0; i < N; ++i) {
+    plan.input_layouts.push_back(layout[i]);
+    if (layout[i] != without(net.tensors[i].modes, sliced)) ++plan.input_transposes;
+    plan.input_bytes += static_cast<std::uint64_t>(net.size_of(net.tensors[i].modes)) * o.element_bytes;
+  }
+
+  // GEMM mapping, memory plan, predictions.
+  Arena arena;
+  std::vector<std::uint64_t> offset(modes.size(), 0);
+  for (size_t s = 0; s < p.ssa.size(); ++s) {
+    PlanStep st;
+    st.a = p.ssa[s].first;
+    st.b = p.ssa[s].second;
+    st.c = static_cast<int>(N + s);
+    st.a_modes = layout[static_cast<size_t>(st.a)];
+    st.b_modes = layout[static_cast<size_t>(st.b)];
+    st.c_modes = layout[static_cast<size_t>(st.c)];
+    // Classify C's modes by origin and find the trailing [L-run | R-run] block.
+    auto origin = [&](Mode m) { return (contains(st.a_modes, m) ? 1 : 0) | (contains(st.b_modes, m) ? 2 : 0); };
+    const auto& C = st.c_modes;
+    size_t end = C.size(), r_begin = end, l_begin = end;
+    if (!C.empty() && origin(C.back()) != 3) {
+      const int r_origin = origin(C.back());
+      while (r_begin > 0 && origin(C[r_begin - 1]) == r_origin) --r_begin;
+      l_begin = r_begin;
+      const int l_origin = 3 - r_origin;
+      while (l_begin > 0 && origin(C[l_begin - 1]) == l_origin) --l_begin;
+      st.left_is_b = r_origin == 1;  // the trailing run comes from A: A is the right operand
+    }
+    for (size_t i = 0; i < l_begin; ++i) st.loop_modes.push_back(C[i]);
+    for (size_t i = l_begin; i < r_begin; ++i) st.m *= net.extent.at(C[i]);
+    for (size_t i = r_begin; i < end; ++i) st.n *= net.extent.at(C[i]);
+    for (Mode m : st.a_modes)
+      if (!contains(C, m)) st.k *= net.extent.at(m);
+    for (Mode m : st.loop_modes) st.loops *= net.extent.at(m);
+    st.a_bytes = bytes_of(st.a_modes);
+    st.b_bytes = bytes_of(st.b_modes);
+    st.c_bytes = bytes_of(st.c_modes);
+    // Memory: inputs are staged (gathered and permuted) into the arena for the step that uses them.
+    for (int id : {st.a, st.b})
+      if (id < static_cast<int>(N)) offset[static_cast<size_t>(id)] = arena.place(bytes_of(layout[static_cast<size_t>(id)]));
+    offset[static_cast<size_t>(st.c)] = arena.place(st.c_bytes);
+    st.a_offset = offset[static_cast<size_t>(st.a)];
+    st.b_offset = offset[static_cast<size_t>(st.b)];
+    st.c_offset = offset[static_cast<size_t>(st.c)];
+    st.live_bytes = arena.in_use();
+    arena.free(st.a_offset);
+    arena.free(st.b_offset);
+    const double mnk = static_cast<double>(st.m) * static_cast<double>(st.n) * static_cast<double>(st.k) *
+                       static_cast<double>(st.loops);
+    st.flops = (o.element_bytes >= 8 ? 8.0 : 2.0) * mnk;
+    st.predicted_seconds = std::max(static_cast<double>(st.a_bytes + st.b_bytes + st.c_bytes) / o.bandwidth,
+                                    st.flops / o.gemm_rate);
+    plan.predicted_seconds += st.predicted_seconds;
+    plan.steps.push_back(std::move(st));
+  }
+  if (N == 1) arena.place(bytes_of(layout[0]));
+  plan.arena_bytes = arena.peak();
+  return plan;
+}
+
+}  // namespace
+
+Plan make_plan(const Network& net, const Path& path, const PlanOptions& o) {
+  std::set<Mode> sliced(path.sliced.begin(), path.sliced.end());
+  const std::set<Mode> output(net.output.begin(), net.output.end());
+  for (Mode m : sliced)
+    if (output.count(m)) throw InputError(fmt::format("mode {} is an output mode and cannot be sliced", m));
+  Plan plan = build(net, path, sliced, o);
+  // Slice until one slice's arena fits: each time the closed mode of the largest intermediate
+  // that gives the fewest total flops.
+  while (plan.arena_bytes > o.budget_bytes) {
+    // Candidates: the closed modes of the largest intermediates (the eight largest steps).
+    std::set<Mode> candidates;
+    std::vector<const PlanStep*> by_size;
+    for (const auto& st : plan.steps) by_size.push_back(&st);
+    std::sort(by_size.begin(), by_size.end(), [](const PlanStep* x, const PlanStep* y) {
+      return x->c_bytes + x->a_bytes + x->b_bytes > y->c_bytes + y->a_bytes + y->b_bytes;
+    });
+    for (size_t i = 0; i < std::min<size_t>(8, by_size.size()); ++i)
+      for (const auto* modes : {&by_size[i]->a_modes, &by_size[i]->b_modes, &by_size[i]->c_modes})
+        for (Mode m : *modes)
+          if (!output.count(m) && !sliced.count(m)) candidates.insert(m);
+    if (candidates.empty())  // the largest intermediates hold only output modes: try any closed mode
+      for (const auto& [m, e] : net.extent)
+        if (!output.count(m) && !sliced.count(m) && e > 1) candidates.insert(m);
+    bool improved = false;
+    Plan best;
+    for (Mode m : candidates) {
+      auto trial = sliced;
+      trial.insert(m);
+      Plan t = build(net, path, trial, o);
+      if (t.arena_bytes >= plan.arena_bytes) continue;
+      if (!improved || t.cost.total_flops(true) < best.cost.total_flops(true) ||
+          (t.cost.total_flops(true) == best.cost.total_flops(true) && t.arena_bytes < best.arena_bytes)) {
+        best = std::move(t);
+        improved = true;
+      }
+    }
+    if (improved && static_cast<double>(best.slices) > o.max_slices)
+      throw InputError(fmt::format("fitting device memory budget {} would need {:.3g} slices (more than {:.3g}); expected "
+                                   "a larger budget or a path with smaller intermediates",
+                                   format_bytes(static_cast<double>(o.budget_bytes)), static_cast<double>(best.slices),
+                                   o.max_slices));
+    if (!improved)
+      throw InputError(fmt::format("device memory budget {} is too small even with slicing: one slice still needs {} "
+                                   "({} modes sliced); expected a larger budget or a better path",
+                                   format_bytes(static_cast<double>(o.budget_bytes)),
+                                   format_bytes(static_cast<double>(plan.arena_bytes)), sliced.size()));
+    sliced = std::set<Mode>(best.sliced.begin(), best.sliced.end());
+    plan = std::move(best);
+  }
+  return plan;
+}
+
+json Plan::to_json() const {
+  json steps_json = json::array();
+  for (const auto& s : steps)
+    steps_json.push_back({{"a", s.a}, {"b", s.b}, {"c", s.c}, {"a_modes", s.a_modes}, {"b_modes", s.b_modes},
+                          {"c_modes", s.c_modes}, {"left_is_b", s.left_is_b}, {"loop_modes", s.loop_modes},
+                          {"m", s.m}, {"n", s.n}, {"k", s.k}, {"loops", s.loops},
+                          {"offsets", {s.a_offset, s.b_offset, s.c_offset}},
+                          {"bytes", {s.a_bytes, s.b_bytes, s.c_bytes}}, {"flops", s.flops},
+                          {"predicted_seconds", s.predicted_seconds}, {"live_bytes", s.live_bytes}});
+  return {{"format", "qstage-plan-1"}, {"input_layouts", input_layouts}, {"input_transposes", input_transposes},
+          {"steps", steps_json}, {"sliced", sliced}, {"slices", slices}, {"output", output},
+          {"element_bytes", element_bytes}, {"arena_bytes", arena_bytes}, {"input_bytes", input_bytes},
+          {"bandwidth", bandwidth}, {"gemm_rate", gemm_rate}, {"predicted_seconds_per_slice", predicted_seconds},
+          {"cost", cost.to_json(element_bytes >= 8)}};
+}
+
+Plan Plan::from_json(const json& j) {
+  if (j.value("format", "") != "qstage-plan-1") throw InputError("not a qstage plan (format qstage-plan-1 expected)");
+  Plan p;
+  p.input_layouts = j.at("input_layouts").get<std::vector<std::vector<Mode>>>();
+  p.input_transposes = j.at("input_transposes").get<int>();
+  for (const auto& s : j.at("steps")) {
+    PlanStep st;
+    st.a = s.at("a");
+    st.b = s.at("b");
+    st.c = s.at("c");
+    st.a_modes = s.at("a_modes").get<std::vector<Mode>>();
+    st.b_modes = s.at("b_modes").get<std::vector<Mode>>();
+    st.c_modes = s.at("c_modes").get<std::vector<Mode>>();
+    st.left_is_b = s.at("left_is_b");
+    st.loop_modes = s.at("loop_modes").get<std::vector<Mode>>();
+    st.m = s.at("m");
+    st.n = s.at("n");
+    st.k = s.at("k");
+    st.loops = s.at("loops");
+    st.a_offset = s.at("offsets")[0];
+    st.b_offset = s.at("offsets")[1];
+    st.c_offset = s.at("offsets")[2];
+    st.a_bytes = s.at("bytes")[0];
+    st.b_bytes = s.at("bytes")[1];
+    st.c_bytes = s.at("bytes")[2];
+    st.flops = s.at("flops");
+    st.predicted_seconds = s.at("predicted_seconds");
+    st.live_bytes = s.at("live_bytes");
+    p.steps.push_back(std::move(st));
+  }
+  p.sliced = j.at("sliced").get<std::vector<Mode>>();
+  p.slices = j.at("slices");
+  p.output = j.at("output").get<std::vector<Mode>>();
+  p.element_bytes = j.at("element_bytes");
+  p.arena_bytes = j.at("arena_bytes");
+  p.input_bytes = j.at("input_bytes");
+  p.bandwidth = j.at("bandwidth");
+  p.gemm_rate = j.at("gemm_rate");
+  p.predicted_seconds = j.at("predicted_seconds_per_slice");
+  return p;
+}
+
+}  // namespace qstage::tn

@@ -1,0 +1,70 @@
+#pragma once
+// An executable contraction schedule (seed 000, section IV-A).
+//
+// Mode reordering: one backward pass from the root, whose order is the network's output order.
+// Each step rewrites its operands as [retained modes in the output's order | reduced modes], and
+// gives that layout to the producer of the operand. Every intermediate has exactly one consumer,
+// so no two layouts ever conflict. Every step is then a GEMM - or a batch of GEMMs over C's
+// leading modes - with no transposes between steps. Only input tensors are permuted (at load).
+//
+// GEMM mapping of a step with layouts A = [ret_A | K], B = [ret_B | K] and C: the trailing run of
+// C's modes that come from one operand (R) and the run before it from the other (L) form the
+// GEMM block C[L-run, R-run] = L[L-run, K] . R[R-run, K]^T. C's modes before the block are
+// loops: a batch of GEMMs (strided where the offsets are an arithmetic progression).
+//
+// Memory: every intermediate gets an offset in one device arena (first fit, by lifetime); the
+// arena's size is the plan's exact peak. Slicing fixes closed modes until the arena fits the
+// budget. Predicted time per step is seed 000's eq. 6: max(bytes / bandwidth, flops / rate).
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "stages/tn/network.hpp"
+#include "stages/tn/path.hpp"
+
+namespace qstage::tn {
+
+struct PlanStep {
+  int a = 0, b = 0, c = 0;                 // operand and result ids
+  std::vector<Mode> a_modes, b_modes, c_modes;  // layouts (row-major orders)
+  bool left_is_b = false;                  // the GEMM's left operand is B (C's block is [B-run | A-run])
+  std::vector<Mode> loop_modes;            // C's leading modes outside the GEMM block
+  std::int64_t m = 1, n = 1, k = 1, loops = 1;
+  bool strided = true;                     // the loop offsets form arithmetic progressions
+  std::uint64_t a_offset = 0, b_offset = 0, c_offset = 0;  // in the arena (bytes); inputs: their staging offset
+  std::uint64_t a_bytes = 0, b_bytes = 0, c_bytes = 0;
+  double flops = 0;                        // real flops (8 per complex multiply-add)
+  double predicted_seconds = 0;
+  std::uint64_t live_bytes = 0;            // arena bytes in use during this step
+};
+
+struct Plan {
+  std::vector<std::vector<Mode>> input_layouts;  // the order each input tensor is loaded in
+  int input_transposes = 0;                      // inputs whose planned order differs from the stored one
+  std::vector<PlanStep> steps;
+  std::vector<Mode> sliced;
+  std::int64_t slices = 1;
+  std::vector<Mode> output;                      // the result's modes (the network's output order)
+  std::uint64_t element_bytes = 8;               // complex64: 8, complex128: 16
+  std::uint64_t arena_bytes = 0;                 // device memory of one contraction (per slice)
+  std::uint64_t input_bytes = 0;                 // all input tensors (resident)
+  double bandwidth = 0, gemm_rate = 0;           // what the prediction used (bytes/s, flop/s)
+  double predicted_seconds = 0;                  // per slice
+  PathCost cost;
+
+  nlohmann::json to_json() const;
+  static Plan from_json(const nlohmann::json& j);
+};
+
+struct PlanOptions {
+  std::uint64_t element_bytes = 8;
+  std::uint64_t budget_bytes = ~std::uint64_t{0};  // for the arena of one slice
+  double bandwidth = 1e12, gemm_rate = 1e13;       // for eq. 6
+  double max_slices = 0x1p32;                      // refuse plans that would need more
+};
+
+// Plans `path` (its sliced modes, if any, are kept; more are added until the arena fits).
+// Throws InputError if even slicing every closed mode does not fit the budget.
+Plan make_plan(const Network& n, const Path& path, const PlanOptions& options);
+
+}  // namespace qstage::tn
