@@ -5,8 +5,28 @@
 #include "core/embedded.hpp"
 #include "stages/stage.hpp"
 #include "stages/tensor/tensor_stages.hpp"
+#include "stages/tn/tn_stages.hpp"
 
 namespace qstage::stages {
+
+namespace {
+class NoPass final : public engine::PassKernel {
+  void process(const engine::BatchView&) override {}
+};
+}  // namespace
+
+std::unique_ptr<engine::PassKernel> ComputedStage::make_kernel(const KernelContext&) const {
+  return std::make_unique<NoPass>();
+}
+
+StagePlan ComputedStage::computed_plan(std::vector<std::pair<std::string, DatasetInfo>> results) {
+  StagePlan plan;
+  plan.pass.rows = 0;
+  plan.primary_output = results.at(0).first;
+  plan.results = std::move(results);
+  return plan;
+}
+
 
 std::uint64_t DatasetInfo::row_bytes() const {
   std::uint64_t n = h5::dtype_size(dtype);
@@ -17,7 +37,8 @@ std::uint64_t DatasetInfo::row_bytes() const {
 const std::vector<const Stage*>& all_stages() {
   // An explicit list (not static self-registration) so nothing depends on link order.
   static const std::vector<const Stage*> stages = [] {
-    std::vector<const Stage*> v{&tensor_random(), &tensor_matmul(), &tensor_stats()};
+    std::vector<const Stage*> v{&tensor_random(), &tensor_matmul(), &tensor_stats(), &tn_build(),
+                                &tn_path(),       &tn_plan(),       &tn_contract(), &tn_statevector()};
     std::sort(v.begin(), v.end(), [](auto* a, auto* b) { return a->info().name < b->info().name; });
     return v;
   }();

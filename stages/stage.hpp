@@ -8,12 +8,14 @@
 // keeps resident. The framework then does everything else: opening inputs, batching, buffers,
 // transfers, checkpoints, resume, MPI distribution, output files and provenance. The stage's
 // kernel only computes one batch (docs/writing-a-stage.md).
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "backend/backend.hpp"
 #include "engine/pass.hpp"
 #include "io/h5.hpp"
 
@@ -45,6 +47,8 @@ struct StagePlan {
   engine::PassSpec pass;                     // inputs' dataset pointers are bound by the runner
   std::vector<std::string> streamed_inputs;  // slot name of each pass input, in order
   std::string primary_output;                // the dataset a later step gets when it names this step
+  // Datasets write_results makes (shape may be unknown, empty), so later steps can name them.
+  std::vector<std::pair<std::string, DatasetInfo>> results;
   double flops = 0;                          // arithmetic of the whole pass (0 if not meaningful)
   nlohmann::json summary = nlohmann::json::object();  // shown in the log and stored as provenance
 };
@@ -54,21 +58,32 @@ struct KernelContext {
   const nlohmann::json& params;
   const std::map<std::string, const h5::Dataset*>& inputs;
   const StagePlan& plan;
+  const std::map<std::string, std::filesystem::path>& files;  // file parameters, resolved (see file_parameters)
+  Backend* backend = nullptr;                                 // the run's backend (compute() may measure it)
 };
 
 // What a step produced besides its streamed outputs, handed to write_results on every rank.
 struct StepResults {
   engine::Reduction* reduction = nullptr;  // the folded partials (make_reduction), if any
   const std::string* computed = nullptr;   // compute()'s result, if the stage computes
+  const KernelContext* context = nullptr;  // parameters and opened inputs (to copy small data along)
 };
 
 class Stage {
  public:
   virtual ~Stage() = default;
   virtual const StageInfo& info() const = 0;
+  // JSON pointers of parameters that name files ("/circuit"): the runner resolves them against
+  // the spec's folder, refuses missing ones before anything runs, and puts their content hashes
+  // into the step key, so an edited file reruns the step.
+  virtual std::vector<std::string> file_parameters() const { return {}; }
   // Checks the parameters against the inputs and describes the pass. Throws InputError naming
   // the parameter or input that is wrong and what was expected.
   virtual StagePlan plan(const nlohmann::json& params, const std::map<std::string, DatasetInfo>& inputs) const = 0;
+  // Passes whose size depends on the content of inputs made by earlier steps (the number of
+  // bitstrings, of slices) complete their plan here, at run time, once the inputs exist. Throws
+  // InputError like plan().
+  virtual void refine_plan(StagePlan& plan, const KernelContext& ctx) const {}
   virtual std::unique_ptr<engine::PassKernel> make_kernel(const KernelContext& ctx) const = 0;
   virtual std::unique_ptr<engine::Reduction> make_reduction(const StagePlan& plan) const { return nullptr; }
   // Stages whose work is a host computation on small data (building a network, finding a path)
@@ -80,6 +95,17 @@ class Stage {
   virtual void write_results(const StagePlan& plan, const StepResults& results, h5::File& out) const {}
   // One line for the log, e.g. "norm 1.0e3, 0 non-finite".
   virtual std::string describe_results(const StagePlan& plan, const StepResults& results) const { return ""; }
+};
+
+// Base of stages whose work is compute() alone (building a network, finding a path): no pass.
+class ComputedStage : public Stage {
+ public:
+  bool computes() const final { return true; }
+  std::unique_ptr<engine::PassKernel> make_kernel(const KernelContext& ctx) const final;
+
+ protected:
+  // A plan with no rows whose later-step-visible datasets are `results`, the first primary.
+  static StagePlan computed_plan(std::vector<std::pair<std::string, DatasetInfo>> results);
 };
 
 // Every stage qstage knows, in name order.

@@ -97,6 +97,7 @@ class Backend {
   virtual std::unique_ptr<Stream> make_stream(bool with_blas = false) = 0;
   virtual void copy_to_device(void* dst, const void* src, std::size_t bytes, Stream& stream) = 0;
   virtual void copy_to_host(void* dst, const void* src, std::size_t bytes, Stream& stream) = 0;
+  virtual void copy_on_device(void* dst, const void* src, std::size_t bytes, Stream& stream) = 0;
   // Device memory a Stream made with_blas takes from the device budget (cuBLAS workspace on cuda).
   virtual std::uint64_t blas_stream_bytes() const { return 0; }
   // Makes this backend's device current on the calling thread (CUDA's current device is per thread).

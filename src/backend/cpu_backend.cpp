@@ -52,6 +52,7 @@ class CpuBackend final : public Backend {
   std::unique_ptr<Stream> make_stream(bool) override { return std::make_unique<CpuStream>(); }
   void copy_to_device(void* dst, const void* src, std::size_t bytes, Stream&) override { copy(dst, src, bytes); }
   void copy_to_host(void* dst, const void* src, std::size_t bytes, Stream&) override { copy(dst, src, bytes); }
+  void copy_on_device(void* dst, const void* src, std::size_t bytes, Stream&) override { copy(dst, src, bytes); }
 
  private:
   // Large copies in parallel pieces: one thread's memcpy reaches only a fraction of memory bandwidth.

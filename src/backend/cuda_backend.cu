@@ -106,6 +106,9 @@ class CudaBackend final : public Backend {
   void copy_to_device(void* dst, const void* src, std::size_t bytes, Stream& s) override {
     QSTAGE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, static_cast<cudaStream_t>(s.native())));
   }
+  void copy_on_device(void* dst, const void* src, std::size_t bytes, Stream& s) override {
+    QSTAGE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(s.native())));
+  }
   void copy_to_host(void* dst, const void* src, std::size_t bytes, Stream& s) override {
     QSTAGE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(s.native())));
   }

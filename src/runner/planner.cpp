@@ -65,6 +65,13 @@ ResolvedInput resolve(const spec::Workflow& wf, const spec::InputRef& ref, const
       return r;
     }
   }
+  for (const auto& [name, info] : producer->plan.results) {
+    names.push_back(name);
+    if (name == r.dataset) {
+      r.info = info;
+      return r;
+    }
+  }
   throw InputError(fmt::format("{}: {}: step '{}' ({}) has no output dataset '{}'; expected {}", wf.doc.where(ref.pointer),
                                spec::pointer_to_path(ref.pointer), ref.step, producer->step->stage,
                                r.dataset.empty() ? "(primary)" : r.dataset,

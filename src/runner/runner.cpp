@@ -15,6 +15,7 @@
 #include "core/units.hpp"
 #include "engine/stream_engine.hpp"
 #include "io/h5.hpp"
+#include "kernels/checksum.hpp"
 #include "runner/manifest.hpp"
 #include "runner/planner.hpp"
 #include "runner/progress.hpp"
@@ -176,7 +177,9 @@ class WorkflowRun {
       json entry;
       if (!in.ref.step.empty()) {
         const json* rec = m.find_step(in.ref.step);
-        const std::string sum = rec ? rec->value("checksums", json::object()).value(in.dataset, "") : "";
+        // A computed output (a network, a plan) is one thing: its whole content decides.
+        std::string sum = rec ? rec->value("content", "") : "";
+        if (sum.empty() && rec) sum = rec->value("checksums", json::object()).value(in.dataset, "");
         entry = {{"source", fmt::format("step {}:{}", in.ref.step, in.dataset)},
                  {"hash", hash_bytes(json{{"qsum64", sum}, {"dtype", h5::dtype_name(in.info.dtype)}, {"shape", in.info.shape}}.dump())}};
       } else {
@@ -185,6 +188,8 @@ class WorkflowRun {
       }
       out[slot] = entry;
     }
+    for (const auto& [pointer, file] : p.step->files)
+      out["file:" + pointer] = {{"source", file.string()}, {"hash", cached_file_hash(file, m)}};
     return out;
   }
 
@@ -292,10 +297,17 @@ class WorkflowRun {
     }
     std::map<std::string, const h5::Dataset*> by_slot;
     for (auto& [slot, d] : datasets) by_slot[slot] = &d;
+    const stages::KernelContext context{step.params, by_slot, p.plan, step.files, backend_.get()};
+    try {
+      step.impl->refine_plan(p.plan, context);
+    } catch (const InputError& e) {
+      record_failure(step.id);
+      throw InputError(fmt::format("step '{}' ({}): {}", step.id, step.stage, e.what()));
+    }
     engine::PassSpec pass = p.plan.pass;
     for (size_t i = 0; i < pass.inputs.size(); ++i) pass.inputs[i].dataset = by_slot.at(p.plan.streamed_inputs[i]);
 
-    auto kernel = step.impl->make_kernel({step.params, by_slot, p.plan});
+    auto kernel = step.impl->make_kernel(context);
     auto reduction = step.impl->make_reduction(p.plan);
     // Host computations run on rank 0 before the (empty) pass; every rank gets the result.
     std::string computed;
@@ -303,7 +315,7 @@ class WorkflowRun {
       std::string error;
       if (comm_.root()) {
         try {
-          computed = step.impl->compute({step.params, by_slot, p.plan});
+          computed = step.impl->compute(context);
         } catch (const InputError& e) {
           error = e.what();
         }
@@ -315,9 +327,10 @@ class WorkflowRun {
       }
       computed = comm_.broadcast(computed);
     }
-    const StepResults results{reduction.get(), step.impl->computes() ? &computed : nullptr};
+    const StepResults results{reduction.get(), step.impl->computes() ? &computed : nullptr, &context};
     engine::StepWork work(dir_.work(step.id), key, comm_);
     const std::string created = comm_.broadcast(utc_now());
+    json result_checksums = json::object();
 
     auto annotate = [&](h5::File& out, const engine::Journal& j) {
       const auto peaks = comm_.max({static_cast<std::int64_t>(backend_->device_budget().peak()),
@@ -342,6 +355,7 @@ class WorkflowRun {
       for (size_t o = 0; o < pass.outputs.size(); ++o)
         out.open_dataset(pass.outputs[o].name).set_attribute("qsum64", hex64(j.checksums[o]));
       step.impl->write_results(p.plan, results, out);
+      result_checksums = checksum_results(out);
     };
 
     std::unique_ptr<ProgressReporter> reporter;
@@ -399,7 +413,7 @@ class WorkflowRun {
                                       outcome.journal.committed_rows, pass.rows, dir_.root.string()));
     }
     if (comm_.root()) {
-      json sums = json::object();
+      json sums = result_checksums.value("datasets", json::object());
       for (size_t o = 0; o < pass.outputs.size(); ++o) sums[pass.outputs[o].name] = hex64(outcome.journal.checksums[o]);
       Manifest m = *Manifest::load(dir_.root);
       json& rec = m.step(step.id);
@@ -408,6 +422,8 @@ class WorkflowRun {
                   {"finished", utc_now()}, {"device", device_text_}, {"ranks", comm_.size()}, {"metrics", metrics},
                   {"rows_total", pass.rows}, {"results", step.impl->describe_results(p.plan, results)}});
       rec.erase("error");
+      if (result_checksums.contains("content")) rec["content"] = result_checksums["content"];
+      else rec.erase("content");
       m.save(dir_.root);
       work.remove();
       log_summary(step, metrics, results, p);
@@ -430,6 +446,31 @@ class WorkflowRun {
                  format_bytes(mt["planned_device_bytes"].get<double>()), format_bytes(mt["peak_host_bytes"].get<double>()));
     const std::string line = step.impl->describe_results(p.plan, results);
     if (!line.empty()) spdlog::info("step '{}' result: {}", step.id, line);
+  }
+
+  // qsum64 of every dataset the stage wrote itself (streamed ones already have theirs), and a
+  // content hash over all of them. Every rank computes the same (attributes are collective).
+  static json checksum_results(h5::File& out) {
+    json sums = json::object();
+    std::string all;
+    for (const auto& path : out.dataset_paths()) {
+      h5::Dataset d = out.open_dataset(path);
+      if (d.has_attribute("qsum64")) continue;
+      auto dtype = d.dtype();
+      if (!dtype) continue;
+      std::uint64_t elements = 1;
+      for (auto s : d.shape()) elements *= s;
+      std::vector<char> bytes(elements * h5::dtype_size(*dtype));
+      d.read_all(bytes.data());
+      std::uint64_t q = 0;
+      const unsigned word = h5::dtype_size(*dtype) % 4 == 0 ? 4 : 1;
+      kernels::checksum_cpu({bytes.data(), bytes.size(), word, 0, &q});
+      d.set_attribute("qsum64", hex64(q));
+      sums[path.substr(1)] = hex64(q);
+      all += path + ":" + hex64(q) + ";";
+    }
+    if (sums.empty()) return json::object();
+    return {{"datasets", sums}, {"content", hash_bytes(all)}};
   }
 
   void remove_leftovers(const std::string& id, const fs::path& output) {

@@ -88,6 +88,17 @@ Step parse_step(Workflow& wf, const json& v, size_t index) {
   const json params = v.value("params", json::object());
   require_valid(schema, wf.doc, params, ptr + "/params");
   step.params = with_defaults(schema, params);
+  for (const auto& pointer : step.impl->file_parameters()) {
+    const json::json_pointer ptr(pointer);
+    if (!step.params.contains(ptr) || !step.params[ptr].is_string()) continue;
+    fs::path file = step.params[ptr].get<std::string>();
+    if (!file.is_absolute()) file = fs::absolute(wf.base_dir / file).lexically_normal();
+    std::error_code ec;
+    if (!fs::is_regular_file(file, ec))
+      fail(wf.doc, step.pointer() + "/params" + pointer,
+           fmt::format("file '{}' does not exist; expected a readable file", file.string()));
+    step.files[pointer] = file;
+  }
 
   const json inputs = v.value("inputs", json::object());
   std::vector<std::string> slots;

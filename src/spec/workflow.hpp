@@ -29,6 +29,7 @@ struct Step {
   std::string id, stage, description;
   nlohmann::json params;  // schema-valid, with defaults filled in
   std::map<std::string, InputRef> inputs;
+  std::map<std::string, std::filesystem::path> files;  // file parameters (JSON pointer -> absolute path)
   const stages::Stage* impl = nullptr;
   std::string pointer() const { return "/steps/" + std::to_string(index); }
 };

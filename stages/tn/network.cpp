@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cstring>
 #include <set>
 
 #include "core/error.hpp"
@@ -169,6 +170,7 @@ Network expectation_network(const Circuit& c, const std::vector<std::pair<int, c
   n.qubits = c.qubits;
   std::vector<std::string> terms;
   for (auto [q, p] : pauli) terms.push_back(fmt::format("{}{}", p, q));
+  n.pauli = fmt::format("{}", fmt::join(terms, " "));
   n.description = fmt::format("<0|C^+ {} C|0> of {}, light cone: {} of {} gates on {} qubits", fmt::join(terms, " "),
                               c.source, kept.size(), c.gates.size(), cone.size());
   Wiring w{n, std::vector<Mode>(static_cast<size_t>(c.qubits), -1)};
@@ -241,6 +243,7 @@ Network network_from_json(const json& j, const std::string& what) {
     n.extent[m] = e.get<std::int64_t>();
   }
   for (auto& t : n.tensors) t.data.assign(static_cast<size_t>(n.size_of(t.modes)), 0.0);
+  for (const auto& [label, m] : ids) n.labels[m] = label;
   return n;
 }
 
@@ -281,18 +284,63 @@ void fill_random(Network& n, std::uint64_t seed) {
   }
 }
 
-// ------------------------------------------------------------------------------ HDF5
-void save_network(const Network& n, h5::File& file) {
+// ------------------------------------------------------------------------------ storage
+namespace {
+
+json network_meta(const Network& n) {
   json meta = n.to_json();
   meta["kind"] = n.kind;
   meta["qubits"] = n.qubits;
   meta["open_qubits"] = n.open_qubits;
   meta["description"] = n.description;
-  json projections = json::array();
-  for (size_t t = 0; t < n.tensors.size(); ++t)
+  meta["pauli"] = n.pauli;
+  json projections = json::array(), tags = json::array();
+  for (size_t t = 0; t < n.tensors.size(); ++t) {
     if (n.tensors[t].projects_qubit >= 0) projections.push_back({t, n.tensors[t].projects_qubit});
+    tags.push_back(n.tensors[t].tag);
+  }
   meta["projections"] = projections;
-  file.set_attribute("network", meta.dump());
+  meta["tags"] = tags;
+  json labels = json::object();
+  for (const auto& [m, l] : n.labels) labels[std::to_string(m)] = l;
+  meta["labels"] = labels;
+  return meta;
+}
+
+// Everything but the tensor data.
+Network network_from_meta(const json& meta) {
+  Network n;
+  n.kind = meta.value("kind", "generic");
+  n.qubits = meta.value("qubits", 0);
+  n.open_qubits = meta.value("open_qubits", std::vector<int>{});
+  n.description = meta.value("description", "");
+  n.pauli = meta.value("pauli", "");
+  n.output = meta.at("output").get<std::vector<Mode>>();
+  for (auto it = meta.at("size_dict").begin(); it != meta.at("size_dict").end(); ++it)
+    n.extent[std::stoll(it.key())] = it.value().get<std::int64_t>();
+  const json& inputs = meta.at("inputs");
+  const json tags = meta.value("tags", json::array());
+  for (size_t t = 0; t < inputs.size(); ++t) {
+    NetTensor T;
+    T.modes = inputs[t].get<std::vector<Mode>>();
+    if (t < tags.size()) T.tag = tags[t].get<std::string>();
+    T.data.resize(static_cast<size_t>(n.size_of(T.modes)));
+    n.tensors.push_back(std::move(T));
+  }
+  for (const auto& p : meta.value("projections", json::array()))
+    n.tensors.at(p[0].get<size_t>()).projects_qubit = p[1].get<int>();
+  const json labels = meta.value("labels", json::object());
+  for (auto it = labels.begin(); it != labels.end(); ++it) n.labels[std::stoll(it.key())] = it.value().get<std::string>();
+  return n;
+}
+
+std::string tensor_name(size_t t) { return fmt::format("/tensors/t{:06}", t); }
+
+}  // namespace
+
+void save_network(const Network& n, h5::File& file) {
+  const json meta = network_meta(n);
+  write_json_dataset(file, "network", meta);
   for (size_t t = 0; t < n.tensors.size(); ++t) {
     const auto& T = n.tensors[t];
     h5::Shape shape;
@@ -305,7 +353,7 @@ void save_network(const Network& n, h5::File& file) {
       chunk[0] = (chunk[0] + 1) / 2;
       bytes /= 2;
     }
-    h5::Dataset d = file.create_dataset(fmt::format("/tensors/t{:06}", t), {h5::DType::complex128, shape, chunk, false});
+    h5::Dataset d = file.create_dataset(tensor_name(t), {h5::DType::complex128, shape, chunk, false});
     d.write_all(T.data.data());
     d.set_attribute("modes", json(T.modes).dump());
     d.set_attribute("tag", T.tag);
@@ -313,31 +361,48 @@ void save_network(const Network& n, h5::File& file) {
 }
 
 Network load_network(const h5::File& file) {
-  if (!file.has_attribute("network"))
-    throw InputError(fmt::format("'{}' holds no tensor network (no 'network' attribute); expected a tn.build output",
+  if (!file.exists("/network"))
+    throw InputError(fmt::format("'{}' holds no tensor network (no /network dataset); expected a tn.build output",
                                  file.path().string()));
-  const json meta = json::parse(file.string_attribute("network"));
-  Network n;
-  n.kind = meta.value("kind", "generic");
-  n.qubits = meta.value("qubits", 0);
-  n.open_qubits = meta.value("open_qubits", std::vector<int>{});
-  n.description = meta.value("description", "");
-  n.output = meta.at("output").get<std::vector<Mode>>();
-  for (auto it = meta.at("size_dict").begin(); it != meta.at("size_dict").end(); ++it)
-    n.extent[std::stoll(it.key())] = it.value().get<std::int64_t>();
-  const auto& inputs = meta.at("inputs");
-  for (size_t t = 0; t < inputs.size(); ++t) {
-    NetTensor T;
-    T.modes = inputs[t].get<std::vector<Mode>>();
-    h5::Dataset d = file.open_dataset(fmt::format("/tensors/t{:06}", t));
-    T.data.resize(static_cast<size_t>(n.size_of(T.modes)));
-    d.read_all(T.data.data());
-    T.tag = d.has_attribute("tag") ? d.string_attribute("tag") : "";
-    n.tensors.push_back(std::move(T));
-  }
-  for (const auto& p : meta.value("projections", json::array()))
-    n.tensors.at(p[0].get<size_t>()).projects_qubit = p[1].get<int>();
+  Network n = network_from_meta(read_json_dataset(file, "network"));
+  for (size_t t = 0; t < n.tensors.size(); ++t) file.open_dataset(tensor_name(t)).read_all(n.tensors[t].data.data());
   return n;
+}
+
+std::string serialize_network(const Network& n) {
+  const std::string meta = network_meta(n).dump();
+  std::string out(8, '\0');
+  const std::uint64_t len = meta.size();
+  std::memcpy(out.data(), &len, 8);
+  out += meta;
+  for (const auto& t : n.tensors) out.append(reinterpret_cast<const char*>(t.data.data()), t.data.size() * sizeof(cd));
+  return out;
+}
+
+Network deserialize_network(const std::string& bytes) {
+  std::uint64_t len = 0;
+  std::memcpy(&len, bytes.data(), 8);
+  Network n = network_from_meta(json::parse(bytes.substr(8, len)));
+  size_t at = 8 + len;
+  for (auto& t : n.tensors) {
+    std::memcpy(t.data.data(), bytes.data() + at, t.data.size() * sizeof(cd));
+    at += t.data.size() * sizeof(cd);
+  }
+  return n;
+}
+
+void write_json_dataset(h5::File& file, const std::string& name, const json& j) {
+  const std::string text = j.dump();
+  h5::Dataset d = file.create_dataset(name, {h5::DType::uint8, {text.size()}, {}, false});
+  d.write_all(text.data());
+  d.set_attribute("format", "JSON text as bytes: json.loads(bytes(f[name][()]))");
+}
+
+json read_json_dataset(const h5::File& file, const std::string& name) {
+  h5::Dataset d = file.open_dataset(name);
+  std::string text(d.shape().at(0), '\0');
+  d.read_all(text.data());
+  return json::parse(text);
 }
 
 }  // namespace qstage::tn

@@ -35,6 +35,8 @@ struct Network {
   std::string kind = "generic";         // "amplitude", "expectation" or "generic"
   int qubits = 0;                       // circuits: the qubit count
   std::vector<int> open_qubits;         // amplitude networks: qubits left open (output modes, in order)
+  std::string pauli;                    // expectation networks: the Pauli string, e.g. "Z0 Z3"
+  std::map<Mode, std::string> labels;   // generic networks: the original labels (for imported sliced modes)
   std::string description;
 
   std::int64_t size_of(const std::vector<Mode>& modes) const;
@@ -75,5 +77,14 @@ void set_bitstring(Network& n, const std::vector<std::uint8_t>& bitstring);
 // attributes "modes" (JSON list) and "tag". Rank-0 tensors are stored with shape [1].
 void save_network(const Network& n, h5::File& file);
 Network load_network(const h5::File& file);
+
+// A network as bytes (for handing a computed network to every rank): meta JSON + tensor data.
+std::string serialize_network(const Network& n);
+Network deserialize_network(const std::string& bytes);
+
+// JSON stored as a uint8 dataset (h5py: bytes(f[name][()]).decode()), for the computed outputs
+// other steps name (network, path, plan).
+void write_json_dataset(h5::File& file, const std::string& name, const nlohmann::json& j);
+nlohmann::json read_json_dataset(const h5::File& file, const std::string& name);
 
 }  // namespace qstage::tn

@@ -1,0 +1,139 @@
+// tn.build: a circuit (qsim, OpenQASM 2.0, or a seeded generator) or a generic network (cotengra's
+// JSON layout, or an einsum expression) into a tensor network in HDF5.
+#include <fmt/format.h>
+
+#include "core/error.hpp"
+#include "core/fsutil.hpp"
+#include "stages/tn/network.hpp"
+#include "stages/tn/sources.hpp"
+#include "stages/tn/tn_stages.hpp"
+
+namespace qstage::stages {
+namespace {
+
+using nlohmann::json;
+
+tn::Network generic_network(const json& p, const tn::Files& files) {
+  tn::Network net;
+  if (p.contains("einsum")) {
+    const json& e = p["einsum"];
+    net = tn::network_from_einsum(e.at("expression").get<std::string>(), e.at("sizes").get<std::map<std::string, std::int64_t>>(),
+                                  "params.einsum");
+    tn::fill_random(net, e.value("seed", std::uint64_t{0}));
+  } else {
+    const auto path = files.at("/network");
+    json j;
+    try {
+      j = json::parse(fsutil::read_file(path));
+    } catch (const json::exception& e) {
+      throw InputError(fmt::format("params.network: '{}' is not valid JSON: {}", path.string(), e.what()));
+    }
+    net = tn::network_from_json(j, path.string());
+    if (files.count("/tensors")) {  // data: datasets /t0, /t1, ... in an HDF5 file
+      const auto data = files.at("/tensors");
+      h5::File f = h5::File::open(data, h5::Mode::read_only);
+      for (size_t t = 0; t < net.tensors.size(); ++t) {
+        const std::string name = fmt::format("/t{}", t);
+        if (!f.exists(name))
+          throw InputError(fmt::format("params.tensors: '{}' has no dataset '{}'; expected /t0 .. /t{}", data.string(),
+                                       name, net.tensors.size() - 1));
+        h5::Dataset d = f.open_dataset(name);
+        std::uint64_t elements = 1;
+        for (auto s : d.shape()) elements *= s;
+        if (elements != net.tensors[t].data.size() || (d.dtype() != h5::DType::complex128 && d.dtype() != h5::DType::complex64 &&
+                                                        d.dtype() != h5::DType::float64 && d.dtype() != h5::DType::float32))
+          throw InputError(fmt::format("params.tensors: '{}' dataset '{}' has {} {} values; expected {} values (float or "
+                                       "complex)", data.string(), name, elements, d.type_description(),
+                                       net.tensors[t].data.size()));
+        const auto dtype = *d.dtype();
+        if (dtype == h5::DType::complex128) {
+          d.read_all(net.tensors[t].data.data());
+        } else {
+          std::vector<char> raw(elements * h5::dtype_size(dtype));
+          d.read_all(raw.data());
+          for (std::uint64_t e = 0; e < elements; ++e) {
+            auto& v = net.tensors[t].data[e];
+            if (dtype == h5::DType::complex64) v = reinterpret_cast<std::complex<float>*>(raw.data())[e];
+            else if (dtype == h5::DType::float64) v = reinterpret_cast<double*>(raw.data())[e];
+            else v = reinterpret_cast<float*>(raw.data())[e];
+          }
+        }
+      }
+    } else {
+      tn::fill_random(net, p.value("seed", std::uint64_t{0}));
+    }
+  }
+  return net;
+}
+
+class BuildStage final : public ComputedStage {
+ public:
+  const StageInfo& info() const override {
+    static const StageInfo info{
+        "tn.build", 1,
+        "a tensor network from a circuit (qsim, OpenQASM 2.0, random or QAOA) or a generic network (JSON, einsum)",
+        {},
+        "- id: net\n  stage: tn.build\n  params:\n    random: {rows: 4, cols: 5, cycles: 12, seed: 1}\n"
+        "    random_bitstrings: {count: 4, seed: 2}\n"};
+    return info;
+  }
+  std::vector<std::string> file_parameters() const override {
+    auto f = tn::source_file_parameters();
+    f.push_back("/network");
+    f.push_back("/tensors");
+    return f;
+  }
+  StagePlan plan(const json& p, const std::map<std::string, DatasetInfo>&) const override {
+    const int sources = tn::has_circuit_source(p) + p.contains("network") + p.contains("einsum");
+    if (sources != 1)
+      throw InputError(fmt::format("{} sources given; expected exactly one of circuit, random, qaoa, network or einsum",
+                                   sources));
+    return computed_plan({{"network", {h5::DType::uint8, {}, {}}}, {"bitstrings", {h5::DType::uint8, {}, {}}}});
+  }
+  std::string compute(const KernelContext& ctx) const override {
+    const json& p = ctx.params;
+    tn::Network net;
+    json extra = json::object();
+    if (tn::has_circuit_source(p)) {
+      const tn::Circuit c = tn::circuit_from_params(p, ctx.files);
+      extra["circuit"] = {{"source", c.source}, {"qubits", c.qubits}, {"gates", c.gates.size()}};
+      if (auto pauli = tn::pauli_from_params(p, c.qubits)) {
+        net = tn::expectation_network(c, *pauli);
+      } else {
+        net = tn::amplitude_network(c, tn::open_qubits_from_params(p, c.qubits));
+        extra["bitstrings"] = tn::bitstrings_from_params(p, ctx.files, c.qubits);
+      }
+    } else {
+      net = generic_network(p, ctx.files);
+    }
+    net.validate("the built network");
+    return extra.dump() + '\n' + tn::serialize_network(net);
+  }
+  void write_results(const StagePlan&, const StepResults& r, h5::File& out) const override {
+    const auto newline = r.computed->find('\n');
+    const json extra = json::parse(r.computed->substr(0, newline));
+    const tn::Network net = tn::deserialize_network(r.computed->substr(newline + 1));
+    tn::save_network(net, out);
+    if (extra.contains("bitstrings"))
+      tn::write_bitstrings(out, extra["bitstrings"].get<std::vector<std::vector<std::uint8_t>>>(), net.qubits);
+    out.set_attribute("network_kind", net.kind);
+    out.set_attribute("network_description", net.description);
+    out.set_attribute("tensors", static_cast<std::int64_t>(net.tensors.size()));
+    if (extra.contains("circuit")) out.set_attribute("circuit", extra["circuit"].dump());
+  }
+  std::string describe_results(const StagePlan&, const StepResults& r) const override {
+    const auto newline = r.computed->find('\n');
+    const tn::Network net = tn::deserialize_network(r.computed->substr(newline + 1));
+    return fmt::format("{} network: {} tensors, {} modes, {} open", net.kind, net.tensors.size(), net.extent.size(),
+                       net.output.size());
+  }
+};
+
+}  // namespace
+
+const Stage& tn_build() {
+  static const BuildStage stage;
+  return stage;
+}
+
+}  // namespace qstage::stages

@@ -1,0 +1,231 @@
+// tn.contract: executes a plan. Work items (rows of the pass) are (bitstring, slice) pairs; each
+// is one contraction into the arena the plan laid out. Results are summed over slices in row
+// order on rank 0 (complex128), so the answer is the same for any rank count, and completed
+// slices are checkpointed like any other batch.
+#include <fmt/format.h>
+
+#include <cmath>
+#include <complex>
+#include <cstring>
+
+#include "core/error.hpp"
+#include "stages/tn/contractor.hpp"
+#include "stages/tn/network.hpp"
+#include "stages/tn/plan.hpp"
+#include "stages/tn/sources.hpp"
+#include "stages/tn/tn_stages.hpp"
+
+namespace qstage::stages {
+namespace {
+
+using nlohmann::json;
+using cd = std::complex<double>;
+
+struct Loaded {
+  tn::Network net;
+  tn::Plan plan;
+  std::vector<std::vector<std::uint8_t>> bitstrings;  // amplitude networks (else one empty)
+};
+
+Loaded load(const KernelContext& ctx) {
+  Loaded l;
+  h5::File nf = h5::File::open(ctx.inputs.at("network")->where().file, h5::Mode::read_only);
+  l.net = tn::load_network(nf);
+  h5::File pf = h5::File::open(ctx.inputs.at("plan")->where().file, h5::Mode::read_only);
+  l.plan = tn::Plan::from_json(tn::read_json_dataset(pf, "plan"));
+  if (l.plan.input_layouts.size() != l.net.tensors.size())
+    throw InputError(fmt::format("the plan has {} input tensors and the network {}; expected a plan of this network",
+                                 l.plan.input_layouts.size(), l.net.tensors.size()));
+  if (l.net.kind == "amplitude") l.bitstrings = tn::read_bitstrings(nf);
+  if (l.bitstrings.empty()) l.bitstrings.emplace_back();
+  return l;
+}
+
+h5::DType dtype_of_plan(const tn::Plan& p) { return p.element_bytes == 16 ? h5::DType::complex128 : h5::DType::complex64; }
+
+class ContractKernel final : public engine::PassKernel {
+ public:
+  ContractKernel(Loaded loaded, bool tf32)
+      : l_(std::move(loaded)), contractor_(l_.net, l_.plan, dtype_of_plan(l_.plan), tf32) {}
+  void prepare(Backend& backend, Stream& stream) override {
+    backend_ = &backend;
+    contractor_.upload(backend, stream);
+  }
+  void process(const engine::BatchView& b) override {
+    const auto S = static_cast<std::uint64_t>(l_.plan.slices);
+    char* partial = static_cast<char*>(b.partials);
+    for (std::uint64_t r = b.rows.begin; r < b.rows.end; ++r) {
+      // The first item of each run is timed step by step (synchronizing); the others run freely.
+      const bool timed = !timed_once_;
+      timed_once_ = true;
+      std::vector<double> seconds(l_.plan.steps.size(), -1.0);
+      contractor_.contract(*b.stream, r % S, l_.bitstrings.at(r / S), b.scratch, partial, timed ? &seconds : nullptr);
+      const std::uint64_t result_bytes = contractor_.result_elements() * contractor_.element_bytes();
+      if (!seconds.empty()) {
+        backend_->copy_to_device(partial + result_bytes, seconds.data(), seconds.size() * sizeof(double), *b.stream);
+        b.stream->synchronize();  // `seconds` is pageable and about to go
+      }
+      partial += result_bytes + seconds.size() * sizeof(double);
+    }
+  }
+
+ private:
+  Loaded l_;
+  tn::Contractor contractor_;
+  Backend* backend_ = nullptr;
+  bool timed_once_ = false;
+};
+
+// Sums each bitstring's slices (complex128) and the measured step times, in row order.
+class ContractReduction final : public engine::Reduction {
+ public:
+  ContractReduction(std::uint64_t bitstrings, std::uint64_t slices, std::uint64_t elements, std::uint64_t steps, bool single)
+      : slices_(slices), elements_(elements), steps_(steps), single_(single), acc_(bitstrings * elements, 0.0),
+        seconds_(steps, 0.0) {}
+  void fold(const std::byte* p) override {
+    const std::uint64_t b = rows_ / slices_;
+    for (std::uint64_t i = 0; i < elements_; ++i) {
+      cd v;
+      if (single_) {
+        std::complex<float> f;
+        std::memcpy(&f, p + i * sizeof f, sizeof f);
+        v = f;
+      } else {
+        std::memcpy(&v, p + i * sizeof v, sizeof v);
+      }
+      acc_[b * elements_ + i] += v;
+    }
+    const std::byte* t = p + elements_ * (single_ ? 8 : 16);
+    double first;
+    std::memcpy(&first, t, sizeof first);
+    if (steps_ && first >= 0) {
+      for (std::uint64_t s = 0; s < steps_; ++s) {
+        double x;
+        std::memcpy(&x, t + s * sizeof x, sizeof x);
+        seconds_[s] += x;
+      }
+      ++timed_;
+    }
+    ++rows_;
+  }
+  std::string save() const override {
+    std::string s;
+    auto put = [&](const void* d, size_t n) { s.append(static_cast<const char*>(d), n); };
+    put(&rows_, 8);
+    put(&timed_, 8);
+    put(acc_.data(), acc_.size() * sizeof(cd));
+    put(seconds_.data(), seconds_.size() * sizeof(double));
+    return s;
+  }
+  void load(const std::string& s) override {
+    size_t at = 0;
+    auto get = [&](void* d, size_t n) {
+      std::memcpy(d, s.data() + at, n);
+      at += n;
+    };
+    get(&rows_, 8);
+    get(&timed_, 8);
+    get(acc_.data(), acc_.size() * sizeof(cd));
+    get(seconds_.data(), seconds_.size() * sizeof(double));
+  }
+  const std::vector<cd>& result() const { return acc_; }
+  std::vector<double> mean_seconds() const {
+    std::vector<double> m(seconds_.size(), std::nan(""));
+    if (timed_)
+      for (size_t s = 0; s < m.size(); ++s) m[s] = seconds_[s] / static_cast<double>(timed_);
+    return m;
+  }
+
+ private:
+  std::uint64_t slices_, elements_, steps_;
+  bool single_;
+  std::vector<cd> acc_;
+  std::vector<double> seconds_;
+  std::uint64_t rows_ = 0, timed_ = 0;
+};
+
+class ContractStage final : public Stage {
+ public:
+  const StageInfo& info() const override {
+    static const StageInfo info{
+        "tn.contract", 1,
+        "contracts a planned network: amplitudes (per bitstring) or the network's value, slices summed in a fixed order",
+        {{"network", "a tn.build output"}, {"plan", "a tn.plan output of that network"}},
+        "- id: amps\n  stage: tn.contract\n  inputs: {network: net, plan: plan}\n"};
+    return info;
+  }
+  StagePlan plan(const json&, const std::map<std::string, DatasetInfo>&) const override {
+    StagePlan plan;  // rows and sizes come from the inputs' content: refine_plan
+    plan.pass.rows = 0;
+    plan.primary_output = "amplitudes";
+    plan.results = {{"amplitudes", {h5::DType::complex128, {}, {}}}, {"value", {h5::DType::complex128, {}, {}}}};
+    return plan;
+  }
+  void refine_plan(StagePlan& plan, const KernelContext& ctx) const override {
+    const Loaded l = load(ctx);
+    const auto dtype = dtype_of_plan(l.plan);
+    const tn::Contractor c(l.net, l.plan, dtype, false);
+    const std::uint64_t B = l.bitstrings.size(), S = static_cast<std::uint64_t>(l.plan.slices);
+    auto& pass = plan.pass;
+    pass.rows = B * S;
+    pass.tile_rows = 1;
+    pass.batches.clear();
+    for (std::uint64_t r = 0; r < pass.rows; ++r) pass.batches.push_back({r, r + 1});
+    pass.tile_partial_bytes = c.result_elements() * c.element_bytes() + l.plan.steps.size() * sizeof(double);
+    pass.scratch_device_bytes_per_row = std::max<std::uint64_t>(l.plan.arena_bytes, 1);
+    pass.resident_device_bytes = c.resident_bytes();
+    pass.uses_blas = true;
+    plan.flops = l.plan.cost.multiply_adds * 8.0 * static_cast<double>(S) * static_cast<double>(B);
+    plan.summary = {{"bitstrings", B}, {"slices", S}, {"result_elements", c.result_elements()},
+                    {"steps", l.plan.steps.size()}, {"precision", h5::dtype_name(dtype)}, {"kind", l.net.kind},
+                    {"tf32", ctx.params.at("tf32").get<bool>()}};
+  }
+  std::unique_ptr<engine::PassKernel> make_kernel(const KernelContext& ctx) const override {
+    return std::make_unique<ContractKernel>(load(ctx), ctx.params.at("tf32").get<bool>());
+  }
+  std::unique_ptr<engine::Reduction> make_reduction(const StagePlan& plan) const override {
+    const auto& s = plan.summary;
+    return std::make_unique<ContractReduction>(s.at("bitstrings"), s.at("slices"), s.at("result_elements"), s.at("steps"),
+                                               s.at("precision") == "complex64");
+  }
+  void write_results(const StagePlan& plan, const StepResults& r, h5::File& out) const override {
+    const auto& red = static_cast<ContractReduction&>(*r.reduction);
+    const auto& s = plan.summary;
+    const std::uint64_t B = s.at("bitstrings"), R = s.at("result_elements");
+    const std::string name = s.at("kind") == "amplitude" ? "amplitudes" : "value";
+    h5::Shape shape = R == 1 ? h5::Shape{B} : h5::Shape{B, R};
+    if (name == "value") shape = {R};
+    h5::Dataset d = out.create_dataset(name, {h5::DType::complex128, shape, {}, false});
+    d.write_all(red.result().data());
+    if (s.at("kind") == "generic") {
+      d.set_attribute("description", "the contracted network: its output modes in order, flattened row-major");
+    } else {  // circuits: the layout tn.statevector writes too
+      const Loaded l = load(*r.context);
+      tn::write_result_layout(out, l.bitstrings, l.net.qubits, l.net.open_qubits, l.net.pauli, s.at("precision"));
+    }
+    const auto seconds = red.mean_seconds();
+    h5::Dataset t = out.create_dataset("step_seconds", {h5::DType::float64, {seconds.size()}, {}, false});
+    if (!seconds.empty()) t.write_all(seconds.data());
+    t.set_attribute("description", "measured seconds of each plan step (mean over the timed work items), to set "
+                                   "beside the plan's steps/predicted_seconds");
+    out.set_attribute("slices", static_cast<std::int64_t>(s.at("slices").get<std::uint64_t>()));
+    if (s.at("kind") == "generic") out.set_attribute("precision", s.at("precision").get<std::string>());
+    out.set_attribute("tf32", static_cast<std::int64_t>(s.at("tf32").get<bool>()));
+  }
+  std::string describe_results(const StagePlan& plan, const StepResults& r) const override {
+    const auto& red = static_cast<ContractReduction&>(*r.reduction);
+    const auto& v = red.result();
+    if (v.empty()) return "";
+    return fmt::format("{} value(s) over {} slice(s); first ({:.9g}{:+.9g}i)", v.size(),
+                       plan.summary.at("slices").get<std::uint64_t>(), v[0].real(), v[0].imag());
+  }
+};
+
+}  // namespace
+
+const Stage& tn_contract() {
+  static const ContractStage stage;
+  return stage;
+}
+
+}  // namespace qstage::stages

@@ -1,0 +1,133 @@
+// tn.path: a contraction path for a network - greedy with randomized restarts under a cap on the
+// largest intermediate, or imported from opt_einsum (linear or SSA) or cotengra (path + sliced).
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "core/error.hpp"
+#include "core/fsutil.hpp"
+#include "core/units.hpp"
+#include "stages/tn/network.hpp"
+#include "stages/tn/path.hpp"
+#include "stages/tn/sources.hpp"
+#include "stages/tn/tn_stages.hpp"
+
+namespace qstage::stages {
+namespace {
+
+using nlohmann::json;
+
+tn::Network open_network(const KernelContext& ctx) {
+  h5::File f = h5::File::open(ctx.inputs.at("network")->where().file, h5::Mode::read_only);
+  return tn::load_network(f);
+}
+
+tn::Path imported(const json& p, const tn::Files& files, const tn::Network& net) {
+  const auto path = files.at("/import");
+  json j;
+  try {
+    j = json::parse(fsutil::read_file(path));
+  } catch (const json::exception& e) {
+    throw InputError(fmt::format("params.import: '{}' is not valid JSON: {}", path.string(), e.what()));
+  }
+  const std::string format = p.value("format", "linear");
+  const json steps = j.is_object() ? j.value("path", json()) : j;
+  tn::Path out = format == "ssa" ? tn::path_from_ssa(steps, net.tensors.size(), path.string())
+                                 : tn::path_from_linear(steps, net.tensors.size(), path.string());
+  if (j.is_object() && j.contains("sliced")) {  // cotengra: sliced indices by their labels
+    for (const auto& label : j["sliced"]) {
+      const std::string l = label.is_string() ? label.get<std::string>() : label.dump();
+      bool found = false;
+      for (const auto& [m, name] : net.labels)
+        if (name == l) {
+          out.sliced.push_back(m);
+          found = true;
+        }
+      if (!found && net.labels.empty() && !label.is_string()) {
+        out.sliced.push_back(label.get<tn::Mode>());
+        found = true;
+      }
+      if (!found) throw InputError(fmt::format("params.import: sliced index '{}' is not a label of the network", l));
+    }
+  }
+  return out;
+}
+
+class PathStage final : public ComputedStage {
+ public:
+  const StageInfo& info() const override {
+    static const StageInfo info{
+        "tn.path", 1,
+        "a contraction path: greedy with randomized restarts under a cap on the largest intermediate, or imported",
+        {{"network", "a tn.build output"}},
+        "- id: path\n  stage: tn.path\n  inputs: {network: net}\n  params: {max_seconds: 5, max_intermediate: 1GiB}\n"};
+    return info;
+  }
+  std::vector<std::string> file_parameters() const override { return {"/import"}; }
+  StagePlan plan(const json&, const std::map<std::string, DatasetInfo>&) const override {
+    return computed_plan({{"path", {h5::DType::int64, {}, {}}}});
+  }
+  std::string compute(const KernelContext& ctx) const override {
+    const json& p = ctx.params;
+    const tn::Network net = open_network(ctx);
+    const bool complex = true;
+    const std::uint64_t element = p.at("precision") == "complex128" ? 16 : 8;
+    json result;
+    tn::Path path;
+    if (p.contains("import")) {
+      path = imported(p, ctx.files, net);
+      result["method"] = fmt::format("imported {} path from {}", p.value("format", "linear"), ctx.files.at("/import").string());
+    } else {
+      tn::GreedyOptions o;
+      o.max_seconds = p.at("max_seconds").get<double>();
+      o.max_tries = p.at("max_tries").get<int>();
+      o.seed = p.at("seed").get<std::uint64_t>();
+      if (p.contains("max_intermediate"))
+        o.cap_elements = static_cast<double>(parse_size(p["max_intermediate"].get<std::string>(), "params.max_intermediate")) /
+                         static_cast<double>(element);
+      tn::GreedyReport report;
+      path = tn::greedy_path(net, o, &report);
+      result["method"] = "greedy with randomized restarts";
+      result["tries"] = report.tries;
+      result["seconds"] = report.seconds;
+      result["within_cap"] = report.within_cap;
+    }
+    const auto cost = tn::path_cost(net, path);  // also checks that the path fits the network
+    result["ssa"] = path.ssa;
+    result["sliced"] = path.sliced;
+    result["cost"] = cost.to_json(complex);
+    return result.dump();
+  }
+  void write_results(const StagePlan&, const StepResults& r, h5::File& out) const override {
+    const json j = json::parse(*r.computed);
+    const auto ssa = j["ssa"].get<std::vector<std::pair<int, int>>>();
+    std::vector<std::int64_t> flat;
+    for (auto [a, b] : ssa) flat.insert(flat.end(), {a, b});
+    h5::Dataset d = out.create_dataset("path", {h5::DType::int64, {ssa.size(), 2}, {}, false});
+    if (!flat.empty()) d.write_all(flat.data());
+    d.set_attribute("description", "SSA path: step s contracts ids (row[0], row[1]) into id N+s; inputs are 0..N-1");
+    const auto sliced = j["sliced"].get<std::vector<std::int64_t>>();
+    h5::Dataset s = out.create_dataset("sliced", {h5::DType::int64, {sliced.size()}, {}, false});
+    if (!sliced.empty()) s.write_all(sliced.data());
+    out.set_attribute("cost", j["cost"].dump());
+    out.set_attribute("method", j["method"].get<std::string>());
+    for (const char* key : {"C_t_multiply_adds", "C_s_elements", "C_m_elements", "flops_total"})
+      out.set_attribute(key, j["cost"][key].get<double>());
+  }
+  std::string describe_results(const StagePlan&, const StepResults& r) const override {
+    const json j = json::parse(*r.computed);
+    return fmt::format("{}: log10 C_t {:.2f}, log2 C_s {:.1f}, {:.3g} flops ({}){}", j["method"].get<std::string>(),
+                       j["cost"]["log10_C_t"].get<double>(), j["cost"]["log2_C_s"].get<double>(),
+                       j["cost"]["flops_total"].get<double>(), j["cost"]["flop_convention"].get<std::string>(),
+                       j.contains("tries") ? fmt::format(", {} tries in {:.1f}s", j["tries"].get<int>(), j["seconds"].get<double>()) : "");
+  }
+};
+
+}  // namespace
+
+const Stage& tn_path() {
+  static const PathStage stage;
+  return stage;
+}
+
+}  // namespace qstage::stages

@@ -1,0 +1,177 @@
+// tn.plan: a path made executable - GEMM-ready layouts (seed 000's backward lifetime pass),
+// slicing to fit one contraction's arena in the device budget, the memory plan, and predicted
+// times from the bandwidth and GEMM rate measured on the device at hand (eq. 6).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+
+#include "core/error.hpp"
+#include "core/units.hpp"
+#include "kernels/gemm.hpp"
+#include "kernels/random.hpp"
+#include "stages/tn/network.hpp"
+#include "stages/tn/plan.hpp"
+#include "stages/tn/tn_stages.hpp"
+
+namespace qstage::stages {
+namespace {
+
+using nlohmann::json;
+
+double median_seconds(const std::function<void()>& f) {
+  f();  // warm up
+  std::vector<double> t;
+  for (int i = 0; i < 5; ++i) {
+    const auto s = std::chrono::steady_clock::now();
+    f();
+    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - s).count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[2];
+}
+
+// Device bandwidth (bytes read + written per second) and GEMM rate, measured now with buffers
+// that fit what is left of the device budget (at most 64 MiB per copy buffer, n = 2048 GEMMs on
+// cuda). Small buffers understate a GPU's rates; the prediction is a guide, not a promise.
+std::pair<double, double> measure(Backend& be, h5::DType dtype) {
+  const std::uint64_t free_bytes = be.device_budget().limit() - be.device_budget().in_use();
+  const std::size_t copy_bytes = std::min<std::uint64_t>(64u << 20, free_bytes / 2) & ~std::uint64_t{255};
+  const std::size_t e = h5::dtype_size(dtype);
+  std::int64_t n = be.kind() == BackendKind::cuda ? 2048 : 512;
+  while (n > 64 && static_cast<std::uint64_t>(3 * n * n) * e > free_bytes) n /= 2;
+  if (copy_bytes < 4096 || static_cast<std::uint64_t>(3 * n * n) * e > free_bytes)
+    throw InputError(fmt::format("tn.plan: the device budget leaves {} free, too little to measure the device; "
+                                 "give params.bandwidth and params.gemm_rate or a larger --device-memory",
+                                 format_bytes(static_cast<double>(free_bytes))));
+  auto s = be.make_stream(true);
+  double copy = 0;
+  {
+    Buffer a = be.alloc_device(copy_bytes, "tn.plan: measurement"), b = be.alloc_device(copy_bytes, "tn.plan: measurement");
+    kernels::random_fill(*s, {h5::DType::float32, 1, 0, copy_bytes / 4, a.data()});
+    copy = median_seconds([&] {
+      be.copy_on_device(b.data(), a.data(), copy_bytes, *s);
+      s->synchronize();
+    });
+  }
+  const std::size_t matrix = static_cast<std::size_t>(n * n) * e;
+  Buffer m = be.alloc_device(3 * matrix, "tn.plan: measurement");
+  char* base = static_cast<char*>(m.data());
+  kernels::random_fill(*s, {h5::DType::float32, 1, 0, 2 * matrix / 4, base});
+  kernels::Gemm g{dtype, n, n, n, base, n, base + matrix, n, base + 2 * matrix, n};
+  g.b_transposed = true;
+  const double gemm = median_seconds([&] {
+    kernels::gemm(*s, g);
+    s->synchronize();
+  });
+  return {2.0 * static_cast<double>(copy_bytes) / copy, kernels::gemm_flops(g) / gemm};
+}
+
+class PlanStage final : public ComputedStage {
+ public:
+  const StageInfo& info() const override {
+    static const StageInfo info{
+        "tn.plan", 1,
+        "an executable schedule: GEMM-ready mode orders, slicing to fit the device budget, memory plan, predicted times",
+        {{"network", "a tn.build output"}, {"path", "a tn.path output"}},
+        "- id: plan\n  stage: tn.plan\n  inputs: {network: net, path: path}\n  params: {precision: complex64}\n"};
+    return info;
+  }
+  StagePlan plan(const json&, const std::map<std::string, DatasetInfo>&) const override {
+    return computed_plan({{"plan", {h5::DType::uint8, {}, {}}}});
+  }
+  std::string compute(const KernelContext& ctx) const override {
+    const json& p = ctx.params;
+    h5::File nf = h5::File::open(ctx.inputs.at("network")->where().file, h5::Mode::read_only);
+    const tn::Network net = tn::load_network(nf);
+    h5::File pf = h5::File::open(ctx.inputs.at("path")->where().file, h5::Mode::read_only);
+    tn::Path path;
+    {
+      h5::Dataset d = pf.open_dataset("path");
+      std::vector<std::int64_t> flat(d.shape().at(0) * 2);
+      if (!flat.empty()) d.read_all(flat.data());
+      for (size_t i = 0; i < flat.size(); i += 2) path.ssa.push_back({static_cast<int>(flat[i]), static_cast<int>(flat[i + 1])});
+      h5::Dataset s = pf.open_dataset("sliced");
+      path.sliced.resize(s.shape().at(0));
+      if (!path.sliced.empty()) s.read_all(path.sliced.data());
+    }
+    const auto dtype = p.at("precision") == "complex128" ? h5::DType::complex128 : h5::DType::complex64;
+    tn::PlanOptions o;
+    o.element_bytes = h5::dtype_size(dtype);
+    o.max_slices = p.at("max_slices").get<double>();
+    std::uint64_t inputs = 0;
+    for (const auto& t : net.tensors) inputs += static_cast<std::uint64_t>(net.size_of(t.modes)) * o.element_bytes * 2;
+    if (p.contains("budget")) {
+      o.budget_bytes = parse_size(p["budget"].get<std::string>(), "params.budget");
+    } else if (ctx.backend) {
+      // tn.contract keeps the inputs resident and runs one arena in each of its 3 slots.
+      auto& be = *ctx.backend;
+      const std::uint64_t fixed = inputs + 3 * be.blas_stream_bytes();
+      const std::uint64_t limit = be.device_budget().limit();
+      if (limit <= fixed)
+        throw InputError(fmt::format("the device memory budget {} does not even hold the network's inputs ({})",
+                                     format_bytes(static_cast<double>(limit)), format_bytes(static_cast<double>(fixed))));
+      o.budget_bytes = (limit - fixed) / 3;
+    }
+    json measured = json::object();
+    if (p.contains("bandwidth") && p.contains("gemm_rate")) {
+      o.bandwidth = p["bandwidth"].get<double>();
+      o.gemm_rate = p["gemm_rate"].get<double>();
+      measured["source"] = "params";
+    } else if (ctx.backend) {
+      std::tie(o.bandwidth, o.gemm_rate) = measure(*ctx.backend, dtype);
+      measured["source"] = "measured by tn.plan on " + std::string(backend_name(ctx.backend->kind()));
+    }
+    const tn::Plan plan = tn::make_plan(net, path, o);
+    json j = plan.to_json();
+    j["rates"] = measured;
+    j["budget_bytes"] = o.budget_bytes;
+    return j.dump();
+  }
+  void write_results(const StagePlan&, const StepResults& r, h5::File& out) const override {
+    const json j = json::parse(*r.computed);
+    tn::write_json_dataset(out, "plan", j);
+    const tn::Plan plan = tn::Plan::from_json(j);
+    // Per step, for plots of tensor size along the path (qstage inspect --plot).
+    const std::uint64_t n = plan.steps.size();
+    std::vector<std::uint64_t> out_bytes, live;
+    std::vector<double> flops, predicted;
+    for (const auto& s : plan.steps) {
+      out_bytes.push_back(s.c_bytes);
+      live.push_back(s.live_bytes);
+      flops.push_back(s.flops);
+      predicted.push_back(s.predicted_seconds);
+    }
+    auto column = [&](const char* name, h5::DType t, const void* data, const char* doc) {
+      h5::Dataset d = out.create_dataset(name, {t, {n}, {}, false});
+      if (n) d.write_all(data);
+      d.set_attribute("description", doc);
+    };
+    column("steps/output_bytes", h5::DType::uint64, out_bytes.data(), "bytes of each step's result (per slice)");
+    column("steps/live_bytes", h5::DType::uint64, live.data(), "arena bytes in use during each step");
+    column("steps/flops", h5::DType::float64, flops.data(), "real flops of each step (8 per complex multiply-add)");
+    column("steps/predicted_seconds", h5::DType::float64, predicted.data(), "seed 000 eq. 6: max(bytes/bandwidth, flops/rate)");
+    out.set_attribute("slices", static_cast<std::int64_t>(plan.slices));
+    out.set_attribute("arena_bytes", static_cast<std::int64_t>(plan.arena_bytes));
+    out.set_attribute("input_transposes", static_cast<std::int64_t>(plan.input_transposes));
+    out.set_attribute("predicted_seconds_per_slice", plan.predicted_seconds);
+    out.set_attribute("bandwidth_bytes_per_second", plan.bandwidth);
+    out.set_attribute("gemm_flops_per_second", plan.gemm_rate);
+  }
+  std::string describe_results(const StagePlan&, const StepResults& r) const override {
+    const tn::Plan plan = tn::Plan::from_json(json::parse(*r.computed));
+    return fmt::format("{} steps, {} slice(s) over {} sliced mode(s), arena {} per slice, {} input transposes, "
+                       "predicted {} per slice",
+                       plan.steps.size(), plan.slices, plan.sliced.size(), format_bytes(static_cast<double>(plan.arena_bytes)),
+                       plan.input_transposes, format_duration(plan.predicted_seconds));
+  }
+};
+
+}  // namespace
+
+const Stage& tn_plan() {
+  static const PlanStage stage;
+  return stage;
+}
+
+}  // namespace qstage::stages

@@ -1,0 +1,204 @@
+// tn.statevector: the independent oracle for circuits. Simulates the state vector on the device
+// (up to about 30 qubits on one GPU) and writes the same layout as tn.contract: amplitudes per
+// bitstring (2^k per bitstring with open qubits), or the expectation value of a Pauli string.
+#include <fmt/format.h>
+
+#include <complex>
+#include <cstring>
+
+#include "core/error.hpp"
+#include "core/units.hpp"
+#include "kernels/dot.hpp"
+#include "kernels/statevector.hpp"
+#include "stages/tn/sources.hpp"
+#include "stages/tn/tn_stages.hpp"
+
+namespace qstage::stages {
+namespace {
+
+using nlohmann::json;
+using cd = std::complex<double>;
+
+struct Job {
+  tn::Circuit circuit;
+  std::vector<std::vector<std::uint8_t>> bitstrings;
+  std::vector<int> open;
+  std::optional<std::vector<std::pair<int, char>>> pauli;
+  h5::DType dtype = h5::DType::complex128;
+  std::uint64_t per_row() const { return pauli ? 1 : std::uint64_t{1} << open.size(); }
+};
+
+Job job_of(const KernelContext& ctx) {
+  Job j;
+  j.circuit = tn::circuit_from_params(ctx.params, ctx.files);
+  if (j.circuit.qubits > 34)
+    throw InputError(fmt::format("the circuit has {} qubits; the state vector needs 2^{} amplitudes; expected at most 34 "
+                                 "qubits (use tn.contract)", j.circuit.qubits, j.circuit.qubits));
+  j.pauli = tn::pauli_from_params(ctx.params, j.circuit.qubits);
+  j.open = tn::open_qubits_from_params(ctx.params, j.circuit.qubits);
+  if (!j.pauli) j.bitstrings = tn::bitstrings_from_params(ctx.params, ctx.files, j.circuit.qubits);
+  j.dtype = ctx.params.at("precision") == "complex64" ? h5::DType::complex64 : h5::DType::complex128;
+  return j;
+}
+
+kernels::GateOperands operands(const tn::Gate& g) {
+  if (g.arity() > kernels::kMaxGateQubits)
+    throw InputError(fmt::format("gate '{}' acts on {} qubits; the state vector applies at most 3", g.name, g.arity()));
+  kernels::GateOperands o;
+  o.k = g.arity();
+  for (int j = 0; j < o.k; ++j) o.targets[j] = g.qubits[static_cast<size_t>(j)];
+  for (size_t i = 0; i < g.matrix.size(); ++i) {
+    o.matrix[2 * i] = g.matrix[i].real();
+    o.matrix[2 * i + 1] = g.matrix[i].imag();
+  }
+  return o;
+}
+
+class StateVectorKernel final : public engine::PassKernel {
+ public:
+  explicit StateVectorKernel(Job job) : job_(std::move(job)) {}
+
+  void prepare(Backend& backend, Stream& stream) override {
+    backend_ = &backend;
+    const std::uint64_t n = std::uint64_t{1} << job_.circuit.qubits, e = h5::dtype_size(job_.dtype);
+    state_ = backend.alloc_device(n * e, "statevector: state");
+    fill_zero(backend, stream, state_, n * e);
+    const double one_d[2] = {1, 0};
+    const float one_f[2] = {1, 0};
+    backend.copy_to_device(state_.data(), job_.dtype == h5::DType::complex64 ? static_cast<const void*>(one_f) : one_d, e, stream);
+    stream.synchronize();
+    for (const auto& g : job_.circuit.gates)
+      kernels::apply_gate(stream, {job_.dtype, state_.data(), job_.circuit.qubits, operands(g)});
+    if (job_.pauli) {
+      Buffer phi = backend.alloc_device(n * e, "statevector: P|psi>");
+      backend.copy_on_device(phi.data(), state_.data(), n * e, stream);
+      for (auto [q, p] : *job_.pauli) {
+        const char* name = p == 'X' ? "x" : p == 'Y' ? "y" : "z";
+        kernels::apply_gate(stream, {job_.dtype, phi.data(), job_.circuit.qubits,
+                                     operands({name, {q}, {}, tn::gate_matrix(name, {}, "pauli"), 0, 0})});
+      }
+      kernels::Dotc d{job_.dtype, state_.data(), phi.data(), n, 1 << 16, nullptr};
+      const std::uint64_t tiles = kernels::dotc_tiles(d);
+      Buffer partials = backend.alloc_device(tiles * 16, "statevector: dot partials");
+      d.partials = partials.as<double>();
+      kernels::dotc(stream, d);
+      std::vector<double> host(tiles * 2);
+      backend.copy_to_host(host.data(), partials.data(), tiles * 16, stream);
+      stream.synchronize();
+      cd sum = 0;
+      for (std::uint64_t t = 0; t < tiles; ++t) sum += cd(host[2 * t], host[2 * t + 1]);  // tile order
+      value_ = sum;
+      return;
+    }
+    // Basis indices of every requested amplitude, row by row.
+    std::vector<std::uint64_t> idx;
+    const std::uint64_t per_row = job_.per_row();
+    for (const auto& bits : job_.bitstrings)
+      for (std::uint64_t v = 0; v < per_row; ++v) {
+        std::uint64_t x = 0;
+        for (size_t q = 0; q < bits.size(); ++q) x |= std::uint64_t{bits[q]} << q;
+        for (size_t j = 0; j < job_.open.size(); ++j) {
+          const int q = job_.open[j];
+          const std::uint64_t bit = (v >> (job_.open.size() - 1 - j)) & 1;
+          x = (x & ~(std::uint64_t{1} << q)) | (bit << q);
+        }
+        idx.push_back(x);
+      }
+    indices_ = backend.alloc_device(idx.size() * 8, "statevector: indices");
+    backend.copy_to_device(indices_.data(), idx.data(), idx.size() * 8, stream);
+    stream.synchronize();
+  }
+
+  void process(const engine::BatchView& b) override {
+    if (job_.pauli) {
+      const double vd[2] = {value_.real(), value_.imag()};
+      const float vf[2] = {static_cast<float>(value_.real()), static_cast<float>(value_.imag())};
+      backend_->copy_to_device(b.outputs[0], job_.dtype == h5::DType::complex64 ? static_cast<const void*>(vf) : vd,
+                               h5::dtype_size(job_.dtype), *b.stream);
+      b.stream->synchronize();
+      return;
+    }
+    const std::uint64_t per_row = job_.per_row();
+    kernels::gather_amplitudes(*b.stream, {job_.dtype, state_.data(), indices_.as<std::uint64_t>() + b.rows.begin * per_row,
+                                           b.rows.size() * per_row, b.outputs[0]});
+  }
+
+ private:
+  // Zeroes device memory by doubling a zeroed block with device copies.
+  static void fill_zero(Backend& backend, Stream& stream, Buffer& buf, std::uint64_t bytes) {
+    std::vector<char> zeros(std::min<std::uint64_t>(bytes, 1 << 20), 0);
+    backend.copy_to_device(buf.data(), zeros.data(), zeros.size(), stream);
+    stream.synchronize();
+    for (std::uint64_t done = zeros.size(); done < bytes;) {
+      const std::uint64_t n = std::min(done, bytes - done);
+      backend.copy_on_device(buf.as<char>() + done, buf.data(), n, stream);
+      done += n;
+    }
+    stream.synchronize();
+  }
+
+  Job job_;
+  Backend* backend_ = nullptr;
+  Buffer state_, indices_;
+  cd value_ = 0;
+};
+
+class StateVectorStage final : public Stage {
+ public:
+  const StageInfo& info() const override {
+    static const StageInfo info{
+        "tn.statevector", 1,
+        "state-vector simulation (up to ~30 qubits on one GPU): amplitudes or a Pauli expectation, to check tn.contract",
+        {},
+        "- id: oracle\n  stage: tn.statevector\n  params:\n    random: {rows: 4, cols: 5, cycles: 12, seed: 1}\n"
+        "    random_bitstrings: {count: 4, seed: 2}\n"};
+    return info;
+  }
+  std::vector<std::string> file_parameters() const override { return tn::source_file_parameters(); }
+  StagePlan plan(const json& p, const std::map<std::string, DatasetInfo>&) const override {
+    if (!tn::has_circuit_source(p))
+      throw InputError("no circuit; expected one of circuit (a file), random or qaoa");
+    StagePlan plan;  // sizes come from the circuit: refine_plan
+    plan.pass.rows = 0;
+    plan.primary_output = p.contains("pauli") ? "value" : "amplitudes";
+    plan.results = {{plan.primary_output, {h5::DType::complex128, {}, {}}}};
+    return plan;
+  }
+  void refine_plan(StagePlan& plan, const KernelContext& ctx) const override {
+    const Job job = job_of(ctx);
+    const std::uint64_t n = std::uint64_t{1} << job.circuit.qubits, e = h5::dtype_size(job.dtype);
+    const std::uint64_t rows = job.pauli ? 1 : job.bitstrings.size(), per_row = job.per_row();
+    engine::OutputDecl out;
+    out.name = job.pauli ? "value" : "amplitudes";
+    out.dtype = job.dtype;
+    out.shape = per_row == 1 ? h5::Shape{rows} : h5::Shape{rows, per_row};
+    out.chunk = out.shape;
+    out.chunk[0] = std::min<std::uint64_t>(rows, default_chunk_rows(per_row * e));
+    plan.pass.rows = rows;
+    plan.pass.tile_rows = out.chunk[0];
+    plan.pass.outputs = {out};
+    plan.pass.resident_device_bytes = n * e * (job.pauli ? 2 : 1) + rows * per_row * 8 + (n / (1 << 16) + 1) * 16;
+    plan.pass.prepare_host_bytes = 0;
+    plan.primary_output = out.name;
+    plan.summary = {{"qubits", job.circuit.qubits}, {"gates", job.circuit.gates.size()},
+                    {"precision", h5::dtype_name(job.dtype)}, {"state_bytes", n * e},
+                    {"bitstrings", job.bitstrings.size()}};
+  }
+  std::unique_ptr<engine::PassKernel> make_kernel(const KernelContext& ctx) const override {
+    return std::make_unique<StateVectorKernel>(job_of(ctx));
+  }
+  void write_results(const StagePlan& plan, const StepResults& r, h5::File& out) const override {
+    const Job job = job_of(*r.context);
+    tn::write_result_layout(out, job.bitstrings, job.circuit.qubits, job.open, job.pauli ? r.context->params.at("pauli").get<std::string>() : "",
+                            plan.summary.at("precision").get<std::string>());
+  }
+};
+
+}  // namespace
+
+const Stage& tn_statevector() {
+  static const StateVectorStage stage;
+  return stage;
+}
+
+}  // namespace qstage::stages
