@@ -67,9 +67,11 @@ void gemm_cpu(const Gemm& g) {
   });
   constexpr std::int64_t kDefaultRows = 256, kCols = 1024;
   const std::size_t element = h5::dtype_size(g.dtype);
+  // Below about 2^20 multiply-adds a parallel region costs more (thread wake-ups) than it saves.
+  constexpr std::int64_t kParallelWork = std::int64_t{1} << 20;
   if (g.batch > 1) {
     // One single-threaded call per batch entry, spread over the threads.
-#pragma omp parallel for schedule(dynamic)
+#pragma omp parallel for schedule(dynamic) if (g.batch * g.m * g.n * g.k > kParallelWork)
     for (std::int64_t i = 0; i < g.batch; ++i) {
       Gemm one = g;
       one.batch = 1;
@@ -82,7 +84,7 @@ void gemm_cpu(const Gemm& g) {
   }
   const std::int64_t rb = g.row_block > 0 ? g.row_block : kDefaultRows;
   const std::int64_t row_blocks = (g.m + rb - 1) / rb, col_blocks = (g.n + kCols - 1) / kCols;
-#pragma omp parallel for schedule(dynamic) collapse(2)
+#pragma omp parallel for schedule(dynamic) collapse(2) if (row_blocks * col_blocks > 1 && g.m * g.n * g.k > kParallelWork)
   for (std::int64_t r = 0; r < row_blocks; ++r)
     for (std::int64_t c = 0; c < col_blocks; ++c) {
       Gemm part = g;

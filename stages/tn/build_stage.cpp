@@ -97,6 +97,7 @@ class BuildStage final : public ComputedStage {
     if (tn::has_circuit_source(p)) {
       const tn::Circuit c = tn::circuit_from_params(p, ctx.files);
       extra["circuit"] = {{"source", c.source}, {"qubits", c.qubits}, {"gates", c.gates.size()}};
+      if (!c.graph.empty()) extra["circuit"]["graph_edges"] = c.graph;
       if (auto pauli = tn::pauli_from_params(p, c.qubits)) {
         net = tn::expectation_network(c, *pauli);
       } else {

@@ -225,6 +225,7 @@ Circuit qaoa_maxcut(const QaoaOptions& o, const std::vector<std::pair<int, int>>
   Circuit c;
   c.qubits = o.nodes;
   c.source = fmt::format("QAOA MaxCut, {} nodes, 3-regular, p = {}, seed {}", o.nodes, o.p, o.seed);
+  c.graph = edges;
   int time = 0;
   for (int q = 0; q < o.nodes; ++q) c.gates.push_back({"h", {q}, {}, gate_matrix("h", {}, "qaoa"), time, 0});
   ++time;

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace qstage::tn {
@@ -31,6 +32,7 @@ struct Circuit {
   int qubits = 0;
   std::vector<Gate> gates;
   std::string source;  // file name or generator description
+  std::vector<std::pair<int, int>> graph;  // QAOA: the MaxCut graph's edges (energies sum <Z_a Z_b> over them)
 };
 
 // The matrix of a named gate (qsim names and the qelib1.inc names), or throws InputError

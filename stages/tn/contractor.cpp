@@ -143,17 +143,24 @@ void Contractor::run_step(Stream& stream, const PlanStep& st, char* arena) {
   g.stride_a = stride_of(net_, L_modes, inner);
   g.stride_b = stride_of(net_, R_modes, inner);
   g.stride_c = stride_of(net_, st.c_modes, inner);
-  std::vector<Mode> outer(st.loop_modes.begin(), st.loop_modes.end() - 1);
+  struct Outer {
+    std::int64_t extent, l, r, c;  // the mode's extent and its strides in L, R and C
+  };
+  std::vector<Outer> outer;
   std::int64_t count = 1;
-  for (Mode m : outer) count *= net_.extent.at(m);
+  for (auto it = st.loop_modes.begin(); it + 1 < st.loop_modes.end(); ++it) {
+    outer.push_back({net_.extent.at(*it), stride_of(net_, L_modes, *it), stride_of(net_, R_modes, *it),
+                     stride_of(net_, st.c_modes, *it)});
+    count *= outer.back().extent;
+  }
   for (std::int64_t i = 0; i < count; ++i) {
     std::int64_t rest = i, off_l = 0, off_r = 0, off_c = 0;
     for (size_t j = outer.size(); j-- > 0;) {
-      const std::int64_t idx = rest % net_.extent.at(outer[j]);
-      rest /= net_.extent.at(outer[j]);
-      off_l += idx * stride_of(net_, L_modes, outer[j]);
-      off_r += idx * stride_of(net_, R_modes, outer[j]);
-      off_c += idx * stride_of(net_, st.c_modes, outer[j]);
+      const std::int64_t idx = rest % outer[j].extent;
+      rest /= outer[j].extent;
+      off_l += idx * outer[j].l;
+      off_r += idx * outer[j].r;
+      off_c += idx * outer[j].c;
     }
     kernels::Gemm one = g;
     one.a = L + off_l * static_cast<std::int64_t>(e);

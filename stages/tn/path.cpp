@@ -150,7 +150,10 @@ struct Uniform {
   }
 };
 
-Path greedy_once(const Network& n, double temperature, std::uint64_t seed) {
+// One greedy pass. The score of a pair is cotengra's: |ab|/costmod - (|a| + |b|) * costmod, and with a
+// temperature, sign(score) * log|score| minus Gumbel noise. Restarts sample costmod and temperature, which is
+// what lets randomized greedy find good paths for deep circuits (plain greedy is orders of magnitude worse).
+Path greedy_once(const Network& n, double costmod, double temperature, std::uint64_t seed) {
   const size_t N = n.tensors.size();
   const std::set<Mode> none;
   ModeUse use = initial_use(n);
@@ -169,8 +172,11 @@ Path greedy_once(const Network& n, double temperature, std::uint64_t seed) {
   auto push = [&](int a, int b) {
     if (a > b) std::swap(a, b);
     const auto c = result_modes(modes[static_cast<size_t>(a)], modes[static_cast<size_t>(b)], use, none);
-    double score = elements(n, c, none) - size[static_cast<size_t>(a)] - size[static_cast<size_t>(b)];
-    if (temperature > 0) score -= temperature * std::abs(score) * std::log(-std::log(rng.next()));  // Gumbel noise
+    double score = elements(n, c, none) / costmod - (size[static_cast<size_t>(a)] + size[static_cast<size_t>(b)]) * costmod;
+    if (temperature > 0) {
+      const double gumbel = -std::log(-std::log(rng.next()));
+      score = (score > 0 ? std::log(score) : score < 0 ? -std::log(-score) : 0.0) - temperature * gumbel;
+    }
     heap.push({score, a, b});
   };
   for (const auto& [m, ids] : holders)
@@ -235,9 +241,26 @@ Path greedy_path(const Network& n, const GreedyOptions& o, GreedyReport* report)
   Path best;
   PathCost best_cost;
   bool have = false, best_within = false;
+  double best_costmod = 1, best_temperature = 0;
   int tries = 0;
   while (tries < std::max(1, o.max_tries) && (tries == 0 || seconds() < o.max_seconds)) {
-    const Path p = greedy_once(n, tries == 0 ? 0.0 : o.temperature, o.seed + static_cast<std::uint64_t>(tries));
+    // The first try is plain greedy. Restarts draw costmod uniformly from [0.1, 4] and the temperature
+    // log-uniformly from [0.001, max temperature], as cotengra's random-greedy does; after 16 tries, every other restart instead
+    // perturbs the best parameters so far (a cheap stand-in for cotengra's hyper-optimizer).
+    double costmod = 1, temperature = 0;
+    if (tries > 0) {
+      Uniform draw{kernels::splitmix64(o.seed ^ (0x9e37ull * static_cast<std::uint64_t>(tries)))};
+      const double log_t_min = std::log(0.001), log_t_max = std::log(o.temperature);
+      if (tries > 16 && tries % 2 == 0 && best_temperature > 0) {
+        const double step_c = draw.next() + draw.next() - 1, step_t = draw.next() + draw.next() - 1;  // in (-1, 1)
+        costmod = std::clamp(best_costmod * std::exp(0.5 * step_c), 0.1, 4.0);
+        temperature = std::exp(std::clamp(std::log(best_temperature) + step_t, log_t_min, log_t_max));
+      } else {
+        costmod = 0.1 + 3.9 * draw.next();
+        temperature = std::exp(log_t_min + (log_t_max - log_t_min) * draw.next());
+      }
+    }
+    const Path p = greedy_once(n, costmod, temperature, o.seed + static_cast<std::uint64_t>(tries));
     const PathCost c = path_cost(n, p);
     const bool within = c.largest <= o.cap_elements;
     bool better = !have;
@@ -247,6 +270,8 @@ Path greedy_path(const Network& n, const GreedyOptions& o, GreedyReport* report)
       else better = c.largest < best_cost.largest || (c.largest == best_cost.largest && c.multiply_adds < best_cost.multiply_adds);
     }
     if (better) {
+      best_costmod = costmod;
+      best_temperature = temperature;
       best = p;
       best_cost = c;
       best_within = within;

@@ -44,7 +44,7 @@ struct GreedyOptions {
   int max_tries = 256;          // and after this many
   std::uint64_t seed = 0;
   double cap_elements = std::numeric_limits<double>::infinity();  // cap on C_s
-  double temperature = 0.25;    // noise of the randomized restarts (the first try has none)
+  double temperature = 1.0;     // largest noise temperature a restart draws (the first try has none)
 };
 
 struct GreedyReport {

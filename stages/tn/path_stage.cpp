@@ -43,12 +43,22 @@ tn::Path imported(const json& p, const tn::Files& files, const tn::Network& net)
           out.sliced.push_back(m);
           found = true;
         }
-      if (!found && net.labels.empty() && !label.is_string()) {
-        out.sliced.push_back(label.get<tn::Mode>());
-        found = true;
+      if (!found && net.labels.empty()) {  // circuit networks: modes are numbers (cotengra may give "17" or 17)
+        const bool numeric = label.is_number_integer() ||
+                             (!l.empty() && l.find_first_not_of("0123456789") == std::string::npos && l.size() < 10);
+        const tn::Mode m = numeric ? (label.is_number_integer() ? label.get<tn::Mode>() : std::stoi(l)) : -1;
+        if (numeric && net.extent.count(m)) {
+          out.sliced.push_back(m);
+          found = true;
+        }
       }
       if (!found) throw InputError(fmt::format("params.import: sliced index '{}' is not a label of the network", l));
     }
+  }
+  try {
+    tn::intermediate_modes(net, out);  // checks that the path fits the network
+  } catch (const InputError& e) {
+    throw InputError(fmt::format("params.import: '{}': {}", path.string(), e.what()));
   }
   return out;
 }

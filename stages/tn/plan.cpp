@@ -226,6 +226,10 @@ Plan make_plan(const Network& net, const Path& path, const PlanOptions& o) {
     sliced = std::set<Mode>(best.sliced.begin(), best.sliced.end());
     plan = std::move(best);
   }
+  if (static_cast<double>(plan.slices) > o.max_slices)  // e.g. an imported path that slices many modes
+    throw InputError(fmt::format("the plan has {:.3g} slices ({} modes sliced), more than max_slices {:.3g}; expected a "
+                                 "path that slices fewer modes or a larger max_slices",
+                                 static_cast<double>(plan.slices), plan.sliced.size(), o.max_slices));
   return plan;
 }
 

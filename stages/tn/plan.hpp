@@ -60,7 +60,7 @@ struct PlanOptions {
   std::uint64_t element_bytes = 8;
   std::uint64_t budget_bytes = ~std::uint64_t{0};  // for the arena of one slice
   double bandwidth = 1e12, gemm_rate = 1e13;       // for eq. 6
-  double max_slices = 0x1p32;                      // refuse plans that would need more
+  double max_slices = 0x1p24;                      // refuse plans that would need more (one batch per slice)
 };
 
 // Plans `path` (its sliced modes, if any, are kept; more are added until the arena fits).
