@@ -37,7 +37,7 @@ std::uint64_t DatasetInfo::row_bytes() const {
 const std::vector<const Stage*>& all_stages() {
   // An explicit list (not static self-registration) so nothing depends on link order.
   static const std::vector<const Stage*> stages = [] {
-    std::vector<const Stage*> v{&tensor_random(), &tensor_matmul(), &tensor_stats(), &tn_build(),
+    std::vector<const Stage*> v{&tensor_random(), &tensor_matmul(), &tensor_stats(), &tensor_compare(), &tn_build(),
                                 &tn_path(),       &tn_plan(),       &tn_contract(), &tn_statevector()};
     std::sort(v.begin(), v.end(), [](auto* a, auto* b) { return a->info().name < b->info().name; });
     return v;

@@ -40,6 +40,7 @@ exit codes:
   0   done
   1   internal error (a bug, or the file system, device or MPI failed)
   2   bad input: spec, file, dataset, parameter or budget; nothing committed was changed
+  3   a check step (tensor.compare) found results outside its tolerance; earlier steps are kept
   75  stopped early on SIGTERM/SIGINT with progress committed; `qstage resume DIR` continues
 )";
 

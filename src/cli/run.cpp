@@ -96,6 +96,9 @@ int execute(const std::function<spec::Workflow()>& load, runner::RunOptions opti
   } catch (const InputError& e) {
     if (comm.root()) std::fprintf(stderr, "qstage: error: %s\n", e.what());
     return kExitBadInput;
+  } catch (const CheckFailed& e) {
+    if (comm.root()) std::fprintf(stderr, "qstage: check failed: %s\n", e.what());
+    return kExitCheckFailed;
   } catch (const StopRequested& e) {
     if (comm.root()) spdlog::warn("{}", e.what());
     return kExitStopped;

@@ -10,12 +10,20 @@ enum ExitCode : int {
   kExitDone = 0,      // all steps done
   kExitInternal = 1,  // a bug or an environment failure (I/O error, CUDA error, MPI error)
   kExitBadInput = 2,  // the spec, a file, a dataset or a parameter is wrong; nothing was changed
+  kExitCheckFailed = 3,  // a check step (tensor.compare) found results outside its tolerance
   kExitStopped = 75,  // stopped early on SIGTERM/SIGINT after committing progress: resumable
 };
 
 // Bad input from the user (spec, file, dataset, parameter, budget). Exit code 2.
 // The message names the thing that is wrong and what was expected.
 class InputError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// A check step's results are outside its tolerance. Exit code 3; the step is not committed,
+// the steps before it are.
+class CheckFailed : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };

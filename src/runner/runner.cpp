@@ -312,19 +312,22 @@ class WorkflowRun {
     // Host computations run on rank 0 before the (empty) pass; every rank gets the result.
     std::string computed;
     if (step.impl->computes()) {
-      std::string error;
+      std::string error, check_failure;
       if (comm_.root()) {
         try {
           computed = step.impl->compute(context);
         } catch (const InputError& e) {
           error = e.what();
+        } catch (const CheckFailed& e) {
+          check_failure = e.what();
         }
       }
       error = comm_.broadcast(error);
-      if (!error.empty()) {
-        record_failure(step.id);
-        throw InputError(fmt::format("step '{}' ({}): {}", step.id, step.stage, error));
-      }
+      check_failure = comm_.broadcast(check_failure);
+      if (!error.empty() || !check_failure.empty()) record_failure(step.id);
+      if (!error.empty()) throw InputError(fmt::format("step '{}' ({}): {}", step.id, step.stage, error));
+      if (!check_failure.empty())
+        throw CheckFailed(fmt::format("step '{}' ({}): {}", step.id, step.stage, check_failure));
       computed = comm_.broadcast(computed);
     }
     const StepResults results{reduction.get(), step.impl->computes() ? &computed : nullptr, &context};

@@ -1,0 +1,147 @@
+// tensor.compare: checks one dataset against a reference of the same shape, e.g. amplitudes
+// from tn.contract against tn.statevector. Reads both in blocks of rows on the host (the data
+// it is meant for is small, but any size works in bounded memory) and sums in row order in
+// float64, so the numbers are the same on every run. With `rtol` or `atol` the step fails
+// (exit 3, nothing committed) when the bound is broken; without, it only reports.
+#include <cmath>
+#include <complex>
+#include <cstring>
+#include <vector>
+
+#include "stages/tensor/common.hpp"
+#include "stages/tensor/tensor_stages.hpp"
+
+namespace qstage::stages {
+namespace {
+
+using nlohmann::json;
+using cd = std::complex<double>;
+
+// Element i of a row block of `dtype` as complex<double>.
+cd element(const std::vector<std::byte>& raw, h5::DType dtype, std::uint64_t i) {
+  switch (dtype) {
+    case h5::DType::float32: { float v; std::memcpy(&v, raw.data() + 4 * i, 4); return {v, 0}; }
+    case h5::DType::float64: { double v; std::memcpy(&v, raw.data() + 8 * i, 8); return {v, 0}; }
+    case h5::DType::complex64: { float v[2]; std::memcpy(v, raw.data() + 8 * i, 8); return {v[0], v[1]}; }
+    default: { double v[2]; std::memcpy(v, raw.data() + 16 * i, 16); return {v[0], v[1]}; }
+  }
+}
+
+struct Comparison {
+  double diff_sq = 0, a_sq = 0, b_sq = 0, max_abs_diff = 0;
+  std::uint64_t count = 0, nonfinite = 0;
+  double relative_error() const { return b_sq > 0 ? std::sqrt(diff_sq / b_sq) : std::sqrt(diff_sq); }
+  json to_json() const {
+    return {{"relative_error", relative_error()}, {"max_abs_difference", max_abs_diff}, {"norm_a", std::sqrt(a_sq)},
+            {"norm_b", std::sqrt(b_sq)}, {"count", count}, {"nonfinite", nonfinite}};
+  }
+};
+
+Comparison compare(const h5::Dataset& a, const h5::Dataset& b) {
+  const auto ta = *a.dtype(), tb = *b.dtype();
+  const std::uint64_t rows = a.shape().empty() ? 1 : a.shape()[0];
+  const std::uint64_t row_elements = a.row_bytes() / h5::dtype_size(ta);
+  const std::uint64_t block = std::max<std::uint64_t>(1, (std::uint64_t{1} << 20) / std::max<std::uint64_t>(row_elements, 1));
+  Comparison c;
+  std::vector<std::byte> ra, rb;
+  for (std::uint64_t r = 0; r < rows; r += block) {
+    const std::uint64_t n = std::min(block, rows - r);
+    ra.resize(n * a.row_bytes());
+    rb.resize(n * b.row_bytes());
+    if (a.shape().empty()) {
+      a.read_all(ra.data());
+      b.read_all(rb.data());
+    } else {
+      a.read_rows(r, n, ra.data());
+      b.read_rows(r, n, rb.data());
+    }
+    for (std::uint64_t i = 0; i < n * row_elements; ++i) {
+      const cd x = element(ra, ta, i), y = element(rb, tb, i);
+      ++c.count;
+      if (!std::isfinite(std::abs(x)) || !std::isfinite(std::abs(y))) {
+        ++c.nonfinite;
+        continue;
+      }
+      const double d = std::abs(x - y);
+      c.diff_sq += d * d;
+      c.a_sq += std::norm(x);
+      c.b_sq += std::norm(y);
+      c.max_abs_diff = std::max(c.max_abs_diff, d);
+    }
+  }
+  return c;
+}
+
+class CompareStage final : public ComputedStage {
+ public:
+  const StageInfo& info() const override {
+    static const StageInfo info{
+        "tensor.compare", 1,
+        "relative 2-norm error and largest difference of a dataset against a reference; fails past rtol/atol",
+        {{"a", "the values to check (float32, float64, complex64 or complex128)"},
+         {"b", "the reference, same shape (any of those types)"}},
+        "- id: check\n  stage: tensor.compare\n  inputs: {a: amps, b: reference}\n  params: {rtol: 1.0e-5}\n"};
+    return info;
+  }
+  StagePlan plan(const json&, const std::map<std::string, DatasetInfo>& in) const override {
+    const DatasetInfo &a = in.at("a"), &b = in.at("b");
+    for (const auto& [slot, d] : in)
+      if (!detail::is_float_type(d.dtype))
+        throw InputError(fmt::format("input '{}' has dtype {}; expected float32, float64, complex64 or complex128", slot,
+                                     h5::dtype_name(d.dtype)));
+    if (a.shape != b.shape)
+      throw InputError(fmt::format("input 'a' has shape {} and 'b' {}; expected the same shape",
+                                   detail::shape_text(a.shape), detail::shape_text(b.shape)));
+    return computed_plan({{"relative_error", {h5::DType::float64, {}, {}}}});
+  }
+  std::string compute(const KernelContext& ctx) const override {
+    const h5::Dataset &a = *ctx.inputs.at("a"), &b = *ctx.inputs.at("b");
+    if (a.shape() != b.shape())  // outputs of computed steps get their shapes only when they run
+      throw InputError(fmt::format("input 'a' has shape {} and 'b' {}; expected the same shape",
+                                   detail::shape_text(a.shape()), detail::shape_text(b.shape())));
+    const Comparison c = compare(a, b);
+    const json& p = ctx.params;
+    std::string broken;
+    if (c.nonfinite) broken = fmt::format("{} of {} elements are NaN or infinite", c.nonfinite, c.count);
+    if (p.contains("rtol") && !(c.relative_error() <= p["rtol"].get<double>()))
+      broken = fmt::format("relative error {:.3e} exceeds rtol {:.3e}", c.relative_error(), p["rtol"].get<double>());
+    if (p.contains("atol") && !(c.max_abs_diff <= p["atol"].get<double>()))
+      broken = fmt::format("largest difference {:.3e} exceeds atol {:.3e}", c.max_abs_diff, p["atol"].get<double>());
+    if (!broken.empty())
+      throw CheckFailed(fmt::format("{} (|a| {:.9g}, |b| {:.9g}, {} elements)", broken, std::sqrt(c.a_sq),
+                                    std::sqrt(c.b_sq), c.count));
+    return c.to_json().dump();
+  }
+  void write_results(const StagePlan&, const StepResults& r, h5::File& out) const override {
+    const json j = json::parse(*r.computed);
+    auto scalar = [&](const char* name, const char* doc) {
+      const double v = j.at(name).get<double>();
+      h5::Dataset d = out.create_dataset(name, {h5::DType::float64, {}, {}, false});
+      d.write_all(&v);
+      d.set_attribute("description", doc);
+    };
+    scalar("relative_error", "||a - b|| / ||b|| (2-norms over all elements, float64)");
+    scalar("max_abs_difference", "largest |a - b| over all elements");
+    scalar("norm_a", "||a||");
+    scalar("norm_b", "||b||");
+    out.set_attribute("count", static_cast<std::int64_t>(j.at("count").get<std::uint64_t>()));
+    for (const char* bound : {"rtol", "atol"})
+      if (r.context->params.contains(bound)) out.set_attribute(bound, r.context->params[bound].get<double>());
+  }
+  std::string describe_results(const StagePlan&, const StepResults& r) const override {
+    const json j = json::parse(*r.computed);
+    return fmt::format("relative error {:.3e}, largest difference {:.3e} over {} elements{}",
+                       j["relative_error"].get<double>(), j["max_abs_difference"].get<double>(),
+                       j["count"].get<std::uint64_t>(),
+                       r.context->params.contains("rtol") ? fmt::format(" (within rtol {:.1e})", r.context->params["rtol"].get<double>()) : "");
+  }
+};
+
+}  // namespace
+
+const Stage& tensor_compare() {
+  static const CompareStage stage;
+  return stage;
+}
+
+}  // namespace qstage::stages
