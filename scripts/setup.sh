@@ -2,8 +2,17 @@
 # Installs what a fresh Debian 12 machine lacks to build and test qstage, then builds it into
 # ./build. Both README commands and CI (.ci/run) start with it.
 #   QSTAGE_CMAKE_ARGS="-DQSTAGE_CUDA=OFF" scripts/setup.sh    # extra CMake arguments
+#   scripts/setup.sh --test-oracles   # also the PyPI test oracles (opt_einsum, cotengra) in
+#                                     # build/oracles, a venv the tests then run with
 set -euo pipefail
 cd "$(dirname "$0")/.."
+oracles=0
+for arg in "$@"; do
+  case "$arg" in
+    --test-oracles) oracles=1 ;;
+    *) echo "setup.sh: unknown option '$arg'; expected --test-oracles" >&2; exit 2 ;;
+  esac
+done
 
 packages=(
   build-essential cmake                        # C++20 compiler and build
@@ -17,6 +26,7 @@ packages=(
   libgtest-dev                                 # unit tests
   python3 python3-numpy python3-h5py python3-pytest python3-jsonschema  # end-to-end tests, oracles
 )
+[ $oracles -eq 0 ] || packages+=(python3-venv python3-pip)  # the oracles' venv
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -29,7 +39,16 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
+# Test oracles from PyPI (never runtime dependencies): a venv that also sees Debian's numpy/h5py.
+python_arg=()
+if [ $oracles -eq 1 ]; then
+  [ -x build/oracles/bin/python ] || /usr/bin/python3 -m venv --system-site-packages build/oracles
+  build/oracles/bin/python -m pip install -q --disable-pip-version-check \
+    opt_einsum==3.4.0 cotengra==0.8.3 autoray==0.11.0
+  python_arg=(-DQSTAGE_PYTHON="$PWD/build/oracles/bin/python")
+fi
+
 # CUDA is optional: with nvcc in /usr/local/cuda the cuda backend is built too (QSTAGE_CUDA=AUTO).
 # shellcheck disable=SC2086
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release ${QSTAGE_CMAKE_ARGS:-} >/dev/null
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release "${python_arg[@]}" ${QSTAGE_CMAKE_ARGS:-} >/dev/null
 cmake --build build -j "$(nproc)"

@@ -78,6 +78,7 @@ def write_spec(path, text):
 
 def committed_run(tmp, text, device=None):
     """Writes `text` as tmp/spec.yaml and runs it into tmp/run; returns (spec, run_dir)."""
+    tmp.mkdir(parents=True, exist_ok=True)
     spec = write_spec(tmp / "spec.yaml", text)
     r = run(["run", spec, "--run-dir", tmp / "run", "--device", device or DEVICE])
     assert r.code == 0, r

@@ -1,0 +1,337 @@
+"""Tensor-network stages end to end: tn.build -> tn.path -> tn.plan -> tn.contract against the
+independent oracle tn.statevector (and numpy.einsum for generic networks). Tolerances (stated in
+the issue): 1e-5 relative in complex64, 1e-12 in complex128."""
+import json
+import os
+
+import h5py
+import numpy as np
+import pytest
+
+from conftest import DEVICE, ROOT, committed_run, run, write_spec
+
+DATA = ROOT.parent / "shared" / "data" / "circuits"
+
+
+def contract_steps(plan_params, path_params="max_seconds: 1, max_tries: 64", suffix="", result="amps"):
+    """tn.path, tn.plan (fixed eq. 6 rates, so plans are the same on every machine) and
+    tn.contract steps for the network of step net{suffix}."""
+    return f"""
+  - id: path{suffix}
+    stage: tn.path
+    inputs: {{network: net{suffix}}}
+    params: {{{path_params}}}
+  - id: plan{suffix}
+    stage: tn.plan
+    inputs: {{network: net{suffix}, path: path{suffix}}}
+    params: {{{plan_params}, bandwidth: 1.0e10, gemm_rate: 1.0e11}}
+  - id: {result}{suffix}
+    stage: tn.contract
+    inputs: {{network: net{suffix}, plan: plan{suffix}}}
+"""
+
+
+def circuit_steps(source, bits, precision, budget, path_seed=0, suffix=""):
+    return f"""
+  - id: net{suffix}
+    stage: tn.build
+    params: {{{source}, {bits}}}""" + contract_steps(f"precision: {precision}, budget: {budget}",
+                                                    f"max_seconds: 1, max_tries: 64, seed: {path_seed}", suffix) + f"""\
+  - id: sv{suffix}
+    stage: tn.statevector
+    params: {{{source}, {bits}, precision: {precision}}}
+"""
+
+
+def relative_error(a, b):
+    return np.linalg.norm(a - b) / np.linalg.norm(b)
+
+
+def amplitudes(run_dir, step):
+    with h5py.File(run_dir / "outputs" / f"{step}.h5") as f:
+        return f["amplitudes"][()], f["bitstrings"][()]
+
+
+# Budgets are about a quarter of each plan's unsliced arena, so every case is sliced.
+@pytest.mark.parametrize("source,precision,tol,budget", [
+    ("random: {rows: 3, cols: 4, cycles: 8, seed: 1}", "complex64", 1e-5, "8KiB"),
+    ("random: {rows: 4, cols: 4, cycles: 10, seed: 2, gate: cz}", "complex128", 1e-12, "128KiB"),
+    ("random: {rows: 4, cols: 5, cycles: 8, seed: 3}", "complex128", 1e-12, "1MiB"),
+    ("qaoa: {nodes: 14, p: 2, seed: 4}", "complex64", 1e-5, "16KiB"),
+])
+def test_contract_matches_statevector(tmp, source, precision, tol, budget):
+    spec = "name: tn\nsteps:" + circuit_steps(source, "random_bitstrings: {count: 3, seed: 9}", precision, budget)
+    _, run_dir = committed_run(tmp, spec)
+    a, bits_a = amplitudes(run_dir, "amps")
+    s, bits_s = amplitudes(run_dir, "sv")
+    assert (bits_a == bits_s).all() and bits_a.shape[0] == 3
+    assert relative_error(a, s) < tol, (a, s)
+    with h5py.File(run_dir / "outputs" / "plan.h5") as f:
+        assert f.attrs["slices"] > 1, f"the {budget} budget should force slicing"
+
+
+def network_of(run_dir, step="net"):
+    with h5py.File(run_dir / "outputs" / f"{step}.h5") as f:
+        return json.loads(bytes(f["network"][()]).decode())
+
+
+@pytest.mark.skipif(DEVICE == "cpu" and not os.environ.get("QSTAGE_TEST_SLOW"),
+                    reason="circuit_q24 amplitudes cost about 2e12 flops each (over 10 minutes on a 2-core CPU): "
+                           "runs with QSTAGE_TEST_DEVICE=cuda or QSTAGE_TEST_SLOW=1")
+def test_q24_with_published_bitstrings(tmp):
+    """qsim's circuit_q24 (24 qubits, 1258 gates) with its published bitstrings, our own path and a
+    2 GiB budget (the path's largest intermediate is 8 GiB in complex64, so it is sliced)."""
+    circuit, bits = DATA / "circuit_q24.qsim", DATA / "bitstrings_q24_s1.txt"
+    source = f"circuit: {circuit}"
+    spec = "name: q24\nsteps:" + circuit_steps(source, f"bitstrings_file: {bits}, count: 2", "complex64", "2GiB")
+    spec = spec.replace("max_seconds: 1, max_tries: 64", "max_seconds: 10, max_tries: 100000")
+    _, run_dir = committed_run(tmp, spec)
+    with h5py.File(run_dir / "outputs" / "plan.h5") as f:
+        assert f.attrs["slices"] > 1
+    a, bits_a = amplitudes(run_dir, "amps")
+    s, _ = amplitudes(run_dir, "sv")
+    assert "".join(map(str, bits_a[0])) == bits.read_text().split()[0]
+    assert relative_error(a, s) < 1e-5, (a, s)
+
+
+def test_imported_cotengra_path_with_sliced_indices(tmp):
+    """A sliced contraction tree from cotengra, imported as {path, sliced}: the plan keeps exactly
+    cotengra's sliced indices and the amplitudes match the state vector."""
+    ctg = pytest.importorskip("cotengra", reason="cotengra not installed: run scripts/setup.sh --test-oracles")
+    source = "random: {rows: 4, cols: 5, cycles: 10, seed: 6}"
+    bits = "random_bitstrings: {count: 2, seed: 3}"
+    build = f"name: ctg\nsteps:\n  - id: net\n    stage: tn.build\n    params: {{{source}, {bits}}}\n"
+    _, run_dir = committed_run(tmp, build)
+    net = network_of(run_dir)
+    inputs = [tuple(t) for t in net["inputs"]]
+    sizes = {int(k): v for k, v in net["size_dict"].items()}
+    opt = ctg.HyperOptimizer(methods=["greedy"], max_repeats=8, progbar=False, parallel=False)
+    tree = opt.search(inputs, tuple(net["output"]), sizes)
+    width = int(tree.contraction_width())
+    tree = tree.slice(target_size=2 ** (width - 3))
+    assert 3 <= len(tree.sliced_inds) <= 8
+    (tmp / "ctg.json").write_text(json.dumps({"path": [list(s) for s in tree.get_path()],
+                                              "sliced": [int(i) for i in tree.sliced_inds]}))
+    spec = build + contract_steps("precision: complex128, budget: 1GiB", "import: ctg.json")[1:] + f"""\
+  - id: sv
+    stage: tn.statevector
+    params: {{{source}, {bits}, precision: complex128}}
+"""
+    _, run_dir = committed_run(tmp, spec)
+    with h5py.File(run_dir / "outputs" / "plan.h5") as f:
+        assert f.attrs["slices"] == 2 ** len(tree.sliced_inds)
+    a, _ = amplitudes(run_dir, "amps")
+    s, _ = amplitudes(run_dir, "sv")
+    assert relative_error(a, s) < 1e-12, (a, s)
+
+
+def test_paths_and_slicing_agree_and_norm_is_one(tmp):
+    source = "random: {rows: 3, cols: 4, cycles: 8, seed: 5}"
+    bits = "random_bitstrings: {count: 2, seed: 1}"
+    spec = ("name: agree\nsteps:" + circuit_steps(source, bits, "complex128", "1GiB", 0, "_a")
+            + circuit_steps(source, bits, "complex128", "16KiB", 7, "_b"))
+    _, run_dir = committed_run(tmp, spec)
+    a, _ = amplitudes(run_dir, "amps_a")
+    b, _ = amplitudes(run_dir, "amps_b")
+    assert relative_error(a, b) < 1e-12
+    # <psi|psi> = 1: every qubit open gives the whole state.
+    spec = f"""
+name: norm
+steps:
+  - id: net
+    stage: tn.build
+    params: {{{source}, open: [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]}}""" + contract_steps(
+        "precision: complex128, budget: 256KiB", result="psi")
+    _, run_dir = committed_run(tmp / "norm", spec)
+    psi, _ = amplitudes(run_dir, "psi")
+    assert psi.size == 4096
+    assert abs(np.vdot(psi, psi).real - 1) < 1e-12
+
+
+def test_einsum_network_matches_numpy(tmp):
+    spec = """
+name: einsum
+steps:
+  - id: net
+    stage: tn.build
+    params: {einsum: {expression: "abc,cde,efa,bdf->", sizes: {a: 4, b: 5, c: 6, d: 3, e: 4, f: 2}, seed: 3}}""" + \
+        contract_steps("precision: complex128, budget: 1MiB", result="value")
+    _, run_dir = committed_run(tmp, spec)
+    with h5py.File(run_dir / "outputs" / "net.h5") as f:
+        net = json.loads(bytes(f["network"][()]).decode())
+        names = sorted(f["tensors"])
+        tensors = [f["tensors"][n][()] for n in names]
+    sizes = {int(k): v for k, v in net["size_dict"].items()}
+    letters = "abcdefghijklmnop"
+    shaped = [t.reshape([sizes[m] for m in modes]) for t, modes in zip(tensors, net["inputs"])]
+    expr = ",".join("".join(letters[m] for m in modes) for modes in net["inputs"]) + "->"
+    expected = np.einsum(expr, *shaped)
+    with h5py.File(run_dir / "outputs" / "value.h5") as f:
+        got = f["value"][()]
+    assert abs(got.reshape(-1)[0] - expected) < 1e-12 * max(1, abs(expected))
+
+
+def linear_to_ssa(path, n):
+    ids, ssa, nxt = list(range(n)), [], n
+    for step in path:
+        ops = [ids[i] for i in step]
+        for i in sorted(step, reverse=True):
+            del ids[i]
+        acc = ops[0]
+        for o in ops[1:]:
+            ssa.append([acc, o])
+            acc, nxt = nxt, nxt + 1
+        ids.append(acc)
+    return ssa
+
+
+@pytest.mark.parametrize("fmt", ["linear", "ssa"])
+def test_imported_opt_einsum_path_is_followed_exactly(tmp, fmt):
+    oe = pytest.importorskip("opt_einsum", reason="opt_einsum not installed: run scripts/setup.sh --test-oracles")
+    # A triangular prism (two triangles joined by three legs) with an open leg: paths can differ.
+    expr = "abig,bcj,cak,ide,jef,kfd,gm->m"
+    sizes = {c: 2 + (ord(c) % 3) for c in "abcdefghijkm"}
+    spec = f"""
+name: oe
+steps:
+  - id: net
+    stage: tn.build
+    params: {{einsum: {{expression: "{expr}", sizes: {json.dumps(sizes)}, seed: 11}}}}
+"""
+    _, run_dir = committed_run(tmp, spec)
+    net = network_of(run_dir)
+    letters = {}
+    for modes in net["inputs"] + [net["output"]]:
+        for m in modes:
+            letters.setdefault(m, oe.get_symbol(len(letters)))
+    sd = {int(k): v for k, v in net["size_dict"].items()}
+    terms = ["".join(letters[m] for m in t) for t in net["inputs"]]
+    eq = ",".join(terms) + "->" + "".join(letters[m] for m in net["output"])
+    shapes = [tuple(sd[m] for m in t) for t in net["inputs"]]
+    linear, _ = oe.contract_path(eq, *shapes, shapes=True, optimize="dp")
+    path = [list(s) for s in linear] if fmt == "linear" else oe.paths.linear_to_ssa(linear)
+    (tmp / "oe.json").write_text(json.dumps(path))
+    spec += contract_steps("precision: complex128, budget: 1MiB", f"import: oe.json, format: {fmt}", result="value")[1:]
+    _, run_dir = committed_run(tmp, spec)
+    with h5py.File(run_dir / "outputs" / "path.h5") as f:
+        stored = f["path"][()].tolist()
+    assert stored == linear_to_ssa(linear, len(terms))
+    with h5py.File(run_dir / "outputs" / "net.h5") as f:
+        tensors = [f["tensors"][f"t{i:06d}"][()].reshape(s) for i, s in enumerate(shapes)]
+    expected = np.einsum(eq, *tensors)
+    with h5py.File(run_dir / "outputs" / "value.h5") as f:
+        got = f[[k for k in ("amplitudes", "value") if k in f][0]][()].reshape(-1)
+    assert np.allclose(got, expected.reshape(-1), rtol=1e-12, atol=0)
+
+
+def test_qaoa_maxcut_energy_matches_statevector(tmp):
+    """The MaxCut energy sum over edges of (1 - <Z_a Z_b>) / 2, each term a light-cone network."""
+    qaoa = "qaoa: {nodes: 8, p: 2, seed: 4, gammas: [0.4, 0.7], betas: [0.6, 0.3]}"
+    _, run_dir = committed_run(tmp / "g", f"name: g\nsteps:\n  - id: net\n    stage: tn.build\n    params: {{{qaoa}}}\n")
+    with h5py.File(run_dir / "outputs" / "net.h5") as f:
+        edges = json.loads(f.attrs["circuit"])["graph_edges"]
+    assert len(edges) == 12
+    steps = ""
+    for k, (a, b) in enumerate(edges):
+        pauli = f"pauli: 'Z{a} Z{b}'"
+        steps += f"""
+  - id: net{k}
+    stage: tn.build
+    params: {{{qaoa}, {pauli}}}""" + contract_steps("precision: complex128, budget: 1MiB", "max_seconds: 0.2, max_tries: 8",
+                                                   k, "zz") + f"""\
+  - id: sv{k}
+    stage: tn.statevector
+    params: {{{qaoa}, {pauli}, precision: complex128}}
+"""
+    _, run_dir = committed_run(tmp / "e", "name: energy\nsteps:" + steps)
+
+    def value(step):
+        with h5py.File(run_dir / "outputs" / f"{step}.h5") as f:
+            return complex(np.asarray(f["value"][()]).reshape(-1)[0])
+
+    tn = [value(f"zz{k}") for k in range(len(edges))]
+    sv = [value(f"sv{k}") for k in range(len(edges))]
+    assert max(abs(z.imag) for z in tn) < 1e-12
+    assert np.allclose(tn, sv, rtol=0, atol=1e-12)
+    energy = sum((1 - z.real) / 2 for z in tn)
+    assert abs(energy - sum((1 - z.real) / 2 for z in sv)) < 1e-11
+    assert 0 < energy < len(edges)
+
+
+def test_bad_circuit_line_is_named(tmp):
+    bad = tmp / "bad.qsim"
+    bad.write_text("2\n0 h 0\n1 cz 0 5\n")
+    spec = write_spec(tmp / "spec.yaml", "name: bad\nsteps:\n  - id: net\n    stage: tn.build\n    params: {circuit: bad.qsim}\n")
+    r = run(["run", spec, "--run-dir", tmp / "run", "--device", DEVICE])
+    assert r.code == 2, r
+    assert "bad.qsim:3" in r.err and "qubit 5" in r.err, r
+
+
+@pytest.mark.parametrize("name,text,expected", [
+    ("bad.qasm", "OPENQASM 2.0;\ninclude \"qelib1.inc\";\nqreg q[2];\nh q[0]\ncx q[0],q[1];\n", "bad.qasm:5"),
+    ("gate.qasm", "OPENQASM 2.0;\ninclude \"qelib1.inc\";\nqreg q[2];\nfoo q[0];\n", "unknown gate 'foo'"),
+    ("range.qasm", "OPENQASM 2.0;\ninclude \"qelib1.inc\";\nqreg q[2];\nh q[2];\n", "range.qasm:4"),
+    ("gate.qsim", "2\n0 h 0\n1 hadamard 1\n", "gate.qsim:3"),
+    ("short.qsim", "2\n0 cz 0\n", "short.qsim:2"),
+])
+def test_bad_circuits_fail_with_the_line(tmp, name, text, expected):
+    (tmp / name).write_text(text)
+    spec = write_spec(tmp / "spec.yaml", f"name: bad\nsteps:\n  - id: net\n    stage: tn.build\n    params: {{circuit: {name}}}\n")
+    r = run(["run", spec, "--run-dir", tmp / "run", "--device", DEVICE])
+    assert r.code == 2, r
+    assert expected in r.err, r
+    assert not (tmp / "run" / "outputs" / "net.h5").exists()
+
+
+TINY = """
+name: tiny
+steps:
+  - id: net
+    stage: tn.build
+    params: {random: {rows: 2, cols: 3, cycles: 4, seed: 1}}
+"""
+
+
+def test_path_that_does_not_match_the_network(tmp):
+    (tmp / "p.json").write_text(json.dumps([[0, 1], [0, 1]]))
+    spec = TINY + "  - id: path\n    stage: tn.path\n    inputs: {network: net}\n    params: {import: p.json}\n"
+    spec = write_spec(tmp / "spec.yaml", spec)
+    r = run(["run", spec, "--run-dir", tmp / "run", "--device", DEVICE])
+    assert r.code == 2, r
+    assert "does not match the network" in r.err and "p.json" in r.err, r
+    assert (tmp / "run" / "outputs" / "net.h5").exists(), "the finished step's output must survive"
+
+
+@pytest.mark.parametrize("circuit,params,expected", [
+    ("rows: 2, cols: 3, cycles: 4", "budget: 64B", "too small even with slicing"),
+    ("rows: 3, cols: 4, cycles: 8", "budget: 8KiB, max_slices: 2", "slices (more than 2)"),
+])
+def test_budget_too_small_even_with_slicing(tmp, circuit, params, expected):
+    spec = TINY.replace("rows: 2, cols: 3, cycles: 4", circuit) + contract_steps(params)[1:]
+    spec = write_spec(tmp / "spec.yaml", spec)
+    r = run(["run", spec, "--run-dir", tmp / "run", "--device", DEVICE])
+    assert r.code == 2, r
+    assert expected in r.err, r
+
+
+def test_compare_fails_with_exit_3_past_its_tolerance_and_keeps_earlier_steps(tmp):
+    """tensor.compare: a complex64 contraction checked against a complex128 state vector passes at
+    1e-5 and fails (exit 3) at 1e-12; a reference of another shape is bad input (exit 2)."""
+    source, bits = "random: {rows: 3, cols: 3, cycles: 6, seed: 2}", "random_bitstrings: {count: 3, seed: 4}"
+    base = "name: cmp\nsteps:" + circuit_steps(source, bits, "complex64", "1MiB").replace(
+        "precision: complex64}}", "precision: complex128}}")
+    check = "  - id: check\n    stage: tensor.compare\n    inputs: {{a: amps, b: {ref}}}\n    params: {{rtol: {rtol}}}\n"
+    _, run_dir = committed_run(tmp / "ok", base + check.format(ref="sv", rtol="1.0e-5"))
+    with h5py.File(run_dir / "outputs" / "check.h5") as f:
+        a, s = amplitudes(run_dir, "amps")[0], amplitudes(run_dir, "sv")[0]
+        assert f["relative_error"][()] == pytest.approx(relative_error(a, s), rel=1e-9)
+        assert 0 < f["relative_error"][()] < 1e-5
+    spec = write_spec(tmp / "strict.yaml", base + check.format(ref="sv", rtol="1.0e-12"))
+    r = run(["run", spec, "--run-dir", tmp / "strict", "--device", DEVICE])
+    assert r.code == 3, r
+    assert "check failed" in r.err and "exceeds rtol 1.000e-12" in r.err, r
+    assert (tmp / "strict" / "outputs" / "amps.h5").exists() and not (tmp / "strict" / "outputs" / "check.h5").exists()
+    other = base + "  - id: other\n    stage: tn.statevector\n    params: {random: {rows: 3, cols: 3, cycles: 6, seed: 2}, random_bitstrings: {count: 2, seed: 4}}\n"
+    spec = write_spec(tmp / "shape.yaml", other + check.format(ref="other", rtol="1.0e-5"))
+    r = run(["run", spec, "--run-dir", tmp / "shape", "--device", DEVICE])
+    assert r.code == 2 and "expected the same shape" in r.err, r
