@@ -149,7 +149,7 @@ int inspect(const Args& args) {
   auto vm = parse(args, o, pos,
                   "usage: qstage inspect FILE.h5 [--json]\n\nLists a file's provenance attributes and datasets "
                   "(dtype, shape, chunk, checksum).\n",
-                  "examples:\n  qstage inspect qstage-runs/quickstart/outputs/applied.h5\n"
+                  "examples:\n  qstage inspect qstage-runs/quickstart/outputs/amplitudes.h5\n"
                   "  qstage inspect out.h5 --json | python3 -m json.tool\n");
   if (!vm) return kExitDone;
   if (!vm->count("file")) throw InputError("inspect: missing the file; expected `qstage inspect FILE.h5`");

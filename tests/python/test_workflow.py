@@ -128,11 +128,18 @@ def test_embedded_quickstart_runs_in_the_current_directory(tmp):
     r = run(["run", "--device", DEVICE], cwd=tmp)
     assert r.code == 0, r
     run_dir = tmp / "qstage-runs" / "quickstart"
-    assert set(checksums(run_dir)) == {"psi", "gate", "applied", "summary"}
-    with h5py.File(run_dir / "outputs" / "applied.h5") as f:
-        assert f["data"].shape == (1048576, 64)
-        # The device budget (128 MiB) was a quarter of the streamed tensor, and it was respected.
-        assert f.attrs["qstage.peak_device_bytes"] <= 128 * 2**20
+    assert set(checksums(run_dir)) == {"circuit", "path", "plan", "amplitudes", "reference", "check"}
+    out = run_dir / "outputs"
+    with h5py.File(out / "plan.h5") as f:
+        assert f.attrs["slices"] > 1, "the 16 MiB budget must force slicing"
+        assert f.attrs["arena_bytes"] <= 16 * 2**20
+    with h5py.File(out / "amplitudes.h5") as f, h5py.File(out / "reference.h5") as g:
+        a, s = f["amplitudes"][()], g["amplitudes"][()]
+        assert (f["bitstrings"][()] == g["bitstrings"][()]).all() and a.shape == (4,)
+    assert np.linalg.norm(a - s) / np.linalg.norm(s) < 1e-5
+    with h5py.File(out / "check.h5") as f:
+        assert f["relative_error"][()] < 1e-5 and f.attrs["rtol"] == 1e-5
+    assert "within rtol" in r.err
 
 
 def test_help_and_version():
