@@ -1,0 +1,190 @@
+#!/usr/bin/env python3
+"""Tensor-network contraction benchmark: qstage's tn.contract against the GEMM ceiling measured
+in the same run, and side by side with peers on the same network and the same path.
+
+  python3 bench/tn_bench.py --qstage build/qstage --bench build/bench/qstage_bench --device cuda \\
+      --work /tmp/tnb [--cases big,medium] [--numpy] [--torch]
+
+Cases (seeded random circuits, Sycamore-style gates on a grid, one amplitude each):
+  big     5 x 8 grid, 12 cycles (40 qubits): about 5e14 flops along our path, sliced to a budget
+  medium  6 x 9 grid, 10 cycles (54 qubits): about 6e12 flops, in core (one slice)
+  small   4 x 5 grid, 10 cycles: seconds on a laptop CPU (checks the script)
+For each case qstage builds the network, finds a path (a fixed number of greedy restarts, so the
+path is the same on every machine), plans and contracts it. Peers follow exactly that path:
+opt_einsum with the torch backend on the GPU (complex64), and numpy through opt_einsum on the CPU.
+Flops are 8 real flops per complex multiply-add. Prints one JSON object.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+CASES = {
+    "big": {"grid": (5, 8, 12), "tries": 400, "budget": "12GiB"},
+    "medium": {"grid": (6, 9, 10), "tries": 200, "budget": "40GiB"},
+    "small": {"grid": (4, 5, 10), "tries": 64, "budget": "1GiB"},  # a smoke test for any machine
+}
+
+
+def qstage_run(args, spec_text, run_dir):
+    spec = run_dir.parent / (run_dir.name + ".yaml")
+    spec.write_text(spec_text)
+    cmd = [args.qstage, "run", str(spec), "--run-dir", str(run_dir), "--device", args.device]
+    if args.device_memory:
+        cmd += ["--device-memory", args.device_memory]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"qstage failed ({r.returncode}):\n{r.stderr[-3000:]}")
+    return r.stderr
+
+
+def spec_for(name, case, tf32=False, precision="complex64"):
+    rows, cols, cycles = case["grid"]
+    return f"""name: tnbench-{name}
+steps:
+  - id: net
+    stage: tn.build
+    params: {{random: {{rows: {rows}, cols: {cols}, cycles: {cycles}, seed: 1}}, random_bitstrings: {{count: 1, seed: 1}}}}
+  - id: path
+    stage: tn.path
+    inputs: {{network: net}}
+    params: {{max_tries: {case["tries"]}, max_seconds: 600, seed: 1}}
+  - id: plan
+    stage: tn.plan
+    inputs: {{network: net, path: path}}
+    params: {{budget: {case["budget"]}, precision: {precision}}}
+  - id: amps
+    stage: tn.contract
+    inputs: {{network: net, plan: plan}}
+    params: {{tf32: {str(tf32).lower()}}}
+"""
+
+
+def attrs(path):
+    with h5py.File(path) as f:
+        return {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()}
+
+
+def load_network(run_dir):
+    with h5py.File(run_dir / "outputs" / "net.h5") as f:
+        net = json.loads(bytes(f["network"][()]).decode())
+        tensors = [f["tensors"][f"t{i:06d}"][()] for i in range(len(net["inputs"]))]
+        bits = f["bitstrings"][0] if "bitstrings" in f else None
+    for t, q in net.get("projections", []):  # <x_q| follows the (first) bitstring
+        tensors[t] = np.eye(2, dtype=tensors[t].dtype)[int(bits[q])]
+    with h5py.File(run_dir / "outputs" / "path.h5") as f:
+        ssa = f["path"][()].tolist()
+    sizes = {int(k): v for k, v in net["size_dict"].items()}
+    shaped = [t.reshape([sizes[m] for m in modes]) for t, modes in zip(tensors, net["inputs"])]
+    return net, shaped, ssa
+
+
+def ssa_to_linear(ssa, n):
+    ids, linear, nxt = list(range(n)), [], n
+    for a, b in ssa:
+        i, j = ids.index(a), ids.index(b)
+        linear.append((i, j))
+        for k in sorted((i, j), reverse=True):
+            del ids[k]
+        ids.append(nxt)
+        nxt += 1
+    return linear
+
+
+def peer_contract(net, tensors, ssa, backend):
+    import opt_einsum as oe
+    letters = {}
+    for modes in net["inputs"] + [net["output"]]:
+        for m in modes:
+            letters.setdefault(m, oe.get_symbol(len(letters)))
+    eq = ",".join("".join(letters[m] for m in t) for t in net["inputs"]) + "->" + "".join(letters[m] for m in net["output"])
+    linear = ssa_to_linear(ssa, len(tensors))
+    if backend == "torch":
+        import torch
+        ops = [torch.from_numpy(t.astype(np.complex64)).cuda() for t in tensors]
+        oe.contract(eq, *ops, optimize=linear, backend="torch")  # warm-up (cuBLAS handles, caches)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        out = oe.contract(eq, *ops, optimize=linear, backend="torch")
+        torch.cuda.synchronize()
+        return time.perf_counter() - t0, complex(out.cpu().numpy().reshape(-1)[0])
+    ops = [t.astype(np.complex64) for t in tensors]
+    t0 = time.perf_counter()
+    out = oe.contract(eq, *ops, optimize=linear, backend="numpy")
+    return time.perf_counter() - t0, complex(np.asarray(out).reshape(-1)[0])
+
+
+def ceilings(args):
+    r = subprocess.run([args.bench, "ceilings", "--device", args.device, "--m", "4096", "--n", "4096", "--k", "4096"],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"qstage_bench failed:\n{r.stderr}")
+    return json.loads(r.stdout)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--qstage", required=True)
+    ap.add_argument("--bench", required=True, help="qstage_bench, for the cgemm ceiling")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--device-memory", default="")
+    ap.add_argument("--work", default="/tmp/tnbench")
+    ap.add_argument("--cases", default="big,medium")
+    ap.add_argument("--tf32", action="store_true", help="also contract with TF32 tensor cores")
+    ap.add_argument("--torch", action="store_true", help="opt_einsum + torch on the GPU, same path")
+    ap.add_argument("--numpy", action="store_true", help="opt_einsum + numpy on the CPU, same path")
+    args = ap.parse_args()
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    report = {"ceilings": ceilings(args), "cases": {}}
+    gemm = report["ceilings"]["gemm_complex64"]
+    cgemm = {False: gemm["fp32_TFLOPs"] * 1e12, True: gemm.get("tf32_TFLOPs", 0) * 1e12}
+    for name in args.cases.split(","):
+        case = CASES[name]
+        res = {"grid": case["grid"]}
+        for tf32 in ([False, True] if args.tf32 else [False]):
+            run_dir = work / f"{name}{'-tf32' if tf32 else ''}"
+            log = qstage_run(args, spec_for(name, case, tf32), run_dir)
+            out = run_dir / "outputs"
+            path, plan, amps = attrs(out / "path.h5"), attrs(out / "plan.h5"), attrs(out / "amps.h5")
+            flops = json.loads(path["cost"])["flops_total"]
+            with h5py.File(out / "plan.h5") as f:
+                planned = json.loads(bytes(f["plan"][()]).decode())
+            with h5py.File(out / "amps.h5") as f:
+                value = complex(f["amplitudes"][()].reshape(-1)[0])
+                step_seconds = f["step_seconds"][()]
+            sliced_flops = float(planned["cost"]["flops_total"])  # over all slices
+            wall = float(amps["qstage.wall_seconds"])
+            key = "qstage_tf32" if tf32 else "qstage"
+            res["path"] = {k: json.loads(path["cost"])[k] for k in ("log10_C_t", "log2_C_s", "flops_total")}
+            res["plan_log"] = [line.split("result: ")[1] for line in log.splitlines() if "'plan' result" in line]
+            res["slices"] = int(plan["slices"])
+            res["arena_bytes"] = int(plan["arena_bytes"])
+            res[key] = {"wall_seconds": wall, "value": [value.real, value.imag],
+                        "flops_executed": sliced_flops,
+                        "tflops": sliced_flops / wall / 1e12,
+                        "predicted_seconds": float(plan["predicted_seconds_per_slice"]) * int(plan["slices"]),
+                        "first_slice_step_seconds": float(step_seconds.sum())}
+            if cgemm[tf32]:
+                res[key]["fraction_of_cgemm"] = res[key]["tflops"] * 1e12 / cgemm[tf32]
+            print(f"{name}{' tf32' if tf32 else ''}: {res[key]}", file=sys.stderr)
+        if args.torch or args.numpy:
+            net, tensors, ssa = load_network(work / name)
+            for peer in (["torch"] if args.torch else []) + (["numpy"] if args.numpy else []):
+                seconds, value = peer_contract(net, tensors, ssa, peer)
+                res[peer] = {"seconds": seconds, "tflops": flops / seconds / 1e12, "value": [value.real, value.imag],
+                             "qstage_speedup": seconds / res["qstage"]["wall_seconds"],
+                             "relative_difference": abs(value - complex(*res["qstage"]["value"])) / abs(value)}
+                print(f"{name} {peer}: {res[peer]}", file=sys.stderr)
+        report["cases"][name] = res
+    print(json.dumps(report, indent=1, default=float))
+
+
+if __name__ == "__main__":
+    main()
