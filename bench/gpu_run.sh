@@ -5,6 +5,9 @@
 #   (pack: ../shared/gpu/pack.sh libopenblas0-openmp libspdlog1.10 libfmt9 libxxhash0 libquadmath0)
 #   bash bench/gpu_run.sh tests        unit tests (GPU kernels included) and the pytest suite on cuda
 #   bash bench/gpu_run.sh bench ARGS   bench/matmul_bench.py with ARGS
+#   bash bench/gpu_run.sh tn ARGS      bench/tn_bench.py with ARGS
+# The PyPI test oracles (opt_einsum, cotengra, autoray) travel unpacked in .gpu/py:
+#   pip download --no-deps -d W opt_einsum==3.4.0 cotengra==0.8.3 autoray==0.11.0, unzip each into .gpu/py
 #   bash bench/gpu_run.sh probe        device facts and I/O ceilings only
 set -uo pipefail
 source .gpu/env.sh
@@ -12,6 +15,7 @@ source .gpu/env.sh
 export LD_LIBRARY_PATH=/tmp/qdeps/usr/lib/x86_64-linux-gnu/openblas-openmp:$LD_LIBRARY_PATH
 export PATH=$PWD/.gpu/install/bin:$PATH
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
+export PYTHONPATH=$PWD/.gpu/py${PYTHONPATH:+:$PYTHONPATH}
 OUT=${OUT:-/tmp/qstage-out}
 mkdir -p "$OUT"
 
@@ -30,6 +34,10 @@ case "${1:-}" in
     shift
     python3 bench/matmul_bench.py --qstage "$(command -v qstage)" --bench "$(command -v qstage_bench)" "$@"
     ;;
+  tn)
+    shift
+    python3 bench/tn_bench.py --qstage "$(command -v qstage)" --bench "$(command -v qstage_bench)" "$@"
+    ;;
   probe)
     for dir in /dev/shm/qprobe /tmp/qprobe; do
       qstage_bench ceilings --device cuda --m 4096 --n 16384 --k 16384 --io-dir $dir --io-bytes 8GiB
@@ -37,5 +45,5 @@ case "${1:-}" in
     df -h /tmp /dev/shm | cat
     free -g | cat
     ;;
-  *) echo "usage: bash bench/gpu_run.sh tests|bench ARGS|probe" >&2; exit 2 ;;
+  *) echo "usage: bash bench/gpu_run.sh tests|bench ARGS|tn ARGS|probe" >&2; exit 2 ;;
 esac

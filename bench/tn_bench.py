@@ -120,6 +120,21 @@ def peer_contract(net, tensors, ssa, backend):
     return time.perf_counter() - t0, complex(np.asarray(out).reshape(-1)[0])
 
 
+def cotengra_path(net, seconds):
+    """cotengra's hyper-optimized greedy (kahypar is not installed) on the same network, for
+    minimal flops; C_t in multiply-adds and C_s in elements, as tn.path reports them."""
+    import math
+    import cotengra as ctg
+    inputs = [tuple(t) for t in net["inputs"]]
+    sizes = {int(k): v for k, v in net["size_dict"].items()}
+    t0 = time.perf_counter()
+    opt = ctg.HyperOptimizer(methods=["greedy"], max_time=seconds, max_repeats=10**6, progbar=False,
+                             parallel=False, minimize="flops")
+    tree = opt.search(inputs, tuple(net["output"]), sizes)
+    return {"seconds": time.perf_counter() - t0, "log10_C_t": math.log10(tree.contraction_cost()),
+            "log2_C_s": float(tree.contraction_width()), "trials": len(opt.scores)}
+
+
 def ceilings(args):
     r = subprocess.run([args.bench, "ceilings", "--device", args.device, "--m", "4096", "--n", "4096", "--k", "4096"],
                        capture_output=True, text=True)
@@ -139,6 +154,8 @@ def main():
     ap.add_argument("--tf32", action="store_true", help="also contract with TF32 tensor cores")
     ap.add_argument("--torch", action="store_true", help="opt_einsum + torch on the GPU, same path")
     ap.add_argument("--numpy", action="store_true", help="opt_einsum + numpy on the CPU, same path")
+    ap.add_argument("--cotengra", type=float, default=0, metavar="SECONDS",
+                    help="also search a path with cotengra for this long and compare C_t, C_s")
     args = ap.parse_args()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -174,6 +191,11 @@ def main():
             if cgemm[tf32]:
                 res[key]["fraction_of_cgemm"] = res[key]["tflops"] * 1e12 / cgemm[tf32]
             print(f"{name}{' tf32' if tf32 else ''}: {res[key]}", file=sys.stderr)
+        if args.cotengra:
+            net, _, _ = load_network(work / name)
+            res["cotengra"] = cotengra_path(net, args.cotengra)
+            res["path"]["seconds"] = float(attrs(work / name / "outputs" / "path.h5")["qstage.wall_seconds"])
+            print(f"{name} cotengra: {res['cotengra']} vs ours {res['path']}", file=sys.stderr)
         if args.torch or args.numpy:
             net, tensors, ssa = load_network(work / name)
             for peer in (["torch"] if args.torch else []) + (["numpy"] if args.numpy else []):
