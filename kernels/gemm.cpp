@@ -25,7 +25,33 @@ std::int64_t deterministic_row_block(std::int64_t tile_rows, std::int64_t target
 
 namespace {
 
+// Tiny products (tensor-network steps with 2 x 2 x 4 matrices in batches of millions) cost less
+// as a plain loop than as a BLAS call.
+constexpr std::int64_t kTinyGemm = 512;  // m * n * k
+
+template <typename T>
+void gemm_tiny(const Gemm& g) {
+  const T* a = static_cast<const T*>(g.a);
+  const T* b = static_cast<const T*>(g.b);
+  T* c = static_cast<T*>(g.c);
+  for (std::int64_t i = 0; i < g.m; ++i)
+    for (std::int64_t j = 0; j < g.n; ++j) {
+      T sum{};
+      for (std::int64_t p = 0; p < g.k; ++p) sum += a[i * g.lda + p] * (g.b_transposed ? b[j * g.ldb + p] : b[p * g.ldb + j]);
+      c[i * g.ldc + j] = sum;
+    }
+}
+
 void gemm_cpu_call(const Gemm& g) {
+  if (g.m * g.n * g.k <= kTinyGemm) {
+    switch (g.dtype) {
+      case h5::DType::float32: return gemm_tiny<float>(g);
+      case h5::DType::float64: return gemm_tiny<double>(g);
+      case h5::DType::complex64: return gemm_tiny<std::complex<float>>(g);
+      case h5::DType::complex128: return gemm_tiny<std::complex<double>>(g);
+      default: throw std::invalid_argument("gemm: unsupported dtype");
+    }
+  }
   const auto m = static_cast<blasint>(g.m), n = static_cast<blasint>(g.n), k = static_cast<blasint>(g.k);
   const auto tb = g.b_transposed ? CblasTrans : CblasNoTrans;
   const auto lda = static_cast<blasint>(g.lda), ldb = static_cast<blasint>(g.ldb), ldc = static_cast<blasint>(g.ldc);

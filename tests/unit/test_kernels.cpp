@@ -15,6 +15,7 @@
 #include "backend/backend.hpp"
 #include "kernels/checksum.hpp"
 #include "kernels/gemm.hpp"
+#include "kernels/looped_gemm.hpp"
 #include "kernels/random.hpp"
 #include "kernels/stats.hpp"
 #include "test_util.hpp"
@@ -304,4 +305,82 @@ TEST(GemmKernel, GpuMatchesReferenceAndCpu) {
     auto c = gpu.download<std::complex<float>>(dc, m * n);
     EXPECT_LT(relative_error(c, want), tf32 ? 5e-3 : 1e-5) << (tf32 ? "tf32" : "fp32");
   }
+}
+
+// Loop groups with scattered strides (as a tensor-network step has them): A is 3 x (2 x 4 x 3)
+// with the loop modes interleaved, B broadcasts over the first group (stride 0).
+kernels::LoopedGemm scattered_looped_gemm(const void* a, const void* b, void* c) {
+  kernels::LoopedGemm g;
+  g.m = 2;
+  g.n = 3;
+  g.k = 3;
+  g.a = a;
+  g.b = b;
+  g.c = c;
+  g.groups = 2;
+  g.extent[0] = 3, g.stride_a[0] = 2 * 3 * 4, g.stride_b[0] = 0, g.stride_c[0] = 5 * 2 * 3;
+  g.extent[1] = 5, g.stride_a[1] = 2 * 3, g.stride_b[1] = 3 * 3, g.stride_c[1] = 2 * 3;
+  return g;
+}
+
+std::vector<cd> reference_looped(const kernels::LoopedGemm& g, const std::vector<std::complex<float>>& a,
+                                 const std::vector<std::complex<float>>& b, std::size_t c_size) {
+  std::vector<cd> c(c_size);
+  for (std::int64_t x = 0; x < g.extent[0]; ++x)
+    for (std::int64_t y = 0; y < g.extent[1]; ++y) {
+      const std::int64_t oa = x * g.stride_a[0] + y * g.stride_a[1], ob = x * g.stride_b[0] + y * g.stride_b[1],
+                         oc = x * g.stride_c[0] + y * g.stride_c[1];
+      for (std::int64_t i = 0; i < g.m; ++i)
+        for (std::int64_t j = 0; j < g.n; ++j) {
+          cd sum = 0;
+          for (std::int64_t p = 0; p < g.k; ++p) sum += cd(a[oa + i * g.k + p]) * cd(b[ob + j * g.k + p]);
+          c[oc + i * g.n + j] = sum;
+        }
+    }
+  return c;
+}
+
+TEST(LoopedGemmKernel, CpuMatchesReference) {
+  auto a = random_complex(3 * 24 + 32, 21), b = random_complex(5 * 9, 22);
+  std::vector<std::complex<float>> c(3 * 5 * 6, {-7, -7});
+  const auto g = scattered_looped_gemm(a.data(), b.data(), c.data());
+  kernels::looped_gemm_cpu(g);
+  EXPECT_LT(relative_error(c, reference_looped(g, a, b, c.size())), 1e-6);
+}
+
+TEST(LoopedGemmKernel, GpuMatchesCpu) {
+  REQUIRE_GPU();
+  GpuRun gpu;
+  auto a = random_complex(3 * 24 + 32, 21), b = random_complex(5 * 9, 22);
+  std::vector<std::complex<float>> c(3 * 5 * 6);
+  Buffer da = gpu.upload(a.data(), a.size() * 8), db = gpu.upload(b.data(), b.size() * 8);
+  Buffer dc = gpu.backend->alloc_device(c.size() * 8, "test");
+  const auto g = scattered_looped_gemm(da.data(), db.data(), dc.data());
+  kernels::looped_gemm(*gpu.stream, g);
+  const auto got = gpu.download<std::complex<float>>(dc, c.size());
+  kernels::looped_gemm_cpu(scattered_looped_gemm(a.data(), b.data(), c.data()));
+  EXPECT_LT(relative_error(got, reference_looped(g, a, b, c.size())), 1e-6);
+  std::vector<cd> cpu(c.begin(), c.end());
+  EXPECT_LT(relative_error(got, cpu), 1e-6);
+}
+
+TEST(LoopedGemmKernel, GpuMatchesCpuWithLongSums) {
+  REQUIRE_GPU();
+  GpuRun gpu;
+  kernels::LoopedGemm g;  // k = 100 takes the warp-per-element kernel
+  g.m = 3, g.n = 2, g.k = 100, g.groups = 2;
+  g.extent[0] = 4, g.stride_a[0] = 0, g.stride_b[0] = 2 * 100 * 3, g.stride_c[0] = 3 * 3 * 2;
+  g.extent[1] = 3, g.stride_a[1] = 3 * 100, g.stride_b[1] = 2 * 100, g.stride_c[1] = 3 * 2;
+  auto a = random_complex(3 * 300, 31), b = random_complex(4 * 600, 32);
+  std::vector<std::complex<float>> c(4 * 18);
+  Buffer da = gpu.upload(a.data(), a.size() * 8), db = gpu.upload(b.data(), b.size() * 8);
+  Buffer dc = gpu.backend->alloc_device(c.size() * 8, "test");
+  kernels::LoopedGemm dg = g;
+  dg.a = da.data(), dg.b = db.data(), dg.c = dc.data();
+  kernels::looped_gemm(*gpu.stream, dg);
+  const auto got = gpu.download<std::complex<float>>(dc, c.size());
+  g.a = a.data(), g.b = b.data(), g.c = c.data();
+  kernels::looped_gemm_cpu(g);
+  EXPECT_LT(relative_error(got, reference_looped(g, a, b, c.size())), 1e-5);
+  EXPECT_LT(relative_error(got, std::vector<cd>(c.begin(), c.end())), 1e-5);
 }

@@ -1,0 +1,82 @@
+#pragma once
+// Many tiny GEMMs whose operands sit at offsets that are not one arithmetic progression: the
+// tensor-network steps whose batch modes (shared by both operands and the result) are laid out
+// differently in each (a 24-qubit circuit has steps of 2 x 2 x 4 products over 2^24 loop
+// indices). One thread per result element walks the loop digits itself, instead of one BLAS
+// call per loop index. Each element sums over k in a fixed order: the bits do not depend on the
+// device's thread count or the launch shape.
+#include <cstdint>
+
+#include "backend/backend.hpp"
+#include "io/h5.hpp"
+#include "kernels/common.hpp"
+
+namespace qstage::kernels {
+
+inline constexpr int kMaxLoopGroups = 64;
+
+struct LoopedGemm {
+  h5::DType dtype = h5::DType::complex64;  // complex64 or complex128
+  std::int64_t m = 1, n = 1, k = 1;
+  // For loop index (i_0, ..., i_{g-1}) (i_0 outermost) the product is C = A · Bᵀ with A at
+  // a + sum i_d stride_a[d] (m × k, row-major), B at b + sum i_d stride_b[d] (n × k) and C at
+  // c + sum i_d stride_c[d] (m × n). Strides in elements.
+  const void* a = nullptr;
+  const void* b = nullptr;
+  void* c = nullptr;
+  int groups = 0;
+  std::int64_t extent[kMaxLoopGroups] = {}, stride_a[kMaxLoopGroups] = {}, stride_b[kMaxLoopGroups] = {},
+               stride_c[kMaxLoopGroups] = {};
+  std::uint64_t loops() const {
+    std::uint64_t n_loops = 1;
+    for (int d = 0; d < groups; ++d) n_loops *= static_cast<std::uint64_t>(extent[d]);
+    return n_loops;
+  }
+};
+
+void looped_gemm(Stream& stream, const LoopedGemm& g);
+void looped_gemm_cpu(const LoopedGemm& g);
+
+namespace detail {
+void looped_gemm_cuda(void* cuda_stream, const LoopedGemm& g);
+
+template <typename Real>
+struct Complex {
+  Real re, im;
+};
+
+// Where result element e (row-major over loops, then m, then n) reads and writes: its row i and
+// column j, and the offsets of its loop index in A, B and C (elements).
+struct ElementAt {
+  std::int64_t i, j, a, b, c;
+};
+QSTAGE_HD ElementAt element_at(const LoopedGemm& g, std::uint64_t e) {
+  ElementAt at{static_cast<std::int64_t>((e / static_cast<std::uint64_t>(g.n)) % static_cast<std::uint64_t>(g.m)),
+               static_cast<std::int64_t>(e % static_cast<std::uint64_t>(g.n)), 0, 0, 0};
+  std::uint64_t rest = e / static_cast<std::uint64_t>(g.n * g.m);
+  for (int d = g.groups - 1; d >= 0; --d) {
+    const auto digit = static_cast<std::int64_t>(rest % static_cast<std::uint64_t>(g.extent[d]));
+    rest /= static_cast<std::uint64_t>(g.extent[d]);
+    at.a += digit * g.stride_a[d];
+    at.b += digit * g.stride_b[d];
+    at.c += digit * g.stride_c[d];
+  }
+  return at;
+}
+
+// Result element e, summed over k in order; shared by the CPU twin and the short-sum kernel.
+template <typename Real>
+QSTAGE_HD void looped_gemm_element(const LoopedGemm& g, std::uint64_t e) {
+  const ElementAt at = element_at(g, e);
+  const Complex<Real>* x = static_cast<const Complex<Real>*>(g.a) + at.a + at.i * g.k;
+  const Complex<Real>* y = static_cast<const Complex<Real>*>(g.b) + at.b + at.j * g.k;
+  Real re = 0, im = 0;
+  for (std::int64_t p = 0; p < g.k; ++p) {
+    re += x[p].re * y[p].re - x[p].im * y[p].im;
+    im += x[p].re * y[p].im + x[p].im * y[p].re;
+  }
+  static_cast<Complex<Real>*>(g.c)[at.c + at.i * g.n + at.j] = Complex<Real>{re, im};
+}
+}  // namespace detail
+
+}  // namespace qstage::kernels
