@@ -5,24 +5,12 @@
 #include <cstring>
 
 #include "kernels/gemm.hpp"
+#include "kernels/looped_gemm.hpp"
 #include "kernels/permute.hpp"
 
 namespace qstage::tn {
 
 namespace {
-
-std::vector<std::int64_t> row_major_strides(const Network& net, const std::vector<Mode>& modes) {
-  std::vector<std::int64_t> s(modes.size(), 1);
-  for (size_t j = modes.size(); j-- > 1;) s[j - 1] = s[j] * net.extent.at(modes[j]);
-  return s;
-}
-
-std::int64_t stride_of(const Network& net, const std::vector<Mode>& modes, Mode m) {
-  const auto s = row_major_strides(net, modes);
-  for (size_t j = 0; j < modes.size(); ++j)
-    if (modes[j] == m) return s[j];
-  return 0;  // not in this tensor: the loop index does not move it
-}
 
 // Input data in the compute precision.
 std::vector<char> converted(const std::vector<cd>& data, h5::DType dtype) {
@@ -47,10 +35,10 @@ Contractor::Contractor(const Network& net, const Plan& plan, h5::DType dtype, bo
     Staging st;
     for (Mode m : plan.input_layouts[i]) {
       st.dims.push_back(net.extent.at(m));
-      st.strides.push_back(stride_of(net, stored, m));
+      st.strides.push_back(stride_in(net, stored, m));
     }
     for (size_t j = 0; j < plan.sliced.size(); ++j) {
-      const std::int64_t s = stride_of(net, stored, plan.sliced[j]);
+      const std::int64_t s = stride_in(net, stored, plan.sliced[j]);
       if (s) st.sliced.push_back({j, s});
     }
     staging_.push_back(std::move(st));
@@ -110,15 +98,8 @@ void Contractor::stage_input(Stream& stream, int id, std::uint64_t slice, const 
   kernels::gather_permute(stream, g);
 }
 
-void Contractor::run_step(Stream& stream, const PlanStep& st, char* arena) {
-  const size_t e = element_bytes();
-  const char* a = arena + st.a_offset;
-  const char* b = arena + st.b_offset;
-  char* c = arena + st.c_offset;
-  const auto& L_modes = st.left_is_b ? st.b_modes : st.a_modes;
-  const auto& R_modes = st.left_is_b ? st.a_modes : st.b_modes;
-  const char* L = st.left_is_b ? b : a;
-  const char* R = st.left_is_b ? a : b;
+// The step's block product C[L-run, R-run] = L[L-run, K] . R[R-run, K]^T, operands not yet set.
+kernels::Gemm Contractor::step_gemm(const PlanStep& st) const {
   kernels::Gemm g;
   g.dtype = dtype_;
   g.m = st.m;
@@ -129,6 +110,59 @@ void Contractor::run_step(Stream& stream, const PlanStep& st, char* arena) {
   g.ldc = st.n;
   g.b_transposed = true;
   g.tf32 = tf32_;
+  return g;
+}
+
+// Gathers L into [loops | L-run | K] and R into [loops | R-run | K] in the step's workspace, then
+// one strided-batched GEMM writes C, whose layout is [loops | L-run | R-run], in place.
+void Contractor::run_packed(Stream& stream, const PlanStep& st, char* arena, const std::vector<Mode>& L_modes,
+                            const std::vector<Mode>& R_modes, const char* L, const char* R, char* c) {
+  std::vector<Mode> K;
+  for (Mode m : L_modes)
+    if (std::find(st.c_modes.begin(), st.c_modes.end(), m) == st.c_modes.end()) K.push_back(m);
+  auto pack = [&](const std::vector<Mode>& X_modes, const char* X, char* dst) {
+    std::vector<Mode> order = st.loop_modes;
+    for (size_t i = st.loop_modes.size(); i < st.c_modes.size(); ++i)
+      if (std::find(X_modes.begin(), X_modes.end(), st.c_modes[i]) != X_modes.end()) order.push_back(st.c_modes[i]);
+    order.insert(order.end(), K.begin(), K.end());
+    kernels::GatherPermute g;
+    g.dtype = dtype_;
+    g.in = X;
+    g.out = dst;
+    if (order.size() > static_cast<size_t>(kernels::kMaxRank))
+      throw std::runtime_error("tn: a packed operand has more modes than the gather kernel supports");
+    g.rank = static_cast<int>(order.size());
+    for (int j = 0; j < g.rank; ++j) {
+      g.dims[j] = net_.extent.at(order[static_cast<size_t>(j)]);
+      g.strides[j] = stride_in(net_, X_modes, order[static_cast<size_t>(j)]);
+    }
+    kernels::gather_permute(stream, g);
+  };
+  char* pl = arena + st.pack_l_offset;
+  char* pr = arena + st.pack_r_offset;
+  pack(L_modes, L, pl);
+  pack(R_modes, R, pr);
+  kernels::Gemm g = step_gemm(st);
+  g.a = pl;
+  g.b = pr;
+  g.c = c;
+  g.batch = st.loops;
+  g.stride_a = st.m * st.k;
+  g.stride_b = st.n * st.k;
+  g.stride_c = st.m * st.n;
+  kernels::gemm(stream, g);
+}
+
+void Contractor::run_step(Stream& stream, const PlanStep& st, char* arena) {
+  const size_t e = element_bytes();
+  const char* a = arena + st.a_offset;
+  const char* b = arena + st.b_offset;
+  char* c = arena + st.c_offset;
+  const auto& L_modes = st.left_is_b ? st.b_modes : st.a_modes;
+  const auto& R_modes = st.left_is_b ? st.a_modes : st.b_modes;
+  const char* L = st.left_is_b ? b : a;
+  const char* R = st.left_is_b ? a : b;
+  kernels::Gemm g = step_gemm(st);
   if (st.loop_modes.empty()) {
     g.a = L;
     g.b = R;
@@ -136,23 +170,44 @@ void Contractor::run_step(Stream& stream, const PlanStep& st, char* arena) {
     kernels::gemm(stream, g);
     return;
   }
-  // Loops over C's leading modes: a strided batch over the innermost loop mode, a host loop over
-  // the others (their offsets need not form one progression).
-  const Mode inner = st.loop_modes.back();
-  g.batch = net_.extent.at(inner);
-  g.stride_a = stride_of(net_, L_modes, inner);
-  g.stride_b = stride_of(net_, R_modes, inner);
-  g.stride_c = stride_of(net_, st.c_modes, inner);
-  struct Outer {
-    std::int64_t extent, l, r, c;  // the mode's extent and its strides in L, R and C
-  };
-  std::vector<Outer> outer;
-  std::int64_t count = 1;
-  for (auto it = st.loop_modes.begin(); it + 1 < st.loop_modes.end(); ++it) {
-    outer.push_back({net_.extent.at(*it), stride_of(net_, L_modes, *it), stride_of(net_, R_modes, *it),
-                     stride_of(net_, st.c_modes, *it)});
-    count *= outer.back().extent;
+  if (st.packed) return run_packed(stream, st, arena, L_modes, R_modes, L, R, c);
+  // Loops over C's leading modes, merged into groups where their strides line up (innermost
+  // first): the innermost group is a strided batch, a host loop runs over the others.
+  const auto groups = loop_groups(net_, st);
+  using Loop = LoopGroup;
+  const std::int64_t mnk = st.m * st.n * st.k;
+  const bool many_calls = host_calls(groups) > kMaxHostCalls || (groups.size() > 1 && mnk <= kTinyProduct);
+  if (many_calls && groups.size() <= kernels::kMaxLoopGroups &&
+      (dtype_ == h5::DType::complex64 || dtype_ == h5::DType::complex128) && !tf32_) {
+    // Products at scattered offsets that packing did not take (its copies would have been
+    // larger than the operands): one kernel walks all loop indices, where a BLAS call per
+    // index would be thousands to millions of launches.
+    kernels::LoopedGemm lg;
+    lg.dtype = dtype_;
+    lg.m = st.m;
+    lg.n = st.n;
+    lg.k = st.k;
+    lg.a = L;
+    lg.b = R;
+    lg.c = c;
+    lg.groups = static_cast<int>(groups.size());
+    for (int d = 0; d < lg.groups; ++d) {
+      const Loop& o = groups[groups.size() - 1 - static_cast<size_t>(d)];  // outermost first
+      lg.extent[d] = o.extent;
+      lg.stride_a[d] = o.l;
+      lg.stride_b[d] = o.r;
+      lg.stride_c[d] = o.c;
+    }
+    kernels::looped_gemm(stream, lg);
+    return;
   }
+  g.batch = groups.front().extent;
+  g.stride_a = groups.front().l;
+  g.stride_b = groups.front().r;
+  g.stride_c = groups.front().c;
+  const std::vector<Loop> outer(groups.rbegin(), groups.rend() - 1);  // outermost first
+  std::int64_t count = 1;
+  for (const Loop& o : outer) count *= o.extent;
   for (std::int64_t i = 0; i < count; ++i) {
     std::int64_t rest = i, off_l = 0, off_r = 0, off_c = 0;
     for (size_t j = outer.size(); j-- > 0;) {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "backend/backend.hpp"
+#include "kernels/gemm.hpp"
 #include "stages/tn/network.hpp"
 #include "stages/tn/plan.hpp"
 
@@ -38,6 +39,9 @@ class Contractor {
   };
   void stage_input(Stream& stream, int id, std::uint64_t slice, const std::vector<std::uint8_t>& bits, char* dst);
   void run_step(Stream& stream, const PlanStep& st, char* arena);
+  kernels::Gemm step_gemm(const PlanStep& st) const;
+  void run_packed(Stream& stream, const PlanStep& st, char* arena, const std::vector<Mode>& L_modes,
+                  const std::vector<Mode>& R_modes, const char* L, const char* R, char* c);
 
   const Network& net_;
   const Plan& plan_;

@@ -66,6 +66,43 @@ class Arena {
   std::uint64_t peak_ = 0;
 };
 
+}  // namespace
+
+std::int64_t stride_in(const Network& net, const std::vector<Mode>& layout, Mode m) {
+  std::int64_t s = 1;
+  for (size_t j = layout.size(); j-- > 0;) {
+    if (layout[j] == m) return s;
+    s *= net.extent.at(layout[j]);
+  }
+  return 0;  // not in this tensor: the loop index does not move it
+}
+
+std::vector<LoopGroup> loop_groups(const Network& net, const PlanStep& st) {
+  const auto& L = st.left_is_b ? st.b_modes : st.a_modes;
+  const auto& R = st.left_is_b ? st.a_modes : st.b_modes;
+  std::vector<LoopGroup> groups;
+  for (auto it = st.loop_modes.rbegin(); it != st.loop_modes.rend(); ++it) {
+    const LoopGroup o{net.extent.at(*it), stride_in(net, L, *it), stride_in(net, R, *it), stride_in(net, st.c_modes, *it)};
+    if (!groups.empty()) {
+      LoopGroup& in = groups.back();
+      if (o.l == in.l * in.extent && o.r == in.r * in.extent && o.c == in.c * in.extent) {
+        in.extent *= o.extent;
+        continue;
+      }
+    }
+    groups.push_back(o);
+  }
+  return groups;
+}
+
+std::int64_t host_calls(const std::vector<LoopGroup>& groups) {
+  std::int64_t calls = 1;
+  for (size_t i = 1; i < groups.size(); ++i) calls *= groups[i].extent;
+  return calls;
+}
+
+namespace {
+
 // Builds the layouts, GEMM mapping, memory plan and predictions for a fixed set of sliced modes.
 Plan build(const Network& net, const Path& path, const std::set<Mode>& sliced, const PlanOptions& o) {
   const size_t N = net.tensors.size();
@@ -159,14 +196,32 @@ Plan build(const Network& net, const Path& path, const std::set<Mode>& sliced, c
     st.a_offset = offset[static_cast<size_t>(st.a)];
     st.b_offset = offset[static_cast<size_t>(st.b)];
     st.c_offset = offset[static_cast<size_t>(st.c)];
+    // Packing: [loops | run | K] copies, where a loop mode missing from one operand is repeated.
+    // Only where the copies are no larger than the step's own operands and result.
+    const auto loop_bytes = static_cast<std::uint64_t>(st.loops) * o.element_bytes;
+    const std::uint64_t pack_l = loop_bytes * static_cast<std::uint64_t>(st.m * st.k),
+                        pack_r = loop_bytes * static_cast<std::uint64_t>(st.n * st.k);
+    st.packed = host_calls(loop_groups(net, st)) > kMaxHostCalls && st.m * st.n * st.k > kTinyProduct &&
+                pack_l + pack_r <= st.a_bytes + st.b_bytes + st.c_bytes;
+    if (st.packed) {  // workspace for the gathered operands, live during this step only
+      st.pack_l_offset = arena.place(pack_l);
+      st.pack_r_offset = arena.place(pack_r);
+      ++plan.packed_steps;
+    }
     st.live_bytes = arena.in_use();
+    if (st.packed) {
+      arena.free(st.pack_l_offset);
+      arena.free(st.pack_r_offset);
+    }
     arena.free(st.a_offset);
     arena.free(st.b_offset);
     const double mnk = static_cast<double>(st.m) * static_cast<double>(st.n) * static_cast<double>(st.k) *
                        static_cast<double>(st.loops);
     st.flops = (o.element_bytes >= 8 ? 8.0 : 2.0) * mnk;
-    st.predicted_seconds = std::max(static_cast<double>(st.a_bytes + st.b_bytes + st.c_bytes) / o.bandwidth,
-                                    st.flops / o.gemm_rate);
+    const std::uint64_t packed_bytes =
+        st.packed ? static_cast<std::uint64_t>(st.loops * (st.m + st.n) * st.k) * o.element_bytes : 0;
+    const std::uint64_t moved = st.a_bytes + st.b_bytes + st.c_bytes + 2 * packed_bytes;
+    st.predicted_seconds = std::max(static_cast<double>(moved) / o.bandwidth, st.flops / o.gemm_rate);
     plan.predicted_seconds += st.predicted_seconds;
     plan.steps.push_back(std::move(st));
   }
@@ -241,7 +296,8 @@ json Plan::to_json() const {
                           {"m", s.m}, {"n", s.n}, {"k", s.k}, {"loops", s.loops},
                           {"offsets", {s.a_offset, s.b_offset, s.c_offset}},
                           {"bytes", {s.a_bytes, s.b_bytes, s.c_bytes}}, {"flops", s.flops},
-                          {"predicted_seconds", s.predicted_seconds}, {"live_bytes", s.live_bytes}});
+                          {"predicted_seconds", s.predicted_seconds}, {"live_bytes", s.live_bytes},
+                          {"packed", s.packed}, {"pack_offsets", {s.pack_l_offset, s.pack_r_offset}}});
   return {{"format", "qstage-plan-1"}, {"input_layouts", input_layouts}, {"input_transposes", input_transposes},
           {"steps", steps_json}, {"sliced", sliced}, {"slices", slices}, {"output", output},
           {"element_bytes", element_bytes}, {"arena_bytes", arena_bytes}, {"input_bytes", input_bytes},
@@ -277,6 +333,12 @@ Plan Plan::from_json(const json& j) {
     st.flops = s.at("flops");
     st.predicted_seconds = s.at("predicted_seconds");
     st.live_bytes = s.at("live_bytes");
+    st.packed = s.value("packed", false);
+    if (st.packed) {
+      st.pack_l_offset = s.at("pack_offsets")[0];
+      st.pack_r_offset = s.at("pack_offsets")[1];
+    }
+    p.packed_steps += st.packed ? 1 : 0;
     p.steps.push_back(std::move(st));
   }
   p.sliced = j.at("sliced").get<std::vector<Mode>>();

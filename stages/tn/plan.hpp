@@ -10,7 +10,11 @@
 // GEMM mapping of a step with layouts A = [ret_A | K], B = [ret_B | K] and C: the trailing run of
 // C's modes that come from one operand (R) and the run before it from the other (L) form the
 // GEMM block C[L-run, R-run] = L[L-run, K] . R[R-run, K]^T. C's modes before the block are
-// loops: a batch of GEMMs (strided where the offsets are an arithmetic progression).
+// loops: a batch of GEMMs. Neighbouring loop modes whose strides line up in L, R and C merge;
+// the innermost group is one strided-batched GEMM. When the other groups would still need many
+// calls, the step is *packed*: L and R are gathered into [loops | run | K] copies in the arena
+// (workspace the memory plan counts) and the step is one strided-batched GEMM writing C in
+// place. Tiny products over many loop groups run in one looped kernel instead (no workspace).
 //
 // Memory: every intermediate gets an offset in one device arena (first fit, by lifetime); the
 // arena's size is the plan's exact peak. Slicing fixes closed modes until the arena fits the
@@ -36,11 +40,28 @@ struct PlanStep {
   double flops = 0;                        // real flops (8 per complex multiply-add)
   double predicted_seconds = 0;
   std::uint64_t live_bytes = 0;            // arena bytes in use during this step
+  bool packed = false;                     // L and R are gathered into workspace first
+  std::uint64_t pack_l_offset = 0, pack_r_offset = 0;  // the workspace (arena bytes)
 };
+
+// A group of neighbouring loop modes with one stride each in L, R and C (elements).
+struct LoopGroup {
+  std::int64_t extent, l, r, c;
+};
+// A step's loop modes merged into groups, innermost first.
+std::vector<LoopGroup> loop_groups(const Network& net, const PlanStep& st);
+// Host-side GEMM calls the step needs unpacked: the product of all but the innermost group.
+std::int64_t host_calls(const std::vector<LoopGroup>& groups);
+// Products up to this many multiply-adds over several loop groups run in one looped kernel.
+inline constexpr std::int64_t kTinyProduct = 4096;
+// More host calls than this and a step is packed.
+inline constexpr std::int64_t kMaxHostCalls = 16;
+std::int64_t stride_in(const Network& net, const std::vector<Mode>& layout, Mode m);  // 0 if absent
 
 struct Plan {
   std::vector<std::vector<Mode>> input_layouts;  // the order each input tensor is loaded in
   int input_transposes = 0;                      // inputs whose planned order differs from the stored one
+  int packed_steps = 0;                          // steps that gather their operands into workspace
   std::vector<PlanStep> steps;
   std::vector<Mode> sliced;
   std::int64_t slices = 1;
