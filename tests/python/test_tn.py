@@ -10,7 +10,7 @@ import pytest
 
 from conftest import DEVICE, ROOT, committed_run, run, write_spec
 
-DATA = ROOT.parent / "shared" / "data" / "circuits"
+DATA = ROOT / "tests" / "data" / "circuits"
 
 
 def contract_steps(plan_params, path_params="max_seconds: 1, max_tries: 64", suffix="", result="amps"):
