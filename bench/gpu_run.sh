@@ -3,7 +3,7 @@
 # ../shared/gpu/pack.sh libopenblas0-openmp and a build installed into .gpu/install
 # (docs/benchmarks.md, "How to reproduce").
 #   (pack: ../shared/gpu/pack.sh libopenblas0-openmp libspdlog1.10 libfmt9 libxxhash0 libquadmath0)
-#   bash bench/gpu_run.sh tests        unit tests (GPU kernels included) and the pytest suite on cuda
+#   bash bench/gpu_run.sh tests [PYTEST ARGS]   unit tests (GPU kernels included) and the pytest suite on cuda
 #   bash bench/gpu_run.sh bench ARGS   bench/matmul_bench.py with ARGS
 #   bash bench/gpu_run.sh tn ARGS      bench/tn_bench.py with ARGS
 # The PyPI test oracles (opt_einsum, cotengra, autoray) travel unpacked in .gpu/py:
@@ -26,8 +26,11 @@ case "${1:-}" in
     qstage_unit_tests --gtest_brief=1 2>&1 | tail -n 30
     per_test=""
     python3 -c "import pytest_timeout" 2>/dev/null && per_test="--timeout 150"
+    shift
+    selection=("$@")
+    [ ${#selection[@]} -gt 0 ] || selection=(tests/python)
     QSTAGE_BIN=$(command -v qstage) QSTAGE_TEST_DEVICE=cuda python3 -m pytest -q -rs -p no:cacheprovider \
-      $per_test tests/python > "$OUT/pytest.log" 2>&1
+      $per_test "${selection[@]}" > "$OUT/pytest.log" 2>&1
     grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest.log" | tail -n 20
     ;;
   bench)

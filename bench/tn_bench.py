@@ -196,9 +196,12 @@ def main():
             res["cotengra"] = cotengra_path(net, args.cotengra)
             res["path"]["seconds"] = float(attrs(work / name / "outputs" / "path.h5")["qstage.wall_seconds"])
             print(f"{name} cotengra: {res['cotengra']} vs ours {res['path']}", file=sys.stderr)
-        if args.torch or args.numpy:
+        peers = (["torch"] if args.torch else []) + (["numpy"] if args.numpy and flops < 2e13 else [])
+        if peers and res["slices"] > 1:
+            res["peers"] = "skipped: the peers run unsliced, and this case needs slicing to fit"
+        elif peers:
             net, tensors, ssa = load_network(work / name)
-            for peer in (["torch"] if args.torch else []) + (["numpy"] if args.numpy else []):
+            for peer in peers:
                 seconds, value = peer_contract(net, tensors, ssa, peer)
                 res[peer] = {"seconds": seconds, "tflops": flops / seconds / 1e12, "value": [value.real, value.imag],
                              "qstage_speedup": seconds / res["qstage"]["wall_seconds"],
