@@ -148,27 +148,35 @@ steps:
     assert abs(np.vdot(psi, psi).real - 1) < 1e-12
 
 
-def test_einsum_network_matches_numpy(tmp):
-    spec = """
+@pytest.mark.parametrize("expression,sizes,packed", [
+    ("abc,cde,efa,bdf->", "{a: 4, b: 5, c: 6, d: 3, e: 4, f: 2}", 0),
+    # Batch modes a, b around x, which B lacks: too many strided calls, so the step is packed.
+    ("axbk,abyk->axby", "{a: 16, x: 2, b: 2, k: 2, y: 4096}", 1),
+])
+def test_einsum_network_matches_numpy(tmp, expression, sizes, packed):
+    spec = f"""
 name: einsum
 steps:
   - id: net
     stage: tn.build
-    params: {einsum: {expression: "abc,cde,efa,bdf->", sizes: {a: 4, b: 5, c: 6, d: 3, e: 4, f: 2}, seed: 3}}""" + \
-        contract_steps("precision: complex128, budget: 1MiB", result="value")
+    params: {{einsum: {{expression: "{expression}", sizes: {sizes}, seed: 3}}}}""" + \
+        contract_steps("precision: complex128, budget: 64MiB", result="value")
     _, run_dir = committed_run(tmp, spec)
     with h5py.File(run_dir / "outputs" / "net.h5") as f:
         net = json.loads(bytes(f["network"][()]).decode())
         names = sorted(f["tensors"])
         tensors = [f["tensors"][n][()] for n in names]
-    sizes = {int(k): v for k, v in net["size_dict"].items()}
+    with h5py.File(run_dir / "outputs" / "plan.h5") as f:
+        assert f.attrs["packed_steps"] == packed
+    extents = {int(k): v for k, v in net["size_dict"].items()}
     letters = "abcdefghijklmnop"
-    shaped = [t.reshape([sizes[m] for m in modes]) for t, modes in zip(tensors, net["inputs"])]
-    expr = ",".join("".join(letters[m] for m in modes) for modes in net["inputs"]) + "->"
-    expected = np.einsum(expr, *shaped)
+    shaped = [t.reshape([extents[m] for m in modes]) for t, modes in zip(tensors, net["inputs"])]
+    expr = ",".join("".join(letters[m] for m in modes) for modes in net["inputs"]) + "->" + \
+        "".join(letters[m] for m in net["output"])
+    expected = np.asarray(np.einsum(expr, *shaped)).reshape(-1)
     with h5py.File(run_dir / "outputs" / "value.h5") as f:
-        got = f["value"][()]
-    assert abs(got.reshape(-1)[0] - expected) < 1e-12 * max(1, abs(expected))
+        got = f["value"][()].reshape(-1)
+    assert np.linalg.norm(got - expected) <= 1e-12 * max(1, np.linalg.norm(expected))
 
 
 def linear_to_ssa(path, n):
