@@ -140,6 +140,16 @@ def test_embedded_quickstart_runs_in_the_current_directory(tmp):
     with h5py.File(out / "check.h5") as f:
         assert f["relative_error"][()] < 1e-5 and f.attrs["rtol"] == 1e-5
     assert "within rtol" in r.err
+    try:
+        import jsonschema
+    except ImportError:
+        return  # test_output_layouts_match_their_schemas says it is skipped
+    stages = {"circuit": "tn.build", "path": "tn.path", "plan": "tn.plan", "amplitudes": "tn.contract",
+              "reference": "tn.statevector", "check": "tensor.compare"}
+    for step, stage in stages.items():
+        r = run(["inspect", out / f"{step}.h5", "--json"])
+        assert r.code == 0, r
+        jsonschema.validate(json.loads(r.out), json.loads((ROOT / "schemas" / "outputs" / f"{stage}.json").read_text()))
 
 
 def test_help_and_version():

@@ -1,0 +1,105 @@
+#!/usr/bin/env python3
+"""Writes schemas/outputs/<stage>.json for the stages listed below: the layout of a stage's
+output file as `qstage inspect --json` prints it (provenance attributes, the stage's own
+attributes, and the datasets it always writes). Run it after changing a stage's layout:
+    python3 scripts/make_output_schemas.py
+"""
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+PROVENANCE = {
+    "qstage.stage": None, "qstage.stage_version": {"type": "integer", "minimum": 1},
+    "qstage.step": {"type": "string"}, "qstage.workflow": {"type": "string"},
+    "qstage.params": {"type": "string", "description": "canonical parameters (JSON), defaults filled in"},
+    "qstage.inputs": {"type": "string", "description": "slot -> {source, content hash} (JSON)"},
+    "qstage.step_key": {"type": "string"}, "qstage.version": {"type": "string"},
+    "qstage.backend": {"enum": ["cpu", "cuda"]}, "qstage.device": {"type": "string"},
+    "qstage.ranks": {"type": "integer", "minimum": 1},
+    "qstage.wall_seconds": {"type": "number", "minimum": 0, "description": "summed over attempts"},
+    "qstage.attempts": {"type": "integer", "minimum": 1},
+    "qstage.peak_device_bytes": {"type": "integer", "minimum": 0},
+    "qstage.peak_host_bytes": {"type": "integer", "minimum": 0},
+    "qstage.created": {"type": "string"},
+    "qstage.summary": {"type": "string", "description": "JSON summary of the planned work"},
+}
+STRING, INT, NUMBER = {"type": "string"}, {"type": "integer"}, {"type": "number"}
+JSON_TEXT = {"type": "string", "description": "JSON"}
+
+# stage -> (description, own attributes {name: schema}, datasets [(path, dtype, rank)])
+STAGES = {
+    "tn.build": ("a tensor network: its JSON description (UTF-8 bytes), one dataset per tensor in "
+                 "/tensors, and the bitstrings of an amplitude network",
+                 {"network_kind": {"enum": ["amplitude", "expectation", "generic"]},
+                  "network_description": STRING, "tensors": INT},
+                 [("/network", "uint8", 1), ("/tensors/t000000", "complex128", 1)]),
+    "tn.path": ("a contraction path (SSA pairs) with its sliced modes and costs (seed 000's C_t in "
+                "complex multiply-adds, C_s and C_m in elements)",
+                {"cost": JSON_TEXT, "method": STRING, "C_t_multiply_adds": NUMBER, "C_s_elements": NUMBER,
+                 "C_m_elements": NUMBER, "flops_total": NUMBER},
+                [("/path", "int64", 2), ("/sliced", "int64", 1)]),
+    "tn.plan": ("an executable contraction plan (JSON in /plan) and per-step columns for plotting",
+                {"slices": INT, "arena_bytes": INT, "input_transposes": INT, "packed_steps": INT,
+                 "predicted_seconds_per_slice": NUMBER, "bandwidth_bytes_per_second": NUMBER,
+                 "gemm_flops_per_second": NUMBER},
+                [("/plan", "uint8", 1), ("/steps/flops", "float64", 1), ("/steps/live_bytes", "uint64", 1),
+                 ("/steps/output_bytes", "uint64", 1), ("/steps/predicted_seconds", "float64", 1)]),
+    "tn.contract": ("amplitudes per bitstring (or the network's value) and the measured seconds "
+                    "of each plan step",
+                    {"slices": INT, "tf32": INT},
+                    [("/step_seconds", "float64", 1)]),
+    "tn.statevector": ("amplitudes per bitstring, or a Pauli string's expectation value, from a "
+                       "state-vector simulation",
+                       {"precision": {"enum": ["complex64", "complex128"]}},
+                       []),
+    "tensor.compare": ("a dataset against a reference: relative 2-norm error and largest difference",
+                       {"count": INT},
+                       [("/relative_error", "float64", 0), ("/max_abs_difference", "float64", 0),
+                        ("/norm_a", "float64", 0), ("/norm_b", "float64", 0)]),
+}
+
+
+# The result of tn.contract and tn.statevector: amplitudes (one row per bitstring, with their
+# bitstrings) or the value of a closed network.
+def dataset(path, dtype, rank):
+    shape = {"type": "array"} if rank is None else {"maxItems": 0} if rank == 0 else {"minItems": rank, "maxItems": rank}
+    return {"contains": {"type": "object", "required": ["path", "dtype", "shape"],
+                         "properties": {"path": {"const": path}, "dtype": {"const": dtype}, "shape": shape}}}
+
+
+def result():
+    return {"anyOf": [{"allOf": [dataset("/amplitudes", "complex128", None), dataset("/bitstrings", "uint8", 2)]},
+                      dataset("/value", "complex128", None)]}
+
+
+def schema(stage, description, attributes, datasets):
+    props = {k: (v if v is not None else {"const": stage}) for k, v in PROVENANCE.items()}
+    props.update(attributes)
+    return {
+        "$schema": "http://json-schema.org/draft-07/schema#",
+        "title": f"{stage} output",
+        "description": f"the layout of a {stage} output file, as `qstage inspect --json` prints it: {description}",
+        "type": "object",
+        "required": ["file", "attributes", "datasets"],
+        "properties": {
+            "file": {"type": "string"},
+            "attributes": {"type": "object", "required": list(props), "properties": props},
+            "datasets": {"type": "array", "minItems": max(1, len(datasets)),
+                         "allOf": [dataset(*d) for d in datasets] + ([result()] if stage in RESULT_STAGES else [])},
+        },
+    }
+
+
+RESULT_STAGES = {"tn.contract", "tn.statevector"}
+
+
+def main():
+    for stage, (description, attributes, datasets) in STAGES.items():
+        path = ROOT / "schemas" / "outputs" / f"{stage}.json"
+        path.write_text(json.dumps(schema(stage, description, attributes, datasets), indent=2) + "\n")
+        print(path.relative_to(ROOT))
+
+
+if __name__ == "__main__":
+    main()
