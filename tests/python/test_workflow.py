@@ -152,6 +152,16 @@ def test_embedded_quickstart_runs_in_the_current_directory(tmp):
         jsonschema.validate(json.loads(r.out), json.loads((ROOT / "schemas" / "outputs" / f"{stage}.json").read_text()))
 
 
+def test_streaming_matmul_example_respects_its_budget(tmp):
+    r = run(["run", ROOT / "workflows" / "streaming-matmul.yaml", "--run-dir", tmp / "run", "--device", DEVICE])
+    assert r.code == 0, r
+    assert set(checksums(tmp / "run")) == {"psi", "gate", "applied", "summary"}
+    with h5py.File(tmp / "run" / "outputs" / "applied.h5") as f:
+        assert f["data"].shape == (1048576, 64)
+        # The device budget (128 MiB) was a quarter of the streamed tensor, and it was respected.
+        assert f.attrs["qstage.peak_device_bytes"] <= 128 * 2**20
+
+
 def test_help_and_version():
     r = run(["--help"])
     assert r.code == 0 and "exit codes" in r.out and "resume" in r.out
