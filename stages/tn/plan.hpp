@@ -34,7 +34,6 @@ struct PlanStep {
   bool left_is_b = false;                  // the GEMM's left operand is B (C's block is [B-run | A-run])
   std::vector<Mode> loop_modes;            // C's leading modes outside the GEMM block
   std::int64_t m = 1, n = 1, k = 1, loops = 1;
-  bool strided = true;                     // the loop offsets form arithmetic progressions
   std::uint64_t a_offset = 0, b_offset = 0, c_offset = 0;  // in the arena (bytes); inputs: their staging offset
   std::uint64_t a_bytes = 0, b_bytes = 0, c_bytes = 0;
   double flops = 0;                        // real flops (8 per complex multiply-add)
