@@ -175,13 +175,7 @@ void Contractor::run_step(Stream& stream, const PlanStep& st, char* arena) {
   // first): the innermost group is a strided batch, a host loop runs over the others.
   const auto groups = loop_groups(net_, st);
   using Loop = LoopGroup;
-  const std::int64_t mnk = st.m * st.n * st.k;
-  const bool many_calls = host_calls(groups) > kMaxHostCalls || (groups.size() > 1 && mnk <= kTinyProduct);
-  if (many_calls && groups.size() <= kernels::kMaxLoopGroups &&
-      (dtype_ == h5::DType::complex64 || dtype_ == h5::DType::complex128) && !tf32_) {
-    // Products at scattered offsets that packing did not take (its copies would have been
-    // larger than the operands): one kernel walks all loop indices, where a BLAS call per
-    // index would be thousands to millions of launches.
+  if (st.looped && !tf32_) {  // (TF32 needs cuBLAS: such steps take the host loop)
     kernels::LoopedGemm lg;
     lg.dtype = dtype_;
     lg.m = st.m;

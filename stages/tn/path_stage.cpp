@@ -55,11 +55,6 @@ tn::Path imported(const json& p, const tn::Files& files, const tn::Network& net)
       if (!found) throw InputError(fmt::format("params.import: sliced index '{}' is not a label of the network", l));
     }
   }
-  try {
-    tn::intermediate_modes(net, out);  // checks that the path fits the network
-  } catch (const InputError& e) {
-    throw InputError(fmt::format("params.import: '{}': {}", path.string(), e.what()));
-  }
   return out;
 }
 
@@ -102,7 +97,13 @@ class PathStage final : public ComputedStage {
       result["seconds"] = report.seconds;
       result["within_cap"] = report.within_cap;
     }
-    const auto cost = tn::path_cost(net, path);  // also checks that the path fits the network
+    tn::PathCost cost;
+    try {
+      cost = tn::path_cost(net, path);  // also checks that the path fits the network
+    } catch (const InputError& e) {
+      if (!p.contains("import")) throw;
+      throw InputError(fmt::format("params.import: '{}': {}", ctx.files.at("/import").string(), e.what()));
+    }
     result["ssa"] = path.ssa;
     result["sliced"] = path.sliced;
     result["cost"] = cost.to_json(complex);

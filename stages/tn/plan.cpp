@@ -10,6 +10,7 @@
 
 #include "core/error.hpp"
 #include "core/units.hpp"
+#include "kernels/looped_gemm.hpp"
 
 namespace qstage::tn {
 
@@ -95,13 +96,19 @@ std::vector<LoopGroup> loop_groups(const Network& net, const PlanStep& st) {
   return groups;
 }
 
+namespace {
+
+// Host-side GEMM calls a step needs as strided batches: the product of all but the innermost group.
 std::int64_t host_calls(const std::vector<LoopGroup>& groups) {
   std::int64_t calls = 1;
   for (size_t i = 1; i < groups.size(); ++i) calls *= groups[i].extent;
   return calls;
 }
 
-namespace {
+// More host calls than this and a step is packed or looped.
+constexpr std::int64_t kMaxHostCalls = 16;
+// Products up to this many multiply-adds over several loop groups always run looped.
+constexpr std::int64_t kTinyProduct = 4096;
 
 // Builds the layouts, GEMM mapping, memory plan and predictions for a fixed set of sliced modes.
 Plan build(const Network& net, const Path& path, const std::set<Mode>& sliced, const PlanOptions& o) {
@@ -201,8 +208,13 @@ Plan build(const Network& net, const Path& path, const std::set<Mode>& sliced, c
     const auto loop_bytes = static_cast<std::uint64_t>(st.loops) * o.element_bytes;
     const std::uint64_t pack_l = loop_bytes * static_cast<std::uint64_t>(st.m * st.k),
                         pack_r = loop_bytes * static_cast<std::uint64_t>(st.n * st.k);
-    st.packed = host_calls(loop_groups(net, st)) > kMaxHostCalls && st.m * st.n * st.k > kTinyProduct &&
-                pack_l + pack_r <= st.a_bytes + st.b_bytes + st.c_bytes;
+    const auto groups = loop_groups(net, st);
+    const bool many_calls = host_calls(groups) > kMaxHostCalls, tiny = st.m * st.n * st.k <= kTinyProduct;
+    st.packed = many_calls && !tiny && pack_l + pack_r <= st.a_bytes + st.b_bytes + st.c_bytes;
+    // Otherwise one kernel walks all loop indices, where a BLAS call per index would be
+    // thousands to millions of launches.
+    st.looped = !st.packed && (many_calls || (groups.size() > 1 && tiny)) &&
+                groups.size() <= static_cast<size_t>(kernels::kMaxLoopGroups);
     if (st.packed) {  // workspace for the gathered operands, live during this step only
       st.pack_l_offset = arena.place(pack_l);
       st.pack_r_offset = arena.place(pack_r);
@@ -297,7 +309,8 @@ json Plan::to_json() const {
                           {"offsets", {s.a_offset, s.b_offset, s.c_offset}},
                           {"bytes", {s.a_bytes, s.b_bytes, s.c_bytes}}, {"flops", s.flops},
                           {"predicted_seconds", s.predicted_seconds}, {"live_bytes", s.live_bytes},
-                          {"packed", s.packed}, {"pack_offsets", {s.pack_l_offset, s.pack_r_offset}}});
+                          {"packed", s.packed}, {"pack_offsets", {s.pack_l_offset, s.pack_r_offset}},
+                          {"looped", s.looped}});
   return {{"format", "qstage-plan-1"}, {"input_layouts", input_layouts}, {"input_transposes", input_transposes},
           {"steps", steps_json}, {"sliced", sliced}, {"slices", slices}, {"output", output},
           {"element_bytes", element_bytes}, {"arena_bytes", arena_bytes}, {"input_bytes", input_bytes},
@@ -338,6 +351,7 @@ Plan Plan::from_json(const json& j) {
       st.pack_l_offset = s.at("pack_offsets")[0];
       st.pack_r_offset = s.at("pack_offsets")[1];
     }
+    st.looped = s.value("looped", false);
     p.packed_steps += st.packed ? 1 : 0;
     p.steps.push_back(std::move(st));
   }

@@ -14,7 +14,8 @@
 // the innermost group is one strided-batched GEMM. When the other groups would still need many
 // calls, the step is *packed*: L and R are gathered into [loops | run | K] copies in the arena
 // (workspace the memory plan counts) and the step is one strided-batched GEMM writing C in
-// place. Tiny products over many loop groups run in one looped kernel instead (no workspace).
+// place. Tiny products over several loop groups, and steps whose copies would be larger than their
+// operands, run in one looped kernel instead (no workspace). The plan records which (packed, looped).
 //
 // Memory: every intermediate gets an offset in one device arena (first fit, by lifetime); the
 // arena's size is the plan's exact peak. Slicing fixes closed modes until the arena fits the
@@ -41,6 +42,7 @@ struct PlanStep {
   std::uint64_t live_bytes = 0;            // arena bytes in use during this step
   bool packed = false;                     // L and R are gathered into workspace first
   std::uint64_t pack_l_offset = 0, pack_r_offset = 0;  // the workspace (arena bytes)
+  bool looped = false;                     // many products at scattered offsets: one looped kernel
 };
 
 // A group of neighbouring loop modes with one stride each in L, R and C (elements).
@@ -49,12 +51,6 @@ struct LoopGroup {
 };
 // A step's loop modes merged into groups, innermost first.
 std::vector<LoopGroup> loop_groups(const Network& net, const PlanStep& st);
-// Host-side GEMM calls the step needs unpacked: the product of all but the innermost group.
-std::int64_t host_calls(const std::vector<LoopGroup>& groups);
-// Products up to this many multiply-adds over several loop groups run in one looped kernel.
-inline constexpr std::int64_t kTinyProduct = 4096;
-// More host calls than this and a step is packed.
-inline constexpr std::int64_t kMaxHostCalls = 16;
 std::int64_t stride_in(const Network& net, const std::vector<Mode>& layout, Mode m);  // 0 if absent
 
 struct Plan {
