@@ -113,44 +113,46 @@ kernels::Gemm Contractor::step_gemm(const PlanStep& st) const {
   return g;
 }
 
-// Gathers L into [loops | L-run | K] and R into [loops | R-run | K] in the step's workspace, then
-// one strided-batched GEMM writes C, whose layout is [loops | L-run | R-run], in place.
+// Copies `x` (laid out as `from`) into `to`'s layout at `dst`: both hold the same modes.
+void Contractor::relayout(Stream& stream, const std::vector<Mode>& from, const char* x, const std::vector<Mode>& to,
+                          char* dst) const {
+  if (to.size() > static_cast<size_t>(kernels::kMaxRank))
+    throw std::runtime_error("tn: a packed tensor has more modes than the gather kernel supports");
+  kernels::GatherPermute g;
+  g.dtype = dtype_;
+  g.in = x;
+  g.out = dst;
+  g.rank = static_cast<int>(to.size());
+  for (int j = 0; j < g.rank; ++j) {
+    g.dims[j] = net_.extent.at(to[static_cast<size_t>(j)]);
+    g.strides[j] = stride_in(net_, from, to[static_cast<size_t>(j)]);
+  }
+  kernels::gather_permute(stream, g);
+}
+
+// [batch | M | N] = [batch | M | K] . [batch | N | K]^T as one strided-batched GEMM, through the
+// step's workspace wherever an operand's or the result's layout differs from those.
 void Contractor::run_packed(Stream& stream, const PlanStep& st, char* arena, const std::vector<Mode>& L_modes,
                             const std::vector<Mode>& R_modes, const char* L, const char* R, char* c) {
-  std::vector<Mode> K;
-  for (Mode m : L_modes)
-    if (std::find(st.c_modes.begin(), st.c_modes.end(), m) == st.c_modes.end()) K.push_back(m);
-  auto pack = [&](const std::vector<Mode>& X_modes, const char* X, char* dst) {
-    std::vector<Mode> order = st.loop_modes;
-    for (size_t i = st.loop_modes.size(); i < st.c_modes.size(); ++i)
-      if (std::find(X_modes.begin(), X_modes.end(), st.c_modes[i]) != X_modes.end()) order.push_back(st.c_modes[i]);
-    order.insert(order.end(), K.begin(), K.end());
-    kernels::GatherPermute g;
-    g.dtype = dtype_;
-    g.in = X;
-    g.out = dst;
-    if (order.size() > static_cast<size_t>(kernels::kMaxRank))
-      throw std::runtime_error("tn: a packed operand has more modes than the gather kernel supports");
-    g.rank = static_cast<int>(order.size());
-    for (int j = 0; j < g.rank; ++j) {
-      g.dims[j] = net_.extent.at(order[static_cast<size_t>(j)]);
-      g.strides[j] = stride_in(net_, X_modes, order[static_cast<size_t>(j)]);
-    }
-    kernels::gather_permute(stream, g);
-  };
-  char* pl = arena + st.pack_l_offset;
-  char* pr = arena + st.pack_r_offset;
-  pack(L_modes, L, pl);
-  pack(R_modes, R, pr);
+  const auto layouts = packed_layouts(st);
+  if (st.pack_l) {
+    relayout(stream, L_modes, L, layouts.l, arena + st.pack_l_offset);
+    L = arena + st.pack_l_offset;
+  }
+  if (st.pack_r) {
+    relayout(stream, R_modes, R, layouts.r, arena + st.pack_r_offset);
+    R = arena + st.pack_r_offset;
+  }
   kernels::Gemm g = step_gemm(st);
-  g.a = pl;
-  g.b = pr;
-  g.c = c;
+  g.a = L;
+  g.b = R;
+  g.c = st.pack_c ? arena + st.pack_c_offset : c;
   g.batch = st.loops;
   g.stride_a = st.m * st.k;
   g.stride_b = st.n * st.k;
   g.stride_c = st.m * st.n;
   kernels::gemm(stream, g);
+  if (st.pack_c) relayout(stream, layouts.c, arena + st.pack_c_offset, st.c_modes, c);
 }
 
 void Contractor::run_step(Stream& stream, const PlanStep& st, char* arena) {
@@ -163,6 +165,7 @@ void Contractor::run_step(Stream& stream, const PlanStep& st, char* arena) {
   const char* L = st.left_is_b ? b : a;
   const char* R = st.left_is_b ? a : b;
   kernels::Gemm g = step_gemm(st);
+  if (st.packed) return run_packed(stream, st, arena, L_modes, R_modes, L, R, c);
   if (st.loop_modes.empty()) {
     g.a = L;
     g.b = R;
@@ -170,12 +173,11 @@ void Contractor::run_step(Stream& stream, const PlanStep& st, char* arena) {
     kernels::gemm(stream, g);
     return;
   }
-  if (st.packed) return run_packed(stream, st, arena, L_modes, R_modes, L, R, c);
   // Loops over C's leading modes, merged into groups where their strides line up (innermost
   // first): the innermost group is a strided batch, a host loop runs over the others.
   const auto groups = loop_groups(net_, st);
   using Loop = LoopGroup;
-  if (st.looped && !tf32_) {  // (TF32 needs cuBLAS: such steps take the host loop)
+  if (st.looped) {  // (in full single precision also under TF32)
     kernels::LoopedGemm lg;
     lg.dtype = dtype_;
     lg.m = st.m;

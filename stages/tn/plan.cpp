@@ -17,6 +17,10 @@ namespace qstage::tn {
 using nlohmann::json;
 
 namespace {
+constexpr const char* kPlanFormat = "qstage-plan-2";  // 2: packed steps copy C too (pack, transposed_bytes)
+}
+
+namespace {
 
 // 256-byte alignment for blocks that GEMMs read (what cuBLAS prefers), 16 for tiny ones, whose
 // padding would otherwise dominate the arena of a circuit's many small tensors.
@@ -96,6 +100,28 @@ std::vector<LoopGroup> loop_groups(const Network& net, const PlanStep& st) {
   return groups;
 }
 
+PackedLayouts packed_layouts(const PlanStep& st) {
+  const auto& L = st.left_is_b ? st.b_modes : st.a_modes;
+  const auto& R = st.left_is_b ? st.a_modes : st.b_modes;
+  PackedLayouts p;
+  std::vector<Mode> batch, m_modes, n_modes, k_modes;
+  for (Mode m : st.c_modes) {
+    const bool in_l = contains(L, m), in_r = contains(R, m);
+    (in_l && in_r ? batch : in_l ? m_modes : n_modes).push_back(m);
+  }
+  for (Mode m : L)
+    if (!contains(st.c_modes, m)) k_modes.push_back(m);
+  auto join = [](std::initializer_list<const std::vector<Mode>*> parts) {
+    std::vector<Mode> v;
+    for (const auto* x : parts) v.insert(v.end(), x->begin(), x->end());
+    return v;
+  };
+  p.l = join({&batch, &m_modes, &k_modes});
+  p.r = join({&batch, &n_modes, &k_modes});
+  p.c = join({&batch, &m_modes, &n_modes});
+  return p;
+}
+
 namespace {
 
 // Host-side GEMM calls a step needs as strided batches: the product of all but the innermost group.
@@ -105,10 +131,67 @@ std::int64_t host_calls(const std::vector<LoopGroup>& groups) {
   return calls;
 }
 
-// More host calls than this and a step is packed or looped.
-constexpr std::int64_t kMaxHostCalls = 16;
-// Products up to this many multiply-adds over several loop groups always run looped.
+// A step runs in place when its host loop makes at most this many GEMM calls, or at most
+// kMaxBigCalls calls of at least kBigCall multiply-adds each (launches are then negligible).
+constexpr std::int64_t kMaxHostCalls = 16, kMaxBigCalls = 1024;
+constexpr double kBigCall = 0x1p26;
+// Products up to this many multiply-adds (after packing) run looped rather than through copies.
 constexpr std::int64_t kTinyProduct = 4096;
+// Batched products this skinny (k and the smaller of m, n at most this) run looped too: cuBLAS's
+// strided batches of 2 x 2 x 2 products ran at 1/200 of memory bandwidth on an H200.
+constexpr std::int64_t kSkinny = 16;
+
+// Chooses how step `st` (its in-place GEMM mapping already set) runs: in place (strided batches
+// in a host loop), packed, or looped; a packed step's mapping is replaced by the packed one.
+void decide_execution(const Network& net, PlanStep& st) {
+  if (st.loop_modes.empty()) return;  // one plain GEMM
+  const auto groups = loop_groups(net, st);
+  const std::int64_t calls = host_calls(groups);
+  const double per_call = static_cast<double>(st.m * st.n * st.k) * static_cast<double>(groups.front().extent);
+  const bool skinny = st.k <= kSkinny && std::min(st.m, st.n) <= kSkinny;
+  if (skinny && groups.size() <= static_cast<size_t>(kernels::kMaxLoopGroups)) {
+    st.looped = true;  // one kernel walks the loops, where cuBLAS is slow at such shapes
+    return;
+  }
+  // (Batches of tiny products are slow in cuBLAS too: packing may merge them into larger ones.)
+  if ((calls <= kMaxHostCalls || (calls <= kMaxBigCalls && per_call >= kBigCall)) && st.m * st.n * st.k > kTinyProduct)
+    return;
+  PlanStep packed = st;
+  packed.packed = true;
+  // L is the operand of C's first mode outside the batch (either, if there is none).
+  packed.left_is_b = false;
+  for (Mode m : st.c_modes) {
+    const bool in_a = contains(st.a_modes, m), in_b = contains(st.b_modes, m);
+    if (in_a != in_b) {
+      packed.left_is_b = in_b;
+      break;
+    }
+  }
+  const auto pl = packed_layouts(packed);
+  packed.loop_modes.clear();
+  packed.m = packed.n = packed.loops = 1;
+  const auto& L = packed.left_is_b ? st.b_modes : st.a_modes;
+  const auto& R = packed.left_is_b ? st.a_modes : st.b_modes;
+  for (Mode m : st.c_modes) {
+    const std::int64_t e = net.extent.at(m);
+    if (contains(L, m) && contains(R, m)) {
+      packed.loop_modes.push_back(m);
+      packed.loops *= e;
+    } else if (contains(L, m)) {
+      packed.m *= e;
+    } else {
+      packed.n *= e;
+    }
+  }
+  if (packed.m * packed.n * packed.k <= kTinyProduct && groups.size() <= static_cast<size_t>(kernels::kMaxLoopGroups)) {
+    st.looped = true;  // copies would cost more than the arithmetic: one kernel walks the loops
+    return;
+  }
+  packed.pack_l = L != pl.l;
+  packed.pack_r = R != pl.r;
+  packed.pack_c = st.c_modes != pl.c;
+  st = std::move(packed);
+}
 
 // Builds the layouts, GEMM mapping, memory plan and predictions for a fixed set of sliced modes.
 Plan build(const Network& net, const Path& path, const std::set<Mode>& sliced, const PlanOptions& o) {
@@ -203,36 +286,28 @@ Plan build(const Network& net, const Path& path, const std::set<Mode>& sliced, c
     st.a_offset = offset[static_cast<size_t>(st.a)];
     st.b_offset = offset[static_cast<size_t>(st.b)];
     st.c_offset = offset[static_cast<size_t>(st.c)];
-    // Packing: [loops | run | K] copies, where a loop mode missing from one operand is repeated.
-    // Only where the copies are no larger than the step's own operands and result.
-    const auto loop_bytes = static_cast<std::uint64_t>(st.loops) * o.element_bytes;
-    const std::uint64_t pack_l = loop_bytes * static_cast<std::uint64_t>(st.m * st.k),
-                        pack_r = loop_bytes * static_cast<std::uint64_t>(st.n * st.k);
-    const auto groups = loop_groups(net, st);
-    const bool many_calls = host_calls(groups) > kMaxHostCalls, tiny = st.m * st.n * st.k <= kTinyProduct;
-    st.packed = many_calls && !tiny && pack_l + pack_r <= st.a_bytes + st.b_bytes + st.c_bytes;
-    // Otherwise one kernel walks all loop indices, where a BLAS call per index would be
-    // thousands to millions of launches.
-    st.looped = !st.packed && (many_calls || (groups.size() > 1 && tiny)) &&
-                groups.size() <= static_cast<size_t>(kernels::kMaxLoopGroups);
-    if (st.packed) {  // workspace for the gathered operands, live during this step only
-      st.pack_l_offset = arena.place(pack_l);
-      st.pack_r_offset = arena.place(pack_r);
+    decide_execution(net, st);
+    if (st.packed) {  // workspace for the copies, live during this step only
+      const auto pl = packed_layouts(st);
+      if (st.pack_l) st.pack_l_offset = arena.place(bytes_of(pl.l));
+      if (st.pack_r) st.pack_r_offset = arena.place(bytes_of(pl.r));
+      if (st.pack_c) st.pack_c_offset = arena.place(st.c_bytes);
+      st.transposed_bytes = (st.pack_l ? bytes_of(pl.l) : 0) + (st.pack_r ? bytes_of(pl.r) : 0) +
+                            (st.pack_c ? st.c_bytes : 0);
       ++plan.packed_steps;
+      plan.step_transposes += int{st.pack_l} + int{st.pack_r} + int{st.pack_c};
+      plan.transposed_bytes += st.transposed_bytes;
     }
     st.live_bytes = arena.in_use();
-    if (st.packed) {
-      arena.free(st.pack_l_offset);
-      arena.free(st.pack_r_offset);
-    }
+    if (st.pack_l) arena.free(st.pack_l_offset);
+    if (st.pack_r) arena.free(st.pack_r_offset);
+    if (st.pack_c) arena.free(st.pack_c_offset);
     arena.free(st.a_offset);
     arena.free(st.b_offset);
     const double mnk = static_cast<double>(st.m) * static_cast<double>(st.n) * static_cast<double>(st.k) *
                        static_cast<double>(st.loops);
     st.flops = (o.element_bytes >= 8 ? 8.0 : 2.0) * mnk;
-    const std::uint64_t packed_bytes =
-        st.packed ? static_cast<std::uint64_t>(st.loops * (st.m + st.n) * st.k) * o.element_bytes : 0;
-    const std::uint64_t moved = st.a_bytes + st.b_bytes + st.c_bytes + 2 * packed_bytes;
+    const std::uint64_t moved = st.a_bytes + st.b_bytes + st.c_bytes + 2 * st.transposed_bytes;
     st.predicted_seconds = std::max(static_cast<double>(moved) / o.bandwidth, st.flops / o.gemm_rate);
     plan.predicted_seconds += st.predicted_seconds;
     plan.steps.push_back(std::move(st));
@@ -309,9 +384,11 @@ json Plan::to_json() const {
                           {"offsets", {s.a_offset, s.b_offset, s.c_offset}},
                           {"bytes", {s.a_bytes, s.b_bytes, s.c_bytes}}, {"flops", s.flops},
                           {"predicted_seconds", s.predicted_seconds}, {"live_bytes", s.live_bytes},
-                          {"packed", s.packed}, {"pack_offsets", {s.pack_l_offset, s.pack_r_offset}},
-                          {"looped", s.looped}});
-  return {{"format", "qstage-plan-1"}, {"input_layouts", input_layouts}, {"input_transposes", input_transposes},
+                          {"packed", s.packed}, {"pack", {s.pack_l, s.pack_r, s.pack_c}},
+                          {"pack_offsets", {s.pack_l_offset, s.pack_r_offset, s.pack_c_offset}},
+                          {"transposed_bytes", s.transposed_bytes}, {"looped", s.looped}});
+  return {{"format", kPlanFormat}, {"input_layouts", input_layouts}, {"input_transposes", input_transposes},
+          {"packed_steps", packed_steps}, {"step_transposes", step_transposes}, {"transposed_bytes", transposed_bytes},
           {"steps", steps_json}, {"sliced", sliced}, {"slices", slices}, {"output", output},
           {"element_bytes", element_bytes}, {"arena_bytes", arena_bytes}, {"input_bytes", input_bytes},
           {"bandwidth", bandwidth}, {"gemm_rate", gemm_rate}, {"predicted_seconds_per_slice", predicted_seconds},
@@ -319,10 +396,18 @@ json Plan::to_json() const {
 }
 
 Plan Plan::from_json(const json& j) {
-  if (j.value("format", "") != "qstage-plan-1") throw InputError("not a qstage plan (format qstage-plan-1 expected)");
+  const std::string format = j.value("format", "");
+  if (format != kPlanFormat)
+    throw InputError(format.rfind("qstage-plan-", 0) == 0
+                         ? fmt::format("plan format {} is from another qstage version (expected {}); rerun tn.plan",
+                                       format, kPlanFormat)
+                         : fmt::format("not a qstage plan (format {} expected)", kPlanFormat));
   Plan p;
   p.input_layouts = j.at("input_layouts").get<std::vector<std::vector<Mode>>>();
   p.input_transposes = j.at("input_transposes").get<int>();
+  p.packed_steps = j.at("packed_steps").get<int>();
+  p.step_transposes = j.at("step_transposes").get<int>();
+  p.transposed_bytes = j.at("transposed_bytes");
   for (const auto& s : j.at("steps")) {
     PlanStep st;
     st.a = s.at("a");
@@ -337,22 +422,22 @@ Plan Plan::from_json(const json& j) {
     st.n = s.at("n");
     st.k = s.at("k");
     st.loops = s.at("loops");
-    st.a_offset = s.at("offsets")[0];
-    st.b_offset = s.at("offsets")[1];
-    st.c_offset = s.at("offsets")[2];
-    st.a_bytes = s.at("bytes")[0];
-    st.b_bytes = s.at("bytes")[1];
-    st.c_bytes = s.at("bytes")[2];
+    const auto triple = [&](const char* key, auto& x, auto& y, auto& z) {
+      const json& v = s.at(key);
+      v.at(0).get_to(x);
+      v.at(1).get_to(y);
+      v.at(2).get_to(z);
+    };
+    triple("offsets", st.a_offset, st.b_offset, st.c_offset);
+    triple("bytes", st.a_bytes, st.b_bytes, st.c_bytes);
     st.flops = s.at("flops");
     st.predicted_seconds = s.at("predicted_seconds");
     st.live_bytes = s.at("live_bytes");
-    st.packed = s.value("packed", false);
-    if (st.packed) {
-      st.pack_l_offset = s.at("pack_offsets")[0];
-      st.pack_r_offset = s.at("pack_offsets")[1];
-    }
-    st.looped = s.value("looped", false);
-    p.packed_steps += st.packed ? 1 : 0;
+    st.packed = s.at("packed");
+    triple("pack", st.pack_l, st.pack_r, st.pack_c);
+    triple("pack_offsets", st.pack_l_offset, st.pack_r_offset, st.pack_c_offset);
+    st.transposed_bytes = s.at("transposed_bytes");
+    st.looped = s.at("looped");
     p.steps.push_back(std::move(st));
   }
   p.sliced = j.at("sliced").get<std::vector<Mode>>();

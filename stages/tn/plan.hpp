@@ -5,17 +5,22 @@
 // Each step rewrites its operands as [retained modes in the output's order | reduced modes], and
 // gives that layout to the producer of the operand. Every intermediate has exactly one consumer,
 // so no two layouts ever conflict. Every step is then a GEMM - or a batch of GEMMs over C's
-// leading modes - with no transposes between steps. Only input tensors are permuted (at load).
+// leading modes - reading its operands where they lie. Input tensors are permuted at load.
 //
 // GEMM mapping of a step with layouts A = [ret_A | K], B = [ret_B | K] and C: the trailing run of
 // C's modes that come from one operand (R) and the run before it from the other (L) form the
 // GEMM block C[L-run, R-run] = L[L-run, K] . R[R-run, K]^T. C's modes before the block are
 // loops: a batch of GEMMs. Neighbouring loop modes whose strides line up in L, R and C merge;
-// the innermost group is one strided-batched GEMM. When the other groups would still need many
-// calls, the step is *packed*: L and R are gathered into [loops | run | K] copies in the arena
-// (workspace the memory plan counts) and the step is one strided-batched GEMM writing C in
-// place. Tiny products over several loop groups, and steps whose copies would be larger than their
-// operands, run in one looped kernel instead (no workspace). The plan records which (packed, looped).
+// the innermost group is one strided-batched GEMM, a host loop runs over the others.
+//
+// Where C's layout interleaves modes of both operands, that would be many small GEMMs. Such a
+// step is *packed*, as torch's einsum does it: batch = C's modes in both operands, M = C's modes
+// only in L, N = those only in R; L is gathered into [batch | M | K], R into [batch | N | K] (each
+// only where its layout differs), one strided-batched GEMM writes [batch | M | N], which is then
+// permuted into C's layout (if it differs). The copies are workspace the memory plan counts, and
+// the plan reports every one (step_transposes, transposed_bytes). Batches of skinny products
+// (k and min(m, n) at most 16: a circuit's gates) and products still tiny after packing run in
+// one looped kernel over the scattered offsets instead (no workspace): cuBLAS is slow at those.
 //
 // Memory: every intermediate gets an offset in one device arena (first fit, by lifetime); the
 // arena's size is the plan's exact peak. Slicing fixes closed modes until the arena fits the
@@ -40,8 +45,10 @@ struct PlanStep {
   double flops = 0;                        // real flops (8 per complex multiply-add)
   double predicted_seconds = 0;
   std::uint64_t live_bytes = 0;            // arena bytes in use during this step
-  bool packed = false;                     // L and R are gathered into workspace first
-  std::uint64_t pack_l_offset = 0, pack_r_offset = 0;  // the workspace (arena bytes)
+  bool packed = false;                     // runs as [batch | M | N] = [batch | M | K] . [batch | N | K]^T
+  bool pack_l = false, pack_r = false, pack_c = false;  // which of the three are copied (to or from workspace)
+  std::uint64_t pack_l_offset = 0, pack_r_offset = 0, pack_c_offset = 0;  // the workspace (arena bytes)
+  std::uint64_t transposed_bytes = 0;      // bytes the packing copies
   bool looped = false;                     // many products at scattered offsets: one looped kernel
 };
 
@@ -53,10 +60,18 @@ struct LoopGroup {
 std::vector<LoopGroup> loop_groups(const Network& net, const PlanStep& st);
 std::int64_t stride_in(const Network& net, const std::vector<Mode>& layout, Mode m);  // 0 if absent
 
+// The layouts a packed step's GEMM uses: L as [batch | M | K], R as [batch | N | K], C as [batch | M | N].
+struct PackedLayouts {
+  std::vector<Mode> l, r, c;
+};
+PackedLayouts packed_layouts(const PlanStep& st);
+
 struct Plan {
   std::vector<std::vector<Mode>> input_layouts;  // the order each input tensor is loaded in
   int input_transposes = 0;                      // inputs whose planned order differs from the stored one
-  int packed_steps = 0;                          // steps that gather their operands into workspace
+  int packed_steps = 0;                          // steps that run through workspace ([batch | M | N] GEMMs)
+  int step_transposes = 0;                       // copies those steps make (operands in, results out)
+  std::uint64_t transposed_bytes = 0;            // bytes they copy, per slice
   std::vector<PlanStep> steps;
   std::vector<Mode> sliced;
   std::int64_t slices = 1;

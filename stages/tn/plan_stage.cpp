@@ -71,7 +71,7 @@ class PlanStage final : public ComputedStage {
  public:
   const StageInfo& info() const override {
     static const StageInfo info{
-        "tn.plan", 2,
+        "tn.plan", 3,
         "an executable schedule: GEMM-ready mode orders, slicing to fit the device budget, memory plan, predicted times",
         {{"network", "a tn.build output"}, {"path", "a tn.path output"}},
         "- id: plan\n  stage: tn.plan\n  inputs: {network: net, path: path}\n  params: {precision: complex64}\n"};
@@ -155,15 +155,18 @@ class PlanStage final : public ComputedStage {
     out.set_attribute("arena_bytes", static_cast<std::int64_t>(plan.arena_bytes));
     out.set_attribute("input_transposes", static_cast<std::int64_t>(plan.input_transposes));
     out.set_attribute("packed_steps", static_cast<std::int64_t>(plan.packed_steps));
+    out.set_attribute("step_transposes", static_cast<std::int64_t>(plan.step_transposes));
+    out.set_attribute("transposed_bytes", static_cast<std::int64_t>(plan.transposed_bytes));
     out.set_attribute("predicted_seconds_per_slice", plan.predicted_seconds);
     out.set_attribute("bandwidth_bytes_per_second", plan.bandwidth);
     out.set_attribute("gemm_flops_per_second", plan.gemm_rate);
   }
   std::string describe_results(const StagePlan&, const StepResults& r) const override {
     const tn::Plan plan = tn::Plan::from_json(json::parse(*r.computed));
-    return fmt::format("{} steps ({} packed), {} slice(s) over {} sliced mode(s), arena {} per slice, {} input "
-                       "transposes, predicted {} per slice",
-                       plan.steps.size(), plan.packed_steps, plan.slices, plan.sliced.size(),
+    return fmt::format("{} steps ({} packed, {} copies of {}), {} slice(s) over {} sliced mode(s), arena {} per slice, "
+                       "{} input transposes, predicted {} per slice",
+                       plan.steps.size(), plan.packed_steps, plan.step_transposes,
+                       format_bytes(static_cast<double>(plan.transposed_bytes)), plan.slices, plan.sliced.size(),
                        format_bytes(static_cast<double>(plan.arena_bytes)), plan.input_transposes,
                        format_duration(plan.predicted_seconds));
   }

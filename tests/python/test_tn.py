@@ -148,12 +148,16 @@ steps:
     assert abs(np.vdot(psi, psi).real - 1) < 1e-12
 
 
-@pytest.mark.parametrize("expression,sizes,packed", [
-    ("abc,cde,efa,bdf->", "{a: 4, b: 5, c: 6, d: 3, e: 4, f: 2}", 0),
-    # Batch modes a, b around x, which B lacks: too many strided calls, so the step is packed.
-    ("axbk,abyk->axby", "{a: 16, x: 2, b: 2, k: 2, y: 4096}", 1),
+@pytest.mark.parametrize("expression,sizes,packed,copies", [
+    ("abc,cde,efa,bdf->", "{a: 4, b: 5, c: 6, d: 3, e: 4, f: 2}", 0, 0),
+    # Batch modes a, b around x, which B lacks: too many strided calls, so the step is packed:
+    # A is copied into [a b | x | k], the GEMM writes [a b | x | y], which is copied into [a x b y].
+    ("axbk,abyk->axby", "{a: 16, x: 32, b: 2, k: 32, y: 512}", 1, 2),
+    # No batch: C interleaves the operands' modes (x, y, z from A; u, v from B), one GEMM plus
+    # the copy of its result into C's layout.
+    ("xyzk,uvk->xuyvz", "{x: 8, u: 8, y: 8, v: 16, z: 64, k: 32}", 1, 1),
 ])
-def test_einsum_network_matches_numpy(tmp, expression, sizes, packed):
+def test_einsum_network_matches_numpy(tmp, expression, sizes, packed, copies):
     spec = f"""
 name: einsum
 steps:
@@ -168,6 +172,7 @@ steps:
         tensors = [f["tensors"][n][()] for n in names]
     with h5py.File(run_dir / "outputs" / "plan.h5") as f:
         assert f.attrs["packed_steps"] == packed
+        assert f.attrs["step_transposes"] == copies
     extents = {int(k): v for k, v in net["size_dict"].items()}
     letters = "abcdefghijklmnop"
     shaped = [t.reshape([extents[m] for m in modes]) for t, modes in zip(tensors, net["inputs"])]
