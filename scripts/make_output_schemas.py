@@ -27,7 +27,8 @@ PROVENANCE = {
 STRING, INT, NUMBER = {"type": "string"}, {"type": "integer"}, {"type": "number"}
 JSON_TEXT = {"type": "string", "description": "JSON"}
 
-# stage -> (description, own attributes {name: schema}, datasets [(path, dtype, rank)])
+# stage -> (description, own attributes {name: schema}, datasets [(path, dtype, rank)]); an
+# attribute whose name ends in "?" is written only sometimes.
 STAGES = {
     "tn.build": ("a tensor network: its JSON description (UTF-8 bytes), one dataset per tensor in "
                  "/tensors, and the bitstrings of an amplitude network",
@@ -41,13 +42,17 @@ STAGES = {
                 [("/path", "int64", 2), ("/sliced", "int64", 1)]),
     "tn.plan": ("an executable contraction plan (JSON in /plan) and per-step columns for plotting",
                 {"slices": INT, "arena_bytes": INT, "input_transposes": INT, "packed_steps": INT,
+                 "step_transposes": INT, "transposed_bytes": INT,
                  "predicted_seconds_per_slice": NUMBER, "bandwidth_bytes_per_second": NUMBER,
                  "gemm_flops_per_second": NUMBER},
                 [("/plan", "uint8", 1), ("/steps/flops", "float64", 1), ("/steps/live_bytes", "uint64", 1),
                  ("/steps/output_bytes", "uint64", 1), ("/steps/predicted_seconds", "float64", 1)]),
     "tn.contract": ("amplitudes per bitstring (or the network's value) and the measured seconds "
                     "of each plan step",
-                    {"slices": INT, "tf32": INT},
+                    {"slices": INT, "tf32": INT,
+                     "reference_relative_error?": {"type": "number", "description": "the first result against "
+                                                   "a complex128 contraction without TF32 (reference_check)"},
+                     "reference_slices?": INT, "reference_seconds?": NUMBER, "reference_note?": STRING},
                     [("/step_seconds", "float64", 1)]),
     "tn.statevector": ("amplitudes per bitstring, or a Pauli string's expectation value, from a "
                        "state-vector simulation",
@@ -75,7 +80,8 @@ def result():
 
 def schema(stage, description, attributes, datasets):
     props = {k: (v if v is not None else {"const": stage}) for k, v in PROVENANCE.items()}
-    props.update(attributes)
+    props.update({k.rstrip("?"): v for k, v in attributes.items()})
+    required = [k for k in props if k + "?" not in attributes]
     return {
         "$schema": "http://json-schema.org/draft-07/schema#",
         "title": f"{stage} output",
@@ -84,7 +90,7 @@ def schema(stage, description, attributes, datasets):
         "required": ["file", "attributes", "datasets"],
         "properties": {
             "file": {"type": "string"},
-            "attributes": {"type": "object", "required": list(props), "properties": props},
+            "attributes": {"type": "object", "required": required, "properties": props},
             "datasets": {"type": "array", "minItems": max(1, len(datasets)),
                          "allOf": [dataset(*d) for d in datasets] + ([result()] if stage in RESULT_STAGES else [])},
         },

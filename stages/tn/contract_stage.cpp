@@ -1,14 +1,18 @@
 // tn.contract: executes a plan. Work items (rows of the pass) are (bitstring, slice) pairs; each
 // is one contraction into the arena the plan laid out. Results are summed over slices in row
 // order on rank 0 (complex128), so the answer is the same for any rank count, and completed
-// slices are checkpointed like any other batch.
+// slices are checkpointed like any other batch. With tf32 (or reference_check), the first result
+// is contracted again in complex128 after the pass, and its measured error is written beside it.
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
+#include <chrono>
 #include <cmath>
 #include <complex>
 #include <cstring>
 
 #include "core/error.hpp"
+#include "core/units.hpp"
 #include "stages/tn/contractor.hpp"
 #include "stages/tn/network.hpp"
 #include "stages/tn/plan.hpp"
@@ -144,6 +148,75 @@ class ContractReduction final : public engine::Reduction {
   std::uint64_t rows_ = 0, timed_ = 0;
 };
 
+// The first bitstring (or the value) contracted again in complex128 without TF32, after the
+// pass, in what the device budget has left: the run's precision error, measured. The path and
+// its sliced modes are the plan's; tn.plan adds slices if the complex128 arena needs them.
+// Throws InputError when the budget leaves too little.
+struct Reference {
+  std::vector<cd> value;
+  std::int64_t slices = 0;
+  double seconds = 0;
+};
+
+Reference reference_contraction(const Loaded& l, Backend& be) {
+  const auto start = std::chrono::steady_clock::now();
+  tn::Path path;
+  for (const auto& st : l.plan.steps) path.ssa.push_back({st.a, st.b});
+  path.sliced = l.plan.sliced;
+  tn::PlanOptions o;
+  o.element_bytes = 16;
+  o.bandwidth = l.plan.bandwidth;
+  o.gemm_rate = l.plan.gemm_rate;
+  const tn::Contractor probe(l.net, l.plan, h5::DType::complex128, false);
+  const std::uint64_t result_bytes = probe.result_elements() * 16;
+  const std::uint64_t fixed = probe.resident_bytes() + be.blas_stream_bytes() + result_bytes;
+  const std::uint64_t free_bytes = be.device_budget().limit() - be.device_budget().in_use();
+  if (free_bytes <= fixed)
+    throw InputError(fmt::format("its inputs need {} and the device budget has {} free",
+                                 format_bytes(static_cast<double>(fixed)), format_bytes(static_cast<double>(free_bytes))));
+  o.budget_bytes = free_bytes - fixed;
+  const tn::Plan plan = tn::make_plan(l.net, path, o);
+  tn::Contractor c(l.net, plan, h5::DType::complex128, false);
+  auto stream = be.make_stream(true);
+  c.upload(be, *stream);
+  Buffer arena = be.alloc_device(std::max<std::uint64_t>(plan.arena_bytes, 1), "tn: complex128 reference arena");
+  Buffer out = be.alloc_device(result_bytes, "tn: complex128 reference result");
+  Reference ref{std::vector<cd>(probe.result_elements(), 0.0), plan.slices, 0};
+  std::vector<cd> part(ref.value.size());
+  for (std::int64_t slice = 0; slice < plan.slices; ++slice) {
+    c.contract(*stream, static_cast<std::uint64_t>(slice), l.bitstrings.front(), arena.data(), out.data(), nullptr);
+    be.copy_to_host(part.data(), out.data(), result_bytes, *stream);
+    stream->synchronize();
+    for (size_t i = 0; i < part.size(); ++i) ref.value[i] += part[i];
+  }
+  ref.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return ref;
+}
+
+// Writes the reference check's attributes: the relative 2-norm error of the first result against
+// complex128, or why it was not measured.
+void write_reference_check(const Loaded& l, Backend& be, const std::vector<cd>& result, h5::File& out) {
+  try {
+    const Reference ref = reference_contraction(l, be);
+    double diff = 0, norm = 0;
+    for (size_t i = 0; i < ref.value.size(); ++i) {
+      diff += std::norm(result[i] - ref.value[i]);
+      norm += std::norm(ref.value[i]);
+    }
+    const double rel = norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
+    out.set_attribute("reference_relative_error", rel);
+    out.set_attribute("reference_slices", ref.slices);
+    out.set_attribute("reference_seconds", ref.seconds);
+    spdlog::info("tn.contract: the first result differs from its complex128 reference by {:.3g} (relative 2-norm; "
+                 "reference in {})", rel, format_duration(ref.seconds));
+  } catch (const InputError& e) {  // too little memory left: say so in the output, keep the result
+    const std::string why = fmt::format("not measured: the complex128 reference does not fit ({})", e.what());
+    out.set_attribute("reference_relative_error", std::nan(""));
+    out.set_attribute("reference_note", why);
+    spdlog::warn("tn.contract: {}", why);
+  }
+}
+
 class ContractStage final : public Stage {
  public:
   const StageInfo& info() const override {
@@ -178,7 +251,8 @@ class ContractStage final : public Stage {
     plan.flops = l.plan.cost.multiply_adds * 8.0 * static_cast<double>(S) * static_cast<double>(B);
     plan.summary = {{"bitstrings", B}, {"slices", S}, {"result_elements", c.result_elements()},
                     {"steps", l.plan.steps.size()}, {"precision", h5::dtype_name(dtype)}, {"kind", l.net.kind},
-                    {"tf32", ctx.params.at("tf32").get<bool>()}};
+                    {"tf32", ctx.params.at("tf32").get<bool>()},
+                    {"reference_check", ctx.params.value("reference_check", ctx.params.at("tf32").get<bool>())}};
   }
   std::unique_ptr<engine::PassKernel> make_kernel(const KernelContext& ctx) const override {
     return std::make_unique<ContractKernel>(load(ctx), ctx.params.at("tf32").get<bool>());
@@ -203,6 +277,7 @@ class ContractStage final : public Stage {
       const Loaded l = load(*r.context);
       tn::write_result_layout(out, l.bitstrings, l.net.qubits, l.net.open_qubits, l.net.pauli, s.at("precision"));
     }
+    if (s.at("reference_check")) write_reference_check(load(*r.context), *r.context->backend, red.result(), out);
     const auto seconds = red.mean_seconds();
     h5::Dataset t = out.create_dataset("step_seconds", {h5::DType::float64, {seconds.size()}, {}, false});
     if (!seconds.empty()) t.write_all(seconds.data());

@@ -70,6 +70,33 @@ def test_contract_matches_statevector(tmp, source, precision, tol, budget):
         assert f.attrs["slices"] > 1, f"the {budget} budget should force slicing"
 
 
+@pytest.mark.parametrize("precision,contract_params,low,high", [
+    # TF32 (cuda; the CPU backend computes in full complex64): the reference check is on by default.
+    ("complex64", "tf32: true", 1e-9, 1e-2 if DEVICE == "cuda" else 1e-5),
+    ("complex128", "reference_check: true", 0, 1e-12),
+])
+def test_reference_check_measures_the_precision_error(tmp, precision, contract_params, low, high):
+    """tn.contract contracts the first bitstring again in complex128 after the pass and writes the
+    relative error; it must match the error against the state vector."""
+    source = "random: {rows: 3, cols: 4, cycles: 8, seed: 5}"
+    spec = "name: ref\nsteps:" + circuit_steps(source, "random_bitstrings: {count: 2, seed: 1}", precision, "8KiB")
+    spec = spec.replace("inputs: {network: net, plan: plan}", f"inputs: {{network: net, plan: plan}}\n    params: {{{contract_params}}}")
+    spec += f"""  - id: sv128
+    stage: tn.statevector
+    params: {{{source}, random_bitstrings: {{count: 2, seed: 1}}, precision: complex128}}
+"""
+    _, run_dir = committed_run(tmp, spec)
+    a, _ = amplitudes(run_dir, "amps")
+    s, _ = amplitudes(run_dir, "sv128")
+    with h5py.File(run_dir / "outputs" / "amps.h5") as f:
+        measured = f.attrs["reference_relative_error"]
+        assert f.attrs["reference_slices"] >= 1 and "reference_note" not in f.attrs
+    assert low <= measured < high
+    # The reference is the first bitstring in complex128: the same error the state vector sees.
+    truth = abs(a[0] - s[0]) / abs(s[0])
+    assert abs(measured - truth) <= 1e-9 + 1e-6 * truth, (measured, truth)
+
+
 def network_of(run_dir, step="net"):
     with h5py.File(run_dir / "outputs" / f"{step}.h5") as f:
         return json.loads(bytes(f["network"][()]).decode())
