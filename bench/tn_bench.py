@@ -191,6 +191,8 @@ def main():
                         "tflops": sliced_flops / wall / 1e12,
                         "predicted_seconds": float(plan["predicted_seconds_per_slice"]) * int(plan["slices"]),
                         "first_slice_step_seconds": float(step_seconds.sum())}
+            if "reference_relative_error" in amps:  # tf32: the first amplitude against complex128
+                res[key]["relative_error_vs_complex128"] = float(amps["reference_relative_error"])
             if cgemm[tf32]:
                 res[key]["fraction_of_cgemm"] = res[key]["tflops"] * 1e12 / cgemm[tf32]
             print(f"{name}{' tf32' if tf32 else ''}: {res[key]}", file=sys.stderr)

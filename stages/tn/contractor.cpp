@@ -155,6 +155,28 @@ void Contractor::run_packed(Stream& stream, const PlanStep& st, char* arena, con
   if (st.pack_c) relayout(stream, layouts.c, arena + st.pack_c_offset, st.c_modes, c);
 }
 
+// All of the step's products in one kernel that walks the loop groups (none for a plain product).
+void Contractor::run_looped(Stream& stream, const PlanStep& st, const char* L, const char* R, char* c) {
+  const auto groups = loop_groups(net_, st);
+  kernels::LoopedGemm lg;
+  lg.dtype = dtype_;
+  lg.m = st.m;
+  lg.n = st.n;
+  lg.k = st.k;
+  lg.a = L;
+  lg.b = R;
+  lg.c = c;
+  lg.groups = static_cast<int>(groups.size());
+  for (int d = 0; d < lg.groups; ++d) {
+    const LoopGroup& o = groups[groups.size() - 1 - static_cast<size_t>(d)];  // outermost first
+    lg.extent[d] = o.extent;
+    lg.stride_a[d] = o.l;
+    lg.stride_b[d] = o.r;
+    lg.stride_c[d] = o.c;
+  }
+  kernels::looped_gemm(stream, lg);
+}
+
 void Contractor::run_step(Stream& stream, const PlanStep& st, char* arena) {
   const size_t e = element_bytes();
   const char* a = arena + st.a_offset;
@@ -164,8 +186,9 @@ void Contractor::run_step(Stream& stream, const PlanStep& st, char* arena) {
   const auto& R_modes = st.left_is_b ? st.a_modes : st.b_modes;
   const char* L = st.left_is_b ? b : a;
   const char* R = st.left_is_b ? a : b;
-  kernels::Gemm g = step_gemm(st);
   if (st.packed) return run_packed(stream, st, arena, L_modes, R_modes, L, R, c);
+  if (st.looped) return run_looped(stream, st, L, R, c);  // (in full single precision also under TF32)
+  kernels::Gemm g = step_gemm(st);
   if (st.loop_modes.empty()) {
     g.a = L;
     g.b = R;
@@ -177,26 +200,6 @@ void Contractor::run_step(Stream& stream, const PlanStep& st, char* arena) {
   // first): the innermost group is a strided batch, a host loop runs over the others.
   const auto groups = loop_groups(net_, st);
   using Loop = LoopGroup;
-  if (st.looped) {  // (in full single precision also under TF32)
-    kernels::LoopedGemm lg;
-    lg.dtype = dtype_;
-    lg.m = st.m;
-    lg.n = st.n;
-    lg.k = st.k;
-    lg.a = L;
-    lg.b = R;
-    lg.c = c;
-    lg.groups = static_cast<int>(groups.size());
-    for (int d = 0; d < lg.groups; ++d) {
-      const Loop& o = groups[groups.size() - 1 - static_cast<size_t>(d)];  // outermost first
-      lg.extent[d] = o.extent;
-      lg.stride_a[d] = o.l;
-      lg.stride_b[d] = o.r;
-      lg.stride_c[d] = o.c;
-    }
-    kernels::looped_gemm(stream, lg);
-    return;
-  }
   g.batch = groups.front().extent;
   g.stride_a = groups.front().l;
   g.stride_b = groups.front().r;

@@ -40,6 +40,7 @@ class Contractor {
   void stage_input(Stream& stream, int id, std::uint64_t slice, const std::vector<std::uint8_t>& bits, char* dst);
   void run_step(Stream& stream, const PlanStep& st, char* arena);
   kernels::Gemm step_gemm(const PlanStep& st) const;
+  void run_looped(Stream& stream, const PlanStep& st, const char* L, const char* R, char* c);
   void relayout(Stream& stream, const std::vector<Mode>& from, const char* x, const std::vector<Mode>& to,
                 char* dst) const;
   void run_packed(Stream& stream, const PlanStep& st, char* arena, const std::vector<Mode>& L_modes,

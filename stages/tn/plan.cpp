@@ -137,22 +137,23 @@ constexpr std::int64_t kMaxHostCalls = 16, kMaxBigCalls = 1024;
 constexpr double kBigCall = 0x1p26;
 // Products up to this many multiply-adds (after packing) run looped rather than through copies.
 constexpr std::int64_t kTinyProduct = 4096;
-// Batched products this skinny (k and the smaller of m, n at most this) run looped too: cuBLAS's
-// strided batches of 2 x 2 x 2 products ran at 1/200 of memory bandwidth on an H200.
+// Products this skinny (k and the smaller of m, n at most this), batched or not, run looped too:
+// on an H200 cuBLAS ran strided batches of 2 x 2 x 2 products at 1/200 of memory bandwidth, and
+// a 2^28 x 2 x 2 product at 1/10.
 constexpr std::int64_t kSkinny = 16;
 
 // Chooses how step `st` (its in-place GEMM mapping already set) runs: in place (strided batches
 // in a host loop), packed, or looped; a packed step's mapping is replaced by the packed one.
 void decide_execution(const Network& net, PlanStep& st) {
-  if (st.loop_modes.empty()) return;  // one plain GEMM
   const auto groups = loop_groups(net, st);
-  const std::int64_t calls = host_calls(groups);
-  const double per_call = static_cast<double>(st.m * st.n * st.k) * static_cast<double>(groups.front().extent);
   const bool skinny = st.k <= kSkinny && std::min(st.m, st.n) <= kSkinny;
   if (skinny && groups.size() <= static_cast<size_t>(kernels::kMaxLoopGroups)) {
-    st.looped = true;  // one kernel walks the loops, where cuBLAS is slow at such shapes
+    st.looped = true;  // one kernel walks the loops (if any), where cuBLAS is slow at such shapes
     return;
   }
+  if (st.loop_modes.empty()) return;  // one plain GEMM
+  const std::int64_t calls = host_calls(groups);
+  const double per_call = static_cast<double>(st.m * st.n * st.k) * static_cast<double>(groups.front().extent);
   // (Batches of tiny products are slow in cuBLAS too: packing may merge them into larger ones.)
   if ((calls <= kMaxHostCalls || (calls <= kMaxBigCalls && per_call >= kBigCall)) && st.m * st.n * st.k > kTinyProduct)
     return;
