@@ -8,6 +8,7 @@ in the same run, and side by side with peers on the same network and the same pa
 Cases (seeded random circuits, Sycamore-style gates on a grid; times are per amplitude):
   big     5 x 8 grid, 12 cycles (40 qubits): about 5e14 flops along our path, sliced to a budget
   medium  6 x 9 grid, 10 cycles (54 qubits): about 6e12 flops, in core (one slice), 4 amplitudes
+  medium_ooc  the same, out of core: device budget 256 MiB, a quarter of its largest intermediate
   small   4 x 5 grid, 10 cycles: seconds on a laptop CPU (checks the script)
 For each case qstage builds the network, finds a path (a fixed number of greedy restarts, so the
 path is the same on every machine), plans and contracts it. Peers follow exactly that path:
@@ -30,6 +31,10 @@ CASES = {
     # Several amplitudes, so the first one's costs (lazy kernel loading, and a sync after every step
     # to time it) are amortized as they are in real runs; the peers are timed warm on one.
     "medium": {"grid": (6, 9, 10), "tries": 200, "budget": "40GiB", "bitstrings": 4},
+    # medium out of core: a device budget of a quarter of its largest intermediate (2^27 complex64
+    # values, 1 GiB); the larger ones live in pinned host memory. Compared with medium's in-core rate.
+    "medium_ooc": {"grid": (6, 9, 10), "tries": 200, "budget": "256MiB", "bitstrings": 4, "in_core": "medium",
+                   "plan": "out_of_core: true, host_budget: 48GiB"},
     "small": {"grid": (4, 5, 10), "tries": 64, "budget": "1GiB"},  # a smoke test for any machine
 }
 
@@ -60,7 +65,7 @@ steps:
   - id: plan
     stage: tn.plan
     inputs: {{network: net, path: path}}
-    params: {{budget: {case["budget"]}, precision: {precision}}}
+    params: {{budget: {case["budget"]}, precision: {precision}{", " + case["plan"] if "plan" in case else ""}}}
   - id: amps
     stage: tn.contract
     inputs: {{network: net, plan: plan}}
@@ -193,15 +198,22 @@ def main():
                         "first_slice_step_seconds": float(step_seconds.sum())}
             if "reference_relative_error" in amps:  # tf32: the first amplitude against complex128
                 res[key]["relative_error_vs_complex128"] = float(amps["reference_relative_error"])
+            if "in_core" in case and case["in_core"] in report["cases"]:
+                in_core = report["cases"][case["in_core"]]["qstage_tf32" if tf32 else "qstage"]
+                res[key]["fraction_of_in_core"] = res[key]["tflops"] / in_core["tflops"]
+                res[key]["spilled"] = int(plan["spilled"])
+                res[key]["host_copy_bytes_per_slice"] = int(plan["host_copy_bytes"])
             if cgemm[tf32]:
                 res[key]["fraction_of_cgemm"] = res[key]["tflops"] * 1e12 / cgemm[tf32]
             print(f"{name}{' tf32' if tf32 else ''}: {res[key]}", file=sys.stderr)
-        if args.cotengra:
+        if args.cotengra and "in_core" not in case:
             net, _, _ = load_network(work / name)
             res["cotengra"] = cotengra_path(net, args.cotengra)
             res["path"]["seconds"] = float(attrs(work / name / "outputs" / "path.h5")["qstage.wall_seconds"])
             print(f"{name} cotengra: {res['cotengra']} vs ours {res['path']}", file=sys.stderr)
         peers = (["torch"] if args.torch else []) + (["numpy"] if args.numpy and flops < 2e13 else [])
+        if "in_core" in case:
+            peers = []  # the same network as the in-core case
         if peers and res["slices"] > 1:
             res["peers"] = "skipped: the peers run unsliced, and this case needs slicing to fit"
         elif peers:

@@ -52,6 +52,8 @@ std::uint64_t Contractor::resident_bytes() const {
 }
 
 void Contractor::upload(Backend& backend, Stream& stream) {
+  backend_ = &backend;
+  if (plan_.host_arena_bytes) host_arena_ = backend.alloc_host(plan_.host_arena_bytes, "tn: host arena (spilled intermediates)");
   for (const auto& t : net_.tensors) {
     if (t.projects_qubit >= 0) {
       std::array<Buffer, 2> pair;
@@ -177,11 +179,66 @@ void Contractor::run_looped(Stream& stream, const PlanStep& st, const char* L, c
   kernels::looped_gemm(stream, lg);
 }
 
+// A step with a tensor in the host arena, block by block over C's first block_modes modes: each
+// block of a host operand is copied into its staging (an operand without block modes once), the
+// block runs as a step of its own, and a host result's block is copied back. Blocks are
+// contiguous ranges of every tensor (plan.hpp), so each copy is one transfer.
+void Contractor::run_spilled(Stream& stream, const PlanStep& st, char* arena) {
+  const std::uint64_t e = element_bytes();
+  char* host = static_cast<char*>(host_arena_.data());
+  const PlanStep block = block_view(st);
+  const std::vector<Mode> fixed(st.c_modes.begin(), st.c_modes.begin() + st.block_modes);
+  struct Operand {
+    const std::vector<Mode>& full;
+    const std::vector<Mode>& in_block;
+    bool on_host, blocked;
+    char* base;   // the whole tensor (host or device)
+    char* stage;  // its block's staging (host tensors)
+  };
+  auto operand = [&](const std::vector<Mode>& full, const std::vector<Mode>& in_block, bool on_host,
+                     std::uint64_t offset, std::uint64_t stage) {
+    return Operand{full, in_block, on_host, full.size() != in_block.size(), (on_host ? host : arena) + offset,
+                   arena + stage};
+  };
+  Operand a = operand(st.a_modes, block.a_modes, st.a_host, st.a_offset, st.stage_a_offset);
+  Operand b = operand(st.b_modes, block.b_modes, st.b_host, st.b_offset, st.stage_b_offset);
+  Operand c = operand(st.c_modes, block.c_modes, st.c_host, st.c_offset, st.stage_c_offset);
+  for (std::int64_t blk = 0; blk < st.blocks; ++blk) {
+    // Digits of the block number over the fixed modes (the first the most significant).
+    std::vector<std::int64_t> digit(fixed.size());
+    std::int64_t rest = blk;
+    for (size_t j = fixed.size(); j-- > 0;) {
+      digit[j] = rest % net_.extent.at(fixed[j]);
+      rest /= net_.extent.at(fixed[j]);
+    }
+    auto at = [&](const Operand& x) {  // the block of x (bytes from its base) and its size
+      std::int64_t off = 0;
+      for (size_t j = 0; j < fixed.size(); ++j) off += digit[j] * stride_in(net_, x.full, fixed[j]);
+      return std::pair<std::uint64_t, std::uint64_t>{static_cast<std::uint64_t>(off) * e,
+                                                      static_cast<std::uint64_t>(net_.size_of(x.in_block)) * e};
+    };
+    auto input = [&](const Operand& x) -> const char* {
+      const auto [off, bytes] = at(x);
+      if (!x.on_host) return x.base + off;
+      if (x.blocked || blk == 0) backend_->copy_to_device(x.stage, x.base + off, bytes, stream);
+      return x.stage;
+    };
+    const char* pa = input(a);
+    const char* pb = input(b);
+    const auto [c_off, c_bytes] = at(c);
+    run_step_at(stream, block, pa, pb, c.on_host ? c.stage : c.base + c_off, arena);
+    if (c.on_host) backend_->copy_to_host(c.base + c_off, c.stage, c_bytes, stream);
+  }
+}
+
 void Contractor::run_step(Stream& stream, const PlanStep& st, char* arena) {
+  if (st.spilled()) return run_spilled(stream, st, arena);
+  run_step_at(stream, st, arena + st.a_offset, arena + st.b_offset, arena + st.c_offset, arena);
+}
+
+// Runs the step's products on operands at a and b into c; `arena` holds its packing workspace.
+void Contractor::run_step_at(Stream& stream, const PlanStep& st, const char* a, const char* b, char* c, char* arena) {
   const size_t e = element_bytes();
-  const char* a = arena + st.a_offset;
-  const char* b = arena + st.b_offset;
-  char* c = arena + st.c_offset;
   const auto& L_modes = st.left_is_b ? st.b_modes : st.a_modes;
   const auto& R_modes = st.left_is_b ? st.a_modes : st.b_modes;
   const char* L = st.left_is_b ? b : a;
@@ -253,6 +310,8 @@ void Contractor::contract(Stream& stream, std::uint64_t slice, const std::vector
   copy.dims[0] = static_cast<std::int64_t>(result_elements_);
   copy.strides[0] = 1;
   kernels::gather_permute(stream, copy);
+  // The host arena is shared by all work items: the next one may start only after this one.
+  if (plan_.host_arena_bytes) stream.synchronize();
 }
 
 }  // namespace qstage::tn

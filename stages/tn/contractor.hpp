@@ -20,6 +20,7 @@ class Contractor {
   Contractor(const Network& net, const Plan& plan, h5::DType dtype, bool tf32);
 
   std::uint64_t resident_bytes() const;  // device memory of the resident inputs
+  std::uint64_t host_bytes() const { return plan_.host_arena_bytes; }  // pinned host memory (spilled intermediates)
   std::uint64_t result_elements() const { return result_elements_; }
   std::uint64_t element_bytes() const { return h5::dtype_size(dtype_); }
 
@@ -39,6 +40,8 @@ class Contractor {
   };
   void stage_input(Stream& stream, int id, std::uint64_t slice, const std::vector<std::uint8_t>& bits, char* dst);
   void run_step(Stream& stream, const PlanStep& st, char* arena);
+  void run_spilled(Stream& stream, const PlanStep& st, char* arena);
+  void run_step_at(Stream& stream, const PlanStep& st, const char* a, const char* b, char* c, char* arena);
   kernels::Gemm step_gemm(const PlanStep& st) const;
   void run_looped(Stream& stream, const PlanStep& st, const char* L, const char* R, char* c);
   void relayout(Stream& stream, const std::vector<Mode>& from, const char* x, const std::vector<Mode>& to,
@@ -55,6 +58,8 @@ class Contractor {
   std::vector<Buffer> resident_;                 // per input tensor
   std::vector<std::array<Buffer, 2>> projection_;  // per input tensor: <0| and <1| (projections only)
   std::vector<std::int64_t> slice_radix_;
+  Backend* backend_ = nullptr;
+  Buffer host_arena_;                            // the plan's spilled intermediates (pinned)
 };
 
 }  // namespace qstage::tn

@@ -17,7 +17,7 @@ namespace qstage::tn {
 using nlohmann::json;
 
 namespace {
-constexpr const char* kPlanFormat = "qstage-plan-2";  // 2: packed steps copy C too (pack, transposed_bytes)
+constexpr const char* kPlanFormat = "qstage-plan-3";  // 2: packed steps copy C too; 3: out of core
 }
 
 namespace {
@@ -122,6 +122,17 @@ PackedLayouts packed_layouts(const PlanStep& st) {
   return p;
 }
 
+PlanStep block_view(const PlanStep& st) {
+  PlanStep v = st;
+  if (st.block_modes == 0) return v;
+  const std::set<Mode> fixed(st.c_modes.begin(), st.c_modes.begin() + st.block_modes);
+  v.a_modes = without(st.a_modes, fixed);
+  v.b_modes = without(st.b_modes, fixed);
+  v.c_modes = without(st.c_modes, fixed);
+  v.block_modes = 0;
+  return v;
+}
+
 namespace {
 
 // Host-side GEMM calls a step needs as strided batches: the product of all but the innermost group.
@@ -129,6 +140,30 @@ std::int64_t host_calls(const std::vector<LoopGroup>& groups) {
   std::int64_t calls = 1;
   for (size_t i = 1; i < groups.size(); ++i) calls *= groups[i].extent;
   return calls;
+}
+
+// Sets the step's in-place GEMM mapping from its layouts: the trailing [L-run | R-run] block of
+// C and the loop modes before it.
+void map_step(const Network& net, PlanStep& st) {
+  auto origin = [&](Mode m) { return (contains(st.a_modes, m) ? 1 : 0) | (contains(st.b_modes, m) ? 2 : 0); };
+  const auto& C = st.c_modes;
+  size_t end = C.size(), r_begin = end, l_begin = end;
+  st.left_is_b = false;
+  if (!C.empty() && origin(C.back()) != 3) {
+    const int r_origin = origin(C.back());
+    while (r_begin > 0 && origin(C[r_begin - 1]) == r_origin) --r_begin;
+    l_begin = r_begin;
+    const int l_origin = 3 - r_origin;
+    while (l_begin > 0 && origin(C[l_begin - 1]) == l_origin) --l_begin;
+    st.left_is_b = r_origin == 1;  // the trailing run comes from A: A is the right operand
+  }
+  st.loop_modes.assign(C.begin(), C.begin() + static_cast<std::ptrdiff_t>(l_begin));
+  st.m = st.n = st.k = st.loops = 1;
+  for (size_t i = l_begin; i < r_begin; ++i) st.m *= net.extent.at(C[i]);
+  for (size_t i = r_begin; i < end; ++i) st.n *= net.extent.at(C[i]);
+  for (Mode m : st.a_modes)
+    if (!contains(C, m)) st.k *= net.extent.at(m);
+  for (Mode m : st.loop_modes) st.loops *= net.extent.at(m);
 }
 
 // A step runs in place when its host loop makes at most this many GEMM calls, or at most
@@ -194,8 +229,42 @@ void decide_execution(const Network& net, PlanStep& st) {
   st = std::move(packed);
 }
 
-// Builds the layouts, GEMM mapping, memory plan and predictions for a fixed set of sliced modes.
-Plan build(const Network& net, const Path& path, const std::set<Mode>& sliced, const PlanOptions& o) {
+// One block of the step, with its execution decided.
+PlanStep mapped_block(const Network& net, const PlanStep& st) {
+  PlanStep v = block_view(st);
+  map_step(net, v);
+  decide_execution(net, v);
+  return v;
+}
+
+// Device workspace of one block of a spilled step: its host tensors' staging and its packing.
+std::uint64_t block_workspace(const Network& net, const PlanStep& st, const PlanOptions& o) {
+  const PlanStep v = mapped_block(net, st);
+  auto bytes = [&](const std::vector<Mode>& ms) { return static_cast<std::uint64_t>(net.size_of(ms)) * o.element_bytes; };
+  std::uint64_t w = (st.a_host ? bytes(v.a_modes) : 0) + (st.b_host ? bytes(v.b_modes) : 0) +
+                    (st.c_host ? bytes(v.c_modes) : 0);
+  if (v.packed) {
+    const auto pl = packed_layouts(v);
+    w += (v.pack_l ? bytes(pl.l) : 0) + (v.pack_r ? bytes(pl.r) : 0) + (v.pack_c ? bytes(pl.c) : 0);
+  }
+  return w;
+}
+
+// How many of C's leading modes a spilled step blocks over: the fewest whose workspace fits what
+// the device budget leaves beside the `device_live` bytes; if none do, all of them.
+void choose_blocks(const Network& net, PlanStep& st, const PlanOptions& o, std::uint64_t device_live) {
+  const std::uint64_t avail = o.budget_bytes > device_live ? o.budget_bytes - device_live : 0;
+  const int most = static_cast<int>(st.c_modes.size());
+  for (st.block_modes = 0; st.block_modes < most; ++st.block_modes)
+    if (block_workspace(net, st, o) <= avail) break;
+  st.blocks = 1;
+  for (int i = 0; i < st.block_modes; ++i) st.blocks *= net.extent.at(st.c_modes[static_cast<size_t>(i)]);
+}
+
+// Builds the layouts, GEMM mapping, memory plan and predictions for a fixed set of sliced modes,
+// with the intermediates `host_ids` in the host arena.
+Plan build(const Network& net, const Path& path, const std::set<Mode>& sliced, const PlanOptions& o,
+           const std::set<int>& host_ids) {
   const size_t N = net.tensors.size();
   Path p = path;
   p.sliced.assign(sliced.begin(), sliced.end());
@@ -249,8 +318,9 @@ Plan build(const Network& net, const Path& path, const std::set<Mode>& sliced, c
   }
 
   // GEMM mapping, memory plan, predictions.
-  Arena arena;
+  Arena arena, host_arena;
   std::vector<std::uint64_t> offset(modes.size(), 0);
+  auto is_host = [&](int id) { return host_ids.count(id) > 0; };
   for (size_t s = 0; s < p.ssa.size(); ++s) {
     PlanStep st;
     st.a = p.ssa[s].first;
@@ -259,63 +329,114 @@ Plan build(const Network& net, const Path& path, const std::set<Mode>& sliced, c
     st.a_modes = layout[static_cast<size_t>(st.a)];
     st.b_modes = layout[static_cast<size_t>(st.b)];
     st.c_modes = layout[static_cast<size_t>(st.c)];
-    // Classify C's modes by origin and find the trailing [L-run | R-run] block.
-    auto origin = [&](Mode m) { return (contains(st.a_modes, m) ? 1 : 0) | (contains(st.b_modes, m) ? 2 : 0); };
-    const auto& C = st.c_modes;
-    size_t end = C.size(), r_begin = end, l_begin = end;
-    if (!C.empty() && origin(C.back()) != 3) {
-      const int r_origin = origin(C.back());
-      while (r_begin > 0 && origin(C[r_begin - 1]) == r_origin) --r_begin;
-      l_begin = r_begin;
-      const int l_origin = 3 - r_origin;
-      while (l_begin > 0 && origin(C[l_begin - 1]) == l_origin) --l_begin;
-      st.left_is_b = r_origin == 1;  // the trailing run comes from A: A is the right operand
-    }
-    for (size_t i = 0; i < l_begin; ++i) st.loop_modes.push_back(C[i]);
-    for (size_t i = l_begin; i < r_begin; ++i) st.m *= net.extent.at(C[i]);
-    for (size_t i = r_begin; i < end; ++i) st.n *= net.extent.at(C[i]);
-    for (Mode m : st.a_modes)
-      if (!contains(C, m)) st.k *= net.extent.at(m);
-    for (Mode m : st.loop_modes) st.loops *= net.extent.at(m);
     st.a_bytes = bytes_of(st.a_modes);
     st.b_bytes = bytes_of(st.b_modes);
     st.c_bytes = bytes_of(st.c_modes);
+    st.a_host = is_host(st.a);
+    st.b_host = is_host(st.b);
+    st.c_host = is_host(st.c);
     // Memory: inputs are staged (gathered and permuted) into the arena for the step that uses them.
     for (int id : {st.a, st.b})
       if (id < static_cast<int>(N)) offset[static_cast<size_t>(id)] = arena.place(bytes_of(layout[static_cast<size_t>(id)]));
-    offset[static_cast<size_t>(st.c)] = arena.place(st.c_bytes);
+    offset[static_cast<size_t>(st.c)] = st.c_host ? host_arena.place(st.c_bytes) : arena.place(st.c_bytes);
     st.a_offset = offset[static_cast<size_t>(st.a)];
     st.b_offset = offset[static_cast<size_t>(st.b)];
     st.c_offset = offset[static_cast<size_t>(st.c)];
-    decide_execution(net, st);
+    const std::uint64_t device_live = arena.in_use();
+    if (st.spilled()) choose_blocks(net, st, o, device_live);
+    const PlanStep mapped = mapped_block(net, st);
+    {  // the step keeps its full layouts and takes the block's mapping
+      PlanStep full = mapped;
+      full.a_modes = st.a_modes;
+      full.b_modes = st.b_modes;
+      full.c_modes = st.c_modes;
+      full.block_modes = st.block_modes;
+      st = std::move(full);
+    }
+    std::vector<std::uint64_t> workspace;  // step-local arena blocks
+    if (st.a_host) workspace.push_back(st.stage_a_offset = arena.place(bytes_of(mapped.a_modes)));
+    if (st.b_host) workspace.push_back(st.stage_b_offset = arena.place(bytes_of(mapped.b_modes)));
+    if (st.c_host) workspace.push_back(st.stage_c_offset = arena.place(bytes_of(mapped.c_modes)));
     if (st.packed) {  // workspace for the copies, live during this step only
-      const auto pl = packed_layouts(st);
-      if (st.pack_l) st.pack_l_offset = arena.place(bytes_of(pl.l));
-      if (st.pack_r) st.pack_r_offset = arena.place(bytes_of(pl.r));
-      if (st.pack_c) st.pack_c_offset = arena.place(st.c_bytes);
-      st.transposed_bytes = (st.pack_l ? bytes_of(pl.l) : 0) + (st.pack_r ? bytes_of(pl.r) : 0) +
-                            (st.pack_c ? st.c_bytes : 0);
+      const auto pl = packed_layouts(mapped);
+      const std::uint64_t l = bytes_of(pl.l), r = bytes_of(pl.r), c = bytes_of(pl.c);
+      if (st.pack_l) workspace.push_back(st.pack_l_offset = arena.place(l));
+      if (st.pack_r) workspace.push_back(st.pack_r_offset = arena.place(r));
+      if (st.pack_c) workspace.push_back(st.pack_c_offset = arena.place(c));
+      st.transposed_bytes = static_cast<std::uint64_t>(st.blocks) *
+                            ((st.pack_l ? l : 0) + (st.pack_r ? r : 0) + (st.pack_c ? c : 0));
       ++plan.packed_steps;
       plan.step_transposes += int{st.pack_l} + int{st.pack_r} + int{st.pack_c};
       plan.transposed_bytes += st.transposed_bytes;
     }
     st.live_bytes = arena.in_use();
-    if (st.pack_l) arena.free(st.pack_l_offset);
-    if (st.pack_r) arena.free(st.pack_r_offset);
-    if (st.pack_c) arena.free(st.pack_c_offset);
-    arena.free(st.a_offset);
-    arena.free(st.b_offset);
+    for (std::uint64_t w : workspace) arena.free(w);
+    for (int id : {st.a, st.b}) (is_host(id) ? host_arena : arena).free(offset[static_cast<size_t>(id)]);
+    // Host copies: every block of a host tensor once (an operand without block modes is staged once).
+    st.host_bytes = (st.a_host ? st.a_bytes : 0) + (st.b_host ? st.b_bytes : 0) + (st.c_host ? st.c_bytes : 0);
+    plan.host_copy_bytes += st.host_bytes;
     const double mnk = static_cast<double>(st.m) * static_cast<double>(st.n) * static_cast<double>(st.k) *
-                       static_cast<double>(st.loops);
+                       static_cast<double>(st.loops) * static_cast<double>(st.blocks);
     st.flops = (o.element_bytes >= 8 ? 8.0 : 2.0) * mnk;
     const std::uint64_t moved = st.a_bytes + st.b_bytes + st.c_bytes + 2 * st.transposed_bytes;
-    st.predicted_seconds = std::max(static_cast<double>(moved) / o.bandwidth, st.flops / o.gemm_rate);
+    st.predicted_seconds = std::max(static_cast<double>(moved) / o.bandwidth, st.flops / o.gemm_rate) +
+                           static_cast<double>(st.host_bytes) / o.pcie_bandwidth;
     plan.predicted_seconds += st.predicted_seconds;
     plan.steps.push_back(std::move(st));
   }
   if (N == 1) arena.place(bytes_of(layout[0]));
   plan.arena_bytes = arena.peak();
+  plan.host_arena_bytes = host_arena.peak();
+  plan.spilled = static_cast<int>(host_ids.size());
+  plan.pcie_bandwidth = o.pcie_bandwidth;
   return plan;
+}
+
+// How far a plan is over its budgets (at most 1: it fits).
+double overflow(const Plan& p, const PlanOptions& o) {
+  return std::max(static_cast<double>(p.arena_bytes) / static_cast<double>(o.budget_bytes),
+                  static_cast<double>(p.host_arena_bytes) / static_cast<double>(o.host_budget_bytes));
+}
+
+// The plan for `sliced` that fits both budgets with the fewest intermediates in the host arena
+// (out of core: the largest go first; found by doubling, then bisection), or if none fits, the
+// one closest to fitting.
+Plan fit(const Network& net, const Path& path, const std::set<Mode>& sliced, const PlanOptions& o) {
+  Plan closest = build(net, path, sliced, o, {});
+  if (!o.out_of_core || overflow(closest, o) <= 1 || path.ssa.size() < 2) return closest;
+  Path p = path;
+  p.sliced.assign(sliced.begin(), sliced.end());
+  const auto inter = intermediate_modes(net, p);
+  const int N = static_cast<int>(net.tensors.size());
+  std::vector<int> order;  // every intermediate but the root, largest first
+  for (int i = 0; i + 1 < static_cast<int>(inter.size()); ++i) order.push_back(N + i);
+  std::stable_sort(order.begin(), order.end(), [&](int x, int y) {
+    return net.size_of(inter[static_cast<size_t>(x - N)]) > net.size_of(inter[static_cast<size_t>(y - N)]);
+  });
+  auto spilling = [&](size_t count) {
+    Plan t = build(net, path, sliced, o, std::set<int>(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(count)));
+    if (overflow(t, o) < overflow(closest, o)) closest = t;
+    return t;
+  };
+  size_t lo = 0, hi = 1;
+  Plan fitting;
+  for (;; lo = hi, hi *= 2) {
+    hi = std::min(hi, order.size());
+    fitting = spilling(hi);
+    if (overflow(fitting, o) <= 1) break;
+    if (hi == order.size()) return closest;
+  }
+  while (hi - lo > 1) {
+    const size_t mid = (lo + hi) / 2;
+    Plan t = spilling(mid);
+    if (overflow(t, o) <= 1) {
+      hi = mid;
+      fitting = std::move(t);
+    } else {
+      lo = mid;
+    }
+  }
+  return fitting;
 }
 
 }  // namespace
@@ -325,10 +446,10 @@ Plan make_plan(const Network& net, const Path& path, const PlanOptions& o) {
   const std::set<Mode> output(net.output.begin(), net.output.end());
   for (Mode m : sliced)
     if (output.count(m)) throw InputError(fmt::format("mode {} is an output mode and cannot be sliced", m));
-  Plan plan = build(net, path, sliced, o);
-  // Slice until one slice's arena fits: each time the closed mode of the largest intermediate
+  Plan plan = fit(net, path, sliced, o);
+  // Slice until one slice's arenas fit: each time the closed mode of the largest intermediate
   // that gives the fewest total flops.
-  while (plan.arena_bytes > o.budget_bytes) {
+  while (overflow(plan, o) > 1) {
     // Candidates: the closed modes of the largest intermediates (the eight largest steps).
     std::set<Mode> candidates;
     std::vector<const PlanStep*> by_size;
@@ -348,10 +469,10 @@ Plan make_plan(const Network& net, const Path& path, const PlanOptions& o) {
     for (Mode m : candidates) {
       auto trial = sliced;
       trial.insert(m);
-      Plan t = build(net, path, trial, o);
-      if (t.arena_bytes >= plan.arena_bytes) continue;
+      Plan t = fit(net, path, trial, o);
+      if (overflow(t, o) >= overflow(plan, o)) continue;
       if (!improved || t.cost.total_flops(true) < best.cost.total_flops(true) ||
-          (t.cost.total_flops(true) == best.cost.total_flops(true) && t.arena_bytes < best.arena_bytes)) {
+          (t.cost.total_flops(true) == best.cost.total_flops(true) && overflow(t, o) < overflow(best, o))) {
         best = std::move(t);
         improved = true;
       }
@@ -361,11 +482,16 @@ Plan make_plan(const Network& net, const Path& path, const PlanOptions& o) {
                                    "a larger budget or a path with smaller intermediates",
                                    format_bytes(static_cast<double>(o.budget_bytes)), static_cast<double>(best.slices),
                                    o.max_slices));
-    if (!improved)
+    if (!improved && plan.arena_bytes > o.budget_bytes)
       throw InputError(fmt::format("device memory budget {} is too small even with slicing: one slice still needs {} "
                                    "({} modes sliced); expected a larger budget or a better path",
                                    format_bytes(static_cast<double>(o.budget_bytes)),
                                    format_bytes(static_cast<double>(plan.arena_bytes)), sliced.size()));
+    if (!improved)
+      throw InputError(fmt::format("host memory budget {} is too small even with slicing: one slice still spills {} "
+                                   "({} modes sliced); expected a larger host_budget or a better path",
+                                   format_bytes(static_cast<double>(o.host_budget_bytes)),
+                                   format_bytes(static_cast<double>(plan.host_arena_bytes)), sliced.size()));
     sliced = std::set<Mode>(best.sliced.begin(), best.sliced.end());
     plan = std::move(best);
   }
@@ -387,9 +513,14 @@ json Plan::to_json() const {
                           {"predicted_seconds", s.predicted_seconds}, {"live_bytes", s.live_bytes},
                           {"packed", s.packed}, {"pack", {s.pack_l, s.pack_r, s.pack_c}},
                           {"pack_offsets", {s.pack_l_offset, s.pack_r_offset, s.pack_c_offset}},
-                          {"transposed_bytes", s.transposed_bytes}, {"looped", s.looped}});
+                          {"transposed_bytes", s.transposed_bytes}, {"looped", s.looped},
+                          {"host", {s.a_host, s.b_host, s.c_host}}, {"block_modes", s.block_modes},
+                          {"blocks", s.blocks}, {"stage_offsets", {s.stage_a_offset, s.stage_b_offset, s.stage_c_offset}},
+                          {"host_bytes", s.host_bytes}});
   return {{"format", kPlanFormat}, {"input_layouts", input_layouts}, {"input_transposes", input_transposes},
           {"packed_steps", packed_steps}, {"step_transposes", step_transposes}, {"transposed_bytes", transposed_bytes},
+          {"host_arena_bytes", host_arena_bytes}, {"spilled", spilled}, {"host_copy_bytes", host_copy_bytes},
+          {"pcie_bandwidth", pcie_bandwidth},
           {"steps", steps_json}, {"sliced", sliced}, {"slices", slices}, {"output", output},
           {"element_bytes", element_bytes}, {"arena_bytes", arena_bytes}, {"input_bytes", input_bytes},
           {"bandwidth", bandwidth}, {"gemm_rate", gemm_rate}, {"predicted_seconds_per_slice", predicted_seconds},
@@ -409,6 +540,10 @@ Plan Plan::from_json(const json& j) {
   p.packed_steps = j.at("packed_steps").get<int>();
   p.step_transposes = j.at("step_transposes").get<int>();
   p.transposed_bytes = j.at("transposed_bytes");
+  p.host_arena_bytes = j.at("host_arena_bytes");
+  p.spilled = j.at("spilled");
+  p.host_copy_bytes = j.at("host_copy_bytes");
+  p.pcie_bandwidth = j.at("pcie_bandwidth");
   for (const auto& s : j.at("steps")) {
     PlanStep st;
     st.a = s.at("a");
@@ -439,6 +574,11 @@ Plan Plan::from_json(const json& j) {
     triple("pack_offsets", st.pack_l_offset, st.pack_r_offset, st.pack_c_offset);
     st.transposed_bytes = s.at("transposed_bytes");
     st.looped = s.at("looped");
+    triple("host", st.a_host, st.b_host, st.c_host);
+    st.block_modes = s.at("block_modes");
+    st.blocks = s.at("blocks");
+    triple("stage_offsets", st.stage_a_offset, st.stage_b_offset, st.stage_c_offset);
+    st.host_bytes = s.at("host_bytes");
     p.steps.push_back(std::move(st));
   }
   p.sliced = j.at("sliced").get<std::vector<Mode>>();

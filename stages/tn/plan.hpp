@@ -25,6 +25,14 @@
 // Memory: every intermediate gets an offset in one device arena (first fit, by lifetime); the
 // arena's size is the plan's exact peak. Slicing fixes closed modes until the arena fits the
 // budget. Predicted time per step is seed 000's eq. 6: max(bytes / bandwidth, flops / rate).
+//
+// Out of core (PlanOptions::out_of_core): before slicing, the largest intermediates move to a
+// pinned host arena until the device arena fits. A step touching one runs in blocks over the
+// leading modes of its result: those are the leading modes of both operands too (the backward
+// pass puts C's modes first), so every block of every tensor is one contiguous range. Host
+// operands' blocks are copied into staging in the device arena, the step runs on the block as a
+// smaller step, and a host result's block is copied back. Slicing then only adds what the host
+// budget cannot hold. The prediction adds host copies over the PCIe rate.
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <vector>
@@ -50,7 +58,21 @@ struct PlanStep {
   std::uint64_t pack_l_offset = 0, pack_r_offset = 0, pack_c_offset = 0;  // the workspace (arena bytes)
   std::uint64_t transposed_bytes = 0;      // bytes the packing copies
   bool looped = false;                     // many products at scattered offsets: one looped kernel
+  // Out of core: which of A, B, C live in the host arena (their offsets are host-arena offsets).
+  // The step then runs in `blocks` blocks over C's first `block_modes` modes, and the mapping
+  // above (loop_modes, m, n, k, loops, packed, looped, packing) describes one block: the step with
+  // those modes removed from its layouts (block_view). Host tensors' blocks are staged in the
+  // device arena at stage_offsets.
+  bool a_host = false, b_host = false, c_host = false;
+  int block_modes = 0;
+  std::int64_t blocks = 1;
+  std::uint64_t stage_a_offset = 0, stage_b_offset = 0, stage_c_offset = 0;
+  std::uint64_t host_bytes = 0;            // bytes copied between host and device
+  bool spilled() const { return a_host || b_host || c_host; }
 };
+
+// The step as one of its blocks runs it: C's first block_modes modes removed from the layouts.
+PlanStep block_view(const PlanStep& st);
 
 // A group of neighbouring loop modes with one stride each in L, R and C (elements).
 struct LoopGroup {
@@ -79,7 +101,11 @@ struct Plan {
   std::uint64_t element_bytes = 8;               // complex64: 8, complex128: 16
   std::uint64_t arena_bytes = 0;                 // device memory of one contraction (per slice)
   std::uint64_t input_bytes = 0;                 // all input tensors (resident)
+  std::uint64_t host_arena_bytes = 0;            // pinned host memory of the spilled intermediates (per slice)
+  int spilled = 0;                               // intermediates in the host arena
+  std::uint64_t host_copy_bytes = 0;             // host <-> device copies per slice
   double bandwidth = 0, gemm_rate = 0;           // what the prediction used (bytes/s, flop/s)
+  double pcie_bandwidth = 0;                     // for host copies (bytes/s)
   double predicted_seconds = 0;                  // per slice
   PathCost cost;
 
@@ -92,10 +118,14 @@ struct PlanOptions {
   std::uint64_t budget_bytes = ~std::uint64_t{0};  // for the arena of one slice
   double bandwidth = 1e12, gemm_rate = 1e13;       // for eq. 6
   double max_slices = 0x1p24;                      // refuse plans that would need more (one batch per slice)
+  bool out_of_core = false;                        // spill intermediates to host memory before slicing
+  std::uint64_t host_budget_bytes = ~std::uint64_t{0};  // for the host arena of one slice
+  double pcie_bandwidth = 25e9;                    // host <-> device (bytes/s)
 };
 
-// Plans `path` (its sliced modes, if any, are kept; more are added until the arena fits).
-// Throws InputError if even slicing every closed mode does not fit the budget.
+// Plans `path` (its sliced modes, if any, are kept; more are added until the arena fits, and,
+// out of core, the host arena too). Throws InputError if even slicing every closed mode does not
+// fit the budget.
 Plan make_plan(const Network& n, const Path& path, const PlanOptions& options);
 
 }  // namespace qstage::tn

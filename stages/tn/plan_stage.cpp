@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 
 #include "core/error.hpp"
 #include "core/units.hpp"
@@ -67,11 +68,29 @@ std::pair<double, double> measure(Backend& be, h5::DType dtype) {
   return {2.0 * static_cast<double>(copy_bytes) / copy, kernels::gemm_flops(g) / gemm};
 }
 
+// Host-to-device copy rate from pinned memory (64 MiB, or what the budgets leave), for the
+// out-of-core predictions.
+double measure_pcie(Backend& be) {
+  const std::uint64_t free_device = be.device_budget().limit() - be.device_budget().in_use();
+  const std::uint64_t free_host = be.host_budget().limit() - be.host_budget().in_use();
+  const std::size_t bytes = std::min<std::uint64_t>({64u << 20, free_device / 2, free_host / 2}) & ~std::uint64_t{255};
+  if (bytes < 4096)
+    throw InputError("tn.plan: the budgets leave too little to measure host copies; give params.pcie_bandwidth");
+  auto s = be.make_stream(false);
+  Buffer h = be.alloc_host(bytes, "tn.plan: measurement"), d = be.alloc_device(bytes, "tn.plan: measurement");
+  std::memset(h.data(), 0, bytes);
+  const double t = median_seconds([&] {
+    be.copy_to_device(d.data(), h.data(), bytes, *s);
+    s->synchronize();
+  });
+  return static_cast<double>(bytes) / t;
+}
+
 class PlanStage final : public ComputedStage {
  public:
   const StageInfo& info() const override {
     static const StageInfo info{
-        "tn.plan", 3,
+        "tn.plan", 4,
         "an executable schedule: GEMM-ready mode orders, slicing to fit the device budget, memory plan, predicted times",
         {{"network", "a tn.build output"}, {"path", "a tn.path output"}},
         "- id: plan\n  stage: tn.plan\n  inputs: {network: net, path: path}\n  params: {precision: complex64}\n"};
@@ -122,10 +141,27 @@ class PlanStage final : public ComputedStage {
       std::tie(o.bandwidth, o.gemm_rate) = measure(*ctx.backend, dtype);
       measured["source"] = "measured by tn.plan on " + std::string(backend_name(ctx.backend->kind()));
     }
+    o.out_of_core = p.value("out_of_core", false);
+    if (o.out_of_core) {
+      if (p.contains("host_budget")) {
+        o.host_budget_bytes = parse_size(p["host_budget"].get<std::string>(), "params.host_budget");
+      } else if (ctx.backend) {  // half of what --host-memory leaves (tn.contract's slots need the rest)
+        auto& hb = ctx.backend->host_budget();
+        o.host_budget_bytes = (hb.limit() - hb.in_use()) / 2;
+      }
+      if (p.contains("pcie_bandwidth")) {
+        o.pcie_bandwidth = p["pcie_bandwidth"].get<double>();
+        measured["pcie_source"] = "params";
+      } else if (ctx.backend) {
+        o.pcie_bandwidth = measure_pcie(*ctx.backend);
+        measured["pcie_source"] = "measured by tn.plan";
+      }
+    }
     const tn::Plan plan = tn::make_plan(net, path, o);
     json j = plan.to_json();
     j["rates"] = measured;
     j["budget_bytes"] = o.budget_bytes;
+    if (o.out_of_core) j["host_budget_bytes"] = o.host_budget_bytes;
     return j.dump();
   }
   void write_results(const StagePlan&, const StepResults& r, h5::File& out) const override {
@@ -157,17 +193,25 @@ class PlanStage final : public ComputedStage {
     out.set_attribute("packed_steps", static_cast<std::int64_t>(plan.packed_steps));
     out.set_attribute("step_transposes", static_cast<std::int64_t>(plan.step_transposes));
     out.set_attribute("transposed_bytes", static_cast<std::int64_t>(plan.transposed_bytes));
+    out.set_attribute("spilled", static_cast<std::int64_t>(plan.spilled));
+    out.set_attribute("host_arena_bytes", static_cast<std::int64_t>(plan.host_arena_bytes));
+    out.set_attribute("host_copy_bytes", static_cast<std::int64_t>(plan.host_copy_bytes));
     out.set_attribute("predicted_seconds_per_slice", plan.predicted_seconds);
     out.set_attribute("bandwidth_bytes_per_second", plan.bandwidth);
     out.set_attribute("gemm_flops_per_second", plan.gemm_rate);
   }
   std::string describe_results(const StagePlan&, const StepResults& r) const override {
     const tn::Plan plan = tn::Plan::from_json(json::parse(*r.computed));
-    return fmt::format("{} steps ({} packed, {} copies of {}), {} slice(s) over {} sliced mode(s), arena {} per slice, "
+    const std::string spill =
+        plan.spilled ? fmt::format(", {} intermediates spilled to a {} host arena ({} copied per slice)", plan.spilled,
+                                   format_bytes(static_cast<double>(plan.host_arena_bytes)),
+                                   format_bytes(static_cast<double>(plan.host_copy_bytes)))
+                     : "";
+    return fmt::format("{} steps ({} packed, {} copies of {}), {} slice(s) over {} sliced mode(s), arena {} per slice{}, "
                        "{} input transposes, predicted {} per slice",
                        plan.steps.size(), plan.packed_steps, plan.step_transposes,
                        format_bytes(static_cast<double>(plan.transposed_bytes)), plan.slices, plan.sliced.size(),
-                       format_bytes(static_cast<double>(plan.arena_bytes)), plan.input_transposes,
+                       format_bytes(static_cast<double>(plan.arena_bytes)), spill, plan.input_transposes,
                        format_duration(plan.predicted_seconds));
   }
 };

@@ -97,6 +97,40 @@ def test_reference_check_measures_the_precision_error(tmp, precision, contract_p
     assert abs(measured - truth) <= 1e-9 + 1e-6 * truth, (measured, truth)
 
 
+@pytest.mark.parametrize("host_budget,sliced", [("64MiB", False), ("1MiB", True)])
+def test_out_of_core_spills_instead_of_slicing(tmp, host_budget, sliced):
+    """With out_of_core, a budget of 1/8 of the in-core arena spills the largest intermediates to
+    host memory (steps touching them run block by block) instead of slicing; a host budget too
+    small for them all adds slices on top. The amplitudes still match the state vector."""
+    source = "random: {rows: 4, cols: 5, cycles: 8, seed: 3}"
+    bits = "random_bitstrings: {count: 2, seed: 9}"
+    spec = "name: ooc\nsteps:" + circuit_steps(source, bits, "complex128", "256KiB") + f"""\
+  - id: plan_incore
+    stage: tn.plan
+    inputs: {{network: net, path: path}}
+    params: {{precision: complex128, bandwidth: 1.0e10, gemm_rate: 1.0e11}}
+  - id: incore
+    stage: tn.contract
+    inputs: {{network: net, plan: plan_incore}}
+"""
+    # (pcie_bandwidth is measured: it only changes predictions)
+    spec = spec.replace("budget: 256KiB", f"budget: 256KiB, out_of_core: true, host_budget: {host_budget}")
+    _, run_dir = committed_run(tmp, spec)
+    with h5py.File(run_dir / "outputs" / "plan.h5") as f:
+        plan = json.loads(bytes(f["plan"][()]).decode())
+        assert f.attrs["spilled"] > 0 and f.attrs["arena_bytes"] <= 256 * 1024
+        assert (f.attrs["slices"] > 1) == sliced
+        assert f.attrs["host_arena_bytes"] <= int(host_budget[:-3]) * 2**20
+    assert any(st["blocks"] > 1 for st in plan["steps"]), "some step should run in blocks"
+    assert "pcie_source" in plan["rates"] and plan["pcie_bandwidth"] > 0
+    with h5py.File(run_dir / "outputs" / "plan_incore.h5") as f:
+        assert f.attrs["spilled"] == 0 and f.attrs["slices"] == 1 and f.attrs["arena_bytes"] > 8 * 256 * 1024
+    a, _ = amplitudes(run_dir, "amps")
+    incore, _ = amplitudes(run_dir, "incore")
+    s, _ = amplitudes(run_dir, "sv")
+    assert relative_error(a, s) < 1e-12 and relative_error(incore, s) < 1e-12
+
+
 def network_of(run_dir, step="net"):
     with h5py.File(run_dir / "outputs" / f"{step}.h5") as f:
         return json.loads(bytes(f["network"][()]).decode())
