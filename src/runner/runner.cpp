@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <map>
 
 #include "core/build_info.hpp"
 #include "core/error.hpp"
@@ -195,6 +196,12 @@ class WorkflowRun {
 
   // Hashing a large input file is costly: reuse the hash while its size and mtime are unchanged.
   static std::string cached_file_hash(const fs::path& file, Manifest& m) {
+    if (fs::is_directory(file)) {  // a folder parameter: the names and contents of its files
+      std::map<std::string, std::string> files;
+      for (const auto& entry : fs::directory_iterator(file))
+        if (entry.is_regular_file()) files[entry.path().filename().string()] = cached_file_hash(entry.path(), m);
+      return hash_bytes(json(files).dump());
+    }
     const auto size = fs::file_size(file);
     const auto mtime = fs::last_write_time(file).time_since_epoch().count();
     json& cache = m.data()["file_hashes"][file.string()];

@@ -94,7 +94,7 @@ Step parse_step(Workflow& wf, const json& v, size_t index) {
     fs::path file = step.params[ptr].get<std::string>();
     if (!file.is_absolute()) file = fs::absolute(wf.base_dir / file).lexically_normal();
     std::error_code ec;
-    if (!fs::is_regular_file(file, ec))
+    if (!fs::is_regular_file(file, ec) && !fs::is_directory(file, ec))  // (folders: e.g. of .npy files)
       fail(wf.doc, step.pointer() + "/params" + pointer,
            fmt::format("file '{}' does not exist; expected a readable file", file.string()));
     step.files[pointer] = file;

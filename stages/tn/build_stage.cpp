@@ -4,6 +4,7 @@
 
 #include "core/error.hpp"
 #include "core/fsutil.hpp"
+#include "io/npy.hpp"
 #include "stages/tn/network.hpp"
 #include "stages/tn/sources.hpp"
 #include "stages/tn/tn_stages.hpp"
@@ -12,6 +13,53 @@ namespace qstage::stages {
 namespace {
 
 using nlohmann::json;
+
+// Tensor data from datasets /t0, /t1, ... of an HDF5 file (float or complex).
+void read_h5_tensors(tn::Network& net, const std::filesystem::path& data) {
+  h5::File f = h5::File::open(data, h5::Mode::read_only);
+  for (size_t t = 0; t < net.tensors.size(); ++t) {
+    const std::string name = fmt::format("/t{}", t);
+    if (!f.exists(name))
+      throw InputError(fmt::format("params.tensors: '{}' has no dataset '{}'; expected /t0 .. /t{}", data.string(),
+                                   name, net.tensors.size() - 1));
+    h5::Dataset d = f.open_dataset(name);
+    std::uint64_t elements = 1;
+    for (auto s : d.shape()) elements *= s;
+    if (elements != net.tensors[t].data.size() || (d.dtype() != h5::DType::complex128 && d.dtype() != h5::DType::complex64 &&
+                                                    d.dtype() != h5::DType::float64 && d.dtype() != h5::DType::float32))
+      throw InputError(fmt::format("params.tensors: '{}' dataset '{}' has {} {} values; expected {} values (float or "
+                                   "complex)", data.string(), name, elements, d.type_description(),
+                                   net.tensors[t].data.size()));
+    const auto dtype = *d.dtype();
+    if (dtype == h5::DType::complex128) {
+      d.read_all(net.tensors[t].data.data());
+    } else {
+      std::vector<char> raw(elements * h5::dtype_size(dtype));
+      d.read_all(raw.data());
+      for (std::uint64_t e = 0; e < elements; ++e) {
+        auto& v = net.tensors[t].data[e];
+        if (dtype == h5::DType::complex64) v = reinterpret_cast<std::complex<float>*>(raw.data())[e];
+        else if (dtype == h5::DType::float64) v = reinterpret_cast<double*>(raw.data())[e];
+        else v = reinterpret_cast<float*>(raw.data())[e];
+      }
+    }
+  }
+}
+
+// Tensor data from t0.npy, t1.npy, ... in a directory (what numpy.save writes).
+void read_npy_tensors(tn::Network& net, const std::filesystem::path& dir) {
+  for (size_t t = 0; t < net.tensors.size(); ++t) {
+    const auto file = dir / fmt::format("t{}.npy", t);
+    if (!std::filesystem::exists(file))
+      throw InputError(fmt::format("params.tensors: '{}' has no t{}.npy; expected t0.npy .. t{}.npy", dir.string(), t,
+                                   net.tensors.size() - 1));
+    npy::Array a = npy::read(file);
+    if (a.values.size() != net.tensors[t].data.size())
+      throw InputError(fmt::format("params.tensors: '{}' has {} values; expected {} (tensor {} of the network)",
+                                   file.string(), a.values.size(), net.tensors[t].data.size(), t));
+    net.tensors[t].data = std::move(a.values);
+  }
+}
 
 tn::Network generic_network(const json& p, const tn::Files& files) {
   tn::Network net;
@@ -29,36 +77,10 @@ tn::Network generic_network(const json& p, const tn::Files& files) {
       throw InputError(fmt::format("params.network: '{}' is not valid JSON: {}", path.string(), e.what()));
     }
     net = tn::network_from_json(j, path.string());
-    if (files.count("/tensors")) {  // data: datasets /t0, /t1, ... in an HDF5 file
+    if (files.count("/tensors")) {
       const auto data = files.at("/tensors");
-      h5::File f = h5::File::open(data, h5::Mode::read_only);
-      for (size_t t = 0; t < net.tensors.size(); ++t) {
-        const std::string name = fmt::format("/t{}", t);
-        if (!f.exists(name))
-          throw InputError(fmt::format("params.tensors: '{}' has no dataset '{}'; expected /t0 .. /t{}", data.string(),
-                                       name, net.tensors.size() - 1));
-        h5::Dataset d = f.open_dataset(name);
-        std::uint64_t elements = 1;
-        for (auto s : d.shape()) elements *= s;
-        if (elements != net.tensors[t].data.size() || (d.dtype() != h5::DType::complex128 && d.dtype() != h5::DType::complex64 &&
-                                                        d.dtype() != h5::DType::float64 && d.dtype() != h5::DType::float32))
-          throw InputError(fmt::format("params.tensors: '{}' dataset '{}' has {} {} values; expected {} values (float or "
-                                       "complex)", data.string(), name, elements, d.type_description(),
-                                       net.tensors[t].data.size()));
-        const auto dtype = *d.dtype();
-        if (dtype == h5::DType::complex128) {
-          d.read_all(net.tensors[t].data.data());
-        } else {
-          std::vector<char> raw(elements * h5::dtype_size(dtype));
-          d.read_all(raw.data());
-          for (std::uint64_t e = 0; e < elements; ++e) {
-            auto& v = net.tensors[t].data[e];
-            if (dtype == h5::DType::complex64) v = reinterpret_cast<std::complex<float>*>(raw.data())[e];
-            else if (dtype == h5::DType::float64) v = reinterpret_cast<double*>(raw.data())[e];
-            else v = reinterpret_cast<float*>(raw.data())[e];
-          }
-        }
-      }
+      if (std::filesystem::is_directory(data)) read_npy_tensors(net, data);
+      else read_h5_tensors(net, data);
     } else {
       tn::fill_random(net, p.value("seed", std::uint64_t{0}));
     }

@@ -409,3 +409,74 @@ def test_compare_fails_with_exit_3_past_its_tolerance_and_keeps_earlier_steps(tm
     spec = write_spec(tmp / "shape.yaml", other + check.format(ref="other", rtol="1.0e-5"))
     r = run(["run", spec, "--run-dir", tmp / "shape", "--device", DEVICE])
     assert r.code == 2 and "expected the same shape" in r.err, r
+
+
+def generic_network_files(tmp, rng):
+    """A small network in cotengra's JSON layout and tensor data in four dtypes."""
+    inputs, output = [[0, 1, 2], [2, 3], [3, 4, 0], [4, 5]], [1, 5]
+    sizes = {0: 3, 1: 4, 2: 5, 3: 2, 4: 6, 5: 3}
+    (tmp / "net.json").write_text(json.dumps({"inputs": inputs, "output": output,
+                                              "size_dict": {str(k): v for k, v in sizes.items()}}))
+    dtypes = [np.complex128, np.complex64, np.float64, np.float32]
+    tensors = []
+    for modes, dt in zip(inputs, dtypes):
+        shape = [sizes[m] for m in modes]
+        t = rng.standard_normal(shape)
+        if np.iscomplexobj(np.zeros(1, dt)):
+            t = t + 1j * rng.standard_normal(shape)
+        tensors.append(t.astype(dt))
+    expected = np.einsum("abc,cd,dea,ef->bf", *[t.astype(np.complex128) for t in tensors]).reshape(-1)
+    return tensors, expected
+
+
+@pytest.mark.parametrize("layout", ["hdf5", "npy"])
+def test_generic_network_with_tensor_data(tmp, layout):
+    """Tensor data from an HDF5 file (/t0, /t1, ...) or a folder of .npy files (numpy.save), in
+    float32/64 and complex64/128: the contraction matches numpy.einsum."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    tensors, expected = generic_network_files(tmp, np.random.default_rng(5))
+    if layout == "hdf5":
+        with h5py.File(tmp / "data.h5", "w") as f:
+            for i, t in enumerate(tensors):
+                f[f"t{i}"] = t
+        data = "data.h5"
+    else:
+        (tmp / "data").mkdir()
+        for i, t in enumerate(tensors):
+            np.save(tmp / "data" / f"t{i}.npy", t)
+        data = "data"
+    spec = f"""name: generic
+steps:
+  - id: net
+    stage: tn.build
+    params: {{network: net.json, tensors: {data}}}""" + contract_steps("precision: complex128", result="value")
+    _, run_dir = committed_run(tmp, spec)
+    with h5py.File(run_dir / "outputs" / "value.h5") as f:
+        got = f["value"][()].reshape(-1)
+    assert np.linalg.norm(got - expected) <= 1e-12 * np.linalg.norm(expected)
+
+
+@pytest.mark.parametrize("bad,message", [
+    (lambda t: np.asfortranarray(t[0]), "Fortran order"),
+    (lambda t: np.arange(60, dtype=np.int64).reshape(3, 4, 5), "expected little-endian float32"),
+    (lambda t: t[0][:2], "has 40 values; expected 60"),
+    (None, "not a .npy file"),
+])
+def test_bad_npy_tensor_data(tmp, bad, message):
+    tmp.mkdir(parents=True, exist_ok=True)
+    tensors, _ = generic_network_files(tmp, np.random.default_rng(5))
+    (tmp / "data").mkdir()
+    for i, t in enumerate(tensors):
+        np.save(tmp / "data" / f"t{i}.npy", t)
+    if bad is None:
+        (tmp / "data" / "t0.npy").write_bytes(b"not numpy at all")
+    else:
+        np.save(tmp / "data" / "t0.npy", bad(tensors))
+    spec = write_spec(tmp / "spec.yaml", """name: bad
+steps:
+  - id: net
+    stage: tn.build
+    params: {network: net.json, tensors: data}
+""")
+    r = run(["run", spec, "--run-dir", tmp / "run", "--device", DEVICE])
+    assert r.code == 2 and message in r.err and "t0.npy" in r.err, r
