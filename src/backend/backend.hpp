@@ -77,6 +77,11 @@ class Stream {
   virtual void mark(int i) = 0;
   // Seconds between two marks; valid once the work after both marks has finished.
   virtual double seconds_between(int from, int to) = 0;
+  // Ordering across streams: record() marks the work enqueued so far, and wait(point) makes work
+  // enqueued later on this stream wait for it. On cpu every call has already run: no-ops.
+  using Point = std::shared_ptr<void>;
+  virtual Point record() { return nullptr; }
+  virtual void wait(const Point& point) {}
   // Native handles for kernels (nullptr on cpu): cudaStream_t and cublasHandle_t.
   virtual void* native() { return nullptr; }
   virtual void* blas_handle() { return nullptr; }

@@ -51,6 +51,15 @@ class CudaStream final : public Stream {
     QSTAGE_CUDA_CHECK(cudaEventElapsedTime(&ms, marks_[from], marks_[to]));
     return ms * 1e-3;
   }
+  Point record() override {
+    cudaEvent_t e{};
+    QSTAGE_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    QSTAGE_CUDA_CHECK(cudaEventRecord(e, stream_));
+    return Point(static_cast<void*>(e), [](void* x) { cudaEventDestroy(static_cast<cudaEvent_t>(x)); });
+  }
+  void wait(const Point& point) override {
+    if (point) QSTAGE_CUDA_CHECK(cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(point.get()), 0));
+  }
   void* native() override { return stream_; }
   void* blas_handle() override { return blas_; }
 

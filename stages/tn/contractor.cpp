@@ -53,7 +53,11 @@ std::uint64_t Contractor::resident_bytes() const {
 
 void Contractor::upload(Backend& backend, Stream& stream) {
   backend_ = &backend;
-  if (plan_.host_arena_bytes) host_arena_ = backend.alloc_host(plan_.host_arena_bytes, "tn: host arena (spilled intermediates)");
+  if (plan_.host_arena_bytes) {
+    host_arena_ = backend.alloc_host(plan_.host_arena_bytes, "tn: host arena (spilled intermediates)");
+    h2d_ = backend.make_stream(false);
+    d2h_ = backend.make_stream(false);
+  }
   for (const auto& t : net_.tensors) {
     if (t.projects_qubit >= 0) {
       std::array<Buffer, 2> pair;
@@ -182,53 +186,67 @@ void Contractor::run_looped(Stream& stream, const PlanStep& st, const char* L, c
 // A step with a tensor in the host arena, block by block over C's first block_modes modes: each
 // block of a host operand is copied into its staging (an operand without block modes once), the
 // block runs as a step of its own, and a host result's block is copied back. Blocks are
-// contiguous ranges of every tensor (plan.hpp), so each copy is one transfer.
+// contiguous ranges of every tensor (plan.hpp), so each copy is one transfer. Copies in and out
+// run on streams of their own, ordered by recorded points: block i+1 comes in and block i-1 goes
+// out while block i computes, each in its own staging slot.
 void Contractor::run_spilled(Stream& stream, const PlanStep& st, char* arena) {
   const std::uint64_t e = element_bytes();
   char* host = static_cast<char*>(host_arena_.data());
   const PlanStep block = block_view(st);
   const std::vector<Mode> fixed(st.c_modes.begin(), st.c_modes.begin() + st.block_modes);
-  struct Operand {
+  struct Tensor {
     const std::vector<Mode>& full;
-    const std::vector<Mode>& in_block;
     bool on_host, blocked;
     char* base;   // the whole tensor (host or device)
-    char* stage;  // its block's staging (host tensors)
+    char* stage;  // slot 0 of its staging (host tensors)
+    std::uint64_t block_bytes, stride;
+    int slots;
   };
-  auto operand = [&](const std::vector<Mode>& full, const std::vector<Mode>& in_block, bool on_host,
-                     std::uint64_t offset, std::uint64_t stage) {
-    return Operand{full, in_block, on_host, full.size() != in_block.size(), (on_host ? host : arena) + offset,
-                   arena + stage};
+  auto tensor = [&](const std::vector<Mode>& full, const std::vector<Mode>& in_block, bool on_host,
+                    std::uint64_t offset, std::uint64_t stage) {
+    const bool blocked = full.size() != in_block.size();
+    const auto bytes = static_cast<std::uint64_t>(net_.size_of(in_block)) * e;
+    return Tensor{full, on_host, blocked, (on_host ? host : arena) + offset, arena + stage, bytes,
+                  staging_stride(bytes), staging_slots(blocked, st.blocks)};
   };
-  Operand a = operand(st.a_modes, block.a_modes, st.a_host, st.a_offset, st.stage_a_offset);
-  Operand b = operand(st.b_modes, block.b_modes, st.b_host, st.b_offset, st.stage_b_offset);
-  Operand c = operand(st.c_modes, block.c_modes, st.c_host, st.c_offset, st.stage_c_offset);
-  for (std::int64_t blk = 0; blk < st.blocks; ++blk) {
-    // Digits of the block number over the fixed modes (the first the most significant).
-    std::vector<std::int64_t> digit(fixed.size());
-    std::int64_t rest = blk;
+  const Tensor a = tensor(st.a_modes, block.a_modes, st.a_host, st.a_offset, st.stage_a_offset);
+  const Tensor b = tensor(st.b_modes, block.b_modes, st.b_host, st.b_offset, st.stage_b_offset);
+  const Tensor c = tensor(st.c_modes, block.c_modes, st.c_host, st.c_offset, st.stage_c_offset);
+  auto block_offset = [&](const Tensor& x, std::int64_t blk) {  // bytes from x's base
+    std::int64_t off = 0;
     for (size_t j = fixed.size(); j-- > 0;) {
-      digit[j] = rest % net_.extent.at(fixed[j]);
-      rest /= net_.extent.at(fixed[j]);
+      const std::int64_t extent = net_.extent.at(fixed[j]);
+      off += (blk % extent) * stride_in(net_, x.full, fixed[j]);
+      blk /= extent;
     }
-    auto at = [&](const Operand& x) {  // the block of x (bytes from its base) and its size
-      std::int64_t off = 0;
-      for (size_t j = 0; j < fixed.size(); ++j) off += digit[j] * stride_in(net_, x.full, fixed[j]);
-      return std::pair<std::uint64_t, std::uint64_t>{static_cast<std::uint64_t>(off) * e,
-                                                      static_cast<std::uint64_t>(net_.size_of(x.in_block)) * e};
+    return static_cast<std::uint64_t>(off) * e;
+  };
+  auto slot = [](const Tensor& x, std::int64_t blk) { return x.stage + static_cast<std::uint64_t>(blk % x.slots) * x.stride; };
+  // Earlier steps' copies and results come first.
+  h2d_->wait(stream.record());
+  std::vector<Stream::Point> computed(static_cast<size_t>(st.blocks)), copied_out(static_cast<size_t>(st.blocks));
+  for (std::int64_t blk = 0; blk < st.blocks; ++blk) {
+    // In: into a slot whose block (blk - 2) has been computed.
+    if (blk >= 2) h2d_->wait(computed[static_cast<size_t>(blk - 2)]);
+    for (const Tensor* x : {&a, &b})
+      if (x->on_host && (x->blocked || blk == 0))
+        backend_->copy_to_device(slot(*x, blk), x->base + block_offset(*x, blk), x->block_bytes, *h2d_);
+    stream.wait(h2d_->record());
+    // Compute: into a result slot whose block (blk - 2) has been copied out.
+    if (c.on_host && blk >= 2) stream.wait(copied_out[static_cast<size_t>(blk - 2)]);
+    auto operand = [&](const Tensor& x) -> const char* {
+      return x.on_host ? slot(x, x.blocked ? blk : 0) : x.base + block_offset(x, blk);
     };
-    auto input = [&](const Operand& x) -> const char* {
-      const auto [off, bytes] = at(x);
-      if (!x.on_host) return x.base + off;
-      if (x.blocked || blk == 0) backend_->copy_to_device(x.stage, x.base + off, bytes, stream);
-      return x.stage;
-    };
-    const char* pa = input(a);
-    const char* pb = input(b);
-    const auto [c_off, c_bytes] = at(c);
-    run_step_at(stream, block, pa, pb, c.on_host ? c.stage : c.base + c_off, arena);
-    if (c.on_host) backend_->copy_to_host(c.base + c_off, c.stage, c_bytes, stream);
+    run_step_at(stream, block, operand(a), operand(b), c.on_host ? slot(c, blk) : c.base + block_offset(c, blk), arena);
+    computed[static_cast<size_t>(blk)] = stream.record();
+    // Out.
+    if (c.on_host) {
+      d2h_->wait(computed[static_cast<size_t>(blk)]);
+      backend_->copy_to_host(c.base + block_offset(c, blk), slot(c, blk), c.block_bytes, *d2h_);
+      copied_out[static_cast<size_t>(blk)] = d2h_->record();
+    }
   }
+  stream.wait(d2h_->record());  // later steps read the result
 }
 
 void Contractor::run_step(Stream& stream, const PlanStep& st, char* arena) {

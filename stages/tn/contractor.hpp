@@ -5,6 +5,7 @@
 // arena offsets the plan assigned. Deterministic: fixed shapes, fixed order, no atomics.
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "backend/backend.hpp"
@@ -60,6 +61,7 @@ class Contractor {
   std::vector<std::int64_t> slice_radix_;
   Backend* backend_ = nullptr;
   Buffer host_arena_;                            // the plan's spilled intermediates (pinned)
+  std::unique_ptr<Stream> h2d_, d2h_;            // their copies in and out
 };
 
 }  // namespace qstage::tn

@@ -177,6 +177,9 @@ constexpr std::int64_t kTinyProduct = 4096;
 // a 2^28 x 2 x 2 product at 1/10.
 constexpr std::int64_t kSkinny = 16;
 
+// What a block of a spilled step costs beyond its work (launches, copy and stream setup).
+constexpr double kBlockSeconds = 20e-6;
+
 // Chooses how step `st` (its in-place GEMM mapping already set) runs: in place (strided batches
 // in a host loop), packed, or looped; a packed step's mapping is replaced by the packed one.
 void decide_execution(const Network& net, PlanStep& st) {
@@ -238,11 +241,25 @@ PlanStep mapped_block(const Network& net, const PlanStep& st) {
 }
 
 // Device workspace of one block of a spilled step: its host tensors' staging and its packing.
-std::uint64_t block_workspace(const Network& net, const PlanStep& st, const PlanOptions& o) {
+std::uint64_t staging_bytes(const Network& net, const PlanStep& st, const std::vector<Mode>& full,
+                            const std::vector<Mode>& in_block, std::uint64_t element_bytes) {
+  const int slots = staging_slots(full.size() != in_block.size(), st.blocks);
+  return static_cast<std::uint64_t>(slots) * staging_stride(static_cast<std::uint64_t>(net.size_of(in_block)) * element_bytes);
+}
+
+std::int64_t block_count(const Network& net, const PlanStep& st) {
+  std::int64_t blocks = 1;
+  for (int i = 0; i < st.block_modes; ++i) blocks *= net.extent.at(st.c_modes[static_cast<size_t>(i)]);
+  return blocks;
+}
+
+std::uint64_t block_workspace(const Network& net, PlanStep st, const PlanOptions& o) {
+  st.blocks = block_count(net, st);
   const PlanStep v = mapped_block(net, st);
   auto bytes = [&](const std::vector<Mode>& ms) { return static_cast<std::uint64_t>(net.size_of(ms)) * o.element_bytes; };
-  std::uint64_t w = (st.a_host ? bytes(v.a_modes) : 0) + (st.b_host ? bytes(v.b_modes) : 0) +
-                    (st.c_host ? bytes(v.c_modes) : 0);
+  std::uint64_t w = (st.a_host ? staging_bytes(net, st, st.a_modes, v.a_modes, o.element_bytes) : 0) +
+                    (st.b_host ? staging_bytes(net, st, st.b_modes, v.b_modes, o.element_bytes) : 0) +
+                    (st.c_host ? staging_bytes(net, st, st.c_modes, v.c_modes, o.element_bytes) : 0);
   if (v.packed) {
     const auto pl = packed_layouts(v);
     w += (v.pack_l ? bytes(pl.l) : 0) + (v.pack_r ? bytes(pl.r) : 0) + (v.pack_c ? bytes(pl.c) : 0);
@@ -257,8 +274,7 @@ void choose_blocks(const Network& net, PlanStep& st, const PlanOptions& o, std::
   const int most = static_cast<int>(st.c_modes.size());
   for (st.block_modes = 0; st.block_modes < most; ++st.block_modes)
     if (block_workspace(net, st, o) <= avail) break;
-  st.blocks = 1;
-  for (int i = 0; i < st.block_modes; ++i) st.blocks *= net.extent.at(st.c_modes[static_cast<size_t>(i)]);
+  st.blocks = block_count(net, st);
 }
 
 // Builds the layouts, GEMM mapping, memory plan and predictions for a fixed set of sliced modes,
@@ -354,9 +370,10 @@ Plan build(const Network& net, const Path& path, const std::set<Mode>& sliced, c
       st = std::move(full);
     }
     std::vector<std::uint64_t> workspace;  // step-local arena blocks
-    if (st.a_host) workspace.push_back(st.stage_a_offset = arena.place(bytes_of(mapped.a_modes)));
-    if (st.b_host) workspace.push_back(st.stage_b_offset = arena.place(bytes_of(mapped.b_modes)));
-    if (st.c_host) workspace.push_back(st.stage_c_offset = arena.place(bytes_of(mapped.c_modes)));
+    const auto e = o.element_bytes;
+    if (st.a_host) workspace.push_back(st.stage_a_offset = arena.place(staging_bytes(net, st, st.a_modes, mapped.a_modes, e)));
+    if (st.b_host) workspace.push_back(st.stage_b_offset = arena.place(staging_bytes(net, st, st.b_modes, mapped.b_modes, e)));
+    if (st.c_host) workspace.push_back(st.stage_c_offset = arena.place(staging_bytes(net, st, st.c_modes, mapped.c_modes, e)));
     if (st.packed) {  // workspace for the copies, live during this step only
       const auto pl = packed_layouts(mapped);
       const std::uint64_t l = bytes_of(pl.l), r = bytes_of(pl.r), c = bytes_of(pl.c);
@@ -379,8 +396,12 @@ Plan build(const Network& net, const Path& path, const std::set<Mode>& sliced, c
                        static_cast<double>(st.loops) * static_cast<double>(st.blocks);
     st.flops = (o.element_bytes >= 8 ? 8.0 : 2.0) * mnk;
     const std::uint64_t moved = st.a_bytes + st.b_bytes + st.c_bytes + 2 * st.transposed_bytes;
-    st.predicted_seconds = std::max(static_cast<double>(moved) / o.bandwidth, st.flops / o.gemm_rate) +
-                           static_cast<double>(st.host_bytes) / o.pcie_bandwidth;
+    // Copies in and out overlap the blocks' work (their own streams); each block costs a few launches.
+    const double host_in = static_cast<double>((st.a_host ? st.a_bytes : 0) + (st.b_host ? st.b_bytes : 0)),
+                 host_out = static_cast<double>(st.c_host ? st.c_bytes : 0);
+    st.predicted_seconds = std::max({static_cast<double>(moved) / o.bandwidth, st.flops / o.gemm_rate,
+                                     host_in / o.pcie_bandwidth, host_out / o.pcie_bandwidth}) +
+                           (st.spilled() ? kBlockSeconds * static_cast<double>(st.blocks) : 0.0);
     plan.predicted_seconds += st.predicted_seconds;
     plan.steps.push_back(std::move(st));
   }
@@ -435,6 +456,13 @@ Plan fit(const Network& net, const Path& path, const std::set<Mode>& sliced, con
     } else {
       lo = mid;
     }
+  }
+  // Spilling more leaves more device memory for staging, so fewer and larger blocks: keep
+  // doubling while the prediction improves.
+  for (size_t more = 2 * hi; more / 2 < order.size(); more *= 2) {
+    Plan t = spilling(std::min(more, order.size()));
+    if (overflow(t, o) > 1 || t.predicted_seconds >= fitting.predicted_seconds) break;
+    fitting = std::move(t);
   }
   return fitting;
 }

@@ -31,7 +31,8 @@
 // leading modes of its result: those are the leading modes of both operands too (the backward
 // pass puts C's modes first), so every block of every tensor is one contiguous range. Host
 // operands' blocks are copied into staging in the device arena, the step runs on the block as a
-// smaller step, and a host result's block is copied back. Slicing then only adds what the host
+// smaller step, and a host result's block is copied back; copies run on their own streams, so
+// block i+1 comes in and block i-1 goes out while block i computes (two staging slots each). Slicing then only adds what the host
 // budget cannot hold. The prediction adds host copies over the PCIe rate.
 #include <cstdint>
 #include <nlohmann/json.hpp>
@@ -73,6 +74,11 @@ struct PlanStep {
 
 // The step as one of its blocks runs it: C's first block_modes modes removed from the layouts.
 PlanStep block_view(const PlanStep& st);
+
+// Staging of a host tensor's blocks: two slots (block i+1 is copied while block i computes), or
+// one when the tensor has a single block. Slots lie `staging_stride(block bytes)` apart.
+inline int staging_slots(bool has_block_modes, std::int64_t blocks) { return has_block_modes && blocks > 1 ? 2 : 1; }
+inline std::uint64_t staging_stride(std::uint64_t block_bytes) { return (block_bytes + 255) / 256 * 256; }
 
 // A group of neighbouring loop modes with one stride each in L, R and C (elements).
 struct LoopGroup {
