@@ -23,6 +23,7 @@ packages=(
   libyaml-cpp-dev nlohmann-json3-dev libvalijson-dev   # specs, JSON, JSON Schema
   libspdlog-dev libfmt-dev                     # logging, formatting
   libxxhash-dev                                # content hashes
+  libpng-dev                                   # qstage inspect --plot
   libgtest-dev                                 # unit tests
   python3 python3-numpy python3-h5py python3-pytest python3-jsonschema  # end-to-end tests, oracles
 )

@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include "cli/options.hpp"
+#include "cli/plot.hpp"
 #include "core/error.hpp"
 #include "core/fsutil.hpp"
 #include "core/mpi.hpp"
@@ -143,14 +144,17 @@ int status(const Args& args) {
 // ---------------------------------------------------------------------------------- inspect
 int inspect(const Args& args) {
   po::options_description o("options");
-  o.add_options()("file", po::value<std::string>(), "the HDF5 file (positional)")("json", "print JSON");
+  o.add_options()("file", po::value<std::string>(), "the HDF5 file (positional)")("json", "print JSON")(
+      "plot", po::value<std::string>(), "tn.plan outputs: draw the tensor size of every step along the path into this PNG");
   po::positional_options_description pos;
   pos.add("file", 1);
   auto vm = parse(args, o, pos,
-                  "usage: qstage inspect FILE.h5 [--json]\n\nLists a file's provenance attributes and datasets "
-                  "(dtype, shape, chunk, checksum).\n",
+                  "usage: qstage inspect FILE.h5 [--json] [--plot OUT.png]\n\nLists a file's provenance attributes and "
+                  "datasets (dtype, shape, chunk, checksum). For a tn.plan output, --plot draws each step's\n"
+                  "intermediate size along the path, the arena in use and the arena's size (log scale).\n",
                   "examples:\n  qstage inspect qstage-runs/quickstart/outputs/amplitudes.h5\n"
-                  "  qstage inspect out.h5 --json | python3 -m json.tool\n");
+                  "  qstage inspect out.h5 --json | python3 -m json.tool\n"
+                  "  qstage inspect qstage-runs/quickstart/outputs/plan.h5 --plot plan.png\n");
   if (!vm) return kExitDone;
   if (!vm->count("file")) throw InputError("inspect: missing the file; expected `qstage inspect FILE.h5`");
   const fs::path path = (*vm)["file"].as<std::string>();
@@ -162,6 +166,12 @@ int inspect(const Args& args) {
     d = h5::describe_file(path);
   } catch (const h5::Error& e) {
     throw InputError(fmt::format("cannot read '{}': {}", path.string(), e.reason()));
+  }
+  if (vm->count("plot")) {
+    const fs::path png = (*vm)["plot"].as<std::string>();
+    plot_plan(path, png);
+    std::cout << "wrote " << png.string() << "\n";
+    return kExitDone;
   }
   if (vm->count("json")) {
     std::cout << d.dump(2) << "\n";

@@ -480,3 +480,51 @@ steps:
 """)
     r = run(["run", spec, "--run-dir", tmp / "run", "--device", DEVICE])
     assert r.code == 2 and message in r.err and "t0.npy" in r.err, r
+
+
+def read_png_rgb(path):
+    """Decodes the 8-bit RGB, unfiltered PNG that qstage writes (io/png.hpp) into an array."""
+    import struct
+    import zlib
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, idat, size = 8, b"", None
+    while pos < len(data):
+        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        body = data[pos + 8:pos + 8 + length]
+        if kind == b"IHDR":
+            size = struct.unpack(">II", body[:8])
+            assert body[8:10] == b"\x08\x02"  # 8-bit RGB
+        elif kind == b"IDAT":
+            idat += body
+        pos += 12 + length
+    width, height = size
+    rows = np.frombuffer(zlib.decompress(idat), np.uint8).reshape(height, 1 + 3 * width)
+    assert (rows[:, 0] == 0).all(), "rows are stored unfiltered"
+    return rows[:, 1:].reshape(height, width, 3)
+
+
+def test_inspect_plots_a_plan(tmp):
+    """`qstage inspect plan.h5 --plot`: a PNG whose tallest bar is the step with the largest
+    intermediate (x = 110 + (step + 0.5) * 820 / steps, in src/cli/plot.cpp's geometry)."""
+    spec = "name: plot\nsteps:" + circuit_steps("random: {rows: 3, cols: 4, cycles: 8, seed: 1}",
+                                                "random_bitstrings: {count: 1, seed: 9}", "complex64", "8KiB")
+    _, run_dir = committed_run(tmp, spec)
+    png = tmp / "plan.png"
+    r = run(["inspect", run_dir / "outputs" / "plan.h5", "--plot", png])
+    assert r.code == 0, r
+    img = read_png_rgb(png)
+    assert img.shape == (540, 960, 3)
+    with h5py.File(run_dir / "outputs" / "plan.h5") as f:
+        sizes = f["steps/output_bytes"][()]
+    bars = np.all(img == [31, 119, 180], axis=2)  # the bars' colour
+    bars[:60] = False  # (the legend, above the plot area)
+    tops = np.where(bars.any(axis=0), bars.argmax(axis=0), 10**6)
+    tallest = int(np.argmin(tops))
+    step = int((tallest - 110) * len(sizes) / 820)
+    assert sizes.max() in sizes[max(step - 1, 0):step + 2], (step, sizes)  # (a pixel of rounding either way)
+    # Not a plan, and a path that cannot be written: exit 2, nothing left behind.
+    r = run(["inspect", run_dir / "outputs" / "net.h5", "--plot", tmp / "net.png"])
+    assert r.code == 2 and "not a tn.plan output" in r.err and not (tmp / "net.png").exists(), r
+    r = run(["inspect", run_dir / "outputs" / "plan.h5", "--plot", tmp / "missing" / "plan.png"])
+    assert r.code == 2 and "cannot write" in r.err, r
