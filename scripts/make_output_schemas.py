@@ -43,7 +43,7 @@ STAGES = {
     "tn.plan": ("an executable contraction plan (JSON in /plan) and per-step columns for plotting",
                 {"slices": INT, "arena_bytes": INT, "input_transposes": INT, "packed_steps": INT,
                  "step_transposes": INT, "transposed_bytes": INT, "spilled": INT, "host_arena_bytes": INT,
-                 "host_copy_bytes": INT,
+                 "host_copy_bytes": INT, "scratch": INT,
                  "predicted_seconds_per_slice": NUMBER, "bandwidth_bytes_per_second": NUMBER,
                  "gemm_flops_per_second": NUMBER},
                 [("/plan", "uint8", 1), ("/steps/flops", "float64", 1), ("/steps/live_bytes", "uint64", 1),

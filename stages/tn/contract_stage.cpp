@@ -49,8 +49,8 @@ h5::DType dtype_of_plan(const tn::Plan& p) { return p.element_bytes == 16 ? h5::
 
 class ContractKernel final : public engine::PassKernel {
  public:
-  ContractKernel(Loaded loaded, bool tf32)
-      : l_(std::move(loaded)), contractor_(l_.net, l_.plan, dtype_of_plan(l_.plan), tf32) {}
+  ContractKernel(Loaded loaded, bool tf32, std::filesystem::path scratch_dir)
+      : l_(std::move(loaded)), contractor_(l_.net, l_.plan, dtype_of_plan(l_.plan), tf32, std::move(scratch_dir)) {}
   void prepare(Backend& backend, Stream& stream) override {
     backend_ = &backend;
     contractor_.upload(backend, stream);
@@ -255,7 +255,9 @@ class ContractStage final : public Stage {
                     {"reference_check", ctx.params.value("reference_check", ctx.params.at("tf32").get<bool>())}};
   }
   std::unique_ptr<engine::PassKernel> make_kernel(const KernelContext& ctx) const override {
-    return std::make_unique<ContractKernel>(load(ctx), ctx.params.at("tf32").get<bool>());
+    const std::string dir = ctx.params.value("scratch_dir", "");
+    return std::make_unique<ContractKernel>(load(ctx), ctx.params.at("tf32").get<bool>(),
+                                            dir.empty() ? std::filesystem::temp_directory_path() : std::filesystem::path(dir));
   }
   std::unique_ptr<engine::Reduction> make_reduction(const StagePlan& plan) const override {
     const auto& s = plan.summary;

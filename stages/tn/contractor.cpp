@@ -1,8 +1,15 @@
 #include "stages/tn/contractor.hpp"
 
+#include <fmt/format.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <complex>
 #include <cstring>
+#include <random>
+
+#include "core/error.hpp"
+#include "core/units.hpp"
 
 #include "kernels/gemm.hpp"
 #include "kernels/looped_gemm.hpp"
@@ -26,8 +33,9 @@ std::vector<char> converted(const std::vector<cd>& data, h5::DType dtype) {
 
 }  // namespace
 
-Contractor::Contractor(const Network& net, const Plan& plan, h5::DType dtype, bool tf32)
-    : net_(net), plan_(plan), dtype_(dtype), tf32_(tf32) {
+Contractor::Contractor(const Network& net, const Plan& plan, h5::DType dtype, bool tf32,
+                       std::filesystem::path scratch_dir)
+    : net_(net), plan_(plan), dtype_(dtype), tf32_(tf32), scratch_dir_(std::move(scratch_dir)) {
   for (Mode m : plan.output) result_elements_ *= static_cast<std::uint64_t>(net.extent.at(m));
   for (Mode m : plan.sliced) slice_radix_.push_back(net.extent.at(m));
   for (size_t i = 0; i < net.tensors.size(); ++i) {
@@ -54,7 +62,12 @@ std::uint64_t Contractor::resident_bytes() const {
 void Contractor::upload(Backend& backend, Stream& stream) {
   backend_ = &backend;
   if (plan_.host_arena_bytes) {
-    host_arena_ = backend.alloc_host(plan_.host_arena_bytes, "tn: host arena (spilled intermediates)");
+    if (plan_.scratch) {
+      scratch_ = std::make_unique<ScratchFile>(scratch_dir_, plan_.host_arena_bytes);
+      bounce_ = backend.alloc_host(plan_.arena_bytes, "tn: bounce buffer for the scratch file");
+    } else {
+      host_arena_ = backend.alloc_host(plan_.host_arena_bytes, "tn: host arena (spilled intermediates)");
+    }
     h2d_ = backend.make_stream(false);
     d2h_ = backend.make_stream(false);
   }
@@ -183,6 +196,59 @@ void Contractor::run_looped(Stream& stream, const PlanStep& st, const char* L, c
   kernels::looped_gemm(stream, lg);
 }
 
+// The host arena as an HDF5 file (a plan made with scratch: true): one chunked byte dataset,
+// removed when the contraction ends.
+class Contractor::ScratchFile {
+ public:
+  ScratchFile(const std::filesystem::path& dir, std::uint64_t bytes) {
+    std::random_device random;
+    path_ = dir / fmt::format("qstage-scratch-{}-{:08x}.h5", static_cast<long>(::getpid()), random());
+    try {
+      file_ = h5::File::create(path_);
+      data_ = file_.create_dataset("arena", {h5::DType::uint8, {bytes}, {std::min<std::uint64_t>(bytes, 4u << 20)}, false});
+    } catch (const h5::Error& e) {
+      std::filesystem::remove(path_);
+      throw InputError(fmt::format("tn.contract: cannot create the scratch file '{}' ({}); expected a writable "
+                                   "scratch_dir with {} free", path_.string(), e.reason(),
+                                   format_bytes(static_cast<double>(bytes))));
+    }
+  }
+  ~ScratchFile() {
+    data_ = {};
+    file_ = {};
+    std::error_code ec;
+    std::filesystem::remove(path_, ec);
+  }
+  void read(std::uint64_t offset, std::uint64_t bytes, void* dst) const { data_.read_rows(offset, bytes, dst); }
+  void write(std::uint64_t offset, std::uint64_t bytes, const void* src) { data_.write_rows(offset, bytes, src); }
+
+ private:
+  std::filesystem::path path_;
+  h5::File file_;
+  h5::Dataset data_;
+};
+
+Contractor::~Contractor() = default;
+
+// A host-arena block at `offset` into device staging `dst` (on the copy-in stream). From a
+// scratch file the block passes through the pinned bounce buffer, which mirrors the arena.
+void Contractor::fetch(char* dst, std::uint64_t offset, std::uint64_t bytes, char* arena) {
+  if (!scratch_) return backend_->copy_to_device(dst, static_cast<char*>(host_arena_.data()) + offset, bytes, *h2d_);
+  char* bounce = static_cast<char*>(bounce_.data()) + (dst - arena);
+  h2d_->synchronize();  // the bounce region's previous copy has left
+  scratch_->read(offset, bytes, bounce);
+  backend_->copy_to_device(dst, bounce, bytes, *h2d_);
+}
+
+// Device staging `src` into the host arena at `offset` (on the copy-out stream).
+void Contractor::store(std::uint64_t offset, const char* src, std::uint64_t bytes, char* arena) {
+  if (!scratch_) return backend_->copy_to_host(static_cast<char*>(host_arena_.data()) + offset, src, bytes, *d2h_);
+  char* bounce = static_cast<char*>(bounce_.data()) + (src - arena);
+  backend_->copy_to_host(bounce, src, bytes, *d2h_);
+  d2h_->synchronize();
+  scratch_->write(offset, bytes, bounce);
+}
+
 // A step with a tensor in the host arena, block by block over C's first block_modes modes: each
 // block of a host operand is copied into its staging (an operand without block modes once), the
 // block runs as a step of its own, and a host result's block is copied back. Blocks are
@@ -191,14 +257,14 @@ void Contractor::run_looped(Stream& stream, const PlanStep& st, const char* L, c
 // out while block i computes, each in its own staging slot.
 void Contractor::run_spilled(Stream& stream, const PlanStep& st, char* arena) {
   const std::uint64_t e = element_bytes();
-  char* host = static_cast<char*>(host_arena_.data());
   const PlanStep block = block_view(st);
   const std::vector<Mode> fixed(st.c_modes.begin(), st.c_modes.begin() + st.block_modes);
   struct Tensor {
     const std::vector<Mode>& full;
     bool on_host, blocked;
-    char* base;   // the whole tensor (host or device)
-    char* stage;  // slot 0 of its staging (host tensors)
+    std::uint64_t offset;  // in the host arena (host tensors)
+    char* device;          // the whole tensor (device tensors)
+    char* stage;           // slot 0 of its staging (host tensors)
     std::uint64_t block_bytes, stride;
     int slots;
   };
@@ -206,13 +272,13 @@ void Contractor::run_spilled(Stream& stream, const PlanStep& st, char* arena) {
                     std::uint64_t offset, std::uint64_t stage) {
     const bool blocked = full.size() != in_block.size();
     const auto bytes = static_cast<std::uint64_t>(net_.size_of(in_block)) * e;
-    return Tensor{full, on_host, blocked, (on_host ? host : arena) + offset, arena + stage, bytes,
-                  staging_stride(bytes), staging_slots(blocked, st.blocks)};
+    return Tensor{full,  on_host, blocked, offset, arena + offset, arena + stage, bytes, staging_stride(bytes),
+                  staging_slots(blocked, st.blocks)};
   };
   const Tensor a = tensor(st.a_modes, block.a_modes, st.a_host, st.a_offset, st.stage_a_offset);
   const Tensor b = tensor(st.b_modes, block.b_modes, st.b_host, st.b_offset, st.stage_b_offset);
   const Tensor c = tensor(st.c_modes, block.c_modes, st.c_host, st.c_offset, st.stage_c_offset);
-  auto block_offset = [&](const Tensor& x, std::int64_t blk) {  // bytes from x's base
+  auto block_offset = [&](const Tensor& x, std::int64_t blk) {  // bytes from x's start
     std::int64_t off = 0;
     for (size_t j = fixed.size(); j-- > 0;) {
       const std::int64_t extent = net_.extent.at(fixed[j]);
@@ -230,19 +296,19 @@ void Contractor::run_spilled(Stream& stream, const PlanStep& st, char* arena) {
     if (blk >= 2) h2d_->wait(computed[static_cast<size_t>(blk - 2)]);
     for (const Tensor* x : {&a, &b})
       if (x->on_host && (x->blocked || blk == 0))
-        backend_->copy_to_device(slot(*x, blk), x->base + block_offset(*x, blk), x->block_bytes, *h2d_);
+        fetch(slot(*x, blk), x->offset + block_offset(*x, blk), x->block_bytes, arena);
     stream.wait(h2d_->record());
     // Compute: into a result slot whose block (blk - 2) has been copied out.
     if (c.on_host && blk >= 2) stream.wait(copied_out[static_cast<size_t>(blk - 2)]);
     auto operand = [&](const Tensor& x) -> const char* {
-      return x.on_host ? slot(x, x.blocked ? blk : 0) : x.base + block_offset(x, blk);
+      return x.on_host ? slot(x, x.blocked ? blk : 0) : x.device + block_offset(x, blk);
     };
-    run_step_at(stream, block, operand(a), operand(b), c.on_host ? slot(c, blk) : c.base + block_offset(c, blk), arena);
+    run_step_at(stream, block, operand(a), operand(b), c.on_host ? slot(c, blk) : c.device + block_offset(c, blk), arena);
     computed[static_cast<size_t>(blk)] = stream.record();
     // Out.
     if (c.on_host) {
       d2h_->wait(computed[static_cast<size_t>(blk)]);
-      backend_->copy_to_host(c.base + block_offset(c, blk), slot(c, blk), c.block_bytes, *d2h_);
+      store(c.offset + block_offset(c, blk), slot(c, blk), c.block_bytes, arena);
       copied_out[static_cast<size_t>(blk)] = d2h_->record();
     }
   }

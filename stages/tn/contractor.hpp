@@ -5,6 +5,7 @@
 // arena offsets the plan assigned. Deterministic: fixed shapes, fixed order, no atomics.
 #include <array>
 #include <cstdint>
+#include <filesystem>
 #include <memory>
 #include <vector>
 
@@ -18,7 +19,9 @@ namespace qstage::tn {
 class Contractor {
  public:
   // dtype: complex64 or complex128 (the compute precision); tf32 for complex64 on cuda.
-  Contractor(const Network& net, const Plan& plan, h5::DType dtype, bool tf32);
+  Contractor(const Network& net, const Plan& plan, h5::DType dtype, bool tf32,
+             std::filesystem::path scratch_dir = std::filesystem::temp_directory_path());
+  ~Contractor();
 
   std::uint64_t resident_bytes() const;  // device memory of the resident inputs
   std::uint64_t host_bytes() const { return plan_.host_arena_bytes; }  // pinned host memory (spilled intermediates)
@@ -42,6 +45,8 @@ class Contractor {
   void stage_input(Stream& stream, int id, std::uint64_t slice, const std::vector<std::uint8_t>& bits, char* dst);
   void run_step(Stream& stream, const PlanStep& st, char* arena);
   void run_spilled(Stream& stream, const PlanStep& st, char* arena);
+  void fetch(char* dst, std::uint64_t offset, std::uint64_t bytes, char* arena);
+  void store(std::uint64_t offset, const char* src, std::uint64_t bytes, char* arena);
   void run_step_at(Stream& stream, const PlanStep& st, const char* a, const char* b, char* c, char* arena);
   kernels::Gemm step_gemm(const PlanStep& st) const;
   void run_looped(Stream& stream, const PlanStep& st, const char* L, const char* R, char* c);
@@ -62,6 +67,10 @@ class Contractor {
   Backend* backend_ = nullptr;
   Buffer host_arena_;                            // the plan's spilled intermediates (pinned)
   std::unique_ptr<Stream> h2d_, d2h_;            // their copies in and out
+  class ScratchFile;
+  std::filesystem::path scratch_dir_;
+  std::unique_ptr<ScratchFile> scratch_;          // the host arena as a file (plan.scratch)
+  Buffer bounce_;                                 // pinned, mirrors the device arena (plan.scratch)
 };
 
 }  // namespace qstage::tn

@@ -17,7 +17,7 @@ namespace qstage::tn {
 using nlohmann::json;
 
 namespace {
-constexpr const char* kPlanFormat = "qstage-plan-3";  // 2: packed steps copy C too; 3: out of core
+constexpr const char* kPlanFormat = "qstage-plan-4";  // 2: packed steps copy C too; 3: out of core; 4: scratch
 }
 
 namespace {
@@ -415,8 +415,9 @@ Plan build(const Network& net, const Path& path, const std::set<Mode>& sliced, c
 
 // How far a plan is over its budgets (at most 1: it fits).
 double overflow(const Plan& p, const PlanOptions& o) {
-  return std::max(static_cast<double>(p.arena_bytes) / static_cast<double>(o.budget_bytes),
-                  static_cast<double>(p.host_arena_bytes) / static_cast<double>(o.host_budget_bytes));
+  const double device = static_cast<double>(p.arena_bytes) / static_cast<double>(o.budget_bytes);
+  if (o.scratch) return device;  // what the host budget cannot hold goes to the scratch file
+  return std::max(device, static_cast<double>(p.host_arena_bytes) / static_cast<double>(o.host_budget_bytes));
 }
 
 // The plan for `sliced` that fits both budgets with the fewest intermediates in the host arena
@@ -523,6 +524,7 @@ Plan make_plan(const Network& net, const Path& path, const PlanOptions& o) {
     sliced = std::set<Mode>(best.sliced.begin(), best.sliced.end());
     plan = std::move(best);
   }
+  plan.scratch = o.scratch && plan.host_arena_bytes > o.host_budget_bytes;
   if (static_cast<double>(plan.slices) > o.max_slices)  // e.g. an imported path that slices many modes
     throw InputError(fmt::format("the plan has {:.3g} slices ({} modes sliced), more than max_slices {:.3g}; expected a "
                                  "path that slices fewer modes or a larger max_slices",
@@ -548,6 +550,7 @@ json Plan::to_json() const {
   return {{"format", kPlanFormat}, {"input_layouts", input_layouts}, {"input_transposes", input_transposes},
           {"packed_steps", packed_steps}, {"step_transposes", step_transposes}, {"transposed_bytes", transposed_bytes},
           {"host_arena_bytes", host_arena_bytes}, {"spilled", spilled}, {"host_copy_bytes", host_copy_bytes},
+          {"scratch", scratch},
           {"pcie_bandwidth", pcie_bandwidth},
           {"steps", steps_json}, {"sliced", sliced}, {"slices", slices}, {"output", output},
           {"element_bytes", element_bytes}, {"arena_bytes", arena_bytes}, {"input_bytes", input_bytes},
@@ -569,6 +572,7 @@ Plan Plan::from_json(const json& j) {
   p.step_transposes = j.at("step_transposes").get<int>();
   p.transposed_bytes = j.at("transposed_bytes");
   p.host_arena_bytes = j.at("host_arena_bytes");
+  p.scratch = j.at("scratch");
   p.spilled = j.at("spilled");
   p.host_copy_bytes = j.at("host_copy_bytes");
   p.pcie_bandwidth = j.at("pcie_bandwidth");

@@ -33,7 +33,9 @@
 // operands' blocks are copied into staging in the device arena, the step runs on the block as a
 // smaller step, and a host result's block is copied back; copies run on their own streams, so
 // block i+1 comes in and block i-1 goes out while block i computes (two staging slots each). Slicing then only adds what the host
-// budget cannot hold. The prediction adds host copies over the PCIe rate.
+// budget cannot hold, or with `scratch`, the spilled intermediates live in an HDF5 scratch file
+// instead of pinned memory (blocks then pass through a pinned bounce buffer, synchronously).
+// The prediction adds host copies over the PCIe rate.
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <vector>
@@ -108,6 +110,7 @@ struct Plan {
   std::uint64_t arena_bytes = 0;                 // device memory of one contraction (per slice)
   std::uint64_t input_bytes = 0;                 // all input tensors (resident)
   std::uint64_t host_arena_bytes = 0;            // pinned host memory of the spilled intermediates (per slice)
+  bool scratch = false;                          // the host arena is an HDF5 scratch file instead (beyond host_budget)
   int spilled = 0;                               // intermediates in the host arena
   std::uint64_t host_copy_bytes = 0;             // host <-> device copies per slice
   double bandwidth = 0, gemm_rate = 0;           // what the prediction used (bytes/s, flop/s)
@@ -126,6 +129,7 @@ struct PlanOptions {
   double max_slices = 0x1p24;                      // refuse plans that would need more (one batch per slice)
   bool out_of_core = false;                        // spill intermediates to host memory before slicing
   std::uint64_t host_budget_bytes = ~std::uint64_t{0};  // for the host arena of one slice
+  bool scratch = false;                            // out of core: beyond host_budget, an HDF5 scratch file
   double pcie_bandwidth = 25e9;                    // host <-> device (bytes/s)
 };
 

@@ -90,7 +90,7 @@ class PlanStage final : public ComputedStage {
  public:
   const StageInfo& info() const override {
     static const StageInfo info{
-        "tn.plan", 4,
+        "tn.plan", 5,
         "an executable schedule: GEMM-ready mode orders, slicing to fit the device budget, memory plan, predicted times",
         {{"network", "a tn.build output"}, {"path", "a tn.path output"}},
         "- id: plan\n  stage: tn.plan\n  inputs: {network: net, path: path}\n  params: {precision: complex64}\n"};
@@ -142,6 +142,7 @@ class PlanStage final : public ComputedStage {
       measured["source"] = "measured by tn.plan on " + std::string(backend_name(ctx.backend->kind()));
     }
     o.out_of_core = p.value("out_of_core", false);
+    o.scratch = o.out_of_core && p.value("scratch", false);
     if (o.out_of_core) {
       if (p.contains("host_budget")) {
         o.host_budget_bytes = parse_size(p["host_budget"].get<std::string>(), "params.host_budget");
@@ -196,6 +197,7 @@ class PlanStage final : public ComputedStage {
     out.set_attribute("spilled", static_cast<std::int64_t>(plan.spilled));
     out.set_attribute("host_arena_bytes", static_cast<std::int64_t>(plan.host_arena_bytes));
     out.set_attribute("host_copy_bytes", static_cast<std::int64_t>(plan.host_copy_bytes));
+    out.set_attribute("scratch", static_cast<std::int64_t>(plan.scratch));
     out.set_attribute("predicted_seconds_per_slice", plan.predicted_seconds);
     out.set_attribute("bandwidth_bytes_per_second", plan.bandwidth);
     out.set_attribute("gemm_flops_per_second", plan.gemm_rate);
@@ -203,8 +205,9 @@ class PlanStage final : public ComputedStage {
   std::string describe_results(const StagePlan&, const StepResults& r) const override {
     const tn::Plan plan = tn::Plan::from_json(json::parse(*r.computed));
     const std::string spill =
-        plan.spilled ? fmt::format(", {} intermediates spilled to a {} host arena ({} copied per slice)", plan.spilled,
+        plan.spilled ? fmt::format(", {} intermediates spilled to a {} {} ({} copied per slice)", plan.spilled,
                                    format_bytes(static_cast<double>(plan.host_arena_bytes)),
+                                   plan.scratch ? "HDF5 scratch file" : "host arena",
                                    format_bytes(static_cast<double>(plan.host_copy_bytes)))
                      : "";
     return fmt::format("{} steps ({} packed, {} copies of {}), {} slice(s) over {} sliced mode(s), arena {} per slice{}, "

@@ -97,11 +97,13 @@ def test_reference_check_measures_the_precision_error(tmp, precision, contract_p
     assert abs(measured - truth) <= 1e-9 + 1e-6 * truth, (measured, truth)
 
 
-@pytest.mark.parametrize("host_budget,sliced", [("64MiB", False), ("1MiB", True)])
-def test_out_of_core_spills_instead_of_slicing(tmp, host_budget, sliced):
+@pytest.mark.parametrize("host_budget,scratch,sliced", [("64MiB", False, False), ("1MiB", False, True),
+                                                       ("1MiB", True, False)])
+def test_out_of_core_spills_instead_of_slicing(tmp, host_budget, scratch, sliced):
     """With out_of_core, a budget of 1/8 of the in-core arena spills the largest intermediates to
     host memory (steps touching them run block by block) instead of slicing; a host budget too
-    small for them all adds slices on top. The amplitudes still match the state vector."""
+    small for them all adds slices on top, or with scratch, they live in an HDF5 scratch file
+    (removed afterwards). The amplitudes still match the state vector."""
     source = "random: {rows: 4, cols: 5, cycles: 8, seed: 3}"
     bits = "random_bitstrings: {count: 2, seed: 9}"
     spec = "name: ooc\nsteps:" + circuit_steps(source, bits, "complex128", "256KiB") + f"""\
@@ -114,13 +116,19 @@ def test_out_of_core_spills_instead_of_slicing(tmp, host_budget, sliced):
     inputs: {{network: net, plan: plan_incore}}
 """
     # (pcie_bandwidth is measured: it only changes predictions)
-    spec = spec.replace("budget: 256KiB", f"budget: 256KiB, out_of_core: true, host_budget: {host_budget}")
+    spec = spec.replace("budget: 256KiB", f"budget: 256KiB, out_of_core: true, host_budget: {host_budget}, "
+                                          f"scratch: {str(scratch).lower()}")
+    (tmp / "scratch").mkdir(parents=True)
+    spec = spec.replace("inputs: {network: net, plan: plan}\n",
+                        f"inputs: {{network: net, plan: plan}}\n    params: {{scratch_dir: {tmp / 'scratch'}}}\n")
     _, run_dir = committed_run(tmp, spec)
     with h5py.File(run_dir / "outputs" / "plan.h5") as f:
         plan = json.loads(bytes(f["plan"][()]).decode())
         assert f.attrs["spilled"] > 0 and f.attrs["arena_bytes"] <= 256 * 1024
         assert (f.attrs["slices"] > 1) == sliced
-        assert f.attrs["host_arena_bytes"] <= int(host_budget[:-3]) * 2**20
+        assert f.attrs["scratch"] == scratch
+        assert scratch or f.attrs["host_arena_bytes"] <= int(host_budget[:-3]) * 2**20
+    assert not list((tmp / "scratch").iterdir()), "the scratch file is removed after the step"
     assert any(st["blocks"] > 1 for st in plan["steps"]), "some step should run in blocks"
     assert "pcie_source" in plan["rates"] and plan["pcie_bandwidth"] > 0
     with h5py.File(run_dir / "outputs" / "plan_incore.h5") as f:
@@ -528,3 +536,15 @@ def test_inspect_plots_a_plan(tmp):
     assert r.code == 2 and "not a tn.plan output" in r.err and not (tmp / "net.png").exists(), r
     r = run(["inspect", run_dir / "outputs" / "plan.h5", "--plot", tmp / "missing" / "plan.png"])
     assert r.code == 2 and "cannot write" in r.err, r
+
+
+def test_unwritable_scratch_dir_is_a_clear_error(tmp):
+    source = "random: {rows: 4, cols: 5, cycles: 8, seed: 3}"
+    spec = "name: scratch\nsteps:" + circuit_steps(source, "random_bitstrings: {count: 1, seed: 9}", "complex128", "256KiB")
+    spec = spec.replace("budget: 256KiB", "budget: 256KiB, out_of_core: true, host_budget: 1MiB, scratch: true")
+    spec = spec.replace("inputs: {network: net, plan: plan}\n",
+                        f"inputs: {{network: net, plan: plan}}\n    params: {{scratch_dir: {tmp / 'no-such-dir'}}}\n")
+    tmp.mkdir(parents=True, exist_ok=True)
+    r = run(["run", write_spec(tmp / "spec.yaml", spec), "--run-dir", tmp / "run", "--device", DEVICE])
+    assert r.code == 2 and "cannot create the scratch file" in r.err and "scratch_dir" in r.err, r
+    assert (tmp / "run" / "outputs" / "plan.h5").exists(), "the steps before are kept"
