@@ -9,6 +9,7 @@ Cases (seeded random circuits, Sycamore-style gates on a grid; times are per amp
   big     5 x 8 grid, 12 cycles (40 qubits): about 5e14 flops along our path, sliced to a budget
   medium  6 x 9 grid, 10 cycles (54 qubits): about 6e12 flops, in core (one slice), 4 amplitudes
   medium_ooc  the same, out of core: device budget 256 MiB, a quarter of its largest intermediate
+  medium_scratch  the same with a 256 MiB host budget: spilled intermediates in an HDF5 scratch file
   small   4 x 5 grid, 10 cycles: seconds on a laptop CPU (checks the script)
 For each case qstage builds the network, finds a path (a fixed number of greedy restarts, so the
 path is the same on every machine), plans and contracts it. Peers follow exactly that path:
@@ -35,6 +36,9 @@ CASES = {
     # values, 1 GiB); the larger ones live in pinned host memory. Compared with medium's in-core rate.
     "medium_ooc": {"grid": (6, 9, 10), "tries": 200, "budget": "256MiB", "bitstrings": 4, "in_core": "medium",
                    "plan": "out_of_core: true, host_budget: 48GiB"},
+    # The same with a 256 MiB host budget too: the spilled intermediates live in an HDF5 scratch file.
+    "medium_scratch": {"grid": (6, 9, 10), "tries": 200, "budget": "256MiB", "bitstrings": 4, "in_core": "medium",
+                       "plan": "out_of_core: true, host_budget: 256MiB, scratch: true"},
     "small": {"grid": (4, 5, 10), "tries": 64, "budget": "1GiB"},  # a smoke test for any machine
 }
 
