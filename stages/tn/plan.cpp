@@ -532,30 +532,102 @@ Plan make_plan(const Network& net, const Path& path, const PlanOptions& o) {
   return plan;
 }
 
+namespace {
+
+// The plan's JSON fields, one list for writing and reading so the two cannot drift apart.
+// io(key, field) is one JSON value; io(key, x, y, z) a JSON array of three.
+template <typename Step, typename Io>
+void step_fields(Step& s, Io&& io) {
+  io("a", s.a);
+  io("b", s.b);
+  io("c", s.c);
+  io("a_modes", s.a_modes);
+  io("b_modes", s.b_modes);
+  io("c_modes", s.c_modes);
+  io("left_is_b", s.left_is_b);
+  io("loop_modes", s.loop_modes);
+  io("m", s.m);
+  io("n", s.n);
+  io("k", s.k);
+  io("loops", s.loops);
+  io("offsets", s.a_offset, s.b_offset, s.c_offset);
+  io("bytes", s.a_bytes, s.b_bytes, s.c_bytes);
+  io("flops", s.flops);
+  io("predicted_seconds", s.predicted_seconds);
+  io("live_bytes", s.live_bytes);
+  io("packed", s.packed);
+  io("pack", s.pack_l, s.pack_r, s.pack_c);
+  io("pack_offsets", s.pack_l_offset, s.pack_r_offset, s.pack_c_offset);
+  io("transposed_bytes", s.transposed_bytes);
+  io("looped", s.looped);
+  io("host", s.a_host, s.b_host, s.c_host);
+  io("block_modes", s.block_modes);
+  io("blocks", s.blocks);
+  io("stage_offsets", s.stage_a_offset, s.stage_b_offset, s.stage_c_offset);
+  io("host_bytes", s.host_bytes);
+}
+
+template <typename P, typename Io>
+void plan_fields(P& p, Io&& io) {
+  io("input_layouts", p.input_layouts);
+  io("input_transposes", p.input_transposes);
+  io("packed_steps", p.packed_steps);
+  io("step_transposes", p.step_transposes);
+  io("transposed_bytes", p.transposed_bytes);
+  io("host_arena_bytes", p.host_arena_bytes);
+  io("spilled", p.spilled);
+  io("host_copy_bytes", p.host_copy_bytes);
+  io("scratch", p.scratch);
+  io("pcie_bandwidth", p.pcie_bandwidth);
+  io("sliced", p.sliced);
+  io("slices", p.slices);
+  io("output", p.output);
+  io("element_bytes", p.element_bytes);
+  io("arena_bytes", p.arena_bytes);
+  io("input_bytes", p.input_bytes);
+  io("bandwidth", p.bandwidth);
+  io("gemm_rate", p.gemm_rate);
+  io("predicted_seconds_per_slice", p.predicted_seconds);
+}
+
+struct JsonWriter {
+  json& j;
+  template <typename T>
+  void operator()(const char* key, const T& v) const {
+    j[key] = v;
+  }
+  template <typename T>
+  void operator()(const char* key, const T& x, const T& y, const T& z) const {
+    j[key] = json::array({x, y, z});
+  }
+};
+
+struct JsonReader {
+  const json& j;
+  template <typename T>
+  void operator()(const char* key, T& v) const {
+    j.at(key).get_to(v);
+  }
+  template <typename T>
+  void operator()(const char* key, T& x, T& y, T& z) const {
+    const json& v = j.at(key);
+    v.at(0).get_to(x);
+    v.at(1).get_to(y);
+    v.at(2).get_to(z);
+  }
+};
+
+}  // namespace
+
 json Plan::to_json() const {
-  json steps_json = json::array();
-  for (const auto& s : steps)
-    steps_json.push_back({{"a", s.a}, {"b", s.b}, {"c", s.c}, {"a_modes", s.a_modes}, {"b_modes", s.b_modes},
-                          {"c_modes", s.c_modes}, {"left_is_b", s.left_is_b}, {"loop_modes", s.loop_modes},
-                          {"m", s.m}, {"n", s.n}, {"k", s.k}, {"loops", s.loops},
-                          {"offsets", {s.a_offset, s.b_offset, s.c_offset}},
-                          {"bytes", {s.a_bytes, s.b_bytes, s.c_bytes}}, {"flops", s.flops},
-                          {"predicted_seconds", s.predicted_seconds}, {"live_bytes", s.live_bytes},
-                          {"packed", s.packed}, {"pack", {s.pack_l, s.pack_r, s.pack_c}},
-                          {"pack_offsets", {s.pack_l_offset, s.pack_r_offset, s.pack_c_offset}},
-                          {"transposed_bytes", s.transposed_bytes}, {"looped", s.looped},
-                          {"host", {s.a_host, s.b_host, s.c_host}}, {"block_modes", s.block_modes},
-                          {"blocks", s.blocks}, {"stage_offsets", {s.stage_a_offset, s.stage_b_offset, s.stage_c_offset}},
-                          {"host_bytes", s.host_bytes}});
-  return {{"format", kPlanFormat}, {"input_layouts", input_layouts}, {"input_transposes", input_transposes},
-          {"packed_steps", packed_steps}, {"step_transposes", step_transposes}, {"transposed_bytes", transposed_bytes},
-          {"host_arena_bytes", host_arena_bytes}, {"spilled", spilled}, {"host_copy_bytes", host_copy_bytes},
-          {"scratch", scratch},
-          {"pcie_bandwidth", pcie_bandwidth},
-          {"steps", steps_json}, {"sliced", sliced}, {"slices", slices}, {"output", output},
-          {"element_bytes", element_bytes}, {"arena_bytes", arena_bytes}, {"input_bytes", input_bytes},
-          {"bandwidth", bandwidth}, {"gemm_rate", gemm_rate}, {"predicted_seconds_per_slice", predicted_seconds},
-          {"cost", cost.to_json(element_bytes >= 8)}};
+  json out = {{"format", kPlanFormat}, {"steps", json::array()}, {"cost", cost.to_json(element_bytes >= 8)}};
+  plan_fields(*this, JsonWriter{out});
+  for (const auto& s : steps) {
+    json step = json::object();
+    step_fields(s, JsonWriter{step});
+    out["steps"].push_back(std::move(step));
+  }
+  return out;
 }
 
 Plan Plan::from_json(const json& j) {
@@ -566,62 +638,12 @@ Plan Plan::from_json(const json& j) {
                                        format, kPlanFormat)
                          : fmt::format("not a qstage plan (format {} expected)", kPlanFormat));
   Plan p;
-  p.input_layouts = j.at("input_layouts").get<std::vector<std::vector<Mode>>>();
-  p.input_transposes = j.at("input_transposes").get<int>();
-  p.packed_steps = j.at("packed_steps").get<int>();
-  p.step_transposes = j.at("step_transposes").get<int>();
-  p.transposed_bytes = j.at("transposed_bytes");
-  p.host_arena_bytes = j.at("host_arena_bytes");
-  p.scratch = j.at("scratch");
-  p.spilled = j.at("spilled");
-  p.host_copy_bytes = j.at("host_copy_bytes");
-  p.pcie_bandwidth = j.at("pcie_bandwidth");
+  plan_fields(p, JsonReader{j});
   for (const auto& s : j.at("steps")) {
     PlanStep st;
-    st.a = s.at("a");
-    st.b = s.at("b");
-    st.c = s.at("c");
-    st.a_modes = s.at("a_modes").get<std::vector<Mode>>();
-    st.b_modes = s.at("b_modes").get<std::vector<Mode>>();
-    st.c_modes = s.at("c_modes").get<std::vector<Mode>>();
-    st.left_is_b = s.at("left_is_b");
-    st.loop_modes = s.at("loop_modes").get<std::vector<Mode>>();
-    st.m = s.at("m");
-    st.n = s.at("n");
-    st.k = s.at("k");
-    st.loops = s.at("loops");
-    const auto triple = [&](const char* key, auto& x, auto& y, auto& z) {
-      const json& v = s.at(key);
-      v.at(0).get_to(x);
-      v.at(1).get_to(y);
-      v.at(2).get_to(z);
-    };
-    triple("offsets", st.a_offset, st.b_offset, st.c_offset);
-    triple("bytes", st.a_bytes, st.b_bytes, st.c_bytes);
-    st.flops = s.at("flops");
-    st.predicted_seconds = s.at("predicted_seconds");
-    st.live_bytes = s.at("live_bytes");
-    st.packed = s.at("packed");
-    triple("pack", st.pack_l, st.pack_r, st.pack_c);
-    triple("pack_offsets", st.pack_l_offset, st.pack_r_offset, st.pack_c_offset);
-    st.transposed_bytes = s.at("transposed_bytes");
-    st.looped = s.at("looped");
-    triple("host", st.a_host, st.b_host, st.c_host);
-    st.block_modes = s.at("block_modes");
-    st.blocks = s.at("blocks");
-    triple("stage_offsets", st.stage_a_offset, st.stage_b_offset, st.stage_c_offset);
-    st.host_bytes = s.at("host_bytes");
+    step_fields(st, JsonReader{s});
     p.steps.push_back(std::move(st));
   }
-  p.sliced = j.at("sliced").get<std::vector<Mode>>();
-  p.slices = j.at("slices");
-  p.output = j.at("output").get<std::vector<Mode>>();
-  p.element_bytes = j.at("element_bytes");
-  p.arena_bytes = j.at("arena_bytes");
-  p.input_bytes = j.at("input_bytes");
-  p.bandwidth = j.at("bandwidth");
-  p.gemm_rate = j.at("gemm_rate");
-  p.predicted_seconds = j.at("predicted_seconds_per_slice");
   return p;
 }
 
