@@ -10,6 +10,7 @@
 #include <cmath>
 #include <complex>
 #include <cstring>
+#include <optional>
 
 #include "core/error.hpp"
 #include "core/units.hpp"
@@ -273,13 +274,15 @@ class ContractStage final : public Stage {
     if (name == "value") shape = {R};
     h5::Dataset d = out.create_dataset(name, {h5::DType::complex128, shape, {}, false});
     d.write_all(red.result().data());
-    if (s.at("kind") == "generic") {
+    const bool circuit = s.at("kind") != "generic", check = s.at("reference_check");
+    std::optional<Loaded> l;  // the network and plan, read once if needed
+    if (circuit || check) l = load(*r.context);
+    if (circuit) {  // the layout tn.statevector writes too
+      tn::write_result_layout(out, l->bitstrings, l->net.qubits, l->net.open_qubits, l->net.pauli, s.at("precision"));
+    } else {
       d.set_attribute("description", "the contracted network: its output modes in order, flattened row-major");
-    } else {  // circuits: the layout tn.statevector writes too
-      const Loaded l = load(*r.context);
-      tn::write_result_layout(out, l.bitstrings, l.net.qubits, l.net.open_qubits, l.net.pauli, s.at("precision"));
     }
-    if (s.at("reference_check")) write_reference_check(load(*r.context), *r.context->backend, red.result(), out);
+    if (check) write_reference_check(*l, *r.context->backend, red.result(), out);
     const auto seconds = red.mean_seconds();
     h5::Dataset t = out.create_dataset("step_seconds", {h5::DType::float64, {seconds.size()}, {}, false});
     if (!seconds.empty()) t.write_all(seconds.data());
