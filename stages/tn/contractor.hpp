@@ -24,7 +24,6 @@ class Contractor {
   ~Contractor();
 
   std::uint64_t resident_bytes() const;  // device memory of the resident inputs
-  std::uint64_t host_bytes() const { return plan_.host_arena_bytes; }  // pinned host memory (spilled intermediates)
   std::uint64_t result_elements() const { return result_elements_; }
   std::uint64_t element_bytes() const { return h5::dtype_size(dtype_); }
 
