@@ -104,7 +104,8 @@ PackedLayouts packed_layouts(const PlanStep& st) {
   const auto& L = st.left_is_b ? st.b_modes : st.a_modes;
   const auto& R = st.left_is_b ? st.a_modes : st.b_modes;
   PackedLayouts p;
-  std::vector<Mode> batch, m_modes, n_modes, k_modes;
+  auto &batch = p.batch, &m_modes = p.m, &n_modes = p.n;
+  std::vector<Mode> k_modes;
   for (Mode m : st.c_modes) {
     const bool in_l = contains(L, m), in_r = contains(R, m);
     (in_l && in_r ? batch : in_l ? m_modes : n_modes).push_back(m);
@@ -207,21 +208,12 @@ void decide_execution(const Network& net, PlanStep& st) {
     }
   }
   const auto pl = packed_layouts(packed);
-  packed.loop_modes.clear();
-  packed.m = packed.n = packed.loops = 1;
+  packed.loop_modes = pl.batch;
+  packed.loops = net.size_of(pl.batch);
+  packed.m = net.size_of(pl.m);
+  packed.n = net.size_of(pl.n);
   const auto& L = packed.left_is_b ? st.b_modes : st.a_modes;
   const auto& R = packed.left_is_b ? st.a_modes : st.b_modes;
-  for (Mode m : st.c_modes) {
-    const std::int64_t e = net.extent.at(m);
-    if (contains(L, m) && contains(R, m)) {
-      packed.loop_modes.push_back(m);
-      packed.loops *= e;
-    } else if (contains(L, m)) {
-      packed.m *= e;
-    } else {
-      packed.n *= e;
-    }
-  }
   if (packed.m * packed.n * packed.k <= kTinyProduct && groups.size() <= static_cast<size_t>(kernels::kMaxLoopGroups)) {
     st.looped = true;  // copies would cost more than the arithmetic: one kernel walks the loops
     return;

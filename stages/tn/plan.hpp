@@ -93,6 +93,7 @@ std::int64_t stride_in(const Network& net, const std::vector<Mode>& layout, Mode
 // The layouts a packed step's GEMM uses: L as [batch | M | K], R as [batch | N | K], C as [batch | M | N].
 struct PackedLayouts {
   std::vector<Mode> l, r, c;
+  std::vector<Mode> batch, m, n;  // C's modes in both operands, only in L, only in R (C's order)
 };
 PackedLayouts packed_layouts(const PlanStep& st);
 
