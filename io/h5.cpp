@@ -133,6 +133,17 @@ std::size_t dtype_size(DType t) {
 
 bool dtype_is_complex(DType t) { return t == DType::complex64 || t == DType::complex128; }
 
+std::complex<double> element_as_complex(const void* data, DType t, std::uint64_t i) {
+  const auto* at = static_cast<const char*>(data) + i * dtype_size(t);
+  switch (t) {
+    case DType::float32: { float v; std::memcpy(&v, at, 4); return {v, 0}; }
+    case DType::float64: { double v; std::memcpy(&v, at, 8); return {v, 0}; }
+    case DType::complex64: { float v[2]; std::memcpy(v, at, 8); return {v[0], v[1]}; }
+    case DType::complex128: { double v[2]; std::memcpy(v, at, 16); return {v[0], v[1]}; }
+    default: throw std::invalid_argument("element_as_complex: not a float or complex type");
+  }
+}
+
 void quiet_errors() {
   static std::once_flag once;
   std::call_once(once, [] {

@@ -8,6 +8,7 @@
 #include <hdf5.h>
 #include <mpi.h>
 
+#include <complex>
 #include <cstdint>
 #include <filesystem>
 #include <optional>
@@ -41,6 +42,9 @@ std::string_view dtype_name(DType t);             // "float32", "complex64", ...
 std::optional<DType> parse_dtype(std::string_view name);
 std::size_t dtype_size(DType t);                  // bytes per element
 bool dtype_is_complex(DType t);
+// Element i of packed values of a float or complex type (float32, float64, complex64,
+// complex128) as complex<double>; throws std::invalid_argument for other types.
+std::complex<double> element_as_complex(const void* data, DType t, std::uint64_t i);
 
 // Turns off HDF5's printing of error stacks (we report them ourselves). Idempotent.
 void quiet_errors();

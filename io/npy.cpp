@@ -2,12 +2,13 @@
 
 #include <fmt/format.h>
 
-#include <cstring>
+#include <map>
 #include <regex>
 #include <string>
 
 #include "core/error.hpp"
 #include "core/fsutil.hpp"
+#include "io/h5.hpp"
 
 namespace qstage::npy {
 
@@ -19,15 +20,6 @@ std::string header_field(const std::string& header, const std::string& key, cons
   if (!std::regex_search(header, m, std::regex("'" + key + "'\\s*:\\s*" + pattern)))
     throw InputError(fmt::format("'{}': the .npy header has no '{}' (header: {})", path.string(), key, header));
   return m[1].str();
-}
-
-template <typename T>
-void convert(const char* raw, std::vector<std::complex<double>>& out) {
-  for (size_t i = 0; i < out.size(); ++i) {
-    T v;
-    std::memcpy(&v, raw + i * sizeof(T), sizeof(T));
-    out[i] = std::complex<double>(v);
-  }
 }
 
 }  // namespace
@@ -60,22 +52,18 @@ Array read(const std::filesystem::path& path) {
   std::uint64_t count = 1;
   for (auto d : a.shape) count *= d;
 
-  size_t size = 0;
-  if (descr == "<f4") size = 4;
-  else if (descr == "<f8" || descr == "<c8") size = 8;
-  else if (descr == "<c16") size = 16;
-  else
+  const std::map<std::string, h5::DType> types = {{"<f4", h5::DType::float32}, {"<f8", h5::DType::float64},
+                                                   {"<c8", h5::DType::complex64}, {"<c16", h5::DType::complex128}};
+  const auto type = types.find(descr);
+  if (type == types.end())
     throw InputError(fmt::format("'{}' holds dtype '{}'; expected little-endian float32, float64, complex64 or "
                                  "complex128 ('<f4', '<f8', '<c8', '<c16')", path.string(), descr));
+  const size_t size = h5::dtype_size(type->second);
   if (bytes.size() - data_at != count * size)
     throw InputError(fmt::format("'{}' has {} data bytes; its header (shape ({}), '{}') says {}", path.string(),
                                  bytes.size() - data_at, dims, descr, count * size));
   a.values.resize(count);
-  const char* raw = bytes.data() + data_at;
-  if (descr == "<f4") convert<float>(raw, a.values);
-  else if (descr == "<f8") convert<double>(raw, a.values);
-  else if (descr == "<c8") convert<std::complex<float>>(raw, a.values);
-  else convert<std::complex<double>>(raw, a.values);
+  for (std::uint64_t i = 0; i < count; ++i) a.values[i] = h5::element_as_complex(bytes.data() + data_at, type->second, i);
   return a;
 }
 

@@ -17,16 +17,6 @@ namespace {
 using nlohmann::json;
 using cd = std::complex<double>;
 
-// Element i of a row block of `dtype` as complex<double>.
-cd element(const std::vector<std::byte>& raw, h5::DType dtype, std::uint64_t i) {
-  switch (dtype) {
-    case h5::DType::float32: { float v; std::memcpy(&v, raw.data() + 4 * i, 4); return {v, 0}; }
-    case h5::DType::float64: { double v; std::memcpy(&v, raw.data() + 8 * i, 8); return {v, 0}; }
-    case h5::DType::complex64: { float v[2]; std::memcpy(v, raw.data() + 8 * i, 8); return {v[0], v[1]}; }
-    default: { double v[2]; std::memcpy(v, raw.data() + 16 * i, 16); return {v[0], v[1]}; }
-  }
-}
-
 struct Comparison {
   double diff_sq = 0, a_sq = 0, b_sq = 0, max_abs_diff = 0;
   std::uint64_t count = 0, nonfinite = 0;
@@ -56,7 +46,7 @@ Comparison compare(const h5::Dataset& a, const h5::Dataset& b) {
       b.read_rows(r, n, rb.data());
     }
     for (std::uint64_t i = 0; i < n * row_elements; ++i) {
-      const cd x = element(ra, ta, i), y = element(rb, tb, i);
+      const cd x = h5::element_as_complex(ra.data(), ta, i), y = h5::element_as_complex(rb.data(), tb, i);
       ++c.count;
       if (!std::isfinite(std::abs(x)) || !std::isfinite(std::abs(y))) {
         ++c.nonfinite;

@@ -31,18 +31,9 @@ void read_h5_tensors(tn::Network& net, const std::filesystem::path& data) {
                                    "complex)", data.string(), name, elements, d.type_description(),
                                    net.tensors[t].data.size()));
     const auto dtype = *d.dtype();
-    if (dtype == h5::DType::complex128) {
-      d.read_all(net.tensors[t].data.data());
-    } else {
-      std::vector<char> raw(elements * h5::dtype_size(dtype));
-      d.read_all(raw.data());
-      for (std::uint64_t e = 0; e < elements; ++e) {
-        auto& v = net.tensors[t].data[e];
-        if (dtype == h5::DType::complex64) v = reinterpret_cast<std::complex<float>*>(raw.data())[e];
-        else if (dtype == h5::DType::float64) v = reinterpret_cast<double*>(raw.data())[e];
-        else v = reinterpret_cast<float*>(raw.data())[e];
-      }
-    }
+    std::vector<char> raw(elements * h5::dtype_size(dtype));
+    d.read_all(raw.data());
+    for (std::uint64_t e = 0; e < elements; ++e) net.tensors[t].data[e] = h5::element_as_complex(raw.data(), dtype, e);
   }
 }
 
