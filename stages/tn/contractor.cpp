@@ -249,16 +249,16 @@ void Contractor::store(std::uint64_t offset, const char* src, std::uint64_t byte
   scratch_->write(offset, bytes, bounce);
 }
 
-// A step with a tensor in the host arena, block by block over C's first block_modes modes: each
-// block of a host operand is copied into its staging (an operand without block modes once), the
-// block runs as a step of its own, and a host result's block is copied back. Blocks are
-// contiguous ranges of every tensor (plan.hpp), so each copy is one transfer. Copies in and out
-// run on streams of their own, ordered by recorded points: block i+1 comes in and block i-1 goes
-// out while block i computes, each in its own staging slot.
+// A step with a tensor in the host arena, block by block over C's first block_modes modes, in
+// the plan's block order: each block of a host operand is copied into its staging when it
+// differs from the previous block's (an operand without block modes once), the block runs as a
+// step of its own, and a host result's block is copied back. Blocks are contiguous ranges of
+// every tensor (plan.hpp), so each copy is one transfer. Copies in and out run on streams of
+// their own, ordered by recorded points: the next block comes in and the previous one goes out
+// while a block computes, each in its own staging slot.
 void Contractor::run_spilled(Stream& stream, const PlanStep& st, char* arena) {
   const std::uint64_t e = element_bytes();
   const PlanStep block = block_view(st);
-  const std::vector<Mode> fixed(st.c_modes.begin(), st.c_modes.begin() + st.block_modes);
   struct Tensor {
     const std::vector<Mode>& full;
     bool on_host, blocked;
@@ -267,6 +267,8 @@ void Contractor::run_spilled(Stream& stream, const PlanStep& st, char* arena) {
     char* stage;           // slot 0 of its staging (host tensors)
     std::uint64_t block_bytes, stride;
     int slots;
+    std::int64_t fetched = 0;             // blocks copied in so far
+    std::uint64_t last = ~std::uint64_t{0};  // the offset of the block copied in last
   };
   auto tensor = [&](const std::vector<Mode>& full, const std::vector<Mode>& in_block, bool on_host,
                     std::uint64_t offset, std::uint64_t stage) {
@@ -275,33 +277,36 @@ void Contractor::run_spilled(Stream& stream, const PlanStep& st, char* arena) {
     return Tensor{full,  on_host, blocked, offset, arena + offset, arena + stage, bytes, staging_stride(bytes),
                   staging_slots(blocked, st.blocks)};
   };
-  const Tensor a = tensor(st.a_modes, block.a_modes, st.a_host, st.a_offset, st.stage_a_offset);
-  const Tensor b = tensor(st.b_modes, block.b_modes, st.b_host, st.b_offset, st.stage_b_offset);
-  const Tensor c = tensor(st.c_modes, block.c_modes, st.c_host, st.c_offset, st.stage_c_offset);
-  auto block_offset = [&](const Tensor& x, std::int64_t blk) {  // bytes from x's start
+  Tensor a = tensor(st.a_modes, block.a_modes, st.a_host, st.a_offset, st.stage_a_offset);
+  Tensor b = tensor(st.b_modes, block.b_modes, st.b_host, st.b_offset, st.stage_b_offset);
+  Tensor c = tensor(st.c_modes, block.c_modes, st.c_host, st.c_offset, st.stage_c_offset);
+  auto block_offset = [&](const Tensor& x, std::int64_t blk) {  // bytes from x's start; the last mode runs fastest
     std::int64_t off = 0;
-    for (size_t j = fixed.size(); j-- > 0;) {
-      const std::int64_t extent = net_.extent.at(fixed[j]);
-      off += (blk % extent) * stride_in(net_, x.full, fixed[j]);
+    for (size_t j = st.block_order.size(); j-- > 0;) {
+      const std::int64_t extent = net_.extent.at(st.block_order[j]);
+      off += (blk % extent) * stride_in(net_, x.full, st.block_order[j]);
       blk /= extent;
     }
     return static_cast<std::uint64_t>(off) * e;
   };
-  auto slot = [](const Tensor& x, std::int64_t blk) { return x.stage + static_cast<std::uint64_t>(blk % x.slots) * x.stride; };
+  auto slot = [](const Tensor& x, std::int64_t n) { return x.stage + static_cast<std::uint64_t>(n % x.slots) * x.stride; };
   // Earlier steps' copies and results come first.
   h2d_->wait(stream.record());
   std::vector<Stream::Point> computed(static_cast<size_t>(st.blocks)), copied_out(static_cast<size_t>(st.blocks));
   for (std::int64_t blk = 0; blk < st.blocks; ++blk) {
-    // In: into a slot whose block (blk - 2) has been computed.
+    // In: into a slot whose last block (blk - 2 at the latest) has been computed.
     if (blk >= 2) h2d_->wait(computed[static_cast<size_t>(blk - 2)]);
-    for (const Tensor* x : {&a, &b})
-      if (x->on_host && (x->blocked || blk == 0))
-        fetch(slot(*x, blk), x->offset + block_offset(*x, blk), x->block_bytes, arena);
+    for (Tensor* x : {&a, &b}) {
+      const std::uint64_t at = block_offset(*x, blk);
+      if (!x->on_host || at == x->last) continue;
+      fetch(slot(*x, x->fetched++), x->offset + at, x->block_bytes, arena);
+      x->last = at;
+    }
     stream.wait(h2d_->record());
     // Compute: into a result slot whose block (blk - 2) has been copied out.
     if (c.on_host && blk >= 2) stream.wait(copied_out[static_cast<size_t>(blk - 2)]);
     auto operand = [&](const Tensor& x) -> const char* {
-      return x.on_host ? slot(x, x.blocked ? blk : 0) : x.device + block_offset(x, blk);
+      return x.on_host ? slot(x, x.fetched - 1) : x.device + block_offset(x, blk);
     };
     run_step_at(stream, block, operand(a), operand(b), c.on_host ? slot(c, blk) : c.device + block_offset(c, blk), arena);
     computed[static_cast<size_t>(blk)] = stream.record();

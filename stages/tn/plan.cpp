@@ -17,7 +17,7 @@ namespace qstage::tn {
 using nlohmann::json;
 
 namespace {
-constexpr const char* kPlanFormat = "qstage-plan-4";  // 2: packed steps copy C too; 3: out of core; 4: scratch
+constexpr const char* kPlanFormat = "qstage-plan-5";  // 2: packed steps copy C too; 3: out of core; 4: scratch; 5: block order
 }
 
 namespace {
@@ -132,6 +132,48 @@ PlanStep block_view(const PlanStep& st) {
   v.c_modes = without(st.c_modes, fixed);
   v.block_modes = 0;
   return v;
+}
+
+namespace {
+
+// How many times a walk copies in an operand that carries the block modes `own`: once per value
+// of the walk's modes up to the innermost of its own.
+std::int64_t fetches(const Network& net, const std::vector<Mode>& order, const std::vector<Mode>& own) {
+  std::int64_t count = 1, upto = 1;
+  for (Mode m : order) {
+    upto *= net.extent.at(m);
+    if (contains(own, m)) count = upto;
+  }
+  return count;
+}
+
+}  // namespace
+
+BlockWalk block_walk(const Network& net, const PlanStep& st) {
+  const std::vector<Mode> fixed(st.c_modes.begin(), st.c_modes.begin() + st.block_modes);
+  std::vector<Mode> both, only_a, only_b, neither;
+  for (Mode m : fixed) {
+    const bool a = st.a_host && contains(st.a_modes, m), b = st.b_host && contains(st.b_modes, m);
+    (a && b ? both : a ? only_a : b ? only_b : neither).push_back(m);
+  }
+  auto walk = [&](const std::vector<Mode>& first, const std::vector<Mode>& second) {
+    BlockWalk w;
+    for (const auto& part : {both, first, second, neither}) w.order.insert(w.order.end(), part.begin(), part.end());
+    w.a_fetches = st.a_host ? fetches(net, w.order, st.a_modes) : 0;
+    w.b_fetches = st.b_host ? fetches(net, w.order, st.b_modes) : 0;
+    return w;
+  };
+  auto copied = [&](const BlockWalk& w) {  // bytes copied in, up to a common factor
+    auto per_block = [&](const std::vector<Mode>& modes, std::int64_t n) {
+      double own = 1;
+      for (Mode m : fixed)
+        if (contains(modes, m)) own *= static_cast<double>(net.extent.at(m));
+      return static_cast<double>(net.size_of(modes)) / own * static_cast<double>(n);
+    };
+    return per_block(st.a_modes, w.a_fetches) + per_block(st.b_modes, w.b_fetches);
+  };
+  BlockWalk a_first = walk(only_a, only_b), b_first = walk(only_b, only_a);
+  return copied(b_first) < copied(a_first) ? b_first : a_first;
 }
 
 namespace {
@@ -381,16 +423,21 @@ Plan build(const Network& net, const Path& path, const std::set<Mode>& sliced, c
     st.live_bytes = arena.in_use();
     for (std::uint64_t w : workspace) arena.free(w);
     for (int id : {st.a, st.b}) (is_host(id) ? host_arena : arena).free(offset[static_cast<size_t>(id)]);
-    // Host copies: every block of a host tensor once (an operand without block modes is staged once).
-    st.host_bytes = (st.a_host ? st.a_bytes : 0) + (st.b_host ? st.b_bytes : 0) + (st.c_host ? st.c_bytes : 0);
+    // Host copies: each block of C once; A's and B's blocks as often as the walk copies them in.
+    const BlockWalk walk = block_walk(net, st);
+    st.block_order = walk.order;
+    auto copied_in = [&](const std::vector<Mode>& block, std::int64_t n) {
+      return static_cast<double>(bytes_of(block)) * static_cast<double>(n);
+    };
+    const double host_in = copied_in(mapped.a_modes, walk.a_fetches) + copied_in(mapped.b_modes, walk.b_fetches),
+                 host_out = static_cast<double>(st.c_host ? st.c_bytes : 0);
+    st.host_bytes = static_cast<std::uint64_t>(host_in + host_out);
     plan.host_copy_bytes += st.host_bytes;
     const double mnk = static_cast<double>(st.m) * static_cast<double>(st.n) * static_cast<double>(st.k) *
                        static_cast<double>(st.loops) * static_cast<double>(st.blocks);
     st.flops = (o.element_bytes >= 8 ? 8.0 : 2.0) * mnk;
     const std::uint64_t moved = st.a_bytes + st.b_bytes + st.c_bytes + 2 * st.transposed_bytes;
     // Copies in and out overlap the blocks' work (their own streams); each block costs a few launches.
-    const double host_in = static_cast<double>((st.a_host ? st.a_bytes : 0) + (st.b_host ? st.b_bytes : 0)),
-                 host_out = static_cast<double>(st.c_host ? st.c_bytes : 0);
     st.predicted_seconds = std::max({static_cast<double>(moved) / o.bandwidth, st.flops / o.gemm_rate,
                                      host_in / o.pcie_bandwidth, host_out / o.pcie_bandwidth}) +
                            (st.spilled() ? kBlockSeconds * static_cast<double>(st.blocks) : 0.0);
@@ -555,6 +602,7 @@ void step_fields(Step& s, Io&& io) {
   io("host", s.a_host, s.b_host, s.c_host);
   io("block_modes", s.block_modes);
   io("blocks", s.blocks);
+  io("block_order", s.block_order);
   io("stage_offsets", s.stage_a_offset, s.stage_b_offset, s.stage_c_offset);
   io("host_bytes", s.host_bytes);
 }

@@ -69,6 +69,7 @@ struct PlanStep {
   bool a_host = false, b_host = false, c_host = false;
   int block_modes = 0;
   std::int64_t blocks = 1;
+  std::vector<Mode> block_order;           // C's block modes in the order blocks are walked, outermost first
   std::uint64_t stage_a_offset = 0, stage_b_offset = 0, stage_c_offset = 0;
   std::uint64_t host_bytes = 0;            // bytes copied between host and device
   bool spilled() const { return a_host || b_host || c_host; }
@@ -76,6 +77,17 @@ struct PlanStep {
 
 // The step as one of its blocks runs it: C's first block_modes modes removed from the layouts.
 PlanStep block_view(const PlanStep& st);
+
+// The order a spilled step walks its blocks: C's block modes, outermost first. A host operand's
+// block is copied in again only when one of its own block modes changes, so the modes both host
+// operands carry go outermost, then those of one operand, then those of the other (whichever
+// order copies fewer bytes), then those of neither. Every block is still a contiguous range of
+// each tensor; only the order of the blocks changes.
+struct BlockWalk {
+  std::vector<Mode> order;
+  std::int64_t a_fetches = 1, b_fetches = 1;  // blocks of A and of B copied in (host operands)
+};
+BlockWalk block_walk(const Network& net, const PlanStep& st);
 
 // Staging of a host tensor's blocks: two slots (block i+1 is copied while block i computes), or
 // one when the tensor has a single block. Slots lie `staging_stride(block bytes)` apart.

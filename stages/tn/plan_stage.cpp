@@ -90,7 +90,7 @@ class PlanStage final : public ComputedStage {
  public:
   const StageInfo& info() const override {
     static const StageInfo info{
-        "tn.plan", 5,
+        "tn.plan", 6,
         "an executable schedule: GEMM-ready mode orders, slicing to fit the device budget, memory plan, predicted times",
         {{"network", "a tn.build output"}, {"path", "a tn.path output"}},
         "- id: plan\n  stage: tn.plan\n  inputs: {network: net, path: path}\n  params: {precision: complex64}\n"};

@@ -130,6 +130,7 @@ def test_out_of_core_spills_instead_of_slicing(tmp, host_budget, scratch, sliced
         assert scratch or f.attrs["host_arena_bytes"] <= int(host_budget[:-3]) * 2**20
     assert not list((tmp / "scratch").iterdir()), "the scratch file is removed after the step"
     assert any(st["blocks"] > 1 for st in plan["steps"]), "some step should run in blocks"
+    check_block_copies(plan, network_of(run_dir), element_bytes=16)
     assert "pcie_source" in plan["rates"] and plan["pcie_bandwidth"] > 0
     with h5py.File(run_dir / "outputs" / "plan_incore.h5") as f:
         assert f.attrs["spilled"] == 0 and f.attrs["slices"] == 1 and f.attrs["arena_bytes"] > 8 * 256 * 1024
@@ -137,6 +138,38 @@ def test_out_of_core_spills_instead_of_slicing(tmp, host_budget, scratch, sliced
     incore, _ = amplitudes(run_dir, "incore")
     s, _ = amplitudes(run_dir, "sv")
     assert relative_error(a, s) < 1e-12 and relative_error(incore, s) < 1e-12
+
+
+def check_block_copies(plan, net, element_bytes):
+    """Walks every spilled step's blocks in the plan's block order and counts, by brute force, the
+    bytes copied when a host operand is copied in only as its own block changes: they must be the
+    plan's host_bytes, and reordering must have saved copies somewhere."""
+    extent = {int(k): v for k, v in net["size_dict"].items()}
+    size = lambda modes: int(np.prod([extent[m] for m in modes], dtype=np.int64))
+    reordered = False
+    for st in plan["steps"]:
+        if not any(st["host"]):
+            continue
+        fixed = st["c_modes"][:st["block_modes"]]
+        order = st["block_order"]
+        assert sorted(order) == sorted(fixed), st
+        copied = size(st["c_modes"]) if st["host"][2] else 0
+        for modes, on_host in ((st["a_modes"], st["host"][0]), (st["b_modes"], st["host"][1])):
+            own = [m for m in order if m in modes]
+            per_block = size(modes) // size(own)
+            last, fetches = None, 0
+            for values in np.ndindex(*[extent[m] for m in order]):
+                key = tuple(v for m, v in zip(order, values) if m in own)
+                fetches += key != last
+                last = key
+            copied += on_host * fetches * per_block
+            in_c_order = 1  # copies had the blocks been walked in C's order
+            for i, m in enumerate(fixed):
+                if any(x in own for x in fixed[i:]):
+                    in_c_order *= extent[m]
+            reordered |= on_host and fetches < in_c_order
+        assert st["host_bytes"] == copied * element_bytes, (st["host_bytes"], copied, st)
+    assert reordered, "some step should save copies by walking its blocks in another order"
 
 
 def network_of(run_dir, step="net"):
