@@ -189,7 +189,8 @@ def main():
                 step_seconds = f["step_seconds"][()]
             sliced_flops = float(planned["cost"]["flops_total"])  # over all slices
             count = case.get("bitstrings", 1)
-            wall = float(amps["qstage.wall_seconds"]) / count  # per amplitude
+            wall = float(amps["qstage.wall_seconds"]) / count  # per amplitude, setup included
+            metrics = json.loads((run_dir / "manifest.json").read_text())["steps"]["amps"]["metrics"]
             key = "qstage_tf32" if tf32 else "qstage"
             res["path"] = {k: json.loads(path["cost"])[k] for k in ("log10_C_t", "log2_C_s", "flops_total")}
             res["plan_log"] = [line.split("result: ")[1] for line in log.splitlines() if "'plan' result" in line]
@@ -199,12 +200,17 @@ def main():
                         "flops_executed": sliced_flops,
                         "tflops": sliced_flops / wall / 1e12,
                         "predicted_seconds": float(plan["predicted_seconds_per_slice"]) * int(plan["slices"]),
-                        "first_slice_step_seconds": float(step_seconds.sum())}
+                        "first_slice_step_seconds": float(step_seconds.sum()),
+                        # setup: uploading inputs and, out of core, pinning the host arena (once per step)
+                        "setup_seconds": float(metrics["setup_seconds"]),
+                        "loop_seconds_per_amplitude": float(metrics["loop_seconds"]) / count}
             if "reference_relative_error" in amps:  # tf32: the first amplitude against complex128
                 res[key]["relative_error_vs_complex128"] = float(amps["reference_relative_error"])
             if "in_core" in case and case["in_core"] in report["cases"]:
                 in_core = report["cases"][case["in_core"]]["qstage_tf32" if tf32 else "qstage"]
                 res[key]["fraction_of_in_core"] = res[key]["tflops"] / in_core["tflops"]
+                res[key]["fraction_of_in_core_without_setup"] = (in_core["loop_seconds_per_amplitude"] /
+                                                                 res[key]["loop_seconds_per_amplitude"])
                 res[key]["spilled"] = int(plan["spilled"])
                 res[key]["host_copy_bytes_per_slice"] = int(plan["host_copy_bytes"])
             if cgemm[tf32]:
