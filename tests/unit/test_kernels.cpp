@@ -22,12 +22,9 @@
 
 using namespace qstage;
 using kernels::StatsPartial;
+using test::GpuRun;
 
 namespace {
-
-#define REQUIRE_GPU()                                                                     \
-  if (!test::gpu_available()) GTEST_SKIP() << "GPU test skipped: no CUDA GPU visible " \
-                                              "(this build or machine has none)"
 
 std::vector<float> random_floats(std::size_t n, unsigned seed) {
   std::mt19937 gen(seed);
@@ -36,24 +33,6 @@ std::vector<float> random_floats(std::size_t n, unsigned seed) {
   for (auto& x : v) x = d(gen);
   return v;
 }
-
-// Runs `fill` on the GPU with device copies of `inputs`, returning the bytes of `out_bytes`.
-struct GpuRun {
-  std::unique_ptr<Backend> backend = make_backend({"cuda", 1ull << 30, 1ull << 30, 0});
-  std::unique_ptr<Stream> stream = backend->make_stream(/*with_blas=*/true);
-  Buffer upload(const void* data, std::size_t bytes) {
-    Buffer b = backend->alloc_device(bytes, "test");
-    backend->copy_to_device(b.data(), data, bytes, *stream);
-    return b;
-  }
-  template <typename T>
-  std::vector<T> download(const Buffer& b, std::size_t count) {
-    std::vector<T> out(count);
-    backend->copy_to_host(out.data(), b.data(), count * sizeof(T), *stream);
-    stream->synchronize();
-    return out;
-  }
-};
 
 }  // namespace
 
