@@ -22,7 +22,8 @@ packages=(
   libboost-program-options-dev                 # command line
   libyaml-cpp-dev nlohmann-json3-dev libvalijson-dev   # specs, JSON, JSON Schema
   libspdlog-dev libfmt-dev                     # logging, formatting
-  libxxhash-dev                                # content hashes
+  libxxhash-dev                                # content hashes, codec checksums
+  libzstd-dev                                  # the codec's lossless parts
   libpng-dev                                   # qstage inspect --plot
   libgtest-dev                                 # unit tests
   python3 python3-numpy python3-h5py python3-pytest python3-jsonschema  # end-to-end tests, oracles

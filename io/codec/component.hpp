@@ -1,0 +1,65 @@
+#pragma once
+// A component (one float32 array: the data, or the real or imaginary parts of complex data)
+// as the stream stores it, between the backends that code blocks (the CPU here, the GPU in
+// kernels/codec.cu) and the stream format (stream.cpp), which adds the header and the
+// lossless packing.
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "io/codec/block_coder.hpp"
+#include "io/codec/codec.hpp"
+
+namespace qstage::codec::detail {
+
+struct Coding {
+  Pipeline pipeline = Pipeline::szx;
+  std::uint32_t block = 256;
+  double t = 0, e = 0;  // absolute
+};
+bool groups(Pipeline p);                      // group or group2l: a bitmap, then the significant values
+BlockRules rules_for(const Coding& c);        // how the pipeline's blocks are coded
+
+// One component, coded.
+struct ComponentParts {
+  std::vector<std::uint8_t> bitmap;   // group, group2l: bit i of byte i/8 (least significant first) for significant values
+  std::uint64_t coded = 0;            // values in blocks: all of them, or the significant ones
+  std::vector<std::uint8_t> meta;     // a state byte per block, then a u16 payload size per block (little-endian)
+  std::vector<std::uint8_t> payload;  // the blocks' payloads in order
+};
+
+// Codes the component x[0], x[stride], ..., x[(n - 1) stride]. The CPU coder; the GPU one
+// (kernels/codec.cu) takes a device pointer and returns the same parts.
+using ComponentCoder = std::function<ComponentParts(const float* x, std::uint64_t n, int stride, const Coding&)>;
+ComponentParts code_component(const float* x, std::uint64_t n, int stride, const Coding& c);
+
+// A component as the stream holds it, checked against the shape (sizes, counts, states); its
+// block payloads stay in the stream, at payload_offset.
+struct StoredComponent {
+  std::vector<std::uint8_t> bitmap;  // group, group2l (unpacked)
+  std::uint64_t coded = 0;
+  std::vector<std::uint8_t> meta;    // unpacked
+  std::uint64_t payload_offset = 0, payload_bytes = 0;  // from the start of the stream
+};
+
+// Decodes into out[0], out[stride], ... from `stream` (host or device memory, as the decoder
+// expects). The CPU decoder; throws FormatError on inconsistent block payloads.
+using ComponentDecoder = std::function<void(const StoredComponent& c, const std::uint8_t* stream, std::uint64_t n,
+                                            int stride, const Coding& coding, float* out)>;
+void decode_component(const StoredComponent& c, const std::uint8_t* stream, std::uint64_t n, int stride,
+                      const Coding& coding, float* out, BlockCounts* counts = nullptr);
+
+// The stream around a backend's coder and decoder. encode_with takes the dataset's value range
+// (the data may be in device memory); decode_with parses the host copy `stream` and hands the
+// decoder `data`, the same bytes where the decoder reads them (host or device).
+std::vector<std::uint8_t> encode_with(const ComponentCoder& coder, const float* data, ElementType type,
+                                      const std::vector<std::uint64_t>& shape, const Settings& s, double range);
+StreamInfo decode_with(const ComponentDecoder& decoder, const std::uint8_t* stream, std::uint64_t bytes,
+                       const std::uint8_t* data, float* out, std::uint64_t out_floats);
+
+inline std::uint64_t div_up(std::uint64_t a, std::uint64_t b) { return a / b + (a % b != 0); }
+inline int block_payload_size(const std::vector<std::uint8_t>& meta, std::uint64_t blocks, std::uint64_t b) {
+  return meta[blocks + 2 * b] | (meta[blocks + 2 * b + 1] << 8);
+}
+
+}  // namespace qstage::codec::detail

@@ -1,0 +1,624 @@
+// The codec's blocks on the GPU: one warp per block, each lane holding V = block / 32
+// consecutive values. Coding takes two passes over the data: the first chooses each block's
+// state and size, a scan turns sizes into offsets, the second writes each block's payload at its
+// offset (no atomics, so the bytes are those of the CPU twin, io/codec/block_coder.cpp, on every
+// run). Decoding reads the offsets the same way; a dense block's bytes that repeat the previous
+// value's come from a scan for the last value that stored them.
+#include <cub/device/device_reduce.cuh>
+#include <cub/device/device_scan.cuh>
+#include <thrust/iterator/transform_iterator.h>
+
+#include <fmt/format.h>
+
+#include "io/codec/block_math.hpp"
+#include "kernels/codec.hpp"
+#include "kernels/cuda_check.hpp"
+
+namespace qstage::kernels::detail {
+namespace {
+
+using namespace qstage::codec::detail;  // block_math.hpp: the shared per-value arithmetic
+
+constexpr unsigned kFull = 0xffffffffu;
+constexpr int kWarpsPerCta = 8;
+
+__device__ int lane_id() { return static_cast<int>(threadIdx.x & 31u); }
+
+__device__ int warp_exclusive_sum(int v) {
+  int x = v;
+  for (int o = 1; o < 32; o <<= 1) {
+    const int y = __shfl_up_sync(kFull, x, o);
+    if (lane_id() >= o) x += y;
+  }
+  return x - v;
+}
+__device__ int warp_exclusive_max(int v) {  // of the lanes before this one; -1 for lane 0
+  int x = v;
+  for (int o = 1; o < 32; o <<= 1) {
+    const int y = __shfl_up_sync(kFull, x, o);
+    if (lane_id() >= o) x = max(x, y);
+  }
+  const int before = __shfl_up_sync(kFull, x, 1);
+  return lane_id() == 0 ? -1 : before;
+}
+__device__ float warp_min(float v) {
+  for (int o = 16; o; o >>= 1) v = fminf(v, __shfl_xor_sync(kFull, v, o));
+  return v;
+}
+__device__ float warp_max(float v) {
+  for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(kFull, v, o));
+  return v;
+}
+
+// A block as one warp holds it: values base + j (j < V) of this lane, `m` in the block.
+template <int V>
+struct Held {
+  float x[V], y[V];  // original and thresholded
+  int base, m;
+  __device__ bool has(int j) const { return base + j < m; }
+};
+
+template <int V>
+__device__ Held<V> load(const float* values, std::uint64_t first, std::uint64_t n, int stride, const BlockRules& r,
+                        int block) {
+  Held<V> h;
+  h.base = lane_id() * V;
+  h.m = static_cast<int>((n - first < std::uint64_t(block) ? n - first : std::uint64_t(block)));
+  for (int j = 0; j < V; ++j) {
+    h.x[j] = h.has(j) ? values[(first + h.base + j) * stride] : 0.0f;
+    h.y[j] = thresholded(h.x[j], r.t);
+  }
+  return h;
+}
+
+// A dense candidate around `mid`: its words, kept bits, codes, and whether its decoded values
+// stay within their bounds; size -1 when they do not.
+template <int V>
+struct Dense {
+  unsigned w[V];
+  int lead[V];
+  int bits, bytes, size, stored;  // stored: this lane's payload bytes after the codes
+};
+
+template <int V>
+__device__ Dense<V> dense(const Held<V>& h, float mid, const BlockRules& r) {
+  Dense<V> d;
+  const bool around_zero = float_bits(mid) == 0;
+  unsigned largest = 0;
+  for (int j = 0; j < V; ++j) {
+    const float residual = around_zero ? h.y[j] : h.y[j] - mid;
+    d.w[j] = float_bits(residual);
+    if (h.has(j)) largest = max(largest, biased_exponent(residual));
+  }
+  largest = __reduce_max_sync(kFull, largest);
+  d.bits = kept_bits(largest, r.q, r.lossless);
+  d.bytes = kept_bytes(d.bits);
+  const unsigned mask = kept_mask(d.bits);
+  for (int j = 0; j < V; ++j) d.w[j] &= mask;
+  unsigned previous = __shfl_up_sync(kFull, d.w[V - 1], 1);
+  if (lane_id() == 0) previous = 0;
+  bool ok = true;
+  d.stored = 0;
+  for (int j = 0; j < V; ++j) {
+    d.lead[j] = shared_leading_bytes(d.w[j], previous, d.bytes);
+    previous = d.w[j];
+    if (!h.has(j)) continue;
+    d.stored += d.bytes - d.lead[j];
+    ok = ok && within(dense_value(mid, d.w[j]), h.x[j], allowed_error(h.x[j], r.t, r.e));
+  }
+  ok = __all_sync(kFull, ok);
+  const int total = __reduce_add_sync(kFull, d.stored);
+  d.size = ok ? 5 + (h.m + 3) / 4 + total : -1;
+  return d;
+}
+
+// The sparse candidate: size, or -1 when not allowed or not within the bounds.
+template <int V>
+__device__ int sparse_size(const Held<V>& h, int nonzero, const BlockRules& r, int& bits) {
+  unsigned largest = 0;
+  for (int j = 0; j < V; ++j)
+    if (h.has(j)) largest = max(largest, biased_exponent(h.y[j]));
+  largest = __reduce_max_sync(kFull, largest);
+  bits = kept_bits(largest, r.q, r.lossless);
+  const unsigned mask = kept_mask(bits);
+  bool ok = true;
+  for (int j = 0; j < V; ++j) {
+    if (!h.has(j)) continue;
+    const bool nz = (float_bits(h.y[j]) & 0x7fffffffu) != 0;
+    const float decoded = nz ? bits_float(float_bits(h.y[j]) & mask) : 0.0f;
+    ok = ok && within(decoded, h.x[j], allowed_error(h.x[j], r.t, r.e));
+  }
+  return __all_sync(kFull, ok) ? 2 + nonzero + nonzero * kept_bytes(bits) : -1;
+}
+
+// The block's state and size, decided as encode_block does on the CPU.
+template <int V>
+struct Choice {
+  int state, size;
+  float mid;  // constant value, or the dense candidate's mid
+};
+
+template <int V>
+__device__ Choice<V> choose(const Held<V>& h, const BlockRules& r) {
+  bool finite = true, zero_ok = true;
+  int nonzero = 0;
+  float lo = INFINITY, hi = -INFINITY;
+  for (int j = 0; j < V; ++j) {
+    if (!h.has(j)) continue;
+    finite = finite && is_finite(h.x[j]);
+    nonzero += (float_bits(h.y[j]) & 0x7fffffffu) != 0;
+    zero_ok = zero_ok && within(0.0f, h.x[j], allowed_error(h.x[j], r.t, r.e));
+    lo = fminf(lo, h.y[j]);
+    hi = fmaxf(hi, h.y[j]);
+  }
+  if (!__all_sync(kFull, finite)) return {kRaw, 4 * h.m, 0.0f};
+  if (__all_sync(kFull, zero_ok)) return {kZero, 0, 0.0f};
+  nonzero = __reduce_add_sync(kFull, nonzero);
+  const float mid = midpoint(warp_min(lo), warp_max(hi));
+  bool constant_ok = true;
+  for (int j = 0; j < V; ++j)
+    if (h.has(j)) constant_ok = constant_ok && within(mid, h.x[j], allowed_error(h.x[j], r.t, r.e));
+  if (__all_sync(kFull, constant_ok)) return {kConstant, 4, mid};
+  Choice<V> best{kRaw, 4 * h.m + 1, 0.0f};
+  if (r.sparse && nonzero >= 1 && nonzero <= h.m / 2) {
+    int bits = 0;
+    const int size = sparse_size(h, nonzero, r, bits);
+    if (size >= 0 && size < best.size) best = {kSparse, size, 0.0f};
+  }
+  const Dense<V> d0 = dense(h, 0.0f, r);
+  if (d0.size >= 0 && d0.size < best.size) best = {kDense, d0.size, 0.0f};
+  if (float_bits(mid) != 0) {
+    const Dense<V> dm = dense(h, mid, r);
+    if (dm.size >= 0 && dm.size < best.size) best = {kDense, dm.size, mid};
+  }
+  if (best.state == kRaw) best.size = 4 * h.m;
+  return best;
+}
+
+__device__ void put_u32(std::uint8_t* out, unsigned w) {
+  for (int i = 0; i < 4; ++i) out[i] = static_cast<std::uint8_t>(w >> (8 * i));
+}
+__device__ unsigned get_u32(const std::uint8_t* in) {
+  unsigned w = 0;
+  for (int i = 0; i < 4; ++i) w |= static_cast<unsigned>(in[i]) << (8 * i);
+  return w;
+}
+
+// Pass 1: each block's state and size (meta: states, then u16 sizes; sizes also as u64 to scan).
+template <int V>
+__global__ void choose_kernel(const float* values, std::uint64_t n, int stride, BlockRules r, std::uint64_t blocks,
+                              std::uint8_t* meta, unsigned long long* sizes) {
+  const std::uint64_t b = std::uint64_t(blockIdx.x) * kWarpsPerCta + threadIdx.x / 32;
+  if (b >= blocks) return;
+  const Held<V> h = load<V>(values, b * (32 * V), n, stride, r, 32 * V);
+  const Choice<V> c = choose(h, r);
+  if (lane_id() == 0) {
+    meta[b] = static_cast<std::uint8_t>(c.state);
+    meta[blocks + 2 * b] = static_cast<std::uint8_t>(c.size);
+    meta[blocks + 2 * b + 1] = static_cast<std::uint8_t>(c.size >> 8);
+    sizes[b] = static_cast<unsigned long long>(c.size);
+  }
+}
+
+// Pass 2: each block's payload at its offset.
+template <int V>
+__global__ void write_kernel(const float* values, std::uint64_t n, int stride, BlockRules r, std::uint64_t blocks,
+                             const unsigned long long* offsets, std::uint8_t* payload) {
+  const std::uint64_t b = std::uint64_t(blockIdx.x) * kWarpsPerCta + threadIdx.x / 32;
+  if (b >= blocks) return;
+  const Held<V> h = load<V>(values, b * (32 * V), n, stride, r, 32 * V);
+  const Choice<V> c = choose(h, r);  // the same decision as pass 1
+  std::uint8_t* out = payload + offsets[b];
+  const int lane = lane_id();
+  switch (c.state) {
+    case kZero: return;
+    case kConstant:
+      if (lane == 0) put_u32(out, float_bits(c.mid));
+      return;
+    case kRaw:
+      for (int j = 0; j < V; ++j)
+        if (h.has(j)) put_u32(out + 4 * (h.base + j), float_bits(h.x[j]));
+      return;
+    case kSparse: {
+      int nonzero = 0;
+      for (int j = 0; j < V; ++j) nonzero += h.has(j) && (float_bits(h.y[j]) & 0x7fffffffu) != 0;
+      const int count = __reduce_add_sync(kFull, nonzero);
+      int bits = 0;
+      sparse_size(h, count, r, bits);
+      const unsigned mask = kept_mask(bits);
+      const int bytes = kept_bytes(bits);
+      int rank = warp_exclusive_sum(nonzero);
+      if (lane == 0) {
+        out[0] = static_cast<std::uint8_t>(count);
+        out[1] = static_cast<std::uint8_t>(bits);
+      }
+      for (int j = 0; j < V; ++j) {
+        if (!h.has(j) || (float_bits(h.y[j]) & 0x7fffffffu) == 0) continue;
+        out[2 + rank] = static_cast<std::uint8_t>(h.base + j);
+        const unsigned w = float_bits(h.y[j]) & mask;
+        for (int k = 0; k < bytes; ++k) out[2 + count + rank * bytes + k] = word_byte(w, k);
+        ++rank;
+      }
+      return;
+    }
+    case kDense: {
+      const Dense<V> d = dense(h, c.mid, r);
+      if (lane == 0) {
+        put_u32(out, float_bits(c.mid));
+        out[4] = static_cast<std::uint8_t>(d.bits);
+      }
+      // Codes: 2 bits per value, value i at bits 2 (i mod 4) of byte i / 4.
+      unsigned codes = 0;  // this lane's 2V bits
+      for (int j = 0; j < V; ++j)
+        if (h.has(j)) codes |= static_cast<unsigned>(d.lead[j]) << (2 * j);
+      const int code_bytes = (h.m + 3) / 4;
+      if (V == 2) {  // two lanes share a byte
+        const unsigned odd = __shfl_down_sync(kFull, codes, 1);
+        if ((lane & 1) == 0 && lane / 2 < code_bytes) out[5 + lane / 2] = static_cast<std::uint8_t>(codes | (odd << 4));
+      } else {
+        for (int k = 0; k < V / 4; ++k)
+          if (lane * (V / 4) + k < code_bytes) out[5 + lane * (V / 4) + k] = static_cast<std::uint8_t>(codes >> (8 * k));
+      }
+      int at = 5 + code_bytes + warp_exclusive_sum(d.stored);
+      for (int j = 0; j < V; ++j) {
+        if (!h.has(j)) continue;
+        for (int k = d.lead[j]; k < d.bytes; ++k) out[at++] = word_byte(d.w[j], k);
+      }
+      return;
+    }
+    default: return;
+  }
+}
+
+// Decoding: one warp per block; an inconsistent payload sets *error (the host then refuses the
+// stream) and leaves the block's values unspecified but in bounds.
+template <int V>
+__global__ void decode_kernel(const std::uint8_t* payload, const std::uint8_t* meta, const unsigned long long* offsets,
+                              std::uint64_t blocks, std::uint64_t n, float* out, int stride, unsigned* error) {
+  __shared__ unsigned short offset_of[kWarpsPerCta][32 * V];
+  __shared__ unsigned char lead_of[kWarpsPerCta][32 * V];
+  const int warp = static_cast<int>(threadIdx.x / 32);
+  const std::uint64_t b = std::uint64_t(blockIdx.x) * kWarpsPerCta + warp;
+  if (b >= blocks) return;
+  const int lane = lane_id(), base = lane * V;
+  const std::uint64_t first = b * (32 * V);
+  const int m = static_cast<int>((n - first < std::uint64_t(32 * V) ? n - first : std::uint64_t(32 * V)));
+  const std::uint8_t* in = payload + offsets[b];
+  const int size = meta[blocks + 2 * b] | (meta[blocks + 2 * b + 1] << 8);
+  float v[V];
+  bool bad = false;
+  switch (meta[b]) {
+    case kZero:
+      for (int j = 0; j < V; ++j) v[j] = 0.0f;
+      break;
+    case kConstant: {
+      const float c = bits_float(get_u32(in));
+      for (int j = 0; j < V; ++j) v[j] = c;
+      break;
+    }
+    case kRaw:
+      for (int j = 0; j < V; ++j) v[j] = base + j < m ? bits_float(get_u32(in + 4 * (base + j))) : 0.0f;
+      break;
+    case kSparse: {
+      const int count = in[0], bits = in[1];
+      const int bytes = kept_bytes(bits);
+      bad = count < 1 || count > m || bits < 9 || bits > 32 || size != 2 + count + count * bytes;
+      for (int j = 0; j < V; ++j) v[j] = 0.0f;
+      if (bad) break;
+      // Indices must increase within the block; then each lane finds its own positions among them.
+      for (int s = lane; s < count; s += 32) {
+        const int index = in[2 + s];
+        if (index >= m || (s > 0 && in[1 + s] >= index)) bad = true;
+      }
+      bad = __any_sync(kFull, bad);
+      if (bad) break;
+      // Binary search each own position among the sorted indices.
+      for (int j = 0; j < V; ++j) {
+        const int i = base + j;
+        int lo = 0, hi = count;
+        while (lo < hi) {
+          const int mid = (lo + hi) / 2;
+          if (in[2 + mid] < i) lo = mid + 1; else hi = mid;
+        }
+        if (lo < count && in[2 + lo] == i) {
+          unsigned w = 0;
+          for (int k = 0; k < bytes; ++k) w |= static_cast<unsigned>(in[2 + count + lo * bytes + k]) << (24 - 8 * k);
+          v[j] = bits_float(w);
+        }
+      }
+      break;
+    }
+    case kDense: {
+      const int code_bytes = (m + 3) / 4;
+      const float mid = bits_float(get_u32(in));
+      const int bits = in[4];
+      const int bytes = kept_bytes(bits);
+      bad = bits < 9 || bits > 32 || size < 5 + code_bytes;
+      bad = __any_sync(kFull, bad);
+      if (bad) break;
+      int lead[V], stored = 0;
+      for (int j = 0; j < V; ++j) {
+        const int i = base + j;
+        lead[j] = i < m ? (in[5 + i / 4] >> (2 * (i % 4))) & 3 : 0;
+        if (lead[j] > bytes) bad = true;
+        stored += i < m ? bytes - lead[j] : 0;
+      }
+      int at = 5 + code_bytes + warp_exclusive_sum(stored);
+      for (int j = 0; j < V; ++j) {
+        offset_of[warp][base + j] = static_cast<unsigned short>(at);
+        lead_of[warp][base + j] = static_cast<unsigned char>(lead[j]);
+        at += base + j < m ? bytes - lead[j] : 0;
+      }
+      const int end = __shfl_sync(kFull, at, 31);
+      bad = __any_sync(kFull, bad || end != size);
+      if (bad) break;
+      __syncwarp();
+      unsigned w[V] = {};
+      for (int p = 0; p < bytes; ++p) {
+        // The last value at or before each one that stored byte p itself (lead <= p).
+        int last[V], running = -1;
+        for (int j = 0; j < V; ++j) {
+          if (base + j < m && lead[j] <= p) running = base + j;
+          last[j] = running;
+        }
+        const int before = warp_exclusive_max(running);
+        for (int j = 0; j < V; ++j) {
+          const int src = last[j] >= 0 ? last[j] : before;
+          const unsigned byte = src < 0 ? 0u : in[offset_of[warp][src] + (p - lead_of[warp][src])];
+          w[j] |= byte << (24 - 8 * p);
+        }
+      }
+      for (int j = 0; j < V; ++j) v[j] = dense_value(mid, w[j]);
+      break;
+    }
+    default:
+      bad = true;
+  }
+  if (bad) {
+    if (lane == 0) atomicOr(error, 1u);
+    return;
+  }
+  for (int j = 0; j < V; ++j)
+    if (base + j < m) out[(first + base + j) * stride] = v[j];
+}
+
+// group, group2l: bitmap bytes (8 values each) and their popcounts.
+__global__ void bitmap_kernel(const float* x, std::uint64_t n, int stride, double t, std::uint8_t* bitmap,
+                              unsigned long long* counts) {
+  const std::uint64_t j = std::uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (j >= (n + 7) / 8) return;
+  unsigned byte = 0;
+  for (int k = 0; k < 8; ++k) {
+    const std::uint64_t i = 8 * j + k;
+    if (i < n && significant(x[i * stride], t)) byte |= 1u << k;
+  }
+  bitmap[j] = static_cast<std::uint8_t>(byte);
+  counts[j] = static_cast<unsigned long long>(__popc(byte));
+}
+
+__global__ void compact_kernel(const float* x, std::uint64_t n, int stride, const std::uint8_t* bitmap,
+                               const unsigned long long* ranks, float* kept) {
+  const std::uint64_t i = std::uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const unsigned byte = bitmap[i / 8], bit = static_cast<unsigned>(i % 8);
+  if ((byte >> bit) & 1u) kept[ranks[i / 8] + __popc(byte & ((1u << bit) - 1u))] = x[i * stride];
+}
+
+__global__ void expand_kernel(const float* kept, std::uint64_t n, int stride, const std::uint8_t* bitmap,
+                              const unsigned long long* ranks, float* out) {
+  const std::uint64_t i = std::uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const unsigned byte = bitmap[i / 8], bit = static_cast<unsigned>(i % 8);
+  out[i * stride] = (byte >> bit) & 1u ? kept[ranks[i / 8] + __popc(byte & ((1u << bit) - 1u))] : 0.0f;
+}
+
+struct FiniteOr {
+  float fallback;
+  __device__ float operator()(float x) const { return is_finite(x) ? x : fallback; }
+};
+struct Min {
+  __device__ float operator()(float a, float b) const { return fminf(a, b); }
+};
+struct Max {
+  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+// Device memory from the backend (charged to its budget), carved into aligned pieces.
+class Scratch {
+ public:
+  Scratch(Backend& backend, std::uint64_t bytes) : buffer_(backend.alloc_device(bytes, "codec workspace")) {}
+  template <typename T>
+  T* take(std::uint64_t count) {
+    T* p = reinterpret_cast<T*>(static_cast<char*>(buffer_.data()) + used_);
+    used_ += round(count * sizeof(T));
+    return p;
+  }
+  static std::uint64_t round(std::uint64_t b) { return (b + 255) / 256 * 256; }
+
+ private:
+  Buffer buffer_;
+  std::uint64_t used_ = 0;
+};
+
+unsigned grid_for(std::uint64_t items, unsigned per_cta) {
+  return static_cast<unsigned>((items + per_cta - 1) / per_cta);
+}
+
+template <typename In>
+std::uint64_t scan_temp_bytes(In in, unsigned long long* out, std::uint64_t items) {
+  size_t bytes = 0;
+  QSTAGE_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(nullptr, bytes, in, out, static_cast<std::int64_t>(items)));
+  return bytes;
+}
+
+template <int V>
+void launch_choose(cudaStream_t s, const float* v, std::uint64_t n, int stride, const BlockRules& r, std::uint64_t blocks,
+                   std::uint8_t* meta, unsigned long long* sizes, const unsigned long long* offsets, std::uint8_t* payload,
+                   bool write) {
+  const unsigned grid = grid_for(blocks, kWarpsPerCta);
+  if (!write) choose_kernel<V><<<grid, 32 * kWarpsPerCta, 0, s>>>(v, n, stride, r, blocks, meta, sizes);
+  else write_kernel<V><<<grid, 32 * kWarpsPerCta, 0, s>>>(v, n, stride, r, blocks, offsets, payload);
+  QSTAGE_CUDA_CHECK_LAUNCH();
+}
+
+void code_blocks(cudaStream_t s, const float* v, std::uint64_t n, int stride, const BlockRules& r, std::uint32_t block,
+                 std::uint64_t blocks, std::uint8_t* meta, unsigned long long* sizes, const unsigned long long* offsets,
+                 std::uint8_t* payload, bool write) {
+  switch (block) {
+    case 64: return launch_choose<2>(s, v, n, stride, r, blocks, meta, sizes, offsets, payload, write);
+    case 128: return launch_choose<4>(s, v, n, stride, r, blocks, meta, sizes, offsets, payload, write);
+    default: return launch_choose<8>(s, v, n, stride, r, blocks, meta, sizes, offsets, payload, write);
+  }
+}
+
+}  // namespace
+
+codec::detail::ComponentParts code_component_cuda(Backend& backend, void* cuda_stream, const float* x, std::uint64_t n,
+                                                  int stride, const codec::detail::Coding& c) {
+  auto s = static_cast<cudaStream_t>(cuda_stream);
+  const bool grouped = codec::detail::groups(c.pipeline);
+  const std::uint64_t bitmap_bytes = (n + 7) / 8;
+  // Upper bounds: the coded values are at most n, each block's payload at most 4 bytes a value.
+  const std::uint64_t max_blocks = codec::detail::div_up(n, c.block);
+  const std::uint64_t temp = std::max(scan_temp_bytes(static_cast<unsigned long long*>(nullptr), nullptr, max_blocks + 1),
+                                      scan_temp_bytes(static_cast<unsigned long long*>(nullptr), nullptr, bitmap_bytes + 1));
+  Scratch w(backend, Scratch::round(3 * max_blocks) + 2 * Scratch::round(8 * (max_blocks + 1)) + Scratch::round(4 * n) +
+                         (grouped ? Scratch::round(4 * n) + Scratch::round(bitmap_bytes) +
+                                        2 * Scratch::round(8 * (bitmap_bytes + 1))
+                                  : 0) +
+                         Scratch::round(temp) + 256);
+  auto* meta = w.take<std::uint8_t>(3 * max_blocks);
+  auto* sizes = w.take<unsigned long long>(max_blocks + 1);
+  auto* offsets = w.take<unsigned long long>(max_blocks + 1);
+  auto* payload = w.take<std::uint8_t>(4 * n);
+  void* temp_storage = w.take<std::uint8_t>(temp);
+  codec::detail::ComponentParts parts;
+  const float* values = x;
+  int value_stride = stride;
+  parts.coded = n;
+  if (grouped) {
+    auto* bitmap = w.take<std::uint8_t>(bitmap_bytes);
+    auto* counts = w.take<unsigned long long>(bitmap_bytes + 1);
+    auto* ranks = w.take<unsigned long long>(bitmap_bytes + 1);
+    auto* kept = w.take<float>(n);
+    if (n) {
+      bitmap_kernel<<<grid_for(bitmap_bytes, 256), 256, 0, s>>>(x, n, stride, c.t, bitmap, counts);
+      QSTAGE_CUDA_CHECK_LAUNCH();
+    }
+    QSTAGE_CUDA_CHECK(cudaMemsetAsync(counts + bitmap_bytes, 0, sizeof(unsigned long long), s));
+    size_t tb = temp;
+    QSTAGE_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(temp_storage, tb, counts, ranks, static_cast<std::int64_t>(bitmap_bytes + 1), s));
+    if (n) {
+      compact_kernel<<<grid_for(n, 256), 256, 0, s>>>(x, n, stride, bitmap, ranks, kept);
+      QSTAGE_CUDA_CHECK_LAUNCH();
+    }
+    parts.bitmap.resize(bitmap_bytes);
+    unsigned long long total = 0;
+    QSTAGE_CUDA_CHECK(cudaMemcpyAsync(parts.bitmap.data(), bitmap, bitmap_bytes, cudaMemcpyDeviceToHost, s));
+    QSTAGE_CUDA_CHECK(cudaMemcpyAsync(&total, ranks + bitmap_bytes, sizeof total, cudaMemcpyDeviceToHost, s));
+    QSTAGE_CUDA_CHECK(cudaStreamSynchronize(s));
+    parts.coded = total;
+    values = kept;
+    value_stride = 1;
+  }
+  const BlockRules rules = codec::detail::rules_for(c);
+  const std::uint64_t blocks = codec::detail::div_up(parts.coded, c.block);
+  if (blocks) code_blocks(s, values, parts.coded, value_stride, rules, c.block, blocks, meta, sizes, nullptr, nullptr, false);
+  QSTAGE_CUDA_CHECK(cudaMemsetAsync(sizes + blocks, 0, sizeof(unsigned long long), s));
+  size_t tb = temp;
+  QSTAGE_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(temp_storage, tb, sizes, offsets, static_cast<std::int64_t>(blocks + 1), s));
+  if (blocks) code_blocks(s, values, parts.coded, value_stride, rules, c.block, blocks, nullptr, nullptr, offsets, payload, true);
+  unsigned long long payload_bytes = 0;
+  QSTAGE_CUDA_CHECK(cudaMemcpyAsync(&payload_bytes, offsets + blocks, sizeof payload_bytes, cudaMemcpyDeviceToHost, s));
+  parts.meta.resize(3 * blocks);
+  QSTAGE_CUDA_CHECK(cudaMemcpyAsync(parts.meta.data(), meta, 3 * blocks, cudaMemcpyDeviceToHost, s));
+  QSTAGE_CUDA_CHECK(cudaStreamSynchronize(s));
+  parts.payload.resize(payload_bytes);
+  QSTAGE_CUDA_CHECK(cudaMemcpyAsync(parts.payload.data(), payload, payload_bytes, cudaMemcpyDeviceToHost, s));
+  QSTAGE_CUDA_CHECK(cudaStreamSynchronize(s));
+  return parts;
+}
+
+void decode_component_cuda(Backend& backend, void* cuda_stream, const codec::detail::StoredComponent& c,
+                           const std::uint8_t* device_stream, std::uint64_t n, int stride,
+                           const codec::detail::Coding& coding, float* out) {
+  auto s = static_cast<cudaStream_t>(cuda_stream);
+  const bool grouped = codec::detail::groups(coding.pipeline);
+  const std::uint64_t blocks = codec::detail::div_up(c.coded, coding.block), bitmap_bytes = (n + 7) / 8;
+  const std::uint64_t temp = std::max(scan_temp_bytes(static_cast<unsigned long long*>(nullptr), nullptr, blocks + 1),
+                                      scan_temp_bytes(static_cast<unsigned long long*>(nullptr), nullptr, bitmap_bytes + 1));
+  Scratch w(backend, Scratch::round(3 * blocks) + 2 * Scratch::round(8 * (blocks + 1)) + Scratch::round(temp) + 256 +
+                         (grouped ? Scratch::round(4 * c.coded) + Scratch::round(bitmap_bytes) +
+                                        2 * Scratch::round(8 * (bitmap_bytes + 1))
+                                  : 0));
+  auto* meta = w.take<std::uint8_t>(3 * blocks);
+  auto* sizes = w.take<unsigned long long>(blocks + 1);
+  auto* offsets = w.take<unsigned long long>(blocks + 1);
+  void* temp_storage = w.take<std::uint8_t>(temp);
+  auto* error = w.take<unsigned>(1);
+  std::vector<unsigned long long> host_sizes(blocks + 1, 0);
+  for (std::uint64_t b = 0; b < blocks; ++b) host_sizes[b] = static_cast<unsigned long long>(codec::detail::block_payload_size(c.meta, blocks, b));
+  QSTAGE_CUDA_CHECK(cudaMemcpyAsync(meta, c.meta.data(), 3 * blocks, cudaMemcpyHostToDevice, s));
+  QSTAGE_CUDA_CHECK(cudaMemcpyAsync(sizes, host_sizes.data(), 8 * (blocks + 1), cudaMemcpyHostToDevice, s));
+  QSTAGE_CUDA_CHECK(cudaMemsetAsync(error, 0, sizeof(unsigned), s));
+  size_t tb = temp;
+  QSTAGE_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(temp_storage, tb, sizes, offsets, static_cast<std::int64_t>(blocks + 1), s));
+  float* values = out;
+  int value_stride = stride;
+  float* kept = nullptr;
+  if (grouped) {
+    kept = w.take<float>(c.coded);
+    values = kept;
+    value_stride = 1;
+  }
+  const std::uint8_t* payload = device_stream + c.payload_offset;
+  if (blocks) {
+    const unsigned grid = grid_for(blocks, kWarpsPerCta);
+    switch (coding.block) {
+      case 64: decode_kernel<2><<<grid, 32 * kWarpsPerCta, 0, s>>>(payload, meta, offsets, blocks, c.coded, values, value_stride, error); break;
+      case 128: decode_kernel<4><<<grid, 32 * kWarpsPerCta, 0, s>>>(payload, meta, offsets, blocks, c.coded, values, value_stride, error); break;
+      default: decode_kernel<8><<<grid, 32 * kWarpsPerCta, 0, s>>>(payload, meta, offsets, blocks, c.coded, values, value_stride, error); break;
+    }
+    QSTAGE_CUDA_CHECK_LAUNCH();
+  }
+  if (grouped && n) {
+    auto* bitmap = w.take<std::uint8_t>(bitmap_bytes);
+    auto* counts = w.take<unsigned long long>(bitmap_bytes + 1);
+    auto* ranks = w.take<unsigned long long>(bitmap_bytes + 1);
+    std::vector<unsigned long long> host_counts(bitmap_bytes + 1, 0);
+    for (std::uint64_t j = 0; j < bitmap_bytes; ++j) host_counts[j] = static_cast<unsigned long long>(__builtin_popcount(c.bitmap[j]));
+    QSTAGE_CUDA_CHECK(cudaMemcpyAsync(bitmap, c.bitmap.data(), bitmap_bytes, cudaMemcpyHostToDevice, s));
+    QSTAGE_CUDA_CHECK(cudaMemcpyAsync(counts, host_counts.data(), 8 * (bitmap_bytes + 1), cudaMemcpyHostToDevice, s));
+    tb = temp;
+    QSTAGE_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(temp_storage, tb, counts, ranks, static_cast<std::int64_t>(bitmap_bytes + 1), s));
+    expand_kernel<<<grid_for(n, 256), 256, 0, s>>>(kept, n, stride, bitmap, ranks, out);
+    QSTAGE_CUDA_CHECK_LAUNCH();
+  }
+  unsigned failed = 0;
+  QSTAGE_CUDA_CHECK(cudaMemcpyAsync(&failed, error, sizeof failed, cudaMemcpyDeviceToHost, s));
+  QSTAGE_CUDA_CHECK(cudaStreamSynchronize(s));  // also keeps host_sizes and host_counts alive for the copies
+  if (failed) throw codec::FormatError("corrupted block: a block payload does not decode consistently (GPU decoder)");
+}
+
+double value_range_cuda(Backend& backend, void* cuda_stream, const float* x, std::uint64_t count) {
+  if (count == 0) return 0.0;
+  auto s = static_cast<cudaStream_t>(cuda_stream);
+  auto lo_in = thrust::make_transform_iterator(x, FiniteOr{INFINITY});
+  auto hi_in = thrust::make_transform_iterator(x, FiniteOr{-INFINITY});
+  size_t temp = 0;
+  QSTAGE_CUDA_CHECK(cub::DeviceReduce::Reduce(nullptr, temp, lo_in, static_cast<float*>(nullptr),
+                                              static_cast<std::int64_t>(count), Min{}, INFINITY, s));
+  Scratch w(backend, Scratch::round(temp) + 256);
+  void* temp_storage = w.take<std::uint8_t>(temp);
+  float* result = w.take<float>(2);
+  size_t tb = temp;
+  QSTAGE_CUDA_CHECK(cub::DeviceReduce::Reduce(temp_storage, tb, lo_in, result, static_cast<std::int64_t>(count), Min{}, INFINITY, s));
+  tb = temp;
+  QSTAGE_CUDA_CHECK(cub::DeviceReduce::Reduce(temp_storage, tb, hi_in, result + 1, static_cast<std::int64_t>(count), Max{}, -INFINITY, s));
+  float host[2];
+  QSTAGE_CUDA_CHECK(cudaMemcpyAsync(host, result, sizeof host, cudaMemcpyDeviceToHost, s));
+  QSTAGE_CUDA_CHECK(cudaStreamSynchronize(s));
+  return host[0] <= host[1] ? static_cast<double>(host[1]) - static_cast<double>(host[0]) : 0.0;
+}
+
+}  // namespace qstage::kernels::detail
