@@ -6,6 +6,12 @@
 //       complex64 product (fp32 and, on cuda, TF32), the device copy rate, and HDF5 write/read rates
 //   qstage_bench inmemory-matmul --a FILE:/data --b FILE:/data
 //       reads A and B whole and times one threaded OpenBLAS cgemm of the same product
+//   qstage_bench codec --data FILE:/data [--device cuda] [--pipelines szx,...] [--bounds 1e-2,1e-3] [--block 256]
+//       the codec on a float or complex dataset (complex128 and float64 cast to single precision): per
+//       pipeline and bound (t = e, relative to the range), ratio, compress and decompress input GB/s
+//       (wall time from device data to a host stream and back, copies and framing included; and
+//       on cuda, device_only: the GPU work alone, data and parts in device memory),
+//       largest error over the range, and fidelity |<a|b>| / (|a| |b|)
 // Output: one JSON object on stdout. Timings are medians of repeats after a warm-up.
 #include <cblas.h>
 #include <omp.h>
@@ -26,6 +32,7 @@
 #include "core/error.hpp"
 #include "core/units.hpp"
 #include "io/h5.hpp"
+#include "kernels/codec.hpp"
 #include "kernels/gemm.hpp"
 #include "kernels/random.hpp"
 
@@ -190,12 +197,149 @@ int inmemory_matmul(const std::map<std::string, std::string>& a) {
   return 0;
 }
 
+// A dataset as float32 components (complex: interleaved real, imaginary).
+std::vector<float> read_components(const std::string& ref, bool& complex, std::vector<std::uint64_t>& shape) {
+  const auto colon = ref.rfind(':');
+  h5::File f = h5::File::open(ref.substr(0, colon), h5::Mode::read_only);
+  h5::Dataset d = f.open_dataset(ref.substr(colon + 1));
+  const auto type = d.dtype();
+  if (!type || !(*type == h5::DType::float32 || *type == h5::DType::float64 || h5::dtype_is_complex(*type)))
+    throw InputError(fmt::format("{}: expected a float or complex dataset", ref));
+  const auto dims = d.shape();
+  shape.assign(dims.begin(), dims.end());
+  std::uint64_t n = 1;
+  for (auto e : shape) n *= e;
+  complex = h5::dtype_is_complex(*type);
+  std::vector<unsigned char> raw(n * h5::dtype_size(*type));
+  d.read_all(raw.data());
+  std::vector<float> out(complex ? 2 * n : n);
+  for (std::uint64_t i = 0; i < n; ++i) {
+    const auto z = h5::element_as_complex(raw.data(), *type, i);
+    if (complex) {
+      out[2 * i] = static_cast<float>(z.real());
+      out[2 * i + 1] = static_cast<float>(z.imag());
+    } else {
+      out[i] = static_cast<float>(z.real());
+    }
+  }
+  return out;
+}
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> parts;
+  for (size_t at = 0; at <= s.size();) {
+    const size_t comma = std::min(s.find(',', at), s.size());
+    std::string part = s.substr(at, comma - at);
+    part.erase(0, part.find_first_not_of(' '));
+    parts.push_back(part);
+    at = comma + 1;
+  }
+  return parts;
+}
+
+int codec_bench(const std::map<std::string, std::string>& a) {
+  const std::string device = a.count("device") ? a.at("device") : "auto";
+  auto be = make_backend({device, 0, 0, 0});
+  auto stream = be->make_stream(false);
+  bool complex = false;
+  std::vector<std::uint64_t> shape;
+  const auto x = read_components(a.at("data"), complex, shape);
+  const std::uint64_t bytes = 4 * x.size();
+  const auto type = complex ? codec::ElementType::complex64 : codec::ElementType::float32;
+  Buffer data = be->alloc_device(bytes, "codec bench: data");
+  Buffer decoded = be->alloc_device(bytes, "codec bench: decoded");
+  be->copy_to_device(data.data(), x.data(), bytes, *stream);
+  stream->synchronize();
+  const double range = kernels::codec_value_range(*be, *stream, static_cast<const float*>(data.data()), x.size());
+  json out = {{"device", be->description()}, {"data", a.at("data")}, {"shape", shape}, {"complex", complex},
+              {"input_bytes", bytes}, {"range", range}, {"results", json::array()}};
+  const auto pipelines = split(a.count("pipelines") ? a.at("pipelines") : codec::pipeline_names());
+  const auto bounds = split(a.count("bounds") ? a.at("bounds") : "1e-2,5e-3,1e-3");
+  const std::uint32_t block = a.count("block") ? static_cast<std::uint32_t>(std::stoul(a.at("block"))) : 256;
+  std::vector<float> y(x.size());
+  for (const auto& name : pipelines) {
+    const auto pipeline = codec::pipeline_from_name(name);
+    if (!pipeline) throw InputError(fmt::format("unknown pipeline {}; expected one of {}", name, codec::pipeline_names()));
+    for (const auto& bound_text : bounds) {
+      const double bound = std::stod(bound_text);
+      const codec::Settings s{*pipeline, block, *pipeline == codec::Pipeline::szx ? 0.0 : bound, bound, true};
+      std::vector<std::uint8_t> packed;
+      const double encode_seconds = median_seconds([&] {
+        packed = kernels::codec_encode(*be, *stream, static_cast<const float*>(data.data()), type, shape, s, range);
+      }, 5);
+      Buffer device_stream = be->alloc_device(packed.size(), "codec bench: stream");
+      be->copy_to_device(device_stream.data(), packed.data(), packed.size(), *stream);
+      stream->synchronize();
+      codec::BlockCounts counts;
+      codec::decode(packed.data(), packed.size(), y.data(), y.size(), &counts);  // CPU: block states
+      const double decode_seconds = median_seconds([&] {
+        kernels::codec_decode(*be, *stream, packed.data(), packed.size(), static_cast<const std::uint8_t*>(device_stream.data()),
+                              static_cast<float*>(decoded.data()), x.size());
+      }, 5);
+      json r_device;
+#ifdef QSTAGE_HAVE_CUDA
+      if (be->kind() == BackendKind::cuda) {  // the device work alone: data and parts stay on the GPU
+        kernels::GpuCodec gpu(*be, *stream);
+        const double scale = s.relative ? range : 1.0;
+        const codec::detail::Coding coding{s.pipeline, s.block_size, s.threshold * scale, s.error * scale};
+        const std::uint64_t n = x.size() / (complex ? 2 : 1);
+        const int parts = complex ? 2 : 1;
+        const double code_seconds = median_seconds([&] {
+          for (int part = 0; part < parts; ++part) gpu.code(static_cast<const float*>(data.data()) + part, n, parts, coding);
+        }, 5);
+        double decode_device = 0;
+        auto timed = [&](const codec::detail::StoredComponent& c, const std::uint8_t* d, std::uint64_t count, int stride,
+                         const codec::detail::Coding& k, float* o) {
+          const auto start = Clock::now();
+          gpu.decode(c, d, count, stride, k, o);
+          decode_device += seconds_since(start);
+        };
+        std::vector<double> decode_times;
+        for (int rep = 0; rep < 6; ++rep) {
+          decode_device = 0;
+          codec::detail::decode_with(timed, packed.data(), packed.size(), static_cast<const std::uint8_t*>(device_stream.data()),
+                                     static_cast<float*>(decoded.data()), x.size());
+          if (rep) decode_times.push_back(decode_device);
+        }
+        std::sort(decode_times.begin(), decode_times.end());
+        r_device = {{"compress_GBps", bytes / code_seconds / 1e9},
+                    {"decompress_GBps", bytes / decode_times[decode_times.size() / 2] / 1e9}};
+      }
+#endif
+      be->copy_to_host(y.data(), decoded.data(), bytes, *stream);
+      stream->synchronize();
+      double max_error = 0, dot_re = 0, dot_im = 0, na = 0, nb = 0;
+      for (std::uint64_t i = 0; i < x.size(); ++i) max_error = std::max(max_error, std::abs(double(y[i]) - double(x[i])));
+      const std::uint64_t step = complex ? 2 : 1;
+      for (std::uint64_t i = 0; i < x.size(); i += step) {
+        const double ar = x[i], ai = complex ? x[i + 1] : 0, br = y[i], bi = complex ? y[i + 1] : 0;
+        dot_re += ar * br + ai * bi;
+        dot_im += ar * bi - ai * br;
+        na += ar * ar + ai * ai;
+        nb += br * br + bi * bi;
+      }
+      json r = {{"pipeline", name}, {"bound", bound}, {"block", block}, {"compressed_bytes", packed.size()},
+                {"ratio", double(bytes) / double(packed.size())}, {"compress_GBps", bytes / encode_seconds / 1e9},
+                {"decompress_GBps", bytes / decode_seconds / 1e9}, {"max_error_over_range", max_error / range},
+                {"fidelity", std::hypot(dot_re, dot_im) / std::sqrt(na * nb)},
+                {"device_only", r_device},
+                {"blocks", {{"zero", counts.zero}, {"constant", counts.constant}, {"sparse", counts.sparse},
+                            {"dense", counts.dense}, {"raw", counts.raw}}}};
+      std::cerr << r.dump() << "\n";
+      out["results"].push_back(r);
+    }
+  }
+  std::cout << out.dump(2) << "\n";
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 2) {
     std::cerr << "usage: qstage_bench ceilings --m M --n N --k K [--device cuda|cpu] [--io-dir DIR --io-bytes SIZE]\n"
-                 "       qstage_bench inmemory-matmul --a FILE:/dataset --b FILE:/dataset\n";
+                 "       qstage_bench inmemory-matmul --a FILE:/dataset --b FILE:/dataset\n"
+                 "       qstage_bench codec --data FILE:/dataset [--device cuda] [--pipelines szx,group] [--bounds 1e-3]\n";
     return 2;
   }
   try {
@@ -204,6 +348,7 @@ int main(int argc, char** argv) {
     auto args = parse_args(argc, argv, 2);
     if (cmd == "ceilings") return ceilings(args);
     if (cmd == "inmemory-matmul") return inmemory_matmul(args);
+    if (cmd == "codec") return codec_bench(args);
     std::cerr << "unknown command " << cmd << "\n";
     return 2;
   } catch (const std::exception& e) {

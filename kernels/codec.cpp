@@ -1,9 +1,21 @@
 // The codec's dispatch: the CPU coder (io/codec) or the GPU one (kernels/codec.cu).
 #include "kernels/codec.hpp"
 
-#include "kernels/dispatch.hpp"
+#include <stdexcept>
 
 namespace qstage::kernels {
+
+namespace {
+
+bool on_gpu(const Stream& stream) {
+  if (stream.kind() != BackendKind::cuda) return false;
+#ifndef QSTAGE_HAVE_CUDA
+  throw std::logic_error("a cuda stream reached a build without CUDA support");
+#endif
+  return true;
+}
+
+}  // namespace
 
 std::vector<std::uint8_t> codec_encode(Backend& backend, Stream& stream, const float* data, codec::ElementType type,
                                        const std::vector<std::uint64_t>& shape, const codec::Settings& settings,
@@ -12,33 +24,39 @@ std::vector<std::uint8_t> codec_encode(Backend& backend, Stream& stream, const f
   probe.type = type;
   probe.shape = shape;
   const double r = range ? *range : codec_value_range(backend, stream, data, probe.components());
-  codec::detail::ComponentCoder coder = codec::detail::code_component;
-  QSTAGE_DISPATCH(stream, (void)0, coder = [&](const float* x, std::uint64_t n, int stride, const codec::detail::Coding& c) {
-    return detail::code_component_cuda(backend, stream.native(), x, n, stride, c);
-  });
+  if (!on_gpu(stream)) return codec::detail::encode_with(codec::detail::code_component, data, type, shape, settings, r);
+#ifdef QSTAGE_HAVE_CUDA
+  GpuCodec gpu(backend, stream);
+  auto coder = [&](const float* x, std::uint64_t n, int stride, const codec::detail::Coding& c) {
+    gpu.code(x, n, stride, c);
+    return gpu.parts();
+  };
   return codec::detail::encode_with(coder, data, type, shape, settings, r);
+#else
+  return {};
+#endif
 }
 
 codec::StreamInfo codec_decode(Backend& backend, Stream& stream, const std::uint8_t* host_stream, std::uint64_t bytes,
                                const std::uint8_t* device_stream, float* out, std::uint64_t out_floats) {
-  codec::detail::ComponentDecoder decoder = [](const codec::detail::StoredComponent& c, const std::uint8_t* data,
-                                               std::uint64_t n, int stride, const codec::detail::Coding& coding,
-                                               float* o) { codec::detail::decode_component(c, data, n, stride, coding, o); };
-  const std::uint8_t* data = host_stream;
-  QSTAGE_DISPATCH(stream, (void)0, {
-    data = device_stream;
-    decoder = [&](const codec::detail::StoredComponent& c, const std::uint8_t* d, std::uint64_t n, int stride,
-                  const codec::detail::Coding& coding, float* o) {
-      detail::decode_component_cuda(backend, stream.native(), c, d, n, stride, coding, o);
-    };
-  });
-  return codec::detail::decode_with(decoder, host_stream, bytes, data, out, out_floats);
+  if (!on_gpu(stream)) return codec::decode(host_stream, bytes, out, out_floats);
+#ifdef QSTAGE_HAVE_CUDA
+  GpuCodec gpu(backend, stream);
+  auto decoder = [&](const codec::detail::StoredComponent& c, const std::uint8_t* d, std::uint64_t n, int stride,
+                     const codec::detail::Coding& coding, float* o) { gpu.decode(c, d, n, stride, coding, o); };
+  return codec::detail::decode_with(decoder, host_stream, bytes, device_stream, out, out_floats);
+#else
+  return {};
+#endif
 }
 
 double codec_value_range(Backend& backend, Stream& stream, const float* data, std::uint64_t count) {
-  double r = 0;
-  QSTAGE_DISPATCH(stream, r = codec::value_range(data, count), r = detail::value_range_cuda(backend, stream.native(), data, count));
-  return r;
+  if (!on_gpu(stream)) return codec::value_range(data, count);
+#ifdef QSTAGE_HAVE_CUDA
+  return GpuCodec(backend, stream).value_range(data, count);
+#else
+  return 0;
+#endif
 }
 
 }  // namespace qstage::kernels

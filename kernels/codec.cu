@@ -14,7 +14,7 @@
 #include "kernels/codec.hpp"
 #include "kernels/cuda_check.hpp"
 
-namespace qstage::kernels::detail {
+namespace qstage::kernels {
 namespace {
 
 using namespace qstage::codec::detail;  // block_math.hpp: the shared per-value arithmetic
@@ -187,12 +187,13 @@ __device__ unsigned get_u32(const std::uint8_t* in) {
 // Pass 1: each block's state and size (meta: states, then u16 sizes; sizes also as u64 to scan).
 template <int V>
 __global__ void choose_kernel(const float* values, std::uint64_t n, int stride, BlockRules r, std::uint64_t blocks,
-                              std::uint8_t* meta, unsigned long long* sizes) {
+                              std::uint8_t* meta, unsigned long long* sizes, float* mids) {
   const std::uint64_t b = std::uint64_t(blockIdx.x) * kWarpsPerCta + threadIdx.x / 32;
   if (b >= blocks) return;
   const Held<V> h = load<V>(values, b * (32 * V), n, stride, r, 32 * V);
   const Choice<V> c = choose(h, r);
   if (lane_id() == 0) {
+    mids[b] = c.mid;
     meta[b] = static_cast<std::uint8_t>(c.state);
     meta[blocks + 2 * b] = static_cast<std::uint8_t>(c.size);
     meta[blocks + 2 * b + 1] = static_cast<std::uint8_t>(c.size >> 8);
@@ -200,14 +201,15 @@ __global__ void choose_kernel(const float* values, std::uint64_t n, int stride, 
   }
 }
 
-// Pass 2: each block's payload at its offset.
+// Pass 2: each block's payload at its offset, as pass 1 chose it.
 template <int V>
 __global__ void write_kernel(const float* values, std::uint64_t n, int stride, BlockRules r, std::uint64_t blocks,
-                             const unsigned long long* offsets, std::uint8_t* payload) {
+                             const std::uint8_t* meta, const float* mids, const unsigned long long* offsets,
+                             std::uint8_t* payload) {
   const std::uint64_t b = std::uint64_t(blockIdx.x) * kWarpsPerCta + threadIdx.x / 32;
   if (b >= blocks) return;
   const Held<V> h = load<V>(values, b * (32 * V), n, stride, r, 32 * V);
-  const Choice<V> c = choose(h, r);  // the same decision as pass 1
+  const Choice<V> c{meta[b], 0, mids[b]};
   std::uint8_t* out = payload + offsets[b];
   const int lane = lane_id();
   switch (c.state) {
@@ -423,202 +425,240 @@ struct Max {
   __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
 };
 
-// Device memory from the backend (charged to its budget), carved into aligned pieces.
-class Scratch {
- public:
-  Scratch(Backend& backend, std::uint64_t bytes) : buffer_(backend.alloc_device(bytes, "codec workspace")) {}
-  template <typename T>
-  T* take(std::uint64_t count) {
-    T* p = reinterpret_cast<T*>(static_cast<char*>(buffer_.data()) + used_);
-    used_ += round(count * sizeof(T));
-    return p;
-  }
-  static std::uint64_t round(std::uint64_t b) { return (b + 255) / 256 * 256; }
+__global__ void sizes_kernel(const std::uint8_t* meta, std::uint64_t blocks, unsigned long long* sizes) {
+  const std::uint64_t b = std::uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (b < blocks) sizes[b] = static_cast<unsigned long long>(meta[blocks + 2 * b] | (meta[blocks + 2 * b + 1] << 8));
+  if (b == blocks) sizes[b] = 0;
+}
 
- private:
-  Buffer buffer_;
-  std::uint64_t used_ = 0;
-};
+__global__ void popcount_kernel(const std::uint8_t* bitmap, std::uint64_t bytes, unsigned long long* counts) {
+  const std::uint64_t j = std::uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (j < bytes) counts[j] = static_cast<unsigned long long>(__popc(bitmap[j]));
+  if (j == bytes) counts[j] = 0;
+}
 
 unsigned grid_for(std::uint64_t items, unsigned per_cta) {
   return static_cast<unsigned>((items + per_cta - 1) / per_cta);
 }
 
-template <typename In>
-std::uint64_t scan_temp_bytes(In in, unsigned long long* out, std::uint64_t items) {
+std::uint64_t round_up(std::uint64_t b) { return (b + 255) / 256 * 256; }
+
+std::uint64_t scan_temp_bytes(std::uint64_t items) {
   size_t bytes = 0;
-  QSTAGE_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(nullptr, bytes, in, out, static_cast<std::int64_t>(items)));
+  QSTAGE_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(nullptr, bytes, static_cast<unsigned long long*>(nullptr),
+                                                  static_cast<unsigned long long*>(nullptr),
+                                                  static_cast<std::int64_t>(items)));
   return bytes;
 }
 
+// The blocks' pieces in device memory: meta (states, then u16 sizes), sizes to scan, the chosen
+// mids, offsets and the payload.
+struct BlockBuffers {
+  std::uint8_t* meta;
+  unsigned long long *sizes, *offsets;
+  float* mids;
+  std::uint8_t* payload;
+};
+
 template <int V>
-void launch_choose(cudaStream_t s, const float* v, std::uint64_t n, int stride, const BlockRules& r, std::uint64_t blocks,
-                   std::uint8_t* meta, unsigned long long* sizes, const unsigned long long* offsets, std::uint8_t* payload,
-                   bool write) {
+void launch_blocks(cudaStream_t s, const float* v, std::uint64_t n, int stride, const BlockRules& r,
+                   std::uint64_t blocks, const BlockBuffers& k, bool write) {
   const unsigned grid = grid_for(blocks, kWarpsPerCta);
-  if (!write) choose_kernel<V><<<grid, 32 * kWarpsPerCta, 0, s>>>(v, n, stride, r, blocks, meta, sizes);
-  else write_kernel<V><<<grid, 32 * kWarpsPerCta, 0, s>>>(v, n, stride, r, blocks, offsets, payload);
+  if (!write) choose_kernel<V><<<grid, 32 * kWarpsPerCta, 0, s>>>(v, n, stride, r, blocks, k.meta, k.sizes, k.mids);
+  else write_kernel<V><<<grid, 32 * kWarpsPerCta, 0, s>>>(v, n, stride, r, blocks, k.meta, k.mids, k.offsets, k.payload);
   QSTAGE_CUDA_CHECK_LAUNCH();
 }
 
 void code_blocks(cudaStream_t s, const float* v, std::uint64_t n, int stride, const BlockRules& r, std::uint32_t block,
-                 std::uint64_t blocks, std::uint8_t* meta, unsigned long long* sizes, const unsigned long long* offsets,
-                 std::uint8_t* payload, bool write) {
+                 std::uint64_t blocks, const BlockBuffers& k, bool write) {
   switch (block) {
-    case 64: return launch_choose<2>(s, v, n, stride, r, blocks, meta, sizes, offsets, payload, write);
-    case 128: return launch_choose<4>(s, v, n, stride, r, blocks, meta, sizes, offsets, payload, write);
-    default: return launch_choose<8>(s, v, n, stride, r, blocks, meta, sizes, offsets, payload, write);
+    case 64: return launch_blocks<2>(s, v, n, stride, r, blocks, k, write);
+    case 128: return launch_blocks<4>(s, v, n, stride, r, blocks, k, write);
+    default: return launch_blocks<8>(s, v, n, stride, r, blocks, k, write);
   }
+}
+
+void decode_blocks(cudaStream_t s, std::uint32_t block, const std::uint8_t* payload, const std::uint8_t* meta,
+                   const unsigned long long* offsets, std::uint64_t blocks, std::uint64_t n, float* out, int stride,
+                   unsigned* error) {
+  const unsigned grid = grid_for(blocks, kWarpsPerCta);
+  switch (block) {
+    case 64: decode_kernel<2><<<grid, 32 * kWarpsPerCta, 0, s>>>(payload, meta, offsets, blocks, n, out, stride, error); break;
+    case 128: decode_kernel<4><<<grid, 32 * kWarpsPerCta, 0, s>>>(payload, meta, offsets, blocks, n, out, stride, error); break;
+    default: decode_kernel<8><<<grid, 32 * kWarpsPerCta, 0, s>>>(payload, meta, offsets, blocks, n, out, stride, error); break;
+  }
+  QSTAGE_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
 
-codec::detail::ComponentParts code_component_cuda(Backend& backend, void* cuda_stream, const float* x, std::uint64_t n,
-                                                  int stride, const codec::detail::Coding& c) {
-  auto s = static_cast<cudaStream_t>(cuda_stream);
+// Device memory from the backend (charged to its budget), kept between calls and grown when a
+// call needs more; each call carves it into aligned pieces.
+struct GpuCodec::Impl {
+  Backend& backend;
+  Stream& stream;
+  Buffer workspace;
+  Buffer pinned;  // small results read back by the host
+  std::uint64_t used = 0;
+  // The last code()'s parts, in the workspace.
+  std::uint8_t *meta = nullptr, *payload = nullptr, *bitmap = nullptr;
+  std::uint64_t blocks = 0, coded = 0, payload_bytes = 0, bitmap_bytes = 0;
+
+  Impl(Backend& b, Stream& s) : backend(b), stream(s), pinned(b.alloc_host(64, "codec: results")) {}
+  cudaStream_t cuda() const { return static_cast<cudaStream_t>(stream.native()); }
+  void reserve(std::uint64_t bytes) {
+    used = 0;
+    if (workspace.size() >= bytes) return;
+    workspace = Buffer();
+    workspace = backend.alloc_device(bytes, "codec workspace");
+  }
+  template <typename T>
+  T* take(std::uint64_t count) {
+    T* p = reinterpret_cast<T*>(static_cast<char*>(workspace.data()) + used);
+    used += round_up(count * sizeof(T));
+    return p;
+  }
+  unsigned long long read_back(const unsigned long long* device_value) {
+    auto* host = static_cast<unsigned long long*>(pinned.data());
+    QSTAGE_CUDA_CHECK(cudaMemcpyAsync(host, device_value, sizeof *host, cudaMemcpyDeviceToHost, cuda()));
+    QSTAGE_CUDA_CHECK(cudaStreamSynchronize(cuda()));
+    return *host;
+  }
+};
+
+GpuCodec::GpuCodec(Backend& backend, Stream& stream) : impl_(std::make_unique<Impl>(backend, stream)) {}
+GpuCodec::~GpuCodec() = default;
+
+void GpuCodec::code(const float* x, std::uint64_t n, int stride, const codec::detail::Coding& c) {
+  Impl& w = *impl_;
+  const cudaStream_t s = w.cuda();
   const bool grouped = codec::detail::groups(c.pipeline);
-  const std::uint64_t bitmap_bytes = (n + 7) / 8;
-  // Upper bounds: the coded values are at most n, each block's payload at most 4 bytes a value.
-  const std::uint64_t max_blocks = codec::detail::div_up(n, c.block);
-  const std::uint64_t temp = std::max(scan_temp_bytes(static_cast<unsigned long long*>(nullptr), nullptr, max_blocks + 1),
-                                      scan_temp_bytes(static_cast<unsigned long long*>(nullptr), nullptr, bitmap_bytes + 1));
-  Scratch w(backend, Scratch::round(3 * max_blocks) + 2 * Scratch::round(8 * (max_blocks + 1)) + Scratch::round(4 * n) +
-                         (grouped ? Scratch::round(4 * n) + Scratch::round(bitmap_bytes) +
-                                        2 * Scratch::round(8 * (bitmap_bytes + 1))
-                                  : 0) +
-                         Scratch::round(temp) + 256);
-  auto* meta = w.take<std::uint8_t>(3 * max_blocks);
+  const std::uint64_t bitmap_bytes = (n + 7) / 8, max_blocks = codec::detail::div_up(n, c.block);
+  const std::uint64_t temp = std::max(scan_temp_bytes(max_blocks + 1), scan_temp_bytes(bitmap_bytes + 1));
+  // Upper bounds: at most n values are coded, and a block's payload is at most 4 bytes a value.
+  w.reserve(round_up(3 * max_blocks) + 2 * round_up(8 * (max_blocks + 1)) + round_up(4 * max_blocks) + round_up(4 * n) + round_up(temp) +
+            (grouped ? round_up(4 * n) + round_up(bitmap_bytes) + 2 * round_up(8 * (bitmap_bytes + 1)) : 0));
+  w.meta = w.take<std::uint8_t>(3 * max_blocks);
   auto* sizes = w.take<unsigned long long>(max_blocks + 1);
   auto* offsets = w.take<unsigned long long>(max_blocks + 1);
-  auto* payload = w.take<std::uint8_t>(4 * n);
+  auto* mids = w.take<float>(max_blocks);
+  w.payload = w.take<std::uint8_t>(4 * n);
   void* temp_storage = w.take<std::uint8_t>(temp);
-  codec::detail::ComponentParts parts;
   const float* values = x;
   int value_stride = stride;
-  parts.coded = n;
+  w.coded = n;
+  w.bitmap_bytes = grouped ? bitmap_bytes : 0;
   if (grouped) {
-    auto* bitmap = w.take<std::uint8_t>(bitmap_bytes);
+    w.bitmap = w.take<std::uint8_t>(bitmap_bytes);
     auto* counts = w.take<unsigned long long>(bitmap_bytes + 1);
     auto* ranks = w.take<unsigned long long>(bitmap_bytes + 1);
     auto* kept = w.take<float>(n);
-    if (n) {
-      bitmap_kernel<<<grid_for(bitmap_bytes, 256), 256, 0, s>>>(x, n, stride, c.t, bitmap, counts);
-      QSTAGE_CUDA_CHECK_LAUNCH();
-    }
-    QSTAGE_CUDA_CHECK(cudaMemsetAsync(counts + bitmap_bytes, 0, sizeof(unsigned long long), s));
+    bitmap_kernel<<<grid_for(bitmap_bytes + 1, 256), 256, 0, s>>>(x, n, stride, c.t, w.bitmap, counts);
+    QSTAGE_CUDA_CHECK_LAUNCH();
     size_t tb = temp;
     QSTAGE_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(temp_storage, tb, counts, ranks, static_cast<std::int64_t>(bitmap_bytes + 1), s));
     if (n) {
-      compact_kernel<<<grid_for(n, 256), 256, 0, s>>>(x, n, stride, bitmap, ranks, kept);
+      compact_kernel<<<grid_for(n, 256), 256, 0, s>>>(x, n, stride, w.bitmap, ranks, kept);
       QSTAGE_CUDA_CHECK_LAUNCH();
     }
-    parts.bitmap.resize(bitmap_bytes);
-    unsigned long long total = 0;
-    QSTAGE_CUDA_CHECK(cudaMemcpyAsync(parts.bitmap.data(), bitmap, bitmap_bytes, cudaMemcpyDeviceToHost, s));
-    QSTAGE_CUDA_CHECK(cudaMemcpyAsync(&total, ranks + bitmap_bytes, sizeof total, cudaMemcpyDeviceToHost, s));
-    QSTAGE_CUDA_CHECK(cudaStreamSynchronize(s));
-    parts.coded = total;
+    w.coded = w.read_back(ranks + bitmap_bytes);
     values = kept;
     value_stride = 1;
   }
   const BlockRules rules = codec::detail::rules_for(c);
-  const std::uint64_t blocks = codec::detail::div_up(parts.coded, c.block);
-  if (blocks) code_blocks(s, values, parts.coded, value_stride, rules, c.block, blocks, meta, sizes, nullptr, nullptr, false);
-  QSTAGE_CUDA_CHECK(cudaMemsetAsync(sizes + blocks, 0, sizeof(unsigned long long), s));
+  w.blocks = codec::detail::div_up(w.coded, c.block);
+  const BlockBuffers k{w.meta, sizes, offsets, mids, w.payload};
+  if (w.blocks) code_blocks(s, values, w.coded, value_stride, rules, c.block, w.blocks, k, false);
+  QSTAGE_CUDA_CHECK(cudaMemsetAsync(sizes + w.blocks, 0, sizeof(unsigned long long), s));
   size_t tb = temp;
-  QSTAGE_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(temp_storage, tb, sizes, offsets, static_cast<std::int64_t>(blocks + 1), s));
-  if (blocks) code_blocks(s, values, parts.coded, value_stride, rules, c.block, blocks, nullptr, nullptr, offsets, payload, true);
-  unsigned long long payload_bytes = 0;
-  QSTAGE_CUDA_CHECK(cudaMemcpyAsync(&payload_bytes, offsets + blocks, sizeof payload_bytes, cudaMemcpyDeviceToHost, s));
-  parts.meta.resize(3 * blocks);
-  QSTAGE_CUDA_CHECK(cudaMemcpyAsync(parts.meta.data(), meta, 3 * blocks, cudaMemcpyDeviceToHost, s));
-  QSTAGE_CUDA_CHECK(cudaStreamSynchronize(s));
-  parts.payload.resize(payload_bytes);
-  QSTAGE_CUDA_CHECK(cudaMemcpyAsync(parts.payload.data(), payload, payload_bytes, cudaMemcpyDeviceToHost, s));
-  QSTAGE_CUDA_CHECK(cudaStreamSynchronize(s));
-  return parts;
+  QSTAGE_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(temp_storage, tb, sizes, offsets, static_cast<std::int64_t>(w.blocks + 1), s));
+  if (w.blocks) code_blocks(s, values, w.coded, value_stride, rules, c.block, w.blocks, k, true);
+  w.payload_bytes = w.read_back(offsets + w.blocks);
 }
 
-void decode_component_cuda(Backend& backend, void* cuda_stream, const codec::detail::StoredComponent& c,
-                           const std::uint8_t* device_stream, std::uint64_t n, int stride,
-                           const codec::detail::Coding& coding, float* out) {
-  auto s = static_cast<cudaStream_t>(cuda_stream);
+codec::detail::ComponentParts GpuCodec::parts() const {
+  const Impl& w = *impl_;
+  codec::detail::ComponentParts p;
+  p.coded = w.coded;
+  p.bitmap.resize(w.bitmap_bytes);
+  p.meta.resize(3 * w.blocks);
+  p.payload.resize(w.payload_bytes);
+  // (code() laid the meta out for the blocks it coded: their states, then their sizes.)
+  const cudaStream_t s = w.cuda();
+  if (w.bitmap_bytes) QSTAGE_CUDA_CHECK(cudaMemcpyAsync(p.bitmap.data(), w.bitmap, w.bitmap_bytes, cudaMemcpyDeviceToHost, s));
+  QSTAGE_CUDA_CHECK(cudaMemcpyAsync(p.meta.data(), w.meta, 3 * w.blocks, cudaMemcpyDeviceToHost, s));
+  QSTAGE_CUDA_CHECK(cudaMemcpyAsync(p.payload.data(), w.payload, w.payload_bytes, cudaMemcpyDeviceToHost, s));
+  QSTAGE_CUDA_CHECK(cudaStreamSynchronize(s));
+  return p;
+}
+
+void GpuCodec::decode(const codec::detail::StoredComponent& c, const std::uint8_t* device_stream, std::uint64_t n,
+                      int stride, const codec::detail::Coding& coding, float* out) {
+  Impl& w = *impl_;
+  const cudaStream_t s = w.cuda();
   const bool grouped = codec::detail::groups(coding.pipeline);
   const std::uint64_t blocks = codec::detail::div_up(c.coded, coding.block), bitmap_bytes = (n + 7) / 8;
-  const std::uint64_t temp = std::max(scan_temp_bytes(static_cast<unsigned long long*>(nullptr), nullptr, blocks + 1),
-                                      scan_temp_bytes(static_cast<unsigned long long*>(nullptr), nullptr, bitmap_bytes + 1));
-  Scratch w(backend, Scratch::round(3 * blocks) + 2 * Scratch::round(8 * (blocks + 1)) + Scratch::round(temp) + 256 +
-                         (grouped ? Scratch::round(4 * c.coded) + Scratch::round(bitmap_bytes) +
-                                        2 * Scratch::round(8 * (bitmap_bytes + 1))
-                                  : 0));
-  auto* meta = w.take<std::uint8_t>(3 * blocks);
+  const std::uint64_t temp = std::max(scan_temp_bytes(blocks + 1), scan_temp_bytes(bitmap_bytes + 1));
+  w.reserve(round_up(3 * blocks) + 2 * round_up(8 * (blocks + 1)) + round_up(temp) + 256 +
+            (grouped ? round_up(4 * c.coded) + round_up(bitmap_bytes) + 2 * round_up(8 * (bitmap_bytes + 1)) : 0));
+  auto* meta_copy = w.take<std::uint8_t>(3 * blocks);
   auto* sizes = w.take<unsigned long long>(blocks + 1);
   auto* offsets = w.take<unsigned long long>(blocks + 1);
   void* temp_storage = w.take<std::uint8_t>(temp);
   auto* error = w.take<unsigned>(1);
-  std::vector<unsigned long long> host_sizes(blocks + 1, 0);
-  for (std::uint64_t b = 0; b < blocks; ++b) host_sizes[b] = static_cast<unsigned long long>(codec::detail::block_payload_size(c.meta, blocks, b));
-  QSTAGE_CUDA_CHECK(cudaMemcpyAsync(meta, c.meta.data(), 3 * blocks, cudaMemcpyHostToDevice, s));
-  QSTAGE_CUDA_CHECK(cudaMemcpyAsync(sizes, host_sizes.data(), 8 * (blocks + 1), cudaMemcpyHostToDevice, s));
+  // Raw meta (integrated) is read where it lies in the stream; zstd-packed meta comes from the host.
+  const std::uint8_t* meta = meta_copy;
+  if (c.meta_offset != codec::detail::StoredComponent::kPacked)
+    meta = device_stream + c.meta_offset;
+  else
+    QSTAGE_CUDA_CHECK(cudaMemcpyAsync(meta_copy, c.meta.data(), 3 * blocks, cudaMemcpyHostToDevice, s));
   QSTAGE_CUDA_CHECK(cudaMemsetAsync(error, 0, sizeof(unsigned), s));
+  sizes_kernel<<<grid_for(blocks + 1, 256), 256, 0, s>>>(meta, blocks, sizes);
+  QSTAGE_CUDA_CHECK_LAUNCH();
   size_t tb = temp;
   QSTAGE_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(temp_storage, tb, sizes, offsets, static_cast<std::int64_t>(blocks + 1), s));
-  float* values = out;
-  int value_stride = stride;
-  float* kept = nullptr;
-  if (grouped) {
-    kept = w.take<float>(c.coded);
-    values = kept;
-    value_stride = 1;
-  }
-  const std::uint8_t* payload = device_stream + c.payload_offset;
-  if (blocks) {
-    const unsigned grid = grid_for(blocks, kWarpsPerCta);
-    switch (coding.block) {
-      case 64: decode_kernel<2><<<grid, 32 * kWarpsPerCta, 0, s>>>(payload, meta, offsets, blocks, c.coded, values, value_stride, error); break;
-      case 128: decode_kernel<4><<<grid, 32 * kWarpsPerCta, 0, s>>>(payload, meta, offsets, blocks, c.coded, values, value_stride, error); break;
-      default: decode_kernel<8><<<grid, 32 * kWarpsPerCta, 0, s>>>(payload, meta, offsets, blocks, c.coded, values, value_stride, error); break;
-    }
-    QSTAGE_CUDA_CHECK_LAUNCH();
-  }
+  float* kept = grouped ? w.take<float>(c.coded) : nullptr;
+  if (blocks)
+    decode_blocks(s, coding.block, device_stream + c.payload_offset, meta, offsets, blocks, c.coded,
+                  grouped ? kept : out, grouped ? 1 : stride, error);
   if (grouped && n) {
     auto* bitmap = w.take<std::uint8_t>(bitmap_bytes);
     auto* counts = w.take<unsigned long long>(bitmap_bytes + 1);
     auto* ranks = w.take<unsigned long long>(bitmap_bytes + 1);
-    std::vector<unsigned long long> host_counts(bitmap_bytes + 1, 0);
-    for (std::uint64_t j = 0; j < bitmap_bytes; ++j) host_counts[j] = static_cast<unsigned long long>(__builtin_popcount(c.bitmap[j]));
     QSTAGE_CUDA_CHECK(cudaMemcpyAsync(bitmap, c.bitmap.data(), bitmap_bytes, cudaMemcpyHostToDevice, s));
-    QSTAGE_CUDA_CHECK(cudaMemcpyAsync(counts, host_counts.data(), 8 * (bitmap_bytes + 1), cudaMemcpyHostToDevice, s));
+    popcount_kernel<<<grid_for(bitmap_bytes + 1, 256), 256, 0, s>>>(bitmap, bitmap_bytes, counts);
+    QSTAGE_CUDA_CHECK_LAUNCH();
     tb = temp;
     QSTAGE_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(temp_storage, tb, counts, ranks, static_cast<std::int64_t>(bitmap_bytes + 1), s));
     expand_kernel<<<grid_for(n, 256), 256, 0, s>>>(kept, n, stride, bitmap, ranks, out);
     QSTAGE_CUDA_CHECK_LAUNCH();
   }
-  unsigned failed = 0;
-  QSTAGE_CUDA_CHECK(cudaMemcpyAsync(&failed, error, sizeof failed, cudaMemcpyDeviceToHost, s));
-  QSTAGE_CUDA_CHECK(cudaStreamSynchronize(s));  // also keeps host_sizes and host_counts alive for the copies
-  if (failed) throw codec::FormatError("corrupted block: a block payload does not decode consistently (GPU decoder)");
+  auto* host = static_cast<unsigned*>(w.pinned.data());
+  QSTAGE_CUDA_CHECK(cudaMemcpyAsync(host, error, sizeof *host, cudaMemcpyDeviceToHost, s));
+  QSTAGE_CUDA_CHECK(cudaStreamSynchronize(s));  // also the end of the copies from c's host vectors
+  if (*host) throw codec::FormatError("corrupted block: a block payload does not decode consistently (GPU decoder)");
 }
 
-double value_range_cuda(Backend& backend, void* cuda_stream, const float* x, std::uint64_t count) {
+double GpuCodec::value_range(const float* x, std::uint64_t count) {
   if (count == 0) return 0.0;
-  auto s = static_cast<cudaStream_t>(cuda_stream);
+  Impl& w = *impl_;
+  const cudaStream_t s = w.cuda();
   auto lo_in = thrust::make_transform_iterator(x, FiniteOr{INFINITY});
   auto hi_in = thrust::make_transform_iterator(x, FiniteOr{-INFINITY});
   size_t temp = 0;
   QSTAGE_CUDA_CHECK(cub::DeviceReduce::Reduce(nullptr, temp, lo_in, static_cast<float*>(nullptr),
                                               static_cast<std::int64_t>(count), Min{}, INFINITY, s));
-  Scratch w(backend, Scratch::round(temp) + 256);
+  w.reserve(round_up(temp) + 256);
   void* temp_storage = w.take<std::uint8_t>(temp);
   float* result = w.take<float>(2);
   size_t tb = temp;
   QSTAGE_CUDA_CHECK(cub::DeviceReduce::Reduce(temp_storage, tb, lo_in, result, static_cast<std::int64_t>(count), Min{}, INFINITY, s));
   tb = temp;
   QSTAGE_CUDA_CHECK(cub::DeviceReduce::Reduce(temp_storage, tb, hi_in, result + 1, static_cast<std::int64_t>(count), Max{}, -INFINITY, s));
-  float host[2];
-  QSTAGE_CUDA_CHECK(cudaMemcpyAsync(host, result, sizeof host, cudaMemcpyDeviceToHost, s));
+  auto* host = static_cast<float*>(w.pinned.data());
+  QSTAGE_CUDA_CHECK(cudaMemcpyAsync(host, result, 2 * sizeof(float), cudaMemcpyDeviceToHost, s));
   QSTAGE_CUDA_CHECK(cudaStreamSynchronize(s));
   return host[0] <= host[1] ? static_cast<double>(host[1]) - static_cast<double>(host[0]) : 0.0;
 }
 
-}  // namespace qstage::kernels::detail
+}  // namespace qstage::kernels

@@ -4,6 +4,7 @@
 // bytes of the CPU coder (io/codec/block_coder.cpp, its twin): both decide with the same
 // block_math.hpp, in the same order. The host keeps the stream's framing (header, zstd parts).
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -27,13 +28,22 @@ codec::StreamInfo codec_decode(Backend& backend, Stream& stream, const std::uint
 // codec::value_range of data (device memory on cuda).
 double codec_value_range(Backend& backend, Stream& stream, const float* data, std::uint64_t count);
 
-namespace detail {
-codec::detail::ComponentParts code_component_cuda(Backend& backend, void* cuda_stream, const float* x, std::uint64_t n,
-                                                  int stride, const codec::detail::Coding& c);
-void decode_component_cuda(Backend& backend, void* cuda_stream, const codec::detail::StoredComponent& c,
-                           const std::uint8_t* device_stream, std::uint64_t n, int stride,
-                           const codec::detail::Coding& coding, float* out);
-double value_range_cuda(Backend& backend, void* cuda_stream, const float* x, std::uint64_t count);
-}  // namespace detail
+// The GPU side, kept between calls (its workspace grows as needed and stays). code() leaves
+// a component's parts in device memory (the work the benchmark times); parts() copies them out.
+class GpuCodec {
+ public:
+  GpuCodec(Backend& backend, Stream& stream);
+  ~GpuCodec();
+  void code(const float* x, std::uint64_t n, int stride, const codec::detail::Coding& c);
+  codec::detail::ComponentParts parts() const;
+  // Throws codec::FormatError when a block payload is inconsistent.
+  void decode(const codec::detail::StoredComponent& c, const std::uint8_t* device_stream, std::uint64_t n, int stride,
+              const codec::detail::Coding& coding, float* out);
+  double value_range(const float* x, std::uint64_t count);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 }  // namespace qstage::kernels

@@ -39,6 +39,8 @@ struct StoredComponent {
   std::vector<std::uint8_t> bitmap;  // group, group2l (unpacked)
   std::uint64_t coded = 0;
   std::vector<std::uint8_t> meta;    // unpacked
+  static constexpr std::uint64_t kPacked = ~std::uint64_t{0};
+  std::uint64_t meta_offset = kPacked;  // where the meta lies in the stream when stored raw (integrated)
   std::uint64_t payload_offset = 0, payload_bytes = 0;  // from the start of the stream
 };
 

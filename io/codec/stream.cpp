@@ -104,7 +104,9 @@ void put_lossless(Writer& w, const std::vector<std::uint8_t>& raw, bool allow_zs
   w.bytes(stored.data(), stored.size());
 }
 
-std::vector<std::uint8_t> get_lossless(Reader& r, std::uint64_t expected_raw, const char* what) {
+// `raw_at`, where given, gets where the bytes lie in the stream when they are stored raw (else nullptr).
+std::vector<std::uint8_t> get_lossless(Reader& r, std::uint64_t expected_raw, const char* what,
+                                       const std::uint8_t** raw_at = nullptr) {
   const auto codec = r.get<std::uint8_t>(what);
   const auto raw = r.get<std::uint64_t>(what);
   const auto stored = r.get<std::uint64_t>(what);
@@ -112,6 +114,7 @@ std::vector<std::uint8_t> get_lossless(Reader& r, std::uint64_t expected_raw, co
   if (raw != expected_raw) throw FormatError(fmt::format("{}: {} bytes where {} were expected", what, raw, expected_raw));
   if (codec == 0 && stored != raw) throw FormatError(fmt::format("{}: stored size differs from its size", what));
   const std::uint8_t* p = r.take(stored, what);
+  if (raw_at) *raw_at = codec == 0 ? p : nullptr;
   if (codec == 0) return {p, p + stored};
   std::vector<std::uint8_t> out(raw);
   const size_t n = ZSTD_decompress(out.data(), out.size(), p, stored);
@@ -194,7 +197,9 @@ detail::StoredComponent read_component(Reader& r, const std::uint8_t* stream, st
   if (sc.coded != expected)
     throw FormatError(fmt::format("a section codes {} values where {} were expected", sc.coded, expected));
   const std::uint64_t blocks = div_up(sc.coded, c.block);
-  sc.meta = get_lossless(r, 3 * blocks, "block states and sizes");
+  const std::uint8_t* raw_meta = nullptr;
+  sc.meta = get_lossless(r, 3 * blocks, "block states and sizes", &raw_meta);
+  if (raw_meta) sc.meta_offset = static_cast<std::uint64_t>(raw_meta - stream);
   sc.payload_bytes = r.get<std::uint64_t>("block payload size");
   sc.payload_offset = static_cast<std::uint64_t>(r.take(sc.payload_bytes, "block payload") - stream);
   std::uint64_t total = 0;
