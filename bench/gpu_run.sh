@@ -6,6 +6,8 @@
 #   bash bench/gpu_run.sh tests [PYTEST ARGS]   unit tests (GPU kernels included) and the pytest suite on cuda
 #   bash bench/gpu_run.sh bench ARGS   bench/matmul_bench.py with ARGS
 #   bash bench/gpu_run.sh tn ARGS      bench/tn_bench.py with ARGS
+#   bash bench/gpu_run.sh codec ARGS   bench/codec_bench.py with ARGS (peers: hdf5plugin's SZ3 and ZFP
+#                                      plugins and zstandard for Python 3.12, unpacked into .gpu/py)
 # The PyPI test oracles (opt_einsum, cotengra, autoray) travel unpacked in .gpu/py:
 #   pip download --no-deps -d W opt_einsum==3.4.0 cotengra==0.8.3 autoray==0.11.0, unzip each into .gpu/py
 #   bash bench/gpu_run.sh probe        device facts and I/O ceilings only
@@ -41,6 +43,11 @@ case "${1:-}" in
     shift
     python3 bench/tn_bench.py --qstage "$(command -v qstage)" --bench "$(command -v qstage_bench)" "$@"
     ;;
+  codec)
+    shift
+    python3 bench/codec_bench.py --qstage "$(command -v qstage)" --bench "$(command -v qstage_bench)" \
+      --plugin "$PWD/.gpu/install/lib/qstage/hdf5-plugin" "$@"
+    ;;
   probe)
     for dir in /dev/shm/qprobe /tmp/qprobe; do
       qstage_bench ceilings --device cuda --m 4096 --n 16384 --k 16384 --io-dir $dir --io-bytes 8GiB
@@ -48,5 +55,5 @@ case "${1:-}" in
     df -h /tmp /dev/shm | cat
     free -g | cat
     ;;
-  *) echo "usage: bash bench/gpu_run.sh tests|bench ARGS|tn ARGS|probe" >&2; exit 2 ;;
+  *) echo "usage: bash bench/gpu_run.sh tests|bench ARGS|tn ARGS|codec ARGS|probe" >&2; exit 2 ;;
 esac
