@@ -32,7 +32,7 @@ CASES = {  # tn.build qaoa parameters and the Pauli term; largest intermediates 
     "qaoa24": {"qaoa": "{nodes: 24, p: 3, seed: 2}", "pauli": "Z0 Z1"},
 }
 FILTER_ID = 32881
-PIPELINES = ["szx", "threshold", "group", "group2l", "integrated"]
+PIPELINES = ["szx", "threshold", "group", "group2l", "integrated", "quantized"]
 
 
 def log(*a):

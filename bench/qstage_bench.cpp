@@ -324,7 +324,7 @@ int codec_bench(const std::map<std::string, std::string>& a) {
                 {"fidelity", std::hypot(dot_re, dot_im) / std::sqrt(na * nb)},
                 {"device_only", r_device},
                 {"blocks", {{"zero", counts.zero}, {"constant", counts.constant}, {"sparse", counts.sparse},
-                            {"dense", counts.dense}, {"raw", counts.raw}}}};
+                            {"dense", counts.dense}, {"raw", counts.raw}, {"quantized", counts.quantized}}}};
       std::cerr << r.dump() << "\n";
       out["results"].push_back(r);
     }

@@ -131,6 +131,26 @@ __device__ int sparse_size(const Held<V>& h, int nonzero, const BlockRules& r, i
   return __all_sync(kFull, ok) ? 2 + nonzero + nonzero * kept_bytes(bits) : -1;
 }
 
+// The quantized candidate: size and bit width, or -1 when a value's q is out of range or a
+// decoded value is not within its bound.
+template <int V>
+__device__ int quantized_size(const Held<V>& h, const BlockRules& r, int& width) {
+  bool ok = true;
+  unsigned largest = 0;
+  for (int j = 0; j < V; ++j) {
+    if (!h.has(j)) continue;
+    long long q = 0;
+    if (!quantize(h.y[j], r.step, q)) {
+      ok = false;
+      continue;
+    }
+    largest = max(largest, zigzag(q));
+    ok = ok && within(dequantize(q, r.step), h.x[j], allowed_error(h.x[j], r.t, r.e));
+  }
+  width = bit_width(__reduce_max_sync(kFull, largest));
+  return __all_sync(kFull, ok) ? quantized_bytes(h.m, width) : -1;
+}
+
 // The block's state and size, decided as encode_block does on the CPU.
 template <int V>
 struct Choice {
@@ -164,6 +184,11 @@ __device__ Choice<V> choose(const Held<V>& h, const BlockRules& r) {
     int bits = 0;
     const int size = sparse_size(h, nonzero, r, bits);
     if (size >= 0 && size < best.size) best = {kSparse, size, 0.0f};
+  }
+  if (r.quantize) {
+    int width = 0;
+    const int size = quantized_size(h, r, width);
+    if (size >= 0 && size < best.size) best = {kQuantized, size, 0.0f};
   }
   const Dense<V> d0 = dense(h, 0.0f, r);
   if (d0.size >= 0 && d0.size < best.size) best = {kDense, d0.size, 0.0f};
@@ -212,7 +237,29 @@ __global__ void write_kernel(const float* values, std::uint64_t n, int stride, B
   const Choice<V> c{meta[b], 0, mids[b]};
   std::uint8_t* out = payload + offsets[b];
   const int lane = lane_id();
+  __shared__ unsigned packed[kWarpsPerCta][(31 * 32 * V + 31) / 32 + 1];
   switch (c.state) {
+    case kQuantized: {  // bits gathered in shared memory (OR commutes: the same bytes on every run)
+      unsigned* words = packed[threadIdx.x / 32];
+      int width = 0;
+      quantized_size(h, r, width);
+      const int bytes = (h.m * width + 7) / 8;
+      for (int k = lane; k < (bytes + 3) / 4; k += 32) words[k] = 0;
+      __syncwarp();
+      for (int j = 0; j < V; ++j) {
+        long long q = 0;
+        if (!h.has(j) || !quantize(h.y[j], r.step, q)) continue;
+        const unsigned z = zigzag(q);
+        const int bit = (h.base + j) * width, shift = bit % 32;
+        if (width == 0 || z == 0) continue;
+        atomicOr(&words[bit / 32], z << shift);
+        if (shift + width > 32) atomicOr(&words[bit / 32 + 1], z >> (32 - shift));
+      }
+      __syncwarp();
+      if (lane == 0) out[0] = static_cast<std::uint8_t>(width);
+      for (int k = lane; k < bytes; k += 32) out[1 + k] = static_cast<std::uint8_t>(words[k / 4] >> (8 * (k % 4)));
+      return;
+    }
     case kZero: return;
     case kConstant:
       if (lane == 0) put_u32(out, float_bits(c.mid));
@@ -276,7 +323,8 @@ __global__ void write_kernel(const float* values, std::uint64_t n, int stride, B
 // stream) and leaves the block's values unspecified but in bounds.
 template <int V>
 __global__ void decode_kernel(const std::uint8_t* payload, const std::uint8_t* meta, const unsigned long long* offsets,
-                              std::uint64_t blocks, std::uint64_t n, float* out, int stride, unsigned* error) {
+                              std::uint64_t blocks, std::uint64_t n, float* out, int stride, double step,
+                              unsigned* error) {
   __shared__ unsigned short offset_of[kWarpsPerCta][32 * V];
   __shared__ unsigned char lead_of[kWarpsPerCta][32 * V];
   const int warp = static_cast<int>(threadIdx.x / 32);
@@ -301,6 +349,21 @@ __global__ void decode_kernel(const std::uint8_t* payload, const std::uint8_t* m
     case kRaw:
       for (int j = 0; j < V; ++j) v[j] = base + j < m ? bits_float(get_u32(in + 4 * (base + j))) : 0.0f;
       break;
+    case kQuantized: {
+      const int width = size >= 1 ? in[0] : 0;
+      bad = size < 1 || width > 31 || size != quantized_bytes(m, width);
+      for (int j = 0; j < V && !bad; ++j) {
+        v[j] = 0.0f;
+        if (base + j >= m) continue;
+        const int bit = (base + j) * width;
+        unsigned long long word = 0;
+        for (int k = 0; k < 5 && 1 + bit / 8 + k < size; ++k)
+          word |= static_cast<unsigned long long>(in[1 + bit / 8 + k]) << (8 * k);
+        const auto z = static_cast<unsigned>((word >> (bit % 8)) & ((1ull << width) - 1));
+        v[j] = dequantize(unzigzag(z), step);
+      }
+      break;
+    }
     case kSparse: {
       const int count = in[0], bits = in[1];
       const int bytes = kept_bytes(bits);
@@ -480,12 +543,12 @@ void code_blocks(cudaStream_t s, const float* v, std::uint64_t n, int stride, co
 
 void decode_blocks(cudaStream_t s, std::uint32_t block, const std::uint8_t* payload, const std::uint8_t* meta,
                    const unsigned long long* offsets, std::uint64_t blocks, std::uint64_t n, float* out, int stride,
-                   unsigned* error) {
+                   double step, unsigned* error) {
   const unsigned grid = grid_for(blocks, kWarpsPerCta);
   switch (block) {
-    case 64: decode_kernel<2><<<grid, 32 * kWarpsPerCta, 0, s>>>(payload, meta, offsets, blocks, n, out, stride, error); break;
-    case 128: decode_kernel<4><<<grid, 32 * kWarpsPerCta, 0, s>>>(payload, meta, offsets, blocks, n, out, stride, error); break;
-    default: decode_kernel<8><<<grid, 32 * kWarpsPerCta, 0, s>>>(payload, meta, offsets, blocks, n, out, stride, error); break;
+    case 64: decode_kernel<2><<<grid, 32 * kWarpsPerCta, 0, s>>>(payload, meta, offsets, blocks, n, out, stride, step, error); break;
+    case 128: decode_kernel<4><<<grid, 32 * kWarpsPerCta, 0, s>>>(payload, meta, offsets, blocks, n, out, stride, step, error); break;
+    default: decode_kernel<8><<<grid, 32 * kWarpsPerCta, 0, s>>>(payload, meta, offsets, blocks, n, out, stride, step, error); break;
   }
   QSTAGE_CUDA_CHECK_LAUNCH();
 }
@@ -620,7 +683,7 @@ void GpuCodec::decode(const codec::detail::StoredComponent& c, const std::uint8_
   float* kept = grouped ? w.take<float>(c.coded) : nullptr;
   if (blocks)
     decode_blocks(s, coding.block, device_stream + c.payload_offset, meta, offsets, blocks, c.coded,
-                  grouped ? kept : out, grouped ? 1 : stride, error);
+                  grouped ? kept : out, grouped ? 1 : stride, 2 * coding.e, error);
   if (grouped && n) {
     auto* bitmap = w.take<std::uint8_t>(bitmap_bytes);
     auto* counts = w.take<unsigned long long>(bitmap_bytes + 1);

@@ -9,7 +9,7 @@
 
 namespace qstage::codec::detail {
 
-BlockRules block_rules(double threshold, double error, bool thresholds, bool sparse) {
+BlockRules block_rules(double threshold, double error, bool thresholds, bool sparse, bool quantize) {
   BlockRules r;
   r.t = thresholds ? threshold : -1.0;
   r.e = error;
@@ -20,6 +20,8 @@ BlockRules block_rules(double threshold, double error, bool thresholds, bool spa
     r.q = p - 1;
   }
   r.sparse = sparse;
+  r.quantize = quantize && !r.lossless;
+  r.step = 2 * error;
   return r;
 }
 
@@ -90,10 +92,32 @@ int write_sparse(const float* y, int m, int count, const BlockRules& r, std::uin
   return v;
 }
 
+// Quantized: [bit width u8][zigzag(q) of each value in that many bits, least significant first];
+// -1 when some value's q is out of range.
+int write_quantized(const float* y, int m, const BlockRules& r, std::uint8_t* out) {
+  std::uint32_t z[kMaxBlockValues], largest = 0;
+  for (int i = 0; i < m; ++i) {
+    long long q = 0;
+    if (!quantize(y[i], r.step, q)) return -1;
+    z[i] = zigzag(q);
+    largest = std::max(largest, z[i]);
+  }
+  const int width = bit_width(largest), bytes = quantized_bytes(m, width);
+  out[0] = static_cast<std::uint8_t>(width);
+  std::fill(out + 1, out + bytes, std::uint8_t{0});
+  for (int i = 0; i < m; ++i)
+    for (int b = 0; b < width; ++b)
+      if ((z[i] >> b) & 1u) {
+        const int bit = i * width + b;
+        out[1 + bit / 8] = static_cast<std::uint8_t>(out[1 + bit / 8] | (1u << (bit % 8)));
+      }
+  return bytes;
+}
+
 bool decodes_within_bounds(std::uint8_t state, const std::uint8_t* payload, int bytes, const float* x, int m,
                            const BlockRules& r) {
   float decoded[kMaxBlockValues];
-  decode_block(state, payload, bytes, m, decoded);
+  decode_block(state, payload, bytes, m, r.step, decoded);
   for (int i = 0; i < m; ++i)
     if (!within(decoded[i], x[i], allowed_error(x[i], r.t, r.e))) return false;
   return true;
@@ -137,7 +161,11 @@ BlockState encode_block(const float* x, int m, const BlockRules& r, std::uint8_t
       chosen_bytes = n;
     }
   };
-  if (r.sparse && nonzero <= m / 2) take(kSparse, write_sparse(y, m, nonzero, r, scratch));
+  if (r.sparse && nonzero >= 1 && nonzero <= m / 2) take(kSparse, write_sparse(y, m, nonzero, r, scratch));
+  if (r.quantize) {
+    const int n = write_quantized(y, m, r, scratch);
+    if (n >= 0) take(kQuantized, n);
+  }
   take(kDense, write_dense(y, m, 0.0f, r, scratch));
   if (float_bits(mid) != 0) take(kDense, write_dense(y, m, mid, r, scratch));
   if (chosen == kRaw) chosen_bytes = write_raw(x, m, out);
@@ -145,7 +173,7 @@ BlockState encode_block(const float* x, int m, const BlockRules& r, std::uint8_t
   return chosen;
 }
 
-void decode_block(std::uint8_t state, const std::uint8_t* in, int bytes, int m, float* out) {
+void decode_block(std::uint8_t state, const std::uint8_t* in, int bytes, int m, double step, float* out) {
   switch (state) {
     case kZero:
       if (bytes != 0) bad_block("a zero block with a payload");
@@ -198,6 +226,21 @@ void decode_block(std::uint8_t state, const std::uint8_t* in, int bytes, int m, 
         previous = w;
       }
       if (p != bytes) bad_block("a dense block longer than its codes say");
+      return;
+    }
+    case kQuantized: {
+      if (bytes < 1) bad_block("a truncated quantized block");
+      const int width = in[0];
+      if (width > 31 || bytes != quantized_bytes(m, width)) bad_block("a quantized block of the wrong size");
+      // (The step is not in the block: it is 2e, from the header.)
+      for (int i = 0; i < m; ++i) {
+        std::uint64_t word = 0;
+        const int bit = i * width;
+        for (int k = 0; k < 5 && 1 + bit / 8 + k < bytes; ++k)
+          word |= static_cast<std::uint64_t>(in[1 + bit / 8 + k]) << (8 * k);
+        const auto z = static_cast<std::uint32_t>((word >> (bit % 8)) & ((1ull << width) - 1));
+        out[i] = dequantize(unzigzag(z), step);
+      }
       return;
     }
     default:

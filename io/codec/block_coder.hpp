@@ -13,17 +13,19 @@ struct BlockRules {
   int q = 0;              // 2^q <= e < 2^(q+1): truncation may lose less than 2^q
   bool lossless = false;  // e == 0: every bit is kept
   bool sparse = false;    // the sparse state is allowed (integrated)
+  bool quantize = false;  // the quantized state is allowed (quantized; needs e > 0)
+  double step = 0;        // 2e: the quantized state's step
 };
-BlockRules block_rules(double threshold, double error, bool thresholds, bool sparse);
+BlockRules block_rules(double threshold, double error, bool thresholds, bool sparse, bool quantize = false);
 
 // Codes x[0, m) into out (room for kMaxBlockPayload bytes); returns the state and sets bytes.
 // The choice is deterministic: non-finite values make the block raw; else zero, else constant
-// if every value stays within its bound; else the smallest of sparse, dense around 0, dense
-// around the midpoint and raw whose decoded values all stay within their bounds.
+// if every value stays within its bound; else the smallest of sparse, quantized, dense around 0,
+// dense around the midpoint and raw whose decoded values all stay within their bounds.
 BlockState encode_block(const float* x, int m, const BlockRules& rules, std::uint8_t* out, int& bytes);
 
-// Decodes one block of m values; throws FormatError when the payload is not exactly `bytes`
-// long or is inconsistent.
-void decode_block(std::uint8_t state, const std::uint8_t* in, int bytes, int m, float* out);
+// Decodes one block of m values (`step`: 2e, for quantized blocks); throws FormatError when the
+// payload is not exactly `bytes` long or is inconsistent.
+void decode_block(std::uint8_t state, const std::uint8_t* in, int bytes, int m, double step, float* out);
 
 }  // namespace qstage::codec::detail

@@ -4,6 +4,7 @@
 // backend rounds the same way appear here: comparisons, float and double additions and
 // subtractions, exact halvings, and bit manipulation (no multiply-adds that a compiler could
 // contract into an FMA).
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -18,12 +19,13 @@ enum BlockState : std::uint8_t {
   kSparse = 2,    // a few nonzero values: count, in-block indices and truncated values (integrated only)
   kDense = 3,     // float32 mid, then each value - mid truncated and XOR leading-byte coded
   kRaw = 4,       // the original bits (lossless fallback, and blocks with NaN or Inf)
+  kQuantized = 5, // each value a multiple q of 2e, zigzag(q) in a block-wide bit width (quantized only)
 };
-constexpr int kStates = 5;
+constexpr int kStates = 6;
 
 // Largest payload of a block of 256 values: a dense block with no leading bytes in common.
 constexpr int kMaxBlockValues = 256;
-constexpr int kMaxBlockPayload = 4 + 1 + kMaxBlockValues / 4 + 4 * kMaxBlockValues;
+constexpr int kMaxBlockPayload = 4 + 1 + kMaxBlockValues / 4 + 4 * kMaxBlockValues;  // (quantized: at most 1 + 31 * 256 / 8)
 
 QSTAGE_HD std::uint32_t float_bits(float x) {
   std::uint32_t w;
@@ -94,5 +96,29 @@ QSTAGE_HD float dense_value(float mid, std::uint32_t residual_bits) {
   const float r = bits_float(residual_bits);
   return float_bits(mid) == 0 ? r : mid + r;
 }
+
+// Quantized blocks: a value becomes q = rint(y / step) with step = 2e (|y - q step| <= e up to
+// rounding, which the encoder's check catches), stored as zigzag(q) in the block's bit width.
+// |q| stays below 2^30 so zigzag(q) fits 31 bits.
+QSTAGE_HD bool quantize(float y, double step, long long& q) {
+  const double r = rint(static_cast<double>(y) / step);
+  if (!(r > -1073741824.0 && r < 1073741824.0)) return false;
+  q = static_cast<long long>(r);
+  return true;
+}
+QSTAGE_HD std::uint32_t zigzag(long long q) { return static_cast<std::uint32_t>((q << 1) ^ (q >> 63)); }
+QSTAGE_HD long long unzigzag(std::uint32_t z) {
+  return static_cast<long long>(z >> 1) ^ -static_cast<long long>(z & 1u);
+}
+QSTAGE_HD float dequantize(long long q, double step) { return static_cast<float>(static_cast<double>(q) * step); }
+QSTAGE_HD int bit_width(std::uint32_t z) {
+  int w = 0;
+  while (z) {
+    ++w;
+    z >>= 1;
+  }
+  return w;
+}
+QSTAGE_HD int quantized_bytes(int m, int width) { return 1 + (m * width + 7) / 8; }
 
 }  // namespace qstage::codec::detail

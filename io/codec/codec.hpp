@@ -33,10 +33,12 @@ enum class Pipeline : std::uint8_t {
   group = 2,       // threshold, a bitmap of the significant values (zstd), the compacted values by szx
   group2l = 3,     // group with seed 003's two-level bitmap instead of zstd
   integrated = 4,  // threshold and per-block states zero / constant / sparse / dense in one pass
+  quantized = 5,   // group, with the significant values' blocks also as multiples of 2e in a
+                   // block-wide bit width (qstage's own: the seed's pipelines truncate bits instead)
 };
 std::string_view pipeline_name(Pipeline p);
 std::optional<Pipeline> pipeline_from_name(std::string_view name);
-std::string pipeline_names();  // "szx, threshold, group, group2l, integrated"
+std::string pipeline_names();  // "szx, threshold, group, group2l, integrated, quantized"
 
 enum class ElementType : std::uint8_t { float32 = 0, complex64 = 1 };
 
@@ -70,9 +72,9 @@ constexpr std::uint16_t kVersion = 1;
 // max - min over the finite floats of data[0, count) (0 when there are none).
 double value_range(const float* data, std::uint64_t count);
 
-// Per-block state counts of a stream (zero, constant, sparse, dense, raw), for reports.
+// Per-block state counts of a stream, for reports.
 struct BlockCounts {
-  std::uint64_t zero = 0, constant = 0, sparse = 0, dense = 0, raw = 0;
+  std::uint64_t zero = 0, constant = 0, sparse = 0, dense = 0, raw = 0, quantized = 0;
 };
 
 // Codes data (elements() floats, or interleaved re/im pairs for complex64). Relative bounds are

@@ -6,13 +6,14 @@
 
 namespace qstage::codec::detail {
 
-bool groups(Pipeline p) { return p == Pipeline::group || p == Pipeline::group2l; }
+bool groups(Pipeline p) { return p == Pipeline::group || p == Pipeline::group2l || p == Pipeline::quantized; }
 
 BlockRules rules_for(const Coding& c) {
   switch (c.pipeline) {
     case Pipeline::szx: return block_rules(0, c.e, false, false);
     case Pipeline::threshold: return block_rules(c.t, c.e, true, false);
     case Pipeline::integrated: return block_rules(c.t, c.e, true, true);
+    case Pipeline::quantized: return block_rules(c.t, c.e, false, false, true);
     case Pipeline::group:
     case Pipeline::group2l: break;
   }
@@ -58,10 +59,11 @@ void decode_component(const StoredComponent& c, const std::uint8_t* stream, std:
   for (std::uint64_t b = 0; b < blocks; ++b) {
     const int count = static_cast<int>(std::min<std::uint64_t>(coding.block, c.coded - b * coding.block));
     const int bytes = block_payload_size(c.meta, blocks, b);
-    decode_block(c.meta[b], payload + at, bytes, count, values.data() + b * coding.block);
+    decode_block(c.meta[b], payload + at, bytes, count, 2 * coding.e, values.data() + b * coding.block);
     at += static_cast<std::uint64_t>(bytes);
     if (counts) {
-      std::uint64_t* slot[] = {&counts->zero, &counts->constant, &counts->sparse, &counts->dense, &counts->raw};
+      std::uint64_t* slot[] = {&counts->zero,  &counts->constant, &counts->sparse,
+                               &counts->dense, &counts->raw,      &counts->quantized};
       ++*slot[c.meta[b]];
     }
   }

@@ -26,8 +26,8 @@ constexpr std::array<char, 4> kMagic = {'Q', 'S', 'T', 'Z'};
 constexpr std::uint64_t kFixedHeader = 72;  // bytes before the shape
 constexpr int kMaxRank = 32;
 constexpr int kZstdLevel = 3;
-constexpr std::array<Pipeline, 5> kPipelines = {Pipeline::szx, Pipeline::threshold, Pipeline::group, Pipeline::group2l,
-                                                Pipeline::integrated};
+constexpr std::array<Pipeline, 6> kPipelines = {Pipeline::szx,     Pipeline::threshold,  Pipeline::group,
+                                                Pipeline::group2l, Pipeline::integrated, Pipeline::quantized};
 
 // ---------------------------------------------------------------- little-endian bytes
 
@@ -133,7 +133,7 @@ void put_blocks(Writer& w, const detail::ComponentParts& parts, bool allow_zstd)
 }
 
 void write_component(Writer& w, const detail::ComponentParts& parts, const detail::Coding& c) {
-  if (c.pipeline == Pipeline::group) {
+  if (c.pipeline == Pipeline::group || c.pipeline == Pipeline::quantized) {
     put_lossless(w, parts.bitmap, true);
   } else if (c.pipeline == Pipeline::group2l) {  // one bit per bitmap byte that is not zero, then those bytes
     std::vector<std::uint8_t> level2(div_up(parts.bitmap.size(), 8), 0), nonzero;
@@ -158,7 +158,7 @@ std::uint64_t ones(const std::vector<std::uint8_t>& bitmap, std::uint64_t n) {
 }
 
 std::vector<std::uint8_t> read_bitmap(Reader& r, std::uint64_t n, Pipeline p) {
-  if (p == Pipeline::group) return get_lossless(r, div_up(n, 8), "significance bitmap");
+  if (p != Pipeline::group2l) return get_lossless(r, div_up(n, 8), "significance bitmap");
   const std::uint64_t level1 = div_up(n, 8);
   const auto level2 = get_lossless(r, div_up(level1, 8), "second-level bitmap");
   const std::uint64_t marked = ones(level2, level1);
@@ -182,6 +182,7 @@ void check_block(std::uint8_t state, int bytes, int count, std::uint64_t b) {
                   : state == detail::kRaw      ? bytes == 4 * count
                   : state == detail::kSparse   ? bytes >= 3 && bytes <= 2 + count * 5
                   : state == detail::kDense    ? bytes >= 5 + (count + 3) / 4 && bytes <= 5 + (count + 3) / 4 + 4 * count
+                  : state == detail::kQuantized ? bytes >= 1 && bytes <= detail::quantized_bytes(count, 31)
                                                : false;
   if (!ok) throw FormatError(fmt::format("block {} has state {} and {} payload bytes, which do not fit", b, state, bytes));
 }
@@ -292,6 +293,7 @@ std::string_view pipeline_name(Pipeline p) {
     case Pipeline::group: return "group";
     case Pipeline::group2l: return "group2l";
     case Pipeline::integrated: return "integrated";
+    case Pipeline::quantized: return "quantized";
   }
   return "?";
 }

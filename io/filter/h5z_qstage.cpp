@@ -11,7 +11,7 @@
 // cd_values, layout version 1 (only the writer needs them; a stream is self-describing, so
 // reading ignores them):
 //   [0] layout version (1)   [1] element type: 0 float32, 1 complex64 (a pair of float32)
-//   [2] pipeline: 0 szx, 1 threshold, 2 group, 3 group2l, 4 integrated
+//   [2] pipeline: 0 szx, 1 threshold, 2 group, 3 group2l, 4 integrated, 5 quantized
 //   [3] block size: 64, 128 or 256   [4] flags: bit 0 = t and e are relative to the chunk's range
 //   [5] [6] threshold t, a double: low then high 32 bits   [7] [8] error bound e, likewise
 #include <H5PLextern.h>
@@ -51,7 +51,7 @@ codec::ElementType settings_from(std::size_t n, const unsigned cd[], codec::Sett
   if (cd[0] != kLayoutVersion)
     throw std::invalid_argument("cd_values layout version " + std::to_string(cd[0]) + "; expected 1");
   if (cd[1] > 1) throw std::invalid_argument("element type " + std::to_string(cd[1]) + "; expected 0 or 1");
-  if (cd[2] > 4) throw std::invalid_argument("pipeline " + std::to_string(cd[2]) + "; expected 0 to 4");
+  if (cd[2] > 5) throw std::invalid_argument("pipeline " + std::to_string(cd[2]) + "; expected 0 to 5");
   if (cd[4] & ~kRelative) throw std::invalid_argument("flags " + std::to_string(cd[4]) + "; only bit 0 is defined");
   s.pipeline = static_cast<codec::Pipeline>(cd[2]);
   s.block_size = cd[3];

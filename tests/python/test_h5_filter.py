@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 FILTER_ID = 32881
-PIPELINES = ["szx", "threshold", "group", "group2l", "integrated"]
+PIPELINES = ["szx", "threshold", "group", "group2l", "integrated", "quantized"]
 PLUGIN_DIR = os.environ.get("QSTAGE_H5Z_DIR")
 if not PLUGIN_DIR or not (Path(PLUGIN_DIR) / "libh5z_qstage.so").is_file():
     pytest.skip(f"QSTAGE_H5Z_DIR ({PLUGIN_DIR!r}) does not hold libh5z_qstage.so: build the qstage_h5z target",
@@ -306,7 +306,7 @@ BAD_OPTS = {
     "layout version 2": (2,) + GOOD_OPTS[1:],
     "element type 2": cd_values(2, "group", 128, True, 1e-3, 1e-3),
     "complex64 on odd float32 chunks": cd_values(1, "group", 128, True, 1e-3, 1e-3),
-    "pipeline 5": cd_values(0, 5, 128, True, 1e-3, 1e-3),
+    "pipeline 6": cd_values(0, 6, 128, True, 1e-3, 1e-3),
     "block 100": cd_values(0, "group", 100, True, 1e-3, 1e-3),
     "flags 2": GOOD_OPTS[:4] + (2,) + GOOD_OPTS[5:],
     "szx with a threshold": cd_values(0, "szx", 128, True, 1e-3, 1e-3),

@@ -21,7 +21,7 @@ namespace qstage::codec {
 namespace {
 
 constexpr Pipeline kAll[] = {Pipeline::szx, Pipeline::threshold, Pipeline::group, Pipeline::group2l,
-                             Pipeline::integrated};
+                             Pipeline::integrated, Pipeline::quantized};
 
 struct Input {
   std::string name;
