@@ -1,7 +1,7 @@
 """The codec on quantum-circuit tensors (issue 4's benchmark), side by side with peers.
 
     python3 bench/codec_bench.py --qstage BIN --bench QSTAGE_BENCH --plugin DIR --work /tmp/cb \
-        [--cases qaoa22,qaoa20p4] [--device cuda] [--bounds 1e-2,5e-3,1e-3] [--peers]
+        [--cases qaoa22,qaoa20p4] [--device cuda] [--bounds 1e-2,5e-3,1e-3] [--pipelines szx,...] [--peers]
 
 For each case, qstage builds a QAOA MaxCut light-cone network for <Z_a Z_b> (tn.build, tn.path);
 this script contracts it along qstage's path (numpy, or torch on a GPU when present) and keeps
@@ -185,6 +185,7 @@ def main():
     ap.add_argument("--device", default="auto")
     ap.add_argument("--bounds", default="1e-2,5e-3,1e-3")
     ap.add_argument("--peers", action="store_true")
+    ap.add_argument("--pipelines", default=",".join(PIPELINES))
     args = ap.parse_args()
     os.environ["HDF5_PLUGIN_PATH"] = args.plugin
     Path(args.work).mkdir(parents=True, exist_ok=True)
@@ -204,14 +205,15 @@ def main():
         with h5py.File(data, "w") as f:
             f["tensor"] = x
         measured = subprocess.run([args.bench, "codec", "--data", f"{data}:tensor", "--device", args.device,
-                                   "--bounds", args.bounds], check=True, capture_output=True, text=True)
+                                   "--bounds", args.bounds, "--pipelines", args.pipelines],
+                                  check=True, capture_output=True, text=True)
         comps = x.view(np.float32)
         value_range = float(comps.max()) - float(comps.min())
         res = {"values": int(x.size), "log2_values": float(np.log2(x.size)), "step": step, "exact": exact.real,
                "qstage_tn_contract": qstage_value.real, "range": value_range,
                "below_1e-3_of_range": float(np.mean(np.abs(comps) <= 1e-3 * value_range)),
                "codec": json.loads(measured.stdout)["results"], "energy": [], "peers": {}}
-        for pipeline in PIPELINES:
+        for pipeline in args.pipelines.split(","):
             for bound in bounds:
                 decoded, stored = through_plugin(Path(args.work) / "plugin.h5", x, pipeline, bound * value_range)
                 changed = contraction.run(replace=(step, decoded))

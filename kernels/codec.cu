@@ -58,16 +58,24 @@ struct Held {
   __device__ bool has(int j) const { return base + j < m; }
 };
 
+// Loads go through the warp's shared `stage` (32 V floats): lanes read consecutive values
+// (coalesced), then each lane takes its V consecutive ones.
 template <int V>
 __device__ Held<V> load(const float* values, std::uint64_t first, std::uint64_t n, int stride, const BlockRules& r,
-                        int block) {
+                        float* stage) {
   Held<V> h;
   h.base = lane_id() * V;
-  h.m = static_cast<int>((n - first < std::uint64_t(block) ? n - first : std::uint64_t(block)));
+  h.m = static_cast<int>((n - first < std::uint64_t(32 * V) ? n - first : std::uint64_t(32 * V)));
   for (int j = 0; j < V; ++j) {
-    h.x[j] = h.has(j) ? values[(first + h.base + j) * stride] : 0.0f;
+    const int i = j * 32 + lane_id();
+    stage[i] = i < h.m ? values[(first + i) * stride] : 0.0f;
+  }
+  __syncwarp();
+  for (int j = 0; j < V; ++j) {
+    h.x[j] = stage[h.base + j];
     h.y[j] = thresholded(h.x[j], r.t);
   }
+  __syncwarp();
   return h;
 }
 
@@ -215,7 +223,8 @@ __global__ void choose_kernel(const float* values, std::uint64_t n, int stride, 
                               std::uint8_t* meta, unsigned long long* sizes, float* mids) {
   const std::uint64_t b = std::uint64_t(blockIdx.x) * kWarpsPerCta + threadIdx.x / 32;
   if (b >= blocks) return;
-  const Held<V> h = load<V>(values, b * (32 * V), n, stride, r, 32 * V);
+  __shared__ float stage[kWarpsPerCta][32 * V];
+  const Held<V> h = load<V>(values, b * (32 * V), n, stride, r, stage[threadIdx.x / 32]);
   const Choice<V> c = choose(h, r);
   if (lane_id() == 0) {
     mids[b] = c.mid;
@@ -233,7 +242,8 @@ __global__ void write_kernel(const float* values, std::uint64_t n, int stride, B
                              std::uint8_t* payload) {
   const std::uint64_t b = std::uint64_t(blockIdx.x) * kWarpsPerCta + threadIdx.x / 32;
   if (b >= blocks) return;
-  const Held<V> h = load<V>(values, b * (32 * V), n, stride, r, 32 * V);
+  __shared__ float stage[kWarpsPerCta][32 * V];
+  const Held<V> h = load<V>(values, b * (32 * V), n, stride, r, stage[threadIdx.x / 32]);
   const Choice<V> c{meta[b], 0, mids[b]};
   std::uint8_t* out = payload + offsets[b];
   const int lane = lane_id();
@@ -443,8 +453,14 @@ __global__ void decode_kernel(const std::uint8_t* payload, const std::uint8_t* m
     if (lane == 0) atomicOr(error, 1u);
     return;
   }
-  for (int j = 0; j < V; ++j)
-    if (base + j < m) out[(first + base + j) * stride] = v[j];
+  // Stores go through shared memory too, so that lanes write consecutive values.
+  __shared__ float stage[kWarpsPerCta][32 * V];
+  for (int j = 0; j < V; ++j) stage[warp][base + j] = v[j];
+  __syncwarp();
+  for (int j = 0; j < V; ++j) {
+    const int i = j * 32 + lane;
+    if (i < m) out[(first + i) * stride] = stage[warp][i];
+  }
 }
 
 // group, group2l: bitmap bytes (8 values each) and their popcounts.
