@@ -31,7 +31,8 @@ case "${1:-}" in
     shift
     selection=("$@")
     [ ${#selection[@]} -gt 0 ] || selection=(tests/python)
-    QSTAGE_BIN=$(command -v qstage) QSTAGE_TEST_DEVICE=cuda python3 -m pytest -q -rs -p no:cacheprovider \
+    QSTAGE_BIN=$(command -v qstage) QSTAGE_TEST_DEVICE=cuda QSTAGE_H5Z_DIR=$PWD/.gpu/install/lib/qstage/hdf5-plugin \
+      python3 -m pytest -q -rs -p no:cacheprovider \
       $per_test "${selection[@]}" > "$OUT/pytest.log" 2>&1
     grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest.log" | tail -n 20
     ;;

@@ -198,11 +198,15 @@ __device__ Choice<V> choose(const Held<V>& h, const BlockRules& r) {
     const int size = quantized_size(h, r, width);
     if (size >= 0 && size < best.size) best = {kQuantized, size, 0.0f};
   }
-  const Dense<V> d0 = dense(h, 0.0f, r);
-  if (d0.size >= 0 && d0.size < best.size) best = {kDense, d0.size, 0.0f};
-  if (float_bits(mid) != 0) {
-    const Dense<V> dm = dense(h, mid, r);
-    if (dm.size >= 0 && dm.size < best.size) best = {kDense, dm.size, mid};
+  // A dense block is never smaller than its mid, kept bits and codes: where a candidate already
+  // is, skip both (the CPU evaluates them and reaches the same choice).
+  if (best.size > 5 + (h.m + 3) / 4) {
+    const Dense<V> d0 = dense(h, 0.0f, r);
+    if (d0.size >= 0 && d0.size < best.size) best = {kDense, d0.size, 0.0f};
+    if (float_bits(mid) != 0 && best.size > 5 + (h.m + 3) / 4) {
+      const Dense<V> dm = dense(h, mid, r);
+      if (dm.size >= 0 && dm.size < best.size) best = {kDense, dm.size, mid};
+    }
   }
   if (best.state == kRaw) best.size = 4 * h.m;
   return best;

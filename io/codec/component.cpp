@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <string>
 
 namespace qstage::codec::detail {
 
@@ -38,14 +39,27 @@ ComponentParts code_component(const float* x, std::uint64_t n, int stride, const
   const BlockRules rules = rules_for(c);
   const std::uint64_t blocks = div_up(parts.coded, c.block);
   parts.meta.assign(3 * blocks, 0);
-  std::uint8_t buffer[kMaxBlockPayload];
-  for (std::uint64_t b = 0; b < blocks; ++b) {
-    const int count = static_cast<int>(std::min<std::uint64_t>(c.block, parts.coded - b * c.block));
-    int bytes = 0;
-    parts.meta[b] = encode_block(values.data() + b * c.block, count, rules, buffer, bytes);
-    parts.meta[blocks + 2 * b] = static_cast<std::uint8_t>(bytes);
-    parts.meta[blocks + 2 * b + 1] = static_cast<std::uint8_t>(bytes >> 8);
-    parts.payload.insert(parts.payload.end(), buffer, buffer + bytes);
+  // Blocks are coded in parallel, a chunk at a time, each into its own slot; the chunk's
+  // payloads are then appended in block order (the same bytes for any thread count).
+  constexpr std::uint64_t kChunk = 4096;
+  std::vector<std::uint8_t> slots(std::min(blocks, kChunk) * kMaxBlockPayload);
+  std::vector<int> bytes(std::min(blocks, kChunk));
+  for (std::uint64_t first = 0; first < blocks; first += kChunk) {
+    const std::int64_t count = static_cast<std::int64_t>(std::min(kChunk, blocks - first));
+#pragma omp parallel for schedule(static)
+    for (std::int64_t k = 0; k < count; ++k) {
+      const std::uint64_t b = first + static_cast<std::uint64_t>(k);
+      const int m = static_cast<int>(std::min<std::uint64_t>(c.block, parts.coded - b * c.block));
+      parts.meta[b] = encode_block(values.data() + b * c.block, m, rules,
+                                   slots.data() + static_cast<std::uint64_t>(k) * kMaxBlockPayload, bytes[k]);
+    }
+    for (std::int64_t k = 0; k < count; ++k) {
+      const std::uint64_t b = first + static_cast<std::uint64_t>(k);
+      parts.meta[blocks + 2 * b] = static_cast<std::uint8_t>(bytes[k]);
+      parts.meta[blocks + 2 * b + 1] = static_cast<std::uint8_t>(bytes[k] >> 8);
+      const std::uint8_t* at = slots.data() + static_cast<std::uint64_t>(k) * kMaxBlockPayload;
+      parts.payload.insert(parts.payload.end(), at, at + bytes[k]);
+    }
   }
   return parts;
 }
@@ -53,19 +67,34 @@ ComponentParts code_component(const float* x, std::uint64_t n, int stride, const
 void decode_component(const StoredComponent& c, const std::uint8_t* stream, std::uint64_t n, int stride,
                       const Coding& coding, float* out, BlockCounts* counts) {
   const std::uint64_t blocks = div_up(c.coded, coding.block);
+  std::vector<std::uint64_t> offsets(blocks + 1, 0);
+  for (std::uint64_t b = 0; b < blocks; ++b)
+    offsets[b + 1] = offsets[b] + static_cast<std::uint64_t>(block_payload_size(c.meta, blocks, b));
   std::vector<float> values(c.coded);
   const std::uint8_t* payload = stream + c.payload_offset;
-  std::uint64_t at = 0;
-  for (std::uint64_t b = 0; b < blocks; ++b) {
-    const int count = static_cast<int>(std::min<std::uint64_t>(coding.block, c.coded - b * coding.block));
-    const int bytes = block_payload_size(c.meta, blocks, b);
-    decode_block(c.meta[b], payload + at, bytes, count, 2 * coding.e, values.data() + b * coding.block);
-    at += static_cast<std::uint64_t>(bytes);
-    if (counts) {
-      std::uint64_t* slot[] = {&counts->zero,  &counts->constant, &counts->sparse,
-                               &counts->dense, &counts->raw,      &counts->quantized};
-      ++*slot[c.meta[b]];
+  // Blocks decode in parallel; the first failing block (in block order) is the one reported.
+  std::uint64_t failed = blocks;
+  std::string reason;
+#pragma omp parallel for schedule(static)
+  for (std::int64_t k = 0; k < static_cast<std::int64_t>(blocks); ++k) {
+    const auto b = static_cast<std::uint64_t>(k);
+    const int m = static_cast<int>(std::min<std::uint64_t>(coding.block, c.coded - b * coding.block));
+    try {
+      decode_block(c.meta[b], payload + offsets[b], static_cast<int>(offsets[b + 1] - offsets[b]), m, 2 * coding.e,
+                   values.data() + b * coding.block);
+    } catch (const FormatError& e) {
+#pragma omp critical(qstage_codec_decode)
+      if (b < failed) {
+        failed = b;
+        reason = e.what();
+      }
     }
+  }
+  if (failed < blocks) throw FormatError(fmt::format("block {}: {}", failed, reason));
+  if (counts) {
+    std::uint64_t* slot[] = {&counts->zero,  &counts->constant, &counts->sparse,
+                             &counts->dense, &counts->raw,      &counts->quantized};
+    for (std::uint64_t b = 0; b < blocks; ++b) ++*slot[c.meta[b]];
   }
   if (!groups(coding.pipeline)) {
     for (std::uint64_t i = 0; i < n; ++i) out[i * stride] = values[i];
