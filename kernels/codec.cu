@@ -514,6 +514,16 @@ __global__ void sizes_kernel(const std::uint8_t* meta, std::uint64_t blocks, uns
   if (b == blocks) sizes[b] = 0;
 }
 
+// A two-level bitmap's first level from its second level and its nonzero bytes: byte j is the
+// rank(j)-th nonzero byte where bit j of the second level is set, else 0.
+__global__ void level1_kernel(const std::uint8_t* level2, const unsigned long long* ranks2, const std::uint8_t* nonzero,
+                              std::uint64_t level1_bytes, std::uint8_t* bitmap) {
+  const std::uint64_t j = std::uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (j >= level1_bytes) return;
+  const unsigned byte = level2[j / 8], bit = static_cast<unsigned>(j % 8);
+  bitmap[j] = (byte >> bit) & 1u ? nonzero[ranks2[j / 8] + __popc(byte & ((1u << bit) - 1u))] : std::uint8_t{0};
+}
+
 __global__ void popcount_kernel(const std::uint8_t* bitmap, std::uint64_t bytes, unsigned long long* counts) {
   const std::uint64_t j = std::uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (j < bytes) counts[j] = static_cast<unsigned long long>(__popc(bitmap[j]));
@@ -708,7 +718,19 @@ void GpuCodec::decode(const codec::detail::StoredComponent& c, const std::uint8_
     auto* bitmap = w.take<std::uint8_t>(bitmap_bytes);
     auto* counts = w.take<unsigned long long>(bitmap_bytes + 1);
     auto* ranks = w.take<unsigned long long>(bitmap_bytes + 1);
-    QSTAGE_CUDA_CHECK(cudaMemcpyAsync(bitmap, c.bitmap.data(), bitmap_bytes, cudaMemcpyHostToDevice, s));
+    if (c.level2_offset != codec::detail::StoredComponent::kPacked) {
+      // Two levels: rebuilt from the stream's device copy (the host checked it while parsing).
+      const std::uint64_t level2_bytes = (bitmap_bytes + 7) / 8;
+      popcount_kernel<<<grid_for(level2_bytes + 1, 256), 256, 0, s>>>(device_stream + c.level2_offset, level2_bytes, counts);
+      QSTAGE_CUDA_CHECK_LAUNCH();
+      tb = temp;
+      QSTAGE_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(temp_storage, tb, counts, ranks, static_cast<std::int64_t>(level2_bytes + 1), s));
+      level1_kernel<<<grid_for(bitmap_bytes, 256), 256, 0, s>>>(device_stream + c.level2_offset, ranks,
+                                                                 device_stream + c.level1_offset, bitmap_bytes, bitmap);
+      QSTAGE_CUDA_CHECK_LAUNCH();
+    } else {
+      QSTAGE_CUDA_CHECK(cudaMemcpyAsync(bitmap, c.bitmap.data(), bitmap_bytes, cudaMemcpyHostToDevice, s));
+    }
     popcount_kernel<<<grid_for(bitmap_bytes + 1, 256), 256, 0, s>>>(bitmap, bitmap_bytes, counts);
     QSTAGE_CUDA_CHECK_LAUNCH();
     tb = temp;

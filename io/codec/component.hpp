@@ -17,7 +17,8 @@ struct Coding {
   std::uint32_t block = 256;
   double t = 0, e = 0;  // absolute
 };
-bool groups(Pipeline p);                      // group or group2l: a bitmap, then the significant values
+bool groups(Pipeline p);     // group, group2l, quantized: a bitmap, then the significant values
+bool two_level(Pipeline p);  // group2l: the bitmap in seed 003's two-level form
 BlockRules rules_for(const Coding& c);        // how the pipeline's blocks are coded
 
 // One component, coded.
@@ -41,6 +42,8 @@ struct StoredComponent {
   std::vector<std::uint8_t> meta;    // unpacked
   static constexpr std::uint64_t kPacked = ~std::uint64_t{0};
   std::uint64_t meta_offset = kPacked;  // where the meta lies in the stream when stored raw (integrated)
+  // Two-level bitmaps: where the second level and the nonzero first-level bytes lie in the stream.
+  std::uint64_t level2_offset = kPacked, level1_offset = 0, level1_count = 0;
   std::uint64_t payload_offset = 0, payload_bytes = 0;  // from the start of the stream
 };
 

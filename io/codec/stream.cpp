@@ -133,9 +133,9 @@ void put_blocks(Writer& w, const detail::ComponentParts& parts, bool allow_zstd)
 }
 
 void write_component(Writer& w, const detail::ComponentParts& parts, const detail::Coding& c) {
-  if (c.pipeline == Pipeline::group || c.pipeline == Pipeline::quantized) {
+  if (c.pipeline == Pipeline::group) {
     put_lossless(w, parts.bitmap, true);
-  } else if (c.pipeline == Pipeline::group2l) {  // one bit per bitmap byte that is not zero, then those bytes
+  } else if (detail::two_level(c.pipeline)) {  // one bit per bitmap byte that is not zero, then those bytes
     std::vector<std::uint8_t> level2(div_up(parts.bitmap.size(), 8), 0), nonzero;
     for (std::uint64_t j = 0; j < parts.bitmap.size(); ++j)
       if (parts.bitmap[j]) {
@@ -157,14 +157,22 @@ std::uint64_t ones(const std::vector<std::uint8_t>& bitmap, std::uint64_t n) {
   return c;
 }
 
-std::vector<std::uint8_t> read_bitmap(Reader& r, std::uint64_t n, Pipeline p) {
-  if (p != Pipeline::group2l) return get_lossless(r, div_up(n, 8), "significance bitmap");
+// The significance bitmap; for the two-level form also where its raw parts lie in the stream
+// (a GPU decoder rebuilds the bitmap from them in device memory).
+std::vector<std::uint8_t> read_bitmap(Reader& r, std::uint64_t n, Pipeline p, const std::uint8_t* stream,
+                                      detail::StoredComponent& sc) {
+  if (!detail::two_level(p)) return get_lossless(r, div_up(n, 8), "significance bitmap");
   const std::uint64_t level1 = div_up(n, 8);
-  const auto level2 = get_lossless(r, div_up(level1, 8), "second-level bitmap");
+  const std::uint8_t* level2_at = nullptr;
+  const auto level2 = get_lossless(r, div_up(level1, 8), "second-level bitmap", &level2_at);
+  if (!level2_at) throw FormatError("a second-level bitmap stored with zstd; expected it raw");
   const std::uint64_t marked = ones(level2, level1);
   const auto count = r.get<std::uint64_t>("first-level byte count");
   if (count != marked) throw FormatError("the second-level bitmap and the first-level bytes disagree");
   const std::uint8_t* bytes = r.take(count, "first-level bytes");
+  sc.level2_offset = static_cast<std::uint64_t>(level2_at - stream);
+  sc.level1_offset = static_cast<std::uint64_t>(bytes - stream);
+  sc.level1_count = count;
   std::vector<std::uint8_t> bitmap(level1, 0);
   std::uint64_t k = 0;
   for (std::uint64_t j = 0; j < level1; ++j)
@@ -191,7 +199,7 @@ detail::StoredComponent read_component(Reader& r, const std::uint8_t* stream, st
   detail::StoredComponent sc;
   std::uint64_t expected = n;
   if (detail::groups(c.pipeline)) {
-    sc.bitmap = read_bitmap(r, n, c.pipeline);
+    sc.bitmap = read_bitmap(r, n, c.pipeline, stream, sc);
     expected = ones(sc.bitmap, n);
   }
   sc.coded = r.get<std::uint64_t>("block values");
