@@ -1,8 +1,9 @@
 // The codec's blocks on the GPU: one warp per block, each lane holding V = block / 32
 // consecutive values. Coding takes two passes over the data: the first chooses each block's
 // state and size, a scan turns sizes into offsets, the second writes each block's payload at its
-// offset (no atomics, so the bytes are those of the CPU twin, io/codec/block_coder.cpp, on every
-// run). Decoding reads the offsets the same way; a dense block's bytes that repeat the previous
+// offset as the first chose it (no atomics whose order matters: the quantized state ORs bits
+// together in shared memory, which commutes), so the bytes are those of the CPU twin,
+// io/codec/block_coder.cpp, on every run. Decoding reads the offsets the same way; a dense block's bytes that repeat the previous
 // value's come from a scan for the last value that stored them.
 #include <cub/device/device_reduce.cuh>
 #include <cub/device/device_scan.cuh>
