@@ -23,10 +23,13 @@ std::vector<std::uint8_t> codec_encode(Backend& backend, Stream& stream, const f
   codec::StreamInfo probe;
   probe.type = type;
   probe.shape = shape;
-  const double r = range ? *range : codec_value_range(backend, stream, data, probe.components());
-  if (!on_gpu(stream)) return codec::detail::encode_with(codec::detail::code_component, data, type, shape, settings, r);
+  if (!on_gpu(stream)) {
+    const double r = range ? *range : codec::value_range(data, probe.components());
+    return codec::detail::encode_with(codec::detail::code_component, data, type, shape, settings, r);
+  }
 #ifdef QSTAGE_HAVE_CUDA
-  GpuCodec gpu(backend, stream);
+  GpuCodec gpu(backend, stream);  // one workspace for the range and the coding
+  const double r = range ? *range : gpu.value_range(data, probe.components());
   auto coder = [&](const float* x, std::uint64_t n, int stride, const codec::detail::Coding& c) {
     gpu.code(x, n, stride, c);
     return gpu.parts();
