@@ -21,7 +21,6 @@ enum BlockState : std::uint8_t {
   kRaw = 4,       // the original bits (lossless fallback, and blocks with NaN or Inf)
   kQuantized = 5, // each value a multiple q of 2e, zigzag(q) in a block-wide bit width (quantized only)
 };
-constexpr int kStates = 6;
 
 // Largest payload of a block of 256 values: a dense block with no leading bytes in common.
 constexpr int kMaxBlockValues = 256;

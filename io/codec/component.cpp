@@ -26,19 +26,27 @@ BlockRules rules_for(const Coding& c) {
 
 ComponentParts code_component(const float* x, std::uint64_t n, int stride, const Coding& c) {
   ComponentParts parts;
-  std::vector<float> values;  // contiguous: all values, or the significant ones
-  values.reserve(groups(c.pipeline) ? 0 : n);
+  // The values to code, contiguous: x itself, or a copy of every stride-th value or of the
+  // significant ones.
+  std::vector<float> copy;
+  const float* values = x;
   if (groups(c.pipeline)) {
     parts.bitmap.assign(div_up(n, 8), 0);
     for (std::uint64_t i = 0; i < n; ++i)
       if (significant(x[i * stride], c.t)) {
         parts.bitmap[i / 8] = static_cast<std::uint8_t>(parts.bitmap[i / 8] | (1u << (i % 8)));
-        values.push_back(x[i * stride]);
+        copy.push_back(x[i * stride]);
       }
+    values = copy.data();
+    parts.coded = copy.size();
   } else {
-    for (std::uint64_t i = 0; i < n; ++i) values.push_back(x[i * stride]);
+    if (stride != 1) {
+      copy.resize(n);
+      for (std::uint64_t i = 0; i < n; ++i) copy[i] = x[i * stride];
+      values = copy.data();
+    }
+    parts.coded = n;
   }
-  parts.coded = values.size();
   const BlockRules rules = rules_for(c);
   const std::uint64_t blocks = div_up(parts.coded, c.block);
   parts.meta.assign(3 * blocks, 0);
@@ -53,7 +61,7 @@ ComponentParts code_component(const float* x, std::uint64_t n, int stride, const
     for (std::int64_t k = 0; k < count; ++k) {
       const std::uint64_t b = first + static_cast<std::uint64_t>(k);
       const int m = static_cast<int>(std::min<std::uint64_t>(c.block, parts.coded - b * c.block));
-      parts.meta[b] = encode_block(values.data() + b * c.block, m, rules,
+      parts.meta[b] = encode_block(values + b * c.block, m, rules,
                                    slots.data() + static_cast<std::uint64_t>(k) * kMaxBlockPayload, bytes[k]);
     }
     for (std::int64_t k = 0; k < count; ++k) {
