@@ -72,3 +72,11 @@ def stats(array):
         "count": int(a.size),
         "checksum": qsum64(a),
     }
+
+
+def spiky(rng, n):
+    """Normal values under an envelope of narrow bumps and a few spikes: many values near 0."""
+    i = np.arange(n)
+    envelope = np.exp(-(((i % 700) - 350) / 30.0) ** 2) + 1e-5
+    envelope[rng.random(n) < 0.003] = 50.0
+    return (rng.standard_normal(n) * envelope).astype(np.float32)

@@ -1,4 +1,4 @@
-"""The HDF5 filter plugin libh5z_qstage.so (filter 32881, io/filter/h5z_qstage.cpp): h5py, h5dump
+"""The HDF5 filter plugin libh5z_qstage.so (filter 32881, io/filter/h5z_filter.cpp): h5py, h5dump
 and h5repack write and read qstage-compressed chunks through it, every decoded value stays within
 max(t, e) of the original, and bad chunks or bad cd_values fail loudly instead of giving garbage."""
 import os
@@ -11,21 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-FILTER_ID = 32881
-PIPELINES = ["szx", "threshold", "group", "group2l", "integrated", "quantized"]
-PLUGIN_DIR = os.environ.get("QSTAGE_H5Z_DIR")
-if not PLUGIN_DIR or not (Path(PLUGIN_DIR) / "libh5z_qstage.so").is_file():
-    pytest.skip(f"QSTAGE_H5Z_DIR ({PLUGIN_DIR!r}) does not hold libh5z_qstage.so: build the qstage_h5z target",
-                allow_module_level=True)
-# HDF5 reads HDF5_PLUGIN_PATH when it sets up its plugin search path, so before h5py loads it;
-# h5dump and h5repack inherit it. Where h5py came first (several test files in one process), the
-# directory is added to the live search path below.
-os.environ["HDF5_PLUGIN_PATH"] = PLUGIN_DIR
+from h5plugin import PLUGIN_DIR  # before h5py: it sets HDF5_PLUGIN_PATH
+from oracle import spiky
 
 import h5py  # noqa: E402
 
-if PLUGIN_DIR.encode() not in [h5py.h5pl.get(i) for i in range(h5py.h5pl.size())]:
-    h5py.h5pl.prepend(PLUGIN_DIR.encode())
+FILTER_ID = 32881
+PIPELINES = ["szx", "threshold", "group", "group2l", "integrated", "quantized"]
 
 
 def cd_values(etype, pipeline, block, relative, t, e):
@@ -45,14 +37,6 @@ def stream_header(raw):
     return dict(magic=magic, version=version, type=etype, pipeline=pipeline, block=block, rank=rank,
                 relative=bool(flags & 1), range=rng, t=t, e=e, t_given=t_given, e_given=e_given,
                 payload=payload, extent=extent)
-
-
-def spiky(rng, n):
-    """Normal values under an envelope of narrow bumps and a few spikes: many values near 0."""
-    i = np.arange(n)
-    envelope = np.exp(-(((i % 700) - 350) / 30.0) ** 2) + 1e-5
-    envelope[rng.random(n) < 0.003] = 50.0
-    return (rng.standard_normal(n) * envelope).astype(np.float32)
 
 
 def padded_chunks(x, chunk):

@@ -1,21 +1,12 @@
-// HDF5 filter plugin (id 32881) for qstage's error-bounded codec (io/codec/codec.hpp): HDF5 loads
-// libh5z_qstage.so from HDF5_PLUGIN_PATH, so h5py, h5dump and h5repack read and write qstage's
-// compressed chunks.
+// The HDF5 filter (id 32881) around qstage's codec: the H5Z_class2_t that the plugin
+// (h5z_plugin.cpp) hands to HDF5 and that qstage registers in its own process (h5z_qstage.hpp).
 //
-// It calls no HDF5 function and does not link libhdf5: it only uses HDF5's header types. The
-// HDF5 that loads it (Debian's serial one under h5py and the tools, the parallel one under
-// qstage) is the only one in the process; a second libhdf5 would have its own global state.
-// That is also why can_apply and set_local are null (they would need H5P/H5T calls): the filter
-// trusts cd_values for the element type and takes the chunk as native (little-endian) floats.
-//
-// cd_values, layout version 1 (only the writer needs them; a stream is self-describing, so
-// reading ignores them):
-//   [0] layout version (1)   [1] element type: 0 float32, 1 complex64 (a pair of float32)
-//   [2] pipeline: 0 szx, 1 threshold, 2 group, 3 group2l, 4 integrated, 5 quantized
-//   [3] block size: 64, 128 or 256   [4] flags: bit 0 = t and e are relative to the chunk's range
-//   [5] [6] threshold t, a double: low then high 32 bits   [7] [8] error bound e, likewise
-#include <H5PLextern.h>
-#include <H5Zpublic.h>
+// It calls no HDF5 function: it only uses HDF5's header types, so the plugin works under any
+// HDF5 build. That is also why can_apply and set_local are null (they would need H5P/H5T
+// calls): the filter trusts cd_values (h5z_qstage.hpp) for the element type and takes the chunk
+// as native (little-endian) floats.
+#include "io/filter/h5z_qstage.hpp"
+
 
 #include <bit>
 #include <cstdint>
@@ -34,10 +25,10 @@ namespace {
 
 namespace codec = qstage::codec;
 
-constexpr H5Z_filter_t kFilterId = 32881;  // in 32768-65535, left by HDF5 for unregistered filters
-constexpr std::size_t kCdValues = 9;
-constexpr unsigned kLayoutVersion = 1;
-constexpr unsigned kRelative = 1u;
+using qstage::h5z::kCdValues;
+using qstage::h5z::kFilterId;
+using qstage::h5z::kLayoutVersion;
+using qstage::h5z::kRelative;
 
 double double_from(unsigned lo, unsigned hi) {
   return std::bit_cast<double>((static_cast<std::uint64_t>(hi) << 32) | static_cast<std::uint64_t>(lo & 0xffffffffu));
@@ -147,8 +138,21 @@ const H5Z_class2_t kFilterClass = {
 
 }  // namespace
 
-// HDF5's two entry points (found with dlsym), the only symbols of this file that are exported.
-extern "C" {
-__attribute__((visibility("default"))) H5PL_type_t H5PLget_plugin_type(void) { return H5PL_TYPE_FILTER; }
-__attribute__((visibility("default"))) const void* H5PLget_plugin_info(void) { return &kFilterClass; }
+namespace qstage::h5z {
+
+const H5Z_class2_t* filter_class() { return &kFilterClass; }
+
+std::vector<unsigned> cd_values(codec::ElementType type, const codec::Settings& s) {
+  const auto t = std::bit_cast<std::uint64_t>(s.threshold), e = std::bit_cast<std::uint64_t>(s.error);
+  return {kLayoutVersion,
+          static_cast<unsigned>(type),
+          static_cast<unsigned>(s.pipeline),
+          s.block_size,
+          s.relative ? kRelative : 0u,
+          static_cast<unsigned>(t & 0xffffffffu),
+          static_cast<unsigned>(t >> 32),
+          static_cast<unsigned>(e & 0xffffffffu),
+          static_cast<unsigned>(e >> 32)};
 }
+
+}  // namespace qstage::h5z
