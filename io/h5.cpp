@@ -538,7 +538,7 @@ bool File::exists(std::string_view dataset_path) const {
   }
 }
 
-Dataset File::create_dataset(std::string_view name, const DatasetCreate& how) {
+Dataset File::create_dataset(std::string_view name, const DatasetCreate& how, const std::vector<Filter>& filters) {
   std::string n(name);
   Where w{where_.file, n};
   std::vector<hsize_t> dims(how.shape.begin(), how.shape.end());
@@ -561,6 +561,11 @@ Dataset File::create_dataset(std::string_view name, const DatasetCreate& how) {
   }
   if (how.early_allocation)
     check(H5Pset_alloc_time(dcpl.get(), H5D_ALLOC_TIME_EARLY), "H5Pset_alloc_time", w);
+  if (!filters.empty() && how.chunk.empty()) throw Error("create dataset", w.file, n, "filters need a chunk shape");
+  for (const auto& f : filters)
+    check(H5Pset_filter(dcpl.get(), static_cast<H5Z_filter_t>(f.id), H5Z_FLAG_MANDATORY, f.cd_values.size(),
+                        f.cd_values.data()),
+          "H5Pset_filter", w);
   // Never write fill values (a full extra pass under MPI-IO); what was written is tracked outside.
   check(H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER), "H5Pset_fill_time", w);
   // No timestamps in object headers: identical runs give identical files.
@@ -571,6 +576,32 @@ Dataset File::create_dataset(std::string_view name, const DatasetCreate& how) {
   hid_t d = check(H5Dcreate2(id(), n.c_str(), ftype.get(), space.get(), lcpl.get(), dcpl.get(), H5P_DEFAULT),
                   "create dataset", w);
   return Dataset(Id(d, H5Dclose), w, parallel_);
+}
+
+std::vector<unsigned> Dataset::filter_ids() const {
+  Id dcpl(check(H5Dget_create_plist(id()), "H5Dget_create_plist", where_), H5Pclose);
+  const int n = check(H5Pget_nfilters(dcpl.get()), "H5Pget_nfilters", where_);
+  std::vector<unsigned> ids;
+  for (int i = 0; i < n; ++i) {
+    unsigned flags = 0;
+    std::size_t nelmts = 0;
+    char name[64];
+    unsigned config = 0;
+    const H5Z_filter_t f = H5Pget_filter2(dcpl.get(), static_cast<unsigned>(i), &flags, &nelmts, nullptr, sizeof name,
+                                          name, &config);
+    if (f < 0) throw Error("H5Pget_filter2", where_.file, where_.object, "cannot read the filter pipeline");
+    ids.push_back(static_cast<unsigned>(f));
+  }
+  return ids;
+}
+
+void Dataset::write_stored_chunk(std::uint64_t index, const void* data, std::uint64_t bytes) {
+  if (parallel_)
+    throw Error("write stored chunk", where_.file, where_.object, "direct chunk writes need a serially opened file");
+  const Shape s = shape();
+  std::vector<hsize_t> offset(s.size(), 0);
+  if (!s.empty()) offset[0] = index * chunk().at(0);
+  check(H5Dwrite_chunk(id(), H5P_DEFAULT, 0, offset.data(), bytes, data), "H5Dwrite_chunk", where_);
 }
 
 Dataset File::open_dataset(std::string_view name) const {

@@ -117,6 +117,12 @@ class Object {
   Id replace_attribute(std::string_view name, hid_t type, hid_t space);
 };
 
+// A filter in a dataset's pipeline (HDF5's id and its client data).
+struct Filter {
+  unsigned id = 0;
+  std::vector<unsigned> cd_values;
+};
+
 // How a dataset is created.
 struct DatasetCreate {
   DType dtype = DType::float32;
@@ -143,6 +149,12 @@ class Dataset : public Object {
   void read_all(void* buf) const;
   void write_all(const void* buf);  // collective when parallel; every rank writes the same data
   void set_rows(std::uint64_t rows);  // extends or shrinks axis 0 (collective)
+  // The ids of the dataset's filters, in pipeline order.
+  std::vector<unsigned> filter_ids() const;
+  // Stores chunk `index` (along axis 0; chunks must hold whole rows) as the given bytes, already
+  // filtered, bypassing the pipeline (H5Dwrite_chunk). Serial files only: parallel HDF5 1.10
+  // does not coordinate direct chunk writes of several ranks.
+  void write_stored_chunk(std::uint64_t index, const void* data, std::uint64_t bytes);
   bool parallel() const { return parallel_; }  // the file is open with MPI-IO
 
  private:
@@ -164,7 +176,8 @@ class File : public Object {
   const std::filesystem::path& path() const { return path_; }
   bool parallel() const { return parallel_; }
   bool exists(std::string_view dataset_path) const;
-  Dataset create_dataset(std::string_view name, const DatasetCreate& how);
+  // `filters`: mandatory filters, in pipeline order (a chunked layout only).
+  Dataset create_dataset(std::string_view name, const DatasetCreate& how, const std::vector<Filter>& filters = {});
   Dataset open_dataset(std::string_view name) const;
   // Every dataset path in the file, depth-first in name order ("/a", "/g/b").
   std::vector<std::string> dataset_paths() const;

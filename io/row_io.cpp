@@ -279,4 +279,55 @@ void RowWriter::write(std::uint64_t row0, std::uint64_t n, const void* buffer) {
   dataset_.write_rows(row0, n, buffer);
 }
 
+// ------------------------------------------------------------------------------ StoredChunkReader
+StoredChunkReader::StoredChunkReader(const Dataset& d) : dataset_(d) {
+  const Shape shape = d.shape(), chunk = d.chunk();
+  const std::string name = d.where().object, file = d.where().file;
+  if (chunk.empty())
+    throw InputError(fmt::format("dataset '{}' in '{}' is not chunked; expected the chunked, compressed dataset a "
+                                 "compress step writes",
+                                 name, file));
+  for (size_t i = 1; i < shape.size(); ++i)
+    if (chunk[i] != shape[i])
+      throw InputError(fmt::format("dataset '{}' in '{}' has chunks of [{}] that do not hold whole rows of [{}]; "
+                                   "expected chunks spanning every axis but the first",
+                                   name, file, fmt::join(chunk, ", "), fmt::join(shape, ", ")));
+  chunk_rows_ = chunk[0];
+  fd_ = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd_ < 0) throw RuntimeFailure(fmt::format("cannot open '{}' to read its chunks: {}", file, std::strerror(errno)));
+}
+
+StoredChunkReader::~StoredChunkReader() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void StoredChunkReader::read(std::uint64_t first, std::uint64_t n, void* buffer, std::uint64_t slot_bytes) {
+  // Locate every chunk first (HDF5 calls stay on this thread), then read them in parallel.
+  std::vector<Piece> pieces;
+  auto* out = static_cast<char*>(buffer);
+  const std::uint64_t rank = dataset_.shape().size();
+  for (std::uint64_t k = 0; k < n; ++k) {
+    hsize_t offset[32] = {0};
+    offset[0] = (first + k) * chunk_rows_;
+    StoredChunk head;
+    haddr_t addr = HADDR_UNDEF;
+    hsize_t size = 0;
+    const herr_t rc = rank ? H5Dget_chunk_info_by_coord(dataset_.id(), offset, &head.filter_mask, &addr, &size) : -1;
+    H5Eclear2(H5E_DEFAULT);
+    if (rc < 0 || addr == HADDR_UNDEF)
+      throw CorruptInput(fmt::format("chunk {} (rows from {}) of dataset '{}' in '{}' was never written; expected "
+                                   "every chunk of a compressed dataset to be stored",
+                                   first + k, offset[0], dataset_.where().object, dataset_.where().file));
+    head.bytes = size;
+    if (sizeof head + size > slot_bytes)
+      throw CorruptInput(fmt::format("chunk {} of dataset '{}' in '{}' is stored in {} bytes, more than a compressed "
+                                   "chunk of its size can take ({}); expected a chunk written by qstage's codec",
+                                   first + k, dataset_.where().object, dataset_.where().file, size,
+                                   slot_bytes - sizeof head));
+    std::memcpy(out + k * slot_bytes, &head, sizeof head);
+    if (size) pieces.push_back({addr, size, k * slot_bytes + sizeof head});
+  }
+  transfer(fd_, pieces, out, false, dataset_.where().file);
+}
+
 }  // namespace qstage::h5

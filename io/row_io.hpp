@@ -95,4 +95,29 @@ class RowWriter {
   int fd_ = -1;
 };
 
+// One chunk as it is stored, in a slot of a reader's buffer: this header, then `bytes` bytes.
+struct StoredChunk {
+  std::uint64_t bytes = 0;        // the chunk's stored (filtered) size
+  std::uint32_t filter_mask = 0;  // HDF5's: bit k set means filter k was skipped for this chunk
+  std::uint32_t reserved = 0;
+};
+
+// Reads the chunks of a chunked dataset whose chunks hold whole rows as they are stored (still
+// filtered), with pread from the I/O pool, for a kernel that decodes them itself.
+class StoredChunkReader {
+ public:
+  // Throws InputError if the dataset is not chunked or its chunks do not hold whole rows.
+  explicit StoredChunkReader(const Dataset& d);
+  ~StoredChunkReader();
+  std::uint64_t chunk_rows() const { return chunk_rows_; }
+  // Chunks [first, first + n), chunk k into buffer + k * slot_bytes (a StoredChunk header, then
+  // the bytes). Throws CorruptInput naming the chunk if one is missing or does not fit its slot.
+  void read(std::uint64_t first, std::uint64_t n, void* buffer, std::uint64_t slot_bytes);
+
+ private:
+  const Dataset& dataset_;
+  std::uint64_t chunk_rows_ = 0;
+  int fd_ = -1;
+};
+
 }  // namespace qstage::h5

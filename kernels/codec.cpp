@@ -19,7 +19,7 @@ bool on_gpu(const Stream& stream) {
 
 std::vector<std::uint8_t> codec_encode(Backend& backend, Stream& stream, const float* data, codec::ElementType type,
                                        const std::vector<std::uint64_t>& shape, const codec::Settings& settings,
-                                       std::optional<double> range) {
+                                       std::optional<double> range, GpuCodec* reuse) {
   codec::StreamInfo probe;
   probe.type = type;
   probe.shape = shape;
@@ -28,7 +28,8 @@ std::vector<std::uint8_t> codec_encode(Backend& backend, Stream& stream, const f
     return codec::detail::encode_with(codec::detail::code_component, data, type, shape, settings, r);
   }
 #ifdef QSTAGE_HAVE_CUDA
-  GpuCodec gpu(backend, stream);  // one workspace for the range and the coding
+  std::optional<GpuCodec> own;  // one workspace for the range and the coding
+  GpuCodec& gpu = reuse ? *reuse : own.emplace(backend, stream);
   const double r = range ? *range : gpu.value_range(data, probe.components());
   auto coder = [&](const float* x, std::uint64_t n, int stride, const codec::detail::Coding& c) {
     gpu.code(x, n, stride, c);
@@ -41,16 +42,25 @@ std::vector<std::uint8_t> codec_encode(Backend& backend, Stream& stream, const f
 }
 
 codec::StreamInfo codec_decode(Backend& backend, Stream& stream, const std::uint8_t* host_stream, std::uint64_t bytes,
-                               const std::uint8_t* device_stream, float* out, std::uint64_t out_floats) {
+                               const std::uint8_t* device_stream, float* out, std::uint64_t out_floats,
+                               GpuCodec* reuse) {
   if (!on_gpu(stream)) return codec::decode(host_stream, bytes, out, out_floats);
 #ifdef QSTAGE_HAVE_CUDA
-  GpuCodec gpu(backend, stream);
+  std::optional<GpuCodec> own;
+  GpuCodec& gpu = reuse ? *reuse : own.emplace(backend, stream);
   auto decoder = [&](const codec::detail::StoredComponent& c, const std::uint8_t* d, std::uint64_t n, int stride,
                      const codec::detail::Coding& coding, float* o) { gpu.decode(c, d, n, stride, coding, o); };
   return codec::detail::decode_with(decoder, host_stream, bytes, device_stream, out, out_floats);
 #else
   return {};
 #endif
+}
+
+std::uint64_t codec_device_bytes(std::uint64_t elements) {
+  // GpuCodec::code's reservation, the larger one: about 10 bytes a value (payload and compacted
+  // values at 4 each, the bitmap's scan at 2), 23 bytes a block of >= 64 values, a scan's
+  // temporary storage (well under a byte a value) and alignment.
+  return 12 * elements + (1u << 20);
 }
 
 double codec_value_range(Backend& backend, Stream& stream, const float* data, std::uint64_t count) {

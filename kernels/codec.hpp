@@ -14,16 +14,24 @@
 
 namespace qstage::kernels {
 
+class GpuCodec;
+
 // codec::encode of `data` (device memory on cuda). `range`: the dataset's value range where
-// data is a part of it; else data's own.
+// data is a part of it; else data's own. `gpu`: a GpuCodec on `stream` to reuse (its workspace
+// stays between calls); else one is made for the call.
 std::vector<std::uint8_t> codec_encode(Backend& backend, Stream& stream, const float* data, codec::ElementType type,
                                        const std::vector<std::uint64_t>& shape, const codec::Settings& settings,
-                                       std::optional<double> range = std::nullopt);
+                                       std::optional<double> range = std::nullopt, GpuCodec* gpu = nullptr);
 
 // codec::decode of `stream` (host memory) into `out` (device memory on cuda, which also reads
 // the block payloads from `device_stream`, a device copy of the stream; the CPU ignores it).
 codec::StreamInfo codec_decode(Backend& backend, Stream& stream, const std::uint8_t* host_stream, std::uint64_t bytes,
-                               const std::uint8_t* device_stream, float* out, std::uint64_t out_floats);
+                               const std::uint8_t* device_stream, float* out, std::uint64_t out_floats,
+                               GpuCodec* gpu = nullptr);
+
+// Device memory a GpuCodec needs to code or decode up to `elements` elements (per component),
+// for planning against the device budget.
+std::uint64_t codec_device_bytes(std::uint64_t elements);
 
 // codec::value_range of data (device memory on cuda).
 double codec_value_range(Backend& backend, Stream& stream, const float* data, std::uint64_t count);

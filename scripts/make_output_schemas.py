@@ -63,15 +63,31 @@ STAGES = {
                        {"count": INT},
                        [("/relative_error", "float64", 0), ("/max_abs_difference", "float64", 0),
                         ("/norm_a", "float64", 0), ("/norm_b", "float64", 0)]),
+    "compress": ("a chunked dataset (named by the 'dataset' parameter, /data by default) whose chunks are "
+                 "codec streams under HDF5 filter 32881; its attributes codec.* give the pipeline and the "
+                 "absolute bounds",
+                 {"compress.input_bytes": INT, "compress.stored_bytes": INT, "compress.ratio": NUMBER,
+                  "compress.codec": JSON_TEXT},
+                 [("/data", ["float32", "complex64"], None)]),
+    "decompress": ("the decoded values (named by the 'dataset' parameter, /data by default)", {},
+                   [("/data", ["float32", "complex64"], None)]),
+    "compress.evaluate": ("ratio, errors, fidelity and throughput of codec settings on a dataset",
+                          {"compress.codec": JSON_TEXT, "compress.max_abs_error": NUMBER},
+                          [("/ratio", "float64", 0), ("/max_error", "float64", 0), ("/bound", "float64", 0),
+                           ("/beyond_bound", "uint64", 0), ("/relative_error", "float64", 0),
+                           ("/fidelity", "float64", 0), ("/compress_gbps", "float64", 0),
+                           ("/decompress_gbps", "float64", 0), ("/stored_bytes", "uint64", 0)]),
 }
 
 
 # The result of tn.contract and tn.statevector: amplitudes (one row per bitstring, with their
 # bitstrings) or the value of a closed network.
 def dataset(path, dtype, rank):
+    """dtype: one type, or a list of the types it may have; rank None: any."""
     shape = {"type": "array"} if rank is None else {"maxItems": 0} if rank == 0 else {"minItems": rank, "maxItems": rank}
+    types = {"enum": dtype} if isinstance(dtype, list) else {"const": dtype}
     return {"contains": {"type": "object", "required": ["path", "dtype", "shape"],
-                         "properties": {"path": {"const": path}, "dtype": {"const": dtype}, "shape": shape}}}
+                         "properties": {"path": {"const": path}, "dtype": types, "shape": shape}}}
 
 
 def result():

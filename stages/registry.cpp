@@ -3,6 +3,7 @@
 #include <mutex>
 
 #include "core/embedded.hpp"
+#include "stages/compress/compress_stages.hpp"
 #include "stages/stage.hpp"
 #include "stages/tensor/tensor_stages.hpp"
 #include "stages/tn/tn_stages.hpp"
@@ -38,7 +39,8 @@ const std::vector<const Stage*>& all_stages() {
   // An explicit list (not static self-registration) so nothing depends on link order.
   static const std::vector<const Stage*> stages = [] {
     std::vector<const Stage*> v{&tensor_random(), &tensor_matmul(), &tensor_stats(), &tensor_compare(), &tn_build(),
-                                &tn_path(),       &tn_plan(),       &tn_contract(), &tn_statevector()};
+                                &tn_path(),       &tn_plan(),       &tn_contract(), &tn_statevector(),
+                                &compress(),      &decompress(),    &compress_evaluate()};
     std::sort(v.begin(), v.end(), [](auto* a, auto* b) { return a->info().name < b->info().name; });
     return v;
   }();

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "backend/backend.hpp"
+#include "core/mpi.hpp"
 #include "engine/pass.hpp"
 #include "io/h5.hpp"
 
@@ -26,6 +27,7 @@ struct DatasetInfo {
   h5::DType dtype = h5::DType::float32;
   h5::Shape shape;
   h5::Shape chunk;  // empty: contiguous
+  std::vector<unsigned> filters = {};  // HDF5 filter ids, in pipeline order (32881: qstage's codec)
   std::uint64_t rows() const { return shape.empty() ? 1 : shape[0]; }
   std::uint64_t row_bytes() const;
 };
@@ -60,6 +62,7 @@ struct KernelContext {
   const StagePlan& plan;
   const std::map<std::string, std::filesystem::path>& files;  // file parameters, resolved (see file_parameters)
   Backend* backend = nullptr;                                 // the run's backend (compute() may measure it)
+  const mpi::Comm* comm = nullptr;                            // every rank's (refine_plan may read in parallel)
 };
 
 // What a step produced besides its streamed outputs, handed to write_results on every rank.
@@ -93,6 +96,14 @@ class Stage {
   virtual std::string compute(const KernelContext& ctx) const { return {}; }
   // After the pass, on every rank with the same results: small results into the output.
   virtual void write_results(const StagePlan& plan, const StepResults& results, h5::File& out) const {}
+  // On rank 0 alone, after every rank has closed the output (still under its temporary name):
+  // serial additions, such as datasets of directly written compressed chunks, which parallel
+  // HDF5 1.10 cannot write from several ranks. Returns a checksum per dataset it added (hex),
+  // for the manifest and the content hash later steps' keys use.
+  virtual std::map<std::string, std::string> finish_output(const StagePlan& plan, const StepResults& results,
+                                                           const std::filesystem::path& file) const {
+    return {};
+  }
   // One line for the log, e.g. "norm 1.0e3, 0 non-finite".
   virtual std::string describe_results(const StagePlan& plan, const StepResults& results) const { return ""; }
 };

@@ -82,6 +82,10 @@ struct BlockCounts {
 std::vector<std::uint8_t> encode(const float* data, ElementType type, const std::vector<std::uint64_t>& shape,
                                  const Settings& settings, std::optional<double> dataset_range = std::nullopt);
 
+// An upper bound on the size of a stream of `elements` elements of rank `rank` (any pipeline):
+// a block's payload never exceeds its raw size, plus the framing of bitmaps and block metadata.
+std::uint64_t max_stream_bytes(ElementType type, std::uint64_t elements, std::size_t rank = 1);
+
 // The header of a stream, checked (magic, version, fields, checksum).
 StreamInfo inspect(const std::uint8_t* stream, std::uint64_t bytes);
 

@@ -330,6 +330,14 @@ void validate(const Settings& s) {
                                 "group2l or integrated pipeline");
 }
 
+std::uint64_t max_stream_bytes(ElementType type, std::uint64_t elements, std::size_t rank) {
+  // Per component: payload <= 4 bytes a value (a candidate must beat raw), a bitmap of n/8 bytes
+  // (two-level: n/64 more), 3 bytes of metadata per block of at least 64 values, and the
+  // fixed fields of the section and of its lossless parts (under 256 bytes).
+  const std::uint64_t n = elements, per_component = 4 * n + n / 4 + 256;
+  return kFixedHeader + 8 * rank + (type == ElementType::complex64 ? 2 : 1) * per_component;
+}
+
 std::uint64_t StreamInfo::elements() const {
   std::uint64_t n = 1;
   for (auto d : shape) n *= d;

@@ -102,6 +102,11 @@ int execute(const std::function<spec::Workflow()>& load, runner::RunOptions opti
   } catch (const StopRequested& e) {
     if (comm.root()) spdlog::warn("{}", e.what());
     return kExitStopped;
+  } catch (const CorruptInput& e) {
+    std::fprintf(stderr, "qstage: error: %s\n", e.what());
+    spdlog::default_logger()->flush();
+    if (comm.size() > 1) MPI_Abort(MPI_COMM_WORLD, kExitBadInput);
+    return kExitBadInput;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "qstage: internal error on rank %d: %s\n", comm.rank(), e.what());
     spdlog::default_logger()->flush();

@@ -34,6 +34,14 @@ class StopRequested : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// An input's content is bad where only one rank can see it, while reading it: a corrupted
+// compressed chunk. Exit code 2 like InputError; under MPI the job is aborted with that code,
+// since the other ranks are in the middle of the pass.
+class CorruptInput : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 // The environment failed underneath us (file system, device, MPI). Exit code 1.
 class RuntimeFailure : public std::runtime_error {
  public:

@@ -38,7 +38,7 @@ json Journal::to_json() const {
   for (auto c : checksums) sums.push_back(hex64(c));
   return {{"format", "qstage-journal-1"}, {"key", key}, {"rows", rows}, {"tile_rows", tile_rows},
           {"committed_rows", committed_rows}, {"segments", segs}, {"checksums", sums},
-          {"reduction", to_hex(reduction)}, {"attempts", attempts}, {"wall_seconds", wall_seconds},
+          {"reduction", to_hex(reduction)}, {"reduction_files", reduction_files}, {"attempts", attempts}, {"wall_seconds", wall_seconds},
           {"compute_seconds", compute_seconds}};
 }
 
@@ -53,6 +53,7 @@ Journal Journal::from_json(const json& j) {
                                                                s.at("rows")[1].get<std::uint64_t>()}});
   for (const auto& c : j.at("checksums")) out.checksums.push_back(parse_hex64(c.get<std::string>()));
   out.reduction = from_hex(j.at("reduction").get<std::string>());
+  out.reduction_files = j.value("reduction_files", std::vector<std::string>{});
   out.attempts = j.value("attempts", 0);
   out.wall_seconds = j.value("wall_seconds", 0.0);
   out.compute_seconds = j.value("compute_seconds", 0.0);
@@ -75,6 +76,7 @@ Journal StepWork::load(const PassSpec& spec) {
         usable = j.key == key_ && j.rows == spec.rows && j.tile_rows == spec.tile_rows &&
                  j.checksums.size() == spec.outputs.size();
         for (const auto& s : j.segments) usable = usable && fs::exists(dir_ / s.file);
+        for (const auto& f : j.reduction_files) usable = usable && fs::exists(dir_ / f);
         if (!usable) spdlog::info("discarding earlier progress in {}: it belongs to other parameters or inputs",
                                   dir_.string());
       } catch (const std::exception& e) {
@@ -92,6 +94,7 @@ Journal StepWork::load(const PassSpec& spec) {
     // renamed just before a kill, an interrupted merge.
     std::set<std::string> keep{"journal.json"};
     for (const auto& s : j.segments) keep.insert(s.file);
+    keep.insert(j.reduction_files.begin(), j.reduction_files.end());
     for (const auto& entry : fs::directory_iterator(dir_))
       if (!keep.count(entry.path().filename().string())) fs::remove_all(entry.path());
     fsutil::fsync_dir(dir_);

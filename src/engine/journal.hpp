@@ -29,6 +29,7 @@ struct Journal {
   std::vector<Segment> segments;
   std::vector<std::uint64_t> checksums;  // qsum64 per output over the committed rows
   std::string reduction;            // Reduction::save() after folding the committed tiles
+  std::vector<std::string> reduction_files;  // Reduction::files(), kept across resumes
   int attempts = 0;                 // runs that worked on this step
   double wall_seconds = 0;          // summed over attempts, up to the last commit
   double compute_seconds = 0;

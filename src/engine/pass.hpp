@@ -11,6 +11,7 @@
 // do not depend on the batch size or the rank count, so neither does the result.
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,11 @@ struct StreamedInput {
   std::string name;                      // the stage's slot name, for messages
   const h5::Dataset* dataset = nullptr;  // opened read-only by the runner
   std::uint64_t row_bytes = 0;
+  // Read the dataset's chunks as they are stored (still compressed) instead of its values, for a
+  // kernel that decodes them itself: the dataset's chunks must hold tile_rows whole rows, and
+  // each tile of a batch gets a slot of tile_rows * row_bytes bytes holding a StoredChunk header
+  // and then the chunk's bytes (h5::StoredChunkReader).
+  bool stored_chunks = false;
 };
 
 // A dataset the pass writes batch by batch: shape[0] == the pass's rows.
@@ -48,6 +54,9 @@ struct PassSpec {
   std::uint64_t resident_device_bytes = 0;         // kept by the kernel for the whole pass
   std::uint64_t scratch_device_bytes_per_row = 0;  // per batch row, per slot
   std::size_t tile_partial_bytes = 0;              // 0: no reduction
+  // The kernel writes its partials into host memory (BatchView::partials is host memory and is
+  // not copied): for results the host finishes, such as a compressed stream's framing.
+  bool partials_on_host = false;
   std::uint64_t prepare_host_bytes = 0;            // host memory PassKernel::prepare needs briefly
   bool uses_blas = false;                          // the kernel calls kernels::gemm (cuda: a cuBLAS handle per slot)
   // Explicit batches, e.g. key ranges over key-sorted rows (key_range_batches): consecutive
@@ -64,6 +73,7 @@ struct BatchView {
   std::uint64_t index = 0;  // batch number within this run (global over ranks)
   RowRange rows;            // rows of the pass
   std::vector<const void*> inputs;  // one per PassSpec::inputs, rows.size() rows each
+  std::vector<const void*> host_inputs;  // the same bytes in (pinned) host memory, for the host's share
   std::vector<void*> outputs;       // one per PassSpec::outputs
   void* scratch = nullptr;          // scratch_device_bytes_per_row * rows.size() bytes
   void* partials = nullptr;         // tiles * tile_partial_bytes (explicit batches: one partial)
@@ -84,12 +94,19 @@ class PassKernel {
 
 // Folds per-tile partials in tile order on rank 0; its state is saved in the step's journal at
 // every checkpoint, so a resumed pass continues the same fold.
+//
+// A fold whose state is too large for the journal (compressed chunks) keeps it in files of the
+// step's work directory: attach() names the directory (every rank, before load), files() names
+// the files so that a resume keeps them, and save() makes them durable and records how much of
+// them is committed, so that a resumed fold first cuts off what an interrupted run added.
 class Reduction {
  public:
   virtual ~Reduction() = default;
   virtual void fold(const std::byte* tile_partial) = 0;
   virtual std::string save() const = 0;            // bytes
   virtual void load(const std::string& state) = 0;
+  virtual void attach(const std::filesystem::path& work_dir) {}
+  virtual std::vector<std::string> files() const { return {}; }
 };
 
 }  // namespace qstage::engine

@@ -47,6 +47,8 @@ std::uint64_t ceil_div(std::uint64_t a, std::uint64_t b) { return b ? (a + b - 1
 
 unsigned word_bytes(h5::DType t) { return h5::dtype_size(t) % 4 == 0 ? 4 : 1; }
 
+std::uint64_t device_partial_bytes(const PassSpec& s) { return s.partials_on_host ? 0 : s.tile_partial_bytes; }
+
 struct PerBatchBytes {
   std::uint64_t in_per_row = 0, out_per_row = 0, device_per_tile = 0, host_per_tile = 0, fixed_per_slot = 0;
 };
@@ -56,7 +58,7 @@ PerBatchBytes per_batch_bytes(const PassSpec& s) {
   for (const auto& in : s.inputs) b.in_per_row += in.row_bytes;
   for (const auto& out : s.outputs) b.out_per_row += out.row_bytes();
   const std::uint64_t row = b.in_per_row + b.out_per_row;
-  b.device_per_tile = s.tile_rows * (row + s.scratch_device_bytes_per_row) + s.tile_partial_bytes;
+  b.device_per_tile = s.tile_rows * (row + s.scratch_device_bytes_per_row) + device_partial_bytes(s);
   b.host_per_tile = s.tile_rows * row + s.tile_partial_bytes;
   b.fixed_per_slot = 8 * s.outputs.size();  // the outputs' checksums
   return b;
@@ -94,7 +96,7 @@ class Pipeline {
       if (spec.scratch_device_bytes_per_row)
         s.scratch = backend.alloc_device(spec.scratch_device_bytes_per_row * batch_rows, tag + " scratch");
       if (spec.tile_partial_bytes) {
-        s.dev_partials = backend.alloc_device(tiles * spec.tile_partial_bytes, tag + " partials");
+        if (!spec.partials_on_host) s.dev_partials = backend.alloc_device(tiles * spec.tile_partial_bytes, tag + " partials");
         s.host_partials = backend.alloc_host(tiles * spec.tile_partial_bytes, tag + " partials");
       }
       if (!spec.outputs.empty()) {
@@ -192,9 +194,10 @@ class Pipeline {
     view.index = s.index;
     view.rows = s.rows;
     for (auto& b : s.dev_in) view.inputs.push_back(b.data());
+    for (auto& b : s.host_in) view.host_inputs.push_back(b.data());
     for (auto& b : s.dev_out) view.outputs.push_back(b.data());
     view.scratch = s.scratch.data();
-    view.partials = s.dev_partials.data();
+    view.partials = spec_.partials_on_host ? s.host_partials.data() : s.dev_partials.data();
     view.stream = &st;
     kernel_.process(view);
     for (size_t o = 0; o < spec_.outputs.size(); ++o) {
@@ -206,7 +209,7 @@ class Pipeline {
     st.mark(2);
     for (size_t o = 0; o < spec_.outputs.size(); ++o)
       backend_.copy_to_host(s.host_out[o].data(), s.dev_out[o].data(), spec_.outputs[o].row_bytes() * n, st);
-    if (spec_.tile_partial_bytes)
+    if (spec_.tile_partial_bytes && !spec_.partials_on_host)
       backend_.copy_to_host(s.host_partials.data(), s.dev_partials.data(),
                             partials_in(spec_, s.rows) * spec_.tile_partial_bytes, st);
     if (!spec_.outputs.empty()) backend_.copy_to_host(s.host_sums.data(), s.dev_sums.data(), s.dev_sums.size(), st);
@@ -290,10 +293,13 @@ class PassRun {
       : backend_(backend), comm_(comm), options_(options), spec_(spec), kernel_(kernel), reduction_(reduction),
         work_(work), writer_(spec, comm) {}
 
-  PassOutcome run(const BatchPlan& plan, const fs::path& output, const Annotate& annotate, const ProgressFn& progress) {
+  PassOutcome run(const BatchPlan& plan, const fs::path& output, const Annotate& annotate, const ProgressFn& progress,
+                  const FinishOutput& finish_output) {
+    finish_output_ = finish_output;
     start_ = Clock::now();
     last_commit_ = start_;
     outcome_.plan = plan;
+    if (reduction_) reduction_->attach(work_.dir());
     journal_ = work_.load(spec_);
     outcome_.resumed_from = journal_.committed_rows;
     base_wall_ = journal_.wall_seconds;
@@ -307,7 +313,17 @@ class PassRun {
 
     if (progress && comm_.root()) progress(journal_.committed_rows, spec_.rows);  // the baseline
     batches_ = partition(spec_, journal_.committed_rows, plan.batch_rows);
-    for (const auto& in : spec_.inputs) readers_.push_back(std::make_unique<h5::RowReader>(*in.dataset));
+    for (const auto& in : spec_.inputs) {
+      if (in.stored_chunks) {
+        chunk_readers_.push_back(std::make_unique<h5::StoredChunkReader>(*in.dataset));
+        if (chunk_readers_.back()->chunk_rows() != spec_.tile_rows)
+          throw std::logic_error("a stored-chunks input's chunk rows must equal the pass's tile_rows");
+        readers_.push_back(nullptr);
+      } else {
+        chunk_readers_.push_back(nullptr);
+        readers_.push_back(std::make_unique<h5::RowReader>(*in.dataset));
+      }
+    }
     const bool complete = stream(plan, progress);
     if (complete) finish(output, annotate);
     outcome_.complete = complete;
@@ -370,7 +386,15 @@ class PassRun {
     s.index = global_index(local);
     s.rows = batches_[s.index];
     const auto t = Clock::now();
-    for (size_t i = 0; i < spec_.inputs.size(); ++i) readers_[i]->read(s.rows.begin, s.rows.size(), s.host_in[i].data());
+    for (size_t i = 0; i < spec_.inputs.size(); ++i) {
+      if (readers_[i]) {
+        readers_[i]->read(s.rows.begin, s.rows.size(), s.host_in[i].data());
+      } else {  // one slot of tile_rows rows per tile (chunk)
+        const std::uint64_t slot = spec_.tile_rows * spec_.inputs[i].row_bytes;
+        chunk_readers_[i]->read(s.rows.begin / spec_.tile_rows, ceil_div(s.rows.size(), spec_.tile_rows),
+                                s.host_in[i].data(), slot);
+      }
+    }
     outcome_.times.read += since(t);
     pipe.mark_loaded(s, local);
   }
@@ -421,12 +445,19 @@ class PassRun {
     journal_.checksums = pending_sums_;
     journal_.wall_seconds = base_wall_ + since(start_);
     journal_.compute_seconds = base_compute_ + outcome_.times.compute;
-    if (reduction_ && comm_.root()) journal_.reduction = reduction_->save();
+    save_reduction();
     if (comm_.root()) work_.save(journal_);
     comm_.barrier();
     last_commit_ = Clock::now();
     outcome_.times.commit += since(t);
     spdlog::debug("committed rows [0, {}) in {:.3f}s", upto, since(t));
+  }
+
+  // Rank 0: the fold's state (its files made durable) into the journal.
+  void save_reduction() {
+    if (!reduction_ || !comm_.root()) return;
+    journal_.reduction = reduction_->save();
+    journal_.reduction_files = reduction_->files();
   }
 
   // Rank 0's final state, on every rank (annotations are collective and must agree).
@@ -435,7 +466,7 @@ class PassRun {
     journal_.checksums = pending_sums_;
     journal_.wall_seconds = base_wall_ + since(start_);
     journal_.compute_seconds = base_compute_ + outcome_.times.compute;
-    if (reduction_ && comm_.root()) journal_.reduction = reduction_->save();
+    save_reduction();
     journal_ = Journal::from_json(nlohmann::json::parse(comm_.broadcast(journal_.to_json().dump())));
     if (reduction_ && !journal_.reduction.empty()) reduction_->load(journal_.reduction);
   }
@@ -447,6 +478,7 @@ class PassRun {
       share_final_state();
       annotate(writer_.file(), journal_);
       writer_.close();
+      finish_output(writer_.temp());
       if (comm_.root()) fsutil::commit_rename(writer_.temp(), output);
     } else {
       commit(spec_.rows);
@@ -455,6 +487,21 @@ class PassRun {
     }
     comm_.barrier();
     outcome_.times.finalize += since(t);
+  }
+
+  // Collective, once every rank has closed the output: the stage's serial additions on rank 0.
+  // A failure there reaches every rank (the others would otherwise wait for rank 0 forever).
+  void finish_output(const fs::path& temp) {
+    if (!finish_output_) return;
+    comm_.barrier();
+    std::string error;
+    if (comm_.root()) try {
+        finish_output_(temp);
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+    error = comm_.broadcast(error);
+    if (!error.empty()) throw RuntimeFailure(error);
   }
 
   // Collective: copies the committed segments into a new output file, in chunk-aligned pieces
@@ -500,6 +547,7 @@ class PassRun {
     dsets.clear();
     out.flush();
     out.close();
+    finish_output(temp);
     if (comm_.root()) fsutil::commit_rename(temp, output);
   }
 
@@ -514,9 +562,11 @@ class PassRun {
   Journal journal_;
   std::vector<RowRange> batches_;
   std::vector<std::unique_ptr<h5::RowReader>> readers_;
+  std::vector<std::unique_ptr<h5::StoredChunkReader>> chunk_readers_;
   std::vector<std::uint64_t> pending_sums_;
   PassOutcome outcome_;
   Clock::time_point start_, last_commit_;
+  FinishOutput finish_output_;
   double base_wall_ = 0, base_compute_ = 0;
 };
 
@@ -533,6 +583,9 @@ BatchPlan StreamEngine::plan(const PassSpec& spec) const {
     if (o.chunk.empty() || spec.tile_rows % o.chunk[0] != 0)
       throw std::logic_error("output chunk rows must divide the pass's tile_rows");
   check_batches(spec);
+  for (const auto& in : spec.inputs)
+    if (in.stored_chunks && !spec.batches.empty())
+      throw std::logic_error("stored-chunks inputs are read in whole tiles; explicit batches are not supported");
   PerBatchBytes b = per_batch_bytes(spec);
   std::uint64_t unit_rows = spec.tile_rows;  // the smallest batch the engine may choose
   if (!spec.batches.empty()) {
@@ -540,7 +593,7 @@ BatchPlan StreamEngine::plan(const PassSpec& spec) const {
     unit_rows = 0;
     for (const auto& r : spec.batches) unit_rows = std::max(unit_rows, r.size());
     const std::uint64_t row = b.in_per_row + b.out_per_row;
-    b.device_per_tile = unit_rows * (row + spec.scratch_device_bytes_per_row) + spec.tile_partial_bytes;
+    b.device_per_tile = unit_rows * (row + spec.scratch_device_bytes_per_row) + device_partial_bytes(spec);
     b.host_per_tile = unit_rows * row + spec.tile_partial_bytes;
   }
   const auto S = static_cast<std::uint64_t>(options_.slots);
@@ -585,10 +638,11 @@ BatchPlan StreamEngine::plan(const PassSpec& spec) const {
 }
 
 PassOutcome StreamEngine::run(const PassSpec& spec, PassKernel& kernel, Reduction* reduction, StepWork& work,
-                              const fs::path& output, const Annotate& annotate, const ProgressFn& progress) {
+                              const fs::path& output, const Annotate& annotate, const ProgressFn& progress,
+                              const FinishOutput& finish_output) {
   const BatchPlan plan = this->plan(spec);
   PassRun run(backend_, comm_, options_, spec, kernel, reduction, work);
-  return run.run(plan, output, annotate, progress);
+  return run.run(plan, output, annotate, progress, finish_output);
 }
 
 }  // namespace qstage::engine

@@ -57,6 +57,11 @@ struct PassOutcome {
 // temporary name: writes provenance attributes and small result datasets.
 using Annotate = std::function<void(class h5::File& output, const Journal& final_state)>;
 
+// Called on rank 0 alone after every rank has closed the output, still under its temporary
+// name: serial additions that parallel HDF5 cannot make from several ranks, such as datasets of
+// directly written (compressed) chunks.
+using FinishOutput = std::function<void(const std::filesystem::path& temp_output)>;
+
 // Receives progress on rank 0 after every round.
 using ProgressFn = std::function<void(std::uint64_t rows_done, std::uint64_t rows_total)>;
 
@@ -71,7 +76,8 @@ class StreamEngine {
   // Runs the rows not yet committed in `work`'s journal. On completion, builds `output` (via a
   // temporary name), lets `annotate` decorate it, and commits it. Collective.
   PassOutcome run(const PassSpec& spec, PassKernel& kernel, Reduction* reduction, StepWork& work,
-                  const std::filesystem::path& output, const Annotate& annotate, const ProgressFn& progress);
+                  const std::filesystem::path& output, const Annotate& annotate, const ProgressFn& progress,
+                  const FinishOutput& finish_output = {});
 
  private:
   Backend& backend_;

@@ -28,7 +28,7 @@ stages::DatasetInfo describe_file_dataset(const fs::path& file, const std::strin
       throw InputError(fmt::format("file '{}' dataset '{}' has element type {}; expected a number type "
                                    "(float32, float64, complex64, complex128, int32, int64, uint8, uint64)",
                                    file.string(), dataset, d.type_description()));
-    return {*dtype, d.shape(), d.chunk()};
+    return {*dtype, d.shape(), d.chunk(), d.filter_ids()};
   } catch (const h5::Error& e) {
     throw InputError(fmt::format("cannot read file '{}' dataset '{}': {}", file.string(), dataset, e.reason()));
   }

@@ -15,6 +15,7 @@
 #include "core/signals.hpp"
 #include "core/units.hpp"
 #include "engine/stream_engine.hpp"
+#include "io/filter/h5z_qstage.hpp"
 #include "io/h5.hpp"
 #include "kernels/checksum.hpp"
 #include "runner/manifest.hpp"
@@ -304,7 +305,7 @@ class WorkflowRun {
     }
     std::map<std::string, const h5::Dataset*> by_slot;
     for (auto& [slot, d] : datasets) by_slot[slot] = &d;
-    const stages::KernelContext context{step.params, by_slot, p.plan, step.files, backend_.get()};
+    const stages::KernelContext context{step.params, by_slot, p.plan, step.files, backend_.get(), &comm_};
     try {
       step.impl->refine_plan(p.plan, context);
     } catch (const InputError& e) {
@@ -381,9 +382,12 @@ class WorkflowRun {
       if (reporter) reporter->update(done);
     };
 
+    std::map<std::string, std::string> added;  // rank 0: what finish_output added
+    auto finish_output = [&](const fs::path& temp) { added = step.impl->finish_output(p.plan, results, temp); };
+
     engine::PassOutcome outcome;
     try {
-      outcome = engine_->run(pass, *kernel, reduction.get(), work, output, annotate, progress);
+      outcome = engine_->run(pass, *kernel, reduction.get(), work, output, annotate, progress, finish_output);
     } catch (...) {
       if (reporter) reporter->finish();
       record_failure(step.id);
@@ -429,6 +433,9 @@ class WorkflowRun {
     if (comm_.root()) {
       json sums = result_checksums.value("datasets", json::object());
       for (size_t o = 0; o < pass.outputs.size(); ++o) sums[pass.outputs[o].name] = hex64(outcome.journal.checksums[o]);
+      for (const auto& [name, sum] : added) sums[name] = sum;
+      if (!added.empty())  // the added datasets are part of the content later steps depend on
+        result_checksums["content"] = hash_bytes(result_checksums.value("content", "") + json(added).dump());
       Manifest m = *Manifest::load(dir_.root);
       json& rec = m.step(step.id);
       rec.update({{"state", "done"}, {"output", fs::relative(output, dir_.root).string()}, {"checksums", sums},
@@ -517,6 +524,7 @@ class WorkflowRun {
 }  // namespace
 
 void run_workflow(const spec::Workflow& wf, const RunOptions& options, const mpi::Comm& comm) {
+  h5z::register_filter();  // every stage reads datasets compressed with qstage's codec
   // Everything that can be checked without writing is checked first.
   std::vector<PlannedStep> planned = plan_workflow(wf);
   RunDir dir{options.run_dir.empty() ? default_run_dir(wf.name) : options.run_dir};

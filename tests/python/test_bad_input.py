@@ -31,6 +31,7 @@ def committed(tmp):
         f["i"] = np.arange(10, dtype=np.int32)
         f["cube"] = np.zeros((4, 4, 4), dtype=np.complex64)
         f["s"] = np.array([b"ab", b"cd"])
+        f.create_dataset("plain", data=np.zeros((8, 4), np.float32), chunks=(4, 4))
     (tmp / "text.h5").write_text("not an HDF5 file")
     return tmp
 
@@ -57,13 +58,23 @@ SPEC_CASES = {
     "not hdf5": (GOOD + "  - id: s\n    stage: tensor.stats\n    inputs: {x: {file: text.h5, dataset: d}}\n",
                  ["is not an HDF5 file"]),
     "missing dataset": (GOOD + "  - id: s\n    stage: tensor.stats\n    inputs: {x: {file: ints.h5, dataset: /nope}}\n",
-                        ["has no dataset '/nope'", "datasets in it: /cube, /i, /s"]),
+                        ["has no dataset '/nope'", "datasets in it: /cube, /i, /plain, /s"]),
     "wrong dtype": (GOOD + "  - id: s\n    stage: tensor.stats\n    inputs: {x: {file: ints.h5, dataset: /i}}\n",
                     ["input 'x' has dtype int32; expected float32, float64, complex64 or complex128"]),
     "string dataset": (GOOD + "  - id: s\n    stage: tensor.stats\n    inputs: {x: {file: ints.h5, dataset: /s}}\n",
                        ["element type string"]),
     "wrong rank": (GOOD + "  - id: m\n    stage: tensor.matmul\n    inputs: {a: {file: ints.h5, dataset: /cube}, b: gate}\n",
                    ["input 'a' has shape [4, 4, 4]; expected a matrix"]),
+    "compress wrong dtype": (GOOD + "  - id: c\n    stage: compress\n    inputs: {x: {file: ints.h5, dataset: /i}}\n",
+                             ["input 'x' has dtype int32; expected float32 or complex64"]),
+    "compress unknown pipeline": (GOOD + "  - id: c\n    stage: compress\n    inputs: {x: psi}\n    params: {pipeline: zfp}\n",
+                                  ["steps[3].params.pipeline"]),
+    "compress negative bound": (GOOD + "  - id: c\n    stage: compress\n    inputs: {x: psi}\n    params: {error: -1}\n",
+                                ["steps[3].params.error"]),
+    "decompress unfiltered": (GOOD + "  - id: d\n    stage: decompress\n    inputs: {x: {file: ints.h5, dataset: /plain}}\n",
+                              ["input 'x' has the filter pipeline []; expected qstage's codec alone ([32881])"]),
+    "decompress contiguous": (GOOD + "  - id: d\n    stage: decompress\n    inputs: {x: {file: ints.h5, dataset: /cube}}\n",
+                              ["input 'x' is not chunked; expected a chunked dataset of compressed chunks"]),
     "budget too small": (GOOD.replace("device_memory: 32MiB", "device_memory: 1KiB"),
                          ["device memory budget 1.00 KiB is too small", "needs", "--device-memory"]),
 }

@@ -1,0 +1,205 @@
+#include "stages/compress/common.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "core/error.hpp"
+#include "io/row_io.hpp"
+#include "stages/tensor/common.hpp"
+
+namespace qstage::stages::compress_detail {
+
+using nlohmann::json;
+
+codec::ElementType element_type(h5::DType t, std::string_view slot) {
+  if (t == h5::DType::float32) return codec::ElementType::float32;
+  if (t == h5::DType::complex64) return codec::ElementType::complex64;
+  throw InputError(fmt::format("input '{}' has dtype {}; expected float32 or complex64 (the codec's types)", slot,
+                               h5::dtype_name(t)));
+}
+
+codec::Settings settings_from(const json& params) {
+  codec::Settings s;
+  const std::string name = params.at("pipeline").get<std::string>();
+  const auto pipeline = codec::pipeline_from_name(name);
+  if (!pipeline)
+    throw InputError(fmt::format("parameter 'pipeline' is '{}'; expected one of {}", name, codec::pipeline_names()));
+  s.pipeline = *pipeline;
+  s.block_size = params.at("block_size").get<std::uint32_t>();
+  s.error = params.at("error").get<double>();
+  s.threshold = s.pipeline == codec::Pipeline::szx ? 0.0 : params.at("threshold").get<double>();
+  s.relative = params.at("bounds").get<std::string>() == "relative";
+  try {
+    codec::validate(s);
+  } catch (const std::invalid_argument& e) {
+    throw InputError(fmt::format("codec parameters: {}", e.what()));
+  }
+  return s;
+}
+
+std::uint64_t chunk_rows_for(const json& params, const DatasetInfo& x) {
+  std::uint64_t rows = 0;
+  if (params.contains("chunk_rows")) rows = params.at("chunk_rows").get<std::uint64_t>();
+  else if (!x.chunk.empty()) rows = x.chunk[0];
+  else rows = default_chunk_rows(x.row_bytes());
+  return std::clamp<std::uint64_t>(rows, 1, std::max<std::uint64_t>(x.rows(), 1));
+}
+
+h5::Shape chunk_shape(const h5::Shape& shape, std::uint64_t chunk_rows) {
+  h5::Shape c = shape;
+  c[0] = chunk_rows;
+  return c;
+}
+
+std::uint64_t elements_of(const h5::Shape& shape) {
+  std::uint64_t n = 1;
+  for (auto d : shape) n *= d;
+  return n;
+}
+
+double measure_range(const h5::Dataset& x, std::uint64_t tile_rows, const mpi::Comm& comm) {
+  const std::uint64_t rows = x.shape().at(0), row_bytes = x.row_bytes();
+  // Reads of whole tiles of about 64 MiB, dealt to ranks in turn.
+  const std::uint64_t per_read = tile_rows * std::max<std::uint64_t>(1, (64u << 20) / std::max<std::uint64_t>(tile_rows * row_bytes, 1));
+  std::vector<float> buffer(per_read * row_bytes / sizeof(float));
+  h5::RowReader reader(x);
+  float lo = std::numeric_limits<float>::infinity(), hi = -lo;
+  for (std::uint64_t first = static_cast<std::uint64_t>(comm.rank()) * per_read; first < rows;
+       first += static_cast<std::uint64_t>(comm.size()) * per_read) {
+    const std::uint64_t n = std::min(per_read, rows - first);
+    reader.read(first, n, buffer.data());
+    const auto count = static_cast<std::int64_t>(n * row_bytes / sizeof(float));
+    const float* v = buffer.data();
+#pragma omp parallel for reduction(min : lo) reduction(max : hi)
+    for (std::int64_t i = 0; i < count; ++i)
+      if (std::isfinite(v[i])) {
+        lo = std::min(lo, v[i]);
+        hi = std::max(hi, v[i]);
+      }
+  }
+  const double top = comm.max(static_cast<double>(hi)), bottom = -comm.max(-static_cast<double>(lo));
+  return bottom <= top ? top - bottom : 0.0;
+}
+
+std::optional<double> range_for(const json& params, const h5::Dataset& x, std::uint64_t tile_rows,
+                                const mpi::Comm& comm) {
+  if (params.at("bounds").get<std::string>() != "relative") return std::nullopt;
+  if (params.contains("range")) return params.at("range").get<double>();
+  return measure_range(x, tile_rows, comm);
+}
+
+StagePlan chunk_pass(const json& params, const DatasetInfo& x) {
+  const codec::ElementType type = element_type(x.dtype, "x");
+  const codec::Settings settings = settings_from(params);
+  if (x.shape.empty() || x.rows() == 0)
+    throw InputError(fmt::format("input 'x' has shape {}; expected at least one row", detail::shape_text(x.shape)));
+  const std::uint64_t chunk_rows = chunk_rows_for(params, x);
+  detail::row_chunk(x.shape, chunk_rows, x.dtype, "parameter 'chunk_rows'");  // checks HDF5's chunk limit
+  StagePlan plan;
+  plan.pass.rows = x.rows();
+  plan.pass.tile_rows = chunk_rows;
+  plan.pass.inputs.push_back({"x", nullptr, x.row_bytes()});
+  plan.pass.partials_on_host = true;
+  plan.streamed_inputs = {"x"};
+  plan.summary = {{"shape", x.shape}, {"dtype", h5::dtype_name(x.dtype)}, {"chunk_rows", chunk_rows},
+                  {"codec", settings_json(settings, params.contains("range") ? std::optional(params["range"].get<double>())
+                                                                             : std::nullopt,
+                                          type)}};
+  return plan;
+}
+
+void refine_chunk_pass(StagePlan& plan, const KernelContext& ctx, std::uint64_t extra_device_bytes) {
+  const h5::Dataset& x = *ctx.inputs.at("x");
+  const codec::ElementType type = element_type(*x.dtype(), "x");
+  const auto range = range_for(ctx.params, x, plan.pass.tile_rows, *ctx.comm);
+  plan.summary["codec"] = settings_json(settings_from(ctx.params), range, type);
+  plan.pass.resident_device_bytes =
+      ChunkCodec::device_bytes(ctx.backend->kind(), type, plan.pass.tile_rows * x.row_bytes()) + extra_device_bytes;
+}
+
+std::optional<double> planned_range(const StagePlan& plan) {
+  const json& r = plan.summary.at("codec").at("range");
+  return r.is_number() ? std::optional(r.get<double>()) : std::nullopt;
+}
+
+json settings_json(const codec::Settings& s, std::optional<double> range, codec::ElementType type) {
+  const double scale = s.relative ? range.value_or(0.0) : 1.0;
+  return {{"pipeline", std::string(codec::pipeline_name(s.pipeline))},
+          {"block_size", s.block_size},
+          {"bounds", s.relative ? "relative" : "absolute"},
+          {"error_given", s.error},
+          {"threshold_given", s.threshold},
+          {"error", s.error * scale},
+          {"threshold", s.threshold * scale},
+          {"range", range ? json(*range) : json(nullptr)},
+          {"element_type", type == codec::ElementType::complex64 ? "complex64" : "float32"}};
+}
+
+// ------------------------------------------------------------------------------ ChunkCodec
+ChunkCodec::ChunkCodec(codec::ElementType type, h5::Shape chunk_shape, std::uint64_t row_bytes)
+    : type_(type), shape_(std::move(chunk_shape)), chunk_rows_(shape_.at(0)), row_bytes_(row_bytes) {}
+
+ChunkCodec::~ChunkCodec() = default;
+
+std::uint64_t ChunkCodec::device_bytes(BackendKind kind, codec::ElementType type, std::uint64_t chunk_bytes) {
+  const std::uint64_t elements = chunk_bytes / (type == codec::ElementType::complex64 ? 8 : 4);
+  return 2 * chunk_bytes + (kind == BackendKind::cuda ? kernels::codec_device_bytes(elements) : 0);
+}
+
+void ChunkCodec::prepare(Backend& backend) {
+  backend_ = &backend;
+  pad_ = backend.alloc_device(chunk_bytes(), "codec: a padded chunk");
+  zeros_ = backend.alloc_device(chunk_bytes(), "codec: zeros for padding");
+  stream_ = backend.make_stream();
+  const std::vector<std::byte> zeros(chunk_bytes());
+  backend.copy_to_device(zeros_.data(), zeros.data(), zeros.size(), *stream_);
+  stream_->synchronize();
+#ifdef QSTAGE_HAVE_CUDA
+  if (backend.kind() == BackendKind::cuda) gpu_ = std::make_unique<kernels::GpuCodec>(backend, *stream_);
+#endif
+}
+
+kernels::GpuCodec* ChunkCodec::gpu() const {
+#ifdef QSTAGE_HAVE_CUDA
+  return gpu_.get();
+#else
+  return nullptr;
+#endif
+}
+
+Stream& ChunkCodec::stream(Stream& batch) {
+  if (backend_->kind() != BackendKind::cuda) return batch;
+  batch.synchronize();  // the batch's copy to the device is done before the codec's stream reads it
+  return *stream_;
+}
+
+std::vector<std::uint8_t> ChunkCodec::encode(Stream& batch, const void* x, std::uint64_t rows,
+                                             const codec::Settings& s, std::optional<double> range) {
+  Stream& st = stream(batch);
+  const void* data = x;
+  if (rows < chunk_rows_) {  // the last chunk: its rows, then zeros
+    backend_->copy_on_device(pad_.data(), x, rows * row_bytes_, st);
+    backend_->copy_on_device(pad_.as<char>() + rows * row_bytes_, zeros_.data(), (chunk_rows_ - rows) * row_bytes_, st);
+    data = pad_.data();
+  }
+  // Absolute bounds: no range given, so the header records the chunk's own.
+  return kernels::codec_encode(*backend_, st, static_cast<const float*>(data), type_, shape_, s, range, gpu());
+}
+
+codec::StreamInfo ChunkCodec::decode(Stream& batch, const std::uint8_t* host, const std::uint8_t* device,
+                                     std::uint64_t bytes, void* out, std::uint64_t rows) {
+  Stream& st = stream(batch);
+  const std::uint64_t floats = chunk_bytes() / sizeof(float);
+  void* target = rows < chunk_rows_ ? pad_.data() : out;
+  const codec::StreamInfo info =
+      kernels::codec_decode(*backend_, st, host, bytes, device, static_cast<float*>(target), floats, gpu());
+  if (target != out) backend_->copy_on_device(out, target, rows * row_bytes_, st);
+  st.synchronize();
+  return info;
+}
+
+}  // namespace qstage::stages::compress_detail

@@ -1,0 +1,271 @@
+// compress.evaluate: what codec settings do to a dataset, without writing it: per chunk, the
+// kernel compresses and decompresses on the pass's backend (timing both), and the host compares
+// the decoded values with the original: compression ratio, maximum pointwise error against the
+// guaranteed bound (a value beyond it fails the step), relative error, the fidelity
+// |<a|b>| / (|a| |b|), and throughput. Partials are per chunk and folded in chunk order, so every
+// number but the timings is the same on every run, backend and rank count.
+#include <chrono>
+#include <cmath>
+#include <complex>
+#include <cstring>
+
+#include "core/error.hpp"
+#include "core/units.hpp"
+#include "stages/compress/common.hpp"
+#include "stages/compress/compress_stages.hpp"
+#include "stages/tensor/common.hpp"
+
+namespace qstage::stages {
+namespace {
+
+using namespace compress_detail;
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+struct EvaluatePartial {
+  std::uint64_t stored_bytes = 0, values = 0, beyond_bound = 0, nonfinite = 0;
+  double max_error = 0;      // largest |x - y| of a real or imaginary part
+  double max_abs_error = 0;  // largest |x - y| of an element (complex modulus)
+  double diff_sq = 0, a_sq = 0, b_sq = 0, dot_re = 0, dot_im = 0;
+  double encode_seconds = 0, decode_seconds = 0;
+};
+
+void fold_into(EvaluatePartial& a, const EvaluatePartial& b) {
+  a.stored_bytes += b.stored_bytes;
+  a.values += b.values;
+  a.beyond_bound += b.beyond_bound;
+  a.nonfinite += b.nonfinite;
+  a.max_error = std::max(a.max_error, b.max_error);
+  a.max_abs_error = std::max(a.max_abs_error, b.max_abs_error);
+  a.diff_sq += b.diff_sq;
+  a.a_sq += b.a_sq;
+  a.b_sq += b.b_sq;
+  a.dot_re += b.dot_re;
+  a.dot_im += b.dot_im;
+  a.encode_seconds += b.encode_seconds;
+  a.decode_seconds += b.decode_seconds;
+}
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// Compares `count` elements of x (original) and y (decoded), in blocks of 4096 elements summed
+// in order, so the sums do not depend on the thread count. NaN and Inf must come back bit for bit.
+EvaluatePartial compare(const float* x, const float* y, std::uint64_t count, bool complex, double bound) {
+  const int parts = complex ? 2 : 1;
+  constexpr std::uint64_t kBlock = 4096;
+  const std::uint64_t blocks = (count + kBlock - 1) / kBlock;
+  std::vector<EvaluatePartial> per_block(blocks);
+#pragma omp parallel for schedule(static)
+  for (std::int64_t bi = 0; bi < static_cast<std::int64_t>(blocks); ++bi) {
+    EvaluatePartial& p = per_block[static_cast<std::uint64_t>(bi)];
+    const std::uint64_t end = std::min(count, (static_cast<std::uint64_t>(bi) + 1) * kBlock);
+    for (std::uint64_t i = static_cast<std::uint64_t>(bi) * kBlock; i < end; ++i) {
+      const float* a = x + i * parts;
+      const float* b = y + i * parts;
+      bool finite = true;
+      double d_sq = 0;
+      for (int k = 0; k < parts; ++k) {
+        if (!std::isfinite(a[k])) {
+          finite = false;
+          if (std::memcmp(&a[k], &b[k], sizeof(float)) != 0) ++p.beyond_bound;  // must be kept exactly
+          continue;
+        }
+        const double d = std::abs(static_cast<double>(a[k]) - static_cast<double>(b[k]));
+        if (!(d <= bound)) ++p.beyond_bound;
+        p.max_error = std::max(p.max_error, d);
+        d_sq += d * d;
+      }
+      ++p.values;
+      if (!finite) {
+        ++p.nonfinite;
+        continue;
+      }
+      const std::complex<double> ca(a[0], complex ? a[1] : 0.0f), cb(b[0], complex ? b[1] : 0.0f);
+      p.max_abs_error = std::max(p.max_abs_error, std::sqrt(d_sq));
+      p.diff_sq += d_sq;
+      p.a_sq += std::norm(ca);
+      p.b_sq += std::norm(cb);
+      const std::complex<double> dot = std::conj(ca) * cb;
+      p.dot_re += dot.real();
+      p.dot_im += dot.imag();
+    }
+  }
+  EvaluatePartial total;
+  for (const auto& p : per_block) fold_into(total, p);
+  return total;
+}
+
+class EvaluateKernel final : public engine::PassKernel {
+ public:
+  EvaluateKernel(codec::ElementType type, h5::Shape chunk, std::uint64_t row_bytes, codec::Settings settings,
+                 std::optional<double> range, double bound)
+      : codec_(type, chunk, row_bytes), complex_(type == codec::ElementType::complex64), tile_rows_(chunk[0]),
+        row_bytes_(row_bytes), settings_(settings), range_(range), bound_(bound) {}
+  void prepare(Backend& backend, Stream&) override {
+    backend_ = &backend;
+    codec_.prepare(backend);
+    decoded_ = backend.alloc_device(codec_.chunk_bytes(), "compress.evaluate: decoded chunk");
+    stream_copy_ = backend.alloc_device(codec_.chunk_bytes() * 2 + (1u << 20), "compress.evaluate: stream copy");
+    host_decoded_ = backend.alloc_host(codec_.chunk_bytes(), "compress.evaluate: decoded chunk");
+  }
+  void process(const engine::BatchView& b) override {
+    auto* partials = static_cast<EvaluatePartial*>(b.partials);  // host memory (partials_on_host)
+    for (std::uint64_t first = b.rows.begin, t = 0; first < b.rows.end; first += tile_rows_, ++t) {
+      const std::uint64_t rows = std::min(tile_rows_, b.rows.end - first), offset = (first - b.rows.begin) * row_bytes_;
+      auto t0 = Clock::now();
+      const std::vector<std::uint8_t> stream =
+          codec_.encode(*b.stream, static_cast<const char*>(b.inputs[0]) + offset, rows, settings_, range_);
+      const double encode = seconds_since(t0);
+      Stream& st = codec_.stream(*b.stream);
+      if (stream.size() > stream_copy_.size()) stream_copy_ = backend_->alloc_device(stream.size(), "compress.evaluate: stream copy");
+      backend_->copy_to_device(stream_copy_.data(), stream.data(), stream.size(), st);
+      st.synchronize();
+      t0 = Clock::now();
+      codec_.decode(*b.stream, stream.data(), stream_copy_.as<std::uint8_t>(), stream.size(), decoded_.data(), rows);
+      const double decode = seconds_since(t0);
+      backend_->copy_to_host(host_decoded_.data(), decoded_.data(), rows * row_bytes_, st);
+      st.synchronize();
+      const auto* original = reinterpret_cast<const float*>(static_cast<const char*>(b.host_inputs[0]) + offset);
+      const std::uint64_t elements = rows * row_bytes_ / (complex_ ? 8 : 4);
+      EvaluatePartial p = compare(original, host_decoded_.as<float>(), elements, complex_, bound_);
+      p.stored_bytes = stream.size();
+      p.encode_seconds = encode;
+      p.decode_seconds = decode;
+      std::memcpy(&partials[t], &p, sizeof p);
+    }
+  }
+
+ private:
+  ChunkCodec codec_;
+  Backend* backend_ = nullptr;
+  bool complex_;
+  std::uint64_t tile_rows_, row_bytes_;
+  codec::Settings settings_;
+  std::optional<double> range_;
+  double bound_;
+  Buffer decoded_, stream_copy_, host_decoded_;
+};
+
+class EvaluateReduction final : public engine::Reduction {
+ public:
+  void fold(const std::byte* tile) override {
+    EvaluatePartial p;
+    std::memcpy(&p, tile, sizeof p);
+    fold_into(acc_, p);
+  }
+  std::string save() const override { return std::string(reinterpret_cast<const char*>(&acc_), sizeof acc_); }
+  void load(const std::string& state) override {
+    if (state.size() != sizeof acc_) throw std::runtime_error("compress.evaluate: saved state has the wrong size");
+    std::memcpy(&acc_, state.data(), sizeof acc_);
+  }
+  const EvaluatePartial& result() const { return acc_; }
+
+ private:
+  EvaluatePartial acc_;
+};
+
+// The figures of a folded evaluation.
+struct Figures {
+  double input_bytes = 0, ratio = 0, fidelity = 0, relative_error = 0, compress_gbps = 0, decompress_gbps = 0;
+};
+
+Figures figures(const StagePlan& plan, const EvaluatePartial& r) {
+  Figures f;
+  f.input_bytes = static_cast<double>(plan.pass.rows * plan.pass.inputs[0].row_bytes);
+  f.ratio = r.stored_bytes ? f.input_bytes / static_cast<double>(r.stored_bytes) : 0.0;
+  const double norms = std::sqrt(r.a_sq * r.b_sq);
+  f.fidelity = norms > 0 ? std::hypot(r.dot_re, r.dot_im) / norms : (r.a_sq == r.b_sq ? 1.0 : 0.0);
+  f.relative_error = r.a_sq > 0 ? std::sqrt(r.diff_sq / r.a_sq) : std::sqrt(r.diff_sq);
+  f.compress_gbps = r.encode_seconds > 0 ? f.input_bytes / r.encode_seconds / 1e9 : 0.0;
+  f.decompress_gbps = r.decode_seconds > 0 ? f.input_bytes / r.decode_seconds / 1e9 : 0.0;
+  return f;
+}
+
+class EvaluateStage final : public Stage {
+ public:
+  const StageInfo& info() const override {
+    static const StageInfo info{
+        "compress.evaluate", 1,
+        "ratio, pointwise error against the bound, fidelity and throughput of codec settings on a dataset",
+        {{"x", "the dataset to try the codec on (float32 or complex64)"}},
+        "- id: try\n  stage: compress.evaluate\n  inputs: {x: amplitudes}\n  params: {pipeline: integrated, error: "
+        "1.0e-3}\n"};
+    return info;
+  }
+
+  StagePlan plan(const json& params, const std::map<std::string, DatasetInfo>& in) const override {
+    StagePlan plan = chunk_pass(params, in.at("x"));
+    plan.pass.tile_partial_bytes = sizeof(EvaluatePartial);
+    plan.primary_output = "ratio";
+    for (const char* name : {"ratio", "max_error", "bound", "relative_error", "fidelity", "compress_gbps",
+                             "decompress_gbps"})
+      plan.results.push_back({name, DatasetInfo{h5::DType::float64, {}, {}}});
+    for (const char* name : {"beyond_bound", "stored_bytes"})
+      plan.results.push_back({name, DatasetInfo{h5::DType::uint64, {}, {}}});
+    return plan;
+  }
+
+  void refine_plan(StagePlan& plan, const KernelContext& ctx) const override {
+    // The decoded chunk, a device copy of its stream (grown if needed) and a host copy.
+    const std::uint64_t chunk = plan.pass.tile_rows * ctx.inputs.at("x")->row_bytes();
+    refine_chunk_pass(plan, ctx, 3 * chunk + (1u << 20));
+  }
+
+  std::unique_ptr<engine::PassKernel> make_kernel(const KernelContext& ctx) const override {
+    const h5::Dataset& x = *ctx.inputs.at("x");
+    const json& c = ctx.plan.summary.at("codec");
+    const double bound = std::max(c.at("error").get<double>(), c.at("threshold").get<double>());
+    return std::make_unique<EvaluateKernel>(element_type(*x.dtype(), "x"), chunk_shape(x.shape(), ctx.plan.pass.tile_rows),
+                                            x.row_bytes(), settings_from(ctx.params), planned_range(ctx.plan), bound);
+  }
+
+  std::unique_ptr<engine::Reduction> make_reduction(const StagePlan&) const override {
+    return std::make_unique<EvaluateReduction>();
+  }
+
+  void write_results(const StagePlan& plan, const StepResults& r, h5::File& out) const override {
+    const EvaluatePartial& e = static_cast<EvaluateReduction*>(r.reduction)->result();
+    const Figures f = figures(plan, e);
+    const json& c = plan.summary.at("codec");
+    const double bound = std::max(c.at("error").get<double>(), c.at("threshold").get<double>());
+    auto scalar = [&](const char* name, h5::DType t, const void* value, const char* doc) {
+      h5::Dataset d = out.create_dataset(name, {t, {}, {}, false});
+      d.write_all(value);
+      d.set_attribute("description", doc);
+    };
+    scalar("ratio", h5::DType::float64, &f.ratio, "input bytes / compressed bytes (streams of whole chunks)");
+    scalar("max_error", h5::DType::float64, &e.max_error, "largest |x - y| of a real or imaginary part");
+    scalar("bound", h5::DType::float64, &bound, "the guaranteed bound on that error: max(threshold, error), absolute");
+    scalar("beyond_bound", h5::DType::uint64, &e.beyond_bound, "parts beyond the bound, or non-finite parts changed (0)");
+    scalar("relative_error", h5::DType::float64, &f.relative_error, "|x - y| / |x| over all finite elements");
+    scalar("fidelity", h5::DType::float64, &f.fidelity, "|<x|y>| / (|x| |y|) over all finite elements");
+    scalar("compress_gbps", h5::DType::float64, &f.compress_gbps,
+           "input GB per second of compressing chunk by chunk on this backend (framing on the host included)");
+    scalar("decompress_gbps", h5::DType::float64, &f.decompress_gbps,
+           "input GB per second of decompressing chunk by chunk on this backend (framing on the host included)");
+    scalar("stored_bytes", h5::DType::uint64, &e.stored_bytes, "bytes of the compressed streams");
+    out.set_attribute("compress.codec", c.dump());
+    out.set_attribute("compress.max_abs_error", e.max_abs_error);
+    if (e.beyond_bound)
+      throw CheckFailed(fmt::format("{} of {} values came back beyond the bound {:.6g} (largest error {:.6g}): the "
+                                    "codec broke its guarantee; please report it with this input",
+                                    e.beyond_bound, e.values, bound, e.max_error));
+  }
+
+  std::string describe_results(const StagePlan& plan, const StepResults& r) const override {
+    const EvaluatePartial& e = static_cast<EvaluateReduction*>(r.reduction)->result();
+    const Figures f = figures(plan, e);
+    return fmt::format("ratio {:.2f}, max error {:.3g}, relative error {:.3g}, fidelity {:.9f}, compress {:.2f} GB/s, "
+                       "decompress {:.2f} GB/s",
+                       f.ratio, e.max_error, f.relative_error, f.fidelity, f.compress_gbps, f.decompress_gbps);
+  }
+};
+
+}  // namespace
+
+const Stage& compress_evaluate() {
+  static const EvaluateStage stage;
+  return stage;
+}
+
+}  // namespace qstage::stages
