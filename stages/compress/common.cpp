@@ -127,14 +127,15 @@ std::optional<double> planned_range(const StagePlan& plan) {
 }
 
 json settings_json(const codec::Settings& s, std::optional<double> range, codec::ElementType type) {
-  const double scale = s.relative ? range.value_or(0.0) : 1.0;
+  // Absolute values: known for absolute bounds, or relative ones with a range (null otherwise).
+  auto absolute = [&](double v) { return !s.relative ? json(v) : range ? json(v * *range) : json(nullptr); };
   return {{"pipeline", std::string(codec::pipeline_name(s.pipeline))},
           {"block_size", s.block_size},
           {"bounds", s.relative ? "relative" : "absolute"},
           {"error_given", s.error},
           {"threshold_given", s.threshold},
-          {"error", s.error * scale},
-          {"threshold", s.threshold * scale},
+          {"error", absolute(s.error)},
+          {"threshold", absolute(s.threshold)},
           {"range", range ? json(*range) : json(nullptr)},
           {"element_type", type == codec::ElementType::complex64 ? "complex64" : "float32"}};
 }

@@ -14,6 +14,8 @@
 
 #include "core/error.hpp"
 #include "core/units.hpp"
+#include "spec/schema.hpp"
+#include "stages/compress/common.hpp"
 #include "stages/tn/contractor.hpp"
 #include "stages/tn/network.hpp"
 #include "stages/tn/plan.hpp"
@@ -48,10 +50,24 @@ Loaded load(const KernelContext& ctx) {
 
 h5::DType dtype_of_plan(const tn::Plan& p) { return p.element_bytes == 16 ? h5::DType::complex128 : h5::DType::complex64; }
 
+// The codec settings of the compress_spilled parameter (its defaults filled in), if given.
+std::optional<codec::Settings> spill_settings(const json& params) {
+  if (!params.contains("compress_spilled")) return std::nullopt;
+  const json& schema = parameter_schema(tn_contract()).at("properties").at("compress_spilled");
+  return compress_detail::settings_from(spec::with_defaults(schema, params.at("compress_spilled")));
+}
+
+// Each work item's partial: its result, the measured step seconds, then the spilled bytes it
+// coded and their streams' bytes (compress_spilled).
+struct SpillCounts {
+  std::uint64_t raw = 0, stored = 0;
+};
+
 class ContractKernel final : public engine::PassKernel {
  public:
-  ContractKernel(Loaded loaded, bool tf32, std::filesystem::path scratch_dir)
-      : l_(std::move(loaded)), contractor_(l_.net, l_.plan, dtype_of_plan(l_.plan), tf32, std::move(scratch_dir)) {}
+  ContractKernel(Loaded loaded, bool tf32, std::filesystem::path scratch_dir, std::optional<codec::Settings> spill)
+      : l_(std::move(loaded)),
+        contractor_(l_.net, l_.plan, dtype_of_plan(l_.plan), tf32, std::move(scratch_dir), spill) {}
   void prepare(Backend& backend, Stream& stream) override {
     backend_ = &backend;
     contractor_.upload(backend, stream);
@@ -64,13 +80,17 @@ class ContractKernel final : public engine::PassKernel {
       const bool timed = !timed_once_;
       timed_once_ = true;
       std::vector<double> seconds(l_.plan.steps.size(), -1.0);
+      const SpillCounts before{contractor_.spilled_raw_bytes(), contractor_.spilled_stored_bytes()};
       contractor_.contract(*b.stream, r % S, l_.bitstrings.at(r / S), b.scratch, partial, timed ? &seconds : nullptr);
+      const SpillCounts spilled{contractor_.spilled_raw_bytes() - before.raw,
+                                contractor_.spilled_stored_bytes() - before.stored};
       const std::uint64_t result_bytes = contractor_.result_elements() * contractor_.element_bytes();
-      if (!seconds.empty()) {
-        backend_->copy_to_device(partial + result_bytes, seconds.data(), seconds.size() * sizeof(double), *b.stream);
-        b.stream->synchronize();  // `seconds` is pageable and about to go
-      }
-      partial += result_bytes + seconds.size() * sizeof(double);
+      const std::uint64_t seconds_bytes = seconds.size() * sizeof(double);
+      if (!seconds.empty())
+        backend_->copy_to_device(partial + result_bytes, seconds.data(), seconds_bytes, *b.stream);
+      backend_->copy_to_device(partial + result_bytes + seconds_bytes, &spilled, sizeof spilled, *b.stream);
+      b.stream->synchronize();  // `seconds` and `spilled` are pageable and about to go
+      partial += result_bytes + seconds_bytes + sizeof spilled;
     }
   }
 
@@ -101,6 +121,10 @@ class ContractReduction final : public engine::Reduction {
       acc_[b * elements_ + i] += v;
     }
     const std::byte* t = p + elements_ * (single_ ? 8 : 16);
+    SpillCounts spilled;
+    std::memcpy(&spilled, t + steps_ * sizeof(double), sizeof spilled);
+    spilled_.raw += spilled.raw;
+    spilled_.stored += spilled.stored;
     double first;
     std::memcpy(&first, t, sizeof first);
     if (steps_ && first >= 0) {
@@ -120,6 +144,7 @@ class ContractReduction final : public engine::Reduction {
     put(&timed_, 8);
     put(acc_.data(), acc_.size() * sizeof(cd));
     put(seconds_.data(), seconds_.size() * sizeof(double));
+    put(&spilled_, sizeof spilled_);
     return s;
   }
   void load(const std::string& s) override {
@@ -132,7 +157,9 @@ class ContractReduction final : public engine::Reduction {
     get(&timed_, 8);
     get(acc_.data(), acc_.size() * sizeof(cd));
     get(seconds_.data(), seconds_.size() * sizeof(double));
+    get(&spilled_, sizeof spilled_);
   }
+  const SpillCounts& spilled() const { return spilled_; }
   const std::vector<cd>& result() const { return acc_; }
   std::vector<double> mean_seconds() const {
     std::vector<double> m(seconds_.size(), std::nan(""));
@@ -147,6 +174,7 @@ class ContractReduction final : public engine::Reduction {
   std::vector<cd> acc_;
   std::vector<double> seconds_;
   std::uint64_t rows_ = 0, timed_ = 0;
+  SpillCounts spilled_;
 };
 
 // The first bitstring (or the value) contracted again in complex128 without TF32, after the
@@ -238,27 +266,38 @@ class ContractStage final : public Stage {
   void refine_plan(StagePlan& plan, const KernelContext& ctx) const override {
     const Loaded l = load(ctx);
     const auto dtype = dtype_of_plan(l.plan);
-    const tn::Contractor c(l.net, l.plan, dtype, false);
+    const auto spill = spill_settings(ctx.params);
+    std::optional<tn::Contractor> probe;
+    try {
+      probe.emplace(l.net, l.plan, dtype, false, std::filesystem::temp_directory_path(), spill);
+    } catch (const InputError& e) {
+      throw InputError(fmt::format("parameter 'compress_spilled': {}", e.what()));
+    }
+    const tn::Contractor& c = *probe;
     const std::uint64_t B = l.bitstrings.size(), S = static_cast<std::uint64_t>(l.plan.slices);
     auto& pass = plan.pass;
     pass.rows = B * S;
     pass.tile_rows = 1;
     pass.batches.clear();
     for (std::uint64_t r = 0; r < pass.rows; ++r) pass.batches.push_back({r, r + 1});
-    pass.tile_partial_bytes = c.result_elements() * c.element_bytes() + l.plan.steps.size() * sizeof(double);
+    pass.tile_partial_bytes =
+        c.result_elements() * c.element_bytes() + l.plan.steps.size() * sizeof(double) + sizeof(SpillCounts);
     pass.scratch_device_bytes_per_row = std::max<std::uint64_t>(l.plan.arena_bytes, 1);
-    pass.resident_device_bytes = c.resident_bytes();
+    pass.resident_device_bytes = c.resident_bytes() + c.spill_device_bytes(ctx.backend->kind());
     pass.uses_blas = true;
     plan.flops = l.plan.cost.multiply_adds * 8.0 * static_cast<double>(S) * static_cast<double>(B);
     plan.summary = {{"bitstrings", B}, {"slices", S}, {"result_elements", c.result_elements()},
                     {"steps", l.plan.steps.size()}, {"precision", h5::dtype_name(dtype)}, {"kind", l.net.kind},
                     {"tf32", ctx.params.at("tf32").get<bool>()},
-                    {"reference_check", ctx.params.value("reference_check", ctx.params.at("tf32").get<bool>())}};
+                    {"reference_check", ctx.params.value("reference_check", ctx.params.at("tf32").get<bool>() || spill)},
+                    {"compress_spilled", spill ? compress_detail::settings_json(*spill, std::nullopt, codec::ElementType::complex64)
+                                               : json(nullptr)}};
   }
   std::unique_ptr<engine::PassKernel> make_kernel(const KernelContext& ctx) const override {
     const std::string dir = ctx.params.value("scratch_dir", "");
     return std::make_unique<ContractKernel>(load(ctx), ctx.params.at("tf32").get<bool>(),
-                                            dir.empty() ? std::filesystem::temp_directory_path() : std::filesystem::path(dir));
+                                            dir.empty() ? std::filesystem::temp_directory_path() : std::filesystem::path(dir),
+                                            spill_settings(ctx.params));
   }
   std::unique_ptr<engine::Reduction> make_reduction(const StagePlan& plan) const override {
     const auto& s = plan.summary;
@@ -291,6 +330,13 @@ class ContractStage final : public Stage {
     out.set_attribute("slices", static_cast<std::int64_t>(s.at("slices").get<std::uint64_t>()));
     if (s.at("kind") == "generic") out.set_attribute("precision", s.at("precision").get<std::string>());
     out.set_attribute("tf32", static_cast<std::int64_t>(s.at("tf32").get<bool>()));
+    if (!s.at("compress_spilled").is_null()) {
+      const SpillCounts& c = red.spilled();
+      out.set_attribute("compress_spilled", s.at("compress_spilled").dump());
+      out.set_attribute("spilled_raw_bytes", c.raw);
+      out.set_attribute("spilled_stored_bytes", c.stored);
+      out.set_attribute("spilled_ratio", c.stored ? static_cast<double>(c.raw) / static_cast<double>(c.stored) : 0.0);
+    }
   }
   std::string describe_results(const StagePlan& plan, const StepResults& r) const override {
     const auto& red = static_cast<ContractReduction&>(*r.reduction);

@@ -14,6 +14,7 @@
 #include "kernels/gemm.hpp"
 #include "kernels/looped_gemm.hpp"
 #include "kernels/permute.hpp"
+#include "stages/tn/compressed_spill.hpp"
 
 namespace qstage::tn {
 
@@ -34,8 +35,16 @@ std::vector<char> converted(const std::vector<cd>& data, h5::DType dtype) {
 }  // namespace
 
 Contractor::Contractor(const Network& net, const Plan& plan, h5::DType dtype, bool tf32,
-                       std::filesystem::path scratch_dir)
-    : net_(net), plan_(plan), dtype_(dtype), tf32_(tf32), scratch_dir_(std::move(scratch_dir)) {
+                       std::filesystem::path scratch_dir, std::optional<codec::Settings> compress_spilled)
+    : net_(net), plan_(plan), dtype_(dtype), tf32_(tf32), scratch_dir_(std::move(scratch_dir)),
+      compress_spilled_(compress_spilled) {
+  if (compress_spilled_ && dtype_ != h5::DType::complex64)
+    throw InputError("compress_spilled needs a complex64 plan (the codec's type); expected tn.plan's precision "
+                     "complex64");
+  for (const PlanStep& st : plan.steps)
+    if (st.spilled() && st.c_host)
+      largest_spilled_block_ = std::max(largest_spilled_block_,
+                                        static_cast<std::uint64_t>(net.size_of(block_view(st).c_modes)) * element_bytes());
   for (Mode m : plan.output) result_elements_ *= static_cast<std::uint64_t>(net.extent.at(m));
   for (Mode m : plan.sliced) slice_radix_.push_back(net.extent.at(m));
   for (size_t i = 0; i < net.tensors.size(); ++i) {
@@ -59,17 +68,26 @@ std::uint64_t Contractor::resident_bytes() const {
   return b;
 }
 
+std::uint64_t Contractor::spill_device_bytes(BackendKind kind) const {
+  return compress_spilled_ && largest_spilled_block_ ? CompressedSpill::device_bytes(kind, largest_spilled_block_) : 0;
+}
+std::uint64_t Contractor::spilled_raw_bytes() const { return spill_ ? spill_->raw_bytes() : 0; }
+std::uint64_t Contractor::spilled_stored_bytes() const { return spill_ ? spill_->stored_bytes() : 0; }
+
 void Contractor::upload(Backend& backend, Stream& stream) {
   backend_ = &backend;
   if (plan_.host_arena_bytes) {
-    if (plan_.scratch) {
+    h2d_ = backend.make_stream(false);
+    d2h_ = backend.make_stream(false);
+    if (compress_spilled_) {
+      spill_ = std::make_unique<CompressedSpill>(*compress_spilled_, largest_spilled_block_);
+      spill_->prepare(backend, *h2d_, *d2h_);
+    } else if (plan_.scratch) {
       scratch_ = std::make_unique<ScratchFile>(scratch_dir_, plan_.host_arena_bytes);
       bounce_ = backend.alloc_host(plan_.arena_bytes, "tn: bounce buffer for the scratch file");
     } else {
       host_arena_ = backend.alloc_host(plan_.host_arena_bytes, "tn: host arena (spilled intermediates)");
     }
-    h2d_ = backend.make_stream(false);
-    d2h_ = backend.make_stream(false);
   }
   for (const auto& t : net_.tensors) {
     if (t.projects_qubit >= 0) {
@@ -233,6 +251,7 @@ Contractor::~Contractor() = default;
 // A host-arena block at `offset` into device staging `dst` (on the copy-in stream). From a
 // scratch file the block passes through the pinned bounce buffer, which mirrors the arena.
 void Contractor::fetch(char* dst, std::uint64_t offset, std::uint64_t bytes, char* arena) {
+  if (spill_) return spill_->fetch(dst, offset, bytes);
   if (!scratch_) return backend_->copy_to_device(dst, static_cast<char*>(host_arena_.data()) + offset, bytes, *h2d_);
   char* bounce = static_cast<char*>(bounce_.data()) + (dst - arena);
   h2d_->synchronize();  // the bounce region's previous copy has left
@@ -242,6 +261,7 @@ void Contractor::fetch(char* dst, std::uint64_t offset, std::uint64_t bytes, cha
 
 // Device staging `src` into the host arena at `offset` (on the copy-out stream).
 void Contractor::store(std::uint64_t offset, const char* src, std::uint64_t bytes, char* arena) {
+  if (spill_) return spill_->store(offset, src, bytes);
   if (!scratch_) return backend_->copy_to_host(static_cast<char*>(host_arena_.data()) + offset, src, bytes, *d2h_);
   char* bounce = static_cast<char*>(bounce_.data()) + (src - arena);
   backend_->copy_to_host(bounce, src, bytes, *d2h_);

@@ -7,9 +7,11 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "backend/backend.hpp"
+#include "io/codec/codec.hpp"
 #include "kernels/gemm.hpp"
 #include "stages/tn/network.hpp"
 #include "stages/tn/plan.hpp"
@@ -19,13 +21,22 @@ namespace qstage::tn {
 class Contractor {
  public:
   // dtype: complex64 or complex128 (the compute precision); tf32 for complex64 on cuda.
+  // compress_spilled: keep the out-of-core steps' spilled intermediates as codec streams in host
+  // memory (complex64 only; compressed_spill.hpp) instead of the plan's host arena or scratch file.
   Contractor(const Network& net, const Plan& plan, h5::DType dtype, bool tf32,
-             std::filesystem::path scratch_dir = std::filesystem::temp_directory_path());
+             std::filesystem::path scratch_dir = std::filesystem::temp_directory_path(),
+             std::optional<codec::Settings> compress_spilled = std::nullopt);
   ~Contractor();
 
   std::uint64_t resident_bytes() const;  // device memory of the resident inputs
   std::uint64_t result_elements() const { return result_elements_; }
   std::uint64_t element_bytes() const { return h5::dtype_size(dtype_); }
+  // Device memory the compressed spill takes on top of the arena (0 without compress_spilled or
+  // spilled steps).
+  std::uint64_t spill_device_bytes(BackendKind kind) const;
+  // Bytes of spilled blocks coded so far, and of their streams (0 without compress_spilled).
+  std::uint64_t spilled_raw_bytes() const;
+  std::uint64_t spilled_stored_bytes() const;
 
   // Uploads the inputs (on the I/O thread, before the pass).
   void upload(Backend& backend, Stream& stream);
@@ -70,6 +81,9 @@ class Contractor {
   std::filesystem::path scratch_dir_;
   std::unique_ptr<ScratchFile> scratch_;          // the host arena as a file (plan.scratch)
   Buffer bounce_;                                 // pinned, mirrors the device arena (plan.scratch)
+  std::optional<codec::Settings> compress_spilled_;
+  std::uint64_t largest_spilled_block_ = 0;       // bytes of the largest block a step copies out
+  std::unique_ptr<class CompressedSpill> spill_;  // the spilled blocks as streams (compress_spilled)
 };
 
 }  // namespace qstage::tn

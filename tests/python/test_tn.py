@@ -581,3 +581,46 @@ def test_unwritable_scratch_dir_is_a_clear_error(tmp):
     r = run(["run", write_spec(tmp / "spec.yaml", spec), "--run-dir", tmp / "run", "--device", DEVICE])
     assert r.code == 2 and "cannot create the scratch file" in r.err and "scratch_dir" in r.err, r
     assert (tmp / "run" / "outputs" / "plan.h5").exists(), "the steps before are kept"
+
+
+@pytest.mark.parametrize("pipeline,bound", [("szx", 0.0), ("quantized", 1e-3), ("integrated", 1e-2)])
+def test_compressed_spill_changes_the_result_only_as_far_as_its_bounds(tmp, pipeline, bound):
+    """compress_spilled keeps the spilled intermediates as codec streams in host memory (the
+    plan's host arena is not allocated). Lossless (error 0) gives the state vector's amplitudes;
+    lossy bounds move them a little, and the reference check (on by default) measures how much
+    against an uncompressed complex128 contraction."""
+    source = "random: {rows: 4, cols: 5, cycles: 8, seed: 3}"
+    spec = "name: cspill\nsteps:" + circuit_steps(source, "random_bitstrings: {count: 2, seed: 9}", "complex64", "256KiB")
+    spec = spec.replace("budget: 256KiB", "budget: 256KiB, out_of_core: true, host_budget: 64MiB")
+    spec = spec.replace("inputs: {network: net, plan: plan}\n", "inputs: {network: net, plan: plan}\n    params: "
+                        f"{{compress_spilled: {{pipeline: {pipeline}, error: {bound}, threshold: {bound}}}}}\n")
+    _, run_dir = committed_run(tmp, spec)
+    with h5py.File(run_dir / "outputs" / "plan.h5") as f:
+        host_arena = int(f.attrs["host_arena_bytes"])
+        assert f.attrs["spilled"] > 0 and host_arena > 0
+    a, _ = amplitudes(run_dir, "amps")
+    s, _ = amplitudes(run_dir, "sv")
+    with h5py.File(run_dir / "outputs" / "amps.h5") as f:
+        raw, stored = int(f.attrs["spilled_raw_bytes"]), int(f.attrs["spilled_stored_bytes"])
+        assert raw > 0 and stored > 0 and f.attrs["spilled_ratio"] == pytest.approx(raw / stored)
+        assert json.loads(f.attrs["compress_spilled"])["pipeline"] == pipeline
+        measured = f.attrs["reference_relative_error"]
+        # Streams instead of the pinned arena: the step's peak host memory stays below the arena.
+        assert f.attrs["qstage.peak_host_bytes"] < host_arena + stored
+    err = relative_error(a, s)
+    assert measured == pytest.approx(abs(a[0] - s[0]) / abs(s[0]), rel=1e-3, abs=1e-6)  # the first amplitude
+    if bound == 0:
+        assert err < 1e-5
+    else:
+        assert 1e-7 < err < 100 * bound, err
+        assert stored < raw
+
+
+def test_compressed_spill_of_a_complex128_plan_is_refused(tmp):
+    source = "random: {rows: 3, cols: 4, cycles: 8, seed: 1}"
+    spec = "name: cspill128\nsteps:" + circuit_steps(source, "random_bitstrings: {count: 1, seed: 9}", "complex128", "8KiB")
+    spec = spec.replace("inputs: {network: net, plan: plan}\n",
+                        "inputs: {network: net, plan: plan}\n    params: {compress_spilled: {pipeline: szx}}\n")
+    r = run(["run", write_spec(tmp / "spec.yaml", spec), "--run-dir", tmp / "run", "--device", DEVICE])
+    assert r.code == 2, r
+    assert "parameter 'compress_spilled': compress_spilled needs a complex64 plan" in r.err, r

@@ -1,0 +1,105 @@
+#!/usr/bin/env python3
+"""The compression stages end to end: compress, decompress and compress.evaluate over an HDF5
+dataset larger than the device budget, side by side with a plain streaming pass over the same
+input (tensor.stats: read, copy to the device, reduce), which is the ceiling of a stage that
+reads this file: a stage cannot stream faster than the engine reads its input.
+
+  python3 bench/compress_bench.py --qstage build/qstage --work /tmp/cpb --device cuda \\
+      [--gib 2] [--pipelines integrated,quantized] [--bounds 1e-2,1e-3] [--device-memory 1GiB]
+
+The input is synthetic and seeded (the same on every machine): complex64 values whose real and
+imaginary parts are normal numbers under an envelope of narrow bumps with rare spikes, so most
+values lie near zero, as in circuit tensors (`spiky` in tests/python/oracle.py, one row of
+4096 values per row, chunks of 256 rows = 8 MiB). It is written once and read from the page
+cache in every step. GB/s are input bytes per second of the whole step (setup included), from
+the run's manifest. Prints one JSON object.
+"""
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+COLS, CHUNK_ROWS = 4096, 256
+
+
+def make_input(path, gib):
+    rows = int(gib * 2**30 // (COLS * 8)) // CHUNK_ROWS * CHUNK_ROWS
+    if path.exists():
+        with h5py.File(path) as f:
+            if f["x"].shape == (rows, COLS):
+                return rows
+    rng = np.random.default_rng(2026)
+    i = np.arange(COLS)
+    with h5py.File(path, "w") as f:
+        d = f.create_dataset("x", (rows, COLS), np.complex64, chunks=(CHUNK_ROWS, COLS))
+        for r in range(0, rows, CHUNK_ROWS):
+            env = np.exp(-((((i + r * 37) % 700) - 350) / 30.0) ** 2) + 1e-5
+            env = np.broadcast_to(env, (CHUNK_ROWS, COLS)).copy()
+            env[rng.random((CHUNK_ROWS, COLS)) < 0.003] = 50.0
+            block = rng.standard_normal((CHUNK_ROWS, COLS)) + 1j * rng.standard_normal((CHUNK_ROWS, COLS))
+            d[r:r + CHUNK_ROWS] = (block * env).astype(np.complex64)
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--qstage", required=True)
+    ap.add_argument("--work", required=True, type=Path)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--gib", type=float, default=2.0)
+    ap.add_argument("--pipelines", default="integrated,quantized")
+    ap.add_argument("--bounds", default="1e-2,1e-3")
+    ap.add_argument("--device-memory", default="1GiB")
+    args = ap.parse_args()
+    args.work.mkdir(parents=True, exist_ok=True)
+    src = args.work / "in.h5"
+    rows = make_input(src, args.gib)
+
+    steps = [f"  - id: read\n    stage: tensor.stats\n    inputs: {{x: {{file: {src}, dataset: x}}}}\n"]
+    ids = []
+    for p in args.pipelines.split(","):
+        for b in args.bounds.split(","):
+            tag = f"{p}_{b}".replace("-", "m").replace(".", "p")
+            ids.append((p, b, tag))
+            params = f"{{pipeline: {p}, error: {b}, threshold: {b}}}"
+            steps.append(f"  - id: c_{tag}\n    stage: compress\n    inputs: {{x: {{file: {src}, dataset: x}}}}\n"
+                         f"    params: {params}\n"
+                         f"  - id: d_{tag}\n    stage: decompress\n    inputs: {{x: c_{tag}}}\n"
+                         f"  - id: e_{tag}\n    stage: compress.evaluate\n    inputs: {{x: {{file: {src}, dataset: x}}}}\n"
+                         f"    params: {params}\n")
+    spec = args.work / "spec.yaml"
+    spec.write_text("name: compress-bench\nsteps:\n" + "".join(steps))
+    run_dir = args.work / f"run-{args.device}"
+    r = subprocess.run([args.qstage, "run", str(spec), "--run-dir", str(run_dir), "--device", args.device,
+                        "--device-memory", args.device_memory], capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"qstage failed ({r.returncode}):\n{r.stderr[-3000:]}")
+    m = json.loads((run_dir / "manifest.json").read_text())["steps"]
+    gbps = lambda step: m[step]["metrics"]["bytes"] / m[step]["metrics"]["seconds"] / 1e9
+    input_gbps = lambda step: rows * COLS * 8 / m[step]["metrics"]["seconds"] / 1e9
+    read = input_gbps("read")
+    out = {"device": m["read"]["device"], "input_bytes": rows * COLS * 8, "device_memory": args.device_memory,
+           "read_pass_gbps": read, "cases": []}
+    for p, b, tag in ids:
+        with h5py.File(run_dir / "outputs" / f"e_{tag}.h5") as e:
+            ev = {k: float(e[k][()]) for k in ["ratio", "max_error", "bound", "fidelity", "compress_gbps",
+                                                "decompress_gbps"]}
+        out["cases"].append({
+            "pipeline": p, "bound": float(b), "ratio": ev["ratio"], "fidelity": ev["fidelity"],
+            "compress_step_gbps": input_gbps(f"c_{tag}"), "decompress_step_gbps": input_gbps(f"d_{tag}"),
+            "compress_vs_read": input_gbps(f"c_{tag}") / read, "decompress_vs_read": input_gbps(f"d_{tag}") / read,
+            "evaluate_codec_gbps": [ev["compress_gbps"], ev["decompress_gbps"]],
+            "compress_busy": {k: m[f"c_{tag}"]["metrics"][k] for k in ["read_seconds", "compute_seconds", "write_seconds",
+                                                                     "finalize_seconds", "seconds"]},
+            "decompress_busy": {k: m[f"d_{tag}"]["metrics"][k] for k in ["read_seconds", "h2d_seconds", "compute_seconds",
+                                                                       "write_seconds", "seconds"]},
+            "peak_device_bytes": m[f"c_{tag}"]["metrics"]["peak_device_bytes"]})
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
