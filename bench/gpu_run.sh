@@ -10,6 +10,7 @@
 #                                      plugins and zstandard for Python 3.12, unpacked into .gpu/py)
 # The PyPI test oracles (opt_einsum, cotengra, autoray) travel unpacked in .gpu/py:
 #   pip download --no-deps -d W opt_einsum==3.4.0 cotengra==0.8.3 autoray==0.11.0, unzip each into .gpu/py
+#   bash bench/gpu_run.sh compress ARGS  bench/compress_bench.py with ARGS (the compression stages end to end)
 #   bash bench/gpu_run.sh probe        device facts and I/O ceilings only
 set -uo pipefail
 source .gpu/env.sh
@@ -49,6 +50,10 @@ case "${1:-}" in
     python3 bench/codec_bench.py --qstage "$(command -v qstage)" --bench "$(command -v qstage_bench)" \
       --plugin "$PWD/.gpu/install/lib/qstage/hdf5-plugin" "$@"
     ;;
+  compress)
+    shift
+    python3 bench/compress_bench.py --qstage "$(command -v qstage)" "$@"
+    ;;
   probe)
     for dir in /dev/shm/qprobe /tmp/qprobe; do
       qstage_bench ceilings --device cuda --m 4096 --n 16384 --k 16384 --io-dir $dir --io-bytes 8GiB
@@ -56,5 +61,5 @@ case "${1:-}" in
     df -h /tmp /dev/shm | cat
     free -g | cat
     ;;
-  *) echo "usage: bash bench/gpu_run.sh tests|bench ARGS|tn ARGS|codec ARGS|probe" >&2; exit 2 ;;
+  *) echo "usage: bash bench/gpu_run.sh tests|bench ARGS|tn ARGS|codec ARGS|compress ARGS|probe" >&2; exit 2 ;;
 esac

@@ -10,6 +10,8 @@ Cases (seeded random circuits, Sycamore-style gates on a grid; times are per amp
   medium  6 x 9 grid, 10 cycles (54 qubits): about 6e12 flops, in core (one slice), 4 amplitudes
   medium_ooc  the same, out of core: device budget 256 MiB, a quarter of its largest intermediate
   medium_scratch  the same with a 256 MiB host budget: spilled intermediates in an HDF5 scratch file
+  medium_ooc_szx, medium_ooc_q4, medium_ooc_q3  medium_ooc with compress_spilled: szx lossless,
+              quantized at 1e-4 and 1e-3 (the result's change is measured against complex128)
   small   4 x 5 grid, 10 cycles: seconds on a laptop CPU (checks the script)
 For each case qstage builds the network, finds a path (a fixed number of greedy restarts, so the
 path is the same on every machine), plans and contracts it. Peers follow exactly that path:
@@ -39,6 +41,17 @@ CASES = {
     # The same with a 256 MiB host budget too: the spilled intermediates live in an HDF5 scratch file.
     "medium_scratch": {"grid": (6, 9, 10), "tries": 200, "budget": "256MiB", "bitstrings": 4, "in_core": "medium",
                        "plan": "out_of_core: true, host_budget: 256MiB, scratch: true"},
+    # medium_ooc with its spilled intermediates kept as codec streams (tn.contract compress_spilled):
+    # lossless (szx, error 0) and quantized at 1e-4 and 1e-3 of each block's range.
+    "medium_ooc_szx": {"grid": (6, 9, 10), "tries": 200, "budget": "256MiB", "bitstrings": 4, "in_core": "medium",
+                       "plan": "out_of_core: true, host_budget: 48GiB",
+                       "contract": "compress_spilled: {pipeline: szx, error: 0}"},
+    "medium_ooc_q4": {"grid": (6, 9, 10), "tries": 200, "budget": "256MiB", "bitstrings": 4, "in_core": "medium",
+                      "plan": "out_of_core: true, host_budget: 48GiB",
+                      "contract": "compress_spilled: {pipeline: quantized, error: 1.0e-4, threshold: 1.0e-4}"},
+    "medium_ooc_q3": {"grid": (6, 9, 10), "tries": 200, "budget": "256MiB", "bitstrings": 4, "in_core": "medium",
+                      "plan": "out_of_core: true, host_budget: 48GiB",
+                      "contract": "compress_spilled: {pipeline: quantized, error: 1.0e-3, threshold: 1.0e-3}"},
     "small": {"grid": (4, 5, 10), "tries": 64, "budget": "1GiB"},  # a smoke test for any machine
 }
 
@@ -73,7 +86,7 @@ steps:
   - id: amps
     stage: tn.contract
     inputs: {{network: net, plan: plan}}
-    params: {{tf32: {str(tf32).lower()}}}
+    params: {{tf32: {str(tf32).lower()}{", " + case["contract"] if "contract" in case else ""}}}
 """
 
 
@@ -204,8 +217,11 @@ def main():
                         # setup: uploading inputs and, out of core, pinning the host arena (once per step)
                         "setup_seconds": float(metrics["setup_seconds"]),
                         "loop_seconds_per_amplitude": float(metrics["loop_seconds"]) / count}
-            if "reference_relative_error" in amps:  # tf32: the first amplitude against complex128
+            if "reference_relative_error" in amps:  # tf32, compress_spilled: the first amplitude against complex128
                 res[key]["relative_error_vs_complex128"] = float(amps["reference_relative_error"])
+            if "spilled_ratio" in amps:  # compress_spilled
+                res[key]["spilled_ratio"] = float(amps["spilled_ratio"])
+                res[key]["spilled_stored_bytes"] = int(amps["spilled_stored_bytes"])
             if "in_core" in case and case["in_core"] in report["cases"]:
                 in_core = report["cases"][case["in_core"]]["qstage_tf32" if tf32 else "qstage"]
                 res[key]["fraction_of_in_core"] = res[key]["tflops"] / in_core["tflops"]
