@@ -57,6 +57,9 @@ struct PassSpec {
   // The kernel writes its partials into host memory (BatchView::partials is host memory and is
   // not copied): for results the host finishes, such as a compressed stream's framing.
   bool partials_on_host = false;
+  // Each partial begins with a u64 count of the bytes after it that matter (a compressed stream
+  // in a worst-case-sized partial): only those travel to rank 0, and fold() sees the same layout.
+  bool sized_partials = false;
   std::uint64_t prepare_host_bytes = 0;            // host memory PassKernel::prepare needs briefly
   bool uses_blas = false;                          // the kernel calls kernels::gemm (cuda: a cuBLAS handle per slot)
   // Explicit batches, e.g. key ranges over key-sorted rows (key_range_batches): consecutive

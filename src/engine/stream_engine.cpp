@@ -187,8 +187,11 @@ class Pipeline {
     Stream& st = *s.stream;
     const std::uint64_t n = s.rows.size();
     st.mark(0);
-    for (size_t i = 0; i < spec_.inputs.size(); ++i)
-      backend_.copy_to_device(s.dev_in[i].data(), s.host_in[i].data(), spec_.inputs[i].row_bytes * n, st);
+    for (size_t i = 0; i < spec_.inputs.size(); ++i) {
+      // Stored chunks fill whole slots, also the short last tile's.
+      const std::uint64_t rows = spec_.inputs[i].stored_chunks ? ceil_div(n, spec_.tile_rows) * spec_.tile_rows : n;
+      backend_.copy_to_device(s.dev_in[i].data(), s.host_in[i].data(), spec_.inputs[i].row_bytes * rows, st);
+    }
     st.mark(1);
     BatchView view;
     view.index = s.index;
@@ -411,8 +414,17 @@ class PassRun {
     std::string record;
     if (slot) {
       record.assign(slot->host_sums.as<char>(), slot->host_sums.size());
-      if (spec_.tile_partial_bytes)
+      if (spec_.tile_partial_bytes && spec_.sized_partials) {
+        for (std::uint64_t t = 0; t < partials_in(spec_, slot->rows); ++t) {
+          const char* p = slot->host_partials.as<char>() + t * spec_.tile_partial_bytes;
+          std::uint64_t used;
+          std::memcpy(&used, p, 8);
+          if (used > spec_.tile_partial_bytes - 8) throw std::logic_error("a sized partial overruns its tile");
+          record.append(p, 8 + used);
+        }
+      } else if (spec_.tile_partial_bytes) {
         record.append(slot->host_partials.as<char>(), partials_in(spec_, slot->rows) * spec_.tile_partial_bytes);
+      }
     }
     const auto records = comm_.gather(record);  // rank order == batch order within the round
     if (!comm_.root()) return;
@@ -424,9 +436,13 @@ class PassRun {
         std::memcpy(&v, r.data() + 8 * o, 8);
         pending_sums_[o] += v;  // wraps modulo 2^64
       }
-      if (reduction_)
-        for (size_t off = sums; off < r.size(); off += spec_.tile_partial_bytes)
-          reduction_->fold(reinterpret_cast<const std::byte*>(r.data() + off));
+      if (!reduction_) continue;
+      for (size_t off = sums; off < r.size();) {
+        reduction_->fold(reinterpret_cast<const std::byte*>(r.data() + off));
+        std::uint64_t used = 0;
+        if (spec_.sized_partials) std::memcpy(&used, r.data() + off, 8);
+        off += spec_.sized_partials ? 8 + used : spec_.tile_partial_bytes;
+      }
     }
   }
 

@@ -1,8 +1,10 @@
 #include "stages/compress/common.hpp"
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -115,7 +117,11 @@ StagePlan chunk_pass(const json& params, const DatasetInfo& x) {
 void refine_chunk_pass(StagePlan& plan, const KernelContext& ctx, std::uint64_t extra_device_bytes) {
   const h5::Dataset& x = *ctx.inputs.at("x");
   const codec::ElementType type = element_type(*x.dtype(), "x");
+  const auto start = std::chrono::steady_clock::now();
   const auto range = range_for(ctx.params, x, plan.pass.tile_rows, *ctx.comm);
+  if (range && !ctx.params.contains("range") && ctx.comm->root())
+    spdlog::info("value range {:.6g}, measured in {:.2f}s (give the parameter 'range' to skip this read)", *range,
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   plan.summary["codec"] = settings_json(settings_from(ctx.params), range, type);
   plan.pass.resident_device_bytes =
       ChunkCodec::device_bytes(ctx.backend->kind(), type, plan.pass.tile_rows * x.row_bytes()) + extra_device_bytes;
@@ -196,8 +202,11 @@ codec::StreamInfo ChunkCodec::decode(Stream& batch, const std::uint8_t* host, co
   Stream& st = stream(batch);
   const std::uint64_t floats = chunk_bytes() / sizeof(float);
   void* target = rows < chunk_rows_ ? pad_.data() : out;
+  // On cpu the "device" copy is host memory too: decode from it, so that the CPU exercises the
+  // same copy of the stream the GPU decodes from.
+  const std::uint8_t* framing = backend_->kind() == BackendKind::cuda ? host : device;
   const codec::StreamInfo info =
-      kernels::codec_decode(*backend_, st, host, bytes, device, static_cast<float*>(target), floats, gpu());
+      kernels::codec_decode(*backend_, st, framing, bytes, device, static_cast<float*>(target), floats, gpu());
   if (target != out) backend_->copy_on_device(out, target, rows * row_bytes_, st);
   st.synchronize();
   return info;

@@ -159,6 +159,7 @@ class CompressStage final : public Stage {
     StagePlan plan = chunk_pass(params, x);
     const h5::Shape chunk = chunk_shape(x.shape, plan.pass.tile_rows);
     plan.pass.tile_partial_bytes = partial_bytes(element_type(x.dtype, "x"), chunk);
+    plan.pass.sized_partials = true;  // only the streams travel to rank 0
     const std::string name = params.at("dataset").get<std::string>();
     plan.primary_output = name;
     plan.results = {{name, DatasetInfo{x.dtype, x.shape, chunk, {h5z::kFilterId}}}};
