@@ -30,6 +30,9 @@ CASES = {  # tn.build qaoa parameters and the Pauli term; largest intermediates 
     "qaoa22": {"qaoa": "{nodes: 22, p: 3, seed: 2}", "pauli": "Z0 Z1"},
     "qaoa20p4": {"qaoa": "{nodes: 20, p: 4, seed: 1}", "pauli": "Z0 Z1"},
     "qaoa24": {"qaoa": "{nodes: 24, p: 3, seed: 2}", "pauli": "Z0 Z1"},
+    # A random-circuit amplitude (tn_bench's medium network: 6 x 9 grid, 10 cycles); its largest
+    # intermediate along qstage's path has 2^27 values. The "change" is the amplitude's.
+    "rc54": {"random": "{rows: 6, cols: 9, cycles: 10, seed: 1}", "bitstrings": "{count: 1, seed: 1}"},
 }
 FILTER_ID = 32881
 PIPELINES = ["szx", "threshold", "group", "group2l", "integrated", "quantized"]
@@ -42,11 +45,13 @@ def log(*a):
 def build(args, name, case):
     run_dir = Path(args.work) / name
     spec = run_dir.with_suffix(".yaml")
+    source = (f"{{qaoa: {case['qaoa']}, pauli: '{case['pauli']}'}}" if "qaoa" in case
+              else f"{{random: {case['random']}, random_bitstrings: {case['bitstrings']}}}")
     spec.write_text(f"""name: {name}
 steps:
   - id: net
     stage: tn.build
-    params: {{qaoa: {case['qaoa']}, pauli: '{case['pauli']}'}}
+    params: {source}
   - id: path
     stage: tn.path
     inputs: {{network: net}}
@@ -69,12 +74,15 @@ def load(run_dir):
     with h5py.File(run_dir / "outputs" / "net.h5") as f:
         net = json.loads(bytes(f["network"][()]).decode())
         tensors = [f["tensors"][f"t{i:06d}"][()] for i in range(len(net["inputs"]))]
+        bits = f["bitstrings"][0] if "bitstrings" in f else None
+    for t, q in net.get("projections", []):  # <x_q| of the (first) bitstring, as tn.contract does
+        tensors[t] = np.eye(2, dtype=tensors[t].dtype)[int(bits[q])]
     sizes = {int(k): v for k, v in net["size_dict"].items()}
     tensors = [t.reshape([sizes[m] for m in modes]) for t, modes in zip(tensors, net["inputs"])]
     with h5py.File(run_dir / "outputs" / "path.h5") as f:
         ssa = f["path"][()].tolist()
     with h5py.File(run_dir / "outputs" / "value.h5") as f:
-        value = complex(np.asarray(f["value"][()]).reshape(-1)[0])
+        value = complex(np.asarray(f["value" if "value" in f else "amplitudes"][()]).reshape(-1)[0])
     return net, tensors, ssa, value
 
 
@@ -197,7 +205,7 @@ def main():
         contraction = Contraction(net, tensors, ssa)
         start = time.perf_counter()
         exact, step, big = contraction.run(keep_largest=True)
-        log(f"{name}: <{CASES[name]['pauli']}> = {exact.real:.12f} (qstage {qstage_value.real:.12f}); largest "
+        log(f"{name}: value {exact:.12g} (qstage {qstage_value:.12g}); largest "
             f"intermediate {big.size} values at step {step} of {len(ssa)} ({time.perf_counter() - start:.1f} s)")
         x = np.ascontiguousarray(big, dtype=np.complex64)
         data = Path(args.work) / f"{name}-tensor.h5"
@@ -209,18 +217,21 @@ def main():
                                   check=True, capture_output=True, text=True)
         comps = x.view(np.float32)
         value_range = float(comps.max()) - float(comps.min())
-        res = {"values": int(x.size), "log2_values": float(np.log2(x.size)), "step": step, "exact": exact.real,
-               "qstage_tn_contract": qstage_value.real, "range": value_range,
+        res = {"values": int(x.size), "log2_values": float(np.log2(x.size)), "step": step,
+               "exact": [exact.real, exact.imag], "qstage_tn_contract": [qstage_value.real, qstage_value.imag],
+               "range": value_range,
                "below_1e-3_of_range": float(np.mean(np.abs(comps) <= 1e-3 * value_range)),
                "codec": json.loads(measured.stdout)["results"], "energy": [], "peers": {}}
         for pipeline in args.pipelines.split(","):
             for bound in bounds:
                 decoded, stored = through_plugin(Path(args.work) / "plugin.h5", x, pipeline, bound * value_range)
                 changed = contraction.run(replace=(step, decoded))
+                # <ZZ> is real: its change is the real part's; an amplitude's is complex.
+                change = abs(changed.real - exact.real) if "qaoa" in CASES[name] else abs(changed - exact)
                 res["energy"].append({"pipeline": pipeline, "bound": bound, "ratio": x.nbytes / stored,
-                                      "value": changed.real, "relative_change": abs(changed.real - exact.real) / abs(exact.real),
-                                      "term_change": abs(changed.real - exact.real) / 2})
-                log(f"  {pipeline} {bound}: <ZZ> {changed.real:.8f}, relative change "
+                                      "value": [changed.real, changed.imag], "relative_change": change / abs(exact),
+                                      "term_change": change / 2})
+                log(f"  {pipeline} {bound}: value {changed:.8g}, relative change "
                     f"{res['energy'][-1]['relative_change']:.2e}, ratio {res['energy'][-1]['ratio']:.1f}")
         if args.peers:
             for bound in bounds:

@@ -133,7 +133,7 @@ void put_blocks(Writer& w, const detail::ComponentParts& parts, bool allow_zstd)
 }
 
 void write_component(Writer& w, const detail::ComponentParts& parts, const detail::Coding& c) {
-  if (c.pipeline == Pipeline::group) {
+  if (detail::groups(c.pipeline) && !detail::two_level(c.pipeline)) {  // group, quantized
     put_lossless(w, parts.bitmap, true);
   } else if (detail::two_level(c.pipeline)) {  // one bit per bitmap byte that is not zero, then those bytes
     std::vector<std::uint8_t> level2(div_up(parts.bitmap.size(), 8), 0), nonzero;

@@ -202,6 +202,20 @@ TEST(Codec, GroupingCompressesSparseDataFarBetterThanSzx) {
   EXPECT_GT(ratio(Pipeline::group2l), 50);
   EXPECT_GT(ratio(Pipeline::integrated), 20);
   EXPECT_GT(ratio(Pipeline::group), 3 * ratio(Pipeline::szx));
+  EXPECT_GT(ratio(Pipeline::quantized), 50);
+}
+
+// docs/compression.md: group and quantized sections open with the significance bitmap as a
+// lossless part ([u8 codec][u64 raw bytes = n/8]...), group2l with its second level (n/64 bytes).
+TEST(Codec, GroupingPipelinesStoreTheDocumentedBitmap) {
+  std::vector<float> x(4096);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = i % 7 == 0 ? 1.0f : 0.0f;
+  for (auto [p, raw] : {std::pair{Pipeline::group, 512u}, {Pipeline::quantized, 512u}, {Pipeline::group2l, 64u}}) {
+    const auto s = encode(x.data(), ElementType::float32, {x.size()}, Settings{p, 256, 1e-3, 1e-3, true});
+    std::uint64_t stored_raw = 0;
+    std::memcpy(&stored_raw, s.data() + 72 + 8 + 8 + 1, 8);  // header, one extent, the section's size, codec
+    EXPECT_EQ(stored_raw, raw) << pipeline_name(p);
+  }
 }
 
 TEST(Codec, BadSettingsAreRefusedWithTheirName) {
