@@ -215,6 +215,10 @@ def main():
         measured = subprocess.run([args.bench, "codec", "--data", f"{data}:tensor", "--device", args.device,
                                    "--bounds", args.bounds, "--pipelines", args.pipelines],
                                   check=True, capture_output=True, text=True)
+        for r in json.loads(measured.stdout)["results"]:  # on stderr too, in case a later part runs out of time
+            d = r["device_only"]
+            log(f"  codec {r['pipeline']} {r['bound']}: ratio {r['ratio']:.1f}, device-only GB/s "
+                f"{d['compress_GBps']:.0f} / {d['decompress_GBps']:.0f}, fidelity {r['fidelity']:.6f}")
         comps = x.view(np.float32)
         value_range = float(comps.max()) - float(comps.min())
         res = {"values": int(x.size), "log2_values": float(np.log2(x.size)), "step": step,
