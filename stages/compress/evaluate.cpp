@@ -228,22 +228,23 @@ class EvaluateStage final : public Stage {
     const Figures f = figures(plan, e);
     const json& c = plan.summary.at("codec");
     const double bound = std::max(c.at("error").get<double>(), c.at("threshold").get<double>());
-    auto scalar = [&](const char* name, h5::DType t, const void* value, const char* doc) {
-      h5::Dataset d = out.create_dataset(name, {t, {}, {}, false});
-      d.write_all(value);
-      d.set_attribute("description", doc);
-    };
-    scalar("ratio", h5::DType::float64, &f.ratio, "input bytes / compressed bytes (streams of whole chunks)");
-    scalar("max_error", h5::DType::float64, &e.max_error, "largest |x - y| of a real or imaginary part");
-    scalar("bound", h5::DType::float64, &bound, "the guaranteed bound on that error: max(threshold, error), absolute");
-    scalar("beyond_bound", h5::DType::uint64, &e.beyond_bound, "parts beyond the bound, or non-finite parts changed (0)");
-    scalar("relative_error", h5::DType::float64, &f.relative_error, "|x - y| / |x| over all finite elements");
-    scalar("fidelity", h5::DType::float64, &f.fidelity, "|<x|y>| / (|x| |y|) over all finite elements");
-    scalar("compress_gbps", h5::DType::float64, &f.compress_gbps,
+    detail::write_scalar(out, "ratio", h5::DType::float64, &f.ratio,
+                         "input bytes / compressed bytes (streams of whole chunks)");
+    detail::write_scalar(out, "max_error", h5::DType::float64, &e.max_error,
+                         "largest |x - y| of a real or imaginary part");
+    detail::write_scalar(out, "bound", h5::DType::float64, &bound,
+                         "the guaranteed bound on that error: max(threshold, error), absolute");
+    detail::write_scalar(out, "beyond_bound", h5::DType::uint64, &e.beyond_bound,
+                         "parts beyond the bound, or non-finite parts changed (0)");
+    detail::write_scalar(out, "relative_error", h5::DType::float64, &f.relative_error,
+                         "|x - y| / |x| over all finite elements");
+    detail::write_scalar(out, "fidelity", h5::DType::float64, &f.fidelity,
+                         "|<x|y>| / (|x| |y|) over all finite elements");
+    detail::write_scalar(out, "compress_gbps", h5::DType::float64, &f.compress_gbps,
            "input GB per second of compressing chunk by chunk on this backend (framing on the host included)");
-    scalar("decompress_gbps", h5::DType::float64, &f.decompress_gbps,
+    detail::write_scalar(out, "decompress_gbps", h5::DType::float64, &f.decompress_gbps,
            "input GB per second of decompressing chunk by chunk on this backend (framing on the host included)");
-    scalar("stored_bytes", h5::DType::uint64, &e.stored_bytes, "bytes of the compressed streams");
+    detail::write_scalar(out, "stored_bytes", h5::DType::uint64, &e.stored_bytes, "bytes of the compressed streams");
     out.set_attribute("compress.codec", c.dump());
     out.set_attribute("compress.max_abs_error", e.max_abs_error);
     if (e.beyond_bound)

@@ -106,9 +106,7 @@ class CompareStage final : public ComputedStage {
     const json j = json::parse(*r.computed);
     auto scalar = [&](const char* name, const char* doc) {
       const double v = j.at(name).get<double>();
-      h5::Dataset d = out.create_dataset(name, {h5::DType::float64, {}, {}, false});
-      d.write_all(&v);
-      d.set_attribute("description", doc);
+      detail::write_scalar(out, name, h5::DType::float64, &v, doc);
     };
     scalar("relative_error", "||a - b|| / ||b|| (2-norms over all elements, float64)");
     scalar("max_abs_difference", "largest |a - b| over all elements");

@@ -86,21 +86,20 @@ class StatsStage final : public Stage {
 
   void write_results(const StagePlan&, const StepResults& r, h5::File& out) const override {
     const StatsPartial& s = static_cast<StatsReduction*>(r.reduction)->result();
-    auto scalar = [&](const char* name, h5::DType t, const void* value, const char* doc) {
-      h5::Dataset d = out.create_dataset(name, {t, {}, {}, false});
-      d.write_all(value);
-      d.set_attribute("description", doc);
-    };
     const double norm = std::sqrt(s.sum_sq);
     const double nan = std::nan("");
     const double mn = s.finite_components ? s.min : nan, mx = s.finite_components ? s.max : nan;
-    scalar("norm", h5::DType::float64, &norm, "2-norm over finite elements (sum of |x|^2 in float64, tile order)");
-    scalar("sum_sq", h5::DType::float64, &s.sum_sq, "sum of |x|^2 over finite elements");
-    scalar("min", h5::DType::float64, &mn, "smallest finite real component (both parts of complex values)");
-    scalar("max", h5::DType::float64, &mx, "largest finite real component (both parts of complex values)");
-    scalar("max_abs", h5::DType::float64, &s.max_abs, "largest |x| over finite elements");
-    scalar("nonfinite", h5::DType::uint64, &s.nonfinite, "elements with a NaN or infinite component");
-    scalar("count", h5::DType::uint64, &s.count, "elements");
+    detail::write_scalar(out, "norm", h5::DType::float64, &norm,
+                         "2-norm over finite elements (sum of |x|^2 in float64, tile order)");
+    detail::write_scalar(out, "sum_sq", h5::DType::float64, &s.sum_sq, "sum of |x|^2 over finite elements");
+    detail::write_scalar(out, "min", h5::DType::float64, &mn,
+                         "smallest finite real component (both parts of complex values)");
+    detail::write_scalar(out, "max", h5::DType::float64, &mx,
+                         "largest finite real component (both parts of complex values)");
+    detail::write_scalar(out, "max_abs", h5::DType::float64, &s.max_abs, "largest |x| over finite elements");
+    detail::write_scalar(out, "nonfinite", h5::DType::uint64, &s.nonfinite,
+                         "elements with a NaN or infinite component");
+    detail::write_scalar(out, "count", h5::DType::uint64, &s.count, "elements");
     out.set_attribute("input_checksum", hex64(s.qsum));
   }
 
