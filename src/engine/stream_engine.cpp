@@ -188,9 +188,11 @@ class Pipeline {
     const std::uint64_t n = s.rows.size();
     st.mark(0);
     for (size_t i = 0; i < spec_.inputs.size(); ++i) {
-      // Stored chunks fill whole slots, also the short last tile's.
-      const std::uint64_t rows = spec_.inputs[i].stored_chunks ? ceil_div(n, spec_.tile_rows) * spec_.tile_rows : n;
-      backend_.copy_to_device(s.dev_in[i].data(), s.host_in[i].data(), spec_.inputs[i].row_bytes * rows, st);
+      if (spec_.inputs[i].stored_chunks) {
+        copy_stored_chunks(s, i, ceil_div(n, spec_.tile_rows));
+        continue;
+      }
+      backend_.copy_to_device(s.dev_in[i].data(), s.host_in[i].data(), spec_.inputs[i].row_bytes * n, st);
     }
     st.mark(1);
     BatchView view;
@@ -217,6 +219,19 @@ class Pipeline {
                             partials_in(spec_, s.rows) * spec_.tile_partial_bytes, st);
     if (!spec_.outputs.empty()) backend_.copy_to_host(s.host_sums.data(), s.dev_sums.data(), s.dev_sums.size(), st);
     st.mark(3);
+  }
+
+  // A stored-chunks input's tiles: each slot's header and the chunk's bytes, not the whole
+  // (worst-case-sized) slot, so the compressed bytes are what crosses to the device.
+  void copy_stored_chunks(Slot& s, size_t input, std::uint64_t tiles) {
+    const std::uint64_t slot = spec_.tile_rows * spec_.inputs[input].row_bytes;
+    const auto* host = s.host_in[input].as<char>();
+    auto* device = s.dev_in[input].as<char>();
+    for (std::uint64_t t = 0; t < tiles; ++t) {
+      h5::StoredChunk head;
+      std::memcpy(&head, host + t * slot, sizeof head);
+      backend_.copy_to_device(device + t * slot, host + t * slot, sizeof head + head.bytes, *s.stream);
+    }
   }
 
   Backend& backend_;
