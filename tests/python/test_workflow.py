@@ -183,3 +183,18 @@ def test_the_qsum64_snippet_in_the_docs_is_right(chain):
     _, run_dir, _ = chain
     with h5py.File(run_dir / "outputs" / "applied.h5") as f:
         assert namespace["qsum64"](f["data"][...]) == f["data"].attrs["qsum64"]
+
+
+def test_compression_example_runs(tmp):
+    r = run(["run", ROOT / "workflows" / "compression.yaml", "--run-dir", tmp / "run", "--device", DEVICE])
+    assert r.code == 0, r
+    out = tmp / "run" / "outputs"
+    with h5py.File(out / "psi.h5") as x, h5py.File(out / "unpacked.h5") as y, h5py.File(out / "packed.h5") as p:
+        a, b = x["data"][...], y["data"][...]
+        bound = max(p["data"].attrs["codec.error"], p["data"].attrs["codec.threshold"])
+        assert p.attrs["compress.ratio"] > 1
+    assert max(np.abs(a.real - b.real).max(), np.abs(a.imag - b.imag).max()) <= bound
+    with h5py.File(out / "try.h5") as e:
+        assert e["beyond_bound"][()] == 0 and e["ratio"][()] > 1
+    with h5py.File(out / "zz.h5") as z:
+        assert z.attrs["spilled_raw_bytes"] > 0 and 0 < z.attrs["reference_relative_error"] < 0.05
