@@ -10,6 +10,7 @@
 #include <limits>
 
 #include "core/error.hpp"
+#include "io/compressed_chunks.hpp"
 #include "io/row_io.hpp"
 #include "stages/tensor/common.hpp"
 
@@ -18,30 +19,12 @@ namespace qstage::stages::compress_detail {
 using nlohmann::json;
 
 codec::ElementType element_type(h5::DType t, std::string_view slot) {
-  if (t == h5::DType::float32) return codec::ElementType::float32;
-  if (t == h5::DType::complex64) return codec::ElementType::complex64;
+  if (const auto type = h5::codec_element_type(t)) return *type;
   throw InputError(fmt::format("input '{}' has dtype {}; expected float32 or complex64 (the codec's types)", slot,
                                h5::dtype_name(t)));
 }
 
-codec::Settings settings_from(const json& params) {
-  codec::Settings s;
-  const std::string name = params.at("pipeline").get<std::string>();
-  const auto pipeline = codec::pipeline_from_name(name);
-  if (!pipeline)
-    throw InputError(fmt::format("parameter 'pipeline' is '{}'; expected one of {}", name, codec::pipeline_names()));
-  s.pipeline = *pipeline;
-  s.block_size = params.at("block_size").get<std::uint32_t>();
-  s.error = params.at("error").get<double>();
-  s.threshold = s.pipeline == codec::Pipeline::szx ? 0.0 : params.at("threshold").get<double>();
-  s.relative = params.at("bounds").get<std::string>() == "relative";
-  try {
-    codec::validate(s);
-  } catch (const std::invalid_argument& e) {
-    throw InputError(fmt::format("codec parameters: {}", e.what()));
-  }
-  return s;
-}
+codec::Settings settings_from(const json& params) { return h5::codec_settings(params, "codec parameters"); }
 
 std::uint64_t chunk_rows_for(const json& params, const DatasetInfo& x) {
   std::uint64_t rows = 0;
@@ -108,7 +91,7 @@ StagePlan chunk_pass(const json& params, const DatasetInfo& x) {
   plan.pass.partials_on_host = true;
   plan.streamed_inputs = {"x"};
   plan.summary = {{"shape", x.shape}, {"dtype", h5::dtype_name(x.dtype)}, {"chunk_rows", chunk_rows},
-                  {"codec", settings_json(settings, params.contains("range") ? std::optional(params["range"].get<double>())
+                  {"codec", h5::codec_summary(settings, params.contains("range") ? std::optional(params["range"].get<double>())
                                                                              : std::nullopt,
                                           type)}};
   return plan;
@@ -122,7 +105,7 @@ void refine_chunk_pass(StagePlan& plan, const KernelContext& ctx, std::uint64_t 
   if (range && !ctx.params.contains("range") && ctx.comm->root())
     spdlog::info("value range {:.6g}, measured in {:.2f}s (give the parameter 'range' to skip this read)", *range,
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-  plan.summary["codec"] = settings_json(settings_from(ctx.params), range, type);
+  plan.summary["codec"] = h5::codec_summary(settings_from(ctx.params), range, type);
   plan.pass.resident_device_bytes =
       ChunkCodec::device_bytes(ctx.backend->kind(), type, plan.pass.tile_rows * x.row_bytes()) + extra_device_bytes;
 }
@@ -130,86 +113,6 @@ void refine_chunk_pass(StagePlan& plan, const KernelContext& ctx, std::uint64_t 
 std::optional<double> planned_range(const StagePlan& plan) {
   const json& r = plan.summary.at("codec").at("range");
   return r.is_number() ? std::optional(r.get<double>()) : std::nullopt;
-}
-
-json settings_json(const codec::Settings& s, std::optional<double> range, codec::ElementType type) {
-  // Absolute values: known for absolute bounds, or relative ones with a range (null otherwise).
-  auto absolute = [&](double v) { return !s.relative ? json(v) : range ? json(v * *range) : json(nullptr); };
-  return {{"pipeline", std::string(codec::pipeline_name(s.pipeline))},
-          {"block_size", s.block_size},
-          {"bounds", s.relative ? "relative" : "absolute"},
-          {"error_given", s.error},
-          {"threshold_given", s.threshold},
-          {"error", absolute(s.error)},
-          {"threshold", absolute(s.threshold)},
-          {"range", range ? json(*range) : json(nullptr)},
-          {"element_type", type == codec::ElementType::complex64 ? "complex64" : "float32"}};
-}
-
-// ------------------------------------------------------------------------------ ChunkCodec
-ChunkCodec::ChunkCodec(codec::ElementType type, h5::Shape chunk_shape, std::uint64_t row_bytes)
-    : type_(type), shape_(std::move(chunk_shape)), chunk_rows_(shape_.at(0)), row_bytes_(row_bytes) {}
-
-ChunkCodec::~ChunkCodec() = default;
-
-std::uint64_t ChunkCodec::device_bytes(BackendKind kind, codec::ElementType type, std::uint64_t chunk_bytes) {
-  const std::uint64_t elements = chunk_bytes / (type == codec::ElementType::complex64 ? 8 : 4);
-  return 2 * chunk_bytes + (kind == BackendKind::cuda ? kernels::codec_device_bytes(elements) : 0);
-}
-
-void ChunkCodec::prepare(Backend& backend) {
-  backend_ = &backend;
-  pad_ = backend.alloc_device(chunk_bytes(), "codec: a padded chunk");
-  zeros_ = backend.alloc_device(chunk_bytes(), "codec: zeros for padding");
-  stream_ = backend.make_stream();
-  const std::vector<std::byte> zeros(chunk_bytes());
-  backend.copy_to_device(zeros_.data(), zeros.data(), zeros.size(), *stream_);
-  stream_->synchronize();
-#ifdef QSTAGE_HAVE_CUDA
-  if (backend.kind() == BackendKind::cuda) gpu_ = std::make_unique<kernels::GpuCodec>(backend, *stream_);
-#endif
-}
-
-kernels::GpuCodec* ChunkCodec::gpu() const {
-#ifdef QSTAGE_HAVE_CUDA
-  return gpu_.get();
-#else
-  return nullptr;
-#endif
-}
-
-Stream& ChunkCodec::stream(Stream& batch) {
-  if (backend_->kind() != BackendKind::cuda) return batch;
-  batch.synchronize();  // the batch's copy to the device is done before the codec's stream reads it
-  return *stream_;
-}
-
-std::vector<std::uint8_t> ChunkCodec::encode(Stream& batch, const void* x, std::uint64_t rows,
-                                             const codec::Settings& s, std::optional<double> range) {
-  Stream& st = stream(batch);
-  const void* data = x;
-  if (rows < chunk_rows_) {  // the last chunk: its rows, then zeros
-    backend_->copy_on_device(pad_.data(), x, rows * row_bytes_, st);
-    backend_->copy_on_device(pad_.as<char>() + rows * row_bytes_, zeros_.data(), (chunk_rows_ - rows) * row_bytes_, st);
-    data = pad_.data();
-  }
-  // Absolute bounds: no range given, so the header records the chunk's own.
-  return kernels::codec_encode(*backend_, st, static_cast<const float*>(data), type_, shape_, s, range, gpu());
-}
-
-codec::StreamInfo ChunkCodec::decode(Stream& batch, const std::uint8_t* host, const std::uint8_t* device,
-                                     std::uint64_t bytes, void* out, std::uint64_t rows) {
-  Stream& st = stream(batch);
-  const std::uint64_t floats = chunk_bytes() / sizeof(float);
-  void* target = rows < chunk_rows_ ? pad_.data() : out;
-  // On cpu the "device" copy is host memory too: decode from it, so that the CPU exercises the
-  // same copy of the stream the GPU decodes from.
-  const std::uint8_t* framing = backend_->kind() == BackendKind::cuda ? host : device;
-  const codec::StreamInfo info =
-      kernels::codec_decode(*backend_, st, framing, bytes, device, static_cast<float*>(target), floats, gpu());
-  if (target != out) backend_->copy_on_device(out, target, rows * row_bytes_, st);
-  st.synchronize();
-  return info;
 }
 
 }  // namespace qstage::stages::compress_detail

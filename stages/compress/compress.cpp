@@ -9,16 +9,12 @@
 // step's work directory, made durable at every checkpoint. Parallel HDF5 1.10 cannot write
 // compressed chunks from several ranks (direct chunk writes are not coordinated and silently
 // misplace chunks), so rank 0 alone writes them into the output at the end (finish_output).
-#include <fcntl.h>
-#include <unistd.h>
-#include <xxhash.h>
-
-#include <cerrno>
 #include <cstring>
 
 #include "core/error.hpp"
 #include "core/hash.hpp"
 #include "core/units.hpp"
+#include "io/compressed_chunks.hpp"
 #include "io/filter/h5z_qstage.hpp"
 #include "stages/compress/common.hpp"
 #include "stages/compress/compress_stages.hpp"
@@ -67,79 +63,29 @@ class CompressKernel final : public engine::PassKernel {
   std::uint64_t partial_;
 };
 
-// Appends each tile's stream, in chunk order, to the spool file on rank 0. Its state (in the
-// journal) is the committed length and the streams' sizes; a resumed run first cuts the spool
-// back to that length, dropping what an interrupted run appended after its last checkpoint.
-class ChunkSpool final : public engine::Reduction {
+// Appends each tile's stream, in chunk order, to the spool file on rank 0 (h5::ChunkSpool); its
+// committed state is the reduction's state in the journal.
+class SpoolReduction final : public engine::Reduction {
  public:
-  ~ChunkSpool() override {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  void attach(const fs::path& dir) override { path_ = dir / kSpool; }
+  void attach(const fs::path& dir) override { spool_.set_path(dir / kSpool); }
   std::vector<std::string> files() const override { return {kSpool}; }
-
   void fold(const std::byte* tile) override {
     std::uint64_t size;
     std::memcpy(&size, tile, 8);
-    open_for_append();
-    write_all(tile + 8, size);
-    sizes_.push_back(size);
-    bytes_ += size;
+    spool_.append(tile + 8, size);
   }
-
-  std::string save() const override {
-    open_for_append();  // the file exists even before the first stream
-    if (::fdatasync(fd_) != 0) fail("fdatasync");
-    std::string state(16 + 8 * sizes_.size(), '\0');
-    const std::uint64_t count = sizes_.size();
-    std::memcpy(state.data(), &bytes_, 8);
-    std::memcpy(state.data() + 8, &count, 8);
-    if (count) std::memcpy(state.data() + 16, sizes_.data(), 8 * count);
-    return state;
-  }
-
+  std::string save() const override { return spool_.commit().serialize(); }
   void load(const std::string& state) override {
-    std::uint64_t count = 0;
-    if (state.size() < 16) throw std::runtime_error("compress: saved spool state is too short");
-    std::memcpy(&bytes_, state.data(), 8);
-    std::memcpy(&count, state.data() + 8, 8);
-    if (state.size() != 16 + 8 * count) throw std::runtime_error("compress: saved spool state has the wrong size");
-    sizes_.resize(count);
-    if (count) std::memcpy(sizes_.data(), state.data() + 16, 8 * count);
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;  // reopened (and cut back to bytes_) by the next fold on rank 0
-  }
-
-  const std::vector<std::uint64_t>& sizes() const { return sizes_; }
-  std::uint64_t bytes() const { return bytes_; }
-  const fs::path& path() const { return path_; }
-
- private:
-  void open_for_append() const {
-    if (fd_ >= 0) return;
-    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
-    if (fd_ < 0) fail("open");
-    if (::ftruncate(fd_, static_cast<off_t>(bytes_)) != 0) fail("truncate");
-    if (::lseek(fd_, static_cast<off_t>(bytes_), SEEK_SET) < 0) fail("seek");
-  }
-  void write_all(const std::byte* p, std::uint64_t n) const {
-    while (n > 0) {
-      const ssize_t k = ::write(fd_, p, n);
-      if (k < 0 && errno == EINTR) continue;
-      if (k <= 0) fail("write");
-      p += k;
-      n -= static_cast<std::uint64_t>(k);
+    try {
+      spool_.restore(h5::ChunkSpool::State::deserialize(state));
+    } catch (const std::runtime_error& e) {
+      throw std::runtime_error(fmt::format("compress: {}", e.what()));
     }
   }
-  [[noreturn]] void fail(const char* what) const {
-    throw RuntimeFailure(fmt::format("compress: {} of the chunk spool '{}' failed: {}", what, path_.string(),
-                                     std::strerror(errno)));
-  }
+  const h5::ChunkSpool& spool() const { return spool_; }
 
-  fs::path path_;
-  mutable int fd_ = -1;
-  std::vector<std::uint64_t> sizes_;
-  std::uint64_t bytes_ = 0;
+ private:
+  h5::ChunkSpool spool_;
 };
 
 class CompressStage final : public Stage {
@@ -176,24 +122,23 @@ class CompressStage final : public Stage {
   }
 
   std::unique_ptr<engine::Reduction> make_reduction(const StagePlan&) const override {
-    return std::make_unique<ChunkSpool>();
+    return std::make_unique<SpoolReduction>();
   }
 
   void write_results(const StagePlan& plan, const StepResults& r, h5::File& out) const override {
-    const auto& spool = *static_cast<const ChunkSpool*>(r.reduction);
+    const auto& spool = static_cast<const SpoolReduction*>(r.reduction)->spool();
     const std::uint64_t input = plan.pass.rows * plan.pass.inputs[0].row_bytes;
     out.set_attribute("compress.input_bytes", input);
-    out.set_attribute("compress.stored_bytes", spool.bytes());
-    out.set_attribute("compress.ratio", spool.bytes() ? static_cast<double>(input) / static_cast<double>(spool.bytes()) : 0.0);
+    out.set_attribute("compress.stored_bytes", spool.state().bytes);
+    out.set_attribute("compress.ratio", spool.state().bytes ? static_cast<double>(input) / static_cast<double>(spool.state().bytes) : 0.0);
     out.set_attribute("compress.codec", plan.summary.at("codec").dump());
   }
 
   std::map<std::string, std::string> finish_output(const StagePlan& plan, const StepResults& r,
                                                    const fs::path& file) const override {
-    const auto& spool = *static_cast<const ChunkSpool*>(r.reduction);
+    const auto& spool = static_cast<const SpoolReduction*>(r.reduction)->spool();
     const DatasetInfo& info = plan.results.at(0).second;
     const json& c = plan.summary.at("codec");
-    const codec::ElementType type = element_type(info.dtype, "x");
     // The stored streams carry absolute bounds; the filter's cd_values say the same, so that
     // h5repack or h5py rewriting the dataset keeps them.
     codec::Settings absolute = settings_from(r.context->params);
@@ -202,65 +147,20 @@ class CompressStage final : public Stage {
     absolute.error = c.at("error").get<double>();
 
     h5::File out = h5::File::open(file, h5::Mode::read_write);  // serial: rank 0 alone
-    h5::Dataset d = out.create_dataset(plan.results.at(0).first, {info.dtype, info.shape, info.chunk, false, false},
-                                       {{h5z::kFilterId, h5z::cd_values(type, absolute)}});
-    const int fd = ::open(spool.path().c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-      throw RuntimeFailure(fmt::format("compress: cannot open the chunk spool '{}': {}", spool.path().string(),
-                                       std::strerror(errno)));
-    XXH64_state_t* hash = XXH64_createState();
-    XXH64_reset(hash, 0);
-    std::vector<std::uint8_t> buffer;
-    std::uint64_t at = 0;
-    try {
-      for (std::uint64_t k = 0; k < spool.sizes().size(); ++k) {
-        const std::uint64_t size = spool.sizes()[k];
-        buffer.resize(size);
-        for (std::uint64_t done = 0; done < size;) {
-          const ssize_t n = ::pread(fd, buffer.data() + done, size - done, static_cast<off_t>(at + done));
-          if (n < 0 && errno == EINTR) continue;
-          if (n <= 0) throw RuntimeFailure(fmt::format("compress: the chunk spool '{}' ends early", spool.path().string()));
-          done += static_cast<std::uint64_t>(n);
-        }
-        d.write_stored_chunk(k, buffer.data(), size);
-        XXH64_update(hash, buffer.data(), size);
-        at += size;
-      }
-    } catch (...) {
-      ::close(fd);
-      XXH64_freeState(hash);
-      throw;
-    }
-    ::close(fd);
-    const std::uint64_t digest = XXH64_digest(hash);
-    XXH64_freeState(hash);
-    d.set_attribute("description", "values compressed with qstage's error-bounded codec: every real and imaginary "
-                                   "part is within max(threshold, error) of the original; read it with h5py and "
-                                   "HDF5_PLUGIN_PATH naming qstage's plugin folder, or decode it with `decompress`");
-    d.set_attribute("codec.filter_id", static_cast<std::int64_t>(h5z::kFilterId));
-    d.set_attribute("codec.pipeline", c.at("pipeline").get<std::string>());
-    d.set_attribute("codec.block_size", c.at("block_size").get<std::int64_t>());
-    d.set_attribute("codec.bounds", c.at("bounds").get<std::string>());
-    d.set_attribute("codec.error", c.at("error").get<double>());
-    d.set_attribute("codec.threshold", c.at("threshold").get<double>());
-    d.set_attribute("codec.error_given", c.at("error_given").get<double>());
-    d.set_attribute("codec.threshold_given", c.at("threshold_given").get<double>());
-    if (c.at("range").is_number()) d.set_attribute("codec.range", c.at("range").get<double>());
-    d.set_attribute("codec.stored_bytes", spool.bytes());
-    d.set_attribute("stored_xxh64", hex64(digest));
-    d = h5::Dataset();
+    const std::string digest = h5::write_compressed_dataset(out, plan.results.at(0).first, info.dtype, info.shape,
+                                                            info.chunk, absolute, c, spool);
     out.flush();
     out.close();
-    return {{plan.results.at(0).first, hex64(digest)}};
+    return {{plan.results.at(0).first, digest}};
   }
 
   std::string describe_results(const StagePlan& plan, const StepResults& r) const override {
-    const auto& spool = *static_cast<const ChunkSpool*>(r.reduction);
+    const auto& spool = static_cast<const SpoolReduction*>(r.reduction)->spool();
     const double input = static_cast<double>(plan.pass.rows * plan.pass.inputs[0].row_bytes);
     const json& c = plan.summary.at("codec");
-    return fmt::format("{} chunks, {} -> {} (ratio {:.2f}), {} bound {:.3g} (threshold {:.3g})", spool.sizes().size(),
-                       format_bytes(input), format_bytes(static_cast<double>(spool.bytes())),
-                       spool.bytes() ? input / static_cast<double>(spool.bytes()) : 0.0,
+    return fmt::format("{} chunks, {} -> {} (ratio {:.2f}), {} bound {:.3g} (threshold {:.3g})", spool.state().sizes.size(),
+                       format_bytes(input), format_bytes(static_cast<double>(spool.state().bytes)),
+                       spool.state().bytes ? input / static_cast<double>(spool.state().bytes) : 0.0,
                        c.at("pipeline").get<std::string>(), c.at("error").get<double>(), c.at("threshold").get<double>());
   }
 };

@@ -14,6 +14,7 @@
 
 #include "core/error.hpp"
 #include "core/units.hpp"
+#include "io/compressed_chunks.hpp"
 #include "spec/schema.hpp"
 #include "stages/compress/common.hpp"
 #include "stages/tn/contractor.hpp"
@@ -290,7 +291,7 @@ class ContractStage final : public Stage {
                     {"steps", l.plan.steps.size()}, {"precision", h5::dtype_name(dtype)}, {"kind", l.net.kind},
                     {"tf32", ctx.params.at("tf32").get<bool>()},
                     {"reference_check", ctx.params.value("reference_check", ctx.params.at("tf32").get<bool>() || spill)},
-                    {"compress_spilled", spill ? compress_detail::settings_json(*spill, std::nullopt, codec::ElementType::complex64)
+                    {"compress_spilled", spill ? h5::codec_summary(*spill, std::nullopt, codec::ElementType::complex64)
                                                : json(nullptr)}};
   }
   std::unique_ptr<engine::PassKernel> make_kernel(const KernelContext& ctx) const override {
