@@ -174,8 +174,9 @@ std::string write_compressed_dataset(File& file, const std::string& name, DType 
   const std::string digest = hex64(XXH64_digest(hash));
   XXH64_freeState(hash);
   d.set_attribute("description", "values compressed with qstage's error-bounded codec: every real and imaginary part "
-                                 "is within max(codec.threshold, codec.error) of the original; read it with h5py and "
-                                 "HDF5_PLUGIN_PATH naming qstage's plugin folder, or decode it with `decompress`");
+                                 "is within max(threshold, error) of the original (codec.* attributes; with "
+                                 "codec.bounds 'chunk' they are fractions of each chunk's value range); read it with "
+                                 "h5py and HDF5_PLUGIN_PATH naming qstage's plugin folder, or decode it with `decompress`");
   set_codec_attributes(d, summary);
   d.set_attribute("codec.stored_bytes", spool.state().bytes);
   d.set_attribute("stored_xxh64", digest);

@@ -36,7 +36,9 @@ json Journal::to_json() const {
   for (const auto& s : segments) segs.push_back({{"file", s.file}, {"rows", {s.rows.begin, s.rows.end}}});
   json sums = json::array();
   for (auto c : checksums) sums.push_back(hex64(c));
-  return {{"format", "qstage-journal-1"}, {"key", key}, {"rows", rows}, {"tile_rows", tile_rows},
+  json spool_list = json::array();
+  for (const auto& sp : spools) spool_list.push_back({{"output", sp.output}, {"file", sp.file}, {"state", to_hex(sp.state)}});
+  return {{"spools", spool_list}, {"format", "qstage-journal-1"}, {"key", key}, {"rows", rows}, {"tile_rows", tile_rows},
           {"committed_rows", committed_rows}, {"segments", segs}, {"checksums", sums},
           {"reduction", to_hex(reduction)}, {"reduction_files", reduction_files}, {"attempts", attempts}, {"wall_seconds", wall_seconds},
           {"compute_seconds", compute_seconds}};
@@ -54,6 +56,9 @@ Journal Journal::from_json(const json& j) {
   for (const auto& c : j.at("checksums")) out.checksums.push_back(parse_hex64(c.get<std::string>()));
   out.reduction = from_hex(j.at("reduction").get<std::string>());
   out.reduction_files = j.value("reduction_files", std::vector<std::string>{});
+  for (const auto& sp : j.value("spools", json::array()))
+    out.spools.push_back({sp.at("output").get<std::string>(), sp.at("file").get<std::string>(),
+                          from_hex(sp.at("state").get<std::string>())});
   out.attempts = j.value("attempts", 0);
   out.wall_seconds = j.value("wall_seconds", 0.0);
   out.compute_seconds = j.value("compute_seconds", 0.0);
@@ -77,6 +82,7 @@ Journal StepWork::load(const PassSpec& spec) {
                  j.checksums.size() == spec.outputs.size();
         for (const auto& s : j.segments) usable = usable && fs::exists(dir_ / s.file);
         for (const auto& f : j.reduction_files) usable = usable && fs::exists(dir_ / f);
+        for (const auto& sp : j.spools) usable = usable && fs::exists(dir_ / sp.file);
         if (!usable) spdlog::info("discarding earlier progress in {}: it belongs to other parameters or inputs",
                                   dir_.string());
       } catch (const std::exception& e) {
@@ -95,6 +101,7 @@ Journal StepWork::load(const PassSpec& spec) {
     std::set<std::string> keep{"journal.json"};
     for (const auto& s : j.segments) keep.insert(s.file);
     keep.insert(j.reduction_files.begin(), j.reduction_files.end());
+    for (const auto& sp : j.spools) keep.insert(sp.file);
     for (const auto& entry : fs::directory_iterator(dir_))
       if (!keep.count(entry.path().filename().string())) fs::remove_all(entry.path());
     fsutil::fsync_dir(dir_);

@@ -21,6 +21,12 @@ struct Segment {
   RowRange rows;
 };
 
+// The chunk spool of a compressed output (OutputDecl::codec): its file in the work directory and
+// its committed state (h5::ChunkSpool::State, serialized).
+struct SpoolRecord {
+  std::string output, file, state;
+};
+
 struct Journal {
   std::string key;                  // the step key this progress belongs to
   std::uint64_t rows = 0;           // the pass's rows and tile size when it started
@@ -30,6 +36,7 @@ struct Journal {
   std::vector<std::uint64_t> checksums;  // qsum64 per output over the committed rows
   std::string reduction;            // Reduction::save() after folding the committed tiles
   std::vector<std::string> reduction_files;  // Reduction::files(), kept across resumes
+  std::vector<SpoolRecord> spools;  // one per compressed output, once committed
   int attempts = 0;                 // runs that worked on this step
   double wall_seconds = 0;          // summed over attempts, up to the last commit
   double compute_seconds = 0;

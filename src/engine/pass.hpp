@@ -12,10 +12,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "backend/backend.hpp"
+#include "io/codec/codec.hpp"
 #include "io/h5.hpp"
 
 namespace qstage::engine {
@@ -43,7 +45,14 @@ struct OutputDecl {
   h5::DType dtype = h5::DType::float32;
   h5::Shape shape;
   h5::Shape chunk;   // chunk[0] must divide the pass's tile_rows
+  // Written compressed (qstage's codec, HDF5 filter 32881; float32 and complex64 only) instead
+  // of as values: the engine codes each chunk on the device right after the kernel, so only the
+  // coded chunks leave it; rank 0 appends them to a spool in the work directory (durable at each
+  // checkpoint) and writes them into the output at the end. Relative settings are fractions of
+  // each chunk's value range (the whole output's is not known while it streams).
+  std::optional<codec::Settings> codec;
   std::uint64_t row_bytes() const;
+  bool compressed() const { return codec.has_value(); }
 };
 
 struct PassSpec {

@@ -17,9 +17,11 @@
 #include "core/fsutil.hpp"
 #include "core/signals.hpp"
 #include "core/units.hpp"
+#include "io/compressed_chunks.hpp"
 #include "io/h5.hpp"
 #include "io/row_io.hpp"
 #include "kernels/checksum.hpp"
+#include "kernels/chunk_codec.hpp"
 
 namespace qstage::engine {
 
@@ -49,19 +51,50 @@ unsigned word_bytes(h5::DType t) { return h5::dtype_size(t) % 4 == 0 ? 4 : 1; }
 
 std::uint64_t device_partial_bytes(const PassSpec& s) { return s.partials_on_host ? 0 : s.tile_partial_bytes; }
 
+codec::ElementType element_type(const OutputDecl& out) {
+  const auto type = h5::codec_element_type(out.dtype);
+  if (!type) throw std::logic_error("a compressed output must be float32 or complex64");
+  return *type;
+}
+
+// Host bytes for the coded chunks of `rows` rows of a compressed output (rows: whole chunks
+// but for the pass's last): per chunk a u64 size and at most the codec's worst case.
+std::uint64_t stream_bytes(const OutputDecl& out, std::uint64_t rows) {
+  std::uint64_t elements = 1;
+  for (auto d : out.chunk) elements *= d;
+  return ceil_div(rows, out.chunk[0]) * (8 + codec::max_stream_bytes(element_type(out), elements, out.chunk.size()));
+}
+
+// Device memory a compressed output's ChunkCodec takes (once per rank, not per slot).
+std::uint64_t codec_device_bytes(const OutputDecl& out, BackendKind kind) {
+  return kernels::ChunkCodec::device_bytes(kind, element_type(out), out.chunk[0] * out.row_bytes());
+}
+
 struct PerBatchBytes {
   std::uint64_t in_per_row = 0, out_per_row = 0, device_per_tile = 0, host_per_tile = 0, fixed_per_slot = 0;
+  std::uint64_t fixed_device = 0;  // compressed outputs' codecs
 };
 
-PerBatchBytes per_batch_bytes(const PassSpec& s) {
+// Per tile: the device holds every output's rows; the host holds plain outputs' rows and
+// compressed outputs' coded chunks.
+PerBatchBytes per_batch_bytes(const PassSpec& s, std::uint64_t unit_rows, BackendKind kind) {
   PerBatchBytes b;
+  std::uint64_t host_out = 0;
   for (const auto& in : s.inputs) b.in_per_row += in.row_bytes;
   for (const auto& out : s.outputs) b.out_per_row += out.row_bytes();
+  for (const auto& out : s.outputs) {
+    host_out += out.compressed() ? stream_bytes(out, unit_rows) : unit_rows * out.row_bytes();
+    if (out.compressed()) b.fixed_device += codec_device_bytes(out, kind);
+  }
   const std::uint64_t row = b.in_per_row + b.out_per_row;
-  b.device_per_tile = s.tile_rows * (row + s.scratch_device_bytes_per_row) + device_partial_bytes(s);
-  b.host_per_tile = s.tile_rows * row + s.tile_partial_bytes;
+  b.device_per_tile = unit_rows * (row + s.scratch_device_bytes_per_row) + device_partial_bytes(s);
+  b.host_per_tile = unit_rows * b.in_per_row + host_out + s.tile_partial_bytes;
   b.fixed_per_slot = 8 * s.outputs.size();  // the outputs' checksums
   return b;
+}
+
+bool has_plain_outputs(const PassSpec& s) {
+  return std::any_of(s.outputs.begin(), s.outputs.end(), [](const OutputDecl& o) { return !o.compressed(); });
 }
 
 // ------------------------------------------------------------------------------ Pipeline
@@ -75,6 +108,7 @@ class Pipeline {
     std::uint64_t index = 0;  // global batch number
     RowRange rows;
     std::vector<Buffer> host_in, dev_in, host_out, dev_out;
+    std::vector<std::uint64_t> coded_bytes;  // per output: bytes of coded chunks in host_out (compressed ones)
     Buffer scratch, dev_partials, host_partials, dev_sums, host_sums;
     std::unique_ptr<Stream> stream;
   };
@@ -90,9 +124,12 @@ class Pipeline {
         s.dev_in.push_back(backend.alloc_device(in.row_bytes * batch_rows, tag + " input " + in.name));
       }
       for (const auto& out : spec.outputs) {
-        s.host_out.push_back(backend.alloc_host(out.row_bytes() * batch_rows, tag + " output " + out.name));
+        // A compressed output's host buffer holds its coded chunks, each a u64 size and a stream.
+        const std::uint64_t host = out.compressed() ? stream_bytes(out, batch_rows) : out.row_bytes() * batch_rows;
+        s.host_out.push_back(backend.alloc_host(host, tag + " output " + out.name));
         s.dev_out.push_back(backend.alloc_device(out.row_bytes() * batch_rows, tag + " output " + out.name));
       }
+      s.coded_bytes.assign(spec.outputs.size(), 0);
       if (spec.scratch_device_bytes_per_row)
         s.scratch = backend.alloc_device(spec.scratch_device_bytes_per_row * batch_rows, tag + " scratch");
       if (spec.tile_partial_bytes) {
@@ -104,6 +141,12 @@ class Pipeline {
         s.host_sums = backend.alloc_host(8 * spec.outputs.size(), tag + " checksums");
       }
       s.stream = backend.make_stream(spec.uses_blas);
+    }
+    for (const auto& out : spec.outputs) {  // one codec per compressed output: batches code in turn
+      codecs_.push_back(nullptr);
+      if (!out.compressed()) continue;
+      codecs_.back() = std::make_unique<kernels::ChunkCodec>(element_type(out), out.chunk, out.row_bytes());
+      codecs_.back()->prepare(backend);
     }
   }
 
@@ -207,18 +250,46 @@ class Pipeline {
     kernel_.process(view);
     for (size_t o = 0; o < spec_.outputs.size(); ++o) {
       const auto& out = spec_.outputs[o];
+      if (out.compressed()) {
+        encode_output(s, o);
+        continue;
+      }
       const unsigned w = word_bytes(out.dtype);
       kernels::checksum(st, {s.dev_out[o].data(), out.row_bytes() * n, w, s.rows.begin * out.row_bytes() / w,
                              s.dev_sums.as<std::uint64_t>() + o});
     }
     st.mark(2);
     for (size_t o = 0; o < spec_.outputs.size(); ++o)
-      backend_.copy_to_host(s.host_out[o].data(), s.dev_out[o].data(), spec_.outputs[o].row_bytes() * n, st);
+      if (!spec_.outputs[o].compressed())
+        backend_.copy_to_host(s.host_out[o].data(), s.dev_out[o].data(), spec_.outputs[o].row_bytes() * n, st);
     if (spec_.tile_partial_bytes && !spec_.partials_on_host)
       backend_.copy_to_host(s.host_partials.data(), s.dev_partials.data(),
                             partials_in(spec_, s.rows) * spec_.tile_partial_bytes, st);
     if (!spec_.outputs.empty()) backend_.copy_to_host(s.host_sums.data(), s.dev_sums.data(), s.dev_sums.size(), st);
     st.mark(3);
+  }
+
+  // Codes a compressed output's chunks of this batch (once the kernel is done) into its host
+  // buffer: per chunk a u64 size and the stream. Synchronous: the codec's framing is on the host.
+  void encode_output(Slot& s, size_t o) {
+    const OutputDecl& out = spec_.outputs[o];
+    kernels::ChunkCodec& codec = *codecs_[o];
+    const std::uint64_t chunk_rows = out.chunk[0], row_bytes = out.row_bytes(), capacity = s.host_out[o].size();
+    auto* host = s.host_out[o].as<char>();
+    std::uint64_t at = 0;
+    for (std::uint64_t first = s.rows.begin; first < s.rows.end; first += chunk_rows) {
+      const std::uint64_t rows = std::min(chunk_rows, s.rows.end - first);
+      const char* x = s.dev_out[o].as<char>() + (first - s.rows.begin) * row_bytes;
+      std::optional<double> range;
+      if (out.codec->relative) range = codec.value_range(*s.stream, x, rows);  // the chunk's rows, not its padding
+      const std::vector<std::uint8_t> coded = codec.encode(*s.stream, x, rows, *out.codec, range);
+      const std::uint64_t size = coded.size();
+      if (at + 8 + size > capacity) throw std::logic_error("a coded chunk exceeds the codec's worst case");
+      std::memcpy(host + at, &size, 8);
+      std::memcpy(host + at + 8, coded.data(), size);
+      at += 8 + size;
+    }
+    s.coded_bytes[o] = at;
   }
 
   // A stored-chunks input's tiles: each slot's header and the chunk's bytes, not the whole
@@ -238,6 +309,7 @@ class Pipeline {
   const PassSpec& spec_;
   PassKernel& kernel_;
   std::vector<Slot> slots_;
+  std::vector<std::unique_ptr<kernels::ChunkCodec>> codecs_;  // per output; null for plain ones
   std::uint64_t my_batches_ = 0;
   std::thread thread_;
   std::mutex mutex_;
@@ -264,6 +336,7 @@ class SegmentWriter {
     datasets_.clear();
     datasets_.reserve(spec_.outputs.size());  // writers keep references
     for (const auto& out : spec_.outputs) {
+      if (out.compressed()) continue;  // written from its spool at the end
       h5::Shape shape = out.shape;
       shape[0] = 0;
       // Early allocation: chunks exist when the extent grows, so rows can be written in parallel.
@@ -274,13 +347,15 @@ class SegmentWriter {
 
   // Collective: grows the datasets to the end of the round, then writes this rank's rows.
   void write_round(std::uint64_t round_end, const RowRange* mine, const std::vector<Buffer>* data) {
-    for (size_t o = 0; o < datasets_.size(); ++o) {
-      datasets_[o].set_rows(round_end - first_);
-      writers_[o]->refresh();
+    for (size_t o = 0, d = 0; o < spec_.outputs.size(); ++o) {
+      if (spec_.outputs[o].compressed()) continue;
+      datasets_[d].set_rows(round_end - first_);
+      writers_[d]->refresh();
       if (mine)
-        writers_[o]->write(mine->begin - first_, mine->size(), (*data)[o].data());
+        writers_[d]->write(mine->begin - first_, mine->size(), (*data)[o].data());
       else
-        writers_[o]->write(0, 0, nullptr);
+        writers_[d]->write(0, 0, nullptr);
+      ++d;
     }
   }
 
@@ -325,6 +400,7 @@ class PassRun {
     journal_.attempts += 1;
     pending_sums_ = journal_.checksums;
     if (reduction_ && !journal_.reduction.empty()) reduction_->load(journal_.reduction);
+    open_spools();
     if (journal_.committed_rows > 0 && comm_.root())
       spdlog::info("resuming at row {} of {} ({:.1f}% committed in earlier runs)", journal_.committed_rows,
                    spec_.rows, 100.0 * static_cast<double>(journal_.committed_rows) / static_cast<double>(spec_.rows));
@@ -351,6 +427,20 @@ class PassRun {
   }
 
  private:
+  // Rank 0: a chunk spool per compressed output, continuing from the journal's committed state.
+  void open_spools() {
+    spools_.clear();
+    for (const auto& out : spec_.outputs) {
+      spools_.push_back(nullptr);
+      if (!out.compressed() || !comm_.root()) continue;
+      const std::string file = fmt::format("output-{}.bin", spools_.size() - 1);
+      spools_.back() = std::make_unique<h5::ChunkSpool>(work_.dir() / file);
+      for (const auto& record : journal_.spools)
+        if (record.output == out.name && record.file == file)
+          spools_.back()->restore(h5::ChunkSpool::State::deserialize(record.state));
+    }
+  }
+
   // The batch loop. Returns false if it stopped early (after committing).
   bool stream(const BatchPlan& plan, const ProgressFn& progress) {
     const auto P = static_cast<std::uint64_t>(comm_.size()), rank = static_cast<std::uint64_t>(comm_.rank());
@@ -420,7 +510,7 @@ class PassRun {
   // Collective: writes the round's outputs and folds its partials and checksums on rank 0.
   void write_round(const RowRange& round, Pipeline::Slot* slot) {
     const auto t = Clock::now();
-    if (!spec_.outputs.empty()) {
+    if (has_plain_outputs(spec_)) {
       if (!writer_.open()) writer_.create(work_.segment_path(journal_.segments.size()), round.begin);
       writer_.write_round(round.end, slot ? &slot->rows : nullptr, slot ? &slot->host_out : nullptr);
     }
@@ -429,6 +519,11 @@ class PassRun {
     std::string record;
     if (slot) {
       record.assign(slot->host_sums.as<char>(), slot->host_sums.size());
+      for (size_t o = 0; o < spec_.outputs.size(); ++o) {  // coded chunks: their length, then them
+        if (!spec_.outputs[o].compressed()) continue;
+        record.append(reinterpret_cast<const char*>(&slot->coded_bytes[o]), 8);
+        record.append(slot->host_out[o].as<char>(), slot->coded_bytes[o]);
+      }
       if (spec_.tile_partial_bytes && spec_.sized_partials) {
         for (std::uint64_t t = 0; t < partials_in(spec_, slot->rows); ++t) {
           const char* p = slot->host_partials.as<char>() + t * spec_.tile_partial_bytes;
@@ -443,22 +538,42 @@ class PassRun {
     }
     const auto records = comm_.gather(record);  // rank order == batch order within the round
     if (!comm_.root()) return;
-    const size_t sums = 8 * spec_.outputs.size();
     for (const auto& r : records) {
       if (r.empty()) continue;
+      size_t off = 8 * spec_.outputs.size();
       for (size_t o = 0; o < spec_.outputs.size(); ++o) {
+        if (spec_.outputs[o].compressed()) {
+          off = spool_chunks(o, r, off);
+          continue;
+        }
         std::uint64_t v;
         std::memcpy(&v, r.data() + 8 * o, 8);
         pending_sums_[o] += v;  // wraps modulo 2^64
       }
       if (!reduction_) continue;
-      for (size_t off = sums; off < r.size();) {
+      while (off < r.size()) {
         reduction_->fold(reinterpret_cast<const std::byte*>(r.data() + off));
         std::uint64_t used = 0;
         if (spec_.sized_partials) std::memcpy(&used, r.data() + off, 8);
         off += spec_.sized_partials ? 8 + used : spec_.tile_partial_bytes;
       }
     }
+  }
+
+  // Rank 0: appends a record's coded chunks of compressed output `o` (at `off`: their length,
+  // then per chunk a u64 size and the stream) to its spool. Returns the offset after them.
+  size_t spool_chunks(size_t o, const std::string& r, size_t off) {
+    std::uint64_t length;
+    std::memcpy(&length, r.data() + off, 8);
+    off += 8;
+    const size_t end = off + length;
+    while (off < end) {
+      std::uint64_t size;
+      std::memcpy(&size, r.data() + off, 8);
+      spools_[o]->append(reinterpret_cast<const std::byte*>(r.data() + off + 8), size);
+      off += 8 + size;
+    }
+    return end;
   }
 
   // Collective: makes rows [0, upto) durable and records them in the journal.
@@ -484,9 +599,16 @@ class PassRun {
     spdlog::debug("committed rows [0, {}) in {:.3f}s", upto, since(t));
   }
 
-  // Rank 0: the fold's state (its files made durable) into the journal.
+  // Rank 0: the fold's state and the compressed outputs' spools (their files made durable) into
+  // the journal.
   void save_reduction() {
-    if (!reduction_ || !comm_.root()) return;
+    if (!comm_.root()) return;
+    journal_.spools.clear();
+    for (size_t o = 0; o < spools_.size(); ++o)
+      if (spools_[o])
+        journal_.spools.push_back({spec_.outputs[o].name, spools_[o]->path().filename().string(),
+                                   spools_[o]->commit().serialize()});
+    if (!reduction_) return;
     journal_.reduction = reduction_->save();
     journal_.reduction_files = reduction_->files();
   }
@@ -507,9 +629,9 @@ class PassRun {
     if (writer_.open() && writer_.first_row() == 0 && journal_.segments.empty()) {
       // The whole pass is in the open segment: it becomes the output, no copy needed.
       share_final_state();
-      annotate(writer_.file(), journal_);
+      if (!has_compressed_outputs()) annotate(writer_.file(), journal_);
       writer_.close();
-      finish_output(writer_.temp());
+      complete(writer_.temp(), annotate);
       if (comm_.root()) fsutil::commit_rename(writer_.temp(), output);
     } else {
       commit(spec_.rows);
@@ -520,19 +642,52 @@ class PassRun {
     outcome_.times.finalize += since(t);
   }
 
-  // Collective, once every rank has closed the output: the stage's serial additions on rank 0.
-  // A failure there reaches every rank (the others would otherwise wait for rank 0 forever).
-  void finish_output(const fs::path& temp) {
-    if (!finish_output_) return;
+  bool has_compressed_outputs() const {
+    return std::any_of(spec_.outputs.begin(), spec_.outputs.end(), [](const OutputDecl& o) { return o.compressed(); });
+  }
+
+  // Collective, once every rank has closed the output (annotated unless it has compressed
+  // outputs): rank 0 writes the compressed outputs, then every rank annotates the output (the
+  // stage may describe those datasets too), then rank 0 makes the stage's serial additions.
+  void complete(const fs::path& temp, const Annotate& annotate) {
+    if (has_compressed_outputs()) {
+      on_root(temp, [this](const fs::path& t) { write_compressed_outputs(t); });
+      h5::File file = h5::File::open(temp, h5::Mode::read_write, comm_.get());
+      annotate(file, journal_);
+      file.flush();
+      file.close();
+    }
+    if (finish_output_) on_root(temp, finish_output_);
+  }
+
+  // Collective: `work` on rank 0 alone; its failure reaches every rank (the others would
+  // otherwise wait for rank 0 forever).
+  void on_root(const fs::path& temp, const FinishOutput& work) {
     comm_.barrier();
     std::string error;
     if (comm_.root()) try {
-        finish_output_(temp);
+        work(temp);
       } catch (const std::exception& e) {
         error = e.what();
       }
     error = comm_.broadcast(error);
     if (!error.empty()) throw RuntimeFailure(error);
+  }
+
+  // Rank 0: the compressed outputs' datasets from their spools.
+  void write_compressed_outputs(const fs::path& temp) {
+    if (std::none_of(spools_.begin(), spools_.end(), [](const auto& s) { return s != nullptr; })) return;
+    h5::File file = h5::File::open(temp, h5::Mode::read_write);  // serial: rank 0 alone
+    for (size_t o = 0; o < spec_.outputs.size(); ++o) {
+      if (!spools_[o]) continue;
+      const OutputDecl& out = spec_.outputs[o];
+      const nlohmann::json summary =
+          h5::codec_summary(*out.codec, std::nullopt, element_type(out), out.codec->relative ? "chunk" : "absolute");
+      outcome_.stored_checksums[out.name] = h5::write_compressed_dataset(file, out.name, out.dtype, out.shape, out.chunk,
+                                                                         *out.codec, summary, *spools_[o]);
+    }
+    file.flush();
+    file.close();
   }
 
   // Collective: copies the committed segments into a new output file, in chunk-aligned pieces
@@ -544,7 +699,11 @@ class PassRun {
     std::vector<std::unique_ptr<h5::RowWriter>> writers;
     dsets.reserve(spec_.outputs.size());  // writers keep references
     std::uint64_t row_max = 1;
-    for (const auto& o : spec_.outputs) {
+    std::vector<size_t> plain;  // the outputs that have segments, in order
+    for (size_t i = 0; i < spec_.outputs.size(); ++i) {
+      const OutputDecl& o = spec_.outputs[i];
+      if (o.compressed()) continue;
+      plain.push_back(i);
       dsets.push_back(out.create_dataset(o.name, {o.dtype, o.shape, o.chunk, true, !out.parallel()}));
       writers.push_back(std::make_unique<h5::RowWriter>(dsets.back()));
       row_max = std::max(row_max, o.row_bytes());
@@ -557,7 +716,7 @@ class PassRun {
         h5::File in = h5::File::open(work_.dir() / seg.file, h5::Mode::read_only, comm_.get());
         const std::uint64_t pieces = ceil_div(seg.rows.size(), piece);
         for (size_t o = 0; o < dsets.size(); ++o) {
-          h5::Dataset src = in.open_dataset(spec_.outputs[o].name);
+          h5::Dataset src = in.open_dataset(spec_.outputs[plain[o]].name);
           h5::RowReader reader(src);
           for (std::uint64_t round = 0; round < ceil_div(pieces, P); ++round) {
             const std::uint64_t p = round * P + rank;
@@ -573,12 +732,12 @@ class PassRun {
         in.close();
       }
     }
-    annotate(out, journal_);
+    if (!has_compressed_outputs()) annotate(out, journal_);
     writers.clear();
     dsets.clear();
     out.flush();
     out.close();
-    finish_output(temp);
+    complete(temp, annotate);
     if (comm_.root()) fsutil::commit_rename(temp, output);
   }
 
@@ -595,6 +754,7 @@ class PassRun {
   std::vector<std::unique_ptr<h5::RowReader>> readers_;
   std::vector<std::unique_ptr<h5::StoredChunkReader>> chunk_readers_;
   std::vector<std::uint64_t> pending_sums_;
+  std::vector<std::unique_ptr<h5::ChunkSpool>> spools_;  // rank 0: per output; null for plain ones
   PassOutcome outcome_;
   Clock::time_point start_, last_commit_;
   FinishOutput finish_output_;
@@ -614,21 +774,20 @@ BatchPlan StreamEngine::plan(const PassSpec& spec) const {
     if (o.chunk.empty() || spec.tile_rows % o.chunk[0] != 0)
       throw std::logic_error("output chunk rows must divide the pass's tile_rows");
   check_batches(spec);
+  for (const auto& o : spec.outputs)
+    if (o.compressed()) element_type(o);  // float32 or complex64
   for (const auto& in : spec.inputs)
     if (in.stored_chunks && !spec.batches.empty())
       throw std::logic_error("stored-chunks inputs are read in whole tiles; explicit batches are not supported");
-  PerBatchBytes b = per_batch_bytes(spec);
   std::uint64_t unit_rows = spec.tile_rows;  // the smallest batch the engine may choose
   if (!spec.batches.empty()) {
     // Explicit batches: the largest one, whole, is the unit that must fit.
     unit_rows = 0;
     for (const auto& r : spec.batches) unit_rows = std::max(unit_rows, r.size());
-    const std::uint64_t row = b.in_per_row + b.out_per_row;
-    b.device_per_tile = unit_rows * (row + spec.scratch_device_bytes_per_row) + device_partial_bytes(spec);
-    b.host_per_tile = unit_rows * row + spec.tile_partial_bytes;
   }
+  const PerBatchBytes b = per_batch_bytes(spec, unit_rows, backend_.kind());
   const auto S = static_cast<std::uint64_t>(options_.slots);
-  const std::uint64_t fixed_device = spec.resident_device_bytes +
+  const std::uint64_t fixed_device = spec.resident_device_bytes + b.fixed_device +
                                      (spec.uses_blas ? S * backend_.blas_stream_bytes() : 0) + S * b.fixed_per_slot;
   const std::uint64_t fixed_host = S * b.fixed_per_slot;
   const std::uint64_t dev_limit = backend_.device_budget().limit(), host_limit = backend_.host_budget().limit();

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <optional>
 
 #include "backend/backend.hpp"
@@ -51,10 +52,13 @@ struct PassOutcome {
   BatchPlan plan;
   std::uint64_t rows_run = 0;     // rows processed in this run (all ranks)
   std::uint64_t resumed_from = 0; // committed rows found at the start
+  // Rank 0: the XXH64 of each compressed output's stored bytes, as hex (its manifest checksum).
+  std::map<std::string, std::string> stored_checksums;
 };
 
 // Called on every rank with the same arguments, while the output file is still under its
-// temporary name: writes provenance attributes and small result datasets.
+// temporary name: writes provenance attributes and small result datasets. Compressed outputs
+// (OutputDecl::codec) exist by then.
 using Annotate = std::function<void(class h5::File& output, const Journal& final_state)>;
 
 // Called on rank 0 alone after every rank has closed the output, still under its temporary

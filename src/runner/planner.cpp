@@ -3,7 +3,11 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
+
 #include "core/error.hpp"
+#include "io/compressed_chunks.hpp"
+#include "io/filter/h5z_qstage.hpp"
 #include "io/h5.hpp"
 
 namespace qstage::runner {
@@ -34,6 +38,34 @@ stages::DatasetInfo describe_file_dataset(const fs::path& file, const std::strin
   }
 }
 
+void apply_compress_output(stages::StagePlan& plan, const spec::Step& step, bool at_run_time) {
+  if (step.compress_output.is_null()) return;
+  auto& outputs = plan.pass.outputs;
+  // Computed stages and sized passes without outputs have none; others may add them at run time.
+  const bool final = at_run_time || step.impl->computes() || plan.pass.rows > 0 || !outputs.empty();
+  if (!final) return;
+  std::vector<std::string> names;
+  for (const auto& o : outputs) names.push_back(o.name);
+  if (outputs.empty())
+    throw InputError(fmt::format("compress_output: stage {} writes no streamed dataset to compress (its results are "
+                                 "written whole); expected a step with streamed outputs, or a compress step after this one",
+                                 step.stage));
+  std::vector<std::string> chosen = names;
+  if (step.compress_output.contains("datasets")) chosen = step.compress_output["datasets"].get<std::vector<std::string>>();
+  const codec::Settings settings = h5::codec_settings(step.compress_output, "compress_output");
+  for (const auto& name : chosen) {
+    auto it = std::find_if(outputs.begin(), outputs.end(), [&](const auto& o) { return o.name == name; });
+    if (it == outputs.end())
+      throw InputError(fmt::format("compress_output: datasets names '{}', which is not a streamed output of stage {}; "
+                                   "expected one of {}", name, step.stage, fmt::join(names, ", ")));
+    if (!h5::codec_element_type(it->dtype))
+      throw InputError(fmt::format("compress_output: output '{}' has dtype {}; expected float32 or complex64 (the "
+                                   "codec's types){}", name, h5::dtype_name(it->dtype),
+                                   step.compress_output.contains("datasets") ? "" : "; name the others in datasets"));
+    it->codec = settings;
+  }
+}
+
 namespace {
 
 std::string step_label(const spec::Workflow& wf, const spec::Step& s) {
@@ -61,7 +93,7 @@ ResolvedInput resolve(const spec::Workflow& wf, const spec::InputRef& ref, const
   for (const auto& o : producer->plan.pass.outputs) {
     names.push_back(o.name);
     if (o.name == r.dataset) {
-      r.info = {o.dtype, o.shape, o.chunk};
+      r.info = {o.dtype, o.shape, o.chunk, o.compressed() ? std::vector<unsigned>{h5z::kFilterId} : std::vector<unsigned>{}};
       return r;
     }
   }
@@ -92,6 +124,7 @@ std::vector<PlannedStep> plan_workflow(const spec::Workflow& wf) {
     }
     try {
       p.plan = step.impl->plan(step.params, infos);
+      apply_compress_output(p.plan, step, false);
     } catch (const InputError& e) {
       throw InputError(fmt::format("{}: {}", step_label(wf, step), e.what()));
     }

@@ -27,6 +27,12 @@ struct PlannedStep {
 // Throws InputError "<file:line:col>: steps[i] (id, stage): <what is wrong>".
 std::vector<PlannedStep> plan_workflow(const spec::Workflow& wf);
 
+// Marks the streamed outputs a step's compress_output names (all by default) as compressed.
+// Outputs that a stage declares only at run time (refine_plan) are checked then: `at_run_time`
+// false leaves a plan without outputs alone unless it certainly has none. Throws InputError for
+// a name that is not a streamed output, or an output that is not float32 or complex64.
+void apply_compress_output(stages::StagePlan& plan, const spec::Step& step, bool at_run_time);
+
 // Reads dtype, shape and chunk of a dataset in a file; InputError naming file and dataset.
 stages::DatasetInfo describe_file_dataset(const std::filesystem::path& file, const std::string& dataset);
 

@@ -95,8 +95,8 @@ void prepare_run_dir(const spec::Workflow& wf, const RunDir& dir, const mpi::Com
 std::string plural(std::uint64_t n, const char* word) { return fmt::format("{} {}{}", n, word, n == 1 ? "" : "s"); }
 
 // Why a step must run, from its previous record; empty if the record says it is done with this key.
-std::string rerun_reason(const json* record, const std::string& key, const json& params, const json& input_hashes,
-                         bool output_exists) {
+std::string rerun_reason(const json* record, const std::string& key, const json& params, const json& compress_output,
+                         const json& input_hashes, bool output_exists) {
   if (!record || record->empty()) return "new step";
   const std::string state = record->value("state", "");
   if (record->value("key", "") == key) {
@@ -111,6 +111,10 @@ std::string rerun_reason(const json* record, const std::string& key, const json&
                                                                                           : "(unset)",
                                     it.value().dump()));
   if (!changes.empty()) return fmt::format("parameters changed: {}", fmt::join(changes, ", "));
+  const json old_compress = record->value("compress_output", json());
+  if (old_compress != compress_output)
+    return fmt::format("compress_output changed: {} -> {}", old_compress.is_null() ? "(unset)" : old_compress.dump(),
+                       compress_output.is_null() ? "(unset)" : compress_output.dump());
   const json old_inputs = record->value("inputs", json::object());
   for (auto it = input_hashes.begin(); it != input_hashes.end(); ++it)
     if (!old_inputs.contains(it.key()) || old_inputs[it.key()].value("hash", "") != it.value().value("hash", ""))
@@ -224,6 +228,7 @@ class WorkflowRun {
       for (const auto& path : f.dataset_paths()) {
         h5::Dataset d = f.open_dataset(path);
         if (d.has_attribute("qsum64")) sums[path.substr(1)] = d.string_attribute("qsum64");
+        else if (d.has_attribute("stored_xxh64")) sums[path.substr(1)] = d.string_attribute("stored_xxh64");
       }
       return sums;
     } catch (const std::exception&) {
@@ -244,10 +249,12 @@ class WorkflowRun {
       // Only content hashes enter the key; the sources are for people.
       json key_inputs = json::object();
       for (auto it = hashes.begin(); it != hashes.end(); ++it) key_inputs[it.key()] = it.value()["hash"];
-      key = hash_bytes(json{{"stage", step.stage}, {"version", step.impl->info().version}, {"params", step.params},
-                            {"inputs", key_inputs}}
-                           .dump());
-      const std::string reason = rerun_reason(m.find_step(step.id), key, step.params, hashes, fs::exists(output));
+      json key_fields = {{"stage", step.stage}, {"version", step.impl->info().version}, {"params", step.params},
+                         {"inputs", key_inputs}};
+      if (!step.compress_output.is_null()) key_fields["compress_output"] = step.compress_output;  // (older keys stay)
+      key = hash_bytes(key_fields.dump());
+      const std::string reason =
+          rerun_reason(m.find_step(step.id), key, step.params, step.compress_output, hashes, fs::exists(output));
       std::optional<json> adopted = reason.empty() ? std::nullopt : adoptable(output, key);
       decision = {{"key", key}, {"hashes", hashes}, {"reason", reason}, {"adopt", adopted ? *adopted : json(nullptr)}};
       if (adopted) {
@@ -259,6 +266,8 @@ class WorkflowRun {
         json& rec = m.step(step.id);
         rec.update({{"stage", step.stage}, {"version", step.impl->info().version}, {"state", "running"}, {"key", key},
                     {"params", step.params}, {"inputs", hashes}, {"started", utc_now()}});
+        if (step.compress_output.is_null()) rec.erase("compress_output");
+        else rec["compress_output"] = step.compress_output;
       }
       m.save(dir_.root);
     }
@@ -308,6 +317,7 @@ class WorkflowRun {
     const stages::KernelContext context{step.params, by_slot, p.plan, step.files, backend_.get(), &comm_};
     try {
       step.impl->refine_plan(p.plan, context);
+      apply_compress_output(p.plan, step, true);
     } catch (const InputError& e) {
       record_failure(step.id);
       throw InputError(fmt::format("step '{}' ({}): {}", step.id, step.stage, e.what()));
@@ -367,8 +377,9 @@ class WorkflowRun {
       out.set_attribute("qstage.peak_host_bytes", static_cast<std::int64_t>(peaks[1]));
       out.set_attribute("qstage.created", created);
       out.set_attribute("qstage.summary", p.plan.summary.dump());
-      for (size_t o = 0; o < pass.outputs.size(); ++o)
-        out.open_dataset(pass.outputs[o].name).set_attribute("qsum64", hex64(j.checksums[o]));
+      for (size_t o = 0; o < pass.outputs.size(); ++o)  // (compressed ones are written later, with stored_xxh64)
+        if (!pass.outputs[o].compressed())
+          out.open_dataset(pass.outputs[o].name).set_attribute("qsum64", hex64(j.checksums[o]));
       step.impl->write_results(p.plan, results, out);
       result_checksums = checksum_results(out);
     };
@@ -432,7 +443,9 @@ class WorkflowRun {
     }
     if (comm_.root()) {
       json sums = result_checksums.value("datasets", json::object());
-      for (size_t o = 0; o < pass.outputs.size(); ++o) sums[pass.outputs[o].name] = hex64(outcome.journal.checksums[o]);
+      for (size_t o = 0; o < pass.outputs.size(); ++o)
+        sums[pass.outputs[o].name] = pass.outputs[o].compressed() ? outcome.stored_checksums.at(pass.outputs[o].name)
+                                                                  : hex64(outcome.journal.checksums[o]);
       for (const auto& [name, sum] : added) sums[name] = sum;
       if (!added.empty())  // the added datasets are part of the content later steps depend on
         result_checksums["content"] = hash_bytes(result_checksums.value("content", "") + json(added).dump());
@@ -476,7 +489,7 @@ class WorkflowRun {
     std::string all;
     for (const auto& path : out.dataset_paths()) {
       h5::Dataset d = out.open_dataset(path);
-      if (d.has_attribute("qsum64")) continue;
+      if (d.has_attribute("qsum64") || d.has_attribute("stored_xxh64")) continue;  // (compressed: their stored bytes')
       auto dtype = d.dtype();
       if (!dtype) continue;
       std::uint64_t elements = 1;

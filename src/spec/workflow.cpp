@@ -8,6 +8,7 @@
 #include "core/embedded.hpp"
 #include "core/error.hpp"
 #include "core/fsutil.hpp"
+#include "io/compressed_chunks.hpp"
 #include "spec/schema.hpp"
 #include "stages/stage.hpp"
 
@@ -98,6 +99,17 @@ Step parse_step(Workflow& wf, const json& v, size_t index) {
       fail(wf.doc, step.pointer() + "/params" + pointer,
            fmt::format("file '{}' does not exist; expected a readable file", file.string()));
     step.files[pointer] = file;
+  }
+
+  if (v.contains("compress_output")) {
+    static const json schema = json::parse(embedded::file("schemas/spec.schema.json"))["properties"]["steps"]["items"]
+                                                                                  ["properties"]["compress_output"];
+    step.compress_output = with_defaults(schema, v["compress_output"]);
+    try {
+      h5::codec_settings(step.compress_output, "codec");
+    } catch (const InputError& e) {
+      fail(wf.doc, ptr + "/compress_output", e.what());
+    }
   }
 
   const json inputs = v.value("inputs", json::object());

@@ -30,6 +30,9 @@ struct Step {
   nlohmann::json params;  // schema-valid, with defaults filled in
   std::map<std::string, InputRef> inputs;
   std::map<std::string, std::filesystem::path> files;  // file parameters (JSON pointer -> absolute path)
+  // The step's compress_output (defaults filled in), or null: its streamed outputs are written
+  // compressed (engine::OutputDecl::codec).
+  nlohmann::json compress_output;
   const stages::Stage* impl = nullptr;
   std::string pointer() const { return "/steps/" + std::to_string(index); }
 };

@@ -107,7 +107,7 @@ class DecompressStage final : public Stage {
     input.stored_chunks = true;
     plan.pass.inputs.push_back(input);
     const std::string name = params.at("dataset").get<std::string>();
-    plan.pass.outputs.push_back({name, x.dtype, x.shape, x.chunk});
+    plan.pass.outputs.push_back({name, x.dtype, x.shape, x.chunk, std::nullopt});
     plan.streamed_inputs = {"x"};
     plan.primary_output = name;
     plan.summary = {{"shape", x.shape}, {"dtype", h5::dtype_name(x.dtype)}, {"chunk_rows", x.chunk[0]}};

@@ -98,7 +98,7 @@ class MatmulStage final : public Stage {
     if (!chunk_rows) chunk_rows = a.chunk.empty() ? default_chunk_rows(n * h5::dtype_size(a.dtype)) : a.chunk[0];
 
     StagePlan plan;
-    engine::OutputDecl out{"data", a.dtype, {m, n}, {}};
+    engine::OutputDecl out{"data", a.dtype, {m, n}, {}, std::nullopt};
     out.chunk = detail::row_chunk(out.shape, chunk_rows, a.dtype, "params.chunk_rows");
     plan.pass.rows = m;
     plan.pass.tile_rows = out.chunk[0];

@@ -4,9 +4,11 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -68,6 +70,22 @@ steps:
     stage: tensor.stats
     inputs: {{x: applied}}
 """
+
+
+def stop_once_checkpointed(spec, run_dir, journal):
+    """Starts `qstage run SPEC`, sends SIGTERM as soon as `journal` (a step's first checkpoint)
+    exists, and checks that the run stopped with exit 75; skips if it finished first."""
+    p = subprocess.Popen([QSTAGE, "run", str(spec), "--run-dir", str(run_dir), "--device", DEVICE],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=dict(os.environ, OMP_NUM_THREADS="2"))
+    end = time.time() + 120
+    while time.time() < end and not Path(journal).exists() and p.poll() is None:
+        time.sleep(0.01)
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=120)
+    if p.returncode == 0:
+        pytest.skip("the run finished before SIGTERM arrived")
+    assert p.returncode == 75, err
 
 
 def write_spec(path, text):

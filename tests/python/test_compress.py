@@ -4,17 +4,13 @@ filter plugin with the values `decompress` decodes, every part within the bound 
 reports what numpy measures on the same data; interrupted, resumed and multi-rank runs store the
 same bytes as one uninterrupted run."""
 import json
-import os
-import signal
-import subprocess
-import time
 
 import numpy as np
 import pytest
 
 from h5plugin import PLUGIN_DIR  # noqa: F401  (before h5py: it sets HDF5_PLUGIN_PATH)
 from oracle import spiky
-from conftest import DEVICE, QSTAGE, ROOT, manifest, run, write_spec
+from conftest import DEVICE, ROOT, manifest, run, stop_once_checkpointed, write_spec
 
 import h5py  # noqa: E402
 
@@ -240,18 +236,7 @@ def clean_big(tmp_path_factory):
 def test_stopped_and_resumed_compression_stores_the_same_bytes(clean_big, tmp):
     spec = write_spec(tmp / "spec.yaml", BIG_SPEC)
     run_dir = tmp / "run"
-    p = subprocess.Popen([QSTAGE, "run", str(spec), "--run-dir", str(run_dir), "--device", DEVICE],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env=dict(os.environ, OMP_NUM_THREADS="2"))
-    spool = run_dir / "steps" / "packed" / "journal.json"
-    end = time.time() + 120
-    while time.time() < end and not spool.exists() and p.poll() is None:
-        time.sleep(0.01)
-    p.send_signal(signal.SIGTERM)
-    _, err = p.communicate(timeout=120)
-    if p.returncode == 0:
-        pytest.skip("the run finished before SIGTERM arrived")
-    assert p.returncode == 75, err
+    stop_once_checkpointed(spec, run_dir, run_dir / "steps" / "packed" / "journal.json")
     assert manifest(run_dir)["steps"]["packed"]["state"] == "stopped"
     r = run(["resume", run_dir, "--device", DEVICE])
     assert r.code == 0, r

@@ -198,3 +198,6 @@ def test_compression_example_runs(tmp):
         assert e["beyond_bound"][()] == 0 and e["ratio"][()] > 1
     with h5py.File(out / "zz.h5") as z:
         assert z.attrs["spilled_raw_bytes"] > 0 and 0 < z.attrs["reference_relative_error"] < 0.05
+    with h5py.File(out / "amps.h5") as s:
+        assert s["amplitudes"].attrs["codec.pipeline"] == "quantized" and s["amplitudes"].shape == (4096,)
+        assert s["amplitudes"].attrs["codec.stored_bytes"] < s["amplitudes"].size * 8
