@@ -88,6 +88,15 @@ def stop_once_checkpointed(spec, run_dir, journal):
     assert p.returncode == 75, err
 
 
+def stop_then_resume(spec, run_dir, step):
+    """stop_once_checkpointed on `step`, then `qstage resume`, which must continue from a commit."""
+    stop_once_checkpointed(spec, run_dir, Path(run_dir) / "steps" / step / "journal.json")
+    assert manifest(run_dir)["steps"][step]["state"] == "stopped"
+    r = run(["resume", run_dir, "--device", DEVICE])
+    assert r.code == 0, r
+    assert "resuming at row" in r.err
+
+
 def write_spec(path, text):
     path = Path(path)
     path.write_text(textwrap.dedent(text).lstrip())

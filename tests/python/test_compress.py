@@ -10,7 +10,7 @@ import pytest
 
 from h5plugin import PLUGIN_DIR  # noqa: F401  (before h5py: it sets HDF5_PLUGIN_PATH)
 from oracle import spiky
-from conftest import DEVICE, ROOT, manifest, run, stop_once_checkpointed, write_spec
+from conftest import DEVICE, ROOT, manifest, run, stop_then_resume, write_spec
 
 import h5py  # noqa: E402
 
@@ -235,13 +235,8 @@ def clean_big(tmp_path_factory):
 
 def test_stopped_and_resumed_compression_stores_the_same_bytes(clean_big, tmp):
     spec = write_spec(tmp / "spec.yaml", BIG_SPEC)
-    run_dir = tmp / "run"
-    stop_once_checkpointed(spec, run_dir, run_dir / "steps" / "packed" / "journal.json")
-    assert manifest(run_dir)["steps"]["packed"]["state"] == "stopped"
-    r = run(["resume", run_dir, "--device", DEVICE])
-    assert r.code == 0, r
-    assert "resuming at row" in r.err
-    assert stored(run_dir) == clean_big
+    stop_then_resume(spec, tmp / "run", "packed")
+    assert stored(tmp / "run") == clean_big
 
 
 def test_three_ranks_store_the_same_bytes_as_one(clean_big, tmp):

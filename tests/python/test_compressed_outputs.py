@@ -3,7 +3,6 @@ chunk right after the stage's kernel. h5py reads the values through the plugin, 
 the same step run uncompressed (numpy checks it); later steps read them directly; an interrupted
 and resumed run and a run on 3 ranks store the same bytes as one uninterrupted run; bad settings
 are refused before anything runs."""
-import json
 import os
 import random
 import re
@@ -13,7 +12,7 @@ import numpy as np
 import pytest
 
 from h5plugin import PLUGIN_DIR  # noqa: F401  (before h5py: it sets HDF5_PLUGIN_PATH)
-from conftest import DEVICE, QSTAGE, manifest, run, stop_once_checkpointed, write_spec
+from conftest import DEVICE, QSTAGE, manifest, run, stop_then_resume, write_spec
 
 import h5py  # noqa: E402
 
@@ -139,15 +138,8 @@ def clean_big(tmp_path_factory):
 
 def test_stopped_and_resumed_run_stores_the_same_bytes(clean_big, tmp):
     spec = write_spec(tmp / "spec.yaml", BIG_SPEC)
-    run_dir = tmp / "run"
-    journal = run_dir / "steps" / "packed" / "journal.json"
-    stop_once_checkpointed(spec, run_dir, journal)
-    state = json.loads(journal.read_text())
-    assert state["spools"] and state["spools"][0]["output"] == "data"
-    r = run(["resume", run_dir, "--device", DEVICE])
-    assert r.code == 0, r
-    assert "resuming at row" in r.err
-    assert stored(run_dir) == clean_big
+    stop_then_resume(spec, tmp / "run", "packed")
+    assert stored(tmp / "run") == clean_big
 
 
 def test_random_sigkills_then_resume_store_the_same_bytes(clean_big, tmp):
