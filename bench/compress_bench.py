@@ -3,9 +3,13 @@
 dataset larger than the device budget, side by side with a plain streaming pass over the same
 input (tensor.stats: read, copy to the device, reduce) and one that writes a dataset of its size
 (tensor.random): a stage cannot stream faster than the engine reads its input or writes its output.
+It also times outputs written compressed by the step that makes them (a step's compress_output,
+bounds relative to each chunk's range): tensor.random (uniform values, the codec's worst case)
+and, with --qaoa-qubits N, a QAOA state vector from tn.statevector (2^N complex64 amplitudes
+in rows of 2^(N-6)), each beside the same step writing plain values.
 
   python3 bench/compress_bench.py --qstage build/qstage --work /tmp/cpb --device cuda \\
-      [--gib 2] [--pipelines integrated,quantized] [--bounds 1e-2,1e-3] [--device-memory 1GiB]
+      [--gib 2] [--pipelines integrated,quantized] [--bounds 1e-2,1e-3] [--device-memory 1GiB] [--qaoa-qubits 28]
 
 The input is synthetic and seeded (the same on every machine): complex64 values whose real and
 imaginary parts are normal numbers under an envelope of narrow bumps with rare spikes, so most
@@ -55,6 +59,7 @@ def main():
     ap.add_argument("--pipelines", default="integrated,quantized")
     ap.add_argument("--bounds", default="1e-2,1e-3")
     ap.add_argument("--device-memory", default="1GiB")
+    ap.add_argument("--qaoa-qubits", type=int, default=0)
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     src = args.work / "in.h5"
@@ -65,6 +70,13 @@ def main():
     steps = [f"  - id: read\n    stage: tensor.stats\n    inputs: {{x: {{file: {src}, dataset: x}}}}\n",
              f"  - id: write\n    stage: tensor.random\n    params: {{shape: [{rows}, {COLS}], dtype: complex64, "
              f"chunk_rows: {CHUNK_ROWS}}}\n"]
+    qaoa = None
+    if args.qaoa_qubits:
+        n = args.qaoa_qubits
+        bits = [format(b, "06b") + "0" * (n - 6) for b in range(64)]
+        qaoa = (f"precision: complex64, qaoa: {{nodes: {n}, p: 2, seed: 1}}, bitstrings: {json.dumps(bits)}, "
+                f"open: {list(range(6, n))}")
+        steps.append(f"  - id: qaoa\n    stage: tn.statevector\n    params: {{{qaoa}}}\n")
     ids = []
     for p in args.pipelines.split(","):
         for b in args.bounds.split(","):
@@ -76,6 +88,12 @@ def main():
                          f"  - id: d_{tag}\n    stage: decompress\n    inputs: {{x: c_{tag}}}\n"
                          f"  - id: e_{tag}\n    stage: compress.evaluate\n    inputs: {{x: {{file: {src}, dataset: x}}}}\n"
                          f"    params: {params}\n")
+            packed = f"{{pipeline: {p}, error: {b}, threshold: {b}, bounds: chunk}}"
+            steps.append(f"  - id: w_{tag}\n    stage: tensor.random\n    params: {{shape: [{rows}, {COLS}], "
+                         f"dtype: complex64, chunk_rows: {CHUNK_ROWS}}}\n    compress_output: {packed}\n")
+            if qaoa:
+                steps.append(f"  - id: q_{tag}\n    stage: tn.statevector\n    params: {{{qaoa}}}\n"
+                             f"    compress_output: {packed}\n")
     spec = args.work / "spec.yaml"
     spec.write_text("name: compress-bench\nsteps:\n" + "".join(steps))
     run_dir = args.work / f"run-{args.device}"
@@ -84,12 +102,18 @@ def main():
     if r.returncode != 0:
         sys.exit(f"qstage failed ({r.returncode}):\n{r.stderr[-3000:]}")
     m = json.loads((run_dir / "manifest.json").read_text())["steps"]
-    gbps = lambda step: m[step]["metrics"]["bytes"] / m[step]["metrics"]["seconds"] / 1e9
     input_gbps = lambda step: rows * COLS * 8 / m[step]["metrics"]["seconds"] / 1e9
     read, write = input_gbps("read"), input_gbps("write")
     ranges = [float(x) for x in re.findall(r"measured in ([0-9.]+)s", r.stderr)]
     out = {"device": m["read"]["device"], "input_bytes": rows * COLS * 8, "device_memory": args.device_memory,
            "read_pass_gbps": read, "write_pass_gbps": write, "range_pass_seconds": ranges, "cases": []}
+    if qaoa:
+        out["qaoa_plain_seconds"] = m["qaoa"]["metrics"]["seconds"]
+
+    def stored_ratio(step, dataset):
+        with h5py.File(run_dir / "outputs" / f"{step}.h5") as f:
+            d = f[dataset]
+            return d.size * d.dtype.itemsize / float(d.attrs["codec.stored_bytes"])
     for p, b, tag in ids:
         with h5py.File(run_dir / "outputs" / f"e_{tag}.h5") as e:
             ev = {k: float(e[k][()]) for k in ["ratio", "max_error", "bound", "fidelity", "compress_gbps",
@@ -104,7 +128,14 @@ def main():
                                                                      "finalize_seconds", "seconds"]},
             "decompress_busy": {k: m[f"d_{tag}"]["metrics"][k] for k in ["read_seconds", "h2d_seconds", "compute_seconds",
                                                                        "write_seconds", "seconds"]},
-            "peak_device_bytes": m[f"c_{tag}"]["metrics"]["peak_device_bytes"]})
+            "peak_device_bytes": m[f"c_{tag}"]["metrics"]["peak_device_bytes"],
+            "random_written_compressed": {"gbps": input_gbps(f"w_{tag}"), "vs_plain_write": input_gbps(f"w_{tag}") / write,
+                                          "ratio": stored_ratio(f"w_{tag}", "data")}})
+        if qaoa:
+            out["cases"][-1]["qaoa_written_compressed"] = {
+                "seconds": m[f"q_{tag}"]["metrics"]["seconds"],
+                "vs_plain": m["qaoa"]["metrics"]["seconds"] / m[f"q_{tag}"]["metrics"]["seconds"],
+                "ratio": stored_ratio(f"q_{tag}", "amplitudes")}
     print(json.dumps(out, indent=1))
 
 

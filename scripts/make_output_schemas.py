@@ -91,8 +91,9 @@ def dataset(path, dtype, rank):
 
 
 def result():
-    return {"anyOf": [{"allOf": [dataset("/amplitudes", "complex128", None), dataset("/bitstrings", "uint8", 2)]},
-                      dataset("/value", "complex128", None)]}
+    types = ["complex64", "complex128"]  # tn.statevector's precision: complex64
+    return {"anyOf": [{"allOf": [dataset("/amplitudes", types, None), dataset("/bitstrings", "uint8", 2)]},
+                      dataset("/value", types, None)]}
 
 
 def schema(stage, description, attributes, datasets):

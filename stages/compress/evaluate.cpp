@@ -2,8 +2,10 @@
 // kernel compresses and decompresses on the pass's backend (timing both), and the host compares
 // the decoded values with the original: compression ratio, maximum pointwise error against the
 // guaranteed bound (a value beyond it fails the step), relative error, the fidelity
-// |<a|b>| / (|a| |b|), and throughput. Partials are per chunk and folded in chunk order, so every
-// number but the timings is the same on every run, backend and rank count.
+// |<a|b>| / (|a| |b|), and throughput. For a QAOA MaxCut state vector (`maxcut`), also the change
+// of the circuit's result: the energy sum over the graph's edges of <Z_a Z_b>, of the original and
+// of the decoded state (seed 003's measure, Fig. 11). Partials are per chunk and folded in chunk
+// order, so every number but the timings is the same on every run, backend and rank count.
 #include <chrono>
 #include <cmath>
 #include <complex>
@@ -14,6 +16,7 @@
 #include "stages/compress/common.hpp"
 #include "stages/compress/compress_stages.hpp"
 #include "stages/tensor/common.hpp"
+#include "stages/tn/circuit.hpp"
 
 namespace qstage::stages {
 namespace {
@@ -27,7 +30,21 @@ struct EvaluatePartial {
   double max_error = 0;      // largest |x - y| of a real or imaginary part
   double max_abs_error = 0;  // largest |x - y| of an element (complex modulus)
   double diff_sq = 0, a_sq = 0, b_sq = 0, dot_re = 0, dot_im = 0;
+  double energy_a = 0, energy_b = 0;  // sum over elements of |x|^2 c(i) and |y|^2 c(i) (maxcut)
   double encode_seconds = 0, decode_seconds = 0;
+};
+
+// A MaxCut graph on the qubits of a state vector whose flat index i is the basis state, qubit q
+// being bit (qubits - 1 - q) of i (qubit 0 most significant: tn.statevector's order).
+struct MaxCut {
+  int qubits = 0;
+  std::vector<std::pair<int, int>> edges;
+  // c(i) = sum over edges of z_a z_b, z = +1 for bit 0 and -1 for bit 1: <i|sum Z_a Z_b|i>.
+  double diagonal(std::uint64_t i) const {
+    int c = 0;
+    for (const auto& [a, b] : edges) c += ((i >> (qubits - 1 - a)) ^ (i >> (qubits - 1 - b))) & 1 ? -1 : 1;
+    return c;
+  }
 };
 
 void fold_into(EvaluatePartial& a, const EvaluatePartial& b) {
@@ -42,6 +59,8 @@ void fold_into(EvaluatePartial& a, const EvaluatePartial& b) {
   a.b_sq += b.b_sq;
   a.dot_re += b.dot_re;
   a.dot_im += b.dot_im;
+  a.energy_a += b.energy_a;
+  a.energy_b += b.energy_b;
   a.encode_seconds += b.encode_seconds;
   a.decode_seconds += b.decode_seconds;
 }
@@ -50,7 +69,9 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 
 // Compares `count` elements of x (original) and y (decoded), in blocks of 4096 elements summed
 // in order, so the sums do not depend on the thread count. NaN and Inf must come back bit for bit.
-EvaluatePartial compare(const float* x, const float* y, std::uint64_t count, bool complex, double bound) {
+// `first` is x's first element's index in the dataset (for the MaxCut diagonal).
+EvaluatePartial compare(const float* x, const float* y, std::uint64_t count, bool complex, double bound,
+                        std::uint64_t first, const MaxCut* maxcut) {
   const int parts = complex ? 2 : 1;
   constexpr std::uint64_t kBlock = 4096;
   const std::uint64_t blocks = (count + kBlock - 1) / kBlock;
@@ -88,6 +109,11 @@ EvaluatePartial compare(const float* x, const float* y, std::uint64_t count, boo
       const std::complex<double> dot = std::conj(ca) * cb;
       p.dot_re += dot.real();
       p.dot_im += dot.imag();
+      if (maxcut) {
+        const double c = maxcut->diagonal(first + i);
+        p.energy_a += std::norm(ca) * c;
+        p.energy_b += std::norm(cb) * c;
+      }
     }
   }
   EvaluatePartial total;
@@ -98,9 +124,9 @@ EvaluatePartial compare(const float* x, const float* y, std::uint64_t count, boo
 class EvaluateKernel final : public engine::PassKernel {
  public:
   EvaluateKernel(codec::ElementType type, h5::Shape chunk, std::uint64_t row_bytes, codec::Settings settings,
-                 std::optional<double> range, double bound)
+                 std::optional<double> range, double bound, std::optional<MaxCut> maxcut)
       : codec_(type, chunk, row_bytes), complex_(type == codec::ElementType::complex64), tile_rows_(chunk[0]),
-        row_bytes_(row_bytes), settings_(settings), range_(range), bound_(bound) {}
+        row_bytes_(row_bytes), settings_(settings), range_(range), bound_(bound), maxcut_(std::move(maxcut)) {}
   void prepare(Backend& backend, Stream&) override {
     backend_ = &backend;
     codec_.prepare(backend);
@@ -126,8 +152,9 @@ class EvaluateKernel final : public engine::PassKernel {
       backend_->copy_to_host(host_decoded_.data(), decoded_.data(), rows * row_bytes_, st);
       st.synchronize();
       const auto* original = reinterpret_cast<const float*>(static_cast<const char*>(b.host_inputs[0]) + offset);
-      const std::uint64_t elements = rows * row_bytes_ / (complex_ ? 8 : 4);
-      EvaluatePartial p = compare(original, host_decoded_.as<float>(), elements, complex_, bound_);
+      const std::uint64_t element_bytes = complex_ ? 8 : 4, elements = rows * row_bytes_ / element_bytes;
+      EvaluatePartial p = compare(original, host_decoded_.as<float>(), elements, complex_, bound_,
+                                  first * row_bytes_ / element_bytes, maxcut_ ? &*maxcut_ : nullptr);
       p.stored_bytes = stream.size();
       p.encode_seconds = encode;
       p.decode_seconds = decode;
@@ -143,6 +170,7 @@ class EvaluateKernel final : public engine::PassKernel {
   codec::Settings settings_;
   std::optional<double> range_;
   double bound_;
+  std::optional<MaxCut> maxcut_;
   Buffer decoded_, stream_copy_, host_decoded_;
 };
 
@@ -167,6 +195,7 @@ class EvaluateReduction final : public engine::Reduction {
 // The figures of a folded evaluation.
 struct Figures {
   double input_bytes = 0, ratio = 0, fidelity = 0, relative_error = 0, compress_gbps = 0, decompress_gbps = 0;
+  double energy_original = 0, energy_decoded = 0, energy_relative_error = 0;  // maxcut
 };
 
 Figures figures(const StagePlan& plan, const EvaluatePartial& r) {
@@ -178,6 +207,11 @@ Figures figures(const StagePlan& plan, const EvaluatePartial& r) {
   f.relative_error = r.a_sq > 0 ? std::sqrt(r.diff_sq / r.a_sq) : std::sqrt(r.diff_sq);
   f.compress_gbps = r.encode_seconds > 0 ? f.input_bytes / r.encode_seconds / 1e9 : 0.0;
   f.decompress_gbps = r.decode_seconds > 0 ? f.input_bytes / r.decode_seconds / 1e9 : 0.0;
+  // Energies of the normalized states: a change of the norm alone does not count.
+  f.energy_original = r.a_sq > 0 ? r.energy_a / r.a_sq : 0.0;
+  f.energy_decoded = r.b_sq > 0 ? r.energy_b / r.b_sq : 0.0;
+  const double change = std::abs(f.energy_decoded - f.energy_original);
+  f.energy_relative_error = f.energy_original != 0 ? change / std::abs(f.energy_original) : change;
   return f;
 }
 
@@ -185,7 +219,7 @@ class EvaluateStage final : public Stage {
  public:
   const StageInfo& info() const override {
     static const StageInfo info{
-        "compress.evaluate", 1,
+        "compress.evaluate", 2,
         "ratio, pointwise error against the bound, fidelity and throughput of codec settings on a dataset",
         {{"x", "the dataset to try the codec on (float32 or complex64)"}},
         "- id: try\n  stage: compress.evaluate\n  inputs: {x: amplitudes}\n  params: {pipeline: integrated, error: "
@@ -202,7 +236,41 @@ class EvaluateStage final : public Stage {
       plan.results.push_back({name, DatasetInfo{h5::DType::float64, {}, {}}});
     for (const char* name : {"beyond_bound", "stored_bytes"})
       plan.results.push_back({name, DatasetInfo{h5::DType::uint64, {}, {}}});
+    if (params.contains("maxcut")) {
+      const MaxCut m = maxcut_of(params.at("maxcut"), in.at("x"));
+      plan.summary["maxcut"] = {{"qubits", m.qubits}, {"edges", m.edges}};
+      for (const char* name : {"energy_original", "energy_decoded", "energy_relative_error"})
+        plan.results.push_back({name, DatasetInfo{h5::DType::float64, {}, {}}});
+    }
     return plan;
+  }
+
+  // The graph `maxcut` names, checked against x: 2^nodes elements, edges between distinct nodes.
+  static MaxCut maxcut_of(const json& p, const DatasetInfo& x) {
+    MaxCut m;
+    m.qubits = p.at("nodes").get<int>();
+    std::uint64_t elements = 1;
+    for (auto d : x.shape) elements *= d;
+    if (m.qubits > 62 || elements != (std::uint64_t{1} << m.qubits))
+      throw InputError(fmt::format("parameter 'maxcut': input 'x' has {} elements; expected 2^nodes = 2^{} (a state "
+                                   "vector, flat index = basis state with qubit 0 most significant)",
+                                   elements, m.qubits));
+    if (p.contains("edges")) {
+      for (const auto& e : p.at("edges")) {
+        const int a = e.at(0).get<int>(), b = e.at(1).get<int>();
+        if (a < 0 || b < 0 || a >= m.qubits || b >= m.qubits || a == b)
+          throw InputError(fmt::format("parameter 'maxcut.edges': edge [{}, {}]; expected two different nodes in "
+                                       "[0, {})", a, b, m.qubits));
+        m.edges.emplace_back(a, b);
+      }
+    } else {
+      try {  // the graph tn.build's and tn.statevector's qaoa make with these nodes and seed
+        m.edges = tn::random_regular_graph(m.qubits, 3, p.at("seed").get<std::uint64_t>());
+      } catch (const InputError& e) {
+        throw InputError(fmt::format("parameter 'maxcut': {}", e.what()));
+      }
+    }
+    return m;
   }
 
   void refine_plan(StagePlan& plan, const KernelContext& ctx) const override {
@@ -215,8 +283,14 @@ class EvaluateStage final : public Stage {
     const h5::Dataset& x = *ctx.inputs.at("x");
     const json& c = ctx.plan.summary.at("codec");
     const double bound = std::max(c.at("error").get<double>(), c.at("threshold").get<double>());
+    std::optional<MaxCut> maxcut;
+    if (ctx.plan.summary.contains("maxcut")) {
+      const json& m = ctx.plan.summary.at("maxcut");
+      maxcut = MaxCut{m.at("qubits").get<int>(), m.at("edges").get<std::vector<std::pair<int, int>>>()};
+    }
     return std::make_unique<EvaluateKernel>(element_type(*x.dtype(), "x"), chunk_shape(x.shape(), ctx.plan.pass.tile_rows),
-                                            x.row_bytes(), settings_from(ctx.params), planned_range(ctx.plan), bound);
+                                            x.row_bytes(), settings_from(ctx.params), planned_range(ctx.plan), bound,
+                                            std::move(maxcut));
   }
 
   std::unique_ptr<engine::Reduction> make_reduction(const StagePlan&) const override {
@@ -245,6 +319,16 @@ class EvaluateStage final : public Stage {
     detail::write_scalar(out, "decompress_gbps", h5::DType::float64, &f.decompress_gbps,
            "input GB per second of decompressing chunk by chunk on this backend (framing on the host included)");
     detail::write_scalar(out, "stored_bytes", h5::DType::uint64, &e.stored_bytes, "bytes of the compressed streams");
+    if (plan.summary.contains("maxcut")) {
+      detail::write_scalar(out, "energy_original", h5::DType::float64, &f.energy_original,
+                           "the MaxCut graph's energy sum over edges of <Z_a Z_b> in the original state (normalized)");
+      detail::write_scalar(out, "energy_decoded", h5::DType::float64, &f.energy_decoded,
+                           "the same energy in the decoded state (normalized)");
+      detail::write_scalar(out, "energy_relative_error", h5::DType::float64, &f.energy_relative_error,
+                           "|energy_decoded - energy_original| / |energy_original|: the change of the circuit's "
+                           "result (seed 003 Fig. 11 allows 5 %)");
+      out.set_attribute("maxcut", plan.summary.at("maxcut").dump());
+    }
     out.set_attribute("compress.codec", c.dump());
     out.set_attribute("compress.max_abs_error", e.max_abs_error);
     if (e.beyond_bound)
@@ -256,9 +340,13 @@ class EvaluateStage final : public Stage {
   std::string describe_results(const StagePlan& plan, const StepResults& r) const override {
     const EvaluatePartial& e = static_cast<EvaluateReduction*>(r.reduction)->result();
     const Figures f = figures(plan, e);
+    std::string energy;
+    if (plan.summary.contains("maxcut"))
+      energy = fmt::format(", energy {:.9g} -> {:.9g} (relative change {:.3g})", f.energy_original, f.energy_decoded,
+                           f.energy_relative_error);
     return fmt::format("ratio {:.2f}, max error {:.3g}, relative error {:.3g}, fidelity {:.9f}, compress {:.2f} GB/s, "
-                       "decompress {:.2f} GB/s",
-                       f.ratio, e.max_error, f.relative_error, f.fidelity, f.compress_gbps, f.decompress_gbps);
+                       "decompress {:.2f} GB/s{}",
+                       f.ratio, e.max_error, f.relative_error, f.fidelity, f.compress_gbps, f.decompress_gbps, energy);
   }
 };
 

@@ -161,8 +161,22 @@ class StateVectorStage final : public Stage {
     StagePlan plan;  // sizes come from the circuit: refine_plan
     plan.pass.rows = 0;
     plan.primary_output = p.contains("pauli") ? "value" : "amplitudes";
-    plan.results = {{plan.primary_output, {h5::DType::complex128, {}, {}}}};
+    const h5::DType dtype = p.at("precision") == "complex64" ? h5::DType::complex64 : h5::DType::complex128;
+    plan.results = {{plan.primary_output, {dtype, planned_shape(p), {}}}};
     return plan;
+  }
+  // The output's shape where the parameters alone tell (a later step may plan with it): rows
+  // are the bitstrings (a file's only with `count`), 2^open amplitudes each; else unknown (empty).
+  static h5::Shape planned_shape(const json& p) {
+    if (p.contains("pauli")) return {1};
+    std::uint64_t rows = 0;
+    if (p.contains("bitstrings")) rows = p["bitstrings"].size();
+    else if (p.contains("random_bitstrings")) rows = p["random_bitstrings"].value("count", std::uint64_t{1});
+    else if (p.contains("bitstrings_file")) rows = p.value("count", std::uint64_t{0});
+    else rows = 1;
+    const std::size_t open = p.contains("open") ? p["open"].size() : 0;
+    if (rows == 0 || open > 34) return {};
+    return open == 0 ? h5::Shape{rows} : h5::Shape{rows, std::uint64_t{1} << open};
   }
   void refine_plan(StagePlan& plan, const KernelContext& ctx) const override {
     const Job job = job_of(ctx);

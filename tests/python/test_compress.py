@@ -315,3 +315,62 @@ def test_gpu_and_cpu_store_the_same_chunks_and_decode_the_same_values(tmp):
     with outputs(tmp / "gpu", "eval") as g, outputs(tmp / "cpu", "eval") as c:
         for name in ["ratio", "max_error", "bound", "beyond_bound", "relative_error", "fidelity", "stored_bytes"]:
             assert g[name][()] == c[name][()], name
+
+
+def test_evaluate_measures_the_qaoa_energy_change_of_a_state_vector(tmp):
+    """compress.evaluate's maxcut energy: the original's equals the sum over the graph's edges of
+    tn.statevector's <Z_a Z_b> (an independent code path) and numpy's on the amplitudes; the
+    decoded one equals numpy's on the values h5py reads from a compress step with the same settings."""
+    nodes, seed = 10, 5
+    qaoa = f"precision: complex64, qaoa: {{nodes: {nodes}, p: 2, seed: {seed}}}"
+    # Rows: the 16 values of qubits 0-3 (qubit 0 most significant); columns: qubits 4-9 open.
+    bitstrings = [format(b, "04b") + "0" * 6 for b in range(16)]
+    steps = f"""  - id: net
+    stage: tn.build
+    params: {{qaoa: {{nodes: {nodes}, p: 2, seed: {seed}}}}}
+  - id: state
+    stage: tn.statevector
+    params: {{{qaoa}, bitstrings: {bitstrings}, open: [4, 5, 6, 7, 8, 9]}}
+  - id: try
+    stage: compress.evaluate
+    inputs: {{x: state}}
+    params: {{pipeline: quantized, error: 2.0e-2, threshold: 2.0e-2, maxcut: {{nodes: {nodes}, seed: {seed}}}}}
+  - id: packed
+    stage: compress
+    inputs: {{x: state}}
+    params: {{pipeline: quantized, error: 2.0e-2, threshold: 2.0e-2}}
+"""
+    run_dir = run_ok(tmp, spec_for(steps))
+    with outputs(run_dir, "net") as f:
+        edges = json.loads(f.attrs["circuit"])["graph_edges"]
+    assert len(edges) == 3 * nodes // 2
+    zz = "".join(f"""  - id: zz{k}
+    stage: tn.statevector
+    params: {{{qaoa}, pauli: 'Z{a} Z{b}'}}
+""" for k, (a, b) in enumerate(edges))
+    run_dir = run_ok(tmp, spec_for(steps + zz))  # the steps above are up to date
+    pauli_sum = 0.0
+    for k in range(len(edges)):
+        with outputs(run_dir, f"zz{k}") as f:
+            pauli_sum += complex(f["value"][()].ravel()[0]).real
+
+    def energy(psi):
+        psi = np.asarray(psi, dtype=np.complex128).ravel()
+        idx = np.arange(psi.size)
+        z = [1 - 2 * ((idx >> (nodes - 1 - q)) & 1) for q in range(nodes)]
+        diag = sum(z[a] * z[b] for a, b in edges)
+        p = np.abs(psi) ** 2
+        return float(np.sum(p * diag) / np.sum(p))
+
+    with outputs(run_dir, "state") as f:
+        state = f["amplitudes"][...]
+    with outputs(run_dir, "packed") as f:
+        decoded = f["data"][...]
+    with outputs(run_dir, "try") as f:
+        e0, e1, rel = f["energy_original"][()], f["energy_decoded"][()], f["energy_relative_error"][()]
+        assert json.loads(f.attrs["maxcut"])["edges"] == edges
+    assert e0 == pytest.approx(pauli_sum, rel=1e-5, abs=1e-6)
+    assert e0 == pytest.approx(energy(state), rel=1e-12)
+    assert e1 == pytest.approx(energy(decoded), rel=1e-12)
+    assert rel == pytest.approx(abs(e1 - e0) / abs(e0), rel=1e-12)
+    assert 0 < rel < 0.05  # lossy, and within seed 003's 5 %
