@@ -6,7 +6,8 @@ input (tensor.stats: read, copy to the device, reduce) and one that writes a dat
 It also times outputs written compressed by the step that makes them (a step's compress_output,
 bounds relative to each chunk's range): tensor.random (uniform values, the codec's worst case)
 and, with --qaoa-qubits N, a QAOA state vector from tn.statevector (2^N complex64 amplitudes
-in rows of 2^(N-6)), each beside the same step writing plain values.
+in rows of 2^(N-6)), each beside the same step writing plain values; and compress.evaluate on
+that state with bounds relative to its whole range and the QAOA energy's change (maxcut).
 
   python3 bench/compress_bench.py --qstage build/qstage --work /tmp/cpb --device cuda \\
       [--gib 2] [--pipelines integrated,quantized] [--bounds 1e-2,1e-3] [--device-memory 1GiB] [--qaoa-qubits 28]
@@ -93,7 +94,10 @@ def main():
                          f"dtype: complex64, chunk_rows: {CHUNK_ROWS}}}\n    compress_output: {packed}\n")
             if qaoa:
                 steps.append(f"  - id: q_{tag}\n    stage: tn.statevector\n    params: {{{qaoa}}}\n"
-                             f"    compress_output: {packed}\n")
+                             f"    compress_output: {packed}\n"
+                             f"  - id: eq_{tag}\n    stage: compress.evaluate\n    inputs: {{x: qaoa}}\n"
+                             f"    params: {{pipeline: {p}, error: {b}, threshold: {b}, "
+                             f"maxcut: {{nodes: {args.qaoa_qubits}, seed: 1}}}}\n")
     spec = args.work / "spec.yaml"
     spec.write_text("name: compress-bench\nsteps:\n" + "".join(steps))
     run_dir = args.work / f"run-{args.device}"
@@ -136,6 +140,10 @@ def main():
                 "seconds": m[f"q_{tag}"]["metrics"]["seconds"],
                 "vs_plain": m["qaoa"]["metrics"]["seconds"] / m[f"q_{tag}"]["metrics"]["seconds"],
                 "ratio": stored_ratio(f"q_{tag}", "amplitudes")}
+            with h5py.File(run_dir / "outputs" / f"eq_{tag}.h5") as e:
+                out["cases"][-1]["qaoa_state_whole_range"] = {
+                    k: float(e[k][()]) for k in ["ratio", "fidelity", "energy_original", "energy_decoded",
+                                                 "energy_relative_error", "compress_gbps", "decompress_gbps"]}
     print(json.dumps(out, indent=1))
 
 
