@@ -187,13 +187,17 @@ def test_q24_with_published_bitstrings(tmp):
     source = f"circuit: {circuit}"
     spec = "name: q24\nsteps:" + circuit_steps(source, f"bitstrings_file: {bits}, count: 2", "complex64", "2GiB")
     spec = spec.replace("max_seconds: 1, max_tries: 64", "max_seconds: 10, max_tries: 100000")
+    # The oracle in complex128. The time-limited path search changes the summation order from run
+    # to run; against a complex64 state vector the amplitudes differed by 1.07e-5 once (H100,
+    # 2026-11-22): two roundings, neither of them wrong.
+    spec = spec.replace("count: 2, precision: complex64}", "count: 2, precision: complex128}")
     _, run_dir = committed_run(tmp, spec)
     with h5py.File(run_dir / "outputs" / "plan.h5") as f:
         assert f.attrs["slices"] > 1
     a, bits_a = amplitudes(run_dir, "amps")
     s, _ = amplitudes(run_dir, "sv")
     assert "".join(map(str, bits_a[0])) == bits.read_text().split()[0]
-    assert relative_error(a, s) < 1e-5, (a, s)
+    assert relative_error(a, s) < 1e-5, (a, s)  # complex64's rounding over 1258 gates, against exact
 
 
 def test_imported_cotengra_path_with_sliced_indices(tmp):
