@@ -288,10 +288,10 @@ int codec_bench(const std::map<std::string, std::string>& a) {
           for (int part = 0; part < parts; ++part) gpu.code(static_cast<const float*>(data.data()) + part, n, parts, coding);
         }, 5);
         double decode_device = 0;
-        auto timed = [&](const codec::detail::StoredComponent& c, const std::uint8_t* d, std::uint64_t count, int stride,
-                         const codec::detail::Coding& k, float* o) {
+        auto timed = [&](const std::vector<codec::detail::StoredComponent>& components, const std::uint8_t* d,
+                         std::uint64_t count, const codec::detail::Coding& k, float* o) {
           const auto start = Clock::now();
-          gpu.decode(c, d, count, stride, k, o);
+          gpu.decode_all(components, d, count, k, o);
           decode_device += seconds_since(start);
         };
         std::vector<double> decode_times;

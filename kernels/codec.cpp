@@ -48,8 +48,8 @@ codec::StreamInfo codec_decode(Backend& backend, Stream& stream, const std::uint
 #ifdef QSTAGE_HAVE_CUDA
   std::optional<GpuCodec> own;
   GpuCodec& gpu = reuse ? *reuse : own.emplace(backend, stream);
-  auto decoder = [&](const codec::detail::StoredComponent& c, const std::uint8_t* d, std::uint64_t n, int stride,
-                     const codec::detail::Coding& coding, float* o) { gpu.decode(c, d, n, stride, coding, o); };
+  auto decoder = [&](const std::vector<codec::detail::StoredComponent>& parts, const std::uint8_t* d, std::uint64_t n,
+                     const codec::detail::Coding& coding, float* o) { gpu.decode_all(parts, d, n, coding, o); };
   return codec::detail::decode_with(decoder, host_stream, bytes, device_stream, out, out_floats);
 #else
   return {};

@@ -334,23 +334,17 @@ __global__ void write_kernel(const float* values, std::uint64_t n, int stride, B
   }
 }
 
-// Decoding: one warp per block; an inconsistent payload sets *error (the host then refuses the
-// stream) and leaves the block's values unspecified but in bounds.
+// Decoding: one warp per block. decode_block leaves block b's values in each lane's v (lane l
+// has values lV .. lV + V - 1) and returns true (on every lane) if its payload is inconsistent;
+// the block's values are then unspecified but in bounds. `offset_of` and `lead_of` are the
+// warp's shared scratch (32 V entries each).
 template <int V>
-__global__ void decode_kernel(const std::uint8_t* payload, const std::uint8_t* meta, const unsigned long long* offsets,
-                              std::uint64_t blocks, std::uint64_t n, float* out, int stride, double step,
-                              unsigned* error) {
-  __shared__ unsigned short offset_of[kWarpsPerCta][32 * V];
-  __shared__ unsigned char lead_of[kWarpsPerCta][32 * V];
-  const int warp = static_cast<int>(threadIdx.x / 32);
-  const std::uint64_t b = std::uint64_t(blockIdx.x) * kWarpsPerCta + warp;
-  if (b >= blocks) return;
+__device__ bool decode_block(const std::uint8_t* payload, const std::uint8_t* meta, const unsigned long long* offsets,
+                             std::uint64_t blocks, std::uint64_t b, int m, double step, float (&v)[V],
+                             unsigned short* offset_of, unsigned char* lead_of) {
   const int lane = lane_id(), base = lane * V;
-  const std::uint64_t first = b * (32 * V);
-  const int m = static_cast<int>((n - first < std::uint64_t(32 * V) ? n - first : std::uint64_t(32 * V)));
   const std::uint8_t* in = payload + offsets[b];
   const int size = meta[blocks + 2 * b] | (meta[blocks + 2 * b + 1] << 8);
-  float v[V];
   bool bad = false;
   switch (meta[b]) {
     case kZero:
@@ -425,8 +419,8 @@ __global__ void decode_kernel(const std::uint8_t* payload, const std::uint8_t* m
       }
       int at = 5 + code_bytes + warp_exclusive_sum(stored);
       for (int j = 0; j < V; ++j) {
-        offset_of[warp][base + j] = static_cast<unsigned short>(at);
-        lead_of[warp][base + j] = static_cast<unsigned char>(lead[j]);
+        offset_of[base + j] = static_cast<unsigned short>(at);
+        lead_of[base + j] = static_cast<unsigned char>(lead[j]);
         at += base + j < m ? bytes - lead[j] : 0;
       }
       const int end = __shfl_sync(kFull, at, 31);
@@ -444,7 +438,7 @@ __global__ void decode_kernel(const std::uint8_t* payload, const std::uint8_t* m
         const int before = warp_exclusive_max(running);
         for (int j = 0; j < V; ++j) {
           const int src = last[j] >= 0 ? last[j] : before;
-          const unsigned byte = src < 0 ? 0u : in[offset_of[warp][src] + (p - lead_of[warp][src])];
+          const unsigned byte = src < 0 ? 0u : in[offset_of[src] + (p - lead_of[src])];
           w[j] |= byte << (24 - 8 * p);
         }
       }
@@ -454,7 +448,25 @@ __global__ void decode_kernel(const std::uint8_t* payload, const std::uint8_t* m
     default:
       bad = true;
   }
-  if (bad) {
+  return __any_sync(kFull, bad);
+}
+
+// Decodes one component into out[0], out[stride], ...; an inconsistent payload sets *error (the
+// host then refuses the stream).
+template <int V>
+__global__ void decode_kernel(const std::uint8_t* payload, const std::uint8_t* meta, const unsigned long long* offsets,
+                              std::uint64_t blocks, std::uint64_t n, float* out, int stride, double step,
+                              unsigned* error) {
+  __shared__ unsigned short offset_of[kWarpsPerCta][32 * V];
+  __shared__ unsigned char lead_of[kWarpsPerCta][32 * V];
+  const int warp = static_cast<int>(threadIdx.x / 32);
+  const std::uint64_t b = std::uint64_t(blockIdx.x) * kWarpsPerCta + warp;
+  if (b >= blocks) return;
+  const int lane = lane_id(), base = lane * V;
+  const std::uint64_t first = b * (32 * V);
+  const int m = static_cast<int>((n - first < std::uint64_t(32 * V) ? n - first : std::uint64_t(32 * V)));
+  float v[V];
+  if (decode_block<V>(payload, meta, offsets, blocks, b, m, step, v, offset_of[warp], lead_of[warp])) {
     if (lane == 0) atomicOr(error, 1u);
     return;
   }
@@ -465,6 +477,44 @@ __global__ void decode_kernel(const std::uint8_t* payload, const std::uint8_t* m
   for (int j = 0; j < V; ++j) {
     const int i = j * 32 + lane;
     if (i < m) out[(first + i) * stride] = stage[warp][i];
+  }
+}
+
+// The two components of complex values at once: a warp decodes block b of the real and of the
+// imaginary parts (their blocks cover the same elements) and writes the pairs as float2, so the
+// output is written once, in whole sectors, instead of half of every sector twice.
+struct ComponentBlocks {
+  const std::uint8_t* payload;
+  const std::uint8_t* meta;
+  const unsigned long long* offsets;
+};
+
+template <int V>
+__global__ void decode_pair_kernel(ComponentBlocks re, ComponentBlocks im, std::uint64_t blocks, std::uint64_t n,
+                                   float2* out, double step, unsigned* error) {
+  __shared__ unsigned short offset_of[kWarpsPerCta][32 * V];
+  __shared__ unsigned char lead_of[kWarpsPerCta][32 * V];
+  __shared__ float2 stage[kWarpsPerCta][32 * V];
+  const int warp = static_cast<int>(threadIdx.x / 32);
+  const std::uint64_t b = std::uint64_t(blockIdx.x) * kWarpsPerCta + warp;
+  if (b >= blocks) return;
+  const int lane = lane_id(), base = lane * V;
+  const std::uint64_t first = b * (32 * V);
+  const int m = static_cast<int>((n - first < std::uint64_t(32 * V) ? n - first : std::uint64_t(32 * V)));
+  float v[V];
+  bool bad = decode_block<V>(re.payload, re.meta, re.offsets, blocks, b, m, step, v, offset_of[warp], lead_of[warp]);
+  for (int j = 0; j < V; ++j) stage[warp][base + j].x = v[j];
+  __syncwarp();
+  bad = decode_block<V>(im.payload, im.meta, im.offsets, blocks, b, m, step, v, offset_of[warp], lead_of[warp]) || bad;
+  if (bad) {
+    if (lane == 0) atomicOr(error, 1u);
+    return;
+  }
+  for (int j = 0; j < V; ++j) stage[warp][base + j].y = v[j];
+  __syncwarp();
+  for (int j = 0; j < V; ++j) {
+    const int i = j * 32 + lane;
+    if (i < m) out[first + i] = stage[warp][i];
   }
 }
 
@@ -570,6 +620,17 @@ void code_blocks(cudaStream_t s, const float* v, std::uint64_t n, int stride, co
     case 128: return launch_blocks<4>(s, v, n, stride, r, blocks, k, write);
     default: return launch_blocks<8>(s, v, n, stride, r, blocks, k, write);
   }
+}
+
+void decode_pair_blocks(cudaStream_t s, std::uint32_t block, const ComponentBlocks& re, const ComponentBlocks& im,
+                        std::uint64_t blocks, std::uint64_t n, float2* out, double step, unsigned* error) {
+  const unsigned grid = grid_for(blocks, kWarpsPerCta);
+  switch (block) {
+    case 64: decode_pair_kernel<2><<<grid, 32 * kWarpsPerCta, 0, s>>>(re, im, blocks, n, out, step, error); break;
+    case 128: decode_pair_kernel<4><<<grid, 32 * kWarpsPerCta, 0, s>>>(re, im, blocks, n, out, step, error); break;
+    default: decode_pair_kernel<8><<<grid, 32 * kWarpsPerCta, 0, s>>>(re, im, blocks, n, out, step, error); break;
+  }
+  QSTAGE_CUDA_CHECK_LAUNCH();
 }
 
 void decode_blocks(cudaStream_t s, std::uint32_t block, const std::uint8_t* payload, const std::uint8_t* meta,
@@ -686,6 +747,72 @@ codec::detail::ComponentParts GpuCodec::parts() const {
   return p;
 }
 
+namespace {
+
+// Workspace for component_blocks: the meta copy, sizes and offsets of `blocks` blocks.
+std::uint64_t component_blocks_bytes(std::uint64_t blocks) {
+  return round_up(3 * blocks) + 2 * round_up(8 * (blocks + 1));
+}
+
+// A component's blocks on the device: its meta (read where it lies in the stream when stored raw,
+// as integrated does; zstd-packed meta comes from the host) and each block's payload offset
+// (sizes, then an exclusive scan), queued on the codec's stream.
+ComponentBlocks component_blocks(GpuCodec::Impl& w, const codec::detail::StoredComponent& c,
+                                 const std::uint8_t* device_stream, std::uint64_t blocks, void* temp_storage,
+                                 std::uint64_t temp) {
+  const cudaStream_t s = w.cuda();
+  auto* meta_copy = w.take<std::uint8_t>(3 * blocks);
+  auto* sizes = w.take<unsigned long long>(blocks + 1);
+  auto* offsets = w.take<unsigned long long>(blocks + 1);
+  const std::uint8_t* meta = meta_copy;
+  if (c.meta_offset != codec::detail::StoredComponent::kPacked)
+    meta = device_stream + c.meta_offset;
+  else
+    QSTAGE_CUDA_CHECK(cudaMemcpyAsync(meta_copy, c.meta.data(), 3 * blocks, cudaMemcpyHostToDevice, s));
+  sizes_kernel<<<grid_for(blocks + 1, 256), 256, 0, s>>>(meta, blocks, sizes);
+  QSTAGE_CUDA_CHECK_LAUNCH();
+  size_t tb = temp;
+  QSTAGE_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(temp_storage, tb, sizes, offsets, static_cast<std::int64_t>(blocks + 1), s));
+  return {device_stream + c.payload_offset, meta, offsets};
+}
+
+void check_decoded(GpuCodec::Impl& w, const unsigned* error) {
+  auto* host = static_cast<unsigned*>(w.pinned.data());
+  QSTAGE_CUDA_CHECK(cudaMemcpyAsync(host, error, sizeof *host, cudaMemcpyDeviceToHost, w.cuda()));
+  QSTAGE_CUDA_CHECK(cudaStreamSynchronize(w.cuda()));  // also the end of the copies from the host vectors
+  if (*host) throw codec::FormatError("corrupted block: a block payload does not decode consistently (GPU decoder)");
+}
+
+}  // namespace
+
+bool GpuCodec::can_decode_pair(const codec::detail::Coding& coding, const float* out) {
+  return !codec::detail::groups(coding.pipeline) && reinterpret_cast<std::uintptr_t>(out) % alignof(float2) == 0;
+}
+
+void GpuCodec::decode_pair(const codec::detail::StoredComponent& re, const codec::detail::StoredComponent& im,
+                           const std::uint8_t* device_stream, std::uint64_t n, const codec::detail::Coding& coding,
+                           float* out) {
+  if (!can_decode_pair(coding, out) || re.coded != n || im.coded != n)
+    throw std::logic_error("GpuCodec::decode_pair: not a pair of ungrouped components");
+  Impl& w = *impl_;
+  const std::uint64_t blocks = codec::detail::div_up(n, coding.block), temp = scan_temp_bytes(blocks + 1);
+  w.reserve(2 * component_blocks_bytes(blocks) + round_up(temp) + 256);
+  void* temp_storage = w.take<std::uint8_t>(temp);
+  auto* error = w.take<unsigned>(1);
+  QSTAGE_CUDA_CHECK(cudaMemsetAsync(error, 0, sizeof(unsigned), w.cuda()));
+  const ComponentBlocks a = component_blocks(w, re, device_stream, blocks, temp_storage, temp);
+  const ComponentBlocks b = component_blocks(w, im, device_stream, blocks, temp_storage, temp);
+  if (blocks) decode_pair_blocks(w.cuda(), coding.block, a, b, blocks, n, reinterpret_cast<float2*>(out), 2 * coding.e, error);
+  check_decoded(w, error);
+}
+
+void GpuCodec::decode_all(const std::vector<codec::detail::StoredComponent>& parts, const std::uint8_t* device_stream,
+                          std::uint64_t n, const codec::detail::Coding& coding, float* out) {
+  if (parts.size() == 2 && can_decode_pair(coding, out)) return decode_pair(parts[0], parts[1], device_stream, n, coding, out);
+  const int stride = static_cast<int>(parts.size());
+  for (int k = 0; k < stride; ++k) decode(parts[k], device_stream, n, stride, coding, out + k);
+}
+
 void GpuCodec::decode(const codec::detail::StoredComponent& c, const std::uint8_t* device_stream, std::uint64_t n,
                       int stride, const codec::detail::Coding& coding, float* out) {
   Impl& w = *impl_;
@@ -693,28 +820,17 @@ void GpuCodec::decode(const codec::detail::StoredComponent& c, const std::uint8_
   const bool grouped = codec::detail::groups(coding.pipeline);
   const std::uint64_t blocks = codec::detail::div_up(c.coded, coding.block), bitmap_bytes = (n + 7) / 8;
   const std::uint64_t temp = std::max(scan_temp_bytes(blocks + 1), scan_temp_bytes(bitmap_bytes + 1));
-  w.reserve(round_up(3 * blocks) + 2 * round_up(8 * (blocks + 1)) + round_up(temp) + 256 +
+  w.reserve(component_blocks_bytes(blocks) + round_up(temp) + 256 +
             (grouped ? round_up(4 * c.coded) + round_up(bitmap_bytes) + 2 * round_up(8 * (bitmap_bytes + 1)) : 0));
-  auto* meta_copy = w.take<std::uint8_t>(3 * blocks);
-  auto* sizes = w.take<unsigned long long>(blocks + 1);
-  auto* offsets = w.take<unsigned long long>(blocks + 1);
   void* temp_storage = w.take<std::uint8_t>(temp);
   auto* error = w.take<unsigned>(1);
-  // Raw meta (integrated) is read where it lies in the stream; zstd-packed meta comes from the host.
-  const std::uint8_t* meta = meta_copy;
-  if (c.meta_offset != codec::detail::StoredComponent::kPacked)
-    meta = device_stream + c.meta_offset;
-  else
-    QSTAGE_CUDA_CHECK(cudaMemcpyAsync(meta_copy, c.meta.data(), 3 * blocks, cudaMemcpyHostToDevice, s));
   QSTAGE_CUDA_CHECK(cudaMemsetAsync(error, 0, sizeof(unsigned), s));
-  sizes_kernel<<<grid_for(blocks + 1, 256), 256, 0, s>>>(meta, blocks, sizes);
-  QSTAGE_CUDA_CHECK_LAUNCH();
-  size_t tb = temp;
-  QSTAGE_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(temp_storage, tb, sizes, offsets, static_cast<std::int64_t>(blocks + 1), s));
+  const ComponentBlocks k = component_blocks(w, c, device_stream, blocks, temp_storage, temp);
   float* kept = grouped ? w.take<float>(c.coded) : nullptr;
   if (blocks)
-    decode_blocks(s, coding.block, device_stream + c.payload_offset, meta, offsets, blocks, c.coded,
-                  grouped ? kept : out, grouped ? 1 : stride, 2 * coding.e, error);
+    decode_blocks(s, coding.block, k.payload, k.meta, k.offsets, blocks, c.coded, grouped ? kept : out,
+                  grouped ? 1 : stride, 2 * coding.e, error);
+  size_t tb = temp;
   if (grouped && n) {
     auto* bitmap = w.take<std::uint8_t>(bitmap_bytes);
     auto* counts = w.take<unsigned long long>(bitmap_bytes + 1);
@@ -739,10 +855,7 @@ void GpuCodec::decode(const codec::detail::StoredComponent& c, const std::uint8_
     expand_kernel<<<grid_for(n, 256), 256, 0, s>>>(kept, n, stride, bitmap, ranks, out);
     QSTAGE_CUDA_CHECK_LAUNCH();
   }
-  auto* host = static_cast<unsigned*>(w.pinned.data());
-  QSTAGE_CUDA_CHECK(cudaMemcpyAsync(host, error, sizeof *host, cudaMemcpyDeviceToHost, s));
-  QSTAGE_CUDA_CHECK(cudaStreamSynchronize(s));  // also the end of the copies from c's host vectors
-  if (*host) throw codec::FormatError("corrupted block: a block payload does not decode consistently (GPU decoder)");
+  check_decoded(w, error);
 }
 
 double GpuCodec::value_range(const float* x, std::uint64_t count) {

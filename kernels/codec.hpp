@@ -47,10 +47,19 @@ class GpuCodec {
   // Throws codec::FormatError when a block payload is inconsistent.
   void decode(const codec::detail::StoredComponent& c, const std::uint8_t* device_stream, std::uint64_t n, int stride,
               const codec::detail::Coding& coding, float* out);
+  // Both components of complex values in one pass, written as pairs (the output once, in whole
+  // sectors): for pipelines without a bitmap and an 8-byte aligned `out`.
+  static bool can_decode_pair(const codec::detail::Coding& coding, const float* out);
+  void decode_pair(const codec::detail::StoredComponent& re, const codec::detail::StoredComponent& im,
+                   const std::uint8_t* device_stream, std::uint64_t n, const codec::detail::Coding& coding, float* out);
+  // A stream's components (codec::detail::ComponentDecoder): as a pair where it can, else one by one.
+  void decode_all(const std::vector<codec::detail::StoredComponent>& parts, const std::uint8_t* device_stream,
+                  std::uint64_t n, const codec::detail::Coding& coding, float* out);
   double value_range(const float* x, std::uint64_t count);
 
+  struct Impl;  // (kernels/codec.cu)
+
  private:
-  struct Impl;
   std::unique_ptr<Impl> impl_;
 };
 

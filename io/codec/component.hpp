@@ -47,10 +47,12 @@ struct StoredComponent {
   std::uint64_t payload_offset = 0, payload_bytes = 0;  // from the start of the stream
 };
 
-// Decodes into out[0], out[stride], ... from `stream` (host or device memory, as the decoder
-// expects). The CPU decoder; throws FormatError on inconsistent block payloads.
-using ComponentDecoder = std::function<void(const StoredComponent& c, const std::uint8_t* stream, std::uint64_t n,
-                                            int stride, const Coding& coding, float* out)>;
+// Decodes a stream's components (one, or the real and imaginary parts) into `out`: component k
+// into out[k], out[k + parts], ... from `stream` (host or device memory, as the decoder expects).
+// Throws FormatError on inconsistent block payloads.
+using ComponentDecoder = std::function<void(const std::vector<StoredComponent>& parts, const std::uint8_t* stream,
+                                            std::uint64_t n, const Coding& coding, float* out)>;
+// The CPU decoder of one component: into out[0], out[stride], ...
 void decode_component(const StoredComponent& c, const std::uint8_t* stream, std::uint64_t n, int stride,
                       const Coding& coding, float* out, BlockCounts* counts = nullptr);
 

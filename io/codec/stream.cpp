@@ -431,22 +431,24 @@ StreamInfo detail::decode_with(const ComponentDecoder& decoder, const std::uint8
   const std::uint64_t n = info.elements();
   const int parts = info.type == ElementType::complex64 ? 2 : 1;
   const Coding coding{info.pipeline, info.block_size, info.threshold, info.error};
+  std::vector<StoredComponent> components;
   for (int part = 0; part < parts; ++part) {
     const auto section = r.get<std::uint64_t>("a section size");
     Reader s(r.take(section, "a component section"), section);
-    const StoredComponent c = read_component(s, stream, n, coding);
+    components.push_back(read_component(s, stream, n, coding));
     if (s.left() != 0) throw FormatError("a component section is longer than its contents");
-    decoder(c, data, n, parts, coding, out + part);
   }
   if (r.left() != 0) throw FormatError("the payload is longer than its sections");
+  decoder(components, data, n, coding, out);
   return info;
 }
 
 StreamInfo decode(const std::uint8_t* stream, std::uint64_t bytes, float* out, std::uint64_t out_floats,
                   BlockCounts* counts) {
-  auto cpu = [counts](const detail::StoredComponent& c, const std::uint8_t* data, std::uint64_t n, int stride,
+  auto cpu = [counts](const std::vector<detail::StoredComponent>& parts, const std::uint8_t* data, std::uint64_t n,
                       const detail::Coding& coding, float* o) {
-    detail::decode_component(c, data, n, stride, coding, o, counts);
+    const int stride = static_cast<int>(parts.size());
+    for (int k = 0; k < stride; ++k) detail::decode_component(parts[k], data, n, stride, coding, o + k, counts);
   };
   return detail::decode_with(cpu, stream, bytes, stream, out, out_floats);
 }
