@@ -25,15 +25,14 @@ std::vector<std::uint8_t> codec_encode(Backend& backend, Stream& stream, const f
   probe.shape = shape;
   if (!on_gpu(stream)) {
     const double r = range ? *range : codec::value_range(data, probe.components());
-    return codec::detail::encode_with(codec::detail::code_component, data, type, shape, settings, r);
+    return codec::detail::encode_with(codec::detail::code_components, data, type, shape, settings, r);
   }
 #ifdef QSTAGE_HAVE_CUDA
   std::optional<GpuCodec> own;  // one workspace for the range and the coding
   GpuCodec& gpu = reuse ? *reuse : own.emplace(backend, stream);
   const double r = range ? *range : gpu.value_range(data, probe.components());
-  auto coder = [&](const float* x, std::uint64_t n, int stride, const codec::detail::Coding& c) {
-    gpu.code(x, n, stride, c);
-    return gpu.parts();
+  auto coder = [&](const float* x, std::uint64_t n, int parts, const codec::detail::Coding& c) {
+    return gpu.code_all(x, n, parts, c);
   };
   return codec::detail::encode_with(coder, data, type, shape, settings, r);
 #else

@@ -80,6 +80,27 @@ __device__ Held<V> load(const float* values, std::uint64_t first, std::uint64_t 
   return h;
 }
 
+// Both components of complex values (pairs at `values`): one coalesced load of the block's pairs,
+// then the same values load() gives each component with stride 2.
+template <int V>
+__device__ void load_pair(const float2* values, std::uint64_t first, std::uint64_t n, const BlockRules& r,
+                          float2* stage, Held<V>& re, Held<V>& im) {
+  re.base = im.base = lane_id() * V;
+  re.m = im.m = static_cast<int>((n - first < std::uint64_t(32 * V) ? n - first : std::uint64_t(32 * V)));
+  for (int j = 0; j < V; ++j) {
+    const int i = j * 32 + lane_id();
+    stage[i] = i < re.m ? values[first + i] : float2{0.0f, 0.0f};
+  }
+  __syncwarp();
+  for (int j = 0; j < V; ++j) {
+    re.x[j] = stage[re.base + j].x;
+    re.y[j] = thresholded(re.x[j], r.t);
+    im.x[j] = stage[im.base + j].y;
+    im.y[j] = thresholded(im.x[j], r.t);
+  }
+  __syncwarp();
+}
+
 // A dense candidate around `mid`: its words, kept bits, codes, and whether its decoded values
 // stay within their bounds; size -1 when they do not.
 template <int V>
@@ -222,6 +243,26 @@ __device__ unsigned get_u32(const std::uint8_t* in) {
   return w;
 }
 
+// The blocks' pieces in device memory: meta (states, then u16 sizes), sizes to scan, the chosen
+// mids, offsets and the payload.
+struct BlockBuffers {
+  std::uint8_t* meta;
+  unsigned long long *sizes, *offsets;
+  float* mids;
+  std::uint8_t* payload;
+};
+
+template <int V>
+__device__ void record_choice(const Choice<V>& c, std::uint64_t b, std::uint64_t blocks, std::uint8_t* meta,
+                              unsigned long long* sizes, float* mids) {
+  if (lane_id() != 0) return;
+  mids[b] = c.mid;
+  meta[b] = static_cast<std::uint8_t>(c.state);
+  meta[blocks + 2 * b] = static_cast<std::uint8_t>(c.size);
+  meta[blocks + 2 * b + 1] = static_cast<std::uint8_t>(c.size >> 8);
+  sizes[b] = static_cast<unsigned long long>(c.size);
+}
+
 // Pass 1: each block's state and size (meta: states, then u16 sizes; sizes also as u64 to scan).
 template <int V>
 __global__ void choose_kernel(const float* values, std::uint64_t n, int stride, BlockRules r, std::uint64_t blocks,
@@ -230,32 +271,29 @@ __global__ void choose_kernel(const float* values, std::uint64_t n, int stride, 
   if (b >= blocks) return;
   __shared__ float stage[kWarpsPerCta][32 * V];
   const Held<V> h = load<V>(values, b * (32 * V), n, stride, r, stage[threadIdx.x / 32]);
-  const Choice<V> c = choose(h, r);
-  if (lane_id() == 0) {
-    mids[b] = c.mid;
-    meta[b] = static_cast<std::uint8_t>(c.state);
-    meta[blocks + 2 * b] = static_cast<std::uint8_t>(c.size);
-    meta[blocks + 2 * b + 1] = static_cast<std::uint8_t>(c.size >> 8);
-    sizes[b] = static_cast<unsigned long long>(c.size);
-  }
+  record_choice(choose(h, r), b, blocks, meta, sizes, mids);
 }
 
-// Pass 2: each block's payload at its offset, as pass 1 chose it.
+// Pass 1 for both components of complex values, loaded once as pairs.
 template <int V>
-__global__ void write_kernel(const float* values, std::uint64_t n, int stride, BlockRules r, std::uint64_t blocks,
-                             const std::uint8_t* meta, const float* mids, const unsigned long long* offsets,
-                             std::uint8_t* payload) {
+__global__ void choose_pair_kernel(const float2* values, std::uint64_t n, BlockRules r, std::uint64_t blocks,
+                                   BlockBuffers re, BlockBuffers im) {
   const std::uint64_t b = std::uint64_t(blockIdx.x) * kWarpsPerCta + threadIdx.x / 32;
   if (b >= blocks) return;
-  __shared__ float stage[kWarpsPerCta][32 * V];
-  const Held<V> h = load<V>(values, b * (32 * V), n, stride, r, stage[threadIdx.x / 32]);
-  const Choice<V> c{meta[b], 0, mids[b]};
-  std::uint8_t* out = payload + offsets[b];
+  __shared__ float2 stage[kWarpsPerCta][32 * V];
+  Held<V> hr, hi;
+  load_pair<V>(values, b * (32 * V), n, r, stage[threadIdx.x / 32], hr, hi);
+  record_choice(choose(hr, r), b, blocks, re.meta, re.sizes, re.mids);
+  record_choice(choose(hi, r), b, blocks, im.meta, im.sizes, im.mids);
+}
+
+// A block's payload at `out`, as pass 1 chose it (`words`: the warp's shared scratch for bits).
+template <int V>
+__device__ void write_block(const Held<V>& h, const Choice<V>& c, const BlockRules& r, std::uint8_t* out,
+                            unsigned* words) {
   const int lane = lane_id();
-  __shared__ unsigned packed[kWarpsPerCta][(31 * 32 * V + 31) / 32 + 1];
   switch (c.state) {
     case kQuantized: {  // bits gathered in shared memory (OR commutes: the same bytes on every run)
-      unsigned* words = packed[threadIdx.x / 32];
       int width = 0;
       quantized_size(h, r, width);
       const int bytes = (h.m * width + 7) / 8;
@@ -332,6 +370,35 @@ __global__ void write_kernel(const float* values, std::uint64_t n, int stride, B
     }
     default: return;
   }
+}
+
+// Pass 2: each block's payload at its offset, as pass 1 chose it.
+template <int V>
+__global__ void write_kernel(const float* values, std::uint64_t n, int stride, BlockRules r, std::uint64_t blocks,
+                             const std::uint8_t* meta, const float* mids, const unsigned long long* offsets,
+                             std::uint8_t* payload) {
+  const std::uint64_t b = std::uint64_t(blockIdx.x) * kWarpsPerCta + threadIdx.x / 32;
+  if (b >= blocks) return;
+  __shared__ float stage[kWarpsPerCta][32 * V];
+  __shared__ unsigned packed[kWarpsPerCta][(31 * 32 * V + 31) / 32 + 1];
+  const Held<V> h = load<V>(values, b * (32 * V), n, stride, r, stage[threadIdx.x / 32]);
+  write_block(h, Choice<V>{meta[b], 0, mids[b]}, r, payload + offsets[b], packed[threadIdx.x / 32]);
+}
+
+// Pass 2 for both components of complex values, loaded once as pairs.
+template <int V>
+__global__ void write_pair_kernel(const float2* values, std::uint64_t n, BlockRules r, std::uint64_t blocks,
+                                  BlockBuffers re, BlockBuffers im) {
+  const std::uint64_t b = std::uint64_t(blockIdx.x) * kWarpsPerCta + threadIdx.x / 32;
+  if (b >= blocks) return;
+  __shared__ float2 stage[kWarpsPerCta][32 * V];
+  __shared__ unsigned packed[kWarpsPerCta][(31 * 32 * V + 31) / 32 + 1];
+  Held<V> hr, hi;
+  load_pair<V>(values, b * (32 * V), n, r, stage[threadIdx.x / 32], hr, hi);
+  unsigned* words = packed[threadIdx.x / 32];
+  write_block(hr, Choice<V>{re.meta[b], 0, re.mids[b]}, r, re.payload + re.offsets[b], words);
+  __syncwarp();
+  write_block(hi, Choice<V>{im.meta[b], 0, im.mids[b]}, r, im.payload + im.offsets[b], words);
 }
 
 // Decoding: one warp per block. decode_block leaves block b's values in each lane's v (lane l
@@ -595,15 +662,6 @@ std::uint64_t scan_temp_bytes(std::uint64_t items) {
   return bytes;
 }
 
-// The blocks' pieces in device memory: meta (states, then u16 sizes), sizes to scan, the chosen
-// mids, offsets and the payload.
-struct BlockBuffers {
-  std::uint8_t* meta;
-  unsigned long long *sizes, *offsets;
-  float* mids;
-  std::uint8_t* payload;
-};
-
 template <int V>
 void launch_blocks(cudaStream_t s, const float* v, std::uint64_t n, int stride, const BlockRules& r,
                    std::uint64_t blocks, const BlockBuffers& k, bool write) {
@@ -611,6 +669,24 @@ void launch_blocks(cudaStream_t s, const float* v, std::uint64_t n, int stride, 
   if (!write) choose_kernel<V><<<grid, 32 * kWarpsPerCta, 0, s>>>(v, n, stride, r, blocks, k.meta, k.sizes, k.mids);
   else write_kernel<V><<<grid, 32 * kWarpsPerCta, 0, s>>>(v, n, stride, r, blocks, k.meta, k.mids, k.offsets, k.payload);
   QSTAGE_CUDA_CHECK_LAUNCH();
+}
+
+template <int V>
+void launch_pair_blocks(cudaStream_t s, const float2* v, std::uint64_t n, const BlockRules& r, std::uint64_t blocks,
+                        const BlockBuffers& re, const BlockBuffers& im, bool write) {
+  const unsigned grid = grid_for(blocks, kWarpsPerCta);
+  if (!write) choose_pair_kernel<V><<<grid, 32 * kWarpsPerCta, 0, s>>>(v, n, r, blocks, re, im);
+  else write_pair_kernel<V><<<grid, 32 * kWarpsPerCta, 0, s>>>(v, n, r, blocks, re, im);
+  QSTAGE_CUDA_CHECK_LAUNCH();
+}
+
+void code_pair_blocks(cudaStream_t s, const float2* v, std::uint64_t n, const BlockRules& r, std::uint32_t block,
+                      std::uint64_t blocks, const BlockBuffers& re, const BlockBuffers& im, bool write) {
+  switch (block) {
+    case 64: return launch_pair_blocks<2>(s, v, n, r, blocks, re, im, write);
+    case 128: return launch_pair_blocks<4>(s, v, n, r, blocks, re, im, write);
+    default: return launch_pair_blocks<8>(s, v, n, r, blocks, re, im, write);
+  }
 }
 
 void code_blocks(cudaStream_t s, const float* v, std::uint64_t n, int stride, const BlockRules& r, std::uint32_t block,
@@ -655,9 +731,11 @@ struct GpuCodec::Impl {
   Buffer workspace;
   Buffer pinned;  // small results read back by the host
   std::uint64_t used = 0;
-  // The last code()'s parts, in the workspace.
-  std::uint8_t *meta = nullptr, *payload = nullptr, *bitmap = nullptr;
-  std::uint64_t blocks = 0, coded = 0, payload_bytes = 0, bitmap_bytes = 0;
+  // The last code()'s parts (code_pair: the two components'), in the workspace.
+  struct Coded {
+    std::uint8_t *meta = nullptr, *payload = nullptr, *bitmap = nullptr;
+    std::uint64_t blocks = 0, coded = 0, payload_bytes = 0, bitmap_bytes = 0;
+  } last[2];
 
   Impl(Backend& b, Stream& s) : backend(b), stream(s), pinned(b.alloc_host(64, "codec: results")) {}
   cudaStream_t cuda() const { return static_cast<cudaStream_t>(stream.native()); }
@@ -686,6 +764,7 @@ GpuCodec::~GpuCodec() = default;
 
 void GpuCodec::code(const float* x, std::uint64_t n, int stride, const codec::detail::Coding& c) {
   Impl& w = *impl_;
+  Impl::Coded& out = w.last[0];
   const cudaStream_t s = w.cuda();
   const bool grouped = codec::detail::groups(c.pipeline);
   const std::uint64_t bitmap_bytes = (n + 7) / 8, max_blocks = codec::detail::div_up(n, c.block);
@@ -693,58 +772,120 @@ void GpuCodec::code(const float* x, std::uint64_t n, int stride, const codec::de
   // Upper bounds: at most n values are coded, and a block's payload is at most 4 bytes a value.
   w.reserve(round_up(3 * max_blocks) + 2 * round_up(8 * (max_blocks + 1)) + round_up(4 * max_blocks) + round_up(4 * n) + round_up(temp) +
             (grouped ? round_up(4 * n) + round_up(bitmap_bytes) + 2 * round_up(8 * (bitmap_bytes + 1)) : 0));
-  w.meta = w.take<std::uint8_t>(3 * max_blocks);
+  out.meta = w.take<std::uint8_t>(3 * max_blocks);
   auto* sizes = w.take<unsigned long long>(max_blocks + 1);
   auto* offsets = w.take<unsigned long long>(max_blocks + 1);
   auto* mids = w.take<float>(max_blocks);
-  w.payload = w.take<std::uint8_t>(4 * n);
+  out.payload = w.take<std::uint8_t>(4 * n);
   void* temp_storage = w.take<std::uint8_t>(temp);
   const float* values = x;
   int value_stride = stride;
-  w.coded = n;
-  w.bitmap_bytes = grouped ? bitmap_bytes : 0;
+  out.coded = n;
+  out.bitmap_bytes = grouped ? bitmap_bytes : 0;
   if (grouped) {
-    w.bitmap = w.take<std::uint8_t>(bitmap_bytes);
+    out.bitmap = w.take<std::uint8_t>(bitmap_bytes);
     auto* counts = w.take<unsigned long long>(bitmap_bytes + 1);
     auto* ranks = w.take<unsigned long long>(bitmap_bytes + 1);
     auto* kept = w.take<float>(n);
-    bitmap_kernel<<<grid_for(bitmap_bytes + 1, 256), 256, 0, s>>>(x, n, stride, c.t, w.bitmap, counts);
+    bitmap_kernel<<<grid_for(bitmap_bytes + 1, 256), 256, 0, s>>>(x, n, stride, c.t, out.bitmap, counts);
     QSTAGE_CUDA_CHECK_LAUNCH();
     size_t tb = temp;
     QSTAGE_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(temp_storage, tb, counts, ranks, static_cast<std::int64_t>(bitmap_bytes + 1), s));
     if (n) {
-      compact_kernel<<<grid_for(n, 256), 256, 0, s>>>(x, n, stride, w.bitmap, ranks, kept);
+      compact_kernel<<<grid_for(n, 256), 256, 0, s>>>(x, n, stride, out.bitmap, ranks, kept);
       QSTAGE_CUDA_CHECK_LAUNCH();
     }
-    w.coded = w.read_back(ranks + bitmap_bytes);
+    out.coded = w.read_back(ranks + bitmap_bytes);
     values = kept;
     value_stride = 1;
   }
   const BlockRules rules = codec::detail::rules_for(c);
-  w.blocks = codec::detail::div_up(w.coded, c.block);
-  const BlockBuffers k{w.meta, sizes, offsets, mids, w.payload};
-  if (w.blocks) code_blocks(s, values, w.coded, value_stride, rules, c.block, w.blocks, k, false);
-  QSTAGE_CUDA_CHECK(cudaMemsetAsync(sizes + w.blocks, 0, sizeof(unsigned long long), s));
+  out.blocks = codec::detail::div_up(out.coded, c.block);
+  const BlockBuffers k{out.meta, sizes, offsets, mids, out.payload};
+  if (out.blocks) code_blocks(s, values, out.coded, value_stride, rules, c.block, out.blocks, k, false);
+  QSTAGE_CUDA_CHECK(cudaMemsetAsync(sizes + out.blocks, 0, sizeof(unsigned long long), s));
   size_t tb = temp;
-  QSTAGE_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(temp_storage, tb, sizes, offsets, static_cast<std::int64_t>(w.blocks + 1), s));
-  if (w.blocks) code_blocks(s, values, w.coded, value_stride, rules, c.block, w.blocks, k, true);
-  w.payload_bytes = w.read_back(offsets + w.blocks);
+  QSTAGE_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(temp_storage, tb, sizes, offsets, static_cast<std::int64_t>(out.blocks + 1), s));
+  if (out.blocks) code_blocks(s, values, out.coded, value_stride, rules, c.block, out.blocks, k, true);
+  out.payload_bytes = w.read_back(offsets + out.blocks);
 }
 
-codec::detail::ComponentParts GpuCodec::parts() const {
+codec::detail::ComponentParts GpuCodec::parts(int component) const {
   const Impl& w = *impl_;
+  const Impl::Coded& c = w.last[component];
   codec::detail::ComponentParts p;
-  p.coded = w.coded;
-  p.bitmap.resize(w.bitmap_bytes);
-  p.meta.resize(3 * w.blocks);
-  p.payload.resize(w.payload_bytes);
+  p.coded = c.coded;
+  p.bitmap.resize(c.bitmap_bytes);
+  p.meta.resize(3 * c.blocks);
+  p.payload.resize(c.payload_bytes);
   // (code() laid the meta out for the blocks it coded: their states, then their sizes.)
   const cudaStream_t s = w.cuda();
-  if (w.bitmap_bytes) QSTAGE_CUDA_CHECK(cudaMemcpyAsync(p.bitmap.data(), w.bitmap, w.bitmap_bytes, cudaMemcpyDeviceToHost, s));
-  QSTAGE_CUDA_CHECK(cudaMemcpyAsync(p.meta.data(), w.meta, 3 * w.blocks, cudaMemcpyDeviceToHost, s));
-  QSTAGE_CUDA_CHECK(cudaMemcpyAsync(p.payload.data(), w.payload, w.payload_bytes, cudaMemcpyDeviceToHost, s));
+  if (c.bitmap_bytes) QSTAGE_CUDA_CHECK(cudaMemcpyAsync(p.bitmap.data(), c.bitmap, c.bitmap_bytes, cudaMemcpyDeviceToHost, s));
+  QSTAGE_CUDA_CHECK(cudaMemcpyAsync(p.meta.data(), c.meta, 3 * c.blocks, cudaMemcpyDeviceToHost, s));
+  QSTAGE_CUDA_CHECK(cudaMemcpyAsync(p.payload.data(), c.payload, c.payload_bytes, cudaMemcpyDeviceToHost, s));
   QSTAGE_CUDA_CHECK(cudaStreamSynchronize(s));
   return p;
+}
+
+bool GpuCodec::can_code_pair(const codec::detail::Coding& coding, const float* x) {
+  return !codec::detail::groups(coding.pipeline) && reinterpret_cast<std::uintptr_t>(x) % alignof(float2) == 0;
+}
+
+void GpuCodec::code_pair(const float* x, std::uint64_t n, const codec::detail::Coding& c) {
+  if (!can_code_pair(c, x)) throw std::logic_error("GpuCodec::code_pair: a bitmap pipeline or unaligned values");
+  Impl& w = *impl_;
+  const cudaStream_t s = w.cuda();
+  const std::uint64_t blocks = codec::detail::div_up(n, c.block), temp = scan_temp_bytes(blocks + 1);
+  const std::uint64_t per_part = round_up(3 * blocks) + 2 * round_up(8 * (blocks + 1)) + round_up(4 * blocks) + round_up(4 * n);
+  w.reserve(2 * per_part + round_up(temp) + round_up(16));
+  BlockBuffers k[2];
+  for (int part = 0; part < 2; ++part) {
+    Impl::Coded& out = w.last[part];
+    out = Impl::Coded{};
+    out.meta = w.take<std::uint8_t>(3 * blocks);
+    k[part].meta = out.meta;
+    k[part].sizes = w.take<unsigned long long>(blocks + 1);
+    k[part].offsets = w.take<unsigned long long>(blocks + 1);
+    k[part].mids = w.take<float>(blocks);
+    out.payload = k[part].payload = w.take<std::uint8_t>(4 * n);
+    out.coded = n;
+    out.blocks = blocks;
+  }
+  void* temp_storage = w.take<std::uint8_t>(temp);
+  auto* totals = w.take<unsigned long long>(2);
+  const BlockRules rules = codec::detail::rules_for(c);
+  const auto* pairs = reinterpret_cast<const float2*>(x);
+  if (blocks) code_pair_blocks(s, pairs, n, rules, c.block, blocks, k[0], k[1], false);
+  for (int part = 0; part < 2; ++part) {
+    QSTAGE_CUDA_CHECK(cudaMemsetAsync(k[part].sizes + blocks, 0, sizeof(unsigned long long), s));
+    size_t tb = temp;
+    QSTAGE_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(temp_storage, tb, k[part].sizes, k[part].offsets,
+                                                    static_cast<std::int64_t>(blocks + 1), s));
+    QSTAGE_CUDA_CHECK(cudaMemcpyAsync(totals + part, k[part].offsets + blocks, sizeof(unsigned long long),
+                                      cudaMemcpyDeviceToDevice, s));
+  }
+  if (blocks) code_pair_blocks(s, pairs, n, rules, c.block, blocks, k[0], k[1], true);
+  auto* host = static_cast<unsigned long long*>(w.pinned.data());
+  QSTAGE_CUDA_CHECK(cudaMemcpyAsync(host, totals, 2 * sizeof *host, cudaMemcpyDeviceToHost, s));
+  QSTAGE_CUDA_CHECK(cudaStreamSynchronize(s));
+  w.last[0].payload_bytes = host[0];
+  w.last[1].payload_bytes = host[1];
+}
+
+std::vector<codec::detail::ComponentParts> GpuCodec::code_all(const float* x, std::uint64_t n, int parts,
+                                                              const codec::detail::Coding& c) {
+  std::vector<codec::detail::ComponentParts> out;
+  if (parts == 2 && can_code_pair(c, x)) {
+    code_pair(x, n, c);
+    out.push_back(this->parts(0));
+    out.push_back(this->parts(1));
+    return out;
+  }
+  for (int part = 0; part < parts; ++part) {
+    code(x + part, n, parts, c);
+    out.push_back(this->parts(0));
+  }
+  return out;
 }
 
 namespace {

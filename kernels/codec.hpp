@@ -43,7 +43,16 @@ class GpuCodec {
   GpuCodec(Backend& backend, Stream& stream);
   ~GpuCodec();
   void code(const float* x, std::uint64_t n, int stride, const codec::detail::Coding& c);
-  codec::detail::ComponentParts parts() const;
+  // Both components of complex values (pairs at x) in one pass of each kernel, reading the
+  // values once per pass instead of twice: for pipelines without a bitmap and 8-byte aligned x.
+  // The same bytes as code() on each component.
+  static bool can_code_pair(const codec::detail::Coding& c, const float* x);
+  void code_pair(const float* x, std::uint64_t n, const codec::detail::Coding& c);
+  // The parts of the last code() (component 0), or of code_pair's component 0 or 1.
+  codec::detail::ComponentParts parts(int component = 0) const;
+  // A stream's components (codec::detail::ComponentCoder): as a pair where it can.
+  std::vector<codec::detail::ComponentParts> code_all(const float* x, std::uint64_t n, int parts,
+                                                      const codec::detail::Coding& c);
   // Throws codec::FormatError when a block payload is inconsistent.
   void decode(const codec::detail::StoredComponent& c, const std::uint8_t* device_stream, std::uint64_t n, int stride,
               const codec::detail::Coding& coding, float* out);

@@ -75,6 +75,12 @@ ComponentParts code_component(const float* x, std::uint64_t n, int stride, const
   return parts;
 }
 
+std::vector<ComponentParts> code_components(const float* x, std::uint64_t n, int parts, const Coding& c) {
+  std::vector<ComponentParts> out;
+  for (int part = 0; part < parts; ++part) out.push_back(code_component(x + part, n, parts, c));
+  return out;
+}
+
 void decode_component(const StoredComponent& c, const std::uint8_t* stream, std::uint64_t n, int stride,
                       const Coding& coding, float* out, BlockCounts* counts) {
   const std::uint64_t blocks = div_up(c.coded, coding.block);

@@ -29,10 +29,14 @@ struct ComponentParts {
   std::vector<std::uint8_t> payload;  // the blocks' payloads in order
 };
 
+// Codes a stream's components (one, or the real and imaginary parts, interleaved at x): the
+// parts of component k from x[k], x[k + parts], ...
+using ComponentCoder = std::function<std::vector<ComponentParts>(const float* x, std::uint64_t n, int parts, const Coding&)>;
 // Codes the component x[0], x[stride], ..., x[(n - 1) stride]. The CPU coder; the GPU one
 // (kernels/codec.cu) takes a device pointer and returns the same parts.
-using ComponentCoder = std::function<ComponentParts(const float* x, std::uint64_t n, int stride, const Coding&)>;
 ComponentParts code_component(const float* x, std::uint64_t n, int stride, const Coding& c);
+// The CPU ComponentCoder.
+std::vector<ComponentParts> code_components(const float* x, std::uint64_t n, int parts, const Coding& c);
 
 // A component as the stream holds it, checked against the shape (sizes, counts, states); its
 // block payloads stay in the stream, at payload_offset.

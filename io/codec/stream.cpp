@@ -361,7 +361,7 @@ std::vector<std::uint8_t> encode(const float* data, ElementType type, const std:
   probe.type = type;
   probe.shape = shape;
   const double range = dataset_range ? *dataset_range : value_range(data, probe.components());
-  return detail::encode_with(detail::code_component, data, type, shape, s, range);
+  return detail::encode_with(detail::code_components, data, type, shape, s, range);
 }
 
 std::vector<std::uint8_t> detail::encode_with(const ComponentCoder& coder, const float* data, ElementType type,
@@ -397,8 +397,8 @@ std::vector<std::uint8_t> detail::encode_with(const ComponentCoder& coder, const
   w.put<std::uint64_t>(0);
   for (auto d : shape) w.put<std::uint64_t>(d);
   const std::uint64_t payload_at = w.size();
-  for (int part = 0; part < parts; ++part) {
-    const auto coded = coder(data + part, n, parts, coding);
+  const std::vector<ComponentParts> components = coder(data, n, parts, coding);
+  for (const auto& coded : components) {
     const std::uint64_t section_at = w.size();
     w.put<std::uint64_t>(0);
     write_component(w, coded, coding);

@@ -312,6 +312,12 @@ TEST(CodecGpu, SameBytesAsTheCpuAndEachDecodesTheOther) {
   std::normal_distribution<float> normal;
   for (auto& v : z) v = normal(rng) * (normal(rng) > 1.5f ? 1.0f : 1e-4f);
   all.push_back({"complex", z});
+  // Complex blocks of every state (the GPU codes complex data as real/imaginary pairs at once):
+  // zero, constant, sparse and dense blocks in the real part, others in the imaginary part.
+  std::vector<float> mixed(2 * 1100, 0.0f);
+  for (int i = 256; i < 512; ++i) mixed[2 * i] = 0.75f, mixed[2 * i + 1] = -0.25f;
+  for (int i = 512; i < 1100; ++i) mixed[2 * i] = i % 17 == 0 ? normal(rng) : 0.0f, mixed[2 * i + 1] = normal(rng);
+  all.push_back({"complex", mixed});
   all.push_back({"one value", {0.5f}});
   all.push_back({"empty", {}});
   for (const auto& in : all)
