@@ -63,6 +63,11 @@ struct KernelContext {
   const std::map<std::string, std::filesystem::path>& files;  // file parameters, resolved (see file_parameters)
   Backend* backend = nullptr;                                 // the run's backend (compute() may measure it)
   const mpi::Comm* comm = nullptr;                            // every rank's (refine_plan may read in parallel)
+  // The step's work directory and key. refine_plan may keep what it measured there, in a file
+  // named plan-*.json that records the key: a resumed run of the same step finds it (the work
+  // directory keeps such files; a changed step has another key and measures again).
+  std::filesystem::path work_dir;
+  std::string step_key;
 };
 
 // What a step produced besides its streamed outputs, handed to write_results on every rank.

@@ -102,8 +102,12 @@ Journal StepWork::load(const PassSpec& spec) {
     for (const auto& s : j.segments) keep.insert(s.file);
     keep.insert(j.reduction_files.begin(), j.reduction_files.end());
     for (const auto& sp : j.spools) keep.insert(sp.file);
+    auto planned = [](const std::string& name) {  // refine_plan's measurements (they record their key)
+      return name.rfind("plan-", 0) == 0 && name.size() > 10 && name.substr(name.size() - 5) == ".json";
+    };
     for (const auto& entry : fs::directory_iterator(dir_))
-      if (!keep.count(entry.path().filename().string())) fs::remove_all(entry.path());
+      if (!keep.count(entry.path().filename().string()) && !planned(entry.path().filename().string()))
+        fs::remove_all(entry.path());
     fsutil::fsync_dir(dir_);
     text = j.to_json().dump();
   }

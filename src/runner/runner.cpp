@@ -314,7 +314,8 @@ class WorkflowRun {
     }
     std::map<std::string, const h5::Dataset*> by_slot;
     for (auto& [slot, d] : datasets) by_slot[slot] = &d;
-    const stages::KernelContext context{step.params, by_slot, p.plan, step.files, backend_.get(), &comm_};
+    const stages::KernelContext context{step.params, by_slot, p.plan, step.files, backend_.get(), &comm_,
+                                        dir_.work(step.id), key};
     try {
       step.impl->refine_plan(p.plan, context);
       apply_compress_output(p.plan, step, true);

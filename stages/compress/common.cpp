@@ -10,6 +10,7 @@
 #include <limits>
 
 #include "core/error.hpp"
+#include "core/fsutil.hpp"
 #include "io/compressed_chunks.hpp"
 #include "io/row_io.hpp"
 #include "stages/tensor/common.hpp"
@@ -70,11 +71,40 @@ double measure_range(const h5::Dataset& x, std::uint64_t tile_rows, const mpi::C
   return bottom <= top ? top - bottom : 0.0;
 }
 
-std::optional<double> range_for(const json& params, const h5::Dataset& x, std::uint64_t tile_rows,
-                                const mpi::Comm& comm) {
+std::optional<double> range_for(const KernelContext& ctx, std::uint64_t tile_rows) {
+  const json& params = ctx.params;
+  const mpi::Comm& comm = *ctx.comm;
   if (params.at("bounds").get<std::string>() != "relative") return std::nullopt;
   if (params.contains("range")) return params.at("range").get<double>();
-  return measure_range(x, tile_rows, comm);
+  // Kept in the work directory with the step's key, so a resumed run codes with the same range
+  // without reading the input again (nlohmann's doubles round-trip exactly).
+  const std::filesystem::path file = ctx.work_dir / "plan-range.json";
+  std::string cached;
+  if (comm.root() && !ctx.work_dir.empty() && std::filesystem::exists(file)) try {
+      const json j = json::parse(fsutil::read_file(file));
+      if (j.at("key").get<std::string>() == ctx.step_key) cached = j.at("range").dump();
+    } catch (const std::exception&) {
+      // unreadable: measured again below
+    }
+  cached = comm.broadcast(cached);
+  if (!cached.empty()) {
+    const double range = json::parse(cached).get<double>();
+    if (comm.root()) spdlog::info("value range {:.6g}, measured by an earlier run of this step", range);
+    return range;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  const double range = measure_range(*ctx.inputs.at("x"), tile_rows, comm);
+  if (comm.root()) {
+    spdlog::info("value range {:.6g}, measured in {:.2f}s (give the parameter 'range' to skip this read)", range,
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    if (!ctx.work_dir.empty()) try {  // (only saves a read on resume: a failure is not an error)
+        std::filesystem::create_directories(ctx.work_dir);
+        fsutil::write_file_atomic(file, json{{"key", ctx.step_key}, {"range", range}}.dump());
+      } catch (const std::exception& e) {
+        spdlog::warn("could not keep the value range in {}: {}", file.string(), e.what());
+      }
+  }
+  return range;
 }
 
 StagePlan chunk_pass(const json& params, const DatasetInfo& x) {
@@ -100,11 +130,7 @@ StagePlan chunk_pass(const json& params, const DatasetInfo& x) {
 void refine_chunk_pass(StagePlan& plan, const KernelContext& ctx, std::uint64_t extra_device_bytes) {
   const h5::Dataset& x = *ctx.inputs.at("x");
   const codec::ElementType type = element_type(*x.dtype(), "x");
-  const auto start = std::chrono::steady_clock::now();
-  const auto range = range_for(ctx.params, x, plan.pass.tile_rows, *ctx.comm);
-  if (range && !ctx.params.contains("range") && ctx.comm->root())
-    spdlog::info("value range {:.6g}, measured in {:.2f}s (give the parameter 'range' to skip this read)", *range,
-                 std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  const auto range = range_for(ctx, plan.pass.tile_rows);
   plan.summary["codec"] = h5::codec_summary(settings_from(ctx.params), range, type);
   plan.pass.resident_device_bytes =
       ChunkCodec::device_bytes(ctx.backend->kind(), type, plan.pass.tile_rows * x.row_bytes()) + extra_device_bytes;

@@ -28,10 +28,10 @@ std::uint64_t elements_of(const h5::Shape& shape);
 // max - min over the finite real and imaginary parts of a float32/complex64 dataset, read in
 // parallel over ranks (each reads a share of the rows). Collective.
 double measure_range(const h5::Dataset& x, std::uint64_t tile_rows, const mpi::Comm& comm);
-// The range relative bounds refer to: the `range` parameter, else measured (collective);
-// nullopt for absolute bounds.
-std::optional<double> range_for(const nlohmann::json& params, const h5::Dataset& x, std::uint64_t tile_rows,
-                                const mpi::Comm& comm);
+// The range relative bounds refer to (input 'x'): the `range` parameter, else the one an earlier
+// run of this step measured (kept in its work directory), else measured now (collective) and
+// kept; nullopt for absolute bounds.
+std::optional<double> range_for(const KernelContext& ctx, std::uint64_t tile_rows);
 
 using kernels::ChunkCodec;
 

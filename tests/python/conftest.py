@@ -89,12 +89,14 @@ def stop_once_checkpointed(spec, run_dir, journal):
 
 
 def stop_then_resume(spec, run_dir, step):
-    """stop_once_checkpointed on `step`, then `qstage resume`, which must continue from a commit."""
+    """stop_once_checkpointed on `step`, then `qstage resume`, which must continue from a commit;
+    returns the resume's result."""
     stop_once_checkpointed(spec, run_dir, Path(run_dir) / "steps" / step / "journal.json")
     assert manifest(run_dir)["steps"][step]["state"] == "stopped"
     r = run(["resume", run_dir, "--device", DEVICE])
     assert r.code == 0, r
     assert "resuming at row" in r.err
+    return r
 
 
 def write_spec(path, text):

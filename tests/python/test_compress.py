@@ -235,8 +235,10 @@ def clean_big(tmp_path_factory):
 
 def test_stopped_and_resumed_compression_stores_the_same_bytes(clean_big, tmp):
     spec = write_spec(tmp / "spec.yaml", BIG_SPEC)
-    stop_then_resume(spec, tmp / "run", "packed")
+    r = stop_then_resume(spec, tmp / "run", "packed")
     assert stored(tmp / "run") == clean_big
+    # The resumed step codes with the range the first run measured, without reading it again.
+    assert "measured by an earlier run of this step" in r.err and "measured in" not in r.err, r
 
 
 def test_three_ranks_store_the_same_bytes_as_one(clean_big, tmp):
