@@ -52,6 +52,12 @@ __device__ float warp_max(float v) {
 }
 
 // A block as one warp holds it: values base + j (j < V) of this lane, `m` in the block.
+// The values of the block that starts at value `first` of n: 32 V, fewer in the last block.
+template <int V>
+__device__ int block_values(std::uint64_t n, std::uint64_t first) {
+  return static_cast<int>(n - first < std::uint64_t(32 * V) ? n - first : std::uint64_t(32 * V));
+}
+
 template <int V>
 struct Held {
   float x[V], y[V];  // original and thresholded
@@ -66,7 +72,7 @@ __device__ Held<V> load(const float* values, std::uint64_t first, std::uint64_t 
                         float* stage) {
   Held<V> h;
   h.base = lane_id() * V;
-  h.m = static_cast<int>((n - first < std::uint64_t(32 * V) ? n - first : std::uint64_t(32 * V)));
+  h.m = block_values<V>(n, first);
   for (int j = 0; j < V; ++j) {
     const int i = j * 32 + lane_id();
     stage[i] = i < h.m ? values[(first + i) * stride] : 0.0f;
@@ -86,7 +92,7 @@ template <int V>
 __device__ void load_pair(const float2* values, std::uint64_t first, std::uint64_t n, const BlockRules& r,
                           float2* stage, Held<V>& re, Held<V>& im) {
   re.base = im.base = lane_id() * V;
-  re.m = im.m = static_cast<int>((n - first < std::uint64_t(32 * V) ? n - first : std::uint64_t(32 * V)));
+  re.m = im.m = block_values<V>(n, first);
   for (int j = 0; j < V; ++j) {
     const int i = j * 32 + lane_id();
     stage[i] = i < re.m ? values[first + i] : float2{0.0f, 0.0f};
@@ -531,7 +537,7 @@ __global__ void decode_kernel(const std::uint8_t* payload, const std::uint8_t* m
   if (b >= blocks) return;
   const int lane = lane_id(), base = lane * V;
   const std::uint64_t first = b * (32 * V);
-  const int m = static_cast<int>((n - first < std::uint64_t(32 * V) ? n - first : std::uint64_t(32 * V)));
+  const int m = block_values<V>(n, first);
   float v[V];
   if (decode_block<V>(payload, meta, offsets, blocks, b, m, step, v, offset_of[warp], lead_of[warp])) {
     if (lane == 0) atomicOr(error, 1u);
@@ -567,7 +573,7 @@ __global__ void decode_pair_kernel(ComponentBlocks re, ComponentBlocks im, std::
   if (b >= blocks) return;
   const int lane = lane_id(), base = lane * V;
   const std::uint64_t first = b * (32 * V);
-  const int m = static_cast<int>((n - first < std::uint64_t(32 * V) ? n - first : std::uint64_t(32 * V)));
+  const int m = block_values<V>(n, first);
   float v[V];
   bool bad = decode_block<V>(re.payload, re.meta, re.offsets, blocks, b, m, step, v, offset_of[warp], lead_of[warp]);
   for (int j = 0; j < V; ++j) stage[warp][base + j].x = v[j];
