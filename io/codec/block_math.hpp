@@ -81,9 +81,13 @@ QSTAGE_HD std::uint32_t biased_exponent(float x) { return (float_bits(x) >> 23) 
 // most the kept bytes: the 2-bit code of XOR leading-byte coding.
 QSTAGE_HD int shared_leading_bytes(std::uint32_t w, std::uint32_t previous, int bytes) {
   const std::uint32_t x = w ^ previous;
-  int lead = 0;
-  while (lead < 3 && lead < bytes && ((x >> (24 - 8 * lead)) & 0xffu) == 0) ++lead;
-  return lead;
+#ifdef __CUDA_ARCH__
+  const int zero_bytes = __clz(x) / 8;  // (4 when x is 0)
+#else
+  const int zero_bytes = x ? __builtin_clz(x) / 8 : 4;
+#endif
+  const int lead = zero_bytes < 3 ? zero_bytes : 3;
+  return lead < bytes ? lead : bytes;
 }
 
 // Byte j (0 = most significant) of a word.
