@@ -344,6 +344,33 @@ TEST(CodecGpu, SameBytesAsTheCpuAndEachDecodesTheOther) {
       }
 }
 
+// The GPU finds its blocks' offsets by a look-back over tiles of 8 blocks, in the pass that
+// codes them: over tens of thousands of tiles of mixed sizes (and past its window of 32 tiles),
+// the stream is still the CPU's, byte for byte.
+TEST(CodecGpu, ManyTilesSameBytesAsTheCpu) {
+  REQUIRE_GPU();
+  test::GpuRun gpu;
+  std::mt19937 rng(21);
+  std::normal_distribution<float> normal;
+  std::vector<float> x(2 * ((1u << 20) + 12345));
+  for (size_t i = 0; i < x.size(); ++i) {
+    const size_t block = i / 512;  // runs of blocks: zero, constant, sparse, dense
+    x[i] = block % 4 == 0 ? 0.0f : block % 4 == 1 ? 0.5f : block % 4 == 2 && i % 7 ? 0.0f : normal(rng);
+  }
+  Buffer data = gpu.upload(x.data(), 4 * x.size());
+  for (Pipeline p : {Pipeline::szx, Pipeline::integrated, Pipeline::quantized})
+    for (std::uint32_t block : {64u, 256u})
+      for (bool complex : {false, true}) {
+        const Settings s{p, block, p == Pipeline::szx ? 0.0 : 1e-3, 1e-3, true};
+        const ElementType type = complex ? ElementType::complex64 : ElementType::float32;
+        const std::vector<std::uint64_t> shape{x.size() / (complex ? 2 : 1)};
+        const auto on_gpu =
+            kernels::codec_encode(*gpu.backend, *gpu.stream, static_cast<const float*>(data.data()), type, shape, s);
+        ASSERT_EQ(on_gpu, encode(x.data(), type, shape, s))
+            << pipeline_name(p) << " / " << block << (complex ? " / complex" : "");
+      }
+}
+
 TEST(CodecGpu, ResealedDamageIsRefusedOrDecodedLikeTheCpu) {
   REQUIRE_GPU();
   test::GpuRun gpu;
