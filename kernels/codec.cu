@@ -278,7 +278,8 @@ __device__ void record_choice(const Choice<V>& c, std::uint64_t b, std::uint64_t
 // prefix scan with decoupled look-back", 2016) over the tiles before it. Each tile publishes
 // one word, flag and value together: first its own sum of sizes, then its inclusive prefix. Sums
 // of integers are exact, so the offsets are those of a separate scan on every run. Tiles are
-// numbered in the order CTAs start (a ticket), so every tile a CTA waits for is running.
+// numbered in the order CTAs start (a ticket), so every tile a CTA waits for has started, and
+// a tile publishes its own sum before it waits for any other: no CTA waits forever.
 constexpr unsigned long long kTileAggregate = 1ull << 62, kTilePrefix = 2ull << 62, kTileValue = (1ull << 62) - 1;
 
 __device__ unsigned long long tile_word(unsigned long long* tiles, long long t) {
