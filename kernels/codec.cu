@@ -685,6 +685,27 @@ __device__ bool decode_block(const std::uint8_t* payload, const std::uint8_t* me
   return __any_sync(kFull, bad);
 }
 
+// The block a decoding warp takes: block b, whose values start at value `first`, m of them
+// (lane: this lane, holding values base .. base + V - 1 of the block). Not `valid` past the last.
+template <int V>
+struct DecodedBlock {
+  int warp, lane, base, m;
+  std::uint64_t b, first;
+  bool valid;
+};
+template <int V>
+__device__ DecodedBlock<V> decoded_block(std::uint64_t blocks, std::uint64_t n) {
+  DecodedBlock<V> k;
+  k.warp = static_cast<int>(threadIdx.x / 32);
+  k.lane = lane_id();
+  k.base = k.lane * V;
+  k.b = std::uint64_t(blockIdx.x) * kWarpsPerCta + k.warp;
+  k.valid = k.b < blocks;
+  k.first = k.b * (32 * V);
+  k.m = k.valid ? block_values<V>(n, k.first) : 0;
+  return k;
+}
+
 // Decodes one component into out[0], out[stride], ...; an inconsistent payload sets *error (the
 // host then refuses the stream).
 template <int V>
@@ -692,12 +713,8 @@ __global__ void decode_kernel(const std::uint8_t* payload, const std::uint8_t* m
                               std::uint64_t blocks, std::uint64_t n, float* out, int stride, double step,
                               unsigned* error) {
   __shared__ float stage[kWarpsPerCta][kStaged<float, V>];
-  const int warp = static_cast<int>(threadIdx.x / 32);
-  const std::uint64_t b = std::uint64_t(blockIdx.x) * kWarpsPerCta + warp;
-  if (b >= blocks) return;
-  const int lane = lane_id(), base = lane * V;
-  const std::uint64_t first = b * (32 * V);
-  const int m = block_values<V>(n, first);
+  const auto [warp, lane, base, m, b, first, valid] = decoded_block<V>(blocks, n);
+  if (!valid) return;
   float v[V];
   if (decode_block<V>(payload, meta, offsets, blocks, b, m, step, v, stage[warp])) {
     if (lane == 0) atomicOr(error, 1u);
@@ -726,12 +743,8 @@ __global__ void decode_pair_kernel(ComponentBlocks re, ComponentBlocks im, std::
                                    float2* out, double step, unsigned* error) {
   __shared__ float scratch[kWarpsPerCta][kStaged<float, V>];
   __shared__ float2 stage[kWarpsPerCta][kStaged<float2, V>];
-  const int warp = static_cast<int>(threadIdx.x / 32);
-  const std::uint64_t b = std::uint64_t(blockIdx.x) * kWarpsPerCta + warp;
-  if (b >= blocks) return;
-  const int lane = lane_id(), base = lane * V;
-  const std::uint64_t first = b * (32 * V);
-  const int m = block_values<V>(n, first);
+  const auto [warp, lane, base, m, b, first, valid] = decoded_block<V>(blocks, n);
+  if (!valid) return;
   float v[V];
   bool bad = decode_block<V>(re.payload, re.meta, re.offsets, blocks, b, m, step, v, scratch[warp]);
   for (int j = 0; j < V; ++j) stage[warp][padded<float2>(base + j)].x = v[j];
