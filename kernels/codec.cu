@@ -62,6 +62,9 @@ __device__ int padded(int i) {
 template <typename T, int V>
 constexpr int kStaged = 32 * V + 32 * V * static_cast<int>(sizeof(T)) / 128;
 
+// thresholded(x, t) in floats: |x| <= t exactly when |x| <= t_below (NaN stays NaN).
+__device__ float thresholded_f(float x, const BlockRules& r) { return fabsf(x) <= r.t_below ? 0.0f : x; }
+
 template <int V>
 struct Held {
   float x[V], y[V];  // original and thresholded
@@ -84,7 +87,7 @@ __device__ Held<V> load(const float* values, std::uint64_t first, std::uint64_t 
   __syncwarp();
   for (int j = 0; j < V; ++j) {
     h.x[j] = stage[padded<float>(h.base + j)];
-    h.y[j] = thresholded(h.x[j], r.t);
+    h.y[j] = thresholded_f(h.x[j], r);
   }
   __syncwarp();
   return h;
@@ -105,16 +108,15 @@ __device__ void load_pair(const float2* values, std::uint64_t first, std::uint64
   for (int j = 0; j < V; ++j) {
     const float2 pair = stage[padded<float2>(re.base + j)];
     re.x[j] = pair.x;
-    re.y[j] = thresholded(re.x[j], r.t);
+    re.y[j] = thresholded_f(re.x[j], r);
     im.x[j] = pair.y;
-    im.y[j] = thresholded(im.x[j], r.t);
+    im.y[j] = thresholded_f(im.x[j], r);
   }
   __syncwarp();
 }
 
-// A dense candidate around `mid`: its words, kept bits, codes, and (Checked) whether its
-// decoded values stay within their bounds; size -1 when they do not. (Unchecked: the layout of
-// a block already chosen, without its size.)
+// A dense candidate around `mid`: its words, kept bits, codes and size (dense_fits checks its
+// bounds).
 template <int V>
 struct Dense {
   unsigned w[V];
@@ -122,7 +124,7 @@ struct Dense {
   int bits, bytes, size, stored;  // stored: this lane's payload bytes after the codes
 };
 
-template <int V, bool Checked = true>
+template <int V>
 __device__ Dense<V> dense(const Held<V>& h, float mid, const BlockRules& r) {
   Dense<V> d;
   const bool around_zero = float_bits(mid) == 0;
@@ -139,23 +141,26 @@ __device__ Dense<V> dense(const Held<V>& h, float mid, const BlockRules& r) {
   for (int j = 0; j < V; ++j) d.w[j] &= mask;
   unsigned previous = __shfl_up_sync(kFull, d.w[V - 1], 1);
   if (lane_id() == 0) previous = 0;
-  bool ok = true;
   d.stored = 0;
   for (int j = 0; j < V; ++j) {
     d.lead[j] = shared_leading_bytes(d.w[j], previous, d.bytes);
     previous = d.w[j];
-    if (!h.has(j)) continue;
-    d.stored += d.bytes - d.lead[j];
-    if (Checked) ok = ok && within(dense_value(mid, d.w[j]), h.x[j], allowed_error(h.x[j], r.t, r.e));
+    if (h.has(j)) d.stored += d.bytes - d.lead[j];
   }
-  if (!Checked) return d;
-  ok = __all_sync(kFull, ok);
-  const int total = __reduce_add_sync(kFull, d.stored);
-  d.size = ok ? 5 + (h.m + 3) / 4 + total : -1;
+  d.size = 5 + (h.m + 3) / 4 + __reduce_add_sync(kFull, d.stored);
   return d;
 }
 
-// The sparse candidate: size, or -1 when not allowed or not within the bounds.
+// Whether a dense candidate's decoded values stay within their bounds.
+template <int V>
+__device__ bool dense_fits(const Held<V>& h, const Dense<V>& d, float mid, const BlockRules& r) {
+  bool ok = true;
+  for (int j = 0; j < V; ++j)
+    if (h.has(j)) ok = ok && within(dense_value(mid, d.w[j]), h.x[j], allowed_error(h.x[j], r.t, r.e));
+  return __all_sync(kFull, ok);
+}
+
+// The sparse candidate's size (its bounds hold: see choose).
 template <int V>
 __device__ int sparse_size(const Held<V>& h, int nonzero, const BlockRules& r, int& bits) {
   unsigned largest = 0;
@@ -163,15 +168,7 @@ __device__ int sparse_size(const Held<V>& h, int nonzero, const BlockRules& r, i
     if (h.has(j)) largest = max(largest, biased_exponent(h.y[j]));
   largest = __reduce_max_sync(kFull, largest);
   bits = kept_bits(largest, r.q, r.lossless);
-  const unsigned mask = kept_mask(bits);
-  bool ok = true;
-  for (int j = 0; j < V; ++j) {
-    if (!h.has(j)) continue;
-    const bool nz = (float_bits(h.y[j]) & 0x7fffffffu) != 0;
-    const float decoded = nz ? bits_float(float_bits(h.y[j]) & mask) : 0.0f;
-    ok = ok && within(decoded, h.x[j], allowed_error(h.x[j], r.t, r.e));
-  }
-  return __all_sync(kFull, ok) ? 2 + nonzero + nonzero * kept_bytes(bits) : -1;
+  return 2 + nonzero + nonzero * kept_bytes(bits);
 }
 
 // The quantized candidate: size and bit width, or -1 when a value's q is out of range or a
@@ -201,6 +198,17 @@ struct Choice {
   float mid;  // constant value, or the dense candidate's mid
 };
 
+// Checks the CPU makes that cannot fail are left out, and the others are made in floats where
+// that decides exactly as the CPU's doubles do (t_below, te_below: block_rules):
+//  - zero: every |x| <= max(t, e) (a value above t must be within e of 0, one at or below t
+//    within max(t, e));
+//  - constant: only when the block's thresholded values span at most 4 max(t, e) (with a
+//    margin for rounding), which every block the exact check accepts does: each value is within
+//    max(t, e) of the constant, and a thresholded one's zero within 2 max(t, e);
+//  - sparse and dense around 0 always hold: a value decodes to its thresholded value y
+//    truncated to the block's kept bits, which loses less than 2^q <= e (kept_bits), exactly
+//    (the same sign and exponent), and y is x or, at or below t, 0;
+//  - dense around the midpoint is checked only where it would be chosen, as the CPU does.
 template <int V>
 __device__ Choice<V> choose(const Held<V>& h, const BlockRules& r) {
   bool finite = true, zero_ok = true;
@@ -210,23 +218,28 @@ __device__ Choice<V> choose(const Held<V>& h, const BlockRules& r) {
     if (!h.has(j)) continue;
     finite = finite && is_finite(h.x[j]);
     nonzero += (float_bits(h.y[j]) & 0x7fffffffu) != 0;
-    zero_ok = zero_ok && within(0.0f, h.x[j], allowed_error(h.x[j], r.t, r.e));
+    zero_ok = zero_ok && fabsf(h.x[j]) <= r.te_below;
     lo = fminf(lo, h.y[j]);
     hi = fmaxf(hi, h.y[j]);
   }
   if (!__all_sync(kFull, finite)) return {kRaw, 4 * h.m, 0.0f};
   if (__all_sync(kFull, zero_ok)) return {kZero, 0, 0.0f};
   nonzero = __reduce_add_sync(kFull, nonzero);
-  const float mid = midpoint(warp_min(lo), warp_max(hi));
-  bool constant_ok = true;
-  for (int j = 0; j < V; ++j)
-    if (h.has(j)) constant_ok = constant_ok && within(mid, h.x[j], allowed_error(h.x[j], r.t, r.e));
-  if (__all_sync(kFull, constant_ok)) return {kConstant, 4, mid};
+  lo = warp_min(lo);
+  hi = warp_max(hi);
+  const float mid = midpoint(lo, hi);
+  const double spread_allowed = 4.01 * (r.t > r.e ? r.t : r.e);
+  if (static_cast<double>(hi) - static_cast<double>(lo) <= spread_allowed) {
+    bool constant_ok = true;
+    for (int j = 0; j < V; ++j)
+      if (h.has(j)) constant_ok = constant_ok && within(mid, h.x[j], allowed_error(h.x[j], r.t, r.e));
+    if (__all_sync(kFull, constant_ok)) return {kConstant, 4, mid};
+  }
   Choice<V> best{kRaw, 4 * h.m + 1, 0.0f};
   if (r.sparse && nonzero >= 1 && nonzero <= h.m / 2) {
     int bits = 0;
     const int size = sparse_size(h, nonzero, r, bits);
-    if (size >= 0 && size < best.size) best = {kSparse, size, 0.0f};
+    if (size < best.size) best = {kSparse, size, 0.0f};
   }
   if (r.quantize) {
     int width = 0;
@@ -235,12 +248,13 @@ __device__ Choice<V> choose(const Held<V>& h, const BlockRules& r) {
   }
   // A dense block is never smaller than its mid, kept bits and codes: where a candidate already
   // is, skip both (the CPU evaluates them and reaches the same choice).
-  if (best.size > 5 + (h.m + 3) / 4) {
+  const int dense_floor = 5 + (h.m + 3) / 4;
+  if (best.size > dense_floor) {
     const Dense<V> d0 = dense(h, 0.0f, r);
-    if (d0.size >= 0 && d0.size < best.size) best = {kDense, d0.size, 0.0f};
-    if (float_bits(mid) != 0 && best.size > 5 + (h.m + 3) / 4) {
+    if (d0.size < best.size) best = {kDense, d0.size, 0.0f};
+    if (float_bits(mid) != 0 && best.size > dense_floor) {
       const Dense<V> dm = dense(h, mid, r);
-      if (dm.size >= 0 && dm.size < best.size) best = {kDense, dm.size, mid};
+      if (dm.size < best.size && dense_fits(h, dm, mid, r)) best = {kDense, dm.size, mid};
     }
   }
   if (best.state == kRaw) best.size = 4 * h.m;
@@ -379,7 +393,7 @@ __device__ void assemble_block(const Held<V>& h, const Choice<V>& c, const Block
       break;
     }
     case kDense: {
-      const Dense<V> d = dense<V, false>(h, c.mid, r);
+      const Dense<V> d = dense(h, c.mid, r);
       if (lane == 0) {
         put_u32(out, float_bits(c.mid));
         out[4] = static_cast<std::uint8_t>(d.bits);

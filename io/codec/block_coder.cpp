@@ -4,10 +4,26 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "io/codec/codec.hpp"
 
 namespace qstage::codec::detail {
+
+namespace {
+
+// The largest float at or below v (v not NaN).
+float float_at_or_below(double v) {
+  constexpr double kMax = std::numeric_limits<float>::max();
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  if (v >= kMax) return std::isinf(v) ? kInf : static_cast<float>(kMax);
+  if (v < -kMax) return -kInf;
+  float f = static_cast<float>(v);
+  if (static_cast<double>(f) > v) f = std::nextafter(f, -kInf);
+  return f;
+}
+
+}  // namespace
 
 BlockRules block_rules(double threshold, double error, bool thresholds, bool sparse, bool quantize) {
   BlockRules r;
@@ -22,6 +38,8 @@ BlockRules block_rules(double threshold, double error, bool thresholds, bool spa
   r.sparse = sparse;
   r.quantize = quantize && !r.lossless;
   r.step = 2 * error;
+  r.t_below = float_at_or_below(r.t);
+  r.te_below = float_at_or_below(std::max(r.t, r.e));
   return r;
 }
 

@@ -15,6 +15,9 @@ struct BlockRules {
   bool sparse = false;    // the sparse state is allowed (integrated)
   bool quantize = false;  // the quantized state is allowed (quantized; needs e > 0)
   double step = 0;        // 2e: the quantized state's step
+  // The largest floats at or below t and max(t, e), for the GPU's float-only tests
+  // (kernels/codec.cu): for every float x, |x| <= t exactly when |x| <= t_below.
+  float t_below = -1, te_below = 0;
 };
 BlockRules block_rules(double threshold, double error, bool thresholds, bool sparse, bool quantize = false);
 

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "io/codec/block_coder.hpp"
 #include "io/codec/block_math.hpp"
 #include "io/codec/codec.hpp"
 #include "kernels/codec.hpp"
@@ -299,6 +300,24 @@ TEST(Codec, FuzzedPayloadsBehindAValidChecksumNeverCrash) {
   RecordProperty("decoded", decoded);
 }
 
+// The GPU tests thresholds and bounds in floats against the largest floats at or below t and
+// max(t, e), which decides as the CPU's double comparisons only if they are exactly that.
+TEST(Codec, FloatFormsOfTheBoundsAreTheLargestFloatsAtOrBelow) {
+  constexpr double kMax = std::numeric_limits<float>::max();
+  const double inf = std::numeric_limits<double>::infinity();
+  for (double t : {-1.0, 0.0, 1e-3, 0.1, 1.0, 3.0, 1e-50, 1e-45, 1.4e-45, kMax, kMax * (1 + 1e-12), 1e300, inf})
+    for (double e : {0.0, 1e-3, 0.1, 2.0}) {
+      const auto r = detail::block_rules(t, e, true, true);
+      const double te = std::max(t, e);
+      for (auto [below, of] : {std::pair{r.t_below, t}, std::pair{r.te_below, te}}) {
+        EXPECT_LE(static_cast<double>(below), of) << t << " " << e;
+        const float next = std::nextafter(below, std::numeric_limits<float>::infinity());
+        if (below != std::numeric_limits<float>::infinity())
+          EXPECT_GT(static_cast<double>(next), of) << "not the largest float at or below " << of;
+      }
+    }
+}
+
 // ------------------------------------------------------------------------------ GPU
 
 // The GPU codes every input as the CPU does, byte for byte, and each side decodes the other's
@@ -369,6 +388,45 @@ TEST(CodecGpu, ManyTilesSameBytesAsTheCpu) {
         ASSERT_EQ(on_gpu, encode(x.data(), type, shape, s))
             << pipeline_name(p) << " / " << block << (complex ? " / complex" : "");
       }
+}
+
+// The GPU leaves out the checks that cannot fail and tests zero and constant blocks in floats
+// (kernels/codec.cu, choose): on blocks built around those decisions' edges (spreads near 2 and
+// 4 max(t, e), values near t and e, thresholds above and below the error bound, lossless), its
+// bytes are still the CPU's.
+TEST(CodecGpu, ShortcutsDecideAsTheCpu) {
+  REQUIRE_GPU();
+  test::GpuRun gpu;
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<double> u(-1, 1);
+  std::uniform_int_distribution<int> pick(0, 7);
+  for (auto [t, e] : {std::pair{1e-3, 1e-3}, std::pair{1e-2, 1e-4}, std::pair{1e-5, 1e-2}, std::pair{0.0, 0.0},
+                      std::pair{3e-3, 0.0}}) {
+    const double m = std::max(t, e) > 0 ? std::max(t, e) : 1e-6;
+    std::vector<float> x(64 * 600);
+    for (size_t b = 0; b < x.size() / 64; ++b) {
+      const double spread[] = {0.5, 0.999, 1.0, 1.001, 2.0, 3.99, 4.0, 4.02};
+      const double k = spread[pick(rng)], center = b % 3 == 0 ? 0.0 : u(rng) * 10 * m;
+      for (int i = 0; i < 64; ++i) {
+        const double v = b % 5 == 0 ? (i % 2 ? t : e) * (1 + 1e-7 * u(rng))  // near t and e
+                                    : center + k * m * (i % 2 ? 1.0 : -1.0) * (i % 7 ? std::abs(u(rng)) : 1.0);
+        x[64 * b + i] = static_cast<float>(v);
+      }
+    }
+    Buffer data = gpu.upload(x.data(), 4 * x.size());
+    for (Pipeline p : {Pipeline::szx, Pipeline::threshold, Pipeline::integrated, Pipeline::quantized})
+      for (std::uint32_t block : {64u, 256u})
+        for (bool complex : {false, true}) {
+          const Settings s{p, block, p == Pipeline::szx ? 0.0 : t, e, false};
+          if (p == Pipeline::quantized && e == 0) continue;  // (quantized needs e > 0)
+          const ElementType type = complex ? ElementType::complex64 : ElementType::float32;
+          const std::vector<std::uint64_t> shape{x.size() / (complex ? 2 : 1)};
+          const auto on_gpu =
+              kernels::codec_encode(*gpu.backend, *gpu.stream, static_cast<const float*>(data.data()), type, shape, s);
+          ASSERT_EQ(on_gpu, encode(x.data(), type, shape, s))
+              << pipeline_name(p) << " t " << t << " e " << e << " / " << block << (complex ? " / complex" : "");
+        }
+  }
 }
 
 TEST(CodecGpu, ResealedDamageIsRefusedOrDecodedLikeTheCpu) {
