@@ -2,8 +2,8 @@
 // consecutive values. Coding takes one pass over the data: each warp chooses its block's state
 // and size, the CTA finds where its blocks' payloads start from the tiles before it (a
 // decoupled look-back: exact integer sums, so the same offsets on every run), and each warp
-// writes its payload there (no atomics whose order matters: the quantized state ORs bits
-// together in shared memory, which commutes), so the bytes are those of the CPU twin,
+// writes its payload there (no atomics whose order matters: quantized and dense payloads are
+// ORed together in shared memory, which commutes), so the bytes are those of the CPU twin,
 // io/codec/block_coder.cpp, on every run. Decoding scans the sizes for the offsets; the bytes a
 // dense block's values repeat from the values before come from one warp scan.
 #include <cuda/atomic>
@@ -35,14 +35,16 @@ __device__ int warp_exclusive_sum(int v) {
   }
   return x - v;
 }
-__device__ float warp_min(float v) {
-  for (int o = 16; o; o >>= 1) v = fminf(v, __shfl_xor_sync(kFull, v, o));
-  return v;
+
+// Floats ordered as signed integers (the same order for all but NaN; -0 before +0), so that
+// a warp's minimum or maximum is one reduction instruction.
+__device__ int ordered(float v) {
+  const int b = static_cast<int>(float_bits(v));
+  return b ^ ((b >> 31) & 0x7fffffff);
 }
-__device__ float warp_max(float v) {
-  for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(kFull, v, o));
-  return v;
-}
+__device__ float unordered(int k) { return bits_float(static_cast<unsigned>(k ^ ((k >> 31) & 0x7fffffff))); }
+__device__ float warp_min(float v) { return unordered(__reduce_min_sync(kFull, ordered(v))); }
+__device__ float warp_max(float v) { return unordered(__reduce_max_sync(kFull, ordered(v))); }
 
 // A block as one warp holds it: values base + j (j < V) of this lane, `m` in the block.
 // The values of the block that starts at value `first` of n: 32 V, fewer in the last block.
@@ -209,6 +211,8 @@ struct Choice {
 //    truncated to the block's kept bits, which loses less than 2^q <= e (kept_bits), exactly
 //    (the same sign and exponent), and y is x or, at or below t, 0;
 //  - dense around the midpoint is checked only where it would be chosen, as the CPU does.
+// (warp_min and warp_max put -0 before +0, where the CPU may take either zero as an extreme: the
+// midpoint is the same unless every thresholded value is a zero, and such a block is a zero block.)
 template <int V>
 __device__ Choice<V> choose(const Held<V>& h, const BlockRules& r) {
   bool finite = true, zero_ok = true;
@@ -354,6 +358,52 @@ __device__ void store_bytes(std::uint8_t* to, const unsigned* from, int size) {
   if (lane < tail) to[head + 4 * words + lane] = from_bytes[head + 4 * words + lane];
 }
 
+// A dense block's payload, put together in the warp's shared `words`.
+template <int V>
+__device__ void assemble_dense(const Held<V>& h, const Dense<V>& d, float mid, unsigned* words) {
+  const int lane = lane_id();
+  auto* out = reinterpret_cast<std::uint8_t*>(words);
+  const int code_bytes = (h.m + 3) / 4;
+  // Each lane's stored bytes follow one another from `at`: they are packed into whole words in
+  // a register and ORed into its (zeroed) words, after the codes (a lane's first and last word
+  // may be a neighbour's or the codes' too; OR commutes, so the bytes are the same every run).
+  const int at = 5 + code_bytes + warp_exclusive_sum(d.stored);
+  if (d.stored > 0)
+    for (int k = at / 4; k < (at + d.stored + 3) / 4; ++k) words[k] = 0;
+  __syncwarp();
+  if (lane == 0) {
+    put_u32(out, float_bits(mid));
+    out[4] = static_cast<std::uint8_t>(d.bits);
+  }
+  // Codes: 2 bits per value, value i at bits 2 (i mod 4) of byte i / 4.
+  unsigned codes = 0;  // this lane's 2V bits
+  for (int j = 0; j < V; ++j)
+    if (h.has(j)) codes |= static_cast<unsigned>(d.lead[j]) << (2 * j);
+  if (V == 2) {  // two lanes share a byte
+    const unsigned odd = __shfl_down_sync(kFull, codes, 1);
+    if ((lane & 1) == 0 && lane / 2 < code_bytes) out[5 + lane / 2] = static_cast<std::uint8_t>(codes | (odd << 4));
+  } else {
+    for (int k = 0; k < V / 4; ++k)
+      if (lane * (V / 4) + k < code_bytes) out[5 + lane * (V / 4) + k] = static_cast<std::uint8_t>(codes >> (8 * k));
+  }
+  __syncwarp();  // (the codes are in)
+  unsigned long long pending = 0;  // bytes not yet ORed in, the first at byte 0 of words[word]
+  int fill = at & 3, word = at / 4;
+  for (int j = 0; j < V; ++j) {
+    if (!h.has(j)) continue;
+    // The word's bytes lead .. bytes - 1, most significant first, as the low bytes (the bytes
+    // past the kept ones are 0).
+    pending |= static_cast<unsigned long long>(__byte_perm(d.w[j] << (8 * d.lead[j]), 0, 0x0123)) << (8 * fill);
+    fill += d.bytes - d.lead[j];
+    if (fill >= 4) {
+      atomicOr(&words[word++], static_cast<unsigned>(pending));
+      pending >>= 32;
+      fill -= 4;
+    }
+  }
+  if (fill > 0) atomicOr(&words[word], static_cast<unsigned>(pending));
+}
+
 // A block's payload as choose() chose it, put together in the warp's shared `words` (32 V + 1 of
 // them), so that it goes out in whole words (store_block) once its offset is known: lanes
 // writing a few bytes each straight to global memory would touch a sector per lane per byte.
@@ -392,31 +442,9 @@ __device__ void assemble_block(const Held<V>& h, const Choice<V>& c, const Block
       }
       break;
     }
-    case kDense: {
-      const Dense<V> d = dense(h, c.mid, r);
-      if (lane == 0) {
-        put_u32(out, float_bits(c.mid));
-        out[4] = static_cast<std::uint8_t>(d.bits);
-      }
-      // Codes: 2 bits per value, value i at bits 2 (i mod 4) of byte i / 4.
-      unsigned codes = 0;  // this lane's 2V bits
-      for (int j = 0; j < V; ++j)
-        if (h.has(j)) codes |= static_cast<unsigned>(d.lead[j]) << (2 * j);
-      const int code_bytes = (h.m + 3) / 4;
-      if (V == 2) {  // two lanes share a byte
-        const unsigned odd = __shfl_down_sync(kFull, codes, 1);
-        if ((lane & 1) == 0 && lane / 2 < code_bytes) out[5 + lane / 2] = static_cast<std::uint8_t>(codes | (odd << 4));
-      } else {
-        for (int k = 0; k < V / 4; ++k)
-          if (lane * (V / 4) + k < code_bytes) out[5 + lane * (V / 4) + k] = static_cast<std::uint8_t>(codes >> (8 * k));
-      }
-      int at = 5 + code_bytes + warp_exclusive_sum(d.stored);
-      for (int j = 0; j < V; ++j) {
-        if (!h.has(j)) continue;
-        for (int k = d.lead[j]; k < d.bytes; ++k) out[at++] = word_byte(d.w[j], k);
-      }
+    case kDense:
+      assemble_dense(h, dense(h, c.mid, r), c.mid, words);
       break;
-    }
     default: break;  // zero: no payload; quantized: store_block
   }
 }
