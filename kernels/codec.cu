@@ -4,11 +4,13 @@
 // decoupled look-back: exact integer sums, so the same offsets on every run), and each warp
 // writes its payload there (no atomics whose order matters: quantized and dense payloads are
 // ORed together in shared memory, which commutes), so the bytes are those of the CPU twin,
-// io/codec/block_coder.cpp, on every run. Decoding scans the sizes for the offsets; the bytes a
-// dense block's values repeat from the values before come from one warp scan.
+// io/codec/block_coder.cpp, on every run. Decoding takes the offsets from one scan over the
+// sizes of all the components' blocks; the bytes a dense block's values repeat from the values
+// before come from one warp scan.
 #include <cuda/atomic>
 #include <cub/device/device_reduce.cuh>
 #include <cub/device/device_scan.cuh>
+#include <thrust/iterator/counting_iterator.h>
 #include <thrust/iterator/transform_iterator.h>
 
 #include <fmt/format.h>
@@ -607,11 +609,22 @@ struct BitReader {
   }
 };
 
+// A component's coded blocks in device memory, to decode: block b's payload starts at
+// payload + offsets[b] - before (the components' offsets come from one scan over all their
+// blocks; `before`: the payload bytes of the components scanned before this one).
+struct ComponentBlocks {
+  const std::uint8_t* payload;
+  const std::uint8_t* meta;
+  const unsigned long long* offsets;
+  unsigned long long before;
+};
+
 template <int V>
-__device__ bool decode_block(const std::uint8_t* payload, const std::uint8_t* meta, const unsigned long long* offsets,
-                             std::uint64_t blocks, std::uint64_t b, int m, double step, float (&v)[V], float* scratch) {
+__device__ bool decode_block(const ComponentBlocks& k, std::uint64_t blocks, std::uint64_t b, int m, double step,
+                             float (&v)[V], float* scratch) {
   const int lane = lane_id(), base = lane * V;
-  const std::uint8_t* in = payload + offsets[b];
+  const std::uint8_t* in = k.payload + (k.offsets[b] - k.before);
+  const std::uint8_t* meta = k.meta;
   const int size = meta[blocks + 2 * b] | (meta[blocks + 2 * b + 1] << 8);
   bool bad = false;
   switch (meta[b]) {
@@ -751,14 +764,13 @@ __device__ DecodedBlock<V> decoded_block(std::uint64_t blocks, std::uint64_t n) 
 // Decodes one component into out[0], out[stride], ...; an inconsistent payload sets *error (the
 // host then refuses the stream).
 template <int V>
-__global__ void decode_kernel(const std::uint8_t* payload, const std::uint8_t* meta, const unsigned long long* offsets,
-                              std::uint64_t blocks, std::uint64_t n, float* out, int stride, double step,
-                              unsigned* error) {
+__global__ void decode_kernel(ComponentBlocks k, std::uint64_t blocks, std::uint64_t n, float* out, int stride,
+                              double step, unsigned* error) {
   __shared__ float stage[kWarpsPerCta][kStaged<float, V>];
   const auto [warp, lane, base, m, b, first, valid] = decoded_block<V>(blocks, n);
   if (!valid) return;
   float v[V];
-  if (decode_block<V>(payload, meta, offsets, blocks, b, m, step, v, stage[warp])) {
+  if (decode_block<V>(k, blocks, b, m, step, v, stage[warp])) {
     if (lane == 0) atomicOr(error, 1u);
     return;
   }
@@ -774,11 +786,6 @@ __global__ void decode_kernel(const std::uint8_t* payload, const std::uint8_t* m
 // The two components of complex values at once: a warp decodes block b of the real and of the
 // imaginary parts (their blocks cover the same elements) and writes the pairs as float2, so the
 // output is written once, in whole sectors, instead of half of every sector twice.
-struct ComponentBlocks {
-  const std::uint8_t* payload;
-  const std::uint8_t* meta;
-  const unsigned long long* offsets;
-};
 
 template <int V>
 __global__ void decode_pair_kernel(ComponentBlocks re, ComponentBlocks im, std::uint64_t blocks, std::uint64_t n,
@@ -788,10 +795,10 @@ __global__ void decode_pair_kernel(ComponentBlocks re, ComponentBlocks im, std::
   const auto [warp, lane, base, m, b, first, valid] = decoded_block<V>(blocks, n);
   if (!valid) return;
   float v[V];
-  bool bad = decode_block<V>(re.payload, re.meta, re.offsets, blocks, b, m, step, v, scratch[warp]);
+  bool bad = decode_block<V>(re, blocks, b, m, step, v, scratch[warp]);
   for (int j = 0; j < V; ++j) stage[warp][padded<float2>(base + j)].x = v[j];
   __syncwarp();
-  bad = decode_block<V>(im.payload, im.meta, im.offsets, blocks, b, m, step, v, scratch[warp]) || bad;
+  bad = decode_block<V>(im, blocks, b, m, step, v, scratch[warp]) || bad;
   if (bad) {
     if (lane == 0) atomicOr(error, 1u);
     return;
@@ -845,11 +852,18 @@ struct Max {
   __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
 };
 
-__global__ void sizes_kernel(const std::uint8_t* meta, std::uint64_t blocks, unsigned long long* sizes) {
-  const std::uint64_t b = std::uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (b < blocks) sizes[b] = static_cast<unsigned long long>(meta[blocks + 2 * b] | (meta[blocks + 2 * b + 1] << 8));
-  if (b == blocks) sizes[b] = 0;
-}
+// The blocks of `parts` components end to end, blocks + 1 entries each (the last 0): entry i's
+// payload bytes, read from the component's meta (states, then u16 sizes) as the scan goes.
+struct PayloadSize {
+  const std::uint8_t* meta[2];
+  std::uint64_t blocks;
+  __device__ unsigned long long operator()(std::uint64_t i) const {
+    const std::uint64_t part = i / (blocks + 1), b = i % (blocks + 1);
+    if (b == blocks) return 0;
+    const std::uint8_t* m = meta[part];
+    return static_cast<unsigned long long>(m[blocks + 2 * b] | (m[blocks + 2 * b + 1] << 8));
+  }
+};
 
 // A two-level bitmap's first level from its second level and its nonzero bytes: byte j is the
 // rank(j)-th nonzero byte where bit j of the second level is set, else 0.
@@ -924,14 +938,13 @@ void decode_pair_blocks(cudaStream_t s, std::uint32_t block, const ComponentBloc
   QSTAGE_CUDA_CHECK_LAUNCH();
 }
 
-void decode_blocks(cudaStream_t s, std::uint32_t block, const std::uint8_t* payload, const std::uint8_t* meta,
-                   const unsigned long long* offsets, std::uint64_t blocks, std::uint64_t n, float* out, int stride,
-                   double step, unsigned* error) {
+void decode_blocks(cudaStream_t s, std::uint32_t block, const ComponentBlocks& k, std::uint64_t blocks,
+                   std::uint64_t n, float* out, int stride, double step, unsigned* error) {
   const unsigned grid = grid_for(blocks, kWarpsPerCta);
   switch (block) {
-    case 64: decode_kernel<2><<<grid, 32 * kWarpsPerCta, 0, s>>>(payload, meta, offsets, blocks, n, out, stride, step, error); break;
-    case 128: decode_kernel<4><<<grid, 32 * kWarpsPerCta, 0, s>>>(payload, meta, offsets, blocks, n, out, stride, step, error); break;
-    default: decode_kernel<8><<<grid, 32 * kWarpsPerCta, 0, s>>>(payload, meta, offsets, blocks, n, out, stride, step, error); break;
+    case 64: decode_kernel<2><<<grid, 32 * kWarpsPerCta, 0, s>>>(k, blocks, n, out, stride, step, error); break;
+    case 128: decode_kernel<4><<<grid, 32 * kWarpsPerCta, 0, s>>>(k, blocks, n, out, stride, step, error); break;
+    default: decode_kernel<8><<<grid, 32 * kWarpsPerCta, 0, s>>>(k, blocks, n, out, stride, step, error); break;
   }
   QSTAGE_CUDA_CHECK_LAUNCH();
 }
@@ -1104,31 +1117,51 @@ std::vector<codec::detail::ComponentParts> GpuCodec::code_all(const float* x, st
 
 namespace {
 
-// Workspace for component_blocks: the meta copy, sizes and offsets of `blocks` blocks.
-std::uint64_t component_blocks_bytes(std::uint64_t blocks) {
-  return round_up(3 * blocks) + 2 * round_up(8 * (blocks + 1));
+// The payload offsets of `parts` components' blocks, one exclusive scan over all of them (no
+// sizes array, no kernel of its own); with temp == nullptr, only the temporary storage's size.
+void scan_payload_offsets(void* temp, size_t& temp_bytes, const PayloadSize& sizes, int parts,
+                          unsigned long long* offsets, cudaStream_t s) {
+  const auto in = thrust::make_transform_iterator(thrust::counting_iterator<std::uint64_t>(0), sizes);
+  const auto items = static_cast<std::int64_t>(parts * (sizes.blocks + 1));
+  QSTAGE_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(temp, temp_bytes, in, offsets, items, s));
+}
+std::uint64_t payload_scan_temp_bytes(std::uint64_t blocks, int parts) {
+  size_t bytes = 0;
+  scan_payload_offsets(nullptr, bytes, PayloadSize{{nullptr, nullptr}, blocks}, parts, nullptr, nullptr);
+  return bytes;
 }
 
-// A component's blocks on the device: its meta (read where it lies in the stream when stored raw,
-// as integrated does; zstd-packed meta comes from the host) and each block's payload offset
-// (sizes, then an exclusive scan), queued on the codec's stream.
-ComponentBlocks component_blocks(GpuCodec::Impl& w, const codec::detail::StoredComponent& c,
-                                 const std::uint8_t* device_stream, std::uint64_t blocks, void* temp_storage,
-                                 std::uint64_t temp) {
+// Workspace for component_blocks: `parts` meta copies and offsets of `blocks` blocks each.
+std::uint64_t component_blocks_bytes(std::uint64_t blocks, int parts) {
+  return parts * round_up(3 * blocks) + round_up(8 * parts * (blocks + 1));
+}
+
+// `parts` components' blocks on the device (cs[k] into out[k]): each one's meta (read where it
+// lies in the stream when stored raw, as integrated does; zstd-packed meta comes from the host)
+// and its blocks' payload offsets, queued on the codec's stream. (The host checked, parsing
+// the stream, that each component's sizes add up to its payload.)
+void component_blocks(GpuCodec::Impl& w, const codec::detail::StoredComponent* const* cs, int parts,
+                      const std::uint8_t* device_stream, std::uint64_t blocks, void* temp_storage,
+                      std::uint64_t temp, ComponentBlocks* out) {
   const cudaStream_t s = w.cuda();
-  auto* meta_copy = w.take<std::uint8_t>(3 * blocks);
-  auto* sizes = w.take<unsigned long long>(blocks + 1);
-  auto* offsets = w.take<unsigned long long>(blocks + 1);
-  const std::uint8_t* meta = meta_copy;
-  if (c.meta_offset != codec::detail::StoredComponent::kPacked)
-    meta = device_stream + c.meta_offset;
-  else
-    QSTAGE_CUDA_CHECK(cudaMemcpyAsync(meta_copy, c.meta.data(), 3 * blocks, cudaMemcpyHostToDevice, s));
-  sizes_kernel<<<grid_for(blocks + 1, 256), 256, 0, s>>>(meta, blocks, sizes);
-  QSTAGE_CUDA_CHECK_LAUNCH();
+  PayloadSize sizes{{nullptr, nullptr}, blocks};
+  unsigned long long before = 0;
+  for (int k = 0; k < parts; ++k) {
+    const codec::detail::StoredComponent& c = *cs[k];
+    const std::uint8_t* meta = device_stream + c.meta_offset;
+    if (c.meta_offset == codec::detail::StoredComponent::kPacked) {
+      auto* copy = w.take<std::uint8_t>(3 * blocks);
+      QSTAGE_CUDA_CHECK(cudaMemcpyAsync(copy, c.meta.data(), 3 * blocks, cudaMemcpyHostToDevice, s));
+      meta = copy;
+    }
+    sizes.meta[k] = meta;
+    out[k] = {device_stream + c.payload_offset, meta, nullptr, before};
+    before += c.payload_bytes;
+  }
+  auto* offsets = w.take<unsigned long long>(parts * (blocks + 1));
+  for (int k = 0; k < parts; ++k) out[k].offsets = offsets + k * (blocks + 1);  // (its own blocks' entries)
   size_t tb = temp;
-  QSTAGE_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(temp_storage, tb, sizes, offsets, static_cast<std::int64_t>(blocks + 1), s));
-  return {device_stream + c.payload_offset, meta, offsets};
+  scan_payload_offsets(temp_storage, tb, sizes, parts, offsets, s);
 }
 
 void check_decoded(GpuCodec::Impl& w, const unsigned* error) {
@@ -1150,14 +1183,15 @@ void GpuCodec::decode_pair(const codec::detail::StoredComponent& re, const codec
   if (!can_decode_pair(coding, out) || re.coded != n || im.coded != n)
     throw std::logic_error("GpuCodec::decode_pair: not a pair of ungrouped components");
   Impl& w = *impl_;
-  const std::uint64_t blocks = codec::detail::div_up(n, coding.block), temp = scan_temp_bytes(blocks + 1);
-  w.reserve(2 * component_blocks_bytes(blocks) + round_up(temp) + 256);
+  const std::uint64_t blocks = codec::detail::div_up(n, coding.block), temp = payload_scan_temp_bytes(blocks, 2);
+  w.reserve(component_blocks_bytes(blocks, 2) + round_up(temp) + 256);
   void* temp_storage = w.take<std::uint8_t>(temp);
   auto* error = w.take<unsigned>(1);
   QSTAGE_CUDA_CHECK(cudaMemsetAsync(error, 0, sizeof(unsigned), w.cuda()));
-  const ComponentBlocks a = component_blocks(w, re, device_stream, blocks, temp_storage, temp);
-  const ComponentBlocks b = component_blocks(w, im, device_stream, blocks, temp_storage, temp);
-  if (blocks) decode_pair_blocks(w.cuda(), coding.block, a, b, blocks, n, reinterpret_cast<float2*>(out), 2 * coding.e, error);
+  const codec::detail::StoredComponent* both[2] = {&re, &im};
+  ComponentBlocks k[2];
+  component_blocks(w, both, 2, device_stream, blocks, temp_storage, temp, k);
+  if (blocks) decode_pair_blocks(w.cuda(), coding.block, k[0], k[1], blocks, n, reinterpret_cast<float2*>(out), 2 * coding.e, error);
   check_decoded(w, error);
 }
 
@@ -1174,16 +1208,18 @@ void GpuCodec::decode(const codec::detail::StoredComponent& c, const std::uint8_
   const cudaStream_t s = w.cuda();
   const bool grouped = codec::detail::groups(coding.pipeline);
   const std::uint64_t blocks = codec::detail::div_up(c.coded, coding.block), bitmap_bytes = (n + 7) / 8;
-  const std::uint64_t temp = std::max(scan_temp_bytes(blocks + 1), scan_temp_bytes(bitmap_bytes + 1));
-  w.reserve(component_blocks_bytes(blocks) + round_up(temp) + 256 +
+  const std::uint64_t temp = std::max(payload_scan_temp_bytes(blocks, 1), scan_temp_bytes(bitmap_bytes + 1));
+  w.reserve(component_blocks_bytes(blocks, 1) + round_up(temp) + 256 +
             (grouped ? round_up(4 * c.coded) + round_up(bitmap_bytes) + 2 * round_up(8 * (bitmap_bytes + 1)) : 0));
   void* temp_storage = w.take<std::uint8_t>(temp);
   auto* error = w.take<unsigned>(1);
   QSTAGE_CUDA_CHECK(cudaMemsetAsync(error, 0, sizeof(unsigned), s));
-  const ComponentBlocks k = component_blocks(w, c, device_stream, blocks, temp_storage, temp);
+  const codec::detail::StoredComponent* one[1] = {&c};
+  ComponentBlocks k;
+  component_blocks(w, one, 1, device_stream, blocks, temp_storage, temp, &k);
   float* kept = grouped ? w.take<float>(c.coded) : nullptr;
   if (blocks)
-    decode_blocks(s, coding.block, k.payload, k.meta, k.offsets, blocks, c.coded, grouped ? kept : out,
+    decode_blocks(s, coding.block, k, blocks, c.coded, grouped ? kept : out,
                   grouped ? 1 : stride, 2 * coding.e, error);
   size_t tb = temp;
   if (grouped && n) {
