@@ -786,7 +786,6 @@ __global__ void decode_kernel(ComponentBlocks k, std::uint64_t blocks, std::uint
 // The two components of complex values at once: a warp decodes block b of the real and of the
 // imaginary parts (their blocks cover the same elements) and writes the pairs as float2, so the
 // output is written once, in whole sectors, instead of half of every sector twice.
-
 template <int V>
 __global__ void decode_pair_kernel(ComponentBlocks re, ComponentBlocks im, std::uint64_t blocks, std::uint64_t n,
                                    float2* out, double step, unsigned* error) {
@@ -1148,8 +1147,10 @@ void component_blocks(GpuCodec::Impl& w, const codec::detail::StoredComponent* c
   unsigned long long before = 0;
   for (int k = 0; k < parts; ++k) {
     const codec::detail::StoredComponent& c = *cs[k];
-    const std::uint8_t* meta = device_stream + c.meta_offset;
-    if (c.meta_offset == codec::detail::StoredComponent::kPacked) {
+    const std::uint8_t* meta = nullptr;
+    if (c.meta_offset != codec::detail::StoredComponent::kPacked) {
+      meta = device_stream + c.meta_offset;
+    } else {
       auto* copy = w.take<std::uint8_t>(3 * blocks);
       QSTAGE_CUDA_CHECK(cudaMemcpyAsync(copy, c.meta.data(), 3 * blocks, cudaMemcpyHostToDevice, s));
       meta = copy;
