@@ -5,12 +5,12 @@
 // writes its payload there (no atomics whose order matters: quantized and dense payloads are
 // ORed together in shared memory, which commutes), so the bytes are those of the CPU twin,
 // io/codec/block_coder.cpp, on every run. Decoding takes the offsets from one scan over the
-// sizes of all the components' blocks; the bytes a dense block's values repeat from the values
-// before come from one warp scan.
+// sizes of all the components' blocks (a kernel of its own, with the same look-back); the bytes
+// a dense block's values repeat from the values before come from one warp scan.
 #include <cuda/atomic>
+#include <cub/block/block_scan.cuh>
 #include <cub/device/device_reduce.cuh>
 #include <cub/device/device_scan.cuh>
-#include <thrust/iterator/counting_iterator.h>
 #include <thrust/iterator/transform_iterator.h>
 
 #include <fmt/format.h>
@@ -582,9 +582,9 @@ __global__ void __launch_bounds__(32 * kWarpsPerCta, 3)
 }
 
 // Decoding: one warp per block. decode_block leaves block b's values in each lane's v (lane l
-// has values lV .. lV + V - 1) and returns true (on every lane) if its payload is inconsistent;
-// the block's values are then unspecified but in bounds. `scratch` is the warp's shared scratch
-// (kStaged<float, V> floats).
+// has values lV .. lV + V - 1) and returns true (on every lane) if its payload is inconsistent
+// (the checks of the CPU twin, decode_block in io/codec/block_coder.cpp); the block's values are
+// then unspecified but in bounds. `scratch` is the warp's shared scratch (kStaged<float, V> floats).
 // Reads a lane's bits in order (little-endian: byte by byte, each from its lowest bit) from
 // global memory a word at a time, where each byte would take a load of its own. Every word it
 // loads holds at least one bit asked for.
@@ -619,25 +619,35 @@ struct ComponentBlocks {
   unsigned long long before;
 };
 
+// Block b's state, payload size and where its payload starts.
+struct BlockHead {
+  const std::uint8_t* in;
+  int state, size;
+};
+__device__ BlockHead block_head(const ComponentBlocks& k, std::uint64_t blocks, std::uint64_t b) {
+  return {k.payload + (k.offsets[b] - k.before), k.meta[b], k.meta[blocks + 2 * b] | (k.meta[blocks + 2 * b + 1] << 8)};
+}
+
 template <int V>
-__device__ bool decode_block(const ComponentBlocks& k, std::uint64_t blocks, std::uint64_t b, int m, double step,
-                             float (&v)[V], float* scratch) {
+__device__ bool decode_block(const BlockHead& h, int m, double step, float (&v)[V], float* scratch) {
   const int lane = lane_id(), base = lane * V;
-  const std::uint8_t* in = k.payload + (k.offsets[b] - k.before);
-  const std::uint8_t* meta = k.meta;
-  const int size = meta[blocks + 2 * b] | (meta[blocks + 2 * b + 1] << 8);
+  const std::uint8_t* in = h.in;
+  const int size = h.size;
   bool bad = false;
-  switch (meta[b]) {
+  switch (h.state) {
     case kZero:
+      bad = size != 0;
       for (int j = 0; j < V; ++j) v[j] = 0.0f;
       break;
     case kConstant: {
-      const float c = bits_float(get_u32(in));
+      bad = size != 4;
+      const float c = bad ? 0.0f : bits_float(get_u32(in));
       for (int j = 0; j < V; ++j) v[j] = c;
       break;
     }
     case kRaw:
-      for (int j = 0; j < V; ++j) v[j] = base + j < m ? bits_float(get_u32(in + 4 * (base + j))) : 0.0f;
+      bad = size != 4 * m;
+      for (int j = 0; j < V; ++j) v[j] = !bad && base + j < m ? bits_float(get_u32(in + 4 * (base + j))) : 0.0f;
       break;
     case kQuantized: {
       const int width = size >= 1 ? in[0] : 0;
@@ -761,8 +771,8 @@ __device__ DecodedBlock<V> decoded_block(std::uint64_t blocks, std::uint64_t n) 
   return k;
 }
 
-// Decodes one component into out[0], out[stride], ...; an inconsistent payload sets *error (the
-// host then refuses the stream).
+// Decodes one component into out[0], out[stride], ...; an inconsistent payload sets *error (in
+// pinned host memory; the host then refuses the stream).
 template <int V>
 __global__ void decode_kernel(ComponentBlocks k, std::uint64_t blocks, std::uint64_t n, float* out, int stride,
                               double step, unsigned* error) {
@@ -770,8 +780,8 @@ __global__ void decode_kernel(ComponentBlocks k, std::uint64_t blocks, std::uint
   const auto [warp, lane, base, m, b, first, valid] = decoded_block<V>(blocks, n);
   if (!valid) return;
   float v[V];
-  if (decode_block<V>(k, blocks, b, m, step, v, stage[warp])) {
-    if (lane == 0) atomicOr(error, 1u);
+  if (decode_block<V>(block_head(k, blocks, b), m, step, v, stage[warp])) {
+    if (lane == 0) *error = 1u;  // (every writer writes the same value)
     return;
   }
   // Stores go through shared memory too, so that lanes write consecutive values.
@@ -793,13 +803,15 @@ __global__ void decode_pair_kernel(ComponentBlocks re, ComponentBlocks im, std::
   __shared__ float2 stage[kWarpsPerCta][kStaged<float2, V>];
   const auto [warp, lane, base, m, b, first, valid] = decoded_block<V>(blocks, n);
   if (!valid) return;
+  // Both blocks' heads first, so that their loads overlap.
+  const BlockHead head_re = block_head(re, blocks, b), head_im = block_head(im, blocks, b);
   float v[V];
-  bool bad = decode_block<V>(re, blocks, b, m, step, v, scratch[warp]);
+  bool bad = decode_block<V>(head_re, m, step, v, scratch[warp]);
   for (int j = 0; j < V; ++j) stage[warp][padded<float2>(base + j)].x = v[j];
   __syncwarp();
-  bad = decode_block<V>(im, blocks, b, m, step, v, scratch[warp]) || bad;
+  bad = decode_block<V>(head_im, m, step, v, scratch[warp]) || bad;
   if (bad) {
-    if (lane == 0) atomicOr(error, 1u);
+    if (lane == 0) *error = 1u;  // (every writer writes the same value)
     return;
   }
   for (int j = 0; j < V; ++j) stage[warp][padded<float2>(base + j)].y = v[j];
@@ -863,6 +875,36 @@ struct PayloadSize {
     return static_cast<unsigned long long>(m[blocks + 2 * b] | (m[blocks + 2 * b + 1] << 8));
   }
 };
+
+// The exclusive scan of `items` sizes into offsets, in one kernel: each CTA scans a tile of
+// kScanTile sizes and finds where it starts from the tiles before it (the coder's decoupled
+// look-back; `ticket` and `tiles` zeroed). A CUB device scan does the same in two kernels, and
+// its dispatch alone took 11-17 us of host time a call on an H200, as long as this whole scan.
+constexpr int kScanThreads = 256, kScanPerThread = 8, kScanTile = kScanThreads * kScanPerThread;
+
+__global__ void __launch_bounds__(kScanThreads)
+    offsets_kernel(PayloadSize sizes, std::uint64_t items, unsigned long long* offsets, unsigned long long* ticket,
+                   unsigned long long* tiles) {
+  using BlockScan = cub::BlockScan<unsigned long long, kScanThreads>;
+  __shared__ typename BlockScan::TempStorage scan;
+  __shared__ std::uint64_t tile;
+  __shared__ unsigned long long start;
+  if (threadIdx.x == 0) tile = atomicAdd(ticket, 1ull);
+  __syncthreads();
+  const std::uint64_t first = tile * kScanTile + threadIdx.x * kScanPerThread;
+  unsigned long long v[kScanPerThread];
+  for (int j = 0; j < kScanPerThread; ++j) v[j] = first + j < items ? sizes(first + j) : 0ull;
+  unsigned long long aggregate = 0;
+  BlockScan(scan).ExclusiveSum(v, v, aggregate);
+  if (threadIdx.x < 32) {
+    if (threadIdx.x == 0) publish_tile(tiles, tile, (tile == 0 ? kTilePrefix : kTileAggregate) | aggregate);
+    const unsigned long long before = tile_offset(tiles, tile, aggregate);
+    if (threadIdx.x == 0) start = before;
+  }
+  __syncthreads();
+  for (int j = 0; j < kScanPerThread; ++j)
+    if (first + j < items) offsets[first + j] = start + v[j];
+}
 
 // A two-level bitmap's first level from its second level and its nonzero bytes: byte j is the
 // rank(j)-th nonzero byte where bit j of the second level is set, else 0.
@@ -971,7 +1013,7 @@ struct GpuCodec::Impl {
   Backend& backend;
   Stream& stream;
   Buffer workspace;
-  Buffer pinned;  // small results read back by the host
+  Buffer pinned;  // small results read back by the host (64 bytes: totals, then the decoders' error flag)
   std::uint64_t used = 0;
   // The last code()'s parts (code_pair: the two components'), in the workspace.
   struct Coded {
@@ -998,6 +1040,7 @@ struct GpuCodec::Impl {
     QSTAGE_CUDA_CHECK(cudaMemsetAsync(words, 0, 8 * look_back_words(blocks, parts), cuda()));
     return {words, words + 1, words + 1 + parts, (blocks + kWarpsPerCta - 1) / kWarpsPerCta};
   }
+  unsigned* decode_error() { return reinterpret_cast<unsigned*>(static_cast<char*>(pinned.data()) + 32); }
   unsigned long long read_back(const unsigned long long* device_value) {
     auto* host = static_cast<unsigned long long*>(pinned.data());
     QSTAGE_CUDA_CHECK(cudaMemcpyAsync(host, device_value, sizeof *host, cudaMemcpyDeviceToHost, cuda()));
@@ -1116,32 +1159,24 @@ std::vector<codec::detail::ComponentParts> GpuCodec::code_all(const float* x, st
 
 namespace {
 
-// The payload offsets of `parts` components' blocks, one exclusive scan over all of them (no
-// sizes array, no kernel of its own); with temp == nullptr, only the temporary storage's size.
-void scan_payload_offsets(void* temp, size_t& temp_bytes, const PayloadSize& sizes, int parts,
-                          unsigned long long* offsets, cudaStream_t s) {
-  const auto in = thrust::make_transform_iterator(thrust::counting_iterator<std::uint64_t>(0), sizes);
-  const auto items = static_cast<std::int64_t>(parts * (sizes.blocks + 1));
-  QSTAGE_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(temp, temp_bytes, in, offsets, items, s));
+// Workspace for component_blocks: `parts` meta copies and offsets of `blocks` blocks each, and
+// the offsets scan's look-back state.
+std::uint64_t offsets_items(std::uint64_t blocks, int parts) { return parts * (blocks + 1); }
+std::uint64_t offsets_look_back_words(std::uint64_t blocks, int parts) {
+  return 1 + (offsets_items(blocks, parts) + kScanTile - 1) / kScanTile;
 }
-std::uint64_t payload_scan_temp_bytes(std::uint64_t blocks, int parts) {
-  size_t bytes = 0;
-  scan_payload_offsets(nullptr, bytes, PayloadSize{{nullptr, nullptr}, blocks}, parts, nullptr, nullptr);
-  return bytes;
-}
-
-// Workspace for component_blocks: `parts` meta copies and offsets of `blocks` blocks each.
 std::uint64_t component_blocks_bytes(std::uint64_t blocks, int parts) {
-  return parts * round_up(3 * blocks) + round_up(8 * parts * (blocks + 1));
+  return parts * round_up(3 * blocks) + round_up(8 * offsets_items(blocks, parts)) +
+         round_up(8 * offsets_look_back_words(blocks, parts));
 }
 
 // `parts` components' blocks on the device (cs[k] into out[k]): each one's meta (read where it
 // lies in the stream when stored raw, as integrated does; zstd-packed meta comes from the host)
-// and its blocks' payload offsets, queued on the codec's stream. (The host checked, parsing
-// the stream, that each component's sizes add up to its payload.)
+// and its blocks' payload offsets (one scan over all the components' blocks), queued on the
+// codec's stream. (The host checked, parsing the stream, that each component's sizes add up to
+// its payload.)
 void component_blocks(GpuCodec::Impl& w, const codec::detail::StoredComponent* const* cs, int parts,
-                      const std::uint8_t* device_stream, std::uint64_t blocks, void* temp_storage,
-                      std::uint64_t temp, ComponentBlocks* out) {
+                      const std::uint8_t* device_stream, std::uint64_t blocks, ComponentBlocks* out) {
   const cudaStream_t s = w.cuda();
   PayloadSize sizes{{nullptr, nullptr}, blocks};
   unsigned long long before = 0;
@@ -1159,17 +1194,29 @@ void component_blocks(GpuCodec::Impl& w, const codec::detail::StoredComponent* c
     out[k] = {device_stream + c.payload_offset, meta, nullptr, before};
     before += c.payload_bytes;
   }
-  auto* offsets = w.take<unsigned long long>(parts * (blocks + 1));
+  const std::uint64_t items = offsets_items(blocks, parts), words = offsets_look_back_words(blocks, parts);
+  auto* offsets = w.take<unsigned long long>(items);
   for (int k = 0; k < parts; ++k) out[k].offsets = offsets + k * (blocks + 1);  // (its own blocks' entries)
-  size_t tb = temp;
-  scan_payload_offsets(temp_storage, tb, sizes, parts, offsets, s);
+  auto* look_back = w.take<unsigned long long>(words);
+  QSTAGE_CUDA_CHECK(cudaMemsetAsync(look_back, 0, 8 * words, s));
+  offsets_kernel<<<grid_for(items, kScanTile), kScanThreads, 0, s>>>(sizes, items, offsets, look_back, look_back + 1);
+  QSTAGE_CUDA_CHECK_LAUNCH();
 }
 
-void check_decoded(GpuCodec::Impl& w, const unsigned* error) {
-  auto* host = static_cast<unsigned*>(w.pinned.data());
-  QSTAGE_CUDA_CHECK(cudaMemcpyAsync(host, error, sizeof *host, cudaMemcpyDeviceToHost, w.cuda()));
+// The decoders' error flag, cleared: in pinned host memory, which the kernels write directly, so
+// that neither clearing it nor reading it back takes a copy, only the wait for the stream
+// (check_decoded).
+unsigned* cleared_decode_error(GpuCodec::Impl& w) {
+  unsigned* flag = w.decode_error();
+  *flag = 0;  // (no kernel that writes it is in flight: each decode waits for its stream)
+  void* device = nullptr;
+  QSTAGE_CUDA_CHECK(cudaHostGetDevicePointer(&device, flag, 0));
+  return static_cast<unsigned*>(device);
+}
+
+void check_decoded(GpuCodec::Impl& w) {
   QSTAGE_CUDA_CHECK(cudaStreamSynchronize(w.cuda()));  // also the end of the copies from the host vectors
-  if (*host) throw codec::FormatError("corrupted block: a block payload does not decode consistently (GPU decoder)");
+  if (*w.decode_error()) throw codec::FormatError("corrupted block: a block payload does not decode consistently (GPU decoder)");
 }
 
 }  // namespace
@@ -1184,16 +1231,14 @@ void GpuCodec::decode_pair(const codec::detail::StoredComponent& re, const codec
   if (!can_decode_pair(coding, out) || re.coded != n || im.coded != n)
     throw std::logic_error("GpuCodec::decode_pair: not a pair of ungrouped components");
   Impl& w = *impl_;
-  const std::uint64_t blocks = codec::detail::div_up(n, coding.block), temp = payload_scan_temp_bytes(blocks, 2);
-  w.reserve(component_blocks_bytes(blocks, 2) + round_up(temp) + 256);
-  void* temp_storage = w.take<std::uint8_t>(temp);
-  auto* error = w.take<unsigned>(1);
-  QSTAGE_CUDA_CHECK(cudaMemsetAsync(error, 0, sizeof(unsigned), w.cuda()));
+  const std::uint64_t blocks = codec::detail::div_up(n, coding.block);
+  w.reserve(component_blocks_bytes(blocks, 2));
+  unsigned* error = cleared_decode_error(w);
   const codec::detail::StoredComponent* both[2] = {&re, &im};
   ComponentBlocks k[2];
-  component_blocks(w, both, 2, device_stream, blocks, temp_storage, temp, k);
+  component_blocks(w, both, 2, device_stream, blocks, k);
   if (blocks) decode_pair_blocks(w.cuda(), coding.block, k[0], k[1], blocks, n, reinterpret_cast<float2*>(out), 2 * coding.e, error);
-  check_decoded(w, error);
+  check_decoded(w);
 }
 
 void GpuCodec::decode_all(const std::vector<codec::detail::StoredComponent>& parts, const std::uint8_t* device_stream,
@@ -1209,21 +1254,20 @@ void GpuCodec::decode(const codec::detail::StoredComponent& c, const std::uint8_
   const cudaStream_t s = w.cuda();
   const bool grouped = codec::detail::groups(coding.pipeline);
   const std::uint64_t blocks = codec::detail::div_up(c.coded, coding.block), bitmap_bytes = (n + 7) / 8;
-  const std::uint64_t temp = std::max(payload_scan_temp_bytes(blocks, 1), scan_temp_bytes(bitmap_bytes + 1));
-  w.reserve(component_blocks_bytes(blocks, 1) + round_up(temp) + 256 +
-            (grouped ? round_up(4 * c.coded) + round_up(bitmap_bytes) + 2 * round_up(8 * (bitmap_bytes + 1)) : 0));
-  void* temp_storage = w.take<std::uint8_t>(temp);
-  auto* error = w.take<unsigned>(1);
-  QSTAGE_CUDA_CHECK(cudaMemsetAsync(error, 0, sizeof(unsigned), s));
+  const std::uint64_t temp = grouped ? scan_temp_bytes(bitmap_bytes + 1) : 0;  // (the bitmap's ranks)
+  w.reserve(component_blocks_bytes(blocks, 1) +
+            (grouped ? round_up(temp) + round_up(4 * c.coded) + round_up(bitmap_bytes) + 2 * round_up(8 * (bitmap_bytes + 1)) : 0));
+  unsigned* error = cleared_decode_error(w);
   const codec::detail::StoredComponent* one[1] = {&c};
   ComponentBlocks k;
-  component_blocks(w, one, 1, device_stream, blocks, temp_storage, temp, &k);
+  component_blocks(w, one, 1, device_stream, blocks, &k);
   float* kept = grouped ? w.take<float>(c.coded) : nullptr;
   if (blocks)
     decode_blocks(s, coding.block, k, blocks, c.coded, grouped ? kept : out,
                   grouped ? 1 : stride, 2 * coding.e, error);
-  size_t tb = temp;
   if (grouped && n) {
+    void* temp_storage = w.take<std::uint8_t>(temp);
+    size_t tb = temp;
     auto* bitmap = w.take<std::uint8_t>(bitmap_bytes);
     auto* counts = w.take<unsigned long long>(bitmap_bytes + 1);
     auto* ranks = w.take<unsigned long long>(bitmap_bytes + 1);
@@ -1247,7 +1291,7 @@ void GpuCodec::decode(const codec::detail::StoredComponent& c, const std::uint8_
     expand_kernel<<<grid_for(n, 256), 256, 0, s>>>(kept, n, stride, bitmap, ranks, out);
     QSTAGE_CUDA_CHECK_LAUNCH();
   }
-  check_decoded(w, error);
+  check_decoded(w);
 }
 
 double GpuCodec::value_range(const float* x, std::uint64_t count) {
