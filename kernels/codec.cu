@@ -1041,6 +1041,7 @@ struct GpuCodec::Impl {
     return {words, words + 1, words + 1 + parts, (blocks + kWarpsPerCta - 1) / kWarpsPerCta};
   }
   unsigned* decode_error() { return reinterpret_cast<unsigned*>(static_cast<char*>(pinned.data()) + 32); }
+  unsigned* decode_error_on_device = nullptr;  // (the same flag as the kernels address it; found once)
   unsigned long long read_back(const unsigned long long* device_value) {
     auto* host = static_cast<unsigned long long*>(pinned.data());
     QSTAGE_CUDA_CHECK(cudaMemcpyAsync(host, device_value, sizeof *host, cudaMemcpyDeviceToHost, cuda()));
@@ -1209,9 +1210,12 @@ void component_blocks(GpuCodec::Impl& w, const codec::detail::StoredComponent* c
 unsigned* cleared_decode_error(GpuCodec::Impl& w) {
   unsigned* flag = w.decode_error();
   *flag = 0;  // (no kernel that writes it is in flight: each decode waits for its stream)
-  void* device = nullptr;
-  QSTAGE_CUDA_CHECK(cudaHostGetDevicePointer(&device, flag, 0));
-  return static_cast<unsigned*>(device);
+  if (!w.decode_error_on_device) {
+    void* device = nullptr;
+    QSTAGE_CUDA_CHECK(cudaHostGetDevicePointer(&device, flag, 0));
+    w.decode_error_on_device = static_cast<unsigned*>(device);
+  }
+  return w.decode_error_on_device;
 }
 
 void check_decoded(GpuCodec::Impl& w) {
