@@ -879,7 +879,8 @@ struct PayloadSize {
 // The exclusive scan of `items` sizes into offsets, in one kernel: each CTA scans a tile of
 // kScanTile sizes and finds where it starts from the tiles before it (the coder's decoupled
 // look-back; `ticket` and `tiles` zeroed). A CUB device scan does the same in two kernels, and
-// its dispatch alone took 11-17 us of host time a call on an H200, as long as this whole scan.
+// its dispatch alone took 11-17 us of host time a call on an H200, as long as its kernels ran
+// (docs/benchmarks.md, "Decoding: its fixed costs").
 constexpr int kScanThreads = 256, kScanPerThread = 8, kScanTile = kScanThreads * kScanPerThread;
 
 __global__ void __launch_bounds__(kScanThreads)
