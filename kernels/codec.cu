@@ -582,9 +582,9 @@ __global__ void __launch_bounds__(32 * kWarpsPerCta, 3)
 }
 
 // Decoding: one warp per block. decode_block leaves block b's values in each lane's v (lane l
-// has values lV .. lV + V - 1) and returns true (on every lane) if its payload is inconsistent
-// (the checks of the CPU twin, decode_block in io/codec/block_coder.cpp); the block's values are
-// then unspecified but in bounds. `scratch` is the warp's shared scratch (kStaged<float, V> floats).
+// has values lV .. lV + V - 1) and returns true (on every lane) if its payload is inconsistent;
+// the block's values are then unspecified but in bounds. `scratch` is the warp's shared scratch
+// (kStaged<float, V> floats).
 // Reads a lane's bits in order (little-endian: byte by byte, each from its lowest bit) from
 // global memory a word at a time, where each byte would take a load of its own. Every word it
 // loads holds at least one bit asked for.
@@ -635,19 +635,16 @@ __device__ bool decode_block(const BlockHead& h, int m, double step, float (&v)[
   const int size = h.size;
   bool bad = false;
   switch (h.state) {
-    case kZero:
-      bad = size != 0;
+    case kZero:  // (the host checked the sizes of zero, constant and raw blocks while parsing)
       for (int j = 0; j < V; ++j) v[j] = 0.0f;
       break;
     case kConstant: {
-      bad = size != 4;
-      const float c = bad ? 0.0f : bits_float(get_u32(in));
+      const float c = bits_float(get_u32(in));
       for (int j = 0; j < V; ++j) v[j] = c;
       break;
     }
     case kRaw:
-      bad = size != 4 * m;
-      for (int j = 0; j < V; ++j) v[j] = !bad && base + j < m ? bits_float(get_u32(in + 4 * (base + j))) : 0.0f;
+      for (int j = 0; j < V; ++j) v[j] = base + j < m ? bits_float(get_u32(in + 4 * (base + j))) : 0.0f;
       break;
     case kQuantized: {
       const int width = size >= 1 ? in[0] : 0;

@@ -15,6 +15,7 @@
 #include "io/codec/block_coder.hpp"
 #include "io/codec/block_math.hpp"
 #include "io/codec/codec.hpp"
+#include "io/codec/component.hpp"
 #include "kernels/codec.hpp"
 #include "test_util.hpp"
 
@@ -270,6 +271,56 @@ TEST(Codec, ForeignTruncatedAndCorruptedStreamsAreRefused) {
       bad[rng() % bad.size()] ^= static_cast<std::uint8_t>(1u << (rng() % 8));
       expect_format_error(bad, "", "one flipped bit");
     }
+  }
+}
+
+// Streams whose meta moves 4 bytes of payload size from one block to another: the sizes still
+// add up to the payload, but a zero, constant or raw block's payload then has a size its state
+// does not allow, which the parser refuses before any decoder (CPU or GPU) runs. The blocks (of
+// 64 values): all zero, constant, raw (a NaN in it), all zero.
+std::vector<std::vector<std::uint8_t>> moved_size_streams() {
+  std::vector<float> x(256, 0.0f);
+  for (int i = 64; i < 128; ++i) x[i] = 0.5f;
+  for (int i = 128; i < 192; ++i) x[i] = std::sin(0.37f * static_cast<float>(i));
+  x[130] = std::numeric_limits<float>::quiet_NaN();
+  const auto good = encode(x.data(), ElementType::float32, {x.size()}, Settings{Pipeline::integrated, 64, 0.0, 1e-3, false});
+  detail::StoredComponent c;
+  std::vector<float> ignored(x.size());
+  detail::decode_with([&](const std::vector<detail::StoredComponent>& parts, const std::uint8_t*, std::uint64_t,
+                          const detail::Coding&, float*) { c = parts.at(0); },
+                      good.data(), good.size(), good.data(), ignored.data(), ignored.size());
+  constexpr std::uint64_t kBlocks = 4;
+  EXPECT_NE(c.meta_offset, detail::StoredComponent::kPacked);
+  const std::uint8_t* states = good.data() + c.meta_offset;
+  EXPECT_EQ(std::vector<int>(states, states + kBlocks), (std::vector<int>{detail::kZero, detail::kConstant, detail::kRaw, detail::kZero}));
+  std::vector<std::vector<std::uint8_t>> out;
+  for (auto [from, to] : {std::pair{1, 0}, std::pair{2, 1}, std::pair{2, 3}}) {
+    auto bad = good;
+    auto add = [&](int b, int delta) {
+      std::uint8_t* size = bad.data() + c.meta_offset + kBlocks + 2 * b;
+      const int v = (size[0] | (size[1] << 8)) + delta;
+      size[0] = static_cast<std::uint8_t>(v);
+      size[1] = static_cast<std::uint8_t>(v >> 8);
+    };
+    add(from, -4);
+    add(to, 4);
+    reseal(bad);
+    out.push_back(bad);
+  }
+  return out;
+}
+
+TEST(Codec, MovedBlockSizesAreRefused) {
+  std::vector<float> out(256);
+  int k = 0;
+  for (const auto& bad : moved_size_streams()) {
+    try {
+      decode(bad.data(), bad.size(), out.data(), out.size());
+      ADD_FAILURE() << "moved size " << k << ": decoded";
+    } catch (const FormatError& e) {
+      EXPECT_NE(std::string(e.what()).find("which do not fit"), std::string::npos) << e.what();
+    }
+    ++k;
   }
 }
 
