@@ -1033,9 +1033,14 @@ struct GpuCodec::Impl {
     used += round_up(count * sizeof(T));
     return p;
   }
+  // `count` look-back words (tickets, tile words), zeroed on the codec's stream.
+  unsigned long long* take_zeroed_words(std::uint64_t count) {
+    auto* words = take<unsigned long long>(count);
+    QSTAGE_CUDA_CHECK(cudaMemsetAsync(words, 0, 8 * count, cuda()));
+    return words;
+  }
   LookBack take_look_back(std::uint64_t blocks, int parts) {
-    auto* words = take<unsigned long long>(look_back_words(blocks, parts));
-    QSTAGE_CUDA_CHECK(cudaMemsetAsync(words, 0, 8 * look_back_words(blocks, parts), cuda()));
+    auto* words = take_zeroed_words(look_back_words(blocks, parts));
     return {words, words + 1, words + 1 + parts, (blocks + kWarpsPerCta - 1) / kWarpsPerCta};
   }
   unsigned* decode_error() { return reinterpret_cast<unsigned*>(static_cast<char*>(pinned.data()) + 32); }
@@ -1196,8 +1201,7 @@ void component_blocks(GpuCodec::Impl& w, const codec::detail::StoredComponent* c
   const std::uint64_t items = offsets_items(blocks, parts), words = offsets_look_back_words(blocks, parts);
   auto* offsets = w.take<unsigned long long>(items);
   for (int k = 0; k < parts; ++k) out[k].offsets = offsets + k * (blocks + 1);  // (its own blocks' entries)
-  auto* look_back = w.take<unsigned long long>(words);
-  QSTAGE_CUDA_CHECK(cudaMemsetAsync(look_back, 0, 8 * words, s));
+  auto* look_back = w.take_zeroed_words(words);
   offsets_kernel<<<grid_for(items, kScanTile), kScanThreads, 0, s>>>(sizes, items, offsets, look_back, look_back + 1);
   QSTAGE_CUDA_CHECK_LAUNCH();
 }
