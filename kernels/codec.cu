@@ -581,10 +581,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerCta, 3)
   }
 }
 
-// Decoding: one warp per block. decode_block leaves block b's values in each lane's v (lane l
-// has values lV .. lV + V - 1) and returns true (on every lane) if its payload is inconsistent;
-// the block's values are then unspecified but in bounds. `scratch` is the warp's shared scratch
-// (kStaged<float, V> floats).
+// Decoding: one warp per block.
 // Reads a lane's bits in order (little-endian: byte by byte, each from its lowest bit) from
 // global memory a word at a time, where each byte would take a load of its own. Every word it
 // loads holds at least one bit asked for.
@@ -628,6 +625,9 @@ __device__ BlockHead block_head(const ComponentBlocks& k, std::uint64_t blocks, 
   return {k.payload + (k.offsets[b] - k.before), k.meta[b], k.meta[blocks + 2 * b] | (k.meta[blocks + 2 * b + 1] << 8)};
 }
 
+// Leaves block h's values in each lane's v (lane l has values lV .. lV + V - 1) and returns true
+// (on every lane) if its payload is inconsistent; the block's values are then unspecified but in
+// bounds. `scratch` is the warp's shared scratch (kStaged<float, V> floats).
 template <int V>
 __device__ bool decode_block(const BlockHead& h, int m, double step, float (&v)[V], float* scratch) {
   const int lane = lane_id(), base = lane * V;
