@@ -25,6 +25,7 @@ packages=(
   libxxhash-dev                                # content hashes, codec checksums
   libzstd-dev                                  # the codec's lossless parts
   libpng-dev                                   # qstage inspect --plot
+  libmetis-dev                                 # tn.path: graph bisection of the network (METIS)
   libgtest-dev                                 # unit tests
   python3 python3-numpy python3-h5py python3-pytest python3-jsonschema  # end-to-end tests, oracles
 )

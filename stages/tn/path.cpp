@@ -3,13 +3,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <map>
-#include <queue>
 
 #include "core/error.hpp"
-#include "kernels/common.hpp"
 
 namespace qstage::tn {
 
@@ -128,159 +125,6 @@ PathCost path_cost(const Network& n, const Path& p) {
   }
   for (Mode m : sliced) c.slices *= static_cast<double>(n.extent.at(m));
   return c;
-}
-
-// ------------------------------------------------------------------------------ greedy
-namespace {
-
-struct Candidate {
-  double score;
-  int a, b;
-  bool operator>(const Candidate& o) const {
-    if (score != o.score) return score > o.score;
-    return std::tie(a, b) > std::tie(o.a, o.b);  // deterministic ties
-  }
-};
-
-struct Uniform {
-  std::uint64_t state;
-  double next() {
-    state += kernels::kGolden;
-    return (static_cast<double>(kernels::splitmix64(state) >> 11) + 0.5) * 0x1p-53;
-  }
-};
-
-// One greedy pass. The score of a pair is cotengra's: |ab|/costmod - (|a| + |b|) * costmod, and with a
-// temperature, sign(score) * log|score| minus Gumbel noise. Restarts sample costmod and temperature, which is
-// what lets randomized greedy find good paths for deep circuits (plain greedy is orders of magnitude worse).
-Path greedy_once(const Network& n, double costmod, double temperature, std::uint64_t seed) {
-  const size_t N = n.tensors.size();
-  const std::set<Mode> none;
-  ModeUse use = initial_use(n);
-  std::vector<std::vector<Mode>> modes;
-  std::vector<double> size;
-  for (const auto& t : n.tensors) {
-    modes.push_back(t.modes);
-    size.push_back(elements(n, t.modes, none));
-  }
-  std::vector<bool> alive(N, true);
-  std::map<Mode, std::vector<int>> holders;  // mode -> live ids holding it
-  for (size_t t = 0; t < N; ++t)
-    for (Mode m : modes[t]) holders[m].push_back(static_cast<int>(t));
-  Uniform rng{kernels::splitmix64(seed)};
-  std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> heap;
-  auto push = [&](int a, int b) {
-    if (a > b) std::swap(a, b);
-    const auto c = result_modes(modes[static_cast<size_t>(a)], modes[static_cast<size_t>(b)], use, none);
-    double score = elements(n, c, none) / costmod - (size[static_cast<size_t>(a)] + size[static_cast<size_t>(b)]) * costmod;
-    if (temperature > 0) {
-      const double gumbel = -std::log(-std::log(rng.next()));
-      score = (score > 0 ? std::log(score) : score < 0 ? -std::log(-score) : 0.0) - temperature * gumbel;
-    }
-    heap.push({score, a, b});
-  };
-  for (const auto& [m, ids] : holders)
-    if (ids.size() == 2) push(ids[0], ids[1]);
-  Path p;
-  size_t live = N;
-  while (live > 1) {
-    int a = -1, b = -1;
-    while (!heap.empty()) {
-      const Candidate c = heap.top();
-      heap.pop();
-      if (alive[static_cast<size_t>(c.a)] && alive[static_cast<size_t>(c.b)]) {
-        a = c.a;
-        b = c.b;
-        break;
-      }
-    }
-    if (a < 0) {  // no shared modes left: outer product of the two smallest tensors
-      std::vector<int> ids;
-      for (size_t t = 0; t < modes.size(); ++t)
-        if (alive[t]) ids.push_back(static_cast<int>(t));
-      std::sort(ids.begin(), ids.end(), [&](int x, int y) { return size[static_cast<size_t>(x)] < size[static_cast<size_t>(y)]; });
-      a = std::min(ids[0], ids[1]);
-      b = std::max(ids[0], ids[1]);
-    }
-    auto c = result_modes(modes[static_cast<size_t>(a)], modes[static_cast<size_t>(b)], use, none);
-    for (Mode m : modes[static_cast<size_t>(a)]) use.live[m]--;
-    for (Mode m : modes[static_cast<size_t>(b)]) use.live[m]--;
-    for (Mode m : c) use.live[m]++;
-    alive[static_cast<size_t>(a)] = alive[static_cast<size_t>(b)] = false;
-    const int id = static_cast<int>(modes.size());
-    p.ssa.push_back({a, b});
-    modes.push_back(c);
-    size.push_back(elements(n, c, none));
-    alive.push_back(true);
-    --live;
-    for (Mode m : c) {
-      auto& ids = holders[m];
-      ids.erase(std::remove_if(ids.begin(), ids.end(), [&](int t) { return !alive[static_cast<size_t>(t)]; }), ids.end());
-      ids.push_back(id);
-      for (int other : ids)
-        if (other != id) push(other, id);
-    }
-    for (Mode m : modes[static_cast<size_t>(a)]) {  // modes contracted away
-      auto& ids = holders[m];
-      ids.erase(std::remove_if(ids.begin(), ids.end(), [&](int t) { return !alive[static_cast<size_t>(t)]; }), ids.end());
-    }
-    for (Mode m : modes[static_cast<size_t>(b)]) {
-      auto& ids = holders[m];
-      ids.erase(std::remove_if(ids.begin(), ids.end(), [&](int t) { return !alive[static_cast<size_t>(t)]; }), ids.end());
-    }
-  }
-  return p;
-}
-
-}  // namespace
-
-Path greedy_path(const Network& n, const GreedyOptions& o, GreedyReport* report) {
-  if (n.tensors.size() < 2) return {};
-  const auto start = std::chrono::steady_clock::now();
-  auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
-  Path best;
-  PathCost best_cost;
-  bool have = false, best_within = false;
-  double best_costmod = 1, best_temperature = 0;
-  int tries = 0;
-  while (tries < std::max(1, o.max_tries) && (tries == 0 || seconds() < o.max_seconds)) {
-    // The first try is plain greedy. Restarts draw costmod uniformly from [0.1, 4] and the temperature
-    // log-uniformly from [0.001, max temperature], as cotengra's random-greedy does; after 16 tries, every other restart instead
-    // perturbs the best parameters so far (a cheap stand-in for cotengra's hyper-optimizer).
-    double costmod = 1, temperature = 0;
-    if (tries > 0) {
-      Uniform draw{kernels::splitmix64(o.seed ^ (0x9e37ull * static_cast<std::uint64_t>(tries)))};
-      const double log_t_min = std::log(0.001), log_t_max = std::log(o.temperature);
-      if (tries > 16 && tries % 2 == 0 && best_temperature > 0) {
-        const double step_c = draw.next() + draw.next() - 1, step_t = draw.next() + draw.next() - 1;  // in (-1, 1)
-        costmod = std::clamp(best_costmod * std::exp(0.5 * step_c), 0.1, 4.0);
-        temperature = std::exp(std::clamp(std::log(best_temperature) + step_t, log_t_min, log_t_max));
-      } else {
-        costmod = 0.1 + 3.9 * draw.next();
-        temperature = std::exp(log_t_min + (log_t_max - log_t_min) * draw.next());
-      }
-    }
-    const Path p = greedy_once(n, costmod, temperature, o.seed + static_cast<std::uint64_t>(tries));
-    const PathCost c = path_cost(n, p);
-    const bool within = c.largest <= o.cap_elements;
-    bool better = !have;
-    if (have) {
-      if (within != best_within) better = within;
-      else if (within) better = c.multiply_adds < best_cost.multiply_adds;
-      else better = c.largest < best_cost.largest || (c.largest == best_cost.largest && c.multiply_adds < best_cost.multiply_adds);
-    }
-    if (better) {
-      best_costmod = costmod;
-      best_temperature = temperature;
-      best = p;
-      best_cost = c;
-      best_within = within;
-      have = true;
-    }
-    ++tries;
-  }
-  if (report) *report = {tries, best_within, seconds()};
-  return best;
 }
 
 // ------------------------------------------------------------------------------ imports

@@ -9,7 +9,6 @@
 //   C_m (memory) = sum over steps of |A| + |B| + |C| (elements read and written).
 // Sliced modes are fixed per slice: the costs are per slice, and `slices` says how many.
 #include <cstdint>
-#include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <vector>
@@ -38,25 +37,6 @@ struct PathCost {
 std::vector<std::vector<Mode>> intermediate_modes(const Network& n, const Path& p);
 
 PathCost path_cost(const Network& n, const Path& p);
-
-struct GreedyOptions {
-  double max_seconds = 5;       // stop restarts after this long
-  int max_tries = 256;          // and after this many
-  std::uint64_t seed = 0;
-  double cap_elements = std::numeric_limits<double>::infinity();  // cap on C_s
-  double temperature = 1.0;     // largest noise temperature a restart draws (the first try has none)
-};
-
-struct GreedyReport {
-  int tries = 0;
-  bool within_cap = false;
-  double seconds = 0;
-};
-
-// Greedy (opt_einsum's score: size(C) - size(A) - size(B)) on a heap of connected pairs, then
-// randomized restarts with Gumbel noise. Minimizes C_t among paths within the cap; if none is
-// within it, minimizes C_s (tn.plan then slices).
-Path greedy_path(const Network& n, const GreedyOptions& o, GreedyReport* report = nullptr);
 
 // Imports. opt_einsum's linear path: each step lists positions in the current operand list;
 // those operands are removed and the result appended (steps of more than two operands are

@@ -1,6 +1,10 @@
-// tn.path: a contraction path for a network - greedy with randomized restarts under a cap on the
-// largest intermediate, or imported from opt_einsum (linear or SSA) or cotengra (path + sliced).
+// tn.path: a contraction path for a network - found by the hyper-optimizer (stages/tn/paths/hyper.hpp)
+// and sliced to a cap on the largest intermediate, or imported from opt_einsum (linear or SSA) or
+// cotengra (path + sliced).
 #include <fmt/format.h>
+
+#include <omp.h>
+#include <spdlog/spdlog.h>
 
 #include <cmath>
 
@@ -9,6 +13,7 @@
 #include "core/units.hpp"
 #include "stages/tn/network.hpp"
 #include "stages/tn/path.hpp"
+#include "stages/tn/paths/hyper.hpp"
 #include "stages/tn/sources.hpp"
 #include "stages/tn/tn_stages.hpp"
 
@@ -58,12 +63,31 @@ tn::Path imported(const json& p, const tn::Files& files, const tn::Network& net)
   return out;
 }
 
+// The search's options from the step's parameters.
+tn::HyperOptions search_options(const json& p, const tn::Network& net, std::uint64_t element_bytes) {
+  tn::HyperOptions o;
+  o.max_seconds = p.contains("max_seconds") ? p["max_seconds"].get<double>()
+                                            : tn::default_search_seconds(static_cast<int>(net.tensors.size()));
+  o.max_trials = p.value("max_tries", 0);
+  o.seed = p.at("seed").get<std::uint64_t>();
+  o.methods = p.at("methods").get<std::vector<std::string>>();
+  o.reconfigure = p.at("reconfigure").get<bool>();
+  o.subtree_size = p.at("subtree_size").get<int>();
+  o.threads = p.at("threads").get<int>();
+  if (p.contains("max_intermediate"))
+    o.max_log2_size = std::log2(static_cast<double>(parse_size(p["max_intermediate"].get<std::string>(),
+                                                               "params.max_intermediate")) /
+                                static_cast<double>(element_bytes));
+  return o;
+}
+
 class PathStage final : public ComputedStage {
  public:
   const StageInfo& info() const override {
     static const StageInfo info{
-        "tn.path", 1,
-        "a contraction path: greedy with randomized restarts under a cap on the largest intermediate, or imported",
+        "tn.path", 2,
+        "a contraction path: a hyper-optimizer over randomized greedy and METIS partitioning, refined by subtree "
+        "reconfiguration and sliced by cost to a cap on the largest intermediate; or imported",
         {{"network", "a tn.build output"}},
         "- id: path\n  stage: tn.path\n  inputs: {network: net}\n  params: {max_seconds: 5, max_intermediate: 1GiB}\n"};
     return info;
@@ -83,19 +107,31 @@ class PathStage final : public ComputedStage {
       path = imported(p, ctx.files, net);
       result["method"] = fmt::format("imported {} path from {}", p.value("format", "linear"), ctx.files.at("/import").string());
     } else {
-      tn::GreedyOptions o;
-      o.max_seconds = p.at("max_seconds").get<double>();
-      o.max_tries = p.at("max_tries").get<int>();
-      o.seed = p.at("seed").get<std::uint64_t>();
-      if (p.contains("max_intermediate"))
-        o.cap_elements = static_cast<double>(parse_size(p["max_intermediate"].get<std::string>(), "params.max_intermediate")) /
-                         static_cast<double>(element);
-      tn::GreedyReport report;
-      path = tn::greedy_path(net, o, &report);
-      result["method"] = "greedy with randomized restarts";
-      result["tries"] = report.tries;
-      result["seconds"] = report.seconds;
-      result["within_cap"] = report.within_cap;
+      const tn::SearchNetwork search = tn::SearchNetwork::from(net);
+      tn::HyperOptions o = search_options(p, net, element);
+      double last_log = 0;
+      o.progress = [&](int trials, double best, double seconds) {
+        if (seconds - last_log < 5) return;
+        last_log = seconds;
+        spdlog::info("tn.path: {} trials in {:.1f}s, best log10 C_t {:.2f}", trials, seconds, best);
+      };
+      const tn::HyperResult found = tn::hyper_optimize(search, o);
+      path = found.path;
+      result["method"] = "hyper-optimizer";
+      result["search"] = found.to_json();
+      result["search"]["budget_seconds"] = o.max_seconds;
+      result["search"]["threads"] = o.threads > 0 ? o.threads : omp_get_max_threads();
+      result["tries"] = found.trials;
+      result["seconds"] = found.seconds;
+      result["within_cap"] = !std::isfinite(o.max_log2_size) || found.cost.log2_largest() <= o.max_log2_size + 1e-9;
+      spdlog::info("tn.path: {} trials ({}) in {:.1f}s; best from {} {}; refined in {:.1f}s ({} subtrees "
+                   "reconfigured){}",
+                   found.trials, found.methods.dump(), found.search_seconds, found.best_method, found.best_params.dump(),
+                   found.refine_seconds, found.reconfiguring.subtrees_improved,
+                   found.slicing.sliced_modes ? fmt::format(", {} modes sliced (overhead {:.3g}, {:.3g} without reuse)",
+                                                            found.slicing.sliced_modes, found.slicing.overhead,
+                                                            found.slicing.overhead_without_reuse)
+                                              : "");
     }
     tn::PathCost cost;
     try {
@@ -107,6 +143,11 @@ class PathStage final : public ComputedStage {
     result["ssa"] = path.ssa;
     result["sliced"] = path.sliced;
     result["cost"] = cost.to_json(complex);
+    // Sliced paths: what the whole contraction costs when slice-invariant steps run once.
+    const tn::SearchNetwork search = tn::SearchNetwork::from(net);
+    const tn::TreeCost tree_cost = tn::ContractionTree::from_path(search, path).cost();
+    result["cost"]["C_t_total_with_reuse"] = tree_cost.total_with_reuse();
+    result["cost"]["log10_C_t_total"] = tree_cost.log10_total();
     return result.dump();
   }
   void write_results(const StagePlan&, const StepResults& r, h5::File& out) const override {
@@ -122,14 +163,22 @@ class PathStage final : public ComputedStage {
     if (!sliced.empty()) s.write_all(sliced.data());
     out.set_attribute("cost", j["cost"].dump());
     out.set_attribute("method", j["method"].get<std::string>());
+    if (j.contains("search")) out.set_attribute("search", j["search"].dump());
     for (const char* key : {"C_t_multiply_adds", "C_s_elements", "C_m_elements", "flops_total"})
       out.set_attribute(key, j["cost"][key].get<double>());
   }
   std::string describe_results(const StagePlan&, const StepResults& r) const override {
     const json j = json::parse(*r.computed);
-    return fmt::format("{}: log10 C_t {:.2f}, log2 C_s {:.1f}, {:.3g} flops ({}){}", j["method"].get<std::string>(),
-                       j["cost"]["log10_C_t"].get<double>(), j["cost"]["log2_C_s"].get<double>(),
-                       j["cost"]["flops_total"].get<double>(), j["cost"]["flop_convention"].get<std::string>(),
+    const json& c = j["cost"];
+    const double slices = c["slices"].get<double>();
+    const std::string sliced =
+        slices > 1 ? fmt::format(" per slice, {:.2f} over {:.0f} slices ({:.2f} with slice-invariant steps once)",
+                                 c["log10_C_t_total"].get<double>(), slices,
+                                 std::log10(std::max(c["C_t_total_with_reuse"].get<double>(), 1.0)))
+                   : "";
+    return fmt::format("{}: log10 C_t {:.2f}{}, log2 C_s {:.1f}, {:.3g} flops ({}){}", j["method"].get<std::string>(),
+                       c["log10_C_t"].get<double>(), sliced, c["log2_C_s"].get<double>(), c["flops_total"].get<double>(),
+                       c["flop_convention"].get<std::string>(),
                        j.contains("tries") ? fmt::format(", {} tries in {:.1f}s", j["tries"].get<int>(), j["seconds"].get<double>()) : "");
   }
 };

@@ -11,13 +11,15 @@
 #include "core/error.hpp"
 #include "core/units.hpp"
 #include "kernels/looped_gemm.hpp"
+#include "stages/tn/paths/slicing.hpp"
+#include "stages/tn/paths/tree.hpp"
 
 namespace qstage::tn {
 
 using nlohmann::json;
 
 namespace {
-constexpr const char* kPlanFormat = "qstage-plan-5";  // 2: packed steps copy C too; 3: out of core; 4: scratch; 5: block order
+constexpr const char* kPlanFormat = "qstage-plan-6";  // 2: packed steps copy C too; 3: out of core; 4: scratch; 5: block order; 6: slicing by cost
 }
 
 namespace {
@@ -507,68 +509,64 @@ Plan fit(const Network& net, const Path& path, const std::set<Mode>& sliced, con
   return fitting;
 }
 
-}  // namespace
-
-Plan make_plan(const Network& net, const Path& path, const PlanOptions& o) {
-  std::set<Mode> sliced(path.sliced.begin(), path.sliced.end());
-  const std::set<Mode> output(net.output.begin(), net.output.end());
-  for (Mode m : sliced)
-    if (output.count(m)) throw InputError(fmt::format("mode {} is an output mode and cannot be sliced", m));
-  Plan plan = fit(net, path, sliced, o);
-  // Slice until one slice's arenas fit: each time the closed mode of the largest intermediate
-  // that gives the fewest total flops.
-  while (overflow(plan, o) > 1) {
-    // Candidates: the closed modes of the largest intermediates (the eight largest steps).
-    std::set<Mode> candidates;
-    std::vector<const PlanStep*> by_size;
-    for (const auto& st : plan.steps) by_size.push_back(&st);
-    std::sort(by_size.begin(), by_size.end(), [](const PlanStep* x, const PlanStep* y) {
-      return x->c_bytes + x->a_bytes + x->b_bytes > y->c_bytes + y->a_bytes + y->b_bytes;
-    });
-    for (size_t i = 0; i < std::min<size_t>(8, by_size.size()); ++i)
-      for (const auto* modes : {&by_size[i]->a_modes, &by_size[i]->b_modes, &by_size[i]->c_modes})
-        for (Mode m : *modes)
-          if (!output.count(m) && !sliced.count(m)) candidates.insert(m);
-    if (candidates.empty())  // the largest intermediates hold only output modes: try any closed mode
-      for (const auto& [m, e] : net.extent)
-        if (!output.count(m) && !sliced.count(m) && e > 1) candidates.insert(m);
-    bool improved = false;
-    Plan best;
-    for (Mode m : candidates) {
-      auto trial = sliced;
-      trial.insert(m);
-      Plan t = fit(net, path, trial, o);
-      if (overflow(t, o) >= overflow(plan, o)) continue;
-      if (!improved || t.cost.total_flops(true) < best.cost.total_flops(true) ||
-          (t.cost.total_flops(true) == best.cost.total_flops(true) && overflow(t, o) < overflow(best, o))) {
-        best = std::move(t);
-        improved = true;
-      }
-    }
-    if (improved && static_cast<double>(best.slices) > o.max_slices)
-      throw InputError(fmt::format("fitting device memory budget {} would need {:.3g} slices (more than {:.3g}); expected "
-                                   "a larger budget or a path with smaller intermediates",
-                                   format_bytes(static_cast<double>(o.budget_bytes)), static_cast<double>(best.slices),
-                                   o.max_slices));
-    if (!improved && plan.arena_bytes > o.budget_bytes)
-      throw InputError(fmt::format("device memory budget {} is too small even with slicing: one slice still needs {} "
-                                   "({} modes sliced); expected a larger budget or a better path",
-                                   format_bytes(static_cast<double>(o.budget_bytes)),
-                                   format_bytes(static_cast<double>(plan.arena_bytes)), sliced.size()));
-    if (!improved)
-      throw InputError(fmt::format("host memory budget {} is too small even with slicing: one slice still spills {} "
-                                   "({} modes sliced); expected a larger host_budget or a better path",
-                                   format_bytes(static_cast<double>(o.host_budget_bytes)),
-                                   format_bytes(static_cast<double>(plan.host_arena_bytes)), sliced.size()));
-    sliced = std::set<Mode>(best.sliced.begin(), best.sliced.end());
-    plan = std::move(best);
-  }
+// The last checks and settings of a plan that fits.
+Plan finish(Plan plan, const PlanOptions& o) {
   plan.scratch = o.scratch && plan.host_arena_bytes > o.host_budget_bytes;
   if (static_cast<double>(plan.slices) > o.max_slices)  // e.g. an imported path that slices many modes
     throw InputError(fmt::format("the plan has {:.3g} slices ({} modes sliced), more than max_slices {:.3g}; expected a "
                                  "path that slices fewer modes or a larger max_slices",
                                  static_cast<double>(plan.slices), plan.sliced.size(), o.max_slices));
   return plan;
+}
+
+}  // namespace
+
+Plan make_plan(const Network& net, const Path& path, const PlanOptions& o) {
+  const std::set<Mode> output(net.output.begin(), net.output.end());
+  for (Mode m : path.sliced)
+    if (output.count(m)) throw InputError(fmt::format("mode {} is an output mode and cannot be sliced", m));
+  const std::set<Mode> given(path.sliced.begin(), path.sliced.end());
+  Plan plan = fit(net, path, given, o);
+  if (overflow(plan, o) <= 1) return finish(std::move(plan), o);
+  // Slice by cost (paths/slicing.hpp): the sliced modes that minimize the total flops for a cap on
+  // the largest tensor, with the tree reconfigured between them. The arena holds several tensors
+  // at once, so the cap starts below the budget and comes down until the arena fits.
+  const SearchNetwork search = SearchNetwork::from(net);
+  const ContractionTree start = ContractionTree::from_path(search, path);  // with the path's own sliced modes
+  const double element = static_cast<double>(o.element_bytes);
+  // In core every tensor must fit the budget, so the cap starts below it. Out of core, tensors
+  // larger than the device budget live in host memory: the cap comes down from the largest.
+  double target = start.cost().log2_largest() - 1.0;
+  if (!o.out_of_core)
+    target = std::min(target, std::floor(std::log2(std::max(static_cast<double>(o.budget_bytes) / element, 1.0))) - 1.0);
+  for (;; target -= std::max(1.0, std::ceil(std::log2(overflow(plan, o))))) {
+    if (target < 0)
+      throw InputError(fmt::format("device memory budget {} is too small even with slicing: one slice still needs {} "
+                                   "({} modes sliced); expected a larger budget or a better path",
+                                   format_bytes(static_cast<double>(o.budget_bytes)),
+                                   format_bytes(static_cast<double>(plan.arena_bytes)), plan.sliced.size()));
+    ContractionTree tree = start;
+    SliceOptions so;
+    so.target_log2_size = target;
+    so.reconfigure = o.reconfigure;
+    so.subtree_size = o.subtree_size;
+    const SliceReport report = slice_tree(tree, so);
+    const Path sliced_path = tree.to_path();
+    if (static_cast<double>(tree.cost().slices) > o.max_slices)
+      throw InputError(fmt::format("device memory budget {} is too small even with slicing: it would need {:.3g} "
+                                   "slices (more than {:.3g}); expected a larger budget, a larger max_slices or a path with "
+                                   "smaller intermediates",
+                                   format_bytes(static_cast<double>(o.budget_bytes)), tree.cost().slices, o.max_slices));
+    plan = fit(net, sliced_path, std::set<Mode>(sliced_path.sliced.begin(), sliced_path.sliced.end()), o);
+    plan.slicing_overhead = report.overhead_without_reuse;
+    plan.path_reconfigured = sliced_path.ssa != path.ssa;
+    if (overflow(plan, o) <= 1) return finish(std::move(plan), o);
+    if (!report.fits)
+      throw InputError(fmt::format("device memory budget {} is too small even with slicing: no closed mode is left to "
+                                   "slice and one slice still needs {}; expected a larger budget or a better path",
+                                   format_bytes(static_cast<double>(o.budget_bytes)),
+                                   format_bytes(static_cast<double>(plan.arena_bytes))));
+  }
 }
 
 namespace {
@@ -628,6 +626,8 @@ void plan_fields(P& p, Io&& io) {
   io("bandwidth", p.bandwidth);
   io("gemm_rate", p.gemm_rate);
   io("predicted_seconds_per_slice", p.predicted_seconds);
+  io("slicing_overhead", p.slicing_overhead);
+  io("path_reconfigured", p.path_reconfigured);
 }
 
 struct JsonWriter {

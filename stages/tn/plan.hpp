@@ -129,6 +129,8 @@ struct Plan {
   double bandwidth = 0, gemm_rate = 0;           // what the prediction used (bytes/s, flop/s)
   double pcie_bandwidth = 0;                     // for host copies (bytes/s)
   double predicted_seconds = 0;                  // per slice
+  double slicing_overhead = 1;                   // total flops of all slices / the unsliced path's (slicing added here)
+  bool path_reconfigured = false;                // slicing reshaped the path (steps differ from tn.path's)
   PathCost cost;
 
   nlohmann::json to_json() const;
@@ -144,11 +146,14 @@ struct PlanOptions {
   std::uint64_t host_budget_bytes = ~std::uint64_t{0};  // for the host arena of one slice
   bool scratch = false;                            // out of core: beyond host_budget, an HDF5 scratch file
   double pcie_bandwidth = 25e9;                    // host <-> device (bytes/s)
+  bool reconfigure = true;                         // reshape the path between sliced modes
+  int subtree_size = 8;                            // frontier size of that reconfiguration
 };
 
-// Plans `path` (its sliced modes, if any, are kept; more are added until the arena fits, and,
-// out of core, the host arena too). Throws InputError if even slicing every closed mode does not
-// fit the budget.
+// Plans `path`. If the path with its own sliced modes (if any) does not fit the budgets (out of
+// core: after spilling), it is sliced anew by cost (paths/slicing.hpp: the modes that minimize
+// total flops under a cap on the largest tensor, reconfiguring the tree between them), the cap
+// lowered until the arena fits. Throws InputError if even slicing every closed mode does not fit.
 Plan make_plan(const Network& n, const Path& path, const PlanOptions& options);
 
 }  // namespace qstage::tn

@@ -90,7 +90,7 @@ class PlanStage final : public ComputedStage {
  public:
   const StageInfo& info() const override {
     static const StageInfo info{
-        "tn.plan", 6,
+        "tn.plan", 7,
         "an executable schedule: GEMM-ready mode orders, slicing to fit the device budget, memory plan, predicted times",
         {{"network", "a tn.build output"}, {"path", "a tn.path output"}},
         "- id: plan\n  stage: tn.plan\n  inputs: {network: net, path: path}\n  params: {precision: complex64}\n"};
@@ -118,6 +118,8 @@ class PlanStage final : public ComputedStage {
     tn::PlanOptions o;
     o.element_bytes = h5::dtype_size(dtype);
     o.max_slices = p.at("max_slices").get<double>();
+    o.reconfigure = p.at("reconfigure").get<bool>();
+    o.subtree_size = p.at("subtree_size").get<int>();
     std::uint64_t inputs = 0;
     for (const auto& t : net.tensors) inputs += static_cast<std::uint64_t>(net.size_of(t.modes)) * o.element_bytes * 2;
     if (p.contains("budget")) {
@@ -201,6 +203,8 @@ class PlanStage final : public ComputedStage {
     out.set_attribute("predicted_seconds_per_slice", plan.predicted_seconds);
     out.set_attribute("bandwidth_bytes_per_second", plan.bandwidth);
     out.set_attribute("gemm_flops_per_second", plan.gemm_rate);
+    out.set_attribute("slicing_overhead", plan.slicing_overhead);
+    out.set_attribute("path_reconfigured", static_cast<std::int64_t>(plan.path_reconfigured));
   }
   std::string describe_results(const StagePlan&, const StepResults& r) const override {
     const tn::Plan plan = tn::Plan::from_json(json::parse(*r.computed));
@@ -210,10 +214,14 @@ class PlanStage final : public ComputedStage {
                                    plan.scratch ? "HDF5 scratch file" : "host arena",
                                    format_bytes(static_cast<double>(plan.host_copy_bytes)))
                      : "";
-    return fmt::format("{} steps ({} packed, {} copies of {}), {} slice(s) over {} sliced mode(s), arena {} per slice{}, "
+    const std::string sliced =
+        plan.slicing_overhead != 1 ? fmt::format(" (sliced here: {:.3g}x the flops{})", plan.slicing_overhead,
+                                                 plan.path_reconfigured ? ", path reconfigured" : "")
+                                   : "";
+    return fmt::format("{} steps ({} packed, {} copies of {}), {} slice(s) over {} sliced mode(s){}, arena {} per slice{}, "
                        "{} input transposes, predicted {} per slice",
                        plan.steps.size(), plan.packed_steps, plan.step_transposes,
-                       format_bytes(static_cast<double>(plan.transposed_bytes)), plan.slices, plan.sliced.size(),
+                       format_bytes(static_cast<double>(plan.transposed_bytes)), plan.slices, plan.sliced.size(), sliced,
                        format_bytes(static_cast<double>(plan.arena_bytes)), spill, plan.input_transposes,
                        format_duration(plan.predicted_seconds));
   }

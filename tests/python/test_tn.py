@@ -101,9 +101,11 @@ def test_reference_check_measures_the_precision_error(tmp, precision, contract_p
                                                        ("1MiB", True, False)])
 def test_out_of_core_spills_instead_of_slicing(tmp, host_budget, scratch, sliced):
     """With out_of_core, a budget of 1/8 of the in-core arena spills the largest intermediates to
-    host memory (steps touching them run block by block) instead of slicing; a host budget too
-    small for them all adds slices on top, or with scratch, they live in an HDF5 scratch file
-    (removed afterwards). The amplitudes still match the state vector."""
+    host memory (steps touching them run block by block) instead of slicing: the plan slices only
+    what the device cannot block (as a plan with an unlimited host budget does, and fewer slices
+    than in core at the same budget); a host budget too small for them all adds slices on top, or
+    with scratch, they live in an HDF5 scratch file (removed afterwards). The amplitudes still
+    match the state vector."""
     source = "random: {rows: 4, cols: 5, cycles: 8, seed: 3}"
     bits = "random_bitstrings: {count: 2, seed: 9}"
     spec = "name: ooc\nsteps:" + circuit_steps(source, bits, "complex128", "256KiB") + f"""\
@@ -118,6 +120,16 @@ def test_out_of_core_spills_instead_of_slicing(tmp, host_budget, scratch, sliced
     # (pcie_bandwidth is measured: it only changes predictions)
     spec = spec.replace("budget: 256KiB", f"budget: 256KiB, out_of_core: true, host_budget: {host_budget}, "
                                           f"scratch: {str(scratch).lower()}")
+    spec += """\
+  - id: plan_host_unlimited
+    stage: tn.plan
+    inputs: {network: net, path: path}
+    params: {precision: complex128, bandwidth: 1.0e10, gemm_rate: 1.0e11, pcie_bandwidth: 1.0e10, budget: 256KiB, out_of_core: true, host_budget: 64GiB}
+  - id: plan_incore_small
+    stage: tn.plan
+    inputs: {network: net, path: path}
+    params: {precision: complex128, bandwidth: 1.0e10, gemm_rate: 1.0e11, budget: 256KiB}
+"""
     (tmp / "scratch").mkdir(parents=True)
     spec = spec.replace("inputs: {network: net, plan: plan}\n",
                         f"inputs: {{network: net, plan: plan}}\n    params: {{scratch_dir: {tmp / 'scratch'}}}\n")
@@ -125,7 +137,13 @@ def test_out_of_core_spills_instead_of_slicing(tmp, host_budget, scratch, sliced
     with h5py.File(run_dir / "outputs" / "plan.h5") as f:
         plan = json.loads(bytes(f["plan"][()]).decode())
         assert f.attrs["spilled"] > 0 and f.attrs["arena_bytes"] <= 256 * 1024
-        assert (f.attrs["slices"] > 1) == sliced
+        slices = f.attrs["slices"]
+    with h5py.File(run_dir / "outputs" / "plan_host_unlimited.h5") as f:
+        device_only = f.attrs["slices"]
+    with h5py.File(run_dir / "outputs" / "plan_incore_small.h5") as f:
+        assert f.attrs["slices"] > device_only, "spilling should save slices at the same device budget"
+    assert (slices > device_only) == sliced
+    with h5py.File(run_dir / "outputs" / "plan.h5") as f:
         assert f.attrs["scratch"] == scratch
         assert scratch or f.attrs["host_arena_bytes"] <= int(host_budget[:-3]) * 2**20
     assert not list((tmp / "scratch").iterdir()), "the scratch file is removed after the step"

@@ -13,6 +13,7 @@
 #include "stages/tn/contractor.hpp"
 #include "stages/tn/network.hpp"
 #include "stages/tn/path.hpp"
+#include "stages/tn/paths/hyper.hpp"
 #include "stages/tn/plan.hpp"
 
 using namespace qstage;
@@ -56,6 +57,16 @@ std::vector<cd> contract_all(const tn::Network& net, const tn::Plan& plan, h5::D
   return sum;
 }
 
+// A path by the hyper-optimizer with a fixed trial count (the same on every machine).
+tn::Path find_path(const tn::Network& net, int trials, std::uint64_t seed) {
+  const tn::SearchNetwork search = tn::SearchNetwork::from(net);
+  tn::HyperOptions o;
+  o.max_seconds = 1e9;
+  o.max_trials = trials;
+  o.seed = seed;
+  return tn::hyper_optimize(search, o).path;
+}
+
 std::uint64_t index_of(const std::vector<std::uint8_t>& bits) {
   std::uint64_t idx = 0;
   for (size_t q = 0; q < bits.size(); ++q) idx |= std::uint64_t{bits[q]} << q;
@@ -74,7 +85,7 @@ TEST(TensorNetwork, AmplitudesMatchTheStateVectorSlicedOrNot) {
   const auto sv = state_vector(circuit);
   auto net = tn::amplitude_network(circuit);
   net.validate("test");
-  const auto path = tn::greedy_path(net, {0.5, 16, 1});
+  const auto path = find_path(net, 16, 1);
   const auto free_plan = tn::make_plan(net, path, {16});
   EXPECT_EQ(free_plan.slices, 1);
   tn::PlanOptions tight{16, free_plan.arena_bytes / 4};  // force slicing
@@ -107,7 +118,7 @@ TEST(TensorNetwork, OpenQubitsGiveAllTheirAmplitudes) {
   const auto sv = state_vector(circuit);
   const std::vector<int> open = {6, 1, 3};
   const auto net = tn::amplitude_network(circuit, open);
-  const auto plan = tn::make_plan(net, tn::greedy_path(net, {0.2, 8, 2}), {16});
+  const auto plan = tn::make_plan(net, find_path(net, 8, 2), {16});
   std::vector<std::uint8_t> bits = {1, 0, 0, 0, 1, 1, 0, 1};  // open qubits' bits are ignored
   const auto got = contract_all(net, plan, h5::DType::complex128, bits);
   ASSERT_EQ(got.size(), 8u);
@@ -127,7 +138,7 @@ TEST(TensorNetwork, ExpectationWithLightConeMatchesTheStateVector) {
     for (std::size_t x = 0; x < sv.size(); ++x) want += std::norm(sv[x]) * ((((x >> i) ^ (x >> j)) & 1) ? -1.0 : 1.0);
     const auto net = tn::expectation_network(circuit, {{i, 'Z'}, {j, 'Z'}});
     net.validate("test");
-    const auto plan = tn::make_plan(net, tn::greedy_path(net, {0.2, 8, 3}), {16});
+    const auto plan = tn::make_plan(net, find_path(net, 8, 3), {16});
     const auto got = contract_all(net, plan, h5::DType::complex128, {});
     EXPECT_NEAR(got[0].real(), want, 1e-12);
     EXPECT_NEAR(got[0].imag(), 0, 1e-12);
