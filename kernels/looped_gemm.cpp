@@ -21,14 +21,30 @@ void run_cpu(const LoopedGemm& g) {
 }
 }  // namespace
 
-void looped_gemm_cpu(const LoopedGemm& g) {
-  check(g);
+void set_shifts(LoopedGemm& g) {
+  auto shift_of = [](std::int64_t x) -> std::int8_t {
+    if (x <= 0 || (x & (x - 1)) != 0) return -1;
+    std::int8_t s = 0;
+    while ((std::int64_t{1} << s) < x) ++s;
+    return s;
+  };
+  for (int d = 0; d < g.groups; ++d) g.shift[d] = shift_of(g.extent[d]);
+  g.m_shift = shift_of(g.m);
+  g.n_shift = shift_of(g.n);
+}
+
+void looped_gemm_cpu(const LoopedGemm& args) {
+  check(args);
+  LoopedGemm g = args;
+  set_shifts(g);
   if (g.dtype == h5::DType::complex64) run_cpu<float>(g);
   else run_cpu<double>(g);
 }
 
-void looped_gemm(Stream& stream, const LoopedGemm& g) {
-  check(g);
+void looped_gemm(Stream& stream, const LoopedGemm& args) {
+  check(args);
+  LoopedGemm g = args;
+  set_shifts(g);
   QSTAGE_DISPATCH(stream, looped_gemm_cpu(g), detail::looped_gemm_cuda(stream.native(), g));
 }
 

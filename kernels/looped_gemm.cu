@@ -39,6 +39,39 @@ __global__ void looped_gemm_warp_kernel(LoopedGemm g, std::uint64_t total) {
   }
 }
 
+// Very long sums (k >= kBlockSum) over few result elements (a step that reduces two large
+// tensors to a handful of numbers): one block per element, each thread summing a strided share of
+// k in order, then a fixed tree in shared memory. cuBLAS ran such a batch of 2 x 2 x 2^21
+// products at 1/600 of memory bandwidth (one CTA per product).
+constexpr int kBlockSumThreads = 1024;
+template <typename Real>
+__global__ void __launch_bounds__(kBlockSumThreads) looped_gemm_block_kernel(LoopedGemm g, std::uint64_t total) {
+  __shared__ Real sum_re[kBlockSumThreads], sum_im[kBlockSumThreads];
+  for (std::uint64_t e = blockIdx.x; e < total; e += gridDim.x) {
+    const ElementAt at = element_at(g, e);
+    const auto* x = static_cast<const Complex<Real>*>(g.a) + at.a + at.i * g.k;
+    const auto* y = static_cast<const Complex<Real>*>(g.b) + at.b + at.j * g.k;
+    Real re = 0, im = 0;
+    for (std::int64_t p = threadIdx.x; p < g.k; p += kBlockSumThreads) {
+      const Complex<Real> u = x[p], v = y[p];
+      re += u.re * v.re - u.im * v.im;
+      im += u.re * v.im + u.im * v.re;
+    }
+    sum_re[threadIdx.x] = re;
+    sum_im[threadIdx.x] = im;
+    __syncthreads();
+    for (int half = kBlockSumThreads / 2; half > 0; half /= 2) {
+      if (threadIdx.x < half) {
+        sum_re[threadIdx.x] += sum_re[threadIdx.x + half];
+        sum_im[threadIdx.x] += sum_im[threadIdx.x + half];
+      }
+      __syncthreads();
+    }
+    if (threadIdx.x == 0) static_cast<Complex<Real>*>(g.c)[at.c + at.i * g.n + at.j] = Complex<Real>{sum_re[0], sum_im[0]};
+    __syncthreads();
+  }
+}
+
 }  // namespace
 
 void looped_gemm_cuda(void* cuda_stream, const LoopedGemm& g) {
@@ -46,6 +79,13 @@ void looped_gemm_cuda(void* cuda_stream, const LoopedGemm& g) {
   if (total == 0) return;
   constexpr unsigned threads = 256;
   auto stream = static_cast<cudaStream_t>(cuda_stream);
+  if (g.k >= kLoopedBlockSum) {
+    const auto blocks = static_cast<unsigned>(std::min<std::uint64_t>(total, 1u << 20));
+    if (g.dtype == h5::DType::complex64) looped_gemm_block_kernel<float><<<blocks, kBlockSumThreads, 0, stream>>>(g, total);
+    else looped_gemm_block_kernel<double><<<blocks, kBlockSumThreads, 0, stream>>>(g, total);
+    QSTAGE_CUDA_CHECK_LAUNCH();
+    return;
+  }
   const bool warp = g.k >= 32;
   const std::uint64_t workers = warp ? total * 32 : total;
   const auto blocks = static_cast<unsigned>(std::min<std::uint64_t>((workers + threads - 1) / threads, 1u << 20));

@@ -14,6 +14,8 @@
 namespace qstage::kernels {
 
 inline constexpr int kMaxLoopGroups = 64;
+// Sums at least this long run one block per result element on the GPU (looped_gemm.cu).
+inline constexpr std::int64_t kLoopedBlockSum = 4096;
 
 struct LoopedGemm {
   h5::DType dtype = h5::DType::complex64;  // complex64 or complex128
@@ -27,12 +29,19 @@ struct LoopedGemm {
   int groups = 0;
   std::int64_t extent[kMaxLoopGroups] = {}, stride_a[kMaxLoopGroups] = {}, stride_b[kMaxLoopGroups] = {},
                stride_c[kMaxLoopGroups] = {};
+  // log2 of extent[d], m and n where they are powers of two, else -1: element_at then takes
+  // digits by shifts and masks (64-bit division per digit made the kernels compute-bound).
+  // looped_gemm() sets them; callers need not.
+  std::int8_t shift[kMaxLoopGroups] = {}, m_shift = -1, n_shift = -1;
   std::uint64_t loops() const {
     std::uint64_t n_loops = 1;
     for (int d = 0; d < groups; ++d) n_loops *= static_cast<std::uint64_t>(extent[d]);
     return n_loops;
   }
 };
+
+// Sets g's shifts from its extents, m and n.
+void set_shifts(LoopedGemm& g);
 
 void looped_gemm(Stream& stream, const LoopedGemm& g);
 void looped_gemm_cpu(const LoopedGemm& g);
@@ -50,13 +59,25 @@ struct Complex {
 struct ElementAt {
   std::int64_t i, j, a, b, c;
 };
+// The next digit of `rest` in base `extent` (by a shift and a mask when shift >= 0).
+QSTAGE_HD std::int64_t next_digit(std::uint64_t& rest, std::int64_t extent, int shift) {
+  if (shift >= 0) {
+    const auto digit = static_cast<std::int64_t>(rest & ((std::uint64_t{1} << shift) - 1));
+    rest >>= shift;
+    return digit;
+  }
+  const auto digit = static_cast<std::int64_t>(rest % static_cast<std::uint64_t>(extent));
+  rest /= static_cast<std::uint64_t>(extent);
+  return digit;
+}
+
 QSTAGE_HD ElementAt element_at(const LoopedGemm& g, std::uint64_t e) {
-  ElementAt at{static_cast<std::int64_t>((e / static_cast<std::uint64_t>(g.n)) % static_cast<std::uint64_t>(g.m)),
-               static_cast<std::int64_t>(e % static_cast<std::uint64_t>(g.n)), 0, 0, 0};
-  std::uint64_t rest = e / static_cast<std::uint64_t>(g.n * g.m);
+  ElementAt at{0, 0, 0, 0, 0};
+  std::uint64_t rest = e;
+  at.j = next_digit(rest, g.n, g.n_shift);
+  at.i = next_digit(rest, g.m, g.m_shift);
   for (int d = g.groups - 1; d >= 0; --d) {
-    const auto digit = static_cast<std::int64_t>(rest % static_cast<std::uint64_t>(g.extent[d]));
-    rest /= static_cast<std::uint64_t>(g.extent[d]);
+    const std::int64_t digit = next_digit(rest, g.extent[d], g.shift[d]);
     at.a += digit * g.stride_a[d];
     at.b += digit * g.stride_b[d];
     at.c += digit * g.stride_c[d];

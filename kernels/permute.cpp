@@ -27,7 +27,26 @@ void gather(const GatherPermute& g) {
 
 }  // namespace
 
-void gather_permute_cpu(const GatherPermute& g) {
+GatherPermute merged(const GatherPermute& args) {
+  GatherPermute g = args;
+  g.rank = 0;
+  for (int j = 0; j < args.rank; ++j) {
+    if (args.dims[j] == 1) continue;
+    if (g.rank > 0 && g.strides[g.rank - 1] == args.strides[j] * args.dims[j]) {  // contiguous with the previous
+      g.dims[g.rank - 1] *= args.dims[j];
+      g.strides[g.rank - 1] = args.strides[j];
+      continue;
+    }
+    g.dims[g.rank] = args.dims[j];
+    g.strides[g.rank] = args.strides[j];
+    ++g.rank;
+  }
+  for (int j = g.rank; j < kMaxRank; ++j) g.dims[j] = 1, g.strides[j] = 0;
+  return g;
+}
+
+void gather_permute_cpu(const GatherPermute& args) {
+  const GatherPermute g = merged(args);
   switch (h5::dtype_size(g.dtype)) {
     case 4: return gather<4>(g);
     case 8: return gather<8>(g);
@@ -37,7 +56,7 @@ void gather_permute_cpu(const GatherPermute& g) {
 }
 
 void gather_permute(Stream& stream, const GatherPermute& args) {
-  QSTAGE_DISPATCH(stream, gather_permute_cpu(args), detail::gather_permute_cuda(stream.native(), args));
+  QSTAGE_DISPATCH(stream, gather_permute_cpu(args), detail::gather_permute_cuda(stream.native(), merged(args)));
 }
 
 }  // namespace qstage::kernels

@@ -21,6 +21,11 @@ struct GatherPermute {
   std::int64_t base = 0;                   // in's offset (elements) of the fixed (sliced) indices
 };
 
+// The same gather with fewer digits per element: extent-1 dimensions dropped, and neighbours
+// merged where `in` holds them contiguously too (a packed step's copy of a 27-mode tensor often
+// has only a few runs). Both backends call it; the bytes moved do not change.
+GatherPermute merged(const GatherPermute& args);
+
 void gather_permute(Stream& stream, const GatherPermute& args);
 void gather_permute_cpu(const GatherPermute& args);
 

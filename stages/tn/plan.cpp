@@ -221,6 +221,10 @@ constexpr std::int64_t kTinyProduct = 4096;
 // on an H200 cuBLAS ran strided batches of 2 x 2 x 2 products at 1/200 of memory bandwidth, and
 // a 2^28 x 2 x 2 product at 1/10.
 constexpr std::int64_t kSkinny = 16;
+// Products of at most this many result elements (m n) over long sums (k of kernels::kLoopedBlockSum
+// or more) run looped too, one block per element: on an H100 cuBLAS took 0.66 s for a batch of 16
+// 2 x 2 x 2^21 products (256 MiB read) that one block per element reads at memory speed.
+constexpr std::int64_t kFewResults = 64;
 
 // What a block of a spilled step costs beyond its work (launches, copy and stream setup).
 constexpr double kBlockSeconds = 20e-6;
@@ -229,6 +233,11 @@ constexpr double kBlockSeconds = 20e-6;
 // in a host loop), packed, or looped; a packed step's mapping is replaced by the packed one.
 void decide_execution(const Network& net, PlanStep& st) {
   const auto groups = loop_groups(net, st);
+  if (st.m * st.n <= kFewResults && st.k >= kernels::kLoopedBlockSum &&
+      groups.size() <= static_cast<size_t>(kernels::kMaxLoopGroups)) {
+    st.looped = true;  // a handful of long sums: one block each (cuBLAS runs one CTA per product)
+    return;
+  }
   const bool skinny = st.k <= kSkinny && std::min(st.m, st.n) <= kSkinny;
   if (skinny && groups.size() <= static_cast<size_t>(kernels::kMaxLoopGroups)) {
     st.looped = true;  // one kernel walks the loops (if any), where cuBLAS is slow at such shapes

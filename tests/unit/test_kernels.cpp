@@ -16,6 +16,7 @@
 #include "kernels/checksum.hpp"
 #include "kernels/gemm.hpp"
 #include "kernels/looped_gemm.hpp"
+#include "kernels/permute.hpp"
 #include "kernels/random.hpp"
 #include "kernels/stats.hpp"
 #include "test_util.hpp"
@@ -362,4 +363,66 @@ TEST(LoopedGemmKernel, GpuMatchesCpuWithLongSums) {
   kernels::looped_gemm_cpu(g);
   EXPECT_LT(relative_error(got, reference_looped(g, a, b, c.size())), 1e-5);
   EXPECT_LT(relative_error(got, std::vector<cd>(c.begin(), c.end())), 1e-5);
+}
+
+// Power-of-two extents (digits by shifts) and one non-power-of-two group in the same walk.
+TEST(LoopedGemmKernel, PowerOfTwoExtentsMatchReference) {
+  kernels::LoopedGemm g;
+  g.m = 2, g.n = 4, g.k = 2, g.groups = 2;
+  g.extent[0] = 4, g.stride_a[0] = 3 * 2 * 2, g.stride_b[0] = 0, g.stride_c[0] = 3 * 8;
+  g.extent[1] = 3, g.stride_a[1] = 2 * 2, g.stride_b[1] = 4 * 2, g.stride_c[1] = 8;
+  auto a = random_complex(4 * 12, 41), b = random_complex(3 * 8, 42);
+  std::vector<std::complex<float>> c(4 * 24);
+  g.a = a.data(), g.b = b.data(), g.c = c.data();
+  kernels::looped_gemm_cpu(g);
+  EXPECT_LT(relative_error(c, reference_looped(g, a, b, c.size())), 1e-6);
+}
+
+TEST(LoopedGemmKernel, GpuMatchesCpuWithVeryLongSums) {
+  REQUIRE_GPU();
+  GpuRun gpu;
+  kernels::LoopedGemm g;  // k >= kLoopedBlockSum takes the block-per-element kernel
+  g.m = 2, g.n = 2, g.k = 3 * kernels::kLoopedBlockSum + 5, g.groups = 2;  // (reference_looped walks two groups)
+  g.extent[0] = 3, g.stride_a[0] = 2 * g.k, g.stride_b[0] = 2 * g.k, g.stride_c[0] = 4;
+  g.extent[1] = 1, g.stride_a[1] = 0, g.stride_b[1] = 0, g.stride_c[1] = 0;
+  auto a = random_complex(static_cast<std::size_t>(6 * g.k), 51), b = random_complex(static_cast<std::size_t>(6 * g.k), 52);
+  std::vector<std::complex<float>> c(12);
+  Buffer da = gpu.upload(a.data(), a.size() * 8), db = gpu.upload(b.data(), b.size() * 8);
+  Buffer dc = gpu.backend->alloc_device(c.size() * 8, "test");
+  kernels::LoopedGemm dg = g;
+  dg.a = da.data(), dg.b = db.data(), dg.c = dc.data();
+  kernels::looped_gemm(*gpu.stream, dg);
+  const auto got = gpu.download<std::complex<float>>(dc, c.size());
+  kernels::looped_gemm(*gpu.stream, dg);  // the same bits again
+  EXPECT_EQ(got, gpu.download<std::complex<float>>(dc, c.size()));
+  g.a = a.data(), g.b = b.data(), g.c = c.data();
+  EXPECT_LT(relative_error(got, reference_looped(g, a, b, c.size())), 1e-5);
+}
+
+// Merging: extent-1 dimensions and runs contiguous in the input collapse; the gather's result is
+// the element-by-element definition's.
+TEST(GatherPermuteKernel, MergedGatherMatchesTheDefinition) {
+  // in: a 2 x 3 x 4 x 2 x 1 tensor; out walks it as (d3, d0, d1, d2, d4).
+  const std::int64_t in_dims[5] = {2, 3, 4, 2, 1};
+  std::int64_t in_strides[5];
+  in_strides[4] = 1;
+  for (int j = 3; j >= 0; --j) in_strides[j] = in_strides[j + 1] * in_dims[j + 1];
+  const int order[5] = {3, 0, 1, 2, 4};
+  kernels::GatherPermute g;
+  g.dtype = h5::DType::complex64;
+  g.rank = 5;
+  for (int j = 0; j < 5; ++j) g.dims[j] = in_dims[order[j]], g.strides[j] = in_strides[order[j]];
+  const kernels::GatherPermute m = kernels::merged(g);
+  EXPECT_EQ(m.rank, 2);  // (d3), (d0 d1 d2): d0, d1 and d2 keep their order and are contiguous in the input
+  auto in = random_complex(48, 61);
+  std::vector<std::complex<float>> out(48);
+  g.in = in.data(), g.out = out.data();
+  kernels::gather_permute_cpu(g);
+  std::size_t i = 0;
+  for (std::int64_t x3 = 0; x3 < 2; ++x3)
+    for (std::int64_t x0 = 0; x0 < 2; ++x0)
+      for (std::int64_t x1 = 0; x1 < 3; ++x1)
+        for (std::int64_t x2 = 0; x2 < 4; ++x2, ++i)
+          EXPECT_EQ(out[i], in[static_cast<std::size_t>(x0 * in_strides[0] + x1 * in_strides[1] + x2 * in_strides[2] +
+                                                        x3 * in_strides[3])]);
 }
