@@ -54,6 +54,28 @@ case "${1:-}" in
     shift
     python3 bench/compress_bench.py --qstage "$(command -v qstage)" "$@"
     ;;
+  cutn)
+    # cuTensorNet against qstage (bench/cutn_bench.py; its docstring says how the wheels and the
+    # parts of libcutensor.so.2 get to /tmp/cutn and .whl/cutn/base).
+    shift
+    site=/tmp/cutn-site
+    base=.whl/cutn/base
+    [ -d $base ] || base=/tmp/cutn/base   # sent ahead like the parts when .gpu leaves no room for it
+    if [ ! -s $site/cutensor/lib/libcutensor.so.2 ]; then
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $site \
+        $base/wheels/*.whl || { echo "cutn: installing $base/wheels failed" >&2; exit 3; }
+      mkdir -p $site/cutensor/lib
+      ls /tmp/cutn/libcutensor.so.2.xz.part* >/dev/null || { echo "cutn: no /tmp/cutn/libcutensor.so.2.xz.part*; send the parts first" >&2; exit 3; }
+      cat /tmp/cutn/libcutensor.so.2.xz.part* | xz -d > $site/cutensor/lib/libcutensor.so.2.tmp &&
+        (cd $site/cutensor/lib && mv libcutensor.so.2.tmp libcutensor.so.2 &&
+         sha256sum -c "$(cd "$OLDPWD" && realpath $base/libcutensor.so.2.sha256)") ||
+        { echo "cutn: libcutensor.so.2 did not unpack or its sha256 differs" >&2; rm -f $site/cutensor/lib/libcutensor.so.2*; exit 3; }
+    fi
+    nvlib=$(python3 -c "import os, sys; print(next((os.path.join(p, 'nvidia', 'cu13', 'lib') for p in sys.path if os.path.isdir(os.path.join(p, 'nvidia', 'cu13', 'lib'))), ''))")
+    export PYTHONPATH=$site:$PYTHONPATH
+    export LD_LIBRARY_PATH=$site/cuquantum/lib:$site/cutensor/lib${nvlib:+:$nvlib}:$LD_LIBRARY_PATH
+    python3 bench/cutn_bench.py run --qstage "$(command -v qstage)" --bench "$(command -v qstage_bench)" "$@"
+    ;;
   probe)
     for dir in /dev/shm/qprobe /tmp/qprobe; do
       qstage_bench ceilings --device cuda --m 4096 --n 16384 --k 16384 --io-dir $dir --io-bytes 8GiB
