@@ -195,12 +195,11 @@ def main():
             out = run_dir / "outputs"
             path, plan, amps = attrs(out / "path.h5"), attrs(out / "plan.h5"), attrs(out / "amps.h5")
             flops = json.loads(path["cost"])["flops_total"]
-            with h5py.File(out / "plan.h5") as f:
-                planned = json.loads(bytes(f["plan"][()]).decode())
             with h5py.File(out / "amps.h5") as f:
                 value = complex(f["amplitudes"][()].reshape(-1)[0])
                 step_seconds = f["step_seconds"][()]
-            sliced_flops = float(planned["cost"]["flops_total"])  # over all slices
+            # over all slices, the invariant steps once (tn.plan's reuse_invariant)
+            sliced_flops = float(plan["flops_total"])
             count = case.get("bitstrings", 1)
             wall = float(amps["qstage.wall_seconds"]) / count  # per amplitude, setup included
             metrics = json.loads((run_dir / "manifest.json").read_text())["steps"]["amps"]["metrics"]
@@ -209,10 +208,13 @@ def main():
             res["plan_log"] = [line.split("result: ")[1] for line in log.splitlines() if "'plan' result" in line]
             res["slices"] = int(plan["slices"])
             res["arena_bytes"] = int(plan["arena_bytes"])
+            res["invariant_steps"] = int(plan["invariant_steps"])
+            res["persistent_bytes"] = int(plan["persistent_bytes"])
+            res["flops_without_reuse"] = float(plan["flops_total_without_reuse"])
             res[key] = {"wall_seconds": wall, "amplitudes": count, "value": [value.real, value.imag],
                         "flops_executed": sliced_flops,
                         "tflops": sliced_flops / wall / 1e12,
-                        "predicted_seconds": float(plan["predicted_seconds_per_slice"]) * int(plan["slices"]),
+                        "predicted_seconds": float(plan["predicted_seconds_total"]),
                         "first_slice_step_seconds": float(step_seconds.sum()),
                         # setup: uploading inputs and, out of core, pinning the host arena (once per step)
                         "setup_seconds": float(metrics["setup_seconds"]),

@@ -44,13 +44,35 @@ STAGES = {
                 {"slices": INT, "arena_bytes": INT, "input_transposes": INT, "packed_steps": INT,
                  "step_transposes": INT, "transposed_bytes": INT, "spilled": INT, "host_arena_bytes": INT,
                  "host_copy_bytes": INT, "scratch": INT,
-                 "predicted_seconds_per_slice": NUMBER, "bandwidth_bytes_per_second": NUMBER,
-                 "gemm_flops_per_second": NUMBER},
+                 "predicted_seconds_per_slice": {"type": "number", "description": "the steps every slice runs"},
+                 "predicted_prologue_seconds": {"type": "number", "description": "the invariant steps, once per "
+                                                "bitstring"},
+                 "predicted_seconds_total": {"type": "number", "description": "per bitstring: the prologue once, "
+                                             "the slices' steps per slice"},
+                 "invariant_steps": {"type": "integer", "description": "steps that run once per bitstring "
+                                     "(reuse_invariant)"},
+                 "invariant_flops": {"type": "number", "description": "their flops, once per bitstring"},
+                 "flops_per_slice": {"type": "number", "description": "the flops every slice runs"},
+                 "flops_per_slice_without_reuse": {"type": "number", "description": "every step's flops"},
+                 "flops_total": {"type": "number", "description": "per bitstring: invariant flops once, "
+                                 "flops_per_slice per slice"},
+                 "flops_total_without_reuse": {"type": "number", "description": "per bitstring, every step in "
+                                               "every slice"},
+                 "persistent_bytes": {"type": "integer", "description": "device memory of the invariant "
+                                      "results the slices read (resident, once beside the slots' arenas)"},
+                 "prologue_arena_bytes": {"type": "integer", "description": "of arena_bytes, what the prologue "
+                                          "uses"},
+                 "bandwidth_bytes_per_second": NUMBER, "gemm_flops_per_second": NUMBER},
                 [("/plan", "uint8", 1), ("/steps/flops", "float64", 1), ("/steps/live_bytes", "uint64", 1),
-                 ("/steps/output_bytes", "uint64", 1), ("/steps/predicted_seconds", "float64", 1)]),
+                 ("/steps/output_bytes", "uint64", 1), ("/steps/predicted_seconds", "float64", 1),
+                 ("/steps/invariant", "uint8", 1)]),
     "tn.contract": ("amplitudes per bitstring (or the network's value) and the measured seconds "
                     "of each plan step",
                     {"slices": INT, "tf32": INT,
+                     "invariant_steps": {"type": "integer", "description": "the plan's steps that run once per "
+                                         "bitstring (its prologue) rather than per slice"},
+                     "prologue_runs": {"type": "integer", "description": "prologues run, summed over ranks: once "
+                                       "per bitstring on each rank that contracts it (0 without invariant steps)"},
                      "reference_relative_error?": {"type": "number", "description": "the first result against "
                                                    "a complex128 contraction without TF32 (reference_check)"},
                      "reference_slices?": INT, "reference_seconds?": NUMBER, "reference_note?": STRING},

@@ -1,7 +1,9 @@
-// tn.contract: executes a plan. Work items (rows of the pass) are (bitstring, slice) pairs; each
-// is one contraction into the arena the plan laid out. Results are summed over slices in row
-// order on rank 0 (complex128), so the answer is the same for any rank count, and completed
-// slices are checkpointed like any other batch. With tf32 (or reference_check), the first result
+// tn.contract: executes a plan. Work items (rows of the pass) are (bitstring, slice) pairs, rows
+// bitstring-major; each is one contraction into the arena the plan laid out. The plan's
+// invariant steps (the prologue) run once per bitstring on each rank, into the persistent region
+// the slices then read (Contractor). Results are summed over slices in row order on rank 0
+// (complex128), so the answer is the same for any rank count, and completed slices are
+// checkpointed like any other batch. With tf32 (or reference_check), the first result
 // is contracted again in complex128 after the pass, and its measured error is written beside it.
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -58,10 +60,10 @@ std::optional<codec::Settings> spill_settings(const json& params) {
   return compress_detail::settings_from(spec::with_defaults(schema, params.at("compress_spilled")));
 }
 
-// Each work item's partial: its result, the measured step seconds, then the spilled bytes it
-// coded and their streams' bytes (compress_spilled).
-struct SpillCounts {
-  std::uint64_t raw = 0, stored = 0;
+// Each work item's partial: its result, the measured step seconds, then these counts.
+struct RowCounts {
+  std::uint64_t raw = 0, stored = 0;  // spilled bytes it coded and their streams' bytes (compress_spilled)
+  std::uint64_t prologues = 0;        // prologues it ran (0 or 1)
 };
 
 class ContractKernel final : public engine::PassKernel {
@@ -81,17 +83,19 @@ class ContractKernel final : public engine::PassKernel {
       const bool timed = !timed_once_;
       timed_once_ = true;
       std::vector<double> seconds(l_.plan.steps.size(), -1.0);
-      const SpillCounts before{contractor_.spilled_raw_bytes(), contractor_.spilled_stored_bytes()};
+      const RowCounts before{contractor_.spilled_raw_bytes(), contractor_.spilled_stored_bytes(),
+                             contractor_.prologue_runs()};
       contractor_.contract(*b.stream, r % S, l_.bitstrings.at(r / S), b.scratch, partial, timed ? &seconds : nullptr);
-      const SpillCounts spilled{contractor_.spilled_raw_bytes() - before.raw,
-                                contractor_.spilled_stored_bytes() - before.stored};
+      const RowCounts counts{contractor_.spilled_raw_bytes() - before.raw,
+                             contractor_.spilled_stored_bytes() - before.stored,
+                             contractor_.prologue_runs() - before.prologues};
       const std::uint64_t result_bytes = contractor_.result_elements() * contractor_.element_bytes();
       const std::uint64_t seconds_bytes = seconds.size() * sizeof(double);
       if (!seconds.empty())
         backend_->copy_to_device(partial + result_bytes, seconds.data(), seconds_bytes, *b.stream);
-      backend_->copy_to_device(partial + result_bytes + seconds_bytes, &spilled, sizeof spilled, *b.stream);
-      b.stream->synchronize();  // `seconds` and `spilled` are pageable and about to go
-      partial += result_bytes + seconds_bytes + sizeof spilled;
+      backend_->copy_to_device(partial + result_bytes + seconds_bytes, &counts, sizeof counts, *b.stream);
+      b.stream->synchronize();  // `seconds` and `counts` are pageable and about to go
+      partial += result_bytes + seconds_bytes + sizeof counts;
     }
   }
 
@@ -122,10 +126,11 @@ class ContractReduction final : public engine::Reduction {
       acc_[b * elements_ + i] += v;
     }
     const std::byte* t = p + elements_ * (single_ ? 8 : 16);
-    SpillCounts spilled;
-    std::memcpy(&spilled, t + steps_ * sizeof(double), sizeof spilled);
-    spilled_.raw += spilled.raw;
-    spilled_.stored += spilled.stored;
+    RowCounts counts;
+    std::memcpy(&counts, t + steps_ * sizeof(double), sizeof counts);
+    counts_.raw += counts.raw;
+    counts_.stored += counts.stored;
+    counts_.prologues += counts.prologues;
     double first;
     std::memcpy(&first, t, sizeof first);
     if (steps_ && first >= 0) {
@@ -145,7 +150,7 @@ class ContractReduction final : public engine::Reduction {
     put(&timed_, 8);
     put(acc_.data(), acc_.size() * sizeof(cd));
     put(seconds_.data(), seconds_.size() * sizeof(double));
-    put(&spilled_, sizeof spilled_);
+    put(&counts_, sizeof counts_);
     return s;
   }
   void load(const std::string& s) override {
@@ -158,9 +163,9 @@ class ContractReduction final : public engine::Reduction {
     get(&timed_, 8);
     get(acc_.data(), acc_.size() * sizeof(cd));
     get(seconds_.data(), seconds_.size() * sizeof(double));
-    get(&spilled_, sizeof spilled_);
+    get(&counts_, sizeof counts_);
   }
-  const SpillCounts& spilled() const { return spilled_; }
+  const RowCounts& counts() const { return counts_; }
   const std::vector<cd>& result() const { return acc_; }
   std::vector<double> mean_seconds() const {
     std::vector<double> m(seconds_.size(), std::nan(""));
@@ -175,7 +180,7 @@ class ContractReduction final : public engine::Reduction {
   std::vector<cd> acc_;
   std::vector<double> seconds_;
   std::uint64_t rows_ = 0, timed_ = 0;
-  SpillCounts spilled_;
+  RowCounts counts_;  // summed over rows
 };
 
 // The first bitstring (or the value) contracted again in complex128 without TF32, after the
@@ -251,7 +256,7 @@ class ContractStage final : public Stage {
  public:
   const StageInfo& info() const override {
     static const StageInfo info{
-        "tn.contract", 1,
+        "tn.contract", 2,
         "contracts a planned network: amplitudes (per bitstring) or the network's value, slices summed in a fixed order",
         {{"network", "a tn.build output"}, {"plan", "a tn.plan output of that network"}},
         "- id: amps\n  stage: tn.contract\n  inputs: {network: net, plan: plan}\n"};
@@ -282,13 +287,14 @@ class ContractStage final : public Stage {
     pass.batches.clear();
     for (std::uint64_t r = 0; r < pass.rows; ++r) pass.batches.push_back({r, r + 1});
     pass.tile_partial_bytes =
-        c.result_elements() * c.element_bytes() + l.plan.steps.size() * sizeof(double) + sizeof(SpillCounts);
+        c.result_elements() * c.element_bytes() + l.plan.steps.size() * sizeof(double) + sizeof(RowCounts);
     pass.scratch_device_bytes_per_row = std::max<std::uint64_t>(l.plan.arena_bytes, 1);
-    pass.resident_device_bytes = c.resident_bytes() + c.spill_device_bytes(ctx.backend->kind());
+    pass.resident_device_bytes = c.resident_bytes() + c.persistent_bytes() + c.spill_device_bytes(ctx.backend->kind());
     pass.uses_blas = true;
-    plan.flops = l.plan.cost.multiply_adds * 8.0 * static_cast<double>(S) * static_cast<double>(B);
+    plan.flops = l.plan.flops_per_bitstring() * static_cast<double>(B);
     plan.summary = {{"bitstrings", B}, {"slices", S}, {"result_elements", c.result_elements()},
-                    {"steps", l.plan.steps.size()}, {"precision", h5::dtype_name(dtype)}, {"kind", l.net.kind},
+                    {"steps", l.plan.steps.size()}, {"invariant_steps", l.plan.invariant_steps},
+                    {"persistent_bytes", l.plan.persistent_bytes}, {"precision", h5::dtype_name(dtype)}, {"kind", l.net.kind},
                     {"tf32", ctx.params.at("tf32").get<bool>()},
                     {"reference_check", ctx.params.value("reference_check", ctx.params.at("tf32").get<bool>() || spill)},
                     {"compress_spilled", spill ? h5::codec_summary(*spill, std::nullopt, codec::ElementType::complex64)
@@ -329,10 +335,12 @@ class ContractStage final : public Stage {
     t.set_attribute("description", "measured seconds of each plan step (mean over the timed work items), to set "
                                    "beside the plan's steps/predicted_seconds");
     out.set_attribute("slices", static_cast<std::int64_t>(s.at("slices").get<std::uint64_t>()));
+    out.set_attribute("invariant_steps", static_cast<std::int64_t>(s.at("invariant_steps").get<int>()));
+    out.set_attribute("prologue_runs", static_cast<std::int64_t>(red.counts().prologues));
     if (s.at("kind") == "generic") out.set_attribute("precision", s.at("precision").get<std::string>());
     out.set_attribute("tf32", static_cast<std::int64_t>(s.at("tf32").get<bool>()));
     if (!s.at("compress_spilled").is_null()) {
-      const SpillCounts& c = red.spilled();
+      const RowCounts& c = red.counts();
       out.set_attribute("compress_spilled", s.at("compress_spilled").dump());
       out.set_attribute("spilled_raw_bytes", c.raw);
       out.set_attribute("spilled_stored_bytes", c.stored);

@@ -60,6 +60,11 @@ Contractor::Contractor(const Network& net, const Plan& plan, h5::DType dtype, bo
     }
     staging_.push_back(std::move(st));
   }
+  for (const PlanStep& st : plan.steps)
+    if (st.invariant)
+      for (int id : {st.a, st.b})
+        if (id < static_cast<int>(net.tensors.size()) && net.tensors[static_cast<size_t>(id)].projects_qubit >= 0)
+          prologue_qubits_.push_back(net.tensors[static_cast<size_t>(id)].projects_qubit);
 }
 
 std::uint64_t Contractor::resident_bytes() const {
@@ -89,6 +94,8 @@ void Contractor::upload(Backend& backend, Stream& stream) {
       host_arena_ = backend.alloc_host(plan_.host_arena_bytes, "tn: host arena (spilled intermediates)");
     }
   }
+  if (plan_.persistent_bytes)
+    persistent_ = backend.alloc_device(plan_.persistent_bytes, "tn: persistent region (invariant steps' results)");
   for (const auto& t : net_.tensors) {
     if (t.projects_qubit >= 0) {
       std::array<Buffer, 2> pair;
@@ -290,16 +297,16 @@ void Contractor::run_spilled(Stream& stream, const PlanStep& st, char* arena) {
     std::int64_t fetched = 0;             // blocks copied in so far
     std::uint64_t last = ~std::uint64_t{0};  // the offset of the block copied in last
   };
-  auto tensor = [&](const std::vector<Mode>& full, const std::vector<Mode>& in_block, bool on_host,
+  auto tensor = [&](const std::vector<Mode>& full, const std::vector<Mode>& in_block, bool on_host, bool persistent,
                     std::uint64_t offset, std::uint64_t stage) {
     const bool blocked = full.size() != in_block.size();
     const auto bytes = static_cast<std::uint64_t>(net_.size_of(in_block)) * e;
-    return Tensor{full,  on_host, blocked, offset, arena + offset, arena + stage, bytes, staging_stride(bytes),
-                  staging_slots(blocked, st.blocks)};
+    return Tensor{full,  on_host, blocked, offset, tensor_at(persistent, offset, arena), arena + stage, bytes,
+                  staging_stride(bytes), staging_slots(blocked, st.blocks)};
   };
-  Tensor a = tensor(st.a_modes, block.a_modes, st.a_host, st.a_offset, st.stage_a_offset);
-  Tensor b = tensor(st.b_modes, block.b_modes, st.b_host, st.b_offset, st.stage_b_offset);
-  Tensor c = tensor(st.c_modes, block.c_modes, st.c_host, st.c_offset, st.stage_c_offset);
+  Tensor a = tensor(st.a_modes, block.a_modes, st.a_host, st.a_persistent, st.a_offset, st.stage_a_offset);
+  Tensor b = tensor(st.b_modes, block.b_modes, st.b_host, st.b_persistent, st.b_offset, st.stage_b_offset);
+  Tensor c = tensor(st.c_modes, block.c_modes, st.c_host, st.c_persistent, st.c_offset, st.stage_c_offset);
   auto block_offset = [&](const Tensor& x, std::int64_t blk) {  // bytes from x's start; the last mode runs fastest
     std::int64_t off = 0;
     for (size_t j = st.block_order.size(); j-- > 0;) {
@@ -340,9 +347,15 @@ void Contractor::run_spilled(Stream& stream, const PlanStep& st, char* arena) {
   stream.wait(d2h_->record());  // later steps read the result
 }
 
+// A device tensor of a step: in the persistent region or in the arena.
+char* Contractor::tensor_at(bool persistent, std::uint64_t offset, char* arena) const {
+  return (persistent ? static_cast<char*>(persistent_.data()) : arena) + offset;
+}
+
 void Contractor::run_step(Stream& stream, const PlanStep& st, char* arena) {
   if (st.spilled()) return run_spilled(stream, st, arena);
-  run_step_at(stream, st, arena + st.a_offset, arena + st.b_offset, arena + st.c_offset, arena);
+  run_step_at(stream, st, tensor_at(st.a_persistent, st.a_offset, arena), tensor_at(st.b_persistent, st.b_offset, arena),
+              tensor_at(st.c_persistent, st.c_offset, arena), arena);
 }
 
 // Runs the step's products on operands at a and b into c; `arena` holds its packing workspace.
@@ -390,18 +403,15 @@ void Contractor::run_step_at(Stream& stream, const PlanStep& st, const char* a, 
   }
 }
 
-void Contractor::contract(Stream& stream, std::uint64_t slice, const std::vector<std::uint8_t>& bits, void* arena_ptr,
-                          void* out, std::vector<double>* step_seconds) {
-  char* arena = static_cast<char*>(arena_ptr);
+// Runs the steps that are invariant (the prologue) or those that are not (one slice), in the
+// plan's order, each after staging its input operands.
+void Contractor::run_steps(Stream& stream, bool invariant, std::uint64_t slice, const std::vector<std::uint8_t>& bits,
+                           char* arena, std::vector<double>* step_seconds) {
   const size_t N = net_.tensors.size();
-  if (plan_.steps.empty()) {  // a single tensor: the result is that tensor, in output order
-    stage_input(stream, 0, slice, bits, static_cast<char*>(out));
-    return;
-  }
-  if (step_seconds) step_seconds->assign(plan_.steps.size(), 0.0);
   for (size_t s = 0; s < plan_.steps.size(); ++s) {
-    const auto start = std::chrono::steady_clock::now();
     const PlanStep& st = plan_.steps[s];
+    if (st.invariant != invariant) continue;
+    const auto start = std::chrono::steady_clock::now();
     if (st.a < static_cast<int>(N)) stage_input(stream, st.a, slice, bits, arena + st.a_offset);
     if (st.b < static_cast<int>(N)) stage_input(stream, st.b, slice, bits, arena + st.b_offset);
     run_step(stream, st, arena);
@@ -410,6 +420,42 @@ void Contractor::contract(Stream& stream, std::uint64_t slice, const std::vector
       (*step_seconds)[s] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     }
   }
+}
+
+// What of a bitstring the prologue reads: the bits of the projections of invariant steps.
+std::vector<std::uint8_t> Contractor::prologue_key(const std::vector<std::uint8_t>& bits) const {
+  std::vector<std::uint8_t> key;
+  for (int q : prologue_qubits_) key.push_back(bits.at(static_cast<size_t>(q)));
+  return key;
+}
+
+// The invariant steps for `bits`, writing their persistent results. Slices queued on any stream
+// still read the previous ones: the prologue waits for them.
+void Contractor::run_prologue(Stream& stream, const std::vector<std::uint8_t>& bits, char* arena,
+                              std::vector<double>* step_seconds) {
+  for (const auto& [reader, last_slice] : persistent_readers_) stream.wait(last_slice);
+  persistent_readers_.clear();
+  // (Inputs of invariant steps hold no sliced mode: any slice number stages them alike.)
+  run_steps(stream, true, 0, bits, arena, step_seconds);
+  prologue_done_ = stream.record();
+  prologue_key_ = prologue_key(bits);
+  ++prologue_runs_;
+}
+
+void Contractor::contract(Stream& stream, std::uint64_t slice, const std::vector<std::uint8_t>& bits, void* arena_ptr,
+                          void* out, std::vector<double>* step_seconds) {
+  char* arena = static_cast<char*>(arena_ptr);
+  if (plan_.steps.empty()) {  // a single tensor: the result is that tensor, in output order
+    stage_input(stream, 0, slice, bits, static_cast<char*>(out));
+    return;
+  }
+  if (step_seconds) step_seconds->assign(plan_.steps.size(), 0.0);
+  if (plan_.invariant_steps) {
+    if (prologue_key_ != prologue_key(bits)) run_prologue(stream, bits, arena, step_seconds);
+    stream.wait(prologue_done_);  // (it may have run on another slot's stream)
+  }
+  run_steps(stream, false, slice, bits, arena, step_seconds);
+  if (plan_.persistent_bytes) persistent_readers_[&stream] = stream.record();
   // The root is in the arena; hand it to the caller's buffer.
   kernels::GatherPermute copy;
   copy.dtype = dtype_;

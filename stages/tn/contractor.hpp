@@ -3,9 +3,17 @@
 // item (a slice, and for amplitude networks a bitstring) each step stages its input operands in
 // their planned layout (gather + permute, the sliced indices fixed) and runs its GEMMs into the
 // arena offsets the plan assigned. Deterministic: fixed shapes, fixed order, no atomics.
+//
+// A plan with invariant steps (plan.hpp) runs them, the prologue, once per bitstring: into the
+// persistent region this contractor owns, whenever a work item's bitstring is not the one whose
+// results it holds (only the bits of projections the prologue reads count). Work items may run
+// on several streams at once (the engine's slots): before the region changes, the new prologue
+// waits for every slice queued so far that reads it, and slices wait for the prologue they read.
+// Items grouped by bitstring (tn.contract's rows are bitstring-major) run each prologue once.
 #include <array>
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -29,6 +37,9 @@ class Contractor {
   ~Contractor();
 
   std::uint64_t resident_bytes() const;  // device memory of the resident inputs
+  // Device memory of the persistent region (the invariant steps' results the slices read), once
+  // per contractor beside the arenas.
+  std::uint64_t persistent_bytes() const { return plan_.persistent_bytes; }
   std::uint64_t result_elements() const { return result_elements_; }
   std::uint64_t element_bytes() const { return h5::dtype_size(dtype_); }
   // Device memory the compressed spill takes on top of the arena (0 without compress_spilled or
@@ -37,13 +48,17 @@ class Contractor {
   // Bytes of spilled blocks coded so far, and of their streams (0 without compress_spilled).
   std::uint64_t spilled_raw_bytes() const;
   std::uint64_t spilled_stored_bytes() const;
+  // Prologues run so far (0 for plans without invariant steps).
+  std::uint64_t prologue_runs() const { return prologue_runs_; }
 
-  // Uploads the inputs (on the I/O thread, before the pass).
+  // Uploads the inputs and allocates the persistent region (on the I/O thread, before the pass).
   void upload(Backend& backend, Stream& stream);
   // Contracts slice `slice` with the projections set to `bits` (amplitude networks; else empty)
   // into `out` (device memory, result_elements values in the plan's output order). `arena` is
-  // plan.arena_bytes of device memory. If `step_seconds` is given, synchronizes after every step
-  // and records the time of each.
+  // plan.arena_bytes of device memory. Runs the prologue first (in `arena`, on `stream`) if the
+  // persistent region holds another bitstring's, then the variant steps. If `step_seconds` is
+  // given, synchronizes after every step and records the time of each (0 for steps not run).
+  // Not thread-safe: one thread queues all work items.
   void contract(Stream& stream, std::uint64_t slice, const std::vector<std::uint8_t>& bits, void* arena, void* out,
                 std::vector<double>* step_seconds);
 
@@ -53,6 +68,11 @@ class Contractor {
     std::vector<std::pair<std::size_t, std::int64_t>> sliced;  // (index in plan.sliced, stride in the stored tensor)
   };
   void stage_input(Stream& stream, int id, std::uint64_t slice, const std::vector<std::uint8_t>& bits, char* dst);
+  void run_prologue(Stream& stream, const std::vector<std::uint8_t>& bits, char* arena, std::vector<double>* step_seconds);
+  void run_steps(Stream& stream, bool invariant, std::uint64_t slice, const std::vector<std::uint8_t>& bits, char* arena,
+                 std::vector<double>* step_seconds);
+  char* tensor_at(bool persistent, std::uint64_t offset, char* arena) const;
+  std::vector<std::uint8_t> prologue_key(const std::vector<std::uint8_t>& bits) const;
   void run_step(Stream& stream, const PlanStep& st, char* arena);
   void run_spilled(Stream& stream, const PlanStep& st, char* arena);
   void fetch(char* dst, std::uint64_t offset, std::uint64_t bytes, char* arena);
@@ -84,6 +104,12 @@ class Contractor {
   std::optional<codec::Settings> compress_spilled_;
   std::uint64_t largest_spilled_block_ = 0;       // bytes of the largest block a step copies out
   std::unique_ptr<class CompressedSpill> spill_;  // the spilled blocks as streams (compress_spilled)
+  Buffer persistent_;                             // the invariant steps' results the slices read
+  std::vector<int> prologue_qubits_;              // the qubits whose projections invariant steps read
+  std::optional<std::vector<std::uint8_t>> prologue_key_;  // their bits in the prologue the region holds
+  Stream::Point prologue_done_;                   // the end of that prologue, on the stream that ran it
+  std::map<const Stream*, Stream::Point> persistent_readers_;  // per stream, its last slice since then
+  std::uint64_t prologue_runs_ = 0;
 };
 
 }  // namespace qstage::tn

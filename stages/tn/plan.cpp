@@ -19,7 +19,9 @@ namespace qstage::tn {
 using nlohmann::json;
 
 namespace {
-constexpr const char* kPlanFormat = "qstage-plan-6";  // 2: packed steps copy C too; 3: out of core; 4: scratch; 5: block order; 6: slicing by cost
+// 2: packed steps copy C too; 3: out of core; 4: scratch; 5: block order; 6: invariant steps, persistent
+// region, slicing by cost
+constexpr const char* kPlanFormat = "qstage-plan-6";
 }
 
 namespace {
@@ -322,10 +324,39 @@ void choose_blocks(const Network& net, PlanStep& st, const PlanOptions& o, std::
   st.blocks = block_count(net, st);
 }
 
+// Which steps give the same result in every slice: those with no sliced mode in any input tensor
+// below them. Steps touching the host arena, and every step above one, count as variant: spilled
+// steps are recomputed per slice, which keeps their block-wise execution as it is. So do the
+// steps of the intermediates `recomputed` (those whose results would not fit in memory) and
+// every step above them.
+std::vector<bool> invariant_steps(const Network& net, const Path& p, const std::set<Mode>& sliced,
+                                  const std::set<int>& host_ids, const std::set<int>& recomputed) {
+  const size_t N = net.tensors.size();
+  std::vector<bool> varies(N + p.ssa.size(), false);  // per id: differs between slices
+  for (size_t i = 0; i < N; ++i)
+    for (Mode m : net.tensors[i].modes) varies[i] = varies[i] || sliced.count(m) > 0;
+  std::vector<bool> invariant(p.ssa.size());
+  for (size_t s = 0; s < p.ssa.size(); ++s) {
+    const auto [a, b] = p.ssa[s];
+    const int c = static_cast<int>(N + s);
+    varies[N + s] = varies[static_cast<size_t>(a)] || varies[static_cast<size_t>(b)] || host_ids.count(a) ||
+                    host_ids.count(b) || host_ids.count(c) || recomputed.count(c);
+    invariant[s] = !varies[N + s];
+  }
+  if (!invariant.empty()) invariant.back() = false;  // the root runs per slice: it is each slice's output
+  return invariant;
+}
+
+// The device bytes one contraction is charged: its arena and its share of the persistent region.
+std::uint64_t device_share(const Plan& p, const PlanOptions& o) {
+  return p.arena_bytes + (p.persistent_bytes + o.arenas - 1) / o.arenas;
+}
+
 // Builds the layouts, GEMM mapping, memory plan and predictions for a fixed set of sliced modes,
-// with the intermediates `host_ids` in the host arena.
+// with the intermediates `host_ids` in the host arena and, with reuse, the steps of `recomputed`
+// (and those above them) run per slice even where invariant.
 Plan build(const Network& net, const Path& path, const std::set<Mode>& sliced, const PlanOptions& o,
-           const std::set<int>& host_ids) {
+           const std::set<int>& host_ids, const std::set<int>& recomputed = {}) {
   const size_t N = net.tensors.size();
   Path p = path;
   p.sliced.assign(sliced.begin(), sliced.end());
@@ -378,9 +409,26 @@ Plan build(const Network& net, const Path& path, const std::set<Mode>& sliced, c
     plan.input_bytes += static_cast<std::uint64_t>(net.size_of(net.tensors[i].modes)) * o.element_bytes;
   }
 
-  // GEMM mapping, memory plan, predictions.
-  Arena arena, host_arena;
+  // Reuse: the invariant steps (none unless sliced) and the persistent results, those of them
+  // that variant steps read. The persistent region holds them all at once, placed up front.
+  const std::vector<bool> invariant = o.reuse_invariant && plan.slices > 1
+                                          ? invariant_steps(net, p, sliced, host_ids, recomputed)
+                                          : std::vector<bool>(p.ssa.size(), false);
+  auto is_invariant = [&](int id) { return id >= static_cast<int>(N) && invariant[static_cast<size_t>(id) - N]; };
+  std::vector<bool> persistent(modes.size(), false);
+  for (size_t s = 0; s < p.ssa.size(); ++s)
+    if (!invariant[s])
+      for (int id : {p.ssa[s].first, p.ssa[s].second}) persistent[static_cast<size_t>(id)] = is_invariant(id);
   std::vector<std::uint64_t> offset(modes.size(), 0);
+  Arena persistent_region;
+  for (size_t id = N; id < modes.size(); ++id)
+    if (persistent[id]) offset[id] = persistent_region.place(bytes_of(layout[id]));
+  plan.persistent_bytes = persistent_region.peak();
+  const std::uint64_t persistent_share = (plan.persistent_bytes + o.arenas - 1) / o.arenas;
+
+  // GEMM mapping, memory plan, predictions. The prologue (invariant steps) and the slices
+  // (variant steps) each lay out the arena on their own: the prologue is done with it first.
+  Arena arena, prologue_arena, host_arena;
   auto is_host = [&](int id) { return host_ids.count(id) > 0; };
   for (size_t s = 0; s < p.ssa.size(); ++s) {
     PlanStep st;
@@ -396,14 +444,20 @@ Plan build(const Network& net, const Path& path, const std::set<Mode>& sliced, c
     st.a_host = is_host(st.a);
     st.b_host = is_host(st.b);
     st.c_host = is_host(st.c);
+    st.invariant = invariant[s];
+    st.a_persistent = persistent[static_cast<size_t>(st.a)];
+    st.b_persistent = persistent[static_cast<size_t>(st.b)];
+    st.c_persistent = persistent[static_cast<size_t>(st.c)];
+    Arena& work = st.invariant ? prologue_arena : arena;  // where the step's tensors live, but persistent ones
     // Memory: inputs are staged (gathered and permuted) into the arena for the step that uses them.
     for (int id : {st.a, st.b})
-      if (id < static_cast<int>(N)) offset[static_cast<size_t>(id)] = arena.place(bytes_of(layout[static_cast<size_t>(id)]));
-    offset[static_cast<size_t>(st.c)] = st.c_host ? host_arena.place(st.c_bytes) : arena.place(st.c_bytes);
+      if (id < static_cast<int>(N)) offset[static_cast<size_t>(id)] = work.place(bytes_of(layout[static_cast<size_t>(id)]));
+    if (!st.c_persistent)
+      offset[static_cast<size_t>(st.c)] = st.c_host ? host_arena.place(st.c_bytes) : work.place(st.c_bytes);
     st.a_offset = offset[static_cast<size_t>(st.a)];
     st.b_offset = offset[static_cast<size_t>(st.b)];
     st.c_offset = offset[static_cast<size_t>(st.c)];
-    const std::uint64_t device_live = arena.in_use();
+    const std::uint64_t device_live = work.in_use() + persistent_share;
     if (st.spilled()) choose_blocks(net, st, o, device_live);
     const PlanStep mapped = mapped_block(net, st);
     {  // the step keeps its full layouts and takes the block's mapping
@@ -416,24 +470,27 @@ Plan build(const Network& net, const Path& path, const std::set<Mode>& sliced, c
     }
     std::vector<std::uint64_t> workspace;  // step-local arena blocks
     const auto e = o.element_bytes;
-    if (st.a_host) workspace.push_back(st.stage_a_offset = arena.place(staging_bytes(net, st, st.a_modes, mapped.a_modes, e)));
-    if (st.b_host) workspace.push_back(st.stage_b_offset = arena.place(staging_bytes(net, st, st.b_modes, mapped.b_modes, e)));
-    if (st.c_host) workspace.push_back(st.stage_c_offset = arena.place(staging_bytes(net, st, st.c_modes, mapped.c_modes, e)));
+    if (st.a_host) workspace.push_back(st.stage_a_offset = work.place(staging_bytes(net, st, st.a_modes, mapped.a_modes, e)));
+    if (st.b_host) workspace.push_back(st.stage_b_offset = work.place(staging_bytes(net, st, st.b_modes, mapped.b_modes, e)));
+    if (st.c_host) workspace.push_back(st.stage_c_offset = work.place(staging_bytes(net, st, st.c_modes, mapped.c_modes, e)));
     if (st.packed) {  // workspace for the copies, live during this step only
       const auto pl = packed_layouts(mapped);
       const std::uint64_t l = bytes_of(pl.l), r = bytes_of(pl.r), c = bytes_of(pl.c);
-      if (st.pack_l) workspace.push_back(st.pack_l_offset = arena.place(l));
-      if (st.pack_r) workspace.push_back(st.pack_r_offset = arena.place(r));
-      if (st.pack_c) workspace.push_back(st.pack_c_offset = arena.place(c));
+      if (st.pack_l) workspace.push_back(st.pack_l_offset = work.place(l));
+      if (st.pack_r) workspace.push_back(st.pack_r_offset = work.place(r));
+      if (st.pack_c) workspace.push_back(st.pack_c_offset = work.place(c));
       st.transposed_bytes = static_cast<std::uint64_t>(st.blocks) *
                             ((st.pack_l ? l : 0) + (st.pack_r ? r : 0) + (st.pack_c ? c : 0));
       ++plan.packed_steps;
       plan.step_transposes += int{st.pack_l} + int{st.pack_r} + int{st.pack_c};
       plan.transposed_bytes += st.transposed_bytes;
     }
-    st.live_bytes = arena.in_use();
-    for (std::uint64_t w : workspace) arena.free(w);
-    for (int id : {st.a, st.b}) (is_host(id) ? host_arena : arena).free(offset[static_cast<size_t>(id)]);
+    st.live_bytes = work.in_use();
+    for (std::uint64_t w : workspace) work.free(w);
+    // (An operand not persistent lives where its consumer works: an invariant step's result read
+    // by another invariant step is in the prologue's arena.)
+    for (int id : {st.a, st.b})
+      if (!persistent[static_cast<size_t>(id)]) (is_host(id) ? host_arena : work).free(offset[static_cast<size_t>(id)]);
     // Host copies: each block of C once; A's and B's blocks as often as the walk copies them in.
     const BlockWalk walk = block_walk(net, st);
     st.block_order = walk.order;
@@ -452,11 +509,19 @@ Plan build(const Network& net, const Path& path, const std::set<Mode>& sliced, c
     st.predicted_seconds = std::max({static_cast<double>(moved) / o.bandwidth, st.flops / o.gemm_rate,
                                      host_in / o.pcie_bandwidth, host_out / o.pcie_bandwidth}) +
                            (st.spilled() ? kBlockSeconds * static_cast<double>(st.blocks) : 0.0);
-    plan.predicted_seconds += st.predicted_seconds;
+    if (st.invariant) {
+      ++plan.invariant_steps;
+      plan.invariant_flops += st.flops;
+      plan.predicted_prologue_seconds += st.predicted_seconds;
+    } else {
+      plan.slice_flops += st.flops;
+      plan.predicted_seconds += st.predicted_seconds;
+    }
     plan.steps.push_back(std::move(st));
   }
   if (N == 1) arena.place(bytes_of(layout[0]));
-  plan.arena_bytes = arena.peak();
+  plan.prologue_arena_bytes = prologue_arena.peak();
+  plan.arena_bytes = std::max(arena.peak(), prologue_arena.peak());
   plan.host_arena_bytes = host_arena.peak();
   plan.spilled = static_cast<int>(host_ids.size());
   plan.pcie_bandwidth = o.pcie_bandwidth;
@@ -465,7 +530,7 @@ Plan build(const Network& net, const Path& path, const std::set<Mode>& sliced, c
 
 // How far a plan is over its budgets (at most 1: it fits).
 double overflow(const Plan& p, const PlanOptions& o) {
-  const double device = static_cast<double>(p.arena_bytes) / static_cast<double>(o.budget_bytes);
+  const double device = static_cast<double>(device_share(p, o)) / static_cast<double>(o.budget_bytes);
   if (o.scratch) return device;  // what the host budget cannot hold goes to the scratch file
   return std::max(device, static_cast<double>(p.host_arena_bytes) / static_cast<double>(o.host_budget_bytes));
 }
@@ -518,6 +583,68 @@ Plan fit(const Network& net, const Path& path, const std::set<Mode>& sliced, con
   return fitting;
 }
 
+std::set<int> host_ids_of(const Plan& plan) {
+  std::set<int> ids;
+  for (const auto& st : plan.steps)
+    if (st.c_host) ids.insert(st.c);
+  return ids;
+}
+
+// `fitted` (a plan without reuse that fits the budgets) with its invariant steps run once per
+// bitstring, as many as fit: the persistent results whose region, with the arenas, would not fit
+// are recomputed per slice instead, the largest first (the invariant operands of a recomputed
+// step become persistent in its place). The fewest recomputed that fit are found by bisection;
+// recomputing all of them is `fitted` itself.
+Plan with_reuse(const Network& net, const Path& path, const Plan& fitted, const PlanOptions& o) {
+  const size_t N = net.tensors.size();
+  Path p = path;
+  p.sliced = fitted.sliced;
+  const std::set<Mode> sliced(fitted.sliced.begin(), fitted.sliced.end());
+  const std::set<int> host_ids = host_ids_of(fitted);
+  const auto invariant = invariant_steps(net, p, sliced, host_ids, {});
+  auto is_invariant = [&](int id) { return id >= static_cast<int>(N) && invariant[static_cast<size_t>(id) - N]; };
+  auto larger_first = [&](int x, int y) {  // (a heap's order: its top is the largest, then the lowest id)
+    const auto bx = fitted.steps[static_cast<size_t>(x) - N].c_bytes, by = fitted.steps[static_cast<size_t>(y) - N].c_bytes;
+    return bx != by ? bx < by : x > y;
+  };
+  std::vector<int> persistent;  // the frontier: invariant results read by variant steps
+  for (size_t s = 0; s < p.ssa.size(); ++s)
+    if (!invariant[s])
+      for (int id : {p.ssa[s].first, p.ssa[s].second})
+        if (is_invariant(id)) persistent.push_back(id);
+  std::make_heap(persistent.begin(), persistent.end(), larger_first);
+  std::vector<int> order;  // the order to recompute them in
+  while (!persistent.empty()) {
+    std::pop_heap(persistent.begin(), persistent.end(), larger_first);
+    const int id = persistent.back();
+    persistent.pop_back();
+    order.push_back(id);
+    for (int operand : {p.ssa[static_cast<size_t>(id) - N].first, p.ssa[static_cast<size_t>(id) - N].second})
+      if (is_invariant(operand)) {
+        persistent.push_back(operand);
+        std::push_heap(persistent.begin(), persistent.end(), larger_first);
+      }
+  }
+  auto recomputing = [&](size_t count) {
+    return build(net, path, sliced, o, host_ids, std::set<int>(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(count)));
+  };
+  Plan best = recomputing(0);
+  if (overflow(best, o) <= 1) return best;
+  best = fitted;
+  size_t lo = 0, hi = order.size();  // recomputing lo does not fit, hi does
+  while (hi - lo > 1) {
+    const size_t mid = (lo + hi) / 2;
+    Plan t = recomputing(mid);
+    if (overflow(t, o) <= 1) {
+      hi = mid;
+      best = std::move(t);
+    } else {
+      lo = mid;
+    }
+  }
+  return best;
+}
+
 // The last checks and settings of a plan that fits.
 Plan finish(Plan plan, const PlanOptions& o) {
   plan.scratch = o.scratch && plan.host_arena_bytes > o.host_budget_bytes;
@@ -528,18 +655,15 @@ Plan finish(Plan plan, const PlanOptions& o) {
   return plan;
 }
 
-}  // namespace
-
-Plan make_plan(const Network& net, const Path& path, const PlanOptions& o) {
-  const std::set<Mode> output(net.output.begin(), net.output.end());
-  for (Mode m : path.sliced)
-    if (output.count(m)) throw InputError(fmt::format("mode {} is an output mode and cannot be sliced", m));
+// The plan (every step in every slice) that fits the budgets, and the path it runs: `path` with its
+// own sliced modes if that fits (out of core: after spilling), else the path sliced anew by cost
+// (paths/slicing.hpp: the modes that minimize the total flops for a cap on the largest tensor,
+// with the tree reconfigured between them). The arena holds several tensors at once, so the cap
+// comes down until the arena fits. Throws InputError if no slicing fits.
+std::pair<Plan, Path> slice_to_fit(const Network& net, const Path& path, const PlanOptions& o) {
   const std::set<Mode> given(path.sliced.begin(), path.sliced.end());
   Plan plan = fit(net, path, given, o);
-  if (overflow(plan, o) <= 1) return finish(std::move(plan), o);
-  // Slice by cost (paths/slicing.hpp): the sliced modes that minimize the total flops for a cap on
-  // the largest tensor, with the tree reconfigured between them. The arena holds several tensors
-  // at once, so the cap starts below the budget and comes down until the arena fits.
+  if (overflow(plan, o) <= 1) return {std::move(plan), path};
   const SearchNetwork search = SearchNetwork::from(net);
   const ContractionTree start = ContractionTree::from_path(search, path);  // with the path's own sliced modes
   const double element = static_cast<double>(o.element_bytes);
@@ -569,13 +693,40 @@ Plan make_plan(const Network& net, const Path& path, const PlanOptions& o) {
     plan = fit(net, sliced_path, std::set<Mode>(sliced_path.sliced.begin(), sliced_path.sliced.end()), o);
     plan.slicing_overhead = report.overhead_without_reuse;
     plan.path_reconfigured = sliced_path.ssa != path.ssa;
-    if (overflow(plan, o) <= 1) return finish(std::move(plan), o);
+    if (overflow(plan, o) <= 1) return {std::move(plan), sliced_path};
     if (!report.fits)
       throw InputError(fmt::format("device memory budget {} is too small even with slicing: no closed mode is left to "
                                    "slice and one slice still needs {}; expected a larger budget or a better path",
                                    format_bytes(static_cast<double>(o.budget_bytes)),
                                    format_bytes(static_cast<double>(plan.arena_bytes))));
   }
+}
+
+}  // namespace
+
+Path Plan::path() const {
+  Path p;
+  p.sliced = sliced;
+  for (const PlanStep& st : steps) p.ssa.emplace_back(st.a, st.b);
+  return p;
+}
+
+Plan make_plan(const Network& net, const Path& path, const PlanOptions& o) {
+  for (Mode m : path.sliced)
+    if (std::count(net.output.begin(), net.output.end(), m))
+      throw InputError(fmt::format("mode {} is an output mode and cannot be sliced", m));
+  // Slicing and spilling compare plans that run every step per slice (their memory is what any
+  // reuse can fall back to); reuse is added to the plan that fits.
+  PlanOptions every_slice = o;
+  every_slice.reuse_invariant = false;
+  auto [plan, sliced_path] = slice_to_fit(net, path, every_slice);
+  if (o.reuse_invariant && plan.slices > 1) {
+    Plan reused = with_reuse(net, sliced_path, plan, o);
+    reused.slicing_overhead = plan.slicing_overhead;
+    reused.path_reconfigured = plan.path_reconfigured;
+    plan = std::move(reused);
+  }
+  return finish(std::move(plan), o);
 }
 
 namespace {
@@ -612,6 +763,8 @@ void step_fields(Step& s, Io&& io) {
   io("block_order", s.block_order);
   io("stage_offsets", s.stage_a_offset, s.stage_b_offset, s.stage_c_offset);
   io("host_bytes", s.host_bytes);
+  io("invariant", s.invariant);
+  io("persistent", s.a_persistent, s.b_persistent, s.c_persistent);
 }
 
 template <typename P, typename Io>
@@ -637,6 +790,12 @@ void plan_fields(P& p, Io&& io) {
   io("predicted_seconds_per_slice", p.predicted_seconds);
   io("slicing_overhead", p.slicing_overhead);
   io("path_reconfigured", p.path_reconfigured);
+  io("prologue_arena_bytes", p.prologue_arena_bytes);
+  io("persistent_bytes", p.persistent_bytes);
+  io("invariant_steps", p.invariant_steps);
+  io("invariant_flops", p.invariant_flops);
+  io("slice_flops", p.slice_flops);
+  io("predicted_prologue_seconds", p.predicted_prologue_seconds);
 }
 
 struct JsonWriter {

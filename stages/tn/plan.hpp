@@ -36,6 +36,19 @@
 // budget cannot hold, or with `scratch`, the spilled intermediates live in an HDF5 scratch file
 // instead of pinned memory (blocks then pass through a pinned bounce buffer, synchronously).
 // The prediction adds host copies over the PCIe rate.
+//
+// Reuse across slices (PlanOptions::reuse_invariant): a step none of whose input tensors below
+// it in the tree holds a sliced mode computes the same result in every slice. Such *invariant*
+// steps form the prologue, which runs once per bitstring (projections depend on it), before the
+// slices; only the other (*variant*) steps run per slice. An invariant result that a variant
+// step reads is *persistent*: it lives in a region of its own (persistent_bytes, offsets into
+// it) that stays resident across slices. The prologue's other tensors live in the per-slot
+// arena, laid out on their own (prologue_arena_bytes): the prologue is done with the arena
+// before the slices use it. Steps touching the host arena count as variant (they are
+// recomputed per slice), and so does every step above one. The slicing is chosen as without
+// reuse; where the persistent region does not fit beside the arena, its largest results are
+// recomputed per slice too. Each step still computes exactly what it computed before, so
+// results are bitwise the same; only repeats are left out.
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <vector>
@@ -73,6 +86,11 @@ struct PlanStep {
   std::uint64_t stage_a_offset = 0, stage_b_offset = 0, stage_c_offset = 0;
   std::uint64_t host_bytes = 0;            // bytes copied between host and device
   bool spilled() const { return a_host || b_host || c_host; }
+  // Reuse: an invariant step runs once per bitstring, in the prologue. Which of A, B, C live in
+  // the persistent region (their offsets are persistent-region offsets): an invariant step's
+  // result that a variant step reads.
+  bool invariant = false;
+  bool a_persistent = false, b_persistent = false, c_persistent = false;
 };
 
 // The step as one of its blocks runs it: C's first block_modes modes removed from the layouts.
@@ -114,13 +132,19 @@ struct Plan {
   int input_transposes = 0;                      // inputs whose planned order differs from the stored one
   int packed_steps = 0;                          // steps that run through workspace ([batch | M | N] GEMMs)
   int step_transposes = 0;                       // copies those steps make (operands in, results out)
-  std::uint64_t transposed_bytes = 0;            // bytes they copy, per slice
+  std::uint64_t transposed_bytes = 0;            // bytes they copy (every step once)
   std::vector<PlanStep> steps;
   std::vector<Mode> sliced;
   std::int64_t slices = 1;
   std::vector<Mode> output;                      // the result's modes (the network's output order)
   std::uint64_t element_bytes = 8;               // complex64: 8, complex128: 16
-  std::uint64_t arena_bytes = 0;                 // device memory of one contraction (per slice)
+  std::uint64_t arena_bytes = 0;                 // device memory of one contraction (per slot): the larger of
+                                                 // the slices' arena and the prologue's
+  std::uint64_t prologue_arena_bytes = 0;        // what of it the prologue uses (0 without invariant steps)
+  std::uint64_t persistent_bytes = 0;            // the invariant results the slices read (resident, once)
+  int invariant_steps = 0;                       // steps of the prologue (once per bitstring)
+  double invariant_flops = 0;                    // their flops, once per bitstring
+  double slice_flops = 0;                        // the other steps' flops, per slice
   std::uint64_t input_bytes = 0;                 // all input tensors (resident)
   std::uint64_t host_arena_bytes = 0;            // pinned host memory of the spilled intermediates (per slice)
   bool scratch = false;                          // the host arena is an HDF5 scratch file instead (beyond host_budget)
@@ -128,10 +152,25 @@ struct Plan {
   std::uint64_t host_copy_bytes = 0;             // host <-> device copies per slice
   double bandwidth = 0, gemm_rate = 0;           // what the prediction used (bytes/s, flop/s)
   double pcie_bandwidth = 0;                     // for host copies (bytes/s)
-  double predicted_seconds = 0;                  // per slice
+  double predicted_seconds = 0;                  // per slice (the variant steps)
+  double predicted_prologue_seconds = 0;         // once per bitstring (the invariant steps)
   double slicing_overhead = 1;                   // total flops of all slices / the unsliced path's (slicing added here)
   bool path_reconfigured = false;                // slicing reshaped the path (steps differ from tn.path's)
-  PathCost cost;
+  PathCost cost;                                 // of the path, every step run in every slice
+
+  // Flops of one bitstring (or of the value): the prologue once and every slice's variant steps.
+  double flops_per_bitstring() const { return invariant_flops + slice_flops * static_cast<double>(slices); }
+  // What they would be with every step in every slice (reuse_invariant: false).
+  double flops_per_bitstring_without_reuse() const {
+    return (invariant_flops + slice_flops) * static_cast<double>(slices);
+  }
+  double predicted_seconds_per_bitstring() const {
+    return predicted_prologue_seconds + predicted_seconds * static_cast<double>(slices);
+  }
+
+  // The path the plan runs (its steps' operands, which differ from tn.path's where slicing
+  // reconfigured the tree) with its sliced modes.
+  Path path() const;
 
   nlohmann::json to_json() const;
   static Plan from_json(const nlohmann::json& j);
@@ -139,7 +178,9 @@ struct Plan {
 
 struct PlanOptions {
   std::uint64_t element_bytes = 8;
-  std::uint64_t budget_bytes = ~std::uint64_t{0};  // for the arena of one slice
+  // For one contraction: its arena and its share of the persistent region, which `arenas`
+  // arenas running at once (tn.contract's slots, each within its own budget_bytes) share.
+  std::uint64_t budget_bytes = ~std::uint64_t{0};
   double bandwidth = 1e12, gemm_rate = 1e13;       // for eq. 6
   double max_slices = 0x1p24;                      // refuse plans that would need more (one batch per slice)
   bool out_of_core = false;                        // spill intermediates to host memory before slicing
@@ -148,12 +189,17 @@ struct PlanOptions {
   double pcie_bandwidth = 25e9;                    // host <-> device (bytes/s)
   bool reconfigure = true;                         // reshape the path between sliced modes
   int subtree_size = 8;                            // frontier size of that reconfiguration
+  bool reuse_invariant = true;                     // sliced: run the invariant steps once per bitstring
+  std::uint64_t arenas = 1;                        // arenas sharing one persistent region (see budget_bytes)
 };
 
 // Plans `path`. If the path with its own sliced modes (if any) does not fit the budgets (out of
 // core: after spilling), it is sliced anew by cost (paths/slicing.hpp: the modes that minimize
 // total flops under a cap on the largest tensor, reconfiguring the tree between them), the cap
-// lowered until the arena fits. Throws InputError if even slicing every closed mode does not fit.
+// lowered until the arena fits. With reuse_invariant, the invariant steps of the sliced plan then
+// run once per bitstring, as many as the persistent region leaves room for (the others are
+// recomputed per slice), so reuse never needs more slices or flops than without. Throws
+// InputError if even slicing every closed mode does not fit the budget.
 Plan make_plan(const Network& n, const Path& path, const PlanOptions& options);
 
 }  // namespace qstage::tn

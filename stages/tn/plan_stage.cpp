@@ -1,6 +1,7 @@
 // tn.plan: a path made executable - GEMM-ready layouts (seed 000's backward lifetime pass),
-// slicing to fit one contraction's arena in the device budget, the memory plan, and predicted
-// times from the bandwidth and GEMM rate measured on the device at hand (eq. 6).
+// slicing to fit one contraction's arena in the device budget, the steps that need not run per
+// slice (reuse_invariant), the memory plan, and predicted times from the bandwidth and GEMM rate
+// measured on the device at hand (eq. 6).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -125,7 +126,8 @@ class PlanStage final : public ComputedStage {
     if (p.contains("budget")) {
       o.budget_bytes = parse_size(p["budget"].get<std::string>(), "params.budget");
     } else if (ctx.backend) {
-      // tn.contract keeps the inputs resident and runs one arena in each of its 3 slots.
+      // tn.contract keeps the inputs resident and runs one arena in each of its 3 slots; the 3
+      // share one persistent region.
       auto& be = *ctx.backend;
       const std::uint64_t fixed = inputs + 3 * be.blas_stream_bytes();
       const std::uint64_t limit = be.device_budget().limit();
@@ -133,7 +135,9 @@ class PlanStage final : public ComputedStage {
         throw InputError(fmt::format("the device memory budget {} does not even hold the network's inputs ({})",
                                      format_bytes(static_cast<double>(limit)), format_bytes(static_cast<double>(fixed))));
       o.budget_bytes = (limit - fixed) / 3;
+      o.arenas = 3;
     }
+    o.reuse_invariant = p.at("reuse_invariant").get<bool>();
     json measured = json::object();
     if (p.contains("bandwidth") && p.contains("gemm_rate")) {
       o.bandwidth = p["bandwidth"].get<double>();
@@ -190,6 +194,10 @@ class PlanStage final : public ComputedStage {
     column("steps/live_bytes", h5::DType::uint64, live.data(), "arena bytes in use during each step");
     column("steps/flops", h5::DType::float64, flops.data(), "real flops of each step (8 per complex multiply-add)");
     column("steps/predicted_seconds", h5::DType::float64, predicted.data(), "seed 000 eq. 6: max(bytes/bandwidth, flops/rate)");
+    std::vector<std::uint8_t> invariant;
+    for (const auto& s : plan.steps) invariant.push_back(s.invariant ? 1 : 0);
+    column("steps/invariant", h5::DType::uint8, invariant.data(),
+           "1 for steps that run once per bitstring (the prologue), 0 for those that run in every slice");
     out.set_attribute("slices", static_cast<std::int64_t>(plan.slices));
     out.set_attribute("arena_bytes", static_cast<std::int64_t>(plan.arena_bytes));
     out.set_attribute("input_transposes", static_cast<std::int64_t>(plan.input_transposes));
@@ -201,6 +209,16 @@ class PlanStage final : public ComputedStage {
     out.set_attribute("host_copy_bytes", static_cast<std::int64_t>(plan.host_copy_bytes));
     out.set_attribute("scratch", static_cast<std::int64_t>(plan.scratch));
     out.set_attribute("predicted_seconds_per_slice", plan.predicted_seconds);
+    out.set_attribute("predicted_prologue_seconds", plan.predicted_prologue_seconds);
+    out.set_attribute("predicted_seconds_total", plan.predicted_seconds_per_bitstring());
+    out.set_attribute("invariant_steps", static_cast<std::int64_t>(plan.invariant_steps));
+    out.set_attribute("invariant_flops", plan.invariant_flops);
+    out.set_attribute("flops_per_slice", plan.slice_flops);
+    out.set_attribute("flops_per_slice_without_reuse", plan.invariant_flops + plan.slice_flops);
+    out.set_attribute("flops_total", plan.flops_per_bitstring());
+    out.set_attribute("flops_total_without_reuse", plan.flops_per_bitstring_without_reuse());
+    out.set_attribute("persistent_bytes", static_cast<std::int64_t>(plan.persistent_bytes));
+    out.set_attribute("prologue_arena_bytes", static_cast<std::int64_t>(plan.prologue_arena_bytes));
     out.set_attribute("bandwidth_bytes_per_second", plan.bandwidth);
     out.set_attribute("gemm_flops_per_second", plan.gemm_rate);
     out.set_attribute("slicing_overhead", plan.slicing_overhead);
@@ -218,12 +236,21 @@ class PlanStage final : public ComputedStage {
         plan.slicing_overhead != 1 ? fmt::format(" (sliced here: {:.3g}x the flops{})", plan.slicing_overhead,
                                                  plan.path_reconfigured ? ", path reconfigured" : "")
                                    : "";
+    const std::string reuse =
+        plan.invariant_steps
+            ? fmt::format("; {} invariant step(s) once per bitstring ({:.3g} flops, {} persistent, predicted {}): "
+                          "{:.3g} flops per bitstring instead of {:.3g}",
+                          plan.invariant_steps, plan.invariant_flops,
+                          format_bytes(static_cast<double>(plan.persistent_bytes)),
+                          format_duration(plan.predicted_prologue_seconds), plan.flops_per_bitstring(),
+                          plan.flops_per_bitstring_without_reuse())
+            : "";
     return fmt::format("{} steps ({} packed, {} copies of {}), {} slice(s) over {} sliced mode(s){}, arena {} per slice{}, "
-                       "{} input transposes, predicted {} per slice",
+                       "{} input transposes, predicted {} per slice{}",
                        plan.steps.size(), plan.packed_steps, plan.step_transposes,
                        format_bytes(static_cast<double>(plan.transposed_bytes)), plan.slices, plan.sliced.size(), sliced,
                        format_bytes(static_cast<double>(plan.arena_bytes)), spill, plan.input_transposes,
-                       format_duration(plan.predicted_seconds));
+                       format_duration(plan.predicted_seconds), reuse);
   }
 };
 

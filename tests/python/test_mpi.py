@@ -92,3 +92,23 @@ def test_sigterm_to_mpirun_leaves_a_resumable_run(big, tmp):
     r = run(["resume", run_dir, "--device", DEVICE], mpi=2)
     assert r.code == 0, r
     assert checksums(run_dir) == want
+
+
+def test_tn_contract_reusing_invariant_steps_matches_one_rank_bit_for_bit(tmp):
+    """tn.contract deals its (bitstring, slice) rows to ranks; every rank runs the prologue (the
+    invariant steps) for each bitstring it meets and keeps its results for that bitstring's
+    slices. The amplitudes are bitwise those of one rank, with reuse or without."""
+    from test_tn import REUSE_BITS, REUSE_SOURCE, reuse_spec
+    spec = reuse_spec(REUSE_SOURCE, REUSE_BITS, "128KiB")
+    _, one = committed_run(tmp / "one", spec)
+    r = run(["run", tmp / "one" / "spec.yaml", "--run-dir", tmp / "three", "--device", DEVICE], mpi=3)
+    assert r.code == 0, r
+    for step in ("amps", "amps_plain"):
+        with h5py.File(one / "outputs" / f"{step}.h5") as f, h5py.File(tmp / "three" / "outputs" / f"{step}.h5") as g:
+            assert f["amplitudes"][()].tobytes() == g["amplitudes"][()].tobytes()
+            assert g.attrs["qstage.ranks"] == 3
+            if step == "amps":
+                # Once per bitstring per rank at most, and each rank runs at least one.
+                assert 3 <= g.attrs["prologue_runs"] <= 3 * 3 and 1 <= f.attrs["prologue_runs"] <= 3
+            else:
+                assert g.attrs["prologue_runs"] == 0

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <complex>
+#include <cstring>
 #include <map>
 #include <random>
 
@@ -65,6 +66,102 @@ tn::Path find_path(const tn::Network& net, int trials, std::uint64_t seed) {
   o.max_trials = trials;
   o.seed = seed;
   return tn::hyper_optimize(search, o).path;
+}
+
+// Every work item's raw result, contracted in the order given: (bitstring, slice) pairs.
+struct ItemResults {
+  std::vector<std::vector<char>> bytes;  // per item
+  std::uint64_t prologue_runs = 0;
+};
+ItemResults contract_items(const tn::Network& net, const tn::Plan& plan, h5::DType dtype,
+                           const std::vector<std::pair<std::vector<std::uint8_t>, std::int64_t>>& items) {
+  auto backend = detail::make_cpu_backend(1ull << 30, 1ull << 30);
+  auto stream = backend->make_stream(true);
+  tn::Contractor c(net, plan, dtype, false);
+  c.upload(*backend, *stream);
+  Buffer arena = backend->alloc_device(std::max<std::uint64_t>(plan.arena_bytes, 1), "arena");
+  const std::uint64_t bytes = c.result_elements() * c.element_bytes();
+  Buffer out = backend->alloc_device(bytes, "out");
+  ItemResults r;
+  for (const auto& [bits, slice] : items) {
+    c.contract(*stream, static_cast<std::uint64_t>(slice), bits, arena.data(), out.data(), nullptr);
+    r.bytes.emplace_back(out.as<char>(), out.as<char>() + bytes);
+  }
+  r.prologue_runs = c.prologue_runs();
+  return r;
+}
+
+// Every slice of each bitstring in turn (bitstring-major, as tn.contract's rows).
+std::vector<std::pair<std::vector<std::uint8_t>, std::int64_t>> bitstring_major(
+    const std::vector<std::vector<std::uint8_t>>& bitstrings, std::int64_t slices) {
+  std::vector<std::pair<std::vector<std::uint8_t>, std::int64_t>> items;
+  for (const auto& bits : bitstrings)
+    for (std::int64_t s = 0; s < slices; ++s) items.push_back({bits, s});
+  return items;
+}
+
+// The same plan with and without reuse: the same steps (layouts and GEMM mapping), nothing
+// invariant in `plain`, and the flops of `reused` without reuse are those of `plain`.
+void expect_same_steps(const tn::Plan& plain, const tn::Plan& reused) {
+  ASSERT_EQ(plain.sliced, reused.sliced);
+  ASSERT_EQ(plain.steps.size(), reused.steps.size());
+  for (size_t s = 0; s < plain.steps.size(); ++s) {
+    const auto &x = plain.steps[s], &y = reused.steps[s];
+    EXPECT_FALSE(x.invariant || x.a_persistent || x.b_persistent || x.c_persistent);
+    EXPECT_EQ(x.a_modes, y.a_modes);
+    EXPECT_EQ(x.b_modes, y.b_modes);
+    EXPECT_EQ(x.c_modes, y.c_modes);
+    EXPECT_EQ(std::tie(x.m, x.n, x.k, x.loops, x.left_is_b, x.packed, x.looped),
+              std::tie(y.m, y.n, y.k, y.loops, y.left_is_b, y.packed, y.looped));
+  }
+  EXPECT_EQ(plain.invariant_steps, 0);
+  EXPECT_EQ(plain.persistent_bytes, 0u);
+  EXPECT_EQ(plain.prologue_arena_bytes, 0u);
+  EXPECT_DOUBLE_EQ(plain.flops_per_bitstring(), reused.flops_per_bitstring_without_reuse());
+  EXPECT_LT(reused.flops_per_bitstring(), plain.flops_per_bitstring());
+}
+
+// Invariant steps read no sliced mode, directly or through earlier steps, and no spilled
+// tensor; the root is variant; persistent are exactly the invariant results variant steps read.
+void expect_sound_invariance(const tn::Network& net, const tn::Plan& plan) {
+  const size_t N = net.tensors.size();
+  std::vector<bool> varies(N + plan.steps.size(), false), read_by_variant(N + plan.steps.size(), false);
+  for (size_t i = 0; i < N; ++i)
+    for (tn::Mode m : net.tensors[i].modes)
+      if (std::count(plan.sliced.begin(), plan.sliced.end(), m)) varies[i] = true;
+  for (const auto& st : plan.steps) {
+    if (st.invariant) EXPECT_FALSE(varies[static_cast<size_t>(st.a)] || varies[static_cast<size_t>(st.b)] || st.spilled());
+    varies[static_cast<size_t>(st.c)] = !st.invariant;
+    if (!st.invariant) read_by_variant[static_cast<size_t>(st.a)] = read_by_variant[static_cast<size_t>(st.b)] = true;
+    EXPECT_EQ(st.a_persistent, st.a >= static_cast<int>(N) && !st.invariant && !varies[static_cast<size_t>(st.a)]);
+    EXPECT_EQ(st.b_persistent, st.b >= static_cast<int>(N) && !st.invariant && !varies[static_cast<size_t>(st.b)]);
+  }
+  for (const auto& st : plan.steps) EXPECT_EQ(st.c_persistent, st.invariant && read_by_variant[static_cast<size_t>(st.c)]);
+  if (!plan.steps.empty()) EXPECT_FALSE(plan.steps.back().invariant);
+}
+
+std::vector<std::uint8_t> random_bits(int qubits, std::mt19937& gen) {
+  std::vector<std::uint8_t> bits(static_cast<size_t>(qubits));
+  for (auto& b : bits) b = static_cast<std::uint8_t>(gen() & 1);
+  return bits;
+}
+
+// Sums the slices of bitstring `b` (items bitstring-major) in complex128.
+cd amplitude_of(const ItemResults& r, size_t b, std::int64_t slices, h5::DType dtype) {
+  cd sum = 0;
+  for (std::int64_t s = 0; s < slices; ++s) {
+    const char* p = r.bytes[b * static_cast<size_t>(slices) + static_cast<size_t>(s)].data();
+    if (dtype == h5::DType::complex128) {
+      cd v;
+      std::memcpy(&v, p, sizeof v);
+      sum += v;
+    } else {
+      std::complex<float> v;
+      std::memcpy(&v, p, sizeof v);
+      sum += cd(v);
+    }
+  }
+  return sum;
 }
 
 std::uint64_t index_of(const std::vector<std::uint8_t>& bits) {
@@ -193,4 +290,200 @@ TEST(TensorNetwork, BudgetTooSmallEvenWithSlicingIsInputError) {
   auto net = tn::network_from_einsum("ab,bc->ac", {{"a", 64}, {"b", 2}, {"c", 64}}, "test");
   // The output (64 x 64) cannot be sliced away.
   EXPECT_THROW(tn::make_plan(net, tn::Path{{{0, 1}}}, {16, 1024}), InputError);
+}
+
+TEST(TensorNetwork, InvariantStepsRunOncePerBitstringAndEverySliceIsBitwiseTheSame) {
+  tn::RandomCircuitOptions o;
+  o.rows = 4;
+  o.cols = 4;
+  o.cycles = 10;
+  o.seed = 11;
+  const auto circuit = tn::random_circuit(o);
+  const auto sv = state_vector(circuit);
+  const auto net = tn::amplitude_network(circuit);
+  auto path = find_path(net, 16, 1);
+  const auto unsliced = tn::make_plan(net, path, {16});
+  tn::PlanOptions tight{16, unsliced.arena_bytes / 4};
+  tight.reuse_invariant = false;
+  const auto plain = tn::make_plan(net, path, tight);
+  ASSERT_GE(plain.sliced.size(), 2u);
+  ASSERT_LE(plain.sliced.size(), 4u);
+  // Reuse on the same sliced path (the budget then allows the persistent region).
+  path = plain.path();
+  const auto reused = tn::make_plan(net, path, {16});
+  expect_same_steps(plain, reused);
+  ASSERT_GT(reused.invariant_steps, 0);
+  EXPECT_GT(reused.persistent_bytes, 0u);
+  EXPECT_GT(reused.predicted_prologue_seconds, 0);
+  EXPECT_LT(reused.predicted_seconds, plain.predicted_seconds);
+  expect_sound_invariance(net, reused);
+  // A budget a byte short of all that reuse: some invariant results are recomputed per slice.
+  const tn::PlanOptions short_of_it{16, reused.arena_bytes + reused.persistent_bytes - 1};
+  ASSERT_LE(plain.arena_bytes, short_of_it.budget_bytes);
+  const auto partly = tn::make_plan(net, path, short_of_it);
+  EXPECT_EQ(partly.sliced, plain.sliced);
+  EXPECT_GT(partly.invariant_steps, 0);
+  EXPECT_LT(partly.invariant_steps, reused.invariant_steps);
+  EXPECT_LE(partly.arena_bytes + partly.persistent_bytes, short_of_it.budget_bytes);
+  EXPECT_GT(partly.flops_per_bitstring(), reused.flops_per_bitstring());
+  EXPECT_LT(partly.flops_per_bitstring(), plain.flops_per_bitstring());
+  expect_sound_invariance(net, partly);
+  const auto round_tripped = tn::Plan::from_json(reused.to_json());
+  std::mt19937 gen(5);
+  std::vector<std::vector<std::uint8_t>> bitstrings;
+  for (int i = 0; i < 3; ++i) bitstrings.push_back(random_bits(circuit.qubits, gen));
+  const auto items = bitstring_major(bitstrings, plain.slices);
+  for (auto dtype : {h5::DType::complex128, h5::DType::complex64}) {
+    const auto want = contract_items(net, plain, dtype, items);
+    const auto got = contract_items(net, round_tripped, dtype, items);
+    const auto got_partly = contract_items(net, partly, dtype, items);
+    EXPECT_EQ(want.prologue_runs, 0u);
+    EXPECT_GE(got.prologue_runs, 1u);
+    EXPECT_LE(got.prologue_runs, bitstrings.size());
+    for (size_t i = 0; i < items.size(); ++i) {
+      EXPECT_EQ(0, std::memcmp(want.bytes[i].data(), got.bytes[i].data(), want.bytes[i].size())) << "item " << i;
+      EXPECT_EQ(0, std::memcmp(want.bytes[i].data(), got_partly.bytes[i].data(), want.bytes[i].size())) << "item " << i;
+    }
+    for (size_t b = 0; b < bitstrings.size(); ++b) {
+      const cd amp = amplitude_of(got, b, reused.slices, dtype), truth = sv[index_of(bitstrings[b])];
+      const double tol = dtype == h5::DType::complex128 ? 1e-12 * std::max(1.0, std::abs(truth)) : 1e-5 * std::max(std::abs(truth), 1e-3);
+      EXPECT_NEAR(std::abs(amp - truth), 0, tol) << "bitstring " << b;
+    }
+  }
+}
+
+TEST(TensorNetwork, PrologueIsRedoneWhenTheBitstringChanges) {
+  // Sliced over the first wires of qubits 0 and 1: most of the tree, projections included, is
+  // invariant, so the prologue's results differ between bitstrings.
+  tn::RandomCircuitOptions o;
+  o.rows = 3;
+  o.cols = 4;
+  o.cycles = 8;
+  o.seed = 2;
+  const auto circuit = tn::random_circuit(o);
+  const auto sv = state_vector(circuit);
+  const auto net = tn::amplitude_network(circuit);
+  auto path = find_path(net, 16, 3);
+  path.sliced = {net.tensors[0].modes[0], net.tensors[1].modes[0]};
+  tn::PlanOptions no_reuse{16};
+  no_reuse.reuse_invariant = false;
+  const auto plain = tn::make_plan(net, path, no_reuse);
+  const auto reused = tn::make_plan(net, path, {16});
+  ASSERT_EQ(reused.slices, 4);
+  expect_same_steps(plain, reused);
+  expect_sound_invariance(net, reused);
+  bool reads_projections = false;
+  for (const auto& st : reused.steps)
+    for (int id : {st.a, st.b})
+      reads_projections |= st.invariant && id < static_cast<int>(net.tensors.size()) &&
+                           net.tensors[static_cast<size_t>(id)].projects_qubit >= 0;
+  ASSERT_TRUE(reads_projections);
+  std::mt19937 gen(8);
+  const auto first = random_bits(circuit.qubits, gen);
+  auto flipped = first;
+  for (auto& b : flipped) b ^= 1;
+  // Bitstring-major: one prologue per bitstring, the first one again after the second.
+  const std::vector<std::vector<std::uint8_t>> bitstrings = {first, flipped, first};
+  auto items = bitstring_major(bitstrings, reused.slices);
+  // Then alternating bitstrings slice by slice: a prologue for every item.
+  for (std::int64_t s = 0; s < reused.slices; ++s) {
+    items.push_back({flipped, s});
+    items.push_back({first, s});
+  }
+  const auto want = contract_items(net, plain, h5::DType::complex128, items);
+  const auto got = contract_items(net, reused, h5::DType::complex128, items);
+  EXPECT_EQ(got.prologue_runs, 3u + 2u * static_cast<std::uint64_t>(reused.slices));
+  for (size_t i = 0; i < items.size(); ++i)
+    EXPECT_EQ(0, std::memcmp(want.bytes[i].data(), got.bytes[i].data(), want.bytes[i].size())) << "item " << i;
+  for (size_t b = 0; b < bitstrings.size(); ++b)
+    EXPECT_NEAR(std::abs(amplitude_of(got, b, reused.slices, h5::DType::complex128) - sv[index_of(bitstrings[b])]), 0,
+                1e-12);
+}
+
+TEST(TensorNetwork, InvariantStepsOfGenericAndExpectationNetworksRunOnce) {
+  // A chain: slicing b leaves the steps of c..g invariant (for paths that contract them first).
+  auto chain = tn::network_from_einsum("ab,bc,cd,de,ef,fg->ag",
+                                       {{"a", 3}, {"b", 4}, {"c", 5}, {"d", 6}, {"e", 5}, {"f", 4}, {"g", 3}}, "test");
+  tn::fill_random(chain, 4);
+  tn::Path chain_path{{{4, 5}, {3, 6}, {2, 7}, {1, 8}, {0, 9}}};
+  chain_path.sliced = {1};  // b
+  const auto graph = tn::random_regular_graph(8, 3, 2);
+  const auto circuit = tn::qaoa_maxcut({8, 2, {0.4, 0.7}, {0.3, 0.2}, 2}, graph);
+  const auto expectation = tn::expectation_network(circuit, {{graph[0].first, 'Z'}, {graph[0].second, 'Z'}});
+  auto expectation_path = find_path(expectation, 8, 3);
+  const auto expectation_plan = tn::make_plan(expectation, expectation_path, {16});
+  expectation_path.sliced = {expectation_plan.steps.front().c_modes.front()};  // some closed mode
+  if (std::count(expectation.output.begin(), expectation.output.end(), expectation_path.sliced[0]))
+    expectation_path.sliced.clear();
+  ASSERT_FALSE(expectation_path.sliced.empty());
+  using Case = std::pair<const tn::Network*, const tn::Path*>;
+  for (const auto& [net, path] : {Case{&chain, &chain_path}, Case{&expectation, &expectation_path}}) {
+    tn::PlanOptions no_reuse{16};
+    no_reuse.reuse_invariant = false;
+    const auto plain = tn::make_plan(*net, *path, no_reuse);
+    const auto reused = tn::make_plan(*net, *path, {16});
+    expect_same_steps(plain, reused);
+    expect_sound_invariance(*net, reused);
+    const auto items = bitstring_major({{}}, reused.slices);
+    const auto want = contract_items(*net, plain, h5::DType::complex128, items);
+    const auto got = contract_items(*net, reused, h5::DType::complex128, items);
+    EXPECT_EQ(got.prologue_runs, 1u);
+    for (size_t i = 0; i < items.size(); ++i)
+      EXPECT_EQ(0, std::memcmp(want.bytes[i].data(), got.bytes[i].data(), want.bytes[i].size())) << "item " << i;
+  }
+}
+
+TEST(TensorNetwork, SlicingFitsTheArenaAndThePersistentRegion) {
+  tn::RandomCircuitOptions o;
+  o.rows = 4;
+  o.cols = 4;
+  o.cycles = 10;
+  o.seed = 11;
+  const auto circuit = tn::random_circuit(o);
+  const auto net = tn::amplitude_network(circuit);
+  const auto path = find_path(net, 16, 1);
+  const auto unsliced = tn::make_plan(net, path, {16});
+  for (std::uint64_t arenas : {1, 3}) {
+    tn::PlanOptions tight{16, unsliced.arena_bytes / 8};
+    tight.arenas = arenas;
+    const auto plan = tn::make_plan(net, path, tight);
+    EXPECT_GT(plan.slices, 1);
+    EXPECT_GT(plan.invariant_steps, 0);
+    EXPECT_LE(plan.arena_bytes + (plan.persistent_bytes + arenas - 1) / arenas, tight.budget_bytes);
+    EXPECT_LE(plan.prologue_arena_bytes, plan.arena_bytes);
+    expect_sound_invariance(net, plan);
+    const auto sv = state_vector(circuit);
+    std::mt19937 gen(1);
+    const auto bits = random_bits(circuit.qubits, gen);
+    const auto got = contract_all(net, plan, h5::DType::complex128, bits);
+    EXPECT_NEAR(std::abs(got[0] - sv[index_of(bits)]), 0, 1e-12);
+  }
+}
+
+TEST(TensorNetwork, StepsTouchingSpilledIntermediatesRunPerSlice) {
+  tn::RandomCircuitOptions o;
+  o.rows = 3;
+  o.cols = 4;
+  o.cycles = 8;
+  o.seed = 5;
+  const auto circuit = tn::random_circuit(o);
+  const auto net = tn::amplitude_network(circuit);
+  const auto path = find_path(net, 16, 1);
+  const auto unsliced = tn::make_plan(net, path, {16});
+  // (Budgets where this path both spills (8 intermediates) and slices (4 slices) and keeps
+  // invariant steps, found by trying a few.)
+  tn::PlanOptions ooc{16, unsliced.arena_bytes / 4};
+  ooc.out_of_core = true;
+  ooc.host_budget_bytes = unsliced.arena_bytes / 3;  // too little for all: slices too
+  const auto plan = tn::make_plan(net, path, ooc);
+  ASSERT_GT(plan.slices, 1);
+  ASSERT_GT(plan.invariant_steps, 0);
+  ASSERT_GT(plan.spilled, 0);
+  EXPECT_LE(plan.arena_bytes + plan.persistent_bytes, ooc.budget_bytes);
+  expect_sound_invariance(net, plan);
+  const auto sv = state_vector(circuit);
+  std::mt19937 gen(2);
+  const auto bits = random_bits(circuit.qubits, gen);
+  const auto got = contract_all(net, plan, h5::DType::complex128, bits);
+  EXPECT_NEAR(std::abs(got[0] - sv[index_of(bits)]), 0, 1e-12);
 }
