@@ -49,16 +49,13 @@ Contractor::Contractor(const Network& net, const Plan& plan, h5::DType dtype, bo
   for (Mode m : plan.sliced) slice_radix_.push_back(net.extent.at(m));
   for (size_t i = 0; i < net.tensors.size(); ++i) {
     const auto& stored = net.tensors[i].modes;
-    Staging st;
-    for (Mode m : plan.input_layouts[i]) {
-      st.dims.push_back(net.extent.at(m));
-      st.strides.push_back(stride_in(net, stored, m));
-    }
-    for (size_t j = 0; j < plan.sliced.size(); ++j) {
-      const std::int64_t s = stride_in(net, stored, plan.sliced[j]);
-      if (s) st.sliced.push_back({j, s});
-    }
-    staging_.push_back(std::move(st));
+    ResidentLayout r;
+    for (size_t j = 0; j < plan.sliced.size(); ++j)
+      if (std::count(stored.begin(), stored.end(), plan.sliced[j])) r.modes.push_back(plan.sliced[j]);
+    r.modes.insert(r.modes.end(), plan.input_layouts[i].begin(), plan.input_layouts[i].end());
+    for (size_t j = 0; j < plan.sliced.size(); ++j)
+      if (const std::int64_t stride = stride_in(net, r.modes, plan.sliced[j])) r.sliced.push_back({j, stride});
+    resident_layout_.push_back(std::move(r));
   }
   for (const PlanStep& st : plan.steps)
     if (st.invariant)
@@ -108,7 +105,7 @@ void Contractor::upload(Backend& backend, Stream& stream) {
       projection_.push_back(std::move(pair));
       resident_.emplace_back();
     } else {
-      const auto data = converted(t.data, dtype_);
+      const auto data = converted(permuted(t, resident_layout_[resident_.size()].modes), dtype_);
       resident_.push_back(backend.alloc_device(data.size(), "tn: input tensor"));
       backend.copy_to_device(resident_.back().data(), data.data(), data.size(), stream);
       stream.synchronize();
@@ -117,29 +114,43 @@ void Contractor::upload(Backend& backend, Stream& stream) {
   }
 }
 
-void Contractor::stage_input(Stream& stream, int id, std::uint64_t slice, const std::vector<std::uint8_t>& bits,
-                             char* dst) {
-  const auto& t = net_.tensors[static_cast<size_t>(id)];
-  const Staging& st = staging_[static_cast<size_t>(id)];
+// The input's values in its resident layout (host, complex128), from its stored mode order.
+std::vector<cd> Contractor::permuted(const NetTensor& t, const std::vector<Mode>& layout) const {
+  if (layout == t.modes) return t.data;
+  std::vector<cd> out(t.data.size());
   kernels::GatherPermute g;
-  g.dtype = dtype_;
-  g.in = t.projects_qubit >= 0 ? projection_[static_cast<size_t>(id)][bits.at(static_cast<size_t>(t.projects_qubit)) ? 1 : 0].data()
-                               : resident_[static_cast<size_t>(id)].data();
-  g.out = dst;
-  g.rank = static_cast<int>(st.dims.size());
+  g.dtype = h5::DType::complex128;
+  g.in = t.data.data();
+  g.out = out.data();
+  g.rank = static_cast<int>(layout.size());
   for (int j = 0; j < g.rank; ++j) {
-    g.dims[j] = st.dims[static_cast<size_t>(j)];
-    g.strides[j] = st.strides[static_cast<size_t>(j)];
+    g.dims[j] = net_.extent.at(layout[static_cast<size_t>(j)]);
+    g.strides[j] = stride_in(net_, t.modes, layout[static_cast<size_t>(j)]);
   }
+  kernels::gather_permute_cpu(g);
+  return out;
+}
+
+// Input tensor `id` of slice `slice` on the device, in its planned layout: the resident tensor (or
+// the projection for its bit) from the slice's first element on. Sliced modes are the outermost
+// of the resident layout, so the slice is the contiguous block that starts there.
+char* Contractor::input_data(int id, std::uint64_t slice, const std::vector<std::uint8_t>& bits) {
+  const auto& t = net_.tensors[static_cast<size_t>(id)];
+  Buffer& b = t.projects_qubit >= 0 ? projection_[static_cast<size_t>(id)][bits.at(static_cast<size_t>(t.projects_qubit)) ? 1 : 0]
+                                    : resident_[static_cast<size_t>(id)];
   // Mixed-radix digits of the slice number (the first sliced mode is the most significant).
-  std::vector<std::int64_t> digit(slice_radix_.size());
-  std::uint64_t rest = slice;
-  for (size_t j = slice_radix_.size(); j-- > 0;) {
-    digit[j] = static_cast<std::int64_t>(rest % static_cast<std::uint64_t>(slice_radix_[j]));
-    rest /= static_cast<std::uint64_t>(slice_radix_[j]);
+  std::int64_t offset = 0;
+  const auto& sliced = resident_layout_[static_cast<size_t>(id)].sliced;
+  if (!sliced.empty()) {
+    std::vector<std::int64_t> digit(slice_radix_.size());
+    std::uint64_t rest = slice;
+    for (size_t j = slice_radix_.size(); j-- > 0;) {
+      digit[j] = static_cast<std::int64_t>(rest % static_cast<std::uint64_t>(slice_radix_[j]));
+      rest /= static_cast<std::uint64_t>(slice_radix_[j]);
+    }
+    for (auto [j, stride] : sliced) offset += digit[j] * stride;
   }
-  for (auto [j, stride] : st.sliced) g.base += digit[j] * stride;
-  kernels::gather_permute(stream, g);
+  return static_cast<char*>(b.data()) + static_cast<std::uint64_t>(offset) * element_bytes();
 }
 
 // The step's block product C[L-run, R-run] = L[L-run, K] . R[R-run, K]^T, operands not yet set.
@@ -283,10 +294,11 @@ void Contractor::store(std::uint64_t offset, const char* src, std::uint64_t byte
 // every tensor (plan.hpp), so each copy is one transfer. Copies in and out run on streams of
 // their own, ordered by recorded points: the next block comes in and the previous one goes out
 // while a block computes, each in its own staging slot.
-void Contractor::run_spilled(Stream& stream, const PlanStep& st, char* arena) {
+void Contractor::run_spilled(Stream& stream, const PlanStep& st, char* arena, std::uint64_t slice,
+                             const std::vector<std::uint8_t>& bits) {
   const std::uint64_t e = element_bytes();
   const PlanStep block = block_view(st);
-  struct Tensor {
+  struct Operand {
     const std::vector<Mode>& full;
     bool on_host, blocked;
     std::uint64_t offset;  // in the host arena (host tensors)
@@ -297,17 +309,17 @@ void Contractor::run_spilled(Stream& stream, const PlanStep& st, char* arena) {
     std::int64_t fetched = 0;             // blocks copied in so far
     std::uint64_t last = ~std::uint64_t{0};  // the offset of the block copied in last
   };
-  auto tensor = [&](const std::vector<Mode>& full, const std::vector<Mode>& in_block, bool on_host, bool persistent,
-                    std::uint64_t offset, std::uint64_t stage) {
+  auto tensor = [&](const std::vector<Mode>& full, const std::vector<Mode>& in_block, bool on_host, int id,
+                    bool persistent, std::uint64_t offset, std::uint64_t stage) {
     const bool blocked = full.size() != in_block.size();
     const auto bytes = static_cast<std::uint64_t>(net_.size_of(in_block)) * e;
-    return Tensor{full,  on_host, blocked, offset, tensor_at(persistent, offset, arena), arena + stage, bytes,
-                  staging_stride(bytes), staging_slots(blocked, st.blocks)};
+    return Operand{full,  on_host, blocked, offset, tensor_at(id, persistent, offset, arena, slice, bits), arena + stage,
+                   bytes, staging_stride(bytes), staging_slots(blocked, st.blocks)};
   };
-  Tensor a = tensor(st.a_modes, block.a_modes, st.a_host, st.a_persistent, st.a_offset, st.stage_a_offset);
-  Tensor b = tensor(st.b_modes, block.b_modes, st.b_host, st.b_persistent, st.b_offset, st.stage_b_offset);
-  Tensor c = tensor(st.c_modes, block.c_modes, st.c_host, st.c_persistent, st.c_offset, st.stage_c_offset);
-  auto block_offset = [&](const Tensor& x, std::int64_t blk) {  // bytes from x's start; the last mode runs fastest
+  Operand a = tensor(st.a_modes, block.a_modes, st.a_host, st.a, st.a_persistent, st.a_offset, st.stage_a_offset);
+  Operand b = tensor(st.b_modes, block.b_modes, st.b_host, st.b, st.b_persistent, st.b_offset, st.stage_b_offset);
+  Operand c = tensor(st.c_modes, block.c_modes, st.c_host, st.c, st.c_persistent, st.c_offset, st.stage_c_offset);
+  auto block_offset = [&](const Operand& x, std::int64_t blk) {  // bytes from x's start; the last mode runs fastest
     std::int64_t off = 0;
     for (size_t j = st.block_order.size(); j-- > 0;) {
       const std::int64_t extent = net_.extent.at(st.block_order[j]);
@@ -316,14 +328,14 @@ void Contractor::run_spilled(Stream& stream, const PlanStep& st, char* arena) {
     }
     return static_cast<std::uint64_t>(off) * e;
   };
-  auto slot = [](const Tensor& x, std::int64_t n) { return x.stage + static_cast<std::uint64_t>(n % x.slots) * x.stride; };
+  auto slot = [](const Operand& x, std::int64_t n) { return x.stage + static_cast<std::uint64_t>(n % x.slots) * x.stride; };
   // Earlier steps' copies and results come first.
   h2d_->wait(stream.record());
   std::vector<Stream::Point> computed(static_cast<size_t>(st.blocks)), copied_out(static_cast<size_t>(st.blocks));
   for (std::int64_t blk = 0; blk < st.blocks; ++blk) {
     // In: into a slot whose last block (blk - 2 at the latest) has been computed.
     if (blk >= 2) h2d_->wait(computed[static_cast<size_t>(blk - 2)]);
-    for (Tensor* x : {&a, &b}) {
+    for (Operand* x : {&a, &b}) {
       const std::uint64_t at = block_offset(*x, blk);
       if (!x->on_host || at == x->last) continue;
       fetch(slot(*x, x->fetched++), x->offset + at, x->block_bytes, arena);
@@ -332,7 +344,7 @@ void Contractor::run_spilled(Stream& stream, const PlanStep& st, char* arena) {
     stream.wait(h2d_->record());
     // Compute: into a result slot whose block (blk - 2) has been copied out.
     if (c.on_host && blk >= 2) stream.wait(copied_out[static_cast<size_t>(blk - 2)]);
-    auto operand = [&](const Tensor& x) -> const char* {
+    auto operand = [&](const Operand& x) -> const char* {
       return x.on_host ? slot(x, x.fetched - 1) : x.device + block_offset(x, blk);
     };
     run_step_at(stream, block, operand(a), operand(b), c.on_host ? slot(c, blk) : c.device + block_offset(c, blk), arena);
@@ -347,15 +359,20 @@ void Contractor::run_spilled(Stream& stream, const PlanStep& st, char* arena) {
   stream.wait(d2h_->record());  // later steps read the result
 }
 
-// A device tensor of a step: in the persistent region or in the arena.
-char* Contractor::tensor_at(bool persistent, std::uint64_t offset, char* arena) const {
+// A device tensor of a step, tensor `id`: an input (where it is resident), or an intermediate at
+// `offset` in the persistent region or in the arena.
+char* Contractor::tensor_at(int id, bool persistent, std::uint64_t offset, char* arena, std::uint64_t slice,
+                            const std::vector<std::uint8_t>& bits) {
+  if (id < static_cast<int>(net_.tensors.size())) return input_data(id, slice, bits);
   return (persistent ? static_cast<char*>(persistent_.data()) : arena) + offset;
 }
 
-void Contractor::run_step(Stream& stream, const PlanStep& st, char* arena) {
-  if (st.spilled()) return run_spilled(stream, st, arena);
-  run_step_at(stream, st, tensor_at(st.a_persistent, st.a_offset, arena), tensor_at(st.b_persistent, st.b_offset, arena),
-              tensor_at(st.c_persistent, st.c_offset, arena), arena);
+void Contractor::run_step(Stream& stream, const PlanStep& st, char* arena, std::uint64_t slice,
+                          const std::vector<std::uint8_t>& bits) {
+  if (st.spilled()) return run_spilled(stream, st, arena, slice, bits);
+  run_step_at(stream, st, tensor_at(st.a, st.a_persistent, st.a_offset, arena, slice, bits),
+              tensor_at(st.b, st.b_persistent, st.b_offset, arena, slice, bits),
+              tensor_at(st.c, st.c_persistent, st.c_offset, arena, slice, bits), arena);
 }
 
 // Runs the step's products on operands at a and b into c; `arena` holds its packing workspace.
@@ -404,17 +421,14 @@ void Contractor::run_step_at(Stream& stream, const PlanStep& st, const char* a, 
 }
 
 // Runs the steps that are invariant (the prologue) or those that are not (one slice), in the
-// plan's order, each after staging its input operands.
+// plan's order.
 void Contractor::run_steps(Stream& stream, bool invariant, std::uint64_t slice, const std::vector<std::uint8_t>& bits,
                            char* arena, std::vector<double>* step_seconds) {
-  const size_t N = net_.tensors.size();
   for (size_t s = 0; s < plan_.steps.size(); ++s) {
     const PlanStep& st = plan_.steps[s];
     if (st.invariant != invariant) continue;
     const auto start = std::chrono::steady_clock::now();
-    if (st.a < static_cast<int>(N)) stage_input(stream, st.a, slice, bits, arena + st.a_offset);
-    if (st.b < static_cast<int>(N)) stage_input(stream, st.b, slice, bits, arena + st.b_offset);
-    run_step(stream, st, arena);
+    run_step(stream, st, arena, slice, bits);
     if (step_seconds) {
       stream.synchronize();
       (*step_seconds)[s] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -442,11 +456,23 @@ void Contractor::run_prologue(Stream& stream, const std::vector<std::uint8_t>& b
   ++prologue_runs_;
 }
 
+// Copies the result (result_elements values at `result`) to the caller's buffer.
+void Contractor::copy_out(Stream& stream, const char* result, void* out) const {
+  kernels::GatherPermute copy;
+  copy.dtype = dtype_;
+  copy.in = result;
+  copy.out = out;
+  copy.rank = 1;
+  copy.dims[0] = static_cast<std::int64_t>(result_elements_);
+  copy.strides[0] = 1;
+  kernels::gather_permute(stream, copy);
+}
+
 void Contractor::contract(Stream& stream, std::uint64_t slice, const std::vector<std::uint8_t>& bits, void* arena_ptr,
                           void* out, std::vector<double>* step_seconds) {
   char* arena = static_cast<char*>(arena_ptr);
-  if (plan_.steps.empty()) {  // a single tensor: the result is that tensor, in output order
-    stage_input(stream, 0, slice, bits, static_cast<char*>(out));
+  if (plan_.steps.empty()) {  // a single tensor: the result is that tensor, resident in output order
+    copy_out(stream, input_data(0, slice, bits), out);
     return;
   }
   if (step_seconds) step_seconds->assign(plan_.steps.size(), 0.0);
@@ -456,15 +482,7 @@ void Contractor::contract(Stream& stream, std::uint64_t slice, const std::vector
   }
   run_steps(stream, false, slice, bits, arena, step_seconds);
   if (plan_.persistent_bytes) persistent_readers_[&stream] = stream.record();
-  // The root is in the arena; hand it to the caller's buffer.
-  kernels::GatherPermute copy;
-  copy.dtype = dtype_;
-  copy.in = arena + plan_.steps.back().c_offset;
-  copy.out = out;
-  copy.rank = 1;
-  copy.dims[0] = static_cast<std::int64_t>(result_elements_);
-  copy.strides[0] = 1;
-  kernels::gather_permute(stream, copy);
+  copy_out(stream, arena + plan_.steps.back().c_offset, out);  // the root is in the arena
   // The host arena is shared by all work items: the next one may start only after this one.
   if (plan_.host_arena_bytes) stream.synchronize();
 }

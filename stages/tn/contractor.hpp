@@ -1,8 +1,11 @@
 #pragma once
-// Executes a Plan on a backend: inputs stay resident (stored order, compute precision); per work
-// item (a slice, and for amplitude networks a bitstring) each step stages its input operands in
-// their planned layout (gather + permute, the sliced indices fixed) and runs its GEMMs into the
-// arena offsets the plan assigned. Deterministic: fixed shapes, fixed order, no atomics.
+// Executes a Plan on a backend. Inputs stay resident in the compute precision, permuted once at
+// upload into their planned layout with their sliced modes outermost, so every step reads its
+// input operands where they are (a slice of one is a contiguous block; a projection is the vector
+// for its bit): per work item (a slice, and for amplitude networks a bitstring) only the steps'
+// GEMMs run, into the arena offsets the plan assigned (copying operands per work item cost a
+// kernel launch for about every second step of a circuit). Deterministic: fixed shapes, fixed
+// order, no atomics.
 //
 // A plan with invariant steps (plan.hpp) runs them, the prologue, once per bitstring: into the
 // persistent region this contractor owns, whenever a work item's bitstring is not the one whose
@@ -63,18 +66,25 @@ class Contractor {
                 std::vector<double>* step_seconds);
 
  private:
-  struct Staging {  // how to gather input tensor i into its planned layout
-    std::vector<std::int64_t> dims, strides;
-    std::vector<std::pair<std::size_t, std::int64_t>> sliced;  // (index in plan.sliced, stride in the stored tensor)
+  // An input tensor on the device: its sliced modes (in plan.sliced's order), then its planned
+  // layout, so that each slice of it is a contiguous block in the layout its step reads.
+  struct ResidentLayout {
+    std::vector<Mode> modes;
+    std::vector<std::pair<std::size_t, std::int64_t>> sliced;  // (index in plan.sliced, stride in `modes`)
   };
-  void stage_input(Stream& stream, int id, std::uint64_t slice, const std::vector<std::uint8_t>& bits, char* dst);
+  std::vector<cd> permuted(const NetTensor& t, const std::vector<Mode>& layout) const;
   void run_prologue(Stream& stream, const std::vector<std::uint8_t>& bits, char* arena, std::vector<double>* step_seconds);
   void run_steps(Stream& stream, bool invariant, std::uint64_t slice, const std::vector<std::uint8_t>& bits, char* arena,
                  std::vector<double>* step_seconds);
-  char* tensor_at(bool persistent, std::uint64_t offset, char* arena) const;
+  char* input_data(int id, std::uint64_t slice, const std::vector<std::uint8_t>& bits);
+  char* tensor_at(int id, bool persistent, std::uint64_t offset, char* arena, std::uint64_t slice,
+                  const std::vector<std::uint8_t>& bits);
+  void copy_out(Stream& stream, const char* result, void* out) const;
   std::vector<std::uint8_t> prologue_key(const std::vector<std::uint8_t>& bits) const;
-  void run_step(Stream& stream, const PlanStep& st, char* arena);
-  void run_spilled(Stream& stream, const PlanStep& st, char* arena);
+  void run_step(Stream& stream, const PlanStep& st, char* arena, std::uint64_t slice,
+                const std::vector<std::uint8_t>& bits);
+  void run_spilled(Stream& stream, const PlanStep& st, char* arena, std::uint64_t slice,
+                   const std::vector<std::uint8_t>& bits);
   void fetch(char* dst, std::uint64_t offset, std::uint64_t bytes, char* arena);
   void store(std::uint64_t offset, const char* src, std::uint64_t bytes, char* arena);
   void run_step_at(Stream& stream, const PlanStep& st, const char* a, const char* b, char* c, char* arena);
@@ -90,7 +100,7 @@ class Contractor {
   h5::DType dtype_;
   bool tf32_;
   std::uint64_t result_elements_ = 1;
-  std::vector<Staging> staging_;
+  std::vector<ResidentLayout> resident_layout_;  // per input tensor
   std::vector<Buffer> resident_;                 // per input tensor
   std::vector<std::array<Buffer, 2>> projection_;  // per input tensor: <0| and <1| (projections only)
   std::vector<std::int64_t> slice_radix_;

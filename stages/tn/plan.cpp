@@ -1,6 +1,7 @@
 #include "stages/tn/plan.hpp"
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 #include <fmt/ranges.h>
 
 #include <algorithm>
@@ -20,8 +21,8 @@ using nlohmann::json;
 
 namespace {
 // 2: packed steps copy C too; 3: out of core; 4: scratch; 5: block order; 6: invariant steps, persistent
-// region, slicing by cost
-constexpr const char* kPlanFormat = "qstage-plan-6";
+// region, slicing by cost; 7: inputs read where they are resident (no arena space)
+constexpr const char* kPlanFormat = "qstage-plan-7";
 }
 
 namespace {
@@ -449,9 +450,8 @@ Plan build(const Network& net, const Path& path, const std::set<Mode>& sliced, c
     st.b_persistent = persistent[static_cast<size_t>(st.b)];
     st.c_persistent = persistent[static_cast<size_t>(st.c)];
     Arena& work = st.invariant ? prologue_arena : arena;  // where the step's tensors live, but persistent ones
-    // Memory: inputs are staged (gathered and permuted) into the arena for the step that uses them.
-    for (int id : {st.a, st.b})
-      if (id < static_cast<int>(N)) offset[static_cast<size_t>(id)] = work.place(bytes_of(layout[static_cast<size_t>(id)]));
+    // Memory: inputs stay where they are resident (in their planned layout, the contractor
+    // permutes them once); the arena holds intermediates and workspace.
     if (!st.c_persistent)
       offset[static_cast<size_t>(st.c)] = st.c_host ? host_arena.place(st.c_bytes) : work.place(st.c_bytes);
     st.a_offset = offset[static_cast<size_t>(st.a)];
@@ -490,7 +490,8 @@ Plan build(const Network& net, const Path& path, const std::set<Mode>& sliced, c
     // (An operand not persistent lives where its consumer works: an invariant step's result read
     // by another invariant step is in the prologue's arena.)
     for (int id : {st.a, st.b})
-      if (!persistent[static_cast<size_t>(id)]) (is_host(id) ? host_arena : work).free(offset[static_cast<size_t>(id)]);
+      if (id >= static_cast<int>(N) && !persistent[static_cast<size_t>(id)])
+        (is_host(id) ? host_arena : work).free(offset[static_cast<size_t>(id)]);
     // Host copies: each block of C once; A's and B's blocks as often as the walk copies them in.
     const BlockWalk walk = block_walk(net, st);
     st.block_order = walk.order;
@@ -519,7 +520,6 @@ Plan build(const Network& net, const Path& path, const std::set<Mode>& sliced, c
     }
     plan.steps.push_back(std::move(st));
   }
-  if (N == 1) arena.place(bytes_of(layout[0]));
   plan.prologue_arena_bytes = prologue_arena.peak();
   plan.arena_bytes = std::max(arena.peak(), prologue_arena.peak());
   plan.host_arena_bytes = host_arena.peak();
@@ -669,18 +669,25 @@ std::pair<Plan, Path> slice_to_fit(const Network& net, const Path& path, const P
   const double element = static_cast<double>(o.element_bytes);
   // In core every tensor must fit the budget, so the cap starts below it. Out of core, tensors
   // larger than the device budget live in host memory: the cap comes down from the largest.
-  double target = start.cost().log2_largest() - 1.0;
+  double target = start.cost().log2_largest_intermediate() - 1.0;
   if (!o.out_of_core)
     target = std::min(target, std::floor(std::log2(std::max(static_cast<double>(o.budget_bytes) / element, 1.0))) - 1.0);
-  for (;; target -= std::max(1.0, std::ceil(std::log2(overflow(plan, o))))) {
-    if (target < 0)
+  // The output is never sliced: no cap below its size can be reached, so that cap is the last try.
+  const double lowest = std::log2(std::max(static_cast<double>(net.size_of(net.output)), 1.0));
+  for (bool last = false;; target -= std::max(1.0, std::ceil(std::log2(overflow(plan, o))))) {
+    if (last)
       throw InputError(fmt::format("device memory budget {} is too small even with slicing: one slice still needs {} "
                                    "({} modes sliced); expected a larger budget or a better path",
                                    format_bytes(static_cast<double>(o.budget_bytes)),
                                    format_bytes(static_cast<double>(plan.arena_bytes)), plan.sliced.size()));
+    if (target <= lowest) {
+      target = lowest;
+      last = true;
+    }
     ContractionTree tree = start;
     SliceOptions so;
     so.target_log2_size = target;
+    so.count_inputs = false;  // inputs stay resident, outside the arena
     so.reconfigure = o.reconfigure;
     so.subtree_size = o.subtree_size;
     const SliceReport report = slice_tree(tree, so);
@@ -691,6 +698,9 @@ std::pair<Plan, Path> slice_to_fit(const Network& net, const Path& path, const P
                                    "smaller intermediates",
                                    format_bytes(static_cast<double>(o.budget_bytes)), tree.cost().slices, o.max_slices));
     plan = fit(net, sliced_path, std::set<Mode>(sliced_path.sliced.begin(), sliced_path.sliced.end()), o);
+    spdlog::debug("tn.plan: slicing to 2^{} elements: {} modes, {} slices, overhead {:.3g}, arena {} (budget {})", target,
+                  sliced_path.sliced.size(), plan.slices, report.overhead_without_reuse,
+                  format_bytes(static_cast<double>(plan.arena_bytes)), format_bytes(static_cast<double>(o.budget_bytes)));
     plan.slicing_overhead = report.overhead_without_reuse;
     plan.path_reconfigured = sliced_path.ssa != path.ssa;
     if (overflow(plan, o) <= 1) return {std::move(plan), sliced_path};

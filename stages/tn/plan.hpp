@@ -5,7 +5,9 @@
 // Each step rewrites its operands as [retained modes in the output's order | reduced modes], and
 // gives that layout to the producer of the operand. Every intermediate has exactly one consumer,
 // so no two layouts ever conflict. Every step is then a GEMM - or a batch of GEMMs over C's
-// leading modes - reading its operands where they lie. Input tensors are permuted at load.
+// leading modes - reading its operands where they lie. Input tensors are permuted once, when
+// they are loaded (sliced modes outermost, so a slice is a contiguous block), and read where they
+// are resident: the arena holds only intermediates and workspace.
 //
 // GEMM mapping of a step with layouts A = [ret_A | K], B = [ret_B | K] and C: the trailing run of
 // C's modes that come from one operand (R) and the run before it from the other (L) form the

@@ -3,6 +3,7 @@
 // slice (reuse_invariant), the memory plan, and predicted times from the bandwidth and GEMM rate
 // measured on the device at hand (eq. 6).
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <chrono>
@@ -222,6 +223,11 @@ class PlanStage final : public ComputedStage {
     out.set_attribute("bandwidth_bytes_per_second", plan.bandwidth);
     out.set_attribute("gemm_flops_per_second", plan.gemm_rate);
     out.set_attribute("slicing_overhead", plan.slicing_overhead);
+    if (plan.path_reconfigured && plan.slicing_overhead > 10)  // tn.plan sliced the path itself
+      spdlog::warn("tn.plan: slicing to the budget multiplied the flops by {:.3g}: paths found without a cap slice "
+                   "badly (their largest tensors change modes at every step); give tn.path max_intermediate (about "
+                   "a quarter of the budget) so that the search weighs the slicing",
+                   plan.slicing_overhead);
     out.set_attribute("path_reconfigured", static_cast<std::int64_t>(plan.path_reconfigured));
   }
   std::string describe_results(const StagePlan&, const StepResults& r) const override {

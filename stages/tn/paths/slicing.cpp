@@ -54,7 +54,13 @@ void record_contractions(const ContractionTree& tree, int v, std::vector<int>& c
   }
 }
 
-SliceState measure(const ContractionTree& tree, double target) {
+// Leaves count with their size only if `inputs` (else as empty: tn.plan keeps inputs resident,
+// outside the memory the target stands for).
+double log2_size_of(const ContractionTree& tree, int v, bool inputs) {
+  return !inputs && tree.is_leaf(v) ? -std::numeric_limits<double>::infinity() : tree.log2_size(v);
+}
+
+SliceState measure(const ContractionTree& tree, double target, bool inputs) {
   SliceState st;
   const size_t n = static_cast<size_t>(tree.node_capacity());
   st.nodes = tree.post_order();
@@ -66,7 +72,7 @@ SliceState measure(const ContractionTree& tree, double target) {
   st.largest = -std::numeric_limits<double>::infinity();
   for (int v : st.nodes) {
     const size_t i = static_cast<size_t>(v);
-    st.log2_size[i] = tree.log2_size(v);
+    st.log2_size[i] = log2_size_of(tree, v, inputs);
     st.largest = std::max(st.largest, st.log2_size[i]);
     if (tree.is_leaf(v)) {
       for (int k : tree.legs(v)) st.sliced_below[i] += tree.sliced(k) ? 1 : 0;
@@ -101,9 +107,9 @@ SliceState measure(const ContractionTree& tree, double target) {
   return st;
 }
 
-double largest_log2_size(const ContractionTree& tree) {
+double largest_log2_size(const ContractionTree& tree, bool inputs) {
   double largest = -std::numeric_limits<double>::infinity();
-  for (int v : tree.post_order()) largest = std::max(largest, tree.log2_size(v));
+  for (int v : tree.post_order()) largest = std::max(largest, log2_size_of(tree, v, inputs));
   return largest;
 }
 
@@ -256,8 +262,8 @@ int choose_mode(const ContractionTree& tree, const SliceState& st, const std::ve
 // along is worse: it forbids the intermediate shapes that reach the target with fewer slices -
 // on the 53-qubit circuit at 2^30, 2^42 slices instead of 2^31.) Tensors the subtree already has
 // stay allowed either way (reconfigure.hpp).
-double reconfigure_cap(const ContractionTree& tree, double target) {
-  const double largest = largest_log2_size(tree);
+double reconfigure_cap(const ContractionTree& tree, double target, bool inputs) {
+  const double largest = largest_log2_size(tree, inputs);
   return largest <= target + kLog2Slack ? target : std::max(largest, target);
 }
 
@@ -281,7 +287,7 @@ bool before_deadline(const SliceOptions& o) { return std::chrono::steady_clock::
 void drop_unneeded_slices(ContractionTree& tree, std::vector<int>& added, const SliceOptions& o) {
   const double target = o.target_log2_size;
   for (;;) {
-    const SliceState st = measure(tree, target);
+    const SliceState st = measure(tree, target, o.count_inputs);
     int drop = -1;
     double best_total = st.total_with_reuse();
     for (int k : added) {
@@ -322,7 +328,7 @@ TrialResult slice_once(ContractionTree& tree, const SliceOptions& o, GumbelStrea
   std::vector<int> added;
   TrialResult result;
   for (;;) {
-    const SliceState st = measure(tree, target);
+    const SliceState st = measure(tree, target, o.count_inputs);
     if (st.largest <= target + kLog2Slack) {
       result.fits = true;
       break;
@@ -332,7 +338,7 @@ TrialResult slice_once(ContractionTree& tree, const SliceOptions& o, GumbelStrea
     const int k = choose_mode(tree, st, candidates, target, o.temperature, noise);
     tree.set_sliced(k, true);
     added.push_back(k);
-    if (o.reconfigure && before_deadline(o)) reshape_around(tree, k, o, reconfigure_cap(tree, target));
+    if (o.reconfigure && before_deadline(o)) reshape_around(tree, k, o, reconfigure_cap(tree, target, o.count_inputs));
   }
   if (result.fits) drop_unneeded_slices(tree, added, o);
   result.added = static_cast<int>(added.size());
@@ -371,7 +377,7 @@ SliceReport slice_tree(ContractionTree& tree, const SliceOptions& o) {
   }
 
   const TreeCost after = tree.cost();
-  rep.fits = tree.complete() && after.log2_largest() <= o.target_log2_size + kLog2Slack;
+  rep.fits = tree.complete() && largest_log2_size(tree, o.count_inputs) <= o.target_log2_size + kLog2Slack;
   rep.log10_sliced = std::log10(std::max(after.total_with_reuse(), 1.0));
   rep.overhead = after.total_with_reuse() / unsliced;
   rep.overhead_without_reuse = after.total() / unsliced;

@@ -14,6 +14,7 @@ namespace qstage::tn {
 
 struct SliceOptions {
   double target_log2_size = 0;   // the largest tensor must be at most 2^this (elements)
+  bool count_inputs = true;      // the target holds for input tensors too (false: intermediates only)
   bool reconfigure = true;       // reconfigure the tree between sliced modes
   int subtree_size = 8;          // for that reconfiguration
   int tries = 1;                 // > 1: also randomized choices (Gumbel noise on scores), keep the best

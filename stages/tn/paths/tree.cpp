@@ -71,6 +71,7 @@ Legs union_legs(const Legs& a, const Legs& b) {
 
 double TreeCost::log10_total() const { return std::log10(std::max(total(), 1.0)); }
 double TreeCost::log2_largest() const { return std::log2(std::max(largest, 1.0)); }
+double TreeCost::log2_largest_intermediate() const { return std::log2(std::max(largest_intermediate, 1.0)); }
 
 ContractionTree::ContractionTree(const SearchNetwork& net) : net_(&net) {
   const size_t N = static_cast<size_t>(net.tensors);
@@ -246,6 +247,7 @@ TreeCost ContractionTree::cost() const {
   for (int v : post_order()) {
     c.largest = std::max(c.largest, std::exp2(log2_size(v)));
     if (is_leaf(v)) continue;
+    c.largest_intermediate = std::max(c.largest_intermediate, std::exp2(log2_size(v)));
     const double x = std::exp2(log2_cost(v));
     c.multiply_adds += x;
     if (inv[static_cast<size_t>(v)]) c.invariant_multiply_adds += x;

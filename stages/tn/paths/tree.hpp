@@ -51,6 +51,7 @@ Legs union_legs(const Legs& a, const Legs& b);
 struct TreeCost {
   double multiply_adds = 0;      // C_t per slice: sum of all steps
   double largest = 0;            // C_s: the largest tensor, inputs included (elements)
+  double largest_intermediate = 0;  // the largest tensor a step makes (elements)
   double slices = 1;
   double invariant_multiply_adds = 0;  // the part of C_t in slice-invariant steps
   // Multiply-adds of the whole sliced contraction: every slice runs every step.
@@ -59,6 +60,7 @@ struct TreeCost {
   double total_with_reuse() const { return invariant_multiply_adds + (multiply_adds - invariant_multiply_adds) * slices; }
   double log10_total() const;
   double log2_largest() const;
+  double log2_largest_intermediate() const;
 };
 
 class ContractionTree {
