@@ -27,6 +27,12 @@ tn::Network open_network(const KernelContext& ctx) {
   return tn::load_network(f);
 }
 
+// How many contractions the path serves: the network's bitstrings (1 for a value).
+std::size_t bitstring_count(const KernelContext& ctx) {
+  h5::File f = h5::File::open(ctx.inputs.at("network")->where().file, h5::Mode::read_only);
+  return std::max<std::size_t>(tn::read_bitstrings(f).size(), 1);
+}
+
 tn::Path imported(const json& p, const tn::Files& files, const tn::Network& net) {
   const auto path = files.at("/import");
   json j;
@@ -63,11 +69,24 @@ tn::Path imported(const json& p, const tn::Files& files, const tn::Network& net)
   return out;
 }
 
-// The search's options from the step's parameters.
-tn::HyperOptions search_options(const json& p, const tn::Network& net, std::uint64_t element_bytes) {
+// The shortest search by default: some hundred trials, and what reconfiguring the best trees
+// takes on a circuit of a thousand tensors (0.05-0.12 s of the 0.15 s it gets; the 54-qubit
+// benchmark circuit's path reached 10^9.7 multiply-adds so, from 10^10.2 for the best trial).
+constexpr double kMinSearchSeconds = 0.5;
+
+// The search's options from the step's parameters. Without max_seconds, planning time fits the
+// job: the search takes about as long as contracting the best path found so far would (for
+// every bitstring, at flop_rate), at least kMinSearchSeconds and at most the default budget.
+tn::HyperOptions search_options(const json& p, const tn::Network& net, std::uint64_t element_bytes, std::size_t jobs) {
   tn::HyperOptions o;
-  o.max_seconds = p.contains("max_seconds") ? p["max_seconds"].get<double>()
-                                            : tn::default_search_seconds(static_cast<int>(net.tensors.size()));
+  if (p.contains("max_seconds")) {
+    o.max_seconds = p["max_seconds"].get<double>();
+  } else {
+    o.max_seconds = tn::default_search_seconds(static_cast<int>(net.tensors.size()));
+    o.multiply_add_rate = p.at("flop_rate").get<double>() / 8.0;  // complex: 8 real flops per multiply-add
+    o.jobs = static_cast<double>(std::max<std::size_t>(jobs, 1));
+    o.min_seconds = kMinSearchSeconds;
+  }
   o.max_trials = p.value("max_tries", 0);
   o.seed = p.at("seed").get<std::uint64_t>();
   o.methods = p.at("methods").get<std::vector<std::string>>();
@@ -108,7 +127,7 @@ class PathStage final : public ComputedStage {
       result["method"] = fmt::format("imported {} path from {}", p.value("format", "linear"), ctx.files.at("/import").string());
     } else {
       const tn::SearchNetwork search = tn::SearchNetwork::from(net);
-      tn::HyperOptions o = search_options(p, net, element);
+      tn::HyperOptions o = search_options(p, net, element, bitstring_count(ctx));
       double last_log = 0;
       o.progress = [&](int trials, double best, double seconds) {
         if (seconds - last_log < 5) return;
@@ -119,14 +138,15 @@ class PathStage final : public ComputedStage {
       path = found.path;
       result["method"] = "hyper-optimizer";
       result["search"] = found.to_json();
-      result["search"]["budget_seconds"] = o.max_seconds;
       result["search"]["threads"] = o.threads > 0 ? o.threads : omp_get_max_threads();
       result["tries"] = found.trials;
       result["seconds"] = found.seconds;
       result["within_cap"] = !std::isfinite(o.max_log2_size) || found.cost.log2_largest() <= o.max_log2_size + 1e-9;
-      spdlog::info("tn.path: {} trials ({}) in {:.1f}s; best from {} {}; refined in {:.1f}s ({} subtrees "
-                   "reconfigured){}",
-                   found.trials, found.methods.dump(), found.search_seconds, found.best_method, found.best_params.dump(),
+      spdlog::info("tn.path: {} trials ({}) in {:.2f}s of a {:.2f}s budget{}; best from {} {}; refined in {:.2f}s ({} "
+                   "subtrees reconfigured){}",
+                   found.trials, found.methods.dump(), found.search_seconds, found.budget_seconds,
+                   o.multiply_add_rate > 0 ? " (fitted to the predicted contraction time)" : "", found.best_method,
+                   found.best_params.dump(),
                    found.refine_seconds, found.reconfiguring.subtrees_improved,
                    found.slicing.sliced_modes ? fmt::format(", {} modes sliced (overhead {:.3g}, {:.3g} without reuse)",
                                                             found.slicing.sliced_modes, found.slicing.overhead,

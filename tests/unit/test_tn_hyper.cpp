@@ -117,3 +117,26 @@ TEST(TnHyper, DefaultBudgetGrowsWithTheNetwork) {
   EXPECT_DOUBLE_EQ(tn::default_search_seconds(1000), 5.0);
   EXPECT_DOUBLE_EQ(tn::default_search_seconds(100000), 10.0);
 }
+
+TEST(TnHyper, BudgetFitsThePredictedContractionTime) {
+  tn::HyperOptions o;
+  o.max_seconds = 5;
+  EXPECT_DOUBLE_EQ(tn::budget_seconds(o, 12), 5.0);  // no rate: max_seconds
+  o.multiply_add_rate = 1e12;
+  o.min_seconds = 0.25;
+  EXPECT_DOUBLE_EQ(tn::budget_seconds(o, 12), 1.0);    // 1e12 multiply-adds at 1e12/s
+  o.jobs = 3;
+  EXPECT_DOUBLE_EQ(tn::budget_seconds(o, 12), 3.0);    // every job contracts it
+  EXPECT_DOUBLE_EQ(tn::budget_seconds(o, 9), 0.25);    // at least min_seconds
+  EXPECT_DOUBLE_EQ(tn::budget_seconds(o, 15), 5.0);    // at most max_seconds
+  // The search reports the budget it ended with; a fixed trial count still decides the tree.
+  const tn::Network net = circuit_network(3, 3, 6, 2);
+  const tn::SearchNetwork search = tn::SearchNetwork::from(net);
+  tn::HyperOptions fixed = fixed_trials(32, 4, 2);
+  tn::HyperOptions fitted = fixed;
+  fitted.multiply_add_rate = 1e300;  // nothing to wait for: min_seconds
+  fitted.min_seconds = 1e9;          // ... which the trial count ends first
+  const auto a = tn::hyper_optimize(search, fixed), b = tn::hyper_optimize(search, fitted);
+  EXPECT_EQ(a.path.ssa, b.path.ssa);
+  EXPECT_DOUBLE_EQ(b.budget_seconds, std::min(fitted.max_seconds, 1e9));
+}

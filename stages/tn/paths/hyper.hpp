@@ -31,6 +31,12 @@ namespace qstage::tn {
 
 struct HyperOptions {
   double max_seconds = 5;          // the whole search, refinement included
+  // Planning time that fits the job: with a rate, the search stops once it has taken as long as
+  // contracting the best tree found so far `jobs` times would at `multiply_add_rate` (per second),
+  // but not before min_seconds (and never after max_seconds). Off with rate 0.
+  double multiply_add_rate = 0;
+  double jobs = 1;
+  double min_seconds = 0;
   int max_trials = 0;              // 0: as many as the time allows
   std::uint64_t seed = 0;
   std::vector<std::string> methods = {"greedy", "partition"};
@@ -47,6 +53,7 @@ struct HyperResult {
   TreeCost cost;
   int trials = 0;
   double seconds = 0, search_seconds = 0, refine_seconds = 0;
+  double budget_seconds = 0;       // the budget the search ended with (max_seconds, or less with a rate)
   std::string best_method;
   nlohmann::json best_params;      // the parameters of the trial the path came from
   double log10_best_trial = 0;     // its score before refinement
@@ -61,6 +68,11 @@ const std::vector<std::string>& hyper_methods();
 
 // Throws InputError for an unknown method or a network of no tensors.
 HyperResult hyper_optimize(const SearchNetwork& net, const HyperOptions& o);
+
+// The time the search may take when its best tree so far costs 10^best_log10_multiply_adds per
+// job (HyperOptions: max_seconds, or with a rate the predicted contraction time within
+// [min_seconds, max_seconds]).
+double budget_seconds(const HyperOptions& o, double best_log10_multiply_adds);
 
 // The default time budget for a network of `tensors` tensors: 2 s for small networks, growing
 // with the size (a 1000-tensor circuit gets 5 s), at most 10 s.
