@@ -6,7 +6,7 @@ qstage's path, with the cgemm ceiling measured in the same run.
   python3 bench/cutn_bench.py pack [--with-cutensor]     # here: the wheels for the GPU machine
 
 Cases (complex64; times per amplitude):
-  medium  tn_bench's medium (6 x 9 grid, 10 cycles, seed 1; 4 amplitudes for qstage, budget 40GiB)
+  medium  tn_bench's medium (6 x 9 grid, 10 cycles, seed 1; 16 amplitudes for qstage, budget 40GiB)
   big     tn_bench's big (5 x 8 grid, 12 cycles, seed 1; budget 12GiB, so qstage slices)
   n53m20  the qsim file circuit_n53_m20_s0_e0_pABCDCDAB.qsim (tracked in tests/data/circuits, so it
           travels), one amplitude (all zeros), tn.path capped at 2^30 elements (8 GiB, --cap-log2),
@@ -18,11 +18,15 @@ Cases (complex64; times per amplitude):
   small   4 x 5 grid, 10 cycles; small_sliced the same capped at 2^13 and timed as one slice;
           small_plan_sliced the same sliced by tn.plan (budget 512KiB) (CPU checks, see below)
 What is measured, per case:
-  qstage    `qstage run` of tn.build, tn.path ({max_seconds: --path-seconds, seed: 1}; cap as above;
-            --path-params adds JSON), tn.plan (budget), tn.contract on --device. Seconds from each
-            step's qstage.wall_seconds attribute: planning = tn.path + tn.plan; contraction = tn.contract
-            / amplitudes (its setup included). "with planning" = planning + one amplitude (tn.build's
-            time is left out on both sides).
+  qstage    `qstage run` of tn.build, tn.path ({seed: 1}, tn.path's default budget, which fits the
+            predicted contraction time; or max_seconds: --path-seconds; cap as above; --path-params adds
+            JSON), tn.plan (budget), tn.contract on --device. Seconds from each step's
+            qstage.wall_seconds attribute: planning = tn.path + tn.plan. Per amplitude: tn.contract's
+            batch loop / amplitudes (the manifest's loop_seconds: the step's setup, uploading the
+            inputs, left out as cuTensorNet's warm contractions leave out its setup; the first
+            amplitude, timed step by step with a sync after each, is in it), and the same with the
+            setup ("with setup"). "with planning" = planning + tn.contract's whole time / amplitudes
+            (tn.build's time is left out on both sides).
             The path cuTensorNet follows is the one tn.plan executes (its steps' (a, b), which may be
             a reconfigured path) and its sliced modes.
   cuTensorNet  cuquantum.tensornet.Network in the interleaved format (operands as torch complex64
@@ -96,7 +100,7 @@ REPO = HERE.parent.parent
 
 CASES = {
     "medium": {"build": {"random": {"rows": 6, "cols": 9, "cycles": 10, "seed": 1},
-                         "random_bitstrings": {"count": 4, "seed": 1}}, "budget": "40GiB"},
+                         "random_bitstrings": {"count": 16, "seed": 1}}, "budget": "40GiB"},
     "big": {"build": {"random": {"rows": 5, "cols": 8, "cycles": 12, "seed": 1}}, "budget": "12GiB"},
     # budget None: tn.plan's default, what each of tn.contract's 3 slots can have of the device
     "n53m20": {"build": {"circuit": "{circuits}/circuit_n53_m20_s0_e0_pABCDCDAB.qsim"}, "budget": None,
@@ -292,7 +296,7 @@ def write_network(path_json, path_h5, sub, data):
 
 
 def path_params(args, cap):
-    p = {"max_seconds": args.path_seconds, "seed": 1}
+    p = {"seed": 1} if args.path_seconds is None else {"max_seconds": args.path_seconds, "seed": 1}
     if cap is not None:
         p["max_intermediate"] = size_string(cap)
     p.update(json.loads(args.path_params) if args.path_params else {})
@@ -334,10 +338,13 @@ def qstage_case(args, name, case):
             values = f["amplitudes"][()].reshape(-1)
         count = len(values)  # one amplitude per bitstring (no open qubits)
         contract = wall(out / "amps.h5")
-        res["qstage"] = {"amplitudes": count, "contract_seconds": contract,
-                         "seconds_per_amplitude": contract / count,
+        metrics = json.loads((run_dir / "manifest.json").read_text())["steps"]["amps"]["metrics"]
+        loop = float(metrics["loop_seconds"])  # the amplitudes, without the step's setup (inputs uploaded)
+        res["qstage"] = {"amplitudes": count, "contract_seconds": contract, "setup_seconds": float(metrics["setup_seconds"]),
+                         "loop_seconds": loop, "seconds_per_amplitude": loop / count,
+                         "seconds_per_amplitude_with_setup": contract / count,
                          "seconds_per_amplitude_with_planning": res["planning_seconds"] + contract / count,
-                         "tflops": res["flops_total"] / (contract / count) / 1e12,
+                         "tflops": res["flops_total"] / (loop / count) / 1e12,
                          "value": [float(values[0].real), float(values[0].imag)]}
         return res, net, tensors, ssa, sliced, None
     # One slice: the network with the sliced modes fixed to 0, the same path, planned and contracted.
@@ -588,7 +595,8 @@ def main():
     r.add_argument("--cases", default="medium,big,n53m20")
     r.add_argument("--circuits", default=str(REPO / "tests" / "data" / "circuits"),
                    help="folder with circuit_n53_m20_s0_e0_pABCDCDAB.qsim (tracked in the repo, so it travels)")
-    r.add_argument("--path-seconds", type=float, default=30, help="tn.path's max_seconds")
+    r.add_argument("--path-seconds", type=float, default=None,
+                   help="tn.path's max_seconds (default: none, tn.path's own budget fitted to the job)")
     r.add_argument("--path-params", default="", help="JSON merged into tn.path's params")
     r.add_argument("--cap-log2", type=int, default=None, help="n53m20's cap on the largest intermediate (default 30)")
     r.add_argument("--budget", default="", help="tn.plan's budget for every case (default: the case's; n53m20: "

@@ -75,6 +75,7 @@ import argparse
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -224,14 +225,33 @@ def peer_job(job_file):
     print(json.dumps(res))
 
 
+def run_with_timeout(cmd, env, timeout):
+    """subprocess.run(cmd, capture_output=True, text=True) in a process group of its own, which is
+    killed whole when `timeout` passes (cotengra's pool workers outlived their parent otherwise,
+    and ran beside the next cases' searches). Raises subprocess.TimeoutExpired as run does."""
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                         start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.communicate()
+        raise
+    finally:
+        try:  # stray children of a finished job too
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return subprocess.CompletedProcess(cmd, p.returncode, out, err)
+
+
 def run_peer(args, job):
     """The peer's JSON, or None if it ran past --peer-timeout."""
     job_file = Path(args.work) / f"peer-job-{os.getpid()}.json"
     job_file.write_text(json.dumps(job))
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), OPENBLAS_NUM_THREADS=str(args.threads))
     try:
-        r = subprocess.run([args.python_peer, str(HERE), "--peer-job", str(job_file)], capture_output=True, text=True,
-                           env=env, timeout=args.peer_timeout)
+        r = run_with_timeout([args.python_peer, str(HERE), "--peer-job", str(job_file)], env, args.peer_timeout)
     except subprocess.TimeoutExpired:
         return None
     if r.returncode != 0:
@@ -289,7 +309,7 @@ def qstage_run(args, steps, run_dir, timeout=None):
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
     cmd = [args.qstage, "run", str(spec), "--run-dir", str(run_dir), "--device", "cpu"]
     try:
-        r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+        r = run_with_timeout(cmd, env, timeout)
     except subprocess.TimeoutExpired:
         raise QstageTimeout(f"qstage did not finish {spec} in {timeout:g} s") from None
     if r.returncode != 0:
