@@ -47,6 +47,9 @@ Contractor::Contractor(const Network& net, const Plan& plan, h5::DType dtype, bo
                                         static_cast<std::uint64_t>(net.size_of(block_view(st).c_modes)) * element_bytes());
   for (Mode m : plan.output) result_elements_ *= static_cast<std::uint64_t>(net.extent.at(m));
   for (Mode m : plan.sliced) slice_radix_.push_back(net.extent.at(m));
+  slice_place_.assign(slice_radix_.size(), 1);
+  for (size_t j = slice_radix_.size(); j-- > 1;)
+    slice_place_[j - 1] = slice_place_[j] * static_cast<std::uint64_t>(slice_radix_[j]);
   for (size_t i = 0; i < net.tensors.size(); ++i) {
     const auto& stored = net.tensors[i].modes;
     ResidentLayout r;
@@ -138,17 +141,12 @@ char* Contractor::input_data(int id, std::uint64_t slice, const std::vector<std:
   const auto& t = net_.tensors[static_cast<size_t>(id)];
   Buffer& b = t.projects_qubit >= 0 ? projection_[static_cast<size_t>(id)][bits.at(static_cast<size_t>(t.projects_qubit)) ? 1 : 0]
                                     : resident_[static_cast<size_t>(id)];
-  // Mixed-radix digits of the slice number (the first sliced mode is the most significant).
+  // The slice number's mixed-radix digit of each sliced mode the input holds (the first sliced
+  // mode is the most significant).
   std::int64_t offset = 0;
-  const auto& sliced = resident_layout_[static_cast<size_t>(id)].sliced;
-  if (!sliced.empty()) {
-    std::vector<std::int64_t> digit(slice_radix_.size());
-    std::uint64_t rest = slice;
-    for (size_t j = slice_radix_.size(); j-- > 0;) {
-      digit[j] = static_cast<std::int64_t>(rest % static_cast<std::uint64_t>(slice_radix_[j]));
-      rest /= static_cast<std::uint64_t>(slice_radix_[j]);
-    }
-    for (auto [j, stride] : sliced) offset += digit[j] * stride;
+  for (auto [j, stride] : resident_layout_[static_cast<size_t>(id)].sliced) {
+    const auto radix = static_cast<std::uint64_t>(slice_radix_[j]);
+    offset += static_cast<std::int64_t>(slice / slice_place_[j] % radix) * stride;
   }
   return static_cast<char*>(b.data()) + static_cast<std::uint64_t>(offset) * element_bytes();
 }

@@ -104,6 +104,7 @@ class Contractor {
   std::vector<Buffer> resident_;                 // per input tensor
   std::vector<std::array<Buffer, 2>> projection_;  // per input tensor: <0| and <1| (projections only)
   std::vector<std::int64_t> slice_radix_;
+  std::vector<std::uint64_t> slice_place_;  // per sliced mode: the slice numbers one of its steps spans
   Backend* backend_ = nullptr;
   Buffer host_arena_;                            // the plan's spilled intermediates (pinned)
   std::unique_ptr<Stream> h2d_, d2h_;            // their copies in and out
