@@ -535,6 +535,23 @@ double overflow(const Plan& p, const PlanOptions& o) {
   return std::max(device, static_cast<double>(p.host_arena_bytes) / static_cast<double>(o.host_budget_bytes));
 }
 
+// The plan of the smallest count in (lo, hi] that fits the budgets, by bisection, where plans
+// grow likelier to fit with the count: make(lo) does not fit, `at_hi` (= make(hi)) does.
+template <typename Make>
+Plan fewest_that_fit(std::size_t lo, std::size_t hi, Plan at_hi, Make&& make, const PlanOptions& o) {
+  while (hi - lo > 1) {
+    const std::size_t mid = (lo + hi) / 2;
+    Plan t = make(mid);
+    if (overflow(t, o) <= 1) {
+      hi = mid;
+      at_hi = std::move(t);
+    } else {
+      lo = mid;
+    }
+  }
+  return at_hi;
+}
+
 // The plan for `sliced` that fits both budgets with the fewest intermediates in the host arena
 // (out of core: the largest go first; found by doubling, then bisection), or if none fits, the
 // one closest to fitting.
@@ -563,16 +580,8 @@ Plan fit(const Network& net, const Path& path, const std::set<Mode>& sliced, con
     if (overflow(fitting, o) <= 1) break;
     if (hi == order.size()) return closest;
   }
-  while (hi - lo > 1) {
-    const size_t mid = (lo + hi) / 2;
-    Plan t = spilling(mid);
-    if (overflow(t, o) <= 1) {
-      hi = mid;
-      fitting = std::move(t);
-    } else {
-      lo = mid;
-    }
-  }
+  fitting = fewest_that_fit(lo, hi, std::move(fitting), spilling, o);
+  hi = fitting.spilled;
   // Spilling more leaves more device memory for staging, so fewer and larger blocks: keep
   // doubling while the prediction improves.
   for (size_t more = 2 * hi; more / 2 < order.size(); more *= 2) {
@@ -630,19 +639,7 @@ Plan with_reuse(const Network& net, const Path& path, const Plan& fitted, const 
   };
   Plan best = recomputing(0);
   if (overflow(best, o) <= 1) return best;
-  best = fitted;
-  size_t lo = 0, hi = order.size();  // recomputing lo does not fit, hi does
-  while (hi - lo > 1) {
-    const size_t mid = (lo + hi) / 2;
-    Plan t = recomputing(mid);
-    if (overflow(t, o) <= 1) {
-      hi = mid;
-      best = std::move(t);
-    } else {
-      lo = mid;
-    }
-  }
-  return best;
+  return fewest_that_fit(0, order.size(), fitted, recomputing, o);  // recomputing all is `fitted`
 }
 
 // The last checks and settings of a plan that fits.
