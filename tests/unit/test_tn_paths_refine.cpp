@@ -420,6 +420,29 @@ TEST(PathsSlicing, ImpossibleTargetsAreReportedNotHidden) {
   EXPECT_DOUBLE_EQ(r.overhead, 1.0);
 }
 
+TEST(PathsSlicing, InputsCountOnlyWhenAsked) {
+  // ab,bc->ac with a long b: the inputs (2^7 values) are the largest tensors, the only
+  // intermediate (the output, 2^2) fits 2^4. Counting inputs, b must be sliced; tn.plan, whose
+  // inputs stay resident outside the arena, does not count them and slices nothing.
+  const Network n = network_from_einsum("ab,bc->ac", {{"a", 2}, {"b", 64}, {"c", 2}}, "test");
+  const SearchNetwork net = SearchNetwork::from(n);
+  const ContractionTree start = ContractionTree::from_path(net, Path{{{0, 1}}});
+  SliceOptions o;
+  o.target_log2_size = 4;
+  ContractionTree counted = start;
+  const SliceReport with_inputs = slice_tree(counted, o);
+  EXPECT_TRUE(with_inputs.fits);
+  EXPECT_EQ(with_inputs.sliced_modes, 1);
+  EXPECT_DOUBLE_EQ(counted.cost().slices, 64.0);
+  o.count_inputs = false;
+  ContractionTree uncounted = start;
+  const SliceReport without_inputs = slice_tree(uncounted, o);
+  EXPECT_TRUE(without_inputs.fits);
+  EXPECT_EQ(without_inputs.sliced_modes, 0);
+  EXPECT_DOUBLE_EQ(without_inputs.overhead, 1.0);
+  EXPECT_DOUBLE_EQ(uncounted.cost().log2_largest_intermediate(), 2.0);
+}
+
 TEST(PathsSlicing, AlreadyFittingTreesAreLeftAlone) {
   const Network n = circuit_network(3, 3, 6, 17, {});
   const SearchNetwork net = SearchNetwork::from(n);
