@@ -604,7 +604,24 @@ def parse_cases(text):
 
 def main():
     if len(sys.argv) == 3 and sys.argv[1] == "--peer-job":
-        peer_job(sys.argv[2])
+        # cotengra walks trees recursively: a 3368-step tree of a 53-qubit circuit exceeded
+        # Python's default recursion limit in ContractionTree.slice. A thread with a large stack
+        # takes the deep recursion.
+        import threading
+        sys.setrecursionlimit(200000)
+        threading.stack_size(1 << 30)
+        failure = []
+
+        def job():
+            try:
+                peer_job(sys.argv[2])
+            except BaseException as e:  # noqa: BLE001 - re-raised below, on the main thread
+                failure.append(e)
+        t = threading.Thread(target=job)
+        t.start()
+        t.join()
+        if failure:
+            raise failure[0]
         return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--qstage", required=True)
