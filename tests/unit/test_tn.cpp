@@ -164,6 +164,16 @@ cd amplitude_of(const ItemResults& r, size_t b, std::int64_t slices, h5::DType d
   return sum;
 }
 
+// A seeded random circuit on a rows x cols grid.
+tn::Circuit grid_circuit(int rows, int cols, int cycles, std::uint64_t seed) {
+  tn::RandomCircuitOptions o;
+  o.rows = rows;
+  o.cols = cols;
+  o.cycles = cycles;
+  o.seed = seed;
+  return tn::random_circuit(o);
+}
+
 std::uint64_t index_of(const std::vector<std::uint8_t>& bits) {
   std::uint64_t idx = 0;
   for (size_t q = 0; q < bits.size(); ++q) idx |= std::uint64_t{bits[q]} << q;
@@ -173,12 +183,7 @@ std::uint64_t index_of(const std::vector<std::uint8_t>& bits) {
 }  // namespace
 
 TEST(TensorNetwork, AmplitudesMatchTheStateVectorSlicedOrNot) {
-  tn::RandomCircuitOptions o;
-  o.rows = 4;
-  o.cols = 4;
-  o.cycles = 10;
-  o.seed = 11;
-  const auto circuit = tn::random_circuit(o);
+  const auto circuit = grid_circuit(4, 4, 10, 11);
   const auto sv = state_vector(circuit);
   auto net = tn::amplitude_network(circuit);
   net.validate("test");
@@ -206,12 +211,7 @@ TEST(TensorNetwork, AmplitudesMatchTheStateVectorSlicedOrNot) {
 }
 
 TEST(TensorNetwork, OpenQubitsGiveAllTheirAmplitudes) {
-  tn::RandomCircuitOptions o;
-  o.rows = 2;
-  o.cols = 4;
-  o.cycles = 5;
-  o.seed = 4;
-  const auto circuit = tn::random_circuit(o);
+  const auto circuit = grid_circuit(2, 4, 5, 4);
   const auto sv = state_vector(circuit);
   const std::vector<int> open = {6, 1, 3};
   const auto net = tn::amplitude_network(circuit, open);
@@ -293,12 +293,7 @@ TEST(TensorNetwork, BudgetTooSmallEvenWithSlicingIsInputError) {
 }
 
 TEST(TensorNetwork, InvariantStepsRunOncePerBitstringAndEverySliceIsBitwiseTheSame) {
-  tn::RandomCircuitOptions o;
-  o.rows = 4;
-  o.cols = 4;
-  o.cycles = 10;
-  o.seed = 11;
-  const auto circuit = tn::random_circuit(o);
+  const auto circuit = grid_circuit(4, 4, 10, 11);
   const auto sv = state_vector(circuit);
   const auto net = tn::amplitude_network(circuit);
   auto path = find_path(net, 16, 1);
@@ -355,12 +350,7 @@ TEST(TensorNetwork, InvariantStepsRunOncePerBitstringAndEverySliceIsBitwiseTheSa
 TEST(TensorNetwork, PrologueIsRedoneWhenTheBitstringChanges) {
   // Sliced over the first wires of qubits 0 and 1: most of the tree, projections included, is
   // invariant, so the prologue's results differ between bitstrings.
-  tn::RandomCircuitOptions o;
-  o.rows = 3;
-  o.cols = 4;
-  o.cycles = 8;
-  o.seed = 2;
-  const auto circuit = tn::random_circuit(o);
+  const auto circuit = grid_circuit(3, 4, 8, 2);
   const auto sv = state_vector(circuit);
   const auto net = tn::amplitude_network(circuit);
   auto path = find_path(net, 16, 3);
@@ -434,12 +424,7 @@ TEST(TensorNetwork, InvariantStepsOfGenericAndExpectationNetworksRunOnce) {
 }
 
 TEST(TensorNetwork, SlicingFitsTheArenaAndThePersistentRegion) {
-  tn::RandomCircuitOptions o;
-  o.rows = 4;
-  o.cols = 4;
-  o.cycles = 10;
-  o.seed = 11;
-  const auto circuit = tn::random_circuit(o);
+  const auto circuit = grid_circuit(4, 4, 10, 11);
   const auto net = tn::amplitude_network(circuit);
   const auto path = find_path(net, 16, 1);
   const auto unsliced = tn::make_plan(net, path, {16});
@@ -461,12 +446,7 @@ TEST(TensorNetwork, SlicingFitsTheArenaAndThePersistentRegion) {
 }
 
 TEST(TensorNetwork, StepsTouchingSpilledIntermediatesRunPerSlice) {
-  tn::RandomCircuitOptions o;
-  o.rows = 3;
-  o.cols = 4;
-  o.cycles = 8;
-  o.seed = 5;
-  const auto circuit = tn::random_circuit(o);
+  const auto circuit = grid_circuit(3, 4, 8, 5);
   const auto net = tn::amplitude_network(circuit);
   const auto path = find_path(net, 16, 1);
   const auto unsliced = tn::make_plan(net, path, {16});
