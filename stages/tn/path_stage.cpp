@@ -22,15 +22,17 @@ namespace {
 
 using nlohmann::json;
 
-tn::Network open_network(const KernelContext& ctx) {
-  h5::File f = h5::File::open(ctx.inputs.at("network")->where().file, h5::Mode::read_only);
-  return tn::load_network(f);
-}
+// The network, and how many contractions a path for it serves: its bitstrings (1 for a value).
+struct Input {
+  tn::Network net;
+  std::size_t contractions = 1;
+};
 
-// How many contractions the path serves: the network's bitstrings (1 for a value).
-std::size_t bitstring_count(const KernelContext& ctx) {
+Input open_network(const KernelContext& ctx) {
   h5::File f = h5::File::open(ctx.inputs.at("network")->where().file, h5::Mode::read_only);
-  return std::max<std::size_t>(tn::read_bitstrings(f).size(), 1);
+  Input in{tn::load_network(f)};
+  in.contractions = std::max<std::size_t>(tn::read_bitstrings(f).size(), 1);
+  return in;
 }
 
 tn::Path imported(const json& p, const tn::Files& files, const tn::Network& net) {
@@ -117,7 +119,8 @@ class PathStage final : public ComputedStage {
   }
   std::string compute(const KernelContext& ctx) const override {
     const json& p = ctx.params;
-    const tn::Network net = open_network(ctx);
+    const Input input = open_network(ctx);
+    const tn::Network& net = input.net;
     const bool complex = true;
     const std::uint64_t element = p.at("precision") == "complex128" ? 16 : 8;
     json result;
@@ -127,7 +130,7 @@ class PathStage final : public ComputedStage {
       result["method"] = fmt::format("imported {} path from {}", p.value("format", "linear"), ctx.files.at("/import").string());
     } else {
       const tn::SearchNetwork search = tn::SearchNetwork::from(net);
-      tn::HyperOptions o = search_options(p, net, element, bitstring_count(ctx));
+      tn::HyperOptions o = search_options(p, net, element, input.contractions);
       double last_log = 0;
       o.progress = [&](int trials, double best, double seconds) {
         if (seconds - last_log < 5) return;
