@@ -303,6 +303,30 @@ def path_params(args, cap):
     return p
 
 
+def step_profile(out, contraction):
+    """Where a contraction's time went: tn.contract's step_seconds (its first work item, timed step
+    by step) beside tn.plan's predicted_seconds, summed by how each step runs, and the slowest
+    looped steps against their prediction (the looped kernel's memory-bound batches)."""
+    import h5py
+    with h5py.File(out / contraction) as f:
+        measured = [float(x) for x in f["step_seconds"][()]] if "step_seconds" in f else []
+    with h5py.File(out / "plan.h5") as f:
+        steps = json.loads(bytes(f["plan"][()]).decode())["steps"]
+    if len(measured) != len(steps):
+        return None
+    kinds = {}
+    for st, t in zip(steps, measured):
+        kind = "looped" if st["looped"] else "packed" if st["packed"] else "in place"
+        k = kinds.setdefault(kind, {"steps": 0, "measured_seconds": 0.0, "predicted_seconds": 0.0})
+        k["steps"] += 1
+        k["measured_seconds"] += t
+        k["predicted_seconds"] += float(st["predicted_seconds"])
+    looped = sorted(((t, st) for st, t in zip(steps, measured) if st["looped"]), key=lambda x: -x[0])[:8]
+    slowest = [{"m": st["m"], "n": st["n"], "k": st["k"], "loops": st["loops"], "measured_seconds": t,
+                "predicted_seconds": float(st["predicted_seconds"])} for t, st in looped]
+    return {"by_kind": kinds, "slowest_looped": slowest}
+
+
 def qstage_case(args, name, case):
     work = Path(args.work)
     cap = args.cap_log2 if (case.get("cap") is not None and args.cap_log2 is not None) else case.get("cap")
@@ -345,7 +369,8 @@ def qstage_case(args, name, case):
                          "seconds_per_amplitude_with_setup": contract / count,
                          "seconds_per_amplitude_with_planning": res["planning_seconds"] + contract / count,
                          "tflops": res["flops_total"] / (loop / count) / 1e12,
-                         "value": [float(values[0].real), float(values[0].imag)]}
+                         "value": [float(values[0].real), float(values[0].imag)],
+                         "step_profile": step_profile(out, "amps.h5")}
         return res, net, tensors, ssa, sliced, None
     # One slice: the network with the sliced modes fixed to 0, the same path, planned and contracted.
     fixed = slice_values(sliced, net["size_dict"], 0)
@@ -372,7 +397,7 @@ def qstage_case(args, name, case):
     res["qstage"] = {"slice_seconds": per_slice, "seconds_per_amplitude": per_slice * res["slices"],
                      "seconds_per_amplitude_with_planning": res["planning_seconds"] + per_slice * res["slices"],
                      "tflops": slice_flops / per_slice / 1e12, "slice_value": [v.real, v.imag],
-                     "extrapolated": res["slices"] > 1}
+                     "extrapolated": res["slices"] > 1, "step_profile": step_profile(sout, "value.h5")}
     if args.verify_slices:
         res["verify"] = verify_slices(args, name, case, net, tensors, ssa, sliced, steps, run_dir)
     return res, net, tensors, ssa, sliced, (sub, data, sssa, ssliced)

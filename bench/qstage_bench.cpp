@@ -12,6 +12,13 @@
 //       (wall time from device data to a host stream and back, copies and framing included; and
 //       on cuda, device_only: the GPU work alone, data and parts in device memory),
 //       largest error over the range, and fidelity |<a|b>| / (|a| |b|)
+//   qstage_bench looped --steps FILE.json [--device cuda] [--dtype complex64]
+//       the looped kernel (kernels/looped_gemm) on each step of FILE.json, a list of
+//       {"m": M, "n": N, "k": K, "groups": [[extent, stride_a, stride_b, stride_c], ...]} (outermost
+//       group first, strides in elements: the loop groups of a tensor-network step, as
+//       tn.plan's steps give them), on random operands: seconds, distinct bytes moved (A and B
+//       where their strides move, C) and that as a fraction of the device copy rate measured
+//       in the same run (a copy reads and writes: the rate counts both)
 // Output: one JSON object on stdout. Timings are medians of repeats after a warm-up.
 #include <cblas.h>
 #include <omp.h>
@@ -30,10 +37,12 @@
 
 #include "backend/backend.hpp"
 #include "core/error.hpp"
+#include "core/fsutil.hpp"
 #include "core/units.hpp"
 #include "io/h5.hpp"
 #include "kernels/codec.hpp"
 #include "kernels/gemm.hpp"
+#include "kernels/looped_gemm.hpp"
 #include "kernels/random.hpp"
 
 using namespace qstage;
@@ -337,11 +346,74 @@ int codec_bench(const std::map<std::string, std::string>& a) {
 
 }  // namespace
 
+// Elements an operand of a looped step spans: one past its largest offset.
+std::uint64_t looped_span(const kernels::LoopedGemm& g, std::int64_t rows, const std::int64_t* strides) {
+  std::uint64_t last = static_cast<std::uint64_t>(rows * g.k);
+  for (int d = 0; d < g.groups; ++d) last += static_cast<std::uint64_t>((g.extent[d] - 1) * strides[d]);
+  return last;
+}
+
+int looped_bench(const std::map<std::string, std::string>& a) {
+  const std::string device = a.count("device") ? a.at("device") : "auto";
+  auto be = make_backend({device, 0, 0, 0});
+  const std::string dtype_name = a.count("dtype") ? a.at("dtype") : "complex64";
+  if (dtype_name != "complex64" && dtype_name != "complex128")
+    throw InputError("--dtype: expected complex64 or complex128, got " + dtype_name);
+  const auto dtype = dtype_name == "complex64" ? h5::DType::complex64 : h5::DType::complex128;
+  const std::size_t element = dtype == h5::DType::complex64 ? 8 : 16;
+  const json steps = json::parse(fsutil::read_file(a.at("steps")));
+  auto s = be->make_stream();
+  // The device copy rate: 1 GiB copied on the device, read + write bytes per second.
+  const std::size_t copy_bytes = 1ull << 30;
+  double copy_rate = 0;
+  {
+    Buffer x = be->alloc_device(copy_bytes, "bench copy x"), y = be->alloc_device(copy_bytes, "bench copy y");
+    const double t = median_seconds([&] {
+      be->copy_on_device(y.data(), x.data(), copy_bytes, *s);
+      s->synchronize();
+    });
+    copy_rate = 2.0 * copy_bytes / t;
+  }
+  json out = {{"device", be->description()}, {"dtype", dtype_name}, {"copy_GBps", copy_rate / 1e9}, {"steps", json::array()}};
+  for (const auto& step : steps) {
+    kernels::LoopedGemm g;
+    g.dtype = dtype;
+    g.m = step.at("m"), g.n = step.at("n"), g.k = step.at("k");
+    const auto& groups = step.at("groups");
+    if (groups.size() > static_cast<std::size_t>(kernels::kMaxLoopGroups))
+      throw InputError(fmt::format("--steps: a step has {} loop groups, at most {}", groups.size(), kernels::kMaxLoopGroups));
+    g.groups = static_cast<int>(groups.size());
+    for (int d = 0; d < g.groups; ++d) {
+      const auto& grp = groups[static_cast<std::size_t>(d)];
+      g.extent[d] = grp.at(0), g.stride_a[d] = grp.at(1), g.stride_b[d] = grp.at(2), g.stride_c[d] = grp.at(3);
+    }
+    const std::uint64_t a_span = looped_span(g, g.m, g.stride_a), b_span = looped_span(g, g.n, g.stride_b);
+    std::uint64_t c_span = static_cast<std::uint64_t>(g.m * g.n);
+    for (int d = 0; d < g.groups; ++d) c_span += static_cast<std::uint64_t>((g.extent[d] - 1) * g.stride_c[d]);
+    Buffer da = be->alloc_device(a_span * element, "bench A"), db = be->alloc_device(b_span * element, "bench B"),
+           dc = be->alloc_device(c_span * element, "bench C");
+    kernels::random_fill(*s, {dtype, 1, 0, 2 * a_span, da.data()});  // (two components per element)
+    kernels::random_fill(*s, {dtype, 2, 0, 2 * b_span, db.data()});
+    g.a = da.data(), g.b = db.data(), g.c = dc.data();
+    const double t = median_seconds([&] {
+      kernels::looped_gemm(*s, g);
+      s->synchronize();
+    });
+    const double bytes = static_cast<double>(a_span + b_span + g.loops() * g.m * g.n) * element;
+    out["steps"].push_back({{"m", g.m}, {"n", g.n}, {"k", g.k}, {"loops", g.loops()}, {"seconds", t},
+                            {"bytes", bytes}, {"GBps", bytes / t / 1e9}, {"of_copy_rate", bytes / t / copy_rate},
+                            {"bound_seconds", bytes / copy_rate}});
+  }
+  std::cout << out.dump(2) << "\n";
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (argc < 2) {
     std::cerr << "usage: qstage_bench ceilings --m M --n N --k K [--device cuda|cpu] [--io-dir DIR --io-bytes SIZE]\n"
                  "       qstage_bench inmemory-matmul --a FILE:/dataset --b FILE:/dataset\n"
-                 "       qstage_bench codec --data FILE:/dataset [--device cuda] [--pipelines szx,group] [--bounds 1e-3]\n";
+                 "       qstage_bench codec --data FILE:/dataset [--device cuda] [--pipelines szx,group] [--bounds 1e-3]\n"
+                 "       qstage_bench looped --steps FILE.json [--device cuda] [--dtype complex64]\n";
     return 2;
   }
   try {
@@ -351,6 +423,7 @@ int main(int argc, char** argv) {
     if (cmd == "ceilings") return ceilings(args);
     if (cmd == "inmemory-matmul") return inmemory_matmul(args);
     if (cmd == "codec") return codec_bench(args);
+    if (cmd == "looped") return looped_bench(args);
     std::cerr << "unknown command " << cmd << "\n";
     return 2;
   } catch (const std::exception& e) {

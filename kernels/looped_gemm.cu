@@ -14,68 +14,168 @@ __global__ void looped_gemm_kernel(LoopedGemm g, std::uint64_t total) {
     looped_gemm_element<Real>(g, e);
 }
 
-// Short power-of-two sums (k = K) with one small side (at most kRowsOther rows): one thread per
-// row of the larger operand, across all the loop indices. The thread finds its loop offsets
-// once, keeps its row in registers, and walks the small side's rows (shared by the threads of
-// one loop index, so they come from L1), writing that many results; each result is summed over
-// k in order with the same expression as looped_gemm_element (A's value first). With one thread
-// per result element, each element walked the loop digits and read both its rows: the gate
-// steps of a 53-qubit circuit slice (128 x 2 x 16 over 2^21 loop indices) ran at a tenth of
-// the memory bandwidth.
-constexpr std::int64_t kRowsOther = 32;
-template <typename Real, int K, bool RowsOfA>
-__global__ void looped_gemm_rows_kernel(LoopedGemm g, std::uint64_t rows) {
-  const std::int64_t own_count = RowsOfA ? g.m : g.n, other_count = RowsOfA ? g.n : g.m;
-  const std::uint64_t stride = std::uint64_t(gridDim.x) * blockDim.x;
-  for (std::uint64_t r = std::uint64_t(blockIdx.x) * blockDim.x + threadIdx.x; r < rows; r += stride) {
-    std::uint64_t loop = r;
-    const std::int64_t own = next_digit(loop, own_count, RowsOfA ? g.m_shift : g.n_shift);
-    // The loop's first element (i = j = 0): its offsets in A, B and C.
-    const ElementAt at = element_at(g, loop * static_cast<std::uint64_t>(g.m * g.n));
-    const auto* a = static_cast<const Complex<Real>*>(g.a) + at.a;
-    const auto* b = static_cast<const Complex<Real>*>(g.b) + at.b;
-    auto* c = static_cast<Complex<Real>*>(g.c) + at.c;
-    Complex<Real> mine[K];
-    const Complex<Real>* row = (RowsOfA ? a : b) + own * K;
-#pragma unroll
-    for (int p = 0; p < K; ++p) mine[p] = row[p];
-    for (std::int64_t o = 0; o < other_count; ++o) {
-      const Complex<Real>* theirs = (RowsOfA ? b : a) + o * K;
-      Real re = 0, im = 0;
-#pragma unroll
-      for (int p = 0; p < K; ++p) {
-        const Complex<Real> x = RowsOfA ? mine[p] : theirs[p], y = RowsOfA ? theirs[p] : mine[p];
-        re += x.re * y.re - x.im * y.im;
-        im += x.re * y.im + x.im * y.re;
+// Short power-of-two sums (k = K) where one operand is small (a gate applied to a large tensor):
+// one thread per row of the large operand ("own"), which it reads once. Loop groups in which the
+// own operand does not move (the small operand's free modes, scattered through C) are walked
+// inside the thread together with the small operand's rows, so each own row yields all its
+// results; the other loop groups and the own rows make up the thread index. A block first stages
+// its rows through shared memory with coalesced loads (a warp reading 32 rows of 128 bytes row by
+// row touched 32 lines per instruction). Each result is summed over k in order with the same
+// expression as looped_gemm_element (A's value first). One thread per result element walked the
+// loop digits per element and read the large operand once per result: the gate steps of a
+// 53-qubit circuit slice ran at a tenth of the memory bandwidth.
+constexpr int kRowsMaxResults = 64;  // results per thread (small-side rows x inner loop indices)
+struct RowsWalk {
+  const void* own = nullptr;
+  const void* other = nullptr;
+  void* c = nullptr;
+  std::int64_t own_count = 1, other_count = 1;
+  std::int8_t own_shift = -1;
+  // Where result (own row u, other row o) sits in C: u * own_c + o * other_c.
+  std::int64_t own_c = 1, other_c = 1;
+  // The thread index's loop groups (innermost first) and the inner ones (own stride 0).
+  int outer = 0, inner = 0;
+  std::int64_t outer_extent[kMaxLoopGroups] = {}, outer_own[kMaxLoopGroups] = {},
+               outer_other[kMaxLoopGroups] = {}, outer_c[kMaxLoopGroups] = {};
+  std::int8_t outer_shift[kMaxLoopGroups] = {};
+  std::int64_t inner_extent[kMaxLoopGroups] = {}, inner_other[kMaxLoopGroups] = {}, inner_c[kMaxLoopGroups] = {};
+  std::int8_t inner_shift[kMaxLoopGroups] = {};
+  std::uint64_t rows = 0, inner_total = 1;
+};
+
+// Rows of a block with odd strides in shared memory (in elements): reads of one column by the
+// threads of a warp then fall in distinct banks.
+constexpr int padded_row(int k) { return k | 1; }
+template <typename Real, int K>
+constexpr unsigned rows_block() { return K * sizeof(Complex<Real>) >= 256 ? 128 : 256; }
+
+template <typename Real, int K, bool OwnIsA>
+__global__ void __launch_bounds__(rows_block<Real, K>()) looped_gemm_rows_kernel(RowsWalk w) {
+  constexpr unsigned T = rows_block<Real, K>();
+  __shared__ Complex<Real> stage[T * padded_row(K)];
+  __shared__ std::int64_t row_at[T];
+  const auto* own_data = static_cast<const Complex<Real>*>(w.own);
+  const auto* other_data = static_cast<const Complex<Real>*>(w.other);
+  auto* c_data = static_cast<Complex<Real>*>(w.c);
+  for (std::uint64_t tile = blockIdx.x; tile * T < w.rows; tile += gridDim.x) {
+    const std::uint64_t r = tile * T + threadIdx.x;
+    const bool live = r < w.rows;
+    std::int64_t other_at = 0, c_at = 0;
+    if (live) {
+      std::uint64_t rest = r;
+      const std::int64_t own = next_digit(rest, w.own_count, w.own_shift);
+      std::int64_t own_at = own * K;
+      c_at = own * w.own_c;
+      for (int d = 0; d < w.outer; ++d) {
+        const std::int64_t digit = next_digit(rest, w.outer_extent[d], w.outer_shift[d]);
+        own_at += digit * w.outer_own[d];
+        other_at += digit * w.outer_other[d];
+        c_at += digit * w.outer_c[d];
       }
-      const std::int64_t i = RowsOfA ? own : o, j = RowsOfA ? o : own;
-      c[i * g.n + j] = Complex<Real>{re, im};
+      row_at[threadIdx.x] = own_at;
     }
+    __syncthreads();
+    const std::uint64_t left = w.rows - tile * T, live_rows = left < T ? left : T;
+    for (unsigned x = threadIdx.x; x < live_rows * K; x += T)
+      stage[(x / K) * padded_row(K) + x % K] = own_data[row_at[x / K] + x % K];
+    __syncthreads();
+    if (live) {
+      Complex<Real> mine[K];
+#pragma unroll
+      for (int p = 0; p < K; ++p) mine[p] = stage[threadIdx.x * padded_row(K) + p];
+      for (std::uint64_t q = 0; q < w.inner_total; ++q) {
+        std::uint64_t rest = q;
+        std::int64_t other_q = other_at, c_q = c_at;
+        for (int d = 0; d < w.inner; ++d) {
+          const std::int64_t digit = next_digit(rest, w.inner_extent[d], w.inner_shift[d]);
+          other_q += digit * w.inner_other[d];
+          c_q += digit * w.inner_c[d];
+        }
+        for (std::int64_t o = 0; o < w.other_count; ++o) {
+          const Complex<Real>* theirs = other_data + other_q + o * K;
+          Real re = 0, im = 0;
+#pragma unroll
+          for (int p = 0; p < K; ++p) {
+            const Complex<Real> x = OwnIsA ? mine[p] : theirs[p], y = OwnIsA ? theirs[p] : mine[p];
+            re += x.re * y.re - x.im * y.im;
+            im += x.re * y.im + x.im * y.re;
+          }
+          c_data[c_q + o * w.other_c] = Complex<Real>{re, im};
+        }
+      }
+    }
+    __syncthreads();  // (the next tile overwrites stage and row_at)
   }
 }
 
+// The walk for g with the own operand A (own_is_a) or B; false where the rows kernel does not
+// apply (more results per thread than kRowsMaxResults even without inner loop groups).
+bool rows_walk(const LoopedGemm& g, bool own_is_a, RowsWalk& w) {
+  w.own = own_is_a ? g.a : g.b;
+  w.other = own_is_a ? g.b : g.a;
+  w.c = g.c;
+  w.own_count = own_is_a ? g.m : g.n;
+  w.other_count = own_is_a ? g.n : g.m;
+  w.own_shift = own_is_a ? g.m_shift : g.n_shift;
+  w.own_c = own_is_a ? g.n : 1;
+  w.other_c = own_is_a ? 1 : g.n;
+  if (w.other_count > kRowsMaxResults) return false;
+  std::int64_t results = w.other_count;
+  w.rows = static_cast<std::uint64_t>(w.own_count);
+  for (int d = g.groups - 1; d >= 0; --d) {  // innermost first
+    const std::int64_t own_stride = own_is_a ? g.stride_a[d] : g.stride_b[d];
+    const std::int64_t other_stride = own_is_a ? g.stride_b[d] : g.stride_a[d];
+    if (own_stride == 0 && results * g.extent[d] <= kRowsMaxResults) {
+      results *= g.extent[d];
+      w.inner_extent[w.inner] = g.extent[d], w.inner_shift[w.inner] = g.shift[d];
+      w.inner_other[w.inner] = other_stride, w.inner_c[w.inner] = g.stride_c[d];
+      w.inner_total *= static_cast<std::uint64_t>(g.extent[d]);
+      ++w.inner;
+    } else {
+      w.outer_extent[w.outer] = g.extent[d], w.outer_shift[w.outer] = g.shift[d];
+      w.outer_own[w.outer] = own_stride, w.outer_other[w.outer] = other_stride, w.outer_c[w.outer] = g.stride_c[d];
+      w.rows *= static_cast<std::uint64_t>(g.extent[d]);
+      ++w.outer;
+    }
+  }
+  return true;
+}
+
+// The own operand is the one with more distinct elements (the large tensor, read once).
+std::uint64_t footprint(const LoopedGemm& g, bool of_a) {
+  std::uint64_t elements = static_cast<std::uint64_t>((of_a ? g.m : g.n) * g.k);
+  for (int d = 0; d < g.groups; ++d)
+    if ((of_a ? g.stride_a[d] : g.stride_b[d]) != 0) elements *= static_cast<std::uint64_t>(g.extent[d]);
+  return elements;
+}
+
 template <typename Real, int K>
-void launch_rows(const LoopedGemm& g, cudaStream_t stream) {
-  constexpr unsigned threads = 256;
-  const bool rows_of_a = g.m >= g.n;
-  const std::uint64_t rows = g.loops() * static_cast<std::uint64_t>(rows_of_a ? g.m : g.n);
-  const auto blocks = static_cast<unsigned>(std::min<std::uint64_t>((rows + threads - 1) / threads, 1u << 20));
-  if (rows_of_a) looped_gemm_rows_kernel<Real, K, true><<<blocks, threads, 0, stream>>>(g, rows);
-  else looped_gemm_rows_kernel<Real, K, false><<<blocks, threads, 0, stream>>>(g, rows);
+void launch_rows(const RowsWalk& w, bool own_is_a, cudaStream_t stream) {
+  constexpr unsigned threads = rows_block<Real, K>();
+  const auto blocks = static_cast<unsigned>(std::min<std::uint64_t>((w.rows + threads - 1) / threads, 1u << 20));
+  if (own_is_a) looped_gemm_rows_kernel<Real, K, true><<<blocks, threads, 0, stream>>>(w);
+  else looped_gemm_rows_kernel<Real, K, false><<<blocks, threads, 0, stream>>>(w);
 }
 
 // Whether the rows kernel takes g, and launches it.
 template <typename Real>
 bool try_rows(const LoopedGemm& g, cudaStream_t stream) {
-  if (std::min(g.m, g.n) > kRowsOther) return false;
-  switch (g.k) {
-    case 1: launch_rows<Real, 1>(g, stream); return true;
-    case 2: launch_rows<Real, 2>(g, stream); return true;
-    case 4: launch_rows<Real, 4>(g, stream); return true;
-    case 8: launch_rows<Real, 8>(g, stream); return true;
-    case 16: launch_rows<Real, 16>(g, stream); return true;
-    default: return false;
+  if (g.k != 1 && g.k != 2 && g.k != 4 && g.k != 8 && g.k != 16) return false;
+  bool own_is_a = footprint(g, true) >= footprint(g, false);
+  RowsWalk w;
+  if (!rows_walk(g, own_is_a, w)) {
+    own_is_a = !own_is_a;  // the large operand has too many rows: walk the small one's
+    w = RowsWalk{};
+    if (!rows_walk(g, own_is_a, w)) return false;
   }
+  switch (g.k) {
+    case 1: launch_rows<Real, 1>(w, own_is_a, stream); break;
+    case 2: launch_rows<Real, 2>(w, own_is_a, stream); break;
+    case 4: launch_rows<Real, 4>(w, own_is_a, stream); break;
+    case 8: launch_rows<Real, 8>(w, own_is_a, stream); break;
+    default: launch_rows<Real, 16>(w, own_is_a, stream); break;
+  }
+  return true;
 }
 
 // Long sums (k >= 32): one warp per result element. Lanes read consecutive k (coalesced: K is

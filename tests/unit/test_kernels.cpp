@@ -306,17 +306,21 @@ kernels::LoopedGemm scattered_looped_gemm(const void* a, const void* b, void* c)
 std::vector<cd> reference_looped(const kernels::LoopedGemm& g, const std::vector<std::complex<float>>& a,
                                  const std::vector<std::complex<float>>& b, std::size_t c_size) {
   std::vector<cd> c(c_size);
-  for (std::int64_t x = 0; x < g.extent[0]; ++x)
-    for (std::int64_t y = 0; y < g.extent[1]; ++y) {
-      const std::int64_t oa = x * g.stride_a[0] + y * g.stride_a[1], ob = x * g.stride_b[0] + y * g.stride_b[1],
-                         oc = x * g.stride_c[0] + y * g.stride_c[1];
-      for (std::int64_t i = 0; i < g.m; ++i)
-        for (std::int64_t j = 0; j < g.n; ++j) {
-          cd sum = 0;
-          for (std::int64_t p = 0; p < g.k; ++p) sum += cd(a[oa + i * g.k + p]) * cd(b[ob + j * g.k + p]);
-          c[oc + i * g.n + j] = sum;
-        }
+  for (std::uint64_t loop = 0; loop < g.loops(); ++loop) {
+    std::int64_t oa = 0, ob = 0, oc = 0;
+    std::uint64_t rest = loop;
+    for (int d = g.groups - 1; d >= 0; --d) {  // (the last group innermost)
+      const auto digit = static_cast<std::int64_t>(rest % static_cast<std::uint64_t>(g.extent[d]));
+      rest /= static_cast<std::uint64_t>(g.extent[d]);
+      oa += digit * g.stride_a[d], ob += digit * g.stride_b[d], oc += digit * g.stride_c[d];
     }
+    for (std::int64_t i = 0; i < g.m; ++i)
+      for (std::int64_t j = 0; j < g.n; ++j) {
+        cd sum = 0;
+        for (std::int64_t p = 0; p < g.k; ++p) sum += cd(a[oa + i * g.k + p]) * cd(b[ob + j * g.k + p]);
+        c[oc + i * g.n + j] = sum;
+      }
+  }
   return c;
 }
 
@@ -382,7 +386,7 @@ TEST(LoopedGemmKernel, GpuMatchesCpuWithVeryLongSums) {
   REQUIRE_GPU();
   GpuRun gpu;
   kernels::LoopedGemm g;  // k >= kLoopedBlockSum takes the block-per-element kernel
-  g.m = 2, g.n = 2, g.k = 3 * kernels::kLoopedBlockSum + 5, g.groups = 2;  // (reference_looped walks two groups)
+  g.m = 2, g.n = 2, g.k = 3 * kernels::kLoopedBlockSum + 5, g.groups = 2;
   g.extent[0] = 3, g.stride_a[0] = 2 * g.k, g.stride_b[0] = 2 * g.k, g.stride_c[0] = 4;
   g.extent[1] = 1, g.stride_a[1] = 0, g.stride_b[1] = 0, g.stride_c[1] = 0;
   auto a = random_complex(static_cast<std::size_t>(6 * g.k), 51), b = random_complex(static_cast<std::size_t>(6 * g.k), 52);
@@ -428,22 +432,26 @@ TEST(GatherPermuteKernel, MergedGatherMatchesTheDefinition) {
 }
 
 // Short power-of-two sums with one small side take the rows kernel (a thread per row of the
-// larger operand): both orientations, a loop group that broadcasts the small operand (stride 0)
-// and one that does not, complex64 and complex128, against the CPU twin.
+// larger operand): both orientations; loop groups where both operands move, where B is broadcast
+// and where A is (walked inside the thread when it is the large one, unless that would make more
+// than 64 results per thread: 100 x 40); complex64 and complex128; against the CPU twin.
 TEST(LoopedGemmKernel, GpuRowsKernelMatchesCpu) {
   REQUIRE_GPU();
   GpuRun gpu;
   struct Shape {
     std::int64_t m, n, k;
   };
-  for (const Shape sh : {Shape{128, 2, 16}, Shape{2, 64, 8}, Shape{8, 8, 4}, Shape{33, 1, 2}, Shape{1, 40, 1}}) {
+  for (const Shape sh : {Shape{128, 2, 16}, Shape{2, 64, 8}, Shape{8, 8, 4}, Shape{33, 1, 2}, Shape{1, 40, 1},
+                         Shape{100, 40, 1}, Shape{3, 48, 2}}) {
     kernels::LoopedGemm g;
-    g.m = sh.m, g.n = sh.n, g.k = sh.k, g.groups = 2;
-    // group 0: both operands move; group 1: B is broadcast (a gate applied at every index).
-    g.extent[0] = 3, g.stride_a[0] = 4 * sh.m * sh.k, g.stride_b[0] = sh.n * sh.k, g.stride_c[0] = 4 * sh.m * sh.n;
-    g.extent[1] = 4, g.stride_a[1] = sh.m * sh.k, g.stride_b[1] = 0, g.stride_c[1] = sh.m * sh.n;
-    const auto a_size = static_cast<std::size_t>(12 * sh.m * sh.k), b_size = static_cast<std::size_t>(3 * sh.n * sh.k),
-               c_size = static_cast<std::size_t>(12 * sh.m * sh.n);
+    g.m = sh.m, g.n = sh.n, g.k = sh.k, g.groups = 3;
+    // group 0: both operands move; group 1: B is broadcast (a gate applied at every index);
+    // group 2: A is broadcast (a free mode of B that C has outside B's rows).
+    g.extent[0] = 3, g.stride_a[0] = 4 * sh.m * sh.k, g.stride_b[0] = 2 * sh.n * sh.k, g.stride_c[0] = 8 * sh.m * sh.n;
+    g.extent[1] = 4, g.stride_a[1] = sh.m * sh.k, g.stride_b[1] = 0, g.stride_c[1] = 2 * sh.m * sh.n;
+    g.extent[2] = 2, g.stride_a[2] = 0, g.stride_b[2] = sh.n * sh.k, g.stride_c[2] = sh.m * sh.n;
+    const auto a_size = static_cast<std::size_t>(12 * sh.m * sh.k), b_size = static_cast<std::size_t>(6 * sh.n * sh.k),
+               c_size = static_cast<std::size_t>(24 * sh.m * sh.n);
     const auto a = random_complex(a_size, 61), b = random_complex(b_size, 62);
     for (auto dtype : {h5::DType::complex64, h5::DType::complex128}) {
       g.dtype = dtype;
