@@ -1,3 +1,5 @@
+#include <cooperative_groups.h>
+
 #include <algorithm>
 
 #include "kernels/cuda_check.hpp"
@@ -46,8 +48,12 @@ struct RowsWalk {
 // Rows of a block with odd strides in shared memory (in elements): reads of one column by the
 // threads of a warp then fall in distinct banks.
 constexpr int padded_row(int k) { return k | 1; }
+// Threads (rows) per block: 256, fewer for long rows (the staged tile stays near 32 KiB).
 template <typename Real, int K>
-constexpr unsigned rows_block() { return K * sizeof(Complex<Real>) >= 256 ? 128 : 256; }
+constexpr unsigned rows_block() {
+  constexpr unsigned fit = 32768 / (K * sizeof(Complex<Real>));
+  return fit < 256 ? fit : 256;
+}
 
 template <typename Real, int K, bool OwnIsA>
 __global__ void __launch_bounds__(rows_block<Real, K>()) looped_gemm_rows_kernel(RowsWalk w) {
@@ -75,14 +81,41 @@ __global__ void __launch_bounds__(rows_block<Real, K>()) looped_gemm_rows_kernel
       row_at[threadIdx.x] = own_at;
     }
     __syncthreads();
-    const std::uint64_t left = w.rows - tile * T, live_rows = left < T ? left : T;
-    for (unsigned x = threadIdx.x; x < live_rows * K; x += T)
-      stage[(x / K) * padded_row(K) + x % K] = own_data[row_at[x / K] + x % K];
+    const std::uint64_t left = w.rows - tile * T;
+    if (left >= T) {  // a full tile: up to 16 loads of a thread in flight at once
+      constexpr int kBatch = K < 16 ? K : 16;
+#pragma unroll
+      for (int j0 = 0; j0 < K; j0 += kBatch) {
+        Complex<Real> loaded[kBatch];
+#pragma unroll
+        for (int j = 0; j < kBatch; ++j) {
+          const unsigned x = threadIdx.x + (j0 + j) * T;
+          loaded[j] = own_data[row_at[x / K] + x % K];
+        }
+#pragma unroll
+        for (int j = 0; j < kBatch; ++j) {
+          const unsigned x = threadIdx.x + (j0 + j) * T;
+          stage[(x / K) * padded_row(K) + x % K] = loaded[j];
+        }
+      }
+    } else {
+      for (unsigned x = threadIdx.x; x < left * K; x += T)
+        stage[(x / K) * padded_row(K) + x % K] = own_data[row_at[x / K] + x % K];
+    }
     __syncthreads();
     if (live) {
-      Complex<Real> mine[K];
+      // Rows up to 16 long are kept in registers; longer ones are read from the staged tile.
+      constexpr bool kInRegisters = K <= 16;
+      Complex<Real> regs[kInRegisters ? K : 1];
+      const Complex<Real>* staged = stage + threadIdx.x * padded_row(K);
+      if constexpr (kInRegisters) {
 #pragma unroll
-      for (int p = 0; p < K; ++p) mine[p] = stage[threadIdx.x * padded_row(K) + p];
+        for (int p = 0; p < K; ++p) regs[p] = staged[p];
+      }
+      const auto mine = [&](int p) -> Complex<Real> {
+        if constexpr (kInRegisters) return regs[p];
+        else return staged[p];
+      };
       for (std::uint64_t q = 0; q < w.inner_total; ++q) {
         std::uint64_t rest = q;
         std::int64_t other_q = other_at, c_q = c_at;
@@ -96,7 +129,7 @@ __global__ void __launch_bounds__(rows_block<Real, K>()) looped_gemm_rows_kernel
           Real re = 0, im = 0;
 #pragma unroll
           for (int p = 0; p < K; ++p) {
-            const Complex<Real> x = OwnIsA ? mine[p] : theirs[p], y = OwnIsA ? theirs[p] : mine[p];
+            const Complex<Real> x = OwnIsA ? mine(p) : theirs[p], y = OwnIsA ? theirs[p] : mine(p);
             re += x.re * y.re - x.im * y.im;
             im += x.re * y.im + x.im * y.re;
           }
@@ -160,7 +193,7 @@ void launch_rows(const RowsWalk& w, bool own_is_a, cudaStream_t stream) {
 // Whether the rows kernel takes g, and launches it.
 template <typename Real>
 bool try_rows(const LoopedGemm& g, cudaStream_t stream) {
-  if (g.k != 1 && g.k != 2 && g.k != 4 && g.k != 8 && g.k != 16) return false;
+  if (g.k > kLoopedRowsMaxSum || (g.k & (g.k - 1)) != 0) return false;
   bool own_is_a = footprint(g, true) >= footprint(g, false);
   RowsWalk w;
   if (!rows_walk(g, own_is_a, w)) {
@@ -173,7 +206,9 @@ bool try_rows(const LoopedGemm& g, cudaStream_t stream) {
     case 2: launch_rows<Real, 2>(w, own_is_a, stream); break;
     case 4: launch_rows<Real, 4>(w, own_is_a, stream); break;
     case 8: launch_rows<Real, 8>(w, own_is_a, stream); break;
-    default: launch_rows<Real, 16>(w, own_is_a, stream); break;
+    case 16: launch_rows<Real, 16>(w, own_is_a, stream); break;
+    case 32: launch_rows<Real, 32>(w, own_is_a, stream); break;
+    default: launch_rows<Real, 64>(w, own_is_a, stream); break;
   }
   return true;
 }
@@ -204,36 +239,112 @@ __global__ void looped_gemm_warp_kernel(LoopedGemm g, std::uint64_t total) {
 }
 
 // Very long sums (k >= kBlockSum) over few result elements (a step that reduces two large
-// tensors to a handful of numbers): one block per element, each thread summing a strided share of
-// k in order, then a fixed tree in shared memory. cuBLAS ran such a batch of 2 x 2 x 2^21
-// products at 1/600 of memory bandwidth (one CTA per product).
+// tensors to a handful of numbers). cuBLAS ran such a batch of 2 x 2 x 2^21 products at 1/600 of
+// memory bandwidth (one CTA per product). Here each element gets a cluster of kSumBlocks blocks
+// (Hopper's thread-block clusters) where the device has them: thread t of block r sums
+// k = (r T + t), (r T + t) + kClusterBlocks T, ... in order, each block adds its threads' sums in a
+// fixed tree in shared memory, and block 0 adds the blocks' sums in rank order, reading them from
+// the other blocks' shared memory. One block per element left most SMs idle (a 8 x 4 x 2^26 step
+// of a 53-qubit slice: 32 blocks on 132 SMs, 21 ms against a 2.6 ms bound). Older devices run one
+// block per element (the same sums with one block), so their last bits may differ.
 constexpr int kBlockSumThreads = 1024;
+constexpr int kClusterBlocks = 8;
+
+// This block's share of element e's sum (rank r of `blocks`), left in sum_re[0] and sum_im[0].
+template <typename Real>
+__device__ void block_share(const LoopedGemm& g, const ElementAt& at, unsigned rank, unsigned blocks, Real* sum_re,
+                            Real* sum_im) {
+  const auto* x = static_cast<const Complex<Real>*>(g.a) + at.a + at.i * g.k;
+  const auto* y = static_cast<const Complex<Real>*>(g.b) + at.b + at.j * g.k;
+  Real re = 0, im = 0;
+  const std::int64_t step = std::int64_t{blocks} * kBlockSumThreads;
+  for (std::int64_t p = std::int64_t{rank} * kBlockSumThreads + threadIdx.x; p < g.k; p += step) {
+    const Complex<Real> u = x[p], v = y[p];
+    re += u.re * v.re - u.im * v.im;
+    im += u.re * v.im + u.im * v.re;
+  }
+  sum_re[threadIdx.x] = re;
+  sum_im[threadIdx.x] = im;
+  __syncthreads();
+  for (int half = kBlockSumThreads / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) {
+      sum_re[threadIdx.x] += sum_re[threadIdx.x + half];
+      sum_im[threadIdx.x] += sum_im[threadIdx.x + half];
+    }
+    __syncthreads();
+  }
+}
+
 template <typename Real>
 __global__ void __launch_bounds__(kBlockSumThreads) looped_gemm_block_kernel(LoopedGemm g, std::uint64_t total) {
   __shared__ Real sum_re[kBlockSumThreads], sum_im[kBlockSumThreads];
   for (std::uint64_t e = blockIdx.x; e < total; e += gridDim.x) {
     const ElementAt at = element_at(g, e);
-    const auto* x = static_cast<const Complex<Real>*>(g.a) + at.a + at.i * g.k;
-    const auto* y = static_cast<const Complex<Real>*>(g.b) + at.b + at.j * g.k;
-    Real re = 0, im = 0;
-    for (std::int64_t p = threadIdx.x; p < g.k; p += kBlockSumThreads) {
-      const Complex<Real> u = x[p], v = y[p];
-      re += u.re * v.re - u.im * v.im;
-      im += u.re * v.im + u.im * v.re;
-    }
-    sum_re[threadIdx.x] = re;
-    sum_im[threadIdx.x] = im;
-    __syncthreads();
-    for (int half = kBlockSumThreads / 2; half > 0; half /= 2) {
-      if (threadIdx.x < half) {
-        sum_re[threadIdx.x] += sum_re[threadIdx.x + half];
-        sum_im[threadIdx.x] += sum_im[threadIdx.x + half];
-      }
-      __syncthreads();
-    }
+    block_share<Real>(g, at, 0, 1, sum_re, sum_im);
     if (threadIdx.x == 0) static_cast<Complex<Real>*>(g.c)[at.c + at.i * g.n + at.j] = Complex<Real>{sum_re[0], sum_im[0]};
     __syncthreads();
   }
+}
+
+template <typename Real>
+__global__ void __launch_bounds__(kBlockSumThreads) looped_gemm_cluster_kernel(LoopedGemm g, std::uint64_t total) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  __shared__ Real sum_re[kBlockSumThreads], sum_im[kBlockSumThreads];
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  const unsigned rank = cluster.block_rank();
+  const std::uint64_t clusters = gridDim.x / kClusterBlocks;
+  for (std::uint64_t e = blockIdx.x / kClusterBlocks; e < total; e += clusters) {  // (the same e in a cluster)
+    const ElementAt at = element_at(g, e);
+    block_share<Real>(g, at, rank, kClusterBlocks, sum_re, sum_im);
+    cluster.sync();
+    if (rank == 0 && threadIdx.x == 0) {
+      Real re = 0, im = 0;
+      for (int b = 0; b < kClusterBlocks; ++b) {
+        re += *cluster.map_shared_rank(&sum_re[0], b);
+        im += *cluster.map_shared_rank(&sum_im[0], b);
+      }
+      static_cast<Complex<Real>*>(g.c)[at.c + at.i * g.n + at.j] = Complex<Real>{re, im};
+    }
+    cluster.sync();  // (block 0 has read the others' sums before they are overwritten)
+  }
+#endif
+}
+
+// Whether this build has the cluster kernel for the current device (compiled for sm_90 or later,
+// and the device runs it).
+bool clusters_available() {
+  static const bool available = [] {
+    int device = 0, major = 0;
+    if (cudaGetDevice(&device) != cudaSuccess) return false;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess || major < 9)
+      return false;
+    cudaFuncAttributes attributes{};
+    if (cudaFuncGetAttributes(&attributes, looped_gemm_cluster_kernel<float>) != cudaSuccess) return false;
+    return attributes.binaryVersion >= 90;
+  }();
+  return available;
+}
+
+template <typename Real>
+void launch_long_sums(const LoopedGemm& g, std::uint64_t total, cudaStream_t stream) {
+  if (!clusters_available()) {
+    const auto blocks = static_cast<unsigned>(std::min<std::uint64_t>(total, 1u << 20));
+    looped_gemm_block_kernel<Real><<<blocks, kBlockSumThreads, 0, stream>>>(g, total);
+    return;
+  }
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(std::min<std::uint64_t>(total, 1u << 16) * kClusterBlocks));
+  config.blockDim = dim3(kBlockSumThreads);
+  config.stream = stream;
+  cudaLaunchAttribute cluster{};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = kClusterBlocks;
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = 1;
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  QSTAGE_CUDA_CHECK(cudaLaunchKernelEx(&config, looped_gemm_cluster_kernel<Real>, g, total));
 }
 
 }  // namespace
@@ -244,17 +355,16 @@ void looped_gemm_cuda(void* cuda_stream, const LoopedGemm& g) {
   constexpr unsigned threads = 256;
   auto stream = static_cast<cudaStream_t>(cuda_stream);
   if (g.k >= kLoopedBlockSum) {
-    const auto blocks = static_cast<unsigned>(std::min<std::uint64_t>(total, 1u << 20));
-    if (g.dtype == h5::DType::complex64) looped_gemm_block_kernel<float><<<blocks, kBlockSumThreads, 0, stream>>>(g, total);
-    else looped_gemm_block_kernel<double><<<blocks, kBlockSumThreads, 0, stream>>>(g, total);
+    if (g.dtype == h5::DType::complex64) launch_long_sums<float>(g, total, stream);
+    else launch_long_sums<double>(g, total, stream);
+    QSTAGE_CUDA_CHECK_LAUNCH();
+    return;
+  }
+  if (g.dtype == h5::DType::complex64 ? try_rows<float>(g, stream) : try_rows<double>(g, stream)) {
     QSTAGE_CUDA_CHECK_LAUNCH();
     return;
   }
   const bool warp = g.k >= 32;
-  if (!warp && (g.dtype == h5::DType::complex64 ? try_rows<float>(g, stream) : try_rows<double>(g, stream))) {
-    QSTAGE_CUDA_CHECK_LAUNCH();
-    return;
-  }
   const std::uint64_t workers = warp ? total * 32 : total;
   const auto blocks = static_cast<unsigned>(std::min<std::uint64_t>((workers + threads - 1) / threads, 1u << 20));
   if (warp && g.dtype == h5::DType::complex64) looped_gemm_warp_kernel<float><<<blocks, threads, 0, stream>>>(g, total);

@@ -14,8 +14,12 @@
 namespace qstage::kernels {
 
 inline constexpr int kMaxLoopGroups = 64;
-// Sums at least this long run one block per result element on the GPU (looped_gemm.cu).
+// Sums at least this long run one block (or a cluster of blocks) per result element on the GPU
+// (looped_gemm.cu).
 inline constexpr std::int64_t kLoopedBlockSum = 4096;
+// Power-of-two sums up to this long where one operand is small run one thread per row of the
+// large operand on the GPU, which reads it once (looped_gemm.cu).
+inline constexpr std::int64_t kLoopedRowsMaxSum = 64;
 
 struct LoopedGemm {
   h5::DType dtype = h5::DType::complex64;  // complex64 or complex128

@@ -224,6 +224,9 @@ constexpr std::int64_t kTinyProduct = 4096;
 // on an H200 cuBLAS ran strided batches of 2 x 2 x 2 products at 1/200 of memory bandwidth, and
 // a 2^28 x 2 x 2 product at 1/10.
 constexpr std::int64_t kSkinny = 16;
+// An operand of at most this many elements stays in the GPU's caches while the looped kernel
+// walks the other one (a gate, or a few gates contracted together).
+constexpr std::int64_t kGateSized = 4096;
 // Products of at most this many result elements (m n) over long sums (k of kernels::kLoopedBlockSum
 // or more) run looped too, one block per element: on an H100 cuBLAS took 0.66 s for a batch of 16
 // 2 x 2 x 2^21 products (256 MiB read) that one block per element reads at memory speed.
@@ -241,7 +244,14 @@ void decide_execution(const Network& net, PlanStep& st) {
     st.looped = true;  // a handful of long sums: one block each (cuBLAS runs one CTA per product)
     return;
   }
-  const bool skinny = st.k <= kSkinny && std::min(st.m, st.n) <= kSkinny;
+  // (Longer power-of-two sums are skinny too where the other operand is a gate-sized tensor: the
+  // looped kernel reads the large one once, where cuBLAS ran a batch of 512 products of 2 x 262144
+  // x 64 at 1/20 of memory bandwidth in a 53-qubit slice. Where both operands are large, batches
+  // of 2 x 2 x 32 products ran 5x slower looped than packed: they stay with cuBLAS.)
+  const bool power_of_two_sum = (st.k & (st.k - 1)) == 0;
+  const bool gate_sized = std::min(net.size_of(st.a_modes), net.size_of(st.b_modes)) <= kGateSized;
+  const bool skinny = std::min(st.m, st.n) <= kSkinny &&
+                      (st.k <= kSkinny || (power_of_two_sum && gate_sized && st.k <= kernels::kLoopedRowsMaxSum));
   if (skinny && groups.size() <= static_cast<size_t>(kernels::kMaxLoopGroups)) {
     st.looped = true;  // one kernel walks the loops (if any), where cuBLAS is slow at such shapes
     return;

@@ -282,7 +282,8 @@ steps:
     ("axbk,abyk->axby", "{a: 16, x: 32, b: 2, k: 32, y: 512}", 1, 2),
     # No batch: C interleaves the operands' modes (x, y, z from A; u, v from B), one GEMM plus
     # the copy of its result into C's layout.
-    ("xyzk,uvk->xuyvz", "{x: 8, u: 8, y: 8, v: 16, z: 64, k: 32}", 1, 1),
+    # (With k: 32, B would be gate-sized, 4096 values, and the step would run looped.)
+    ("xyzk,uvk->xuyvz", "{x: 8, u: 8, y: 8, v: 16, z: 64, k: 64}", 1, 1),
 ])
 def test_einsum_network_matches_numpy(tmp, expression, sizes, packed, copies):
     spec = f"""
@@ -776,3 +777,4 @@ steps:
     expected = np.einsum(expr, *shaped).reshape(-1)
     assert np.linalg.norm(values[""].reshape(-1) - expected) <= 1e-12 * np.linalg.norm(expected)
     assert values[""].tobytes() == values["_plain"].tobytes()
+
