@@ -23,10 +23,12 @@ What is measured, per case:
             JSON), tn.plan (budget), tn.contract on --device. Seconds from each step's
             qstage.wall_seconds attribute: planning = tn.path + tn.plan. Per amplitude: tn.contract's
             batch loop / amplitudes (the manifest's loop_seconds: the step's setup, uploading the
-            inputs, left out as cuTensorNet's warm contractions leave out its setup; the first
-            amplitude, timed step by step with a sync after each, is in it), and the same with the
-            setup ("with setup"). "with planning" = planning + tn.contract's whole time / amplitudes
-            (tn.build's time is left out on both sides).
+            inputs, left out as cuTensorNet's warm contractions leave out its setup; time_steps:
+            false, so no step waits for the device), and the same with the setup ("with setup").
+            Per slice (n53m20): the same loop_seconds of the one-slice network's tn.contract.
+            "with planning" = planning + tn.contract's whole time / amplitudes (tn.build's time is
+            left out on both sides). A second tn.contract of the same plan with time_steps: true
+            gives the step profile (step_seconds by how each step runs, beside tn.plan's prediction).
             The path cuTensorNet follows is the one tn.plan executes (its steps' (a, b), which may be
             a reconfigured path) and its sliced modes.
   cuTensorNet  cuquantum.tensornet.Network in the interleaved format (operands as torch complex64
@@ -339,7 +341,8 @@ def qstage_case(args, name, case):
     run_dir = work / name
     res = {"cap_log2": cap, "budget": budget or "tn.plan's default", "path_params": steps[1][3]}
     if not case.get("per_slice"):
-        steps.append(("amps", "tn.contract", {"network": "net", "plan": "plan"}, {}))
+        steps.append(("amps", "tn.contract", {"network": "net", "plan": "plan"}, {"time_steps": False}))
+        steps.append(("profile", "tn.contract", {"network": "net", "plan": "plan"}, {}))
     log(f"{name}: qstage {' -> '.join(s[1] for s in steps)} on {args.device}")
     err = qstage_run(args, steps, run_dir)
     out = run_dir / "outputs"
@@ -370,7 +373,7 @@ def qstage_case(args, name, case):
                          "seconds_per_amplitude_with_planning": res["planning_seconds"] + contract / count,
                          "tflops": res["flops_total"] / (loop / count) / 1e12,
                          "value": [float(values[0].real), float(values[0].imag)],
-                         "step_profile": step_profile(out, "amps.h5")}
+                         "step_profile": step_profile(out, "profile.h5")}
         return res, net, tensors, ssa, sliced, None
     # One slice: the network with the sliced modes fixed to 0, the same path, planned and contracted.
     fixed = slice_values(sliced, net["size_dict"], 0)
@@ -382,7 +385,8 @@ def qstage_case(args, name, case):
                                           "tensors": str(work / f"{name}-slice0.h5")}),
               ("path", "tn.path", {"network": "net"}, {"import": str(work / f"{name}-slice0-path.json"), "format": "ssa"}),
               ("plan", "tn.plan", {"network": "net", "path": "path"}, plan_params),
-              ("value", "tn.contract", {"network": "net", "plan": "plan"}, {})]
+              ("value", "tn.contract", {"network": "net", "plan": "plan"}, {"time_steps": False}),
+              ("profile", "tn.contract", {"network": "net", "plan": "plan"}, {})]
     log(f"{name}: qstage, one slice of {res['slices']} ({len(sliced)} modes fixed)")
     qstage_run(args, ssteps, sdir)
     sout = sdir / "outputs"
@@ -391,13 +395,14 @@ def qstage_case(args, name, case):
         v = complex(f["value"][()].reshape(-1)[0])
     spl = h5attrs(sout / "plan.h5")
     sssa, ssliced, splanned = executed_path(sout)  # tn.plan may slice the slice further
-    per_slice = wall(sout / "value.h5")
+    per_slice = float(json.loads((sdir / "manifest.json").read_text())["steps"]["value"]["metrics"]["loop_seconds"])
     slice_flops = float(splanned["cost"]["flops_total"])
     res["slice_plan"] = {"slices": int(spl["slices"]), "arena_bytes": int(spl["arena_bytes"]), "flops": slice_flops}
-    res["qstage"] = {"slice_seconds": per_slice, "seconds_per_amplitude": per_slice * res["slices"],
+    res["qstage"] = {"slice_seconds": per_slice, "slice_seconds_with_setup": wall(sout / "value.h5"),
+                     "seconds_per_amplitude": per_slice * res["slices"],
                      "seconds_per_amplitude_with_planning": res["planning_seconds"] + per_slice * res["slices"],
                      "tflops": slice_flops / per_slice / 1e12, "slice_value": [v.real, v.imag],
-                     "extrapolated": res["slices"] > 1, "step_profile": step_profile(sout, "value.h5")}
+                     "extrapolated": res["slices"] > 1, "step_profile": step_profile(sout, "profile.h5")}
     if args.verify_slices:
         res["verify"] = verify_slices(args, name, case, net, tensors, ssa, sliced, steps, run_dir)
     return res, net, tensors, ssa, sliced, (sub, data, sssa, ssliced)

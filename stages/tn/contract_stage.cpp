@@ -68,8 +68,10 @@ struct RowCounts {
 
 class ContractKernel final : public engine::PassKernel {
  public:
-  ContractKernel(Loaded loaded, bool tf32, std::filesystem::path scratch_dir, std::optional<codec::Settings> spill)
+  ContractKernel(Loaded loaded, bool tf32, std::filesystem::path scratch_dir, std::optional<codec::Settings> spill,
+                 bool time_steps)
       : l_(std::move(loaded)),
+        time_steps_(time_steps),
         contractor_(l_.net, l_.plan, dtype_of_plan(l_.plan), tf32, std::move(scratch_dir), spill) {}
   void prepare(Backend& backend, Stream& stream) override {
     backend_ = &backend;
@@ -84,8 +86,9 @@ class ContractKernel final : public engine::PassKernel {
     char* partial = static_cast<char*>(b.partials);
     char* result = static_cast<char*>(b.scratch) + result_offset(l_.plan);
     for (std::uint64_t r = b.rows.begin; r < b.rows.end; ++r) {
-      // The first item of each run is timed step by step (synchronizing); the others run freely.
-      const bool timed = !timed_once_;
+      // The first item of each run is timed step by step (synchronizing; unless time_steps is
+      // off); the others run freely.
+      const bool timed = time_steps_ && !timed_once_;
       timed_once_ = true;
       std::vector<double> seconds(l_.plan.steps.size(), -1.0);
       const RowCounts before{contractor_.spilled_raw_bytes(), contractor_.spilled_stored_bytes(),
@@ -107,6 +110,7 @@ class ContractKernel final : public engine::PassKernel {
 
  private:
   Loaded l_;
+  bool time_steps_;
   tn::Contractor contractor_;
   Backend* backend_ = nullptr;
   bool timed_once_ = false;
@@ -311,7 +315,7 @@ class ContractStage final : public Stage {
     const std::string dir = ctx.params.value("scratch_dir", "");
     return std::make_unique<ContractKernel>(load(ctx), ctx.params.at("tf32").get<bool>(),
                                             dir.empty() ? std::filesystem::temp_directory_path() : std::filesystem::path(dir),
-                                            spill_settings(ctx.params));
+                                            spill_settings(ctx.params), ctx.params.at("time_steps").get<bool>());
   }
   std::unique_ptr<engine::Reduction> make_reduction(const StagePlan& plan) const override {
     const auto& s = plan.summary;
@@ -340,7 +344,8 @@ class ContractStage final : public Stage {
     h5::Dataset t = out.create_dataset("step_seconds", {h5::DType::float64, {seconds.size()}, {}, false});
     if (!seconds.empty()) t.write_all(seconds.data());
     t.set_attribute("description", "measured seconds of each plan step (mean over the timed work items), to set "
-                                   "beside the plan's steps/predicted_seconds");
+                                   "beside the plan's steps/predicted_seconds; NaN where no item was timed "
+                                   "(time_steps: false, or a run resumed after its timed item)");
     out.set_attribute("slices", static_cast<std::int64_t>(s.at("slices").get<std::uint64_t>()));
     out.set_attribute("invariant_steps", static_cast<std::int64_t>(s.at("invariant_steps").get<int>()));
     out.set_attribute("prologue_runs", static_cast<std::int64_t>(red.counts().prologues));

@@ -778,3 +778,30 @@ steps:
     assert np.linalg.norm(values[""].reshape(-1) - expected) <= 1e-12 * np.linalg.norm(expected)
     assert values[""].tobytes() == values["_plain"].tobytes()
 
+
+def test_step_timing_off_leaves_the_amplitudes_and_writes_nan(tmp):
+    """tn.contract times its first work item step by step (step_seconds, one per plan step);
+    time_steps: false times none (NaN) and gives the same amplitudes, bit for bit."""
+    spec = """
+name: timing
+steps:
+  - id: net
+    stage: tn.build
+    params: {random: {rows: 3, cols: 4, cycles: 8, seed: 1}, random_bitstrings: {count: 3, seed: 2}}""" + \
+        contract_steps("precision: complex64, budget: 8KiB") + """\
+  - id: quiet
+    stage: tn.contract
+    inputs: {network: net, plan: plan}
+    params: {time_steps: false}
+"""
+    _, run_dir = committed_run(tmp, spec)
+    timed, _ = amplitudes(run_dir, "amps")
+    quiet, _ = amplitudes(run_dir, "quiet")
+    assert np.array_equal(timed, quiet)
+    with h5py.File(run_dir / "outputs" / "plan.h5") as f:
+        steps = len(json.loads(bytes(f["plan"][()]).decode())["steps"])
+    with h5py.File(run_dir / "outputs" / "amps.h5") as f:
+        seconds = f["step_seconds"][()]
+    assert seconds.shape == (steps,) and np.all(np.isfinite(seconds)) and np.all(seconds >= 0)
+    with h5py.File(run_dir / "outputs" / "quiet.h5") as f:
+        assert f["step_seconds"].shape == (steps,) and np.all(np.isnan(f["step_seconds"][()]))
