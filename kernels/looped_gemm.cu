@@ -21,12 +21,17 @@ __global__ void looped_gemm_kernel(LoopedGemm g, std::uint64_t total) {
 // own operand does not move (the small operand's free modes, scattered through C) are walked
 // inside the thread together with the small operand's rows, so each own row yields all its
 // results; the other loop groups and the own rows make up the thread index. A block first stages
-// its rows through shared memory with coalesced loads (a warp reading 32 rows of 128 bytes row by
-// row touched 32 lines per instruction). Each result is summed over k in order with the same
-// expression as looped_gemm_element (A's value first). One thread per result element walked the
-// loop digits per element and read the large operand once per result: the gate steps of a
-// 53-qubit circuit slice ran at a tenth of the memory bandwidth.
-constexpr int kRowsMaxResults = 64;  // results per thread (small-side rows x inner loop indices)
+// its rows through shared memory with coalesced loads, several in flight per thread (a warp
+// reading 32 rows of 128 bytes row by row touched 32 lines per instruction). Each result is
+// summed over k in order with the same expression as looped_gemm_element (A's value first). One
+// thread per result element walked the loop digits per element and read the large operand once
+// per result: the gate steps of a 53-qubit circuit slice ran at a tenth of the memory bandwidth.
+// Rows up to 16 long are staged whole and kept in registers; longer rows (32, 64) go through in
+// columns of 16, each result's sum carried in registers across them (staging whole rows of 64
+// left room for 12 warps per SM, and such steps ran at a fifth of the bandwidth).
+constexpr int kRowsMaxResults = 64;      // results per thread (small-side rows x inner loop indices)
+constexpr int kLongRowsMaxResults = 32;  // the same for rows longer than kRowsColumns
+constexpr int kRowsColumns = 16;         // columns staged at a time
 struct RowsWalk {
   const void* own = nullptr;
   const void* other = nullptr;
@@ -48,11 +53,67 @@ struct RowsWalk {
 // Rows of a block with odd strides in shared memory (in elements): reads of one column by the
 // threads of a warp then fall in distinct banks.
 constexpr int padded_row(int k) { return k | 1; }
-// Threads (rows) per block: 256, fewer for long rows (the staged tile stays near 32 KiB).
-template <typename Real, int K>
+// Threads (rows) per block: 256, fewer for long staged rows (the tile stays near 32 KiB).
+template <typename Real, int Columns>
 constexpr unsigned rows_block() {
-  constexpr unsigned fit = 32768 / (K * sizeof(Complex<Real>));
+  constexpr unsigned fit = 32768 / (Columns * sizeof(Complex<Real>));
   return fit < 256 ? fit : 256;
+}
+
+// Thread row r's offsets: its own row (row length k), the small operand's and C's at its loop index.
+struct RowOffsets {
+  std::int64_t own, other, c;
+};
+__device__ RowOffsets row_offsets(const RowsWalk& w, std::uint64_t r, std::int64_t k) {
+  std::uint64_t rest = r;
+  const std::int64_t own = next_digit(rest, w.own_count, w.own_shift);
+  RowOffsets at{own * k, 0, own * w.own_c};
+  for (int d = 0; d < w.outer; ++d) {
+    const std::int64_t digit = next_digit(rest, w.outer_extent[d], w.outer_shift[d]);
+    at.own += digit * w.outer_own[d];
+    at.other += digit * w.outer_other[d];
+    at.c += digit * w.outer_c[d];
+  }
+  return at;
+}
+
+// Inner loop index q's offsets in the small operand and in C.
+__device__ void inner_offsets(const RowsWalk& w, std::uint64_t q, std::int64_t& other, std::int64_t& c) {
+  for (int d = 0; d < w.inner; ++d) {
+    const std::int64_t digit = next_digit(q, w.inner_extent[d], w.inner_shift[d]);
+    other += digit * w.inner_other[d];
+    c += digit * w.inner_c[d];
+  }
+}
+
+// Columns [first, first + W) of the block's rows (starting at row_at[]) into stage, W per row
+// (padded); `left` rows are live. A full tile issues all W loads of a thread before storing.
+template <typename Real, int W, unsigned T>
+__device__ void stage_columns(const Complex<Real>* own, const std::int64_t* row_at, std::int64_t first,
+                              std::uint64_t left, Complex<Real>* stage) {
+  if (left >= T) {
+    Complex<Real> loaded[W];
+#pragma unroll
+    for (int j = 0; j < W; ++j) {
+      const unsigned x = threadIdx.x + j * T;
+      loaded[j] = own[row_at[x / W] + first + x % W];
+    }
+#pragma unroll
+    for (int j = 0; j < W; ++j) {
+      const unsigned x = threadIdx.x + j * T;
+      stage[(x / W) * padded_row(W) + x % W] = loaded[j];
+    }
+  } else {
+    for (unsigned x = threadIdx.x; x < left * W; x += T)
+      stage[(x / W) * padded_row(W) + x % W] = own[row_at[x / W] + first + x % W];
+  }
+}
+
+// x · y added to (re, im) in the order of looped_gemm_element.
+template <typename Real>
+__device__ void multiply_add(Complex<Real> x, Complex<Real> y, Real& re, Real& im) {
+  re += x.re * y.re - x.im * y.im;
+  im += x.re * y.im + x.im * y.re;
 }
 
 template <typename Real, int K, bool OwnIsA>
@@ -66,73 +127,26 @@ __global__ void __launch_bounds__(rows_block<Real, K>()) looped_gemm_rows_kernel
   for (std::uint64_t tile = blockIdx.x; tile * T < w.rows; tile += gridDim.x) {
     const std::uint64_t r = tile * T + threadIdx.x;
     const bool live = r < w.rows;
-    std::int64_t other_at = 0, c_at = 0;
+    RowOffsets at{};
     if (live) {
-      std::uint64_t rest = r;
-      const std::int64_t own = next_digit(rest, w.own_count, w.own_shift);
-      std::int64_t own_at = own * K;
-      c_at = own * w.own_c;
-      for (int d = 0; d < w.outer; ++d) {
-        const std::int64_t digit = next_digit(rest, w.outer_extent[d], w.outer_shift[d]);
-        own_at += digit * w.outer_own[d];
-        other_at += digit * w.outer_other[d];
-        c_at += digit * w.outer_c[d];
-      }
-      row_at[threadIdx.x] = own_at;
+      at = row_offsets(w, r, K);
+      row_at[threadIdx.x] = at.own;
     }
     __syncthreads();
-    const std::uint64_t left = w.rows - tile * T;
-    if (left >= T) {  // a full tile: up to 16 loads of a thread in flight at once
-      constexpr int kBatch = K < 16 ? K : 16;
-#pragma unroll
-      for (int j0 = 0; j0 < K; j0 += kBatch) {
-        Complex<Real> loaded[kBatch];
-#pragma unroll
-        for (int j = 0; j < kBatch; ++j) {
-          const unsigned x = threadIdx.x + (j0 + j) * T;
-          loaded[j] = own_data[row_at[x / K] + x % K];
-        }
-#pragma unroll
-        for (int j = 0; j < kBatch; ++j) {
-          const unsigned x = threadIdx.x + (j0 + j) * T;
-          stage[(x / K) * padded_row(K) + x % K] = loaded[j];
-        }
-      }
-    } else {
-      for (unsigned x = threadIdx.x; x < left * K; x += T)
-        stage[(x / K) * padded_row(K) + x % K] = own_data[row_at[x / K] + x % K];
-    }
+    stage_columns<Real, K, T>(own_data, row_at, 0, w.rows - tile * T, stage);
     __syncthreads();
     if (live) {
-      // Rows up to 16 long are kept in registers; longer ones are read from the staged tile.
-      constexpr bool kInRegisters = K <= 16;
-      Complex<Real> regs[kInRegisters ? K : 1];
-      const Complex<Real>* staged = stage + threadIdx.x * padded_row(K);
-      if constexpr (kInRegisters) {
+      Complex<Real> mine[K];
 #pragma unroll
-        for (int p = 0; p < K; ++p) regs[p] = staged[p];
-      }
-      const auto mine = [&](int p) -> Complex<Real> {
-        if constexpr (kInRegisters) return regs[p];
-        else return staged[p];
-      };
+      for (int p = 0; p < K; ++p) mine[p] = stage[threadIdx.x * padded_row(K) + p];
       for (std::uint64_t q = 0; q < w.inner_total; ++q) {
-        std::uint64_t rest = q;
-        std::int64_t other_q = other_at, c_q = c_at;
-        for (int d = 0; d < w.inner; ++d) {
-          const std::int64_t digit = next_digit(rest, w.inner_extent[d], w.inner_shift[d]);
-          other_q += digit * w.inner_other[d];
-          c_q += digit * w.inner_c[d];
-        }
+        std::int64_t other_q = at.other, c_q = at.c;
+        inner_offsets(w, q, other_q, c_q);
         for (std::int64_t o = 0; o < w.other_count; ++o) {
           const Complex<Real>* theirs = other_data + other_q + o * K;
           Real re = 0, im = 0;
 #pragma unroll
-          for (int p = 0; p < K; ++p) {
-            const Complex<Real> x = OwnIsA ? mine(p) : theirs[p], y = OwnIsA ? theirs[p] : mine(p);
-            re += x.re * y.re - x.im * y.im;
-            im += x.re * y.im + x.im * y.re;
-          }
+          for (int p = 0; p < K; ++p) multiply_add(OwnIsA ? mine[p] : theirs[p], OwnIsA ? theirs[p] : mine[p], re, im);
           c_data[c_q + o * w.other_c] = Complex<Real>{re, im};
         }
       }
@@ -141,9 +155,72 @@ __global__ void __launch_bounds__(rows_block<Real, K>()) looped_gemm_rows_kernel
   }
 }
 
-// The walk for g with the own operand A (own_is_a) or B; false where the rows kernel does not
-// apply (more results per thread than kRowsMaxResults even without inner loop groups).
-bool rows_walk(const LoopedGemm& g, bool own_is_a, RowsWalk& w) {
+// Rows longer than kRowsColumns: the block's rows go through shared memory kRowsColumns columns
+// at a time; each thread carries its results' sums (at most R: 16, or 32 where that many fit
+// the step) in registers. The results' offsets relative to the thread's loop index are the same
+// for every thread.
+template <typename Real, int K, int R, bool OwnIsA>
+__global__ void __launch_bounds__(rows_block<Real, kRowsColumns>()) looped_gemm_long_rows_kernel(RowsWalk w) {
+  constexpr int W = kRowsColumns;
+  constexpr unsigned T = rows_block<Real, W>();
+  __shared__ Complex<Real> stage[T * padded_row(W)];
+  __shared__ std::int64_t row_at[T];
+  __shared__ std::int64_t result_other[R], result_c[R];
+  const auto* own_data = static_cast<const Complex<Real>*>(w.own);
+  const auto* other_data = static_cast<const Complex<Real>*>(w.other);
+  auto* c_data = static_cast<Complex<Real>*>(w.c);
+  const int results = static_cast<int>(w.inner_total * static_cast<std::uint64_t>(w.other_count));
+  if (threadIdx.x < static_cast<unsigned>(results)) {
+    const std::uint64_t q = threadIdx.x / static_cast<std::uint64_t>(w.other_count);
+    const std::int64_t o = threadIdx.x % w.other_count;
+    std::int64_t other = o * K, c = o * w.other_c;
+    inner_offsets(w, q, other, c);
+    result_other[threadIdx.x] = other;
+    result_c[threadIdx.x] = c;
+  }
+  for (std::uint64_t tile = blockIdx.x; tile * T < w.rows; tile += gridDim.x) {
+    const std::uint64_t r = tile * T + threadIdx.x;
+    const bool live = r < w.rows;
+    RowOffsets at{};
+    if (live) {
+      at = row_offsets(w, r, K);
+      row_at[threadIdx.x] = at.own;
+    }
+    Real re[R], im[R];
+#pragma unroll
+    for (int x = 0; x < R; ++x) re[x] = im[x] = 0;
+    for (int first = 0; first < K; first += W) {
+      __syncthreads();  // (row_at written; the previous columns read)
+      stage_columns<Real, W, T>(own_data, row_at, first, w.rows - tile * T, stage);
+      __syncthreads();
+      if (live) {
+        Complex<Real> mine[W];
+#pragma unroll
+        for (int p = 0; p < W; ++p) mine[p] = stage[threadIdx.x * padded_row(W) + p];
+#pragma unroll
+        for (int x = 0; x < R; ++x) {
+          if (x < results) {
+            const Complex<Real>* theirs = other_data + at.other + result_other[x] + first;
+#pragma unroll
+            for (int p = 0; p < W; ++p)
+              multiply_add(OwnIsA ? mine[p] : theirs[p], OwnIsA ? theirs[p] : mine[p], re[x], im[x]);
+          }
+        }
+      }
+    }
+    if (live) {
+#pragma unroll
+      for (int x = 0; x < R; ++x)
+        if (x < results) c_data[at.c + result_c[x]] = Complex<Real>{re[x], im[x]};
+    }
+    __syncthreads();  // (the next tile overwrites row_at)
+  }
+}
+
+// The walk for g with the own operand A (own_is_a) or B, at most max_results results per
+// thread; false where the rows kernel does not apply (more results than that even without
+// inner loop groups).
+bool rows_walk(const LoopedGemm& g, bool own_is_a, std::int64_t max_results, RowsWalk& w) {
   w.own = own_is_a ? g.a : g.b;
   w.other = own_is_a ? g.b : g.a;
   w.c = g.c;
@@ -152,13 +229,13 @@ bool rows_walk(const LoopedGemm& g, bool own_is_a, RowsWalk& w) {
   w.own_shift = own_is_a ? g.m_shift : g.n_shift;
   w.own_c = own_is_a ? g.n : 1;
   w.other_c = own_is_a ? 1 : g.n;
-  if (w.other_count > kRowsMaxResults) return false;
+  if (w.other_count > max_results) return false;
   std::int64_t results = w.other_count;
   w.rows = static_cast<std::uint64_t>(w.own_count);
   for (int d = g.groups - 1; d >= 0; --d) {  // innermost first
     const std::int64_t own_stride = own_is_a ? g.stride_a[d] : g.stride_b[d];
     const std::int64_t other_stride = own_is_a ? g.stride_b[d] : g.stride_a[d];
-    if (own_stride == 0 && results * g.extent[d] <= kRowsMaxResults) {
+    if (own_stride == 0 && results * g.extent[d] <= max_results) {
       results *= g.extent[d];
       w.inner_extent[w.inner] = g.extent[d], w.inner_shift[w.inner] = g.shift[d];
       w.inner_other[w.inner] = other_stride, w.inner_c[w.inner] = g.stride_c[d];
@@ -184,22 +261,32 @@ std::uint64_t footprint(const LoopedGemm& g, bool of_a) {
 
 template <typename Real, int K>
 void launch_rows(const RowsWalk& w, bool own_is_a, cudaStream_t stream) {
-  constexpr unsigned threads = rows_block<Real, K>();
+  constexpr bool long_rows = K > kRowsColumns;
+  constexpr unsigned threads = rows_block<Real, long_rows ? kRowsColumns : K>();
   const auto blocks = static_cast<unsigned>(std::min<std::uint64_t>((w.rows + threads - 1) / threads, 1u << 20));
-  if (own_is_a) looped_gemm_rows_kernel<Real, K, true><<<blocks, threads, 0, stream>>>(w);
-  else looped_gemm_rows_kernel<Real, K, false><<<blocks, threads, 0, stream>>>(w);
+  if constexpr (long_rows) {
+    const bool few = w.inner_total * static_cast<std::uint64_t>(w.other_count) <= kLongRowsMaxResults / 2;
+    if (own_is_a && few) looped_gemm_long_rows_kernel<Real, K, kLongRowsMaxResults / 2, true><<<blocks, threads, 0, stream>>>(w);
+    else if (own_is_a) looped_gemm_long_rows_kernel<Real, K, kLongRowsMaxResults, true><<<blocks, threads, 0, stream>>>(w);
+    else if (few) looped_gemm_long_rows_kernel<Real, K, kLongRowsMaxResults / 2, false><<<blocks, threads, 0, stream>>>(w);
+    else looped_gemm_long_rows_kernel<Real, K, kLongRowsMaxResults, false><<<blocks, threads, 0, stream>>>(w);
+  } else {
+    if (own_is_a) looped_gemm_rows_kernel<Real, K, true><<<blocks, threads, 0, stream>>>(w);
+    else looped_gemm_rows_kernel<Real, K, false><<<blocks, threads, 0, stream>>>(w);
+  }
 }
 
 // Whether the rows kernel takes g, and launches it.
 template <typename Real>
 bool try_rows(const LoopedGemm& g, cudaStream_t stream) {
   if (g.k > kLoopedRowsMaxSum || (g.k & (g.k - 1)) != 0) return false;
+  const std::int64_t max_results = g.k > kRowsColumns ? kLongRowsMaxResults : kRowsMaxResults;
   bool own_is_a = footprint(g, true) >= footprint(g, false);
   RowsWalk w;
-  if (!rows_walk(g, own_is_a, w)) {
+  if (!rows_walk(g, own_is_a, max_results, w)) {
     own_is_a = !own_is_a;  // the large operand has too many rows: walk the small one's
     w = RowsWalk{};
-    if (!rows_walk(g, own_is_a, w)) return false;
+    if (!rows_walk(g, own_is_a, max_results, w)) return false;
   }
   switch (g.k) {
     case 1: launch_rows<Real, 1>(w, own_is_a, stream); break;

@@ -434,8 +434,9 @@ TEST(GatherPermuteKernel, MergedGatherMatchesTheDefinition) {
 // Short power-of-two sums with one small side take the rows kernel (a thread per row of the
 // larger operand): both orientations; loop groups where both operands move, where B is broadcast
 // and where A is (walked inside the thread when it is the large one, unless that would make more
-// than 64 results per thread: 100 x 40); sums up to 16 long (rows in registers) and 32 and 64
-// (rows read from shared memory); complex64 and complex128; against the CPU twin.
+// than 64 results per thread: 100 x 40, or 32 for sums over 16 long: 16 x 40 x 32); sums up to 16
+// long (rows in registers) and 32 and 64 (rows in columns of 16); complex64 and complex128;
+// against the CPU twin.
 TEST(LoopedGemmKernel, GpuRowsKernelMatchesCpu) {
   REQUIRE_GPU();
   GpuRun gpu;
@@ -443,7 +444,8 @@ TEST(LoopedGemmKernel, GpuRowsKernelMatchesCpu) {
     std::int64_t m, n, k;
   };
   for (const Shape sh : {Shape{128, 2, 16}, Shape{2, 64, 8}, Shape{8, 8, 4}, Shape{33, 1, 2}, Shape{1, 40, 1},
-                         Shape{100, 40, 1}, Shape{3, 48, 2}, Shape{4, 33, 32}, Shape{2, 70, 64}}) {
+                         Shape{100, 40, 1}, Shape{3, 48, 2}, Shape{4, 33, 32}, Shape{2, 70, 64},
+                         Shape{8, 40, 32}, Shape{16, 40, 32}}) {
     kernels::LoopedGemm g;
     g.m = sh.m, g.n = sh.n, g.k = sh.k, g.groups = 3;
     // group 0: both operands move; group 1: B is broadcast (a gate applied at every index);
