@@ -71,10 +71,13 @@ tn::Path imported(const json& p, const tn::Files& files, const tn::Network& net)
   return out;
 }
 
-// The shortest search by default: some hundred trials, and what reconfiguring the best trees
-// takes on a circuit of a thousand tensors (0.05-0.12 s of the 0.15 s it gets; the 54-qubit
-// benchmark circuit's path reached 10^9.7 multiply-adds so, from 10^10.2 for the best trial).
-constexpr double kMinSearchSeconds = 0.5;
+// The shortest search by default: about a hundred trials on 16 cores, and reconfiguration of the
+// best trees on a circuit of a thousand tensors (the 54-qubit benchmark circuit's path reached
+// 10^9.7 multiply-adds so, from 10^10.2 for the best trial). On an H100 machine (2026-11-26), 0.25 s
+// gave the medium and big benchmark circuits the paths of 0.5 s (10^9.72 and 10^10.63 against
+// 10^9.71 and 10^10.63) and 0.15 s paths 1 % costlier. A search longer than this follows the
+// best path's own contraction time (search_options), so a costly network is searched longer.
+constexpr double kMinSearchSeconds = 0.25;
 
 // The search's options from the step's parameters. Without max_seconds, planning time fits the
 // job: the search takes about as long as contracting the best path found so far would (for
