@@ -16,9 +16,9 @@
 //       the looped kernel (kernels/looped_gemm) on each step of FILE.json, a list of
 //       {"m": M, "n": N, "k": K, "groups": [[extent, stride_a, stride_b, stride_c], ...]} (outermost
 //       group first, strides in elements: the loop groups of a tensor-network step, as
-//       tn.plan's steps give them), on random operands: seconds, distinct bytes moved (A and B
-//       where their strides move, C) and that as a fraction of the device copy rate measured
-//       in the same run (a copy reads and writes: the rate counts both)
+//       tn.plan's steps give them), on random operands: seconds, bytes moved at least (the spans
+//       of A, B and C: each read or written once) and that as a fraction of the device copy rate
+//       measured in the same run (a copy reads and writes: the rate counts both)
 // Output: one JSON object on stdout. Timings are medians of repeats after a warm-up.
 #include <cblas.h>
 #include <omp.h>
