@@ -8,6 +8,8 @@
 #include <hdf5.h>
 #include <mpi.h>
 
+#include "core/dtype.hpp"
+
 #include <complex>
 #include <cstdint>
 #include <filesystem>
@@ -34,17 +36,15 @@ class Error : public std::runtime_error {
   std::string operation_, file_, object_, reason_;
 };
 
-// The element types qstage stores. Complex numbers are a compound of two floats named r and i,
-// the layout h5py writes and reads as numpy complex64/complex128.
-enum class DType { float32, float64, complex64, complex128, int32, int64, uint8, uint64 };
-
-std::string_view dtype_name(DType t);             // "float32", "complex64", ...
-std::optional<DType> parse_dtype(std::string_view name);
-std::size_t dtype_size(DType t);                  // bytes per element
-bool dtype_is_complex(DType t);
-// Element i of packed values of a float or complex type (float32, float64, complex64,
-// complex128) as complex<double>; throws std::invalid_argument for other types.
-std::complex<double> element_as_complex(const void* data, DType t, std::uint64_t i);
+// The element types (core/dtype.hpp), here under h5:: as well. On file, complex numbers are a
+// compound of two floats named r and i, the layout h5py writes and reads as numpy
+// complex64/complex128.
+using qstage::DType;
+using qstage::dtype_is_complex;
+using qstage::dtype_name;
+using qstage::dtype_size;
+using qstage::element_as_complex;
+using qstage::parse_dtype;
 
 // Turns off HDF5's printing of error stacks (we report them ourselves). Idempotent.
 void quiet_errors();

@@ -1,7 +1,7 @@
 #include <cub/block/block_reduce.cuh>
 
 #include "kernels/checksum.hpp"
-#include "kernels/cuda_check.hpp"
+#include "backend/cuda_check.hpp"
 
 namespace qstage::kernels::detail {
 namespace {

@@ -17,7 +17,7 @@
 
 #include "io/codec/block_math.hpp"
 #include "kernels/codec.hpp"
-#include "kernels/cuda_check.hpp"
+#include "backend/cuda_check.hpp"
 
 namespace qstage::kernels {
 namespace {

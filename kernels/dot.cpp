@@ -29,7 +29,7 @@ void dotc_tiles_cpu(const Dotc& a) {
 }  // namespace
 
 void dotc_cpu(const Dotc& a) {
-  if (a.dtype == h5::DType::complex64) dotc_tiles_cpu<float>(a);
+  if (a.dtype == DType::complex64) dotc_tiles_cpu<float>(a);
   else dotc_tiles_cpu<double>(a);
 }
 

@@ -1,4 +1,4 @@
-#include "kernels/cuda_check.hpp"
+#include "backend/cuda_check.hpp"
 #include "kernels/dot.hpp"
 
 namespace qstage::kernels::detail {
@@ -43,7 +43,7 @@ void dotc_cuda(void* cuda_stream, const Dotc& a) {
   for (std::uint64_t first = 0; first < tiles; first += 65535) {
     const unsigned blocks = static_cast<unsigned>(std::min<std::uint64_t>(tiles - first, 65535));
     const std::uint64_t offset = first * a.tile, n = a.n - offset;
-    if (a.dtype == h5::DType::complex64)
+    if (a.dtype == DType::complex64)
       dotc_kernel<float><<<blocks, kThreads, 0, stream>>>(static_cast<const float*>(a.x) + 2 * offset,
                                                           static_cast<const float*>(a.y) + 2 * offset, n, a.tile,
                                                           a.partials + 2 * first);

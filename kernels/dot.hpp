@@ -4,12 +4,12 @@
 #include <cstdint>
 
 #include "backend/backend.hpp"
-#include "io/h5.hpp"
+#include "core/dtype.hpp"
 
 namespace qstage::kernels {
 
 struct Dotc {
-  h5::DType dtype = h5::DType::complex128;  // complex64 or complex128
+  DType dtype = DType::complex128;  // complex64 or complex128
   const void* x = nullptr;                  // device memory
   const void* y = nullptr;
   std::uint64_t n = 0;

@@ -14,7 +14,7 @@ namespace qstage::kernels {
 
 double gemm_flops(const Gemm& g) {
   const double mnk = static_cast<double>(g.m) * static_cast<double>(g.n) * static_cast<double>(g.k);
-  return h5::dtype_is_complex(g.dtype) ? 8 * mnk : 2 * mnk;
+  return dtype_is_complex(g.dtype) ? 8 * mnk : 2 * mnk;
 }
 
 std::int64_t deterministic_row_block(std::int64_t tile_rows, std::int64_t target) {
@@ -45,10 +45,10 @@ void gemm_tiny(const Gemm& g) {
 void gemm_cpu_call(const Gemm& g) {
   if (g.m * g.n * g.k <= kTinyGemm) {
     switch (g.dtype) {
-      case h5::DType::float32: return gemm_tiny<float>(g);
-      case h5::DType::float64: return gemm_tiny<double>(g);
-      case h5::DType::complex64: return gemm_tiny<std::complex<float>>(g);
-      case h5::DType::complex128: return gemm_tiny<std::complex<double>>(g);
+      case DType::float32: return gemm_tiny<float>(g);
+      case DType::float64: return gemm_tiny<double>(g);
+      case DType::complex64: return gemm_tiny<std::complex<float>>(g);
+      case DType::complex128: return gemm_tiny<std::complex<double>>(g);
       default: throw std::invalid_argument("gemm: unsupported dtype");
     }
   }
@@ -56,20 +56,20 @@ void gemm_cpu_call(const Gemm& g) {
   const auto tb = g.b_transposed ? CblasTrans : CblasNoTrans;
   const auto lda = static_cast<blasint>(g.lda), ldb = static_cast<blasint>(g.ldb), ldc = static_cast<blasint>(g.ldc);
   switch (g.dtype) {
-    case h5::DType::float32:
+    case DType::float32:
       cblas_sgemm(CblasRowMajor, CblasNoTrans, tb, m, n, k, 1.0f, static_cast<const float*>(g.a), lda,
                   static_cast<const float*>(g.b), ldb, 0.0f, static_cast<float*>(g.c), ldc);
       return;
-    case h5::DType::float64:
+    case DType::float64:
       cblas_dgemm(CblasRowMajor, CblasNoTrans, tb, m, n, k, 1.0, static_cast<const double*>(g.a), lda,
                   static_cast<const double*>(g.b), ldb, 0.0, static_cast<double*>(g.c), ldc);
       return;
-    case h5::DType::complex64: {
+    case DType::complex64: {
       const std::complex<float> one(1, 0), zero(0, 0);
       cblas_cgemm(CblasRowMajor, CblasNoTrans, tb, m, n, k, &one, g.a, lda, g.b, ldb, &zero, g.c, ldc);
       return;
     }
-    case h5::DType::complex128: {
+    case DType::complex128: {
       const std::complex<double> one(1, 0), zero(0, 0);
       cblas_zgemm(CblasRowMajor, CblasNoTrans, tb, m, n, k, &one, g.a, lda, g.b, ldb, &zero, g.c, ldc);
       return;
@@ -92,7 +92,7 @@ void gemm_cpu(const Gemm& g) {
     omp_set_num_threads(threads);
   });
   constexpr std::int64_t kDefaultRows = 256, kCols = 1024;
-  const std::size_t element = h5::dtype_size(g.dtype);
+  const std::size_t element = dtype_size(g.dtype);
   // Below about 2^20 multiply-adds a parallel region costs more (thread wake-ups) than it saves.
   constexpr std::int64_t kParallelWork = std::int64_t{1} << 20;
   if (g.batch > 1) {

@@ -1,6 +1,6 @@
 #include <cuComplex.h>
 
-#include "kernels/cuda_check.hpp"
+#include "backend/cuda_check.hpp"
 #include "kernels/gemm.hpp"
 
 namespace qstage::kernels::detail {
@@ -16,10 +16,10 @@ void gemm_cuda(void* cuda_stream, void* cublas_handle, const Gemm& g) {
   const double one_d[2] = {1, 0}, zero_d[2] = {0, 0};
   const void *one = one_f, *zero = zero_f;
   switch (g.dtype) {
-    case h5::DType::float32: type = CUDA_R_32F; compute = g.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F; break;
-    case h5::DType::complex64: type = CUDA_C_32F; compute = g.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F; break;
-    case h5::DType::float64: type = CUDA_R_64F; compute = CUBLAS_COMPUTE_64F; one = one_d; zero = zero_d; break;
-    case h5::DType::complex128: type = CUDA_C_64F; compute = CUBLAS_COMPUTE_64F; one = one_d; zero = zero_d; break;
+    case DType::float32: type = CUDA_R_32F; compute = g.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F; break;
+    case DType::complex64: type = CUDA_C_32F; compute = g.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F; break;
+    case DType::float64: type = CUDA_R_64F; compute = CUBLAS_COMPUTE_64F; one = one_d; zero = zero_d; break;
+    case DType::complex128: type = CUDA_C_64F; compute = CUBLAS_COMPUTE_64F; one = one_d; zero = zero_d; break;
     default: throw std::invalid_argument("gemm: unsupported dtype");
   }
   QSTAGE_CUDA_CHECK(cublasSetStream(handle, static_cast<cudaStream_t>(cuda_stream)));

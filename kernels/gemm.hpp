@@ -6,12 +6,12 @@
 #include <cstdint>
 
 #include "backend/backend.hpp"
-#include "io/h5.hpp"
+#include "core/dtype.hpp"
 
 namespace qstage::kernels {
 
 struct Gemm {
-  h5::DType dtype = h5::DType::complex64;  // float32, float64, complex64, complex128
+  DType dtype = DType::complex64;  // float32, float64, complex64, complex128
   std::int64_t m = 0, n = 0, k = 0;
   const void* a = nullptr;  // m × k, row-major, leading dimension lda (>= k)
   std::int64_t lda = 0;

@@ -8,7 +8,7 @@ namespace qstage::kernels {
 
 namespace {
 void check(const LoopedGemm& g) {
-  if (g.dtype != h5::DType::complex64 && g.dtype != h5::DType::complex128)
+  if (g.dtype != DType::complex64 && g.dtype != DType::complex128)
     throw std::invalid_argument("looped_gemm: complex64 or complex128 only");
   if (g.groups < 0 || g.groups > kMaxLoopGroups) throw std::invalid_argument("looped_gemm: too many loop groups");
 }
@@ -37,7 +37,7 @@ void looped_gemm_cpu(const LoopedGemm& args) {
   check(args);
   LoopedGemm g = args;
   set_shifts(g);
-  if (g.dtype == h5::DType::complex64) run_cpu<float>(g);
+  if (g.dtype == DType::complex64) run_cpu<float>(g);
   else run_cpu<double>(g);
 }
 

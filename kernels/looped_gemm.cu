@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "kernels/cuda_check.hpp"
+#include "backend/cuda_check.hpp"
 #include "kernels/looped_gemm.hpp"
 
 namespace qstage::kernels::detail {
@@ -442,21 +442,21 @@ void looped_gemm_cuda(void* cuda_stream, const LoopedGemm& g) {
   constexpr unsigned threads = 256;
   auto stream = static_cast<cudaStream_t>(cuda_stream);
   if (g.k >= kLoopedBlockSum) {
-    if (g.dtype == h5::DType::complex64) launch_long_sums<float>(g, total, stream);
+    if (g.dtype == DType::complex64) launch_long_sums<float>(g, total, stream);
     else launch_long_sums<double>(g, total, stream);
     QSTAGE_CUDA_CHECK_LAUNCH();
     return;
   }
-  if (g.dtype == h5::DType::complex64 ? try_rows<float>(g, stream) : try_rows<double>(g, stream)) {
+  if (g.dtype == DType::complex64 ? try_rows<float>(g, stream) : try_rows<double>(g, stream)) {
     QSTAGE_CUDA_CHECK_LAUNCH();
     return;
   }
   const bool warp = g.k >= 32;
   const std::uint64_t workers = warp ? total * 32 : total;
   const auto blocks = static_cast<unsigned>(std::min<std::uint64_t>((workers + threads - 1) / threads, 1u << 20));
-  if (warp && g.dtype == h5::DType::complex64) looped_gemm_warp_kernel<float><<<blocks, threads, 0, stream>>>(g, total);
+  if (warp && g.dtype == DType::complex64) looped_gemm_warp_kernel<float><<<blocks, threads, 0, stream>>>(g, total);
   else if (warp) looped_gemm_warp_kernel<double><<<blocks, threads, 0, stream>>>(g, total);
-  else if (g.dtype == h5::DType::complex64) looped_gemm_kernel<float><<<blocks, threads, 0, stream>>>(g, total);
+  else if (g.dtype == DType::complex64) looped_gemm_kernel<float><<<blocks, threads, 0, stream>>>(g, total);
   else looped_gemm_kernel<double><<<blocks, threads, 0, stream>>>(g, total);
   QSTAGE_CUDA_CHECK_LAUNCH();
 }

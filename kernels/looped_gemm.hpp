@@ -8,7 +8,7 @@
 #include <cstdint>
 
 #include "backend/backend.hpp"
-#include "io/h5.hpp"
+#include "core/dtype.hpp"
 #include "kernels/common.hpp"
 
 namespace qstage::kernels {
@@ -22,7 +22,7 @@ inline constexpr std::int64_t kLoopedBlockSum = 4096;
 inline constexpr std::int64_t kLoopedRowsMaxSum = 64;
 
 struct LoopedGemm {
-  h5::DType dtype = h5::DType::complex64;  // complex64 or complex128
+  DType dtype = DType::complex64;  // complex64 or complex128
   std::int64_t m = 1, n = 1, k = 1;
   // For loop index (i_0, ..., i_{g-1}) (i_0 outermost) the product is C = A · Bᵀ with A at
   // a + sum i_d stride_a[d] (m × k, row-major), B at b + sum i_d stride_b[d] (n × k) and C at

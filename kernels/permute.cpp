@@ -47,7 +47,7 @@ GatherPermute merged(const GatherPermute& args) {
 
 void gather_permute_cpu(const GatherPermute& args) {
   const GatherPermute g = merged(args);
-  switch (h5::dtype_size(g.dtype)) {
+  switch (dtype_size(g.dtype)) {
     case 4: return gather<4>(g);
     case 8: return gather<8>(g);
     case 16: return gather<16>(g);

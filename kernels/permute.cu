@@ -1,4 +1,4 @@
-#include "kernels/cuda_check.hpp"
+#include "backend/cuda_check.hpp"
 #include "kernels/permute.hpp"
 
 namespace qstage::kernels::detail {
@@ -62,7 +62,7 @@ void gather_permute_cuda(void* cuda_stream, const GatherPermute& g) {
     p.strides[j] = g.strides[j];
   }
   if (pow2) {
-    switch (h5::dtype_size(g.dtype)) {
+    switch (dtype_size(g.dtype)) {
       case 16: gather_pow2_kernel<Bytes16><<<blocks, threads, 0, stream>>>(static_cast<const Bytes16*>(g.in), static_cast<Bytes16*>(g.out), p, total); break;
       case 8: gather_pow2_kernel<double><<<blocks, threads, 0, stream>>>(static_cast<const double*>(g.in), static_cast<double*>(g.out), p, total); break;
       case 4: gather_pow2_kernel<float><<<blocks, threads, 0, stream>>>(static_cast<const float*>(g.in), static_cast<float*>(g.out), p, total); break;
@@ -71,7 +71,7 @@ void gather_permute_cuda(void* cuda_stream, const GatherPermute& g) {
     QSTAGE_CUDA_CHECK_LAUNCH();
     return;
   }
-  switch (h5::dtype_size(g.dtype)) {
+  switch (dtype_size(g.dtype)) {
     case 16: gather_kernel<Bytes16><<<blocks, threads, 0, stream>>>(static_cast<const Bytes16*>(g.in), static_cast<Bytes16*>(g.out), g, total); break;
     case 8: gather_kernel<double><<<blocks, threads, 0, stream>>>(static_cast<const double*>(g.in), static_cast<double*>(g.out), g, total); break;
     case 4: gather_kernel<float><<<blocks, threads, 0, stream>>>(static_cast<const float*>(g.in), static_cast<float*>(g.out), g, total); break;

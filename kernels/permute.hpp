@@ -5,14 +5,14 @@
 #include <cstdint>
 
 #include "backend/backend.hpp"
-#include "io/h5.hpp"
+#include "core/dtype.hpp"
 
 namespace qstage::kernels {
 
 constexpr int kMaxRank = 64;
 
 struct GatherPermute {
-  h5::DType dtype = h5::DType::complex64;  // any type; only its size matters
+  DType dtype = DType::complex64;  // any type; only its size matters
   const void* in = nullptr;                // device memory
   void* out = nullptr;                     // device memory
   int rank = 0;

@@ -7,7 +7,7 @@ namespace qstage::kernels {
 void random_fill_cpu(const RandomFill& a) {
   const std::uint64_t key = splitmix64(a.seed);
   const auto n = static_cast<std::int64_t>(a.components);
-  const bool single = a.dtype == h5::DType::float32 || a.dtype == h5::DType::complex64;
+  const bool single = a.dtype == DType::float32 || a.dtype == DType::complex64;
   if (single) {
     auto* out = static_cast<float*>(a.out);
 #pragma omp parallel for schedule(static)

@@ -1,4 +1,4 @@
-#include "kernels/cuda_check.hpp"
+#include "backend/cuda_check.hpp"
 #include "kernels/random.hpp"
 
 namespace qstage::kernels::detail {
@@ -22,7 +22,7 @@ void random_fill_cuda(void* cuda_stream, const RandomFill& a) {
   const std::uint64_t key = splitmix64(a.seed);
   constexpr int threads = 256;
   const unsigned blocks = static_cast<unsigned>(std::min<std::uint64_t>((a.components + threads - 1) / threads, 65536));
-  const bool single = a.dtype == h5::DType::float32 || a.dtype == h5::DType::complex64;
+  const bool single = a.dtype == DType::float32 || a.dtype == DType::complex64;
   if (single)
     fill_kernel<float><<<blocks, threads, 0, stream>>>(static_cast<float*>(a.out), key, a.first_component, a.components);
   else

@@ -9,13 +9,13 @@
 #include <cstdint>
 
 #include "backend/backend.hpp"
-#include "io/h5.hpp"
+#include "core/dtype.hpp"
 #include "kernels/common.hpp"
 
 namespace qstage::kernels {
 
 struct RandomFill {
-  h5::DType dtype = h5::DType::float32;  // float32, float64, complex64 or complex128
+  DType dtype = DType::float32;  // float32, float64, complex64 or complex128
   std::uint64_t seed = 0;
   std::uint64_t first_component = 0;  // global index of the first component written
   std::uint64_t components = 0;       // how many float/double components to write

@@ -35,7 +35,7 @@ void check(const ApplyGate& a) {
 
 void apply_gate_cpu(const ApplyGate& a) {
   check(a);
-  if (a.dtype == h5::DType::complex64) apply_cpu<float>(a);
+  if (a.dtype == DType::complex64) apply_cpu<float>(a);
   else apply_cpu<double>(a);
 }
 
@@ -45,7 +45,7 @@ void apply_gate(Stream& stream, const ApplyGate& args) {
 }
 
 void gather_amplitudes_cpu(const Gather& g) {
-  if (g.dtype == h5::DType::complex64) gather_cpu<float>(g);
+  if (g.dtype == DType::complex64) gather_cpu<float>(g);
   else gather_cpu<double>(g);
 }
 

@@ -1,4 +1,4 @@
-#include "kernels/cuda_check.hpp"
+#include "backend/cuda_check.hpp"
 #include "kernels/statevector.hpp"
 #include "kernels/statevector_math.hpp"
 
@@ -35,7 +35,7 @@ void apply_gate_cuda(void* cuda_stream, const ApplyGate& a) {
   sorted_targets(a.gate, sorted.t);
   const std::uint64_t groups = std::uint64_t{1} << (a.qubits - a.gate.k);
   constexpr unsigned threads = 256;
-  if (a.dtype == h5::DType::complex64)
+  if (a.dtype == DType::complex64)
     apply_kernel<float><<<blocks_for(groups, threads), threads, 0, stream>>>(static_cast<Cx<float>*>(a.state), groups,
                                                                              a.gate, sorted);
   else
@@ -49,7 +49,7 @@ void gather_amplitudes_cuda(void* cuda_stream, const Gather& g) {
   auto stream = static_cast<cudaStream_t>(cuda_stream);
   constexpr unsigned threads = 256;
   const unsigned blocks = static_cast<unsigned>((g.count + threads - 1) / threads);
-  if (g.dtype == h5::DType::complex64)
+  if (g.dtype == DType::complex64)
     gather_kernel<float><<<blocks, threads, 0, stream>>>(static_cast<const Cx<float>*>(g.state), g.indices, g.count,
                                                          static_cast<Cx<float>*>(g.out));
   else

@@ -6,7 +6,7 @@
 #include <cstdint>
 
 #include "backend/backend.hpp"
-#include "io/h5.hpp"
+#include "core/dtype.hpp"
 #include "kernels/common.hpp"
 
 namespace qstage::kernels {
@@ -20,14 +20,14 @@ struct GateOperands {
 };
 
 struct ApplyGate {
-  h5::DType dtype = h5::DType::complex128;  // complex64 or complex128
+  DType dtype = DType::complex128;  // complex64 or complex128
   void* state = nullptr;                    // device memory: 2^qubits amplitudes
   int qubits = 0;
   GateOperands gate;
 };
 
 struct Gather {
-  h5::DType dtype = h5::DType::complex128;
+  DType dtype = DType::complex128;
   const void* state = nullptr;
   const std::uint64_t* indices = nullptr;  // device memory: basis states
   std::uint64_t count = 0;

@@ -37,10 +37,10 @@ void stats_tiles_cpu(const Stats& a, bool complex) {
 
 void stats_cpu(const Stats& a) {
   switch (a.dtype) {
-    case h5::DType::float32: return stats_tiles_cpu<float>(a, false);
-    case h5::DType::complex64: return stats_tiles_cpu<float>(a, true);
-    case h5::DType::float64: return stats_tiles_cpu<double>(a, false);
-    case h5::DType::complex128: return stats_tiles_cpu<double>(a, true);
+    case DType::float32: return stats_tiles_cpu<float>(a, false);
+    case DType::complex64: return stats_tiles_cpu<float>(a, true);
+    case DType::float64: return stats_tiles_cpu<double>(a, false);
+    case DType::complex128: return stats_tiles_cpu<double>(a, true);
     default: throw std::invalid_argument("stats: unsupported dtype");
   }
 }

@@ -1,4 +1,4 @@
-#include "kernels/cuda_check.hpp"
+#include "backend/cuda_check.hpp"
 #include "kernels/stats.hpp"
 #include "kernels/stats_math.hpp"
 
@@ -37,11 +37,11 @@ void stats_cuda(void* cuda_stream, const Stats& a) {
   const std::uint64_t tiles = stats_tiles(a);
   if (tiles == 0) return;
   auto stream = static_cast<cudaStream_t>(cuda_stream);
-  const bool complex = h5::dtype_is_complex(a.dtype);
-  const bool single = a.dtype == h5::DType::float32 || a.dtype == h5::DType::complex64;
+  const bool complex = dtype_is_complex(a.dtype);
+  const bool single = a.dtype == DType::float32 || a.dtype == DType::complex64;
   for (std::uint64_t first = 0; first < tiles; first += 65535) {  // grid.x limit per launch
     const unsigned n = static_cast<unsigned>(std::min<std::uint64_t>(tiles - first, 65535));
-    const std::size_t offset = first * a.tile_elements * h5::dtype_size(a.dtype);
+    const std::size_t offset = first * a.tile_elements * dtype_size(a.dtype);
     const void* data = static_cast<const char*>(a.data) + offset;
     const std::uint64_t elements = a.elements - first * a.tile_elements;
     const std::uint64_t first_word = a.first_word + offset / 4;

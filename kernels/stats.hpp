@@ -4,7 +4,7 @@
 #include <cstdint>
 
 #include "backend/backend.hpp"
-#include "io/h5.hpp"
+#include "core/dtype.hpp"
 
 namespace qstage::kernels {
 
@@ -19,7 +19,7 @@ struct StatsPartial {
 };
 
 struct Stats {
-  h5::DType dtype = h5::DType::float32;  // float32, float64, complex64, complex128
+  DType dtype = DType::float32;  // float32, float64, complex64, complex128
   const void* data = nullptr;            // device memory: tiles × tile_elements elements
   std::uint64_t elements = 0;            // total elements (the last tile may be short)
   std::uint64_t tile_elements = 0;

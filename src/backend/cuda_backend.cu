@@ -11,7 +11,7 @@
 #include "backend/backend.hpp"
 #include "core/error.hpp"
 #include "core/units.hpp"
-#include "kernels/cuda_check.hpp"
+#include "backend/cuda_check.hpp"
 
 namespace qstage::detail {
 

@@ -41,9 +41,9 @@ std::vector<float> random_floats(std::size_t n, unsigned seed) {
 TEST(RandomKernel, CpuMatchesTheDocumentedFormula) {
   const std::uint64_t seed = 42, first = 1000, n = 4097;
   std::vector<float> f(n);
-  kernels::random_fill_cpu({h5::DType::complex64, seed, first, n, f.data()});
+  kernels::random_fill_cpu({DType::complex64, seed, first, n, f.data()});
   std::vector<double> d(n);
-  kernels::random_fill_cpu({h5::DType::float64, seed, first, n, d.data()});
+  kernels::random_fill_cpu({DType::float64, seed, first, n, d.data()});
   const std::uint64_t key = kernels::splitmix64(seed);
   for (std::uint64_t i = 0; i < n; ++i) {
     const std::uint64_t bits = kernels::splitmix64(key + (first + i + 1) * kernels::kGolden);
@@ -56,23 +56,23 @@ TEST(RandomKernel, CpuMatchesTheDocumentedFormula) {
 
 TEST(RandomKernel, SplitsDoNotChangeValues) {
   std::vector<float> whole(1000), parts(1000);
-  kernels::random_fill_cpu({h5::DType::float32, 9, 0, 1000, whole.data()});
-  kernels::random_fill_cpu({h5::DType::float32, 9, 0, 333, parts.data()});
-  kernels::random_fill_cpu({h5::DType::float32, 9, 333, 667, parts.data() + 333});
+  kernels::random_fill_cpu({DType::float32, 9, 0, 1000, whole.data()});
+  kernels::random_fill_cpu({DType::float32, 9, 0, 333, parts.data()});
+  kernels::random_fill_cpu({DType::float32, 9, 333, 667, parts.data() + 333});
   EXPECT_EQ(whole, parts);
 }
 
 TEST(RandomKernel, GpuMatchesCpuBitwise) {
   REQUIRE_GPU();
   GpuRun gpu;
-  for (auto dtype : {h5::DType::complex64, h5::DType::float64}) {
-    const std::uint64_t n = 1 << 20, size = h5::dtype_size(dtype) / (h5::dtype_is_complex(dtype) ? 2 : 1);
+  for (auto dtype : {DType::complex64, DType::float64}) {
+    const std::uint64_t n = 1 << 20, size = dtype_size(dtype) / (dtype_is_complex(dtype) ? 2 : 1);
     std::vector<char> cpu(n * size);
     kernels::random_fill_cpu({dtype, 123, 77, n, cpu.data()});
     Buffer out = gpu.backend->alloc_device(n * size, "test");
     kernels::random_fill(*gpu.stream, {dtype, 123, 77, n, out.data()});
     auto got = gpu.download<char>(out, n * size);
-    EXPECT_EQ(std::memcmp(got.data(), cpu.data(), cpu.size()), 0) << h5::dtype_name(dtype);
+    EXPECT_EQ(std::memcmp(got.data(), cpu.data(), cpu.size()), 0) << dtype_name(dtype);
   }
 }
 
@@ -164,7 +164,7 @@ TEST(StatsKernel, CpuMatchesNaiveIncludingNonFinite) {
   v[777] = 7.5f;
   const std::uint64_t tile = 512, elements = v.size() / 2;
   std::vector<StatsPartial> tiles((elements + tile - 1) / tile);
-  kernels::Stats s{h5::DType::complex64, v.data(), elements, tile, 100, tiles.data()};
+  kernels::Stats s{DType::complex64, v.data(), elements, tile, 100, tiles.data()};
   kernels::stats_cpu(s);
   const StatsPartial got = fold_all(tiles), want = naive_stats(v, true, 100);
   EXPECT_NEAR(got.sum_sq, want.sum_sq, 1e-12 * want.sum_sq);
@@ -179,7 +179,7 @@ TEST(StatsKernel, CpuMatchesNaiveIncludingNonFinite) {
 TEST(StatsKernel, AllNonFiniteLeavesMinMaxUndefined) {
   std::vector<float> v(8, std::numeric_limits<float>::quiet_NaN());
   StatsPartial tile;
-  kernels::stats_cpu({h5::DType::float32, v.data(), 8, 8, 0, &tile});
+  kernels::stats_cpu({DType::float32, v.data(), 8, 8, 0, &tile});
   EXPECT_EQ(tile.finite_components, 0u);
   EXPECT_EQ(tile.nonfinite, 8u);
 }
@@ -191,10 +191,10 @@ TEST(StatsKernel, GpuMatchesCpu) {
   v[5] = std::numeric_limits<float>::quiet_NaN();
   const std::uint64_t tile = 4096, elements = v.size() / 2, tiles = (elements + tile - 1) / tile;
   std::vector<StatsPartial> cpu(tiles);
-  kernels::stats_cpu({h5::DType::complex64, v.data(), elements, tile, 9, cpu.data()});
+  kernels::stats_cpu({DType::complex64, v.data(), elements, tile, 9, cpu.data()});
   Buffer in = gpu.upload(v.data(), v.size() * 4);
   Buffer out = gpu.backend->alloc_device(tiles * sizeof(StatsPartial), "test");
-  kernels::stats(*gpu.stream, {h5::DType::complex64, in.data(), elements, tile, 9, out.as<StatsPartial>()});
+  kernels::stats(*gpu.stream, {DType::complex64, in.data(), elements, tile, 9, out.as<StatsPartial>()});
   auto got = gpu.download<StatsPartial>(out, tiles);
   for (std::uint64_t t = 0; t < tiles; ++t) {
     EXPECT_NEAR(got[t].sum_sq, cpu[t].sum_sq, 1e-12 * cpu[t].sum_sq) << "tile " << t;
@@ -245,7 +245,7 @@ TEST(GemmKernel, CpuComplexMatchesReference) {
   const std::int64_t m = 37, n = 19, k = 23;
   auto a = random_complex(m * k, 5), b = random_complex(k * n, 6);
   std::vector<std::complex<float>> c(m * n);
-  kernels::Gemm g{h5::DType::complex64, m, n, k, a.data(), k, b.data(), n, c.data(), n};
+  kernels::Gemm g{DType::complex64, m, n, k, a.data(), k, b.data(), n, c.data(), n};
   kernels::gemm_cpu(g);
   EXPECT_LT(relative_error(c, reference_gemm(a, b, m, n, k)), 1e-5);
   EXPECT_EQ(kernels::gemm_flops(g), 8.0 * m * n * k);
@@ -255,7 +255,7 @@ TEST(GemmKernel, CpuDoubleComplexMatchesReference) {
   const std::int64_t m = 16, n = 9, k = 31;
   auto a32 = random_complex(m * k, 7), b32 = random_complex(k * n, 8);
   std::vector<cd> a(a32.begin(), a32.end()), b(b32.begin(), b32.end()), c(m * n);
-  kernels::gemm_cpu({h5::DType::complex128, m, n, k, a.data(), k, b.data(), n, c.data(), n});
+  kernels::gemm_cpu({DType::complex128, m, n, k, a.data(), k, b.data(), n, c.data(), n});
   EXPECT_LT(relative_error(c, reference_gemm(a32, b32, m, n, k)), 1e-12);
 }
 
@@ -263,7 +263,7 @@ TEST(GemmKernel, CpuRealMatchesReference) {
   const std::int64_t m = 13, n = 11, k = 17;
   auto a = random_floats(m * k, 9), b = random_floats(k * n, 10);
   std::vector<float> c(m * n);
-  kernels::gemm_cpu({h5::DType::float32, m, n, k, a.data(), k, b.data(), n, c.data(), n});
+  kernels::gemm_cpu({DType::float32, m, n, k, a.data(), k, b.data(), n, c.data(), n});
   for (std::int64_t i = 0; i < m; ++i)
     for (std::int64_t j = 0; j < n; ++j) {
       double want = 0;
@@ -281,7 +281,7 @@ TEST(GemmKernel, GpuMatchesReferenceAndCpu) {
   Buffer da = gpu.upload(a.data(), a.size() * 8), db = gpu.upload(b.data(), b.size() * 8);
   Buffer dc = gpu.backend->alloc_device(m * n * 8, "test");
   for (bool tf32 : {false, true}) {
-    kernels::gemm(*gpu.stream, {h5::DType::complex64, m, n, k, da.data(), k, db.data(), n, dc.data(), n, tf32});
+    kernels::gemm(*gpu.stream, {DType::complex64, m, n, k, da.data(), k, db.data(), n, dc.data(), n, tf32});
     auto c = gpu.download<std::complex<float>>(dc, m * n);
     EXPECT_LT(relative_error(c, want), tf32 ? 5e-3 : 1e-5) << (tf32 ? "tf32" : "fp32");
   }
@@ -413,7 +413,7 @@ TEST(GatherPermuteKernel, MergedGatherMatchesTheDefinition) {
   for (int j = 3; j >= 0; --j) in_strides[j] = in_strides[j + 1] * in_dims[j + 1];
   const int order[5] = {3, 0, 1, 2, 4};
   kernels::GatherPermute g;
-  g.dtype = h5::DType::complex64;
+  g.dtype = DType::complex64;
   g.rank = 5;
   for (int j = 0; j < 5; ++j) g.dims[j] = in_dims[order[j]], g.strides[j] = in_strides[order[j]];
   const kernels::GatherPermute m = kernels::merged(g);
@@ -456,9 +456,9 @@ TEST(LoopedGemmKernel, GpuRowsKernelMatchesCpu) {
     const auto a_size = static_cast<std::size_t>(12 * sh.m * sh.k), b_size = static_cast<std::size_t>(6 * sh.n * sh.k),
                c_size = static_cast<std::size_t>(24 * sh.m * sh.n);
     const auto a = random_complex(a_size, 61), b = random_complex(b_size, 62);
-    for (auto dtype : {h5::DType::complex64, h5::DType::complex128}) {
+    for (auto dtype : {DType::complex64, DType::complex128}) {
       g.dtype = dtype;
-      if (dtype == h5::DType::complex64) {
+      if (dtype == DType::complex64) {
         std::vector<std::complex<float>> c(c_size);
         Buffer da = gpu.upload(a.data(), a_size * 8), db = gpu.upload(b.data(), b_size * 8);
         Buffer dc = gpu.backend->alloc_device(c_size * 8, "test");
