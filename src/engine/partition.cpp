@@ -13,15 +13,12 @@ std::uint64_t ceil_div(std::uint64_t a, std::uint64_t b) { return b ? (a + b - 1
 
 }  // namespace
 
-std::vector<RowRange> partition(const PassSpec& spec, std::uint64_t first, std::uint64_t batch_rows) {
+Batches partition(const PassSpec& spec, std::uint64_t first, std::uint64_t batch_rows) {
+  if (spec.batches.empty()) return Batches(first, spec.rows, batch_rows);
   std::vector<RowRange> out;
-  if (!spec.batches.empty()) {
-    for (const auto& b : spec.batches)
-      if (b.begin >= first) out.push_back(b);
-    return out;
-  }
-  for (std::uint64_t r = first; r < spec.rows; r += batch_rows) out.push_back({r, std::min(spec.rows, r + batch_rows)});
-  return out;
+  for (const auto& b : spec.batches)
+    if (b.begin >= first) out.push_back(b);
+  return Batches(std::move(out));
 }
 
 std::uint64_t partials_in(const PassSpec& spec, const RowRange& batch) {

@@ -1,6 +1,7 @@
 #pragma once
 // How a pass's rows are cut into batches: whole tiles sized by the budgets, or explicit ranges
 // a stage derives from its data (key ranges over key-sorted rows).
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -9,9 +10,33 @@
 
 namespace qstage::engine {
 
-// Batches covering [first, spec.rows): the spec's explicit batches from `first` on, or pieces
-// of batch_rows rows (whole tiles except at the end).
-std::vector<RowRange> partition(const PassSpec& spec, std::uint64_t first, std::uint64_t batch_rows);
+// Batches covering [first, rows): explicit ranges, or pieces of batch_rows rows (whole tiles
+// except at the end) computed when asked for, so a pass of 10^12 rows holds no list of 10^10
+// batches.
+class Batches {
+ public:
+  Batches() = default;
+  explicit Batches(std::vector<RowRange> explicit_ranges) : explicit_(std::move(explicit_ranges)), uniform_(false) {}
+  Batches(std::uint64_t first, std::uint64_t rows, std::uint64_t batch_rows)
+      : first_(first), rows_(rows), batch_rows_(batch_rows) {}
+  std::uint64_t size() const {
+    if (!uniform_) return explicit_.size();
+    return rows_ > first_ && batch_rows_ ? (rows_ - first_ + batch_rows_ - 1) / batch_rows_ : 0;
+  }
+  RowRange operator[](std::uint64_t i) const {
+    if (!uniform_) return explicit_[i];
+    const std::uint64_t begin = first_ + i * batch_rows_;
+    return {begin, std::min(rows_, begin + batch_rows_)};
+  }
+
+ private:
+  std::vector<RowRange> explicit_;
+  bool uniform_ = true;
+  std::uint64_t first_ = 0, rows_ = 0, batch_rows_ = 0;
+};
+
+// The batches of `spec` from row `first` on: its explicit batches, or pieces of batch_rows rows.
+Batches partition(const PassSpec& spec, std::uint64_t first, std::uint64_t batch_rows);
 
 // The number of reduction units (partials) in a batch.
 std::uint64_t partials_in(const PassSpec& spec, const RowRange& batch);

@@ -750,7 +750,7 @@ class PassRun {
   StepWork& work_;
   SegmentWriter writer_;
   Journal journal_;
-  std::vector<RowRange> batches_;
+  Batches batches_;
   std::vector<std::unique_ptr<h5::RowReader>> readers_;
   std::vector<std::unique_ptr<h5::StoredChunkReader>> chunk_readers_;
   std::vector<std::uint64_t> pending_sums_;

@@ -4,8 +4,10 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <optional>
 
 #include "core/error.hpp"
+#include "core/units.hpp"
 #include "io/compressed_chunks.hpp"
 #include "io/filter/h5z_qstage.hpp"
 #include "io/h5.hpp"
@@ -35,6 +37,56 @@ stages::DatasetInfo describe_file_dataset(const fs::path& file, const std::strin
     return {*dtype, d.shape(), d.chunk(), d.filter_ids()};
   } catch (const h5::Error& e) {
     throw InputError(fmt::format("cannot read file '{}' dataset '{}': {}", file.string(), dataset, e.reason()));
+  }
+}
+
+namespace {
+
+// Bytes of a dataset of `shape`, or nullopt past 2^63 (where byte offsets stop fitting int64 and
+// HDF5's sizes overflow).
+std::optional<std::uint64_t> dataset_bytes(h5::DType dtype, const h5::Shape& shape) {
+  constexpr std::uint64_t kLimit = std::uint64_t{1} << 63;
+  std::uint64_t bytes = h5::dtype_size(dtype);
+  for (std::uint64_t d : shape) {
+    if (d != 0 && bytes > kLimit / d) return std::nullopt;
+    bytes *= d;
+  }
+  return bytes;
+}
+
+}  // namespace
+
+void check_output_sizes(const stages::StagePlan& plan) {
+  auto check = [](const std::string& name, h5::DType dtype, const h5::Shape& shape) {
+    if (!dataset_bytes(dtype, shape))
+      throw InputError(fmt::format("output '{}' of shape [{}] ({}) would hold more than 2^63 bytes; expected a shape "
+                                   "whose size in bytes fits in 63 bits",
+                                   name, fmt::join(shape, ", "), h5::dtype_name(dtype)));
+  };
+  for (const auto& o : plan.pass.outputs) check(o.name, o.dtype, o.shape);
+  for (const auto& [name, info] : plan.results) check(name, info.dtype, info.shape);
+}
+
+void check_outputs_fit(const std::vector<PlannedStep>& planned, const fs::path& run_dir) {
+  fs::path existing = fs::absolute(run_dir);
+  std::error_code ec;
+  while (!fs::exists(existing, ec) && existing.has_parent_path() && existing != existing.parent_path())
+    existing = existing.parent_path();
+  const fs::space_info space = fs::space(existing, ec);
+  if (ec || space.capacity == 0 || space.capacity == static_cast<std::uintmax_t>(-1)) return;  // unknown: no check
+  for (const auto& p : planned) {
+    auto check = [&](const std::string& name, h5::DType dtype, const h5::Shape& shape) {
+      const auto bytes = dataset_bytes(dtype, shape);
+      if (bytes && *bytes > space.capacity)
+        throw InputError(fmt::format("step '{}' ({}): output '{}' of shape [{}] ({}) needs {}, more than the whole file "
+                                     "system of the run directory ({}, {}); expected a shape that fits",
+                                     p.step->id, p.step->stage, name, fmt::join(shape, ", "), h5::dtype_name(dtype),
+                                     format_bytes(static_cast<double>(*bytes)), existing.string(),
+                                     format_bytes(static_cast<double>(space.capacity))));
+    };
+    for (const auto& o : p.plan.pass.outputs)
+      if (!o.compressed()) check(o.name, o.dtype, o.shape);  // (coded outputs may be far smaller)
+    for (const auto& [name, info] : p.plan.results) check(name, info.dtype, info.shape);
   }
 }
 
@@ -124,6 +176,7 @@ std::vector<PlannedStep> plan_workflow(const spec::Workflow& wf) {
     }
     try {
       p.plan = step.impl->plan(step.params, infos);
+      check_output_sizes(p.plan);
       apply_compress_output(p.plan, step, false);
     } catch (const InputError& e) {
       throw InputError(fmt::format("{}: {}", step_label(wf, step), e.what()));

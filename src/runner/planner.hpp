@@ -33,6 +33,15 @@ std::vector<PlannedStep> plan_workflow(const spec::Workflow& wf);
 // a name that is not a streamed output, or an output that is not float32 or complex64.
 void apply_compress_output(stages::StagePlan& plan, const spec::Step& step, bool at_run_time);
 
+// Throws InputError if an output of `plan` would hold more than 2^63 bytes: a typo'd shape is
+// rejected before anything runs (it used to end in std::bad_alloc or an HDF5 chunk error).
+void check_output_sizes(const stages::StagePlan& plan);
+
+// Throws InputError if an uncompressed output of a planned step is larger than the whole file
+// system that holds run_dir (or its nearest existing parent): it could never be written. (The
+// capacity, not the free space: a resumed step has written part of its output already.)
+void check_outputs_fit(const std::vector<PlannedStep>& planned, const std::filesystem::path& run_dir);
+
 // Reads dtype, shape and chunk of a dataset in a file; InputError naming file and dataset.
 stages::DatasetInfo describe_file_dataset(const std::filesystem::path& file, const std::string& dataset);
 

@@ -318,6 +318,7 @@ class WorkflowRun {
                                         dir_.work(step.id), key};
     try {
       step.impl->refine_plan(p.plan, context);
+      check_output_sizes(p.plan);
       apply_compress_output(p.plan, step, true);
     } catch (const InputError& e) {
       record_failure(step.id);
@@ -543,6 +544,7 @@ void run_workflow(const spec::Workflow& wf, const RunOptions& options, const mpi
   std::vector<PlannedStep> planned = plan_workflow(wf);
   RunDir dir{options.run_dir.empty() ? default_run_dir(wf.name) : options.run_dir};
   dir.root = fs::absolute(dir.root);
+  check_outputs_fit(planned, dir.root);
   WorkflowRun run(wf, options, comm, dir);
   run.setup(planned);
   prepare_run_dir(wf, dir, comm);
