@@ -469,6 +469,14 @@ class WorkflowRun {
 
   void log_summary(const spec::Step& step, const json& mt, const StepResults& results, const PlannedStep& p) {
     const double s = mt["seconds"].get<double>();
+    if (mt["bytes"].get<double>() == 0 && p.plan.pass.rows == 0) {
+      // A step that computes on its own (a path search, a state vector): no engine figures to give.
+      spdlog::info("step '{}' done in {}; peak device {}, host {}", step.id, format_duration(s),
+                   format_bytes(mt["peak_device_bytes"].get<double>()), format_bytes(mt["peak_host_bytes"].get<double>()));
+      const std::string line = step.impl->describe_results(p.plan, results);
+      if (!line.empty()) spdlog::info("step '{}' result: {}", step.id, line);
+      return;
+    }
     std::string rate = format_rate(mt["bytes_per_second"].get<double>());
     if (mt.contains("gflops_per_second")) rate += fmt::format(", {:.1f} GFLOP/s", mt["gflops_per_second"].get<double>());
     spdlog::info("step '{}' done in {}: {} at {}; setup {:.2f}s, batch loop {:.2f}s (busy: read {:.2f}s, to device {:.2f}s, "
