@@ -77,6 +77,15 @@ __device__ RowOffsets row_offsets(const RowsWalk& w, std::uint64_t r, std::int64
   return at;
 }
 
+// Thread row r of a tile: false past the last row; else its offsets, its own row's also in
+// row_at[threadIdx.x] (where the tile's loader finds it).
+__device__ bool tile_row(const RowsWalk& w, std::uint64_t r, std::int64_t k, std::int64_t* row_at, RowOffsets& at) {
+  if (r >= w.rows) return false;
+  at = row_offsets(w, r, k);
+  row_at[threadIdx.x] = at.own;
+  return true;
+}
+
 // Inner loop index q's offsets in the small operand and in C.
 __device__ void inner_offsets(const RowsWalk& w, std::uint64_t q, std::int64_t& other, std::int64_t& c) {
   for (int d = 0; d < w.inner; ++d) {
@@ -125,13 +134,8 @@ __global__ void __launch_bounds__(rows_block<Real, K>()) looped_gemm_rows_kernel
   const auto* other_data = static_cast<const Complex<Real>*>(w.other);
   auto* c_data = static_cast<Complex<Real>*>(w.c);
   for (std::uint64_t tile = blockIdx.x; tile * T < w.rows; tile += gridDim.x) {
-    const std::uint64_t r = tile * T + threadIdx.x;
-    const bool live = r < w.rows;
     RowOffsets at{};
-    if (live) {
-      at = row_offsets(w, r, K);
-      row_at[threadIdx.x] = at.own;
-    }
+    const bool live = tile_row(w, tile * T + threadIdx.x, K, row_at, at);
     __syncthreads();
     stage_columns<Real, K, T>(own_data, row_at, 0, w.rows - tile * T, stage);
     __syncthreads();
@@ -179,13 +183,8 @@ __global__ void __launch_bounds__(rows_block<Real, kRowsColumns>()) looped_gemm_
     result_c[threadIdx.x] = c;
   }
   for (std::uint64_t tile = blockIdx.x; tile * T < w.rows; tile += gridDim.x) {
-    const std::uint64_t r = tile * T + threadIdx.x;
-    const bool live = r < w.rows;
     RowOffsets at{};
-    if (live) {
-      at = row_offsets(w, r, K);
-      row_at[threadIdx.x] = at.own;
-    }
+    const bool live = tile_row(w, tile * T + threadIdx.x, K, row_at, at);
     Real re[R], im[R];
 #pragma unroll
     for (int x = 0; x < R; ++x) re[x] = im[x] = 0;

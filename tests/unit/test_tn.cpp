@@ -180,6 +180,16 @@ std::uint64_t index_of(const std::vector<std::uint8_t>& bits) {
   return idx;
 }
 
+// One random bitstring's amplitude (complex128) against the state vector, to 1e-12.
+void expect_amplitude_matches_statevector(const tn::Circuit& circuit, const tn::Network& net, const tn::Plan& plan,
+                                          unsigned seed) {
+  const auto sv = state_vector(circuit);
+  std::mt19937 gen(seed);
+  const auto bits = random_bits(circuit.qubits, gen);
+  const auto got = contract_all(net, plan, h5::DType::complex128, bits);
+  EXPECT_NEAR(std::abs(got[0] - sv[index_of(bits)]), 0, 1e-12);
+}
+
 }  // namespace
 
 TEST(TensorNetwork, AmplitudesMatchTheStateVectorSlicedOrNot) {
@@ -423,6 +433,7 @@ TEST(TensorNetwork, InvariantStepsOfGenericAndExpectationNetworksRunOnce) {
   }
 }
 
+
 TEST(TensorNetwork, SlicingFitsTheArenaAndThePersistentRegion) {
   const auto circuit = grid_circuit(4, 4, 10, 11);
   const auto net = tn::amplitude_network(circuit);
@@ -437,11 +448,7 @@ TEST(TensorNetwork, SlicingFitsTheArenaAndThePersistentRegion) {
     EXPECT_LE(plan.arena_bytes + (plan.persistent_bytes + arenas - 1) / arenas, tight.budget_bytes);
     EXPECT_LE(plan.prologue_arena_bytes, plan.arena_bytes);
     expect_sound_invariance(net, plan);
-    const auto sv = state_vector(circuit);
-    std::mt19937 gen(1);
-    const auto bits = random_bits(circuit.qubits, gen);
-    const auto got = contract_all(net, plan, h5::DType::complex128, bits);
-    EXPECT_NEAR(std::abs(got[0] - sv[index_of(bits)]), 0, 1e-12);
+    expect_amplitude_matches_statevector(circuit, net, plan, 1);
   }
 }
 
@@ -468,9 +475,5 @@ TEST(TensorNetwork, StepsTouchingSpilledIntermediatesRunPerSlice) {
   ASSERT_GT(plan.spilled, 0);
   EXPECT_LE(plan.arena_bytes + plan.persistent_bytes, ooc.budget_bytes);
   expect_sound_invariance(net, plan);
-  const auto sv = state_vector(circuit);
-  std::mt19937 gen(2);
-  const auto bits = random_bits(circuit.qubits, gen);
-  const auto got = contract_all(net, plan, h5::DType::complex128, bits);
-  EXPECT_NEAR(std::abs(got[0] - sv[index_of(bits)]), 0, 1e-12);
+  expect_amplitude_matches_statevector(circuit, net, plan, 2);
 }
