@@ -1,4 +1,5 @@
 #include "backend/cuda_check.hpp"
+#include "kernels/block_tree.cuh"
 #include "kernels/dot.hpp"
 
 namespace qstage::kernels::detail {
@@ -20,14 +21,10 @@ __global__ void dotc_kernel(const Real* x, const Real* y, std::uint64_t n, std::
   }
   re[threadIdx.x] = r;
   im[threadIdx.x] = m;
-  __syncthreads();
-  for (int w = kThreads / 2; w > 0; w /= 2) {
-    if (threadIdx.x < w) {
-      re[threadIdx.x] += re[threadIdx.x + w];
-      im[threadIdx.x] += im[threadIdx.x + w];
-    }
-    __syncthreads();
-  }
+  block_tree<kThreads>([&](unsigned to, unsigned from) {
+    re[to] += re[from];
+    im[to] += im[from];
+  });
   if (threadIdx.x == 0) {
     partials[2 * blockIdx.x] = re[0];
     partials[2 * blockIdx.x + 1] = im[0];

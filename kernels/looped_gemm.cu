@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "backend/cuda_check.hpp"
+#include "kernels/block_tree.cuh"
 #include "kernels/looped_gemm.hpp"
 
 namespace qstage::kernels::detail {
@@ -351,14 +352,10 @@ __device__ void block_share(const LoopedGemm& g, const ElementAt& at, unsigned r
   }
   sum_re[threadIdx.x] = re;
   sum_im[threadIdx.x] = im;
-  __syncthreads();
-  for (int half = kBlockSumThreads / 2; half > 0; half /= 2) {
-    if (threadIdx.x < half) {
-      sum_re[threadIdx.x] += sum_re[threadIdx.x + half];
-      sum_im[threadIdx.x] += sum_im[threadIdx.x + half];
-    }
-    __syncthreads();
-  }
+  block_tree<kBlockSumThreads>([&](unsigned to, unsigned from) {
+    sum_re[to] += sum_re[from];
+    sum_im[to] += sum_im[from];
+  });
 }
 
 template <typename Real>

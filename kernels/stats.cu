@@ -1,4 +1,5 @@
 #include "backend/cuda_check.hpp"
+#include "kernels/block_tree.cuh"
 #include "kernels/stats.hpp"
 #include "kernels/stats_math.hpp"
 
@@ -23,11 +24,7 @@ __global__ void stats_kernel(const void* data, std::uint64_t elements, std::uint
     add_qsum<T>(p, data, e, complex, first_word);
   }
   part[threadIdx.x] = p;
-  __syncthreads();
-  for (int width = kThreads / 2; width > 0; width /= 2) {
-    if (threadIdx.x < width) merge(part[threadIdx.x], part[threadIdx.x + width]);
-    __syncthreads();
-  }
+  block_tree<kThreads>([&](unsigned to, unsigned from) { merge(part[to], part[from]); });
   if (threadIdx.x == 0) partials[blockIdx.x] = part[0];
 }
 
