@@ -16,9 +16,11 @@
 #include "stages/tn/path.hpp"
 #include "stages/tn/paths/hyper.hpp"
 #include "stages/tn/plan.hpp"
+#include "circuit_util.hpp"
 
 using namespace qstage;
 using tn::cd;
+using test::grid_circuit;
 
 namespace {
 
@@ -164,15 +166,6 @@ cd amplitude_of(const ItemResults& r, size_t b, std::int64_t slices, h5::DType d
   return sum;
 }
 
-// A seeded random circuit on a rows x cols grid.
-tn::Circuit grid_circuit(int rows, int cols, int cycles, std::uint64_t seed) {
-  tn::RandomCircuitOptions o;
-  o.rows = rows;
-  o.cols = cols;
-  o.cycles = cycles;
-  o.seed = seed;
-  return tn::random_circuit(o);
-}
 
 std::uint64_t index_of(const std::vector<std::uint8_t>& bits) {
   std::uint64_t idx = 0;

@@ -9,18 +9,14 @@
 #include "stages/tn/network.hpp"
 #include "stages/tn/path.hpp"
 #include "stages/tn/paths/hyper.hpp"
+#include "circuit_util.hpp"
 
 using namespace qstage;
 
 namespace {
 
 tn::Network circuit_network(int rows, int cols, int cycles, std::uint64_t seed) {
-  tn::RandomCircuitOptions o;
-  o.rows = rows;
-  o.cols = cols;
-  o.cycles = cycles;
-  o.seed = seed;
-  tn::Network net = tn::amplitude_network(tn::random_circuit(o));
+  tn::Network net = tn::amplitude_network(test::grid_circuit(rows, cols, cycles, seed));
   tn::set_bitstring(net, std::vector<std::uint8_t>(static_cast<size_t>(rows * cols), 0));
   return net;
 }

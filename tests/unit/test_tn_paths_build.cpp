@@ -19,6 +19,7 @@
 #include "stages/tn/circuit.hpp"
 #include "stages/tn/network.hpp"
 #include "stages/tn/path.hpp"
+#include "circuit_util.hpp"
 #include "stages/tn/paths/greedy.hpp"
 #include "stages/tn/paths/partition.hpp"
 #include "stages/tn/paths/tree.hpp"
@@ -32,12 +33,7 @@ using tn::SearchNetwork;
 namespace {
 
 tn::Network circuit_network(int rows, int cols, int cycles, std::uint64_t seed) {
-  tn::RandomCircuitOptions o;
-  o.rows = rows;
-  o.cols = cols;
-  o.cycles = cycles;
-  o.seed = seed;
-  return tn::amplitude_network(tn::random_circuit(o));
+  return tn::amplitude_network(test::grid_circuit(rows, cols, cycles, seed));
 }
 
 tn::Network einsum(const std::string& expression, std::int64_t extent = 2) {
