@@ -3,6 +3,7 @@
 #include <mutex>
 
 #include "core/embedded.hpp"
+#include "engine/journal.hpp"
 #include "stages/compress/compress_stages.hpp"
 #include "stages/stage.hpp"
 #include "stages/tensor/tensor_stages.hpp"
@@ -65,6 +66,10 @@ const nlohmann::json& parameter_schema(const Stage& stage) {
 std::uint64_t default_chunk_rows(std::uint64_t row_bytes) {
   constexpr std::uint64_t target = 4u << 20;
   return std::max<std::uint64_t>(1, target / std::max<std::uint64_t>(row_bytes, 1));
+}
+
+std::filesystem::path prior_pass_output(const KernelContext& ctx, int index) {
+  return ctx.work_dir / engine::StepWork::pass_folder(index) / "output.h5";
 }
 
 }  // namespace qstage::stages

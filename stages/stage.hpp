@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -55,6 +56,28 @@ struct StagePlan {
   nlohmann::json summary = nlohmann::json::object();  // shown in the log and stored as provenance
 };
 
+// What a stage of several passes keeps between them: how many of its passes before the output
+// pass are done, and what they found (small: a value range, a count, an energy). The runner
+// commits it atomically after each pass (steps/<id>/passes.json, with the step key), so a run
+// stopped in pass k resumes in pass k, and the state is the one the finished passes left.
+struct PassState {
+  int done = 0;
+  nlohmann::json data = nlohmann::json::object();
+  int done_before = 0;  // of `done`, the passes earlier runs of the step finished (not committed)
+};
+
+// One pass of a stage before its output pass: what it streams, its kernel and its reduction.
+// It is batched, checkpointed and resumed like the output pass, in its own folder of the step's
+// work directory; its outputs, if any, go to a file there (prior_pass_output) for later passes
+// to read until the step is done.
+struct PriorPass {
+  std::string name;                          // for the log and its folder, e.g. "range"
+  engine::PassSpec pass;                     // inputs' dataset pointers are bound by the runner
+  std::vector<std::string> streamed_inputs;  // slot name of each pass input, in order
+  std::unique_ptr<engine::PassKernel> kernel;
+  std::unique_ptr<engine::Reduction> reduction;
+};
+
 // Handed to make_kernel and compute: the step's parameters and its opened input datasets.
 struct KernelContext {
   const nlohmann::json& params;
@@ -68,6 +91,8 @@ struct KernelContext {
   // directory keeps such files; a changed step has another key and measures again).
   std::filesystem::path work_dir;
   std::string step_key;
+  // The state the step's earlier passes left (stages of several passes; else empty).
+  const PassState* passes = nullptr;
 };
 
 // What a step produced besides its streamed outputs, handed to write_results on every rank.
@@ -92,6 +117,16 @@ class Stage {
   // bitstrings, of slices) complete their plan here, at run time, once the inputs exist. Throws
   // InputError like plan().
   virtual void refine_plan(StagePlan& plan, const KernelContext& ctx) const {}
+  // Stages of several passes: the pass to run before the output pass, given what the passes
+  // before it left in `state` (ctx.passes is the same state); nullopt when the output pass
+  // comes next. Called again after each one (a loop of passes asks until it has converged).
+  // Runs before refine_plan, which then sees the state in ctx.passes.
+  virtual std::optional<PriorPass> prior_pass(const KernelContext& ctx, const PassState& state) const {
+    return std::nullopt;
+  }
+  // After `pass` completed (its reduction folded and loaded on every rank): what it found, into
+  // `state.data`. Must give the same on every rank. The runner then counts it done and commits.
+  virtual void after_prior_pass(const KernelContext& ctx, PriorPass& pass, PassState& state) const {}
   virtual std::unique_ptr<engine::PassKernel> make_kernel(const KernelContext& ctx) const = 0;
   virtual std::unique_ptr<engine::Reduction> make_reduction(const StagePlan& plan) const { return nullptr; }
   // Stages whose work is a host computation on small data (building a network, finding a path)
@@ -123,6 +158,9 @@ class ComputedStage : public Stage {
   // A plan with no rows whose later-step-visible datasets are `results`, the first primary.
   static StagePlan computed_plan(std::vector<std::pair<std::string, DatasetInfo>> results);
 };
+
+// The file the outputs of the step's prior pass number `index` (0, 1, ...) went to.
+std::filesystem::path prior_pass_output(const KernelContext& ctx, int index);
 
 // Every stage qstage knows, in name order.
 const std::vector<const Stage*>& all_stages();

@@ -102,8 +102,10 @@ Journal StepWork::load(const PassSpec& spec) {
     for (const auto& s : j.segments) keep.insert(s.file);
     keep.insert(j.reduction_files.begin(), j.reduction_files.end());
     for (const auto& sp : j.spools) keep.insert(sp.file);
-    auto planned = [](const std::string& name) {  // refine_plan's measurements (they record their key)
-      return name.rfind("plan-", 0) == 0 && name.size() > 10 && name.substr(name.size() - 5) == ".json";
+    auto planned = [](const std::string& name) {
+      // refine_plan's measurements and the earlier passes of the step (they record their key)
+      return (name.rfind("plan-", 0) == 0 && name.size() > 10 && name.substr(name.size() - 5) == ".json") ||
+             name == kPassState || name.rfind("pass-", 0) == 0;
     };
     for (const auto& entry : fs::directory_iterator(dir_))
       if (!keep.count(entry.path().filename().string()) && !planned(entry.path().filename().string()))
@@ -123,6 +125,8 @@ void StepWork::remove() const {
   fs::remove_all(dir_, ec);
   if (ec) spdlog::warn("could not remove {}: {}", dir_.string(), ec.message());
 }
+
+std::string StepWork::pass_folder(int index) { return fmt::format("pass-{}", index); }
 
 fs::path StepWork::segment_path(std::size_t index) const { return dir_ / fmt::format("seg-{:06}.h5", index); }
 

@@ -60,6 +60,11 @@ class StepWork {
   void remove() const;
   // A new segment's final and temporary paths.
   std::filesystem::path segment_path(std::size_t index) const;
+  // A stage of several passes: the folder of its pass `index` (before the output pass), inside
+  // the step's directory, and the file of the state between passes. The output pass's load
+  // keeps both; they go with the directory when the step is done.
+  static std::string pass_folder(int index);
+  static constexpr const char* kPassState = "passes.json";
   // Last reported progress of a running step, for `qstage status` (rank 0, best effort).
   void save_progress(const nlohmann::json& progress) const;
 

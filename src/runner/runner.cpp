@@ -298,24 +298,151 @@ class WorkflowRun {
     execute(p, key, hashes, output);
   }
 
-  void execute(PlannedStep& p, const std::string& key, const json& hashes, const fs::path& output) {
-    const spec::Step& step = *p.step;
-    const auto started = Clock::now();
-    backend_->device_budget().reset_peak();
-    backend_->host_budget().reset_peak();
-
-    // Open the inputs on every rank and bind them to the pass.
+  // A step's opened inputs, on every rank.
+  struct OpenInputs {
     std::vector<h5::File> files;
     std::map<std::string, h5::Dataset> datasets;
-    for (const auto& [slot, in] : p.inputs) {
-      const fs::path path = in.ref.step.empty() ? in.ref.file : dir_.output(in.ref.step);
-      files.push_back(h5::File::open(path, h5::Mode::read_only, comm_.get()));
-      datasets[slot] = files.back().open_dataset(in.dataset);
-    }
     std::map<std::string, const h5::Dataset*> by_slot;
-    for (auto& [slot, d] : datasets) by_slot[slot] = &d;
-    const stages::KernelContext context{step.params, by_slot, p.plan, step.files, backend_.get(), &comm_,
-                                        dir_.work(step.id), key};
+  };
+
+  OpenInputs open_inputs(const PlannedStep& p) {
+    OpenInputs in;
+    for (const auto& [slot, ref] : p.inputs) {
+      const fs::path path = ref.ref.step.empty() ? ref.ref.file : dir_.output(ref.ref.step);
+      in.files.push_back(h5::File::open(path, h5::Mode::read_only, comm_.get()));
+      in.datasets[slot] = in.files.back().open_dataset(ref.dataset);
+    }
+    for (auto& [slot, d] : in.datasets) in.by_slot[slot] = &d;
+    return in;
+  }
+
+  // Binds a pass's streamed inputs to the opened datasets of their slots.
+  static void bind_inputs(engine::PassSpec& pass, const std::vector<std::string>& slots, const OpenInputs& in) {
+    for (size_t i = 0; i < pass.inputs.size(); ++i) pass.inputs[i].dataset = in.by_slot.at(slots.at(i));
+  }
+
+  // The state a stage of several passes committed (rank 0 reads it, every rank gets it); a state
+  // of another key (parameters or inputs changed) is not used. (Each pass's folder checks its
+  // journal's key itself, as the output pass's does.)
+  stages::PassState load_pass_state(const std::string& id, const std::string& key) {
+    std::string text;
+    if (comm_.root()) {
+      const fs::path file = dir_.work(id) / engine::StepWork::kPassState;
+      stages::PassState state;
+      std::error_code ec;
+      if (fs::exists(file, ec)) try {
+          const json j = json::parse(fsutil::read_file(file));
+          if (j.at("key").get<std::string>() == key) {
+            state.done = j.at("done").get<int>();
+            state.data = j.at("data");
+          }
+        } catch (const std::exception& e) {
+          spdlog::warn("discarding unreadable {}: {}", file.string(), e.what());
+        }
+      text = json{{"done", state.done}, {"data", state.data}}.dump();
+    }
+    const json j = json::parse(comm_.broadcast(text));
+    const int done = j.at("done").get<int>();
+    if (done > 0 && comm_.root())
+      spdlog::info("step '{}': {} of its passes done by an earlier run", id, done);
+    return {done, j.at("data"), done};
+  }
+
+  // Rank 0: commits the state after a pass (atomically), before the next pass starts.
+  void save_pass_state(const std::string& id, const std::string& key, const stages::PassState& state) {
+    if (comm_.root()) {
+      fs::create_directories(dir_.work(id));
+      fsutil::write_file_atomic(dir_.work(id) / engine::StepWork::kPassState,
+                                json{{"key", key}, {"done", state.done}, {"data", state.data}}.dump());
+    }
+    comm_.barrier();
+  }
+
+  // Runs the passes a stage of several passes asks for before its output pass, each in its own
+  // folder of the step's work directory, checkpointed and resumed as the output pass is. The
+  // state is committed after each; a stop ends the step (StopRequested) with the pass committed.
+  void run_prior_passes(const PlannedStep& p, const stages::KernelContext& context, const OpenInputs& in,
+                        const std::string& key, stages::PassState& state) {
+    const spec::Step& step = *p.step;
+    while (true) {
+      std::optional<stages::PriorPass> prior;
+      try {
+        prior = step.impl->prior_pass(context, state);
+      } catch (const InputError& e) {
+        record_failure(step.id);
+        throw InputError(fmt::format("step '{}' ({}): {}", step.id, step.stage, e.what()));
+      }
+      if (!prior) return;
+      bind_inputs(prior->pass, prior->streamed_inputs, in);
+      const std::string label = fmt::format("pass {} ({})", state.done + 1, prior->name);
+      engine::StepWork work(dir_.work(step.id) / engine::StepWork::pass_folder(state.done), key, comm_);
+      const auto started = Clock::now();
+      auto reporter = progress_reporter(fmt::format("{} {} {}", step.id, step.stage, label), prior->pass, 0, work);
+      engine::PassOutcome outcome;
+      try {
+        outcome = engine_->run(prior->pass, *prior->kernel, prior->reduction.get(), work,
+                               stages::prior_pass_output(context, state.done), [](h5::File&, const engine::Journal&) {},
+                               progress_of(reporter));
+      } catch (const InputError& e) {
+        if (reporter) reporter->finish();
+        record_failure(step.id);
+        throw InputError(fmt::format("step '{}' ({}), {}: {}", step.id, step.stage, label, e.what()));
+      } catch (...) {
+        if (reporter) reporter->finish();
+        record_failure(step.id);
+        throw;
+      }
+      if (reporter) reporter->finish();
+      if (!outcome.complete) stopped(step.id, label, outcome.journal.committed_rows, prior->pass.rows, json::object());
+      step.impl->after_prior_pass(context, *prior, state);
+      state.done += 1;
+      save_pass_state(step.id, key, state);
+      if (comm_.root())
+        spdlog::info("step '{}' {} done in {}: {} rows, {}", step.id, label,
+                     format_duration(std::chrono::duration<double>(Clock::now() - started).count()), prior->pass.rows,
+                     state.data.dump());
+    }
+  }
+
+  // The step's progress line on rank 0 (others: none), for a pass of `pass.rows` rows.
+  std::unique_ptr<ProgressReporter> progress_reporter(const std::string& label, const engine::PassSpec& pass,
+                                                      double flops, engine::StepWork& work) {
+    if (!comm_.root()) return nullptr;
+    return std::make_unique<ProgressReporter>(label, pass.rows, pass.progress_bytes_per_row(), flops,
+                                              options_.progress_seconds,
+                                              [&work](const std::string& j) { work.save_progress(json::parse(j)); });
+  }
+
+  static engine::ProgressFn progress_of(const std::unique_ptr<ProgressReporter>& reporter) {
+    return [&reporter](std::uint64_t done, std::uint64_t) {
+      if (reporter) reporter->update(done);
+    };
+  }
+
+  // A stop request ended a pass of the step, its progress committed: records where, and ends
+  // the run (StopRequested).
+  [[noreturn]] void stopped(const std::string& id, const std::string& pass, std::uint64_t committed, std::uint64_t rows,
+                            const json& metrics) {
+    if (comm_.root()) {
+      Manifest m = *Manifest::load(dir_.root);
+      json& rec = m.step(id);
+      rec["state"] = "stopped";
+      rec["committed_rows"] = committed;
+      rec["rows_total"] = rows;
+      if (!pass.empty()) rec["pass"] = pass;
+      else rec.erase("pass");
+      if (!metrics.empty()) rec["metrics"] = metrics;
+      m.save(dir_.root);
+    }
+    throw StopRequested(fmt::format("stopped by {} in step '{}'{} at row {} of {} (committed); run `qstage resume {}` "
+                                    "to continue",
+                                    signals::signal_name(signals::stop_requested()), id,
+                                    pass.empty() ? "" : ", " + pass, committed, rows, dir_.root.string()));
+  }
+
+  // refine_plan and the checks that need it; an InputError names the step.
+  void refine(PlannedStep& p, const stages::KernelContext& context) {
+    const spec::Step& step = *p.step;
     try {
       step.impl->refine_plan(p.plan, context);
       check_output_sizes(p.plan);
@@ -324,36 +451,54 @@ class WorkflowRun {
       record_failure(step.id);
       throw InputError(fmt::format("step '{}' ({}): {}", step.id, step.stage, e.what()));
     }
+  }
+
+  // A stage that computes on the host: compute() on rank 0, its result on every rank; returns the
+  // result and the seconds it took.
+  std::pair<std::string, double> compute_on_root(const spec::Step& step, const stages::KernelContext& context) {
+    std::string computed, error, check_failure;
+    double seconds = 0;
+    if (comm_.root()) {
+      try {
+        const auto t0 = Clock::now();
+        computed = step.impl->compute(context);
+        seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+      } catch (const InputError& e) {
+        error = e.what();
+      } catch (const CheckFailed& e) {
+        check_failure = e.what();
+      }
+    }
+    error = comm_.broadcast(error);
+    check_failure = comm_.broadcast(check_failure);
+    if (!error.empty() || !check_failure.empty()) record_failure(step.id);
+    if (!error.empty()) throw InputError(fmt::format("step '{}' ({}): {}", step.id, step.stage, error));
+    if (!check_failure.empty()) throw CheckFailed(fmt::format("step '{}' ({}): {}", step.id, step.stage, check_failure));
+    return {comm_.broadcast(computed), comm_.max(seconds)};
+  }
+
+  void execute(PlannedStep& p, const std::string& key, const json& hashes, const fs::path& output) {
+    const spec::Step& step = *p.step;
+    const auto started = Clock::now();
+    backend_->device_budget().reset_peak();
+    backend_->host_budget().reset_peak();
+
+    const OpenInputs in = open_inputs(p);
+    stages::PassState passes = load_pass_state(step.id, key);
+    const stages::KernelContext context{step.params, in.by_slot, p.plan,     step.files, backend_.get(),
+                                        &comm_,      dir_.work(step.id), key, &passes};
+    run_prior_passes(p, context, in, key, passes);
+    refine(p, context);
     engine::PassSpec pass = p.plan.pass;
-    for (size_t i = 0; i < pass.inputs.size(); ++i) pass.inputs[i].dataset = by_slot.at(p.plan.streamed_inputs[i]);
+    bind_inputs(pass, p.plan.streamed_inputs, in);
 
     auto kernel = step.impl->make_kernel(context);
     auto reduction = step.impl->make_reduction(p.plan);
-    // Host computations run on rank 0 before the (empty) pass; every rank gets the result.
+    // Host computations run on rank 0 before the (empty) pass; every rank gets the result. They
+    // are part of the step's wall time.
     std::string computed;
-    double compute_seconds = 0;  // host computations are part of the step's wall time
-    if (step.impl->computes()) {
-      std::string error, check_failure;
-      if (comm_.root()) {
-        try {
-          const auto t0 = Clock::now();
-          computed = step.impl->compute(context);
-          compute_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-        } catch (const InputError& e) {
-          error = e.what();
-        } catch (const CheckFailed& e) {
-          check_failure = e.what();
-        }
-      }
-      error = comm_.broadcast(error);
-      check_failure = comm_.broadcast(check_failure);
-      if (!error.empty() || !check_failure.empty()) record_failure(step.id);
-      if (!error.empty()) throw InputError(fmt::format("step '{}' ({}): {}", step.id, step.stage, error));
-      if (!check_failure.empty())
-        throw CheckFailed(fmt::format("step '{}' ({}): {}", step.id, step.stage, check_failure));
-      computed = comm_.broadcast(computed);
-      compute_seconds = comm_.max(compute_seconds);
-    }
+    double compute_seconds = 0;
+    if (step.impl->computes()) std::tie(computed, compute_seconds) = compute_on_root(step, context);
     const StepResults results{reduction.get(), step.impl->computes() ? &computed : nullptr, &context};
     engine::StepWork work(dir_.work(step.id), key, comm_);
     const std::string created = comm_.broadcast(utc_now());
@@ -386,21 +531,14 @@ class WorkflowRun {
       result_checksums = checksum_results(out);
     };
 
-    std::unique_ptr<ProgressReporter> reporter;
-    if (comm_.root())
-      reporter = std::make_unique<ProgressReporter>(
-          fmt::format("{} {}", step.id, step.stage), pass.rows, pass.progress_bytes_per_row(), p.plan.flops,
-          options_.progress_seconds, [&work](const std::string& j) { work.save_progress(json::parse(j)); });
-    auto progress = [&](std::uint64_t done, std::uint64_t) {
-      if (reporter) reporter->update(done);
-    };
+    auto reporter = progress_reporter(fmt::format("{} {}", step.id, step.stage), pass, p.plan.flops, work);
 
     std::map<std::string, std::string> added;  // rank 0: what finish_output added
     auto finish_output = [&](const fs::path& temp) { added = step.impl->finish_output(p.plan, results, temp); };
 
     engine::PassOutcome outcome;
     try {
-      outcome = engine_->run(pass, *kernel, reduction.get(), work, output, annotate, progress, finish_output);
+      outcome = engine_->run(pass, *kernel, reduction.get(), work, output, annotate, progress_of(reporter), finish_output);
     } catch (...) {
       if (reporter) reporter->finish();
       record_failure(step.id);
@@ -428,21 +566,7 @@ class WorkflowRun {
     if (p.plan.flops > 0 && pass.rows > 0)
       metrics["gflops_per_second"] = p.plan.flops * static_cast<double>(outcome.rows_run) / static_cast<double>(pass.rows) / seconds / 1e9;
 
-    if (!outcome.complete) {
-      if (comm_.root()) {
-        Manifest m = *Manifest::load(dir_.root);
-        json& rec = m.step(step.id);
-        rec["state"] = "stopped";
-        rec["committed_rows"] = outcome.journal.committed_rows;
-        rec["rows_total"] = pass.rows;
-        rec["metrics"] = metrics;
-        m.save(dir_.root);
-      }
-      throw StopRequested(fmt::format("stopped by {} in step '{}' at row {} of {} (committed); run `qstage resume {}` to "
-                                      "continue",
-                                      signals::signal_name(signals::stop_requested()), step.id,
-                                      outcome.journal.committed_rows, pass.rows, dir_.root.string()));
-    }
+    if (!outcome.complete) stopped(step.id, "", outcome.journal.committed_rows, pass.rows, metrics);
     if (comm_.root()) {
       json sums = result_checksums.value("datasets", json::object());
       for (size_t o = 0; o < pass.outputs.size(); ++o)
@@ -458,6 +582,7 @@ class WorkflowRun {
                   {"finished", utc_now()}, {"device", device_text_}, {"ranks", comm_.size()}, {"metrics", metrics},
                   {"rows_total", pass.rows}, {"results", step.impl->describe_results(p.plan, results)}});
       rec.erase("error");
+      rec.erase("pass");
       if (result_checksums.contains("content")) rec["content"] = result_checksums["content"];
       else rec.erase("content");
       m.save(dir_.root);

@@ -47,63 +47,103 @@ std::uint64_t elements_of(const h5::Shape& shape) {
   return n;
 }
 
-double measure_range(const h5::Dataset& x, std::uint64_t tile_rows, const mpi::Comm& comm) {
-  const std::uint64_t rows = x.shape().at(0), row_bytes = x.row_bytes();
-  // Reads of whole tiles of about 64 MiB, dealt to ranks in turn.
-  const std::uint64_t per_read = tile_rows * std::max<std::uint64_t>(1, (64u << 20) / std::max<std::uint64_t>(tile_rows * row_bytes, 1));
-  std::vector<float> buffer(per_read * row_bytes / sizeof(float));
-  h5::RowReader reader(x);
-  float lo = std::numeric_limits<float>::infinity(), hi = -lo;
-  for (std::uint64_t first = static_cast<std::uint64_t>(comm.rank()) * per_read; first < rows;
-       first += static_cast<std::uint64_t>(comm.size()) * per_read) {
-    const std::uint64_t n = std::min(per_read, rows - first);
-    reader.read(first, n, buffer.data());
-    const auto count = static_cast<std::int64_t>(n * row_bytes / sizeof(float));
-    const float* v = buffer.data();
-#pragma omp parallel for reduction(min : lo) reduction(max : hi)
-    for (std::int64_t i = 0; i < count; ++i)
-      if (std::isfinite(v[i])) {
-        lo = std::min(lo, v[i]);
-        hi = std::max(hi, v[i]);
-      }
-  }
-  const double top = comm.max(static_cast<double>(hi)), bottom = -comm.max(-static_cast<double>(lo));
-  return bottom <= top ? top - bottom : 0.0;
+namespace {
+
+bool relative_without_range(const json& params) {
+  return params.at("bounds").get<std::string>() == "relative" && !params.contains("range");
 }
 
-std::optional<double> range_for(const KernelContext& ctx, std::uint64_t tile_rows) {
+// Per tile of the range pass: the least and greatest finite float of its values.
+struct RangePartial {
+  float lo, hi;
+};
+
+// The range pass's work, on the host's copy of each batch: a scan for the extremes is bound by
+// reading the data, which the host has already read; the device would add nothing.
+class RangeKernel final : public engine::PassKernel {
+ public:
+  RangeKernel(std::uint64_t tile_rows, std::uint64_t row_bytes) : tile_rows_(tile_rows), row_bytes_(row_bytes) {}
+  void process(const engine::BatchView& b) override {
+    auto* partials = static_cast<RangePartial*>(b.partials);  // host memory (partials_on_host)
+    for (std::uint64_t first = b.rows.begin, t = 0; first < b.rows.end; first += tile_rows_, ++t) {
+      const std::uint64_t rows = std::min(tile_rows_, b.rows.end - first);
+      const auto* v = reinterpret_cast<const float*>(static_cast<const char*>(b.host_inputs[0]) +
+                                                     (first - b.rows.begin) * row_bytes_);
+      const auto count = static_cast<std::int64_t>(rows * row_bytes_ / sizeof(float));
+      float lo = std::numeric_limits<float>::infinity(), hi = -lo;
+#pragma omp parallel for reduction(min : lo) reduction(max : hi)
+      for (std::int64_t i = 0; i < count; ++i)
+        if (std::isfinite(v[i])) {
+          lo = std::min(lo, v[i]);
+          hi = std::max(hi, v[i]);
+        }
+      partials[t] = {lo, hi};
+    }
+  }
+
+ private:
+  std::uint64_t tile_rows_, row_bytes_;
+};
+
+// min and max are exact: the range does not depend on the order of the tiles.
+class RangeReduction final : public engine::Reduction {
+ public:
+  void fold(const std::byte* tile) override {
+    RangePartial p;
+    std::memcpy(&p, tile, sizeof p);
+    all_.lo = std::min(all_.lo, p.lo);
+    all_.hi = std::max(all_.hi, p.hi);
+  }
+  std::string save() const override { return std::string(reinterpret_cast<const char*>(&all_), sizeof all_); }
+  void load(const std::string& state) override {
+    if (state.size() != sizeof all_) throw std::runtime_error("the range pass's saved state has the wrong size");
+    std::memcpy(&all_, state.data(), sizeof all_);
+  }
+  // max - min, 0 when no value is finite.
+  double range() const {
+    const double top = all_.hi, bottom = all_.lo;
+    return bottom <= top ? top - bottom : 0.0;
+  }
+
+ private:
+  RangePartial all_{std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity()};
+};
+
+}  // namespace
+
+std::optional<PriorPass> RelativeBoundsStage::prior_pass(const KernelContext& ctx, const PassState& state) const {
+  if (!relative_without_range(ctx.params) || state.data.contains("range")) return std::nullopt;
+  const h5::Dataset& x = *ctx.inputs.at("x");
+  PriorPass p;
+  p.name = "range";
+  p.pass.rows = ctx.plan.pass.rows;
+  p.pass.tile_rows = ctx.plan.pass.tile_rows;
+  p.pass.inputs.push_back({"x", nullptr, x.row_bytes()});
+  p.pass.tile_partial_bytes = sizeof(RangePartial);
+  p.pass.partials_on_host = true;
+  p.streamed_inputs = {"x"};
+  p.kernel = std::make_unique<RangeKernel>(p.pass.tile_rows, x.row_bytes());
+  p.reduction = std::make_unique<RangeReduction>();
+  return p;
+}
+
+void RelativeBoundsStage::after_prior_pass(const KernelContext& ctx, PriorPass& pass, PassState& state) const {
+  // (nlohmann's doubles round-trip exactly, so a resumed run codes with the same range)
+  state.data["range"] = static_cast<const RangeReduction&>(*pass.reduction).range();
+  if (ctx.comm->root())
+    spdlog::info("value range {:.6g}, measured in the range pass (give the parameter 'range' to skip it)",
+                 state.data["range"].get<double>());
+}
+
+std::optional<double> range_for(const KernelContext& ctx) {
   const json& params = ctx.params;
-  const mpi::Comm& comm = *ctx.comm;
   if (params.at("bounds").get<std::string>() != "relative") return std::nullopt;
   if (params.contains("range")) return params.at("range").get<double>();
-  // Kept in the work directory with the step's key, so a resumed run codes with the same range
-  // without reading the input again (nlohmann's doubles round-trip exactly).
-  const std::filesystem::path file = ctx.work_dir / "plan-range.json";
-  std::string cached;
-  if (comm.root() && !ctx.work_dir.empty() && std::filesystem::exists(file)) try {
-      const json j = json::parse(fsutil::read_file(file));
-      if (j.at("key").get<std::string>() == ctx.step_key) cached = j.at("range").dump();
-    } catch (const std::exception&) {
-      // unreadable: measured again below
-    }
-  cached = comm.broadcast(cached);
-  if (!cached.empty()) {
-    const double range = json::parse(cached).get<double>();
-    if (comm.root()) spdlog::info("value range {:.6g}, measured by an earlier run of this step", range);
-    return range;
-  }
-  const auto start = std::chrono::steady_clock::now();
-  const double range = measure_range(*ctx.inputs.at("x"), tile_rows, comm);
-  if (comm.root()) {
-    spdlog::info("value range {:.6g}, measured in {:.2f}s (give the parameter 'range' to skip this read)", range,
-                 std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-    if (!ctx.work_dir.empty()) try {  // (only saves a read on resume: a failure is not an error)
-        std::filesystem::create_directories(ctx.work_dir);
-        fsutil::write_file_atomic(file, json{{"key", ctx.step_key}, {"range", range}}.dump());
-      } catch (const std::exception& e) {
-        spdlog::warn("could not keep the value range in {}: {}", file.string(), e.what());
-      }
-  }
+  if (!ctx.passes || !ctx.passes->data.contains("range"))
+    throw std::logic_error("relative bounds without a range: the range pass did not run");
+  const double range = ctx.passes->data.at("range").get<double>();
+  if (ctx.passes->done_before > 0 && ctx.comm->root())
+    spdlog::info("value range {:.6g}, measured by an earlier run of this step", range);
   return range;
 }
 
@@ -130,7 +170,7 @@ StagePlan chunk_pass(const json& params, const DatasetInfo& x) {
 void refine_chunk_pass(StagePlan& plan, const KernelContext& ctx, std::uint64_t extra_device_bytes) {
   const h5::Dataset& x = *ctx.inputs.at("x");
   const codec::ElementType type = element_type(*x.dtype(), "x");
-  const auto range = range_for(ctx, plan.pass.tile_rows);
+  const auto range = range_for(ctx);
   plan.summary["codec"] = h5::codec_summary(settings_from(ctx.params), range, type);
   plan.pass.resident_device_bytes =
       ChunkCodec::device_bytes(ctx.backend->kind(), type, plan.pass.tile_rows * x.row_bytes()) + extra_device_bytes;

@@ -25,13 +25,17 @@ std::uint64_t chunk_rows_for(const nlohmann::json& params, const DatasetInfo& x)
 h5::Shape chunk_shape(const h5::Shape& shape, std::uint64_t chunk_rows);
 std::uint64_t elements_of(const h5::Shape& shape);
 
-// max - min over the finite real and imaginary parts of a float32/complex64 dataset, read in
-// parallel over ranks (each reads a share of the rows). Collective.
-double measure_range(const h5::Dataset& x, std::uint64_t tile_rows, const mpi::Comm& comm);
-// The range relative bounds refer to (input 'x'): the `range` parameter, else the one an earlier
-// run of this step measured (kept in its work directory), else measured now (collective) and
-// kept; nullopt for absolute bounds.
-std::optional<double> range_for(const KernelContext& ctx, std::uint64_t tile_rows);
+// Stages that code a dataset with bounds relative to its value range (max - min over the finite
+// real and imaginary parts): unless the `range` parameter gives it, a first pass over `x`
+// measures it, and the coding pass reads it from the state that pass left.
+class RelativeBoundsStage : public Stage {
+ public:
+  std::optional<PriorPass> prior_pass(const KernelContext& ctx, const PassState& state) const final;
+  void after_prior_pass(const KernelContext& ctx, PriorPass& pass, PassState& state) const final;
+};
+// The range relative bounds refer to: the `range` parameter, else what the range pass measured;
+// nullopt for absolute bounds.
+std::optional<double> range_for(const KernelContext& ctx);
 
 using kernels::ChunkCodec;
 

@@ -88,7 +88,7 @@ class SpoolReduction final : public engine::Reduction {
   h5::ChunkSpool spool_;
 };
 
-class CompressStage final : public Stage {
+class CompressStage final : public RelativeBoundsStage {
  public:
   const StageInfo& info() const override {
     static const StageInfo info{

@@ -215,7 +215,7 @@ Figures figures(const StagePlan& plan, const EvaluatePartial& r) {
   return f;
 }
 
-class EvaluateStage final : public Stage {
+class EvaluateStage final : public RelativeBoundsStage {
  public:
   const StageInfo& info() const override {
     static const StageInfo info{

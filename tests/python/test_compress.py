@@ -241,6 +241,54 @@ def test_stopped_and_resumed_compression_stores_the_same_bytes(clean_big, tmp):
     assert "measured by an earlier run of this step" in r.err and "measured in" not in r.err, r
 
 
+def test_a_run_stopped_in_each_of_its_passes_stores_the_same_bytes(clean_big, tmp):
+    """compress is a stage of two passes (the value range, then the coding): stopped in the first
+    (SIGTERM), then killed in the second (SIGKILL), it resumes each in the pass it stopped in, never
+    measures the range twice, and stores what one uninterrupted run stores."""
+    import os
+    import signal
+    import subprocess
+    import time
+    from conftest import QSTAGE
+
+    spec = write_spec(tmp / "spec.yaml", BIG_SPEC)
+    run_dir = tmp / "run"
+    work = run_dir / "steps" / "packed"
+
+    def start_until(args, path):
+        p = subprocess.Popen([QSTAGE, *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=dict(os.environ, OMP_NUM_THREADS="2"))
+        end = time.time() + 120
+        while time.time() < end and not path.exists() and p.poll() is None:
+            time.sleep(0.005)
+        return p
+
+    # Stopped in the range pass, once it has committed some rows.
+    p = start_until(["run", spec, "--run-dir", run_dir, "--device", DEVICE], work / "pass-0" / "journal.json")
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=120)
+    if p.returncode == 0 or (work / "passes.json").exists():
+        pytest.skip("the range pass finished before SIGTERM arrived")
+    assert p.returncode == 75, err
+    assert "pass 1 (range)" in err, err
+    assert manifest(run_dir)["steps"]["packed"]["pass"] == "pass 1 (range)"
+
+    # Resumed in the range pass, then killed in the coding pass once it has committed some rows.
+    p = start_until(["resume", run_dir, "--device", DEVICE], work / "journal.json")
+    p.send_signal(signal.SIGKILL)
+    _, err = p.communicate(timeout=120)
+    assert "resuming at row" in err, err  # (the range pass went on from its commit)
+    if p.returncode == 0:
+        pytest.skip("the coding pass finished before SIGKILL arrived")
+    assert (work / "passes.json").exists(), "the range pass's result was not committed"
+
+    r = run(["resume", run_dir, "--device", DEVICE])
+    assert r.code == 0, r
+    assert "1 of its passes done by an earlier run" in r.err and "measured by an earlier run" in r.err, r
+    assert "measured in the range pass" not in r.err, r
+    assert stored(run_dir) == clean_big
+
+
 def test_three_ranks_store_the_same_bytes_as_one(clean_big, tmp):
     spec = write_spec(tmp / "spec.yaml", BIG_SPEC)
     r = run(["run", spec, "--run-dir", tmp / "run3", "--device", DEVICE], mpi=3)
