@@ -6,7 +6,6 @@
 #include "core/error.hpp"
 
 namespace qstage::mpi {
-namespace {
 
 void check(int rc, const char* what) {
   if (rc != MPI_SUCCESS) {
@@ -16,8 +15,6 @@ void check(int rc, const char* what) {
     throw RuntimeFailure(std::string("MPI ") + what + " failed: " + std::string(text, static_cast<size_t>(len)));
   }
 }
-
-}  // namespace
 
 Session::Session(int* argc, char*** argv) {
   // OpenMPI 4.1: OMPIO's default collective component (vulcan) has hung and corrupted chunked

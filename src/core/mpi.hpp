@@ -48,6 +48,10 @@ class Comm {
   int rank_ = 0, size_ = 1, local_rank_ = 0;
 };
 
+// Throws RuntimeFailure naming the call and MPI's error text unless rc is MPI_SUCCESS (errors
+// return, not abort: Session sets MPI_ERRORS_RETURN).
+void check(int rc, const char* what);
+
 // True if MPI_Init has been called (commands like `inspect` never initialise MPI).
 bool initialized();
 
