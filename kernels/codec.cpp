@@ -1,4 +1,4 @@
-// The codec's dispatch: the CPU coder (io/codec) or the GPU one (kernels/codec.cu).
+// The codec's dispatch: the CPU coder (io/codec) or the GPU one (kernels/codec_gpu.cu).
 #include "kernels/codec.hpp"
 
 #include <stdexcept>

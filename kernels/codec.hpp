@@ -1,6 +1,7 @@
 #pragma once
 // The compression codec (io/codec) on a backend. On cuda the data is device memory and the
-// blocks are coded and decoded on the GPU (kernels/codec.cu), one warp per block, with the
+// blocks are coded and decoded on the GPU (kernels/codec_encode.cu, codec_decode.cu; the host
+// side kernels/codec_gpu.cu), one warp per block, with the
 // bytes of the CPU coder (io/codec/block_coder.cpp, its twin): both decide with the same
 // block_math.hpp, in the same order. The host keeps the stream's framing (header, zstd parts).
 #include <cstdint>
@@ -66,7 +67,7 @@ class GpuCodec {
                   std::uint64_t n, const codec::detail::Coding& coding, float* out);
   double value_range(const float* x, std::uint64_t count);
 
-  struct Impl;  // (kernels/codec.cu)
+  struct Impl;  // (kernels/codec_gpu.cu)
 
  private:
   std::unique_ptr<Impl> impl_;

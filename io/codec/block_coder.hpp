@@ -1,6 +1,6 @@
 #pragma once
 // One block (at most 256 values) of a component, coded by the rules of the codec (codec.hpp):
-// the CPU twin of the CUDA block kernels (kernels/codec.cu), built on the same block_math.hpp.
+// the CPU twin of the CUDA block kernels (kernels/codec_encode.cu, codec_decode.cu), built on the same block_math.hpp.
 #include <cstdint>
 
 #include "io/codec/block_math.hpp"
@@ -16,7 +16,7 @@ struct BlockRules {
   bool quantize = false;  // the quantized state is allowed (quantized; needs e > 0)
   double step = 0;        // 2e: the quantized state's step
   // The largest floats at or below t and max(t, e), for the GPU's float-only tests
-  // (kernels/codec.cu): for every float x, |x| <= t exactly when |x| <= t_below.
+  // (kernels/codec/choose.cuh): for every float x, |x| <= t exactly when |x| <= t_below.
   float t_below = -1, te_below = 0;
 };
 BlockRules block_rules(double threshold, double error, bool thresholds, bool sparse, bool quantize = false);

@@ -1,7 +1,7 @@
 #pragma once
 // A component (one float32 array: the data, or the real or imaginary parts of complex data)
 // as the stream stores it, between the backends that code blocks (the CPU here, the GPU in
-// kernels/codec.cu) and the stream format (stream.cpp), which adds the header and the
+// kernels/codec_gpu.cu) and the stream format (stream.cpp), which adds the header and the
 // lossless packing.
 #include <cstdint>
 #include <functional>
@@ -33,7 +33,7 @@ struct ComponentParts {
 // parts of component k from x[k], x[k + parts], ...
 using ComponentCoder = std::function<std::vector<ComponentParts>(const float* x, std::uint64_t n, int parts, const Coding&)>;
 // Codes the component x[0], x[stride], ..., x[(n - 1) stride]. The CPU coder; the GPU one
-// (kernels/codec.cu) takes a device pointer and returns the same parts.
+// (kernels/codec_gpu.cu) takes a device pointer and returns the same parts.
 ComponentParts code_component(const float* x, std::uint64_t n, int stride, const Coding& c);
 // The CPU ComponentCoder.
 std::vector<ComponentParts> code_components(const float* x, std::uint64_t n, int parts, const Coding& c);

@@ -2,7 +2,7 @@
 // qstage's error-bounded codec, stored under HDF5 filter 32881, so that h5py (with the plugin)
 // reads it as plain values and `decompress` decodes it on the device.
 //
-// Each chunk of rows is one stream, coded by the pass's kernel on the device (kernels/codec.cu)
+// Each chunk of rows is one stream, coded by the pass's kernel on the device (kernels/codec_encode.cu)
 // or the CPU, with bounds relative to the range of the whole dataset (measured in a first,
 // parallel read unless the `range` parameter gives it). Compressed sizes vary, so the streams
 // leave the pass as per-tile partials: rank 0 appends them in chunk order to a spool file in the

@@ -1,5 +1,5 @@
 #pragma once
-// The compression stages (seed 003; the codec is io/codec, its GPU twin kernels/codec.cu).
+// The compression stages (seed 003; the codec is io/codec, its GPU twin kernels/codec_gpu.cu).
 #include "stages/stage.hpp"
 
 namespace qstage::stages {

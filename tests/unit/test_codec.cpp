@@ -442,7 +442,7 @@ TEST(CodecGpu, ManyTilesSameBytesAsTheCpu) {
 }
 
 // The GPU leaves out the checks that cannot fail and tests zero and constant blocks in floats
-// (kernels/codec.cu, choose): on blocks built around those decisions' edges (spreads near 2 and
+// (kernels/codec/choose.cuh, choose): on blocks built around those decisions' edges (spreads near 2 and
 // 4 max(t, e), values near t and e, thresholds above and below the error bound, lossless), its
 // bytes are still the CPU's.
 TEST(CodecGpu, ShortcutsDecideAsTheCpu) {
