@@ -6,7 +6,6 @@
 #include <iostream>
 
 #include "cli/options.hpp"
-#include "cli/plot.hpp"
 #include "core/error.hpp"
 #include "core/fsutil.hpp"
 #include "core/mpi.hpp"
@@ -18,6 +17,7 @@
 #include "runner/planner.hpp"
 #include "spec/workflow.hpp"
 #include "stages/stage.hpp"
+#include "stages/views.hpp"
 
 namespace qstage::cli {
 
@@ -143,15 +143,24 @@ int status(const Args& args) {
 
 // ---------------------------------------------------------------------------------- inspect
 int inspect(const Args& args) {
+  // --plot: each stage family's views of its outputs (stages/views.hpp).
+  std::vector<std::string> plot_stages, plot_draws;
+  std::string plot_help;
+  for (const auto& v : stages::all_views()) {
+    plot_stages.push_back(v.stage);
+    plot_draws.push_back(v.draws);
+    plot_help += fmt::format(" For a {} output, --plot draws {}.", v.stage, v.help);
+  }
+  const std::string plot_option =
+      fmt::format("{} outputs: draw {} into this PNG", fmt::join(plot_stages, ", "), fmt::join(plot_draws, "; "));
   po::options_description o("options");
   o.add_options()("file", po::value<std::string>(), "the HDF5 file (positional)")("json", "print JSON")(
-      "plot", po::value<std::string>(), "tn.plan outputs: draw the tensor size of every step along the path into this PNG");
+      "plot", po::value<std::string>(), plot_option.c_str());
   po::positional_options_description pos;
   pos.add("file", 1);
-  auto vm = parse(args, o, pos,
-                  "usage: qstage inspect FILE.h5 [--json] [--plot OUT.png]\n\nLists a file's provenance attributes and "
-                  "datasets (dtype, shape, chunk, checksum). For a tn.plan output, --plot draws each step's\n"
-                  "intermediate size along the path, the arena in use and the arena's size (log scale).\n",
+  const std::string usage = "usage: qstage inspect FILE.h5 [--json] [--plot OUT.png]\n\nLists a file's provenance "
+                            "attributes and datasets (dtype, shape, chunk, checksum)." + plot_help + "\n";
+  auto vm = parse(args, o, pos, usage.c_str(),
                   "examples:\n  qstage inspect qstage-runs/quickstart/outputs/amplitudes.h5\n"
                   "  qstage inspect out.h5 --json | python3 -m json.tool\n"
                   "  qstage inspect qstage-runs/quickstart/outputs/plan.h5 --plot plan.png\n");
@@ -169,7 +178,12 @@ int inspect(const Args& args) {
   }
   if (vm->count("plot")) {
     const fs::path png = (*vm)["plot"].as<std::string>();
-    plot_plan(path, png);
+    const h5::File f = h5::File::open(path, h5::Mode::read_only);
+    const stages::View* view = stages::find_view(f);
+    if (!view)
+      throw InputError(fmt::format("'{}' is not a {} output; --plot draws {}", path.string(),
+                                   fmt::join(plot_stages, " or "), fmt::join(plot_draws, "; ")));
+    view->plot(f, path, png);
     std::cout << "wrote " << png.string() << "\n";
     return kExitDone;
   }

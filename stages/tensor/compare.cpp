@@ -8,6 +8,7 @@
 #include <cstring>
 #include <vector>
 
+#include "stages/params.hpp"
 #include "stages/tensor/common.hpp"
 #include "stages/tensor/tensor_stages.hpp"
 
@@ -62,6 +63,13 @@ Comparison compare(const h5::Dataset& a, const h5::Dataset& b) {
   return c;
 }
 
+struct Params {
+  std::optional<double> rtol, atol;  // bounds that fail the step (exit 3); none: only report
+  static Params from_json(const json& p) {
+    return {params::optional<double>(p, "rtol"), params::optional<double>(p, "atol")};
+  }
+};
+
 class CompareStage final : public ComputedStage {
  public:
   const StageInfo& info() const override {
@@ -91,13 +99,13 @@ class CompareStage final : public ComputedStage {
       throw InputError(fmt::format("input 'a' has shape {} and 'b' {}; expected the same shape",
                                    detail::shape_text(a.shape()), detail::shape_text(b.shape())));
     const Comparison c = compare(a, b);
-    const json& p = ctx.params;
+    const Params p = Params::from_json(ctx.params);
     std::string broken;
     if (c.nonfinite) broken = fmt::format("{} of {} elements are NaN or infinite", c.nonfinite, c.count);
-    if (p.contains("rtol") && !(c.relative_error() <= p["rtol"].get<double>()))
-      broken = fmt::format("relative error {:.3e} exceeds rtol {:.3e}", c.relative_error(), p["rtol"].get<double>());
-    if (p.contains("atol") && !(c.max_abs_diff <= p["atol"].get<double>()))
-      broken = fmt::format("largest difference {:.3e} exceeds atol {:.3e}", c.max_abs_diff, p["atol"].get<double>());
+    if (p.rtol && !(c.relative_error() <= *p.rtol))
+      broken = fmt::format("relative error {:.3e} exceeds rtol {:.3e}", c.relative_error(), *p.rtol);
+    if (p.atol && !(c.max_abs_diff <= *p.atol))
+      broken = fmt::format("largest difference {:.3e} exceeds atol {:.3e}", c.max_abs_diff, *p.atol);
     if (!broken.empty())
       throw CheckFailed(fmt::format("{} (|a| {:.9g}, |b| {:.9g}, {} elements)", broken, std::sqrt(c.a_sq),
                                     std::sqrt(c.b_sq), c.count));
@@ -114,15 +122,17 @@ class CompareStage final : public ComputedStage {
     scalar("norm_a", "||a||");
     scalar("norm_b", "||b||");
     out.set_attribute("count", static_cast<std::int64_t>(j.at("count").get<std::uint64_t>()));
-    for (const char* bound : {"rtol", "atol"})
-      if (r.context->params.contains(bound)) out.set_attribute(bound, r.context->params[bound].get<double>());
+    const Params p = Params::from_json(r.context->params);
+    if (p.rtol) out.set_attribute("rtol", *p.rtol);
+    if (p.atol) out.set_attribute("atol", *p.atol);
   }
   std::string describe_results(const StagePlan&, const StepResults& r) const override {
     const json j = json::parse(*r.computed);
+    const auto rtol = Params::from_json(r.context->params).rtol;
     return fmt::format("relative error {:.3e}, largest difference {:.3e} over {} elements{}",
                        j["relative_error"].get<double>(), j["max_abs_difference"].get<double>(),
                        j["count"].get<std::uint64_t>(),
-                       r.context->params.contains("rtol") ? fmt::format(" (within rtol {:.1e})", r.context->params["rtol"].get<double>()) : "");
+                       rtol ? fmt::format(" (within rtol {:.1e})", *rtol) : "");
   }
 };
 

@@ -61,6 +61,14 @@ class MatmulKernel final : public engine::PassKernel {
   Buffer b_device_;
 };
 
+struct Params {
+  bool tf32;                 // TF32 tensor cores (float32 and complex64 on cuda)
+  std::uint64_t chunk_rows;  // 0: input a's chunk rows, or about 4 MiB
+  static Params from_json(const nlohmann::json& p) {
+    return {p.at("tf32").get<bool>(), p.at("chunk_rows").get<std::uint64_t>()};
+  }
+};
+
 class MatmulStage final : public Stage {
  public:
   const StageInfo& info() const override {
@@ -72,7 +80,8 @@ class MatmulStage final : public Stage {
     return info;
   }
 
-  StagePlan plan(const nlohmann::json& p, const std::map<std::string, DatasetInfo>& in) const override {
+  StagePlan plan(const nlohmann::json& params, const std::map<std::string, DatasetInfo>& in) const override {
+    const Params p = Params::from_json(params);
     const DatasetInfo& a = in.at("a");
     const DatasetInfo& b = in.at("b");
     if (a.shape.size() != 2)
@@ -91,10 +100,10 @@ class MatmulStage final : public Stage {
       throw InputError(fmt::format("input 'b' has {} rows; expected {} (the columns of input 'a', shape {})",
                                    b.shape[0], a.shape[1], detail::shape_text(a.shape)));
     const std::uint64_t m = a.shape[0], k = a.shape[1], n = b.shape[1];
-    const bool tf32 = p.at("tf32").get<bool>();
+    const bool tf32 = p.tf32;
     if (tf32 && a.dtype != h5::DType::float32 && a.dtype != h5::DType::complex64)
       throw InputError("params.tf32: TF32 applies to float32 and complex64 inputs only");
-    std::uint64_t chunk_rows = p.at("chunk_rows").get<std::uint64_t>();
+    std::uint64_t chunk_rows = p.chunk_rows;
     if (!chunk_rows) chunk_rows = a.chunk.empty() ? default_chunk_rows(n * h5::dtype_size(a.dtype)) : a.chunk[0];
 
     StagePlan plan;
@@ -124,7 +133,7 @@ class MatmulStage final : public Stage {
   std::unique_ptr<engine::PassKernel> make_kernel(const KernelContext& ctx) const override {
     const auto& out = ctx.plan.pass.outputs[0];
     const h5::Dataset& b = *ctx.inputs.at("b");
-    return std::make_unique<MatmulKernel>(b, out.dtype, b.shape()[0], out.shape[1], ctx.params.at("tf32").get<bool>(),
+    return std::make_unique<MatmulKernel>(b, out.dtype, b.shape()[0], out.shape[1], Params::from_json(ctx.params).tf32,
                                           ctx.plan.pass.tile_rows);
   }
 };

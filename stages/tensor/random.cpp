@@ -10,6 +10,17 @@
 namespace qstage::stages {
 namespace {
 
+struct Params {
+  h5::Shape shape;
+  h5::DType dtype;
+  std::uint64_t seed;
+  std::uint64_t chunk_rows;  // 0: about 4 MiB per chunk
+  static Params from_json(const nlohmann::json& p) {
+    return {p.at("shape").get<h5::Shape>(), *h5::parse_dtype(p.at("dtype").get<std::string>()),
+            p.at("seed").get<std::uint64_t>(), p.at("chunk_rows").get<std::uint64_t>()};
+  }
+};
+
 class RandomKernel final : public engine::PassKernel {
  public:
   RandomKernel(h5::DType dtype, std::uint64_t seed, std::uint64_t row_components)
@@ -35,10 +46,10 @@ class RandomStage final : public Stage {
     return info;
   }
 
-  StagePlan plan(const nlohmann::json& p, const std::map<std::string, DatasetInfo>&) const override {
-    const auto shape = p.at("shape").get<h5::Shape>();
-    const auto dtype = *h5::parse_dtype(p.at("dtype").get<std::string>());
-    const std::uint64_t chunk_rows = p.at("chunk_rows").get<std::uint64_t>();
+  StagePlan plan(const nlohmann::json& params, const std::map<std::string, DatasetInfo>&) const override {
+    const Params p = Params::from_json(params);
+    const h5::Shape& shape = p.shape;
+    const h5::DType dtype = p.dtype;
     std::uint64_t row_bytes = h5::dtype_size(dtype);
     for (size_t i = 1; i < shape.size(); ++i) row_bytes *= shape[i];
     StagePlan plan;
@@ -46,7 +57,8 @@ class RandomStage final : public Stage {
     out.name = "data";
     out.dtype = dtype;
     out.shape = shape;
-    out.chunk = detail::row_chunk(shape, chunk_rows ? chunk_rows : default_chunk_rows(row_bytes), dtype, "params.chunk_rows");
+    out.chunk =
+        detail::row_chunk(shape, p.chunk_rows ? p.chunk_rows : default_chunk_rows(row_bytes), dtype, "params.chunk_rows");
     plan.pass.rows = shape[0];
     plan.pass.tile_rows = out.chunk[0];
     plan.pass.outputs.push_back(out);
@@ -60,7 +72,7 @@ class RandomStage final : public Stage {
     const auto& out = ctx.plan.pass.outputs[0];
     const std::uint64_t components = out.row_bytes() / (h5::dtype_is_complex(out.dtype) ? h5::dtype_size(out.dtype) / 2
                                                                                         : h5::dtype_size(out.dtype));
-    return std::make_unique<RandomKernel>(out.dtype, ctx.params.at("seed").get<std::uint64_t>(), components);
+    return std::make_unique<RandomKernel>(out.dtype, Params::from_json(ctx.params).seed, components);
   }
 };
 

@@ -52,13 +52,34 @@ void read_npy_tensors(tn::Network& net, const std::filesystem::path& dir) {
   }
 }
 
-tn::Network generic_network(const json& p, const tn::Files& files) {
+struct Einsum {
+  std::string expression;
+  std::map<std::string, std::int64_t> sizes;
+  std::uint64_t seed;  // of the random tensors
+};
+
+struct Params {
+  tn::SourceParams source;      // a circuit and what to compute of it, or:
+  bool network;                 // a JSON network (Files "/network"), tensors from Files "/tensors" or random
+  std::optional<Einsum> einsum;
+  std::uint64_t seed;           // of a JSON network's random tensors
+  int sources() const { return source.has_circuit() + network + einsum.has_value(); }
+  static Params from_json(const json& p) {
+    Params r{tn::SourceParams::from_json(p), p.contains("network"), std::nullopt, p.value("seed", std::uint64_t{0})};
+    if (p.contains("einsum")) {
+      const json& e = p["einsum"];
+      r.einsum = Einsum{e.at("expression").get<std::string>(), e.at("sizes").get<std::map<std::string, std::int64_t>>(),
+                        e.value("seed", std::uint64_t{0})};
+    }
+    return r;
+  }
+};
+
+tn::Network generic_network(const Params& p, const tn::Files& files) {
   tn::Network net;
-  if (p.contains("einsum")) {
-    const json& e = p["einsum"];
-    net = tn::network_from_einsum(e.at("expression").get<std::string>(), e.at("sizes").get<std::map<std::string, std::int64_t>>(),
-                                  "params.einsum");
-    tn::fill_random(net, e.value("seed", std::uint64_t{0}));
+  if (p.einsum) {
+    net = tn::network_from_einsum(p.einsum->expression, p.einsum->sizes, "params.einsum");
+    tn::fill_random(net, p.einsum->seed);
   } else {
     const auto path = files.at("/network");
     json j;
@@ -73,7 +94,7 @@ tn::Network generic_network(const json& p, const tn::Files& files) {
       if (std::filesystem::is_directory(data)) read_npy_tensors(net, data);
       else read_h5_tensors(net, data);
     } else {
-      tn::fill_random(net, p.value("seed", std::uint64_t{0}));
+      tn::fill_random(net, p.seed);
     }
   }
   return net;
@@ -96,26 +117,26 @@ class BuildStage final : public ComputedStage {
     f.push_back("/tensors");
     return f;
   }
-  StagePlan plan(const json& p, const std::map<std::string, DatasetInfo>&) const override {
-    const int sources = tn::has_circuit_source(p) + p.contains("network") + p.contains("einsum");
+  StagePlan plan(const json& params, const std::map<std::string, DatasetInfo>&) const override {
+    const int sources = Params::from_json(params).sources();
     if (sources != 1)
       throw InputError(fmt::format("{} sources given; expected exactly one of circuit, random, qaoa, network or einsum",
                                    sources));
     return computed_plan({{"network", {h5::DType::uint8, {}, {}}}, {"bitstrings", {h5::DType::uint8, {}, {}}}});
   }
   std::string compute(const KernelContext& ctx) const override {
-    const json& p = ctx.params;
+    const Params p = Params::from_json(ctx.params);
     tn::Network net;
     json extra = json::object();
-    if (tn::has_circuit_source(p)) {
-      const tn::Circuit c = tn::circuit_from_params(p, ctx.files);
+    if (p.source.has_circuit()) {
+      const tn::Circuit c = tn::circuit_from_params(p.source, ctx.files);
       extra["circuit"] = {{"source", c.source}, {"qubits", c.qubits}, {"gates", c.gates.size()}};
       if (!c.graph.empty()) extra["circuit"]["graph_edges"] = c.graph;
-      if (auto pauli = tn::pauli_from_params(p, c.qubits)) {
+      if (auto pauli = tn::pauli_from_params(p.source, c.qubits)) {
         net = tn::expectation_network(c, *pauli);
       } else {
-        net = tn::amplitude_network(c, tn::open_qubits_from_params(p, c.qubits));
-        extra["bitstrings"] = tn::bitstrings_from_params(p, ctx.files, c.qubits);
+        net = tn::amplitude_network(c, tn::open_qubits_from_params(p.source, c.qubits));
+        extra["bitstrings"] = tn::bitstrings_from_params(p.source, ctx.files, c.qubits);
       }
     } else {
       net = generic_network(p, ctx.files);

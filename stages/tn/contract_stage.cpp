@@ -19,6 +19,7 @@
 #include "io/compressed_chunks.hpp"
 #include "spec/schema.hpp"
 #include "stages/compress/common.hpp"
+#include "stages/params.hpp"
 #include "stages/tn/contractor.hpp"
 #include "stages/tn/network.hpp"
 #include "stages/tn/plan.hpp"
@@ -53,12 +54,26 @@ Loaded load(const KernelContext& ctx) {
 
 h5::DType dtype_of_plan(const tn::Plan& p) { return p.element_bytes == 16 ? h5::DType::complex128 : h5::DType::complex64; }
 
-// The codec settings of the compress_spilled parameter (its defaults filled in), if given.
-std::optional<codec::Settings> spill_settings(const json& params) {
-  if (!params.contains("compress_spilled")) return std::nullopt;
-  const json& schema = parameter_schema(tn_contract()).at("properties").at("compress_spilled");
-  return compress_detail::settings_from(spec::with_defaults(schema, params.at("compress_spilled")));
-}
+struct Params {
+  bool tf32;
+  bool time_steps;
+  std::optional<bool> reference_check;  // none: check where tf32 or compress_spilled loses precision
+  std::filesystem::path scratch_dir;    // for spilled intermediates' scratch files
+  std::optional<codec::Settings> compress_spilled;
+  static Params from_json(const json& p) {
+    Params r;
+    r.tf32 = p.at("tf32").get<bool>();
+    r.time_steps = p.at("time_steps").get<bool>();
+    r.reference_check = params::optional<bool>(p, "reference_check");
+    const std::string dir = p.value("scratch_dir", "");
+    r.scratch_dir = dir.empty() ? std::filesystem::temp_directory_path() : std::filesystem::path(dir);
+    if (p.contains("compress_spilled")) {  // the codec's settings, their defaults filled in
+      const json& schema = parameter_schema(tn_contract()).at("properties").at("compress_spilled");
+      r.compress_spilled = compress_detail::settings_from(spec::with_defaults(schema, p.at("compress_spilled")));
+    }
+    return r;
+  }
+};
 
 // Each work item's partial: its result, the measured step seconds, then these counts.
 struct RowCounts {
@@ -282,7 +297,8 @@ class ContractStage final : public Stage {
   void refine_plan(StagePlan& plan, const KernelContext& ctx) const override {
     const Loaded l = load(ctx);
     const auto dtype = dtype_of_plan(l.plan);
-    const auto spill = spill_settings(ctx.params);
+    const Params p = Params::from_json(ctx.params);
+    const auto& spill = p.compress_spilled;
     std::optional<tn::Contractor> probe;
     try {
       probe.emplace(l.net, l.plan, dtype, false, std::filesystem::temp_directory_path(), spill);
@@ -306,16 +322,13 @@ class ContractStage final : public Stage {
     plan.summary = {{"bitstrings", B}, {"slices", S}, {"result_elements", c.result_elements()},
                     {"steps", l.plan.steps.size()}, {"invariant_steps", l.plan.invariant_steps},
                     {"persistent_bytes", l.plan.persistent_bytes}, {"precision", h5::dtype_name(dtype)}, {"kind", l.net.kind},
-                    {"tf32", ctx.params.at("tf32").get<bool>()},
-                    {"reference_check", ctx.params.value("reference_check", ctx.params.at("tf32").get<bool>() || spill)},
+                    {"tf32", p.tf32}, {"reference_check", p.reference_check.value_or(p.tf32 || spill)},
                     {"compress_spilled", spill ? h5::codec_summary(*spill, std::nullopt, codec::ElementType::complex64)
                                                : json(nullptr)}};
   }
   std::unique_ptr<engine::PassKernel> make_kernel(const KernelContext& ctx) const override {
-    const std::string dir = ctx.params.value("scratch_dir", "");
-    return std::make_unique<ContractKernel>(load(ctx), ctx.params.at("tf32").get<bool>(),
-                                            dir.empty() ? std::filesystem::temp_directory_path() : std::filesystem::path(dir),
-                                            spill_settings(ctx.params), ctx.params.at("time_steps").get<bool>());
+    const Params p = Params::from_json(ctx.params);
+    return std::make_unique<ContractKernel>(load(ctx), p.tf32, p.scratch_dir, p.compress_spilled, p.time_steps);
   }
   std::unique_ptr<engine::Reduction> make_reduction(const StagePlan& plan) const override {
     const auto& s = plan.summary;

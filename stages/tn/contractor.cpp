@@ -380,8 +380,9 @@ void Contractor::run_step_at(Stream& stream, const PlanStep& st, const char* a, 
   const auto& R_modes = st.left_is_b ? st.a_modes : st.b_modes;
   const char* L = st.left_is_b ? b : a;
   const char* R = st.left_is_b ? a : b;
-  if (st.packed) return run_packed(stream, st, arena, L_modes, R_modes, L, R, c);
-  if (st.looped) return run_looped(stream, st, L, R, c);  // (in full single precision also under TF32)
+  if (st.execution == Execution::packed) return run_packed(stream, st, arena, L_modes, R_modes, L, R, c);
+  // (Looped steps run in full single precision also under TF32.)
+  if (st.execution == Execution::looped) return run_looped(stream, st, L, R, c);
   kernels::Gemm g = step_gemm(st);
   if (st.loop_modes.empty()) {
     g.a = L;

@@ -11,6 +11,7 @@
 #include "core/error.hpp"
 #include "core/fsutil.hpp"
 #include "core/units.hpp"
+#include "stages/params.hpp"
 #include "stages/tn/network.hpp"
 #include "stages/tn/path.hpp"
 #include "stages/tn/paths/hyper.hpp"
@@ -35,7 +36,39 @@ Input open_network(const KernelContext& ctx) {
   return in;
 }
 
-tn::Path imported(const json& p, const tn::Files& files, const tn::Network& net) {
+struct Params {
+  bool import;                  // the path comes from the file params.import (ctx.files)
+  std::string format;           // of that file: linear | ssa
+  std::uint64_t element_bytes;  // precision: complex64 8, complex128 16
+  // The search (without import):
+  std::optional<double> max_seconds;  // none: fitted to the predicted contraction time at flop_rate
+  double flop_rate;
+  int max_tries;  // 0: no limit
+  std::uint64_t seed;
+  std::vector<std::string> methods;
+  bool reconfigure;
+  int subtree_size;
+  int threads;
+  std::optional<std::uint64_t> max_intermediate;  // bytes (read only for a search)
+  static Params from_json(const json& p) {
+    Params r;
+    r.import = p.contains("import");
+    r.format = p.value("format", "linear");
+    r.element_bytes = h5::dtype_size(params::precision(p));
+    r.max_seconds = params::optional<double>(p, "max_seconds");
+    r.flop_rate = p.at("flop_rate").get<double>();
+    r.max_tries = p.value("max_tries", 0);
+    r.seed = p.at("seed").get<std::uint64_t>();
+    r.methods = p.at("methods").get<std::vector<std::string>>();
+    r.reconfigure = p.at("reconfigure").get<bool>();
+    r.subtree_size = p.at("subtree_size").get<int>();
+    r.threads = p.at("threads").get<int>();
+    if (!r.import) r.max_intermediate = params::optional_size(p, "max_intermediate");
+    return r;
+  }
+};
+
+tn::Path imported(const Params& p, const tn::Files& files, const tn::Network& net) {
   const auto path = files.at("/import");
   json j;
   try {
@@ -43,7 +76,7 @@ tn::Path imported(const json& p, const tn::Files& files, const tn::Network& net)
   } catch (const json::exception& e) {
     throw InputError(fmt::format("params.import: '{}' is not valid JSON: {}", path.string(), e.what()));
   }
-  const std::string format = p.value("format", "linear");
+  const std::string& format = p.format;
   const json steps = j.is_object() ? j.value("path", json()) : j;
   tn::Path out = format == "ssa" ? tn::path_from_ssa(steps, net.tensors.size(), path.string())
                                  : tn::path_from_linear(steps, net.tensors.size(), path.string());
@@ -82,26 +115,24 @@ constexpr double kMinSearchSeconds = 0.25;
 // The search's options from the step's parameters. Without max_seconds, planning time fits the
 // job: the search takes about as long as contracting the best path found so far would (for
 // every bitstring, at flop_rate), at least kMinSearchSeconds and at most the default budget.
-tn::HyperOptions search_options(const json& p, const tn::Network& net, std::uint64_t element_bytes, std::size_t jobs) {
+tn::HyperOptions search_options(const Params& p, const tn::Network& net, std::size_t jobs) {
   tn::HyperOptions o;
-  if (p.contains("max_seconds")) {
-    o.max_seconds = p["max_seconds"].get<double>();
+  if (p.max_seconds) {
+    o.max_seconds = *p.max_seconds;
   } else {
     o.max_seconds = tn::default_search_seconds(static_cast<int>(net.tensors.size()));
-    o.multiply_add_rate = p.at("flop_rate").get<double>() / 8.0;  // complex: 8 real flops per multiply-add
+    o.multiply_add_rate = p.flop_rate / 8.0;  // complex: 8 real flops per multiply-add
     o.jobs = static_cast<double>(std::max<std::size_t>(jobs, 1));
     o.min_seconds = kMinSearchSeconds;
   }
-  o.max_trials = p.value("max_tries", 0);
-  o.seed = p.at("seed").get<std::uint64_t>();
-  o.methods = p.at("methods").get<std::vector<std::string>>();
-  o.reconfigure = p.at("reconfigure").get<bool>();
-  o.subtree_size = p.at("subtree_size").get<int>();
-  o.threads = p.at("threads").get<int>();
-  if (p.contains("max_intermediate"))
-    o.max_log2_size = std::log2(static_cast<double>(parse_size(p["max_intermediate"].get<std::string>(),
-                                                               "params.max_intermediate")) /
-                                static_cast<double>(element_bytes));
+  o.max_trials = p.max_tries;
+  o.seed = p.seed;
+  o.methods = p.methods;
+  o.reconfigure = p.reconfigure;
+  o.subtree_size = p.subtree_size;
+  o.threads = p.threads;
+  if (p.max_intermediate)
+    o.max_log2_size = std::log2(static_cast<double>(*p.max_intermediate) / static_cast<double>(p.element_bytes));
   return o;
 }
 
@@ -121,19 +152,18 @@ class PathStage final : public ComputedStage {
     return computed_plan({{"path", {h5::DType::int64, {}, {}}}});
   }
   std::string compute(const KernelContext& ctx) const override {
-    const json& p = ctx.params;
     const Input input = open_network(ctx);
+    const Params p = Params::from_json(ctx.params);
     const tn::Network& net = input.net;
     const bool complex = true;
-    const std::uint64_t element = p.at("precision") == "complex128" ? 16 : 8;
     json result;
     tn::Path path;
-    if (p.contains("import")) {
+    if (p.import) {
       path = imported(p, ctx.files, net);
-      result["method"] = fmt::format("imported {} path from {}", p.value("format", "linear"), ctx.files.at("/import").string());
+      result["method"] = fmt::format("imported {} path from {}", p.format, ctx.files.at("/import").string());
     } else {
       const tn::SearchNetwork search = tn::SearchNetwork::from(net);
-      tn::HyperOptions o = search_options(p, net, element, input.contractions);
+      tn::HyperOptions o = search_options(p, net, input.contractions);
       double last_log = 0;
       o.progress = [&](int trials, double best, double seconds) {
         if (seconds - last_log < 5) return;
@@ -163,7 +193,7 @@ class PathStage final : public ComputedStage {
     try {
       cost = tn::path_cost(net, path);  // also checks that the path fits the network
     } catch (const InputError& e) {
-      if (!p.contains("import")) throw;
+      if (!p.import) throw;
       throw InputError(fmt::format("params.import: '{}': {}", ctx.files.at("/import").string(), e.what()));
     }
     result["ssa"] = path.ssa;

@@ -241,7 +241,7 @@ void decide_execution(const Network& net, PlanStep& st) {
   const auto groups = loop_groups(net, st);
   if (st.m * st.n <= kFewResults && st.k >= kernels::kLoopedBlockSum &&
       groups.size() <= static_cast<size_t>(kernels::kMaxLoopGroups)) {
-    st.looped = true;  // a handful of long sums: one block each (cuBLAS runs one CTA per product)
+    st.execution = Execution::looped;  // a handful of long sums: one block each (cuBLAS runs one CTA per product)
     return;
   }
   // (Longer power-of-two sums are skinny too where the other operand is a gate-sized tensor: the
@@ -253,7 +253,7 @@ void decide_execution(const Network& net, PlanStep& st) {
   const bool skinny = std::min(st.m, st.n) <= kSkinny &&
                       (st.k <= kSkinny || (power_of_two_sum && gate_sized && st.k <= kernels::kLoopedRowsMaxSum));
   if (skinny && groups.size() <= static_cast<size_t>(kernels::kMaxLoopGroups)) {
-    st.looped = true;  // one kernel walks the loops (if any), where cuBLAS is slow at such shapes
+    st.execution = Execution::looped;  // one kernel walks the loops (if any), where cuBLAS is slow at such shapes
     return;
   }
   if (st.loop_modes.empty()) return;  // one plain GEMM
@@ -263,7 +263,7 @@ void decide_execution(const Network& net, PlanStep& st) {
   if ((calls <= kMaxHostCalls || (calls <= kMaxBigCalls && per_call >= kBigCall)) && st.m * st.n * st.k > kTinyProduct)
     return;
   PlanStep packed = st;
-  packed.packed = true;
+  packed.execution = Execution::packed;
   // L is the operand of C's first mode outside the batch (either, if there is none).
   packed.left_is_b = false;
   for (Mode m : st.c_modes) {
@@ -281,7 +281,7 @@ void decide_execution(const Network& net, PlanStep& st) {
   const auto& L = packed.left_is_b ? st.b_modes : st.a_modes;
   const auto& R = packed.left_is_b ? st.a_modes : st.b_modes;
   if (packed.m * packed.n * packed.k <= kTinyProduct && groups.size() <= static_cast<size_t>(kernels::kMaxLoopGroups)) {
-    st.looped = true;  // copies would cost more than the arithmetic: one kernel walks the loops
+    st.execution = Execution::looped;  // copies would cost more than the arithmetic: one kernel walks the loops
     return;
   }
   packed.pack_l = L != pl.l;
@@ -318,7 +318,7 @@ std::uint64_t block_workspace(const Network& net, PlanStep st, const PlanOptions
   std::uint64_t w = (st.a_host ? staging_bytes(net, st, st.a_modes, v.a_modes, o.element_bytes) : 0) +
                     (st.b_host ? staging_bytes(net, st, st.b_modes, v.b_modes, o.element_bytes) : 0) +
                     (st.c_host ? staging_bytes(net, st, st.c_modes, v.c_modes, o.element_bytes) : 0);
-  if (v.packed) {
+  if (v.execution == Execution::packed) {
     const auto pl = packed_layouts(v);
     w += (v.pack_l ? bytes(pl.l) : 0) + (v.pack_r ? bytes(pl.r) : 0) + (v.pack_c ? bytes(pl.c) : 0);
   }
@@ -363,6 +363,189 @@ std::uint64_t device_share(const Plan& p, const PlanOptions& o) {
   return p.arena_bytes + (p.persistent_bytes + o.arenas - 1) / o.arenas;
 }
 
+// The layout of every id (inputs, then intermediates; per slice, sliced modes removed) from one
+// backward pass: the root's layout is the output order, and every step gives its operands
+// [retained modes in C's order | reduced modes, ascending]. Every intermediate has one consumer,
+// so no two layouts conflict, and every step is a GEMM reading its operands where they lie.
+std::vector<std::vector<Mode>> backward_layouts(const Network& net, const Path& p,
+                                                const std::vector<std::vector<Mode>>& modes) {
+  const size_t N = net.tensors.size();
+  std::vector<std::vector<Mode>> layout(modes.size());
+  if (N == 1) {
+    layout[0] = net.output;
+    return layout;
+  }
+  layout[modes.size() - 1] = net.output;
+  for (size_t s = p.ssa.size(); s-- > 0;) {
+    const int a = p.ssa[s].first, b = p.ssa[s].second;
+    const auto& C = layout[N + s];
+    const auto& A = modes[static_cast<size_t>(a)];
+    const auto& B = modes[static_cast<size_t>(b)];
+    std::vector<Mode> K;
+    for (Mode m : A)
+      if (contains(B, m) && !contains(C, m)) K.push_back(m);
+    std::sort(K.begin(), K.end());
+    for (int id : {a, b}) {
+      const auto& X = modes[static_cast<size_t>(id)];
+      std::vector<Mode> l;
+      for (Mode m : C)
+        if (contains(X, m)) l.push_back(m);
+      l.insert(l.end(), K.begin(), K.end());
+      layout[static_cast<size_t>(id)] = l;
+    }
+  }
+  return layout;
+}
+
+// The input tensors' planned layouts. They stay resident outside the arena; the contractor
+// permutes those whose planned order differs from the stored one once, when it loads them.
+void plan_inputs(Plan& plan, const Network& net, const std::vector<std::vector<Mode>>& layout,
+                 const std::set<Mode>& sliced, std::uint64_t element_bytes) {
+  for (size_t i = 0; i < net.tensors.size(); ++i) {
+    plan.input_layouts.push_back(layout[i]);
+    if (layout[i] != without(net.tensors[i].modes, sliced)) ++plan.input_transposes;
+    plan.input_bytes += static_cast<std::uint64_t>(net.size_of(net.tensors[i].modes)) * element_bytes;
+  }
+}
+
+// Reuse across slices: which steps run once per bitstring, and which results stay resident for
+// the slices that read them.
+struct Reuse {
+  std::vector<bool> invariant;   // per step: in the prologue (none unless sliced and reuse_invariant)
+  std::vector<bool> persistent;  // per id: an invariant result a variant step reads
+};
+
+Reuse find_reuse(const Network& net, const Path& p, const std::set<Mode>& sliced, const Plan& plan,
+                 const PlanOptions& o, const std::set<int>& host_ids, const std::set<int>& recomputed) {
+  const size_t N = net.tensors.size();
+  Reuse r;
+  r.invariant = o.reuse_invariant && plan.slices > 1 ? invariant_steps(net, p, sliced, host_ids, recomputed)
+                                                     : std::vector<bool>(p.ssa.size(), false);
+  auto is_invariant = [&](int id) { return id >= static_cast<int>(N) && r.invariant[static_cast<size_t>(id) - N]; };
+  r.persistent.assign(N + p.ssa.size(), false);
+  for (size_t s = 0; s < p.ssa.size(); ++s)
+    if (!r.invariant[s])
+      for (int id : {p.ssa[s].first, p.ssa[s].second}) r.persistent[static_cast<size_t>(id)] = is_invariant(id);
+  return r;
+}
+
+// The persistent region holds every persistent result at once, placed up front (before the
+// arenas), so the slices find them where the prologue left them. Returns its size.
+std::uint64_t place_persistent(const Reuse& reuse, const std::vector<std::uint64_t>& bytes,
+                               std::vector<std::uint64_t>& offset) {
+  Arena region;
+  for (size_t id = 0; id < bytes.size(); ++id)
+    if (reuse.persistent[id]) offset[id] = region.place(bytes[id]);
+  return region.peak();
+}
+
+// Step s of the path as the memory plan first sees it: its operands and result, their layouts
+// and bytes, and where each lives (host arena, persistent region or the arena).
+PlanStep step_tensors(const Path& p, size_t s, size_t N, const std::vector<std::vector<Mode>>& layout,
+                      const std::vector<std::uint64_t>& bytes, const std::set<int>& host_ids, const Reuse& reuse) {
+  PlanStep st;
+  st.a = p.ssa[s].first;
+  st.b = p.ssa[s].second;
+  st.c = static_cast<int>(N + s);
+  const auto a = static_cast<size_t>(st.a), b = static_cast<size_t>(st.b), c = static_cast<size_t>(st.c);
+  st.a_modes = layout[a];
+  st.b_modes = layout[b];
+  st.c_modes = layout[c];
+  st.a_bytes = bytes[a];
+  st.b_bytes = bytes[b];
+  st.c_bytes = bytes[c];
+  st.a_host = host_ids.count(st.a) > 0;
+  st.b_host = host_ids.count(st.b) > 0;
+  st.c_host = host_ids.count(st.c) > 0;
+  st.invariant = reuse.invariant[s];
+  st.a_persistent = reuse.persistent[a];
+  st.b_persistent = reuse.persistent[b];
+  st.c_persistent = reuse.persistent[c];
+  return st;
+}
+
+// Decides how the step runs. A spilled step first chooses its blocks, the fewest whose workspace
+// fits beside the `device_live` bytes. The step takes the GEMM mapping and execution of one
+// block (of itself, if not spilled) but keeps its full layouts: the contractor derives the
+// block's layouts again (block_view). Returns that block, whose layouts size the workspace.
+PlanStep choose_execution(const Network& net, PlanStep& st, const PlanOptions& o, std::uint64_t device_live) {
+  if (st.spilled()) choose_blocks(net, st, o, device_live);
+  const PlanStep block = mapped_block(net, st);
+  PlanStep full = block;
+  full.a_modes = st.a_modes;
+  full.b_modes = st.b_modes;
+  full.c_modes = st.c_modes;
+  full.block_modes = st.block_modes;
+  st = std::move(full);
+  return block;
+}
+
+// Places the step's workspace in `work`: two (or one) staging slots per host tensor's blocks, and
+// a packed step's copies of its operands and result. Returns their offsets, to free once the step
+// is done (workspace is live during its step only).
+std::vector<std::uint64_t> place_workspace(const Network& net, PlanStep& st, const PlanStep& block, Arena& work,
+                                           std::uint64_t e) {
+  std::vector<std::uint64_t> workspace;
+  auto stage = [&](const std::vector<Mode>& full, const std::vector<Mode>& in_block, std::uint64_t& offset) {
+    workspace.push_back(offset = work.place(staging_bytes(net, st, full, in_block, e)));
+  };
+  if (st.a_host) stage(st.a_modes, block.a_modes, st.stage_a_offset);
+  if (st.b_host) stage(st.b_modes, block.b_modes, st.stage_b_offset);
+  if (st.c_host) stage(st.c_modes, block.c_modes, st.stage_c_offset);
+  if (st.execution == Execution::packed) {
+    const auto pl = packed_layouts(block);
+    auto bytes_of = [&](const std::vector<Mode>& ms) { return static_cast<std::uint64_t>(net.size_of(ms)) * e; };
+    const std::uint64_t l = bytes_of(pl.l), r = bytes_of(pl.r), c = bytes_of(pl.c);
+    if (st.pack_l) workspace.push_back(st.pack_l_offset = work.place(l));
+    if (st.pack_r) workspace.push_back(st.pack_r_offset = work.place(r));
+    if (st.pack_c) workspace.push_back(st.pack_c_offset = work.place(c));
+    st.transposed_bytes = static_cast<std::uint64_t>(st.blocks) *
+                          ((st.pack_l ? l : 0) + (st.pack_r ? r : 0) + (st.pack_c ? c : 0));
+  }
+  return workspace;
+}
+
+// The step's host copies, flops and predicted time (seed 000's eq. 6, plus the host copies over
+// PCIe). Each block of a host C is copied out once; A's and B's blocks in as often as the block
+// walk copies them. Copies run on their own streams, overlapping the blocks' work; each block
+// costs a few launches.
+void predict(const Network& net, PlanStep& st, const PlanStep& block, const PlanOptions& o) {
+  const BlockWalk walk = block_walk(net, st);
+  st.block_order = walk.order;
+  auto copied_in = [&](const std::vector<Mode>& modes, std::int64_t n) {
+    return static_cast<double>(static_cast<std::uint64_t>(net.size_of(modes)) * o.element_bytes) *
+           static_cast<double>(n);
+  };
+  const double host_in = copied_in(block.a_modes, walk.a_fetches) + copied_in(block.b_modes, walk.b_fetches),
+               host_out = static_cast<double>(st.c_host ? st.c_bytes : 0);
+  st.host_bytes = static_cast<std::uint64_t>(host_in + host_out);
+  const double mnk = static_cast<double>(st.m) * static_cast<double>(st.n) * static_cast<double>(st.k) *
+                     static_cast<double>(st.loops) * static_cast<double>(st.blocks);
+  st.flops = (o.element_bytes >= 8 ? 8.0 : 2.0) * mnk;
+  const std::uint64_t moved = st.a_bytes + st.b_bytes + st.c_bytes + 2 * st.transposed_bytes;
+  st.predicted_seconds = std::max({static_cast<double>(moved) / o.bandwidth, st.flops / o.gemm_rate,
+                                   host_in / o.pcie_bandwidth, host_out / o.pcie_bandwidth}) +
+                         (st.spilled() ? kBlockSeconds * static_cast<double>(st.blocks) : 0.0);
+}
+
+// Adds a planned step to the plan's totals: the prologue's (once per bitstring) or the slices'.
+void tally(Plan& plan, const PlanStep& st) {
+  if (st.execution == Execution::packed) {
+    ++plan.packed_steps;
+    plan.step_transposes += int{st.pack_l} + int{st.pack_r} + int{st.pack_c};
+    plan.transposed_bytes += st.transposed_bytes;
+  }
+  plan.host_copy_bytes += st.host_bytes;
+  if (st.invariant) {
+    ++plan.invariant_steps;
+    plan.invariant_flops += st.flops;
+    plan.predicted_prologue_seconds += st.predicted_seconds;
+  } else {
+    plan.slice_flops += st.flops;
+    plan.predicted_seconds += st.predicted_seconds;
+  }
+}
+
 // Builds the layouts, GEMM mapping, memory plan and predictions for a fixed set of sliced modes,
 // with the intermediates `host_ids` in the host arena and, with reuse, the steps of `recomputed`
 // (and those above them) run per slice even where invariant.
@@ -371,7 +554,6 @@ Plan build(const Network& net, const Path& path, const std::set<Mode>& sliced, c
   const size_t N = net.tensors.size();
   Path p = path;
   p.sliced.assign(sliced.begin(), sliced.end());
-  const auto inter = intermediate_modes(net, p);  // per slice (sliced modes removed)
   Plan plan;
   plan.element_bytes = o.element_bytes;
   plan.sliced = p.sliced;
@@ -379,162 +561,52 @@ Plan build(const Network& net, const Path& path, const std::set<Mode>& sliced, c
   plan.output = net.output;
   plan.bandwidth = o.bandwidth;
   plan.gemm_rate = o.gemm_rate;
+  plan.pcie_bandwidth = o.pcie_bandwidth;
   plan.cost = path_cost(net, p);
+  plan.spilled = static_cast<int>(host_ids.size());
 
   std::vector<std::vector<Mode>> modes;  // unordered modes of every id (per slice)
   for (const auto& t : net.tensors) modes.push_back(without(t.modes, sliced));
+  const auto inter = intermediate_modes(net, p);
   modes.insert(modes.end(), inter.begin(), inter.end());
-  std::vector<std::vector<Mode>> layout(modes.size());
-  auto bytes_of = [&](const std::vector<Mode>& ms) {
-    return static_cast<std::uint64_t>(net.size_of(ms)) * o.element_bytes;
-  };
+  const auto layout = backward_layouts(net, p, modes);
+  std::vector<std::uint64_t> bytes;  // of every id
+  for (const auto& l : layout) bytes.push_back(static_cast<std::uint64_t>(net.size_of(l)) * o.element_bytes);
+  plan_inputs(plan, net, layout, sliced, o.element_bytes);
 
-  // Backward pass: the root's layout is the output order; every step gives its operands
-  // [retained in C's order | reduced, ascending].
-  if (N == 1) {
-    layout[0] = net.output;
-  } else {
-    layout[modes.size() - 1] = net.output;
-    for (size_t s = p.ssa.size(); s-- > 0;) {
-      const int a = p.ssa[s].first, b = p.ssa[s].second;
-      const auto& C = layout[N + s];
-      const auto& A = modes[static_cast<size_t>(a)];
-      const auto& B = modes[static_cast<size_t>(b)];
-      std::vector<Mode> K;
-      for (Mode m : A)
-        if (contains(B, m) && !contains(C, m)) K.push_back(m);
-      std::sort(K.begin(), K.end());
-      for (int id : {a, b}) {
-        const auto& X = modes[static_cast<size_t>(id)];
-        std::vector<Mode> l;
-        for (Mode m : C)
-          if (contains(X, m)) l.push_back(m);
-        l.insert(l.end(), K.begin(), K.end());
-        layout[static_cast<size_t>(id)] = l;
-      }
-    }
-  }
-  for (size_t i = 0; i < N; ++i) {
-    plan.input_layouts.push_back(layout[i]);
-    if (layout[i] != without(net.tensors[i].modes, sliced)) ++plan.input_transposes;
-    plan.input_bytes += static_cast<std::uint64_t>(net.size_of(net.tensors[i].modes)) * o.element_bytes;
-  }
-
-  // Reuse: the invariant steps (none unless sliced) and the persistent results, those of them
-  // that variant steps read. The persistent region holds them all at once, placed up front.
-  const std::vector<bool> invariant = o.reuse_invariant && plan.slices > 1
-                                          ? invariant_steps(net, p, sliced, host_ids, recomputed)
-                                          : std::vector<bool>(p.ssa.size(), false);
-  auto is_invariant = [&](int id) { return id >= static_cast<int>(N) && invariant[static_cast<size_t>(id) - N]; };
-  std::vector<bool> persistent(modes.size(), false);
-  for (size_t s = 0; s < p.ssa.size(); ++s)
-    if (!invariant[s])
-      for (int id : {p.ssa[s].first, p.ssa[s].second}) persistent[static_cast<size_t>(id)] = is_invariant(id);
-  std::vector<std::uint64_t> offset(modes.size(), 0);
-  Arena persistent_region;
-  for (size_t id = N; id < modes.size(); ++id)
-    if (persistent[id]) offset[id] = persistent_region.place(bytes_of(layout[id]));
-  plan.persistent_bytes = persistent_region.peak();
+  const Reuse reuse = find_reuse(net, p, sliced, plan, o, host_ids, recomputed);
+  std::vector<std::uint64_t> offset(modes.size(), 0);  // of every intermediate, in the arena it lives in
+  plan.persistent_bytes = place_persistent(reuse, bytes, offset);
   const std::uint64_t persistent_share = (plan.persistent_bytes + o.arenas - 1) / o.arenas;
 
-  // GEMM mapping, memory plan, predictions. The prologue (invariant steps) and the slices
-  // (variant steps) each lay out the arena on their own: the prologue is done with it first.
+  // The prologue (invariant steps) and the slices (variant steps) each lay out the arena on
+  // their own: the prologue is done with it before the slices use it.
   Arena arena, prologue_arena, host_arena;
-  auto is_host = [&](int id) { return host_ids.count(id) > 0; };
   for (size_t s = 0; s < p.ssa.size(); ++s) {
-    PlanStep st;
-    st.a = p.ssa[s].first;
-    st.b = p.ssa[s].second;
-    st.c = static_cast<int>(N + s);
-    st.a_modes = layout[static_cast<size_t>(st.a)];
-    st.b_modes = layout[static_cast<size_t>(st.b)];
-    st.c_modes = layout[static_cast<size_t>(st.c)];
-    st.a_bytes = bytes_of(st.a_modes);
-    st.b_bytes = bytes_of(st.b_modes);
-    st.c_bytes = bytes_of(st.c_modes);
-    st.a_host = is_host(st.a);
-    st.b_host = is_host(st.b);
-    st.c_host = is_host(st.c);
-    st.invariant = invariant[s];
-    st.a_persistent = persistent[static_cast<size_t>(st.a)];
-    st.b_persistent = persistent[static_cast<size_t>(st.b)];
-    st.c_persistent = persistent[static_cast<size_t>(st.c)];
+    PlanStep st = step_tensors(p, s, N, layout, bytes, host_ids, reuse);
     Arena& work = st.invariant ? prologue_arena : arena;  // where the step's tensors live, but persistent ones
-    // Memory: inputs stay where they are resident (in their planned layout, the contractor
-    // permutes them once); the arena holds intermediates and workspace.
     if (!st.c_persistent)
       offset[static_cast<size_t>(st.c)] = st.c_host ? host_arena.place(st.c_bytes) : work.place(st.c_bytes);
     st.a_offset = offset[static_cast<size_t>(st.a)];
     st.b_offset = offset[static_cast<size_t>(st.b)];
     st.c_offset = offset[static_cast<size_t>(st.c)];
-    const std::uint64_t device_live = work.in_use() + persistent_share;
-    if (st.spilled()) choose_blocks(net, st, o, device_live);
-    const PlanStep mapped = mapped_block(net, st);
-    {  // the step keeps its full layouts and takes the block's mapping
-      PlanStep full = mapped;
-      full.a_modes = st.a_modes;
-      full.b_modes = st.b_modes;
-      full.c_modes = st.c_modes;
-      full.block_modes = st.block_modes;
-      st = std::move(full);
-    }
-    std::vector<std::uint64_t> workspace;  // step-local arena blocks
-    const auto e = o.element_bytes;
-    if (st.a_host) workspace.push_back(st.stage_a_offset = work.place(staging_bytes(net, st, st.a_modes, mapped.a_modes, e)));
-    if (st.b_host) workspace.push_back(st.stage_b_offset = work.place(staging_bytes(net, st, st.b_modes, mapped.b_modes, e)));
-    if (st.c_host) workspace.push_back(st.stage_c_offset = work.place(staging_bytes(net, st, st.c_modes, mapped.c_modes, e)));
-    if (st.packed) {  // workspace for the copies, live during this step only
-      const auto pl = packed_layouts(mapped);
-      const std::uint64_t l = bytes_of(pl.l), r = bytes_of(pl.r), c = bytes_of(pl.c);
-      if (st.pack_l) workspace.push_back(st.pack_l_offset = work.place(l));
-      if (st.pack_r) workspace.push_back(st.pack_r_offset = work.place(r));
-      if (st.pack_c) workspace.push_back(st.pack_c_offset = work.place(c));
-      st.transposed_bytes = static_cast<std::uint64_t>(st.blocks) *
-                            ((st.pack_l ? l : 0) + (st.pack_r ? r : 0) + (st.pack_c ? c : 0));
-      ++plan.packed_steps;
-      plan.step_transposes += int{st.pack_l} + int{st.pack_r} + int{st.pack_c};
-      plan.transposed_bytes += st.transposed_bytes;
-    }
+    const PlanStep block = choose_execution(net, st, o, work.in_use() + persistent_share);
+    const auto workspace = place_workspace(net, st, block, work, o.element_bytes);
     st.live_bytes = work.in_use();
     for (std::uint64_t w : workspace) work.free(w);
-    // (An operand not persistent lives where its consumer works: an invariant step's result read
-    // by another invariant step is in the prologue's arena.)
+    // Operands are done once their one consumer ran. (An operand not persistent lives where its
+    // consumer works: an invariant step's result read by another invariant step is in the
+    // prologue's arena.)
     for (int id : {st.a, st.b})
-      if (id >= static_cast<int>(N) && !persistent[static_cast<size_t>(id)])
-        (is_host(id) ? host_arena : work).free(offset[static_cast<size_t>(id)]);
-    // Host copies: each block of C once; A's and B's blocks as often as the walk copies them in.
-    const BlockWalk walk = block_walk(net, st);
-    st.block_order = walk.order;
-    auto copied_in = [&](const std::vector<Mode>& block, std::int64_t n) {
-      return static_cast<double>(bytes_of(block)) * static_cast<double>(n);
-    };
-    const double host_in = copied_in(mapped.a_modes, walk.a_fetches) + copied_in(mapped.b_modes, walk.b_fetches),
-                 host_out = static_cast<double>(st.c_host ? st.c_bytes : 0);
-    st.host_bytes = static_cast<std::uint64_t>(host_in + host_out);
-    plan.host_copy_bytes += st.host_bytes;
-    const double mnk = static_cast<double>(st.m) * static_cast<double>(st.n) * static_cast<double>(st.k) *
-                       static_cast<double>(st.loops) * static_cast<double>(st.blocks);
-    st.flops = (o.element_bytes >= 8 ? 8.0 : 2.0) * mnk;
-    const std::uint64_t moved = st.a_bytes + st.b_bytes + st.c_bytes + 2 * st.transposed_bytes;
-    // Copies in and out overlap the blocks' work (their own streams); each block costs a few launches.
-    st.predicted_seconds = std::max({static_cast<double>(moved) / o.bandwidth, st.flops / o.gemm_rate,
-                                     host_in / o.pcie_bandwidth, host_out / o.pcie_bandwidth}) +
-                           (st.spilled() ? kBlockSeconds * static_cast<double>(st.blocks) : 0.0);
-    if (st.invariant) {
-      ++plan.invariant_steps;
-      plan.invariant_flops += st.flops;
-      plan.predicted_prologue_seconds += st.predicted_seconds;
-    } else {
-      plan.slice_flops += st.flops;
-      plan.predicted_seconds += st.predicted_seconds;
-    }
+      if (id >= static_cast<int>(N) && !reuse.persistent[static_cast<size_t>(id)])
+        (host_ids.count(id) ? host_arena : work).free(offset[static_cast<size_t>(id)]);
+    predict(net, st, block, o);
+    tally(plan, st);
     plan.steps.push_back(std::move(st));
   }
   plan.prologue_arena_bytes = prologue_arena.peak();
   plan.arena_bytes = std::max(arena.peak(), prologue_arena.peak());
   plan.host_arena_bytes = host_arena.peak();
-  plan.spilled = static_cast<int>(host_ids.size());
-  plan.pcie_bandwidth = o.pcie_bandwidth;
   return plan;
 }
 
@@ -769,11 +841,11 @@ void step_fields(Step& s, Io&& io) {
   io("flops", s.flops);
   io("predicted_seconds", s.predicted_seconds);
   io("live_bytes", s.live_bytes);
-  io("packed", s.packed);
+  io.flag("packed", s.execution, Execution::packed);
   io("pack", s.pack_l, s.pack_r, s.pack_c);
   io("pack_offsets", s.pack_l_offset, s.pack_r_offset, s.pack_c_offset);
   io("transposed_bytes", s.transposed_bytes);
-  io("looped", s.looped);
+  io.flag("looped", s.execution, Execution::looped);
   io("host", s.a_host, s.b_host, s.c_host);
   io("block_modes", s.block_modes);
   io("blocks", s.blocks);
@@ -825,6 +897,8 @@ struct JsonWriter {
   void operator()(const char* key, const T& x, const T& y, const T& z) const {
     j[key] = json::array({x, y, z});
   }
+  // The execution is stored as one bool per choice other than in place ("packed", "looped").
+  void flag(const char* key, Execution e, Execution choice) const { j[key] = e == choice; }
 };
 
 struct JsonReader {
@@ -839,6 +913,9 @@ struct JsonReader {
     v.at(0).get_to(x);
     v.at(1).get_to(y);
     v.at(2).get_to(z);
+  }
+  void flag(const char* key, Execution& e, Execution choice) const {
+    if (j.at(key).get<bool>()) e = choice;
   }
 };
 

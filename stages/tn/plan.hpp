@@ -60,6 +60,13 @@
 
 namespace qstage::tn {
 
+// How a step's products run (see above): in place (one GEMM, or strided batches of GEMMs in a host
+// loop, reading the operands where they lie), packed (operands copied into [batch | M | K] and
+// [batch | N | K] workspace, one strided-batched GEMM), or looped (one kernel walks the products
+// at their scattered offsets: tiny or skinny products, where cuBLAS is slow). One choice per
+// step; the plan file keeps its two bools "packed" and "looped".
+enum class Execution { in_place, packed, looped };
+
 struct PlanStep {
   int a = 0, b = 0, c = 0;                 // operand and result ids
   std::vector<Mode> a_modes, b_modes, c_modes;  // layouts (row-major orders)
@@ -71,14 +78,15 @@ struct PlanStep {
   double flops = 0;                        // real flops (8 per complex multiply-add)
   double predicted_seconds = 0;
   std::uint64_t live_bytes = 0;            // arena bytes in use during this step
-  bool packed = false;                     // runs as [batch | M | N] = [batch | M | K] . [batch | N | K]^T
-  bool pack_l = false, pack_r = false, pack_c = false;  // which of the three are copied (to or from workspace)
+  Execution execution = Execution::in_place;
+  // Packed: [batch | M | N] = [batch | M | K] . [batch | N | K]^T; which of the three are copied
+  // (to or from workspace: one already in that layout is read where it lies).
+  bool pack_l = false, pack_r = false, pack_c = false;
   std::uint64_t pack_l_offset = 0, pack_r_offset = 0, pack_c_offset = 0;  // the workspace (arena bytes)
   std::uint64_t transposed_bytes = 0;      // bytes the packing copies
-  bool looped = false;                     // many products at scattered offsets: one looped kernel
   // Out of core: which of A, B, C live in the host arena (their offsets are host-arena offsets).
   // The step then runs in `blocks` blocks over C's first `block_modes` modes, and the mapping
-  // above (loop_modes, m, n, k, loops, packed, looped, packing) describes one block: the step with
+  // above (loop_modes, m, n, k, loops, execution, packing) describes one block: the step with
   // those modes removed from its layouts (block_view). Host tensors' blocks are staged in the
   // device arena at stage_offsets.
   bool a_host = false, b_host = false, c_host = false;

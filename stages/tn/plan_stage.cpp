@@ -13,6 +13,7 @@
 #include "core/units.hpp"
 #include "kernels/gemm.hpp"
 #include "kernels/random.hpp"
+#include "stages/params.hpp"
 #include "stages/tn/network.hpp"
 #include "stages/tn/plan.hpp"
 #include "stages/tn/tn_stages.hpp"
@@ -88,6 +89,38 @@ double measure_pcie(Backend& be) {
   return static_cast<double>(bytes) / t;
 }
 
+struct Params {
+  h5::DType precision;
+  std::optional<std::uint64_t> budget;           // bytes of one contraction; none: from the device budget
+  std::optional<double> bandwidth, gemm_rate;    // eq. 6's rates (used when both are given); none: measured
+  double max_slices;
+  bool reconfigure;
+  int subtree_size;
+  bool reuse_invariant;
+  bool out_of_core;
+  bool scratch;                                  // (out of core only)
+  std::optional<std::uint64_t> host_budget;      // (read out of core only); none: from --host-memory
+  std::optional<double> pcie_bandwidth;          // (out of core only); none: measured
+  static Params from_json(const json& p) {
+    Params r;
+    r.precision = params::precision(p);
+    r.budget = params::optional_size(p, "budget");
+    r.bandwidth = params::optional<double>(p, "bandwidth");
+    r.gemm_rate = params::optional<double>(p, "gemm_rate");
+    r.max_slices = p.at("max_slices").get<double>();
+    r.reconfigure = p.at("reconfigure").get<bool>();
+    r.subtree_size = p.at("subtree_size").get<int>();
+    r.reuse_invariant = p.at("reuse_invariant").get<bool>();
+    r.out_of_core = p.at("out_of_core").get<bool>();
+    r.scratch = r.out_of_core && p.at("scratch").get<bool>();
+    if (r.out_of_core) {  // (a host_budget without out_of_core is not looked at)
+      r.host_budget = params::optional_size(p, "host_budget");
+      r.pcie_bandwidth = params::optional<double>(p, "pcie_bandwidth");
+    }
+    return r;
+  }
+};
+
 class PlanStage final : public ComputedStage {
  public:
   const StageInfo& info() const override {
@@ -102,7 +135,6 @@ class PlanStage final : public ComputedStage {
     return computed_plan({{"plan", {h5::DType::uint8, {}, {}}}});
   }
   std::string compute(const KernelContext& ctx) const override {
-    const json& p = ctx.params;
     h5::File nf = h5::File::open(ctx.inputs.at("network")->where().file, h5::Mode::read_only);
     const tn::Network net = tn::load_network(nf);
     h5::File pf = h5::File::open(ctx.inputs.at("path")->where().file, h5::Mode::read_only);
@@ -116,16 +148,17 @@ class PlanStage final : public ComputedStage {
       path.sliced.resize(s.shape().at(0));
       if (!path.sliced.empty()) s.read_all(path.sliced.data());
     }
-    const auto dtype = p.at("precision") == "complex128" ? h5::DType::complex128 : h5::DType::complex64;
+    const Params p = Params::from_json(ctx.params);
+    const auto dtype = p.precision;
     tn::PlanOptions o;
     o.element_bytes = h5::dtype_size(dtype);
-    o.max_slices = p.at("max_slices").get<double>();
-    o.reconfigure = p.at("reconfigure").get<bool>();
-    o.subtree_size = p.at("subtree_size").get<int>();
+    o.max_slices = p.max_slices;
+    o.reconfigure = p.reconfigure;
+    o.subtree_size = p.subtree_size;
     std::uint64_t inputs = 0;
     for (const auto& t : net.tensors) inputs += static_cast<std::uint64_t>(net.size_of(t.modes)) * o.element_bytes * 2;
-    if (p.contains("budget")) {
-      o.budget_bytes = parse_size(p["budget"].get<std::string>(), "params.budget");
+    if (p.budget) {
+      o.budget_bytes = *p.budget;
     } else if (ctx.backend) {
       // tn.contract keeps the inputs resident and runs one arena in each of its 3 slots; the 3
       // share one persistent region.
@@ -138,27 +171,27 @@ class PlanStage final : public ComputedStage {
       o.budget_bytes = (limit - fixed) / 3;
       o.arenas = 3;
     }
-    o.reuse_invariant = p.at("reuse_invariant").get<bool>();
+    o.reuse_invariant = p.reuse_invariant;
     json measured = json::object();
-    if (p.contains("bandwidth") && p.contains("gemm_rate")) {
-      o.bandwidth = p["bandwidth"].get<double>();
-      o.gemm_rate = p["gemm_rate"].get<double>();
+    if (p.bandwidth && p.gemm_rate) {
+      o.bandwidth = *p.bandwidth;
+      o.gemm_rate = *p.gemm_rate;
       measured["source"] = "params";
     } else if (ctx.backend) {
       std::tie(o.bandwidth, o.gemm_rate) = measure(*ctx.backend, dtype);
       measured["source"] = "measured by tn.plan on " + std::string(backend_name(ctx.backend->kind()));
     }
-    o.out_of_core = p.value("out_of_core", false);
-    o.scratch = o.out_of_core && p.value("scratch", false);
+    o.out_of_core = p.out_of_core;
+    o.scratch = p.scratch;
     if (o.out_of_core) {
-      if (p.contains("host_budget")) {
-        o.host_budget_bytes = parse_size(p["host_budget"].get<std::string>(), "params.host_budget");
+      if (p.host_budget) {
+        o.host_budget_bytes = *p.host_budget;
       } else if (ctx.backend) {  // half of what --host-memory leaves (tn.contract's slots need the rest)
         auto& hb = ctx.backend->host_budget();
         o.host_budget_bytes = (hb.limit() - hb.in_use()) / 2;
       }
-      if (p.contains("pcie_bandwidth")) {
-        o.pcie_bandwidth = p["pcie_bandwidth"].get<double>();
+      if (p.pcie_bandwidth) {
+        o.pcie_bandwidth = *p.pcie_bandwidth;
         measured["pcie_source"] = "params";
       } else if (ctx.backend) {
         o.pcie_bandwidth = measure_pcie(*ctx.backend);

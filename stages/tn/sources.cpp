@@ -14,14 +14,10 @@ using nlohmann::json;
 
 std::vector<std::string> source_file_parameters() { return {"/circuit", "/bitstrings_file"}; }
 
-bool has_circuit_source(const json& p) { return p.contains("circuit") || p.contains("random") || p.contains("qaoa"); }
-
-Circuit circuit_from_params(const json& p, const Files& files) {
-  const int given = p.contains("circuit") + p.contains("random") + p.contains("qaoa");
-  if (given != 1)
-    throw InputError(fmt::format("params: {} circuit sources given; expected exactly one of circuit (a file), random or "
-                                 "qaoa", given));
-  if (p.contains("circuit")) return read_circuit(files.at("/circuit").string());
+SourceParams SourceParams::from_json(const json& p) {
+  SourceParams s;
+  s.circuit = p.contains("circuit");
+  s.circuit_sources = s.circuit + p.contains("random") + p.contains("qaoa");
   if (p.contains("random")) {
     const json& r = p["random"];
     RandomCircuitOptions o;
@@ -31,16 +27,36 @@ Circuit circuit_from_params(const json& p, const Files& files) {
     o.seed = r.value("seed", std::uint64_t{0});
     o.pattern = r.value("pattern", std::string("ABCDCDAB"));
     o.two_qubit = r.value("gate", std::string("fs"));
-    return random_circuit(o);
+    s.random = o;
   }
-  const json& q = p["qaoa"];
-  QaoaOptions o;
-  o.nodes = q.value("nodes", 8);
-  o.p = q.value("p", 1);
-  o.gammas = q.value("gammas", std::vector<double>(static_cast<size_t>(o.p), 0.4));
-  o.betas = q.value("betas", std::vector<double>(static_cast<size_t>(o.p), 0.3));
-  o.seed = q.value("seed", std::uint64_t{0});
-  return qaoa_maxcut(o, random_regular_graph(o.nodes, 3, o.seed));
+  if (p.contains("qaoa")) {
+    const json& q = p["qaoa"];
+    QaoaOptions o;
+    o.nodes = q.value("nodes", 8);
+    o.p = q.value("p", 1);
+    o.gammas = q.value("gammas", std::vector<double>(static_cast<size_t>(o.p), 0.4));
+    o.betas = q.value("betas", std::vector<double>(static_cast<size_t>(o.p), 0.3));
+    o.seed = q.value("seed", std::uint64_t{0});
+    s.qaoa = o;
+  }
+  if (p.contains("bitstrings")) s.bitstrings = p["bitstrings"].get<std::vector<std::string>>();
+  s.bitstrings_file = p.contains("bitstrings_file");
+  if (p.contains("count")) s.count = p["count"].get<std::uint64_t>();
+  if (p.contains("random_bitstrings"))
+    s.random_bitstrings = {p["random_bitstrings"].value("count", std::uint64_t{1}),
+                           p["random_bitstrings"].value("seed", std::uint64_t{0})};
+  s.open = p.value("open", std::vector<int>{});
+  if (p.contains("pauli")) s.pauli = p["pauli"].get<std::string>();
+  return s;
+}
+
+Circuit circuit_from_params(const SourceParams& p, const Files& files) {
+  if (p.circuit_sources != 1)
+    throw InputError(fmt::format("params: {} circuit sources given; expected exactly one of circuit (a file), random or "
+                                 "qaoa", p.circuit_sources));
+  if (p.circuit) return read_circuit(files.at("/circuit").string());
+  if (p.random) return random_circuit(*p.random);
+  return qaoa_maxcut(*p.qaoa, random_regular_graph(p.qaoa->nodes, 3, p.qaoa->seed));
 }
 
 namespace {
@@ -61,12 +77,12 @@ std::vector<std::uint8_t> parse_bits(const std::string& s, int qubits, const std
 
 }  // namespace
 
-std::vector<std::vector<std::uint8_t>> bitstrings_from_params(const json& p, const Files& files, int qubits) {
+std::vector<std::vector<std::uint8_t>> bitstrings_from_params(const SourceParams& p, const Files& files, int qubits) {
   std::vector<std::vector<std::uint8_t>> out;
-  const std::uint64_t count = p.value("count", std::uint64_t{0});
-  if (p.contains("bitstrings")) {
-    for (const auto& b : p["bitstrings"]) out.push_back(parse_bits(b.get<std::string>(), qubits, "params.bitstrings"));
-  } else if (p.contains("bitstrings_file")) {
+  const std::uint64_t count = p.count.value_or(0);
+  if (p.bitstrings) {
+    for (const auto& b : *p.bitstrings) out.push_back(parse_bits(b, qubits, "params.bitstrings"));
+  } else if (p.bitstrings_file) {
     const auto path = files.at("/bitstrings_file");
     std::ifstream in(path);
     std::string line;
@@ -76,9 +92,9 @@ std::vector<std::vector<std::uint8_t>> bitstrings_from_params(const json& p, con
       if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
       out.push_back(parse_bits(line, qubits, fmt::format("{}:{}", path.string(), number)));
     }
-  } else if (p.contains("random_bitstrings")) {
-    const auto n = p["random_bitstrings"].value("count", std::uint64_t{1});
-    std::uint64_t state = kernels::splitmix64(p["random_bitstrings"].value("seed", std::uint64_t{0}));
+  } else if (p.random_bitstrings) {
+    const auto [n, seed] = *p.random_bitstrings;
+    std::uint64_t state = kernels::splitmix64(seed);
     for (std::uint64_t i = 0; i < n; ++i) {
       std::vector<std::uint8_t> bits;
       for (int q = 0; q < qubits; ++q) {
@@ -94,13 +110,13 @@ std::vector<std::vector<std::uint8_t>> bitstrings_from_params(const json& p, con
   return out;
 }
 
-std::optional<std::vector<std::pair<int, char>>> pauli_from_params(const json& p, int qubits) {
-  if (!p.contains("pauli")) return std::nullopt;
-  return parse_pauli(p["pauli"].get<std::string>(), qubits);
+std::optional<std::vector<std::pair<int, char>>> pauli_from_params(const SourceParams& p, int qubits) {
+  if (!p.pauli) return std::nullopt;
+  return parse_pauli(*p.pauli, qubits);
 }
 
-std::vector<int> open_qubits_from_params(const json& p, int qubits) {
-  const auto open = p.value("open", std::vector<int>{});
+std::vector<int> open_qubits_from_params(const SourceParams& p, int qubits) {
+  const auto& open = p.open;
   for (size_t i = 0; i < open.size(); ++i) {
     if (open[i] < 0 || open[i] >= qubits)
       throw InputError(fmt::format("params.open: qubit {} is out of range; expected 0..{}", open[i], qubits - 1));

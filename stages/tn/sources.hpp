@@ -29,13 +29,29 @@ using Files = std::map<std::string, std::filesystem::path>;
 // The JSON pointers of the file parameters above.
 std::vector<std::string> source_file_parameters();
 
-bool has_circuit_source(const nlohmann::json& params);
-Circuit circuit_from_params(const nlohmann::json& params, const Files& files);
+// The parameters above, read once (part of tn.build's and tn.statevector's Params). Files are
+// flagged here and read from the step's resolved file parameters (Files).
+struct SourceParams {
+  int circuit_sources = 0;  // how many of circuit, random and qaoa are given (one expected)
+  bool circuit = false;     // a circuit file: Files "/circuit"
+  std::optional<RandomCircuitOptions> random;
+  std::optional<QaoaOptions> qaoa;
+  std::optional<std::vector<std::string>> bitstrings;
+  bool bitstrings_file = false;  // Files "/bitstrings_file"
+  std::optional<std::uint64_t> count;  // lines of bitstrings_file read (none or 0: all)
+  std::optional<std::pair<std::uint64_t, std::uint64_t>> random_bitstrings;  // (count, seed)
+  std::vector<int> open;
+  std::optional<std::string> pauli;
+  bool has_circuit() const { return circuit_sources > 0; }
+  static SourceParams from_json(const nlohmann::json& params);
+};
+
+Circuit circuit_from_params(const SourceParams& params, const Files& files);
 // Default: one bitstring of zeros. InputError for wrong lengths or characters.
-std::vector<std::vector<std::uint8_t>> bitstrings_from_params(const nlohmann::json& params, const Files& files,
+std::vector<std::vector<std::uint8_t>> bitstrings_from_params(const SourceParams& params, const Files& files,
                                                               int qubits);
-std::optional<std::vector<std::pair<int, char>>> pauli_from_params(const nlohmann::json& params, int qubits);
-std::vector<int> open_qubits_from_params(const nlohmann::json& params, int qubits);
+std::optional<std::vector<std::pair<int, char>>> pauli_from_params(const SourceParams& params, int qubits);
+std::vector<int> open_qubits_from_params(const SourceParams& params, int qubits);
 
 // The "bitstrings" dataset tn.build, tn.contract and tn.statevector write: uint8 [rows, qubits].
 void write_bitstrings(h5::File& out, const std::vector<std::vector<std::uint8_t>>& bits, int qubits);

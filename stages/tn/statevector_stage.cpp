@@ -10,6 +10,7 @@
 #include "core/units.hpp"
 #include "kernels/dot.hpp"
 #include "kernels/statevector.hpp"
+#include "stages/params.hpp"
 #include "stages/tn/sources.hpp"
 #include "stages/tn/tn_stages.hpp"
 
@@ -28,16 +29,23 @@ struct Job {
   std::uint64_t per_row() const { return pauli ? 1 : std::uint64_t{1} << open.size(); }
 };
 
+struct Params {
+  tn::SourceParams source;  // the circuit and what to compute of it
+  h5::DType precision;
+  static Params from_json(const json& p) { return {tn::SourceParams::from_json(p), params::precision(p)}; }
+};
+
 Job job_of(const KernelContext& ctx) {
+  const Params p = Params::from_json(ctx.params);
   Job j;
-  j.circuit = tn::circuit_from_params(ctx.params, ctx.files);
+  j.circuit = tn::circuit_from_params(p.source, ctx.files);
   if (j.circuit.qubits > 34)
     throw InputError(fmt::format("the circuit has {} qubits; the state vector needs 2^{} amplitudes; expected at most 34 "
                                  "qubits (use tn.contract)", j.circuit.qubits, j.circuit.qubits));
-  j.pauli = tn::pauli_from_params(ctx.params, j.circuit.qubits);
-  j.open = tn::open_qubits_from_params(ctx.params, j.circuit.qubits);
-  if (!j.pauli) j.bitstrings = tn::bitstrings_from_params(ctx.params, ctx.files, j.circuit.qubits);
-  j.dtype = ctx.params.at("precision") == "complex64" ? h5::DType::complex64 : h5::DType::complex128;
+  j.pauli = tn::pauli_from_params(p.source, j.circuit.qubits);
+  j.open = tn::open_qubits_from_params(p.source, j.circuit.qubits);
+  if (!j.pauli) j.bitstrings = tn::bitstrings_from_params(p.source, ctx.files, j.circuit.qubits);
+  j.dtype = p.precision;
   return j;
 }
 
@@ -175,26 +183,26 @@ class StateVectorStage final : public Stage {
     return info;
   }
   std::vector<std::string> file_parameters() const override { return tn::source_file_parameters(); }
-  StagePlan plan(const json& p, const std::map<std::string, DatasetInfo>&) const override {
-    if (!tn::has_circuit_source(p))
+  StagePlan plan(const json& params, const std::map<std::string, DatasetInfo>&) const override {
+    const Params p = Params::from_json(params);
+    if (!p.source.has_circuit())
       throw InputError("no circuit; expected one of circuit (a file), random or qaoa");
     StagePlan plan;  // sizes come from the circuit: refine_plan
     plan.pass.rows = 0;
-    plan.primary_output = p.contains("pauli") ? "value" : "amplitudes";
-    const h5::DType dtype = p.at("precision") == "complex64" ? h5::DType::complex64 : h5::DType::complex128;
-    plan.results = {{plan.primary_output, {dtype, planned_shape(p), {}}}};
+    plan.primary_output = p.source.pauli ? "value" : "amplitudes";
+    plan.results = {{plan.primary_output, {p.precision, planned_shape(p.source), {}}}};
     return plan;
   }
   // The output's shape where the parameters alone tell (a later step may plan with it): rows
   // are the bitstrings (a file's only with `count`), 2^open amplitudes each; else unknown (empty).
-  static h5::Shape planned_shape(const json& p) {
-    if (p.contains("pauli")) return {1};
+  static h5::Shape planned_shape(const tn::SourceParams& p) {
+    if (p.pauli) return {1};
     std::uint64_t rows = 0;
-    if (p.contains("bitstrings")) rows = p["bitstrings"].size();
-    else if (p.contains("random_bitstrings")) rows = p["random_bitstrings"].value("count", std::uint64_t{1});
-    else if (p.contains("bitstrings_file")) rows = p.value("count", std::uint64_t{0});
+    if (p.bitstrings) rows = p.bitstrings->size();
+    else if (p.random_bitstrings) rows = p.random_bitstrings->first;
+    else if (p.bitstrings_file) rows = p.count.value_or(0);
     else rows = 1;
-    const std::size_t open = p.contains("open") ? p["open"].size() : 0;
+    const std::size_t open = p.open.size();
     if (rows == 0 || open > 34) return {};
     return open == 0 ? h5::Shape{rows} : h5::Shape{rows, std::uint64_t{1} << open};
   }
@@ -223,7 +231,8 @@ class StateVectorStage final : public Stage {
   }
   void write_results(const StagePlan& plan, const StepResults& r, h5::File& out) const override {
     const Job job = job_of(*r.context);
-    tn::write_result_layout(out, job.bitstrings, job.circuit.qubits, job.open, job.pauli ? r.context->params.at("pauli").get<std::string>() : "",
+    tn::write_result_layout(out, job.bitstrings, job.circuit.qubits, job.open,
+                            Params::from_json(r.context->params).source.pauli.value_or(""),
                             plan.summary.at("precision").get<std::string>());
   }
 };

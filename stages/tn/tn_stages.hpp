@@ -1,7 +1,10 @@
 #pragma once
 // Exact tensor-network contraction: build a network, find a path, plan it, contract it; and the
 // state-vector simulator that checks circuits.
+#include <vector>
+
 #include "stages/stage.hpp"
+#include "stages/views.hpp"
 
 namespace qstage::stages {
 
@@ -10,5 +13,7 @@ const Stage& tn_path();
 const Stage& tn_plan();
 const Stage& tn_contract();
 const Stage& tn_statevector();
+// `qstage inspect --plot` of tn.plan outputs (stages/tn/views.cpp).
+std::vector<View> tn_views();
 
 }  // namespace qstage::stages

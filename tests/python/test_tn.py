@@ -573,7 +573,7 @@ def read_png_rgb(path):
 
 def test_inspect_plots_a_plan(tmp):
     """`qstage inspect plan.h5 --plot`: a PNG whose tallest bar is the step with the largest
-    intermediate (x = 110 + (step + 0.5) * 820 / steps, in src/cli/plot.cpp's geometry)."""
+    intermediate (x = 110 + (step + 0.5) * 820 / steps, in stages/tn/views.cpp's geometry)."""
     spec = "name: plot\nsteps:" + circuit_steps("random: {rows: 3, cols: 4, cycles: 8, seed: 1}",
                                                 "random_bitstrings: {count: 1, seed: 9}", "complex64", "8KiB")
     _, run_dir = committed_run(tmp, spec)

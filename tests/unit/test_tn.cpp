@@ -113,8 +113,8 @@ void expect_same_steps(const tn::Plan& plain, const tn::Plan& reused) {
     EXPECT_EQ(x.a_modes, y.a_modes);
     EXPECT_EQ(x.b_modes, y.b_modes);
     EXPECT_EQ(x.c_modes, y.c_modes);
-    EXPECT_EQ(std::tie(x.m, x.n, x.k, x.loops, x.left_is_b, x.packed, x.looped),
-              std::tie(y.m, y.n, y.k, y.loops, y.left_is_b, y.packed, y.looped));
+    EXPECT_EQ(std::tie(x.m, x.n, x.k, x.loops, x.left_is_b, x.execution),
+              std::tie(y.m, y.n, y.k, y.loops, y.left_is_b, y.execution));
   }
   EXPECT_EQ(plain.invariant_steps, 0);
   EXPECT_EQ(plain.persistent_bytes, 0u);

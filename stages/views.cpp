@@ -1,0 +1,27 @@
+#include "stages/views.hpp"
+
+#include <algorithm>
+
+#include "stages/tn/tn_stages.hpp"
+
+namespace qstage::stages {
+
+const std::vector<View>& all_views() {
+  // An explicit list of the families (as all_stages()), so nothing depends on link order.
+  static const std::vector<View> views = [] {
+    std::vector<View> v = tn_views();
+    std::sort(v.begin(), v.end(), [](const View& a, const View& b) { return a.stage < b.stage; });
+    return v;
+  }();
+  return views;
+}
+
+const View* find_view(const h5::File& f) {
+  if (!f.has_attribute("qstage.stage")) return nullptr;
+  const std::string stage = f.string_attribute("qstage.stage");
+  for (const View& v : all_views())
+    if (v.stage == stage) return &v;
+  return nullptr;
+}
+
+}  // namespace qstage::stages
