@@ -38,10 +38,13 @@ ROOT = Path(__file__).resolve().parents[1]
 # Attributes of the run, not of its result: they differ between any two runs.
 VOLATILE = {"qstage.wall_seconds", "qstage.attempts", "qstage.peak_device_bytes", "qstage.peak_host_bytes",
             "qstage.created", "qstage.device", "qstage.version", "qstage.backend", "qstage.ranks",
-            "qstage.inputs"}
+            "qstage.inputs",
+            # a hash of the inputs' content, which for a step after tn.plan includes the rates the
+            # plan measured (its datasets are compared without them)
+            "qstage.step_key"}
 # Names of measurements (times, rates and what is predicted from measured rates): attributes,
 # datasets and keys of JSON documents with such names are left out.
-MEASURED = re.compile(r"seconds|per_second|gbps|bandwidth|gemm_flops|slicing_overhead|measured")
+MEASURED = re.compile(r"seconds|per_second|gbps|bandwidth|gemm_flops|gemm_rate|slicing_overhead|measured")
 
 
 def stable_json(value):
@@ -78,8 +81,9 @@ def dataset_digest(d):
     """sha256 of a dataset's stored chunks (filtered), of its JSON text without measurements, or
     of its values."""
     h = hashlib.sha256()
-    h.update(f"{d.dtype}|{d.shape}|{d.chunks}|{tuple(d._filters)}".encode())
+    text = None
     if d.chunks is not None and len(d._filters) > 0:
+        h.update(f"{d.dtype}|{d.shape}|{d.chunks}|{tuple(d._filters)}".encode())
         for i in range(d.id.get_num_chunks()):
             info = d.id.get_chunk_info(i)
             _, data = d.id.read_direct_chunk(info.chunk_offset)
@@ -88,9 +92,14 @@ def dataset_digest(d):
     elif d.shape is not None and d.size > 0:
         values = np.ascontiguousarray(d[()])
         text = stable_json(values.tobytes()) if values.dtype == np.uint8 and values.ndim == 1 else None
-        h.update(text.encode() if text is not None else values.tobytes())
+        if text is not None:  # (its length changes with the digits of what it measured)
+            h.update(b"json|" + text.encode())
+        else:
+            h.update(f"{d.dtype}|{d.shape}|{d.chunks}".encode() + values.tobytes())
+    else:
+        h.update(f"{d.dtype}|{d.shape}|{d.chunks}".encode())
     for k in sorted(d.attrs.keys()):
-        if kept(k):
+        if kept(k) and not (text is not None and k == "qsum64"):  # (a JSON text's checksum covers what it measured)
             h.update(f"{k}={attribute_text(d.attrs[k])}".encode())
     return h.hexdigest()
 
