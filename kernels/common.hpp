@@ -3,11 +3,7 @@
 // for both, so the two backends compute the same values from the same code.
 #include <cstdint>
 
-#ifdef __CUDACC__
-#define QSTAGE_HD __host__ __device__ __forceinline__
-#else
-#define QSTAGE_HD inline
-#endif
+#include "core/hd.hpp"
 
 namespace qstage::kernels {
 

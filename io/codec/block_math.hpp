@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "kernels/common.hpp"
+#include "core/hd.hpp"
 
 namespace qstage::codec::detail {
 
