@@ -78,6 +78,10 @@ struct PassSpec {
   std::vector<RowRange> batches;
   // Scale for progress and throughput: bytes the pass moves per row (in + out by default).
   std::uint64_t progress_bytes_per_row() const;
+  // What one row is for the user, when bytes say little (a row of tn.contract is one slice of one
+  // amplitude, of tn.statevector one amplitude): progress then counts rows in this unit
+  // ("slices", "amplitudes") instead of bytes. Empty: bytes.
+  std::string progress_unit;
 };
 
 // One batch as the kernel sees it. Pointers are device memory (host memory on cpu).

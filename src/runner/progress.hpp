@@ -10,15 +10,17 @@ namespace qstage::runner {
 
 class ProgressReporter {
  public:
-  ProgressReporter(std::string label, std::uint64_t total_rows, std::uint64_t bytes_per_row, double flops_total,
-                   double interval_seconds, std::function<void(const std::string& json)> save);
+  // `unit`: what a row is ("slices", "amplitudes"); progress counts rows in it. Empty: bytes
+  // (bytes_per_row each).
+  ProgressReporter(std::string label, std::uint64_t total_rows, std::uint64_t bytes_per_row, std::string unit,
+                   double flops_total, double interval_seconds, std::function<void(const std::string& json)> save);
   // Rows [0, rows_done) are done (including rows committed by earlier runs).
   void update(std::uint64_t rows_done);
   void finish();
 
  private:
   std::string line(std::uint64_t rows_done) const;
-  std::string label_;
+  std::string label_, unit_;
   std::uint64_t total_, bytes_per_row_, first_ = 0;
   bool started_ = false, tty_ = false, drawn_ = false;
   double flops_, interval_;

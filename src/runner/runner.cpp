@@ -408,7 +408,7 @@ class WorkflowRun {
   std::unique_ptr<ProgressReporter> progress_reporter(const std::string& label, const engine::PassSpec& pass,
                                                       double flops, engine::StepWork& work) {
     if (!comm_.root()) return nullptr;
-    return std::make_unique<ProgressReporter>(label, pass.rows, pass.progress_bytes_per_row(), flops,
+    return std::make_unique<ProgressReporter>(label, pass.rows, pass.progress_bytes_per_row(), pass.progress_unit, flops,
                                               options_.progress_seconds,
                                               [&work](const std::string& j) { work.save_progress(json::parse(j)); });
   }
@@ -602,12 +602,20 @@ class WorkflowRun {
       if (!line.empty()) spdlog::info("step '{}' result: {}", step.id, line);
       return;
     }
+    // What streamed, in the step's own unit where bytes say little (slices, amplitudes).
+    const std::string& unit = p.plan.pass.progress_unit;
+    const auto rows = mt["rows"].get<std::uint64_t>();
+    std::string amount = format_bytes(mt["bytes"].get<double>());
     std::string rate = format_rate(mt["bytes_per_second"].get<double>());
+    if (!unit.empty()) {
+      amount = fmt::format("{} {}", rows, unit);
+      rate = fmt::format("{:.3g} {}/s", s > 0 ? static_cast<double>(rows) / s : 0.0, unit);
+    }
     if (mt.contains("gflops_per_second")) rate += fmt::format(", {:.1f} GFLOP/s", mt["gflops_per_second"].get<double>());
     spdlog::info("step '{}' done in {}: {} at {}; setup {:.2f}s, batch loop {:.2f}s (busy: read {:.2f}s, to device {:.2f}s, "
                  "compute {:.2f}s, from device {:.2f}s, write {:.2f}s; commits {:.2f}s), finalize {:.2f}s; peak device {} "
                  "(planned {}), host {}",
-                 step.id, format_duration(s), format_bytes(mt["bytes"].get<double>()), rate,
+                 step.id, format_duration(s), amount, rate,
                  mt["setup_seconds"].get<double>(), mt["loop_seconds"].get<double>(),
                  mt["read_seconds"].get<double>(), mt["h2d_seconds"].get<double>(), mt["compute_seconds"].get<double>(),
                  mt["d2h_seconds"].get<double>(), mt["write_seconds"].get<double>(), mt["commit_seconds"].get<double>(),

@@ -309,6 +309,7 @@ class ContractStage final : public Stage {
     const std::uint64_t B = l.bitstrings.size(), S = static_cast<std::uint64_t>(l.plan.slices);
     auto& pass = plan.pass;
     pass.rows = B * S;
+    pass.progress_unit = S > 1 ? "slices" : "amplitudes";  // a row: one slice of one amplitude
     pass.tile_rows = 1;
     pass.batches.clear();
     for (std::uint64_t r = 0; r < pass.rows; ++r) pass.batches.push_back({r, r + 1});

@@ -217,6 +217,7 @@ class StateVectorStage final : public Stage {
     out.chunk = out.shape;
     out.chunk[0] = std::min<std::uint64_t>(rows, default_chunk_rows(per_row * e));
     plan.pass.rows = rows;
+    plan.pass.progress_unit = job.pauli ? "values" : "amplitudes";
     plan.pass.tile_rows = out.chunk[0];
     plan.pass.outputs = {out};
     plan.pass.resident_device_bytes = n * e * (job.pauli ? 2 : 1) + rows * per_row * 8 + (n / (1 << 16) + 1) * 16;
