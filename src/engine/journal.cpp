@@ -54,7 +54,9 @@ Journal Journal::from_json(const json& j) {
     out.segments.push_back({s.at("file").get<std::string>(), {s.at("rows")[0].get<std::uint64_t>(),
                                                                s.at("rows")[1].get<std::uint64_t>()}});
   for (const auto& c : j.at("checksums")) out.checksums.push_back(parse_hex64(c.get<std::string>()));
-  out.reduction = from_hex(j.at("reduction").get<std::string>());
+  // (In a journal file the state is in its side file, which StepWork::load reads; a journal
+  // broadcast between ranks carries it inline.)
+  out.reduction = from_hex(j.value("reduction", std::string()));
   out.reduction_files = j.value("reduction_files", std::vector<std::string>{});
   for (const auto& sp : j.value("spools", json::array()))
     out.spools.push_back({sp.at("output").get<std::string>(), sp.at("file").get<std::string>(),
@@ -75,17 +77,24 @@ Journal StepWork::load(const PassSpec& spec) {
     Journal j;
     const fs::path path = dir_ / "journal.json";
     bool usable = false;
+    std::string reduction_file;  // the side file the journal names, if any
     if (fs::exists(path)) {
       try {
-        j = Journal::from_json(json::parse(fsutil::read_file(path)));
+        const json text = json::parse(fsutil::read_file(path));
+        j = Journal::from_json(text);
         usable = j.key == key_ && j.rows == spec.rows && j.tile_rows == spec.tile_rows &&
                  j.checksums.size() == spec.outputs.size();
+        if (usable && text.contains("reduction_file")) {
+          reduction_file = text.at("reduction_file").get<std::string>();
+          j.reduction = read_reduction(text);
+        }
         for (const auto& s : j.segments) usable = usable && fs::exists(dir_ / s.file);
         for (const auto& f : j.reduction_files) usable = usable && fs::exists(dir_ / f);
         for (const auto& sp : j.spools) usable = usable && fs::exists(dir_ / sp.file);
         if (!usable) spdlog::info("discarding earlier progress in {}: it belongs to other parameters or inputs",
                                   dir_.string());
       } catch (const std::exception& e) {
+        usable = false;
         spdlog::warn("discarding unreadable journal {}: {}", path.string(), e.what());
       }
     }
@@ -99,6 +108,7 @@ Journal StepWork::load(const PassSpec& spec) {
     // Anything the journal does not name is not trusted: half-written segments, a segment
     // renamed just before a kill, an interrupted merge.
     std::set<std::string> keep{"journal.json"};
+    if (usable && !reduction_file.empty()) keep.insert(reduction_file);
     for (const auto& s : j.segments) keep.insert(s.file);
     keep.insert(j.reduction_files.begin(), j.reduction_files.end());
     for (const auto& sp : j.spools) keep.insert(sp.file);
@@ -116,8 +126,36 @@ Journal StepWork::load(const PassSpec& spec) {
   return Journal::from_json(json::parse(comm_.broadcast(text)));
 }
 
+// The fold's state is binary and may be large (a partial per output row): it goes to a side file
+// named by the committed rows, written (atomically) before the journal that names it, so a kill
+// between the two leaves the old journal with its old file. Its size and hash are checked on load.
 void StepWork::save(const Journal& journal) const {
-  fsutil::write_file_atomic(dir_ / "journal.json", journal.to_json().dump(1));
+  json j = journal.to_json();
+  j.erase("reduction");
+  std::string current;
+  if (!journal.reduction.empty()) {
+    current = fmt::format("reduction-{}.bin", journal.committed_rows);
+    fsutil::write_file_atomic(dir_ / current, journal.reduction);
+    j["reduction_file"] = current;
+    j["reduction_bytes"] = journal.reduction.size();
+    j["reduction_hash"] = hash_bytes(journal.reduction);
+  }
+  fsutil::write_file_atomic(dir_ / "journal.json", j.dump(1));
+  // The journal now names `current`: earlier side files are not needed any more.
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir_, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("reduction-", 0) == 0 && name != current) fs::remove(entry.path(), ec);
+  }
+}
+
+std::string StepWork::read_reduction(const json& journal) const {
+  const std::string file = journal.at("reduction_file").get<std::string>();
+  std::string bytes = fsutil::read_file(dir_ / file);
+  if (bytes.size() != journal.at("reduction_bytes").get<std::uint64_t>() ||
+      hash_bytes(bytes) != journal.at("reduction_hash").get<std::string>())
+    throw std::runtime_error(fmt::format("{} does not hold the state its journal recorded", file));
+  return bytes;
 }
 
 void StepWork::remove() const {

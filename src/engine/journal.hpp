@@ -34,7 +34,7 @@ struct Journal {
   std::uint64_t committed_rows = 0; // rows [0, committed_rows) are done and durable
   std::vector<Segment> segments;
   std::vector<std::uint64_t> checksums;  // qsum64 per output over the committed rows
-  std::string reduction;            // Reduction::save() after folding the committed tiles
+  std::string reduction;            // Reduction::save() after folding the committed tiles (on disk: a side file)
   std::vector<std::string> reduction_files;  // Reduction::files(), kept across resumes
   std::vector<SpoolRecord> spools;  // one per compressed output, once committed
   int attempts = 0;                 // runs that worked on this step
@@ -54,7 +54,8 @@ class StepWork {
   // (first run, parameters changed, different tiling) it clears the directory. Stray files are
   // removed. Every rank receives the journal.
   Journal load(const PassSpec& spec);
-  // Rank 0: replaces the journal atomically.
+  // Rank 0: replaces the journal atomically; the reduction's state goes to a binary side file
+  // (reduction-<committed rows>.bin) that the journal names with its size and hash.
   void save(const Journal& journal) const;
   // Rank 0: the directory is no longer needed (the output is committed).
   void remove() const;
@@ -69,6 +70,7 @@ class StepWork {
   void save_progress(const nlohmann::json& progress) const;
 
  private:
+  std::string read_reduction(const nlohmann::json& journal) const;  // the side file's bytes, checked
   std::filesystem::path dir_;
   std::string key_;
   const mpi::Comm& comm_;

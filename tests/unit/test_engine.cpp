@@ -9,6 +9,7 @@
 
 #include "backend/backend.hpp"
 #include "core/error.hpp"
+#include "core/fsutil.hpp"
 #include "core/mpi.hpp"
 #include "core/signals.hpp"
 #include "engine/partition.hpp"
@@ -340,10 +341,29 @@ TEST(Engine, KeyRangeBatchesFromSortedKeys) {
   // Committed at a key-range boundary (the signal is seen at the first round boundary after it).
   const auto committed = first.first.journal.committed_rows;
   EXPECT_TRUE(committed == 300 || committed == 303 || committed == 6000) << committed;
+  // The fold's state is in a binary side file that the journal names, with its size and hash.
+  const auto journal = nlohmann::json::parse(fsutil::read_file(dir.path / "stopped" / "journal.json"));
+  EXPECT_FALSE(journal.contains("reduction"));
+  const std::string side = journal.at("reduction_file").get<std::string>();
+  EXPECT_EQ(side, "reduction-" + std::to_string(committed) + ".bin");
+  EXPECT_EQ(fs::file_size(dir.path / "stopped" / side), journal.at("reduction_bytes").get<std::uint64_t>());
   auto second = run(1u << 20, "stopped", -1, false);
   ASSERT_TRUE(second.first.complete);
   EXPECT_EQ(second.first.resumed_from, committed);
   EXPECT_EQ(second.second, want);
+  // A side file that does not hold what its journal recorded is not trusted: the pass starts over.
+  signals::request_stop(0);
+  ASSERT_FALSE(run(1u << 20, "corrupted", 2, true).first.complete);
+  signals::request_stop(0);
+  const auto j2 = nlohmann::json::parse(fsutil::read_file(dir.path / "corrupted" / "journal.json"));
+  const fs::path side2 = dir.path / "corrupted" / j2.at("reduction_file").get<std::string>();
+  std::string bytes = fsutil::read_file(side2);
+  bytes[0] ^= 1;
+  fsutil::write_file_atomic(side2, bytes);
+  auto redone = run(1u << 20, "corrupted", -1, false);
+  ASSERT_TRUE(redone.first.complete);
+  EXPECT_EQ(redone.first.resumed_from, 0u);
+  EXPECT_EQ(redone.second, want);
   // The largest key range must fit: 5697 rows x 8 bytes x 3 slots do not fit 64 KiB.
   auto small = detail::make_cpu_backend(64u << 10, 1ull << 30);
   mpi::Comm comm;
