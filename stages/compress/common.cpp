@@ -13,6 +13,7 @@
 #include "core/fsutil.hpp"
 #include "io/compressed_chunks.hpp"
 #include "io/row_io.hpp"
+#include "stages/params.hpp"
 #include "stages/tensor/common.hpp"
 
 namespace qstage::stages::compress_detail {
@@ -27,9 +28,17 @@ codec::ElementType element_type(h5::DType t, std::string_view slot) {
 
 codec::Settings settings_from(const json& params) { return h5::codec_settings(params, "codec parameters"); }
 
-std::uint64_t chunk_rows_for(const json& params, const DatasetInfo& x) {
+CodingParams CodingParams::from_json(const json& params) {
+  CodingParams p;
+  p.settings = settings_from(params);
+  p.chunk_rows = params::optional<std::uint64_t>(params, "chunk_rows");
+  p.range = params::optional<double>(params, "range");
+  return p;
+}
+
+std::uint64_t chunk_rows_for(const CodingParams& params, const DatasetInfo& x) {
   std::uint64_t rows = 0;
-  if (params.contains("chunk_rows")) rows = params.at("chunk_rows").get<std::uint64_t>();
+  if (params.chunk_rows) rows = *params.chunk_rows;
   else if (!x.chunk.empty()) rows = x.chunk[0];
   else rows = default_chunk_rows(x.row_bytes());
   return std::clamp<std::uint64_t>(rows, 1, std::max<std::uint64_t>(x.rows(), 1));
@@ -48,10 +57,6 @@ std::uint64_t elements_of(const h5::Shape& shape) {
 }
 
 namespace {
-
-bool relative_without_range(const json& params) {
-  return params.at("bounds").get<std::string>() == "relative" && !params.contains("range");
-}
 
 // Per tile of the range pass: the least and greatest finite float of its values.
 struct RangePartial {
@@ -112,7 +117,7 @@ class RangeReduction final : public engine::Reduction {
 }  // namespace
 
 std::optional<PriorPass> RelativeBoundsStage::prior_pass(const KernelContext& ctx, const PassState& state) const {
-  if (!relative_without_range(ctx.params) || state.data.contains("range")) return std::nullopt;
+  if (!CodingParams::from_json(ctx.params).range_to_measure() || state.data.contains("range")) return std::nullopt;
   const h5::Dataset& x = *ctx.inputs.at("x");
   PriorPass p;
   p.name = "range";
@@ -136,9 +141,9 @@ void RelativeBoundsStage::after_prior_pass(const KernelContext& ctx, PriorPass& 
 }
 
 std::optional<double> range_for(const KernelContext& ctx) {
-  const json& params = ctx.params;
-  if (params.at("bounds").get<std::string>() != "relative") return std::nullopt;
-  if (params.contains("range")) return params.at("range").get<double>();
+  const CodingParams params = CodingParams::from_json(ctx.params);
+  if (!params.settings.relative) return std::nullopt;
+  if (params.range) return params.range;
   if (!ctx.passes || !ctx.passes->data.contains("range"))
     throw std::logic_error("relative bounds without a range: the range pass did not run");
   const double range = ctx.passes->data.at("range").get<double>();
@@ -147,9 +152,9 @@ std::optional<double> range_for(const KernelContext& ctx) {
   return range;
 }
 
-StagePlan chunk_pass(const json& params, const DatasetInfo& x) {
+StagePlan chunk_pass(const CodingParams& params, const DatasetInfo& x) {
   const codec::ElementType type = element_type(x.dtype, "x");
-  const codec::Settings settings = settings_from(params);
+  const codec::Settings& settings = params.settings;
   if (x.shape.empty() || x.rows() == 0)
     throw InputError(fmt::format("input 'x' has shape {}; expected at least one row", detail::shape_text(x.shape)));
   const std::uint64_t chunk_rows = chunk_rows_for(params, x);
@@ -161,9 +166,7 @@ StagePlan chunk_pass(const json& params, const DatasetInfo& x) {
   plan.pass.partials_on_host = true;
   plan.streamed_inputs = {"x"};
   plan.summary = {{"shape", x.shape}, {"dtype", h5::dtype_name(x.dtype)}, {"chunk_rows", chunk_rows},
-                  {"codec", h5::codec_summary(settings, params.contains("range") ? std::optional(params["range"].get<double>())
-                                                                             : std::nullopt,
-                                          type)}};
+                  {"codec", h5::codec_summary(settings, params.range, type)}};
   return plan;
 }
 
@@ -171,7 +174,7 @@ void refine_chunk_pass(StagePlan& plan, const KernelContext& ctx, std::uint64_t 
   const h5::Dataset& x = *ctx.inputs.at("x");
   const codec::ElementType type = element_type(*x.dtype(), "x");
   const auto range = range_for(ctx);
-  plan.summary["codec"] = h5::codec_summary(settings_from(ctx.params), range, type);
+  plan.summary["codec"] = h5::codec_summary(CodingParams::from_json(ctx.params).settings, range, type);
   plan.pass.resident_device_bytes =
       ChunkCodec::device_bytes(ctx.backend->kind(), type, plan.pass.tile_rows * x.row_bytes()) + extra_device_bytes;
 }

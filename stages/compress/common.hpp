@@ -14,6 +14,16 @@
 
 namespace qstage::stages::compress_detail {
 
+// The parameters of the stages that code a dataset (compress, compress.evaluate), read once.
+struct CodingParams {
+  codec::Settings settings;                 // pipeline, error, threshold, bounds, block_size (checked)
+  std::optional<std::uint64_t> chunk_rows;  // rows per coded chunk, if given
+  std::optional<double> range;              // the value range relative bounds refer to, if given
+  // Relative bounds whose range must be measured (a pass of its own, RelativeBoundsStage).
+  bool range_to_measure() const { return settings.relative && !range; }
+  static CodingParams from_json(const nlohmann::json& params);  // InputError naming the parameter
+};
+
 // float32 -> float32, complex64 -> complex64; anything else is an InputError naming the slot.
 codec::ElementType element_type(h5::DType t, std::string_view slot);
 // The codec settings the parameters ask for (pipeline, error, threshold, bounds, block_size),
@@ -21,7 +31,7 @@ codec::ElementType element_type(h5::DType t, std::string_view slot);
 codec::Settings settings_from(const nlohmann::json& params);
 // Rows per compressed chunk: `chunk_rows` if given, else the input's chunk rows, else about
 // 4 MiB; at most the input's rows. Each chunk is one codec stream.
-std::uint64_t chunk_rows_for(const nlohmann::json& params, const DatasetInfo& x);
+std::uint64_t chunk_rows_for(const CodingParams& params, const DatasetInfo& x);
 h5::Shape chunk_shape(const h5::Shape& shape, std::uint64_t chunk_rows);
 std::uint64_t elements_of(const h5::Shape& shape);
 
@@ -42,7 +52,7 @@ using kernels::ChunkCodec;
 // The pass of a stage that codes a dataset chunk by chunk (compress, compress.evaluate): one tile
 // per chunk, `x` streamed, partials on the host; the summary records the settings. Throws
 // InputError for a bad input or parameter.
-StagePlan chunk_pass(const nlohmann::json& params, const DatasetInfo& x);
+StagePlan chunk_pass(const CodingParams& params, const DatasetInfo& x);
 // At run time: measures the range (relative bounds, collective) into the summary and reserves
 // the codec's device memory plus `extra_device_bytes`.
 void refine_chunk_pass(StagePlan& plan, const KernelContext& ctx, std::uint64_t extra_device_bytes = 0);

@@ -102,7 +102,7 @@ class CompressStage final : public RelativeBoundsStage {
 
   StagePlan plan(const json& params, const std::map<std::string, DatasetInfo>& in) const override {
     const DatasetInfo& x = in.at("x");
-    StagePlan plan = chunk_pass(params, x);
+    StagePlan plan = chunk_pass(CodingParams::from_json(params), x);
     const h5::Shape chunk = chunk_shape(x.shape, plan.pass.tile_rows);
     plan.pass.tile_partial_bytes = partial_bytes(element_type(x.dtype, "x"), chunk);
     plan.pass.sized_partials = true;  // only the streams travel to rank 0
@@ -117,7 +117,7 @@ class CompressStage final : public RelativeBoundsStage {
   std::unique_ptr<engine::PassKernel> make_kernel(const KernelContext& ctx) const override {
     const h5::Dataset& x = *ctx.inputs.at("x");
     return std::make_unique<CompressKernel>(element_type(*x.dtype(), "x"), chunk_shape(x.shape(), ctx.plan.pass.tile_rows),
-                                            x.row_bytes(), settings_from(ctx.params), planned_range(ctx.plan),
+                                            x.row_bytes(), CodingParams::from_json(ctx.params).settings, planned_range(ctx.plan),
                                             ctx.plan.pass.tile_partial_bytes);
   }
 
@@ -141,7 +141,7 @@ class CompressStage final : public RelativeBoundsStage {
     const json& c = plan.summary.at("codec");
     // The stored streams carry absolute bounds; the filter's cd_values say the same, so that
     // h5repack or h5py rewriting the dataset keeps them.
-    codec::Settings absolute = settings_from(r.context->params);
+    codec::Settings absolute = CodingParams::from_json(r.context->params).settings;
     absolute.relative = false;
     absolute.threshold = c.at("threshold").get<double>();
     absolute.error = c.at("error").get<double>();

@@ -228,7 +228,7 @@ class EvaluateStage final : public RelativeBoundsStage {
   }
 
   StagePlan plan(const json& params, const std::map<std::string, DatasetInfo>& in) const override {
-    StagePlan plan = chunk_pass(params, in.at("x"));
+    StagePlan plan = chunk_pass(CodingParams::from_json(params), in.at("x"));
     plan.pass.tile_partial_bytes = sizeof(EvaluatePartial);
     plan.primary_output = "ratio";
     for (const char* name : {"ratio", "max_error", "bound", "relative_error", "fidelity", "compress_gbps",
@@ -289,7 +289,7 @@ class EvaluateStage final : public RelativeBoundsStage {
       maxcut = MaxCut{m.at("qubits").get<int>(), m.at("edges").get<std::vector<std::pair<int, int>>>()};
     }
     return std::make_unique<EvaluateKernel>(element_type(*x.dtype(), "x"), chunk_shape(x.shape(), ctx.plan.pass.tile_rows),
-                                            x.row_bytes(), settings_from(ctx.params), planned_range(ctx.plan), bound,
+                                            x.row_bytes(), CodingParams::from_json(ctx.params).settings, planned_range(ctx.plan), bound,
                                             std::move(maxcut));
   }
 
