@@ -4,15 +4,12 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <limits>
 
 #include "core/error.hpp"
-#include "core/fsutil.hpp"
 #include "io/compressed_chunks.hpp"
-#include "io/row_io.hpp"
 #include "stages/params.hpp"
 #include "stages/tensor/common.hpp"
 
