@@ -3,8 +3,8 @@
 // reads it as plain values and `decompress` decodes it on the device.
 //
 // Each chunk of rows is one stream, coded by the pass's kernel on the device (kernels/codec_encode.cu)
-// or the CPU, with bounds relative to the range of the whole dataset (measured in a first,
-// parallel read unless the `range` parameter gives it). Compressed sizes vary, so the streams
+// or the CPU, with bounds relative to the range of the whole dataset (measured in a first pass,
+// RelativeBoundsStage, unless the `range` parameter gives it). Compressed sizes vary, so the streams
 // leave the pass as per-tile partials: rank 0 appends them in chunk order to a spool file in the
 // step's work directory, made durable at every checkpoint. Parallel HDF5 1.10 cannot write
 // compressed chunks from several ranks (direct chunk writes are not coordinated and silently
