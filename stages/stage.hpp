@@ -100,6 +100,8 @@ struct StepResults {
   engine::Reduction* reduction = nullptr;  // the folded partials (make_reduction), if any
   const std::string* computed = nullptr;   // compute()'s result, if the stage computes
   const KernelContext* context = nullptr;  // parameters and opened inputs (to copy small data along)
+  // What the pass wrote into each output (rows, appended counts, stored bytes of coded chunks).
+  const std::vector<engine::OutputReport>* outputs = nullptr;
 };
 
 class Stage {
@@ -136,14 +138,6 @@ class Stage {
   virtual std::string compute(const KernelContext& ctx) const { return {}; }
   // After the pass, on every rank with the same results: small results into the output.
   virtual void write_results(const StagePlan& plan, const StepResults& results, h5::File& out) const {}
-  // On rank 0 alone, after every rank has closed the output (still under its temporary name):
-  // serial additions, such as datasets of directly written compressed chunks, which parallel
-  // HDF5 1.10 cannot write from several ranks. Returns a checksum per dataset it added (hex),
-  // for the manifest and the content hash later steps' keys use.
-  virtual std::map<std::string, std::string> finish_output(const StagePlan& plan, const StepResults& results,
-                                                           const std::filesystem::path& file) const {
-    return {};
-  }
   // One line for the log, e.g. "norm 1.0e3, 0 non-finite".
   virtual std::string describe_results(const StagePlan& plan, const StepResults& results) const { return ""; }
 };

@@ -33,14 +33,18 @@ std::string from_hex(const std::string& hex) {
 
 json Journal::to_json() const {
   json segs = json::array();
-  for (const auto& s : segments) segs.push_back({{"file", s.file}, {"rows", {s.rows.begin, s.rows.end}}});
+  for (const auto& s : segments) {
+    json outputs = json::array();
+    for (const auto& r : s.output_rows) outputs.push_back({r.begin, r.end});
+    segs.push_back({{"file", s.file}, {"rows", {s.rows.begin, s.rows.end}}, {"outputs", outputs}});
+  }
   json sums = json::array();
   for (auto c : checksums) sums.push_back(hex64(c));
   json spool_list = json::array();
   for (const auto& sp : spools) spool_list.push_back({{"output", sp.output}, {"file", sp.file}, {"state", to_hex(sp.state)}});
   return {{"spools", spool_list}, {"format", "qstage-journal-1"}, {"key", key}, {"rows", rows}, {"tile_rows", tile_rows},
           {"committed_rows", committed_rows}, {"segments", segs}, {"checksums", sums},
-          {"reduction", to_hex(reduction)}, {"reduction_files", reduction_files}, {"attempts", attempts}, {"wall_seconds", wall_seconds},
+          {"reduction", to_hex(reduction)}, {"appended", appended}, {"attempts", attempts}, {"wall_seconds", wall_seconds},
           {"compute_seconds", compute_seconds}};
 }
 
@@ -50,14 +54,17 @@ Journal Journal::from_json(const json& j) {
   out.rows = j.at("rows").get<std::uint64_t>();
   out.tile_rows = j.at("tile_rows").get<std::uint64_t>();
   out.committed_rows = j.at("committed_rows").get<std::uint64_t>();
-  for (const auto& s : j.at("segments"))
-    out.segments.push_back({s.at("file").get<std::string>(), {s.at("rows")[0].get<std::uint64_t>(),
-                                                               s.at("rows")[1].get<std::uint64_t>()}});
+  for (const auto& s : j.at("segments")) {
+    Segment seg{s.at("file").get<std::string>(), {s.at("rows")[0].get<std::uint64_t>(), s.at("rows")[1].get<std::uint64_t>()}, {}};
+    for (const auto& r : s.value("outputs", json::array()))
+      seg.output_rows.push_back({r[0].get<std::uint64_t>(), r[1].get<std::uint64_t>()});
+    out.segments.push_back(std::move(seg));
+  }
   for (const auto& c : j.at("checksums")) out.checksums.push_back(parse_hex64(c.get<std::string>()));
   // (In a journal file the state is in its side file, which StepWork::load reads; a journal
   // broadcast between ranks carries it inline.)
   out.reduction = from_hex(j.value("reduction", std::string()));
-  out.reduction_files = j.value("reduction_files", std::vector<std::string>{});
+  out.appended = j.value("appended", std::vector<std::vector<std::uint64_t>>{});
   for (const auto& sp : j.value("spools", json::array()))
     out.spools.push_back({sp.at("output").get<std::string>(), sp.at("file").get<std::string>(),
                           from_hex(sp.at("state").get<std::string>())});
@@ -83,13 +90,13 @@ Journal StepWork::load(const PassSpec& spec) {
         const json text = json::parse(fsutil::read_file(path));
         j = Journal::from_json(text);
         usable = j.key == key_ && j.rows == spec.rows && j.tile_rows == spec.tile_rows &&
-                 j.checksums.size() == spec.outputs.size();
+                 j.checksums.size() == spec.outputs.size() && j.appended.size() == spec.outputs.size();
         if (usable && text.contains("reduction_file")) {
           reduction_file = text.at("reduction_file").get<std::string>();
           j.reduction = read_reduction(text);
         }
         for (const auto& s : j.segments) usable = usable && fs::exists(dir_ / s.file);
-        for (const auto& f : j.reduction_files) usable = usable && fs::exists(dir_ / f);
+        for (const auto& s : j.segments) usable = usable && s.output_rows.size() == spec.outputs.size();
         for (const auto& sp : j.spools) usable = usable && fs::exists(dir_ / sp.file);
         if (!usable) spdlog::info("discarding earlier progress in {}: it belongs to other parameters or inputs",
                                   dir_.string());
@@ -104,13 +111,13 @@ Journal StepWork::load(const PassSpec& spec) {
       j.rows = spec.rows;
       j.tile_rows = spec.tile_rows;
       j.checksums.assign(spec.outputs.size(), 0);
+      j.appended.assign(spec.outputs.size(), {});
     }
     // Anything the journal does not name is not trusted: half-written segments, a segment
     // renamed just before a kill, an interrupted merge.
     std::set<std::string> keep{"journal.json"};
     if (usable && !reduction_file.empty()) keep.insert(reduction_file);
     for (const auto& s : j.segments) keep.insert(s.file);
-    keep.insert(j.reduction_files.begin(), j.reduction_files.end());
     for (const auto& sp : j.spools) keep.insert(sp.file);
     auto planned = [](const std::string& name) {
       // refine_plan's measurements and the earlier passes of the step (they record their key)

@@ -18,7 +18,8 @@ namespace qstage::engine {
 
 struct Segment {
   std::string file;  // name inside the work directory
-  RowRange rows;
+  RowRange rows;     // pass rows
+  std::vector<RowRange> output_rows;  // per output: its rows in this segment (appended outputs' own)
 };
 
 // The chunk spool of a compressed output (OutputDecl::codec): its file in the work directory and
@@ -35,8 +36,9 @@ struct Journal {
   std::vector<Segment> segments;
   std::vector<std::uint64_t> checksums;  // qsum64 per output over the committed rows
   std::string reduction;            // Reduction::save() after folding the committed tiles (on disk: a side file)
-  std::vector<std::string> reduction_files;  // Reduction::files(), kept across resumes
   std::vector<SpoolRecord> spools;  // one per compressed output, once committed
+  // Per output: appended outputs' rows per committed batch, in batch order (else empty).
+  std::vector<std::vector<std::uint64_t>> appended;
   int attempts = 0;                 // runs that worked on this step
   double wall_seconds = 0;          // summed over attempts, up to the last commit
   double compute_seconds = 0;

@@ -18,7 +18,8 @@ Batches partition(const PassSpec& spec, std::uint64_t first, std::uint64_t batch
   std::vector<RowRange> out;
   for (const auto& b : spec.batches)
     if (b.begin >= first) out.push_back(b);
-  return Batches(std::move(out));
+  const std::uint64_t skipped = spec.batches.size() - out.size();
+  return Batches(std::move(out), skipped);
 }
 
 std::uint64_t partials_in(const PassSpec& spec, const RowRange& batch) {
@@ -26,6 +27,17 @@ std::uint64_t partials_in(const PassSpec& spec, const RowRange& batch) {
 }
 
 void check_batches(const PassSpec& spec) {
+  for (const auto& in : spec.inputs) {
+    if (in.kind != InputKind::row_ranges) continue;
+    if (in.ranges.size() != spec.batches.size() || spec.batches.empty())
+      throw std::invalid_argument(fmt::format("row_ranges input '{}' has {} ranges for {} explicit batches", in.name,
+                                              in.ranges.size(), spec.batches.size()));
+    const std::uint64_t rows = in.dataset ? in.dataset->shape().at(0) : ~std::uint64_t{0};
+    for (const auto& r : in.ranges)
+      if (r.begin > r.end || r.end > rows)
+        throw std::invalid_argument(fmt::format("row_ranges input '{}': range [{}, {}) is not inside its {} rows", in.name,
+                                                r.begin, r.end, rows));
+  }
   if (spec.batches.empty()) return;
   std::uint64_t expected = 0;
   for (const auto& b : spec.batches) {
@@ -33,7 +45,7 @@ void check_batches(const PassSpec& spec) {
       throw std::invalid_argument(fmt::format("explicit batches must be consecutive and non-empty; [{}, {}) follows row {}",
                                               b.begin, b.end, expected));
     for (const auto& o : spec.outputs)
-      if (b.begin % o.chunk[0] != 0)
+      if (o.kind != OutputKind::appended && b.begin % o.chunk[0] != 0)
         throw std::invalid_argument(fmt::format("explicit batch boundary {} is not a multiple of output '{}''s {} chunk rows",
                                                 b.begin, o.name, o.chunk[0]));
     expected = b.end;

@@ -16,7 +16,9 @@ namespace qstage::engine {
 class Batches {
  public:
   Batches() = default;
-  explicit Batches(std::vector<RowRange> explicit_ranges) : explicit_(std::move(explicit_ranges)), uniform_(false) {}
+  // Explicit ranges, the first of which is the pass's batch number `first_index`.
+  Batches(std::vector<RowRange> explicit_ranges, std::uint64_t first_index)
+      : explicit_(std::move(explicit_ranges)), uniform_(false), first_index_(first_index) {}
   Batches(std::uint64_t first, std::uint64_t rows, std::uint64_t batch_rows)
       : first_(first), rows_(rows), batch_rows_(batch_rows) {}
   std::uint64_t size() const {
@@ -28,11 +30,14 @@ class Batches {
     const std::uint64_t begin = first_ + i * batch_rows_;
     return {begin, std::min(rows_, begin + batch_rows_)};
   }
+  // The pass's number of batch i (explicit batches: its index in PassSpec::batches).
+  std::uint64_t pass_index(std::uint64_t i) const { return first_index_ + i; }
 
  private:
   std::vector<RowRange> explicit_;
   bool uniform_ = true;
   std::uint64_t first_ = 0, rows_ = 0, batch_rows_ = 0;
+  std::uint64_t first_index_ = 0;
 };
 
 // The batches of `spec` from row `first` on: its explicit batches, or pieces of batch_rows rows.
@@ -41,7 +46,8 @@ Batches partition(const PassSpec& spec, std::uint64_t first, std::uint64_t batch
 // The number of reduction units (partials) in a batch.
 std::uint64_t partials_in(const PassSpec& spec, const RowRange& batch);
 
-// Checks explicit batches: consecutive, non-empty, covering [0, rows), aligned to output chunks.
+// Checks explicit batches: consecutive, non-empty, covering [0, rows), aligned to the chunks of
+// outputs of pass rows; and row_ranges inputs: a range per batch, inside the dataset.
 // Throws std::invalid_argument (a stage's bug, not the user's).
 void check_batches(const PassSpec& spec);
 

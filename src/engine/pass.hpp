@@ -27,32 +27,68 @@ struct RowRange {
   std::uint64_t size() const { return end - begin; }
 };
 
-// A dataset read batch by batch (rows aligned with the pass's rows).
+// How an input's rows reach a batch.
+enum class InputKind {
+  rows,           // the batch's own rows
+  row_ranges,     // a range of rows per batch (StreamedInput::ranges), e.g. a K-way merge of
+                  // sorted runs reads from each run (one input per run) the range its keys cover
+  stored_chunks,  // the dataset's chunks as stored (still compressed), for a kernel that decodes
+                  // them: chunks of tile_rows whole rows; each tile of a batch gets a slot of
+                  // tile_rows * row_bytes bytes holding a StoredChunk header and the chunk's bytes
+};
+
+// A dataset read batch by batch.
 struct StreamedInput {
   std::string name;                      // the stage's slot name, for messages
   const h5::Dataset* dataset = nullptr;  // opened read-only by the runner
   std::uint64_t row_bytes = 0;
-  // Read the dataset's chunks as they are stored (still compressed) instead of its values, for a
-  // kernel that decodes them itself: the dataset's chunks must hold tile_rows whole rows, and
-  // each tile of a batch gets a slot of tile_rows * row_bytes bytes holding a StoredChunk header
-  // and then the chunk's bytes (h5::StoredChunkReader).
-  bool stored_chunks = false;
+  InputKind kind = InputKind::rows;
+  // row_ranges: batch i reads rows ranges[i] of the dataset (explicit batches, one range each;
+  // empty ranges are allowed). The buffers are sized for the longest.
+  std::vector<RowRange> ranges = {};
 };
 
-// A dataset the pass writes batch by batch: shape[0] == the pass's rows.
+// Where a pass's output goes, chosen per output (the engine's OutputSinks).
+enum class OutputKind {
+  rows,          // one row per pass row, at the batch's rows (segments, merged at the end)
+  coded_chunks,  // the same rows, stored as streams of qstage's codec (HDF5 filter 32881)
+  appended,      // any number of rows per batch, in batch order (a chunked writer's output)
+};
+
+// A dataset the pass writes batch by batch.
 struct OutputDecl {
   std::string name;  // dataset path in the step's output file
   h5::DType dtype = h5::DType::float32;
-  h5::Shape shape;
-  h5::Shape chunk;   // chunk[0] must divide the pass's tile_rows
-  // Written compressed (qstage's codec, HDF5 filter 32881; float32 and complex64 only) instead
-  // of as values: the engine codes each chunk on the device right after the kernel, so only the
-  // coded chunks leave it; rank 0 appends them to a spool in the work directory (durable at each
-  // checkpoint) and writes them into the output at the end. Relative settings are fractions of
-  // each chunk's value range (the whole output's is not known while it streams).
+  h5::Shape shape;   // rows and appended: shape[0] == the pass's rows, or the most rows (unknown)
+  h5::Shape chunk;   // chunk[0] must divide the pass's tile_rows (appended: any)
+  // coded_chunks (float32 and complex64 only): the engine codes each chunk on the device right
+  // after the kernel, so only the coded chunks leave it; rank 0 appends them to a spool in the
+  // work directory (durable at each checkpoint) and writes them into the output at the end.
   std::optional<codec::Settings> codec;
+  // coded_chunks with relative bounds: the value range they are fractions of (the whole
+  // output's, measured by an earlier pass); without it, each chunk's own range.
+  std::optional<double> codec_range;
+  OutputKind kind = OutputKind::rows;
+  // appended: the most rows one pass row may append (the buffers are sized for it). The kernel
+  // writes a batch's rows from the start of its output buffer and their count to
+  // BatchView::appended[o]; the output's rows are every batch's, in batch order, and the
+  // journal keeps each batch's count (PassOutcome::outputs[o].batch_rows).
+  std::uint64_t max_rows_per_row = 0;
   std::uint64_t row_bytes() const;
-  bool compressed() const { return codec.has_value(); }
+  bool compressed() const { return kind == OutputKind::coded_chunks; }
+};
+
+// What a pass wrote into one output, once it is complete.
+struct OutputReport {
+  std::string name;
+  OutputKind kind = OutputKind::rows;
+  std::uint64_t rows = 0;                // rows of the dataset
+  std::vector<std::uint64_t> batch_rows; // appended: rows each batch appended, in batch order
+  std::uint64_t stored_bytes = 0;        // coded_chunks: bytes of the streams
+  std::uint64_t chunks = 0;              // coded_chunks: streams
+  // The checksum the manifest records: qsum64 of the values (rows, appended) or the XXH64 of
+  // the stored bytes (coded_chunks), as hex.
+  std::string checksum;
 };
 
 struct PassSpec {
@@ -64,11 +100,8 @@ struct PassSpec {
   std::uint64_t scratch_device_bytes_per_row = 0;  // per batch row, per slot
   std::size_t tile_partial_bytes = 0;              // 0: no reduction
   // The kernel writes its partials into host memory (BatchView::partials is host memory and is
-  // not copied): for results the host finishes, such as a compressed stream's framing.
+  // not copied): for results the host finishes.
   bool partials_on_host = false;
-  // Each partial begins with a u64 count of the bytes after it that matter (a compressed stream
-  // in a worst-case-sized partial): only those travel to rank 0, and fold() sees the same layout.
-  bool sized_partials = false;
   std::uint64_t prepare_host_bytes = 0;            // host memory PassKernel::prepare needs briefly
   bool uses_blas = false;                          // the kernel calls kernels::gemm (cuda: a cuBLAS handle per slot)
   // Explicit batches, e.g. key ranges over key-sorted rows (key_range_batches): consecutive
@@ -88,9 +121,13 @@ struct PassSpec {
 struct BatchView {
   std::uint64_t index = 0;  // batch number within this run (global over ranks)
   RowRange rows;            // rows of the pass
-  std::vector<const void*> inputs;  // one per PassSpec::inputs, rows.size() rows each
+  std::vector<const void*> inputs;  // one per PassSpec::inputs: input_rows[i].size() rows each
+  std::vector<RowRange> input_rows;  // per input: its rows in this batch (`rows` unless row_ranges)
   std::vector<const void*> host_inputs;  // the same bytes in (pinned) host memory, for the host's share
   std::vector<void*> outputs;       // one per PassSpec::outputs
+  // Per output: appended ones, where the kernel stores how many rows it appended (a u64 in
+  // device memory, host memory on cpu); null for the others.
+  std::vector<std::uint64_t*> appended;
   void* scratch = nullptr;          // scratch_device_bytes_per_row * rows.size() bytes
   void* partials = nullptr;         // tiles * tile_partial_bytes (explicit batches: one partial)
   Stream* stream = nullptr;
@@ -108,21 +145,14 @@ class PassKernel {
   virtual void process(const BatchView& batch) = 0;
 };
 
-// Folds per-tile partials in tile order on rank 0; its state is saved in the step's journal at
-// every checkpoint, so a resumed pass continues the same fold.
-//
-// A fold whose state is too large for the journal (compressed chunks) keeps it in files of the
-// step's work directory: attach() names the directory (every rank, before load), files() names
-// the files so that a resume keeps them, and save() makes them durable and records how much of
-// them is committed, so that a resumed fold first cuts off what an interrupted run added.
+// Folds per-tile partials in tile order on rank 0; its state is saved at every checkpoint (a
+// binary side file the journal names), so a resumed pass continues the same fold.
 class Reduction {
  public:
   virtual ~Reduction() = default;
   virtual void fold(const std::byte* tile_partial) = 0;
   virtual std::string save() const = 0;            // bytes
   virtual void load(const std::string& state) = 0;
-  virtual void attach(const std::filesystem::path& work_dir) {}
-  virtual std::vector<std::string> files() const { return {}; }
 };
 
 }  // namespace qstage::engine

@@ -15,13 +15,13 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
-#include <map>
 #include <optional>
 
 #include "backend/backend.hpp"
 #include "core/mpi.hpp"
 #include "engine/journal.hpp"
 #include "engine/pass.hpp"
+#include "io/h5.hpp"
 
 namespace qstage::engine {
 
@@ -45,6 +45,26 @@ struct PhaseTimes {
   double commit = 0, finalize = 0, wall = 0;
 };
 
+// A complete pass's output file, closed under its temporary name: the caller annotates it
+// (open() on every rank) and then commits it (commit() on every rank). The engine calls no one
+// back; the runner adds provenance and the stage's small results between the two.
+class StagedOutput {
+ public:
+  StagedOutput() = default;
+  StagedOutput(std::filesystem::path temp, std::filesystem::path final_path, const mpi::Comm& comm)
+      : temp_(std::move(temp)), final_(std::move(final_path)), comm_(&comm) {}
+  bool empty() const { return comm_ == nullptr; }
+  const std::filesystem::path& temp() const { return temp_; }
+  // Collective: the file opened read-write on every rank.
+  h5::File open() const;
+  // Collective: rank 0 renames it into place (durably), once every rank has closed it.
+  void commit() const;
+
+ private:
+  std::filesystem::path temp_, final_;
+  const mpi::Comm* comm_ = nullptr;
+};
+
 struct PassOutcome {
   bool complete = false;      // false: stopped early, progress committed
   Journal journal;            // committed state (every rank has it after completion)
@@ -52,19 +72,9 @@ struct PassOutcome {
   BatchPlan plan;
   std::uint64_t rows_run = 0;     // rows processed in this run (all ranks)
   std::uint64_t resumed_from = 0; // committed rows found at the start
-  // Rank 0: the XXH64 of each compressed output's stored bytes, as hex (its manifest checksum).
-  std::map<std::string, std::string> stored_checksums;
+  StagedOutput staged;            // complete: the output, to annotate and commit
+  std::vector<OutputReport> outputs;  // complete: per output (rank 0's checksums of coded ones)
 };
-
-// Called on every rank with the same arguments, while the output file is still under its
-// temporary name: writes provenance attributes and small result datasets. Compressed outputs
-// (OutputDecl::codec) exist by then.
-using Annotate = std::function<void(class h5::File& output, const Journal& final_state)>;
-
-// Called on rank 0 alone after every rank has closed the output, still under its temporary
-// name: serial additions that parallel HDF5 cannot make from several ranks, such as datasets of
-// directly written (compressed) chunks.
-using FinishOutput = std::function<void(const std::filesystem::path& temp_output)>;
 
 // Receives progress on rank 0 after every round.
 using ProgressFn = std::function<void(std::uint64_t rows_done, std::uint64_t rows_total)>;
@@ -77,11 +87,10 @@ class StreamEngine {
   // Throws InputError naming the budget and the minimum it needs if not even one tile fits.
   BatchPlan plan(const PassSpec& spec) const;
 
-  // Runs the rows not yet committed in `work`'s journal. On completion, builds `output` (via a
-  // temporary name), lets `annotate` decorate it, and commits it. Collective.
+  // Runs the rows not yet committed in `work`'s journal. On completion, builds the output that
+  // becomes `output` once the caller commits the staged file (PassOutcome::staged). Collective.
   PassOutcome run(const PassSpec& spec, PassKernel& kernel, Reduction* reduction, StepWork& work,
-                  const std::filesystem::path& output, const Annotate& annotate, const ProgressFn& progress,
-                  const FinishOutput& finish_output = {});
+                  const std::filesystem::path& output, const ProgressFn& progress);
 
  private:
   Backend& backend_;

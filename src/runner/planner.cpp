@@ -110,11 +110,15 @@ void apply_compress_output(stages::StagePlan& plan, const spec::Step& step, bool
     if (it == outputs.end())
       throw InputError(fmt::format("compress_output: datasets names '{}', which is not a streamed output of stage {}; "
                                    "expected one of {}", name, step.stage, fmt::join(names, ", ")));
+    if (it->kind != engine::OutputKind::rows)
+      throw InputError(fmt::format("compress_output: output '{}' of stage {} is not one row per pass row (its length "
+                                   "is known only at the end); expected a dataset of fixed shape", name, step.stage));
     if (!h5::codec_element_type(it->dtype))
       throw InputError(fmt::format("compress_output: output '{}' has dtype {}; expected float32 or complex64 (the "
                                    "codec's types){}", name, h5::dtype_name(it->dtype),
                                    step.compress_output.contains("datasets") ? "" : "; name the others in datasets"));
     it->codec = settings;
+    it->kind = engine::OutputKind::coded_chunks;
   }
 }
 

@@ -381,8 +381,8 @@ class WorkflowRun {
       engine::PassOutcome outcome;
       try {
         outcome = engine_->run(prior->pass, *prior->kernel, prior->reduction.get(), work,
-                               stages::prior_pass_output(context, state.done), [](h5::File&, const engine::Journal&) {},
-                               progress_of(reporter));
+                               stages::prior_pass_output(context, state.done), progress_of(reporter));
+        if (outcome.complete) outcome.staged.commit();
       } catch (const InputError& e) {
         if (reporter) reporter->finish();
         record_failure(step.id);
@@ -499,12 +499,16 @@ class WorkflowRun {
     std::string computed;
     double compute_seconds = 0;
     if (step.impl->computes()) std::tie(computed, compute_seconds) = compute_on_root(step, context);
-    const StepResults results{reduction.get(), step.impl->computes() ? &computed : nullptr, &context};
     engine::StepWork work(dir_.work(step.id), key, comm_);
     const std::string created = comm_.broadcast(utc_now());
     json result_checksums = json::object();
+    auto reporter = progress_reporter(fmt::format("{} {}", step.id, step.stage), pass, p.plan.flops, work);
 
-    auto annotate = [&](h5::File& out, const engine::Journal& j) {
+    engine::PassOutcome outcome;
+    const StepResults results{reduction.get(), step.impl->computes() ? &computed : nullptr, &context, &outcome.outputs};
+    // Collective: provenance, checksums and the stage's small results into the staged output.
+    auto annotate = [&](h5::File& out) {
+      const engine::Journal& j = outcome.journal;
       const auto peaks = comm_.max({static_cast<std::int64_t>(backend_->device_budget().peak()),
                                     static_cast<std::int64_t>(backend_->host_budget().peak())});
       out.set_attribute("qstage.stage", step.stage);
@@ -524,21 +528,22 @@ class WorkflowRun {
       out.set_attribute("qstage.peak_host_bytes", static_cast<std::int64_t>(peaks[1]));
       out.set_attribute("qstage.created", created);
       out.set_attribute("qstage.summary", p.plan.summary.dump());
-      for (size_t o = 0; o < pass.outputs.size(); ++o)  // (compressed ones are written later, with stored_xxh64)
+      for (size_t o = 0; o < pass.outputs.size(); ++o)  // (coded ones have their stored_xxh64)
         if (!pass.outputs[o].compressed())
           out.open_dataset(pass.outputs[o].name).set_attribute("qsum64", hex64(j.checksums[o]));
       step.impl->write_results(p.plan, results, out);
       result_checksums = checksum_results(out);
     };
 
-    auto reporter = progress_reporter(fmt::format("{} {}", step.id, step.stage), pass, p.plan.flops, work);
-
-    std::map<std::string, std::string> added;  // rank 0: what finish_output added
-    auto finish_output = [&](const fs::path& temp) { added = step.impl->finish_output(p.plan, results, temp); };
-
-    engine::PassOutcome outcome;
     try {
-      outcome = engine_->run(pass, *kernel, reduction.get(), work, output, annotate, progress_of(reporter), finish_output);
+      outcome = engine_->run(pass, *kernel, reduction.get(), work, output, progress_of(reporter));
+      if (outcome.complete) {
+        h5::File out = outcome.staged.open();
+        annotate(out);
+        out.flush();
+        out.close();
+        outcome.staged.commit();
+      }
     } catch (...) {
       if (reporter) reporter->finish();
       record_failure(step.id);
@@ -570,11 +575,8 @@ class WorkflowRun {
     if (comm_.root()) {
       json sums = result_checksums.value("datasets", json::object());
       for (size_t o = 0; o < pass.outputs.size(); ++o)
-        sums[pass.outputs[o].name] = pass.outputs[o].compressed() ? outcome.stored_checksums.at(pass.outputs[o].name)
+        sums[pass.outputs[o].name] = pass.outputs[o].compressed() ? outcome.outputs[o].checksum
                                                                   : hex64(outcome.journal.checksums[o]);
-      for (const auto& [name, sum] : added) sums[name] = sum;
-      if (!added.empty())  // the added datasets are part of the content later steps depend on
-        result_checksums["content"] = hash_bytes(result_checksums.value("content", "") + json(added).dump());
       Manifest m = *Manifest::load(dir_.root);
       json& rec = m.step(step.id);
       rec.update({{"state", "done"}, {"output", fs::relative(output, dir_.root).string()}, {"checksums", sums},

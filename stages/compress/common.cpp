@@ -160,20 +160,17 @@ StagePlan chunk_pass(const CodingParams& params, const DatasetInfo& x) {
   plan.pass.rows = x.rows();
   plan.pass.tile_rows = chunk_rows;
   plan.pass.inputs.push_back({"x", nullptr, x.row_bytes()});
-  plan.pass.partials_on_host = true;
   plan.streamed_inputs = {"x"};
   plan.summary = {{"shape", x.shape}, {"dtype", h5::dtype_name(x.dtype)}, {"chunk_rows", chunk_rows},
                   {"codec", h5::codec_summary(settings, params.range, type)}};
   return plan;
 }
 
-void refine_chunk_pass(StagePlan& plan, const KernelContext& ctx, std::uint64_t extra_device_bytes) {
-  const h5::Dataset& x = *ctx.inputs.at("x");
-  const codec::ElementType type = element_type(*x.dtype(), "x");
+std::optional<double> refine_chunk_pass(StagePlan& plan, const KernelContext& ctx) {
+  const codec::ElementType type = element_type(*ctx.inputs.at("x")->dtype(), "x");
   const auto range = range_for(ctx);
   plan.summary["codec"] = h5::codec_summary(CodingParams::from_json(ctx.params).settings, range, type);
-  plan.pass.resident_device_bytes =
-      ChunkCodec::device_bytes(ctx.backend->kind(), type, plan.pass.tile_rows * x.row_bytes()) + extra_device_bytes;
+  return range;
 }
 
 std::optional<double> planned_range(const StagePlan& plan) {

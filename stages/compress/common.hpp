@@ -50,12 +50,12 @@ std::optional<double> range_for(const KernelContext& ctx);
 using kernels::ChunkCodec;
 
 // The pass of a stage that codes a dataset chunk by chunk (compress, compress.evaluate): one tile
-// per chunk, `x` streamed, partials on the host; the summary records the settings. Throws
+// per chunk, `x` streamed; the summary records the settings. Throws
 // InputError for a bad input or parameter.
 StagePlan chunk_pass(const CodingParams& params, const DatasetInfo& x);
-// At run time: measures the range (relative bounds, collective) into the summary and reserves
-// the codec's device memory plus `extra_device_bytes`.
-void refine_chunk_pass(StagePlan& plan, const KernelContext& ctx, std::uint64_t extra_device_bytes = 0);
+// At run time: the range (relative bounds: the range pass's, or the parameter) into the summary.
+// Returns it (nullopt for absolute bounds).
+std::optional<double> refine_chunk_pass(StagePlan& plan, const KernelContext& ctx);
 // The range refine_chunk_pass recorded (nullopt for absolute bounds).
 std::optional<double> planned_range(const StagePlan& plan);
 

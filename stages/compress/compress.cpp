@@ -8,7 +8,9 @@
 // leave the pass as per-tile partials: rank 0 appends them in chunk order to a spool file in the
 // step's work directory, made durable at every checkpoint. Parallel HDF5 1.10 cannot write
 // compressed chunks from several ranks (direct chunk writes are not coordinated and silently
-// misplace chunks), so rank 0 alone writes them into the output at the end (finish_output).
+// misplace chunks), so rank 0 alone writes them into the output at the end. All of that is the
+// engine's coded_chunks output (engine/output_sinks.hpp); this stage hands it the rows of x and
+// the range its relative bounds refer to.
 #include <cstring>
 
 #include "core/error.hpp"
@@ -27,65 +29,18 @@ namespace fs = std::filesystem;
 using namespace compress_detail;
 using nlohmann::json;
 
-constexpr const char* kSpool = "chunks.bin";
-
-// A tile's partial: the stream's size, then the stream.
-std::uint64_t partial_bytes(codec::ElementType type, const h5::Shape& chunk) {
-  const std::uint64_t bytes = 8 + codec::max_stream_bytes(type, elements_of(chunk), chunk.size());
-  return (bytes + 7) / 8 * 8;
-}
-
+// The coded_chunks output codes what the kernel leaves in its buffer: the batch's rows of x.
 class CompressKernel final : public engine::PassKernel {
  public:
-  CompressKernel(codec::ElementType type, h5::Shape chunk, std::uint64_t row_bytes, codec::Settings settings,
-                 std::optional<double> range, std::uint64_t partial)
-      : codec_(type, chunk, row_bytes), tile_rows_(chunk[0]), row_bytes_(row_bytes), settings_(settings), range_(range),
-        partial_(partial) {}
-  void prepare(Backend& backend, Stream&) override { codec_.prepare(backend); }
+  explicit CompressKernel(std::uint64_t row_bytes) : row_bytes_(row_bytes) {}
+  void prepare(Backend& backend, Stream&) override { backend_ = &backend; }
   void process(const engine::BatchView& b) override {
-    auto* partials = static_cast<std::byte*>(b.partials);  // host memory (partials_on_host)
-    for (std::uint64_t first = b.rows.begin, t = 0; first < b.rows.end; first += tile_rows_, ++t) {
-      const std::uint64_t rows = std::min(tile_rows_, b.rows.end - first);
-      const auto* x = static_cast<const char*>(b.inputs[0]) + (first - b.rows.begin) * row_bytes_;
-      const std::vector<std::uint8_t> stream = codec_.encode(*b.stream, x, rows, settings_, range_);
-      const std::uint64_t size = stream.size();
-      if (8 + size > partial_) throw std::logic_error("a compressed chunk exceeds its bound");
-      std::memcpy(partials + t * partial_, &size, 8);
-      std::memcpy(partials + t * partial_ + 8, stream.data(), size);
-    }
+    backend_->copy_on_device(b.outputs[0], b.inputs[0], b.rows.size() * row_bytes_, *b.stream);
   }
 
  private:
-  ChunkCodec codec_;
-  std::uint64_t tile_rows_, row_bytes_;
-  codec::Settings settings_;
-  std::optional<double> range_;
-  std::uint64_t partial_;
-};
-
-// Appends each tile's stream, in chunk order, to the spool file on rank 0 (h5::ChunkSpool); its
-// committed state is the reduction's state in the journal.
-class SpoolReduction final : public engine::Reduction {
- public:
-  void attach(const fs::path& dir) override { spool_.set_path(dir / kSpool); }
-  std::vector<std::string> files() const override { return {kSpool}; }
-  void fold(const std::byte* tile) override {
-    std::uint64_t size;
-    std::memcpy(&size, tile, 8);
-    spool_.append(tile + 8, size);
-  }
-  std::string save() const override { return spool_.commit().serialize(); }
-  void load(const std::string& state) override {
-    try {
-      spool_.restore(h5::ChunkSpool::State::deserialize(state));
-    } catch (const std::runtime_error& e) {
-      throw std::runtime_error(fmt::format("compress: {}", e.what()));
-    }
-  }
-  const h5::ChunkSpool& spool() const { return spool_; }
-
- private:
-  h5::ChunkSpool spool_;
+  Backend* backend_ = nullptr;
+  std::uint64_t row_bytes_;
 };
 
 class CompressStage final : public RelativeBoundsStage {
@@ -102,65 +57,43 @@ class CompressStage final : public RelativeBoundsStage {
 
   StagePlan plan(const json& params, const std::map<std::string, DatasetInfo>& in) const override {
     const DatasetInfo& x = in.at("x");
-    StagePlan plan = chunk_pass(CodingParams::from_json(params), x);
+    const CodingParams coding = CodingParams::from_json(params);
+    StagePlan plan = chunk_pass(coding, x);
     const h5::Shape chunk = chunk_shape(x.shape, plan.pass.tile_rows);
-    plan.pass.tile_partial_bytes = partial_bytes(element_type(x.dtype, "x"), chunk);
-    plan.pass.sized_partials = true;  // only the streams travel to rank 0
     const std::string name = params.at("dataset").get<std::string>();
+    engine::OutputDecl out{name, x.dtype, x.shape, chunk, coding.settings};
+    out.kind = engine::OutputKind::coded_chunks;
+    plan.pass.outputs.push_back(out);
     plan.primary_output = name;
-    plan.results = {{name, DatasetInfo{x.dtype, x.shape, chunk, {h5z::kFilterId}}}};
     return plan;
   }
 
-  void refine_plan(StagePlan& plan, const KernelContext& ctx) const override { refine_chunk_pass(plan, ctx); }
-
-  std::unique_ptr<engine::PassKernel> make_kernel(const KernelContext& ctx) const override {
-    const h5::Dataset& x = *ctx.inputs.at("x");
-    return std::make_unique<CompressKernel>(element_type(*x.dtype(), "x"), chunk_shape(x.shape(), ctx.plan.pass.tile_rows),
-                                            x.row_bytes(), CodingParams::from_json(ctx.params).settings, planned_range(ctx.plan),
-                                            ctx.plan.pass.tile_partial_bytes);
+  // Relative bounds are fractions of the whole dataset's range (measured by the range pass).
+  void refine_plan(StagePlan& plan, const KernelContext& ctx) const override {
+    plan.pass.outputs.at(0).codec_range = refine_chunk_pass(plan, ctx);
   }
 
-  std::unique_ptr<engine::Reduction> make_reduction(const StagePlan&) const override {
-    return std::make_unique<SpoolReduction>();
+  std::unique_ptr<engine::PassKernel> make_kernel(const KernelContext& ctx) const override {
+    return std::make_unique<CompressKernel>(ctx.inputs.at("x")->row_bytes());
   }
 
   void write_results(const StagePlan& plan, const StepResults& r, h5::File& out) const override {
-    const auto& spool = static_cast<const SpoolReduction*>(r.reduction)->spool();
-    const std::uint64_t input = plan.pass.rows * plan.pass.inputs[0].row_bytes;
+    const std::uint64_t input = plan.pass.rows * plan.pass.inputs[0].row_bytes, stored = stored_bytes(r);
     out.set_attribute("compress.input_bytes", input);
-    out.set_attribute("compress.stored_bytes", spool.state().bytes);
-    out.set_attribute("compress.ratio", spool.state().bytes ? static_cast<double>(input) / static_cast<double>(spool.state().bytes) : 0.0);
+    out.set_attribute("compress.stored_bytes", stored);
+    out.set_attribute("compress.ratio", stored ? static_cast<double>(input) / static_cast<double>(stored) : 0.0);
     out.set_attribute("compress.codec", plan.summary.at("codec").dump());
   }
 
-  std::map<std::string, std::string> finish_output(const StagePlan& plan, const StepResults& r,
-                                                   const fs::path& file) const override {
-    const auto& spool = static_cast<const SpoolReduction*>(r.reduction)->spool();
-    const DatasetInfo& info = plan.results.at(0).second;
-    const json& c = plan.summary.at("codec");
-    // The stored streams carry absolute bounds; the filter's cd_values say the same, so that
-    // h5repack or h5py rewriting the dataset keeps them.
-    codec::Settings absolute = CodingParams::from_json(r.context->params).settings;
-    absolute.relative = false;
-    absolute.threshold = c.at("threshold").get<double>();
-    absolute.error = c.at("error").get<double>();
-
-    h5::File out = h5::File::open(file, h5::Mode::read_write);  // serial: rank 0 alone
-    const std::string digest = h5::write_compressed_dataset(out, plan.results.at(0).first, info.dtype, info.shape,
-                                                            info.chunk, absolute, c, spool);
-    out.flush();
-    out.close();
-    return {{plan.results.at(0).first, digest}};
-  }
+  // (rank 0's: the spool is there)
+  static std::uint64_t stored_bytes(const StepResults& r) { return r.outputs->at(0).stored_bytes; }
 
   std::string describe_results(const StagePlan& plan, const StepResults& r) const override {
-    const auto& spool = static_cast<const SpoolReduction*>(r.reduction)->spool();
     const double input = static_cast<double>(plan.pass.rows * plan.pass.inputs[0].row_bytes);
+    const double stored = static_cast<double>(stored_bytes(r));
     const json& c = plan.summary.at("codec");
-    return fmt::format("{} chunks, {} -> {} (ratio {:.2f}), {} bound {:.3g} (threshold {:.3g})", spool.state().sizes.size(),
-                       format_bytes(input), format_bytes(static_cast<double>(spool.state().bytes)),
-                       spool.state().bytes ? input / static_cast<double>(spool.state().bytes) : 0.0,
+    return fmt::format("{} chunks, {} -> {} (ratio {:.2f}), {} bound {:.3g} (threshold {:.3g})", r.outputs->at(0).chunks,
+                       format_bytes(input), format_bytes(stored), stored > 0 ? input / stored : 0.0,
                        c.at("pipeline").get<std::string>(), c.at("error").get<double>(), c.at("threshold").get<double>());
   }
 };

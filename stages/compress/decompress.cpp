@@ -104,7 +104,7 @@ class DecompressStage final : public Stage {
     plan.pass.rows = x.rows();
     plan.pass.tile_rows = x.chunk[0];
     engine::StreamedInput input{"x", nullptr, slot_row_bytes(type, x.chunk)};
-    input.stored_chunks = true;
+    input.kind = engine::InputKind::stored_chunks;
     plan.pass.inputs.push_back(input);
     const std::string name = params.at("dataset").get<std::string>();
     plan.pass.outputs.push_back({name, x.dtype, x.shape, x.chunk, std::nullopt});

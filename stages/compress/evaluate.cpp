@@ -230,6 +230,7 @@ class EvaluateStage final : public RelativeBoundsStage {
   StagePlan plan(const json& params, const std::map<std::string, DatasetInfo>& in) const override {
     StagePlan plan = chunk_pass(CodingParams::from_json(params), in.at("x"));
     plan.pass.tile_partial_bytes = sizeof(EvaluatePartial);
+    plan.pass.partials_on_host = true;  // the codec's framing and the error statistics are the host's
     plan.primary_output = "ratio";
     for (const char* name : {"ratio", "max_error", "bound", "relative_error", "fidelity", "compress_gbps",
                              "decompress_gbps"})
@@ -275,8 +276,11 @@ class EvaluateStage final : public RelativeBoundsStage {
 
   void refine_plan(StagePlan& plan, const KernelContext& ctx) const override {
     // The decoded chunk, a device copy of its stream (grown if needed) and a host copy.
-    const std::uint64_t chunk = plan.pass.tile_rows * ctx.inputs.at("x")->row_bytes();
-    refine_chunk_pass(plan, ctx, 3 * chunk + (1u << 20));
+    const h5::Dataset& x = *ctx.inputs.at("x");
+    const std::uint64_t chunk = plan.pass.tile_rows * x.row_bytes();
+    refine_chunk_pass(plan, ctx);
+    plan.pass.resident_device_bytes =
+        ChunkCodec::device_bytes(ctx.backend->kind(), element_type(*x.dtype(), "x"), chunk) + 3 * chunk + (1u << 20);
   }
 
   std::unique_ptr<engine::PassKernel> make_kernel(const KernelContext& ctx) const override {

@@ -1,0 +1,340 @@
+#include "engine/output_sinks.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <stdexcept>
+
+#include "core/fsutil.hpp"
+#include "core/hash.hpp"
+#include "io/compressed_chunks.hpp"
+#include "io/row_io.hpp"
+#include "kernels/checksum.hpp"
+#include "kernels/chunk_codec.hpp"
+
+namespace qstage::engine::detail {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::uint64_t ceil_div(std::uint64_t a, std::uint64_t b) { return b ? (a + b - 1) / b : 0; }
+
+unsigned word_bytes(h5::DType t) { return h5::dtype_size(t) % 4 == 0 ? 4 : 1; }
+
+codec::ElementType element_type(const OutputDecl& out) {
+  const auto type = h5::codec_element_type(out.dtype);
+  if (!type) throw std::logic_error("a coded_chunks output must be float32 or complex64");
+  return *type;
+}
+
+// ------------------------------------------------------------------------------ RowsSink
+// rows and appended outputs: written by every rank into the segment file, merged at the end.
+class RowsSink final : public OutputSink {
+ public:
+  RowsSink(const OutputDecl& decl, std::size_t index, const mpi::Comm& comm) : OutputSink(decl, index), comm_(comm) {}
+
+  bool appended() const { return decl_.kind == OutputKind::appended; }
+
+  // An appended batch may fill its buffer; its rows are wherever the round's counts place them.
+  std::uint64_t capacity(std::uint64_t batch_rows) const {
+    return appended() ? batch_rows * decl_.max_rows_per_row : batch_rows;
+  }
+  std::uint64_t device_bytes(std::uint64_t batch_rows) const override { return capacity(batch_rows) * decl_.row_bytes(); }
+  std::uint64_t host_bytes(std::uint64_t batch_rows) const override { return capacity(batch_rows) * decl_.row_bytes(); }
+
+  void after_kernel(Backend& backend, Stream& stream, SlotOutput& s, const RowRange& rows) override {
+    const std::uint64_t row_bytes = decl_.row_bytes();
+    if (!appended()) {
+      const unsigned w = word_bytes(decl_.dtype);
+      kernels::checksum(stream, {s.device.data(), row_bytes * rows.size(), w, rows.begin * row_bytes / w,
+                                 s.device_sum.as<std::uint64_t>()});
+      backend.copy_to_host(s.host.data(), s.device.data(), row_bytes * rows.size(), stream);
+      backend.copy_to_host(s.host_sum.data(), s.device_sum.data(), 8, stream);
+      s.ready = rows.size();
+      return;
+    }
+    // The count decides how much to copy: wait for it (this slot's stream only).
+    backend.copy_to_host(s.host_count.data(), s.device_count.data(), 8, stream);
+    stream.synchronize();
+    const std::uint64_t n = *s.host_count.as<std::uint64_t>();
+    if (n > capacity(rows.size()))
+      throw std::logic_error(fmt::format("a batch appended {} rows to '{}', more than the {} it may ({} per row)", n,
+                                         decl_.name, capacity(rows.size()), decl_.max_rows_per_row));
+    backend.copy_to_host(s.host.data(), s.device.data(), n * row_bytes, stream);
+    s.ready = n;
+  }
+
+  void restore(const Journal& journal, const fs::path&, bool) override {
+    batch_counts_ = journal.appended.at(index_);
+    written_ = appended() ? std::accumulate(batch_counts_.begin(), batch_counts_.end(), std::uint64_t{0})
+                          : journal.committed_rows;
+    sum_ = journal.checksums.at(index_);
+    segment_first_ = written_;
+  }
+
+  bool in_segments() const override { return true; }
+  std::uint64_t count(const SlotOutput& s, const RowRange& rows) const override { return appended() ? s.ready : rows.size(); }
+
+  void open_segment(h5::File& file) override {
+    h5::Shape shape = decl_.shape;
+    shape[0] = 0;
+    segment_first_ = written_;
+    dataset_.reset();
+    writer_.reset();
+    // Early allocation: chunks exist when the extent grows, so rows can be written in parallel.
+    dataset_ = std::make_unique<h5::Dataset>(
+        file.create_dataset(decl_.name, {decl_.dtype, shape, decl_.chunk, true, !file.parallel()}));
+    writer_ = std::make_unique<h5::RowWriter>(*dataset_);
+  }
+
+  void write_round(const Round& round, const std::vector<std::uint64_t>& counts, const SlotOutput* mine,
+                   std::string& record) override {
+    std::uint64_t at = written_, mine_at = 0;
+    for (std::size_t b = 0; b < counts.size(); ++b) {
+      if (static_cast<int>(b) == round.mine) mine_at = at;
+      at += counts[b];
+    }
+    dataset_->set_rows(at - segment_first_);
+    writer_->refresh();
+    if (mine) {
+      const std::uint64_t n = counts[static_cast<std::size_t>(round.mine)];
+      writer_->write(mine_at - segment_first_, n, mine->host.data());
+      std::uint64_t sum = 0;
+      if (appended()) {  // its place is known only now: the checksum is the host's
+        const unsigned w = word_bytes(decl_.dtype);
+        kernels::checksum_cpu({mine->host.data(), n * decl_.row_bytes(), w, mine_at * decl_.row_bytes() / w, &sum});
+      } else {
+        std::memcpy(&sum, mine->host_sum.data(), 8);
+      }
+      record.append(reinterpret_cast<const char*>(&sum), 8);
+    } else {
+      writer_->write(0, 0, nullptr);
+    }
+    if (appended()) batch_counts_.insert(batch_counts_.end(), counts.begin(), counts.end());
+    written_ = at;
+  }
+
+  std::size_t accept(const std::string& record, std::size_t off) override {
+    std::uint64_t v;
+    std::memcpy(&v, record.data() + off, 8);
+    sum_ += v;  // wraps modulo 2^64
+    return off + 8;
+  }
+
+  void close_datasets() override {
+    writer_.reset();
+    dataset_.reset();
+  }
+
+  void commit(Journal& journal) override {
+    journal.checksums.at(index_) = sum_;
+    journal.appended.at(index_) = appended() ? batch_counts_ : std::vector<std::uint64_t>{};
+  }
+  RowRange segment_rows() const override { return {segment_first_, written_}; }
+  std::uint64_t rows_written() const override { return written_; }
+  std::uint64_t checksum() const override { return sum_; }
+
+  void create_final(h5::File& out) override {
+    h5::Shape shape = decl_.shape;
+    shape[0] = written_;
+    dataset_ = std::make_unique<h5::Dataset>(out.create_dataset(decl_.name, {decl_.dtype, shape, decl_.chunk, true, !out.parallel()}));
+    writer_ = std::make_unique<h5::RowWriter>(*dataset_);
+  }
+
+  // Collective: the segment's rows of this output into the final dataset, in pieces dealt to
+  // ranks round by round (each rank writes whole pieces).
+  void copy_segment(h5::File& segment, const Segment& seg, Buffer& buffer, const mpi::Comm& comm) override {
+    const RowRange rows = seg.output_rows.at(index_);
+    const std::uint64_t piece = std::max<std::uint64_t>(1, buffer.size() / decl_.row_bytes());
+    h5::Dataset src = segment.open_dataset(decl_.name);
+    h5::RowReader reader(src);
+    const std::uint64_t pieces = ceil_div(rows.size(), piece);
+    const auto P = static_cast<std::uint64_t>(comm.size()), rank = static_cast<std::uint64_t>(comm.rank());
+    for (std::uint64_t round = 0; round < ceil_div(pieces, P); ++round) {
+      const std::uint64_t p = round * P + rank;
+      if (p < pieces) {
+        const std::uint64_t first = p * piece, n = std::min(piece, rows.size() - first);
+        reader.read(first, n, buffer.data());
+        writer_->write(rows.begin + first, n, buffer.data());
+      } else {
+        writer_->write(0, 0, nullptr);
+      }
+    }
+  }
+
+  void report(OutputReport& r) const override {
+    r.rows = written_;
+    r.batch_rows = batch_counts_;
+    r.checksum = hex64(sum_);
+  }
+
+ private:
+  const mpi::Comm& comm_;
+  std::uint64_t written_ = 0;        // output rows placed so far (every rank)
+  std::uint64_t segment_first_ = 0;  // output row where the open segment starts
+  std::uint64_t sum_ = 0;            // rank 0: qsum64 of the rows so far
+  std::vector<std::uint64_t> batch_counts_;
+  std::unique_ptr<h5::Dataset> dataset_;  // in the open segment, or the final output
+  std::unique_ptr<h5::RowWriter> writer_;
+};
+
+// ------------------------------------------------------------------------------ CodedChunksSink
+class CodedChunksSink final : public OutputSink {
+ public:
+  CodedChunksSink(const OutputDecl& decl, std::size_t index) : OutputSink(decl, index), type_(element_type(decl)) {}
+  ~CodedChunksSink() override = default;
+
+  std::uint64_t device_bytes(std::uint64_t batch_rows) const override { return batch_rows * decl_.row_bytes(); }
+  // Per chunk a u64 size and at most the codec's worst case.
+  std::uint64_t host_bytes(std::uint64_t batch_rows) const override {
+    std::uint64_t elements = 1;
+    for (auto d : decl_.chunk) elements *= d;
+    return ceil_div(batch_rows, decl_.chunk[0]) * (8 + codec::max_stream_bytes(type_, elements, decl_.chunk.size()));
+  }
+  std::uint64_t fixed_device_bytes(BackendKind kind) const override {
+    return kernels::ChunkCodec::device_bytes(kind, type_, decl_.chunk[0] * decl_.row_bytes());
+  }
+  void prepare(Backend& backend) override {
+    codec_ = std::make_unique<kernels::ChunkCodec>(type_, decl_.chunk, decl_.row_bytes());
+    codec_->prepare(backend);
+  }
+
+  // Codes the batch's chunks into s.host: per chunk a u64 size and the stream. Synchronous: the
+  // codec's framing is on the host.
+  void after_kernel(Backend&, Stream& stream, SlotOutput& s, const RowRange& batch) override {
+    const std::uint64_t chunk_rows = decl_.chunk[0], row_bytes = decl_.row_bytes(), capacity = s.host.size();
+    auto* host = s.host.as<char>();
+    std::uint64_t at = 0;
+    for (std::uint64_t first = batch.begin; first < batch.end; first += chunk_rows) {
+      const std::uint64_t rows = std::min(chunk_rows, batch.end - first);
+      const char* x = s.device.as<char>() + (first - batch.begin) * row_bytes;
+      std::optional<double> range;
+      if (decl_.codec->relative)  // the output's range, or the chunk's rows' (not its padding)
+        range = decl_.codec_range ? *decl_.codec_range : codec_->value_range(stream, x, rows);
+      const std::vector<std::uint8_t> coded = codec_->encode(stream, x, rows, *decl_.codec, range);
+      const std::uint64_t size = coded.size();
+      if (at + 8 + size > capacity) throw std::logic_error("a coded chunk exceeds the codec's worst case");
+      std::memcpy(host + at, &size, 8);
+      std::memcpy(host + at + 8, coded.data(), size);
+      at += 8 + size;
+    }
+    s.ready = at;
+  }
+
+  void restore(const Journal& journal, const fs::path& work_dir, bool root) override {
+    if (!root) return;
+    const std::string file = fmt::format("output-{}.bin", index_);
+    spool_ = std::make_unique<h5::ChunkSpool>(work_dir / file);
+    for (const auto& record : journal.spools)
+      if (record.output == decl_.name && record.file == file) spool_->restore(h5::ChunkSpool::State::deserialize(record.state));
+  }
+
+  void write_round(const Round&, const std::vector<std::uint64_t>&, const SlotOutput* mine, std::string& record) override {
+    if (!mine) return;
+    record.append(reinterpret_cast<const char*>(&mine->ready), 8);
+    record.append(mine->host.as<char>(), mine->ready);
+  }
+
+  std::size_t accept(const std::string& record, std::size_t off) override {
+    std::uint64_t length;
+    std::memcpy(&length, record.data() + off, 8);
+    off += 8;
+    const std::size_t end = off + length;
+    while (off < end) {
+      std::uint64_t size;
+      std::memcpy(&size, record.data() + off, 8);
+      spool_->append(reinterpret_cast<const std::byte*>(record.data() + off + 8), size);
+      off += 8 + size;
+    }
+    return end;
+  }
+
+  void commit(Journal& journal) override {
+    if (!spool_) return;
+    const std::string file = spool_->path().filename().string();
+    const std::string state = spool_->commit().serialize();
+    for (auto& record : journal.spools)
+      if (record.output == decl_.name) {
+        record = {decl_.name, file, state};
+        return;
+      }
+    journal.spools.push_back({decl_.name, file, state});
+  }
+  std::uint64_t rows_written() const override { return decl_.shape[0]; }
+
+  // Rank 0: the dataset from the spool. Relative bounds of a known range are stored as the
+  // absolute ones they are (the filter's cd_values say the same as the streams, so h5repack or
+  // h5py rewriting the dataset keeps them); of each chunk's own range, as relative.
+  void write_serial(const fs::path& file) override {
+    const codec::Settings& s = *decl_.codec;
+    const bool per_chunk = s.relative && !decl_.codec_range;
+    const nlohmann::json summary = h5::codec_summary(s, decl_.codec_range, type_, per_chunk ? "chunk" : "");
+    codec::Settings filter = s;
+    if (s.relative && decl_.codec_range) {
+      filter.relative = false;
+      filter.threshold = summary.at("threshold").get<double>();
+      filter.error = summary.at("error").get<double>();
+    }
+    h5::File out = h5::File::open(file, h5::Mode::read_write);  // serial: rank 0 alone
+    digest_ = h5::write_compressed_dataset(out, decl_.name, decl_.dtype, decl_.shape, decl_.chunk, filter, summary, *spool_);
+    out.flush();
+    out.close();
+  }
+
+  void report(OutputReport& r) const override {
+    r.rows = decl_.shape[0];
+    if (!spool_) return;
+    r.stored_bytes = spool_->state().bytes;
+    r.chunks = spool_->state().sizes.size();
+    r.checksum = digest_;
+  }
+
+ private:
+  codec::ElementType type_;
+  std::unique_ptr<kernels::ChunkCodec> codec_;
+  std::unique_ptr<h5::ChunkSpool> spool_;  // rank 0
+  std::string digest_;                     // rank 0, once written
+};
+
+}  // namespace
+
+void SegmentFile::create(const fs::path& final_path) {
+  temp_ = fsutil::temp_path(final_path);
+  file_ = h5::File::create(temp_, comm_.get());
+}
+
+void SegmentFile::close() {
+  file_.flush();
+  file_.close();
+}
+
+SlotOutput OutputSink::make_slot(Backend& backend, std::uint64_t batch_rows, const std::string& tag) const {
+  SlotOutput s;
+  const std::string what = tag + " output " + decl_.name;
+  s.device = backend.alloc_device(device_bytes(batch_rows), what);
+  s.host = backend.alloc_host(host_bytes(batch_rows), what);
+  if (decl_.kind == OutputKind::appended) {
+    s.device_count = backend.alloc_device(8, what + " count");
+    s.host_count = backend.alloc_host(8, what + " count");
+  }
+  if (decl_.kind == OutputKind::rows) {
+    s.device_sum = backend.alloc_device(8, what + " checksum");
+    s.host_sum = backend.alloc_host(8, what + " checksum");
+  }
+  return s;
+}
+
+std::vector<std::unique_ptr<OutputSink>> make_sinks(const PassSpec& spec, const mpi::Comm& comm) {
+  std::vector<std::unique_ptr<OutputSink>> sinks;
+  for (std::size_t o = 0; o < spec.outputs.size(); ++o) {
+    const OutputDecl& out = spec.outputs[o];
+    if (out.kind == OutputKind::coded_chunks) sinks.push_back(std::make_unique<CodedChunksSink>(out, o));
+    else sinks.push_back(std::make_unique<RowsSink>(out, o, comm));
+  }
+  return sinks;
+}
+
+}  // namespace qstage::engine::detail
