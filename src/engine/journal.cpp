@@ -44,7 +44,7 @@ json Journal::to_json() const {
   for (const auto& sp : spools) spool_list.push_back({{"output", sp.output}, {"file", sp.file}, {"state", to_hex(sp.state)}});
   return {{"spools", spool_list}, {"format", "qstage-journal-1"}, {"key", key}, {"rows", rows}, {"tile_rows", tile_rows},
           {"committed_rows", committed_rows}, {"segments", segs}, {"checksums", sums},
-          {"reduction", to_hex(reduction)}, {"appended", appended}, {"attempts", attempts}, {"wall_seconds", wall_seconds},
+          {"reduction", to_hex(reduction)}, {"appended", appended}, {"buckets", buckets}, {"attempts", attempts}, {"wall_seconds", wall_seconds},
           {"compute_seconds", compute_seconds}};
 }
 
@@ -65,6 +65,7 @@ Journal Journal::from_json(const json& j) {
   // broadcast between ranks carries it inline.)
   out.reduction = from_hex(j.value("reduction", std::string()));
   out.appended = j.value("appended", std::vector<std::vector<std::uint64_t>>{});
+  out.buckets = j.value("buckets", std::vector<std::vector<std::uint64_t>>{});
   for (const auto& sp : j.value("spools", json::array()))
     out.spools.push_back({sp.at("output").get<std::string>(), sp.at("file").get<std::string>(),
                           from_hex(sp.at("state").get<std::string>())});
@@ -90,7 +91,8 @@ Journal StepWork::load(const PassSpec& spec) {
         const json text = json::parse(fsutil::read_file(path));
         j = Journal::from_json(text);
         usable = j.key == key_ && j.rows == spec.rows && j.tile_rows == spec.tile_rows &&
-                 j.checksums.size() == spec.outputs.size() && j.appended.size() == spec.outputs.size();
+                 j.checksums.size() == spec.outputs.size() && j.appended.size() == spec.outputs.size() &&
+                 j.buckets.size() == spec.outputs.size();
         if (usable && text.contains("reduction_file")) {
           reduction_file = text.at("reduction_file").get<std::string>();
           j.reduction = read_reduction(text);
@@ -112,6 +114,7 @@ Journal StepWork::load(const PassSpec& spec) {
       j.tile_rows = spec.tile_rows;
       j.checksums.assign(spec.outputs.size(), 0);
       j.appended.assign(spec.outputs.size(), {});
+      j.buckets.assign(spec.outputs.size(), {});
     }
     // Anything the journal does not name is not trusted: half-written segments, a segment
     // renamed just before a kill, an interrupted merge.
@@ -119,6 +122,8 @@ Journal StepWork::load(const PassSpec& spec) {
     if (usable && !reduction_file.empty()) keep.insert(reduction_file);
     for (const auto& s : j.segments) keep.insert(s.file);
     for (const auto& sp : j.spools) keep.insert(sp.file);
+    for (std::size_t o = 0; o < j.buckets.size(); ++o)
+      for (std::size_t b = 0; b < j.buckets[o].size(); ++b) keep.insert(bucket_file(o, b));
     auto planned = [](const std::string& name) {
       // refine_plan's measurements and the earlier passes of the step (they record their key)
       return (name.rfind("plan-", 0) == 0 && name.size() > 10 && name.substr(name.size() - 5) == ".json") ||
@@ -172,6 +177,10 @@ void StepWork::remove() const {
 }
 
 std::string StepWork::pass_folder(int index) { return fmt::format("pass-{}", index); }
+
+std::string StepWork::bucket_file(std::size_t output, std::size_t bucket) {
+  return fmt::format("bucket-{}-{:06}.bin", output, bucket);
+}
 
 fs::path StepWork::segment_path(std::size_t index) const { return dir_ / fmt::format("seg-{:06}.h5", index); }
 

@@ -39,6 +39,8 @@ struct Journal {
   std::vector<SpoolRecord> spools;  // one per compressed output, once committed
   // Per output: appended outputs' rows per committed batch, in batch order (else empty).
   std::vector<std::vector<std::uint64_t>> appended;
+  // Per output: exchanged outputs' committed rows per bucket (else empty).
+  std::vector<std::vector<std::uint64_t>> buckets;
   int attempts = 0;                 // runs that worked on this step
   double wall_seconds = 0;          // summed over attempts, up to the last commit
   double compute_seconds = 0;
@@ -61,6 +63,8 @@ class StepWork {
   void save(const Journal& journal) const;
   // Rank 0: the directory is no longer needed (the output is committed).
   void remove() const;
+  // The file of an exchanged output's bucket (its rows that reached the owner), in the directory.
+  static std::string bucket_file(std::size_t output, std::size_t bucket);
   // A new segment's final and temporary paths.
   std::filesystem::path segment_path(std::size_t index) const;
   // A stage of several passes: the folder of its pass `index` (before the output pass), inside

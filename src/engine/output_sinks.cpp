@@ -4,11 +4,13 @@
 
 #include <algorithm>
 #include <cstring>
+#include <fstream>
 #include <numeric>
 #include <stdexcept>
 
 #include "core/fsutil.hpp"
 #include "core/hash.hpp"
+#include "comm/communicator.hpp"
 #include "io/compressed_chunks.hpp"
 #include "io/row_io.hpp"
 #include "kernels/checksum.hpp"
@@ -299,6 +301,180 @@ class CodedChunksSink final : public OutputSink {
   std::string digest_;                     // rank 0, once written
 };
 
+// ------------------------------------------------------------------------------ ExchangedSink
+// appended outputs exchanged between ranks by bucket (OutputDecl::buckets): each round's rows go
+// to their buckets' owners, which append them to a file per bucket in the work directory; the
+// output is written at the end, bucket after bucket, by the owners in parallel.
+class ExchangedSink final : public OutputSink {
+ public:
+  // `exchange` may be null for a sink that only sizes buffers (StreamEngine::plan).
+  ExchangedSink(const OutputDecl& decl, std::size_t index, const mpi::Comm& comm, comm::Communicator* exchange)
+      : OutputSink(decl, index), comm_(comm), exchange_(exchange), buckets_(decl.buckets) {}
+
+  std::uint64_t capacity(std::uint64_t batch_rows) const { return batch_rows * decl_.max_rows_per_row; }
+  std::uint64_t device_bytes(std::uint64_t batch_rows) const override { return capacity(batch_rows) * decl_.row_bytes(); }
+  std::uint64_t host_bytes(std::uint64_t batch_rows) const override { return capacity(batch_rows) * decl_.row_bytes(); }
+
+  void after_kernel(Backend& backend, Stream& stream, SlotOutput& s, const RowRange& rows) override {
+    backend.copy_to_host(s.host_count.data(), s.device_count.data(), 8 * buckets_, stream);
+    stream.synchronize();
+    const auto* counts = s.host_count.as<std::uint64_t>();
+    const std::uint64_t n = std::accumulate(counts, counts + buckets_, std::uint64_t{0});
+    if (n > capacity(rows.size()))
+      throw std::logic_error(fmt::format("a batch appended {} rows to '{}', more than the {} it may ({} per row)", n,
+                                         decl_.name, capacity(rows.size()), decl_.max_rows_per_row));
+    backend.copy_to_host(s.host.data(), s.device.data(), n * decl_.row_bytes(), stream);
+    s.ready = n;
+  }
+  std::uint64_t count(const SlotOutput& s, const RowRange&) const override { return s.ready; }
+
+  int owner(std::size_t bucket) const { return static_cast<int>(bucket % static_cast<std::size_t>(comm_.size())); }
+  bool mine(std::size_t bucket) const { return owner(bucket) == comm_.rank(); }
+
+  // Whoever owns a bucket now continues its file from the committed rows (the owner may have
+  // changed with the rank count: the files are in the shared work directory).
+  void restore(const Journal& journal, const fs::path& work_dir, bool) override {
+    bucket_rows_ = journal.buckets.at(index_);
+    bucket_rows_.resize(buckets_, 0);
+    batch_counts_ = journal.appended.at(index_);
+    files_.clear();
+    files_.resize(buckets_);
+    for (std::size_t b = 0; b < buckets_; ++b) {
+      if (!mine(b)) continue;
+      files_[b] = std::make_unique<h5::ChunkSpool>(work_dir / StepWork::bucket_file(index_, b));
+      files_[b]->restore({bucket_rows_[b] * decl_.row_bytes(), {}});
+    }
+  }
+
+  // Collective: the round's per-bucket counts everywhere, then the rows to their owners.
+  void write_round(const Round& round, const std::vector<std::uint64_t>&, const SlotOutput* mine_slot,
+                   std::string&) override {
+    const std::size_t B = buckets_, n = round.batches.size();
+    const auto P = static_cast<std::size_t>(comm_.size());
+    const std::uint64_t row_bytes = decl_.row_bytes();
+    std::vector<std::uint64_t> counts(n * B, 0);  // [batch][bucket], a one-hot sum = a gather
+    if (mine_slot)
+      std::memcpy(counts.data() + static_cast<std::size_t>(round.mine) * B, mine_slot->host_count.data(), 8 * B);
+    counts = comm_.sum_wrapping(counts);
+
+    // My batch's rows, bucket-major, regrouped by owner (each owner's buckets in order).
+    comm::Counts send_counts(P, 0), recv_counts(P, 0);
+    std::vector<std::uint8_t> send;
+    if (mine_slot) {
+      const std::uint64_t* mine_counts = counts.data() + static_cast<std::size_t>(round.mine) * B;
+      std::vector<std::uint64_t> first(B + 1, 0);
+      for (std::size_t b = 0; b < B; ++b) first[b + 1] = first[b] + mine_counts[b];
+      send.reserve(first[B] * row_bytes);
+      for (std::size_t p = 0; p < P; ++p)
+        for (std::size_t b = p; b < B; b += P) {
+          const auto* at = mine_slot->host.as<std::uint8_t>() + first[b] * row_bytes;
+          send.insert(send.end(), at, at + mine_counts[b] * row_bytes);
+          send_counts[p] += mine_counts[b] * row_bytes;
+        }
+    }
+    // What each batch (its rank) sends me: the rows of my buckets.
+    for (std::size_t i = 0; i < n; ++i)
+      for (std::size_t b = static_cast<std::size_t>(comm_.rank()); b < B; b += P) recv_counts[i] += counts[i * B + b] * row_bytes;
+    std::vector<std::uint8_t> recv(std::accumulate(recv_counts.begin(), recv_counts.end(), std::uint64_t{0}));
+    if (!exchange_) throw std::logic_error("an exchanged output needs the pass's communicator");
+    exchange_->alltoallv(comm::HostSpan<const std::uint8_t>(send.data(), send.size()), send_counts,
+                        comm::HostSpan<std::uint8_t>(recv.data(), recv.size()), recv_counts);
+
+    // Each of my buckets takes its rows in batch order (the senders' order).
+    const comm::Counts from = comm::displacements(recv_counts);
+    std::vector<std::uint64_t> offset(from.begin(), from.end());
+    for (std::size_t b = static_cast<std::size_t>(comm_.rank()); b < B; b += P)
+      for (std::size_t i = 0; i < n; ++i) {
+        const std::uint64_t bytes = counts[i * B + b] * row_bytes;
+        if (bytes) files_[b]->append(reinterpret_cast<const std::byte*>(recv.data() + offset[i]), bytes);
+        offset[i] += bytes;
+      }
+    for (std::size_t i = 0; i < n; ++i) {
+      std::uint64_t total = 0;
+      for (std::size_t b = 0; b < B; ++b) {
+        bucket_rows_[b] += counts[i * B + b];
+        total += counts[i * B + b];
+      }
+      batch_counts_.push_back(total);
+    }
+  }
+  std::size_t accept(const std::string&, std::size_t off) override { return off; }
+
+  void commit(Journal& journal) override {
+    for (auto& f : files_)
+      if (f) f->commit();
+    journal.buckets.at(index_) = bucket_rows_;
+    journal.appended.at(index_) = batch_counts_;
+  }
+  std::uint64_t rows_written() const override {
+    return std::accumulate(bucket_rows_.begin(), bucket_rows_.end(), std::uint64_t{0});
+  }
+
+  // Collective: the dataset, each owner writing its buckets at their places in pieces, in rounds
+  // every rank takes part in; the checksum summed over the ranks.
+  void write_final(h5::File& out, Buffer& buffer) override {
+    const std::uint64_t row_bytes = decl_.row_bytes(), piece = std::max<std::uint64_t>(1, buffer.size() / row_bytes);
+    h5::Shape shape = decl_.shape;
+    shape[0] = rows_written();
+    h5::Dataset d = out.create_dataset(decl_.name, {decl_.dtype, shape, decl_.chunk, true, !out.parallel()});
+    h5::RowWriter writer(d);
+    struct Piece {
+      std::size_t bucket;
+      std::uint64_t first, rows, at;  // rows [first, first + rows) of the bucket, at output row `at`
+    };
+    std::vector<std::vector<Piece>> pieces(static_cast<std::size_t>(comm_.size()));
+    std::uint64_t at = 0;
+    for (std::size_t b = 0; b < buckets_; ++b) {
+      for (std::uint64_t first = 0; first < bucket_rows_[b]; first += piece)
+        pieces[static_cast<std::size_t>(owner(b))].push_back({b, first, std::min(piece, bucket_rows_[b] - first), at + first});
+      at += bucket_rows_[b];
+    }
+    std::size_t rounds = 0;
+    for (const auto& p : pieces) rounds = std::max(rounds, p.size());
+    const auto& my = pieces[static_cast<std::size_t>(comm_.rank())];
+    const unsigned w = word_bytes(decl_.dtype);
+    std::uint64_t sum = 0;
+    for (std::size_t r = 0; r < rounds; ++r) {
+      if (r >= my.size()) {
+        writer.write(0, 0, nullptr);
+        continue;
+      }
+      const Piece& p = my[r];
+      read_bucket(p.bucket, p.first * row_bytes, p.rows * row_bytes, buffer.data());
+      writer.write(p.at, p.rows, buffer.data());
+      std::uint64_t part = 0;
+      kernels::checksum_cpu({buffer.data(), p.rows * row_bytes, w, p.at * row_bytes / w, &part});
+      sum += part;
+    }
+    sum_ = comm_.sum_wrapping({sum})[0];
+  }
+  bool writes_final() const override { return true; }
+
+  void report(OutputReport& r) const override {
+    r.rows = rows_written();
+    r.batch_rows = batch_counts_;
+    r.bucket_rows = bucket_rows_;
+    r.checksum = hex64(sum_);
+  }
+
+ private:
+  void read_bucket(std::size_t bucket, std::uint64_t offset, std::uint64_t bytes, void* out) const {
+    const fs::path path = files_[bucket]->path();
+    std::ifstream in(path, std::ios::binary);
+    in.seekg(static_cast<std::streamoff>(offset));
+    in.read(static_cast<char*>(out), static_cast<std::streamsize>(bytes));
+    if (!in) throw std::runtime_error(fmt::format("could not read {} bytes at {} of {}", bytes, offset, path.string()));
+  }
+
+  const mpi::Comm& comm_;
+  comm::Communicator* exchange_;
+  std::size_t buckets_;
+  std::vector<std::uint64_t> bucket_rows_;  // every rank: committed and placed rows per bucket
+  std::vector<std::uint64_t> batch_counts_;
+  std::vector<std::unique_ptr<h5::ChunkSpool>> files_;  // the buckets this rank owns
+  std::uint64_t sum_ = 0;
+};
+
 }  // namespace
 
 void SegmentFile::create(const fs::path& final_path) {
@@ -316,9 +492,10 @@ SlotOutput OutputSink::make_slot(Backend& backend, std::uint64_t batch_rows, con
   const std::string what = tag + " output " + decl_.name;
   s.device = backend.alloc_device(device_bytes(batch_rows), what);
   s.host = backend.alloc_host(host_bytes(batch_rows), what);
-  if (decl_.kind == OutputKind::appended) {
-    s.device_count = backend.alloc_device(8, what + " count");
-    s.host_count = backend.alloc_host(8, what + " count");
+  if (decl_.kind == OutputKind::appended) {  // (exchanged: a count per bucket)
+    const std::uint64_t counts = std::max<std::uint64_t>(1, decl_.buckets);
+    s.device_count = backend.alloc_device(8 * counts, what + " count");
+    s.host_count = backend.alloc_host(8 * counts, what + " count");
   }
   if (decl_.kind == OutputKind::rows) {
     s.device_sum = backend.alloc_device(8, what + " checksum");
@@ -327,12 +504,23 @@ SlotOutput OutputSink::make_slot(Backend& backend, std::uint64_t batch_rows, con
   return s;
 }
 
-std::vector<std::unique_ptr<OutputSink>> make_sinks(const PassSpec& spec, const mpi::Comm& comm) {
+bool exchanges(const PassSpec& spec) {
+  return std::any_of(spec.outputs.begin(), spec.outputs.end(), [](const OutputDecl& o) { return o.buckets > 0; });
+}
+
+std::vector<std::unique_ptr<OutputSink>> make_sinks(const PassSpec& spec, const mpi::Comm& comm,
+                                                    comm::Communicator* exchange) {
   std::vector<std::unique_ptr<OutputSink>> sinks;
   for (std::size_t o = 0; o < spec.outputs.size(); ++o) {
     const OutputDecl& out = spec.outputs[o];
-    if (out.kind == OutputKind::coded_chunks) sinks.push_back(std::make_unique<CodedChunksSink>(out, o));
-    else sinks.push_back(std::make_unique<RowsSink>(out, o, comm));
+    if (out.kind == OutputKind::coded_chunks) {
+      sinks.push_back(std::make_unique<CodedChunksSink>(out, o));
+    } else if (out.buckets > 0) {
+      if (out.kind != OutputKind::appended) throw std::logic_error("only appended outputs are exchanged by bucket");
+      sinks.push_back(std::make_unique<ExchangedSink>(out, o, comm, exchange));
+    } else {
+      sinks.push_back(std::make_unique<RowsSink>(out, o, comm));
+    }
   }
   return sinks;
 }

@@ -5,6 +5,9 @@
 //                 file (parallel HDF5) at the batch's rows; segments are merged at the end.
 //   appended      RowsSink too, at rows the round's counts place: batch i's rows follow batch
 //                 i-1's, so every rank learns the round's counts before it writes.
+//   appended, exchanged  ExchangedSink: each round's rows go to their buckets' owning ranks
+//                 (comm::Communicator's all-to-all-v), which keep them in a file per bucket; the
+//                 owners write the output, bucket after bucket, at the end.
 //   coded_chunks  CodedChunksSink: chunks coded on the device right after the kernel; rank 0
 //                 spools the streams (the one place the codec meets the engine) and writes them
 //                 into the output at the end.
@@ -30,6 +33,9 @@ class ChunkCodec;
 }
 namespace qstage::h5 {
 class ChunkSpool;
+}
+namespace qstage::comm {
+class Communicator;
 }
 
 namespace qstage::engine::detail {
@@ -111,6 +117,10 @@ class OutputSink {
   virtual void create_final(h5::File& out) {}
   virtual void copy_segment(h5::File& segment, const Segment& seg, Buffer& buffer, const mpi::Comm& comm) {}
   virtual void write_serial(const std::filesystem::path& file) {}
+  // Collective, at the end, with the output open on every rank: outputs not in segments that
+  // every rank writes (exchanged ones, from their owners' bucket files).
+  virtual bool writes_final() const { return false; }
+  virtual void write_final(h5::File& out, Buffer& buffer) {}
   virtual void report(OutputReport& r) const = 0;
 
  protected:
@@ -118,6 +128,9 @@ class OutputSink {
   std::size_t index_;
 };
 
-std::vector<std::unique_ptr<OutputSink>> make_sinks(const PassSpec& spec, const mpi::Comm& comm);
+// Whether the pass has outputs exchanged between ranks (it then needs a comm::Communicator).
+bool exchanges(const PassSpec& spec);
+std::vector<std::unique_ptr<OutputSink>> make_sinks(const PassSpec& spec, const mpi::Comm& comm,
+                                                    comm::Communicator* exchange);
 
 }  // namespace qstage::engine::detail

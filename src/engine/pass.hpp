@@ -74,6 +74,14 @@ struct OutputDecl {
   // BatchView::appended[o]; the output's rows are every batch's, in batch order, and the
   // journal keeps each batch's count (PassOutcome::outputs[o].batch_rows).
   std::uint64_t max_rows_per_row = 0;
+  // appended, exchanged between ranks: the kernel writes a batch's rows grouped by bucket
+  // (bucket 0's first) and each bucket's count to BatchView::appended[o][0 .. buckets). After
+  // every round, each bucket's rows move to the rank that owns it (bucket b: rank b mod P),
+  // which keeps them in the work directory; the output holds the buckets one after the other,
+  // each in batch order, so it is the same for any rank count (OutputReport::bucket_rows tells
+  // where each starts). A key range per bucket makes this a sample sort's exchange, and a later
+  // pass with a batch per bucket finds bucket r's rows on rank r. 0: not exchanged.
+  std::uint32_t buckets = 0;
   std::uint64_t row_bytes() const;
   bool compressed() const { return kind == OutputKind::coded_chunks; }
 };
@@ -84,6 +92,7 @@ struct OutputReport {
   OutputKind kind = OutputKind::rows;
   std::uint64_t rows = 0;                // rows of the dataset
   std::vector<std::uint64_t> batch_rows; // appended: rows each batch appended, in batch order
+  std::vector<std::uint64_t> bucket_rows;  // exchanged: rows per bucket, in bucket order
   std::uint64_t stored_bytes = 0;        // coded_chunks: bytes of the streams
   std::uint64_t chunks = 0;              // coded_chunks: streams
   // The checksum the manifest records: qsum64 of the values (rows, appended) or the XXH64 of
@@ -126,7 +135,7 @@ struct BatchView {
   std::vector<const void*> host_inputs;  // the same bytes in (pinned) host memory, for the host's share
   std::vector<void*> outputs;       // one per PassSpec::outputs
   // Per output: appended ones, where the kernel stores how many rows it appended (a u64 in
-  // device memory, host memory on cpu); null for the others.
+  // device memory, host memory on cpu; exchanged outputs: one per bucket); null for the others.
   std::vector<std::uint64_t*> appended;
   void* scratch = nullptr;          // scratch_device_bytes_per_row * rows.size() bytes
   void* partials = nullptr;         // tiles * tile_partial_bytes (explicit batches: one partial)

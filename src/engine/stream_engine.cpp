@@ -17,6 +17,7 @@
 #include "core/error.hpp"
 #include "core/fsutil.hpp"
 #include "core/signals.hpp"
+#include "comm/communicator.hpp"
 #include "core/units.hpp"
 #include "io/h5.hpp"
 #include "io/row_io.hpp"
@@ -265,7 +266,9 @@ class PassRun {
   PassRun(Backend& backend, const mpi::Comm& comm, const EngineOptions& options, const PassSpec& spec,
           PassKernel& kernel, Reduction* reduction, StepWork& work)
       : backend_(backend), comm_(comm), options_(options), spec_(spec), kernel_(kernel), reduction_(reduction),
-        work_(work), sinks_(detail::make_sinks(spec, comm)), segment_(comm) {}
+        work_(work),
+        exchange_(detail::exchanges(spec) ? std::make_unique<comm::Communicator>(comm, &backend) : nullptr),
+        sinks_(detail::make_sinks(spec, comm, exchange_.get())), segment_(comm) {}
 
   PassOutcome run(const BatchPlan& plan, const fs::path& output, const ProgressFn& progress) {
     start_ = Clock::now();
@@ -471,7 +474,13 @@ class PassRun {
   }
 
   bool has_serial_outputs() const {
-    return std::any_of(sinks_.begin(), sinks_.end(), [](const auto& s) { return !s->in_segments(); });
+    return std::any_of(sinks_.begin(), sinks_.end(), [](const auto& s) { return !s->in_segments() && !s->writes_final(); });
+  }
+
+  std::uint64_t max_row_bytes() const {
+    std::uint64_t n = 1;
+    for (const auto& o : spec_.outputs) n = std::max(n, o.row_bytes());
+    return n;
   }
 
   // Collective: the output under its temporary name, closed, every dataset in it.
@@ -488,6 +497,15 @@ class PassRun {
       commit(spec_.rows);
       share_final_state();
       temp = merge(output);
+    }
+    if (std::any_of(sinks_.begin(), sinks_.end(), [](const auto& s) { return s->writes_final(); })) {
+      h5::File out = h5::File::open(temp, h5::Mode::read_write, comm_.get());
+      Buffer buffer = backend_.alloc_host(std::max<std::uint64_t>(outcome_.plan.batch_rows, spec_.tile_rows) *
+                                              max_row_bytes(), "final output buffer");
+      for (auto& sink : sinks_)
+        if (sink->writes_final()) sink->write_final(out, buffer);
+      out.flush();
+      out.close();
     }
     if (has_serial_outputs()) on_root([&] {
         for (auto& sink : sinks_) sink->write_serial(temp);
@@ -552,6 +570,7 @@ class PassRun {
   PassKernel& kernel_;
   Reduction* reduction_;
   StepWork& work_;
+  std::unique_ptr<comm::Communicator> exchange_;  // exchanged outputs' all-to-all
   std::vector<std::unique_ptr<detail::OutputSink>> sinks_;
   detail::SegmentFile segment_;
   std::uint64_t segment_first_row_ = 0;  // pass row where the open segment starts
@@ -590,7 +609,7 @@ BatchPlan StreamEngine::plan(const PassSpec& spec) const {
     if (in.kind == InputKind::row_ranges && spec.batches.empty())
       throw std::logic_error("row_ranges inputs need explicit batches (a range per batch)");
   }
-  const auto sinks = detail::make_sinks(spec, comm_);  // (checks coded outputs' types)
+  const auto sinks = detail::make_sinks(spec, comm_, nullptr);  // (checks coded outputs' types)
   std::uint64_t unit_rows = spec.tile_rows;  // the smallest batch the engine may choose
   if (!spec.batches.empty()) {
     // Explicit batches: the largest one, whole, is the unit that must fit.

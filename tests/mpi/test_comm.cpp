@@ -15,6 +15,7 @@
 #include "backend/backend.hpp"
 #include "comm/communicator.hpp"
 #include "core/mpi.hpp"
+#include "gtest_mpi.hpp"
 
 namespace qstage::comm {
 namespace {
@@ -268,33 +269,7 @@ TEST(CommNccl, DeviceBuffersOnTwoGpusGoThroughNccl) {
 #endif
 }
 
-// Ranks other than 0 print only their failures, one line each, so a failure on any rank shows.
-class FailurePrinter : public ::testing::EmptyTestEventListener {
- public:
-  explicit FailurePrinter(int rank) : rank_(rank) {}
-  void OnTestPartResult(const ::testing::TestPartResult& result) override {
-    if (result.failed())
-      std::cerr << "[rank " << rank_ << "] " << (result.file_name() ? result.file_name() : "?") << ":"
-                << result.line_number() << ": " << result.summary() << "\n";
-  }
-
- private:
-  int rank_;
-};
-
 }  // namespace
 }  // namespace qstage::comm
 
-int main(int argc, char** argv) {
-  qstage::mpi::Session session(&argc, &argv);
-  ::testing::InitGoogleTest(&argc, argv);
-  const qstage::mpi::Comm world;
-  auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-  if (!world.root()) {
-    delete listeners.Release(listeners.default_result_printer());
-    listeners.Append(new qstage::comm::FailurePrinter(world.rank()));
-  }
-  const int failed = RUN_ALL_TESTS() != 0;
-  // One exit code on every rank: failed if any rank failed.
-  return world.any(failed) ? 1 : 0;
-}
+int main(int argc, char** argv) { return qstage::test::run_all_tests_on_every_rank(argc, argv); }
