@@ -7,12 +7,15 @@
 // copies, compute and writes of different batches overlapped. Batches are spread over MPI ranks.
 //
 // Reductions across batches are deterministic: a kernel writes one partial per *tile* (a fixed
-// block of tile_rows rows), and a Reduction folds the partials in tile order. Tile boundaries
-// do not depend on the batch size or the rank count, so neither does the result.
+// block of tile_rows rows), and a Reduction folds the partials in a fixed tree over the tiles.
+// Tile boundaries do not depend on the batch size or the rank count, so neither does the result.
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
+#include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -154,14 +157,44 @@ class PassKernel {
   virtual void process(const BatchView& batch) = 0;
 };
 
-// Folds per-tile partials in tile order on rank 0; its state is saved at every checkpoint (a
-// binary side file the journal names), so a resumed pass continues the same fold.
+// Folds the partials of the pass's reduction units (tiles, or explicit batches) in a fixed tree
+// (engine/tree_fold.hpp), so the result is the same for any rank count and batch size. The
+// tree's state is saved at every checkpoint (a binary side file the journal names), so a resumed
+// pass continues the same fold. Once the pass is done, every rank's Reduction holds the result.
 class Reduction {
  public:
   virtual ~Reduction() = default;
-  virtual void fold(const std::byte* tile_partial) = 0;
+  // An empty fold of the same kind: merge's identity, a node of the tree.
+  virtual std::unique_ptr<Reduction> empty() const = 0;
+  // This empty fold takes the partial of reduction unit `unit` (a leaf of the tree).
+  virtual void fold(std::uint64_t unit, const std::byte* partial) = 0;
+  // this = this + right, where right folds the units just after this one's.
+  virtual void merge(const Reduction& right) = 0;
   virtual std::string save() const = 0;            // bytes
   virtual void load(const std::string& state) = 0;
+};
+
+// The common reduction: its state is one partial (a trivially copyable struct whose default
+// value is the identity), and folding two is `Combine(into, from)` (sums, extremes, counts).
+template <typename Partial, void (*Combine)(Partial&, const Partial&)>
+class PartialFold final : public Reduction {
+ public:
+  std::unique_ptr<Reduction> empty() const override { return std::make_unique<PartialFold>(); }
+  void fold(std::uint64_t, const std::byte* partial) override {
+    Partial p;
+    std::memcpy(&p, partial, sizeof p);
+    Combine(acc_, p);
+  }
+  void merge(const Reduction& right) override { Combine(acc_, static_cast<const PartialFold&>(right).acc_); }
+  std::string save() const override { return std::string(reinterpret_cast<const char*>(&acc_), sizeof acc_); }
+  void load(const std::string& state) override {
+    if (state.size() != sizeof acc_) throw std::runtime_error("a reduction's saved state has the wrong size");
+    std::memcpy(&acc_, state.data(), sizeof acc_);
+  }
+  const Partial& result() const { return acc_; }
+
+ private:
+  Partial acc_{};
 };
 
 }  // namespace qstage::engine

@@ -2,6 +2,7 @@
 
 #include "engine/output_sinks.hpp"
 #include "engine/partition.hpp"
+#include "engine/tree_fold.hpp"
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -279,7 +280,8 @@ class PassRun {
     base_wall_ = journal_.wall_seconds;
     base_compute_ = journal_.compute_seconds;
     journal_.attempts += 1;
-    if (reduction_ && !journal_.reduction.empty()) reduction_->load(journal_.reduction);
+    if (reduction_) fold_ = std::make_unique<FoldStack>(*reduction_);
+    if (reduction_ && comm_.root() && !journal_.reduction.empty()) fold_->load(journal_.reduction);
     for (auto& sink : sinks_) sink->restore(journal_, work_.dir(), comm_.root());
     if (journal_.committed_rows > 0 && comm_.root())
       spdlog::info("resuming at row {} of {} ({:.1f}% committed in earlier runs)", journal_.committed_rows,
@@ -417,8 +419,11 @@ class PassRun {
     std::string record;  // what rank 0 needs: each output's piece, then the partials
     for (size_t o = 0; o < sinks_.size(); ++o) sinks_[o]->write_round(round, counts[o], slot ? &slot->out[o] : nullptr, record);
     outcome_.times.write += since(t);
-    if (slot && spec_.tile_partial_bytes)
-      record.append(slot->host_partials.as<char>(), partials_in(spec_, slot->rows) * spec_.tile_partial_bytes);
+    if (slot && reduction_) {  // the batch's whole nodes of the fold's tree, not its partials
+      const std::uint64_t first = spec_.batches.empty() ? slot->rows.begin / spec_.tile_rows : batches_.pass_index(slot->index);
+      append_nodes(record, batch_nodes(*reduction_, first, partials_in(spec_, slot->rows),
+                                       slot->host_partials.as<std::byte>(), spec_.tile_partial_bytes));
+    }
 
     const auto records = comm_.gather(record);  // rank order == batch order within the round
     if (!comm_.root()) return;
@@ -426,8 +431,8 @@ class PassRun {
       if (r.empty()) continue;
       size_t off = 0;
       for (auto& sink : sinks_) off = sink->accept(r, off);
-      if (!reduction_) continue;
-      for (; off < r.size(); off += spec_.tile_partial_bytes) reduction_->fold(reinterpret_cast<const std::byte*>(r.data() + off));
+      if (reduction_)
+        for (auto& node : read_nodes(*reduction_, r, off)) fold_->push(std::move(node));
     }
   }
 
@@ -461,7 +466,7 @@ class PassRun {
     for (auto& sink : sinks_) sink->commit(journal_);
     journal_.wall_seconds = base_wall_ + since(start_);
     journal_.compute_seconds = base_compute_ + outcome_.times.compute;
-    if (reduction_ && comm_.root()) journal_.reduction = reduction_->save();
+    if (reduction_ && comm_.root()) journal_.reduction = fold_->save();
   }
 
   // Rank 0's final state, on every rank (annotations are collective and must agree).
@@ -469,7 +474,10 @@ class PassRun {
     journal_.committed_rows = spec_.rows;
     record_state();
     journal_ = Journal::from_json(nlohmann::json::parse(comm_.broadcast(journal_.to_json().dump())));
-    if (reduction_ && !journal_.reduction.empty()) reduction_->load(journal_.reduction);
+    if (reduction_) {  // the tree's value, everywhere
+      const std::string value = comm_.broadcast(comm_.root() ? fold_->result()->save() : std::string());
+      reduction_->load(value);
+    }
     for (auto& sink : sinks_) sink->restore(journal_, work_.dir(), comm_.root());  // (every rank: rank 0's counts and sums)
   }
 
@@ -569,6 +577,7 @@ class PassRun {
   const PassSpec& spec_;
   PassKernel& kernel_;
   Reduction* reduction_;
+  std::unique_ptr<FoldStack> fold_;  // rank 0: the reduction's tree so far
   StepWork& work_;
   std::unique_ptr<comm::Communicator> exchange_;  // exchanged outputs' all-to-all
   std::vector<std::unique_ptr<detail::OutputSink>> sinks_;

@@ -57,7 +57,7 @@ namespace {
 
 // Per tile of the range pass: the least and greatest finite float of its values.
 struct RangePartial {
-  float lo, hi;
+  float lo = std::numeric_limits<float>::infinity(), hi = -std::numeric_limits<float>::infinity();
 };
 
 // The range pass's work, on the host's copy of each batch: a scan for the extremes is bound by
@@ -88,28 +88,17 @@ class RangeKernel final : public engine::PassKernel {
 };
 
 // min and max are exact: the range does not depend on the order of the tiles.
-class RangeReduction final : public engine::Reduction {
- public:
-  void fold(const std::byte* tile) override {
-    RangePartial p;
-    std::memcpy(&p, tile, sizeof p);
-    all_.lo = std::min(all_.lo, p.lo);
-    all_.hi = std::max(all_.hi, p.hi);
-  }
-  std::string save() const override { return std::string(reinterpret_cast<const char*>(&all_), sizeof all_); }
-  void load(const std::string& state) override {
-    if (state.size() != sizeof all_) throw std::runtime_error("the range pass's saved state has the wrong size");
-    std::memcpy(&all_, state.data(), sizeof all_);
-  }
-  // max - min, 0 when no value is finite.
-  double range() const {
-    const double top = all_.hi, bottom = all_.lo;
-    return bottom <= top ? top - bottom : 0.0;
-  }
+void widen(RangePartial& into, const RangePartial& from) {
+  into.lo = std::min(into.lo, from.lo);
+  into.hi = std::max(into.hi, from.hi);
+}
+using RangeReduction = engine::PartialFold<RangePartial, widen>;
 
- private:
-  RangePartial all_{std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity()};
-};
+// max - min, 0 when no value is finite.
+double range_of(const RangePartial& r) {
+  const double top = r.hi, bottom = r.lo;
+  return bottom <= top ? top - bottom : 0.0;
+}
 
 }  // namespace
 
@@ -131,7 +120,7 @@ std::optional<PriorPass> RelativeBoundsStage::prior_pass(const KernelContext& ct
 
 void RelativeBoundsStage::after_prior_pass(const KernelContext& ctx, PriorPass& pass, PassState& state) const {
   // (nlohmann's doubles round-trip exactly, so a resumed run codes with the same range)
-  state.data["range"] = static_cast<const RangeReduction&>(*pass.reduction).range();
+  state.data["range"] = range_of(static_cast<const RangeReduction&>(*pass.reduction).result());
   if (ctx.comm->root())
     spdlog::info("value range {:.6g}, measured in the range pass (give the parameter 'range' to skip it)",
                  state.data["range"].get<double>());

@@ -174,23 +174,7 @@ class EvaluateKernel final : public engine::PassKernel {
   Buffer decoded_, stream_copy_, host_decoded_;
 };
 
-class EvaluateReduction final : public engine::Reduction {
- public:
-  void fold(const std::byte* tile) override {
-    EvaluatePartial p;
-    std::memcpy(&p, tile, sizeof p);
-    fold_into(acc_, p);
-  }
-  std::string save() const override { return std::string(reinterpret_cast<const char*>(&acc_), sizeof acc_); }
-  void load(const std::string& state) override {
-    if (state.size() != sizeof acc_) throw std::runtime_error("compress.evaluate: saved state has the wrong size");
-    std::memcpy(&acc_, state.data(), sizeof acc_);
-  }
-  const EvaluatePartial& result() const { return acc_; }
-
- private:
-  EvaluatePartial acc_;
-};
+using EvaluateReduction = engine::PartialFold<EvaluatePartial, fold_into>;
 
 // The figures of a folded evaluation.
 struct Figures {
@@ -219,7 +203,7 @@ class EvaluateStage final : public RelativeBoundsStage {
  public:
   const StageInfo& info() const override {
     static const StageInfo info{
-        "compress.evaluate", 2,
+        "compress.evaluate", 3,  // 3: the sums fold in a fixed tree (pairwise)
         "ratio, pointwise error against the bound, fidelity and throughput of codec settings on a dataset",
         {{"x", "the dataset to try the codec on (float32 or complex64)"}},
         "- id: try\n  stage: compress.evaluate\n  inputs: {x: amplitudes}\n  params: {pipeline: integrated, error: "

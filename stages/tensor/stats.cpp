@@ -28,29 +28,13 @@ class StatsKernel final : public engine::PassKernel {
   std::uint64_t row_elements_, row_bytes_, tile_rows_;
 };
 
-class StatsReduction final : public engine::Reduction {
- public:
-  void fold(const std::byte* tile) override {
-    StatsPartial p;
-    std::memcpy(&p, tile, sizeof p);
-    kernels::fold(acc_, p);
-  }
-  std::string save() const override { return std::string(reinterpret_cast<const char*>(&acc_), sizeof acc_); }
-  void load(const std::string& state) override {
-    if (state.size() != sizeof acc_) throw std::runtime_error("tensor.stats: saved state has the wrong size");
-    std::memcpy(&acc_, state.data(), sizeof acc_);
-  }
-  const StatsPartial& result() const { return acc_; }
-
- private:
-  StatsPartial acc_;
-};
+using StatsReduction = engine::PartialFold<StatsPartial, kernels::fold>;
 
 class StatsStage final : public Stage {
  public:
   const StageInfo& info() const override {
     static const StageInfo info{
-        "tensor.stats", 1,
+        "tensor.stats", 2,  // 2: the sums fold in a fixed tree (pairwise), not left to right
         "norm, min, max, largest modulus, non-finite count and qsum64 checksum of a dataset, in one pass",
         {{"x", "the dataset to summarise (float32, float64, complex64 or complex128)"}},
         "- id: check\n  stage: tensor.stats\n  inputs: {x: c}\n"};
@@ -90,7 +74,7 @@ class StatsStage final : public Stage {
     const double nan = std::nan("");
     const double mn = s.finite_components ? s.min : nan, mx = s.finite_components ? s.max : nan;
     detail::write_scalar(out, "norm", h5::DType::float64, &norm,
-                         "2-norm over finite elements (sum of |x|^2 in float64, tile order)");
+                         "2-norm over finite elements (sum of |x|^2 in float64, tiles summed pairwise in a fixed tree)");
     detail::write_scalar(out, "sum_sq", h5::DType::float64, &s.sum_sq, "sum of |x|^2 over finite elements");
     detail::write_scalar(out, "min", h5::DType::float64, &mn,
                          "smallest finite real component (both parts of complex values)");

@@ -131,47 +131,67 @@ class ContractKernel final : public engine::PassKernel {
   bool timed_once_ = false;
 };
 
-// Sums each bitstring's slices (complex128) and the measured step times, in row order.
+// Sums each bitstring's slices (complex128) and the measured step times. A fold covers rows
+// [first_, end_) (a row is one slice of one bitstring) and holds the sums of the bitstrings
+// those rows touch; merging the next rows' fold adds its first bitstring to this one's last
+// where they are the same and appends the rest. The engine merges in a fixed tree, so a
+// bitstring's slices are summed pairwise.
 class ContractReduction final : public engine::Reduction {
  public:
   ContractReduction(std::uint64_t bitstrings, std::uint64_t slices, std::uint64_t elements, std::uint64_t steps, bool single)
-      : slices_(slices), elements_(elements), steps_(steps), single_(single), acc_(bitstrings * elements, 0.0),
+      : bitstrings_(bitstrings), slices_(slices), elements_(elements), steps_(steps), single_(single),
         seconds_(steps, 0.0) {}
-  void fold(const std::byte* p) override {
-    const std::uint64_t b = rows_ / slices_;
+  std::unique_ptr<engine::Reduction> empty() const override {
+    return std::make_unique<ContractReduction>(bitstrings_, slices_, elements_, steps_, single_);
+  }
+  void fold(std::uint64_t row, const std::byte* p) override {
+    first_ = row;
+    end_ = row + 1;
+    acc_.assign(elements_, 0.0);
     for (std::uint64_t i = 0; i < elements_; ++i) {
-      cd v;
       if (single_) {
         std::complex<float> f;
         std::memcpy(&f, p + i * sizeof f, sizeof f);
-        v = f;
+        acc_[i] = f;
       } else {
-        std::memcpy(&v, p + i * sizeof v, sizeof v);
+        std::memcpy(&acc_[i], p + i * sizeof(cd), sizeof(cd));
       }
-      acc_[b * elements_ + i] += v;
     }
     const std::byte* t = p + elements_ * (single_ ? 8 : 16);
-    RowCounts counts;
-    std::memcpy(&counts, t + steps_ * sizeof(double), sizeof counts);
-    counts_.raw += counts.raw;
-    counts_.stored += counts.stored;
-    counts_.prologues += counts.prologues;
+    std::memcpy(&counts_, t + steps_ * sizeof(double), sizeof counts_);
     double first;
     std::memcpy(&first, t, sizeof first);
     if (steps_ && first >= 0) {
-      for (std::uint64_t s = 0; s < steps_; ++s) {
-        double x;
-        std::memcpy(&x, t + s * sizeof x, sizeof x);
-        seconds_[s] += x;
-      }
-      ++timed_;
+      for (std::uint64_t s = 0; s < steps_; ++s) std::memcpy(&seconds_[s], t + s * sizeof(double), sizeof(double));
+      timed_ = 1;
     }
-    ++rows_;
+  }
+  void merge(const engine::Reduction& other) override {
+    const auto& right = static_cast<const ContractReduction&>(other);
+    if (right.first_ == right.end_) return;
+    if (first_ == end_) {
+      *this = right;
+      return;
+    }
+    if (right.first_ != end_) throw std::logic_error("tn.contract: folds merged out of row order");
+    std::size_t skip = 0;  // the right's first bitstring continues this one's last
+    if ((end_ - 1) / slices_ == right.first_ / slices_) {
+      for (std::uint64_t i = 0; i < elements_; ++i) acc_[acc_.size() - elements_ + i] += right.acc_[i];
+      skip = elements_;
+    }
+    acc_.insert(acc_.end(), right.acc_.begin() + static_cast<std::ptrdiff_t>(skip), right.acc_.end());
+    end_ = right.end_;
+    for (std::uint64_t s = 0; s < steps_; ++s) seconds_[s] += right.seconds_[s];
+    timed_ += right.timed_;
+    counts_.raw += right.counts_.raw;
+    counts_.stored += right.counts_.stored;
+    counts_.prologues += right.counts_.prologues;
   }
   std::string save() const override {
     std::string s;
     auto put = [&](const void* d, size_t n) { s.append(static_cast<const char*>(d), n); };
-    put(&rows_, 8);
+    put(&first_, 8);
+    put(&end_, 8);
     put(&timed_, 8);
     put(acc_.data(), acc_.size() * sizeof(cd));
     put(seconds_.data(), seconds_.size() * sizeof(double));
@@ -181,17 +201,25 @@ class ContractReduction final : public engine::Reduction {
   void load(const std::string& s) override {
     size_t at = 0;
     auto get = [&](void* d, size_t n) {
+      if (at + n > s.size()) throw std::runtime_error("tn.contract: a saved fold is truncated");
       std::memcpy(d, s.data() + at, n);
       at += n;
     };
-    get(&rows_, 8);
+    get(&first_, 8);
+    get(&end_, 8);
     get(&timed_, 8);
+    const std::uint64_t touched = end_ > first_ ? (end_ - 1) / slices_ - first_ / slices_ + 1 : 0;
+    acc_.assign(touched * elements_, 0.0);
     get(acc_.data(), acc_.size() * sizeof(cd));
     get(seconds_.data(), seconds_.size() * sizeof(double));
     get(&counts_, sizeof counts_);
   }
   const RowCounts& counts() const { return counts_; }
-  const std::vector<cd>& result() const { return acc_; }
+  // Every bitstring's sums, once the fold covers the pass.
+  const std::vector<cd>& result() const {
+    if (first_ != 0 || end_ != bitstrings_ * slices_) throw std::logic_error("tn.contract: the fold does not cover the pass");
+    return acc_;
+  }
   std::vector<double> mean_seconds() const {
     std::vector<double> m(seconds_.size(), std::nan(""));
     if (timed_)
@@ -200,11 +228,12 @@ class ContractReduction final : public engine::Reduction {
   }
 
  private:
-  std::uint64_t slices_, elements_, steps_;
+  std::uint64_t bitstrings_, slices_, elements_, steps_;
   bool single_;
-  std::vector<cd> acc_;
+  std::uint64_t first_ = 0, end_ = 0;  // the rows folded
+  std::vector<cd> acc_;                // per bitstring touched, elements_ sums
   std::vector<double> seconds_;
-  std::uint64_t rows_ = 0, timed_ = 0;
+  std::uint64_t timed_ = 0;
   RowCounts counts_;  // summed over rows
 };
 
@@ -281,7 +310,7 @@ class ContractStage final : public Stage {
  public:
   const StageInfo& info() const override {
     static const StageInfo info{
-        "tn.contract", 2,
+        "tn.contract", 3,  // 3: slices summed in a fixed tree (pairwise), not left to right
         "contracts a planned network: amplitudes (per bitstring) or the network's value, slices summed in a fixed order",
         {{"network", "a tn.build output"}, {"plan", "a tn.plan output of that network"}},
         "- id: amps\n  stage: tn.contract\n  inputs: {network: net, plan: plan}\n"};

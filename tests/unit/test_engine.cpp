@@ -6,6 +6,7 @@
 #include <csignal>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <numeric>
 
 #include "backend/backend.hpp"
@@ -55,11 +56,15 @@ class AffineKernel final : public engine::PassKernel {
 // Folds tile sums with a Kahan-free plain sum: order matters, which is the point of the test.
 class SumReduction final : public engine::Reduction {
  public:
-  void fold(const std::byte* tile) override {
-    double v;
-    std::memcpy(&v, tile, sizeof v);
-    sum += v;
-    ++tiles;
+  std::unique_ptr<engine::Reduction> empty() const override { return std::make_unique<SumReduction>(); }
+  void fold(std::uint64_t, const std::byte* tile) override {
+    std::memcpy(&sum, tile, sizeof sum);
+    tiles = 1;
+  }
+  void merge(const engine::Reduction& other) override {
+    const auto& right = static_cast<const SumReduction&>(other);
+    sum += right.sum;
+    tiles += right.tiles;
   }
   std::string save() const override {
     std::string s(16, '\0');
@@ -181,8 +186,27 @@ TEST(Engine, ResultsDoNotDependOnBatchSize) {
   EXPECT_LT(small.outcome.plan.batch_rows, large.outcome.plan.batch_rows);
   EXPECT_EQ(small.y, large.y);
   EXPECT_EQ(small.outcome.journal.checksums, large.outcome.journal.checksums);
-  // Bitwise: the fold runs over tiles in tile order whatever the batches were.
+  // Bitwise: the fold is the same tree over the tiles whatever the batches were, and it is the
+  // pairwise tree: left half + right half, recursively over a power-of-two span of the tiles.
   EXPECT_EQ(std::memcmp(&small.reduction.sum, &large.reduction.sum, 8), 0);
+  std::vector<double> tile_sums;
+  const auto y = fx.expected();
+  for (std::uint64_t first = 0; first < fx.rows; first += 512) {
+    double t = 0;
+    for (std::uint64_t i = first * kCols; i < std::min(fx.rows, first + 512) * kCols; ++i) t += y[i];
+    tile_sums.push_back(t);
+  }
+  std::function<double(std::uint64_t, std::uint64_t)> tree = [&](std::uint64_t begin, std::uint64_t span) -> double {
+    if (begin >= tile_sums.size()) return 0.0;
+    if (span == 1) return tile_sums[begin];
+    if (begin + span / 2 >= tile_sums.size()) return tree(begin, span / 2);  // no right half
+    return tree(begin, span / 2) + tree(begin + span / 2, span / 2);
+  };
+  std::uint64_t span = 1;
+  while (span < tile_sums.size()) span *= 2;
+  const double want = tree(0, span);
+  EXPECT_EQ(std::memcmp(&small.reduction.sum, &want, 8), 0) << small.reduction.sum << " vs " << want;
+  EXPECT_EQ(small.reduction.tiles, tile_sums.size());
 }
 
 TEST(Engine, StopCommitsAndResumeEqualsUninterrupted) {
@@ -272,10 +296,15 @@ class KeySumKernel final : public engine::PassKernel {
 
 class ListReduction final : public engine::Reduction {
  public:
-  void fold(const std::byte* p) override {
+  std::unique_ptr<engine::Reduction> empty() const override { return std::make_unique<ListReduction>(); }
+  void fold(std::uint64_t, const std::byte* p) override {
     std::uint64_t v[2];
     std::memcpy(v, p, sizeof v);
-    list.push_back({v[0], v[1]});
+    list = {{v[0], v[1]}};
+  }
+  void merge(const engine::Reduction& other) override {
+    const auto& right = static_cast<const ListReduction&>(other);
+    list.insert(list.end(), right.list.begin(), right.list.end());
   }
   std::string save() const override {
     return std::string(reinterpret_cast<const char*>(list.data()), list.size() * sizeof(list[0]));
