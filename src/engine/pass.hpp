@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "backend/backend.hpp"
+#include "core/layout.hpp"
 #include "io/codec/codec.hpp"
 #include "io/h5.hpp"
 
@@ -39,19 +40,17 @@ struct StreamedInput {
   bool stored_chunks = false;
 };
 
-// A dataset the pass writes batch by batch: shape[0] == the pass's rows.
+// A dataset the pass writes batch by batch: layout.shape[0] == the pass's rows.
 struct OutputDecl {
   std::string name;  // dataset path in the step's output file
-  h5::DType dtype = h5::DType::float32;
-  h5::Shape shape;
-  h5::Shape chunk;   // chunk[0] must divide the pass's tile_rows
+  Layout layout;     // layout.chunk[0] must divide the pass's tile_rows
   // Written compressed (qstage's codec, HDF5 filter 32881; float32 and complex64 only) instead
   // of as values: the engine codes each chunk on the device right after the kernel, so only the
   // coded chunks leave it; rank 0 appends them to a spool in the work directory (durable at each
   // checkpoint) and writes them into the output at the end. Relative settings are fractions of
   // each chunk's value range (the whole output's is not known while it streams).
   std::optional<codec::Settings> codec;
-  std::uint64_t row_bytes() const;
+  std::uint64_t row_bytes() const { return layout.row_bytes(); }
   bool compressed() const { return codec.has_value(); }
 };
 

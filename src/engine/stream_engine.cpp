@@ -28,12 +28,6 @@ namespace qstage::engine {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-std::uint64_t OutputDecl::row_bytes() const {
-  std::uint64_t n = h5::dtype_size(dtype);
-  for (size_t i = 1; i < shape.size(); ++i) n *= shape[i];
-  return n;
-}
-
 std::uint64_t PassSpec::progress_bytes_per_row() const {
   std::uint64_t n = 0;
   for (const auto& in : inputs) n += in.row_bytes;
@@ -52,7 +46,7 @@ unsigned word_bytes(h5::DType t) { return h5::dtype_size(t) % 4 == 0 ? 4 : 1; }
 std::uint64_t device_partial_bytes(const PassSpec& s) { return s.partials_on_host ? 0 : s.tile_partial_bytes; }
 
 codec::ElementType element_type(const OutputDecl& out) {
-  const auto type = h5::codec_element_type(out.dtype);
+  const auto type = h5::codec_element_type(out.layout.dtype);
   if (!type) throw std::logic_error("a compressed output must be float32 or complex64");
   return *type;
 }
@@ -61,13 +55,13 @@ codec::ElementType element_type(const OutputDecl& out) {
 // but for the pass's last): per chunk a u64 size and at most the codec's worst case.
 std::uint64_t stream_bytes(const OutputDecl& out, std::uint64_t rows) {
   std::uint64_t elements = 1;
-  for (auto d : out.chunk) elements *= d;
-  return ceil_div(rows, out.chunk[0]) * (8 + codec::max_stream_bytes(element_type(out), elements, out.chunk.size()));
+  for (auto d : out.layout.chunk) elements *= d;
+  return ceil_div(rows, out.layout.chunk[0]) * (8 + codec::max_stream_bytes(element_type(out), elements, out.layout.chunk.size()));
 }
 
 // Device memory a compressed output's ChunkCodec takes (once per rank, not per slot).
 std::uint64_t codec_device_bytes(const OutputDecl& out, BackendKind kind) {
-  return kernels::ChunkCodec::device_bytes(kind, element_type(out), out.chunk[0] * out.row_bytes());
+  return kernels::ChunkCodec::device_bytes(kind, element_type(out), out.layout.chunk[0] * out.row_bytes());
 }
 
 struct PerBatchBytes {
@@ -145,7 +139,7 @@ class Pipeline {
     for (const auto& out : spec.outputs) {  // one codec per compressed output: batches code in turn
       codecs_.push_back(nullptr);
       if (!out.compressed()) continue;
-      codecs_.back() = std::make_unique<kernels::ChunkCodec>(element_type(out), out.chunk, out.row_bytes());
+      codecs_.back() = std::make_unique<kernels::ChunkCodec>(element_type(out), out.layout.chunk, out.row_bytes());
       codecs_.back()->prepare(backend);
     }
   }
@@ -254,7 +248,7 @@ class Pipeline {
         encode_output(s, o);
         continue;
       }
-      const unsigned w = word_bytes(out.dtype);
+      const unsigned w = word_bytes(out.layout.dtype);
       kernels::checksum(st, {s.dev_out[o].data(), out.row_bytes() * n, w, s.rows.begin * out.row_bytes() / w,
                              s.dev_sums.as<std::uint64_t>() + o});
     }
@@ -274,7 +268,7 @@ class Pipeline {
   void encode_output(Slot& s, size_t o) {
     const OutputDecl& out = spec_.outputs[o];
     kernels::ChunkCodec& codec = *codecs_[o];
-    const std::uint64_t chunk_rows = out.chunk[0], row_bytes = out.row_bytes(), capacity = s.host_out[o].size();
+    const std::uint64_t chunk_rows = out.layout.chunk[0], row_bytes = out.row_bytes(), capacity = s.host_out[o].size();
     auto* host = s.host_out[o].as<char>();
     std::uint64_t at = 0;
     for (std::uint64_t first = s.rows.begin; first < s.rows.end; first += chunk_rows) {
@@ -337,10 +331,10 @@ class SegmentWriter {
     datasets_.reserve(spec_.outputs.size());  // writers keep references
     for (const auto& out : spec_.outputs) {
       if (out.compressed()) continue;  // written from its spool at the end
-      h5::Shape shape = out.shape;
+      h5::Shape shape = out.layout.shape;
       shape[0] = 0;
       // Early allocation: chunks exist when the extent grows, so rows can be written in parallel.
-      datasets_.push_back(file_.create_dataset(out.name, {out.dtype, shape, out.chunk, true, !file_.parallel()}));
+      datasets_.push_back(file_.create_dataset(out.name, {{out.layout.dtype, shape, out.layout.chunk}, true, !file_.parallel()}));
       writers_.push_back(std::make_unique<h5::RowWriter>(datasets_.back()));
     }
   }
@@ -685,7 +679,7 @@ class PassRun {
       const OutputDecl& out = spec_.outputs[o];
       const nlohmann::json summary =
           h5::codec_summary(*out.codec, std::nullopt, element_type(out), out.codec->relative ? "chunk" : "absolute");
-      outcome_.stored_checksums[out.name] = h5::write_compressed_dataset(file, out.name, out.dtype, out.shape, out.chunk,
+      outcome_.stored_checksums[out.name] = h5::write_compressed_dataset(file, out.name, out.layout,
                                                                          *out.codec, summary, *spools_[o]);
     }
     file.flush();
@@ -706,7 +700,7 @@ class PassRun {
       const OutputDecl& o = spec_.outputs[i];
       if (o.compressed()) continue;
       plain.push_back(i);
-      dsets.push_back(out.create_dataset(o.name, {o.dtype, o.shape, o.chunk, true, !out.parallel()}));
+      dsets.push_back(out.create_dataset(o.name, {o.layout, true, !out.parallel()}));
       writers.push_back(std::make_unique<h5::RowWriter>(dsets.back()));
       row_max = std::max(row_max, o.row_bytes());
     }
@@ -773,7 +767,7 @@ StreamEngine::StreamEngine(Backend& backend, const mpi::Comm& comm, EngineOption
 BatchPlan StreamEngine::plan(const PassSpec& spec) const {
   if (spec.tile_rows == 0) throw std::logic_error("PassSpec.tile_rows must be positive");
   for (const auto& o : spec.outputs)
-    if (o.chunk.empty() || spec.tile_rows % o.chunk[0] != 0)
+    if (o.layout.chunk.empty() || spec.tile_rows % o.layout.chunk[0] != 0)
       throw std::logic_error("output chunk rows must divide the pass's tile_rows");
   check_batches(spec);
   for (const auto& o : spec.outputs)

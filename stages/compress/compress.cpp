@@ -31,7 +31,7 @@ constexpr const char* kSpool = "chunks.bin";
 
 // A tile's partial: the stream's size, then the stream.
 std::uint64_t partial_bytes(codec::ElementType type, const h5::Shape& chunk) {
-  const std::uint64_t bytes = 8 + codec::max_stream_bytes(type, elements_of(chunk), chunk.size());
+  const std::uint64_t bytes = 8 + codec::max_stream_bytes(type, shape_elements(chunk), chunk.size());
   return (bytes + 7) / 8 * 8;
 }
 
@@ -101,14 +101,14 @@ class CompressStage final : public RelativeBoundsStage {
   }
 
   StagePlan plan(const json& params, const std::map<std::string, DatasetInfo>& in) const override {
-    const DatasetInfo& x = in.at("x");
+    const Layout& x = in.at("x").layout;
     StagePlan plan = chunk_pass(CodingParams::from_json(params), x);
     const h5::Shape chunk = chunk_shape(x.shape, plan.pass.tile_rows);
     plan.pass.tile_partial_bytes = partial_bytes(element_type(x.dtype, "x"), chunk);
     plan.pass.sized_partials = true;  // only the streams travel to rank 0
     const std::string name = params.at("dataset").get<std::string>();
     plan.primary_output = name;
-    plan.results = {{name, DatasetInfo{x.dtype, x.shape, chunk, {h5z::kFilterId}}}};
+    plan.results = {{name, DatasetInfo{{x.dtype, x.shape, chunk}, {h5z::kFilterId}}}};
     return plan;
   }
 
@@ -137,7 +137,7 @@ class CompressStage final : public RelativeBoundsStage {
   std::map<std::string, std::string> finish_output(const StagePlan& plan, const StepResults& r,
                                                    const fs::path& file) const override {
     const auto& spool = static_cast<const SpoolReduction*>(r.reduction)->spool();
-    const DatasetInfo& info = plan.results.at(0).second;
+    const Layout& layout = plan.results.at(0).second.layout;
     const json& c = plan.summary.at("codec");
     // The stored streams carry absolute bounds; the filter's cd_values say the same, so that
     // h5repack or h5py rewriting the dataset keeps them.
@@ -147,8 +147,7 @@ class CompressStage final : public RelativeBoundsStage {
     absolute.error = c.at("error").get<double>();
 
     h5::File out = h5::File::open(file, h5::Mode::read_write);  // serial: rank 0 alone
-    const std::string digest = h5::write_compressed_dataset(out, plan.results.at(0).first, info.dtype, info.shape,
-                                                            info.chunk, absolute, c, spool);
+    const std::string digest = h5::write_compressed_dataset(out, plan.results.at(0).first, layout, absolute, c, spool);
     out.flush();
     out.close();
     return {{plan.results.at(0).first, digest}};
