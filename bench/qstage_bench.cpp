@@ -145,7 +145,7 @@ json hdf5_rates(const std::filesystem::path& dir, std::uint64_t bytes) {
   auto start = Clock::now();
   {
     h5::File f = h5::File::create(path);
-    h5::Dataset d = f.create_dataset("x", {h5::DType::uint8, {rows, row}, {1, row}, false});
+    h5::Dataset d = f.create_dataset("x", {{h5::DType::uint8, {rows, row}, {1, row}}, false});
     for (std::uint64_t r = 0; r < rows; r += 16) d.write_rows(r, std::min<std::uint64_t>(16, rows - r), buf.data());
     f.close();
   }

@@ -138,12 +138,11 @@ void set_codec_attributes(Dataset& d, const json& summary) {
 
 }  // namespace
 
-std::string write_compressed_dataset(File& file, const std::string& name, DType dtype, const Shape& shape,
-                                     const Shape& chunk, const codec::Settings& filter, const json& summary,
-                                     const ChunkSpool& spool) {
-  const auto type = codec_element_type(dtype);
+std::string write_compressed_dataset(File& file, const std::string& name, const Layout& layout,
+                                     const codec::Settings& filter, const json& summary, const ChunkSpool& spool) {
+  const auto type = codec_element_type(layout.dtype);
   if (!type) throw std::logic_error("write_compressed_dataset: not a codec type");
-  Dataset d = file.create_dataset(name, {dtype, shape, chunk, false, false}, {{h5z::kFilterId, h5z::cd_values(*type, filter)}});
+  Dataset d = file.create_dataset(name, {layout, false, false}, {{h5z::kFilterId, h5z::cd_values(*type, filter)}});
   const int fd = ::open(spool.path().c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0)
     throw RuntimeFailure(fmt::format("cannot open the chunk spool '{}': {}", spool.path().string(), std::strerror(errno)));

@@ -72,12 +72,12 @@ class ChunkSpool {
   State state_;
 };
 
-// Creates dataset `name` in `file` (opened serially) with filter 32881 and the `filter` settings
+// Creates dataset `name` of `layout` (chunked) in `file` (opened serially) with filter 32881 and the `filter` settings
 // as its cd_values, writes the spool's chunks in order as its chunks, and sets the codec.*
 // attributes from `summary`, codec.stored_bytes, stored_xxh64 and a description. Returns the
 // XXH64 of the stored bytes in order, as hex (the dataset's checksum for the manifest).
-std::string write_compressed_dataset(File& file, const std::string& name, DType dtype, const Shape& shape,
-                                     const Shape& chunk, const codec::Settings& filter, const nlohmann::json& summary,
+std::string write_compressed_dataset(File& file, const std::string& name, const Layout& layout,
+                                     const codec::Settings& filter, const nlohmann::json& summary,
                                      const ChunkSpool& spool);
 
 }  // namespace qstage::h5

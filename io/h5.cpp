@@ -372,12 +372,7 @@ DType Dataset::memory_dtype() const {
   return *t;
 }
 
-std::uint64_t Dataset::row_bytes() const {
-  Shape s = shape();
-  std::uint64_t n = dtype_size(memory_dtype());
-  for (size_t i = 1; i < s.size(); ++i) n *= s[i];
-  return n;
-}
+std::uint64_t Dataset::row_bytes() const { return Layout{memory_dtype(), shape(), {}}.row_bytes(); }
 
 void Dataset::read_rows(std::uint64_t row0, std::uint64_t nrows, void* buf) const {
   if (nrows == 0) return;
@@ -493,10 +488,11 @@ bool File::exists(std::string_view dataset_path) const {
 Dataset File::create_dataset(std::string_view name, const DatasetCreate& how, const std::vector<Filter>& filters) {
   std::string n(name);
   Where w{where_.file, n};
-  std::vector<hsize_t> dims(how.shape.begin(), how.shape.end());
+  const Layout& layout = how.layout;
+  std::vector<hsize_t> dims(layout.shape.begin(), layout.shape.end());
   std::vector<hsize_t> maxdims = dims;
   if (how.extendible_rows) {
-    if (how.chunk.empty()) throw Error("create dataset", w.file, n, "an extendible dataset needs a chunk shape");
+    if (!layout.chunked()) throw Error("create dataset", w.file, n, "an extendible dataset needs a chunk shape");
     maxdims[0] = H5S_UNLIMITED;
   }
   Id space = dims.empty()
@@ -505,15 +501,15 @@ Dataset File::create_dataset(std::string_view name, const DatasetCreate& how, co
                             "H5Screate_simple", w),
                       H5Sclose);
   Id dcpl = plist(H5P_DATASET_CREATE, w);
-  if (!how.chunk.empty()) {
-    if (how.chunk.size() != how.shape.size())
+  if (layout.chunked()) {
+    if (layout.chunk.size() != layout.shape.size())
       throw Error("create dataset", w.file, n, "chunk rank differs from dataset rank");
-    std::vector<hsize_t> chunk(how.chunk.begin(), how.chunk.end());
+    std::vector<hsize_t> chunk(layout.chunk.begin(), layout.chunk.end());
     check(H5Pset_chunk(dcpl.get(), static_cast<int>(chunk.size()), chunk.data()), "H5Pset_chunk", w);
   }
   if (how.early_allocation)
     check(H5Pset_alloc_time(dcpl.get(), H5D_ALLOC_TIME_EARLY), "H5Pset_alloc_time", w);
-  if (!filters.empty() && how.chunk.empty()) throw Error("create dataset", w.file, n, "filters need a chunk shape");
+  if (!filters.empty() && !layout.chunked()) throw Error("create dataset", w.file, n, "filters need a chunk shape");
   for (const auto& f : filters)
     check(H5Pset_filter(dcpl.get(), static_cast<H5Z_filter_t>(f.id), H5Z_FLAG_MANDATORY, f.cd_values.size(),
                         f.cd_values.data()),
@@ -524,7 +520,7 @@ Dataset File::create_dataset(std::string_view name, const DatasetCreate& how, co
   check(H5Pset_obj_track_times(dcpl.get(), false), "H5Pset_obj_track_times", w);
   Id lcpl = plist(H5P_LINK_CREATE, w);
   check(H5Pset_create_intermediate_group(lcpl.get(), 1), "H5Pset_create_intermediate_group", w);
-  Id ftype = memory_type(how.dtype);
+  Id ftype = memory_type(layout.dtype);
   hid_t d = check(H5Dcreate2(id(), n.c_str(), ftype.get(), space.get(), lcpl.get(), dcpl.get(), H5P_DEFAULT),
                   "create dataset", w);
   return Dataset(Id(d, H5Dclose), w, parallel_);

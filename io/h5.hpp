@@ -9,6 +9,7 @@
 #include <mpi.h>
 
 #include "core/dtype.hpp"
+#include "core/layout.hpp"
 
 #include <complex>
 #include <cstdint>
@@ -20,8 +21,6 @@
 #include <vector>
 
 namespace qstage::h5 {
-
-using Shape = std::vector<std::uint64_t>;
 
 // An HDF5 call failed. what() reads "<operation> failed for <object> in <file>: <HDF5's reason>".
 class Error : public std::runtime_error {
@@ -36,7 +35,7 @@ class Error : public std::runtime_error {
   std::string operation_, file_, object_, reason_;
 };
 
-// The element types (core/dtype.hpp), here under h5:: as well. On file, complex numbers are a
+// The element types (core/dtype.hpp) and shapes (core/layout.hpp), here under h5:: as well. On file, complex numbers are a
 // compound of two floats named r and i, the layout h5py writes and reads as numpy
 // complex64/complex128.
 using qstage::DType;
@@ -45,6 +44,7 @@ using qstage::dtype_name;
 using qstage::dtype_size;
 using qstage::element_as_complex;
 using qstage::parse_dtype;
+using qstage::Shape;
 
 // Turns off HDF5's printing of error stacks (we report them ourselves). Idempotent.
 void quiet_errors();
@@ -123,11 +123,9 @@ struct Filter {
   std::vector<unsigned> cd_values;
 };
 
-// How a dataset is created.
+// How a dataset is created: its layout, and how HDF5 is to keep it.
 struct DatasetCreate {
-  DType dtype = DType::float32;
-  Shape shape;
-  Shape chunk;                   // empty: contiguous layout
+  Layout layout;
   bool extendible_rows = false;  // axis 0 unlimited (needs a chunked layout)
   bool early_allocation = false; // allocate storage at creation and on every extent change
 };

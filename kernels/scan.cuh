@@ -101,14 +101,25 @@ __global__ void flag_kernel(const T* x, std::uint64_t n, int stride, Flag flag, 
   counts[j] = static_cast<unsigned long long>(__popc(byte));
 }
 
+// Whether item i is flagged, and if it is, its rank among the flagged items in `rank` (how many
+// flagged items come before it: its place among the kept values). ranks[j]: the flagged items
+// before bitmap byte j (the exclusive scan of flag_kernel's counts); read only for a flagged item.
+__device__ inline bool flagged_rank(const std::uint8_t* bitmap, const unsigned long long* ranks, std::uint64_t i,
+                                    unsigned long long& rank) {
+  const unsigned byte = bitmap[i / 8], bit = static_cast<unsigned>(i % 8);
+  if (!((byte >> bit) & 1u)) return false;
+  rank = ranks[i / 8] + __popc(byte & ((1u << bit) - 1u));
+  return true;
+}
+
 // kept[rank of item i] = x[i * stride] for each flagged item i < n.
 template <typename T>
 __global__ void compact_kernel(const T* x, std::uint64_t n, int stride, const std::uint8_t* bitmap,
                                const unsigned long long* ranks, T* kept) {
   const std::uint64_t i = std::uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
-  const unsigned byte = bitmap[i / 8], bit = static_cast<unsigned>(i % 8);
-  if ((byte >> bit) & 1u) kept[ranks[i / 8] + __popc(byte & ((1u << bit) - 1u))] = x[i * stride];
+  unsigned long long rank;
+  if (flagged_rank(bitmap, ranks, i, rank)) kept[rank] = x[i * stride];
 }
 
 // out[i * stride] = the kept value of item i < n if flagged, else T{}.
@@ -117,8 +128,8 @@ __global__ void expand_kernel(const T* kept, std::uint64_t n, int stride, const 
                               const unsigned long long* ranks, T* out) {
   const std::uint64_t i = std::uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
-  const unsigned byte = bitmap[i / 8], bit = static_cast<unsigned>(i % 8);
-  out[i * stride] = (byte >> bit) & 1u ? kept[ranks[i / 8] + __popc(byte & ((1u << bit) - 1u))] : T{};
+  unsigned long long rank;
+  out[i * stride] = flagged_rank(bitmap, ranks, i, rank) ? kept[rank] : T{};
 }
 
 // Queues flag_kernel on grid_for(bytes + 1) CTAs (bytes = (n + 7) / 8; as the codec launches it).

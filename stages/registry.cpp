@@ -30,12 +30,6 @@ StagePlan ComputedStage::computed_plan(std::vector<std::pair<std::string, Datase
 }
 
 
-std::uint64_t DatasetInfo::row_bytes() const {
-  std::uint64_t n = h5::dtype_size(dtype);
-  for (size_t i = 1; i < shape.size(); ++i) n *= shape[i];
-  return n;
-}
-
 const std::vector<const Stage*>& all_stages() {
   // An explicit list (not static self-registration) so nothing depends on link order.
   static const std::vector<const Stage*> stages = [] {

@@ -17,20 +17,17 @@
 #include <vector>
 
 #include "backend/backend.hpp"
+#include "core/layout.hpp"
 #include "core/mpi.hpp"
 #include "engine/pass.hpp"
 #include "io/h5.hpp"
 
 namespace qstage::stages {
 
-// Shape and type of a dataset, known before any data is read (for planning a whole workflow).
+// Layout and filters of a dataset, known before any data is read (for planning a whole workflow).
 struct DatasetInfo {
-  h5::DType dtype = h5::DType::float32;
-  h5::Shape shape;
-  h5::Shape chunk;  // empty: contiguous
+  Layout layout;
   std::vector<unsigned> filters = {};  // HDF5 filter ids, in pipeline order (32881: qstage's codec)
-  std::uint64_t rows() const { return shape.empty() ? 1 : shape[0]; }
-  std::uint64_t row_bytes() const;
 };
 
 struct InputSlot {

@@ -252,8 +252,9 @@ int validate(const Args& args) {
     }
     std::cout << fmt::format("  {:<14} {:<15}", p.step->id, p.step->stage);
     for (const auto& out : p.plan.pass.outputs) {
-      std::uint64_t bytes = out.row_bytes() * out.shape[0];
-      std::cout << fmt::format(" -> {} {} [{}] ({})", out.name, h5::dtype_name(out.dtype), fmt::join(out.shape, ", "),
+      std::uint64_t bytes = out.row_bytes() * out.layout.shape[0];
+      std::cout << fmt::format(" -> {} {} {} ({})", out.name, h5::dtype_name(out.layout.dtype),
+                               qstage::shape_text(out.layout.shape),
                                format_bytes(static_cast<double>(bytes)));
     }
     std::cout << fmt::format("; batches of {} rows, {} device, {} host\n", bp.batch_rows,

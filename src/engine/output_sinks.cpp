@@ -27,7 +27,7 @@ std::uint64_t ceil_div(std::uint64_t a, std::uint64_t b) { return b ? (a + b - 1
 unsigned word_bytes(h5::DType t) { return h5::dtype_size(t) % 4 == 0 ? 4 : 1; }
 
 codec::ElementType element_type(const OutputDecl& out) {
-  const auto type = h5::codec_element_type(out.dtype);
+  const auto type = h5::codec_element_type(out.layout.dtype);
   if (!type) throw std::logic_error("a coded_chunks output must be float32 or complex64");
   return *type;
 }
@@ -50,7 +50,7 @@ class RowsSink final : public OutputSink {
   void after_kernel(Backend& backend, Stream& stream, SlotOutput& s, const RowRange& rows) override {
     const std::uint64_t row_bytes = decl_.row_bytes();
     if (!appended()) {
-      const unsigned w = word_bytes(decl_.dtype);
+      const unsigned w = word_bytes(decl_.layout.dtype);
       kernels::checksum(stream, {s.device.data(), row_bytes * rows.size(), w, rows.begin * row_bytes / w,
                                  s.device_sum.as<std::uint64_t>()});
       backend.copy_to_host(s.host.data(), s.device.data(), row_bytes * rows.size(), stream);
@@ -81,14 +81,14 @@ class RowsSink final : public OutputSink {
   std::uint64_t count(const SlotOutput& s, const RowRange& rows) const override { return appended() ? s.ready : rows.size(); }
 
   void open_segment(h5::File& file) override {
-    h5::Shape shape = decl_.shape;
+    h5::Shape shape = decl_.layout.shape;
     shape[0] = 0;
     segment_first_ = written_;
     dataset_.reset();
     writer_.reset();
     // Early allocation: chunks exist when the extent grows, so rows can be written in parallel.
     dataset_ = std::make_unique<h5::Dataset>(
-        file.create_dataset(decl_.name, {decl_.dtype, shape, decl_.chunk, true, !file.parallel()}));
+        file.create_dataset(decl_.name, {{decl_.layout.dtype, shape, decl_.layout.chunk}, true, !file.parallel()}));
     writer_ = std::make_unique<h5::RowWriter>(*dataset_);
   }
 
@@ -106,7 +106,7 @@ class RowsSink final : public OutputSink {
       writer_->write(mine_at - segment_first_, n, mine->host.data());
       std::uint64_t sum = 0;
       if (appended()) {  // its place is known only now: the checksum is the host's
-        const unsigned w = word_bytes(decl_.dtype);
+        const unsigned w = word_bytes(decl_.layout.dtype);
         kernels::checksum_cpu({mine->host.data(), n * decl_.row_bytes(), w, mine_at * decl_.row_bytes() / w, &sum});
       } else {
         std::memcpy(&sum, mine->host_sum.data(), 8);
@@ -140,9 +140,9 @@ class RowsSink final : public OutputSink {
   std::uint64_t checksum() const override { return sum_; }
 
   void create_final(h5::File& out) override {
-    h5::Shape shape = decl_.shape;
+    h5::Shape shape = decl_.layout.shape;
     shape[0] = written_;
-    dataset_ = std::make_unique<h5::Dataset>(out.create_dataset(decl_.name, {decl_.dtype, shape, decl_.chunk, true, !out.parallel()}));
+    dataset_ = std::make_unique<h5::Dataset>(out.create_dataset(decl_.name, {{decl_.layout.dtype, shape, decl_.layout.chunk}, true, !out.parallel()}));
     writer_ = std::make_unique<h5::RowWriter>(*dataset_);
   }
 
@@ -193,21 +193,21 @@ class CodedChunksSink final : public OutputSink {
   // Per chunk a u64 size and at most the codec's worst case.
   std::uint64_t host_bytes(std::uint64_t batch_rows) const override {
     std::uint64_t elements = 1;
-    for (auto d : decl_.chunk) elements *= d;
-    return ceil_div(batch_rows, decl_.chunk[0]) * (8 + codec::max_stream_bytes(type_, elements, decl_.chunk.size()));
+    for (auto d : decl_.layout.chunk) elements *= d;
+    return ceil_div(batch_rows, decl_.layout.chunk[0]) * (8 + codec::max_stream_bytes(type_, elements, decl_.layout.chunk.size()));
   }
   std::uint64_t fixed_device_bytes(BackendKind kind) const override {
-    return kernels::ChunkCodec::device_bytes(kind, type_, decl_.chunk[0] * decl_.row_bytes());
+    return kernels::ChunkCodec::device_bytes(kind, type_, decl_.layout.chunk[0] * decl_.row_bytes());
   }
   void prepare(Backend& backend) override {
-    codec_ = std::make_unique<kernels::ChunkCodec>(type_, decl_.chunk, decl_.row_bytes());
+    codec_ = std::make_unique<kernels::ChunkCodec>(type_, decl_.layout.chunk, decl_.row_bytes());
     codec_->prepare(backend);
   }
 
   // Codes the batch's chunks into s.host: per chunk a u64 size and the stream. Synchronous: the
   // codec's framing is on the host.
   void after_kernel(Backend&, Stream& stream, SlotOutput& s, const RowRange& batch) override {
-    const std::uint64_t chunk_rows = decl_.chunk[0], row_bytes = decl_.row_bytes(), capacity = s.host.size();
+    const std::uint64_t chunk_rows = decl_.layout.chunk[0], row_bytes = decl_.row_bytes(), capacity = s.host.size();
     auto* host = s.host.as<char>();
     std::uint64_t at = 0;
     for (std::uint64_t first = batch.begin; first < batch.end; first += chunk_rows) {
@@ -265,7 +265,7 @@ class CodedChunksSink final : public OutputSink {
       }
     journal.spools.push_back({decl_.name, file, state});
   }
-  std::uint64_t rows_written() const override { return decl_.shape[0]; }
+  std::uint64_t rows_written() const override { return decl_.layout.shape[0]; }
 
   // Rank 0: the dataset from the spool. Relative bounds of a known range are stored as the
   // absolute ones they are (the filter's cd_values say the same as the streams, so h5repack or
@@ -281,13 +281,13 @@ class CodedChunksSink final : public OutputSink {
       filter.error = summary.at("error").get<double>();
     }
     h5::File out = h5::File::open(file, h5::Mode::read_write);  // serial: rank 0 alone
-    digest_ = h5::write_compressed_dataset(out, decl_.name, decl_.dtype, decl_.shape, decl_.chunk, filter, summary, *spool_);
+    digest_ = h5::write_compressed_dataset(out, decl_.name, decl_.layout, filter, summary, *spool_);
     out.flush();
     out.close();
   }
 
   void report(OutputReport& r) const override {
-    r.rows = decl_.shape[0];
+    r.rows = decl_.layout.shape[0];
     if (!spool_) return;
     r.stored_bytes = spool_->state().bytes;
     r.chunks = spool_->state().sizes.size();
@@ -414,9 +414,9 @@ class ExchangedSink final : public OutputSink {
   // every rank takes part in; the checksum summed over the ranks.
   void write_final(h5::File& out, Buffer& buffer) override {
     const std::uint64_t row_bytes = decl_.row_bytes(), piece = std::max<std::uint64_t>(1, buffer.size() / row_bytes);
-    h5::Shape shape = decl_.shape;
+    h5::Shape shape = decl_.layout.shape;
     shape[0] = rows_written();
-    h5::Dataset d = out.create_dataset(decl_.name, {decl_.dtype, shape, decl_.chunk, true, !out.parallel()});
+    h5::Dataset d = out.create_dataset(decl_.name, {{decl_.layout.dtype, shape, decl_.layout.chunk}, true, !out.parallel()});
     h5::RowWriter writer(d);
     struct Piece {
       std::size_t bucket;
@@ -432,7 +432,7 @@ class ExchangedSink final : public OutputSink {
     std::size_t rounds = 0;
     for (const auto& p : pieces) rounds = std::max(rounds, p.size());
     const auto& my = pieces[static_cast<std::size_t>(comm_.rank())];
-    const unsigned w = word_bytes(decl_.dtype);
+    const unsigned w = word_bytes(decl_.layout.dtype);
     std::uint64_t sum = 0;
     for (std::size_t r = 0; r < rounds; ++r) {
       if (r >= my.size()) {

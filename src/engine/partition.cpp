@@ -45,9 +45,9 @@ void check_batches(const PassSpec& spec) {
       throw std::invalid_argument(fmt::format("explicit batches must be consecutive and non-empty; [{}, {}) follows row {}",
                                               b.begin, b.end, expected));
     for (const auto& o : spec.outputs)
-      if (o.kind != OutputKind::appended && b.begin % o.chunk[0] != 0)
+      if (o.kind != OutputKind::appended && b.begin % o.layout.chunk[0] != 0)
         throw std::invalid_argument(fmt::format("explicit batch boundary {} is not a multiple of output '{}''s {} chunk rows",
-                                                b.begin, o.name, o.chunk[0]));
+                                                b.begin, o.name, o.layout.chunk[0]));
     expected = b.end;
   }
   if (expected != spec.rows)

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "backend/backend.hpp"
+#include "core/layout.hpp"
 #include "io/codec/codec.hpp"
 #include "io/h5.hpp"
 
@@ -61,9 +62,9 @@ enum class OutputKind {
 // A dataset the pass writes batch by batch.
 struct OutputDecl {
   std::string name;  // dataset path in the step's output file
-  h5::DType dtype = h5::DType::float32;
-  h5::Shape shape;   // rows and appended: shape[0] == the pass's rows, or the most rows (unknown)
-  h5::Shape chunk;   // chunk[0] must divide the pass's tile_rows (appended: any)
+  // rows and coded_chunks: shape[0] == the pass's rows and chunk[0] divides its tile_rows;
+  // appended: shape[0] is the most rows (the dataset gets what the batches appended), any chunk.
+  Layout layout;
   // coded_chunks (float32 and complex64 only): the engine codes each chunk on the device right
   // after the kernel, so only the coded chunks leave it; rank 0 appends them to a spool in the
   // work directory (durable at each checkpoint) and writes them into the output at the end.
@@ -85,7 +86,7 @@ struct OutputDecl {
   // where each starts). A key range per bucket makes this a sample sort's exchange, and a later
   // pass with a batch per bucket finds bucket r's rows on rank r. 0: not exchanged.
   std::uint32_t buckets = 0;
-  std::uint64_t row_bytes() const;
+  std::uint64_t row_bytes() const { return layout.row_bytes(); }
   bool compressed() const { return kind == OutputKind::coded_chunks; }
 };
 

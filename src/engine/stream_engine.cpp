@@ -28,12 +28,6 @@ namespace qstage::engine {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-std::uint64_t OutputDecl::row_bytes() const {
-  std::uint64_t n = h5::dtype_size(dtype);
-  for (size_t i = 1; i < shape.size(); ++i) n *= shape[i];
-  return n;
-}
-
 std::uint64_t PassSpec::progress_bytes_per_row() const {
   std::uint64_t n = 0;
   for (const auto& in : inputs) n += in.row_bytes;
@@ -602,9 +596,9 @@ StreamEngine::StreamEngine(Backend& backend, const mpi::Comm& comm, EngineOption
 BatchPlan StreamEngine::plan(const PassSpec& spec) const {
   if (spec.tile_rows == 0) throw std::logic_error("PassSpec.tile_rows must be positive");
   for (const auto& o : spec.outputs) {
-    if (o.chunk.empty() || o.shape.empty() || o.chunk.size() != o.shape.size())
+    if (o.layout.chunk.empty() || o.layout.shape.empty() || o.layout.chunk.size() != o.layout.shape.size())
       throw std::logic_error(fmt::format("output '{}' needs a shape and a chunk shape of the same rank", o.name));
-    if (o.kind != OutputKind::appended && spec.tile_rows % o.chunk[0] != 0)
+    if (o.kind != OutputKind::appended && spec.tile_rows % o.layout.chunk[0] != 0)
       throw std::logic_error("output chunk rows must divide the pass's tile_rows");
     if ((o.kind == OutputKind::appended) != (o.max_rows_per_row > 0))
       throw std::logic_error(fmt::format("output '{}': max_rows_per_row is for appended outputs, and they need it", o.name));

@@ -34,7 +34,7 @@ stages::DatasetInfo describe_file_dataset(const fs::path& file, const std::strin
       throw InputError(fmt::format("file '{}' dataset '{}' has element type {}; expected a number type "
                                    "(float32, float64, complex64, complex128, int32, int64, uint8, uint64)",
                                    file.string(), dataset, d.type_description()));
-    return {*dtype, d.shape(), d.chunk(), d.filter_ids()};
+    return {{*dtype, d.shape(), d.chunk()}, d.filter_ids()};
   } catch (const h5::Error& e) {
     throw InputError(fmt::format("cannot read file '{}' dataset '{}': {}", file.string(), dataset, e.reason()));
   }
@@ -42,12 +42,12 @@ stages::DatasetInfo describe_file_dataset(const fs::path& file, const std::strin
 
 namespace {
 
-// Bytes of a dataset of `shape`, or nullopt past 2^63 (where byte offsets stop fitting int64 and
+// Bytes of a dataset of `layout`, or nullopt past 2^63 (where byte offsets stop fitting int64 and
 // HDF5's sizes overflow).
-std::optional<std::uint64_t> dataset_bytes(h5::DType dtype, const h5::Shape& shape) {
+std::optional<std::uint64_t> dataset_bytes(const Layout& layout) {
   constexpr std::uint64_t kLimit = std::uint64_t{1} << 63;
-  std::uint64_t bytes = h5::dtype_size(dtype);
-  for (std::uint64_t d : shape) {
+  std::uint64_t bytes = h5::dtype_size(layout.dtype);
+  for (std::uint64_t d : layout.shape) {
     if (d != 0 && bytes > kLimit / d) return std::nullopt;
     bytes *= d;
   }
@@ -57,14 +57,14 @@ std::optional<std::uint64_t> dataset_bytes(h5::DType dtype, const h5::Shape& sha
 }  // namespace
 
 void check_output_sizes(const stages::StagePlan& plan) {
-  auto check = [](const std::string& name, h5::DType dtype, const h5::Shape& shape) {
-    if (!dataset_bytes(dtype, shape))
-      throw InputError(fmt::format("output '{}' of shape [{}] ({}) would hold more than 2^63 bytes; expected a shape "
+  auto check = [](const std::string& name, const Layout& layout) {
+    if (!dataset_bytes(layout))
+      throw InputError(fmt::format("output '{}' of shape {} ({}) would hold more than 2^63 bytes; expected a shape "
                                    "whose size in bytes fits in 63 bits",
-                                   name, fmt::join(shape, ", "), h5::dtype_name(dtype)));
+                                   name, shape_text(layout.shape), h5::dtype_name(layout.dtype)));
   };
-  for (const auto& o : plan.pass.outputs) check(o.name, o.dtype, o.shape);
-  for (const auto& [name, info] : plan.results) check(name, info.dtype, info.shape);
+  for (const auto& o : plan.pass.outputs) check(o.name, o.layout);
+  for (const auto& [name, info] : plan.results) check(name, info.layout);
 }
 
 void check_outputs_fit(const std::vector<PlannedStep>& planned, const fs::path& run_dir) {
@@ -75,18 +75,18 @@ void check_outputs_fit(const std::vector<PlannedStep>& planned, const fs::path& 
   const fs::space_info space = fs::space(existing, ec);
   if (ec || space.capacity == 0 || space.capacity == static_cast<std::uintmax_t>(-1)) return;  // unknown: no check
   for (const auto& p : planned) {
-    auto check = [&](const std::string& name, h5::DType dtype, const h5::Shape& shape) {
-      const auto bytes = dataset_bytes(dtype, shape);
+    auto check = [&](const std::string& name, const Layout& layout) {
+      const auto bytes = dataset_bytes(layout);
       if (bytes && *bytes > space.capacity)
-        throw InputError(fmt::format("step '{}' ({}): output '{}' of shape [{}] ({}) needs {}, more than the whole file "
+        throw InputError(fmt::format("step '{}' ({}): output '{}' of shape {} ({}) needs {}, more than the whole file "
                                      "system of the run directory ({}, {}); expected a shape that fits",
-                                     p.step->id, p.step->stage, name, fmt::join(shape, ", "), h5::dtype_name(dtype),
+                                     p.step->id, p.step->stage, name, shape_text(layout.shape), h5::dtype_name(layout.dtype),
                                      format_bytes(static_cast<double>(*bytes)), existing.string(),
                                      format_bytes(static_cast<double>(space.capacity))));
     };
     for (const auto& o : p.plan.pass.outputs)
-      if (!o.compressed()) check(o.name, o.dtype, o.shape);  // (coded outputs may be far smaller)
-    for (const auto& [name, info] : p.plan.results) check(name, info.dtype, info.shape);
+      if (!o.compressed()) check(o.name, o.layout);  // (coded outputs may be far smaller)
+    for (const auto& [name, info] : p.plan.results) check(name, info.layout);
   }
 }
 
@@ -113,9 +113,9 @@ void apply_compress_output(stages::StagePlan& plan, const spec::Step& step, bool
     if (it->kind != engine::OutputKind::rows)
       throw InputError(fmt::format("compress_output: output '{}' of stage {} is not one row per pass row (its length "
                                    "is known only at the end); expected a dataset of fixed shape", name, step.stage));
-    if (!h5::codec_element_type(it->dtype))
+    if (!h5::codec_element_type(it->layout.dtype))
       throw InputError(fmt::format("compress_output: output '{}' has dtype {}; expected float32 or complex64 (the "
-                                   "codec's types){}", name, h5::dtype_name(it->dtype),
+                                   "codec's types){}", name, h5::dtype_name(it->layout.dtype),
                                    step.compress_output.contains("datasets") ? "" : "; name the others in datasets"));
     it->codec = settings;
     it->kind = engine::OutputKind::coded_chunks;
@@ -149,7 +149,7 @@ ResolvedInput resolve(const spec::Workflow& wf, const spec::InputRef& ref, const
   for (const auto& o : producer->plan.pass.outputs) {
     names.push_back(o.name);
     if (o.name == r.dataset) {
-      r.info = {o.dtype, o.shape, o.chunk, o.compressed() ? std::vector<unsigned>{h5z::kFilterId} : std::vector<unsigned>{}};
+      r.info = {o.layout, o.compressed() ? std::vector<unsigned>{h5z::kFilterId} : std::vector<unsigned>{}};
       return r;
     }
   }

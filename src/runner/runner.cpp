@@ -187,7 +187,7 @@ class WorkflowRun {
         std::string sum = rec ? rec->value("content", "") : "";
         if (sum.empty() && rec) sum = rec->value("checksums", json::object()).value(in.dataset, "");
         entry = {{"source", fmt::format("step {}:{}", in.ref.step, in.dataset)},
-                 {"hash", hash_bytes(json{{"qsum64", sum}, {"dtype", h5::dtype_name(in.info.dtype)}, {"shape", in.info.shape}}.dump())}};
+                 {"hash", hash_bytes(json{{"qsum64", sum}, {"dtype", h5::dtype_name(in.info.layout.dtype)}, {"shape", in.info.layout.shape}}.dump())}};
       } else {
         entry = {{"source", fmt::format("{}:{}", in.ref.file.string(), in.dataset)},
                  {"hash", hash_bytes(json{{"file", cached_file_hash(in.ref.file, m)}, {"dataset", in.dataset}}.dump())}};

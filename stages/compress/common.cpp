@@ -33,10 +33,10 @@ CodingParams CodingParams::from_json(const json& params) {
   return p;
 }
 
-std::uint64_t chunk_rows_for(const CodingParams& params, const DatasetInfo& x) {
+std::uint64_t chunk_rows_for(const CodingParams& params, const Layout& x) {
   std::uint64_t rows = 0;
   if (params.chunk_rows) rows = *params.chunk_rows;
-  else if (!x.chunk.empty()) rows = x.chunk[0];
+  else if (x.chunked()) rows = x.chunk[0];
   else rows = default_chunk_rows(x.row_bytes());
   return std::clamp<std::uint64_t>(rows, 1, std::max<std::uint64_t>(x.rows(), 1));
 }
@@ -45,12 +45,6 @@ h5::Shape chunk_shape(const h5::Shape& shape, std::uint64_t chunk_rows) {
   h5::Shape c = shape;
   c[0] = chunk_rows;
   return c;
-}
-
-std::uint64_t elements_of(const h5::Shape& shape) {
-  std::uint64_t n = 1;
-  for (auto d : shape) n *= d;
-  return n;
 }
 
 namespace {
@@ -138,11 +132,11 @@ std::optional<double> range_for(const KernelContext& ctx) {
   return range;
 }
 
-StagePlan chunk_pass(const CodingParams& params, const DatasetInfo& x) {
+StagePlan chunk_pass(const CodingParams& params, const Layout& x) {
   const codec::ElementType type = element_type(x.dtype, "x");
   const codec::Settings& settings = params.settings;
   if (x.shape.empty() || x.rows() == 0)
-    throw InputError(fmt::format("input 'x' has shape {}; expected at least one row", detail::shape_text(x.shape)));
+    throw InputError(fmt::format("input 'x' has shape {}; expected at least one row", shape_text(x.shape)));
   const std::uint64_t chunk_rows = chunk_rows_for(params, x);
   detail::row_chunk(x.shape, chunk_rows, x.dtype, "parameter 'chunk_rows'");  // checks HDF5's chunk limit
   StagePlan plan;

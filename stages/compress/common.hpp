@@ -31,9 +31,8 @@ codec::ElementType element_type(h5::DType t, std::string_view slot);
 codec::Settings settings_from(const nlohmann::json& params);
 // Rows per compressed chunk: `chunk_rows` if given, else the input's chunk rows, else about
 // 4 MiB; at most the input's rows. Each chunk is one codec stream.
-std::uint64_t chunk_rows_for(const CodingParams& params, const DatasetInfo& x);
+std::uint64_t chunk_rows_for(const CodingParams& params, const Layout& x);
 h5::Shape chunk_shape(const h5::Shape& shape, std::uint64_t chunk_rows);
-std::uint64_t elements_of(const h5::Shape& shape);
 
 // Stages that code a dataset with bounds relative to its value range (max - min over the finite
 // real and imaginary parts): unless the `range` parameter gives it, a first pass over `x`
@@ -52,7 +51,7 @@ using kernels::ChunkCodec;
 // The pass of a stage that codes a dataset chunk by chunk (compress, compress.evaluate): one tile
 // per chunk, `x` streamed; the summary records the settings. Throws
 // InputError for a bad input or parameter.
-StagePlan chunk_pass(const CodingParams& params, const DatasetInfo& x);
+StagePlan chunk_pass(const CodingParams& params, const Layout& x);
 // At run time: the range (relative bounds: the range pass's, or the parameter) into the summary.
 // Returns it (nullopt for absolute bounds).
 std::optional<double> refine_chunk_pass(StagePlan& plan, const KernelContext& ctx);

@@ -56,12 +56,12 @@ class CompressStage final : public RelativeBoundsStage {
   }
 
   StagePlan plan(const json& params, const std::map<std::string, DatasetInfo>& in) const override {
-    const DatasetInfo& x = in.at("x");
+    const Layout& x = in.at("x").layout;
     const CodingParams coding = CodingParams::from_json(params);
     StagePlan plan = chunk_pass(coding, x);
     const h5::Shape chunk = chunk_shape(x.shape, plan.pass.tile_rows);
     const std::string name = params.at("dataset").get<std::string>();
-    engine::OutputDecl out{name, x.dtype, x.shape, chunk, coding.settings};
+    engine::OutputDecl out{name, {x.dtype, x.shape, chunk}, coding.settings};
     out.kind = engine::OutputKind::coded_chunks;
     plan.pass.outputs.push_back(out);
     plan.primary_output = name;

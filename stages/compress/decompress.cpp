@@ -24,7 +24,7 @@ using nlohmann::json;
 // Bytes per row of the stored-chunks input: a chunk's slot holds its header and the largest
 // stream a chunk of its size can be, in whole 16-byte units.
 std::uint64_t slot_row_bytes(codec::ElementType type, const h5::Shape& chunk) {
-  const std::uint64_t slot = sizeof(h5::StoredChunk) + codec::max_stream_bytes(type, elements_of(chunk), chunk.size());
+  const std::uint64_t slot = sizeof(h5::StoredChunk) + codec::max_stream_bytes(type, shape_elements(chunk), chunk.size());
   const std::uint64_t rows = chunk[0];
   return ((slot + rows - 1) / rows + 15) & ~std::uint64_t{15};
 }
@@ -85,9 +85,10 @@ class DecompressStage final : public Stage {
   }
 
   StagePlan plan(const json& params, const std::map<std::string, DatasetInfo>& in) const override {
-    const DatasetInfo& x = in.at("x");
+    const Layout& x = in.at("x").layout;
+    const std::vector<unsigned>& filters = in.at("x").filters;
     const codec::ElementType type = element_type(x.dtype, "x");
-    if (x.shape.empty() || x.chunk.empty())
+    if (x.shape.empty() || !x.chunked())
       throw InputError(fmt::format("input 'x' is {}; expected a chunked dataset of compressed chunks (a compress step's "
                                    "output)",
                                    x.shape.empty() ? "a scalar" : "not chunked"));
@@ -95,11 +96,11 @@ class DecompressStage final : public Stage {
       if (x.chunk[i] != x.shape[i])
         throw InputError(fmt::format("input 'x' has chunks of {} that do not span its rows of {}; expected chunks "
                                      "that hold whole rows",
-                                     detail::shape_text(x.chunk), detail::shape_text(x.shape)));
-    if (x.filters != std::vector<unsigned>{h5z::kFilterId})
+                                     shape_text(x.chunk), shape_text(x.shape)));
+    if (filters != std::vector<unsigned>{h5z::kFilterId})
       throw InputError(fmt::format("input 'x' has the filter pipeline [{}]; expected qstage's codec alone ([{}]), as "
                                    "a compress step writes",
-                                   fmt::join(x.filters, ", "), h5z::kFilterId));
+                                   fmt::join(filters, ", "), h5z::kFilterId));
     StagePlan plan;
     plan.pass.rows = x.rows();
     plan.pass.tile_rows = x.chunk[0];
@@ -107,7 +108,7 @@ class DecompressStage final : public Stage {
     input.kind = engine::InputKind::stored_chunks;
     plan.pass.inputs.push_back(input);
     const std::string name = params.at("dataset").get<std::string>();
-    plan.pass.outputs.push_back({name, x.dtype, x.shape, x.chunk, std::nullopt});
+    plan.pass.outputs.push_back({name, x, std::nullopt});
     plan.streamed_inputs = {"x"};
     plan.primary_output = name;
     plan.summary = {{"shape", x.shape}, {"dtype", h5::dtype_name(x.dtype)}, {"chunk_rows", x.chunk[0]}};

@@ -212,30 +212,29 @@ class EvaluateStage final : public RelativeBoundsStage {
   }
 
   StagePlan plan(const json& params, const std::map<std::string, DatasetInfo>& in) const override {
-    StagePlan plan = chunk_pass(CodingParams::from_json(params), in.at("x"));
+    StagePlan plan = chunk_pass(CodingParams::from_json(params), in.at("x").layout);
     plan.pass.tile_partial_bytes = sizeof(EvaluatePartial);
     plan.pass.partials_on_host = true;  // the codec's framing and the error statistics are the host's
     plan.primary_output = "ratio";
     for (const char* name : {"ratio", "max_error", "bound", "relative_error", "fidelity", "compress_gbps",
                              "decompress_gbps"})
-      plan.results.push_back({name, DatasetInfo{h5::DType::float64, {}, {}}});
+      plan.results.push_back({name, DatasetInfo{{h5::DType::float64, {}, {}}}});
     for (const char* name : {"beyond_bound", "stored_bytes"})
-      plan.results.push_back({name, DatasetInfo{h5::DType::uint64, {}, {}}});
+      plan.results.push_back({name, DatasetInfo{{h5::DType::uint64, {}, {}}}});
     if (params.contains("maxcut")) {
-      const MaxCut m = maxcut_of(params.at("maxcut"), in.at("x"));
+      const MaxCut m = maxcut_of(params.at("maxcut"), in.at("x").layout);
       plan.summary["maxcut"] = {{"qubits", m.qubits}, {"edges", m.edges}};
       for (const char* name : {"energy_original", "energy_decoded", "energy_relative_error"})
-        plan.results.push_back({name, DatasetInfo{h5::DType::float64, {}, {}}});
+        plan.results.push_back({name, DatasetInfo{{h5::DType::float64, {}, {}}}});
     }
     return plan;
   }
 
   // The graph `maxcut` names, checked against x: 2^nodes elements, edges between distinct nodes.
-  static MaxCut maxcut_of(const json& p, const DatasetInfo& x) {
+  static MaxCut maxcut_of(const json& p, const Layout& x) {
     MaxCut m;
     m.qubits = p.at("nodes").get<int>();
-    std::uint64_t elements = 1;
-    for (auto d : x.shape) elements *= d;
+    const std::uint64_t elements = x.elements();
     if (m.qubits > 62 || elements != (std::uint64_t{1} << m.qubits))
       throw InputError(fmt::format("parameter 'maxcut': input 'x' has {} elements; expected 2^nodes = 2^{} (a state "
                                    "vector, flat index = basis state with qubit 0 most significant)",

@@ -30,13 +30,9 @@ inline h5::Shape row_chunk(const h5::Shape& shape, std::uint64_t chunk_rows, h5:
 
 // A scalar result dataset with its description (written the same way by every rank).
 inline void write_scalar(h5::File& out, const char* name, h5::DType t, const void* value, const char* doc) {
-  h5::Dataset d = out.create_dataset(name, {t, {}, {}, false});
+  h5::Dataset d = out.create_dataset(name, {{t, {}, {}}, false});
   d.write_all(value);
   d.set_attribute("description", doc);
-}
-
-inline std::string shape_text(const h5::Shape& s) {
-  return fmt::format("[{}]", fmt::join(s, ", "));
 }
 
 }  // namespace qstage::stages::detail

@@ -82,22 +82,22 @@ class CompareStage final : public ComputedStage {
     return info;
   }
   StagePlan plan(const json&, const std::map<std::string, DatasetInfo>& in) const override {
-    const DatasetInfo &a = in.at("a"), &b = in.at("b");
+    const Layout &a = in.at("a").layout, &b = in.at("b").layout;
     for (const auto& [slot, d] : in)
-      if (!detail::is_float_type(d.dtype))
+      if (!detail::is_float_type(d.layout.dtype))
         throw InputError(fmt::format("input '{}' has dtype {}; expected float32, float64, complex64 or complex128", slot,
-                                     h5::dtype_name(d.dtype)));
+                                     h5::dtype_name(d.layout.dtype)));
     // (An empty shape is one an earlier step learns only when it runs: compute() checks it then.)
     if (!a.shape.empty() && !b.shape.empty() && a.shape != b.shape)
       throw InputError(fmt::format("input 'a' has shape {} and 'b' {}; expected the same shape",
-                                   detail::shape_text(a.shape), detail::shape_text(b.shape)));
-    return computed_plan({{"relative_error", {h5::DType::float64, {}, {}}}});
+                                   shape_text(a.shape), shape_text(b.shape)));
+    return computed_plan({{"relative_error", {{h5::DType::float64, {}, {}}}}});
   }
   std::string compute(const KernelContext& ctx) const override {
     const h5::Dataset &a = *ctx.inputs.at("a"), &b = *ctx.inputs.at("b");
     if (a.shape() != b.shape())  // outputs of computed steps get their shapes only when they run
       throw InputError(fmt::format("input 'a' has shape {} and 'b' {}; expected the same shape",
-                                   detail::shape_text(a.shape()), detail::shape_text(b.shape())));
+                                   shape_text(a.shape()), shape_text(b.shape())));
     const Comparison c = compare(a, b);
     const Params p = Params::from_json(ctx.params);
     std::string broken;

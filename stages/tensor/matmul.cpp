@@ -82,14 +82,14 @@ class MatmulStage final : public Stage {
 
   StagePlan plan(const nlohmann::json& params, const std::map<std::string, DatasetInfo>& in) const override {
     const Params p = Params::from_json(params);
-    const DatasetInfo& a = in.at("a");
-    const DatasetInfo& b = in.at("b");
+    const Layout& a = in.at("a").layout;
+    const Layout& b = in.at("b").layout;
     if (a.shape.size() != 2)
       throw InputError(fmt::format("input 'a' has shape {}; expected a matrix (2 dimensions, M x K)",
-                                   detail::shape_text(a.shape)));
+                                   shape_text(a.shape)));
     if (b.shape.size() != 2)
       throw InputError(fmt::format("input 'b' has shape {}; expected a matrix (2 dimensions, K x N)",
-                                   detail::shape_text(b.shape)));
+                                   shape_text(b.shape)));
     if (!detail::is_float_type(a.dtype))
       throw InputError(fmt::format("input 'a' has dtype {}; expected float32, float64, complex64 or complex128",
                                    h5::dtype_name(a.dtype)));
@@ -98,7 +98,7 @@ class MatmulStage final : public Stage {
                                    h5::dtype_name(b.dtype), h5::dtype_name(a.dtype)));
     if (b.shape[0] != a.shape[1])
       throw InputError(fmt::format("input 'b' has {} rows; expected {} (the columns of input 'a', shape {})",
-                                   b.shape[0], a.shape[1], detail::shape_text(a.shape)));
+                                   b.shape[0], a.shape[1], shape_text(a.shape)));
     const std::uint64_t m = a.shape[0], k = a.shape[1], n = b.shape[1];
     const bool tf32 = p.tf32;
     if (tf32 && a.dtype != h5::DType::float32 && a.dtype != h5::DType::complex64)
@@ -107,10 +107,10 @@ class MatmulStage final : public Stage {
     if (!chunk_rows) chunk_rows = a.chunk.empty() ? default_chunk_rows(n * h5::dtype_size(a.dtype)) : a.chunk[0];
 
     StagePlan plan;
-    engine::OutputDecl out{"data", a.dtype, {m, n}, {}, std::nullopt};
-    out.chunk = detail::row_chunk(out.shape, chunk_rows, a.dtype, "params.chunk_rows");
+    engine::OutputDecl out{"data", {a.dtype, {m, n}, {}}, std::nullopt};
+    out.layout.chunk = detail::row_chunk(out.layout.shape, chunk_rows, a.dtype, "params.chunk_rows");
     plan.pass.rows = m;
-    plan.pass.tile_rows = out.chunk[0];
+    plan.pass.tile_rows = out.layout.chunk[0];
     plan.pass.inputs.push_back({"a", nullptr, a.row_bytes()});
     plan.pass.outputs.push_back(out);
     plan.pass.resident_device_bytes = k * n * h5::dtype_size(a.dtype);
@@ -133,7 +133,7 @@ class MatmulStage final : public Stage {
   std::unique_ptr<engine::PassKernel> make_kernel(const KernelContext& ctx) const override {
     const auto& out = ctx.plan.pass.outputs[0];
     const h5::Dataset& b = *ctx.inputs.at("b");
-    return std::make_unique<MatmulKernel>(b, out.dtype, b.shape()[0], out.shape[1], Params::from_json(ctx.params).tf32,
+    return std::make_unique<MatmulKernel>(b, out.layout.dtype, b.shape()[0], out.layout.shape[1], Params::from_json(ctx.params).tf32,
                                           ctx.plan.pass.tile_rows);
   }
 };

@@ -50,29 +50,29 @@ class RandomStage final : public Stage {
     const Params p = Params::from_json(params);
     const h5::Shape& shape = p.shape;
     const h5::DType dtype = p.dtype;
-    std::uint64_t row_bytes = h5::dtype_size(dtype);
-    for (size_t i = 1; i < shape.size(); ++i) row_bytes *= shape[i];
     StagePlan plan;
     engine::OutputDecl out;
     out.name = "data";
-    out.dtype = dtype;
-    out.shape = shape;
-    out.chunk =
+    out.layout.dtype = dtype;
+    out.layout.shape = shape;
+    const std::uint64_t row_bytes = out.row_bytes();
+    out.layout.chunk =
         detail::row_chunk(shape, p.chunk_rows ? p.chunk_rows : default_chunk_rows(row_bytes), dtype, "params.chunk_rows");
     plan.pass.rows = shape[0];
-    plan.pass.tile_rows = out.chunk[0];
+    plan.pass.tile_rows = out.layout.chunk[0];
     plan.pass.outputs.push_back(out);
     plan.primary_output = "data";
-    plan.summary = {{"shape", shape}, {"dtype", h5::dtype_name(dtype)}, {"chunk", out.chunk},
+    plan.summary = {{"shape", shape}, {"dtype", h5::dtype_name(dtype)}, {"chunk", out.layout.chunk},
                     {"bytes", row_bytes * shape[0]}};
     return plan;
   }
 
   std::unique_ptr<engine::PassKernel> make_kernel(const KernelContext& ctx) const override {
     const auto& out = ctx.plan.pass.outputs[0];
-    const std::uint64_t components = out.row_bytes() / (h5::dtype_is_complex(out.dtype) ? h5::dtype_size(out.dtype) / 2
-                                                                                        : h5::dtype_size(out.dtype));
-    return std::make_unique<RandomKernel>(out.dtype, Params::from_json(ctx.params).seed, components);
+    const h5::DType dtype = out.layout.dtype;
+    const std::uint64_t components =
+        out.row_bytes() / (h5::dtype_is_complex(dtype) ? h5::dtype_size(dtype) / 2 : h5::dtype_size(dtype));
+    return std::make_unique<RandomKernel>(dtype, Params::from_json(ctx.params).seed, components);
   }
 };
 

@@ -42,7 +42,7 @@ class StatsStage final : public Stage {
   }
 
   StagePlan plan(const nlohmann::json&, const std::map<std::string, DatasetInfo>& in) const override {
-    const DatasetInfo& x = in.at("x");
+    const Layout& x = in.at("x").layout;
     if (!detail::is_float_type(x.dtype))
       throw InputError(fmt::format("input 'x' has dtype {}; expected float32, float64, complex64 or complex128",
                                    h5::dtype_name(x.dtype)));

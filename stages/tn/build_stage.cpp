@@ -122,7 +122,7 @@ class BuildStage final : public ComputedStage {
     if (sources != 1)
       throw InputError(fmt::format("{} sources given; expected exactly one of circuit, random, qaoa, network or einsum",
                                    sources));
-    return computed_plan({{"network", {h5::DType::uint8, {}, {}}}, {"bitstrings", {h5::DType::uint8, {}, {}}}});
+    return computed_plan({{"network", {{h5::DType::uint8, {}, {}}}}, {"bitstrings", {{h5::DType::uint8, {}, {}}}}});
   }
   std::string compute(const KernelContext& ctx) const override {
     const Params p = Params::from_json(ctx.params);

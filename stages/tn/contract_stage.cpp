@@ -320,7 +320,7 @@ class ContractStage final : public Stage {
     StagePlan plan;  // rows and sizes come from the inputs' content: refine_plan
     plan.pass.rows = 0;
     plan.primary_output = "amplitudes";
-    plan.results = {{"amplitudes", {h5::DType::complex128, {}, {}}}, {"value", {h5::DType::complex128, {}, {}}}};
+    plan.results = {{"amplitudes", {{h5::DType::complex128, {}, {}}}}, {"value", {{h5::DType::complex128, {}, {}}}}};
     return plan;
   }
   void refine_plan(StagePlan& plan, const KernelContext& ctx) const override {
@@ -372,7 +372,7 @@ class ContractStage final : public Stage {
     const std::string name = s.at("kind") == "amplitude" ? "amplitudes" : "value";
     h5::Shape shape = R == 1 ? h5::Shape{B} : h5::Shape{B, R};
     if (name == "value") shape = {R};
-    h5::Dataset d = out.create_dataset(name, {h5::DType::complex128, shape, {}, false});
+    h5::Dataset d = out.create_dataset(name, {{h5::DType::complex128, shape, {}}, false});
     d.write_all(red.result().data());
     const bool circuit = s.at("kind") != "generic", check = s.at("reference_check");
     std::optional<Loaded> l;  // the network and plan, read once if needed
@@ -384,7 +384,7 @@ class ContractStage final : public Stage {
     }
     if (check) write_reference_check(*l, *r.context->backend, red.result(), out);
     const auto seconds = red.mean_seconds();
-    h5::Dataset t = out.create_dataset("step_seconds", {h5::DType::float64, {seconds.size()}, {}, false});
+    h5::Dataset t = out.create_dataset("step_seconds", {{h5::DType::float64, {seconds.size()}, {}}, false});
     if (!seconds.empty()) t.write_all(seconds.data());
     t.set_attribute("description", "measured seconds of each plan step (mean over the timed work items), to set "
                                    "beside the plan's steps/predicted_seconds; NaN where no item was timed "

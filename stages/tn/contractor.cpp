@@ -239,7 +239,7 @@ class Contractor::ScratchFile {
     path_ = dir / fmt::format("qstage-scratch-{}-{:08x}.h5", static_cast<long>(::getpid()), random());
     try {
       file_ = h5::File::create(path_);
-      data_ = file_.create_dataset("arena", {h5::DType::uint8, {bytes}, {std::min<std::uint64_t>(bytes, 4u << 20)}, false});
+      data_ = file_.create_dataset("arena", {{h5::DType::uint8, {bytes}, {std::min<std::uint64_t>(bytes, 4u << 20)}}, false});
     } catch (const h5::Error& e) {
       std::filesystem::remove(path_);
       throw InputError(fmt::format("tn.contract: cannot create the scratch file '{}' ({}); expected a writable "

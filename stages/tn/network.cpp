@@ -353,7 +353,7 @@ void save_network(const Network& n, h5::File& file) {
       chunk[0] = (chunk[0] + 1) / 2;
       bytes /= 2;
     }
-    h5::Dataset d = file.create_dataset(tensor_name(t), {h5::DType::complex128, shape, chunk, false});
+    h5::Dataset d = file.create_dataset(tensor_name(t), {{h5::DType::complex128, shape, chunk}, false});
     d.write_all(T.data.data());
     d.set_attribute("modes", json(T.modes).dump());
     d.set_attribute("tag", T.tag);
@@ -393,7 +393,7 @@ Network deserialize_network(const std::string& bytes) {
 
 void write_json_dataset(h5::File& file, const std::string& name, const json& j) {
   const std::string text = j.dump();
-  h5::Dataset d = file.create_dataset(name, {h5::DType::uint8, {text.size()}, {}, false});
+  h5::Dataset d = file.create_dataset(name, {{h5::DType::uint8, {text.size()}, {}}, false});
   d.write_all(text.data());
   d.set_attribute("format", "JSON text as bytes: json.loads(bytes(f[name][()]))");
 }

@@ -149,7 +149,7 @@ class PathStage final : public ComputedStage {
   }
   std::vector<std::string> file_parameters() const override { return {"/import"}; }
   StagePlan plan(const json&, const std::map<std::string, DatasetInfo>&) const override {
-    return computed_plan({{"path", {h5::DType::int64, {}, {}}}});
+    return computed_plan({{"path", {{h5::DType::int64, {}, {}}}}});
   }
   std::string compute(const KernelContext& ctx) const override {
     const Input input = open_network(ctx);
@@ -211,11 +211,11 @@ class PathStage final : public ComputedStage {
     const auto ssa = j["ssa"].get<std::vector<std::pair<int, int>>>();
     std::vector<std::int64_t> flat;
     for (auto [a, b] : ssa) flat.insert(flat.end(), {a, b});
-    h5::Dataset d = out.create_dataset("path", {h5::DType::int64, {ssa.size(), 2}, {}, false});
+    h5::Dataset d = out.create_dataset("path", {{h5::DType::int64, {ssa.size(), 2}, {}}, false});
     if (!flat.empty()) d.write_all(flat.data());
     d.set_attribute("description", "SSA path: step s contracts ids (row[0], row[1]) into id N+s; inputs are 0..N-1");
     const auto sliced = j["sliced"].get<std::vector<std::int64_t>>();
-    h5::Dataset s = out.create_dataset("sliced", {h5::DType::int64, {sliced.size()}, {}, false});
+    h5::Dataset s = out.create_dataset("sliced", {{h5::DType::int64, {sliced.size()}, {}}, false});
     if (!sliced.empty()) s.write_all(sliced.data());
     out.set_attribute("cost", j["cost"].dump());
     out.set_attribute("method", j["method"].get<std::string>());

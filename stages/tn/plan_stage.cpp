@@ -132,7 +132,7 @@ class PlanStage final : public ComputedStage {
     return info;
   }
   StagePlan plan(const json&, const std::map<std::string, DatasetInfo>&) const override {
-    return computed_plan({{"plan", {h5::DType::uint8, {}, {}}}});
+    return computed_plan({{"plan", {{h5::DType::uint8, {}, {}}}}});
   }
   std::string compute(const KernelContext& ctx) const override {
     h5::File nf = h5::File::open(ctx.inputs.at("network")->where().file, h5::Mode::read_only);
@@ -220,7 +220,7 @@ class PlanStage final : public ComputedStage {
       predicted.push_back(s.predicted_seconds);
     }
     auto column = [&](const char* name, h5::DType t, const void* data, const char* doc) {
-      h5::Dataset d = out.create_dataset(name, {t, {n}, {}, false});
+      h5::Dataset d = out.create_dataset(name, {{t, {n}, {}}, false});
       if (n) d.write_all(data);
       d.set_attribute("description", doc);
     };

@@ -129,7 +129,7 @@ std::vector<int> open_qubits_from_params(const SourceParams& p, int qubits) {
 void write_bitstrings(h5::File& out, const std::vector<std::vector<std::uint8_t>>& bits, int qubits) {
   std::vector<std::uint8_t> flat;
   for (const auto& b : bits) flat.insert(flat.end(), b.begin(), b.end());
-  h5::Dataset d = out.create_dataset("bitstrings", {h5::DType::uint8, {bits.size(), static_cast<std::uint64_t>(qubits)}, {}, false});
+  h5::Dataset d = out.create_dataset("bitstrings", {{h5::DType::uint8, {bits.size(), static_cast<std::uint64_t>(qubits)}, {}}, false});
   if (!flat.empty()) d.write_all(flat.data());
   d.set_attribute("description", "one row per bitstring; column q is qubit q (0 or 1)");
 }

@@ -190,7 +190,7 @@ class StateVectorStage final : public Stage {
     StagePlan plan;  // sizes come from the circuit: refine_plan
     plan.pass.rows = 0;
     plan.primary_output = p.source.pauli ? "value" : "amplitudes";
-    plan.results = {{plan.primary_output, {p.precision, planned_shape(p.source), {}}}};
+    plan.results = {{plan.primary_output, {{p.precision, planned_shape(p.source), {}}}}};
     return plan;
   }
   // The output's shape where the parameters alone tell (a later step may plan with it): rows
@@ -212,13 +212,13 @@ class StateVectorStage final : public Stage {
     const std::uint64_t rows = job.pauli ? 1 : job.bitstrings.size(), per_row = job.per_row();
     engine::OutputDecl out;
     out.name = job.pauli ? "value" : "amplitudes";
-    out.dtype = job.dtype;
-    out.shape = per_row == 1 ? h5::Shape{rows} : h5::Shape{rows, per_row};
-    out.chunk = out.shape;
-    out.chunk[0] = std::min<std::uint64_t>(rows, default_chunk_rows(per_row * e));
+    out.layout.dtype = job.dtype;
+    out.layout.shape = per_row == 1 ? h5::Shape{rows} : h5::Shape{rows, per_row};
+    out.layout.chunk = out.layout.shape;
+    out.layout.chunk[0] = std::min<std::uint64_t>(rows, default_chunk_rows(per_row * e));
     plan.pass.rows = rows;
     plan.pass.progress_unit = job.pauli ? "values" : "amplitudes";
-    plan.pass.tile_rows = out.chunk[0];
+    plan.pass.tile_rows = out.layout.chunk[0];
     plan.pass.outputs = {out};
     plan.pass.resident_device_bytes = n * e * (job.pauli ? 2 : 1) + rows * per_row * 8 + (n / (1 << 16) + 1) * 16;
     plan.pass.prepare_host_bytes = job.pauli ? 0 : rows * per_row * 8;  // the amplitudes' basis indices

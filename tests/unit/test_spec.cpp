@@ -66,7 +66,7 @@ TEST(Spec, ValidSpecPlansWithDefaults) {
   EXPECT_EQ(wf.steps[0].params["dtype"], "complex64");  // default filled in
   EXPECT_EQ(wf.steps[0].params["chunk_rows"], 0);
   auto planned = runner::plan_workflow(wf);
-  EXPECT_EQ(planned[2].plan.pass.outputs[0].shape, (h5::Shape{64, 2}));
+  EXPECT_EQ(planned[2].plan.pass.outputs[0].layout.shape, (h5::Shape{64, 2}));
 }
 
 TEST(Spec, ErrorsPointAtTheField) {
