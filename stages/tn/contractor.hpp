@@ -88,6 +88,7 @@ class Contractor {
                 const std::vector<std::uint8_t>& bits);
   void run_spilled(Stream& stream, const PlanStep& st, char* arena, std::uint64_t slice,
                    const std::vector<std::uint8_t>& bits);
+  engine::SpillStore::Options spill_options() const;
   void run_step_at(Stream& stream, const PlanStep& st, const char* a, const char* b, char* c, char* arena);
   kernels::Gemm step_gemm(const PlanStep& st) const;
   void run_looped(Stream& stream, const PlanStep& st, const char* L, const char* R, char* c);
@@ -106,8 +107,6 @@ class Contractor {
   std::vector<std::array<Buffer, 2>> projection_;  // per input tensor: <0| and <1| (projections only)
   std::vector<std::int64_t> slice_radix_;
   std::vector<std::uint64_t> slice_place_;  // per sliced mode: the slice numbers one of its steps spans
-  engine::SpillStore::Options spill_options() const;
-
   Backend* backend_ = nullptr;
   std::filesystem::path scratch_dir_;
   std::optional<codec::Settings> compress_spilled_;
