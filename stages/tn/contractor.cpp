@@ -1,20 +1,14 @@
 #include "stages/tn/contractor.hpp"
 
-#include <fmt/format.h>
-#include <unistd.h>
-
 #include <chrono>
 #include <complex>
 #include <cstring>
-#include <random>
 
 #include "core/error.hpp"
-#include "core/units.hpp"
 
 #include "kernels/gemm.hpp"
 #include "kernels/looped_gemm.hpp"
 #include "kernels/permute.hpp"
-#include "stages/tn/compressed_spill.hpp"
 
 namespace qstage::tn {
 
@@ -41,10 +35,6 @@ Contractor::Contractor(const Network& net, const Plan& plan, h5::DType dtype, bo
   if (compress_spilled_ && dtype_ != h5::DType::complex64)
     throw InputError("compress_spilled needs a complex64 plan (the codec's type); expected tn.plan's precision "
                      "complex64");
-  for (const PlanStep& st : plan.steps)
-    if (st.spilled() && st.c_host)
-      largest_spilled_block_ = std::max(largest_spilled_block_,
-                                        static_cast<std::uint64_t>(net.size_of(block_view(st).c_modes)) * element_bytes());
   for (Mode m : plan.output) result_elements_ *= static_cast<std::uint64_t>(net.extent.at(m));
   for (Mode m : plan.sliced) slice_radix_.push_back(net.extent.at(m));
   slice_place_.assign(slice_radix_.size(), 1);
@@ -73,27 +63,42 @@ std::uint64_t Contractor::resident_bytes() const {
   return b;
 }
 
-std::uint64_t Contractor::spill_device_bytes(BackendKind kind) const {
-  return compress_spilled_ && largest_spilled_block_ ? CompressedSpill::device_bytes(kind, largest_spilled_block_) : 0;
+// The spill store of the plan's host arena: the blocks its spilled steps copy out and in, and
+// the tier the plan chose (pinned memory, or with plan.scratch a scratch file), unless
+// compress_spilled codes them.
+engine::SpillStore::Options Contractor::spill_options() const {
+  engine::SpillStore::Options o;
+  o.owner = "tn.contract";
+  o.space_bytes = plan_.host_arena_bytes;
+  auto block_bytes = [&](const std::vector<Mode>& modes) {
+    return static_cast<std::uint64_t>(net_.size_of(modes)) * element_bytes();
+  };
+  for (const PlanStep& st : plan_.steps) {
+    if (!st.spilled()) continue;
+    const PlanStep block = block_view(st);
+    if (st.c_host) o.largest_store_bytes = std::max(o.largest_store_bytes, block_bytes(block.c_modes));
+    if (st.a_host) o.largest_fetch_bytes = std::max(o.largest_fetch_bytes, block_bytes(block.a_modes));
+    if (st.b_host) o.largest_fetch_bytes = std::max(o.largest_fetch_bytes, block_bytes(block.b_modes));
+  }
+  o.host_share = plan_.scratch ? 0 : plan_.host_arena_bytes;
+  if (plan_.scratch) o.scratch_dir = scratch_dir_;
+  o.coded = compress_spilled_;
+  return o;
 }
-std::uint64_t Contractor::spilled_raw_bytes() const { return spill_ ? spill_->raw_bytes() : 0; }
-std::uint64_t Contractor::spilled_stored_bytes() const { return spill_ ? spill_->stored_bytes() : 0; }
+
+std::uint64_t Contractor::spill_device_bytes(BackendKind kind) const {
+  return plan_.host_arena_bytes ? engine::SpillStore::device_bytes(kind, spill_options()) : 0;
+}
+std::uint64_t Contractor::spilled_raw_bytes() const {
+  return spill_ && spill_->tier() == engine::SpillStore::Tier::coded ? spill_->stored_raw_bytes() : 0;
+}
+std::uint64_t Contractor::spilled_stored_bytes() const {
+  return spill_ && spill_->tier() == engine::SpillStore::Tier::coded ? spill_->stored_kept_bytes() : 0;
+}
 
 void Contractor::upload(Backend& backend, Stream& stream) {
   backend_ = &backend;
-  if (plan_.host_arena_bytes) {
-    h2d_ = backend.make_stream(false);
-    d2h_ = backend.make_stream(false);
-    if (compress_spilled_) {
-      spill_ = std::make_unique<CompressedSpill>(*compress_spilled_, largest_spilled_block_);
-      spill_->prepare(backend, *h2d_, *d2h_);
-    } else if (plan_.scratch) {
-      scratch_ = std::make_unique<ScratchFile>(scratch_dir_, plan_.host_arena_bytes);
-      bounce_ = backend.alloc_host(plan_.arena_bytes, "tn: bounce buffer for the scratch file");
-    } else {
-      host_arena_ = backend.alloc_host(plan_.host_arena_bytes, "tn: host arena (spilled intermediates)");
-    }
-  }
+  if (plan_.host_arena_bytes) spill_ = std::make_unique<engine::SpillStore>(backend, spill_options());
   if (plan_.persistent_bytes)
     persistent_ = backend.alloc_device(plan_.persistent_bytes, "tn: persistent region (invariant steps' results)");
   for (const auto& t : net_.tensors) {
@@ -230,68 +235,15 @@ void Contractor::run_looped(Stream& stream, const PlanStep& st, const char* L, c
   kernels::looped_gemm(stream, lg);
 }
 
-// The host arena as an HDF5 file (a plan made with scratch: true): one chunked byte dataset,
-// removed when the contraction ends.
-class Contractor::ScratchFile {
- public:
-  ScratchFile(const std::filesystem::path& dir, std::uint64_t bytes) {
-    std::random_device random;
-    path_ = dir / fmt::format("qstage-scratch-{}-{:08x}.h5", static_cast<long>(::getpid()), random());
-    try {
-      file_ = h5::File::create(path_);
-      data_ = file_.create_dataset("arena", {{h5::DType::uint8, {bytes}, {std::min<std::uint64_t>(bytes, 4u << 20)}}, false});
-    } catch (const h5::Error& e) {
-      std::filesystem::remove(path_);
-      throw InputError(fmt::format("tn.contract: cannot create the scratch file '{}' ({}); expected a writable "
-                                   "scratch_dir with {} free", path_.string(), e.reason(),
-                                   format_bytes(static_cast<double>(bytes))));
-    }
-  }
-  ~ScratchFile() {
-    data_ = {};
-    file_ = {};
-    std::error_code ec;
-    std::filesystem::remove(path_, ec);
-  }
-  void read(std::uint64_t offset, std::uint64_t bytes, void* dst) const { data_.read_rows(offset, bytes, dst); }
-  void write(std::uint64_t offset, std::uint64_t bytes, const void* src) { data_.write_rows(offset, bytes, src); }
-
- private:
-  std::filesystem::path path_;
-  h5::File file_;
-  h5::Dataset data_;
-};
-
 Contractor::~Contractor() = default;
-
-// A host-arena block at `offset` into device staging `dst` (on the copy-in stream). From a
-// scratch file the block passes through the pinned bounce buffer, which mirrors the arena.
-void Contractor::fetch(char* dst, std::uint64_t offset, std::uint64_t bytes, char* arena) {
-  if (spill_) return spill_->fetch(dst, offset, bytes);
-  if (!scratch_) return backend_->copy_to_device(dst, static_cast<char*>(host_arena_.data()) + offset, bytes, *h2d_);
-  char* bounce = static_cast<char*>(bounce_.data()) + (dst - arena);
-  h2d_->synchronize();  // the bounce region's previous copy has left
-  scratch_->read(offset, bytes, bounce);
-  backend_->copy_to_device(dst, bounce, bytes, *h2d_);
-}
-
-// Device staging `src` into the host arena at `offset` (on the copy-out stream).
-void Contractor::store(std::uint64_t offset, const char* src, std::uint64_t bytes, char* arena) {
-  if (spill_) return spill_->store(offset, src, bytes);
-  if (!scratch_) return backend_->copy_to_host(static_cast<char*>(host_arena_.data()) + offset, src, bytes, *d2h_);
-  char* bounce = static_cast<char*>(bounce_.data()) + (src - arena);
-  backend_->copy_to_host(bounce, src, bytes, *d2h_);
-  d2h_->synchronize();
-  scratch_->write(offset, bytes, bounce);
-}
 
 // A step with a tensor in the host arena, block by block over C's first block_modes modes, in
 // the plan's block order: each block of a host operand is copied into its staging when it
 // differs from the previous block's (an operand without block modes once), the block runs as a
 // step of its own, and a host result's block is copied back. Blocks are contiguous ranges of
-// every tensor (plan.hpp), so each copy is one transfer. Copies in and out run on streams of
-// their own, ordered by recorded points: the next block comes in and the previous one goes out
-// while a block computes, each in its own staging slot.
+// every tensor (plan.hpp), so each copy is one transfer. Copies in and out run on the spill
+// store's streams, ordered by recorded points: the next block comes in and the previous one goes
+// out while a block computes, each in its own staging slot.
 void Contractor::run_spilled(Stream& stream, const PlanStep& st, char* arena, std::uint64_t slice,
                              const std::vector<std::uint8_t>& bits) {
   const std::uint64_t e = element_bytes();
@@ -328,18 +280,18 @@ void Contractor::run_spilled(Stream& stream, const PlanStep& st, char* arena, st
   };
   auto slot = [](const Operand& x, std::int64_t n) { return x.stage + static_cast<std::uint64_t>(n % x.slots) * x.stride; };
   // Earlier steps' copies and results come first.
-  h2d_->wait(stream.record());
+  spill_->fetches_wait(stream.record());
   std::vector<Stream::Point> computed(static_cast<size_t>(st.blocks)), copied_out(static_cast<size_t>(st.blocks));
   for (std::int64_t blk = 0; blk < st.blocks; ++blk) {
     // In: into a slot whose last block (blk - 2 at the latest) has been computed.
-    if (blk >= 2) h2d_->wait(computed[static_cast<size_t>(blk - 2)]);
+    if (blk >= 2) spill_->fetches_wait(computed[static_cast<size_t>(blk - 2)]);
     for (Operand* x : {&a, &b}) {
       const std::uint64_t at = block_offset(*x, blk);
       if (!x->on_host || at == x->last) continue;
-      fetch(slot(*x, x->fetched++), x->offset + at, x->block_bytes, arena);
+      spill_->fetch(slot(*x, x->fetched++), x->offset + at, x->block_bytes);
       x->last = at;
     }
-    stream.wait(h2d_->record());
+    stream.wait(spill_->fetched());
     // Compute: into a result slot whose block (blk - 2) has been copied out.
     if (c.on_host && blk >= 2) stream.wait(copied_out[static_cast<size_t>(blk - 2)]);
     auto operand = [&](const Operand& x) -> const char* {
@@ -349,12 +301,12 @@ void Contractor::run_spilled(Stream& stream, const PlanStep& st, char* arena, st
     computed[static_cast<size_t>(blk)] = stream.record();
     // Out.
     if (c.on_host) {
-      d2h_->wait(computed[static_cast<size_t>(blk)]);
-      store(c.offset + block_offset(c, blk), slot(c, blk), c.block_bytes, arena);
-      copied_out[static_cast<size_t>(blk)] = d2h_->record();
+      spill_->stores_wait(computed[static_cast<size_t>(blk)]);
+      spill_->store(c.offset + block_offset(c, blk), slot(c, blk), c.block_bytes);
+      copied_out[static_cast<size_t>(blk)] = spill_->stored();
     }
   }
-  stream.wait(d2h_->record());  // later steps read the result
+  stream.wait(spill_->stored());  // later steps read the result
 }
 
 // A device tensor of a step, tensor `id`: an input (where it is resident), or an intermediate at

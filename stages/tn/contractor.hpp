@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "backend/backend.hpp"
+#include "engine/spill_store.hpp"
 #include "io/codec/codec.hpp"
 #include "kernels/gemm.hpp"
 #include "stages/tn/network.hpp"
@@ -32,8 +33,10 @@ namespace qstage::tn {
 class Contractor {
  public:
   // dtype: complex64 or complex128 (the compute precision); tf32 for complex64 on cuda.
-  // compress_spilled: keep the out-of-core steps' spilled intermediates as codec streams in host
-  // memory (complex64 only; compressed_spill.hpp) instead of the plan's host arena or scratch file.
+  // Out-of-core steps keep their spilled intermediates in a spill store (engine/spill_store.hpp):
+  // the plan's host arena in pinned memory, or with plan.scratch in a scratch file in
+  // `scratch_dir`. compress_spilled: as codec streams in host memory instead (the store's coded
+  // tier; complex64 only).
   Contractor(const Network& net, const Plan& plan, h5::DType dtype, bool tf32,
              std::filesystem::path scratch_dir = std::filesystem::temp_directory_path(),
              std::optional<codec::Settings> compress_spilled = std::nullopt);
@@ -45,8 +48,8 @@ class Contractor {
   std::uint64_t persistent_bytes() const { return plan_.persistent_bytes; }
   std::uint64_t result_elements() const { return result_elements_; }
   std::uint64_t element_bytes() const { return h5::dtype_size(dtype_); }
-  // Device memory the compressed spill takes on top of the arena (0 without compress_spilled or
-  // spilled steps).
+  // Device memory the spill store takes on top of the arena (its coded tier's workspace: 0
+  // without compress_spilled or spilled steps).
   std::uint64_t spill_device_bytes(BackendKind kind) const;
   // Bytes of spilled blocks coded so far, and of their streams (0 without compress_spilled).
   std::uint64_t spilled_raw_bytes() const;
@@ -85,8 +88,7 @@ class Contractor {
                 const std::vector<std::uint8_t>& bits);
   void run_spilled(Stream& stream, const PlanStep& st, char* arena, std::uint64_t slice,
                    const std::vector<std::uint8_t>& bits);
-  void fetch(char* dst, std::uint64_t offset, std::uint64_t bytes, char* arena);
-  void store(std::uint64_t offset, const char* src, std::uint64_t bytes, char* arena);
+  engine::SpillStore::Options spill_options() const;
   void run_step_at(Stream& stream, const PlanStep& st, const char* a, const char* b, char* c, char* arena);
   kernels::Gemm step_gemm(const PlanStep& st) const;
   void run_looped(Stream& stream, const PlanStep& st, const char* L, const char* R, char* c);
@@ -106,15 +108,9 @@ class Contractor {
   std::vector<std::int64_t> slice_radix_;
   std::vector<std::uint64_t> slice_place_;  // per sliced mode: the slice numbers one of its steps spans
   Backend* backend_ = nullptr;
-  Buffer host_arena_;                            // the plan's spilled intermediates (pinned)
-  std::unique_ptr<Stream> h2d_, d2h_;            // their copies in and out
-  class ScratchFile;
   std::filesystem::path scratch_dir_;
-  std::unique_ptr<ScratchFile> scratch_;          // the host arena as a file (plan.scratch)
-  Buffer bounce_;                                 // pinned, mirrors the device arena (plan.scratch)
   std::optional<codec::Settings> compress_spilled_;
-  std::uint64_t largest_spilled_block_ = 0;       // bytes of the largest block a step copies out
-  std::unique_ptr<class CompressedSpill> spill_;  // the spilled blocks as streams (compress_spilled)
+  std::unique_ptr<engine::SpillStore> spill_;    // the plan's host arena (spilled intermediates)
   Buffer persistent_;                             // the invariant steps' results the slices read
   std::vector<int> prologue_qubits_;              // the qubits whose projections invariant steps read
   std::optional<std::vector<std::uint8_t>> prologue_key_;  // their bits in the prologue the region holds

@@ -36,7 +36,8 @@
 // smaller step, and a host result's block is copied back; copies run on their own streams, so
 // block i+1 comes in and block i-1 goes out while block i computes (two staging slots each). Slicing then only adds what the host
 // budget cannot hold, or with `scratch`, the spilled intermediates live in an HDF5 scratch file
-// instead of pinned memory (blocks then pass through a pinned bounce buffer, synchronously).
+// instead of pinned memory (blocks then pass through pinned bounce buffers, synchronously; the
+// contractor keeps the host arena in a spill store, engine/spill_store.hpp).
 // The prediction adds host copies over the PCIe rate.
 //
 // Reuse across slices (PlanOptions::reuse_invariant): a step none of whose input tensors below
