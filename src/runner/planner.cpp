@@ -110,7 +110,7 @@ void apply_compress_output(stages::StagePlan& plan, const spec::Step& step, bool
     if (it == outputs.end())
       throw InputError(fmt::format("compress_output: datasets names '{}', which is not a streamed output of stage {}; "
                                    "expected one of {}", name, step.stage, fmt::join(names, ", ")));
-    if (it->kind != engine::OutputKind::rows)
+    if (it->kind == engine::OutputKind::appended)  // (coded_chunks: applied at planning, again at run time)
       throw InputError(fmt::format("compress_output: output '{}' of stage {} is not one row per pass row (its length "
                                    "is known only at the end); expected a dataset of fixed shape", name, step.stage));
     if (!h5::codec_element_type(it->layout.dtype))
