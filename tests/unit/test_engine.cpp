@@ -599,3 +599,90 @@ TEST(Engine, PerInputRowRangesMergeSortedRunsByKeyRange) {
   spec.inputs[1].ranges.back().end = run_b.size() + 1;
   EXPECT_THROW(engine.plan(spec), std::invalid_argument);
 }
+
+// ------------------------------------------------------------------------------ the device path
+namespace {
+
+// The rows of AppendKernel, and the same rows again grouped into 3 buckets (row r's bucket:
+// r % 3), computed on the host and copied to the device as a GPU kernel would leave them.
+class DeviceAppendKernel final : public engine::PassKernel {
+ public:
+  void prepare(Backend& backend, Stream&) override { backend_ = &backend; }
+  void process(const engine::BatchView& b) override {
+    const auto* x = static_cast<const float*>(b.host_inputs[0]);
+    std::vector<std::uint64_t> rows;
+    std::vector<std::vector<std::uint64_t>> buckets(3);
+    for (std::uint64_t r = 0; r < b.rows.size(); ++r) {
+      std::uint32_t bits;
+      std::memcpy(&bits, &x[r * kCols], 4);
+      for (std::uint64_t j = 0; j < appended_by(b.rows.begin + r); ++j) {
+        rows.insert(rows.end(), {b.rows.begin + r, j, bits});
+        buckets[(b.rows.begin + r) % 3].insert(buckets[(b.rows.begin + r) % 3].end(), {b.rows.begin + r, j, bits});
+      }
+    }
+    std::vector<std::uint64_t> grouped, counts{rows.size() / 3};
+    for (const auto& k : buckets) grouped.insert(grouped.end(), k.begin(), k.end());
+    std::vector<std::uint64_t> bucket_counts;
+    for (const auto& k : buckets) bucket_counts.push_back(k.size() / 3);
+    backend_->copy_to_device(b.outputs[0], rows.data(), rows.size() * 8, *b.stream);
+    backend_->copy_to_device(b.appended[0], counts.data(), 8, *b.stream);
+    backend_->copy_to_device(b.outputs[1], grouped.data(), grouped.size() * 8, *b.stream);
+    backend_->copy_to_device(b.appended[1], bucket_counts.data(), 24, *b.stream);
+    b.stream->synchronize();  // (the host vectors go out of scope)
+  }
+
+ private:
+  Backend* backend_ = nullptr;
+};
+
+std::pair<std::vector<std::uint64_t>, std::vector<std::uint64_t>> run_device_append(Fixture& fx, Backend& backend,
+                                                                                  const std::string& name) {
+  mpi::Comm comm;
+  engine::EngineOptions options;
+  options.max_batch_rows = 700;
+  engine::StreamEngine engine(backend, comm, options);
+  engine::StepWork work(fx.dir.path / ("work-" + name), "key-" + name, comm);
+  engine::PassSpec spec;
+  spec.rows = fx.rows;
+  spec.tile_rows = 100;
+  spec.inputs.push_back({"x", &fx.input, kCols * 4});
+  for (const char* out_name : {"pairs", "bucketed"}) {
+    engine::OutputDecl out{out_name, {h5::DType::uint64, {fx.rows * 4, 3}, {1000, 3}}};
+    out.kind = engine::OutputKind::appended;
+    out.max_rows_per_row = 4;
+    spec.outputs.push_back(out);
+  }
+  spec.outputs[1].buckets = 3;
+  DeviceAppendKernel kernel;
+  auto outcome = engine.run(spec, kernel, nullptr, work, fx.dir.path / (name + ".h5"), nullptr);
+  EXPECT_TRUE(outcome.complete);
+  outcome.staged.commit();
+  h5::File f = h5::File::open(fx.dir.path / (name + ".h5"), h5::Mode::read_only);
+  auto read = [&](const char* d) {
+    h5::Dataset ds = f.open_dataset(d);
+    std::vector<std::uint64_t> v(ds.shape()[0] * 3);
+    ds.read_all(v.data());
+    return v;
+  };
+  return {read("pairs"), read("bucketed")};
+}
+
+}  // namespace
+
+TEST(Engine, AppendedAndExchangedOutputsOnTheGpuAreTheCpusBytes) {
+  REQUIRE_GPU();
+  Fixture fx(3000);
+  auto cpu = detail::make_cpu_backend(64u << 20, 1ull << 30);
+  auto cuda = detail::make_cuda_backend(64u << 20, 1ull << 30, 0);
+  const auto on_cpu = run_device_append(fx, *cpu, "cpu");
+  const auto on_gpu = run_device_append(fx, *cuda, "gpu");
+  EXPECT_EQ(on_gpu.first, on_cpu.first);
+  EXPECT_EQ(on_gpu.second, on_cpu.second);
+  // The bucketed output holds bucket 0's rows (row % 3 == 0), then bucket 1's, then bucket 2's.
+  std::uint64_t last_bucket = 0;
+  for (std::size_t i = 0; i < on_gpu.second.size(); i += 3) {
+    EXPECT_GE(on_gpu.second[i] % 3, last_bucket);
+    last_bucket = on_gpu.second[i] % 3;
+  }
+  EXPECT_EQ(on_gpu.first.size(), on_gpu.second.size());
+}
