@@ -50,6 +50,10 @@ struct StreamedInput {
   // row_ranges: batch i reads rows ranges[i] of the dataset (explicit batches, one range each;
   // empty ranges are allowed). The buffers are sized for the longest.
   std::vector<RowRange> ranges = {};
+  // Where the kernel reads it: the device (BatchView::inputs) or only the host's pinned copy
+  // (BatchView::host_inputs; inputs[i] is null): a scan the host does as it reads, such as a
+  // value range, copies nothing to the device and takes no device memory.
+  enum class Place { device, host } place = Place::device;
 };
 
 // Where a pass's output goes, chosen per output (the engine's OutputSinks).

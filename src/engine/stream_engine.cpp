@@ -46,6 +46,7 @@ std::uint64_t device_partial_bytes(const PassSpec& s) { return s.partials_on_hos
 
 struct PerBatchBytes {
   std::uint64_t in_per_row = 0, out_per_row = 0, device_per_tile = 0, host_per_tile = 0, fixed_per_slot = 0;
+  std::uint64_t device_in_per_row = 0;  // inputs the kernel reads on the device
   std::uint64_t fixed_device = 0;  // coded outputs' codecs
 };
 
@@ -55,7 +56,10 @@ PerBatchBytes per_batch_bytes(const PassSpec& s, const std::vector<std::unique_p
                               std::uint64_t unit_rows, std::uint64_t input_rows, BackendKind kind) {
   PerBatchBytes b;
   std::uint64_t device_out = 0, host_out = 0;
-  for (const auto& in : s.inputs) b.in_per_row += in.row_bytes;
+  for (const auto& in : s.inputs) {
+    b.in_per_row += in.row_bytes;
+    if (in.place == StreamedInput::Place::device) b.device_in_per_row += in.row_bytes;
+  }
   for (const auto& out : s.outputs) b.out_per_row += out.row_bytes();
   for (const auto& sink : sinks) {
     device_out += sink->device_bytes(unit_rows);
@@ -63,7 +67,7 @@ PerBatchBytes per_batch_bytes(const PassSpec& s, const std::vector<std::unique_p
     b.fixed_device += sink->fixed_device_bytes(kind);
   }
   const std::uint64_t in_bytes = input_rows * b.in_per_row;
-  b.device_per_tile = in_bytes + device_out + unit_rows * s.scratch_device_bytes_per_row + device_partial_bytes(s);
+  b.device_per_tile = input_rows * b.device_in_per_row + device_out + unit_rows * s.scratch_device_bytes_per_row + device_partial_bytes(s);
   b.host_per_tile = in_bytes + host_out + s.tile_partial_bytes;
   b.fixed_per_slot = 16 * s.outputs.size();  // checksums and counts
   return b;
@@ -105,7 +109,9 @@ class Pipeline {
       const std::string tag = fmt::format("slot {}", n++);
       for (const auto& in : spec.inputs) {
         s.host_in.push_back(backend.alloc_host(in.row_bytes * input_rows, tag + " input " + in.name));
-        s.dev_in.push_back(backend.alloc_device(in.row_bytes * input_rows, tag + " input " + in.name));
+        s.dev_in.push_back(in.place == StreamedInput::Place::device
+                               ? backend.alloc_device(in.row_bytes * input_rows, tag + " input " + in.name)
+                               : Buffer());
       }
       for (const auto& sink : sinks) s.out.push_back(sink->make_slot(backend, batch_rows, tag));
       if (spec.scratch_device_bytes_per_row)
@@ -199,6 +205,7 @@ class Pipeline {
     Stream& st = *s.stream;
     st.mark(0);
     for (size_t i = 0; i < spec_.inputs.size(); ++i) {
+      if (spec_.inputs[i].place == StreamedInput::Place::host) continue;
       if (spec_.inputs[i].kind == InputKind::stored_chunks) {
         copy_stored_chunks(s, i, ceil_div(s.rows.size(), spec_.tile_rows));
         continue;

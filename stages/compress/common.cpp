@@ -104,6 +104,7 @@ std::optional<PriorPass> RelativeBoundsStage::prior_pass(const KernelContext& ct
   p.pass.rows = ctx.plan.pass.rows;
   p.pass.tile_rows = ctx.plan.pass.tile_rows;
   p.pass.inputs.push_back({"x", nullptr, x.row_bytes()});
+  p.pass.inputs.back().place = engine::StreamedInput::Place::host;  // the host scans its copy
   p.pass.tile_partial_bytes = sizeof(RangePartial);
   p.pass.partials_on_host = true;
   p.streamed_inputs = {"x"};
