@@ -72,10 +72,10 @@ struct OutputDecl {
   // coded_chunks (float32 and complex64 only): the engine codes each chunk on the device right
   // after the kernel, so only the coded chunks leave it; rank 0 appends them to a spool in the
   // work directory (durable at each checkpoint) and writes them into the output at the end.
-  std::optional<codec::Settings> codec;
+  std::optional<codec::Settings> codec = std::nullopt;
   // coded_chunks with relative bounds: the value range they are fractions of (the whole
   // output's, measured by an earlier pass); without it, each chunk's own range.
-  std::optional<double> codec_range;
+  std::optional<double> codec_range = std::nullopt;
   OutputKind kind = OutputKind::rows;
   // appended: the most rows one pass row may append (the buffers are sized for it). The kernel
   // writes a batch's rows from the start of its output buffer and their count to
