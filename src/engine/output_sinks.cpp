@@ -40,10 +40,6 @@ class RowsSink final : public OutputSink {
 
   bool appended() const { return decl_.kind == OutputKind::appended; }
 
-  // An appended batch may fill its buffer; its rows are wherever the round's counts place them.
-  std::uint64_t capacity(std::uint64_t batch_rows) const {
-    return appended() ? batch_rows * decl_.max_rows_per_row : batch_rows;
-  }
   std::uint64_t device_bytes(std::uint64_t batch_rows) const override { return capacity(batch_rows) * decl_.row_bytes(); }
   std::uint64_t host_bytes(std::uint64_t batch_rows) const override { return capacity(batch_rows) * decl_.row_bytes(); }
 
@@ -58,15 +54,7 @@ class RowsSink final : public OutputSink {
       s.ready = rows.size();
       return;
     }
-    // The count decides how much to copy: wait for it (this slot's stream only).
-    backend.copy_to_host(s.host_count.data(), s.device_count.data(), 8, stream);
-    stream.synchronize();
-    const std::uint64_t n = *s.host_count.as<std::uint64_t>();
-    if (n > capacity(rows.size()))
-      throw std::logic_error(fmt::format("a batch appended {} rows to '{}', more than the {} it may ({} per row)", n,
-                                         decl_.name, capacity(rows.size()), decl_.max_rows_per_row));
-    backend.copy_to_host(s.host.data(), s.device.data(), n * row_bytes, stream);
-    s.ready = n;
+    bring_appended(backend, stream, s, rows, 1);
   }
 
   void restore(const Journal& journal, const fs::path&, bool) override {
@@ -311,20 +299,11 @@ class ExchangedSink final : public OutputSink {
   ExchangedSink(const OutputDecl& decl, std::size_t index, const mpi::Comm& comm, comm::Communicator* exchange)
       : OutputSink(decl, index), comm_(comm), exchange_(exchange), buckets_(decl.buckets) {}
 
-  std::uint64_t capacity(std::uint64_t batch_rows) const { return batch_rows * decl_.max_rows_per_row; }
   std::uint64_t device_bytes(std::uint64_t batch_rows) const override { return capacity(batch_rows) * decl_.row_bytes(); }
   std::uint64_t host_bytes(std::uint64_t batch_rows) const override { return capacity(batch_rows) * decl_.row_bytes(); }
 
   void after_kernel(Backend& backend, Stream& stream, SlotOutput& s, const RowRange& rows) override {
-    backend.copy_to_host(s.host_count.data(), s.device_count.data(), 8 * buckets_, stream);
-    stream.synchronize();
-    const auto* counts = s.host_count.as<std::uint64_t>();
-    const std::uint64_t n = std::accumulate(counts, counts + buckets_, std::uint64_t{0});
-    if (n > capacity(rows.size()))
-      throw std::logic_error(fmt::format("a batch appended {} rows to '{}', more than the {} it may ({} per row)", n,
-                                         decl_.name, capacity(rows.size()), decl_.max_rows_per_row));
-    backend.copy_to_host(s.host.data(), s.device.data(), n * decl_.row_bytes(), stream);
-    s.ready = n;
+    bring_appended(backend, stream, s, rows, buckets_);
   }
   std::uint64_t count(const SlotOutput& s, const RowRange&) const override { return s.ready; }
 
@@ -476,6 +455,24 @@ class ExchangedSink final : public OutputSink {
 };
 
 }  // namespace
+
+std::uint64_t OutputSink::capacity(std::uint64_t batch_rows) const {
+  return decl_.kind == OutputKind::appended ? batch_rows * decl_.max_rows_per_row : batch_rows;
+}
+
+// The count decides how much to copy: wait for it (this slot's stream only), then copy the rows.
+void OutputSink::bring_appended(Backend& backend, Stream& stream, SlotOutput& s, const RowRange& rows,
+                                std::size_t counts) const {
+  backend.copy_to_host(s.host_count.data(), s.device_count.data(), 8 * counts, stream);
+  stream.synchronize();
+  const auto* c = s.host_count.as<std::uint64_t>();
+  const std::uint64_t n = std::accumulate(c, c + counts, std::uint64_t{0});
+  if (n > capacity(rows.size()))
+    throw std::logic_error(fmt::format("a batch appended {} rows to '{}', more than the {} it may ({} per row)", n,
+                                       decl_.name, capacity(rows.size()), decl_.max_rows_per_row));
+  backend.copy_to_host(s.host.data(), s.device.data(), n * decl_.row_bytes(), stream);
+  s.ready = n;
+}
 
 void SegmentFile::create(const fs::path& final_path) {
   temp_ = fsutil::temp_path(final_path);

@@ -124,6 +124,12 @@ class OutputSink {
   virtual void report(OutputReport& r) const = 0;
 
  protected:
+  // Rows a batch of `batch_rows` may leave (appended: max_rows_per_row each).
+  std::uint64_t capacity(std::uint64_t batch_rows) const;
+  // Appended outputs, after the kernel: its `counts` counts (summed), then that many rows, to the
+  // slot's host buffer; s.ready = the rows.
+  void bring_appended(Backend& backend, Stream& stream, SlotOutput& s, const RowRange& rows, std::size_t counts) const;
+
   const OutputDecl& decl_;
   std::size_t index_;
 };

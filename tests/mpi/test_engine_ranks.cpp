@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -85,50 +86,65 @@ struct Shared {
   }
 };
 
-// Runs the pass on the first `ranks` ranks of the world (the others wait). Returns whether it
-// completed (on those ranks).
-bool run_on(const Shared& s, int ranks, const std::string& name, std::int64_t stop_at, bool fresh) {
+// Runs `body` with a communicator of the first `ranks` ranks of the world; the others wait.
+void on_first_ranks(const Shared& s, int ranks, const std::function<void(const mpi::Comm&)>& body) {
   MPI_Comm sub;
   MPI_Comm_split(MPI_COMM_WORLD, s.world.rank() < ranks ? 0 : MPI_UNDEFINED, s.world.rank(), &sub);
-  bool complete = true;
   if (sub != MPI_COMM_NULL) {
     {
       const mpi::Comm comm(sub);
-      auto backend = detail::make_cpu_backend(32u << 20, 1ull << 30);
-      engine::EngineOptions options;
-      options.checkpoint_seconds = 0.0;
-      options.max_batch_rows = 200;
-      engine::StreamEngine engine(*backend, comm, options);
-      if (fresh && comm.root()) fs::remove_all(s.dir / ("work-" + name));
-      comm.barrier();
-      engine::StepWork work(s.dir / ("work-" + name), "key-" + name, comm);
-      h5::File in = h5::File::open(s.dir / "x.h5", h5::Mode::read_only);
-      h5::Dataset x = in.open_dataset("x");
-      engine::PassSpec spec;
-      spec.rows = kRows;
-      spec.tile_rows = 100;
-      spec.inputs.push_back({"x", &x, 8});
-      engine::OutputDecl out{"keys", h5::DType::uint64, {kRows * 4, 2}, {512, 2}};
-      out.kind = engine::OutputKind::appended;
-      out.max_rows_per_row = 4;
-      out.buckets = kBuckets;
-      spec.outputs.push_back(out);
-      BucketKernel kernel(stop_at);
-      auto outcome = engine.run(spec, kernel, nullptr, work, s.dir / (name + ".h5"), nullptr);
-      complete = outcome.complete;
-      if (complete) {
-        std::uint64_t total = 0;
-        for (auto n : outcome.outputs[0].bucket_rows) total += n;
-        EXPECT_EQ(outcome.outputs[0].bucket_rows.size(), kBuckets);
-        EXPECT_EQ(total, outcome.outputs[0].rows);
-        outcome.staged.commit();
-      }
+      body(comm);
     }
     MPI_Comm_free(&sub);
   }
   s.world.barrier();
+}
+
+// The input dataset and a pass over it with tiles of `tile_rows` rows.
+struct XPass {
+  h5::File file;
+  h5::Dataset x;
+  engine::PassSpec spec;
+  XPass(const Shared& s, std::uint64_t tile_rows)
+      : file(h5::File::open(s.dir / "x.h5", h5::Mode::read_only)), x(file.open_dataset("x")) {
+    spec.rows = kRows;
+    spec.tile_rows = tile_rows;
+    spec.inputs.push_back({"x", &x, 8});
+  }
+};
+
+// Runs the pass on the first `ranks` ranks of the world (the others wait). Returns whether it
+// completed (on those ranks).
+bool run_on(const Shared& s, int ranks, const std::string& name, std::int64_t stop_at, bool fresh) {
+  bool complete = false;
+  on_first_ranks(s, ranks, [&](const mpi::Comm& comm) {
+    auto backend = detail::make_cpu_backend(32u << 20, 1ull << 30);
+    engine::EngineOptions options;
+    options.checkpoint_seconds = 0.0;
+    options.max_batch_rows = 200;
+    engine::StreamEngine engine(*backend, comm, options);
+    if (fresh && comm.root()) fs::remove_all(s.dir / ("work-" + name));
+    comm.barrier();
+    engine::StepWork work(s.dir / ("work-" + name), "key-" + name, comm);
+    XPass pass(s, 100);
+    engine::OutputDecl out{"keys", h5::DType::uint64, {kRows * 4, 2}, {512, 2}};
+    out.kind = engine::OutputKind::appended;
+    out.max_rows_per_row = 4;
+    out.buckets = kBuckets;
+    pass.spec.outputs.push_back(out);
+    BucketKernel kernel(stop_at);
+    auto outcome = engine.run(pass.spec, kernel, nullptr, work, s.dir / (name + ".h5"), nullptr);
+    complete = outcome.complete;
+    if (complete) {
+      std::uint64_t total = 0;
+      for (auto n : outcome.outputs[0].bucket_rows) total += n;
+      EXPECT_EQ(outcome.outputs[0].bucket_rows.size(), kBuckets);
+      EXPECT_EQ(total, outcome.outputs[0].rows);
+      outcome.staged.commit();
+    }
+  });
   signals::request_stop(0);
-  return s.world.any(complete);
+  return s.world.any(complete);  // (the ranks that ran agree)
 }
 
 // Per tile of 10 rows: the sum of sqrt(x) in double, rows in order. Left to right, the sum of
@@ -157,35 +173,23 @@ class SumFold final : public engine::Reduction {
 
 // The tree-folded sum on the first `ranks` ranks, with batches of `batch_rows` rows (rank 0's).
 double tree_sum_on(const Shared& s, int ranks, std::uint64_t batch_rows) {
-  MPI_Comm sub;
-  MPI_Comm_split(MPI_COMM_WORLD, s.world.rank() < ranks ? 0 : MPI_UNDEFINED, s.world.rank(), &sub);
   double sum = 0;
-  if (sub != MPI_COMM_NULL) {
-    {
-      const mpi::Comm comm(sub);
-      auto backend = detail::make_cpu_backend(32u << 20, 1ull << 30);
-      engine::EngineOptions options;
-      options.max_batch_rows = batch_rows;
-      engine::StreamEngine engine(*backend, comm, options);
-      const std::string name = "sum-" + std::to_string(ranks) + "-" + std::to_string(batch_rows);
-      engine::StepWork work(s.dir / ("work-" + name), name, comm);
-      h5::File in = h5::File::open(s.dir / "x.h5", h5::Mode::read_only);
-      h5::Dataset x = in.open_dataset("x");
-      engine::PassSpec spec;
-      spec.rows = kRows;
-      spec.tile_rows = 10;
-      spec.inputs.push_back({"x", &x, 8});
-      spec.tile_partial_bytes = 8;
-      SqrtSumKernel kernel;
-      SumFold fold;
-      auto outcome = engine.run(spec, kernel, &fold, work, s.dir / (name + ".h5"), nullptr);
-      EXPECT_TRUE(outcome.complete);
-      outcome.staged.commit();
-      sum = fold.sum;
-    }
-    MPI_Comm_free(&sub);
-  }
-  s.world.barrier();
+  on_first_ranks(s, ranks, [&](const mpi::Comm& comm) {
+    auto backend = detail::make_cpu_backend(32u << 20, 1ull << 30);
+    engine::EngineOptions options;
+    options.max_batch_rows = batch_rows;
+    engine::StreamEngine engine(*backend, comm, options);
+    const std::string name = "sum-" + std::to_string(ranks) + "-" + std::to_string(batch_rows);
+    engine::StepWork work(s.dir / ("work-" + name), name, comm);
+    XPass pass(s, 10);
+    pass.spec.tile_partial_bytes = 8;
+    SqrtSumKernel kernel;
+    SumFold fold;
+    auto outcome = engine.run(pass.spec, kernel, &fold, work, s.dir / (name + ".h5"), nullptr);
+    EXPECT_TRUE(outcome.complete);
+    outcome.staged.commit();
+    sum = fold.sum;
+  });
   return sum;  // (rank 0 takes part in every run)
 }
 
