@@ -66,4 +66,20 @@ std::filesystem::path prior_pass_output(const KernelContext& ctx, int index) {
   return ctx.work_dir / engine::StepWork::pass_folder(index) / "output.h5";
 }
 
+namespace {
+// Step inputs' slot names are identifiers; this prefix cannot begin one.
+constexpr std::string_view kEarlierPass = "pass:";
+}  // namespace
+
+std::string earlier_pass_input(int pass, const std::string& dataset) {
+  return std::string(kEarlierPass) + std::to_string(pass) + ":" + dataset;
+}
+
+std::optional<EarlierPassInput> parse_earlier_pass_input(const std::string& source) {
+  if (!source.starts_with(kEarlierPass)) return std::nullopt;
+  const std::size_t colon = source.find(':', kEarlierPass.size());
+  if (colon == std::string::npos) throw std::logic_error("malformed earlier-pass input '" + source + "'");
+  return EarlierPassInput{std::stoi(source.substr(kEarlierPass.size(), colon - kEarlierPass.size())), source.substr(colon + 1)};
+}
+
 }  // namespace qstage::stages

@@ -153,6 +153,17 @@ class ComputedStage : public Stage {
 // The file the outputs of the step's prior pass number `index` (0, 1, ...) went to.
 std::filesystem::path prior_pass_output(const KernelContext& ctx, int index);
 
+// A streamed input (PriorPass::streamed_inputs, StagePlan::streamed_inputs) that is not a step
+// input but dataset `dataset` of the output of the step's prior pass number `pass`, done before
+// the pass that streams it: a stage of several passes chains them (generate, then sort what was
+// generated). The runner opens that file read-only on every rank for the rest of the step.
+std::string earlier_pass_input(int pass, const std::string& dataset);
+struct EarlierPassInput {
+  int pass = 0;
+  std::string dataset;
+};
+std::optional<EarlierPassInput> parse_earlier_pass_input(const std::string& source);
+
 // Every stage qstage knows, in name order.
 const std::vector<const Stage*>& all_stages();
 const Stage* find_stage(std::string_view name);

@@ -316,9 +316,35 @@ class WorkflowRun {
     return in;
   }
 
-  // Binds a pass's streamed inputs to the opened datasets of their slots.
-  static void bind_inputs(engine::PassSpec& pass, const std::vector<std::string>& slots, const OpenInputs& in) {
-    for (size_t i = 0; i < pass.inputs.size(); ++i) pass.inputs[i].dataset = in.by_slot.at(slots.at(i));
+  // The outputs of a step's earlier passes that its later passes stream, opened read-only for as
+  // long as the step runs (a pass's output file is complete once the pass is).
+  struct EarlierPassOutputs {
+    std::map<int, h5::File> files;
+    std::map<std::string, h5::Dataset> datasets;  // by streamed-input name
+  };
+
+  // Binds a pass's streamed inputs: a step input's slot name, or an earlier pass's output
+  // (stages::earlier_pass_input), which is opened here on every rank.
+  void bind_inputs(engine::PassSpec& pass, const std::vector<std::string>& sources, const OpenInputs& in,
+                   const stages::KernelContext& context, EarlierPassOutputs& earlier) {
+    for (size_t i = 0; i < pass.inputs.size(); ++i) {
+      const std::string& source = sources.at(i);
+      if (const auto ref = stages::parse_earlier_pass_input(source)) {
+        auto d = earlier.datasets.find(source);
+        if (d == earlier.datasets.end()) {
+          auto f = earlier.files.find(ref->pass);
+          if (f == earlier.files.end())
+            f = earlier.files
+                    .emplace(ref->pass, h5::File::open(stages::prior_pass_output(context, ref->pass), h5::Mode::read_only,
+                                                       comm_.get()))
+                    .first;
+          d = earlier.datasets.emplace(source, f->second.open_dataset(ref->dataset)).first;
+        }
+        pass.inputs[i].dataset = &d->second;
+      } else {
+        pass.inputs[i].dataset = in.by_slot.at(source);
+      }
+    }
   }
 
   // The state a stage of several passes committed (rank 0 reads it, every rank gets it); a state
@@ -362,7 +388,7 @@ class WorkflowRun {
   // folder of the step's work directory, checkpointed and resumed as the output pass is. The
   // state is committed after each; a stop ends the step (StopRequested) with the pass committed.
   void run_prior_passes(const PlannedStep& p, const stages::KernelContext& context, const OpenInputs& in,
-                        const std::string& key, stages::PassState& state) {
+                        EarlierPassOutputs& earlier, const std::string& key, stages::PassState& state) {
     const spec::Step& step = *p.step;
     while (true) {
       std::optional<stages::PriorPass> prior;
@@ -373,7 +399,7 @@ class WorkflowRun {
         throw InputError(fmt::format("step '{}' ({}): {}", step.id, step.stage, e.what()));
       }
       if (!prior) return;
-      bind_inputs(prior->pass, prior->streamed_inputs, in);
+      bind_inputs(prior->pass, prior->streamed_inputs, in, context, earlier);
       const std::string label = fmt::format("pass {} ({})", state.done + 1, prior->name);
       engine::StepWork work(dir_.work(step.id) / engine::StepWork::pass_folder(state.done), key, comm_);
       const auto started = Clock::now();
@@ -487,10 +513,11 @@ class WorkflowRun {
     stages::PassState passes = load_pass_state(step.id, key);
     const stages::KernelContext context{step.params, in.by_slot, p.plan,     step.files, backend_.get(),
                                         &comm_,      dir_.work(step.id), key, &passes};
-    run_prior_passes(p, context, in, key, passes);
+    EarlierPassOutputs earlier;
+    run_prior_passes(p, context, in, earlier, key, passes);
     refine(p, context);
     engine::PassSpec pass = p.plan.pass;
-    bind_inputs(pass, p.plan.streamed_inputs, in);
+    bind_inputs(pass, p.plan.streamed_inputs, in, context, earlier);
 
     auto kernel = step.impl->make_kernel(context);
     auto reduction = step.impl->make_reduction(p.plan);
