@@ -157,3 +157,154 @@ QSTAGE_HD double element(const HamiltonianView& h, const Det& a, const Det& b) {
 }
 
 }  // namespace qstage::kernels::sci
+
+namespace qstage::kernels::sci {
+
+// ---------------------------------------------------------------- coupled-configuration lists
+// A source determinant's excitations are a sequence of lists, in this order: the singles of each
+// occupied alpha orbital, of each occupied beta orbital, the opposite-spin doubles of each
+// (alpha, beta) pair of occupied orbitals, the same-spin doubles of each alpha pair, then of each
+// beta pair (orbitals and pairs ascending). Each list is cut where heat-bath screening stops it
+// (cut_length), and entry k of the concatenated cut lists is "virtual excitation" k: a GPU thread
+// evaluates one, the CPU twin walks them in order, and both emit the valid ones in this order.
+enum class ListKind : int { single_alpha, single_beta, opposite, same_alpha, same_beta };
+
+struct ListRef {
+  ListKind kind = ListKind::single_alpha;
+  int p = 0, q = 0;  // occupied orbitals (singles: p only; same-spin: p < q)
+};
+
+// How many lists a determinant with `na` alpha and `nb` beta electrons has.
+QSTAGE_HD std::uint32_t list_count(int na, int nb) {
+  return static_cast<std::uint32_t>(na + nb + na * nb + na * (na - 1) / 2 + nb * (nb - 1) / 2);
+}
+
+// The j of pair index m = j(j-1)/2 + i, i < j.
+QSTAGE_HD int pair_high(std::uint32_t m) {
+  int j = 1;
+  while (static_cast<std::uint32_t>(j * (j + 1) / 2) <= m) ++j;
+  return j;
+}
+
+QSTAGE_HD ListRef list_at(std::uint32_t l, int na, int nb, const int* occ_a, const int* occ_b) {
+  if (l < static_cast<std::uint32_t>(na)) return {ListKind::single_alpha, occ_a[l], 0};
+  l -= na;
+  if (l < static_cast<std::uint32_t>(nb)) return {ListKind::single_beta, occ_b[l], 0};
+  l -= nb;
+  if (l < static_cast<std::uint32_t>(na * nb)) return {ListKind::opposite, occ_a[l / nb], occ_b[l % nb]};
+  l -= na * nb;
+  const bool alpha = l < static_cast<std::uint32_t>(na * (na - 1) / 2);
+  if (!alpha) l -= na * (na - 1) / 2;
+  const int j = pair_high(l), i = static_cast<int>(l) - j * (j - 1) / 2;
+  const int* occ = alpha ? occ_a : occ_b;
+  return {alpha ? ListKind::same_alpha : ListKind::same_beta, occ[i], occ[j]};
+}
+
+// The list's padded slots: (its row in the table, its length, its width).
+struct ListSlots {
+  std::uint64_t first = 0;
+  std::uint32_t length = 0;
+};
+QSTAGE_HD ListSlots list_slots(const HamiltonianView& h, const ListRef& l) {
+  switch (l.kind) {
+    case ListKind::single_alpha:
+    case ListKind::single_beta:
+      return {static_cast<std::uint64_t>(l.p) * h.single_width, h.single_length[l.p]};
+    case ListKind::opposite: {
+      const std::uint64_t pair = static_cast<std::uint64_t>(l.p) * h.norb + l.q;
+      return {pair * h.opposite_width, h.opposite_length[pair]};
+    }
+    default: {
+      const std::uint64_t pair = same_pair(l.p, l.q);
+      return {pair * h.same_width, h.same_length[pair]};
+    }
+  }
+}
+
+// |entry k|'s screening magnitude: a bound of |H| for singles, |H| for doubles.
+QSTAGE_HD double list_magnitude(const HamiltonianView& h, const ListRef& l, std::uint64_t slot) {
+  switch (l.kind) {
+    case ListKind::single_alpha:
+    case ListKind::single_beta: return h.single_bound[slot];
+    case ListKind::opposite: return h.opposite_value[slot] < 0 ? -h.opposite_value[slot] : h.opposite_value[slot];
+    default: return h.same_value[slot] < 0 ? -h.same_value[slot] : h.same_value[slot];
+  }
+}
+
+// How many leading entries of the list pass heat-bath screening for a source with |c| = abs_c:
+// magnitude * abs_c > eps (the lists are sorted by magnitude descending, so a binary search).
+QSTAGE_HD std::uint32_t cut_length(const HamiltonianView& h, const ListRef& l, double abs_c, double eps) {
+  const ListSlots s = list_slots(h, l);
+  std::uint32_t lo = 0, hi = s.length;
+  while (lo < hi) {
+    const std::uint32_t mid = (lo + hi) / 2;
+    if (list_magnitude(h, l, s.first + mid) * abs_c > eps) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
+// Entry k of the source's list l: false when it is not an excitation of this determinant (a
+// target occupied) or, for singles, its exact element fails the screening; else the target
+// determinant and <target|H|source> (phase included) in *out.
+QSTAGE_HD bool list_entry(const HamiltonianView& h, const Det& d, const ListRef& l, std::uint32_t k, double abs_c,
+                          double eps, Det* target, double* element) {
+  const ListSlots s = list_slots(h, l);
+  const std::uint64_t slot = s.first + k;
+  switch (l.kind) {
+    case ListKind::single_alpha:
+    case ListKind::single_beta: {
+      const bool alpha = l.kind == ListKind::single_alpha;
+      const int r = h.single_target[slot];
+      const std::uint64_t same = alpha ? d.alpha : d.beta, other = alpha ? d.beta : d.alpha;
+      if ((same >> r) & 1) return false;
+      const double v = single_element(h, same, other, l.p, r);
+      if (!((v < 0 ? -v : v) * abs_c > eps)) return false;
+      const std::uint64_t moved = same ^ bit(l.p) ^ bit(r);
+      *target = alpha ? Det{moved, d.beta} : Det{d.alpha, moved};
+      *element = v;
+      return true;
+    }
+    case ListKind::opposite: {
+      const int r = h.opposite_target[slot] & 0xff, t = h.opposite_target[slot] >> 8;
+      if (((d.alpha >> r) & 1) || ((d.beta >> t) & 1)) return false;
+      *target = Det{d.alpha ^ bit(l.p) ^ bit(r), d.beta ^ bit(l.q) ^ bit(t)};
+      *element = excitation_sign(d.alpha, l.p, r) * excitation_sign(d.beta, l.q, t) * h.opposite_value[slot];
+      return true;
+    }
+    default: {
+      const bool alpha = l.kind == ListKind::same_alpha;
+      const int r = h.same_target[slot] & 0xff, t = h.same_target[slot] >> 8;
+      const std::uint64_t same = alpha ? d.alpha : d.beta;
+      if (((same >> r) & 1) || ((same >> t) & 1)) return false;
+      const std::uint64_t moved = same ^ bit(l.p) ^ bit(l.q) ^ bit(r) ^ bit(t);
+      *target = alpha ? Det{moved, d.beta} : Det{d.alpha, moved};
+      *element = double_sign(same, l.p, r, l.q, t) * h.same_value[slot];
+      return true;
+    }
+  }
+}
+
+// The occupied orbitals of a string, ascending; returns how many.
+QSTAGE_HD int occupied(std::uint64_t s, int* out) {
+  int n = 0;
+  while (s) {
+    const int p = popcount((s & (~s + 1)) - 1);  // index of the lowest set bit
+    out[n++] = p;
+    s &= s - 1;
+  }
+  return n;
+}
+
+// Index of `key` in the sorted `keys[0, n)`, or n when absent.
+QSTAGE_HD std::uint64_t find_sorted(const Det* keys, std::uint64_t n, const Det& key) {
+  std::uint64_t lo = 0, hi = n;
+  while (lo < hi) {
+    const std::uint64_t mid = lo + (hi - lo) / 2;
+    if (keys[mid] < key) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo < n && keys[lo] == key ? lo : n;
+}
+
+}  // namespace qstage::kernels::sci
