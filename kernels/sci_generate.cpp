@@ -31,11 +31,6 @@ void for_each_excitation(const sci::HamiltonianView& h, int na, int nb, const sc
 
 }  // namespace
 
-std::uint64_t sci_generate_workspace_bytes(std::uint64_t n) {
-  // the GPU's per-source counts and offsets, and its scan's temporary storage
-  return 2 * n * sizeof(std::uint64_t) + (1u << 20) + n * 8;
-}
-
 void sci_generate_cpu(const SciGenerate& a) {
   const auto n = static_cast<std::int64_t>(a.n);
   std::vector<std::uint64_t> offset(a.n + 1, 0);

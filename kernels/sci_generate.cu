@@ -140,13 +140,14 @@ std::size_t list_bytes(int na, int nb) { return sci::list_count(na, nb) * sizeof
 
 void sci_generate_cuda(void* cuda_stream, const SciGenerate& a) {
   auto stream = static_cast<cudaStream_t>(cuda_stream);
-  auto* counts = static_cast<std::uint64_t*>(a.workspace);
-  auto* offsets = counts + a.n;
-  void* temp = offsets + a.n;
+  std::uint64_t* counts = a.workspace;
+  std::uint64_t* offsets = counts + a.n;
+  void* temp = a.scan_workspace;
   std::size_t temp_bytes = 0;
   QSTAGE_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(nullptr, temp_bytes, counts, offsets, static_cast<std::int64_t>(a.n)));
-  if (2 * a.n * sizeof(std::uint64_t) + temp_bytes > sci_generate_workspace_bytes(a.n))
-    throw std::logic_error("sci_generate: the scan needs more workspace than sci_generate_workspace_bytes gives");
+  if (temp_bytes > kSciScanWorkspaceBytes)
+    throw std::logic_error("sci_generate: the scan needs more than kSciScanWorkspaceBytes");
+  temp_bytes = kSciScanWorkspaceBytes;
   if (a.n == 0) {
     QSTAGE_CUDA_CHECK(cudaMemsetAsync(a.count, 0, sizeof(std::uint64_t), stream));
     return;

@@ -27,10 +27,12 @@ struct SciGenerate {
   double eps = 0;
   sci::Candidate* out = nullptr;    // room for every candidate (max_candidates_per_source * n)
   std::uint64_t* count = nullptr;   // one u64: how many were written
-  void* workspace = nullptr;        // sci_generate_workspace_bytes(n)
+  std::uint64_t* workspace = nullptr;  // 2 n values (per-source counts and offsets)
+  void* scan_workspace = nullptr;      // kSciScanWorkspaceBytes (the scan's temporary storage)
 };
 
-std::uint64_t sci_generate_workspace_bytes(std::uint64_t n);
+// The scan's temporary storage for any batch up to 2^34 sources (checked at run time).
+constexpr std::uint64_t kSciScanWorkspaceBytes = 4u << 20;
 void sci_generate(Stream& stream, const SciGenerate& args);
 void sci_generate_cpu(const SciGenerate& args);
 

@@ -64,13 +64,17 @@ void symmetric_eigen(int n, std::vector<double> a, std::vector<double>& values, 
   }
 }
 
-Davidson::Davidson(std::vector<double> diagonal, std::vector<double> guess, DavidsonOptions options)
-    : diagonal_(std::move(diagonal)), options_(options) {
-  if (guess.size() != diagonal_.size() || guess.empty()) throw std::invalid_argument("Davidson: guess and diagonal differ in size");
+Davidson::Davidson(std::vector<double> guess, DavidsonOptions options) : options_(options) {
+  if (guess.empty()) throw std::invalid_argument("Davidson: an empty guess");
   const double norm = std::sqrt(dot(guess, guess));
   if (!(norm > 0)) throw std::invalid_argument("Davidson: the guess is zero");
   scale(guess, 1 / norm);
   basis_.push_back(std::move(guess));
+}
+
+void Davidson::set_diagonal(std::vector<double> diagonal) {
+  if (diagonal.size() != basis_.front().size()) throw std::invalid_argument("Davidson: the diagonal has the wrong size");
+  diagonal_ = std::move(diagonal);
 }
 
 void Davidson::add_direction(std::vector<double> t) {
@@ -90,6 +94,7 @@ void Davidson::add_direction(std::vector<double> t) {
 
 bool Davidson::take(std::vector<double> product) {
   if (done_) throw std::logic_error("Davidson::take after it finished");
+  if (diagonal_.empty()) throw std::logic_error("Davidson::take before set_diagonal");
   if (product.size() != diagonal_.size()) throw std::invalid_argument("Davidson: product of the wrong size");
   ++products_;
   products_of_basis_.push_back(std::move(product));

@@ -17,8 +17,10 @@ struct DavidsonOptions {
 
 class Davidson {
  public:
-  // `diagonal`: A's diagonal (the preconditioner); `guess`: a start vector (normalized here).
-  Davidson(std::vector<double> diagonal, std::vector<double> guess, DavidsonOptions options = {});
+  // `guess`: a start vector (normalized here). A's diagonal (the preconditioner) is set before the
+  // first take(): it can come with the first product.
+  explicit Davidson(std::vector<double> guess, DavidsonOptions options = {});
+  void set_diagonal(std::vector<double> diagonal);
   const std::vector<double>& next() const { return basis_.back(); }
   // Hands A next(); returns true once converged (or out of products: see converged()).
   bool take(std::vector<double> product);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <type_traits>
 
 namespace qstage::sci {
 
@@ -132,6 +133,36 @@ kernels::sci::HamiltonianView host_view(const Integrals& ints, const ExcitationT
   v.same_target = t.same_target.data();
   v.same_value = t.same_value.data();
   return v;
+}
+
+ResidentHamiltonian::ResidentHamiltonian(Backend& backend, Stream& stream, const Integrals& ints, const ExcitationTables& t) {
+  view_ = host_view(ints, t);
+  auto upload = [&](const auto*& pointer, std::size_t count) {
+    using T = std::remove_cv_t<std::remove_pointer_t<std::remove_reference_t<decltype(pointer)>>>;
+    const std::size_t bytes = std::max<std::size_t>(count, 1) * sizeof(T);
+    Buffer b = backend.alloc_device(bytes, "selected-CI integrals and excitation tables");
+    if (count) backend.copy_to_device(b.data(), pointer, count * sizeof(T), stream);
+    pointer = b.as<T>();
+    buffers_.push_back(std::move(b));
+  };
+  upload(view_.h1, ints.h1.size());
+  upload(view_.eri, ints.eri.size());
+  upload(view_.coulomb, t.coulomb.size());
+  upload(view_.exchange, t.exchange.size());
+  upload(view_.single_length, t.single_length.size());
+  upload(view_.single_target, t.single_target.size());
+  upload(view_.single_bound, t.single_bound.size());
+  upload(view_.opposite_length, t.opposite_length.size());
+  upload(view_.opposite_target, t.opposite_target.size());
+  upload(view_.opposite_value, t.opposite_value.size());
+  upload(view_.same_length, t.same_length.size());
+  upload(view_.same_target, t.same_target.size());
+  upload(view_.same_value, t.same_value.size());
+  stream.synchronize();
+}
+
+std::uint64_t ResidentHamiltonian::bytes(const Integrals& ints, const ExcitationTables& t) {
+  return (ints.h1.size() + ints.eri.size()) * 8 + t.bytes() + 13 * 8;
 }
 
 }  // namespace qstage::sci

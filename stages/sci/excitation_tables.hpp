@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "backend/backend.hpp"
 #include "kernels/sci_math.hpp"
 #include "stages/sci/fcidump.hpp"
 
@@ -52,5 +53,19 @@ std::uint64_t max_candidates_per_source(const ExcitationTables& t, int nalpha, i
 // A view of host-resident integrals and tables (the CPU twin reads it directly; the GPU copies
 // the same arrays to the device).
 kernels::sci::HamiltonianView host_view(const Integrals& ints, const ExcitationTables& t);
+
+// The integrals and tables copied where a backend's kernels read them (device memory on cuda,
+// charged to the device budget), for the life of a pass's kernel.
+class ResidentHamiltonian {
+ public:
+  ResidentHamiltonian(Backend& backend, Stream& stream, const Integrals& ints, const ExcitationTables& t);
+  const kernels::sci::HamiltonianView& view() const { return view_; }
+  // What it takes: declare it as a pass's resident device bytes.
+  static std::uint64_t bytes(const Integrals& ints, const ExcitationTables& t);
+
+ private:
+  std::vector<Buffer> buffers_;
+  kernels::sci::HamiltonianView view_;
+};
 
 }  // namespace qstage::sci
