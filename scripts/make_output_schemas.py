@@ -99,6 +99,17 @@ STAGES = {
                            ("/beyond_bound", "uint64", 0), ("/relative_error", "float64", 0),
                            ("/fidelity", "float64", 0), ("/compress_gbps", "float64", 0),
                            ("/decompress_gbps", "float64", 0), ("/stored_bytes", "uint64", 0)]),
+    "sci.solve": ("selected CI: the final space (/dets, sorted (alpha, beta) occupation strings) and "
+                  "its coefficients, E_var, E_PT2 and their sum, and per iteration the energies and counts "
+                  "in /iterations",
+                  {"converged": {"type": "integer", "enum": [0, 1]}, "stop_reason": STRING,
+                   "reference_energy?": NUMBER},
+                  [("/energy", "float64", 0), ("/e_pt2", "float64", 0), ("/e_total", "float64", 0),
+                   ("/dets", "uint64", 2), ("/coefficients", "float64", 1), ("/joined_iteration", "int32", 1),
+                   ("/iterations/e_var", "float64", 1), ("/iterations/e_pt2", "float64", 1),
+                   ("/iterations/dets", "uint64", 1), ("/iterations/generated", "uint64", 1),
+                   ("/iterations/unique", "uint64", 1), ("/iterations/selected", "uint64", 1),
+                   ("/iterations/davidson_products", "uint64", 1)]),
 }
 
 

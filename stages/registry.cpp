@@ -5,6 +5,7 @@
 #include "core/embedded.hpp"
 #include "engine/journal.hpp"
 #include "stages/compress/compress_stages.hpp"
+#include "stages/sci/solve_stage.hpp"
 #include "stages/stage.hpp"
 #include "stages/tensor/tensor_stages.hpp"
 #include "stages/tn/tn_stages.hpp"

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "stages/sci/solve_stage.hpp"
 #include "stages/tn/tn_stages.hpp"
 
 namespace qstage::stages {
@@ -10,6 +11,7 @@ const std::vector<View>& all_views() {
   // An explicit list of the families (as all_stages()), so nothing depends on link order.
   static const std::vector<View> views = [] {
     std::vector<View> v = tn_views();
+    for (View& view : sci_views()) v.push_back(std::move(view));
     std::sort(v.begin(), v.end(), [](const View& a, const View& b) { return a.stage < b.stage; });
     return v;
   }();
