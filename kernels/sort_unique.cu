@@ -9,9 +9,8 @@
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_scan.cuh>
 
-#include <fmt/format.h>
-
 #include <stdexcept>
+#include <string>
 
 #include "backend/cuda_check.hpp"
 #include "kernels/sort_unique.hpp"
@@ -59,9 +58,8 @@ void sort_pairs(cub::DoubleBuffer<K>& keys, cub::DoubleBuffer<V>& values, u64 n,
   std::size_t need = 0;
   QSTAGE_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, need, keys, values, static_cast<int>(n), 0, end_bit, stream));
   if (need > c.rest_bytes())
-    throw std::runtime_error(fmt::format("sort_unique: CUB needs {} bytes of temporary storage for {} items; the "
-                                         "scratch leaves {}",
-                                         need, n, c.rest_bytes()));
+    throw std::runtime_error("sort_unique: CUB needs " + std::to_string(need) + " bytes of temporary storage for " +
+                             std::to_string(n) + " items; the scratch leaves " + std::to_string(c.rest_bytes()));
   QSTAGE_CUDA_CHECK(
       cub::DeviceRadixSort::SortPairs(c.rest(), need, keys, values, static_cast<int>(n), 0, end_bit, stream));
 }
@@ -70,8 +68,8 @@ void inclusive_sum(const u32* in, u32* out, u64 n, Carve& c, cudaStream_t stream
   std::size_t need = 0;
   QSTAGE_CUDA_CHECK(cub::DeviceScan::InclusiveSum(nullptr, need, in, out, static_cast<int>(n), stream));
   if (need > c.rest_bytes())
-    throw std::runtime_error(fmt::format("sort_unique: CUB's scan needs {} bytes; the scratch leaves {}", need,
-                                         c.rest_bytes()));
+    throw std::runtime_error("sort_unique: CUB's scan needs " + std::to_string(need) + " bytes; the scratch leaves " +
+                             std::to_string(c.rest_bytes()));
   QSTAGE_CUDA_CHECK(cub::DeviceScan::InclusiveSum(c.rest(), need, in, out, static_cast<int>(n), stream));
 }
 
@@ -272,7 +270,8 @@ __global__ void gather_index(IndexGather a, const u64* table) {
 
 void check_rows(u64 n, const char* what) {
   if (n >= (u64{1} << 32))
-    throw std::runtime_error(fmt::format("{}: {} rows in one batch; the GPU sorts index at most 2^32 - 1", what, n));
+    throw std::runtime_error(std::string(what) + ": " + std::to_string(n) +
+                             " rows in one batch; the GPU sorts index at most 2^32 - 1");
 }
 
 }  // namespace
@@ -396,7 +395,8 @@ void sort_keys_plain_cuda(void* cuda_stream, const u64* in, u64* out, u64 n, Wor
   std::size_t need = 0;
   QSTAGE_CUDA_CHECK(cub::DeviceRadixSort::SortKeys(nullptr, need, in, out, static_cast<int>(n), 0, 64, stream));
   if (need > work.scratch_bytes)
-    throw std::runtime_error(fmt::format("sort_keys_plain: CUB needs {} bytes; given {}", need, work.scratch_bytes));
+    throw std::runtime_error("sort_keys_plain: CUB needs " + std::to_string(need) + " bytes; given " +
+                             std::to_string(work.scratch_bytes));
   QSTAGE_CUDA_CHECK(cub::DeviceRadixSort::SortKeys(work.scratch, need, in, out, static_cast<int>(n), 0, 64, stream));
 }
 
