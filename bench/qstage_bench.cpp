@@ -22,12 +22,18 @@
 //   qstage_bench sci-generate --fcidump FILE [--sources 100000] [--batch 2000] [--eps 0] [--device cuda|cpu]
 //       selected CI's generation kernel (kernels/sci_generate) on random source determinants:
 //       candidates, seconds, candidates per second (bench/sci_generate_bench.cpp)
+//   qstage_bench dedup --rows N [--words W] [--distinct D] [--device cuda]
+//       in-core de-duplication (kernels/sort_unique: one tile of N keys of W words, sorted stably and
+//       reduced with counts and value sums) against CUB's plain radix sort of the same N keys' first
+//       word (std::sort on cpu), on Zipf-like keys over about D distinct values: items/s of each,
+//       data already on the device
 // Output: one JSON object on stdout. Timings are medians of repeats after a warm-up.
 #include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <complex>
 #include <cstring>
 #include <filesystem>
@@ -48,6 +54,7 @@
 #include "kernels/looped_gemm.hpp"
 #include "kernels/random.hpp"
 #include "sci_generate_bench.hpp"
+#include "kernels/sort_unique.hpp"
 
 using namespace qstage;
 using nlohmann::json;
@@ -412,13 +419,59 @@ int looped_bench(const std::map<std::string, std::string>& a) {
   return 0;
 }
 
+int dedup_bench(const std::map<std::string, std::string>& a) {
+  const std::string device = a.count("device") ? a.at("device") : "auto";
+  auto be = make_backend({device, 0, 0, 0});
+  const std::uint64_t n = std::stoull(a.at("rows"));
+  const auto words = static_cast<std::uint32_t>(a.count("words") ? std::stoul(a.at("words")) : 2);
+  const std::uint64_t distinct = a.count("distinct") ? std::stoull(a.at("distinct")) : n / 16 + 1;
+  if (words < 1 || words > kernels::kMaxKeyWords) throw InputError("--words: expected 1 to 4");
+  std::vector<std::uint64_t> keys(n * words), first(n);
+  std::vector<double> values(n);
+  for (std::uint64_t i = 0; i < n; ++i) {  // skewed: a power of a uniform draw picks the key
+    const double u = static_cast<double>(kernels::splitmix64(i) >> 11) * 0x1.0p-53;
+    const std::uint64_t k = static_cast<std::uint64_t>(std::pow(u, 3.0) * static_cast<double>(distinct));
+    for (std::uint32_t w = 0; w < words; ++w) keys[i * words + w] = kernels::fmix64(k * 4 + w + 1);
+    first[i] = keys[i * words];
+    values[i] = u;
+  }
+  auto s = be->make_stream();
+  const kernels::RecordLayout L{words, true, false};
+  Buffer dk = be->alloc_device(keys.size() * 8, "bench keys"), dv = be->alloc_device(n * 8, "bench values"),
+         df = be->alloc_device(n * 8, "bench first words"), dout = be->alloc_device(n * 8, "bench sorted"),
+         rec = be->alloc_device(n * L.cols() * 8, "bench records"), tu = be->alloc_device(8, "bench count"),
+         work = be->alloc_device(kernels::tile_unique_scratch_bytes(n, words) + n * 8, "bench scratch");
+  be->copy_to_device(dk.data(), keys.data(), keys.size() * 8, *s);
+  be->copy_to_device(dv.data(), values.data(), n * 8, *s);
+  be->copy_to_device(df.data(), first.data(), n * 8, *s);
+  const double sort = median_seconds([&] {
+    kernels::sort_keys_plain(*s, df.as<std::uint64_t>(), dout.as<std::uint64_t>(), n, {work.data(), work.size()});
+    s->synchronize();
+  });
+  const kernels::KeyRows in{dk.as<std::uint64_t>(), words, words, dv.as<double>(), false, n};
+  const double dedup = median_seconds([&] {
+    kernels::tile_unique(*s, {in, L, n, 0, rec.as<std::uint64_t>(), tu.as<std::uint64_t>(), nullptr,
+                              {work.data(), work.size()}});
+    s->synchronize();
+  });
+  std::uint64_t unique = 0;
+  be->copy_to_host(&unique, tu.data(), 8, *s);
+  s->synchronize();
+  const json out = {{"device", be->description()}, {"rows", n}, {"words", words}, {"unique", unique},
+                    {"plain_sort_first_word_items_per_second", n / sort},
+                    {"dedup_items_per_second", n / dedup}, {"dedup_over_plain_sort", sort / dedup}};
+  std::cout << out.dump(2) << "\n";
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (argc < 2) {
     std::cerr << "usage: qstage_bench ceilings --m M --n N --k K [--device cuda|cpu] [--io-dir DIR --io-bytes SIZE]\n"
                  "       qstage_bench inmemory-matmul --a FILE:/dataset --b FILE:/dataset\n"
                  "       qstage_bench codec --data FILE:/dataset [--device cuda] [--pipelines szx,group] [--bounds 1e-3]\n"
                  "       qstage_bench looped --steps FILE.json [--device cuda] [--dtype complex64]\n"
-                 "       qstage_bench sci-generate --fcidump FILE [--sources N] [--batch N] [--eps E] [--device cuda]\n";
+                 "       qstage_bench sci-generate --fcidump FILE [--sources N] [--batch N] [--eps E] [--device cuda]\n"
+                 "       qstage_bench dedup --rows N [--words W] [--distinct D] [--device cuda]\n";
     return 2;
   }
   try {
@@ -433,6 +486,7 @@ int main(int argc, char** argv) {
       std::cout << bench::sci_generate_bench(args).dump(2) << "\n";
       return 0;
     }
+    if (cmd == "dedup") return dedup_bench(args);
     std::cerr << "unknown command " << cmd << "\n";
     return 2;
   } catch (const std::exception& e) {

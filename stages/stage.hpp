@@ -33,6 +33,7 @@ struct DatasetInfo {
 struct InputSlot {
   std::string name;
   std::string description;
+  bool optional = false;  // a step may leave it out (plan() then finds no entry for it)
 };
 
 struct StageInfo {
@@ -73,6 +74,10 @@ struct PriorPass {
   std::vector<std::string> streamed_inputs;  // slot name of each pass input, in order
   std::unique_ptr<engine::PassKernel> kernel;
   std::unique_ptr<engine::Reduction> reduction;
+  // Filled by the runner once the pass is complete, before after_prior_pass: what it wrote into
+  // each output (rows, each batch's appended rows, each bucket's rows), which a later pass needs
+  // to find its batches in them (a merge reads one bucket per batch).
+  std::vector<engine::OutputReport> outputs = {};
 };
 
 // Handed to make_kernel and compute: the step's parameters and its opened input datasets.

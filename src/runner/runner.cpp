@@ -420,6 +420,7 @@ class WorkflowRun {
       }
       if (reporter) reporter->finish();
       if (!outcome.complete) stopped(step.id, label, outcome.journal.committed_rows, prior->pass.rows, json::object());
+      prior->outputs = std::move(outcome.outputs);
       step.impl->after_prior_pass(context, *prior, state);
       state.done += 1;
       save_pass_state(step.id, key, state);

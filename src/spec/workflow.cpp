@@ -122,9 +122,9 @@ Step parse_step(Workflow& wf, const json& v, size_t index) {
                        slots.empty() ? "no inputs" : fmt::format("{}", fmt::join(slots, ", "))));
     step.inputs[it.key()] = parse_input(wf, it.value(), ptr + "/inputs/" + it.key());
   }
-  for (const auto& slot : slots)
-    if (!step.inputs.count(slot))
-      fail(wf.doc, ptr + "/inputs", fmt::format("missing input '{}' of stage {}; expected inputs: {}", slot, step.stage,
+  for (const auto& slot : step.impl->info().inputs)
+    if (!slot.optional && !step.inputs.count(slot.name))
+      fail(wf.doc, ptr + "/inputs", fmt::format("missing input '{}' of stage {}; expected inputs: {}", slot.name, step.stage,
                                                 fmt::join(slots, ", ")));
   return step;
 }

@@ -673,7 +673,7 @@ TEST(Engine, AppendedAndExchangedOutputsOnTheGpuAreTheCpusBytes) {
   REQUIRE_GPU();
   Fixture fx(3000);
   auto cpu = detail::make_cpu_backend(64u << 20, 1ull << 30);
-  auto cuda = detail::make_cuda_backend(64u << 20, 1ull << 30, 0);
+  auto cuda = make_backend({"cuda", 64u << 20, 1ull << 30, 0});  // (make_cuda_backend exists only in CUDA builds)
   const auto on_cpu = run_device_append(fx, *cpu, "cpu");
   const auto on_gpu = run_device_append(fx, *cuda, "gpu");
   EXPECT_EQ(on_gpu.first, on_cpu.first);

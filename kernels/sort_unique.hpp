@@ -1,0 +1,190 @@
+#pragma once
+// Sort-based de-duplication of multi-word keys (seed 004, section 4.1: local sort and unique,
+// regular samples, splitters, exchange, merge), as the kernels of the keys.dedup passes
+// (stages/keys/dedup_passes.hpp).
+//
+// Keys are 1-4 uint64 words compared lexicographically, word 0 most significant (an (alpha, beta)
+// determinant pair sorts as a 128-bit key). Everything here is sorted *stably*, so rows with
+// equal keys keep their input order, and every float sum is a sequential sum in that order:
+// the CPU twin (kernels/sort_unique.cpp) and the GPU (kernels/sort_unique.cu) give the same bytes.
+//
+// A *record* is one row of uint64 columns (RecordLayout): the key words, the float64 value's bits
+// (if any), the count of rows it stands for, and (for the reverse index) its origin: the id of the
+// (tile, tile-local unique key) it came from, first_row_of_tile + local position. Pointers are
+// device memory on cuda and host memory on cpu; calls are queued on `stream`.
+#include <cstdint>
+
+#include "backend/backend.hpp"
+#include "kernels/common.hpp"
+
+namespace qstage::kernels {
+
+constexpr std::uint32_t kMaxKeyWords = 4;
+
+// Device memory a call works in: its *_scratch_bytes, the arrays it sorts through plus a share
+// for CUB's temporary storage (4 bytes a row and kCubFixedBytes; CUB says what it needs only at
+// run time, and the .cu checks that it fits). The CPU twins do not use it: their temporaries are
+// host memory, which is what a cpu "device" is.
+constexpr std::uint64_t kCubFixedBytes = 64 << 10;
+struct Workspace {
+  void* scratch = nullptr;
+  std::uint64_t scratch_bytes = 0;
+};
+
+struct RecordLayout {
+  std::uint32_t words = 1;  // key words, 1..4
+  bool value = false;       // a float64 (its bits) follows the key
+  bool origin = false;      // a trailing origin id (reverse index)
+  QSTAGE_HD std::uint32_t value_col() const { return words; }
+  QSTAGE_HD std::uint32_t count_col() const { return words + (value ? 1u : 0u); }
+  QSTAGE_HD std::uint32_t origin_col() const { return count_col() + 1; }
+  QSTAGE_HD std::uint32_t cols() const { return count_col() + 1 + (origin ? 1u : 0u); }
+};
+
+// -1, 0, 1 as key a (words at a) is below, equal to or above key b.
+QSTAGE_HD int compare_keys(const std::uint64_t* a, const std::uint64_t* b, std::uint32_t words) {
+  for (std::uint32_t w = 0; w < words; ++w)
+    if (a[w] != b[w]) return a[w] < b[w] ? -1 : 1;
+  return 0;
+}
+
+// The bucket of a key: how many of the (ascending) splitters are <= it, so bucket b holds the
+// keys in [splitter b-1, splitter b) and every copy of a key falls in one bucket.
+QSTAGE_HD std::uint32_t bucket_of(const std::uint64_t* key, const std::uint64_t* splitters, std::uint32_t count,
+                                  std::uint32_t words) {
+  std::uint32_t lo = 0, hi = count;
+  while (lo < hi) {
+    const std::uint32_t mid = (lo + hi) / 2;
+    if (compare_keys(splitters + static_cast<std::uint64_t>(mid) * words, key, words) <= 0) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
+// A batch's input rows: each row's key words at keys[row * stride], and its value either in a
+// separate column (values) or interleaved after the key (column `words` of the row, the float64's
+// bits: SCI's {alpha, beta, value} candidate records), or none.
+struct KeyRows {
+  const std::uint64_t* keys = nullptr;
+  std::uint32_t words = 1;
+  std::uint32_t stride = 1;  // uint64 per row: words, or words + 1 with an interleaved value
+  const double* values = nullptr;
+  bool interleaved = false;
+  std::uint64_t rows = 0;
+  bool has_value() const { return values != nullptr || interleaved; }
+};
+
+// Per tile (rows [t * tile_rows, ...) of the batch; a batch is whole tiles of the pass, so tiles do
+// not depend on the batch size): its rows sorted stably by key and reduced to one record per
+// distinct key (count, value summed in input order, origin), ascending. Tile t's records go to
+// records[t * tile_rows ...] (a record never outnumbers its tile's rows), their count to
+// tile_unique[t]. With `local`, local[i] = the position of row i's key among its tile's records.
+struct TileUnique {
+  KeyRows in;
+  RecordLayout layout;           // of the records: in.words, in.has_value(), origin as wanted
+  std::uint64_t tile_rows = 1;
+  std::uint64_t first_row = 0;   // the pass row of input row 0 (origins count from it)
+  std::uint64_t* records = nullptr;      // in.rows records of layout.cols() words
+  std::uint64_t* tile_unique = nullptr;  // one per tile
+  std::uint64_t* local = nullptr;        // optional: one per input row
+  Workspace work;  // tile_unique_scratch_bytes(in.rows, in.words)
+};
+std::uint64_t tiles_of(std::uint64_t rows, std::uint64_t tile_rows);
+std::uint64_t tile_unique_scratch_bytes(std::uint64_t rows, std::uint32_t words);
+void tile_unique(Stream& stream, const TileUnique& args);
+
+// Regular samples of each tile's records (TileUnique's layout): partial t gets
+// [taken, weight, taken keys], fixed size sample_partial_words(samples, words): the records at
+// positions floor(j * u / samples) (all u if u <= samples), and u, the records they stand for.
+struct TileSamples {
+  const std::uint64_t* records = nullptr;
+  const std::uint64_t* tile_unique = nullptr;
+  RecordLayout layout;
+  std::uint64_t tiles = 0, tile_rows = 1;
+  std::uint32_t samples = 1;
+  std::uint64_t* partials = nullptr;  // tiles * sample_partial_words(...) words
+};
+QSTAGE_HD std::uint64_t sample_partial_words(std::uint32_t samples, std::uint32_t words) {
+  return 2 + static_cast<std::uint64_t>(samples) * words;
+}
+void tile_samples(Stream& stream, const TileSamples& args);
+
+// TileUnique's records, grouped by bucket (bucket_of the splitters): bucket 0's first, and within
+// a bucket tile after tile, each tile's records ascending (the exchange keeps that order, so a
+// bucket arrives in tile order whatever the batches were). counts[b] = bucket b's records.
+struct BucketSplit {
+  const std::uint64_t* records = nullptr;
+  const std::uint64_t* tile_unique = nullptr;
+  RecordLayout layout;
+  std::uint64_t rows = 0, tile_rows = 1;
+  const std::uint64_t* splitters = nullptr;  // buckets - 1 keys, ascending
+  std::uint32_t buckets = 1;
+  std::uint64_t* out = nullptr;     // rows records at most
+  std::uint64_t* counts = nullptr;  // buckets
+  Workspace work;  // bucket_split_scratch_bytes(rows)
+};
+std::uint64_t bucket_split_scratch_bytes(std::uint64_t rows);
+void bucket_split(Stream& stream, const BucketSplit& args);
+
+// One bucket's records (from every tile, in tile order) sorted stably by key and reduced: the
+// distinct keys ascending with their counts summed and values summed in order, and their number
+// in *unique. With layout.origin, every record also leaves a pair (origin, batch, position of its
+// key among this batch's keys), grouped by row bucket (origin / rows_per_row_bucket), each group
+// in key order, and pair_counts[r] = row bucket r's pairs: the reverse index, still to be put in
+// row order (IndexGather).
+struct BucketMerge {
+  const std::uint64_t* records = nullptr;
+  std::uint64_t rows = 0;
+  RecordLayout layout;
+  std::uint64_t* keys = nullptr;    // rows * words at most
+  std::uint64_t* counts = nullptr;  // rows at most
+  double* values = nullptr;         // with layout.value
+  std::uint64_t* unique = nullptr;  // one
+  std::uint64_t batch = 0;
+  std::uint64_t* pairs = nullptr;   // with layout.origin: rows * 3 words
+  std::uint64_t* pair_counts = nullptr;
+  std::uint32_t row_buckets = 1;
+  std::uint64_t rows_per_row_bucket = 1;
+  Workspace work;  // bucket_merge_scratch_bytes(rows, words)
+};
+std::uint64_t bucket_merge_scratch_bytes(std::uint64_t rows, std::uint32_t words);
+void bucket_merge(Stream& stream, const BucketMerge& args);
+
+// The reverse index of a batch of pass rows [first_row, first_row + rows) (whole tiles): the
+// pairs of the origins in that range (any order; origins are distinct) give each (tile, local)
+// its batch and position there, and index[i] = prefix[batch] + position for the origin
+// first_row_of_tile(i) + local[i]. prefix: the exclusive prefix sums of every merge batch's keys.
+struct IndexGather {
+  const std::uint64_t* local = nullptr;
+  std::uint64_t rows = 0, first_row = 0, tile_rows = 1;
+  const std::uint64_t* pairs = nullptr;
+  std::uint64_t pair_count = 0;
+  const std::uint64_t* prefix = nullptr;
+  std::uint64_t* index = nullptr;
+  Workspace work;  // index_gather_scratch_bytes(rows)
+};
+std::uint64_t index_gather_scratch_bytes(std::uint64_t rows);
+void index_gather(Stream& stream, const IndexGather& args);
+
+// The yardstick the dedup is measured against (qstage_bench dedup): a plain sort of n single-word
+// keys, CUB's DeviceRadixSort::SortKeys on the GPU (std::sort on the CPU). work: n * 8 bytes and CUB's.
+void sort_keys_plain(Stream& stream, const std::uint64_t* in, std::uint64_t* out, std::uint64_t n, Workspace work);
+
+namespace cpu {
+void tile_unique(const TileUnique& args);
+void tile_samples(const TileSamples& args);
+void bucket_split(const BucketSplit& args);
+void bucket_merge(const BucketMerge& args);
+void index_gather(const IndexGather& args);
+}  // namespace cpu
+
+namespace detail {
+void tile_unique_cuda(void* cuda_stream, const TileUnique& args);
+void tile_samples_cuda(void* cuda_stream, const TileSamples& args);
+void bucket_split_cuda(void* cuda_stream, const BucketSplit& args);
+void bucket_merge_cuda(void* cuda_stream, const BucketMerge& args);
+void index_gather_cuda(void* cuda_stream, const IndexGather& args);
+void sort_keys_plain_cuda(void* cuda_stream, const std::uint64_t* in, std::uint64_t* out, std::uint64_t n, Workspace work);
+}  // namespace detail
+
+}  // namespace qstage::kernels

@@ -1,0 +1,154 @@
+// keys.dedup: the unique rows of a uint64 key dataset (1-4 words per key, word 0 most
+// significant), globally sorted, with their counts, the sums of an optional float64 value per
+// key, and the reverse index, out of core and the same bytes on any rank count and budget. The
+// work is DedupPasses' (sample, partition, merge) plus its finish pass as the output pass, which
+// writes the index and copies the unique keys into the step's output.
+#include <fmt/format.h>
+
+#include "core/error.hpp"
+#include "stages/keys/dedup_passes.hpp"
+#include "stages/keys/keys_stages.hpp"
+#include "stages/tensor/common.hpp"
+
+namespace qstage::stages {
+namespace {
+
+using json = nlohmann::json;
+using keys::DedupPasses;
+using keys::DedupSource;
+
+struct Params {
+  bool index = true;
+  std::uint32_t buckets = 0;
+  std::uint64_t tile_rows = 1 << 16;
+  std::uint32_t samples = 32;
+  static Params from_json(const json& p) {
+    return {p.at("index").get<bool>(), p.at("buckets").get<std::uint32_t>(), p.at("tile_rows").get<std::uint64_t>(),
+            p.at("samples").get<std::uint32_t>()};
+  }
+};
+
+// What to de-duplicate, from the inputs' layouts (checked: a bad input is an InputError naming it).
+DedupSource source_of(const json& params, const Layout& keys, const Layout* values) {
+  if (keys.dtype != DType::uint64)
+    throw InputError(fmt::format("input 'keys' has dtype {}; expected uint64", h5::dtype_name(keys.dtype)));
+  if (keys.shape.empty() || keys.shape.size() > 2 || (keys.shape.size() == 2 && (keys.shape[1] < 1 || keys.shape[1] > 4)))
+    throw InputError(fmt::format("input 'keys' has shape {}; expected (n,) or (n, w) with 1 to 4 words per key",
+                                 shape_text(keys.shape)));
+  if (keys.shape[0] == 0) throw InputError("input 'keys' has no rows; expected at least one key");
+  const Params p = Params::from_json(params);
+  DedupSource s;
+  s.keys = "keys";
+  s.rows = keys.shape[0];
+  s.words = keys.shape.size() == 2 ? static_cast<std::uint32_t>(keys.shape[1]) : 1;
+  s.keys_1d = keys.shape.size() == 1;
+  s.index = p.index;
+  s.tile_rows = p.tile_rows;
+  s.buckets = p.buckets;
+  s.samples = p.samples;
+  if (values) {
+    if (values->dtype != DType::float64)
+      throw InputError(fmt::format("input 'values' has dtype {}; expected float64", h5::dtype_name(values->dtype)));
+    if (values->shape != Shape{s.rows})
+      throw InputError(fmt::format("input 'values' has shape {}; expected ({},), one value per row of input 'keys'",
+                                   shape_text(values->shape), s.rows));
+    s.values = "values";
+  }
+  return s;
+}
+
+DedupPasses passes_of(const KernelContext& ctx) {
+  const auto v = ctx.inputs.find("values");
+  Layout values;
+  if (v != ctx.inputs.end()) values = {*v->second->dtype(), v->second->shape(), {}};
+  const h5::Dataset& k = *ctx.inputs.at("keys");
+  return DedupPasses(source_of(ctx.params, {*k.dtype(), k.shape(), {}}, v != ctx.inputs.end() ? &values : nullptr));
+}
+
+const json& dedup_state(const KernelContext& ctx) {
+  static const json none;
+  if (!ctx.passes || !ctx.passes->data.contains("dedup")) return none;
+  return ctx.passes->data.at("dedup");
+}
+
+class DedupStage final : public Stage {
+ public:
+  const StageInfo& info() const override {
+    static const StageInfo info{
+        "keys.dedup", 1,
+        "unique keys (1-4 uint64 words, sorted), their counts, per-key value sums and the reverse index, out of core",
+        {{"keys", "uint64 (n,) or (n, w), w <= 4 words per key, word 0 most significant"},
+         {"values", "optional float64 (n,): summed per unique key", true}},
+        "- id: unique\n  stage: keys.dedup\n  inputs: {keys: dets, values: amps}\n  params: {index: true}\n"};
+    return info;
+  }
+
+  StagePlan plan(const json& params, const std::map<std::string, DatasetInfo>& in) const override {
+    const auto v = in.find("values");
+    const DedupSource s = source_of(params, in.at("keys").layout, v != in.end() ? &v->second.layout : nullptr);
+    // The output pass (the finish pass) is known once the merge is done (refine_plan); until
+    // then this plan names its outputs, at their largest.
+    DedupPasses passes(s);
+    StagePlan plan;
+    plan.pass.rows = s.rows;
+    plan.pass.tile_rows = s.tile_rows;
+    plan.pass.inputs.push_back({"keys", nullptr, in.at("keys").layout.row_bytes()});
+    plan.streamed_inputs = {"keys"};
+    const Shape key_shape = s.keys_1d ? Shape{s.rows} : Shape{s.rows, s.words};
+    const Shape key_chunk = s.keys_1d ? Shape{s.tile_rows} : Shape{s.tile_rows, s.words};
+    auto add = [&](const char* name, DType t, Shape shape, Shape chunk) {
+      engine::OutputDecl o{name, {t, std::move(shape), std::move(chunk)}};
+      o.kind = engine::OutputKind::appended;
+      o.max_rows_per_row = 1;
+      plan.pass.outputs.push_back(std::move(o));
+    };
+    if (s.index) plan.pass.outputs.push_back({"index", {DType::uint64, {s.rows}, {s.tile_rows}}});
+    add("keys", DType::uint64, key_shape, key_chunk);
+    add("counts", DType::uint64, {s.rows}, {s.tile_rows});
+    if (s.has_value()) add("values", DType::float64, {s.rows}, {s.tile_rows});
+    plan.primary_output = "keys";
+    plan.summary = {{"rows", s.rows}, {"words", s.words}, {"values", s.has_value()}, {"index", s.index},
+                    {"tile_rows", s.tile_rows}};
+    return plan;
+  }
+
+  std::optional<PriorPass> prior_pass(const KernelContext& ctx, const PassState& state) const override {
+    return passes_of(ctx).next(ctx, state.data.contains("dedup") ? state.data.at("dedup") : json(), 0);
+  }
+  void after_prior_pass(const KernelContext& ctx, PriorPass& pass, PassState& state) const override {
+    passes_of(ctx).after(ctx, pass, state.data["dedup"]);
+  }
+
+  void refine_plan(StagePlan& plan, const KernelContext& ctx) const override {
+    PriorPass finish = passes_of(ctx).finish_pass(ctx, dedup_state(ctx), true);
+    plan.pass = std::move(finish.pass);
+    plan.streamed_inputs = std::move(finish.streamed_inputs);
+    const json& st = dedup_state(ctx);
+    plan.summary["unique"] = st.at("unique");
+    plan.summary["buckets"] = st.at("bucket_rows").size();
+    plan.summary["row_buckets"] = st.at("row_buckets");
+  }
+
+  std::unique_ptr<engine::PassKernel> make_kernel(const KernelContext& ctx) const override {
+    return std::move(passes_of(ctx).finish_pass(ctx, dedup_state(ctx), true).kernel);
+  }
+
+  void write_results(const StagePlan& plan, const StepResults&, h5::File& out) const override {
+    // (the summary, not the number of buckets, which the bytes of the datasets do not depend on)
+    out.set_attribute("tile_rows", static_cast<std::int64_t>(plan.summary.at("tile_rows").get<std::uint64_t>()));
+  }
+
+  std::string describe_results(const StagePlan& plan, const StepResults&) const override {
+    return fmt::format("{} unique keys of {} rows ({} buckets)", plan.summary.at("unique").get<std::uint64_t>(),
+                       plan.summary.at("rows").get<std::uint64_t>(), plan.summary.at("buckets").get<std::uint64_t>());
+  }
+};
+
+}  // namespace
+
+const Stage& keys_dedup() {
+  static const DedupStage stage;
+  return stage;
+}
+
+}  // namespace qstage::stages

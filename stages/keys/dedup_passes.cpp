@@ -1,0 +1,545 @@
+// The passes of stages/keys/dedup_passes.hpp: their PassSpecs, kernels and the sample reduction.
+#include "stages/keys/dedup_passes.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include "core/error.hpp"
+
+namespace qstage::stages::keys {
+
+using json = nlohmann::json;
+using kernels::RecordLayout;
+
+namespace {
+
+constexpr std::uint64_t kAlign = 256;
+constexpr std::uint64_t kSlots = 3;       // the engine's buffer sets per rank, each holding one batch
+constexpr double kMargin = 4;             // a batch plans at a quarter of the budget: samples only estimate
+constexpr std::uint32_t kMaxBuckets = 1u << 16;
+
+std::uint64_t ceil_div(std::uint64_t a, std::uint64_t b) { return (a + b - 1) / b; }
+
+// Cuts a batch's scratch into arrays, each 256-byte aligned (affine in the rows, so sizing
+// per row at the smallest batch that gets this much scratch is enough: see scratch_per_row).
+class Carve {
+ public:
+  Carve(void* base, std::uint64_t bytes) : at_(static_cast<char*>(base)), left_(bytes) {}
+  template <typename T>
+  T* take(std::uint64_t count) {
+    const std::uint64_t bytes = ceil_div(count * sizeof(T), kAlign) * kAlign;
+    if (bytes > left_) throw std::logic_error("keys.dedup: a kernel's scratch is smaller than planned");
+    T* p = reinterpret_cast<T*>(at_);
+    at_ += bytes;
+    left_ -= bytes;
+    return p;
+  }
+  kernels::Workspace rest() { return {at_, left_}; }
+
+ private:
+  char* at_;
+  std::uint64_t left_;
+};
+std::uint64_t aligned(std::uint64_t bytes) { return ceil_div(bytes, kAlign) * kAlign; }
+
+// Per-row scratch for a pass whose batches have at least `min_rows` rows (the engine sizes a slot's
+// scratch for its largest batch, at least one tile): `bytes(rows)` is affine in rows.
+template <typename F>
+std::uint64_t scratch_per_row(std::uint64_t min_rows, F bytes) {
+  return ceil_div(bytes(min_rows), min_rows);
+}
+
+kernels::KeyRows key_rows(const DedupSource& s, const engine::BatchView& b, bool with_value) {
+  kernels::KeyRows in;
+  in.keys = static_cast<const std::uint64_t*>(b.inputs[0]);
+  in.words = s.words;
+  in.stride = s.words + (s.interleaved_value ? 1 : 0);
+  in.rows = b.rows.size();
+  if (with_value) {
+    in.interleaved = s.interleaved_value;
+    if (s.values) in.values = static_cast<const double*>(b.inputs[1]);
+  }
+  return in;
+}
+
+std::uint64_t key_row_bytes(const DedupSource& s) { return 8ull * (s.words + (s.interleaved_value ? 1 : 0)); }
+
+// ------------------------------------------------------------------------------ sample
+
+// The kernels' own scratch is the GPU's (the CPU twins sort in host temporaries: a cpu "device"
+// is host memory anyway), so on cpu a pass plans only the arrays it hands between kernels.
+std::uint64_t gpu_only(bool cuda, std::uint64_t bytes) { return cuda ? bytes : 0; }
+
+std::uint64_t sample_scratch(const DedupSource& s, std::uint64_t rows, bool cuda) {
+  const RecordLayout L{s.words, false, false};
+  return aligned(rows * L.cols() * 8) + aligned(kernels::tiles_of(rows, s.tile_rows) * 8) +
+         gpu_only(cuda, kernels::tile_unique_scratch_bytes(rows, s.words));
+}
+
+class SampleKernel final : public engine::PassKernel {
+ public:
+  SampleKernel(DedupSource s, std::uint64_t per_row) : s_(std::move(s)), per_row_(per_row) {}
+  void process(const engine::BatchView& b) override {
+    const std::uint64_t rows = b.rows.size(), tiles = kernels::tiles_of(rows, s_.tile_rows);
+    const RecordLayout L{s_.words, false, false};
+    Carve c(b.scratch, per_row_ * std::max(rows, s_.tile_rows));
+    auto* records = c.take<std::uint64_t>(rows * L.cols());
+    auto* unique = c.take<std::uint64_t>(tiles);
+    kernels::tile_unique(*b.stream, {key_rows(s_, b, false), L, s_.tile_rows, b.rows.begin, records, unique, nullptr,
+                                     c.rest()});
+    kernels::tile_samples(*b.stream, {records, unique, L, tiles, s_.tile_rows, s_.samples,
+                                      static_cast<std::uint64_t*>(b.partials)});
+  }
+
+ private:
+  DedupSource s_;
+  std::uint64_t per_row_;
+};
+
+// The samples of every tile, in tile order: [taken, weight, taken keys] each. Concatenation is
+// the fold (the tree keeps tile order), so every rank ends with the same list.
+class SampleReduction final : public engine::Reduction {
+ public:
+  SampleReduction(std::uint32_t samples, std::uint32_t words) : samples_(samples), words_(words) {}
+  std::unique_ptr<engine::Reduction> empty() const override {
+    return std::make_unique<SampleReduction>(samples_, words_);
+  }
+  void fold(std::uint64_t, const std::byte* partial) override {
+    std::uint64_t head[2];
+    std::memcpy(head, partial, sizeof head);
+    const std::size_t at = data_.size();
+    data_.resize(at + 2 + head[0] * words_);
+    std::memcpy(data_.data() + at, partial, (2 + head[0] * words_) * 8);
+  }
+  void merge(const engine::Reduction& right) override {
+    const auto& r = static_cast<const SampleReduction&>(right).data_;
+    data_.insert(data_.end(), r.begin(), r.end());
+  }
+  std::string save() const override { return std::string(reinterpret_cast<const char*>(data_.data()), data_.size() * 8); }
+  void load(const std::string& state) override {
+    if (state.size() % 8) throw std::runtime_error("a sample reduction's saved state has the wrong size");
+    data_.resize(state.size() / 8);
+    std::memcpy(data_.data(), state.data(), state.size());
+  }
+  const std::vector<std::uint64_t>& data() const { return data_; }
+
+ private:
+  std::uint32_t samples_, words_;
+  std::vector<std::uint64_t> data_;
+};
+
+// ------------------------------------------------------------------------------ partition
+
+std::uint64_t partition_scratch(const DedupSource& s, std::uint64_t rows, bool cuda) {
+  const RecordLayout L = s.record_layout();
+  return aligned(rows * L.cols() * 8) + aligned(kernels::tiles_of(rows, s.tile_rows) * 8) +
+         gpu_only(cuda, std::max(kernels::tile_unique_scratch_bytes(rows, s.words), kernels::bucket_split_scratch_bytes(rows)));
+}
+
+class PartitionKernel final : public engine::PassKernel {
+ public:
+  PartitionKernel(DedupSource s, std::uint64_t per_row, std::vector<std::uint64_t> splitters)
+      : s_(std::move(s)), per_row_(per_row), splitters_host_(std::move(splitters)) {}
+  void prepare(Backend& backend, Stream& stream) override {
+    if (splitters_host_.empty()) return;
+    splitters_ = backend.alloc_device(splitters_host_.size() * 8, "keys.dedup splitters");
+    backend.copy_to_device(splitters_.data(), splitters_host_.data(), splitters_host_.size() * 8, stream);
+    stream.synchronize();
+  }
+  void process(const engine::BatchView& b) override {
+    const std::uint64_t rows = b.rows.size(), tiles = kernels::tiles_of(rows, s_.tile_rows);
+    const RecordLayout L = s_.record_layout();
+    Carve c(b.scratch, per_row_ * std::max(rows, s_.tile_rows));
+    auto* records = c.take<std::uint64_t>(rows * L.cols());
+    auto* unique = c.take<std::uint64_t>(tiles);
+    const kernels::Workspace work = c.rest();
+    kernels::tile_unique(*b.stream, {key_rows(s_, b, true), L, s_.tile_rows, b.rows.begin, records, unique,
+                                     s_.index ? static_cast<std::uint64_t*>(b.outputs[1]) : nullptr, work});
+    kernels::bucket_split(*b.stream, {records, unique, L, rows, s_.tile_rows,
+                                      splitters_host_.empty() ? nullptr : splitters_.as<std::uint64_t>(),
+                                      s_.buckets, static_cast<std::uint64_t*>(b.outputs[0]), b.appended[0], work});
+  }
+
+ private:
+  DedupSource s_;
+  std::uint64_t per_row_;
+  std::vector<std::uint64_t> splitters_host_;
+  Buffer splitters_;
+};
+
+// ------------------------------------------------------------------------------ merge
+
+class MergeKernel final : public engine::PassKernel {
+ public:
+  MergeKernel(DedupSource s, std::uint64_t per_row, std::uint64_t largest, std::vector<std::uint64_t> batch_begins,
+              std::uint32_t row_buckets, std::uint64_t rows_per_row_bucket)
+      : s_(std::move(s)), per_row_(per_row), largest_(largest), begins_(std::move(batch_begins)),
+        row_buckets_(row_buckets), rows_per_row_bucket_(rows_per_row_bucket) {}
+  void prepare(Backend& backend, Stream&) override { backend_ = &backend; }
+  void process(const engine::BatchView& b) override {
+    const RecordLayout L = s_.record_layout();
+    // The merge batch's number in the pass (b.index counts from where this run started).
+    const auto batch = static_cast<std::uint64_t>(std::upper_bound(begins_.begin(), begins_.end(), b.rows.begin) -
+                                                  begins_.begin() - 1);
+    kernels::BucketMerge m;
+    m.records = static_cast<const std::uint64_t*>(b.inputs[0]);
+    m.rows = b.rows.size();
+    m.layout = L;
+    m.keys = static_cast<std::uint64_t*>(b.outputs[0]);
+    m.counts = static_cast<std::uint64_t*>(b.outputs[1]);
+    std::size_t o = 2;
+    if (L.value) m.values = static_cast<double*>(b.outputs[o++]);
+    m.unique = b.appended[0];
+    m.batch = batch;
+    if (L.origin) {
+      m.pairs = static_cast<std::uint64_t*>(b.outputs[o]);
+      m.pair_counts = b.appended[o];
+      m.row_buckets = row_buckets_;
+      m.rows_per_row_bucket = rows_per_row_bucket_;
+    }
+    m.work = {b.scratch, per_row_ * largest_};
+    kernels::bucket_merge(*b.stream, m);
+    // keys, counts and values hold as many rows each
+    backend_->copy_on_device(b.appended[1], b.appended[0], 8, *b.stream);
+    if (L.value) backend_->copy_on_device(b.appended[2], b.appended[0], 8, *b.stream);
+  }
+
+ private:
+  DedupSource s_;
+  std::uint64_t per_row_, largest_;
+  std::vector<std::uint64_t> begins_;
+  std::uint32_t row_buckets_;
+  std::uint64_t rows_per_row_bucket_;
+  Backend* backend_ = nullptr;
+};
+
+// ------------------------------------------------------------------------------ finish
+
+// The reverse index of a row bucket and/or a share of the unique keys copied into the output.
+class FinishKernel final : public engine::PassKernel {
+ public:
+  struct Copy {
+    std::size_t input, output;
+    std::uint64_t row_bytes;
+  };
+  FinishKernel(bool index, std::uint64_t tile_rows, std::uint64_t per_row, std::uint64_t largest,
+               std::vector<std::uint64_t> prefix, std::vector<Copy> copies, std::vector<std::uint64_t> batch_begins,
+               std::vector<std::uint64_t> shares)
+      : index_(index), tile_rows_(tile_rows), per_row_(per_row), largest_(largest), prefix_host_(std::move(prefix)),
+        copies_(std::move(copies)), begins_(std::move(batch_begins)), shares_(std::move(shares)) {}
+  void prepare(Backend& backend, Stream& stream) override {
+    backend_ = &backend;
+    if (!index_) return;
+    prefix_ = backend.alloc_device(prefix_host_.size() * 8, "keys.dedup unique-key offsets");
+    backend.copy_to_device(prefix_.data(), prefix_host_.data(), prefix_host_.size() * 8, stream);
+    stream.synchronize();
+  }
+  void process(const engine::BatchView& b) override {
+    if (index_)
+      kernels::index_gather(*b.stream, {static_cast<const std::uint64_t*>(b.inputs[0]), b.rows.size(), b.rows.begin,
+                                        tile_rows_, static_cast<const std::uint64_t*>(b.inputs[1]),
+                                        b.input_rows[1].size(), prefix_.as<std::uint64_t>(),
+                                        static_cast<std::uint64_t*>(b.outputs[0]), {b.scratch, per_row_ * largest_}});
+    const auto batch = static_cast<std::size_t>(std::upper_bound(begins_.begin(), begins_.end(), b.rows.begin) -
+                                                begins_.begin() - 1);
+    for (const Copy& c : copies_) {
+      const std::uint64_t rows = b.input_rows[c.input].size();
+      if (rows) backend_->copy_on_device(b.outputs[c.output], b.inputs[c.input], rows * c.row_bytes, *b.stream);
+      // (shares_ lives as long as the kernel: the copy may complete after this call returns)
+      backend_->copy_to_device(b.appended[c.output], &shares_[batch], 8, *b.stream);
+    }
+  }
+
+ private:
+  bool index_;
+  std::uint64_t tile_rows_, per_row_, largest_;
+  std::vector<std::uint64_t> prefix_host_;
+  std::vector<Copy> copies_;
+  std::vector<std::uint64_t> begins_, shares_;
+  Buffer prefix_;
+  Backend* backend_ = nullptr;
+};
+
+std::vector<engine::RowRange> ranges_of(const std::vector<std::uint64_t>& counts) {
+  std::vector<engine::RowRange> r;
+  std::uint64_t at = 0;
+  for (const std::uint64_t c : counts) {
+    r.push_back({at, at + c});
+    at += c;
+  }
+  return r;
+}
+
+Layout keys_layout(const DedupSource& s, std::uint64_t rows) {
+  const std::uint64_t chunk = std::max<std::uint64_t>(1, std::min<std::uint64_t>(rows, 1 << 16));
+  if (s.keys_1d) return {DType::uint64, {rows}, {chunk}};
+  return {DType::uint64, {rows, s.words}, {chunk, s.words}};
+}
+Layout column_layout(DType dtype, std::uint64_t rows) {
+  return {dtype, {rows}, {std::max<std::uint64_t>(1, std::min<std::uint64_t>(rows, 1 << 16))}};
+}
+
+engine::OutputDecl appended(std::string name, Layout layout, std::uint32_t buckets = 0) {
+  engine::OutputDecl o{std::move(name), std::move(layout)};
+  o.kind = engine::OutputKind::appended;
+  o.max_rows_per_row = 1;
+  o.buckets = buckets;
+  return o;
+}
+
+std::uint64_t device_budget(const KernelContext& ctx) { return ctx.backend->device_budget().limit(); }
+std::uint32_t ranks(const KernelContext& ctx) { return ctx.comm ? static_cast<std::uint32_t>(ctx.comm->size()) : 1; }
+
+}  // namespace
+
+DedupPasses::DedupPasses(DedupSource source) : source_(std::move(source)) {
+  if (source_.words < 1 || source_.words > kernels::kMaxKeyWords)
+    throw std::logic_error("DedupPasses: keys of 1 to 4 words");
+  if (source_.rows == 0) throw std::logic_error("DedupPasses: no rows");
+  if (source_.interleaved_value && source_.values) throw std::logic_error("DedupPasses: two values");
+  if (source_.keys_1d && source_.words != 1) throw std::logic_error("DedupPasses: 1-D keys of several words");
+}
+
+bool DedupPasses::done(const json& state) { return state.is_object() && state.value("phase", "") == "done"; }
+
+DedupResult DedupPasses::result(const json& state) {
+  if (!done(state)) throw std::logic_error("DedupPasses::result before the merge is done");
+  return {state.at("merge_pass").get<int>(), "keys", "counts", "values", state.at("unique").get<std::uint64_t>()};
+}
+
+std::optional<PriorPass> DedupPasses::next(const KernelContext& ctx, const json& state, int first_pass) const {
+  const DedupSource& s = source_;
+  const std::string phase = state.is_object() ? state.value("phase", "sample") : "sample";
+  // The passes are first_pass, first_pass + 1, first_pass + 2 of the caller's step.
+  const int expected = first_pass + (phase == "sample" ? 0 : phase == "partition" ? 1 : 2);
+  if (phase != "done" && ctx.passes && ctx.passes->done != expected)
+    throw std::logic_error(fmt::format("DedupPasses: its {} pass would be pass {} of the step, not {}", phase,
+                                       ctx.passes->done, expected));
+  const bool cuda = ctx.backend && ctx.backend->kind() == BackendKind::cuda;
+  PriorPass p;
+  if (phase == "sample") {
+    p.name = "sample";
+    p.pass.rows = s.rows;
+    p.pass.tile_rows = s.tile_rows;
+    p.pass.inputs.push_back({"keys", nullptr, key_row_bytes(s)});
+    p.streamed_inputs = {s.keys};
+    const std::uint64_t per_row = scratch_per_row(s.tile_rows, [&](std::uint64_t r) { return sample_scratch(s, r, cuda); });
+    p.pass.scratch_device_bytes_per_row = per_row;
+    p.pass.tile_partial_bytes = kernels::sample_partial_words(s.samples, s.words) * 8;
+    p.kernel = std::make_unique<SampleKernel>(s, per_row);
+    p.reduction = std::make_unique<SampleReduction>(s.samples, s.words);
+    return p;
+  }
+  if (phase == "partition") {
+    DedupSource t = s;
+    t.buckets = state.at("buckets").get<std::uint32_t>();
+    const auto splitters = state.at("splitters").get<std::vector<std::uint64_t>>();
+    const RecordLayout L = t.record_layout();
+    p.name = "partition";
+    p.pass.rows = s.rows;
+    p.pass.tile_rows = s.tile_rows;
+    p.pass.inputs.push_back({"keys", nullptr, key_row_bytes(s)});
+    p.streamed_inputs = {s.keys};
+    if (s.values) {
+      p.pass.inputs.push_back({"values", nullptr, 8});
+      p.streamed_inputs.push_back(*s.values);
+    }
+    const std::uint64_t chunk = std::min<std::uint64_t>(s.rows, 1 << 16);
+    p.pass.outputs.push_back(appended("records", {DType::uint64, {s.rows, L.cols()}, {chunk, L.cols()}}, t.buckets));
+    if (s.index) p.pass.outputs.push_back({"local", {DType::uint64, {s.rows}, {s.tile_rows}}});
+    const std::uint64_t per_row = scratch_per_row(s.tile_rows, [&](std::uint64_t r) { return partition_scratch(t, r, cuda); });
+    p.pass.scratch_device_bytes_per_row = per_row;
+    p.pass.resident_device_bytes = aligned(splitters.size() * 8);
+    p.kernel = std::make_unique<PartitionKernel>(t, per_row, splitters);
+    return p;
+  }
+  if (phase == "merge") {
+    const RecordLayout L = s.record_layout();
+    const auto bucket_rows = state.at("bucket_rows").get<std::vector<std::uint64_t>>();
+    std::uint64_t rows = 0, largest = 1;
+    std::vector<std::uint64_t> begins;
+    for (const std::uint64_t r : bucket_rows) {
+      if (r == 0) continue;  // explicit batches are non-empty: an empty bucket has nothing to merge
+      p.pass.batches.push_back({rows, rows + r});
+      begins.push_back(rows);
+      rows += r;
+      largest = std::max(largest, r);
+    }
+    p.name = "merge";
+    p.pass.rows = rows;
+    p.pass.tile_rows = 1;
+    p.pass.inputs.push_back({"records", nullptr, L.cols() * 8ull});
+    p.streamed_inputs = {earlier_pass_input(state.at("partition_pass").get<int>(), "records")};
+    p.pass.outputs.push_back(appended("keys", keys_layout(s, rows)));
+    p.pass.outputs.push_back(appended("counts", column_layout(DType::uint64, rows)));
+    if (L.value) p.pass.outputs.push_back(appended("values", column_layout(DType::float64, rows)));
+    const auto row_buckets = state.at("row_buckets").get<std::uint32_t>();
+    if (L.origin)
+      p.pass.outputs.push_back(appended("pairs", {DType::uint64, {rows, 3}, {std::min<std::uint64_t>(rows, 1 << 16), 3}},
+                                        row_buckets));
+    const std::uint64_t per_row = ceil_div(gpu_only(cuda, kernels::bucket_merge_scratch_bytes(largest, s.words)), largest);
+    p.pass.scratch_device_bytes_per_row = per_row;
+    p.kernel = std::make_unique<MergeKernel>(s, per_row, largest, begins, row_buckets,
+                                             state.at("rows_per_row_bucket").get<std::uint64_t>());
+    return p;
+  }
+  return std::nullopt;
+}
+
+void DedupPasses::after(const KernelContext& ctx, PriorPass& pass, json& state) const {
+  const DedupSource& s = source_;
+  if (!state.is_object()) state = json::object();
+  const int done_index = ctx.passes ? ctx.passes->done : 0;  // this pass's number in the step
+  if (pass.name == "sample") {
+    // Weighted samples: each stands for weight / taken of its tile's distinct keys.
+    const auto& d = static_cast<const SampleReduction&>(*pass.reduction).data();
+    struct Sample {
+      const std::uint64_t* key;
+      double weight;
+    };
+    std::vector<Sample> samples;
+    std::uint64_t records = 0;
+    for (std::size_t at = 0; at < d.size();) {
+      const std::uint64_t taken = d[at], weight = d[at + 1];
+      records += weight;
+      for (std::uint64_t j = 0; j < taken; ++j)
+        samples.push_back({d.data() + at + 2 + j * s.words, static_cast<double>(weight) / static_cast<double>(taken)});
+      at += 2 + taken * s.words;
+    }
+    std::stable_sort(samples.begin(), samples.end(), [&](const Sample& a, const Sample& b) {
+      return kernels::compare_keys(a.key, b.key, s.words) < 0;
+    });
+    // Buckets: each merge batch (its records, the merge's outputs and scratch) at a quarter of
+    // what one of the engine's slots may take, and at least one per rank.
+    const RecordLayout L = s.record_layout();
+    const std::uint64_t budget = device_budget(ctx);
+    const double merge_bytes_per_record = L.cols() * 8.0 + s.words * 8.0 + 16 + (L.origin ? 24 : 0) +
+                                          (ctx.backend->kind() == BackendKind::cuda ? 44.0 : 0.0);  // (the GPU sort's arrays and CUB's share)
+    std::uint64_t buckets = s.buckets;
+    if (buckets == 0) {
+      const double want = kMargin * kSlots * merge_bytes_per_record * static_cast<double>(records) / static_cast<double>(budget);
+      buckets = std::max<std::uint64_t>(ranks(ctx), static_cast<std::uint64_t>(std::ceil(want)));
+    }
+    buckets = std::clamp<std::uint64_t>(buckets, 1, std::min<std::uint64_t>(kMaxBuckets, std::max<std::uint64_t>(1, records)));
+    // B-1 splitters at equal quantiles of the weight, distinct and ascending (a key that spans
+    // several quantiles gives one splitter: its bucket is then the larger).
+    std::vector<std::uint64_t> splitters;
+    double cumulative = 0;
+    std::uint64_t b = 1;
+    const double total = static_cast<double>(records);
+    for (const Sample& x : samples) {
+      while (b < buckets && cumulative >= total * static_cast<double>(b) / static_cast<double>(buckets)) {
+        if (splitters.empty() ||
+            kernels::compare_keys(splitters.data() + splitters.size() - s.words, x.key, s.words) < 0)
+          splitters.insert(splitters.end(), x.key, x.key + s.words);
+        ++b;
+      }
+      cumulative += x.weight;
+    }
+    // Row buckets of the reverse index: whole tiles, a finish batch (its local ids, index,
+    // pairs, copies and scratch) at a quarter of a slot's share, at least one per rank.
+    const std::uint64_t tiles = kernels::tiles_of(s.rows, s.tile_rows);
+    const double finish_bytes_per_row = 8 + 8 + 24 + 2 * (s.words * 8.0 + 16) + 12;
+    const double want_rows = static_cast<double>(budget) / (kMargin * kSlots * finish_bytes_per_row);
+    std::uint64_t tiles_per = std::max<std::uint64_t>(1, static_cast<std::uint64_t>(want_rows / static_cast<double>(s.tile_rows)));
+    tiles_per = std::min(tiles_per, std::max<std::uint64_t>(1, tiles / std::min<std::uint64_t>(tiles, ranks(ctx))));
+    state["phase"] = "partition";
+    state["sample_pass"] = done_index;
+    state["records_estimate"] = records;
+    state["buckets"] = splitters.size() / s.words + 1;
+    state["splitters"] = splitters;
+    state["rows_per_row_bucket"] = tiles_per * s.tile_rows;
+    state["row_buckets"] = ceil_div(tiles, tiles_per);
+    return;
+  }
+  const auto report = [&](const std::string& name) -> const engine::OutputReport& {
+    for (const auto& r : pass.outputs)
+      if (r.name == name) return r;
+    throw std::logic_error("keys.dedup: pass " + pass.name + " reported no output '" + name + "'");
+  };
+  if (pass.name == "partition") {
+    state["phase"] = "merge";
+    state["partition_pass"] = done_index;
+    state["bucket_rows"] = report("records").bucket_rows;
+    return;
+  }
+  if (pass.name == "merge") {
+    const engine::OutputReport& keys = report("keys");
+    std::vector<std::uint64_t> prefix{0};
+    for (const std::uint64_t u : keys.batch_rows) prefix.push_back(prefix.back() + u);
+    state["phase"] = "done";
+    state["merge_pass"] = done_index;
+    state["unique"] = keys.rows;
+    state["unique_prefix"] = prefix;
+    if (s.index) state["pair_rows"] = report("pairs").bucket_rows;
+    return;
+  }
+  throw std::logic_error("DedupPasses::after: a pass it did not give: " + pass.name);
+}
+
+PriorPass DedupPasses::finish_pass(const KernelContext& ctx, const json& state, bool copy_unique) const {
+  const bool cuda = ctx.backend && ctx.backend->kind() == BackendKind::cuda;
+  const DedupSource& s = source_;
+  if (!done(state)) throw std::logic_error("DedupPasses::finish_pass before the merge is done");
+  if (!s.index && !copy_unique) throw std::logic_error("DedupPasses::finish_pass with nothing to do");
+  const int merge = state.at("merge_pass").get<int>();
+  const std::uint64_t unique = state.at("unique").get<std::uint64_t>();
+  const std::uint64_t per_bucket = state.at("rows_per_row_bucket").get<std::uint64_t>();
+  PriorPass p;
+  p.name = "finish";
+  p.pass.rows = s.rows;
+  p.pass.tile_rows = s.tile_rows;
+  std::vector<std::uint64_t> begins, shares;
+  std::uint64_t largest = 1;
+  for (std::uint64_t at = 0; at < s.rows; at += per_bucket) {
+    const engine::RowRange r{at, std::min(s.rows, at + per_bucket)};
+    p.pass.batches.push_back(r);
+    begins.push_back(r.begin);
+    largest = std::max(largest, r.size());
+  }
+  // Batch j copies unique keys [U b_j / n, U e_j / n): never more than its rows, as U <= n.
+  std::vector<engine::RowRange> share_ranges;
+  for (const auto& r : p.pass.batches) {
+    share_ranges.push_back({unique * r.begin / s.rows, unique * r.end / s.rows});
+    shares.push_back(share_ranges.back().size());
+  }
+  std::vector<FinishKernel::Copy> copies;
+  std::uint64_t per_row = 0;
+  if (s.index) {
+    p.pass.inputs.push_back({"local", nullptr, 8});
+    p.streamed_inputs.push_back(earlier_pass_input(state.at("partition_pass").get<int>(), "local"));
+    engine::StreamedInput pairs{"pairs", nullptr, 24, engine::InputKind::row_ranges,
+                                ranges_of(state.at("pair_rows").get<std::vector<std::uint64_t>>())};
+    p.pass.inputs.push_back(pairs);
+    p.streamed_inputs.push_back(earlier_pass_input(merge, "pairs"));
+    p.pass.outputs.push_back({"index", {DType::uint64, {s.rows}, {s.tile_rows}}});
+    per_row = ceil_div(gpu_only(cuda, kernels::index_gather_scratch_bytes(largest)), largest);
+    p.pass.resident_device_bytes = aligned(state.at("unique_prefix").size() * 8);
+  }
+  if (copy_unique) {
+    auto copy = [&](const std::string& name, Layout layout) {
+      const std::uint64_t row_bytes = layout.row_bytes();
+      p.pass.inputs.push_back({name, nullptr, row_bytes, engine::InputKind::row_ranges, share_ranges});
+      p.streamed_inputs.push_back(earlier_pass_input(merge, name));
+      p.pass.outputs.push_back(appended(name, std::move(layout)));
+      copies.push_back({p.pass.inputs.size() - 1, p.pass.outputs.size() - 1, row_bytes});
+    };
+    copy("keys", keys_layout(s, std::max<std::uint64_t>(unique, 1)));
+    copy("counts", column_layout(DType::uint64, std::max<std::uint64_t>(unique, 1)));
+    if (s.has_value()) copy("values", column_layout(DType::float64, std::max<std::uint64_t>(unique, 1)));
+  }
+  p.pass.scratch_device_bytes_per_row = per_row;
+  p.kernel = std::make_unique<FinishKernel>(s.index, s.tile_rows, per_row, largest,
+                                            s.index ? state.at("unique_prefix").get<std::vector<std::uint64_t>>()
+                                                    : std::vector<std::uint64_t>{},
+                                            std::move(copies), std::move(begins), std::move(shares));
+  return p;
+}
+
+}  // namespace qstage::stages::keys

@@ -1,0 +1,97 @@
+#pragma once
+// De-duplication of multi-word keys as passes of a stage (seed 004, section 4.1: sort-based
+// regular sampling). keys.dedup is these passes and a finish pass; a stage that generates keys in
+// an earlier pass (sci.solve's candidate determinants) runs the same passes on that pass's output.
+//
+// The passes, each a PriorPass run by the engine (batched, spread over ranks, checkpointed):
+//   sample     streams the keys; each fixed tile of tile_rows rows is sorted and made unique, and
+//              gives `samples` keys at regular positions (and how many distinct keys they stand
+//              for); the reduction (a tree fold, so rank- and batch-independent) gathers them.
+//              after(): B-1 splitters at equal quantiles of those weights, distinct keys, so every
+//              copy of a key falls in one bucket; B from the data and the device budget.
+//   partition  streams the keys (and values); each tile is sorted stably and reduced to one
+//              record per distinct key (count, value summed in input order, origin), and the
+//              records go out grouped by bucket: an appended output with `buckets` = B, which the
+//              engine's exchange phase moves to bucket b's owner (rank b mod P). Bucket b then
+//              holds its records tile after tile, whatever the batches or ranks were. With the
+//              reverse index, every row's position among its tile's distinct keys goes to `local`.
+//   merge      one explicit batch per non-empty bucket: sorts its records stably by key and sums
+//              the counts and values of equal keys in tile order: `keys`, `counts` (and `values`)
+//              appended in bucket order, i.e. globally ascending. The value of a key is thus
+//              sum over tiles (in tile order) of the tile's sum (in input order): the same bits
+//              for any batch size, budget or rank count. With the reverse index, each record
+//              also leaves (origin, merge batch, position) in `pairs`, exchanged by row bucket.
+// and, for the reverse index, a pass over the input rows (finish_pass) with one explicit batch
+// per row bucket: it scatters that row bucket's pairs into a table over its (tile, local) ids and
+// reads every row's index through `local`. That is out of core (a batch holds one row bucket, and
+// the merge holds one key bucket) and moves only one pair per *record*, not per row, through the
+// second exchange: tiles with heavy duplication send little.
+//
+// Record layouts (all uint64 columns, float64 values as their bits):
+//   input with an interleaved value: (n, words + 1) uint64, the key's words then the value's bits
+//     (SCI's {alpha, beta, value} candidates, written as u64 with the double's bit pattern);
+//   partition's `records`: kernels::RecordLayout (key words, [value bits], count, [origin]);
+//   merge's `pairs`: (origin, merge batch, position in that batch's keys).
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+#include "kernels/sort_unique.hpp"
+#include "stages/stage.hpp"
+
+namespace qstage::stages::keys {
+
+// What to de-duplicate.
+struct DedupSource {
+  std::string keys;                   // streamed-input name: a slot, or earlier_pass_input(k, dataset)
+  std::optional<std::string> values;  // a float64 (n,) dataset summed per key, the same way named
+  std::uint64_t rows = 0;             // n, at least 1
+  std::uint32_t words = 1;            // key words, 1..4
+  bool interleaved_value = false;     // keys is (n, words + 1): the last column is a float64's bits
+  bool keys_1d = false;               // keys is (n,) (words 1): so is the merged `keys`
+  bool index = false;                 // also the reverse index (finish_pass)
+  std::uint64_t tile_rows = 1 << 16;  // the fixed pre-reduction unit: sums depend on it, nothing else does
+  std::uint32_t buckets = 0;          // 0: chosen from the data and the device budget
+  std::uint32_t samples = 32;         // per tile
+  bool has_value() const { return values.has_value() || interleaved_value; }
+  kernels::RecordLayout record_layout() const { return {words, has_value(), index}; }
+};
+
+// Where the unique keys ended up: datasets of prior_pass_output(ctx, pass) (or, to stream them,
+// earlier_pass_input(pass, name)), each `unique` rows in ascending key order.
+struct DedupResult {
+  int pass = 0;
+  std::string keys = "keys";      // (unique, words) uint64, or (unique,) when keys_1d
+  std::string counts = "counts";  // (unique,) uint64
+  std::string values = "values";  // (unique,) float64, with a value
+  std::uint64_t unique = 0;
+};
+
+class DedupPasses {
+ public:
+  explicit DedupPasses(DedupSource source);
+  const DedupSource& source() const { return source_; }
+
+  // The next pass, given `state` (a JSON object this class owns; the caller keeps it in its
+  // PassState::data, e.g. under "dedup", starting as {} or null), with `first_pass` the
+  // PassState::done index of the sample pass; nullopt once the merge is done.
+  std::optional<PriorPass> next(const KernelContext& ctx, const nlohmann::json& state, int first_pass) const;
+  // After a pass that next() gave completed: what it found, into `state` (same on every rank).
+  void after(const KernelContext& ctx, PriorPass& pass, nlohmann::json& state) const;
+
+  // Once next() gave nullopt.
+  static bool done(const nlohmann::json& state);
+  static DedupResult result(const nlohmann::json& state);
+
+  // With source().index: the pass over the input rows that writes `index` (uint64, (rows,),
+  // chunks of tile_rows: each row's position in the unique keys) and, with `copy_unique`, also
+  // the unique keys/counts/values, as appended outputs of the same names (keys.dedup's output
+  // pass, which must hold them all). Without the index, copy_unique must be set.
+  PriorPass finish_pass(const KernelContext& ctx, const nlohmann::json& state, bool copy_unique) const;
+
+ private:
+  DedupSource source_;
+};
+
+}  // namespace qstage::stages::keys

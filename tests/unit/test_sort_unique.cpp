@@ -1,0 +1,294 @@
+// kernels/sort_unique: the CPU twins against a plain std::map reference (tile by tile, bucket by
+// bucket, and the whole chain down to the reverse index), and the GPU against the CPU bytes.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <random>
+#include <vector>
+
+#include "kernels/sort_unique.hpp"
+#include "test_util.hpp"
+
+namespace qstage {
+namespace {
+
+using kernels::RecordLayout;
+using Key = std::vector<std::uint64_t>;
+
+struct Data {
+  std::uint32_t words;
+  std::vector<std::uint64_t> keys;  // rows * words
+  std::vector<double> values;
+  std::uint64_t rows() const { return keys.size() / words; }
+  Key key(std::uint64_t r) const { return Key(keys.begin() + r * words, keys.begin() + (r + 1) * words); }
+};
+
+// Skewed keys: a small alphabet per word (many duplicates), a Zipf-like tail, and one key half the time.
+Data skewed(std::uint64_t rows, std::uint32_t words, std::uint64_t seed, bool one_key = false) {
+  std::mt19937_64 rng(seed);
+  Data d{words, {}, {}};
+  for (std::uint64_t r = 0; r < rows; ++r) {
+    const bool hot = (rng() & 1) == 0;
+    for (std::uint32_t w = 0; w < words; ++w) {
+      std::uint64_t v;
+      if (one_key) v = 42;
+      else if (hot) v = w == 0 ? 7 : ~std::uint64_t{0} - 3;  // high bits set: unsigned order matters
+      else v = static_cast<std::uint64_t>(std::pow(1.0 + static_cast<double>(rng() % 1000), 1.7)) % 97 + (w == 0 ? 0 : rng() % 3);
+      d.keys.push_back(v);
+    }
+    d.values.push_back(std::ldexp(static_cast<double>(rng() % 2000001) - 1e6, -10) + 1e-7 * static_cast<double>(r % 7));
+  }
+  return d;
+}
+
+struct RefEntry {
+  std::uint64_t count = 0;
+  double sum = 0;
+};
+
+// tile_unique on the CPU, checked against a map per tile (counts, sums in input order, local ids).
+struct Tiled {
+  std::vector<std::uint64_t> records, tile_unique, local;
+};
+Tiled tile_unique_cpu(const Data& d, std::uint64_t tile_rows, RecordLayout L, std::uint64_t first_row = 0) {
+  Tiled t;
+  const std::uint64_t n = d.rows();
+  t.records.assign(n * L.cols(), 0);
+  t.tile_unique.assign(kernels::tiles_of(n, tile_rows), 0);
+  t.local.assign(n, 0);
+  kernels::KeyRows in{d.keys.data(), d.words, d.words, L.value ? d.values.data() : nullptr, false, n};
+  kernels::cpu::tile_unique({in, L, tile_rows, first_row, t.records.data(), t.tile_unique.data(), t.local.data(), {}});
+  return t;
+}
+
+void expect_tiles_match_reference(const Data& d, std::uint64_t tile_rows) {
+  const RecordLayout L{d.words, true, true};
+  const Tiled t = tile_unique_cpu(d, tile_rows, L, 1000 * tile_rows);
+  const std::uint64_t n = d.rows();
+  for (std::uint64_t tile = 0; tile * tile_rows < n; ++tile) {
+    std::map<Key, RefEntry> ref;
+    const std::uint64_t end = std::min(n, (tile + 1) * tile_rows);
+    for (std::uint64_t r = tile * tile_rows; r < end; ++r) {
+      auto& e = ref[d.key(r)];
+      ++e.count;
+      e.sum += d.values[r];
+    }
+    ASSERT_EQ(t.tile_unique[tile], ref.size()) << "tile " << tile;
+    std::uint64_t j = 0;
+    for (const auto& [key, e] : ref) {
+      const std::uint64_t* rec = t.records.data() + (tile * tile_rows + j) * L.cols();
+      EXPECT_EQ(Key(rec, rec + d.words), key);
+      EXPECT_EQ(rec[L.count_col()], e.count);
+      double v;
+      std::memcpy(&v, rec + L.value_col(), 8);
+      EXPECT_EQ(v, e.sum);  // the same order: input order
+      EXPECT_EQ(rec[L.origin_col()], 1000 * tile_rows + tile * tile_rows + j);
+      ++j;
+    }
+    for (std::uint64_t r = tile * tile_rows; r < end; ++r) {
+      const std::uint64_t* rec = t.records.data() + (tile * tile_rows + t.local[r]) * L.cols();
+      EXPECT_EQ(Key(rec, rec + d.words), d.key(r)) << "row " << r;
+    }
+  }
+}
+
+TEST(SortUnique, TilesMatchAMapPerTile) {
+  for (std::uint32_t w : {1u, 2u})
+    for (std::uint64_t tile : {1ull, 7ull, 64ull, 1000ull}) expect_tiles_match_reference(skewed(3001, w, 11 + w), tile);
+}
+
+TEST(SortUnique, OneKeyEverywhere) {
+  const Data d = skewed(500, 2, 5, true);
+  const Tiled t = tile_unique_cpu(d, 128, {2, true, false});
+  for (std::uint64_t u : t.tile_unique) EXPECT_EQ(u, 1u);
+  EXPECT_EQ(t.records[2 + 1], 128u);  // count of tile 0
+  EXPECT_EQ(t.records.at((3 * 128) * 4 + 3), 500u - 3 * 128);
+}
+
+// The whole chain on the CPU: tiles, samples, buckets, merge, index, against one std::map.
+void expect_chain_matches_reference(const Data& d, std::uint64_t tile_rows, std::vector<Key> splitter_keys,
+                                    std::uint64_t rows_per_row_bucket) {
+  const RecordLayout L{d.words, true, true};
+  const std::uint64_t n = d.rows();
+  const Tiled t = tile_unique_cpu(d, tile_rows, L);
+  std::vector<std::uint64_t> splitters;
+  for (const Key& k : splitter_keys) splitters.insert(splitters.end(), k.begin(), k.end());
+  const auto B = static_cast<std::uint32_t>(splitter_keys.size() + 1);
+  std::vector<std::uint64_t> split(n * L.cols()), counts(B);
+  kernels::cpu::bucket_split({t.records.data(), t.tile_unique.data(), L, n, tile_rows, splitters.data(), B, split.data(),
+                              counts.data(), {}});
+  // Each bucket merged on its own, appended in bucket order.
+  std::vector<std::uint64_t> keys, kcounts, pairs, prefix{0};
+  std::vector<double> values;
+  const auto R = static_cast<std::uint32_t>((n + rows_per_row_bucket - 1) / rows_per_row_bucket);
+  std::uint64_t at = 0;
+  for (std::uint32_t b = 0; b < B; ++b) {
+    const std::uint64_t m = counts[b];
+    std::vector<std::uint64_t> k(m * d.words), c(m), p(3 * m), pc(R), unique(1);
+    std::vector<double> v(m);
+    kernels::BucketMerge mg;
+    mg.records = split.data() + at * L.cols();
+    mg.rows = m;
+    mg.layout = L;
+    mg.keys = k.data();
+    mg.counts = c.data();
+    mg.values = v.data();
+    mg.unique = unique.data();
+    mg.batch = b;
+    mg.pairs = p.data();
+    mg.pair_counts = pc.data();
+    mg.row_buckets = R;
+    mg.rows_per_row_bucket = rows_per_row_bucket;
+    kernels::cpu::bucket_merge(mg);
+    keys.insert(keys.end(), k.begin(), k.begin() + unique[0] * d.words);
+    kcounts.insert(kcounts.end(), c.begin(), c.begin() + unique[0]);
+    values.insert(values.end(), v.begin(), v.begin() + unique[0]);
+    pairs.insert(pairs.end(), p.begin(), p.end());
+    prefix.push_back(prefix.back() + unique[0]);
+    at += m;
+  }
+  std::map<Key, RefEntry> ref;
+  for (std::uint64_t r = 0; r < n; ++r) ++ref[d.key(r)].count;
+  ASSERT_EQ(kcounts.size(), ref.size());
+  std::uint64_t j = 0;
+  std::map<Key, std::uint64_t> position;
+  for (const auto& [key, e] : ref) {
+    EXPECT_EQ(Key(keys.begin() + j * d.words, keys.begin() + (j + 1) * d.words), key) << j;
+    EXPECT_EQ(kcounts[j], e.count);
+    // sum over tiles in tile order of sums in input order
+    double sum = 0;
+    for (std::uint64_t tile = 0; tile * tile_rows < n; ++tile) {
+      double s = 0;
+      bool any = false;
+      for (std::uint64_t r = tile * tile_rows; r < std::min(n, (tile + 1) * tile_rows); ++r)
+        if (d.key(r) == key) {
+          s += d.values[r];
+          any = true;
+        }
+      if (any) sum += s;
+    }
+    EXPECT_EQ(values[j], sum);
+    position[key] = j++;
+  }
+  // The reverse index, per row bucket, from the pairs of every merge (in any order).
+  std::vector<std::uint64_t> index(n);
+  for (std::uint64_t first = 0; first < n; first += rows_per_row_bucket) {
+    const std::uint64_t rows = std::min(rows_per_row_bucket, n - first);
+    std::vector<std::uint64_t> mine;
+    for (std::size_t p = 0; p < pairs.size(); p += 3)
+      if (pairs[p] >= first && pairs[p] < first + rows) mine.insert(mine.end(), pairs.begin() + p, pairs.begin() + p + 3);
+    kernels::cpu::index_gather({t.local.data() + first, rows, first, tile_rows, mine.data(), mine.size() / 3,
+                                prefix.data(), index.data() + first, {}});
+  }
+  for (std::uint64_t r = 0; r < n; ++r) EXPECT_EQ(index[r], position.at(d.key(r))) << "row " << r;
+}
+
+TEST(SortUnique, ChainMatchesAMap) {
+  for (std::uint32_t w : {1u, 2u}) {
+    const Data d = skewed(4000, w, 3 * w);
+    // splitters below everything (an empty bucket), inside, and at the hot key
+    std::vector<Key> s{Key(w, 0), Key(w, 5), d.key(0), Key(w, 90)};
+    std::sort(s.begin(), s.end());
+    s.erase(std::unique(s.begin(), s.end()), s.end());
+    expect_chain_matches_reference(d, 64, s, 640);
+    expect_chain_matches_reference(d, 1000, {}, 4000);  // one bucket, one row bucket
+  }
+}
+
+TEST(SortUnique, SamplesAreRegular) {
+  const Data d = skewed(1000, 1, 9);
+  const RecordLayout L{1, false, false};
+  const Tiled t = tile_unique_cpu(d, 256, L);
+  const std::uint32_t s = 4;
+  std::vector<std::uint64_t> partials(4 * kernels::sample_partial_words(s, 1));
+  kernels::cpu::tile_samples({t.records.data(), t.tile_unique.data(), L, 4, 256, s, partials.data()});
+  for (std::uint64_t tile = 0; tile < 4; ++tile) {
+    const std::uint64_t* p = partials.data() + tile * kernels::sample_partial_words(s, 1);
+    const std::uint64_t u = t.tile_unique[tile];
+    EXPECT_EQ(p[1], u);
+    EXPECT_EQ(p[0], std::min<std::uint64_t>(u, s));
+    for (std::uint64_t j = 0; j < p[0]; ++j)
+      EXPECT_EQ(p[2 + j], t.records[(tile * 256 + (u <= s ? j : j * u / s)) * L.cols()]);
+  }
+}
+
+TEST(SortUnique, BucketOfSplitsKeysNotRows) {
+  const std::uint64_t splitters[] = {1, 5, 5 + 0, 9};
+  EXPECT_EQ(kernels::bucket_of(std::array<std::uint64_t, 1>{0}.data(), splitters, 4, 1), 0u);
+  EXPECT_EQ(kernels::bucket_of(std::array<std::uint64_t, 1>{1}.data(), splitters, 4, 1), 1u);
+  EXPECT_EQ(kernels::bucket_of(std::array<std::uint64_t, 1>{5}.data(), splitters, 4, 1), 3u);
+  EXPECT_EQ(kernels::bucket_of(std::array<std::uint64_t, 1>{100}.data(), splitters, 4, 1), 4u);
+  const std::uint64_t two[] = {1, 0, 1, ~std::uint64_t{0}};  // (1, 0) and (1, max)
+  EXPECT_EQ(kernels::bucket_of(std::array<std::uint64_t, 2>{0, ~std::uint64_t{0}}.data(), two, 2, 2), 0u);
+  EXPECT_EQ(kernels::bucket_of(std::array<std::uint64_t, 2>{1, 5}.data(), two, 2, 2), 1u);
+  EXPECT_EQ(kernels::bucket_of(std::array<std::uint64_t, 2>{2, 0}.data(), two, 2, 2), 2u);
+}
+
+// The GPU gives the CPU's bytes: tiles (with a partial last tile and empty-free tiles), buckets
+// and a merge.
+TEST(SortUnique, GpuMatchesCpu) {
+  REQUIRE_GPU();
+  test::GpuRun gpu;
+  for (std::uint32_t w : {1u, 2u, 3u}) {
+    const Data d = skewed(20011, w, 17 + w);
+    const std::uint64_t n = d.rows(), tile = 1024;
+    const RecordLayout L{w, true, true};
+    const Tiled cpu = tile_unique_cpu(d, tile, L, 5 * tile);
+    Buffer keys = gpu.upload(d.keys.data(), d.keys.size() * 8), values = gpu.upload(d.values.data(), n * 8);
+    Buffer records = gpu.backend->alloc_device(n * L.cols() * 8, "t"), tu = gpu.backend->alloc_device(cpu.tile_unique.size() * 8, "t");
+    Buffer local = gpu.backend->alloc_device(n * 8, "t");
+    const std::uint64_t sb = kernels::tile_unique_scratch_bytes(n, w);
+    Buffer scratch = gpu.backend->alloc_device(std::max(sb, kernels::bucket_merge_scratch_bytes(n, w)), "t");
+    std::vector<std::uint64_t> zero(n * L.cols(), 0);
+    gpu.backend->copy_to_device(records.data(), zero.data(), zero.size() * 8, *gpu.stream);
+    kernels::KeyRows in{keys.as<std::uint64_t>(), w, w, values.as<double>(), false, n};
+    kernels::tile_unique(*gpu.stream, {in, L, tile, 5 * tile, records.as<std::uint64_t>(), tu.as<std::uint64_t>(),
+                                       local.as<std::uint64_t>(), {scratch.data(), scratch.size()}});
+    EXPECT_EQ(gpu.download<std::uint64_t>(tu, cpu.tile_unique.size()), cpu.tile_unique);
+    EXPECT_EQ(gpu.download<std::uint64_t>(local, n), cpu.local);
+    const auto got = gpu.download<std::uint64_t>(records, n * L.cols());
+    for (std::uint64_t t = 0; t < cpu.tile_unique.size(); ++t)
+      for (std::uint64_t j = 0; j < cpu.tile_unique[t] * L.cols(); ++j)
+        ASSERT_EQ(got[t * tile * L.cols() + j], cpu.records[t * tile * L.cols() + j]) << "tile " << t;
+    // one merge of everything (tile records in tile order), pairs in two row buckets
+    std::vector<std::uint64_t> packed;
+    for (std::uint64_t t = 0; t < cpu.tile_unique.size(); ++t)
+      packed.insert(packed.end(), cpu.records.begin() + t * tile * L.cols(),
+                    cpu.records.begin() + (t * tile + cpu.tile_unique[t]) * L.cols());
+    const std::uint64_t m = packed.size() / L.cols();
+    auto merge = [&](kernels::BucketMerge mg, auto run) {
+      mg.rows = m;
+      mg.layout = L;
+      mg.batch = 3;
+      mg.row_buckets = 2;
+      mg.rows_per_row_bucket = 10 * tile + 5 * tile;
+      run(mg);
+    };
+    std::vector<std::uint64_t> ck(m * w), cc(m), cp(3 * m), cpc(2), cu(1);
+    std::vector<double> cv(m);
+    merge({packed.data(), 0, L, ck.data(), cc.data(), cv.data(), cu.data(), 0, cp.data(), cpc.data(), 1, 1, {}},
+          [](const kernels::BucketMerge& a) { kernels::cpu::bucket_merge(a); });
+    Buffer in2 = gpu.upload(packed.data(), packed.size() * 8);
+    Buffer gk = gpu.backend->alloc_device(m * w * 8, "t"), gc = gpu.backend->alloc_device(m * 8, "t"),
+           gv = gpu.backend->alloc_device(m * 8, "t"), gp = gpu.backend->alloc_device(3 * m * 8, "t"),
+           gpc = gpu.backend->alloc_device(16, "t"), gu = gpu.backend->alloc_device(8, "t");
+    merge({in2.as<std::uint64_t>(), 0, L, gk.as<std::uint64_t>(), gc.as<std::uint64_t>(), gv.as<double>(),
+           gu.as<std::uint64_t>(), 0, gp.as<std::uint64_t>(), gpc.as<std::uint64_t>(), 1, 1, {scratch.data(), scratch.size()}},
+          [&](const kernels::BucketMerge& a) { kernels::bucket_merge(*gpu.stream, a); });
+    const std::uint64_t u = gpu.download<std::uint64_t>(gu, 1)[0];
+    ASSERT_EQ(u, cu[0]);
+    EXPECT_EQ(gpu.download<std::uint64_t>(gk, u * w), std::vector<std::uint64_t>(ck.begin(), ck.begin() + u * w));
+    EXPECT_EQ(gpu.download<std::uint64_t>(gc, u), std::vector<std::uint64_t>(cc.begin(), cc.begin() + u));
+    const auto gvv = gpu.download<double>(gv, u);
+    EXPECT_EQ(std::memcmp(gvv.data(), cv.data(), u * 8), 0);
+    EXPECT_EQ(gpu.download<std::uint64_t>(gp, 3 * m), cp);
+    EXPECT_EQ(gpu.download<std::uint64_t>(gpc, 2), cpc);
+  }
+}
+
+}  // namespace
+}  // namespace qstage
