@@ -99,6 +99,14 @@ STAGES = {
                            ("/beyond_bound", "uint64", 0), ("/relative_error", "float64", 0),
                            ("/fidelity", "float64", 0), ("/compress_gbps", "float64", 0),
                            ("/decompress_gbps", "float64", 0), ("/stored_bytes", "uint64", 0)]),
+    "sci.integrals": ("molecular integrals from an FCIDUMP file: h1 (norb x norb), the two-electron "
+                      "integrals 8-fold packed (their attribute 'layout'), the core energy, the header's NORB, "
+                      "NELEC, MS2, ISYM and ORBSYM, orbital energies (NaN where absent) and line counts",
+                      {},
+                      [("/h1", "float64", 2), ("/eri", "float64", 1), ("/core_energy", "float64", 0),
+                       ("/orbsym", "int32", 1), ("/orbital_energies", "float64", 1), ("/norb", "int64", 0),
+                       ("/nelec", "int64", 0), ("/ms2", "int64", 0), ("/isym", "int64", 0),
+                       ("/integral_lines", "uint64", 0), ("/repeated_lines", "uint64", 0)]),
 }
 
 

@@ -5,6 +5,7 @@
 #include "core/embedded.hpp"
 #include "engine/journal.hpp"
 #include "stages/compress/compress_stages.hpp"
+#include "stages/sci/sci_stages.hpp"
 #include "stages/stage.hpp"
 #include "stages/tensor/tensor_stages.hpp"
 #include "stages/tn/tn_stages.hpp"
@@ -35,7 +36,7 @@ const std::vector<const Stage*>& all_stages() {
   static const std::vector<const Stage*> stages = [] {
     std::vector<const Stage*> v{&tensor_random(), &tensor_matmul(), &tensor_stats(), &tensor_compare(), &tn_build(),
                                 &tn_path(),       &tn_plan(),       &tn_contract(), &tn_statevector(),
-                                &compress(),      &decompress(),    &compress_evaluate()};
+                                &compress(),      &decompress(),    &compress_evaluate(), &sci_integrals()};
     std::sort(v.begin(), v.end(), [](auto* a, auto* b) { return a->info().name < b->info().name; });
     return v;
   }();
