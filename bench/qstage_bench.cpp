@@ -19,6 +19,9 @@
 //       tn.plan's steps give them), on random operands: seconds, bytes moved at least (the spans
 //       of A, B and C: each read or written once) and that as a fraction of the device copy rate
 //       measured in the same run (a copy reads and writes: the rate counts both)
+//   qstage_bench sci-generate --fcidump FILE [--sources 100000] [--batch 2000] [--eps 0] [--device cuda|cpu]
+//       selected CI's generation kernel (kernels/sci_generate) on random source determinants:
+//       candidates, seconds, candidates per second (bench/sci_generate_bench.cpp)
 // Output: one JSON object on stdout. Timings are medians of repeats after a warm-up.
 #include <cblas.h>
 #include <omp.h>
@@ -44,6 +47,7 @@
 #include "kernels/gemm.hpp"
 #include "kernels/looped_gemm.hpp"
 #include "kernels/random.hpp"
+#include "sci_generate_bench.hpp"
 
 using namespace qstage;
 using nlohmann::json;
@@ -413,7 +417,8 @@ int main(int argc, char** argv) {
     std::cerr << "usage: qstage_bench ceilings --m M --n N --k K [--device cuda|cpu] [--io-dir DIR --io-bytes SIZE]\n"
                  "       qstage_bench inmemory-matmul --a FILE:/dataset --b FILE:/dataset\n"
                  "       qstage_bench codec --data FILE:/dataset [--device cuda] [--pipelines szx,group] [--bounds 1e-3]\n"
-                 "       qstage_bench looped --steps FILE.json [--device cuda] [--dtype complex64]\n";
+                 "       qstage_bench looped --steps FILE.json [--device cuda] [--dtype complex64]\n"
+                 "       qstage_bench sci-generate --fcidump FILE [--sources N] [--batch N] [--eps E] [--device cuda]\n";
     return 2;
   }
   try {
@@ -424,6 +429,10 @@ int main(int argc, char** argv) {
     if (cmd == "inmemory-matmul") return inmemory_matmul(args);
     if (cmd == "codec") return codec_bench(args);
     if (cmd == "looped") return looped_bench(args);
+    if (cmd == "sci-generate") {
+      std::cout << bench::sci_generate_bench(args).dump(2) << "\n";
+      return 0;
+    }
     std::cerr << "unknown command " << cmd << "\n";
     return 2;
   } catch (const std::exception& e) {

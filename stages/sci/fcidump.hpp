@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "kernels/sci_math.hpp"
+
 namespace qstage::sci {
 
 // The most spatial orbitals qstage takes: one 64-bit occupation string per spin.
@@ -43,7 +45,7 @@ struct Integrals {
 };
 
 // 0-based pair index of i, j (either order) in 8-fold packing.
-inline std::uint64_t pair_index(std::uint64_t i, std::uint64_t j) { return i >= j ? i * (i + 1) / 2 + j : j * (j + 1) / 2 + i; }
+inline std::uint64_t pair_index(std::uint64_t i, std::uint64_t j) { return kernels::sci::eri_pair(i, j); }
 // Entries of the packed ERI array for `norb` orbitals.
 std::uint64_t packed_eri_size(int norb);
 

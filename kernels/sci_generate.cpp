@@ -1,0 +1,81 @@
+#include "kernels/sci_generate.hpp"
+
+#include <cmath>
+#include <vector>
+
+#include "kernels/dispatch.hpp"
+
+namespace qstage::kernels {
+
+namespace {
+
+// Walks source i's valid excitations in list order.
+template <typename Visit>
+void for_each_excitation(const sci::HamiltonianView& h, int na, int nb, const sci::Det& d, double c, double eps,
+                         Visit&& visit) {
+  int occ_a[64], occ_b[64];
+  sci::occupied(d.alpha, occ_a);
+  sci::occupied(d.beta, occ_b);
+  const double abs_c = std::fabs(c);
+  const std::uint32_t lists = sci::list_count(na, nb);
+  for (std::uint32_t l = 0; l < lists; ++l) {
+    const sci::ListRef ref = sci::list_at(l, na, nb, occ_a, occ_b);
+    const std::uint32_t cut = sci::cut_length(h, ref, abs_c, eps);
+    for (std::uint32_t k = 0; k < cut; ++k) {
+      sci::Det target;
+      double element;
+      if (sci::list_entry(h, d, ref, k, abs_c, eps, &target, &element)) visit(target, element);
+    }
+  }
+}
+
+}  // namespace
+
+void sci_generate_cpu(const SciGenerate& a) {
+  const auto n = static_cast<std::int64_t>(a.n);
+  std::vector<std::uint64_t> offset(a.n + 1, 0);
+#pragma omp parallel for schedule(dynamic, 16)
+  for (std::int64_t i = 0; i < n; ++i) {
+    std::uint64_t count = 0;
+    for_each_excitation(a.h, a.nalpha, a.nbeta, a.sources[i], a.coefficients[i], a.eps,
+                        [&](const sci::Det&, double) { ++count; });
+    offset[i + 1] = count;
+  }
+  for (std::uint64_t i = 0; i < a.n; ++i) offset[i + 1] += offset[i];
+#pragma omp parallel for schedule(dynamic, 16)
+  for (std::int64_t i = 0; i < n; ++i) {
+    sci::Candidate* out = a.out + offset[i];
+    const double c = a.coefficients[i];
+    for_each_excitation(a.h, a.nalpha, a.nbeta, a.sources[i], c, a.eps, [&](const sci::Det& t, double element) {
+      *out++ = sci::Candidate{t.alpha, t.beta, element * c};
+    });
+  }
+  *a.count = offset[a.n];
+}
+
+void sci_sigma_cpu(const SciSigma& a) {
+  const auto n = static_cast<std::int64_t>(a.n);
+#pragma omp parallel for schedule(dynamic, 16)
+  for (std::int64_t r = 0; r < n; ++r) {
+    const std::uint64_t j = a.first + static_cast<std::uint64_t>(r);
+    const sci::Det d = a.space[j];
+    const double diag = sci::diagonal(a.h, d);
+    double s = 0;
+    for_each_excitation(a.h, a.nalpha, a.nbeta, d, 1.0, 0.0, [&](const sci::Det& t, double element) {
+      const std::uint64_t i = sci::find_sorted(a.space, a.space_size, t);
+      if (i < a.space_size) s += element * a.x[i];
+    });
+    a.sigma[r] = diag * a.x[j] + s;
+    a.diagonal[r] = diag;
+  }
+}
+
+void sci_generate(Stream& stream, const SciGenerate& args) {
+  QSTAGE_DISPATCH(stream, sci_generate_cpu(args), detail::sci_generate_cuda(stream.native(), args));
+}
+
+void sci_sigma(Stream& stream, const SciSigma& args) {
+  QSTAGE_DISPATCH(stream, sci_sigma_cpu(args), detail::sci_sigma_cuda(stream.native(), args));
+}
+
+}  // namespace qstage::kernels

@@ -1,0 +1,175 @@
+#include <cub/block/block_scan.cuh>
+#include <cub/device/device_scan.cuh>
+
+#include <stdexcept>
+
+#include "backend/cuda_check.hpp"
+#include "kernels/block_tree.cuh"
+#include "kernels/sci_generate.hpp"
+
+namespace qstage::kernels::detail {
+namespace {
+
+using sci::Candidate;
+using sci::Det;
+using sci::HamiltonianView;
+
+constexpr int kThreads = 256;
+using BlockScan = cub::BlockScan<unsigned, kThreads>;
+
+// One source determinant's lists, laid out in shared memory by the whole block: the occupied
+// orbitals and each list's cut end (an inclusive prefix sum over the cut lengths), so virtual
+// excitation v is entry v - end[l-1] of the first list l with end[l] > v.
+struct SharedSource {
+  int occ_a[64], occ_b[64];
+  typename BlockScan::TempStorage scan;
+};
+
+__device__ unsigned lay_out_lists(const HamiltonianView& h, int na, int nb, const Det& d, double abs_c, double eps,
+                                  SharedSource& s, unsigned* end) {
+  if (threadIdx.x == 0) {
+    sci::occupied(d.alpha, s.occ_a);
+    sci::occupied(d.beta, s.occ_b);
+  }
+  __syncthreads();
+  const unsigned lists = sci::list_count(na, nb);
+  for (unsigned l = threadIdx.x; l < lists; l += kThreads)
+    end[l] = sci::cut_length(h, sci::list_at(l, na, nb, s.occ_a, s.occ_b), abs_c, eps);
+  __syncthreads();
+  // Inclusive prefix: each thread sums a contiguous chunk; a block scan of the chunk sums.
+  const unsigned per = (lists + kThreads - 1) / kThreads;
+  const unsigned b0 = min(lists, threadIdx.x * per), b1 = min(lists, b0 + per);
+  unsigned sum = 0;
+  for (unsigned k = b0; k < b1; ++k) sum += end[k];
+  unsigned run;
+  BlockScan(s.scan).ExclusiveSum(sum, run);
+  __syncthreads();
+  for (unsigned k = b0; k < b1; ++k) {
+    run += end[k];
+    end[k] = run;
+  }
+  __syncthreads();
+  return lists ? end[lists - 1] : 0;
+}
+
+// Virtual excitation v of the laid-out source: false if it is not a valid excitation.
+__device__ bool excitation_at(const HamiltonianView& h, int na, int nb, const Det& d, double abs_c, double eps,
+                              const SharedSource& s, const unsigned* end, unsigned lists, unsigned v, Det* t, double* e) {
+  unsigned lo = 0, hi = lists;
+  while (lo < hi) {
+    const unsigned mid = (lo + hi) / 2;
+    if (end[mid] <= v) lo = mid + 1;
+    else hi = mid;
+  }
+  const unsigned start = lo ? end[lo - 1] : 0;
+  return sci::list_entry(h, d, sci::list_at(lo, na, nb, s.occ_a, s.occ_b), v - start, abs_c, eps, t, e);
+}
+
+// Count (Write = false: counts[i]) or write (Write = true: at offsets[i]) each source's valid
+// excitations, compacted in virtual-excitation order by a block-wide prefix sum.
+template <bool Write>
+__global__ void __launch_bounds__(kThreads) generate_kernel(HamiltonianView h, int na, int nb, const Det* sources,
+                                                            const double* coefficients, std::uint64_t n, double eps,
+                                                            const std::uint64_t* offsets, std::uint64_t* counts,
+                                                            Candidate* out) {
+  __shared__ SharedSource s;
+  extern __shared__ unsigned end[];
+  const unsigned lists = sci::list_count(na, nb);
+  for (std::uint64_t i = blockIdx.x; i < n; i += gridDim.x) {
+    const Det d = sources[i];
+    const double c = coefficients[i], abs_c = fabs(c);
+    const unsigned total = lay_out_lists(h, na, nb, d, abs_c, eps, s, end);
+    std::uint64_t written = 0;
+    for (unsigned base = 0; base < total; base += kThreads) {
+      const unsigned v = base + threadIdx.x;
+      Det t;
+      double e = 0;
+      const bool valid = v < total && excitation_at(h, na, nb, d, abs_c, eps, s, end, lists, v, &t, &e);
+      unsigned pos, all;
+      BlockScan(s.scan).ExclusiveSum(valid ? 1u : 0u, pos, all);
+      if (Write && valid) out[offsets[i] + written + pos] = Candidate{t.alpha, t.beta, e * c};
+      written += all;
+      __syncthreads();
+    }
+    if (!Write && threadIdx.x == 0) counts[i] = written;
+    __syncthreads();
+  }
+}
+
+__global__ void total_kernel(const std::uint64_t* offsets, const std::uint64_t* counts, std::uint64_t n,
+                             std::uint64_t* total) {
+  *total = n ? offsets[n - 1] + counts[n - 1] : 0;
+}
+
+// (H x)_j: one block per row, partial sums per thread combined in a fixed tree.
+__global__ void __launch_bounds__(kThreads) sigma_kernel(HamiltonianView h, int na, int nb, const Det* space,
+                                                         std::uint64_t size, const double* x, std::uint64_t first,
+                                                         std::uint64_t n, double* sigma, double* diagonal) {
+  __shared__ SharedSource s;
+  __shared__ double partial[kThreads];
+  extern __shared__ unsigned end[];
+  const unsigned lists = sci::list_count(na, nb);
+  for (std::uint64_t r = blockIdx.x; r < n; r += gridDim.x) {
+    const Det d = space[first + r];
+    const unsigned total = lay_out_lists(h, na, nb, d, 1.0, 0.0, s, end);
+    double acc = 0;
+    for (unsigned v = threadIdx.x; v < total; v += kThreads) {
+      Det t;
+      double e;
+      if (excitation_at(h, na, nb, d, 1.0, 0.0, s, end, lists, v, &t, &e)) {
+        const std::uint64_t i = sci::find_sorted(space, size, t);
+        if (i < size) acc += e * x[i];
+      }
+    }
+    partial[threadIdx.x] = acc;
+    block_tree<kThreads>([&](unsigned to, unsigned from) { partial[to] += partial[from]; });
+    if (threadIdx.x == 0) {
+      const double diag = sci::diagonal(h, d);
+      sigma[r] = diag * x[first + r] + partial[0];
+      diagonal[r] = diag;
+    }
+    __syncthreads();
+  }
+}
+
+unsigned grid_for(std::uint64_t n) { return static_cast<unsigned>(std::min<std::uint64_t>(n, 1u << 20)); }
+
+std::size_t list_bytes(int na, int nb) { return sci::list_count(na, nb) * sizeof(unsigned); }
+
+}  // namespace
+
+void sci_generate_cuda(void* cuda_stream, const SciGenerate& a) {
+  auto stream = static_cast<cudaStream_t>(cuda_stream);
+  std::uint64_t* counts = a.workspace;
+  std::uint64_t* offsets = counts + a.n;
+  void* temp = a.scan_workspace;
+  std::size_t temp_bytes = 0;
+  QSTAGE_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(nullptr, temp_bytes, counts, offsets, static_cast<std::int64_t>(a.n)));
+  if (temp_bytes > kSciScanWorkspaceBytes)
+    throw std::logic_error("sci_generate: the scan needs more than kSciScanWorkspaceBytes");
+  temp_bytes = kSciScanWorkspaceBytes;
+  if (a.n == 0) {
+    QSTAGE_CUDA_CHECK(cudaMemsetAsync(a.count, 0, sizeof(std::uint64_t), stream));
+    return;
+  }
+  const std::size_t shared = list_bytes(a.nalpha, a.nbeta);
+  generate_kernel<false><<<grid_for(a.n), kThreads, shared, stream>>>(a.h, a.nalpha, a.nbeta, a.sources, a.coefficients,
+                                                                        a.n, a.eps, nullptr, counts, nullptr);
+  QSTAGE_CUDA_CHECK_LAUNCH();
+  QSTAGE_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(temp, temp_bytes, counts, offsets, static_cast<std::int64_t>(a.n), stream));
+  generate_kernel<true><<<grid_for(a.n), kThreads, shared, stream>>>(a.h, a.nalpha, a.nbeta, a.sources, a.coefficients,
+                                                                       a.n, a.eps, offsets, nullptr, a.out);
+  QSTAGE_CUDA_CHECK_LAUNCH();
+  total_kernel<<<1, 1, 0, stream>>>(offsets, counts, a.n, a.count);
+  QSTAGE_CUDA_CHECK_LAUNCH();
+}
+
+void sci_sigma_cuda(void* cuda_stream, const SciSigma& a) {
+  if (a.n == 0) return;
+  auto stream = static_cast<cudaStream_t>(cuda_stream);
+  sigma_kernel<<<grid_for(a.n), kThreads, list_bytes(a.nalpha, a.nbeta), stream>>>(
+      a.h, a.nalpha, a.nbeta, a.space, a.space_size, a.x, a.first, a.n, a.sigma, a.diagonal);
+  QSTAGE_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace qstage::kernels::detail

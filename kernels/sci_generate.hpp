@@ -1,0 +1,58 @@
+#pragma once
+// Selected CI's two kernels over batches of determinants (seed 004 §4.2), each beside its CPU twin:
+//
+// - generate: for each source determinant i with coefficient c_i, every single and double
+//   excitation a with |H_ai c_i| > eps (heat-bath screening), written as Candidate{a, H_ai c_i}.
+//   Order: sources in order, each source's excitations in list order (sci_math.hpp). The GPU runs
+//   one block per source: a count launch, a scan of the counts, and a write launch whose blocks
+//   compact their valid excitations by a block-wide prefix sum, so positions never depend on
+//   timing (no atomics) and the GPU writes the CPU twin's bytes.
+// - sigma: for each row j of a sorted determinant space S, (H x)_j = H_jj x_j + sum over the
+//   determinants i in S connected to j of H_ji x_i, the column i found by binary search in S
+//   (seed 004's just-in-time reverse index): a matrix-free product for Davidson. Each row is one
+//   block's fixed-order sum (the CPU sums in list order; the two agree to rounding).
+#include <cstdint>
+
+#include "backend/backend.hpp"
+#include "kernels/sci_math.hpp"
+
+namespace qstage::kernels {
+
+struct SciGenerate {
+  sci::HamiltonianView h;  // device memory on cuda
+  int nalpha = 0, nbeta = 0;
+  const sci::Det* sources = nullptr;
+  const double* coefficients = nullptr;
+  std::uint64_t n = 0;
+  double eps = 0;
+  sci::Candidate* out = nullptr;    // room for every candidate (max_candidates_per_source * n)
+  std::uint64_t* count = nullptr;   // one u64: how many were written
+  std::uint64_t* workspace = nullptr;  // 2 n values (per-source counts and offsets)
+  void* scan_workspace = nullptr;      // kSciScanWorkspaceBytes (the scan's temporary storage)
+};
+
+// The scan's temporary storage for any batch up to 2^34 sources (checked at run time).
+constexpr std::uint64_t kSciScanWorkspaceBytes = 4u << 20;
+void sci_generate(Stream& stream, const SciGenerate& args);
+void sci_generate_cpu(const SciGenerate& args);
+
+struct SciSigma {
+  sci::HamiltonianView h;
+  int nalpha = 0, nbeta = 0;
+  const sci::Det* space = nullptr;  // the sorted space S
+  std::uint64_t space_size = 0;
+  const double* x = nullptr;        // space_size values
+  std::uint64_t first = 0, n = 0;   // the rows S[first, first + n)
+  double* sigma = nullptr;          // n values: (H x) of those rows
+  double* diagonal = nullptr;       // n values: H_jj
+};
+
+void sci_sigma(Stream& stream, const SciSigma& args);
+void sci_sigma_cpu(const SciSigma& args);
+
+namespace detail {
+void sci_generate_cuda(void* cuda_stream, const SciGenerate& args);
+void sci_sigma_cuda(void* cuda_stream, const SciSigma& args);
+}  // namespace detail
+
+}  // namespace qstage::kernels

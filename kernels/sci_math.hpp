@@ -1,0 +1,310 @@
+#pragma once
+// Slater–Condon rules on determinants of two 64-bit occupation strings, shared by the CPU twins
+// (.cpp) and the CUDA kernels (.cu) of selected CI, so both compute the same values from the same
+// code.
+//
+// A determinant is (alpha, beta): bit p of a string set when spatial orbital p is occupied with
+// that spin. Spin-orbitals are ordered all alpha before all beta, orbitals ascending within a
+// spin; so an excitation p -> r inside one string has the phase (-1)^(occupied orbitals of that
+// string strictly between p and r), and a beta excitation never crosses alpha electrons an odd
+// number of times. Integrals are real: h_pq and chemists' (pq|rs) with 8-fold symmetry.
+#include <cstdint>
+
+#include "core/hd.hpp"
+
+namespace qstage::kernels::sci {
+
+// A determinant, and its sort key: (alpha, beta) compared as one 128-bit number, alpha high.
+struct Det {
+  std::uint64_t alpha = 0, beta = 0;
+};
+QSTAGE_HD bool operator<(const Det& a, const Det& b) {
+  return a.alpha < b.alpha || (a.alpha == b.alpha && a.beta < b.beta);
+}
+QSTAGE_HD bool operator==(const Det& a, const Det& b) { return a.alpha == b.alpha && a.beta == b.beta; }
+
+// A generated determinant with a value (a Hamiltonian element times the source's coefficient):
+// the rows selected CI streams, 24 bytes; keys.dedup reads the first two words as the key and the
+// third as a float64 summed per key.
+struct Candidate {
+  std::uint64_t alpha = 0, beta = 0;
+  double value = 0;
+};
+static_assert(sizeof(Candidate) == 24);
+
+// The Hamiltonian and its excitation tables as the kernels read them (device memory on cuda).
+// Built on the host by stages/sci/excitation_tables.hpp, which documents the tables.
+struct HamiltonianView {
+  int norb = 0;
+  double core = 0;
+  const double* h1 = nullptr;        // norb x norb
+  const double* eri = nullptr;       // 8-fold packed (eri_index)
+  const double* coulomb = nullptr;   // J_pq = (pp|qq), norb x norb
+  const double* exchange = nullptr;  // K_pq = (pq|qp), norb x norb
+  // Singles: per orbital p, `single_width` slots: targets r, sorted by `single_bound` (an upper
+  // bound of |H| for p -> r in any determinant) descending; single_length[p] of them are used.
+  std::uint32_t single_width = 0;
+  const std::uint32_t* single_length = nullptr;
+  const std::uint8_t* single_target = nullptr;
+  const double* single_bound = nullptr;
+  // Opposite-spin doubles: per pair p (alpha) * norb + q (beta), targets r | s << 8 (r alpha,
+  // s beta) with value (pr|qs), sorted by |value| descending (heat-bath order).
+  std::uint32_t opposite_width = 0;
+  const std::uint32_t* opposite_length = nullptr;
+  const std::uint16_t* opposite_target = nullptr;
+  const double* opposite_value = nullptr;
+  // Same-spin doubles: per pair p < q (index q(q-1)/2 + p), targets r < s with value
+  // (pr|qs) - (ps|qr), sorted by |value| descending.
+  std::uint32_t same_width = 0;
+  const std::uint32_t* same_length = nullptr;
+  const std::uint16_t* same_target = nullptr;
+  const double* same_value = nullptr;
+};
+
+QSTAGE_HD int popcount(std::uint64_t x) {
+#ifdef __CUDA_ARCH__
+  return __popcll(x);
+#else
+  return __builtin_popcountll(x);
+#endif
+}
+
+QSTAGE_HD std::uint64_t bit(int p) { return std::uint64_t{1} << p; }
+
+// 0-based index of the pair {i, j} (either order) in 8-fold packing (PySCF's s8).
+QSTAGE_HD std::uint64_t eri_pair(std::uint64_t i, std::uint64_t j) { return i >= j ? i * (i + 1) / 2 + j : j * (j + 1) / 2 + i; }
+QSTAGE_HD std::uint64_t eri_index(int i, int j, int k, int l) {
+  return eri_pair(eri_pair(static_cast<std::uint64_t>(i), static_cast<std::uint64_t>(j)),
+                  eri_pair(static_cast<std::uint64_t>(k), static_cast<std::uint64_t>(l)));
+}
+QSTAGE_HD double eri(const HamiltonianView& h, int i, int j, int k, int l) { return h.eri[eri_index(i, j, k, l)]; }
+QSTAGE_HD std::uint32_t same_pair(int p, int q) { return static_cast<std::uint32_t>(q * (q - 1) / 2 + p); }  // p < q
+
+// +1 or -1: the phase of moving an electron from p to r (p != r) inside string s.
+QSTAGE_HD double excitation_sign(std::uint64_t s, int p, int r) {
+  const int lo = p < r ? p : r, hi = p < r ? r : p;
+  const std::uint64_t between = (bit(hi) - 1) & ~(bit(lo + 1) - 1);
+  return (popcount(s & between) & 1) ? -1.0 : 1.0;
+}
+
+// <D|H|D>.
+QSTAGE_HD double diagonal(const HamiltonianView& h, const Det& d) {
+  const int n = h.norb;
+  double one = 0, two = 0;
+  for (int p = 0; p < n; ++p) {
+    const bool pa = (d.alpha >> p) & 1, pb = (d.beta >> p) & 1;
+    if (!pa && !pb) continue;
+    if (pa) one += h.h1[p * n + p];
+    if (pb) one += h.h1[p * n + p];
+    for (int q = 0; q < n; ++q) {
+      const bool qa = (d.alpha >> q) & 1, qb = (d.beta >> q) & 1;
+      const double j = h.coulomb[p * n + q], k = h.exchange[p * n + q];
+      // same spin: (J - K) / 2 over ordered pairs; opposite spin: J over ordered (alpha, beta)
+      if (pa && qa) two += 0.5 * (j - k);
+      if (pb && qb) two += 0.5 * (j - k);
+      if (pa && qb) two += j;
+    }
+  }
+  return h.core + one + two;
+}
+
+// <D'|H|D> for D' = D with p -> r in string `same` (the other spin's string `other`), phase
+// included. Additions only, so the CPU and the GPU round alike.
+QSTAGE_HD double single_element(const HamiltonianView& h, std::uint64_t same, std::uint64_t other, int p, int r) {
+  const int n = h.norb;
+  double v = h.h1[p * n + r];
+  for (int k = 0; k < n; ++k) {
+    if ((same >> k) & 1) v += eri(h, p, r, k, k) - eri(h, p, k, k, r);
+    if ((other >> k) & 1) v += eri(h, p, r, k, k);
+  }
+  return excitation_sign(same, p, r) * v;
+}
+
+// The phase of p -> r then q -> s inside one string (a same-spin double).
+QSTAGE_HD double double_sign(std::uint64_t s, int p, int r, int q, int t) {
+  const double first = excitation_sign(s, p, r);
+  return first * excitation_sign((s & ~bit(p)) | bit(r), q, t);
+}
+
+// <a|H|b> for any two determinants (0 unless they differ by at most a double excitation).
+QSTAGE_HD double element(const HamiltonianView& h, const Det& a, const Det& b) {
+  const std::uint64_t da = a.alpha ^ b.alpha, db = a.beta ^ b.beta;
+  const int ea = popcount(da) / 2, eb = popcount(db) / 2;
+  if (ea + eb > 2) return 0;
+  if (ea + eb == 0) return diagonal(h, a);
+  auto lowest = [](std::uint64_t x) {
+    int i = 0;
+    while (!((x >> i) & 1)) ++i;
+    return i;
+  };
+  if (ea + eb == 1) {  // b -> a by one move
+    const bool alpha = ea == 1;
+    const std::uint64_t diff = alpha ? da : db, from = alpha ? b.alpha : b.beta, other = alpha ? b.beta : b.alpha;
+    const int p = lowest(diff & from), r = lowest(diff & ~from);
+    return single_element(h, from, other, p, r);
+  }
+  if (ea == 1 && eb == 1) {
+    const int p = lowest(da & b.alpha), r = lowest(da & ~b.alpha);
+    const int q = lowest(db & b.beta), s = lowest(db & ~b.beta);
+    return excitation_sign(b.alpha, p, r) * excitation_sign(b.beta, q, s) * eri(h, p, r, q, s);
+  }
+  const bool alpha = ea == 2;
+  const std::uint64_t diff = alpha ? da : db, from = alpha ? b.alpha : b.beta;
+  const std::uint64_t holes = diff & from, parts = diff & ~from;
+  const int p = lowest(holes), q = lowest(holes & ~bit(p));
+  const int r = lowest(parts), s = lowest(parts & ~bit(r));
+  return double_sign(from, p, r, q, s) * (eri(h, p, r, q, s) - eri(h, p, s, q, r));
+}
+
+}  // namespace qstage::kernels::sci
+
+namespace qstage::kernels::sci {
+
+// ---------------------------------------------------------------- coupled-configuration lists
+// A source determinant's excitations are a sequence of lists, in this order: the singles of each
+// occupied alpha orbital, of each occupied beta orbital, the opposite-spin doubles of each
+// (alpha, beta) pair of occupied orbitals, the same-spin doubles of each alpha pair, then of each
+// beta pair (orbitals and pairs ascending). Each list is cut where heat-bath screening stops it
+// (cut_length), and entry k of the concatenated cut lists is "virtual excitation" k: a GPU thread
+// evaluates one, the CPU twin walks them in order, and both emit the valid ones in this order.
+enum class ListKind : int { single_alpha, single_beta, opposite, same_alpha, same_beta };
+
+struct ListRef {
+  ListKind kind = ListKind::single_alpha;
+  int p = 0, q = 0;  // occupied orbitals (singles: p only; same-spin: p < q)
+};
+
+// How many lists a determinant with `na` alpha and `nb` beta electrons has.
+QSTAGE_HD std::uint32_t list_count(int na, int nb) {
+  return static_cast<std::uint32_t>(na + nb + na * nb + na * (na - 1) / 2 + nb * (nb - 1) / 2);
+}
+
+// The j of pair index m = j(j-1)/2 + i, i < j.
+QSTAGE_HD int pair_high(std::uint32_t m) {
+  int j = 1;
+  while (static_cast<std::uint32_t>(j * (j + 1) / 2) <= m) ++j;
+  return j;
+}
+
+QSTAGE_HD ListRef list_at(std::uint32_t l, int na, int nb, const int* occ_a, const int* occ_b) {
+  if (l < static_cast<std::uint32_t>(na)) return {ListKind::single_alpha, occ_a[l], 0};
+  l -= na;
+  if (l < static_cast<std::uint32_t>(nb)) return {ListKind::single_beta, occ_b[l], 0};
+  l -= nb;
+  if (l < static_cast<std::uint32_t>(na * nb)) return {ListKind::opposite, occ_a[l / nb], occ_b[l % nb]};
+  l -= na * nb;
+  const bool alpha = l < static_cast<std::uint32_t>(na * (na - 1) / 2);
+  if (!alpha) l -= na * (na - 1) / 2;
+  const int j = pair_high(l), i = static_cast<int>(l) - j * (j - 1) / 2;
+  const int* occ = alpha ? occ_a : occ_b;
+  return {alpha ? ListKind::same_alpha : ListKind::same_beta, occ[i], occ[j]};
+}
+
+// The list's padded slots: (its row in the table, its length, its width).
+struct ListSlots {
+  std::uint64_t first = 0;
+  std::uint32_t length = 0;
+};
+QSTAGE_HD ListSlots list_slots(const HamiltonianView& h, const ListRef& l) {
+  switch (l.kind) {
+    case ListKind::single_alpha:
+    case ListKind::single_beta:
+      return {static_cast<std::uint64_t>(l.p) * h.single_width, h.single_length[l.p]};
+    case ListKind::opposite: {
+      const std::uint64_t pair = static_cast<std::uint64_t>(l.p) * h.norb + l.q;
+      return {pair * h.opposite_width, h.opposite_length[pair]};
+    }
+    default: {
+      const std::uint64_t pair = same_pair(l.p, l.q);
+      return {pair * h.same_width, h.same_length[pair]};
+    }
+  }
+}
+
+// |entry k|'s screening magnitude: a bound of |H| for singles, |H| for doubles.
+QSTAGE_HD double list_magnitude(const HamiltonianView& h, const ListRef& l, std::uint64_t slot) {
+  switch (l.kind) {
+    case ListKind::single_alpha:
+    case ListKind::single_beta: return h.single_bound[slot];
+    case ListKind::opposite: return h.opposite_value[slot] < 0 ? -h.opposite_value[slot] : h.opposite_value[slot];
+    default: return h.same_value[slot] < 0 ? -h.same_value[slot] : h.same_value[slot];
+  }
+}
+
+// How many leading entries of the list pass heat-bath screening for a source with |c| = abs_c:
+// magnitude * abs_c > eps (the lists are sorted by magnitude descending, so a binary search).
+QSTAGE_HD std::uint32_t cut_length(const HamiltonianView& h, const ListRef& l, double abs_c, double eps) {
+  const ListSlots s = list_slots(h, l);
+  std::uint32_t lo = 0, hi = s.length;
+  while (lo < hi) {
+    const std::uint32_t mid = (lo + hi) / 2;
+    if (list_magnitude(h, l, s.first + mid) * abs_c > eps) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
+// Entry k of the source's list l: false when it is not an excitation of this determinant (a
+// target occupied) or, for singles, its exact element fails the screening; else the target
+// determinant and <target|H|source> (phase included) in *out.
+QSTAGE_HD bool list_entry(const HamiltonianView& h, const Det& d, const ListRef& l, std::uint32_t k, double abs_c,
+                          double eps, Det* target, double* element) {
+  const ListSlots s = list_slots(h, l);
+  const std::uint64_t slot = s.first + k;
+  switch (l.kind) {
+    case ListKind::single_alpha:
+    case ListKind::single_beta: {
+      const bool alpha = l.kind == ListKind::single_alpha;
+      const int r = h.single_target[slot];
+      const std::uint64_t same = alpha ? d.alpha : d.beta, other = alpha ? d.beta : d.alpha;
+      if ((same >> r) & 1) return false;
+      const double v = single_element(h, same, other, l.p, r);
+      if (!((v < 0 ? -v : v) * abs_c > eps)) return false;
+      const std::uint64_t moved = same ^ bit(l.p) ^ bit(r);
+      *target = alpha ? Det{moved, d.beta} : Det{d.alpha, moved};
+      *element = v;
+      return true;
+    }
+    case ListKind::opposite: {
+      const int r = h.opposite_target[slot] & 0xff, t = h.opposite_target[slot] >> 8;
+      if (((d.alpha >> r) & 1) || ((d.beta >> t) & 1)) return false;
+      *target = Det{d.alpha ^ bit(l.p) ^ bit(r), d.beta ^ bit(l.q) ^ bit(t)};
+      *element = excitation_sign(d.alpha, l.p, r) * excitation_sign(d.beta, l.q, t) * h.opposite_value[slot];
+      return true;
+    }
+    default: {
+      const bool alpha = l.kind == ListKind::same_alpha;
+      const int r = h.same_target[slot] & 0xff, t = h.same_target[slot] >> 8;
+      const std::uint64_t same = alpha ? d.alpha : d.beta;
+      if (((same >> r) & 1) || ((same >> t) & 1)) return false;
+      const std::uint64_t moved = same ^ bit(l.p) ^ bit(l.q) ^ bit(r) ^ bit(t);
+      *target = alpha ? Det{moved, d.beta} : Det{d.alpha, moved};
+      *element = double_sign(same, l.p, r, l.q, t) * h.same_value[slot];
+      return true;
+    }
+  }
+}
+
+// The occupied orbitals of a string, ascending; returns how many.
+QSTAGE_HD int occupied(std::uint64_t s, int* out) {
+  int n = 0;
+  while (s) {
+    const int p = popcount((s & (~s + 1)) - 1);  // index of the lowest set bit
+    out[n++] = p;
+    s &= s - 1;
+  }
+  return n;
+}
+
+// Index of `key` in the sorted `keys[0, n)`, or n when absent.
+QSTAGE_HD std::uint64_t find_sorted(const Det* keys, std::uint64_t n, const Det& key) {
+  std::uint64_t lo = 0, hi = n;
+  while (lo < hi) {
+    const std::uint64_t mid = lo + (hi - lo) / 2;
+    if (keys[mid] < key) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo < n && keys[lo] == key ? lo : n;
+}
+
+}  // namespace qstage::kernels::sci

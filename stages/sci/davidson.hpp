@@ -1,0 +1,50 @@
+#pragma once
+// The lowest eigenpair of a real symmetric operator known only through products A v (Davidson's
+// method with the diagonal preconditioner), as a state machine: next() is the vector to multiply,
+// take(A next()) advances. Selected CI runs each product as a streamed pass; because every step
+// here is deterministic host arithmetic, replaying the recorded products rebuilds the exact state,
+// so a resumed run continues bitwise where it stopped without saving the basis.
+#include <cstdint>
+#include <vector>
+
+namespace qstage::sci {
+
+struct DavidsonOptions {
+  double residual_tolerance = 1e-7;  // converged when ||A x - theta x|| < this
+  int max_basis = 24;                // restart with the current Ritz vector when the basis is full
+  int max_products = 400;            // stop (not converged) after this many products
+};
+
+class Davidson {
+ public:
+  // `guess`: a start vector (normalized here). A's diagonal (the preconditioner) is set before the
+  // first take(): it can come with the first product.
+  explicit Davidson(std::vector<double> guess, DavidsonOptions options = {});
+  void set_diagonal(std::vector<double> diagonal);
+  const std::vector<double>& next() const { return basis_.back(); }
+  // Hands A next(); returns true once converged (or out of products: see converged()).
+  bool take(std::vector<double> product);
+  bool done() const { return done_; }
+  bool converged() const { return converged_; }
+  double eigenvalue() const { return theta_; }
+  const std::vector<double>& eigenvector() const { return ritz_; }
+  double residual_norm() const { return residual_; }
+  int products() const { return products_; }
+
+ private:
+  void add_direction(std::vector<double> t);
+  std::vector<double> diagonal_;
+  DavidsonOptions options_;
+  std::vector<std::vector<double>> basis_, products_of_basis_;
+  std::vector<double> projected_;  // basis' A basis, row-major, size m x m (m = basis size)
+  std::vector<double> ritz_;
+  double theta_ = 0, residual_ = 0;
+  int products_ = 0;
+  bool done_ = false, converged_ = false;
+};
+
+// All eigenvalues and eigenvectors of a small dense symmetric matrix (cyclic Jacobi; ascending
+// eigenvalues, eigenvectors as columns of `vectors`, n x n row-major). Deterministic.
+void symmetric_eigen(int n, std::vector<double> a, std::vector<double>& values, std::vector<double>& vectors);
+
+}  // namespace qstage::sci

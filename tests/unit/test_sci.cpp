@@ -1,0 +1,303 @@
+// Selected CI's numerical core against independent oracles: Slater–Condon elements and phases
+// against a brute-force second-quantized Hamiltonian (Jordan–Wigner signs on 2n spin-orbitals),
+// generation against the brute-force couplings (complete, exact values, screening exact), and
+// full-space Davidson against the FCI energies of the test FCIDUMPs.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "kernels/sci_generate.hpp"
+#include "stages/sci/davidson.hpp"
+#include "stages/sci/excitation_tables.hpp"
+#include "stages/sci/fcidump.hpp"
+#include "test_util.hpp"
+
+using namespace qstage;
+using kernels::sci::Candidate;
+using kernels::sci::Det;
+
+namespace {
+
+sci::Integrals random_integrals(int norb, int nelec, unsigned seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> u(-1, 1);
+  sci::Integrals ints;
+  ints.norb = norb;
+  ints.nelec = nelec;
+  ints.core = 0.37;
+  ints.h1.assign(norb * norb, 0);
+  for (int p = 0; p < norb; ++p)
+    for (int q = 0; q <= p; ++q) ints.h1[p * norb + q] = ints.h1[q * norb + p] = u(rng);
+  ints.eri.resize(sci::packed_eri_size(norb));
+  for (double& v : ints.eri) v = 0.5 * u(rng);
+  ints.orbsym.assign(norb, 1);
+  return ints;
+}
+
+// Spin-orbital occupation: bits 0..n-1 alpha, n..2n-1 beta.
+std::uint64_t spin_bits(const Det& d, int n) { return d.alpha | (d.beta << n); }
+
+// a_q then a+_p on |bits>, with Jordan–Wigner signs; false if it vanishes.
+bool hop(std::uint64_t& bits, double& sign, int p, int q) {
+  auto below = [](std::uint64_t b, int i) { return __builtin_popcountll(b & ((std::uint64_t{1} << i) - 1)); };
+  if (!((bits >> q) & 1)) return false;
+  if (below(bits, q) & 1) sign = -sign;
+  bits &= ~(std::uint64_t{1} << q);
+  if ((bits >> p) & 1) return false;
+  if (below(bits, p) & 1) sign = -sign;
+  bits |= std::uint64_t{1} << p;
+  return true;
+}
+
+// H|b> as a map from spin-orbital occupations to amplitudes.
+std::map<std::uint64_t, double> apply_h(const sci::Integrals& ints, std::uint64_t b) {
+  const int n = ints.norb;
+  std::map<std::uint64_t, double> out;
+  out[b] += ints.core;
+  for (int s = 0; s < 2; ++s)
+    for (int p = 0; p < n; ++p)
+      for (int q = 0; q < n; ++q) {
+        std::uint64_t bits = b;
+        double sign = 1;
+        if (hop(bits, sign, p + s * n, q + s * n)) out[bits] += sign * ints.h1_at(p, q);
+      }
+  // 1/2 sum (pq|rs) a+_{p s} a+_{r t} a_{s' t} a_{q s}  =  1/2 sum (pq|rs) a+_p a_q a+_r a_s - delta terms;
+  // applied literally in normal order: a+_p a+_r a_s a_q.
+  for (int s1 = 0; s1 < 2; ++s1)
+    for (int s2 = 0; s2 < 2; ++s2)
+      for (int p = 0; p < n; ++p)
+        for (int q = 0; q < n; ++q)
+          for (int r = 0; r < n; ++r)
+            for (int s = 0; s < n; ++s) {
+              const double v = ints.eri_at(p, q, r, s);
+              const int P = p + s1 * n, Q = q + s1 * n, R = r + s2 * n, S = s + s2 * n;
+              std::uint64_t bits = b;
+              double sign = 1;
+              auto below = [](std::uint64_t x, int i) { return __builtin_popcountll(x & ((std::uint64_t{1} << i) - 1)); };
+              auto annihilate = [&](int i) {
+                if (!((bits >> i) & 1)) return false;
+                if (below(bits, i) & 1) sign = -sign;
+                bits &= ~(std::uint64_t{1} << i);
+                return true;
+              };
+              auto create = [&](int i) {
+                if ((bits >> i) & 1) return false;
+                if (below(bits, i) & 1) sign = -sign;
+                bits |= std::uint64_t{1} << i;
+                return true;
+              };
+              if (annihilate(Q) && annihilate(S) && create(R) && create(P)) out[bits] += 0.5 * sign * v;
+            }
+  return out;
+}
+
+std::vector<std::uint64_t> strings(int norb, int k) {
+  std::vector<std::uint64_t> v;
+  for (std::uint64_t s = 0; s < (std::uint64_t{1} << norb); ++s)
+    if (__builtin_popcountll(s) == k) v.push_back(s);
+  return v;
+}
+
+std::vector<Det> all_dets(int norb, int na, int nb) {
+  std::vector<Det> d;
+  for (auto a : strings(norb, na))
+    for (auto b : strings(norb, nb)) d.push_back({a, b});
+  std::sort(d.begin(), d.end());
+  return d;
+}
+
+struct Hamiltonian {
+  sci::Integrals ints;
+  sci::ExcitationTables tables;
+  kernels::sci::HamiltonianView view;
+  explicit Hamiltonian(sci::Integrals i) : ints(std::move(i)), tables(sci::build_excitation_tables(ints)) {
+    view = sci::host_view(ints, tables);
+  }
+};
+
+std::vector<Candidate> generate(const Hamiltonian& h, int na, int nb, const std::vector<Det>& src,
+                                const std::vector<double>& c, double eps) {
+  const std::uint64_t cap = sci::max_candidates_per_source(h.tables, na, nb) * src.size();
+  std::vector<Candidate> out(cap);
+  std::uint64_t count = 0;
+  kernels::SciGenerate g{h.view, na, nb, src.data(), c.data(), src.size(), eps, out.data(), &count, nullptr, nullptr};
+  kernels::sci_generate_cpu(g);
+  out.resize(count);
+  return out;
+}
+
+double fci_energy(const Hamiltonian& h, int na, int nb, int* products = nullptr) {
+  const auto dets = all_dets(h.ints.norb, na, nb);
+  const std::size_t n = dets.size();
+  std::vector<double> x(n, 0.0), sigma(n), diag(n);
+  kernels::SciSigma s{h.view, na, nb, dets.data(), n, x.data(), 0, n, sigma.data(), diag.data()};
+  kernels::sci_sigma_cpu(s);  // the diagonal
+  std::size_t lowest = std::min_element(diag.begin(), diag.end()) - diag.begin();
+  std::vector<double> guess(n, 0.0);
+  guess[lowest] = 1;
+  sci::Davidson dav(guess, {1e-7, 24, 400});
+  dav.set_diagonal(diag);
+  while (!dav.done()) {
+    s.x = dav.next().data();
+    kernels::sci_sigma_cpu(s);
+    dav.take(sigma);
+  }
+  EXPECT_TRUE(dav.converged());
+  if (products) *products = dav.products();
+  return dav.eigenvalue();
+}
+
+std::string data_file(const std::string& name) { return std::string(QSTAGE_TEST_DATA) + "/fcidump/" + name; }
+
+}  // namespace
+
+TEST(SciHamiltonian, ElementsAndPhasesMatchSecondQuantization) {
+  for (unsigned seed : {1u, 2u}) {
+    const int n = 5, na = 3, nb = 2;
+    Hamiltonian h(random_integrals(n, na + nb, seed));
+    const auto dets = all_dets(n, na, nb);
+    double worst = 0;
+    for (const Det& b : dets) {
+      const auto hb = apply_h(h.ints, spin_bits(b, n));
+      for (const Det& a : dets) {
+        const auto it = hb.find(spin_bits(a, n));
+        const double want = it == hb.end() ? 0.0 : it->second;
+        const double got = kernels::sci::element(h.view, a, b);
+        worst = std::max(worst, std::fabs(want - got));
+        ASSERT_NEAR(got, want, 1e-11) << "seed " << seed << " a=(" << a.alpha << "," << a.beta << ") b=(" << b.alpha
+                                      << "," << b.beta << ")";
+      }
+    }
+    EXPECT_LT(worst, 1e-11);
+  }
+}
+
+TEST(SciGenerate, EveryCouplingOnceWithItsElement) {
+  const int n = 6, na = 3, nb = 2;
+  Hamiltonian h(random_integrals(n, na + nb, 7));
+  const auto dets = all_dets(n, na, nb);
+  for (const Det& b : dets) {
+    const auto got = generate(h, na, nb, {b}, {1.0}, 0.0);
+    std::map<std::pair<std::uint64_t, std::uint64_t>, double> by_key;
+    for (const Candidate& c : got) {
+      ASSERT_TRUE(by_key.emplace(std::make_pair(c.alpha, c.beta), c.value).second) << "a candidate twice";
+      ASSERT_FALSE(c.alpha == b.alpha && c.beta == b.beta) << "the source itself";
+    }
+    for (const Det& a : dets) {
+      if (a == b) continue;
+      const double want = kernels::sci::element(h.view, a, b);
+      const auto it = by_key.find({a.alpha, a.beta});
+      if (want == 0) {
+        EXPECT_TRUE(it == by_key.end());
+      } else {
+        ASSERT_TRUE(it != by_key.end()) << "missing a coupled determinant";
+        EXPECT_EQ(it->second, want);
+      }
+    }
+  }
+}
+
+TEST(SciGenerate, HeatBathScreeningKeepsExactlyTheLargeOnes) {
+  const int n = 6, na = 3, nb = 3;
+  Hamiltonian h(random_integrals(n, na + nb, 11));
+  const auto dets = all_dets(n, na, nb);
+  std::vector<Det> src(dets.begin(), dets.begin() + 40);
+  std::vector<double> c(src.size());
+  for (std::size_t i = 0; i < c.size(); ++i) c[i] = std::sin(1.0 + i) * 0.7;
+  const double eps = 0.05;
+  const auto got = generate(h, na, nb, src, c, eps);
+  std::size_t k = 0;
+  for (std::size_t i = 0; i < src.size(); ++i) {
+    std::set<std::pair<std::uint64_t, std::uint64_t>> want;
+    for (const Det& a : dets)
+      if (!(a == src[i]) && std::fabs(kernels::sci::element(h.view, a, src[i])) * std::fabs(c[i]) > eps) want.insert({a.alpha, a.beta});
+    std::set<std::pair<std::uint64_t, std::uint64_t>> have;
+    for (std::size_t j = 0; j < want.size() && k < got.size(); ++j, ++k) {
+      have.insert({got[k].alpha, got[k].beta});
+      EXPECT_NEAR(got[k].value, kernels::sci::element(h.view, Det{got[k].alpha, got[k].beta}, src[i]) * c[i], 1e-15);
+    }
+    EXPECT_EQ(have, want) << "source " << i;
+  }
+  EXPECT_EQ(k, got.size());
+}
+
+TEST(SciDavidson, FullSpaceReproducesFciEnergies) {
+  struct Case {
+    const char* file;
+    double energy;
+  };
+  for (const Case& c : {Case{"h2o_FCIDUMP_symm", -75.785724228114}, Case{"H2H2_FCIDUMP_nosym", -4.021386898742},
+                        Case{"N2_sto6g_FCIDUMP", -108.670707597692}}) {
+    Hamiltonian h(sci::read_fcidump(data_file(c.file)));
+    int products = 0;
+    const double e = fci_energy(h, h.ints.nalpha(), h.ints.nbeta(), &products);
+    EXPECT_NEAR(e, c.energy, 1e-8) << c.file << " after " << products << " products";
+  }
+}
+
+TEST(SciDavidson, DenseJacobiEigenvaluesOfAKnownMatrix) {
+  // tridiagonal 2, -1: eigenvalues 2 - 2 cos(k pi / (n + 1))
+  const int n = 9;
+  std::vector<double> a(n * n, 0.0), values, vectors;
+  for (int i = 0; i < n; ++i) {
+    a[i * n + i] = 2;
+    if (i + 1 < n) a[i * n + i + 1] = a[(i + 1) * n + i] = -1;
+  }
+  sci::symmetric_eigen(n, a, values, vectors);
+  for (int k = 1; k <= n; ++k) EXPECT_NEAR(values[k - 1], 2 - 2 * std::cos(k * M_PI / (n + 1)), 1e-12);
+}
+
+// The CUDA kernels write the CPU twins' bytes (generation: same keys, same order, same values)
+// and agree to rounding (sigma: a tree sum per row against the CPU's list-order sum).
+TEST(SciGpu, GenerateAndSigmaMatchTheCpuTwins) {
+  REQUIRE_GPU();
+  test::GpuRun gpu;
+  Hamiltonian h(sci::read_fcidump(data_file("N2_sto6g_FCIDUMP")));
+  const int na = h.ints.nalpha(), nb = h.ints.nbeta();
+  const auto dets = all_dets(h.ints.norb, na, nb);
+  std::vector<double> c(dets.size());
+  for (std::size_t i = 0; i < c.size(); ++i) c[i] = std::sin(0.37 * i) / (1.0 + i % 97);
+  sci::ResidentHamiltonian resident(*gpu.backend, *gpu.stream, h.ints, h.tables);
+  for (double eps : {0.0, 1e-4}) {
+    const std::vector<Det> src(dets.begin(), dets.begin() + 3000);
+    const auto want = generate(h, na, nb, src, std::vector<double>(c.begin(), c.begin() + 3000), eps);
+    Buffer d_src = gpu.upload(src.data(), src.size() * sizeof(Det));
+    Buffer d_c = gpu.upload(c.data(), src.size() * sizeof(double));
+    const std::uint64_t cap = sci::max_candidates_per_source(h.tables, na, nb) * src.size();
+    Buffer d_out = gpu.backend->alloc_device(cap * sizeof(Candidate), "test");
+    Buffer d_count = gpu.backend->alloc_device(8, "test");
+    Buffer d_work = gpu.backend->alloc_device(2 * src.size() * 8, "test");
+    Buffer d_scan = gpu.backend->alloc_device(kernels::kSciScanWorkspaceBytes, "test");
+    kernels::SciGenerate g{resident.view(), na, nb, d_src.as<Det>(), d_c.as<double>(), src.size(), eps,
+                           d_out.as<Candidate>(), d_count.as<std::uint64_t>(), d_work.as<std::uint64_t>(), d_scan.data()};
+    kernels::sci_generate(*gpu.stream, g);
+    const auto count = gpu.download<std::uint64_t>(d_count, 1)[0];
+    ASSERT_EQ(count, want.size()) << "eps " << eps;
+    const auto got = gpu.download<Candidate>(d_out, count);
+    for (std::size_t k = 0; k < count; ++k) {
+      ASSERT_EQ(got[k].alpha, want[k].alpha) << k;
+      ASSERT_EQ(got[k].beta, want[k].beta) << k;
+      ASSERT_EQ(got[k].value, want[k].value) << k;
+    }
+  }
+  const std::size_t n = dets.size();
+  std::vector<double> sigma(n), diag(n), x(c.begin(), c.end());
+  kernels::SciSigma s{h.view, na, nb, dets.data(), n, x.data(), 0, n, sigma.data(), diag.data()};
+  kernels::sci_sigma_cpu(s);
+  Buffer d_space = gpu.upload(dets.data(), n * sizeof(Det));
+  Buffer d_x = gpu.upload(x.data(), n * sizeof(double));
+  Buffer d_sigma = gpu.backend->alloc_device(n * 8, "test"), d_diag = gpu.backend->alloc_device(n * 8, "test");
+  kernels::SciSigma sg{resident.view(), na, nb, d_space.as<Det>(), n, d_x.as<double>(), 100, n - 100,
+                       d_sigma.as<double>(), d_diag.as<double>()};
+  kernels::sci_sigma(*gpu.stream, sg);
+  const auto gs = gpu.download<double>(d_sigma, n - 100), gd = gpu.download<double>(d_diag, n - 100);
+  for (std::size_t r = 0; r + 100 < n; ++r) {
+    ASSERT_NEAR(gs[r], sigma[r + 100], 1e-11 * (1 + std::fabs(sigma[r + 100]))) << r;
+    ASSERT_NEAR(gd[r], diag[r + 100], 1e-11 * (1 + std::fabs(diag[r + 100]))) << r;
+  }
+}
