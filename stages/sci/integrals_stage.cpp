@@ -1,11 +1,12 @@
 // sci.integrals: an FCIDUMP file (stages/sci/fcidump.hpp) into HDF5: the one- and two-electron
-// integrals, the core energy and the header's numbers, as the later selected-CI steps and h5py
-// read them.
+// integrals, the core energy and the header's numbers, and the excitation tables generation
+// reads (stages/sci/excitation_tables.hpp), as the later selected-CI steps and h5py read them.
 #include <fmt/format.h>
 
 #include <cstring>
 
 #include "core/error.hpp"
+#include "stages/sci/excitation_tables.hpp"
 #include "stages/sci/fcidump.hpp"
 #include "stages/sci/sci_stages.hpp"
 #include "stages/tensor/common.hpp"
@@ -126,7 +127,45 @@ class IntegralsStage final : public ComputedStage {
                          "value lines after the header (integrals, orbital energies and the core line)");
     detail::write_scalar(out, "repeated_lines", DType::uint64, &in.repeated_lines,
                          "of them, integrals given again in another of their orders (the first kept)");
+    write_excitations(in, out);
   }
+  // The tables under /excitations, each list table (lists, width) with its padded width as the
+  // attribute `width`. They are built again on every rank from the same integrals (the builder is
+  // deterministic), rather than sent from rank 0.
+  static void write_excitations(const sci::Integrals& in, h5::File& out) {
+    const sci::ExcitationTables t = sci::build_excitation_tables(in);
+    const auto n = static_cast<std::uint64_t>(in.norb);
+    detail::write_array(out, "excitations/coulomb", DType::float64, {n, n}, t.coulomb.data(), "J_pq = (pp|qq)");
+    detail::write_array(out, "excitations/exchange", DType::float64, {n, n}, t.exchange.data(), "K_pq = (pq|qp)");
+    // HDF5 here has no uint16 or uint32: lengths and packed (r, s) targets are widened to int32.
+    auto widened = [](const auto& v) { return std::vector<std::int32_t>(v.begin(), v.end()); };
+    auto table = [&](const std::string& kind, std::uint32_t width, const auto& length, const std::string& lists,
+                     const std::string& target_doc, DType target_type, const void* target, const char* value_name,
+                     const std::vector<double>& value, const std::string& value_doc) {
+      const std::uint64_t count = length.size(), w = width;
+      const auto len = widened(length);
+      auto with_width = [&](h5::Dataset d) { d.set_attribute("width", static_cast<std::int64_t>(width)); };
+      with_width(detail::write_array(out, ("excitations/" + kind + "_length").c_str(), DType::int32, {count},
+                                     len.data(), ("entries of each list (" + lists + "); the rest of its row of "
+                                                  "width entries is padding (0)").c_str()));
+      with_width(detail::write_array(out, ("excitations/" + kind + "_target").c_str(), target_type, {count, w},
+                                     target, target_doc.c_str()));
+      with_width(detail::write_array(out, ("excitations/" + kind + "_" + value_name).c_str(), DType::float64,
+                                     {count, w}, value.data(), value_doc.c_str()));
+    };
+    table("single", t.single_width, t.single_length, "row p: orbital p", "target orbital r != p of row p",
+          DType::uint8, t.single_target.data(), "bound", t.single_bound,
+          "upper bound of |<D'|H|D>| of the single p -> r over every determinant: |h_pr| + sum_k max(|(pr|kk)|, "
+          "|(pr|kk) - (pk|kr)|); each row sorted by it, descending");
+    const auto opposite = widened(t.opposite_target), same = widened(t.same_target);
+    table("opposite", t.opposite_width, t.opposite_length, "row p * norb + q: p alpha, q beta",
+          "targets r | s << 8 (r alpha != p, s beta != q)", DType::int32, opposite.data(), "value", t.opposite_value,
+          "(pr|qs), each row sorted by |value| descending (ties: (r, s) ascending); zeros left out");
+    table("same", t.same_width, t.same_length, "row q(q-1)/2 + p: the same-spin pair p < q",
+          "targets r | s << 8 (r < s, both outside {p, q})", DType::int32, same.data(), "value", t.same_value,
+          "(pr|qs) - (ps|qr), each row sorted by |value| descending (ties: (r, s) ascending); zeros left out");
+  }
+
   std::string describe_results(const StagePlan&, const StepResults& r) const override {
     const sci::Integrals in = deserialize(*r.computed);
     return fmt::format("norb {}, nelec {}, ms2 {} ({} alpha, {} beta), {} integral lines ({} repeated), core energy "

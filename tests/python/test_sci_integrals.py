@@ -17,6 +17,10 @@ LAYOUT = "s8: pair(i,j)=i(i+1)/2+j, i>=j, 0-based; eri[pair(pair(i,j),pair(k,l))
 DATASETS = {"h1": ("float64", 2), "eri": ("float64", 1), "core_energy": ("float64", 0), "orbsym": ("int32", 1),
             "orbital_energies": ("float64", 1), "norb": ("int64", 0), "nelec": ("int64", 0), "ms2": ("int64", 0),
             "isym": ("int64", 0), "integral_lines": ("uint64", 0), "repeated_lines": ("uint64", 0)}
+# /excitations: name -> dtype (list tables: (lists, width) with their width as an attribute)
+TABLES = {"coulomb": "float64", "exchange": "float64", "single_length": "int32", "single_target": "uint8",
+          "single_bound": "float64", "opposite_length": "int32", "opposite_target": "int32",
+          "opposite_value": "float64", "same_length": "int32", "same_target": "int32", "same_value": "float64"}
 
 
 def pyscf_or_skip():
@@ -54,12 +58,19 @@ def read_output(path):
     """Every dataset of the output, checked for its dtype, rank and description."""
     out = {}
     with h5py.File(path) as f:
-        assert set(f.keys()) == set(DATASETS)
+        assert set(f.keys()) == set(DATASETS) | {"excitations"}
         for name, (dtype, rank) in DATASETS.items():
             d = f[name]
             assert d.dtype == np.dtype(dtype) and d.ndim == rank, (name, d.dtype, d.shape)
             assert d.attrs["description"], name
             out[name] = d[()]
+        assert set(f["excitations"].keys()) == set(TABLES)
+        for name, dtype in TABLES.items():
+            d = f["excitations"][name]
+            assert d.dtype == np.dtype(dtype) and d.attrs["description"], name
+            out["excitations/" + name] = d[()]
+            if not name.startswith(("coulomb", "exchange")):
+                out["excitations/" + name + ".width"] = int(d.attrs["width"])
         assert f["eri"].attrs["layout"] == LAYOUT
         assert f.attrs["qstage.stage"] == "sci.integrals"
     n = int(out["norb"])
@@ -244,6 +255,71 @@ def test_crafted_variants(tmp, variant):
         assert int(o["repeated_lines"]) > unique  # most integrals came 4 or 8 times
     expected_energies = [given_energies.get(i, np.nan) if energies else np.nan for i in range(n)]
     np.testing.assert_array_equal(o["orbital_energies"], expected_energies)  # NaN where absent
+
+
+def expected_tables(o):
+    """The excitation tables as stages/sci/excitation_tables.hpp defines them, from the output's
+    own h1 and eri: kind -> (lengths, targets, values) padded to the widest list."""
+    n, h1, eri = int(o["norb"]), o["h1"], o["eri"]
+
+    def e(i, j, k, l):
+        return float(eri_at(eri, i, j, k, l))
+
+    def padded(lists):
+        width = max((len(l) for l in lists), default=0)
+        lengths, targets, values = [], np.zeros((len(lists), width), np.int64), np.zeros((len(lists), width))
+        for row, entries in enumerate(lists):
+            entries.sort(key=lambda x: (-abs(x[2]), x[0], x[1]))
+            lengths.append(len(entries))
+            for k, (r, t, v) in enumerate(entries):
+                targets[row, k], values[row, k] = r | t << 8, v
+        return np.array(lengths, np.int64), targets, values
+
+    singles = []
+    for p in range(n):
+        entries = []
+        for r in range(n):
+            if r != p:
+                bound = abs(float(h1[p, r]))
+                for k in range(n):
+                    bound += max(abs(e(p, r, k, k)), abs(e(p, r, k, k) - e(p, k, k, r)))
+                if bound > 0:
+                    entries.append((r, 0, bound))
+        singles.append(entries)
+    opposite = [[(r, t, e(p, r, q, t)) for r in range(n) for t in range(n) if r != p and t != q and e(p, r, q, t) != 0]
+                for p in range(n) for q in range(n)]
+    same = [[(r, t, e(p, r, q, t) - e(p, t, q, r)) for t in range(n) for r in range(t) if not {r, t} & {p, q}
+             and e(p, r, q, t) - e(p, t, q, r) != 0] for q in range(n) for p in range(q)]
+    return {"single": padded(singles), "opposite": padded(opposite), "same": padded(same)}
+
+
+ONE_ORBITAL = " &FCI NORB=1,NELEC=2,MS2=0 &END\n 0.5 1 1 1 1\n -1.0 1 1 0 0\n 0.25 0 0 0 0\n"
+
+
+@pytest.mark.parametrize("name", DICE + ["one orbital"])
+def test_excitation_tables(tmp, name):
+    """/excitations against the definitions in stages/sci/excitation_tables.hpp, entry for entry."""
+    path = DATA / name
+    if name == "one orbital":
+        path = tmp / "one.fcidump"
+        path.write_text(ONE_ORBITAL)
+    r, out = run_stage(tmp, path)
+    assert r.code == 0, r
+    o = read_output(out)
+    n = int(o["norb"])
+    x = lambda name: o["excitations/" + name]  # noqa: E731
+    assert (x("coulomb") == [[eri_at(o["eri"], p, p, q, q) for q in range(n)] for p in range(n)]).all()
+    assert (x("exchange") == [[eri_at(o["eri"], p, q, q, p) for q in range(n)] for p in range(n)]).all()
+    for kind, (lengths, targets, values) in expected_tables(o).items():
+        value = "bound" if kind == "single" else "value"
+        width = targets.shape[1]
+        assert x(kind + "_length").tolist() == lengths.tolist(), kind
+        assert x(kind + "_target").shape == targets.shape and (x(kind + "_target") == targets).all(), kind
+        assert x(kind + "_" + value).shape == values.shape and (x(kind + "_" + value) == values).all(), kind
+        for d in ["_length", "_target", "_" + value]:
+            assert x(kind + d + ".width") == width, (kind, d)
+    if name == "N2_sto6g_FCIDUMP":
+        assert min(x("same_target.width"), x("opposite_target.width"), x("single_target.width")) > 0
 
 
 def test_output_layout_matches_its_schema(tmp):
