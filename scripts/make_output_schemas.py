@@ -110,6 +110,21 @@ STAGES = {
                    ("/iterations/dets", "uint64", 1), ("/iterations/generated", "uint64", 1),
                    ("/iterations/unique", "uint64", 1), ("/iterations/selected", "uint64", 1),
                    ("/iterations/davidson_products", "uint64", 1)]),
+    "sci.integrals": ("molecular integrals from an FCIDUMP file: h1 (norb x norb), the two-electron "
+                      "integrals 8-fold packed (their attribute 'layout'), the core energy, the header's NORB, "
+                      "NELEC, MS2, ISYM and ORBSYM, orbital energies (NaN where absent), line counts, and the excitation "
+                      "tables of heat-bath CI in /excitations (padded lists, their width an attribute)",
+                      {},
+                      [("/h1", "float64", 2), ("/eri", "float64", 1), ("/core_energy", "float64", 0),
+                       ("/orbsym", "int32", 1), ("/orbital_energies", "float64", 1), ("/norb", "int64", 0),
+                       ("/nelec", "int64", 0), ("/ms2", "int64", 0), ("/isym", "int64", 0),
+                       ("/integral_lines", "uint64", 0), ("/repeated_lines", "uint64", 0),
+                       ("/excitations/coulomb", "float64", 2), ("/excitations/exchange", "float64", 2)]
+                      + [(f"/excitations/{kind}_{what}", dtype, rank)
+                         for kind, value in [("single", "bound"), ("opposite", "value"), ("same", "value")]
+                         for what, dtype, rank in [("length", "int32", 1),
+                                                   ("target", "uint8" if kind == "single" else "int32", 2),
+                                                   (value, "float64", 2)]]),
 }
 
 

@@ -2,7 +2,7 @@
 # Installs what a fresh Debian 12 machine lacks to build and test qstage, then builds it into
 # ./build. Both README commands and CI (.ci/run) start with it.
 #   QSTAGE_CMAKE_ARGS="-DQSTAGE_CUDA=OFF" scripts/setup.sh    # extra CMake arguments
-#   scripts/setup.sh --test-oracles   # also the PyPI test oracles (opt_einsum, cotengra) in
+#   scripts/setup.sh --test-oracles   # also the PyPI test oracles (opt_einsum, cotengra, pyscf) in
 #                                     # build/oracles, a venv the tests then run with
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -46,11 +46,17 @@ fi
 python_arg=()
 if [ $oracles -eq 1 ]; then
   [ -x build/oracles/bin/python ] || /usr/bin/python3 -m venv --system-site-packages build/oracles
-  if ! build/oracles/bin/python -m pip install -q --disable-pip-version-check \
-      opt_einsum==3.4.0 cotengra==0.8.3 autoray==0.11.0; then
-    echo "setup.sh: warning: could not install the PyPI test oracles (no network?); the tests that" \
-         "need opt_einsum or cotengra will say they are skipped" >&2
-  fi
+  # oracle "WHO NEEDS IT" PACKAGE==VERSION...: installed apart, so one that cannot install leaves the others.
+  oracle() {
+    local users=$1
+    shift
+    if ! build/oracles/bin/python -m pip install -q --disable-pip-version-check "$@"; then
+      echo "setup.sh: warning: could not install the PyPI test oracles $* (no network?); the tests that" \
+           "need $users will say they are skipped" >&2
+    fi
+  }
+  oracle "opt_einsum or cotengra" opt_einsum==3.4.0 cotengra==0.8.3 autoray==0.11.0
+  oracle "pyscf (sci.integrals against its FCIDUMP reader and writer)" pyscf==2.14.0
   python_arg=(-DQSTAGE_PYTHON="$PWD/build/oracles/bin/python")
 fi
 

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "stages/sci/solve_stage.hpp"
+#include "stages/sci/sci_stages.hpp"
 #include "stages/tn/tn_stages.hpp"
 
 namespace qstage::stages {

@@ -10,7 +10,7 @@
 #include "core/error.hpp"
 #include "io/canvas.hpp"
 #include "io/h5.hpp"
-#include "stages/sci/solve_stage.hpp"
+#include "stages/sci/sci_stages.hpp"
 
 namespace qstage::sci {
 

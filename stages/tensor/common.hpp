@@ -1,5 +1,5 @@
 #pragma once
-// Helpers shared by the tensor stages.
+// Helpers shared by the tensor stages (and the other families' small results).
 #include <fmt/format.h>
 
 #include <string>
@@ -28,11 +28,19 @@ inline h5::Shape row_chunk(const h5::Shape& shape, std::uint64_t chunk_rows, h5:
   return chunk;
 }
 
-// A scalar result dataset with its description (written the same way by every rank).
-inline void write_scalar(h5::File& out, const char* name, h5::DType t, const void* value, const char* doc) {
-  h5::Dataset d = out.create_dataset(name, {{t, {}, {}}, false});
-  d.write_all(value);
+// A small result dataset, contiguous and written whole, with its description (written the same
+// way by every rank).
+inline h5::Dataset write_array(h5::File& out, const char* name, h5::DType t, const Shape& shape, const void* values,
+                               const char* doc) {
+  h5::Dataset d = out.create_dataset(name, {{t, shape, {}}, false});
+  if (shape_elements(shape) > 0) d.write_all(values);
   d.set_attribute("description", doc);
+  return d;
+}
+
+// A scalar result dataset with its description.
+inline void write_scalar(h5::File& out, const char* name, h5::DType t, const void* value, const char* doc) {
+  write_array(out, name, t, {}, value, doc);
 }
 
 }  // namespace qstage::stages::detail

@@ -99,6 +99,18 @@ def stop_then_resume(spec, run_dir, step):
     return r
 
 
+def one_line_error(r, *fragments):
+    """Bad input: exit 2 and one line 'qstage: error: ...' on stderr holding every fragment;
+    returns that line."""
+    assert r.code == 2, r
+    lines = [l for l in r.err.splitlines() if l.strip()]
+    errors = [l for l in lines if l.startswith("qstage: error: ")]
+    assert len(errors) == 1, r
+    for f in fragments:
+        assert f in errors[0], (f, errors[0])
+    return errors[0]
+
+
 def write_spec(path, text):
     path = Path(path)
     path.write_text(textwrap.dedent(text).lstrip())

@@ -4,7 +4,7 @@ import h5py
 import numpy as np
 import pytest
 
-from conftest import DEVICE, run, tree_digest, write_spec
+from conftest import DEVICE, one_line_error, run, tree_digest, write_spec
 
 GOOD = """
 name: chain
@@ -34,15 +34,6 @@ def committed(tmp):
         f.create_dataset("plain", data=np.zeros((8, 4), np.float32), chunks=(4, 4))
     (tmp / "text.h5").write_text("not an HDF5 file")
     return tmp
-
-
-def one_line_error(r, *fragments):
-    assert r.code == 2, r
-    lines = [l for l in r.err.splitlines() if l.strip()]
-    errors = [l for l in lines if l.startswith("qstage: error: ")]
-    assert len(errors) == 1, r
-    for f in fragments:
-        assert f in errors[0], (f, errors[0])
 
 
 SPEC_CASES = {

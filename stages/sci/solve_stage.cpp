@@ -1,0 +1,702 @@
+// sci.solve: heat-bath selected CI, iterated to convergence, every phase a streamed pass.
+//
+// Iteration k holds a sorted space S_k (k = 0: the determinant of lowest diagonal energy reached
+// from aufbau by single moves) and runs these passes, each batched, checkpointed and resumed by
+// the engine like any other:
+//   sigma     (several)  H x over the rows of S_k for Davidson (kernels::sci_sigma: the column
+//                        of each coupled determinant found by binary search in S_k);
+//   generate             from each determinant i of S_k, every excitation a with |H_ai c_i| >
+//                        eps_var (kernels::sci_generate), appended as {a, H_ai c_i};
+//   dedup    (several)   keys.dedup's passes on those candidates: unique, sorted, H_ai c_i summed;
+//   score                per unique candidate outside S_k: the Epstein–Nesbet term v^2 / (E - H_aa)
+//                        (summed in a fixed tree: E_PT2) and the first-order amplitude
+//                        v / (E - H_aa), the largest max_new_dets of which (a two-level top-K: per
+//                        tile, then merged) join S_k to make S_{k+1}.
+// Once converged (|dE| < energy_tolerance, no new determinant, max_dets or max_iterations), a
+// final generate/dedup/score at eps_pt2 gives E_PT2 when eps_pt2 < eps_var. The output pass
+// writes the final space and coefficients; the history goes into `iterations/`.
+//
+// Resume: the pass state records which passes made what; a new space is written (atomically, by
+// rank 0) into the work directory before the state saying so is committed. Davidson's basis is
+// not saved: it is replayed from the committed sigma outputs (sci/davidson.hpp), so a resumed run
+// continues with the same bits, for any rank count.
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <bit>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include "core/error.hpp"
+#include "core/fsutil.hpp"
+#include "kernels/sci_generate.hpp"
+#include "stages/keys/dedup_passes.hpp"
+#include "stages/sci/davidson.hpp"
+#include "stages/sci/excitation_tables.hpp"
+#include "stages/sci/fcidump.hpp"
+#include "stages/sci/sci_stages.hpp"
+#include "stages/tensor/common.hpp"
+
+namespace qstage::stages {
+namespace {
+
+namespace fs = std::filesystem;
+using kernels::sci::Candidate;
+using kernels::sci::Det;
+using nlohmann::json;
+
+struct SolveParams {
+  double eps_var = 1e-4, eps_pt2 = 1e-6;
+  std::uint64_t max_new_dets = 100000, max_dets = 10000000;
+  int max_iterations = 20;
+  double energy_tolerance = 1e-6, davidson_tolerance = 1e-7;
+  std::optional<double> reference_energy;
+
+  static SolveParams from_json(const json& p) {
+    SolveParams s;
+    s.eps_var = p.value("eps_var", s.eps_var);
+    s.eps_pt2 = p.value("eps_pt2", s.eps_pt2);
+    s.max_new_dets = p.value("max_new_dets", s.max_new_dets);
+    s.max_dets = p.value("max_dets", s.max_dets);
+    s.max_iterations = p.value("max_iterations", s.max_iterations);
+    s.energy_tolerance = p.value("energy_tolerance", s.energy_tolerance);
+    s.davidson_tolerance = p.value("davidson_tolerance", s.davidson_tolerance);
+    if (p.contains("reference_energy")) s.reference_energy = p.at("reference_energy").get<double>();
+    return s;
+  }
+};
+
+// ---------------------------------------------------------------- the problem and the space
+
+struct Problem {
+  sci::Integrals ints;
+  sci::ExcitationTables tables;
+  kernels::sci::HamiltonianView host;
+  int na = 0, nb = 0;
+  std::uint64_t max_per_source = 0;
+  explicit Problem(const fs::path& fcidump)
+      : ints(sci::read_fcidump(fcidump)), tables(sci::build_excitation_tables(ints)) {
+    host = sci::host_view(ints, tables);
+    na = ints.nalpha();
+    nb = ints.nbeta();
+    max_per_source = sci::max_candidates_per_source(tables, na, nb);
+  }
+};
+
+// A space: sorted determinants, a start vector for Davidson, and the iteration each joined in.
+struct Space {
+  std::vector<Det> dets;
+  std::vector<double> guess;
+  std::vector<std::int32_t> joined;
+};
+
+// The lowest-diagonal determinant reached from aufbau by single moves that lower it (a
+// deterministic Hartree–Fock-like start that does not trust the orbital order).
+Det reference_determinant(const Problem& p) {
+  auto low = [](int k) { return k >= 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << k) - 1; };
+  Det d{low(p.na), low(p.nb)};
+  double e = kernels::sci::diagonal(p.host, d);
+  for (bool improved = true; improved;) {
+    improved = false;
+    for (int spin = 0; spin < 2; ++spin)
+      for (int i = 0; i < p.ints.norb; ++i)
+        for (int a = 0; a < p.ints.norb; ++a) {
+          std::uint64_t s = spin ? d.beta : d.alpha;
+          if (!((s >> i) & 1) || ((s >> a) & 1)) continue;
+          s ^= kernels::sci::bit(i) ^ kernels::sci::bit(a);
+          const Det t = spin ? Det{d.alpha, s} : Det{s, d.beta};
+          const double et = kernels::sci::diagonal(p.host, t);
+          if (et < e - 1e-12) {
+            d = t;
+            e = et;
+            improved = true;
+          }
+        }
+  }
+  return d;
+}
+
+fs::path space_file(const KernelContext& ctx, int iteration) { return ctx.work_dir / fmt::format("space-{}.bin", iteration); }
+
+std::string encode(const Space& s) {
+  std::string out;
+  const std::uint64_t n = s.dets.size();
+  out.append(reinterpret_cast<const char*>(&n), 8);
+  out.append(reinterpret_cast<const char*>(s.dets.data()), n * sizeof(Det));
+  out.append(reinterpret_cast<const char*>(s.guess.data()), n * 8);
+  out.append(reinterpret_cast<const char*>(s.joined.data()), n * 4);
+  return out;
+}
+
+Space decode(const std::string& bytes, const fs::path& file) {
+  Space s;
+  std::uint64_t n = 0;
+  if (bytes.size() < 8) throw RuntimeFailure(fmt::format("{}: truncated", file.string()));
+  std::memcpy(&n, bytes.data(), 8);
+  if (bytes.size() != 8 + n * (sizeof(Det) + 12)) throw RuntimeFailure(fmt::format("{}: truncated", file.string()));
+  s.dets.resize(n);
+  s.guess.resize(n);
+  s.joined.resize(n);
+  std::memcpy(s.dets.data(), bytes.data() + 8, n * sizeof(Det));
+  std::memcpy(s.guess.data(), bytes.data() + 8 + n * sizeof(Det), n * 8);
+  std::memcpy(s.joined.data(), bytes.data() + 8 + n * (sizeof(Det) + 8), n * 4);
+  return s;
+}
+
+// Reads a float64 dataset of an earlier pass's output (every rank reads it whole).
+std::vector<double> read_pass_doubles(const KernelContext& ctx, int pass, const std::string& name) {
+  h5::File f = h5::File::open(prior_pass_output(ctx, pass), h5::Mode::read_only);
+  h5::Dataset d = f.open_dataset(name);
+  std::vector<double> v(d.shape().empty() ? 1 : d.shape()[0]);
+  if (!v.empty()) d.read_all(v.data());
+  return v;
+}
+
+std::uint64_t pass_rows(const KernelContext& ctx, int pass, const std::string& name) {
+  h5::File f = h5::File::open(prior_pass_output(ctx, pass), h5::Mode::read_only);
+  return f.open_dataset(name).shape().at(0);
+}
+
+// What a step keeps in memory between its passes (per step key): the problem, the current
+// space, and Davidson replayed up to the committed sigma passes.
+struct Memory {
+  std::unique_ptr<Problem> problem;
+  int iteration = -1;
+  Space space;
+  std::unique_ptr<sci::Davidson> davidson;
+  std::size_t products = 0;  // sigma passes taken
+  std::chrono::steady_clock::time_point pass_started;
+};
+
+// ---------------------------------------------------------------- kernels
+
+// Resident data every SCI pass kernel uploads in prepare(): the Hamiltonian, the space and a vector.
+class SpaceKernel : public engine::PassKernel {
+ public:
+  SpaceKernel(const Memory& m, const std::vector<double>* vector) : m_(m), vector_(vector) {}
+  void prepare(Backend& backend, Stream& stream) override {
+    backend_ = &backend;
+    h_ = std::make_unique<sci::ResidentHamiltonian>(backend, stream, m_.problem->ints, m_.problem->tables);
+    const auto n = m_.space.dets.size();
+    space_ = backend.alloc_device(std::max<std::size_t>(n, 1) * sizeof(Det), "selected-CI space");
+    backend.copy_to_device(space_.data(), m_.space.dets.data(), n * sizeof(Det), stream);
+    if (vector_) {
+      vector_buffer_ = backend.alloc_device(std::max<std::size_t>(n, 1) * 8, "selected-CI vector");
+      backend.copy_to_device(vector_buffer_.data(), vector_->data(), n * 8, stream);
+    }
+    stream.synchronize();
+  }
+  static std::uint64_t resident_bytes(const Memory& m, bool vector) {
+    const std::uint64_t n = std::max<std::uint64_t>(m.space.dets.size(), 1);
+    return sci::ResidentHamiltonian::bytes(m.problem->ints, m.problem->tables) + n * sizeof(Det) + (vector ? n * 8 : 0);
+  }
+
+ protected:
+  const Memory& m_;
+  const std::vector<double>* vector_;
+  Backend* backend_ = nullptr;
+  std::unique_ptr<sci::ResidentHamiltonian> h_;
+  Buffer space_, vector_buffer_;
+};
+
+class SigmaKernel final : public SpaceKernel {
+ public:
+  using SpaceKernel::SpaceKernel;
+  void process(const engine::BatchView& b) override {
+    const Problem& p = *m_.problem;
+    kernels::SciSigma s{h_->view(), p.na, p.nb, space_.as<Det>(), m_.space.dets.size(), vector_buffer_.as<double>(),
+                        b.rows.begin, b.rows.size(), static_cast<double*>(b.outputs[0]), static_cast<double*>(b.outputs[1])};
+    kernels::sci_sigma(*b.stream, s);
+  }
+};
+
+class GenerateKernel final : public SpaceKernel {
+ public:
+  GenerateKernel(const Memory& m, const std::vector<double>* c, double eps) : SpaceKernel(m, c), eps_(eps) {}
+  void prepare(Backend& backend, Stream& stream) override {
+    SpaceKernel::prepare(backend, stream);
+    scan_ = backend.alloc_device(kernels::kSciScanWorkspaceBytes, "selected-CI scan workspace");
+  }
+  void process(const engine::BatchView& b) override {
+    const Problem& p = *m_.problem;
+    kernels::SciGenerate g{h_->view(),
+                           p.na,
+                           p.nb,
+                           space_.as<Det>() + b.rows.begin,
+                           vector_buffer_.as<double>() + b.rows.begin,
+                           b.rows.size(),
+                           eps_,
+                           static_cast<Candidate*>(b.outputs[0]),
+                           b.appended[0],
+                           static_cast<std::uint64_t*>(b.scratch),
+                           scan_.data()};
+    kernels::sci_generate(*b.stream, g);
+  }
+
+ private:
+  double eps_;
+  Buffer scan_;
+};
+
+// ---------------------------------------------------------------- scoring: E_PT2 and the top-K
+
+struct Scored {
+  double score = 0;  // |first-order amplitude|
+  std::uint64_t alpha = 0, beta = 0;
+  double amplitude = 0;  // v / (E - H_aa)
+};
+// Larger score first; ties by key, so the order is total.
+bool better(const Scored& a, const Scored& b) {
+  if (a.score != b.score) return a.score > b.score;
+  return Det{a.alpha, a.beta} < Det{b.alpha, b.beta};
+}
+
+// A tile's partial: E_PT2 of its rows, then up to K entries (count, then entries).
+struct ScoreHeader {
+  double pt2 = 0;
+  std::uint64_t count = 0;
+};
+
+class ScoreReduction final : public engine::Reduction {
+ public:
+  explicit ScoreReduction(std::uint64_t k) : k_(k) {}
+  std::unique_ptr<Reduction> empty() const override { return std::make_unique<ScoreReduction>(k_); }
+  void fold(std::uint64_t, const std::byte* partial) override {
+    ScoreHeader h;
+    std::memcpy(&h, partial, sizeof h);
+    pt2_ = h.pt2;
+    top_.resize(h.count);
+    std::memcpy(top_.data(), partial + sizeof h, h.count * sizeof(Scored));
+  }
+  void merge(const Reduction& right) override {
+    const auto& r = static_cast<const ScoreReduction&>(right);
+    pt2_ += r.pt2_;
+    std::vector<Scored> both;
+    both.reserve(top_.size() + r.top_.size());
+    std::merge(top_.begin(), top_.end(), r.top_.begin(), r.top_.end(), std::back_inserter(both), better);
+    if (both.size() > k_) both.resize(k_);
+    top_ = std::move(both);
+  }
+  std::string save() const override {
+    std::string s(reinterpret_cast<const char*>(&pt2_), 8);
+    s.append(reinterpret_cast<const char*>(top_.data()), top_.size() * sizeof(Scored));
+    return s;
+  }
+  void load(const std::string& s) override {
+    std::memcpy(&pt2_, s.data(), 8);
+    top_.resize((s.size() - 8) / sizeof(Scored));
+    std::memcpy(top_.data(), s.data() + 8, top_.size() * sizeof(Scored));
+  }
+  double pt2() const { return pt2_; }
+  const std::vector<Scored>& top() const { return top_; }
+
+ private:
+  std::uint64_t k_;
+  double pt2_ = 0;
+  std::vector<Scored> top_;
+};
+
+// On the host (its inputs' pinned copies): per unique candidate outside the space, the EN-PT2
+// term and the first-order amplitude; each tile's partial keeps its K best.
+class ScoreKernel final : public engine::PassKernel {
+ public:
+  ScoreKernel(const Memory& m, double energy, std::uint64_t k, std::uint64_t tile_rows)
+      : m_(m), energy_(energy), k_(k), tile_rows_(tile_rows) {}
+  void process(const engine::BatchView& b) override {
+    const auto* keys = static_cast<const std::uint64_t*>(b.host_inputs[0]);
+    const auto* values = static_cast<const double*>(b.host_inputs[1]);
+    const std::uint64_t rows = b.rows.size(), tiles = (rows + tile_rows_ - 1) / tile_rows_;
+    const std::size_t partial_bytes = sizeof(ScoreHeader) + k_ * sizeof(Scored);
+    const auto& space = m_.space.dets;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (std::int64_t t = 0; t < static_cast<std::int64_t>(tiles); ++t) {
+      ScoreHeader h;
+      std::vector<Scored> top;
+      const std::uint64_t begin = t * tile_rows_, end = std::min(rows, begin + tile_rows_);
+      for (std::uint64_t r = begin; r < end; ++r) {
+        const Det d{keys[2 * r], keys[2 * r + 1]};
+        if (kernels::sci::find_sorted(space.data(), space.size(), d) < space.size()) continue;
+        const double denominator = energy_ - kernels::sci::diagonal(m_.problem->host, d);
+        const double v = values[r];
+        h.pt2 += v * v / denominator;
+        if (k_) top.push_back({std::fabs(v / denominator), d.alpha, d.beta, v / denominator});
+      }
+      if (top.size() > k_) {
+        std::nth_element(top.begin(), top.begin() + static_cast<std::ptrdiff_t>(k_), top.end(), better);
+        top.resize(k_);
+      }
+      std::sort(top.begin(), top.end(), better);
+      h.count = top.size();
+      auto* out = static_cast<std::byte*>(b.partials) + t * partial_bytes;
+      std::memcpy(out, &h, sizeof h);
+      std::memcpy(out + sizeof h, top.data(), top.size() * sizeof(Scored));
+    }
+  }
+
+ private:
+  const Memory& m_;
+  double energy_;
+  std::uint64_t k_, tile_rows_;
+};
+
+// The output pass: the final space and coefficients, copied from the host.
+class WriteSpaceKernel final : public engine::PassKernel {
+ public:
+  WriteSpaceKernel(const Memory& m) : m_(m) {}
+  void prepare(Backend& backend, Stream&) override { backend_ = &backend; }
+  void process(const engine::BatchView& b) override {
+    const auto& d = m_.space.dets;
+    const auto& c = m_.davidson->eigenvector();
+    backend_->copy_to_device(b.outputs[0], d.data() + b.rows.begin, b.rows.size() * sizeof(Det), *b.stream);
+    backend_->copy_to_device(b.outputs[1], c.data() + b.rows.begin, b.rows.size() * 8, *b.stream);
+  }
+
+ private:
+  const Memory& m_;
+  Backend* backend_ = nullptr;
+};
+
+// ---------------------------------------------------------------- the stage
+
+constexpr std::uint64_t kScoreTileMin = 1 << 16;
+
+class SolveStage final : public Stage {
+ public:
+  const StageInfo& info() const override {
+    static const StageInfo info{
+        "sci.solve", 1,
+        "heat-bath selected CI from an FCIDUMP: Davidson energies, EN-PT2, iterated to convergence, every phase streamed",
+        {},
+        "- id: sci\n  stage: sci.solve\n  params: {fcidump: N2_sto6g_FCIDUMP, eps_var: 1.0e-3, eps_pt2: 1.0e-5}\n"};
+    return info;
+  }
+  std::vector<std::string> file_parameters() const override { return {"/fcidump"}; }
+
+  StagePlan plan(const json& params, const std::map<std::string, DatasetInfo>&) const override {
+    const SolveParams p = SolveParams::from_json(params);
+    if (!(p.eps_var > 0)) throw InputError("parameter 'eps_var' must be > 0");
+    if (p.eps_pt2 < 0) throw InputError("parameter 'eps_pt2' must be >= 0");
+    StagePlan plan;
+    plan.pass.rows = 0;  // refine_plan: the final space
+    plan.pass.tile_rows = 1 << 14;
+    plan.primary_output = "energy";
+    plan.results = {{"energy", DatasetInfo{Layout{DType::float64, {}, {}}}}};
+    plan.summary = {{"eps_var", p.eps_var}, {"eps_pt2", p.eps_pt2}, {"max_new_dets", p.max_new_dets}};
+    return plan;
+  }
+
+  std::optional<PriorPass> prior_pass(const KernelContext& ctx, const PassState& state) const override {
+    Memory& m = memory(ctx, state);
+    const SolveParams params = SolveParams::from_json(ctx.params);
+    const json& d = state.data;
+    const std::string phase = d.value("phase", "davidson");
+    m.pass_started = std::chrono::steady_clock::now();
+    const std::uint64_t n = m.space.dets.size();
+    if (phase == "davidson") {
+      PriorPass p;
+      p.name = fmt::format("sigma {}.{}", m.iteration, m.products + 1);
+      p.pass.rows = n;
+      p.pass.tile_rows = row_chunk(n, 256);
+      p.pass.outputs.push_back(row_output("sigma", n));
+      p.pass.outputs.push_back(row_output("diagonal", n));
+      p.pass.resident_device_bytes = SpaceKernel::resident_bytes(m, true);
+      p.pass.progress_unit = "determinants";
+      p.kernel = std::make_unique<SigmaKernel>(m, &m.davidson->next());
+      return p;
+    }
+    if (phase == "generate" || phase == "pt2_generate") {
+      const double eps = phase == "generate" ? params.eps_var : params.eps_pt2;
+      PriorPass p;
+      p.name = fmt::format("generate {}", m.iteration);
+      p.pass.rows = n;
+      p.pass.tile_rows = 16;
+      engine::OutputDecl out;
+      out.name = "candidates";
+      out.kind = engine::OutputKind::appended;
+      out.layout = Layout{DType::uint64, {n * m.problem->max_per_source, 3}, {1 << 16, 3}};
+      out.max_rows_per_row = m.problem->max_per_source;
+      p.pass.outputs.push_back(out);
+      p.pass.resident_device_bytes = SpaceKernel::resident_bytes(m, true) + kernels::kSciScanWorkspaceBytes;
+      p.pass.scratch_device_bytes_per_row = 16;
+      p.pass.progress_unit = "determinants";
+      p.kernel = std::make_unique<GenerateKernel>(m, &m.davidson->eigenvector(), eps);
+      return p;
+    }
+    if (phase == "dedup" || phase == "pt2_dedup") {
+      auto next = dedup_of(ctx, d).next(ctx, d.at("dedup"), d.at("dedup_first").get<int>());
+      if (!next) throw std::logic_error("sci.solve: dedup finished without saying so");
+      return next;
+    }
+    if (phase == "score" || phase == "pt2_score") {
+      const keys::DedupResult r = keys::DedupPasses::result(d.at("dedup"));
+      const std::uint64_t k = phase == "score" ? params.max_new_dets : 0;
+      PriorPass p;
+      p.name = fmt::format("score {}", m.iteration);
+      p.pass.rows = r.unique;
+      p.pass.tile_rows = std::max<std::uint64_t>(kScoreTileMin, std::bit_ceil(4 * std::max<std::uint64_t>(k, 1)));
+      p.pass.inputs.push_back({"unique keys", nullptr, 16});
+      p.pass.inputs.push_back({"summed H c", nullptr, 8});
+      for (auto& in : p.pass.inputs) in.place = engine::StreamedInput::Place::host;
+      p.streamed_inputs = {earlier_pass_input(r.pass, r.keys), earlier_pass_input(r.pass, r.values)};
+      p.pass.tile_partial_bytes = sizeof(ScoreHeader) + k * sizeof(Scored);
+      p.pass.partials_on_host = true;
+      p.kernel = std::make_unique<ScoreKernel>(m, d.at("e_var").get<double>(), k, p.pass.tile_rows);
+      p.reduction = std::make_unique<ScoreReduction>(k);
+      return p;
+    }
+    return std::nullopt;  // "done"
+  }
+
+  void after_prior_pass(const KernelContext& ctx, PriorPass& pass, PassState& state) const override {
+    Memory& m = memory(ctx, state);
+    const SolveParams params = SolveParams::from_json(ctx.params);
+    json& d = state.data;
+    const std::string phase = d.value("phase", "davidson");
+    const int index = state.done;  // this pass's
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - m.pass_started).count();
+    json& now = current(d);
+    now["seconds"][phase.starts_with("pt2_") ? "pt2" : phase] =
+        now["seconds"].value(phase.starts_with("pt2_") ? "pt2" : phase, 0.0) + seconds;
+    if (phase == "davidson") {
+      d["sigma"].push_back(index);
+      take_product(ctx, m, index);
+      if (m.davidson->done()) {
+        d["e_var"] = m.davidson->eigenvalue();
+        now["e_var"] = m.davidson->eigenvalue();
+        now["davidson_products"] = m.davidson->products();
+        now["davidson_converged"] = m.davidson->converged();
+        d["phase"] = "generate";
+        if (ctx.comm->root())
+          spdlog::info("sci.solve iteration {}: {} determinants, E_var {:.10f} ({} products)", m.iteration,
+                       m.space.dets.size(), m.davidson->eigenvalue(), m.davidson->products());
+      }
+      return;
+    }
+    const bool final_pt2 = phase.starts_with("pt2_");
+    if (phase == "generate" || phase == "pt2_generate") {
+      d["generated_pass"] = index;
+      const std::uint64_t generated = pass_rows(ctx, index, "candidates");
+      now[final_pt2 ? "pt2_generated" : "generated"] = generated;
+      d["dedup"] = json::object();
+      d["dedup_first"] = index + 1;
+      d["phase"] = final_pt2 ? "pt2_dedup" : "dedup";
+      if (generated == 0) {  // nothing to de-duplicate: no candidate passed the screening
+        if (final_pt2) {
+          d["final_pt2"] = 0.0;
+          d["phase"] = "done";
+        } else {
+          finish_iteration(ctx, m, d, params, 0.0, {});
+        }
+      }
+      return;
+    }
+    if (phase == "dedup" || phase == "pt2_dedup") {
+      dedup_of(ctx, d).after(ctx, pass, d["dedup"]);
+      if (keys::DedupPasses::done(d["dedup"])) {
+        now[final_pt2 ? "pt2_unique" : "unique"] = keys::DedupPasses::result(d["dedup"]).unique;
+        d["phase"] = final_pt2 ? "pt2_score" : "score";
+      }
+      return;
+    }
+    if (phase == "score" || phase == "pt2_score") {
+      const auto& r = static_cast<const ScoreReduction&>(*pass.reduction);
+      if (final_pt2) {
+        d["final_pt2"] = r.pt2();
+        d["phase"] = "done";
+        return;
+      }
+      finish_iteration(ctx, m, d, params, r.pt2(), r.top());
+    }
+  }
+
+  void refine_plan(StagePlan& plan, const KernelContext& ctx) const override {
+    Memory& m = memory(ctx, *ctx.passes);
+    const std::uint64_t n = m.space.dets.size();
+    const std::uint64_t chunk = row_chunk(n, 1 << 14);
+    plan.pass.rows = n;
+    plan.pass.tile_rows = chunk;
+    plan.pass.outputs = {engine::OutputDecl{"dets", Layout{DType::uint64, {n, 2}, {chunk, 2}}},
+                         engine::OutputDecl{"coefficients", Layout{DType::float64, {n}, {chunk}}}};
+    plan.pass.progress_unit = "determinants";
+  }
+
+  std::unique_ptr<engine::PassKernel> make_kernel(const KernelContext& ctx) const override {
+    return std::make_unique<WriteSpaceKernel>(memory(ctx, *ctx.passes));
+  }
+
+  void write_results(const StagePlan&, const StepResults& r, h5::File& out) const override {
+    const json& d = r.context->passes->data;
+    const json& hist = d.at("history");
+    const Memory& m = memory(*r.context, *r.context->passes);
+    auto series = [&](const char* key, const char* doc) {
+      std::vector<double> v;
+      for (const auto& h : hist) v.push_back(h.value(key, std::nan("")));
+      h5::Dataset ds = out.create_dataset(fmt::format("iterations/{}", key), {{h5::DType::float64, {v.size()}, {}}, false});
+      ds.write_all(v.data());
+      ds.set_attribute("description", doc);
+    };
+    auto counts = [&](const char* key, const char* doc) {
+      std::vector<std::uint64_t> v;
+      for (const auto& h : hist) v.push_back(h.value(key, std::uint64_t{0}));
+      h5::Dataset ds = out.create_dataset(fmt::format("iterations/{}", key), {{h5::DType::uint64, {v.size()}, {}}, false});
+      ds.write_all(v.data());
+      ds.set_attribute("description", doc);
+    };
+    counts("dets", "determinants in the variational space of each iteration");
+    series("e_var", "variational energy (Ha) of each iteration's space");
+    series("e_pt2", "Epstein-Nesbet PT2 (Ha) over the candidates generated at eps_var");
+    counts("generated", "candidates generated (|H_ai c_i| > eps_var), duplicates included");
+    counts("unique", "unique candidates after de-duplication");
+    counts("selected", "candidates added to the space");
+    counts("davidson_products", "H x products Davidson took");
+    const json& last = hist.back();
+    const double e_var = last.at("e_var").get<double>();
+    const double e_pt2 = d.contains("final_pt2") ? d.at("final_pt2").get<double>() : last.value("e_pt2", 0.0);
+    detail::write_scalar(out, "energy", h5::DType::float64, &e_var, "final variational energy E_var (Ha)");
+    detail::write_scalar(out, "e_pt2", h5::DType::float64, &e_pt2, "final Epstein-Nesbet PT2 correction (Ha)");
+    const double total = e_var + e_pt2;
+    detail::write_scalar(out, "e_total", h5::DType::float64, &total, "E_var + E_PT2 (Ha)");
+    h5::Dataset joined = out.create_dataset("joined_iteration", {{h5::DType::int32, {m.space.joined.size()}, {}}, false});
+    joined.write_all(m.space.joined.data());
+    joined.set_attribute("description", "iteration each determinant joined the space (dets[joined <= k] is iteration k's space)");
+    out.set_attribute("converged", static_cast<std::int64_t>(d.value("converged", false)));
+    out.set_attribute("stop_reason", d.value("stop_reason", std::string()));
+    const SolveParams params = SolveParams::from_json(r.context->params);
+    if (params.reference_energy) out.set_attribute("reference_energy", *params.reference_energy);
+    // Seconds per phase, as attributes (they differ between runs; the datasets do not).
+    for (std::size_t k = 0; k < hist.size(); ++k)
+      for (const auto& [phase, s] : hist[k].value("seconds", json::object()).items())
+        out.set_attribute(fmt::format("seconds_{}_{}", k, phase), s.get<double>());
+  }
+
+  std::string describe_results(const StagePlan&, const StepResults& r) const override {
+    const json& d = r.context->passes->data;
+    const json& last = d.at("history").back();
+    const double e_pt2 = d.contains("final_pt2") ? d.at("final_pt2").get<double>() : last.value("e_pt2", 0.0);
+    return fmt::format("{} determinants, E_var {:.10f}, E_PT2 {:.10f}, total {:.10f} ({})", last.at("dets").get<std::uint64_t>(),
+                       last.at("e_var").get<double>(), e_pt2, last.at("e_var").get<double>() + e_pt2,
+                       d.value("stop_reason", std::string()));
+  }
+
+ private:
+  // Chunk rows (and tile rows) for n rows: `most`, or n when fewer, so a chunk divides a tile.
+  static std::uint64_t row_chunk(std::uint64_t n, std::uint64_t most) {
+    return std::min<std::uint64_t>(std::max<std::uint64_t>(n, 1), most);
+  }
+  static engine::OutputDecl row_output(const std::string& name, std::uint64_t n) {
+    return {name, Layout{DType::float64, {n}, {row_chunk(n, 256)}}};
+  }
+
+  static json& current(json& d) {
+    json& h = d["history"];
+    if (!h.is_array()) h = json::array();
+    const int it = d.value("iteration", 0);
+    while (static_cast<int>(h.size()) <= it) h.push_back(json::object());
+    return h[it];
+  }
+
+  keys::DedupPasses dedup_of(const KernelContext& ctx, const json& d) const {
+    const int gen = d.at("generated_pass").get<int>();
+    keys::DedupSource src;
+    src.keys = earlier_pass_input(gen, "candidates");
+    src.rows = pass_rows(ctx, gen, "candidates");
+    src.words = 2;
+    src.interleaved_value = true;
+    return keys::DedupPasses(src);
+  }
+
+  // Davidson takes the committed product of sigma pass `index` (the first also gives the diagonal).
+  static void take_product(const KernelContext& ctx, Memory& m, int index) {
+    if (m.products == 0) m.davidson->set_diagonal(read_pass_doubles(ctx, index, "diagonal"));
+    m.davidson->take(read_pass_doubles(ctx, index, "sigma"));
+    ++m.products;
+  }
+
+  // Ends iteration k: history, convergence, and (unless converged) the next space.
+  void finish_iteration(const KernelContext& ctx, Memory& m, json& d, const SolveParams& params, double pt2,
+                        const std::vector<Scored>& top) const {
+    json& now = current(d);
+    now["dets"] = m.space.dets.size();
+    now["e_pt2"] = pt2;
+    now["selected"] = top.size();
+    const json& hist = d["history"];
+    const int k = m.iteration;
+    std::string reason;
+    const double e = now.at("e_var").get<double>();
+    if (k > 0 && std::fabs(e - hist[k - 1].at("e_var").get<double>()) < params.energy_tolerance) reason = "energy converged";
+    else if (top.empty()) reason = "no new determinant";
+    else if (m.space.dets.size() >= params.max_dets) reason = "max_dets reached";
+    else if (k + 1 >= params.max_iterations) reason = "max_iterations reached";
+    if (!reason.empty()) {
+      d["stop_reason"] = reason;
+      d["converged"] = reason == "energy converged" || reason == "no new determinant";
+      d["phase"] = params.eps_pt2 < params.eps_var ? "pt2_generate" : "done";
+      if (ctx.comm->root()) spdlog::info("sci.solve: {} after iteration {}", reason, k);
+      return;
+    }
+    // S_{k+1}: S_k (its coefficients as the start) and the selected (their first-order amplitudes).
+    Space next;
+    const auto& c = m.davidson->eigenvector();
+    std::vector<std::pair<Det, std::pair<double, std::int32_t>>> all;
+    all.reserve(m.space.dets.size() + top.size());
+    for (std::size_t i = 0; i < m.space.dets.size(); ++i) all.push_back({m.space.dets[i], {c[i], m.space.joined[i]}});
+    std::uint64_t room = params.max_dets - std::min<std::uint64_t>(params.max_dets, m.space.dets.size());
+    for (const Scored& s : top) {
+      if (room == 0) break;
+      all.push_back({Det{s.alpha, s.beta}, {s.amplitude, k + 1}});
+      --room;
+    }
+    std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    for (const auto& [det, v] : all) {
+      next.dets.push_back(det);
+      next.guess.push_back(v.first);
+      next.joined.push_back(v.second);
+    }
+    if (ctx.comm->root()) fsutil::write_file_atomic(space_file(ctx, k + 1), encode(next));
+    ctx.comm->barrier();
+    d["iteration"] = k + 1;
+    d["phase"] = "davidson";
+    d["sigma"] = json::array();
+    d.erase("dedup");
+    m.iteration = -1;  // memory() loads S_{k+1} when next asked
+  }
+
+  // The step's memory, brought in line with the committed state (loaded or replayed on resume).
+  Memory& memory(const KernelContext& ctx, const PassState& state) const {
+    std::lock_guard lock(mutex_);
+    Memory& m = memories_[ctx.step_key];
+    if (!m.problem) m.problem = std::make_unique<Problem>(ctx.files.at("/fcidump"));
+    const int k = state.data.value("iteration", 0);
+    if (m.iteration != k) {
+      if (k == 0) {
+        m.space = Space{{reference_determinant(*m.problem)}, {1.0}, {0}};
+      } else {
+        const fs::path f = space_file(ctx, k);
+        m.space = decode(fsutil::read_file(f), f);
+      }
+      m.iteration = k;
+      const SolveParams params = SolveParams::from_json(ctx.params);
+      m.davidson = std::make_unique<sci::Davidson>(m.space.guess, sci::DavidsonOptions{params.davidson_tolerance, 24, 400});
+      m.products = 0;
+    }
+    const json sigma = state.data.value("sigma", json::array());
+    while (m.products < sigma.size()) take_product(ctx, m, sigma[m.products].get<int>());
+    return m;
+  }
+
+  mutable std::mutex mutex_;
+  mutable std::map<std::string, Memory> memories_;
+};
+
+}  // namespace
+
+const Stage& sci_solve() {
+  static const SolveStage stage;
+  return stage;
+}
+
+}  // namespace qstage::stages
