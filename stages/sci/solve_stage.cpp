@@ -94,21 +94,30 @@ struct Space {
   std::vector<std::int32_t> joined;
 };
 
-// The lowest-diagonal determinant reached from aufbau by single moves that lower it (a
-// deterministic Hartree–Fock-like start that does not trust the orbital order).
+// The lowest-diagonal determinant reached from aufbau by moves that lower it: an electron of one
+// spin, or a pair of both spins, from orbital i to a (a deterministic Hartree–Fock-like start
+// that does not trust the orbital order; pair moves keep a closed shell closed, where single
+// moves would stop half-way in a degenerate shell).
 Det reference_determinant(const Problem& p) {
   auto low = [](int k) { return k >= 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << k) - 1; };
   Det d{low(p.na), low(p.nb)};
   double e = kernels::sci::diagonal(p.host, d);
+  const std::uint64_t all = low(p.ints.norb);
   for (bool improved = true; improved;) {
     improved = false;
-    for (int spin = 0; spin < 2; ++spin)
-      for (int i = 0; i < p.ints.norb; ++i)
-        for (int a = 0; a < p.ints.norb; ++a) {
-          std::uint64_t s = spin ? d.beta : d.alpha;
-          if (!((s >> i) & 1) || ((s >> a) & 1)) continue;
-          s ^= kernels::sci::bit(i) ^ kernels::sci::bit(a);
-          const Det t = spin ? Det{d.alpha, s} : Det{s, d.beta};
+    for (int i = 0; i < p.ints.norb; ++i)
+      for (int a = 0; a < p.ints.norb; ++a) {
+        if (a == i) continue;
+        const std::uint64_t move = kernels::sci::bit(i) | kernels::sci::bit(a);
+        // alpha only, beta only, both
+        for (int which = 1; which <= 3; ++which) {
+          Det t = d;
+          if (which & 1) t.alpha ^= move;
+          if (which & 2) t.beta ^= move;
+          const auto fits = [&](std::uint64_t before, std::uint64_t after, bool moved) {
+            return !moved || (((before >> i) & 1) && !((before >> a) & 1) && (after & ~all) == 0);
+          };
+          if (!fits(d.alpha, t.alpha, which & 1) || !fits(d.beta, t.beta, which & 2)) continue;
           const double et = kernels::sci::diagonal(p.host, t);
           if (et < e - 1e-12) {
             d = t;
@@ -116,6 +125,7 @@ Det reference_determinant(const Problem& p) {
             improved = true;
           }
         }
+      }
   }
   return d;
 }
@@ -300,6 +310,15 @@ class ScoreReduction final : public engine::Reduction {
   std::vector<Scored> top_;
 };
 
+// E - H_aa kept at least kDenominatorFloor from zero: a candidate degenerate with the space's
+// energy (a shell the space fills only in part) would otherwise give an infinite PT2 term and
+// amplitude; with the floor it scores first, joins the space, and no longer counts in PT2.
+constexpr double kDenominatorFloor = 1e-6;
+double floored(double denominator) {
+  if (std::fabs(denominator) >= kDenominatorFloor) return denominator;
+  return denominator < 0 ? -kDenominatorFloor : kDenominatorFloor;
+}
+
 // On the host (its inputs' pinned copies): per unique candidate outside the space, the EN-PT2
 // term and the first-order amplitude; each tile's partial keeps its K best.
 class ScoreKernel final : public engine::PassKernel {
@@ -320,7 +339,7 @@ class ScoreKernel final : public engine::PassKernel {
       for (std::uint64_t r = begin; r < end; ++r) {
         const Det d{keys[2 * r], keys[2 * r + 1]};
         if (kernels::sci::find_sorted(space.data(), space.size(), d) < space.size()) continue;
-        const double denominator = energy_ - kernels::sci::diagonal(m_.problem->host, d);
+        const double denominator = floored(energy_ - kernels::sci::diagonal(m_.problem->host, d));
         const double v = values[r];
         h.pt2 += v * v / denominator;
         if (k_) top.push_back({std::fabs(v / denominator), d.alpha, d.beta, v / denominator});
@@ -459,8 +478,10 @@ class SolveStage final : public Stage {
     const int index = state.done;  // this pass's
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - m.pass_started).count();
     json& now = current(d);
-    now["seconds"][phase.starts_with("pt2_") ? "pt2" : phase] =
-        now["seconds"].value(phase.starts_with("pt2_") ? "pt2" : phase, 0.0) + seconds;
+    json& spent = now["seconds"];
+    if (!spent.is_object()) spent = json::object();
+    const std::string timed = phase.starts_with("pt2_") ? "pt2" : phase;
+    spent[timed] = spent.value(timed, 0.0) + seconds;
     if (phase == "davidson") {
       d["sigma"].push_back(index);
       take_product(ctx, m, index);
@@ -568,9 +589,10 @@ class SolveStage final : public Stage {
     const SolveParams params = SolveParams::from_json(r.context->params);
     if (params.reference_energy) out.set_attribute("reference_energy", *params.reference_energy);
     // Seconds per phase, as attributes (they differ between runs; the datasets do not).
-    for (std::size_t k = 0; k < hist.size(); ++k)
-      for (const auto& [phase, s] : hist[k].value("seconds", json::object()).items())
-        out.set_attribute(fmt::format("seconds_{}_{}", k, phase), s.get<double>());
+    for (std::size_t k = 0; k < hist.size(); ++k) {
+      const json spent = hist[k].value("seconds", json::object());
+      for (const auto& [phase, s] : spent.items()) out.set_attribute(fmt::format("seconds_{}_{}", k, phase), s.get<double>());
+    }
   }
 
   std::string describe_results(const StagePlan&, const StepResults& r) const override {

@@ -1,0 +1,240 @@
+"""sci.solve (heat-bath selected CI) end to end: eps -> 0 reproduces FCI (the test FCIDUMPs'
+exact energies, and PySCF's FCI on FCIDUMPs PySCF writes here); at finite eps the selection
+reaches 1 mHa with a small fraction of the FCI space and E_var + E_PT2 reaches 0.1 mHa; results
+are the same bits for any rank count and after stops and kills; bad inputs exit 2."""
+import hashlib
+import os
+import random
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from conftest import DEVICE, QSTAGE, checksums, manifest, run, write_spec
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "fcidump"
+
+FCI = {  # exact energies (Ha) of the test files (Dice's tests; tests/data/README.md)
+    "h2o_FCIDUMP_symm": -75.785724228114,
+    "H2H2_FCIDUMP_nosym": -4.021386898742,
+    "N2_sto6g_FCIDUMP": -108.670707597692,
+    "h10_sto6g_FCIDUMP": -5.389626174603,
+}
+FCI_DETS = {"N2_sto6g_FCIDUMP": 14400, "h10_sto6g_FCIDUMP": 63504}
+
+
+def sci_spec(tmp, fcidump, params="", options="{}"):
+    if Path(fcidump).resolve() != (tmp / Path(fcidump).name).resolve():
+        shutil.copy(fcidump, tmp / Path(fcidump).name)
+    return write_spec(tmp / "spec.yaml", f"""
+        name: sci
+        options: {options}
+        steps:
+          - id: sci
+            stage: sci.solve
+            params: {{fcidump: {Path(fcidump).name}{", " + params if params else ""}}}
+        """)
+
+
+def solve(tmp, fcidump, params="", options="{}", mpi=0):
+    tmp.mkdir(parents=True, exist_ok=True)
+    spec = sci_spec(tmp, fcidump, params, options)
+    r = run(["run", spec, "--run-dir", tmp / "run", "--device", DEVICE], mpi=mpi)
+    assert r.code == 0, r
+    return tmp / "run"
+
+
+def result(run_dir):
+    with h5py.File(Path(run_dir) / "outputs" / "sci.h5") as f:
+        return {k: f[k][()] for k in ("energy", "e_pt2", "e_total", "dets", "coefficients", "joined_iteration")} | {
+            "iterations": {k: f["iterations"][k][()] for k in f["iterations"]}, "attrs": dict(f.attrs)}
+
+
+def digests(run_dir):
+    """sha256 of every dataset's bytes in the output (groups included)."""
+    out = {}
+    with h5py.File(Path(run_dir) / "outputs" / "sci.h5") as f:
+        def visit(name, obj):
+            if isinstance(obj, h5py.Dataset):
+                out[name] = hashlib.sha256(np.ascontiguousarray(obj[()]).tobytes()).hexdigest()
+        f.visititems(visit)
+    return out
+
+
+def pyscf_or_skip():
+    try:
+        import pyscf  # noqa: F401
+    except ImportError:
+        pytest.skip("pyscf is not installed (scripts/setup.sh --test-oracles installs it)")
+    from pyscf import fci, gto, scf
+    from pyscf.tools import fcidump
+    return gto, scf, fci, fcidump
+
+
+# ---------------------------------------------------------------- eps -> 0 is FCI
+
+@pytest.mark.parametrize("name", ["h2o_FCIDUMP_symm", "H2H2_FCIDUMP_nosym", "N2_sto6g_FCIDUMP"])
+def test_tiny_eps_reproduces_fci(name, tmp):
+    r = result(solve(tmp, DATA / name, "eps_var: 1.0e-12, eps_pt2: 1.0e-12, max_new_dets: 1000000, "
+                                        "energy_tolerance: 1.0e-10, davidson_tolerance: 1.0e-8"))
+    assert abs(r["energy"] - FCI[name]) < 1e-8, (r["energy"], FCI[name])
+    # The space is sorted and unique; the coefficients are normalized.
+    keys = [tuple(d) for d in r["dets"]]
+    assert keys == sorted(set(keys))
+    assert abs(np.linalg.norm(r["coefficients"]) - 1) < 1e-10
+    assert r["iterations"]["dets"][-1] == len(keys)
+
+
+def test_h10_tiny_eps_reproduces_fci(tmp):
+    if DEVICE != "cuda":
+        pytest.skip("h10's 63,504-determinant FCI takes minutes on a 2-core CPU; the GPU run covers it")
+    r = result(solve(tmp, DATA / "h10_sto6g_FCIDUMP", "eps_var: 1.0e-12, eps_pt2: 1.0e-12, max_new_dets: 1000000, "
+                                                      "energy_tolerance: 1.0e-10, davidson_tolerance: 1.0e-8"))
+    assert abs(r["energy"] - FCI["h10_sto6g_FCIDUMP"]) < 1e-8
+
+
+@pytest.mark.parametrize("molecule", ["h2o", "n2"])
+def test_pyscf_fci_on_fcidumps_it_writes(molecule, tmp):
+    gto, scf, fci, fcidump = pyscf_or_skip()
+    atom = {"h2o": "O 0 0 0; H 0 0.757 0.587; H 0 -0.757 0.587", "n2": "N 0 0 0; N 0 0 1.15"}[molecule]
+    mol = gto.M(atom=atom, basis="sto-3g", verbose=0)
+    mf = scf.RHF(mol).run()
+    path = tmp / f"{molecule}.fcidump"
+    fcidump.from_scf(mf, str(path))
+    want = fci.FCI(mf).kernel()[0]
+    r = result(solve(tmp, path, "eps_var: 1.0e-12, eps_pt2: 1.0e-12, max_new_dets: 1000000, "
+                                "energy_tolerance: 1.0e-10, davidson_tolerance: 1.0e-8"))
+    assert abs(r["energy"] - want) < 1e-8, (r["energy"], want)
+
+
+# ---------------------------------------------------------------- selection works
+
+@pytest.mark.parametrize("name, params", [
+    ("N2_sto6g_FCIDUMP", "eps_var: 2.0e-3, eps_pt2: 1.0e-7, max_new_dets: 600"),
+    ("h10_sto6g_FCIDUMP", "eps_var: 2.0e-3, eps_pt2: 1.0e-7, max_new_dets: 2000"),
+])
+def test_selection_reaches_a_millihartree_with_few_determinants(name, params, tmp):
+    r = result(solve(tmp, DATA / name, params))
+    dets = len(r["dets"])
+    e_var, total = float(r["energy"]), float(r["e_total"])
+    print(f"{name}: {dets} dets, E_var error {1e3 * (e_var - FCI[name]):.3f} mHa, "
+          f"E_var+PT2 error {1e3 * (total - FCI[name]):.4f} mHa")
+    assert dets <= 0.15 * FCI_DETS[name], dets
+    assert abs(e_var - FCI[name]) < 1e-3, e_var - FCI[name]
+    assert abs(total - FCI[name]) < 1e-4, total - FCI[name]
+    # Variational: never below FCI; each iteration's space contains the previous one.
+    assert e_var > FCI[name] - 1e-9
+    j = r["joined_iteration"]
+    assert list(np.bincount(j)[: len(r["iterations"]["dets"])].cumsum()) == list(r["iterations"]["dets"])
+
+
+# ---------------------------------------------------------------- the same bits, however it ran
+
+N2_FAST = "eps_var: 2.0e-3, eps_pt2: 1.0e-5, max_new_dets: 600"
+SMALL_BATCHES = "{max_batch_rows: 64, checkpoint_interval: 0}"
+
+
+@pytest.fixture(scope="module")
+def n2_clean(tmp_path_factory):
+    run_dir = solve(tmp_path_factory.mktemp("clean"), DATA / "N2_sto6g_FCIDUMP", N2_FAST, SMALL_BATCHES)
+    return digests(run_dir), checksums(run_dir)
+
+
+def test_three_ranks_give_the_same_bits(n2_clean, tmp):
+    run_dir = solve(tmp, DATA / "N2_sto6g_FCIDUMP", N2_FAST, SMALL_BATCHES, mpi=3)
+    assert digests(run_dir) == n2_clean[0]
+    assert checksums(run_dir) == n2_clean[1]
+
+
+def test_batch_size_does_not_change_the_bits(n2_clean, tmp):
+    run_dir = solve(tmp, DATA / "N2_sto6g_FCIDUMP", N2_FAST, "{}")
+    assert digests(run_dir) == n2_clean[0]
+
+
+def start(args, cwd, mpi=0):
+    prefix = ([shutil.which("mpirun"), "--oversubscribe", "--allow-run-as-root", "-np", str(mpi)] if mpi else [])
+    return subprocess.Popen(prefix + [QSTAGE] + [str(a) for a in args], cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=dict(os.environ, OMP_NUM_THREADS="2"))
+
+
+def test_sigterm_in_every_phase_then_resume_with_another_rank_count(n2_clean, tmp):
+    """Stops (SIGTERM) as soon as a pass of each kind has started, resumes with 1 or 3 ranks in
+    turn; the final output is the clean run's."""
+    if shutil.which("mpirun") is None:
+        pytest.skip("mpirun not found")
+    spec = sci_spec(tmp, DATA / "N2_sto6g_FCIDUMP", N2_FAST, SMALL_BATCHES)
+    run_dir = tmp / "run"
+    stops, attempt = 0, 0
+    args = ["run", spec, "--run-dir", run_dir, "--device", DEVICE]
+    while True:
+        ranks = 3 if attempt % 2 else 0
+        attempt += 1
+        p = start(args, tmp, mpi=ranks)
+        time.sleep(random.Random(attempt).uniform(0.3, 1.5) * (3 if DEVICE == "cuda" else 1))
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=600)
+        if p.returncode == 0:
+            break
+        assert p.returncode == 75, err
+        stops += 1
+        args = ["resume", run_dir, "--device", DEVICE]
+    assert stops >= 2, "the run finished before it could be stopped twice"
+    assert digests(run_dir) == n2_clean[0]
+
+
+def test_random_sigkills_then_resume_match_a_clean_run(n2_clean, tmp):
+    """20 SIGKILLs at random instants (in Davidson, generation, dedup, scoring, between passes);
+    `qstage resume` each time; the output equals the clean run's bit for bit."""
+    spec = sci_spec(tmp, DATA / "N2_sto6g_FCIDUMP", N2_FAST, SMALL_BATCHES)
+    rng = random.Random(int(os.environ.get("QSTAGE_KILL_SEED", "20261126")))
+    scale = 3.0 if DEVICE == "cuda" else 1.0
+    run_dir = tmp / "run"
+    args = ["run", spec, "--run-dir", run_dir, "--device", DEVICE]
+    kills = 0
+    while True:
+        p = start(args, tmp)
+        try:
+            _, err = p.communicate(timeout=rng.uniform(0.1, 1.2) * scale if kills < 20 else 600)
+            assert p.returncode == 0, err
+            break
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.communicate()
+            kills += 1
+            if (run_dir / "manifest.json").exists():
+                args = ["resume", run_dir, "--device", DEVICE]
+    assert kills >= 20
+    assert digests(run_dir) == n2_clean[0]
+    log = (run_dir / "logs" / "rank-0.log").read_text()
+    assert "passes done by an earlier run" in log, "no kill ever landed after a committed pass"
+
+
+# ---------------------------------------------------------------- bad input
+
+def test_a_bad_fcidump_exits_2_with_its_line(tmp):
+    bad = tmp / "bad.fcidump"
+    bad.write_text("&FCI NORB=2,NELEC=2,MS2=0,ORBSYM=1,1,ISYM=1 &END\n 0.5 1 1 1 1\n NaN 2 1 1 1\n 0.1 0 0 0 0\n")
+    spec = sci_spec(tmp, bad)
+    r = run(["run", spec, "--run-dir", tmp / "run", "--device", DEVICE])
+    assert r.code == 2, r
+    assert "bad.fcidump:3:" in r.err and "finite" in r.err, r.err
+
+
+def test_a_missing_fcidump_and_bad_parameters_exit_2(tmp):
+    spec = write_spec(tmp / "spec.yaml", """
+        name: sci
+        steps:
+          - id: sci
+            stage: sci.solve
+            params: {fcidump: nowhere.fcidump}
+        """)
+    r = run(["run", spec, "--run-dir", tmp / "run", "--device", DEVICE])
+    assert r.code == 2 and "nowhere.fcidump" in r.err, r
+    spec = sci_spec(tmp, DATA / "H2H2_FCIDUMP_nosym", "eps_var: -1")
+    r = run(["run", spec, "--run-dir", tmp / "run2", "--device", DEVICE])
+    assert r.code == 2 and "eps_var" in r.err, r
