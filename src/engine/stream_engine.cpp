@@ -65,11 +65,11 @@ PerBatchBytes per_batch_bytes(const PassSpec& s, const std::vector<std::unique_p
     device_out += sink->device_bytes(unit_rows);
     host_out += sink->host_bytes(unit_rows);
     b.fixed_device += sink->fixed_device_bytes(kind);
+    b.fixed_per_slot += sink->count_bytes() + sink->sum_bytes();  // (device and host alike)
   }
   const std::uint64_t in_bytes = input_rows * b.in_per_row;
   b.device_per_tile = input_rows * b.device_in_per_row + device_out + unit_rows * s.scratch_device_bytes_per_row + device_partial_bytes(s);
   b.host_per_tile = in_bytes + host_out + s.tile_partial_bytes;
-  b.fixed_per_slot = 16 * s.outputs.size();  // checksums and counts
   return b;
 }
 
@@ -629,8 +629,10 @@ BatchPlan StreamEngine::plan(const PassSpec& spec) const {
   const PerBatchBytes b =
       per_batch_bytes(spec, sinks, unit_rows, std::max(unit_rows, longest_range(spec)), backend_.kind());
   const auto S = static_cast<std::uint64_t>(options_.slots);
-  const std::uint64_t fixed_device = spec.resident_device_bytes + b.fixed_device +
-                                     (spec.uses_blas ? S * backend_.blas_stream_bytes() : 0) + S * b.fixed_per_slot;
+  // Each slot also holds, whatever its rows: its outputs' counts and checksums, its BLAS workspace.
+  const std::uint64_t slot_device = b.fixed_per_slot + (spec.uses_blas ? backend_.blas_stream_bytes() : 0);
+  const std::uint64_t resident_device = spec.resident_device_bytes + b.fixed_device;
+  const std::uint64_t fixed_device = resident_device + S * slot_device;
   const std::uint64_t fixed_host = S * b.fixed_per_slot;
   const std::uint64_t dev_limit = backend_.device_budget().limit(), host_limit = backend_.host_budget().limit();
   auto need = [&](std::uint64_t tiles, std::uint64_t fixed, std::uint64_t per_tile) { return fixed + S * tiles * per_tile; };
@@ -640,13 +642,14 @@ BatchPlan StreamEngine::plan(const PassSpec& spec) const {
         "batch); expected at least that much (--device-memory or options.device_memory)",
         format_bytes(static_cast<double>(dev_limit)), unit_rows,
         format_bytes(static_cast<double>(need(1, fixed_device, b.device_per_tile))),
-        format_bytes(static_cast<double>(fixed_device)), S, format_bytes(static_cast<double>(b.device_per_tile))));
+        format_bytes(static_cast<double>(resident_device)), S,
+        format_bytes(static_cast<double>(slot_device + b.device_per_tile))));
   if (need(1, fixed_host, b.host_per_tile) > host_limit)
     throw InputError(fmt::format("host memory budget {} is too small: one batch of {} rows needs {} ({} slots x {}); "
                                  "expected at least that much (--host-memory or options.host_memory)",
                                  format_bytes(static_cast<double>(host_limit)), unit_rows,
                                  format_bytes(static_cast<double>(need(1, fixed_host, b.host_per_tile))), S,
-                                 format_bytes(static_cast<double>(b.host_per_tile))));
+                                 format_bytes(static_cast<double>(b.fixed_per_slot + b.host_per_tile))));
   if (spec.prepare_host_bytes > host_limit)
     throw InputError(fmt::format("host memory budget {} is too small: loading the resident data needs {} "
                                  "(--host-memory or options.host_memory)",
