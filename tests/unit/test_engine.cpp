@@ -587,6 +587,17 @@ TEST(Engine, PerInputRowRangesMergeSortedRunsByKeyRange) {
   ASSERT_EQ(g.open_dataset("merged").shape(), h5::Shape{want.size()});
   g.open_dataset("merged").read_all(got.data());
   EXPECT_EQ(got, want);
+  // Each input's buffers hold its own longest range (not the longest of all inputs), and the
+  // plan is what the 3 slots took: those, the output's rows and its count.
+  auto longest = [](const std::vector<engine::RowRange>& r) {
+    std::uint64_t n = 0;
+    for (const auto& x : r) n = std::max(n, x.size());
+    return n;
+  };
+  ASSERT_NE(longest(per_key_range(run_a)), longest(per_key_range(run_b)));
+  EXPECT_EQ(outcome.plan.device_bytes,
+            3 * (8 * longest(per_key_range(run_a)) + 8 * longest(per_key_range(run_b)) + 8 * out.max_rows_per_row + 8));
+  EXPECT_EQ(backend->device_budget().peak(), outcome.plan.device_bytes);
   // The per-batch counts are the key ranges' sizes (the second one, [5000, 5001), may be empty).
   const auto pa = per_key_range(run_a), pb = per_key_range(run_b);
   ASSERT_EQ(outcome.outputs[0].batch_rows.size(), pa.size());
