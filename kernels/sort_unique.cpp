@@ -112,19 +112,23 @@ void tile_samples(const TileSamples& a) {
 void bucket_split(const BucketSplit& a) {
   const std::uint32_t cols = a.layout.cols(), words = a.layout.words, B = a.buckets;
   const std::uint64_t tiles = tiles_of(a.rows, a.tile_rows);
+  // In place (out == records): the records move through a host temporary.
+  std::vector<std::uint64_t> copy(a.out == a.records ? a.rows * cols : 0);
+  std::copy(a.records, a.records + copy.size(), copy.begin());
+  const std::uint64_t* records = copy.empty() ? a.records : copy.data();
   // Each record's bucket, then a stable counting sort by bucket: tile-major order within one.
   std::vector<std::uint32_t> bucket(a.rows, B);
   std::vector<std::uint64_t> counts(B, 0);
   for (std::uint64_t t = 0; t < tiles; ++t)
     for (std::uint64_t j = 0; j < a.tile_unique[t]; ++j) {
       const std::uint64_t r = t * a.tile_rows + j;
-      bucket[r] = bucket_of(a.records + r * cols, a.splitters, B - 1, words);
+      bucket[r] = bucket_of(records + r * cols, a.splitters, B - 1, words);
       ++counts[bucket[r]];
     }
   std::vector<std::uint64_t> at(B, 0);
   for (std::uint32_t b = 1; b < B; ++b) at[b] = at[b - 1] + counts[b - 1];
   for (std::uint64_t r = 0; r < a.rows; ++r)
-    if (bucket[r] < B) std::copy(a.records + r * cols, a.records + (r + 1) * cols, a.out + at[bucket[r]]++ * cols);
+    if (bucket[r] < B) std::copy(records + r * cols, records + (r + 1) * cols, a.out + at[bucket[r]]++ * cols);
   std::copy(counts.begin(), counts.end(), a.counts);
 }
 

@@ -318,6 +318,7 @@ void bucket_split_cuda(void* cuda_stream, const BucketSplit& a) {
     return;
   }
   check_rows(n, "bucket_split");
+  if (a.out == a.records) throw std::logic_error("bucket_split: the GPU's gathers, so out must not be records");
   Carve c(a.work);
   u32* bucket = c.take<u32>(n);
   u32* bucket_alt = c.take<u32>(n);

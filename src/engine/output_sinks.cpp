@@ -484,19 +484,23 @@ void SegmentFile::close() {
   file_.close();
 }
 
+std::uint64_t OutputSink::count_bytes() const {
+  return decl_.kind == OutputKind::appended ? 8 * std::max<std::uint64_t>(1, decl_.buckets) : 0;
+}
+std::uint64_t OutputSink::sum_bytes() const { return decl_.kind == OutputKind::rows ? 8 : 0; }
+
 SlotOutput OutputSink::make_slot(Backend& backend, std::uint64_t batch_rows, const std::string& tag) const {
   SlotOutput s;
   const std::string what = tag + " output " + decl_.name;
   s.device = backend.alloc_device(device_bytes(batch_rows), what);
   s.host = backend.alloc_host(host_bytes(batch_rows), what);
-  if (decl_.kind == OutputKind::appended) {  // (exchanged: a count per bucket)
-    const std::uint64_t counts = std::max<std::uint64_t>(1, decl_.buckets);
-    s.device_count = backend.alloc_device(8 * counts, what + " count");
-    s.host_count = backend.alloc_host(8 * counts, what + " count");
+  if (const std::uint64_t bytes = count_bytes()) {
+    s.device_count = backend.alloc_device(bytes, what + " count");
+    s.host_count = backend.alloc_host(bytes, what + " count");
   }
-  if (decl_.kind == OutputKind::rows) {
-    s.device_sum = backend.alloc_device(8, what + " checksum");
-    s.host_sum = backend.alloc_host(8, what + " checksum");
+  if (const std::uint64_t bytes = sum_bytes()) {
+    s.device_sum = backend.alloc_device(bytes, what + " checksum");
+    s.host_sum = backend.alloc_host(bytes, what + " checksum");
   }
   return s;
 }

@@ -81,6 +81,11 @@ class OutputSink {
   virtual std::uint64_t device_bytes(std::uint64_t batch_rows) const = 0;
   virtual std::uint64_t host_bytes(std::uint64_t batch_rows) const = 0;
   virtual std::uint64_t fixed_device_bytes(BackendKind) const { return 0; }
+  // Per slot besides the rows, on the device and again on the host (make_slot allocates them):
+  // the kernel's row count (appended: one u64, exchanged: one per bucket) and the batch's
+  // checksum (rows). The plan charges exactly these.
+  std::uint64_t count_bytes() const;
+  std::uint64_t sum_bytes() const;
   SlotOutput make_slot(Backend& backend, std::uint64_t batch_rows, const std::string& tag) const;
   virtual void prepare(Backend&) {}
   // The pointers the kernel sees: where it writes, and (appended) where it stores its count.

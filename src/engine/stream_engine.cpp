@@ -44,42 +44,42 @@ std::uint64_t ceil_div(std::uint64_t a, std::uint64_t b) { return b ? (a + b - 1
 
 std::uint64_t device_partial_bytes(const PassSpec& s) { return s.partials_on_host ? 0 : s.tile_partial_bytes; }
 
+// The rows an input's buffers hold in a slot: a row_ranges input its own longest range (its
+// ranges need not follow the batches: a small share of each batch, or more rows than it has),
+// any other input the batch's rows.
+std::uint64_t input_rows(const StreamedInput& in, std::uint64_t batch_rows) {
+  if (in.kind != InputKind::row_ranges) return batch_rows;
+  std::uint64_t n = 1;  // (a buffer even where every range is empty)
+  for (const auto& r : in.ranges) n = std::max(n, r.size());
+  return n;
+}
+
 struct PerBatchBytes {
   std::uint64_t in_per_row = 0, out_per_row = 0, device_per_tile = 0, host_per_tile = 0, fixed_per_slot = 0;
-  std::uint64_t device_in_per_row = 0;  // inputs the kernel reads on the device
   std::uint64_t fixed_device = 0;  // coded outputs' codecs
 };
 
 // Per unit (a tile, or the largest explicit batch): the device holds every input's and output's
 // rows, the host what the sinks bring back.
 PerBatchBytes per_batch_bytes(const PassSpec& s, const std::vector<std::unique_ptr<detail::OutputSink>>& sinks,
-                              std::uint64_t unit_rows, std::uint64_t input_rows, BackendKind kind) {
+                              std::uint64_t unit_rows, BackendKind kind) {
   PerBatchBytes b;
-  std::uint64_t device_out = 0, host_out = 0;
+  std::uint64_t device_out = 0, host_out = 0, in_bytes = 0, device_in = 0;
   for (const auto& in : s.inputs) {
     b.in_per_row += in.row_bytes;
-    if (in.place == StreamedInput::Place::device) b.device_in_per_row += in.row_bytes;
+    in_bytes += input_rows(in, unit_rows) * in.row_bytes;
+    if (in.place == StreamedInput::Place::device) device_in += input_rows(in, unit_rows) * in.row_bytes;
   }
   for (const auto& out : s.outputs) b.out_per_row += out.row_bytes();
   for (const auto& sink : sinks) {
     device_out += sink->device_bytes(unit_rows);
     host_out += sink->host_bytes(unit_rows);
     b.fixed_device += sink->fixed_device_bytes(kind);
+    b.fixed_per_slot += sink->count_bytes() + sink->sum_bytes();  // (device and host alike)
   }
-  const std::uint64_t in_bytes = input_rows * b.in_per_row;
-  b.device_per_tile = input_rows * b.device_in_per_row + device_out + unit_rows * s.scratch_device_bytes_per_row + device_partial_bytes(s);
+  b.device_per_tile = device_in + device_out + unit_rows * s.scratch_device_bytes_per_row + device_partial_bytes(s);
   b.host_per_tile = in_bytes + host_out + s.tile_partial_bytes;
-  b.fixed_per_slot = 16 * s.outputs.size();  // checksums and counts
   return b;
-}
-
-// The most rows any row_ranges input reads in one batch (0 without such inputs).
-std::uint64_t longest_range(const PassSpec& s) {
-  std::uint64_t n = 0;
-  for (const auto& in : s.inputs)
-    if (in.kind == InputKind::row_ranges)
-      for (const auto& r : in.ranges) n = std::max(n, r.size());
-  return n;
 }
 
 // ------------------------------------------------------------------------------ Pipeline
@@ -103,14 +103,14 @@ class Pipeline {
            std::uint64_t batch_rows, int slots, PassKernel& kernel)
       : backend_(backend), spec_(spec), sinks_(sinks), kernel_(kernel), slots_(static_cast<size_t>(slots)) {
     const std::uint64_t tiles = spec.batches.empty() ? ceil_div(batch_rows, spec.tile_rows) : 1;
-    const std::uint64_t input_rows = std::max(batch_rows, longest_range(spec));
     int n = 0;
     for (auto& s : slots_) {
       const std::string tag = fmt::format("slot {}", n++);
       for (const auto& in : spec.inputs) {
-        s.host_in.push_back(backend.alloc_host(in.row_bytes * input_rows, tag + " input " + in.name));
+        const std::uint64_t bytes = in.row_bytes * input_rows(in, batch_rows);
+        s.host_in.push_back(backend.alloc_host(bytes, tag + " input " + in.name));
         s.dev_in.push_back(in.place == StreamedInput::Place::device
-                               ? backend.alloc_device(in.row_bytes * input_rows, tag + " input " + in.name)
+                               ? backend.alloc_device(bytes, tag + " input " + in.name)
                                : Buffer());
       }
       for (const auto& sink : sinks) s.out.push_back(sink->make_slot(backend, batch_rows, tag));
@@ -627,10 +627,12 @@ BatchPlan StreamEngine::plan(const PassSpec& spec) const {
     for (const auto& r : spec.batches) unit_rows = std::max(unit_rows, r.size());
   }
   const PerBatchBytes b =
-      per_batch_bytes(spec, sinks, unit_rows, std::max(unit_rows, longest_range(spec)), backend_.kind());
+      per_batch_bytes(spec, sinks, unit_rows, backend_.kind());
   const auto S = static_cast<std::uint64_t>(options_.slots);
-  const std::uint64_t fixed_device = spec.resident_device_bytes + b.fixed_device +
-                                     (spec.uses_blas ? S * backend_.blas_stream_bytes() : 0) + S * b.fixed_per_slot;
+  // Each slot also holds, whatever its rows: its outputs' counts and checksums, its BLAS workspace.
+  const std::uint64_t slot_device = b.fixed_per_slot + (spec.uses_blas ? backend_.blas_stream_bytes() : 0);
+  const std::uint64_t resident_device = spec.resident_device_bytes + b.fixed_device;
+  const std::uint64_t fixed_device = resident_device + S * slot_device;
   const std::uint64_t fixed_host = S * b.fixed_per_slot;
   const std::uint64_t dev_limit = backend_.device_budget().limit(), host_limit = backend_.host_budget().limit();
   auto need = [&](std::uint64_t tiles, std::uint64_t fixed, std::uint64_t per_tile) { return fixed + S * tiles * per_tile; };
@@ -640,13 +642,14 @@ BatchPlan StreamEngine::plan(const PassSpec& spec) const {
         "batch); expected at least that much (--device-memory or options.device_memory)",
         format_bytes(static_cast<double>(dev_limit)), unit_rows,
         format_bytes(static_cast<double>(need(1, fixed_device, b.device_per_tile))),
-        format_bytes(static_cast<double>(fixed_device)), S, format_bytes(static_cast<double>(b.device_per_tile))));
+        format_bytes(static_cast<double>(resident_device)), S,
+        format_bytes(static_cast<double>(slot_device + b.device_per_tile))));
   if (need(1, fixed_host, b.host_per_tile) > host_limit)
     throw InputError(fmt::format("host memory budget {} is too small: one batch of {} rows needs {} ({} slots x {}); "
                                  "expected at least that much (--host-memory or options.host_memory)",
                                  format_bytes(static_cast<double>(host_limit)), unit_rows,
                                  format_bytes(static_cast<double>(need(1, fixed_host, b.host_per_tile))), S,
-                                 format_bytes(static_cast<double>(b.host_per_tile))));
+                                 format_bytes(static_cast<double>(b.fixed_per_slot + b.host_per_tile))));
   if (spec.prepare_host_bytes > host_limit)
     throw InputError(fmt::format("host memory budget {} is too small: loading the resident data needs {} "
                                  "(--host-memory or options.host_memory)",

@@ -94,6 +94,21 @@ void prepare_run_dir(const spec::Workflow& wf, const RunDir& dir, const mpi::Com
 
 std::string plural(std::uint64_t n, const char* word) { return fmt::format("{} {}{}", n, word, n == 1 ? "" : "s"); }
 
+// A pass state for the log: every array of more than `keep` items (a sample sort's splitters,
+// rows per bucket) cut to its first `keep` and a note of how many there are.
+json elide_arrays(const json& j, std::size_t keep = 4) {
+  if (j.is_array() && j.size() > keep) {
+    json out = json::array();
+    for (std::size_t i = 0; i < keep; ++i) out.push_back(elide_arrays(j[i], keep));
+    out.push_back(fmt::format("... {} items in all", j.size()));
+    return out;
+  }
+  json out = j;
+  if (out.is_structured())
+    for (auto& v : out) v = elide_arrays(v, keep);
+  return out;
+}
+
 // Why a step must run, from its previous record; empty if the record says it is done with this key.
 std::string rerun_reason(const json* record, const std::string& key, const json& params, const json& compress_output,
                          const json& input_hashes, bool output_exists) {
@@ -427,7 +442,7 @@ class WorkflowRun {
       if (comm_.root())
         spdlog::info("step '{}' {} done in {}: {} rows, {}", step.id, label,
                      format_duration(std::chrono::duration<double>(Clock::now() - started).count()), prior->pass.rows,
-                     state.data.dump());
+                     elide_arrays(state.data).dump());
     }
   }
 

@@ -136,16 +136,20 @@ class SampleReduction final : public engine::Reduction {
 
 // ------------------------------------------------------------------------------ partition
 
+// The tile's records go to the scratch on the GPU, whose bucket_split gathers them into the
+// `records` output; the CPU twin reorders them in that output itself (through a host temporary,
+// as its sorts do), so on cpu the output is where tile_unique writes them and the scratch holds
+// only the tiles' counts.
 std::uint64_t partition_scratch(const DedupSource& s, std::uint64_t rows, bool cuda) {
   const RecordLayout L = s.record_layout();
-  return aligned(rows * L.cols() * 8) + aligned(kernels::tiles_of(rows, s.tile_rows) * 8) +
+  return gpu_only(cuda, aligned(rows * L.cols() * 8)) + aligned(kernels::tiles_of(rows, s.tile_rows) * 8) +
          gpu_only(cuda, std::max(kernels::tile_unique_scratch_bytes(rows, s.words), kernels::bucket_split_scratch_bytes(rows)));
 }
 
 class PartitionKernel final : public engine::PassKernel {
  public:
-  PartitionKernel(DedupSource s, std::uint64_t per_row, std::vector<std::uint64_t> splitters)
-      : s_(std::move(s)), per_row_(per_row), splitters_host_(std::move(splitters)) {}
+  PartitionKernel(DedupSource s, std::uint64_t per_row, std::vector<std::uint64_t> splitters, bool cuda)
+      : s_(std::move(s)), per_row_(per_row), splitters_host_(std::move(splitters)), cuda_(cuda) {}
   void prepare(Backend& backend, Stream& stream) override {
     if (splitters_host_.empty()) return;
     splitters_ = backend.alloc_device(splitters_host_.size() * 8, "keys.dedup splitters");
@@ -156,20 +160,22 @@ class PartitionKernel final : public engine::PassKernel {
     const std::uint64_t rows = b.rows.size(), tiles = kernels::tiles_of(rows, s_.tile_rows);
     const RecordLayout L = s_.record_layout();
     Carve c(b.scratch, per_row_ * std::max(rows, s_.tile_rows));
-    auto* records = c.take<std::uint64_t>(rows * L.cols());
+    auto* out = static_cast<std::uint64_t*>(b.outputs[0]);
+    auto* records = cuda_ ? c.take<std::uint64_t>(rows * L.cols()) : out;  // (partition_scratch)
     auto* unique = c.take<std::uint64_t>(tiles);
     const kernels::Workspace work = c.rest();
     kernels::tile_unique(*b.stream, {key_rows(s_, b, true), L, s_.tile_rows, b.rows.begin, records, unique,
                                      s_.index ? static_cast<std::uint64_t*>(b.outputs[1]) : nullptr, work});
     kernels::bucket_split(*b.stream, {records, unique, L, rows, s_.tile_rows,
                                       splitters_host_.empty() ? nullptr : splitters_.as<std::uint64_t>(),
-                                      s_.buckets, static_cast<std::uint64_t*>(b.outputs[0]), b.appended[0], work});
+                                      s_.buckets, out, b.appended[0], work});
   }
 
  private:
   DedupSource s_;
   std::uint64_t per_row_;
   std::vector<std::uint64_t> splitters_host_;
+  bool cuda_;
   Buffer splitters_;
 };
 
@@ -356,7 +362,7 @@ std::optional<PriorPass> DedupPasses::next(const KernelContext& ctx, const json&
     const std::uint64_t per_row = scratch_per_row(s.tile_rows, [&](std::uint64_t r) { return partition_scratch(t, r, cuda); });
     p.pass.scratch_device_bytes_per_row = per_row;
     p.pass.resident_device_bytes = aligned(splitters.size() * 8);
-    p.kernel = std::make_unique<PartitionKernel>(t, per_row, splitters);
+    p.kernel = std::make_unique<PartitionKernel>(t, per_row, splitters, cuda);
     return p;
   }
   if (phase == "merge") {

@@ -587,6 +587,17 @@ TEST(Engine, PerInputRowRangesMergeSortedRunsByKeyRange) {
   ASSERT_EQ(g.open_dataset("merged").shape(), h5::Shape{want.size()});
   g.open_dataset("merged").read_all(got.data());
   EXPECT_EQ(got, want);
+  // Each input's buffers hold its own longest range (not the longest of all inputs), and the
+  // plan is what the 3 slots took: those, the output's rows and its count.
+  auto longest = [](const std::vector<engine::RowRange>& r) {
+    std::uint64_t n = 0;
+    for (const auto& x : r) n = std::max(n, x.size());
+    return n;
+  };
+  ASSERT_NE(longest(per_key_range(run_a)), longest(per_key_range(run_b)));
+  EXPECT_EQ(outcome.plan.device_bytes,
+            3 * (8 * longest(per_key_range(run_a)) + 8 * longest(per_key_range(run_b)) + 8 * out.max_rows_per_row + 8));
+  EXPECT_EQ(backend->device_budget().peak(), outcome.plan.device_bytes);
   // The per-batch counts are the key ranges' sizes (the second one, [5000, 5001), may be empty).
   const auto pa = per_key_range(run_a), pb = per_key_range(run_b);
   ASSERT_EQ(outcome.outputs[0].batch_rows.size(), pa.size());
@@ -685,4 +696,85 @@ TEST(Engine, AppendedAndExchangedOutputsOnTheGpuAreTheCpusBytes) {
     last_bucket = on_gpu.second[i] % 3;
   }
   EXPECT_EQ(on_gpu.first.size(), on_gpu.second.size());
+}
+
+// ------------------------------------------------------------------------------ planning what a slot holds
+namespace {
+
+// Row r of a batch goes to bucket r % buckets; the rows leave bucket-major, each bucket ascending.
+class BucketKernel final : public engine::PassKernel {
+ public:
+  explicit BucketKernel(std::uint32_t buckets) : buckets_(buckets) {}
+  void process(const engine::BatchView& b) override {  // (cpu: the outputs are host memory)
+    auto* out = static_cast<std::uint64_t*>(b.outputs[0]);
+    std::uint64_t* counts = b.appended[0];
+    std::uint64_t at = 0;
+    for (std::uint32_t k = 0; k < buckets_; ++k) {
+      counts[k] = 0;
+      for (std::uint64_t r = b.rows.begin; r < b.rows.end; ++r)
+        if (r % buckets_ == k) {
+          out[at++] = r;
+          ++counts[k];
+        }
+    }
+  }
+
+ private:
+  std::uint32_t buckets_;
+};
+
+}  // namespace
+
+// An exchanged output's kernel stores a count per bucket in every slot, on the device and on the
+// host: with many buckets that is a good part of a slot, and the plan must charge it. A device
+// budget of exactly the planned peak runs and peaks there; a byte less is refused when planning
+// (InputError), not overrun when the last slot allocates.
+TEST(Engine, PlanChargesAnExchangedOutputsCountPerBucket) {
+  constexpr std::uint32_t kBuckets = 600;
+  Fixture fx(1000);
+  mpi::Comm comm;
+  engine::EngineOptions options;
+  options.max_batch_rows = 100;
+  options.checkpoint_seconds = std::nullopt;
+  engine::PassSpec spec;
+  spec.rows = fx.rows;
+  spec.tile_rows = 100;
+  spec.inputs.push_back({"x", &fx.input, kCols * 4});
+  engine::OutputDecl out{"bucketed", {h5::DType::uint64, {fx.rows}, {100}}};
+  out.kind = engine::OutputKind::appended;
+  out.max_rows_per_row = 1;
+  out.buckets = kBuckets;
+  spec.outputs.push_back(out);
+
+  auto roomy = detail::make_cpu_backend(1ull << 30, 1ull << 30);
+  const engine::BatchPlan plan = engine::StreamEngine(*roomy, comm, options).plan(spec);
+  ASSERT_EQ(plan.batch_rows, 100u);
+  // 3 slots, each: the input's and the output's rows, and a u64 count per bucket.
+  EXPECT_EQ(plan.device_bytes, 3 * (100 * kCols * 4 + 100 * 8 + 8 * kBuckets));
+  EXPECT_EQ(plan.host_bytes, plan.device_bytes);
+
+  auto exact = detail::make_cpu_backend(plan.device_bytes, 1ull << 30);
+  engine::StreamEngine engine(*exact, comm, options);
+  engine::StepWork work(fx.dir.path / "work-buckets", "key-buckets", comm);
+  BucketKernel kernel(kBuckets);
+  auto outcome = engine.run(spec, kernel, nullptr, work, fx.dir.path / "buckets.h5", nullptr);
+  ASSERT_TRUE(outcome.complete);
+  outcome.staged.commit();
+  EXPECT_EQ(exact->device_budget().peak(), plan.device_bytes);
+  std::vector<std::uint64_t> got(fx.rows), want(fx.rows);
+  h5::File f = h5::File::open(fx.dir.path / "buckets.h5", h5::Mode::read_only);
+  f.open_dataset("bucketed").read_all(got.data());
+  std::iota(want.begin(), want.end(), std::uint64_t{0});
+  std::stable_sort(want.begin(), want.end(), [](auto a, auto b) { return a % kBuckets < b % kBuckets; });
+  EXPECT_EQ(got, want);
+
+  auto short_by_one = detail::make_cpu_backend(plan.device_bytes - 1, 1ull << 30);
+  try {
+    engine::StreamEngine(*short_by_one, comm, options).plan(spec);
+    FAIL() << "expected InputError";
+  } catch (const InputError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("device memory budget"), std::string::npos) << what;
+    EXPECT_NE(what.find("one batch of 100 rows needs"), std::string::npos) << what;
+  }
 }

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <numeric>
 #include <random>
 #include <vector>
 
@@ -121,6 +122,14 @@ void expect_chain_matches_reference(const Data& d, std::uint64_t tile_rows, std:
   std::vector<std::uint64_t> split(n * L.cols()), counts(B);
   kernels::cpu::bucket_split({t.records.data(), t.tile_unique.data(), L, n, tile_rows, splitters.data(), B, split.data(),
                               counts.data(), {}});
+  // In place (the partition pass on cpu: the records are already in the output): the same.
+  std::vector<std::uint64_t> in_place = t.records, in_place_counts(B);
+  ASSERT_EQ(in_place.size(), n * L.cols());
+  kernels::cpu::bucket_split({in_place.data(), t.tile_unique.data(), L, n, tile_rows, splitters.data(), B,
+                              in_place.data(), in_place_counts.data(), {}});
+  EXPECT_EQ(in_place_counts, counts);
+  const std::uint64_t split_words = std::accumulate(counts.begin(), counts.end(), std::uint64_t{0}) * L.cols();
+  EXPECT_TRUE(std::equal(split.begin(), split.begin() + static_cast<std::ptrdiff_t>(split_words), in_place.begin()));
   // Each bucket merged on its own, appended in bucket order.
   std::vector<std::uint64_t> keys, kcounts, pairs, prefix{0};
   std::vector<double> values;
