@@ -40,9 +40,15 @@ void plot_convergence(const h5::File& f, const std::filesystem::path& file, cons
   const double reference = has_reference ? f.double_attribute("reference_energy") : 0;
 
   constexpr int kWidth = 960, kHeight = 540, kLeft = 170, kRight = 930, kTop = 60, kBottom = 470;
-  double lo = *std::min_element(total.begin(), total.end()), hi = *std::max_element(e_var.begin(), e_var.end());
-  lo = std::min({lo, *std::min_element(e_var.begin(), e_var.end()), has_reference ? reference : lo});
-  hi = std::max(hi, has_reference ? reference : hi);
+  // The range of E_var and the reference: early iterations' PT2 (from a space far from converged)
+  // may lie far outside it, and those points are left out rather than squeezing the rest.
+  double lo = *std::min_element(e_var.begin(), e_var.end()), hi = *std::max_element(e_var.begin(), e_var.end());
+  if (has_reference) {
+    lo = std::min(lo, reference);
+    hi = std::max(hi, reference);
+  }
+  for (double t : total)
+    if (t >= lo - (hi - lo) && t <= hi) lo = std::min(lo, t);
   if (hi - lo < 1e-6) {
     lo -= 5e-7;
     hi += 5e-7;
@@ -70,9 +76,11 @@ void plot_convergence(const h5::File& f, const std::filesystem::path& file, cons
   }
   if (has_reference) c.line(kLeft, y_of(reference), kRight, y_of(reference), kReference, 8);
   auto series = [&](const std::vector<double>& e, Rgb color) {
+    auto shown = [&](std::size_t k) { return e[k] >= lo && e[k] <= hi; };
     for (std::size_t k = 0; k < e.size(); ++k) {
+      if (!shown(k)) continue;
       c.rect(x_of(dets[k]) - 3, y_of(e[k]) - 3, x_of(dets[k]) + 3, y_of(e[k]) + 3, color);
-      if (k) c.line(x_of(dets[k - 1]), y_of(e[k - 1]), x_of(dets[k]), y_of(e[k]), color);
+      if (k && shown(k - 1)) c.line(x_of(dets[k - 1]), y_of(e[k - 1]), x_of(dets[k]), y_of(e[k]), color);
     }
   };
   series(e_var, kVar);
@@ -80,11 +88,11 @@ void plot_convergence(const h5::File& f, const std::filesystem::path& file, cons
   c.rect(kLeft, kTop, kLeft + 1, kBottom, kBlack);
   c.rect(kLeft, kBottom, kRight, kBottom + 1, kBlack);
   c.text((kLeft + kRight) / 2 - 7 * png::Canvas::kCharWidth, kBottom + 36, "determinants (log)", kBlack);
-  c.text(kLeft, 8, fmt::format("sci.solve: {} iterations, {} determinants, E_var {:.8f} Ha", dets.size(),
+  c.text(kLeft, 8, fmt::format("sci.solve: {} iterations, {} determinants, E_var {:.8f}", dets.size(),
                                 static_cast<std::uint64_t>(dets.back()), e_var.back()), kBlack);
   int lx = kLeft;
-  std::vector<std::pair<Rgb, std::string>> legend = {{kVar, "E_var"}, {kTotal, "E_var + E_PT2"}};
-  if (has_reference) legend.push_back({kReference, fmt::format("reference {:.8f}", reference)});
+  std::vector<std::pair<Rgb, std::string>> legend = {{kVar, "E_var"}, {kTotal, "E_var with PT2"}};
+  if (has_reference) legend.push_back({kReference, fmt::format("reference {:.8f} Ha", reference)});
   for (const auto& [color, label] : legend) {
     c.rect(lx, 36 + 3, lx + 14, 36 + 10, color);
     c.text(lx + 20, 36, label, kBlack);

@@ -11,7 +11,7 @@ import h5py
 import numpy as np
 import pytest
 
-from conftest import DEVICE, committed_run, manifest, run, stop_once_checkpointed, write_spec
+from conftest import DEVICE, committed_run, manifest, run, stop_once_checkpointed, write_spec, one_line_error
 
 N = 60000
 TILE = 512
@@ -195,6 +195,4 @@ def test_bad_inputs_exit_2_with_one_line(tmp_path, make, message):
         make(f)
     spec = write_spec(tmp_path / "spec.yaml", spec_text())
     r = run(["run", spec, "--run-dir", tmp_path / "run", "--device", DEVICE])
-    assert r.code == 2, r
-    lines = [l for l in r.err.strip().splitlines() if "error" in l.lower()]
-    assert len(lines) == 1 and message in lines[0], r.err
+    one_line_error(r, message)
