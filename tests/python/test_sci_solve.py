@@ -140,7 +140,8 @@ def test_selection_reaches_a_millihartree_with_few_determinants(name, params, tm
 N2_FAST = "eps_var: 2.0e-3, eps_pt2: 1.0e-5, max_new_dets: 600, max_iterations: 3"
 SMALL_BATCHES = "{max_batch_rows: 64, checkpoint_interval: 0}"
 # The stop and kill tests need a run of several seconds: on a GPU, N2's run is too quick.
-STOPPED = (DATA / "h10_sto6g_FCIDUMP", "eps_var: 1.0e-3, eps_pt2: 1.0e-5, max_new_dets: 3000, max_iterations: 6") \
+STOPPED = (DATA / "h10_sto6g_FCIDUMP", "eps_var: 2.0e-3, eps_pt2: 1.0e-5, max_new_dets: 2000, max_iterations: 20, "
+                                       "davidson_tolerance: 1.0e-7") \
     if DEVICE == "cuda" else (DATA / "N2_sto6g_FCIDUMP", "eps_var: 5.0e-4, eps_pt2: 1.0e-5, max_new_dets: 600, "
                                                      "max_iterations: 8, davidson_tolerance: 1.0e-7")
 
