@@ -81,6 +81,14 @@ void Canvas::line(int x0, int y0, int x1, int y1, Rgb c, int dash) {
   }
 }
 
+void Canvas::legend(int x, int y, const std::vector<std::pair<Rgb, std::string>>& items, Rgb text_color) {
+  for (const auto& [color, label] : items) {
+    rect(x, y + 3, x + 14, y + 10, color);
+    text(x + 20, y, label, text_color);
+    x += 20 + static_cast<int>(label.size()) * kCharWidth + 24;
+  }
+}
+
 void Canvas::text(int x, int y, const std::string& s, Rgb c, bool right) {
   if (right) x -= static_cast<int>(s.size()) * kCharWidth;
   for (char ch : s) {

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace qstage::png {
@@ -22,6 +23,8 @@ class Canvas {
   // Text at scale 2 (12 px per character); `right` aligns its end at x. Capitals without a glyph
   // draw as small letters; characters without one as a blank.
   void text(int x, int y, const std::string& s, Rgb c, bool right = false);
+  // A row of colour swatches with their labels, from (x, y) rightwards (a plot's key).
+  void legend(int x, int y, const std::vector<std::pair<Rgb, std::string>>& items, Rgb text_color);
   static constexpr int kCharWidth = 12, kCharHeight = 14;
   void save(const std::filesystem::path& path) const;  // png::write_rgb: whole or not at all
 

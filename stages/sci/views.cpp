@@ -90,14 +90,9 @@ void plot_convergence(const h5::File& f, const std::filesystem::path& file, cons
   c.text((kLeft + kRight) / 2 - 7 * png::Canvas::kCharWidth, kBottom + 36, "determinants (log)", kBlack);
   c.text(kLeft, 8, fmt::format("sci.solve: {} iterations, {} determinants, E_var {:.8f}", dets.size(),
                                 static_cast<std::uint64_t>(dets.back()), e_var.back()), kBlack);
-  int lx = kLeft;
   std::vector<std::pair<Rgb, std::string>> legend = {{kVar, "E_var"}, {kTotal, "E_var with PT2"}};
   if (has_reference) legend.push_back({kReference, fmt::format("reference {:.8f} Ha", reference)});
-  for (const auto& [color, label] : legend) {
-    c.rect(lx, 36 + 3, lx + 14, 36 + 10, color);
-    c.text(lx + 20, 36, label, kBlack);
-    lx += 20 + static_cast<int>(label.size()) * png::Canvas::kCharWidth + 24;
-  }
+  c.legend(kLeft, 36, legend, kBlack);
   c.save(png_file);
 }
 

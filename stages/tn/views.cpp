@@ -90,16 +90,11 @@ void plot_plan(const h5::File& f, const std::filesystem::path& plan_file, const 
   c.text(kLeft, 8, fmt::format("tn.plan: {} steps, {} slice{}, arena {}", out.size(), slices, slices == 1 ? "" : "s",
                                 format_bytes(static_cast<double>(arena))), kBlack);
   // Legend, one row between the title and the plot.
-  int lx = kLeft;
   std::vector<std::pair<Rgb, std::string>> legend = {{kBars, "intermediate"}};
   if (any_spilled) legend.push_back({kSpilled, "in host memory"});
   legend.push_back({kLive, "arena in use"});
   legend.push_back({kArena, "arena size"});
-  for (const auto& [color, label] : legend) {
-    c.rect(lx, 36 + 3, lx + 14, 36 + 10, color);
-    c.text(lx + 20, 36, label, kBlack);
-    lx += 20 + static_cast<int>(label.size()) * png::Canvas::kCharWidth + 24;
-  }
+  c.legend(kLeft, 36, legend, kBlack);
   c.save(png_file);
 }
 
