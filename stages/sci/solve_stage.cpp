@@ -501,6 +501,7 @@ class SolveStage final : public Stage {
     if (phase == "generate" || phase == "pt2_generate") {
       d["generated_pass"] = index;
       const std::uint64_t generated = pass_rows(ctx, index, "candidates");
+      d["generated_rows"] = generated;
       now[final_pt2 ? "pt2_generated" : "generated"] = generated;
       d["dedup"] = json::object();
       d["dedup_first"] = index + 1;
@@ -553,20 +554,14 @@ class SolveStage final : public Stage {
     const json& d = r.context->passes->data;
     const json& hist = d.at("history");
     const Memory& m = memory(*r.context, *r.context->passes);
-    auto series = [&](const char* key, const char* doc) {
-      std::vector<double> v;
-      for (const auto& h : hist) v.push_back(h.value(key, std::nan("")));
-      h5::Dataset ds = out.create_dataset(fmt::format("iterations/{}", key), {{h5::DType::float64, {v.size()}, {}}, false});
-      ds.write_all(v.data());
-      ds.set_attribute("description", doc);
+    // One value per iteration from the history (`missing` where an iteration has none).
+    auto column = [&](const char* key, h5::DType type, auto missing, const char* doc) {
+      std::vector<decltype(missing)> v;
+      for (const auto& h : hist) v.push_back(h.value(key, missing));
+      detail::write_array(out, fmt::format("iterations/{}", key).c_str(), type, {v.size()}, v.data(), doc);
     };
-    auto counts = [&](const char* key, const char* doc) {
-      std::vector<std::uint64_t> v;
-      for (const auto& h : hist) v.push_back(h.value(key, std::uint64_t{0}));
-      h5::Dataset ds = out.create_dataset(fmt::format("iterations/{}", key), {{h5::DType::uint64, {v.size()}, {}}, false});
-      ds.write_all(v.data());
-      ds.set_attribute("description", doc);
-    };
+    auto series = [&](const char* key, const char* doc) { column(key, h5::DType::float64, std::nan(""), doc); };
+    auto counts = [&](const char* key, const char* doc) { column(key, h5::DType::uint64, std::uint64_t{0}, doc); };
     counts("dets", "determinants in the variational space of each iteration");
     series("e_var", "variational energy (Ha) of each iteration's space");
     series("e_pt2", "Epstein-Nesbet PT2 (Ha) over the candidates generated at eps_var");
@@ -581,9 +576,8 @@ class SolveStage final : public Stage {
     detail::write_scalar(out, "e_pt2", h5::DType::float64, &e_pt2, "final Epstein-Nesbet PT2 correction (Ha)");
     const double total = e_var + e_pt2;
     detail::write_scalar(out, "e_total", h5::DType::float64, &total, "E_var + E_PT2 (Ha)");
-    h5::Dataset joined = out.create_dataset("joined_iteration", {{h5::DType::int32, {m.space.joined.size()}, {}}, false});
-    joined.write_all(m.space.joined.data());
-    joined.set_attribute("description", "iteration each determinant joined the space (dets[joined <= k] is iteration k's space)");
+    detail::write_array(out, "joined_iteration", h5::DType::int32, {m.space.joined.size()}, m.space.joined.data(),
+                        "iteration each determinant joined the space (dets[joined <= k] is iteration k's space)");
     out.set_attribute("converged", static_cast<std::int64_t>(d.value("converged", false)));
     out.set_attribute("stop_reason", d.value("stop_reason", std::string()));
     const SolveParams params = SolveParams::from_json(r.context->params);
@@ -625,7 +619,7 @@ class SolveStage final : public Stage {
     const int gen = d.at("generated_pass").get<int>();
     keys::DedupSource src;
     src.keys = earlier_pass_input(gen, "candidates");
-    src.rows = pass_rows(ctx, gen, "candidates");
+    src.rows = d.at("generated_rows").get<std::uint64_t>();
     src.words = 2;
     src.interleaved_value = true;
     return keys::DedupPasses(src);
