@@ -268,3 +268,13 @@ def test_inspect_plots_the_convergence(tmp):
     png = (tmp / "sci.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 2000
     assert result(run_dir)["attrs"]["reference_energy"] == -4.021386898742
+
+
+def test_output_layout_matches_its_schema(tmp):
+    jsonschema = pytest.importorskip("jsonschema")
+    import json
+    run_dir = solve(tmp, DATA / "H2H2_FCIDUMP_nosym", "eps_var: 1.0e-3, reference_energy: -4.021386898742")
+    r = run(["inspect", run_dir / "outputs" / "sci.h5", "--json"])
+    assert r.code == 0, r
+    schema = json.loads((Path(__file__).resolve().parents[2] / "schemas" / "outputs" / "sci.solve.json").read_text())
+    jsonschema.validate(json.loads(r.out), schema)
