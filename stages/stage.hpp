@@ -90,7 +90,9 @@ struct KernelContext {
   const mpi::Comm* comm = nullptr;                            // every rank's (refine_plan may read in parallel)
   // The step's work directory and key. refine_plan may keep what it measured there, in a file
   // named plan-*.json that records the key: a resumed run of the same step finds it (the work
-  // directory keeps such files; a changed step has another key and measures again).
+  // directory keeps such files; a changed step has another key and measures again). A stage of
+  // several passes keeps what its later passes need there in files named stage-* (written
+  // atomically before the pass state that refers to them is committed); they are kept too.
   std::filesystem::path work_dir;
   std::string step_key;
   // The state the step's earlier passes left (stages of several passes; else empty).

@@ -130,7 +130,7 @@ Det reference_determinant(const Problem& p) {
   return d;
 }
 
-fs::path space_file(const KernelContext& ctx, int iteration) { return ctx.work_dir / fmt::format("space-{}.bin", iteration); }
+fs::path space_file(const KernelContext& ctx, int iteration) { return ctx.work_dir / fmt::format("stage-space-{}.bin", iteration); }
 
 std::string encode(const Space& s) {
   std::string out;
