@@ -1,5 +1,6 @@
-// The CPU twin of kernels/sort_unique.cu: std::stable_sort per tile (OpenMP over tiles), sums in
-// sorted order, which a stable sort makes input order: the same bytes as the GPU's.
+// The CPU twin of kernels/sort_unique.cu: std::stable_sort per tile (OpenMP over tiles), every
+// run's terms added to a PairwiseSum in sorted order, which a stable sort makes input order: the
+// same bytes as the GPU's.
 #include "kernels/sort_unique.hpp"
 
 #include <algorithm>
@@ -75,13 +76,13 @@ void tile_unique(const TileUnique& a) {
       const std::uint64_t* key = in.keys + (begin + order[i]) * in.stride;
       std::uint64_t* rec = a.records + (begin + u) * cols;
       std::copy(key, key + in.words, rec);
-      double sum = 0;
+      PairwiseSum sum;
       std::uint64_t j = i;
       for (; j < n && compare_keys(in.keys + (begin + order[j]) * in.stride, key, in.words) == 0; ++j) {
-        if (L.value) sum += value_of(in, begin + order[j]);
+        if (L.value) sum.add(value_of(in, begin + order[j]));
         if (a.local) a.local[begin + order[j]] = u;
       }
-      if (L.value) rec[L.value_col()] = bits_of(sum);
+      if (L.value) rec[L.value_col()] = bits_of(sum.total());
       rec[L.count_col()] = j - i;
       if (L.origin) rec[L.origin_col()] = a.first_row + begin + u;
       ++u;
@@ -102,7 +103,7 @@ void tile_samples(const TileSamples& a) {
     p[0] = taken;
     p[1] = u;
     for (std::uint64_t j = 0; j < taken; ++j) {
-      const std::uint64_t pos = u <= a.samples ? j : j * u / a.samples;
+      const std::uint64_t pos = u <= a.samples ? j : sample_position(j, u, a.samples, a.first_tile + t);
       const std::uint64_t* rec = a.records + (t * a.tile_rows + pos) * cols;
       std::copy(rec, rec + words, p + 2 + j * words);
     }
@@ -142,15 +143,15 @@ void bucket_merge(const BucketMerge& a) {
     const std::uint64_t* key = a.records + order[i] * cols;
     std::copy(key, key + words, a.keys + u * words);
     std::uint64_t count = 0, j = i;
-    double sum = 0;
+    PairwiseSum sum;
     for (; j < a.rows && compare_keys(a.records + order[j] * cols, key, words) == 0; ++j) {
       const std::uint64_t* rec = a.records + order[j] * cols;
       count += rec[L.count_col()];
-      if (L.value) sum += double_of(rec[L.value_col()]);
+      if (L.value) sum.add(double_of(rec[L.value_col()]));
       if (L.origin) position[j] = u;
     }
     a.counts[u] = count;
-    if (L.value) a.values[u] = sum;
+    if (L.value) a.values[u] = sum.total();
     ++u;
     i = j;
   }

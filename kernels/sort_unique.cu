@@ -3,9 +3,12 @@
 // permutation; a last pass on the tile number (the most significant position) makes the sort
 // segmented per tile, and since a tile's rows stay within its own positions, tile t's sorted rows
 // are rows [t * tile_rows, ...) of the permutation. Runs of equal keys are found by head flags and
-// an inclusive scan; each run is then reduced by one thread, sequentially in sorted (= input)
-// order, exactly as the CPU twin sums: the same bits. No atomics: counts per bucket come from
-// binary searches in the sorted bucket numbers.
+// an inclusive scan; a run's values are summed in sorted (= input) order in PairwiseSum's fixed
+// shape: by one thread when the run is short, by a whole block when it is long (a skewed input has
+// runs of 10^5 copies, which one thread took milliseconds to add up). The CPU twin adds the same
+// terms one by one into a PairwiseSum: the same bits. No atomics reach the output: the long runs'
+// list is filled by an atomic counter, but each entry's block writes only its own run; counts per
+// bucket come from binary searches in the sorted bucket numbers.
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_scan.cuh>
 
@@ -130,14 +133,62 @@ __global__ void run_starts(const u32* g, const u32* flags, const u32* perm, u64 
   if (local) local[perm[i]] = g[i] - g[i / tile_rows * tile_rows];
 }
 
+// Runs longer than this are summed by a block (kLongRunBlocks of them take the list in turn).
+constexpr u64 kLongRun = 256;
+constexpr unsigned kLongRunBlocks = 264;
+constexpr int kBlockTreeLevels = 12;  // a block sums a complete tree of at most 2^12 terms per round
+
+// The complete tree of 2^level terms term(first ..), by the whole block: each thread sums its
+// 2^level / kThreads adjacent terms (a complete tree), then adjacent pairs of the threads' sums
+// level by level. The result is in thread 0 (the same bits as PairwiseSum::add of every term).
+template <typename Term>
+__device__ double block_complete_tree(const Term& term, u64 first, int level, double* shared) {
+  const u64 terms = u64{1} << level;
+  const u32 t = threadIdx.x;
+  const u64 leaves = terms < kThreads ? terms : kThreads;
+  const u64 per = terms / leaves;
+  if (t < leaves) {
+    PairwiseSum s;
+    for (u64 j = 0; j < per; ++j) s.add(term(first + t * per + j));
+    shared[t] = s.total();
+  }
+  __syncthreads();
+  for (u64 width = leaves; width > 1; width /= 2) {
+    double v = 0;
+    if (t < width / 2) v = shared[2 * t] + shared[2 * t + 1];
+    __syncthreads();
+    if (t < width / 2) shared[t] = v;
+    __syncthreads();
+  }
+  const double x = shared[0];
+  __syncthreads();
+  return x;
+}
+
+// The PairwiseSum of term(s .. e - 1), by the whole block (the total in thread 0): complete trees
+// by the binary digits of the remaining count, largest first, each added as a subtree.
+template <typename Term>
+__device__ double block_pairwise_sum(const Term& term, u64 s, u64 e, double* shared) {
+  PairwiseSum sum;  // (thread 0's is the one that counts)
+  for (u64 at = s; at < e;) {
+    int level = 63 - __clzll(static_cast<long long>(e - at));
+    if (level > kBlockTreeLevels) level = kBlockTreeLevels;
+    const double x = block_complete_tree(term, at, level, shared);
+    if (threadIdx.x == 0) sum.add_tree(x, level);
+    at += u64{1} << level;
+  }
+  return sum.total();
+}
+
 __device__ double value_at(const KeyRows& in, u64 row) {
   if (in.values) return in.values[row];
   return __longlong_as_double(static_cast<long long>(in.keys[row * in.stride + in.words]));
 }
 
-// One thread per run (distinct key of a tile): its record, summed in sorted (= input) order.
+// One thread per run (distinct key of a tile): its record, the value summed in sorted (= input)
+// order; a long run's value is left to long_tile_values (its run number goes to the list).
 __global__ void tile_records(KeyRows in, RecordLayout L, u64 tile_rows, u64 first_row, const u32* perm, const u32* g,
-                             const u32* start, u64* records, u64 n) {
+                             const u32* start, u64* records, u64 n, u32* long_runs, u32* long_count) {
   const u64 u = blockIdx.x * u64(blockDim.x) + threadIdx.x;
   const u64 runs = g[n - 1];
   if (u >= runs) return;
@@ -148,12 +199,32 @@ __global__ void tile_records(KeyRows in, RecordLayout L, u64 tile_rows, u64 firs
   const u64* key = in.keys + u64(perm[s]) * in.stride;
   for (u32 w = 0; w < in.words; ++w) rec[w] = key[w];
   if (L.value) {
-    double sum = 0;
-    for (u64 j = s; j < e; ++j) sum += value_at(in, perm[j]);
-    rec[L.value_col()] = static_cast<u64>(__double_as_longlong(sum));
+    if (e - s > kLongRun) {
+      long_runs[atomicAdd(long_count, 1u)] = static_cast<u32>(u);
+    } else {
+      PairwiseSum sum;
+      for (u64 j = s; j < e; ++j) sum.add(value_at(in, perm[j]));
+      rec[L.value_col()] = static_cast<u64>(__double_as_longlong(sum.total()));
+    }
   }
   rec[L.count_col()] = e - s;
   if (L.origin) rec[L.origin_col()] = first_row + tile + local;
+}
+
+// A block per long run (taking the list in turn): the value tile_records left.
+__global__ void long_tile_values(KeyRows in, RecordLayout L, u64 tile_rows, const u32* perm, const u32* g,
+                                 const u32* start, u64* records, u64 n, const u32* long_runs, const u32* long_count) {
+  __shared__ double shared[kThreads];
+  const u64 runs = g[n - 1];
+  for (u32 i = blockIdx.x; i < *long_count; i += gridDim.x) {
+    const u64 u = long_runs[i];
+    const u64 s = start[u], e = u + 1 < runs ? start[u + 1] : n;
+    const double sum = block_pairwise_sum([&](u64 j) { return value_at(in, perm[j]); }, s, e, shared);
+    if (threadIdx.x == 0) {
+      const u64 tile = s / tile_rows * tile_rows;
+      records[(tile + g[s] - g[tile]) * L.cols() + L.value_col()] = static_cast<u64>(__double_as_longlong(sum));
+    }
+  }
 }
 
 __global__ void tile_counts(const u32* g, u64 tile_rows, u64* tile_unique, u64 tiles, u64 n) {
@@ -175,7 +246,7 @@ __global__ void samples_kernel(TileSamples a) {
   p[0] = taken;
   p[1] = u;
   for (u64 j = 0; j < taken; ++j) {
-    const u64 pos = u <= a.samples ? j : j * u / a.samples;
+    const u64 pos = u <= a.samples ? j : sample_position(j, u, a.samples, a.first_tile + t);
     const u64* rec = a.records + (t * a.tile_rows + pos) * cols;
     for (u32 w = 0; w < words; ++w) p[2 + j * words + w] = rec[w];
   }
@@ -219,7 +290,10 @@ __global__ void merge_heads(const u64* records, u32 cols, u32 words, const u32* 
   flags[i] = (i == 0 || compare_keys(records + u64(perm[i]) * cols, records + u64(perm[i - 1]) * cols, words) != 0) ? 1u : 0u;
 }
 
-__global__ void merge_runs(BucketMerge a, const u32* perm, const u32* g, const u32* start) {
+// One thread per run (distinct key of a bucket): key, count and value summed in tile order; a
+// long run's count and value are left to long_merge_runs.
+__global__ void merge_runs(BucketMerge a, const u32* perm, const u32* g, const u32* start, u32* long_runs,
+                           u32* long_count) {
   const u64 u = blockIdx.x * u64(blockDim.x) + threadIdx.x;
   const u64 n = a.rows, runs = g[n - 1];
   if (u == 0) *a.unique = runs;
@@ -229,15 +303,48 @@ __global__ void merge_runs(BucketMerge a, const u32* perm, const u32* g, const u
   const u64 s = start[u], e = u + 1 < runs ? start[u + 1] : n;
   const u64* key = a.records + u64(perm[s]) * cols;
   for (u32 w = 0; w < L.words; ++w) a.keys[u * L.words + w] = key[w];
+  if (e - s > kLongRun) {
+    long_runs[atomicAdd(long_count, 1u)] = static_cast<u32>(u);
+    return;
+  }
   u64 count = 0;
-  double sum = 0;
+  PairwiseSum sum;
   for (u64 j = s; j < e; ++j) {
     const u64* rec = a.records + u64(perm[j]) * cols;
     count += rec[L.count_col()];
-    if (L.value) sum += __longlong_as_double(static_cast<long long>(rec[L.value_col()]));
+    if (L.value) sum.add(__longlong_as_double(static_cast<long long>(rec[L.value_col()])));
   }
   a.counts[u] = count;
-  if (L.value) a.values[u] = sum;
+  if (L.value) a.values[u] = sum.total();
+}
+
+__global__ void long_merge_runs(BucketMerge a, const u32* perm, const u32* g, const u32* start, const u32* long_runs,
+                                const u32* long_count) {
+  __shared__ double shared[kThreads];
+  __shared__ unsigned long long counts[kThreads];
+  const u64 n = a.rows, runs = g[n - 1];
+  const RecordLayout L = a.layout;
+  const u32 cols = L.cols();
+  for (u32 i = blockIdx.x; i < *long_count; i += gridDim.x) {
+    const u64 u = long_runs[i];
+    const u64 s = start[u], e = u + 1 < runs ? start[u + 1] : n;
+    u64 count = 0;  // (integers: any order)
+    for (u64 j = s + threadIdx.x; j < e; j += blockDim.x) count += a.records[u64(perm[j]) * cols + L.count_col()];
+    counts[threadIdx.x] = count;
+    __syncthreads();
+    if (L.value) {
+      const double sum = block_pairwise_sum(
+          [&](u64 j) { return __longlong_as_double(static_cast<long long>(a.records[u64(perm[j]) * cols + L.value_col()])); },
+          s, e, shared);
+      if (threadIdx.x == 0) a.values[u] = sum;
+    }
+    if (threadIdx.x == 0) {
+      u64 total = 0;
+      for (u32 t = 0; t < blockDim.x; ++t) total += counts[t];
+      a.counts[u] = total;
+    }
+    __syncthreads();
+  }
 }
 
 __global__ void row_bucket_keys(BucketMerge a, const u32* perm, u32* rb, u32* index) {
@@ -287,6 +394,9 @@ void tile_unique_cuda(void* cuda_stream, const TileUnique& a) {
   u64* kw = c.take<u64>(n);
   u64* kw_alt = c.take<u64>(n);
   u32* start = c.take<u32>(n);
+  u32* long_runs = c.take<u32>(n / kLongRun + 2);  // (the last word: their count)
+  u32* long_count = long_runs + n / kLongRun + 1;
+  QSTAGE_CUDA_CHECK(cudaMemsetAsync(long_count, 0, sizeof(u32), stream));
   const u32* sorted = sort_permutation(a.in.keys, a.in.stride, a.in.words, n, a.tile_rows, perm, perm_alt, kw, kw_alt, c,
                                        stream);
   auto* flags = reinterpret_cast<u32*>(kw);  // (the key words are sorted: their arrays are free)
@@ -297,8 +407,13 @@ void tile_unique_cuda(void* cuda_stream, const TileUnique& a) {
   run_starts<<<blocks_for(n), kThreads, 0, stream>>>(g, flags, sorted, a.tile_rows, start, a.local, n);
   QSTAGE_CUDA_CHECK_LAUNCH();
   tile_records<<<blocks_for(n), kThreads, 0, stream>>>(a.in, a.layout, a.tile_rows, a.first_row, sorted, g, start,
-                                                       a.records, n);
+                                                       a.records, n, long_runs, long_count);
   QSTAGE_CUDA_CHECK_LAUNCH();
+  if (a.layout.value) {
+    long_tile_values<<<kLongRunBlocks, kThreads, 0, stream>>>(a.in, a.layout, a.tile_rows, sorted, g, start, a.records,
+                                                              n, long_runs, long_count);
+    QSTAGE_CUDA_CHECK_LAUNCH();
+  }
   const u64 tiles = tiles_of(n, a.tile_rows);
   tile_counts<<<blocks_for(tiles), kThreads, 0, stream>>>(g, a.tile_rows, a.tile_unique, tiles, n);
   QSTAGE_CUDA_CHECK_LAUNCH();
@@ -351,6 +466,9 @@ void bucket_merge_cuda(void* cuda_stream, const BucketMerge& a) {
   u64* kw = c.take<u64>(n);
   u64* kw_alt = c.take<u64>(n);
   u32* start = c.take<u32>(n);
+  u32* long_runs = c.take<u32>(n / kLongRun + 2);
+  u32* long_count = long_runs + n / kLongRun + 1;
+  QSTAGE_CUDA_CHECK(cudaMemsetAsync(long_count, 0, sizeof(u32), stream));
   const u32* sorted = sort_permutation(a.records, cols, a.layout.words, n, 0, perm, perm_alt, kw, kw_alt, c, stream);
   auto* flags = reinterpret_cast<u32*>(kw);
   auto* g = reinterpret_cast<u32*>(kw_alt);
@@ -359,7 +477,9 @@ void bucket_merge_cuda(void* cuda_stream, const BucketMerge& a) {
   inclusive_sum(flags, g, n, c, stream);
   run_starts<<<blocks_for(n), kThreads, 0, stream>>>(g, flags, sorted, n, start, nullptr, n);
   QSTAGE_CUDA_CHECK_LAUNCH();
-  merge_runs<<<blocks_for(n), kThreads, 0, stream>>>(a, sorted, g, start);
+  merge_runs<<<blocks_for(n), kThreads, 0, stream>>>(a, sorted, g, start, long_runs, long_count);
+  QSTAGE_CUDA_CHECK_LAUNCH();
+  long_merge_runs<<<kLongRunBlocks, kThreads, 0, stream>>>(a, sorted, g, start, long_runs, long_count);
   QSTAGE_CUDA_CHECK_LAUNCH();
   if (!a.layout.origin) return;
   // Pairs in key order, grouped stably by row bucket (flags and start are free again).

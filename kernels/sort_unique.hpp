@@ -48,6 +48,41 @@ QSTAGE_HD int compare_keys(const std::uint64_t* a, const std::uint64_t* b, std::
   return 0;
 }
 
+// How every value sum here is formed (both twins): pairwise, in a fixed shape over the terms in
+// input order. n terms split into aligned full binary trees by the binary digits of n, largest
+// first (n = 6: terms 0-3 and 4-5), each summed as a complete binary tree of adjacent pairs, and
+// those folded from the right (S4 + S2). The shape depends on n only, so a long run of equal keys
+// can be summed by a whole GPU block and still give the bits of one thread's sequential add();
+// and the rounding error grows with log n, not n.
+struct PairwiseSum {
+  static constexpr int kLevels = 48;  // runs below 2^48 terms
+  double part[kLevels];               // part[l]: the complete tree of 2^l terms, where bit l of n is set
+  std::uint64_t n = 0;
+  QSTAGE_HD void add(double x) {
+    int level = 0;
+    for (; (n >> level) & 1; ++level) x = part[level] + x;  // carries: (left subtree) + (right)
+    part[level] = x;
+    ++n;
+  }
+  // A complete tree of 2^level terms that follows the n terms so far (n a multiple of 2^level).
+  QSTAGE_HD void add_tree(double x, int level) {
+    const std::uint64_t terms = std::uint64_t{1} << level;
+    for (; (n >> level) & 1; ++level) x = part[level] + x;
+    part[level] = x;
+    n += terms;
+  }
+  QSTAGE_HD double total() const {
+    double acc = 0;
+    bool any = false;
+    for (int level = 0; level < kLevels; ++level)
+      if ((n >> level) & 1) {
+        acc = any ? part[level] + acc : part[level];
+        any = true;
+      }
+    return acc;
+  }
+};
+
 // The bucket of a key: how many of the (ascending) splitters are <= it, so bucket b holds the
 // keys in [splitter b-1, splitter b) and every copy of a key falls in one bucket.
 QSTAGE_HD std::uint32_t bucket_of(const std::uint64_t* key, const std::uint64_t* splitters, std::uint32_t count,
@@ -76,7 +111,7 @@ struct KeyRows {
 
 // Per tile (rows [t * tile_rows, ...) of the batch; a batch is whole tiles of the pass, so tiles do
 // not depend on the batch size): its rows sorted stably by key and reduced to one record per
-// distinct key (count, value summed in input order, origin), ascending. Tile t's records go to
+// distinct key (count, value: a PairwiseSum in input order, origin), ascending. Tile t's records go to
 // records[t * tile_rows ...] (a record never outnumbers its tile's rows), their count to
 // tile_unique[t]. With `local`, local[i] = the position of row i's key among its tile's records.
 struct TileUnique {
@@ -93,19 +128,29 @@ std::uint64_t tiles_of(std::uint64_t rows, std::uint64_t tile_rows);
 std::uint64_t tile_unique_scratch_bytes(std::uint64_t rows, std::uint32_t words);
 void tile_unique(Stream& stream, const TileUnique& args);
 
-// Regular samples of each tile's records (TileUnique's layout): partial t gets
+// Jittered regular samples of each tile's records (TileUnique's layout): partial t gets
 // [taken, weight, taken keys], fixed size sample_partial_words(samples, words): the records at
-// positions floor(j * u / samples) (all u if u <= samples), and u, the records they stand for.
+// positions sample_position(j, u, samples, tile) (all u if u <= samples), and u, the records they
+// stand for. Each tile's positions are shifted by its own phase in [0, 1) of the spacing, so
+// tiles of alike keys do not all sample the same quantiles: with plain positions j * u / s, the
+// s samples of every tile cluster at s points of the key space and no more than about s
+// buckets can be told apart, whatever the number of tiles.
 struct TileSamples {
   const std::uint64_t* records = nullptr;
   const std::uint64_t* tile_unique = nullptr;
   RecordLayout layout;
   std::uint64_t tiles = 0, tile_rows = 1;
+  std::uint64_t first_tile = 0;  // the pass's index of tile 0 (its phase depends on it, not on batches)
   std::uint32_t samples = 1;
   std::uint64_t* partials = nullptr;  // tiles * sample_partial_words(...) words
 };
 QSTAGE_HD std::uint64_t sample_partial_words(std::uint32_t samples, std::uint32_t words) {
   return 2 + static_cast<std::uint64_t>(samples) * words;
+}
+// floor((j + phase) * u / samples), phase = the top 32 bits of fmix64(tile + 1) over 2^32; below u.
+QSTAGE_HD std::uint64_t sample_position(std::uint64_t j, std::uint64_t u, std::uint32_t samples, std::uint64_t tile) {
+  const std::uint64_t phase = fmix64(tile + 1) >> 32;
+  return (j * u + ((phase * (u & 0xffffffffu)) >> 32) + phase * (u >> 32)) / samples;
 }
 void tile_samples(Stream& stream, const TileSamples& args);
 
@@ -127,7 +172,7 @@ std::uint64_t bucket_split_scratch_bytes(std::uint64_t rows);
 void bucket_split(Stream& stream, const BucketSplit& args);
 
 // One bucket's records (from every tile, in tile order) sorted stably by key and reduced: the
-// distinct keys ascending with their counts summed and values summed in order, and their number
+// distinct keys ascending with their counts summed and values a PairwiseSum in order, and their number
 // in *unique. With layout.origin, every record also leaves a pair (origin, batch, position of its
 // key among this batch's keys), grouped by row bucket (origin / rows_per_row_bucket), each group
 // in key order, and pair_counts[r] = row bucket r's pairs: the reverse index, still to be put in

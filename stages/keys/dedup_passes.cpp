@@ -93,7 +93,7 @@ class SampleKernel final : public engine::PassKernel {
     auto* unique = c.take<std::uint64_t>(tiles);
     kernels::tile_unique(*b.stream, {key_rows(s_, b, false), L, s_.tile_rows, b.rows.begin, records, unique, nullptr,
                                      c.rest()});
-    kernels::tile_samples(*b.stream, {records, unique, L, tiles, s_.tile_rows, s_.samples,
+    kernels::tile_samples(*b.stream, {records, unique, L, tiles, s_.tile_rows, b.rows.begin / s_.tile_rows, s_.samples,
                                       static_cast<std::uint64_t*>(b.partials)});
   }
 
@@ -487,6 +487,14 @@ void DedupPasses::after(const KernelContext& ctx, PriorPass& pass, json& state) 
     return;
   }
   throw std::logic_error("DedupPasses::after: a pass it did not give: " + pass.name);
+}
+
+std::vector<std::uint64_t> DedupPasses::merge_rows_per_rank(const json& state, int ranks) {
+  std::vector<std::uint64_t> load(static_cast<std::size_t>(std::max(ranks, 1)), 0);
+  std::size_t batch = 0;
+  for (const std::uint64_t r : state.at("bucket_rows").get<std::vector<std::uint64_t>>())
+    if (r > 0) load[batch++ % load.size()] += r;  // (as the merge pass lists its batches)
+  return load;
 }
 
 PriorPass DedupPasses::finish_pass(const KernelContext& ctx, const json& state, bool copy_unique) const {

@@ -5,12 +5,12 @@
 //
 // The passes, each a PriorPass run by the engine (batched, spread over ranks, checkpointed):
 //   sample     streams the keys; each fixed tile of tile_rows rows is sorted and made unique, and
-//              gives `samples` keys at regular positions (and how many distinct keys they stand
+//              gives `samples` keys at regular positions, jittered per tile (and how many distinct keys they stand
 //              for); the reduction (a tree fold, so rank- and batch-independent) gathers them.
 //              after(): B-1 splitters at equal quantiles of those weights, distinct keys, so every
 //              copy of a key falls in one bucket; B from the data and the device budget.
 //   partition  streams the keys (and values); each tile is sorted stably and reduced to one
-//              record per distinct key (count, value summed in input order, origin), and the
+//              record per distinct key (count, value: a PairwiseSum in input order, origin), and the
 //              records go out grouped by bucket: an appended output with `buckets` = B, which the
 //              engine's exchange phase moves to bucket b's owner (rank b mod P). Bucket b then
 //              holds its records tile after tile, whatever the batches or ranks were. With the
@@ -18,7 +18,7 @@
 //   merge      one explicit batch per non-empty bucket: sorts its records stably by key and sums
 //              the counts and values of equal keys in tile order: `keys`, `counts` (and `values`)
 //              appended in bucket order, i.e. globally ascending. The value of a key is thus
-//              sum over tiles (in tile order) of the tile's sum (in input order): the same bits
+//              PairwiseSum over tiles (in tile order) of the tile's PairwiseSum (in input order): the same bits
 //              for any batch size, budget or rank count. With the reverse index, each record
 //              also leaves (origin, merge batch, position) in `pairs`, exchanged by row bucket.
 // and, for the reverse index, a pass over the input rows (finish_pass) with one explicit batch
@@ -36,6 +36,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "kernels/sort_unique.hpp"
 #include "stages/stage.hpp"
@@ -83,6 +84,9 @@ class DedupPasses {
   // Once next() gave nullopt.
   static bool done(const nlohmann::json& state);
   static DedupResult result(const nlohmann::json& state);
+  // Records each of `ranks` ranks merged (the engine deals the non-empty buckets' batches round
+  // robin): the load balance of the sample sort (seed 004's Table 1), once the partition is done.
+  static std::vector<std::uint64_t> merge_rows_per_rank(const nlohmann::json& state, int ranks);
 
   // With source().index: the pass over the input rows that writes `index` (uint64, (rows,),
   // chunks of tile_rows: each row's position in the unique keys) and, with `copy_unique`, also

@@ -3,7 +3,7 @@ duplication: 1- and 2-word keys, 1 and 3 ranks, in core and with a device budget
 data, stopped and resumed (also on another rank count), and its bad inputs.
 
 Value sums: keys.dedup sums each key's values within a tile (tile_rows rows, in input order),
-then those tile sums in tile order. np.add.at sums in input order across the whole input, which
+then those tile sums in tile order, each sum pairwise in a shape fixed by its number of terms. np.add.at sums in input order across the whole input, which
 rounds differently, so against it the check is to 1e-12 (relative to the sum of |values|); the
 exact check is against a numpy reimplementation of that order (tile_sums below), and every run
 of the same input must give the same bytes whatever the ranks, budget and stops."""
@@ -36,16 +36,30 @@ def as_rows(keys):
     return k.view(np.dtype((np.void, 8 * keys.shape[1]))).ravel()
 
 
+def pairwise(terms):
+    """kernels/sort_unique.hpp's PairwiseSum: complete binary trees by the binary digits of the
+    number of terms (largest first), folded from the right."""
+    n = len(terms)
+    if n == 0:
+        return 0.0
+    if n & (n - 1) == 0:  # a complete tree: its halves, added
+        return terms[0] if n == 1 else pairwise(terms[:n // 2]) + pairwise(terms[n // 2:])
+    head = 1 << (n.bit_length() - 1)
+    return pairwise(terms[:head]) + pairwise(terms[head:])
+
+
 def tile_sums(inverse, values, unique, tile):
-    """The per-key sum keys.dedup computes: within a tile in input order, then tiles in order."""
-    out = np.zeros(unique)
+    """The per-key sum keys.dedup computes: within a tile in input order, then tiles in order,
+    each sum pairwise."""
+    per_key = [[] for _ in range(unique)]
     for t in range(0, len(values), tile):
-        part = np.zeros(unique)
-        seen = np.zeros(unique, dtype=bool)
-        np.add.at(part, inverse[t:t + tile], values[t:t + tile])  # (sequential, input order)
-        seen[inverse[t:t + tile]] = True
-        out[seen] += part[seen]
-    return out
+        inv, val = inverse[t:t + tile], values[t:t + tile]
+        order = np.argsort(inv, kind="stable")  # each key's rows of the tile, in input order
+        keys_here, starts = np.unique(inv[order], return_index=True)
+        bounds = list(starts[1:]) + [len(order)]
+        for k, s, e in zip(keys_here, starts, bounds):
+            per_key[k].append(pairwise([float(x) for x in val[order[s:e]]]))
+    return np.array([pairwise(p) for p in per_key])
 
 
 def spec_text(params="", options="{}", values=True):

@@ -48,8 +48,43 @@ Data skewed(std::uint64_t rows, std::uint32_t words, std::uint64_t seed, bool on
 
 struct RefEntry {
   std::uint64_t count = 0;
-  double sum = 0;
+  kernels::PairwiseSum sum;
 };
+
+// PairwiseSum's documented shape, written as the recursion it stands for.
+double pairwise_reference(const double* x, std::uint64_t n) {
+  if (n == 0) return 0;
+  if (n == 1) return x[0];
+  std::uint64_t head = 1;
+  while (head * 2 < n) head *= 2;  // the largest power of two below n (n/2 for a power of two)
+  return pairwise_reference(x, head) + pairwise_reference(x + head, n - head);
+}
+
+TEST(SortUnique, PairwiseSumHasTheDocumentedShape) {
+  std::mt19937_64 rng(3);
+  std::vector<double> x(5000);
+  for (double& v : x) v = std::ldexp(static_cast<double>(rng() % 1000001) - 5e5, static_cast<int>(rng() % 60) - 30);
+  for (std::uint64_t n : {0ull, 1ull, 2ull, 3ull, 5ull, 6ull, 7ull, 8ull, 13ull, 64ull, 100ull, 257ull, 4095ull, 4097ull, 5000ull}) {
+    kernels::PairwiseSum s;
+    for (std::uint64_t i = 0; i < n; ++i) s.add(x[i]);
+    const double want = pairwise_reference(x.data(), n);
+    const double got_one = s.total();
+    EXPECT_EQ(std::memcmp(&want, &got_one, 8), 0) << n;
+    // complete subtrees added whole give the same bits: what a GPU block does with a long run
+    // (trees of at most 2^cap terms, by the binary digits of what is left)
+    for (int cap : {0, 2, 3, 6}) {
+      kernels::PairwiseSum t;
+      for (std::uint64_t at = 0; at < n;) {
+        int level = 0;
+        while (level < cap && (std::uint64_t{2} << level) <= n - at) ++level;
+        t.add_tree(pairwise_reference(x.data() + at, std::uint64_t{1} << level), level);
+        at += std::uint64_t{1} << level;
+      }
+      const double got = t.total();
+      EXPECT_EQ(std::memcmp(&want, &got, 8), 0) << n << " terms, subtrees of up to 2^" << cap;
+    }
+  }
+}
 
 // tile_unique on the CPU, checked against a map per tile (counts, sums in input order, local ids).
 struct Tiled {
@@ -76,7 +111,7 @@ void expect_tiles_match_reference(const Data& d, std::uint64_t tile_rows) {
     for (std::uint64_t r = tile * tile_rows; r < end; ++r) {
       auto& e = ref[d.key(r)];
       ++e.count;
-      e.sum += d.values[r];
+      e.sum.add(d.values[r]);
     }
     ASSERT_EQ(t.tile_unique[tile], ref.size()) << "tile " << tile;
     std::uint64_t j = 0;
@@ -86,7 +121,7 @@ void expect_tiles_match_reference(const Data& d, std::uint64_t tile_rows) {
       EXPECT_EQ(rec[L.count_col()], e.count);
       double v;
       std::memcpy(&v, rec + L.value_col(), 8);
-      EXPECT_EQ(v, e.sum);  // the same order: input order
+      EXPECT_EQ(v, e.sum.total());  // the same terms in the same order (input order), the same shape
       EXPECT_EQ(rec[L.origin_col()], 1000 * tile_rows + tile * tile_rows + j);
       ++j;
     }
@@ -168,19 +203,15 @@ void expect_chain_matches_reference(const Data& d, std::uint64_t tile_rows, std:
   for (const auto& [key, e] : ref) {
     EXPECT_EQ(Key(keys.begin() + j * d.words, keys.begin() + (j + 1) * d.words), key) << j;
     EXPECT_EQ(kcounts[j], e.count);
-    // sum over tiles in tile order of sums in input order
-    double sum = 0;
+    // pairwise over tiles in tile order of pairwise sums in input order
+    kernels::PairwiseSum sum;
     for (std::uint64_t tile = 0; tile * tile_rows < n; ++tile) {
-      double s = 0;
-      bool any = false;
+      kernels::PairwiseSum s;
       for (std::uint64_t r = tile * tile_rows; r < std::min(n, (tile + 1) * tile_rows); ++r)
-        if (d.key(r) == key) {
-          s += d.values[r];
-          any = true;
-        }
-      if (any) sum += s;
+        if (d.key(r) == key) s.add(d.values[r]);
+      if (s.n) sum.add(s.total());
     }
-    EXPECT_EQ(values[j], sum);
+    EXPECT_EQ(values[j], sum.total());
     position[key] = j++;
   }
   // The reverse index, per row bucket, from the pairs of every merge (in any order).
@@ -214,14 +245,35 @@ TEST(SortUnique, SamplesAreRegular) {
   const Tiled t = tile_unique_cpu(d, 256, L);
   const std::uint32_t s = 4;
   std::vector<std::uint64_t> partials(4 * kernels::sample_partial_words(s, 1));
-  kernels::cpu::tile_samples({t.records.data(), t.tile_unique.data(), L, 4, 256, s, partials.data()});
+  kernels::cpu::tile_samples({t.records.data(), t.tile_unique.data(), L, 4, 256, 7, s, partials.data()});
   for (std::uint64_t tile = 0; tile < 4; ++tile) {
     const std::uint64_t* p = partials.data() + tile * kernels::sample_partial_words(s, 1);
     const std::uint64_t u = t.tile_unique[tile];
     EXPECT_EQ(p[1], u);
     EXPECT_EQ(p[0], std::min<std::uint64_t>(u, s));
     for (std::uint64_t j = 0; j < p[0]; ++j)
-      EXPECT_EQ(p[2 + j], t.records[(tile * 256 + (u <= s ? j : j * u / s)) * L.cols()]);
+      EXPECT_EQ(p[2 + j], t.records[(tile * 256 + (u <= s ? j : kernels::sample_position(j, u, s, 7 + tile))) * L.cols()]);
+  }
+}
+
+// Positions: one per spacing u / samples, shifted by the tile's phase, always inside the tile, and
+// not the same quantiles in every tile (what lets many tiles resolve many buckets).
+TEST(SortUnique, SamplePositionsAreJitteredPerTile) {
+  for (std::uint64_t u : {33ull, 1000ull, 65536ull, (1ull << 33) + 5}) {
+    std::vector<std::uint64_t> first;
+    for (std::uint64_t tile = 0; tile < 64; ++tile) {
+      for (std::uint64_t j = 0; j < 32; ++j) {
+        const std::uint64_t pos = kernels::sample_position(j, u, 32, tile);
+        EXPECT_LT(pos, u);
+        EXPECT_GE(pos, j * u / 32);
+        EXPECT_LE(pos, (j + 1) * u / 32);
+      }
+      first.push_back(kernels::sample_position(0, u, 32, tile));
+    }
+    std::sort(first.begin(), first.end());
+    // spread over the first spacing (u / 32 positions there), not one point
+    const auto distinct = std::unique(first.begin(), first.end()) - first.begin();
+    if (u >= 1000) EXPECT_GT(distinct, std::min<std::ptrdiff_t>(48, static_cast<std::ptrdiff_t>(u / 32) / 2)) << u;
   }
 }
 
@@ -238,13 +290,21 @@ TEST(SortUnique, BucketOfSplitsKeysNotRows) {
 }
 
 // The GPU gives the CPU's bytes: tiles (with a partial last tile and empty-free tiles), buckets
-// and a merge.
+// and a merge. Tiles of 16 rows make the hot key's merge run 1,250 records and tiles of 2^15 rows
+// make its tile runs 16,000 rows: both longer than a thread's share, summed by blocks.
 TEST(SortUnique, GpuMatchesCpu) {
   REQUIRE_GPU();
   test::GpuRun gpu;
-  for (std::uint32_t w : {1u, 2u, 3u}) {
-    const Data d = skewed(20011, w, 17 + w);
-    const std::uint64_t n = d.rows(), tile = 1024;
+  struct Case {
+    std::uint32_t w;
+    std::uint64_t rows, tile;
+  };
+  for (const Case& c : {Case{1, 20011, 1024}, Case{2, 20011, 1024}, Case{3, 20011, 1024}, Case{2, 20011, 16},
+                        Case{1, 70001, 1 << 15}, Case{2, 70001, 1 << 15}}) {
+    const std::uint32_t w = c.w;
+    SCOPED_TRACE(testing::Message() << "words " << w << ", tile " << c.tile);
+    const Data d = skewed(c.rows, w, 17 + w);
+    const std::uint64_t n = d.rows(), tile = c.tile;
     const RecordLayout L{w, true, true};
     const Tiled cpu = tile_unique_cpu(d, tile, L, 5 * tile);
     Buffer keys = gpu.upload(d.keys.data(), d.keys.size() * 8), values = gpu.upload(d.values.data(), n * 8);
@@ -274,7 +334,7 @@ TEST(SortUnique, GpuMatchesCpu) {
       mg.layout = L;
       mg.batch = 3;
       mg.row_buckets = 2;
-      mg.rows_per_row_bucket = 10 * tile + 5 * tile;
+      mg.rows_per_row_bucket = (5 * tile + n) / 2 + 1;  // two row buckets
       run(mg);
     };
     std::vector<std::uint64_t> ck(m * w), cc(m), cp(3 * m), cpc(2), cu(1);
