@@ -271,6 +271,13 @@ void Object::set_attribute(std::string_view name, std::uint64_t value) {
   check(H5Awrite(attr.get(), H5T_NATIVE_UINT64, &value), "write attribute", where_);
 }
 
+void Object::set_attribute(std::string_view name, const std::vector<std::uint64_t>& values) {
+  const hsize_t n = values.size();
+  Id space(check(H5Screate_simple(1, &n, nullptr), "H5Screate_simple", where_), H5Sclose);
+  Id attr = replace_attribute(name, H5T_STD_U64LE, space.get());
+  if (n) check(H5Awrite(attr.get(), H5T_NATIVE_UINT64, values.data()), "write attribute", where_);
+}
+
 std::string Object::string_attribute(std::string_view name) const {
   Id attr = open_attribute(name);
   Where w{where_.file, where_.object + "@" + std::string(name)};
@@ -335,6 +342,15 @@ std::string Object::attribute_as_text(std::string_view name) const {
           return fmt::format("{}", v);
         }
         return fmt::format("{}", int_attribute(name));
+      }
+      if (npoints > 0 && npoints <= 1024) {  // a short list: [a, b, ...]
+        const bool is_unsigned = H5Tget_sign(ftype.get()) == H5T_SGN_NONE;
+        std::vector<std::uint64_t> v(static_cast<std::size_t>(npoints));
+        check(H5Aread(attr.get(), is_unsigned ? H5T_NATIVE_UINT64 : H5T_NATIVE_INT64, v.data()), "read attribute", where_);
+        std::string text = "[";
+        for (std::size_t i = 0; i < v.size(); ++i)
+          text += (i ? ", " : "") + (is_unsigned ? fmt::format("{}", v[i]) : fmt::format("{}", static_cast<std::int64_t>(v[i])));
+        return text + "]";
       }
       break;
     default: break;

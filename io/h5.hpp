@@ -99,6 +99,7 @@ class Object {
   void set_attribute(std::string_view name, double value);
   void set_attribute(std::string_view name, std::int64_t value);
   void set_attribute(std::string_view name, std::uint64_t value);
+  void set_attribute(std::string_view name, const std::vector<std::uint64_t>& values);  // 1-D
   std::string string_attribute(std::string_view name) const;  // variable or fixed length strings
   double double_attribute(std::string_view name) const;
   std::int64_t int_attribute(std::string_view name) const;

@@ -8,7 +8,7 @@ using nlohmann::json;
 
 namespace {
 
-// An attribute as a JSON value: strings as strings, scalar numbers as numbers.
+// An attribute as a JSON value: strings as strings, scalar numbers as numbers, integer lists as arrays.
 json attribute_value(const Object& obj, const std::string& name) {
   hid_t attr = H5Aopen(obj.id(), name.c_str(), H5P_DEFAULT);
   if (attr < 0) return obj.attribute_as_text(name);
@@ -25,6 +25,10 @@ json attribute_value(const Object& obj, const std::string& name) {
   if (points == 1 && cls == H5T_INTEGER) {
     if (is_unsigned) return std::stoull(obj.attribute_as_text(name));
     return obj.int_attribute(name);
+  }
+  if (cls == H5T_INTEGER) {  // a list of integers: attribute_as_text writes it as a JSON array
+    const std::string text = obj.attribute_as_text(name);
+    if (!text.empty() && text[0] == '[') return json::parse(text);
   }
   return obj.attribute_as_text(name);
 }

@@ -3,6 +3,7 @@
 // key, and the reverse index, out of core and the same bytes on any rank count and budget. The
 // work is DedupPasses' (sample, partition, merge) plus its finish pass as the output pass, which
 // writes the index and copies the unique keys into the step's output.
+#include <algorithm>
 #include <fmt/format.h>
 
 #include "core/error.hpp"
@@ -133,14 +134,24 @@ class DedupStage final : public Stage {
     return std::move(passes_of(ctx).finish_pass(ctx, dedup_state(ctx), true).kernel);
   }
 
-  void write_results(const StagePlan& plan, const StepResults&, h5::File& out) const override {
+  void write_results(const StagePlan& plan, const StepResults& r, h5::File& out) const override {
     // (the summary, not the number of buckets, which the bytes of the datasets do not depend on)
     out.set_attribute("tile_rows", static_cast<std::int64_t>(plan.summary.at("tile_rows").get<std::uint64_t>()));
+    // How evenly the sample sort spread the merge (it depends on the rank count: an attribute).
+    out.set_attribute("merge_records_per_rank", merge_load(*r.context));
   }
 
-  std::string describe_results(const StagePlan& plan, const StepResults&) const override {
-    return fmt::format("{} unique keys of {} rows ({} buckets)", plan.summary.at("unique").get<std::uint64_t>(),
-                       plan.summary.at("rows").get<std::uint64_t>(), plan.summary.at("buckets").get<std::uint64_t>());
+  std::string describe_results(const StagePlan& plan, const StepResults& r) const override {
+    const auto load = merge_load(*r.context);
+    const auto [least, most] = std::minmax_element(load.begin(), load.end());
+    return fmt::format("{} unique keys of {} rows ({} buckets; merged records per rank max/min {:.3f})",
+                       plan.summary.at("unique").get<std::uint64_t>(), plan.summary.at("rows").get<std::uint64_t>(),
+                       plan.summary.at("buckets").get<std::uint64_t>(),
+                       *least ? static_cast<double>(*most) / static_cast<double>(*least) : 0.0);
+  }
+
+  static std::vector<std::uint64_t> merge_load(const KernelContext& ctx) {
+    return keys::DedupPasses::merge_rows_per_rank(dedup_state(ctx), ctx.comm ? ctx.comm->size() : 1);
   }
 };
 
