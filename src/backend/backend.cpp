@@ -20,6 +20,14 @@ void MemoryBudget::charge(std::uint64_t bytes, std::string_view what) {
                                      format_bytes(static_cast<double>(limit_))));
   in_use_ = now;
   if (now > peak_) peak_ = now;
+  if (now > interval_peak_) interval_peak_ = now;
+}
+
+std::uint64_t MemoryBudget::take_interval_peak() {
+  std::lock_guard lock(mutex_);
+  const std::uint64_t peak = interval_peak_.load();
+  interval_peak_ = in_use_.load();
+  return peak;
 }
 
 void MemoryBudget::release(std::uint64_t bytes) {

@@ -30,12 +30,15 @@ class MemoryBudget {
   std::uint64_t limit() const { return limit_; }
   std::uint64_t in_use() const { return in_use_.load(); }
   std::uint64_t peak() const { return peak_.load(); }
+  // The high-water mark since the last call (or the budget's start), restarted at what is in use
+  // now: a stage reports its phases' peaks with it without disturbing peak(), the step's.
+  std::uint64_t take_interval_peak();
   const std::string& name() const { return name_; }
 
  private:
   std::string name_;
   std::uint64_t limit_;
-  std::atomic<std::uint64_t> in_use_{0}, peak_{0};
+  std::atomic<std::uint64_t> in_use_{0}, peak_{0}, interval_peak_{0};
   std::mutex mutex_;
 };
 
@@ -100,8 +103,18 @@ class Backend {
   virtual Buffer alloc_host(std::size_t bytes, std::string_view what) = 0;
   // A stream; with_blas also gives it a BLAS handle (and, on cuda, a budgeted cuBLAS workspace).
   virtual std::unique_ptr<Stream> make_stream(bool with_blas = false) = 0;
-  virtual void copy_to_device(void* dst, const void* src, std::size_t bytes, Stream& stream) = 0;
-  virtual void copy_to_host(void* dst, const void* src, std::size_t bytes, Stream& stream) = 0;
+  // Copies between host and device memory, queued on `stream`; each counts its bytes (what
+  // crossed the bus: a stage or pass reports it against the bus's rate).
+  void copy_to_device(void* dst, const void* src, std::size_t bytes, Stream& stream) {
+    bytes_to_device_ += bytes;
+    copy_to_device_impl(dst, src, bytes, stream);
+  }
+  void copy_to_host(void* dst, const void* src, std::size_t bytes, Stream& stream) {
+    bytes_to_host_ += bytes;
+    copy_to_host_impl(dst, src, bytes, stream);
+  }
+  std::uint64_t bytes_to_device() const { return bytes_to_device_.load(); }
+  std::uint64_t bytes_to_host() const { return bytes_to_host_.load(); }
   virtual void copy_on_device(void* dst, const void* src, std::size_t bytes, Stream& stream) = 0;
   // Device memory a Stream made with_blas takes from the device budget (cuBLAS workspace on cuda).
   virtual std::uint64_t blas_stream_bytes() const { return 0; }
@@ -111,7 +124,12 @@ class Backend {
   MemoryBudget& host_budget() { return host_budget_; }
 
  protected:
+  virtual void copy_to_device_impl(void* dst, const void* src, std::size_t bytes, Stream& stream) = 0;
+  virtual void copy_to_host_impl(void* dst, const void* src, std::size_t bytes, Stream& stream) = 0;
   MemoryBudget device_budget_, host_budget_;
+
+ private:
+  std::atomic<std::uint64_t> bytes_to_device_{0}, bytes_to_host_{0};
 };
 
 struct BackendOptions {

@@ -50,8 +50,8 @@ class CpuBackend final : public Backend {
   Buffer alloc_device(std::size_t bytes, std::string_view what) override { return aligned(bytes, device_budget_, what); }
   Buffer alloc_host(std::size_t bytes, std::string_view what) override { return aligned(bytes, host_budget_, what); }
   std::unique_ptr<Stream> make_stream(bool) override { return std::make_unique<CpuStream>(); }
-  void copy_to_device(void* dst, const void* src, std::size_t bytes, Stream&) override { copy(dst, src, bytes); }
-  void copy_to_host(void* dst, const void* src, std::size_t bytes, Stream&) override { copy(dst, src, bytes); }
+  void copy_to_device_impl(void* dst, const void* src, std::size_t bytes, Stream&) override { copy(dst, src, bytes); }
+  void copy_to_host_impl(void* dst, const void* src, std::size_t bytes, Stream&) override { copy(dst, src, bytes); }
   void copy_on_device(void* dst, const void* src, std::size_t bytes, Stream&) override { copy(dst, src, bytes); }
 
  private:

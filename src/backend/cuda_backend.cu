@@ -155,13 +155,13 @@ class CudaBackend final : public Backend {
   }
   std::uint64_t blas_stream_bytes() const override { return kCublasWorkspace; }
   void bind_thread() override { QSTAGE_CUDA_CHECK(cudaSetDevice(device_)); }
-  void copy_to_device(void* dst, const void* src, std::size_t bytes, Stream& s) override {
+  void copy_to_device_impl(void* dst, const void* src, std::size_t bytes, Stream& s) override {
     QSTAGE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, static_cast<cudaStream_t>(s.native())));
   }
   void copy_on_device(void* dst, const void* src, std::size_t bytes, Stream& s) override {
     QSTAGE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(s.native())));
   }
-  void copy_to_host(void* dst, const void* src, std::size_t bytes, Stream& s) override {
+  void copy_to_host_impl(void* dst, const void* src, std::size_t bytes, Stream& s) override {
     QSTAGE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(s.native())));
   }
 

@@ -418,6 +418,7 @@ class WorkflowRun {
       const std::string label = fmt::format("pass {} ({})", state.done + 1, prior->name);
       engine::StepWork work(dir_.work(step.id) / engine::StepWork::pass_folder(state.done), key, comm_);
       const auto started = Clock::now();
+      const std::vector<std::uint64_t> bus_before{backend_->bytes_to_device(), backend_->bytes_to_host()};
       auto reporter = progress_reporter(fmt::format("{} {} {}", step.id, step.stage, label), prior->pass, 0, work);
       engine::PassOutcome outcome;
       try {
@@ -439,9 +440,11 @@ class WorkflowRun {
       step.impl->after_prior_pass(context, *prior, state);
       state.done += 1;
       save_pass_state(step.id, key, state);
+      const auto bus = comm_.sum_wrapping({backend_->bytes_to_device() - bus_before[0], backend_->bytes_to_host() - bus_before[1]});
       if (comm_.root())
-        spdlog::info("step '{}' {} done in {}: {} rows, {}", step.id, label,
+        spdlog::info("step '{}' {} done in {}: {} rows, {} to the device and {} back (all ranks), {}", step.id, label,
                      format_duration(std::chrono::duration<double>(Clock::now() - started).count()), prior->pass.rows,
+                     format_bytes(static_cast<double>(bus[0])), format_bytes(static_cast<double>(bus[1])),
                      elide_arrays(state.data).dump());
     }
   }
@@ -524,6 +527,7 @@ class WorkflowRun {
     const auto started = Clock::now();
     backend_->device_budget().reset_peak();
     backend_->host_budget().reset_peak();
+    const std::vector<std::uint64_t> bus_before{backend_->bytes_to_device(), backend_->bytes_to_host()};
 
     const OpenInputs in = open_inputs(p);
     stages::PassState passes = load_pass_state(step.id, key);
@@ -604,6 +608,8 @@ class WorkflowRun {
                                   static_cast<std::int64_t>(outcome.times.finalize * 1e6),
                                   static_cast<std::int64_t>(outcome.times.setup * 1e6), static_cast<std::int64_t>(outcome.times.loop * 1e6)});
     const double bytes = static_cast<double>(outcome.rows_run * pass.progress_bytes_per_row());
+    // What crossed between host and device in this run of the step, every pass, all ranks.
+    const auto bus = comm_.sum_wrapping({backend_->bytes_to_device() - bus_before[0], backend_->bytes_to_host() - bus_before[1]});
     json metrics = {{"seconds", seconds}, {"rows", outcome.rows_run}, {"resumed_from_row", outcome.resumed_from},
                     {"batch_rows", outcome.plan.batch_rows}, {"bytes", bytes},
                     {"bytes_per_second", seconds > 0 ? bytes / seconds : 0},
@@ -612,7 +618,8 @@ class WorkflowRun {
                     {"write_seconds", times[4] * 1e-6}, {"commit_seconds", times[5] * 1e-6},
                     {"finalize_seconds", times[6] * 1e-6}, {"setup_seconds", times[7] * 1e-6},
                     {"loop_seconds", times[8] * 1e-6}, {"peak_device_bytes", peaks[0]}, {"peak_host_bytes", peaks[1]},
-                    {"planned_device_bytes", outcome.plan.device_bytes}, {"planned_host_bytes", outcome.plan.host_bytes}};
+                    {"planned_device_bytes", outcome.plan.device_bytes}, {"planned_host_bytes", outcome.plan.host_bytes},
+                    {"bytes_to_device", bus[0]}, {"bytes_to_host", bus[1]}};
     if (p.plan.flops > 0 && pass.rows > 0)
       metrics["gflops_per_second"] = p.plan.flops * static_cast<double>(outcome.rows_run) / static_cast<double>(pass.rows) / seconds / 1e9;
 

@@ -482,6 +482,11 @@ class SolveStage final : public Stage {
     if (!spent.is_object()) spent = json::object();
     const std::string timed = phase.starts_with("pt2_") ? "pt2" : phase;
     spent[timed] = spent.value(timed, 0.0) + seconds;
+    // The iteration's peak memory, the largest over ranks (every rank runs this).
+    const auto peaks = ctx.comm->max({static_cast<std::int64_t>(ctx.backend->device_budget().take_interval_peak()),
+                                      static_cast<std::int64_t>(ctx.backend->host_budget().take_interval_peak())});
+    now["peak_device_bytes"] = std::max<std::int64_t>(now.value("peak_device_bytes", std::int64_t{0}), peaks[0]);
+    now["peak_host_bytes"] = std::max<std::int64_t>(now.value("peak_host_bytes", std::int64_t{0}), peaks[1]);
     if (phase == "davidson") {
       d["sigma"].push_back(index);
       take_product(ctx, m, index);
@@ -576,17 +581,29 @@ class SolveStage final : public Stage {
     detail::write_scalar(out, "e_pt2", h5::DType::float64, &e_pt2, "final Epstein-Nesbet PT2 correction (Ha)");
     const double total = e_var + e_pt2;
     detail::write_scalar(out, "e_total", h5::DType::float64, &total, "E_var + E_PT2 (Ha)");
+    // The final PT2's candidates (at eps_pt2; 0 when it did not run): the largest set a run streams.
+    const std::uint64_t pt2_generated = last.value("pt2_generated", std::uint64_t{0}),
+                        pt2_unique = last.value("pt2_unique", std::uint64_t{0});
+    detail::write_scalar(out, "pt2_generated", h5::DType::uint64, &pt2_generated,
+                         "candidates the final PT2 generated at eps_pt2, duplicates included (0: no final PT2)");
+    detail::write_scalar(out, "pt2_unique", h5::DType::uint64, &pt2_unique, "unique candidates of the final PT2");
     detail::write_array(out, "joined_iteration", h5::DType::int32, {m.space.joined.size()}, m.space.joined.data(),
                         "iteration each determinant joined the space (dets[joined <= k] is iteration k's space)");
     out.set_attribute("converged", static_cast<std::int64_t>(d.value("converged", false)));
     out.set_attribute("stop_reason", d.value("stop_reason", std::string()));
     const SolveParams params = SolveParams::from_json(r.context->params);
     if (params.reference_energy) out.set_attribute("reference_energy", *params.reference_energy);
-    // Seconds per phase, as attributes (they differ between runs; the datasets do not).
+    // Seconds per phase and peak memory per iteration, as attributes (they differ between runs;
+    // the datasets do not).
+    std::vector<std::uint64_t> device_peaks, host_peaks;
     for (std::size_t k = 0; k < hist.size(); ++k) {
       const json spent = hist[k].value("seconds", json::object());
       for (const auto& [phase, s] : spent.items()) out.set_attribute(fmt::format("seconds_{}_{}", k, phase), s.get<double>());
+      device_peaks.push_back(hist[k].value("peak_device_bytes", std::uint64_t{0}));
+      host_peaks.push_back(hist[k].value("peak_host_bytes", std::uint64_t{0}));
     }
+    out.set_attribute("peak_device_bytes", device_peaks);
+    out.set_attribute("peak_host_bytes", host_peaks);
   }
 
   std::string describe_results(const StagePlan&, const StepResults& r) const override {
