@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""keys.dedup end to end (the stage, files in and out), in core and out of core, on 1 or more ranks:
+items per second, what crossed the host-device bus against a bus rate measured in the same run,
+peak device memory against the budget, and the merge's load balance over ranks (seed 004's
+Table 1: max/min records per rank and their coefficient of variation).
+
+    python3 bench/dedup_bench.py --rows 200000000 --words 2 --distinct 40000000 \\
+        --budgets default,1GiB --ranks 1 --qstage build/qstage --device cuda --pcie-GBps 25 --dir /tmp/kd
+
+Keys are Zipf-like as in `qstage_bench dedup` (a power of a uniform draw picks one of about
+`distinct` values; the hottest key is a few percent of the rows), with a float64 value per row.
+Prints one JSON object per run on stdout.
+"""
+import argparse
+import json
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+
+def fmix64(x):
+    x = x.copy()
+    x ^= x >> np.uint64(33)
+    x *= np.uint64(0xFF51AFD7ED558CCD)
+    x ^= x >> np.uint64(33)
+    x *= np.uint64(0xC4CEB9FE1A85EC53)
+    x ^= x >> np.uint64(33)
+    return x
+
+
+def write_input(path, rows, words, distinct, seed=1):
+    """keys (rows, words) uint64 and values (rows,) float64, written block by block."""
+    rng = np.random.default_rng(seed)
+    block = 1 << 24
+    with h5py.File(path, "w") as f:
+        shape = (rows,) if words == 1 else (rows, words)
+        chunk = (1 << 20,) if words == 1 else (1 << 20, words)
+        k = f.create_dataset("keys", shape=shape, dtype="u8", chunks=chunk)
+        v = f.create_dataset("values", shape=(rows,), dtype="f8", chunks=(1 << 20,))
+        for at in range(0, rows, block):
+            n = min(block, rows - at)
+            u = rng.random(n)
+            pick = (u ** 3 * distinct).astype(np.uint64)
+            cols = [fmix64(pick * np.uint64(4) + np.uint64(w + 1)) for w in range(words)]
+            k[at:at + n] = cols[0] if words == 1 else np.stack(cols, axis=1)
+            v[at:at + n] = u
+    return path
+
+
+def run_once(a, data, budget, ranks, tag):
+    d = Path(a.dir) / f"run-{tag}"
+    subprocess.run(["rm", "-rf", str(d)], check=True)
+    d.mkdir(parents=True)
+    opts = "{}" if budget == "default" else f"{{device_memory: {budget}}}"
+    index = "true" if a.index else "false"
+    (d / "spec.yaml").write_text(f"""name: dedup-bench
+options: {opts}
+steps:
+  - id: unique
+    stage: keys.dedup
+    inputs: {{keys: {{file: {data}, dataset: keys}}, values: {{file: {data}, dataset: values}}}}
+    params: {{index: {index}}}
+""")
+    cmd = [a.qstage, "run", str(d / "spec.yaml"), "--run-dir", str(d / "run"), "--device", a.device]
+    if ranks > 1:
+        cmd = ["mpirun", "--oversubscribe", "--allow-run-as-root", "-np", str(ranks)] + cmd
+    t = time.time()
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.time() - t
+    if p.returncode != 0:
+        lines = [l for l in (p.stdout + p.stderr).splitlines() if "pmix" not in l and "dlopen" not in l and "Perhaps" not in l]
+        return {"budget": budget, "ranks": ranks, "rc": p.returncode, "error": "\n".join(lines[-12:])}
+    m = json.loads((d / "run" / "manifest.json").read_text())["steps"]["unique"]
+    metrics = m["metrics"]
+    out = d / "run" / m["output"]
+    with h5py.File(out, "r") as f:
+        load = [int(x) for x in f.attrs["merge_records_per_rank"]]
+        unique = f["counts"].shape[0]
+    bus = metrics["bytes_to_device"] + metrics["bytes_to_host"]
+    r = {"budget": budget, "ranks": ranks, "rows": a.rows, "words": a.words, "unique": unique,
+         "wall_seconds": wall, "step_seconds": m["wall_seconds"], "items_per_second": a.rows / wall,  # (the whole process: start, CUDA and files included)
+         "bytes_to_device": metrics["bytes_to_device"], "bytes_to_host": metrics["bytes_to_host"],
+         "peak_device_bytes": metrics["peak_device_bytes"], "merge_records_per_rank": load,
+         "merge_max_over_min": max(load) / max(min(load), 1),
+         "merge_cv": statistics.pstdev(load) / statistics.mean(load) if len(load) > 1 else 0.0,
+         "pass_lines": [l[l.find("pass "):][:160] for l in (p.stderr + p.stdout).splitlines() if "to the device and" in l]}
+    if a.pcie_GBps:
+        r["bus_bound_seconds"] = bus / (a.pcie_GBps * 1e9)
+        r["of_bus_bound"] = r["bus_bound_seconds"] / wall
+    return r
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=int, required=True)
+    ap.add_argument("--words", type=int, default=2)
+    ap.add_argument("--distinct", type=int, default=0, help="about how many distinct keys (default rows/5)")
+    ap.add_argument("--budgets", default="default", help="comma-separated device budgets, e.g. default,1GiB")
+    ap.add_argument("--ranks", default="1", help="comma-separated rank counts")
+    ap.add_argument("--index", action="store_true", help="also the reverse index")
+    ap.add_argument("--qstage", default="qstage")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--pcie-GBps", type=float, default=0, help="the bus rate (pinned copies, one way) to compare with")
+    ap.add_argument("--dir", required=True)
+    a = ap.parse_args()
+    Path(a.dir).mkdir(parents=True, exist_ok=True)
+    data = Path(a.dir) / "in.h5"
+    t = time.time()
+    write_input(data, a.rows, a.words, a.distinct or a.rows // 5)
+    print(json.dumps({"input": str(data), "bytes": data.stat().st_size, "write_seconds": time.time() - t}), flush=True)
+    for ranks in [int(x) for x in a.ranks.split(",")]:
+        for budget in a.budgets.split(","):
+            print(json.dumps(run_once(a, data, budget, ranks, f"{ranks}-{budget}")), flush=True)
+
+
+if __name__ == "__main__":
+    main()
