@@ -9,9 +9,10 @@
 //                        eps_var (kernels::sci_generate), appended as {a, H_ai c_i};
 //   dedup    (several)   keys.dedup's passes on those candidates: unique, sorted, H_ai c_i summed;
 //   score                per unique candidate outside S_k: the Epstein–Nesbet term v^2 / (E - H_aa)
-//                        (summed in a fixed tree: E_PT2) and the first-order amplitude
-//                        v / (E - H_aa), the largest max_new_dets of which (a two-level top-K: per
-//                        tile, then merged) join S_k to make S_{k+1}.
+//                        (summed in a fixed tree: E_PT2) and the amplitude of the model
+//                        (sci/amplitude_model.hpp; first_order: v / (E - H_aa)), the largest
+//                        max_new_dets of which (a two-level top-K: per tile, then merged) join S_k
+//                        to make S_{k+1}.
 // Once converged (|dE| < energy_tolerance, no new determinant, max_dets or max_iterations), a
 // final generate/dedup/score at eps_pt2 gives E_PT2 when eps_pt2 < eps_var. The output pass
 // writes the final space and coefficients; the history goes into `iterations/`.
@@ -35,6 +36,7 @@
 #include "core/fsutil.hpp"
 #include "kernels/sci_generate.hpp"
 #include "stages/keys/dedup_passes.hpp"
+#include "stages/sci/amplitude_model.hpp"
 #include "stages/sci/davidson.hpp"
 #include "stages/sci/excitation_tables.hpp"
 #include "stages/sci/fcidump.hpp"
@@ -55,9 +57,11 @@ struct SolveParams {
   int max_iterations = 20;
   double energy_tolerance = 1e-6, davidson_tolerance = 1e-5;
   std::optional<double> reference_energy;
+  std::string amplitude_model = "first_order";
 
   static SolveParams from_json(const json& p) {
     SolveParams s;
+    s.amplitude_model = p.value("amplitude_model", s.amplitude_model);
     s.eps_var = p.value("eps_var", s.eps_var);
     s.eps_pt2 = p.value("eps_pt2", s.eps_pt2);
     s.max_new_dets = p.value("max_new_dets", s.max_new_dets);
@@ -178,6 +182,7 @@ struct Memory {
   int iteration = -1;
   Space space;
   std::unique_ptr<sci::Davidson> davidson;
+  std::unique_ptr<sci::AmplitudeModel> amplitude_model;  // ranks the candidates (the parameter's)
   std::size_t products = 0;  // sigma passes taken
   std::chrono::steady_clock::time_point pass_started;
 };
@@ -255,9 +260,9 @@ class GenerateKernel final : public SpaceKernel {
 // ---------------------------------------------------------------- scoring: E_PT2 and the top-K
 
 struct Scored {
-  double score = 0;  // |first-order amplitude|
+  double score = 0;  // |amplitude|
   std::uint64_t alpha = 0, beta = 0;
-  double amplitude = 0;  // v / (E - H_aa)
+  double amplitude = 0;  // the AmplitudeModel's (first_order: v / (E - H_aa))
 };
 // Larger score first; ties by key, so the order is total.
 bool better(const Scored& a, const Scored& b) {
@@ -320,11 +325,11 @@ double floored(double denominator) {
 }
 
 // On the host (its inputs' pinned copies): per unique candidate outside the space, the EN-PT2
-// term and the first-order amplitude; each tile's partial keeps its K best.
+// term and the model's amplitude; each tile's partial keeps its K best.
 class ScoreKernel final : public engine::PassKernel {
  public:
-  ScoreKernel(const Memory& m, double energy, std::uint64_t k, std::uint64_t tile_rows)
-      : m_(m), energy_(energy), k_(k), tile_rows_(tile_rows) {}
+  ScoreKernel(const Memory& m, const sci::AmplitudeModel& model, double energy, std::uint64_t k, std::uint64_t tile_rows)
+      : m_(m), model_(model), energy_(energy), k_(k), tile_rows_(tile_rows) {}
   void process(const engine::BatchView& b) override {
     const auto* keys = static_cast<const std::uint64_t*>(b.host_inputs[0]);
     const auto* values = static_cast<const double*>(b.host_inputs[1]);
@@ -342,7 +347,10 @@ class ScoreKernel final : public engine::PassKernel {
         const double denominator = floored(energy_ - kernels::sci::diagonal(m_.problem->host, d));
         const double v = values[r];
         h.pt2 += v * v / denominator;
-        if (k_) top.push_back({std::fabs(v / denominator), d.alpha, d.beta, v / denominator});
+        if (k_) {
+          const double amplitude = model_.amplitude({d, v, denominator});
+          top.push_back({std::fabs(amplitude), d.alpha, d.beta, amplitude});
+        }
       }
       if (top.size() > k_) {
         std::nth_element(top.begin(), top.begin() + static_cast<std::ptrdiff_t>(k_), top.end(), better);
@@ -358,6 +366,7 @@ class ScoreKernel final : public engine::PassKernel {
 
  private:
   const Memory& m_;
+  const sci::AmplitudeModel& model_;
   double energy_;
   std::uint64_t k_, tile_rows_;
 };
@@ -398,6 +407,7 @@ class SolveStage final : public Stage {
   StagePlan plan(const json& params, const std::map<std::string, DatasetInfo>&) const override {
     const SolveParams p = SolveParams::from_json(params);
     if (!(p.eps_var > 0)) throw InputError("parameter 'eps_var' must be > 0");
+    sci::make_amplitude_model(p.amplitude_model);  // (an unknown model is refused before any work)
     if (p.eps_pt2 < 0) throw InputError("parameter 'eps_pt2' must be >= 0");
     StagePlan plan;
     plan.pass.rows = 0;  // refine_plan: the final space
@@ -463,7 +473,7 @@ class SolveStage final : public Stage {
       p.streamed_inputs = {earlier_pass_input(r.pass, r.keys), earlier_pass_input(r.pass, r.values)};
       p.pass.tile_partial_bytes = sizeof(ScoreHeader) + k * sizeof(Scored);
       p.pass.partials_on_host = true;
-      p.kernel = std::make_unique<ScoreKernel>(m, d.at("e_var").get<double>(), k, p.pass.tile_rows);
+      p.kernel = std::make_unique<ScoreKernel>(m, *m.amplitude_model, d.at("e_var").get<double>(), k, p.pass.tile_rows);
       p.reduction = std::make_unique<ScoreReduction>(k);
       return p;
     }
@@ -703,6 +713,7 @@ class SolveStage final : public Stage {
     std::lock_guard lock(mutex_);
     Memory& m = memories_[ctx.step_key];
     if (!m.problem) m.problem = std::make_unique<Problem>(ctx.files.at("/fcidump"));
+    if (!m.amplitude_model) m.amplitude_model = sci::make_amplitude_model(SolveParams::from_json(ctx.params).amplitude_model);
     const int k = state.data.value("iteration", 0);
     if (m.iteration != k) {
       if (k == 0) {

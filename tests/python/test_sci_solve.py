@@ -259,6 +259,17 @@ def test_a_missing_fcidump_and_bad_parameters_exit_2(tmp):
     spec = sci_spec(tmp, DATA / "H2H2_FCIDUMP_nosym", "eps_var: -1")
     r = run(["run", spec, "--run-dir", tmp / "run2", "--device", DEVICE])
     assert r.code == 2 and "eps_var" in r.err, r
+    # the amplitude model is one of those stages/sci/amplitude_model.hpp has
+    spec = sci_spec(tmp, DATA / "H2H2_FCIDUMP_nosym", "amplitude_model: neural")
+    r = run(["run", spec, "--run-dir", tmp / "run3", "--device", DEVICE])
+    assert r.code == 2 and "amplitude_model" in r.err and "first_order" in r.err, r
+
+
+def test_the_first_order_model_named_gives_the_default_bits(tmp):
+    """amplitude_model: first_order is the default: naming it changes nothing in the output."""
+    a = result(solve(tmp / "a", DATA / "N2_sto6g_FCIDUMP", N2_FAST))
+    b = result(solve(tmp / "b", DATA / "N2_sto6g_FCIDUMP", N2_FAST + ", amplitude_model: first_order"))
+    assert a["dets"].tobytes() == b["dets"].tobytes() and a["coefficients"].tobytes() == b["coefficients"].tobytes()
 
 
 def test_inspect_plots_the_convergence(tmp):
