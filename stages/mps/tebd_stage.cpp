@@ -1,0 +1,188 @@
+// mps.tebd: 2nd-order (Strang) Trotter evolution of an mps.init output under an XXZ chain, with
+// charge-blocked two-site updates (stages/mps/tebd.hpp), TeNPy's truncation parameters and
+// measurements every measure_every steps.
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "core/error.hpp"
+#include "stages/mps/gates.hpp"
+#include "stages/mps/mps_stages.hpp"
+#include "stages/mps/serial.hpp"
+#include "stages/mps/tebd.hpp"
+#include "stages/mps/u1mps.hpp"
+#include "stages/tensor/common.hpp"
+
+namespace qstage::stages {
+namespace {
+
+using nlohmann::json;
+using namespace mps;
+
+struct Params {
+  double J = 1, delta = 0, h = 0, dt = 0;
+  int steps = 0, order = 2, measure_every = 1;
+  TruncParams trunc;
+
+  static Params from_json(const json& p) {
+    Params r;
+    r.J = p.at("J").get<double>();
+    r.delta = p.at("delta").get<double>();
+    r.h = p.at("h").get<double>();
+    r.dt = p.at("dt").get<double>();
+    r.steps = p.at("steps").get<int>();
+    r.order = p.at("order").get<int>();
+    r.measure_every = p.at("measure_every").get<int>();
+    const json& t = p.at("trunc");
+    // (the schema fills in top-level defaults only: the nested ones are here)
+    r.trunc.chi_max = t.value("chi_max", std::int64_t{100});
+    r.trunc.svd_min = t.value("svd_min", 1e-14);
+    r.trunc.trunc_cut = t.value("trunc_cut", 1e-14);
+    if (!(r.dt > 0) || !std::isfinite(r.dt)) throw InputError(fmt::format("parameter 'dt' is {}; expected a finite time step > 0", r.dt));
+    if (r.steps < 1) throw InputError(fmt::format("parameter 'steps' is {}; expected at least 1", r.steps));
+    if (r.order != 2) throw InputError(fmt::format("parameter 'order' is {}; expected 2 (Strang splitting)", r.order));
+    if (r.measure_every < 1) throw InputError(fmt::format("parameter 'measure_every' is {}; expected at least 1", r.measure_every));
+    if (r.trunc.chi_max < 1) throw InputError(fmt::format("parameter 'trunc.chi_max' is {}; expected at least 1", r.trunc.chi_max));
+    if (r.trunc.svd_min < 0 || r.trunc.trunc_cut < 0)
+      throw InputError("parameters 'trunc.svd_min' and 'trunc.trunc_cut' must be >= 0");
+    return r;
+  }
+};
+
+// What is measured at one time.
+struct Measurements {
+  std::vector<double> times, density, entropy_vn, entropy_2, charges, norm, truncation_error, chi;
+  void take(const U1Mps& psi, double t, double eps) {
+    times.push_back(t);
+    const auto n = densities(psi);
+    density.insert(density.end(), n.begin(), n.end());
+    for (int k = 1; k < psi.L; ++k) {
+      entropy_vn.push_back(mps::entropy_vn(psi.bonds[k]));
+      entropy_2.push_back(entropy_renyi2(psi.bonds[k]));
+      chi.push_back(static_cast<double>(psi.bonds[k].size()));
+    }
+    const auto p = charge_distribution(psi, psi.L / 2);
+    charges.insert(charges.end(), p.begin(), p.end());
+    norm.push_back(std::sqrt(norm_squared(psi)));
+    truncation_error.push_back(eps);
+  }
+};
+
+// The gate of bond j (sites j, j+1) for a time step tau. The field is split over the bonds so
+// that every site gets it once: half from each of its two bonds, all of it at the chain's ends.
+GateTable xxz_gate(const Params& p, int L, int j, double tau) {
+  const double wl = j == 0 ? 1.0 : 0.5, wr = j + 1 == L - 1 ? 1.0 : 0.5;
+  const auto h = xxz_bond_hamiltonian(p.J, p.delta, wl * p.h, wr * p.h);
+  return gate_table(exp_minus_i(h, 4, tau), 2, fmt::format("the XXZ gate of bond ({}, {})", j, j + 1));
+}
+
+class TebdStage final : public ComputedStage {
+ public:
+  const StageInfo& info() const override {
+    static const StageInfo info{
+        "mps.tebd", 1,
+        "TEBD time evolution of a U(1) MPS under an XXZ chain (2nd-order Trotter), charge-blocked updates with one "
+        "SVD per charge block and TeNPy's truncation; densities, entropies, the centre bond's charge distribution, "
+        "norm, truncation error and bond dimensions every measure_every steps",
+        {{"state", "an mps.init (or mps.tebd) output"}},
+        "- id: quench\n  stage: mps.tebd\n  inputs: {state: psi0}\n"
+        "  params: {J: 1, delta: 0.5, dt: 0.05, steps: 40, trunc: {chi_max: 64}}\n"};
+    return info;
+  }
+  StagePlan plan(const json& p, const std::map<std::string, DatasetInfo>&) const override {
+    Params::from_json(p);
+    auto result = [](DType t) { return DatasetInfo{{t, {}, {}}}; };
+    StagePlan plan = computed_plan({{"values", result(DType::complex128)},
+                                    {"times", result(DType::float64)},
+                                    {"density", result(DType::float64)},
+                                    {"entropy_vN", result(DType::float64)},
+                                    {"entropy_2", result(DType::float64)},
+                                    {"charge_distribution", result(DType::float64)},
+                                    {"norm", result(DType::float64)},
+                                    {"truncation_error", result(DType::float64)},
+                                    {"chi", result(DType::int64)},
+                                    {"blocks", result(DType::int64)},
+                                    {"block_offsets", result(DType::int64)},
+                                    {"bond_offsets", result(DType::int64)},
+                                    {"bond_charges", result(DType::int32)},
+                                    {"lambda", result(DType::float64)}});
+    plan.summary = {{"model", p.at("model")}, {"dt", p.at("dt")}, {"steps", p.at("steps")}, {"order", p.at("order")}};
+    return plan;
+  }
+  std::string compute(const KernelContext& ctx) const override {
+    const Params p = Params::from_json(ctx.params);
+    const std::string file = ctx.inputs.at("state")->where().file;
+    h5::File in = h5::File::open(file, h5::Mode::read_only);
+    U1Mps psi = read_mps(in);
+    if (psi.d != 2)
+      throw InputError(fmt::format("the XXZ model needs spin-1/2 sites; the state in '{}' has d = {}, expected 2", file, psi.d));
+    const int L = psi.L;
+    // Gates per bond: dt/2 for the even bonds (0,1), (2,3), ..., dt for the odd ones.
+    std::vector<GateTable> half, full;
+    for (int j = 0; j + 1 < L; ++j) {
+      half.push_back(xxz_gate(p, L, j, p.dt / 2));
+      full.push_back(xxz_gate(p, L, j, p.dt));
+    }
+    Measurements m;
+    double eps = 0;
+    m.take(psi, 0.0, eps);
+    auto layer = [&](int parity, const std::vector<GateTable>& gates) {
+      for (int j = parity; j + 1 < L; j += 2) eps += update_bond(psi, j, gates[j], p.trunc);
+    };
+    for (int step = 1; step <= p.steps; ++step) {
+      layer(0, half);
+      layer(1, full);
+      layer(0, half);
+      if (step % p.measure_every == 0 || step == p.steps) m.take(psi, step * p.dt, eps);
+    }
+    Packer out;
+    out.put_mps(psi);
+    for (const auto* v : {&m.times, &m.density, &m.entropy_vn, &m.entropy_2, &m.charges, &m.norm, &m.truncation_error, &m.chi})
+      out.put_vector(*v);
+    return out.take();
+  }
+  void write_results(const StagePlan&, const StepResults& r, h5::File& out) const override {
+    Unpacker in(*r.computed);
+    const U1Mps psi = in.get_mps();
+    write_mps(out, psi);
+    const auto times = in.get_vector<double>(), density = in.get_vector<double>(), svn = in.get_vector<double>(),
+               s2 = in.get_vector<double>(), charges = in.get_vector<double>(), norm = in.get_vector<double>(),
+               eps = in.get_vector<double>(), chi_d = in.get_vector<double>();
+    const std::uint64_t T = times.size(), L = psi.L, N = psi.total_charge;
+    const std::vector<std::int64_t> chi(chi_d.begin(), chi_d.end());
+    detail::write_array(out, "times", DType::float64, {T}, times.data(), "time of each measurement (step * dt)");
+    detail::write_array(out, "density", DType::float64, {T, L}, density.data(), "<n_j> at each time, n = S^z + 1/2");
+    detail::write_array(out, "entropy_vN", DType::float64, {T, L - 1}, svn.data(),
+                        "von Neumann entropy -sum l^2 ln l^2 (natural log) of bonds 1..L-1 (bond k cuts sites 0..k-1 "
+                        "from the rest)");
+    detail::write_array(out, "entropy_2", DType::float64, {T, L - 1}, s2.data(), "Renyi-2 entropy -ln sum l^4 of bonds 1..L-1");
+    detail::write_array(out, "charge_distribution", DType::float64, {T, N + 1}, charges.data(),
+                        "P(N_left = n), n = 0..N: the probability of n particles left of bond L/2 (sites 0..L/2-1)")
+        .set_attribute("bond", static_cast<std::int64_t>(L / 2));
+    detail::write_array(out, "norm", DType::float64, {T}, norm.data(),
+                        "<psi|psi>^(1/2), contracted without assuming canonical form");
+    detail::write_array(out, "truncation_error", DType::float64, {T}, eps.data(),
+                        "accumulated discarded weight: the sum over all two-site updates so far of eps = sum of the "
+                        "discarded squared Schmidt values (normalised to 1 before the cut), as TeNPy's TruncationError.eps");
+    detail::write_array(out, "chi", DType::int64, {T, L - 1}, chi.data(), "bond dimension of bonds 1..L-1");
+  }
+  std::string describe_results(const StagePlan&, const StepResults& r) const override {
+    Unpacker in(*r.computed);
+    const U1Mps psi = in.get_mps();
+    std::vector<std::vector<double>> v;
+    for (int i = 0; i < 8; ++i) v.push_back(in.get_vector<double>());
+    std::size_t chi = 0;
+    for (const Bond& b : psi.bonds) chi = std::max(chi, b.charges.size());
+    return fmt::format("t = {:.6g}, {} measurements, max chi {}, truncation error {:.3e}, norm {:.12f}", v[0].back(),
+                       v[0].size(), chi, v[6].back(), v[5].back());
+  }
+};
+
+}  // namespace
+
+const Stage& mps_tebd() {
+  static const TebdStage stage;
+  return stage;
+}
+
+}  // namespace qstage::stages
