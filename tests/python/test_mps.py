@@ -300,16 +300,16 @@ def free_fermion_oracle(L, occ, J, t):
     return n, np.array(svn), np.array(P)
 
 
-def test_xx_chain_neel_matches_free_fermions(tmp):
-    # dt = 0.02: the Trotter error is about 5e-6 here, well inside 1e-4
+@pytest.mark.parametrize("state,occ", [("neel", [1, 0] * 20), ("domain_wall", [1] * 20 + [0] * 20)])
+def test_xx_chain_matches_free_fermions(tmp, state, occ):
+    # dt = 0.02: the Trotter error is about 5e-6 here (Neel), well inside 1e-4
     L, dt, steps = 40, 0.02, 200
-    r, out = run_steps(tmp, init_step(f"{{L: {L}, state: neel}}") +
+    r, out = run_steps(tmp, init_step(f"{{L: {L}, state: {state}}}") +
                        tebd_step(f"{{J: 1, delta: 0, dt: {dt}, steps: {steps}, measure_every: 50, "
                                  "trunc: {chi_max: 128, svd_min: 1.0e-10}}"))
     assert r.code == 0, r
     times, dens, svn, pn, eps = read(out / "evo.h5", "times", "density", "entropy_vN", "charge_distribution",
                                      "truncation_error")
-    occ = [1, 0] * (L // 2)
     for i, t in enumerate(times):
         n, s, P = free_fermion_oracle(L, occ, 1.0, t)
         np.testing.assert_allclose(dens[i], n, rtol=0, atol=1e-4)
@@ -317,8 +317,21 @@ def test_xx_chain_neel_matches_free_fermions(tmp):
         np.testing.assert_allclose(pn[i][:L // 2 + 1], P, rtol=0, atol=1e-4)
         assert np.all(pn[i][L // 2 + 1:] < 1e-12)
     np.testing.assert_allclose(times, [0, 1, 2, 3, 4], rtol=0, atol=1e-12)
-    assert svn[-1].max() > 1.0  # the evolution built real entanglement
+    assert svn[-1].max() > 0.5  # the evolution built real entanglement (Neel 1.9, domain wall 0.7)
     assert eps[-1] < 1e-6
+
+
+def test_long_xx_chain_matches_the_readme_values(tmp):
+    """L = 200 Neel (odd 1-based sites occupied) at t = 1: the README's n_100, n_101 (1-based)."""
+    r, out = run_steps(tmp, init_step("{L: 200, state: neel}") +
+                       tebd_step("{dt: 0.1, steps: 10, order: 4, measure_every: 10, "
+                                 "trunc: {chi_max: 64, svd_min: 1.0e-10}}"))
+    assert r.code == 0, r
+    times, dens, chi = read(out / "evo.h5", "times", "density", "chi")
+    np.testing.assert_allclose(times, [0, 1], rtol=0, atol=1e-12)
+    np.testing.assert_allclose(dens[1, 99:101], [0.388054610429, 0.611945389571], rtol=0, atol=1e-6)
+    np.testing.assert_allclose(dens.sum(axis=1), 100, rtol=0, atol=1e-9)
+    assert 1 < chi.max() <= 64
 
 
 # ---------------------------------------------------------------- (e) truncation
