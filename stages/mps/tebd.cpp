@@ -81,9 +81,8 @@ struct ChargeBlock {
   Svd svd;
 };
 
-}  // namespace
-
-double update_bond(U1Mps& psi, int j, const GateTable& gate, const TruncParams& trunc) {
+// The blocks C(c) = gate (B[j] B[j+1]) of every new centre charge c of bond (j, j+1).
+std::vector<ChargeBlock> gate_blocks(const U1Mps& psi, int j, const GateTable& gate) {
   const int d = psi.d;
   const Bond& left = psi.bonds[j];
   const Bond& centre = psi.bonds[j + 1];
@@ -146,6 +145,40 @@ double update_bond(U1Mps& psi, int j, const GateTable& gate, const TruncParams& 
       }
     }
 
+  return blocks;
+}
+
+// Theta(c) = diag(lambda[j]) C(c), in place.
+void scale_rows(ChargeBlock& cb, const Bond& left, std::vector<cplx>& theta) {
+  for (std::size_t s = 0; s < cb.rows.size(); ++s)
+    for (std::int64_t rr = 0; rr < cb.rows[s].size; ++rr) {
+      const double lam = left.lambda[cb.rows[s].offset + rr];
+      for (std::int64_t cc = 0; cc < cb.n; ++cc) theta[(cb.row0[s] + rr) * cb.n + cc] *= lam;
+    }
+}
+
+}  // namespace
+
+double bond_expectation(const U1Mps& psi, int j, const GateTable& op) {
+  GateTable identity;
+  identity.d = psi.d;
+  identity.u.assign(op.u.size(), cplx{});
+  for (int n = 0; n < psi.d; ++n)
+    for (int m = 0; m < psi.d; ++m) identity.u[kernels::gate_index(n, m, n, psi.d)] = 1.0;
+  std::vector<ChargeBlock> bra = gate_blocks(psi, j, identity), ket = gate_blocks(psi, j, op);
+  cplx sum{};
+  for (std::size_t i = 0; i < bra.size(); ++i) {
+    scale_rows(bra[i], psi.bonds[j], bra[i].c);
+    scale_rows(ket[i], psi.bonds[j], ket[i].c);
+    for (std::size_t e = 0; e < bra[i].c.size(); ++e) sum += std::conj(bra[i].c[e]) * ket[i].c[e];
+  }
+  return sum.real();
+}
+
+double update_bond(U1Mps& psi, int j, const GateTable& gate, const TruncParams& trunc) {
+  const Bond& left = psi.bonds[j];
+  std::vector<ChargeBlock> blocks = gate_blocks(psi, j, gate);
+
   // Theta(c) = diag(lambda[j]) C(c), one SVD each; blocks are independent, each SVD single-threaded
   // into its own slot, so the bits do not depend on the thread count.
   single_threaded_blas();
@@ -154,11 +187,7 @@ double update_bond(U1Mps& psi, int j, const GateTable& gate, const TruncParams& 
   for (std::int64_t i = 0; i < nblocks; ++i) {
     ChargeBlock& cb = blocks[i];
     std::vector<cplx> theta(cb.c);
-    for (std::size_t s = 0; s < cb.rows.size(); ++s)
-      for (std::int64_t rr = 0; rr < cb.rows[s].size; ++rr) {
-        const double lam = left.lambda[cb.rows[s].offset + rr];
-        for (std::int64_t cc = 0; cc < cb.n; ++cc) theta[(cb.row0[s] + rr) * cb.n + cc] *= lam;
-      }
+    scale_rows(cb, left, theta);
     cb.svd = svd(theta.data(), cb.m, cb.n);
   }
 

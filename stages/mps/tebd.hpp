@@ -35,4 +35,8 @@ Truncation truncate(const std::vector<std::vector<double>>& values, const TruncP
 // Returns the discarded weight eps.
 double update_bond(U1Mps& psi, int j, const GateTable& gate, const TruncParams& trunc);
 
+// <psi| op |psi> of a conserving two-site operator on sites j, j+1 (a table like a gate's), from
+// lambda[j] B[j] B[j+1] (B form).
+double bond_expectation(const U1Mps& psi, int j, const GateTable& op);
+
 }  // namespace qstage::stages::mps

@@ -53,9 +53,13 @@ struct Params {
 
 // What is measured at one time.
 struct Measurements {
-  std::vector<double> times, density, entropy_vn, entropy_2, charges, norm, truncation_error, chi;
-  void take(const U1Mps& psi, double t, double eps) {
+  std::vector<double> times, density, entropy_vn, entropy_2, charges, norm, truncation_error, chi, energy;
+  // bond_terms[j]: the Hamiltonian's term on sites j, j+1 as a table.
+  void take(const U1Mps& psi, double t, double eps, const std::vector<GateTable>& bond_terms) {
     times.push_back(t);
+    double e = 0;
+    for (int j = 0; j + 1 < psi.L; ++j) e += bond_expectation(psi, j, bond_terms[j]);
+    energy.push_back(e);
     const auto n = densities(psi);
     density.insert(density.end(), n.begin(), n.end());
     for (int k = 1; k < psi.L; ++k) {
@@ -72,10 +76,13 @@ struct Measurements {
 
 // The gate of bond j (sites j, j+1) for a time step tau. The field is split over the bonds so
 // that every site gets it once: half from each of its two bonds, all of it at the chain's ends.
-GateTable xxz_gate(const Params& p, int L, int j, double tau) {
+std::vector<cplx> xxz_term(const Params& p, int L, int j) {
   const double wl = j == 0 ? 1.0 : 0.5, wr = j + 1 == L - 1 ? 1.0 : 0.5;
-  const auto h = xxz_bond_hamiltonian(p.J, p.delta, wl * p.h, wr * p.h);
-  return gate_table(exp_minus_i(h, 4, tau), 2, fmt::format("the XXZ gate of bond ({}, {})", j, j + 1));
+  return xxz_bond_hamiltonian(p.J, p.delta, wl * p.h, wr * p.h);
+}
+
+GateTable xxz_gate(const Params& p, int L, int j, double tau) {
+  return gate_table(exp_minus_i(xxz_term(p, L, j), 4, tau), 2, fmt::format("the XXZ gate of bond ({}, {})", j, j + 1));
 }
 
 class TebdStage final : public ComputedStage {
@@ -85,7 +92,7 @@ class TebdStage final : public ComputedStage {
         "mps.tebd", 1,
         "TEBD time evolution of a U(1) MPS under an XXZ chain (2nd- or 4th-order Trotter), charge-blocked updates with one "
         "SVD per charge block and TeNPy's truncation; densities, entropies, the centre bond's charge distribution, "
-        "norm, truncation error and bond dimensions every measure_every steps",
+        "norm, energy, truncation error and bond dimensions every measure_every steps",
         {{"state", "an mps.init (or mps.tebd) output"}},
         "- id: quench\n  stage: mps.tebd\n  inputs: {state: psi0}\n"
         "  params: {J: 1, delta: 0.5, dt: 0.05, steps: 40, trunc: {chi_max: 64}}\n"};
@@ -103,6 +110,7 @@ class TebdStage final : public ComputedStage {
                                     {"norm", result(DType::float64)},
                                     {"truncation_error", result(DType::float64)},
                                     {"chi", result(DType::int64)},
+                                    {"energy", result(DType::float64)},
                                     {"blocks", result(DType::int64)},
                                     {"block_offsets", result(DType::int64)},
                                     {"bond_offsets", result(DType::int64)},
@@ -136,9 +144,12 @@ class TebdStage final : public ComputedStage {
         g.full.push_back(xxz_gate(p, L, j, w * p.dt));
       }
     }
+    std::vector<GateTable> terms;
+    for (int j = 0; j + 1 < L; ++j)
+      terms.push_back(gate_table(xxz_term(p, L, j), 2, fmt::format("the XXZ term of bond ({}, {})", j, j + 1)));
     Measurements m;
     double eps = 0;
-    m.take(psi, 0.0, eps);
+    m.take(psi, 0.0, eps, terms);
     auto layer = [&](int parity, const std::vector<GateTable>& g) {
       for (int j = parity; j + 1 < L; j += 2) eps += update_bond(psi, j, g[j], p.trunc);
     };
@@ -149,11 +160,11 @@ class TebdStage final : public ComputedStage {
         layer(1, g.full);
         layer(0, g.half);
       }
-      if (step % p.measure_every == 0 || step == p.steps) m.take(psi, step * p.dt, eps);
+      if (step % p.measure_every == 0 || step == p.steps) m.take(psi, step * p.dt, eps, terms);
     }
     Packer out;
     out.put_mps(psi);
-    for (const auto* v : {&m.times, &m.density, &m.entropy_vn, &m.entropy_2, &m.charges, &m.norm, &m.truncation_error, &m.chi})
+    for (const auto* v : {&m.times, &m.density, &m.entropy_vn, &m.entropy_2, &m.charges, &m.norm, &m.truncation_error, &m.chi, &m.energy})
       out.put_vector(*v);
     return out.take();
   }
@@ -163,7 +174,7 @@ class TebdStage final : public ComputedStage {
     write_mps(out, psi);
     const auto times = in.get_vector<double>(), density = in.get_vector<double>(), svn = in.get_vector<double>(),
                s2 = in.get_vector<double>(), charges = in.get_vector<double>(), norm = in.get_vector<double>(),
-               eps = in.get_vector<double>(), chi_d = in.get_vector<double>();
+               eps = in.get_vector<double>(), chi_d = in.get_vector<double>(), energy = in.get_vector<double>();
     const std::uint64_t T = times.size(), L = psi.L, N = psi.total_charge;
     const std::vector<std::int64_t> chi(chi_d.begin(), chi_d.end());
     detail::write_array(out, "times", DType::float64, {T}, times.data(), "time of each measurement (step * dt)");
@@ -180,17 +191,19 @@ class TebdStage final : public ComputedStage {
     detail::write_array(out, "truncation_error", DType::float64, {T}, eps.data(),
                         "accumulated discarded weight: the sum over all two-site updates so far of eps = sum of the "
                         "discarded squared Schmidt values (normalised to 1 before the cut), as TeNPy's TruncationError.eps");
+    detail::write_array(out, "energy", DType::float64, {T}, energy.data(),
+                        "<H>: the sum of the bond terms' expectations (B form), the field included");
     detail::write_array(out, "chi", DType::int64, {T, L - 1}, chi.data(), "bond dimension of bonds 1..L-1");
   }
   std::string describe_results(const StagePlan&, const StepResults& r) const override {
     Unpacker in(*r.computed);
     const U1Mps psi = in.get_mps();
     std::vector<std::vector<double>> v;
-    for (int i = 0; i < 8; ++i) v.push_back(in.get_vector<double>());
+    for (int i = 0; i < 9; ++i) v.push_back(in.get_vector<double>());
     std::size_t chi = 0;
     for (const Bond& b : psi.bonds) chi = std::max(chi, b.charges.size());
-    return fmt::format("t = {:.6g}, {} measurements, max chi {}, truncation error {:.3e}, norm {:.12f}", v[0].back(),
-                       v[0].size(), chi, v[6].back(), v[5].back());
+    return fmt::format("t = {:.6g}, {} measurements, max chi {}, truncation error {:.3e}, norm {:.12f}, energy {:.12f}",
+                       v[0].back(), v[0].size(), chi, v[6].back(), v[5].back(), v[8].back());
   }
 };
 

@@ -96,6 +96,23 @@ def apply_gate(psi, g, j):
     return np.moveaxis(psi, [0, 1], [j, j + 1])
 
 
+def xxz_energy(psi, J, delta, h):
+    """<psi|H|psi> with H = J sum [SxSx + SySy + delta SzSz] - h sum Sz."""
+    L = psi.ndim
+    hpsi = np.zeros_like(psi)
+    for j in range(L - 1):
+        term = np.zeros((4, 4), complex)
+        for nl in range(2):
+            for nr in range(2):
+                term[2 * nl + nr, 2 * nl + nr] = J * delta * (nl - 0.5) * (nr - 0.5)
+        term[1, 2] = term[2, 1] = J / 2
+        hpsi = hpsi + apply_gate(psi, term, j)
+    sz = np.zeros_like(psi, float)
+    for idx in np.ndindex(*psi.shape):
+        sz[idx] = sum(idx) - L / 2
+    return (np.vdot(psi, hpsi) - h * np.vdot(psi, sz * psi)).real
+
+
 def trotter_reference(psi, J, delta, h, dt, steps, order=2):
     """The circuit mps.tebd applies: Strang steps of weight w (bonds (0,1), (2,3), ... by w dt/2,
     (1,2), ... by w dt, the first again by w dt/2), w = 1 for order 2 and Suzuki's a, a, 1-4a, a, a
@@ -182,8 +199,8 @@ def test_tebd_matches_the_same_trotter_circuit_as_a_state_vector(tmp, delta, h, 
                        tebd_step(f"{{J: 1, delta: {delta}, h: {h}, dt: {dt}, steps: {steps}, order: {order}, "
                                  "trunc: {chi_max: 64}}"))
     assert r.code == 0, r
-    times, dens, svn, s2, pn, norm, chi = read(out / "evo.h5", "times", "density", "entropy_vN", "entropy_2",
-                                                "charge_distribution", "norm", "chi")
+    times, dens, svn, s2, pn, norm, chi, energy = read(out / "evo.h5", "times", "density", "entropy_vN", "entropy_2",
+                                                        "charge_distribution", "norm", "chi", "energy")
     assert times.shape == (steps + 1,) and dens.shape == (steps + 1, L) and svn.shape == (steps + 1, L - 1)
     psi0 = np.zeros([2] * L, complex)
     psi0[(1, 0) * 4] = 1
@@ -196,6 +213,7 @@ def test_tebd_matches_the_same_trotter_circuit_as_a_state_vector(tmp, delta, h, 
             assert abs(svn[t, k - 1] - e_vn) < 1e-10 and abs(s2[t, k - 1] - e_2) < 1e-10, (t, k)
         np.testing.assert_allclose(pn[t], left_charge_distribution(psi, L // 2, 4), rtol=0, atol=1e-10)
         assert abs(norm[t] - 1) < 1e-10
+        assert abs(energy[t] - xxz_energy(psi, 1.0, delta, h)) < 1e-10, t
     # the charge is exact: the densities sum to N
     np.testing.assert_allclose(dens.sum(axis=1), 4, rtol=0, atol=1e-12)
     assert chi.max() > 1
@@ -266,8 +284,10 @@ def test_l8_quench_at_fourth_order_matches_exact_diagonalisation_closely(tmp, de
                        tebd_step(f"{{delta: {delta}, dt: 0.05, steps: 60, order: 4, measure_every: 20, "
                                  "trunc: {chi_max: 64}}"))
     assert r.code == 0, r
-    times, dens, svn, s2, pn = read(out / "evo.h5", "times", "density", "entropy_vN", "entropy_2",
-                                    "charge_distribution")
+    times, dens, svn, s2, pn, energy = read(out / "evo.h5", "times", "density", "entropy_vN", "entropy_2",
+                                            "charge_distribution", "energy")
+    # the Neel state's energy, J delta (L-1) (-1/4), is conserved
+    np.testing.assert_allclose(energy, -delta * 7 / 4, rtol=0, atol=1e-7)
     np.testing.assert_allclose(times, [0, 1, 2, 3], rtol=0, atol=1e-12)
     for t in (1, 2, 3):
         np.testing.assert_allclose(dens[t] - 0.5, README_SZ[(delta, t)], rtol=0, atol=1e-7)
