@@ -25,6 +25,20 @@ void zgesvd_(const char* jobu, const char* jobvt, const int* m, const int* n, st
 
 namespace qstage::stages::mps {
 
+namespace {
+
+// OpenMP builds of OpenBLAS follow omp_get_max_threads() on every call (openblas_set_num_threads
+// does not stick), and their threaded routines round differently with the count: while one of
+// these lives, this thread's BLAS and LAPACK calls run on one thread. The setting is per task, so
+// SVDs running at the same time on other OpenMP threads are unaffected.
+struct OneThread {
+  int saved = omp_get_max_threads();
+  OneThread() { omp_set_num_threads(1); }
+  ~OneThread() { omp_set_num_threads(saved); }
+};
+
+}  // namespace
+
 void single_threaded_blas() {
   static std::once_flag once;
   std::call_once(once, [] {
@@ -41,6 +55,7 @@ void matmul(const cplx* a, const cplx* b, cplx* c, std::int64_t m, std::int64_t 
     return;
   }
   if (!accumulate) {
+    const OneThread one_thread;
     kernels::Gemm g;
     g.dtype = DType::complex128;
     g.m = m, g.n = n, g.k = k;
@@ -107,6 +122,7 @@ Svd svd(const cplx* a, std::int64_t m, std::int64_t n) {
     out.s.assign(static_cast<std::size_t>(out.rank), 0.0);
   };
   reset();
+  const OneThread one_thread;
   std::vector<cplx> copy(a, a + m * n);
   int info = gesdd(copy, m, n, out);
   if (info == 0) return out;

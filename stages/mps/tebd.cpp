@@ -183,7 +183,10 @@ double update_bond(U1Mps& psi, int j, const GateTable& gate, const TruncParams& 
   // into its own slot, so the bits do not depend on the thread count.
   single_threaded_blas();
   const auto nblocks = static_cast<std::int64_t>(blocks.size());
-#pragma omp parallel for schedule(dynamic)
+  // Small SVDs cost less than waking the threads (on a busy machine, far less).
+  double work = 0;
+  for (const auto& cb : blocks) work += static_cast<double>(cb.m) * cb.n * std::min(cb.m, cb.n);
+#pragma omp parallel for schedule(dynamic) if (nblocks > 1 && work > 1e6)
   for (std::int64_t i = 0; i < nblocks; ++i) {
     ChargeBlock& cb = blocks[i];
     std::vector<cplx> theta(cb.c);
