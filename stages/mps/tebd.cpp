@@ -186,7 +186,7 @@ double update_bond(U1Mps& psi, int j, const GateTable& gate, const TruncParams& 
   // Small SVDs cost less than waking the threads (on a busy machine, far less).
   double work = 0;
   for (const auto& cb : blocks) work += static_cast<double>(cb.m) * cb.n * std::min(cb.m, cb.n);
-#pragma omp parallel for schedule(dynamic) if (nblocks > 1 && work > 1e6)
+#pragma omp parallel for schedule(dynamic) if (nblocks > 1 && work > 2e5)
   for (std::int64_t i = 0; i < nblocks; ++i) {
     ChargeBlock& cb = blocks[i];
     std::vector<cplx> theta(cb.c);
