@@ -232,3 +232,40 @@ TEST(MpsTruncation, GlobalRankingTiesAndTenpyConstraints) {
   EXPECT_EQ(t.kept, (std::vector<std::int64_t>{2, 2, 1}));
   EXPECT_EQ(t.discarded, 0.0);
 }
+
+TEST(MpsTruncation, OneTruncatedUpdateKeepsTheLargestSchmidtValuesOverAllCharges) {
+  // The dense reference: the gated state's Schmidt values at the centre cut, all charges pooled.
+  const int d = 2, L = 6, j = 2;
+  U1Mps psi = random_state(L, d, 3, 20, 9);
+  const auto g = exp_minus_i(random_conserving_hamiltonian(d, 5), d * d, 0.7);
+  const auto expected = apply_dense(dense(psi), g, L, d, j);
+  std::int64_t rows = 1;
+  for (int k = 0; k < j + 1; ++k) rows *= d;
+  const auto s = schmidt_values(expected, rows);  // descending
+  ASSERT_GT(s.size(), 4u);
+  const std::int64_t chi_max = 3;
+  double total = 0, dropped = 0;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    total += s[i] * s[i];
+    if (static_cast<std::int64_t>(i) >= chi_max) dropped += s[i] * s[i];
+  }
+  const double eps = update_bond(psi, j, gate_table(g, d, "test gate"), TruncParams{chi_max, 0, 0});
+  EXPECT_NEAR(eps, dropped / total, 1e-12);
+  EXPECT_GT(eps, 1e-6);
+  // the kept values, renormalised, are the largest three whatever their charges
+  auto lam = psi.bonds[j + 1].lambda;
+  ASSERT_EQ(static_cast<std::int64_t>(lam.size()), chi_max);
+  std::sort(lam.rbegin(), lam.rend());
+  for (std::int64_t i = 0; i < chi_max; ++i) EXPECT_NEAR(lam[i], s[i] / std::sqrt(total - dropped), 1e-12);
+  // the truncated state is the optimal one: norm 1 and overlap sqrt(1 - eps) with the exact state
+  const auto after = dense(psi);
+  cplx overlap{};
+  double n2 = 0;
+  for (std::size_t i = 0; i < after.size(); ++i) {
+    overlap += std::conj(after[i]) * expected[i];
+    n2 += std::norm(after[i]);
+  }
+  EXPECT_NEAR(n2, 1.0, 1e-12);
+  EXPECT_NEAR(std::abs(overlap), std::sqrt(1 - eps), 1e-12);
+  EXPECT_NO_THROW(psi.check_structure());
+}
