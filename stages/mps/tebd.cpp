@@ -53,18 +53,13 @@ Truncation truncate(const std::vector<std::vector<double>>& values, const TruncP
   }
   Truncation t;
   t.kept.assign(values.size(), 0);
-  double kept2 = 0;
-  for (std::int64_t q = 0; q < keep; ++q) {
-    ++t.kept[all[q].block];
-    kept2 += all[q].s * all[q].s;
-  }
+  for (std::int64_t q = 0; q < keep; ++q) ++t.kept[all[q].block];
   // eps summed directly rather than as 1 - kept: the difference would lose a small eps's digits.
   if (norm > 0) {
     double disc = 0;
     for (std::int64_t q = n - 1; q >= keep; --q) disc += (all[q].s / norm) * (all[q].s / norm);
     t.discarded = disc;
   }
-  t.kept_norm = norm > 0 ? std::sqrt(kept2) / norm : 0.0;
   return t;
 }
 

@@ -21,7 +21,6 @@ struct TruncParams {
 struct Truncation {
   std::vector<std::int64_t> kept;  // per block, a prefix of its (descending) values
   double discarded = 0;            // eps: the summed squares of the dropped normalised values
-  double kept_norm = 0;            // norm of the kept values before renormalisation (relative to all)
 };
 
 // Global truncation over blocks: `values[b]` are block b's singular values, descending. Values
