@@ -189,7 +189,7 @@ class TebdStage final : public ComputedStage {
     detail::write_array(out, "norm", DType::float64, {T}, norm.data(),
                         "<psi|psi>^(1/2), contracted without assuming canonical form");
     detail::write_array(out, "truncation_error", DType::float64, {T}, eps.data(),
-                        "accumulated discarded weight: the sum over all two-site updates so far of eps = sum of the "
+                        "accumulated discarded weight: the sum over this step's two-site updates so far of eps = sum of the "
                         "discarded squared Schmidt values (normalised to 1 before the cut), as TeNPy's TruncationError.eps");
     detail::write_array(out, "energy", DType::float64, {T}, energy.data(),
                         "<H>: the sum of the bond terms' expectations (B form), the field included");

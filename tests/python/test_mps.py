@@ -232,6 +232,7 @@ def test_tebd_of_a_random_state_matches_the_circuit_and_ignores_the_thread_count
     r2, out2 = run_steps(tmp / "two", steps, env={"OMP_NUM_THREADS": "2"})
     assert r1.code == 0, r1
     assert r2.code == 0, r2
+    assert read(out1 / "psi.h5", "values")[0].tobytes() == read(out2 / "psi.h5", "values")[0].tobytes()
     for name in ("values", "lambda", "density", "entropy_vN", "charge_distribution"):
         assert read(out1 / "evo.h5", name)[0].tobytes() == read(out2 / "evo.h5", name)[0].tobytes(), name
     psi0 = state_vector(load_mps(out1 / "psi.h5"))
@@ -239,6 +240,18 @@ def test_tebd_of_a_random_state_matches_the_circuit_and_ignores_the_thread_count
     final = state_vector(load_mps(out1 / "evo.h5"))
     assert abs(abs(np.vdot(final, ref)) - 1) < 1e-10
     np.testing.assert_allclose(read(out1 / "evo.h5", "density")[0][-1], densities(ref), rtol=0, atol=1e-10)
+
+
+def test_an_evolved_state_evolves_on_as_if_never_written(tmp):
+    """mps.tebd's output is an MPS in the same layout: 3 + 3 steps give the bits of 6."""
+    r, out = run_steps(tmp, init_step("{L: 10, state: domain_wall}") +
+                       tebd_step("{delta: 0.5, dt: 0.1, steps: 3, trunc: {chi_max: 16}}", id="first") +
+                       tebd_step("{delta: 0.5, dt: 0.1, steps: 3, trunc: {chi_max: 16}}", id="second", state="first") +
+                       tebd_step("{delta: 0.5, dt: 0.1, steps: 6, trunc: {chi_max: 16}}", id="whole"))
+    assert r.code == 0, r
+    for name in ("values", "lambda", "blocks", "bond_charges"):
+        assert read(out / "second.h5", name)[0].tobytes() == read(out / "whole.h5", name)[0].tobytes(), name
+    assert read(out / "second.h5", "density")[0][-1].tobytes() == read(out / "whole.h5", "density")[0][-1].tobytes()
 
 
 # ---------------------------------------------------------------- (c) continuous time: the README's L = 8 table
