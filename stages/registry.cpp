@@ -6,6 +6,7 @@
 #include "engine/journal.hpp"
 #include "stages/compress/compress_stages.hpp"
 #include "stages/keys/keys_stages.hpp"
+#include "stages/mps/mps_stages.hpp"
 #include "stages/sci/sci_stages.hpp"
 #include "stages/stage.hpp"
 #include "stages/tensor/tensor_stages.hpp"
@@ -37,7 +38,8 @@ const std::vector<const Stage*>& all_stages() {
   static const std::vector<const Stage*> stages = [] {
     std::vector<const Stage*> v{&tensor_random(), &tensor_matmul(), &tensor_stats(), &tensor_compare(), &tn_build(),
                                 &tn_path(),       &tn_plan(),       &tn_contract(), &tn_statevector(),
-                                &compress(),      &decompress(),    &compress_evaluate(), &keys_dedup(), &sci_integrals(), &sci_solve()};
+                                &compress(),      &decompress(),    &compress_evaluate(), &keys_dedup(), &sci_integrals(), &sci_solve(),
+                                &mps_init(),      &mps_tebd()};
     std::sort(v.begin(), v.end(), [](auto* a, auto* b) { return a->info().name < b->info().name; });
     return v;
   }();

@@ -1,0 +1,41 @@
+#pragma once
+// The charge-blocked two-site update of TEBD (docs/mps.md; seed 001 eq. 16 with Hastings' form).
+#include <cstdint>
+#include <vector>
+
+#include "stages/mps/gates.hpp"
+#include "stages/mps/u1mps.hpp"
+
+namespace qstage::stages::mps {
+
+// TeNPy's trunc_params (tenpy.algorithms.truncation.truncate), the same names and meaning:
+// keep at most chi_max values, drop values below svd_min (S < svd_min), and drop the smallest values while
+// their summed squares stay <= trunc_cut^2; all on the Schmidt values normalised to 1. A
+// constraint that would keep nothing is not applied.
+struct TruncParams {
+  std::int64_t chi_max = 100;
+  double svd_min = 1e-14;
+  double trunc_cut = 1e-14;
+};
+
+struct Truncation {
+  std::vector<std::int64_t> kept;  // per block, a prefix of its (descending) values
+  double discarded = 0;            // eps: the summed squares of the dropped normalised values
+};
+
+// Global truncation over blocks: `values[b]` are block b's singular values, descending. Values
+// are ranked by (value descending, block ascending, index ascending), so ties are cut the same
+// way every time.
+Truncation truncate(const std::vector<std::vector<double>>& values, const TruncParams& p);
+
+// Applies `gate` to sites j and j+1 and truncates the centre bond j+1: Theta per new centre
+// charge from GEMMs over the old centre sectors, one SVD per charge block, global truncation,
+// then B'[j+1] = Y and B'[j] = (gate B B) Y^dagger / norm, so lambda is never divided by.
+// Returns the discarded weight eps.
+double update_bond(U1Mps& psi, int j, const GateTable& gate, const TruncParams& trunc);
+
+// <psi| op |psi> of a conserving two-site operator on sites j, j+1 (a table like a gate's), from
+// lambda[j] B[j] B[j+1] (B form).
+double bond_expectation(const U1Mps& psi, int j, const GateTable& op);
+
+}  // namespace qstage::stages::mps

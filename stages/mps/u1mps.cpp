@@ -1,0 +1,496 @@
+#include "stages/mps/u1mps.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <numeric>
+#include <stdexcept>
+
+#include "core/error.hpp"
+#include "kernels/common.hpp"
+#include "kernels/random.hpp"
+#include "kernels/u1_math.hpp"
+#include "stages/mps/linalg.hpp"
+
+namespace qstage::stages::mps {
+
+std::vector<Sector> Bond::sectors() const {
+  std::vector<Sector> out;
+  for (std::int64_t i = 0; i < size(); ++i) {
+    if (out.empty() || out.back().charge != charges[i]) out.push_back({charges[i], i, 0});
+    ++out.back().size;
+  }
+  return out;
+}
+
+Sector Bond::sector(int charge) const {
+  const auto lo = std::lower_bound(charges.begin(), charges.end(), charge);
+  const auto hi = std::upper_bound(lo, charges.end(), charge);
+  return {charge, lo - charges.begin(), hi - lo};
+}
+
+const Block* Site::find(int c_left, int c_right) const {
+  auto it = std::lower_bound(blocks.begin(), blocks.end(), std::pair{c_left, c_right},
+                             [](const Block& b, std::pair<int, int> k) { return std::pair{b.c_left, b.c_right} < k; });
+  return it != blocks.end() && it->c_left == c_left && it->c_right == c_right ? &*it : nullptr;
+}
+
+Block* Site::find(int c_left, int c_right) {
+  return const_cast<Block*>(static_cast<const Site*>(this)->find(c_left, c_right));
+}
+
+void U1Mps::check_structure() const {
+  auto fail = [](const std::string& what) { throw std::runtime_error("mps: " + what); };
+  if (L < 1 || d < 2) fail(fmt::format("L = {} and d = {}; expected L >= 1 and d >= 2", L, d));
+  if (bonds.size() != static_cast<std::size_t>(L + 1) || sites.size() != static_cast<std::size_t>(L))
+    fail(fmt::format("{} bonds and {} sites; expected L + 1 = {} and L = {}", bonds.size(), sites.size(), L + 1, L));
+  if (bonds[0].charges != std::vector<int>{total_charge} || bonds[L].charges != std::vector<int>{0})
+    fail(fmt::format("boundary bonds must carry the single charges N = {} (left) and 0 (right)", total_charge));
+  for (int k = 0; k <= L; ++k) {
+    const Bond& b = bonds[k];
+    if (b.lambda.size() != b.charges.size()) fail(fmt::format("bond {} has {} charges but {} Schmidt values", k, b.charges.size(), b.lambda.size()));
+    if (!std::is_sorted(b.charges.begin(), b.charges.end())) fail(fmt::format("bond {}'s charges are not ascending", k));
+  }
+  for (int j = 0; j < L; ++j) {
+    const auto& blocks = sites[j].blocks;
+    for (std::size_t i = 0; i < blocks.size(); ++i) {
+      const Block& blk = blocks[i];
+      if (!kernels::u1_block_allowed(blk.c_left, blk.c_right, d))
+        fail(fmt::format("site {} has a block ({}, {}) whose occupation is outside [0, {}]", j, blk.c_left, blk.c_right, d - 1));
+      if (i > 0 && std::pair{blocks[i - 1].c_left, blocks[i - 1].c_right} >= std::pair{blk.c_left, blk.c_right})
+        fail(fmt::format("site {}'s blocks are not sorted by (c_left, c_right) without repeats", j));
+      const Sector l = bonds[j].sector(blk.c_left), r = bonds[j + 1].sector(blk.c_right);
+      if (l.size != blk.rows || r.size != blk.cols || blk.values.size() != static_cast<std::size_t>(blk.rows * blk.cols))
+        fail(fmt::format("site {} block ({}, {}) is {} x {} but its sectors are {} x {}", j, blk.c_left, blk.c_right,
+                         blk.rows, blk.cols, l.size, r.size));
+    }
+  }
+}
+
+U1Mps product_state(int d, const std::vector<int>& occupations) {
+  U1Mps psi;
+  psi.L = static_cast<int>(occupations.size());
+  psi.d = d;
+  psi.total_charge = std::accumulate(occupations.begin(), occupations.end(), 0);
+  psi.bonds.resize(psi.L + 1);
+  psi.sites.resize(psi.L);
+  int right = psi.total_charge;
+  for (int k = 0; k <= psi.L; ++k) {
+    psi.bonds[k] = {{right}, {1.0}};
+    if (k < psi.L) right -= occupations[k];
+  }
+  for (int j = 0; j < psi.L; ++j)
+    psi.sites[j].blocks.push_back({psi.bonds[j].charges[0], psi.bonds[j + 1].charges[0], 1, 1, {cplx{1.0, 0.0}}});
+  return psi;
+}
+
+namespace {
+
+// The blocks of site j leaving a left sector, side by side: rows = the sector, columns = the
+// concatenation of the right sectors in ascending charge.
+struct RowGroup {
+  std::vector<std::size_t> blocks;  // indices into the site's blocks
+  std::int64_t rows = 0, cols = 0;
+};
+
+std::map<int, RowGroup> groups_by_left(const Site& s) {
+  std::map<int, RowGroup> g;
+  for (std::size_t i = 0; i < s.blocks.size(); ++i) {
+    auto& grp = g[s.blocks[i].c_left];
+    grp.blocks.push_back(i);
+    grp.rows = s.blocks[i].rows;
+    grp.cols += s.blocks[i].cols;
+  }
+  return g;
+}
+
+std::map<int, RowGroup> groups_by_right(const Site& s) {
+  std::map<int, RowGroup> g;
+  for (std::size_t i = 0; i < s.blocks.size(); ++i) {
+    auto& grp = g[s.blocks[i].c_right];
+    grp.blocks.push_back(i);
+    grp.cols = s.blocks[i].cols;
+    grp.rows += s.blocks[i].rows;
+  }
+  return g;
+}
+
+// Rebuilds a bond from per-charge sizes and Schmidt values (ascending charge; sizes of 0 leave the charge out).
+Bond make_bond(const std::map<int, std::vector<double>>& values) {
+  Bond b;
+  for (const auto& [c, lam] : values)
+    for (double l : lam) {
+      b.charges.push_back(c);
+      b.lambda.push_back(l);
+    }
+  return b;
+}
+
+void drop_empty_blocks(Site& s) {
+  std::erase_if(s.blocks, [](const Block& b) { return b.rows == 0 || b.cols == 0; });
+}
+
+}  // namespace
+
+void canonicalize(U1Mps& psi) {
+  const int L = psi.L;
+  // Right to left: per left sector, [B(c_L, c_R) ...] = U S Vh; the site keeps Vh (orthonormal
+  // rows), U S moves into the site on the left.
+  for (int j = L - 1; j >= 0; --j) {
+    Site& s = psi.sites[j];
+    std::map<int, std::vector<double>> new_bond;
+    std::map<int, std::vector<cplx>> carry;  // per charge: U S, old rows x rank
+    for (auto& [c, g] : groups_by_left(s)) {
+      std::vector<cplx> m(static_cast<std::size_t>(g.rows * g.cols));
+      std::int64_t col0 = 0;
+      for (std::size_t bi : g.blocks) {
+        const Block& b = s.blocks[bi];
+        for (std::int64_t r = 0; r < b.rows; ++r)
+          std::copy_n(&b.values[r * b.cols], b.cols, &m[r * g.cols + col0]);
+        col0 += b.cols;
+      }
+      Svd f = svd(m.data(), g.rows, g.cols);
+      std::int64_t keep = 0;
+      while (keep < f.rank && f.s[keep] > 1e-14 * std::max(f.s[0], 1e-300)) ++keep;
+      if (j == 0) keep = f.rank;  // the boundary: one row, its norm goes to the state's norm
+      col0 = 0;
+      for (std::size_t bi : g.blocks) {
+        Block& b = s.blocks[bi];
+        std::vector<cplx> v(static_cast<std::size_t>(keep * b.cols));
+        for (std::int64_t r = 0; r < keep; ++r) std::copy_n(&f.vh[r * g.cols + col0], b.cols, &v[r * b.cols]);
+        col0 += b.cols;
+        b.rows = keep;
+        b.values = std::move(v);
+      }
+      std::vector<cplx> us(static_cast<std::size_t>(g.rows * keep));
+      for (std::int64_t r = 0; r < g.rows; ++r)
+        for (std::int64_t p = 0; p < keep; ++p) us[r * keep + p] = f.u[r * f.rank + p] * f.s[p];
+      carry[c] = std::move(us);
+      new_bond[c].assign(static_cast<std::size_t>(keep), 1.0);
+    }
+    drop_empty_blocks(s);
+    if (j == 0) {
+      // One row left: normalise it.
+      // One row left, now of norm 1: keep the phase of U S and drop its norm (normalising the state).
+      const cplx us = carry.at(psi.total_charge).at(0);
+      if (!(std::abs(us) > 0)) throw RuntimeFailure("mps: the state has norm 0");
+      for (Block& b : s.blocks)
+        for (cplx& v : b.values) v *= us / std::abs(us);
+      continue;
+    }
+    psi.bonds[j] = make_bond(new_bond);
+    for (Block& b : psi.sites[j - 1].blocks) {
+      const auto& us = carry[b.c_right];
+      const std::int64_t keep = psi.bonds[j].sector(b.c_right).size;
+      std::vector<cplx> v(static_cast<std::size_t>(b.rows * keep));
+      if (keep > 0) matmul(b.values.data(), us.data(), v.data(), b.rows, b.cols, keep);
+      b.cols = keep;
+      b.values = std::move(v);
+    }
+    drop_empty_blocks(psi.sites[j - 1]);
+  }
+  // Left to right: X_j (per sector of bond j, the left part's gauge) times B[j], grouped by right
+  // charge, is U S V; lambda[j+1] = S, B[j+1] <- V B[j+1], B[j] <- B[j] V^dagger.
+  std::map<int, std::vector<cplx>> x;  // per charge of bond j: rows x size of the sector
+  x[psi.total_charge] = {cplx{1.0, 0.0}};
+  std::map<int, std::int64_t> x_rows{{psi.total_charge, 1}};
+  psi.bonds[0] = {{psi.total_charge}, {1.0}};
+  for (int j = 0; j < L - 1; ++j) {
+    Site& s = psi.sites[j];
+    std::map<int, std::vector<double>> lam;
+    std::map<int, std::vector<cplx>> rot;  // per right charge: V, keep x old size
+    std::map<int, std::vector<cplx>> next_x;
+    std::map<int, std::int64_t> next_rows;
+    for (auto& [c, g] : groups_by_right(s)) {
+      // Stack X(c_L) B(c_L, c) over c_L.
+      std::int64_t rows = 0;
+      for (std::size_t bi : g.blocks) rows += x_rows.at(s.blocks[bi].c_left);
+      std::vector<cplx> m(static_cast<std::size_t>(rows * g.cols));
+      std::int64_t row0 = 0;
+      for (std::size_t bi : g.blocks) {
+        const Block& b = s.blocks[bi];
+        const std::int64_t xr = x_rows.at(b.c_left);
+        matmul(x.at(b.c_left).data(), b.values.data(), &m[row0 * g.cols], xr, b.rows, b.cols);
+        row0 += xr;
+      }
+      Svd f = svd(m.data(), rows, g.cols);
+      std::int64_t keep = 0;
+      while (keep < f.rank && f.s[keep] > 1e-14) ++keep;
+      lam[c].assign(f.s.begin(), f.s.begin() + keep);
+      rot[c].assign(f.vh.begin(), f.vh.begin() + keep * g.cols);
+      std::vector<cplx> sx(static_cast<std::size_t>(keep * keep));
+      for (std::int64_t p = 0; p < keep; ++p) sx[p * keep + p] = f.s[p];
+      next_x[c] = std::move(sx);
+      next_rows[c] = keep;
+    }
+    // B[j](c_L, c) <- B[j](c_L, c) V^dagger; B[j+1](c, c_R) <- V B[j+1](c, c_R).
+    for (Block& b : s.blocks) {
+      const auto& v = rot.at(b.c_right);
+      const std::int64_t keep = next_rows.at(b.c_right);
+      std::vector<cplx> vd(static_cast<std::size_t>(b.cols * keep));
+      for (std::int64_t p = 0; p < keep; ++p)
+        for (std::int64_t q = 0; q < b.cols; ++q) vd[q * keep + p] = std::conj(v[p * b.cols + q]);
+      std::vector<cplx> out(static_cast<std::size_t>(b.rows * keep));
+      matmul(b.values.data(), vd.data(), out.data(), b.rows, b.cols, keep);
+      b.cols = keep;
+      b.values = std::move(out);
+    }
+    for (Block& b : psi.sites[j + 1].blocks) {
+      const auto it = rot.find(b.c_left);
+      const std::int64_t keep = it == rot.end() ? 0 : next_rows.at(b.c_left);
+      std::vector<cplx> out(static_cast<std::size_t>(keep * b.cols));
+      if (keep > 0) matmul(it->second.data(), b.values.data(), out.data(), keep, b.rows, b.cols);
+      b.rows = keep;
+      b.values = std::move(out);
+    }
+    drop_empty_blocks(s);
+    drop_empty_blocks(psi.sites[j + 1]);
+    psi.bonds[j + 1] = make_bond(lam);
+    x = std::move(next_x);
+    x_rows = std::move(next_rows);
+  }
+  psi.bonds[L] = {{0}, {1.0}};
+}
+
+U1Mps random_state(int L, int d, int total_charge, int chi, std::uint64_t seed) {
+  U1Mps psi;
+  psi.L = L, psi.d = d, psi.total_charge = total_charge;
+  psi.bonds.resize(L + 1);
+  psi.sites.resize(L);
+  const int dmax = d - 1;
+  // Bond k allows the charges a right part of L-k sites and a left part of k sites can both reach;
+  // up to chi indices split evenly over them (the lower charges get the remainder).
+  for (int k = 0; k <= L; ++k) {
+    const int lo = std::max(0, total_charge - dmax * k), hi = std::min(total_charge, dmax * (L - k));
+    const int charges = hi - lo + 1;
+    const int per = k == 0 || k == L ? 1 : std::max(1, chi / charges), extra = k == 0 || k == L ? 0 : std::max(0, chi - per * charges);
+    for (int c = lo; c <= hi; ++c) {
+      const int n = per + (c - lo < extra ? 1 : 0);
+      for (int i = 0; i < n; ++i) {
+        psi.bonds[k].charges.push_back(c);
+        psi.bonds[k].lambda.push_back(1.0);
+      }
+    }
+  }
+  const std::uint64_t key = kernels::splitmix64(seed);
+  std::uint64_t element = 0;
+  for (int j = 0; j < L; ++j)
+    for (const Sector& l : psi.bonds[j].sectors())
+      for (const Sector& r : psi.bonds[j + 1].sectors()) {
+        if (!kernels::u1_block_allowed(l.charge, r.charge, d)) continue;
+        Block b{l.charge, r.charge, l.size, r.size, std::vector<cplx>(static_cast<std::size_t>(l.size * r.size))};
+        for (cplx& v : b.values) {
+          v = {kernels::random_double(kernels::random_bits(key, kernels::u1_component(element, 0))),
+               kernels::random_double(kernels::random_bits(key, kernels::u1_component(element, 1)))};
+          ++element;
+        }
+        psi.sites[j].blocks.push_back(std::move(b));
+      }
+  canonicalize(psi);
+  return psi;
+}
+
+std::vector<double> densities(const U1Mps& psi) {
+  std::vector<double> n(static_cast<std::size_t>(psi.L), 0.0);
+  for (int j = 0; j < psi.L; ++j) {
+    const Bond& left = psi.bonds[j];
+    for (const Block& b : psi.sites[j].blocks) {
+      const Sector l = left.sector(b.c_left);
+      double w = 0;
+      for (std::int64_t r = 0; r < b.rows; ++r) {
+        double row = 0;
+        for (std::int64_t c = 0; c < b.cols; ++c) row += std::norm(b.values[r * b.cols + c]);
+        w += left.lambda[l.offset + r] * left.lambda[l.offset + r] * row;
+      }
+      n[j] += (b.c_left - b.c_right) * w;
+    }
+  }
+  return n;
+}
+
+double entropy_vn(const Bond& bond) {
+  double s = 0;
+  for (double l : bond.lambda)
+    if (l > 0) s -= l * l * std::log(l * l);
+  return s;
+}
+
+double entropy_renyi2(const Bond& bond) {
+  double p2 = 0;
+  for (double l : bond.lambda) p2 += l * l * l * l;
+  return -std::log(p2);
+}
+
+std::vector<double> charge_distribution(const U1Mps& psi, int bond) {
+  std::vector<double> p(static_cast<std::size_t>(psi.total_charge + 1), 0.0);
+  const Bond& b = psi.bonds.at(bond);
+  for (std::int64_t i = 0; i < b.size(); ++i) p.at(psi.total_charge - b.charges[i]) += b.lambda[i] * b.lambda[i];
+  return p;
+}
+
+double norm_squared(const U1Mps& psi) {
+  // E(c) = sum_{c_L} B(c_L, c)^dagger E(c_L) B(c_L, c), block-diagonal by charge.
+  std::map<int, std::vector<cplx>> e{{psi.total_charge, {cplx{1.0, 0.0}}}};
+  for (int j = 0; j < psi.L; ++j) {
+    std::map<int, std::vector<cplx>> next;
+    for (const Block& b : psi.sites[j].blocks) {
+      const auto it = e.find(b.c_left);
+      if (it == e.end()) continue;
+      std::vector<cplx> eb(static_cast<std::size_t>(b.rows * b.cols));
+      matmul(it->second.data(), b.values.data(), eb.data(), b.rows, b.rows, b.cols);
+      std::vector<cplx> bd(static_cast<std::size_t>(b.cols * b.rows));
+      for (std::int64_t r = 0; r < b.rows; ++r)
+        for (std::int64_t c = 0; c < b.cols; ++c) bd[c * b.rows + r] = std::conj(b.values[r * b.cols + c]);
+      auto& dst = next[b.c_right];
+      const bool fresh = dst.empty();
+      if (fresh) dst.assign(static_cast<std::size_t>(b.cols * b.cols), cplx{});
+      matmul(bd.data(), eb.data(), dst.data(), b.cols, b.rows, b.cols, true);
+    }
+    e = std::move(next);
+  }
+  const auto it = e.find(0);
+  return it == e.end() ? 0.0 : it->second.at(0).real();
+}
+
+double right_canonical_error(const U1Mps& psi) {
+  double worst = 0;
+  for (int j = 0; j < psi.L; ++j)
+    for (auto& [c, g] : groups_by_left(psi.sites[j])) {
+      std::vector<cplx> sum(static_cast<std::size_t>(g.rows * g.rows), cplx{});
+      for (std::size_t bi : g.blocks) {
+        const Block& b = psi.sites[j].blocks[bi];
+        for (std::int64_t r = 0; r < b.rows; ++r)
+          for (std::int64_t q = 0; q < b.rows; ++q) {
+            cplx acc{};
+            for (std::int64_t k = 0; k < b.cols; ++k) acc += b.values[r * b.cols + k] * std::conj(b.values[q * b.cols + k]);
+            sum[r * g.rows + q] += acc;
+          }
+      }
+      for (std::int64_t r = 0; r < g.rows; ++r)
+        for (std::int64_t q = 0; q < g.rows; ++q)
+          worst = std::max(worst, std::abs(sum[r * g.rows + q] - (r == q ? 1.0 : 0.0)));
+    }
+  return worst;
+}
+
+// ---------------------------------------------------------------- HDF5
+
+namespace {
+
+std::string join(const std::string& group, const char* name) { return group.empty() ? name : group + "/" + name; }
+
+h5::Dataset put(h5::File& out, const std::string& name, DType t, const Shape& shape, const void* values, const char* doc) {
+  h5::Dataset ds = out.create_dataset(name, {{t, shape, {}}, false});
+  if (shape_elements(shape) > 0) ds.write_all(values);
+  ds.set_attribute("description", doc);
+  return ds;
+}
+
+}  // namespace
+
+void write_mps(h5::File& out, const U1Mps& psi, const std::string& group) {
+  std::vector<std::int64_t> bond_offsets{0};
+  std::vector<std::int32_t> charges;
+  std::vector<double> lambda;
+  for (const Bond& b : psi.bonds) {
+    charges.insert(charges.end(), b.charges.begin(), b.charges.end());
+    lambda.insert(lambda.end(), b.lambda.begin(), b.lambda.end());
+    bond_offsets.push_back(static_cast<std::int64_t>(charges.size()));
+  }
+  std::vector<std::int64_t> blocks, block_offsets{0};
+  std::vector<cplx> values;
+  for (int j = 0; j < psi.L; ++j)
+    for (const Block& b : psi.sites[j].blocks) {
+      const std::int64_t row0 = psi.bonds[j].sector(b.c_left).offset, col0 = psi.bonds[j + 1].sector(b.c_right).offset;
+      blocks.insert(blocks.end(), {j, b.c_left, b.c_right, row0, col0, b.rows, b.cols});
+      values.insert(values.end(), b.values.begin(), b.values.end());
+      block_offsets.push_back(static_cast<std::int64_t>(values.size()));
+    }
+  const std::uint64_t nb = block_offsets.size() - 1;
+  put(out, join(group, "bond_offsets"), DType::int64, {bond_offsets.size()}, bond_offsets.data(),
+      "bond k (k = 0..L) occupies [bond_offsets[k], bond_offsets[k+1]) of bond_charges and lambda");
+  put(out, join(group, "bond_charges"), DType::int32, {charges.size()}, charges.data(),
+      "charge of each bond index: the particles right of the bond; ascending within a bond");
+  put(out, join(group, "lambda"), DType::float64, {lambda.size()}, lambda.data(),
+      "Schmidt value of each bond index (1 on the boundary bonds)");
+  put(out, join(group, "blocks"), DType::int64, {nb, 7}, blocks.data(),
+      "one row per block, site-major: (site, c_L, c_R, row0, col0, rows, cols); row0/col0 are the sector offsets in "
+      "bonds site and site+1; the block's occupation is c_L - c_R");
+  put(out, join(group, "block_offsets"), DType::int64, {nb + 1}, block_offsets.data(),
+      "block b's values are values[block_offsets[b] : block_offsets[b+1]], rows x cols row-major");
+  put(out, join(group, "values"), DType::complex128, {values.size()}, values.data(),
+      "the blocks' entries in B form (right-canonical), each block row-major, in the order of 'blocks'");
+  auto set = [&](h5::Object& o) {
+    o.set_attribute("L", static_cast<std::int64_t>(psi.L));
+    o.set_attribute("d", static_cast<std::int64_t>(psi.d));
+    o.set_attribute("total_charge", static_cast<std::int64_t>(psi.total_charge));
+    o.set_attribute("charge_kind", "n");
+    o.set_attribute("form", "B");
+    o.set_attribute("dtype", "complex128");
+  };
+  set(out);
+}
+
+U1Mps read_mps(const h5::File& in, const std::string& group) {
+  const std::string file = in.path().string();
+  auto missing = [&](const std::string& what) {
+    return InputError(fmt::format("'{}' is not an MPS: {}; expected an mps.init or mps.tebd output", file, what));
+  };
+  for (const char* name : {"bond_offsets", "bond_charges", "lambda", "blocks", "block_offsets", "values"})
+    if (!in.exists(join(group, name))) throw missing(fmt::format("it has no dataset '{}'", join(group, name)));
+  const h5::Dataset v = in.open_dataset(join(group, "values"));
+  for (const char* a : {"L", "d", "total_charge", "form"})
+    if (!in.has_attribute(a)) throw missing(fmt::format("the file has no attribute '{}'", a));
+  if (in.string_attribute("form") != "B") throw missing("its tensors are not in B form");
+  if (v.dtype() != DType::complex128) throw missing("'values' is not complex128");
+  U1Mps psi;
+  psi.L = static_cast<int>(in.int_attribute("L"));
+  psi.d = static_cast<int>(in.int_attribute("d"));
+  psi.total_charge = static_cast<int>(in.int_attribute("total_charge"));
+  auto read = [&](const char* name, DType t, auto& vec, std::size_t rank) {
+    const h5::Dataset ds = in.open_dataset(join(group, name));
+    if (ds.dtype() != t || ds.shape().size() != rank) throw missing(fmt::format("'{}' has the wrong type or rank", name));
+    vec.resize(shape_elements(ds.shape()));
+    if (!vec.empty()) ds.read_all(vec.data());
+    return ds.shape();
+  };
+  std::vector<std::int64_t> bond_offsets, blocks, block_offsets;
+  std::vector<std::int32_t> charges;
+  std::vector<double> lambda;
+  std::vector<cplx> values;
+  read("bond_offsets", DType::int64, bond_offsets, 1);
+  read("bond_charges", DType::int32, charges, 1);
+  read("lambda", DType::float64, lambda, 1);
+  read("blocks", DType::int64, blocks, 2);
+  read("block_offsets", DType::int64, block_offsets, 1);
+  read("values", DType::complex128, values, 1);
+  if (psi.L < 1 || bond_offsets.size() != static_cast<std::size_t>(psi.L + 2) || charges.size() != lambda.size() ||
+      bond_offsets.back() != static_cast<std::int64_t>(charges.size()) || blocks.size() % 7 != 0 ||
+      block_offsets.size() != blocks.size() / 7 + 1 || block_offsets.back() != static_cast<std::int64_t>(values.size()))
+    throw missing("its offsets tables do not match its datasets");
+  psi.bonds.resize(psi.L + 1);
+  psi.sites.resize(psi.L);
+  for (int k = 0; k <= psi.L; ++k) {
+    if (bond_offsets[k] > bond_offsets[k + 1]) throw missing("bond_offsets is not ascending");
+    psi.bonds[k].charges.assign(charges.begin() + bond_offsets[k], charges.begin() + bond_offsets[k + 1]);
+    psi.bonds[k].lambda.assign(lambda.begin() + bond_offsets[k], lambda.begin() + bond_offsets[k + 1]);
+  }
+  for (std::size_t b = 0; b + 1 < block_offsets.size(); ++b) {
+    const std::int64_t* row = &blocks[7 * b];
+    if (row[0] < 0 || row[0] >= psi.L || block_offsets[b] > block_offsets[b + 1] ||
+        block_offsets[b + 1] - block_offsets[b] != row[5] * row[6])
+      throw missing(fmt::format("block {} does not match its offsets", b));
+    psi.sites[row[0]].blocks.push_back({static_cast<int>(row[1]), static_cast<int>(row[2]), row[5], row[6],
+                                        std::vector<cplx>(values.begin() + block_offsets[b], values.begin() + block_offsets[b + 1])});
+  }
+  try {
+    psi.check_structure();
+  } catch (const std::runtime_error& e) {
+    throw missing(e.what());
+  }
+  return psi;
+}
+
+}  // namespace qstage::stages::mps

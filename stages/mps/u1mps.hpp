@@ -1,0 +1,89 @@
+#pragma once
+// A U(1)-symmetric matrix product state, block-sparse by charge (docs/mps.md).
+//
+// Bond k (k = 0..L) sits left of site k; its charge c counts the particles to the right of it, so
+// bond 0 carries the total charge N and bond L carries 0. Each bond keeps its charges sorted
+// ascending (equal charges contiguous: a sector) with one Schmidt value per index. Site j
+// (between bonds j and j+1) keeps only its nonzero blocks (c_L, c_R), 0 <= c_L - c_R <= d-1,
+// each a dense row-major matrix over the two sectors. Tensors are in B form (right-canonical,
+// TeNPy's 'B' = Gamma lambda): sum over c_R and the right index of B B^dagger is the identity
+// in every left sector.
+#include <complex>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "io/h5.hpp"
+
+namespace qstage::stages::mps {
+
+using cplx = std::complex<double>;
+
+struct Sector {
+  int charge = 0;
+  std::int64_t offset = 0;  // first index of the sector in the bond
+  std::int64_t size = 0;
+};
+
+struct Bond {
+  std::vector<int> charges;    // ascending
+  std::vector<double> lambda;  // Schmidt values, one per index
+  std::int64_t size() const { return static_cast<std::int64_t>(charges.size()); }
+  std::vector<Sector> sectors() const;
+  // The sector of `charge`, or one of size 0 if the bond has none.
+  Sector sector(int charge) const;
+};
+
+struct Block {
+  int c_left = 0, c_right = 0;
+  std::int64_t rows = 0, cols = 0;
+  std::vector<cplx> values;  // rows x cols, row-major
+};
+
+struct Site {
+  std::vector<Block> blocks;  // sorted by (c_left, c_right)
+  const Block* find(int c_left, int c_right) const;
+  Block* find(int c_left, int c_right);
+};
+
+struct U1Mps {
+  int L = 0, d = 2, total_charge = 0;
+  std::vector<Bond> bonds;  // L + 1
+  std::vector<Site> sites;  // L
+
+  // Checks the structural invariants (sorted charges, block shapes matching their sectors,
+  // allowed charge differences, sorted blocks); throws std::runtime_error naming the first broken one.
+  void check_structure() const;
+};
+
+// A product state with the given occupations: bond dimension 1, lambda = 1.
+U1Mps product_state(int d, const std::vector<int>& occupations);
+
+// A seeded random state of `total_charge` particles with up to `chi` indices per bond, brought to
+// right-canonical form with exact Schmidt values (docs/mps.md says how it is drawn).
+U1Mps random_state(int L, int d, int total_charge, int chi, std::uint64_t seed);
+
+// Right-canonicalises `psi` (norm 1) and sets every bond's lambda to its Schmidt values, by a
+// right-to-left sweep of per-sector SVDs then a left-to-right one; indices whose Schmidt value is
+// zero (below 1e-14 of the largest) are dropped.
+void canonicalize(U1Mps& psi);
+
+// --- measurements (B form: they assume right-canonical tensors and Schmidt lambdas)
+
+std::vector<double> densities(const U1Mps& psi);                 // <n_j>, j = 0..L-1
+double entropy_vn(const Bond& bond);                             // -sum l^2 ln l^2
+double entropy_renyi2(const Bond& bond);                         // -ln sum l^4
+std::vector<double> charge_distribution(const U1Mps& psi, int bond);  // P(N_left = n), n = 0..N
+// <psi|psi>, contracted from the left without assuming any canonical form.
+double norm_squared(const U1Mps& psi);
+// The largest |sum B B^dagger - 1| entry over all sites and left sectors.
+double right_canonical_error(const U1Mps& psi);
+
+// --- the HDF5 layout (docs/mps.md): flat datasets under `group`, the attributes L, d,
+// total_charge, charge_kind ("n"), form ("B") and dtype on the file's root.
+
+void write_mps(h5::File& out, const U1Mps& psi, const std::string& group = "");
+// Reads an MPS written by write_mps; throws InputError naming the file and what is missing or broken.
+U1Mps read_mps(const h5::File& in, const std::string& group = "");
+
+}  // namespace qstage::stages::mps

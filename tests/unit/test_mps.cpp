@@ -1,0 +1,271 @@
+// The U(1) MPS core (stages/mps) against dense references computed here: gate tables and their
+// conservation check, the container's invariants for product and random states, one charge-
+// blocked two-site update against the dense gate applied to the dense state (d = 2 and d = 3),
+// and the global truncation's ranking, ties and TeNPy constraints.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <complex>
+#include <random>
+#include <vector>
+
+#include "core/error.hpp"
+#include "kernels/u1_math.hpp"
+#include "stages/mps/gates.hpp"
+#include "stages/mps/linalg.hpp"
+#include "stages/mps/tebd.hpp"
+#include "stages/mps/u1mps.hpp"
+
+using namespace qstage;
+using namespace qstage::stages::mps;
+
+namespace {
+
+// The dense state of an MPS: amplitude of occupations (n_0, ..., n_{L-1}) at index sum n_j d^(L-1-j).
+std::vector<cplx> dense(const U1Mps& psi) {
+  // rows: configurations of the sites so far; columns: indices of the current bond.
+  std::vector<cplx> cur{cplx{1, 0}};
+  std::int64_t configs = 1, chi = 1;
+  for (int j = 0; j < psi.L; ++j) {
+    const Bond& left = psi.bonds[j];
+    const Bond& right = psi.bonds[j + 1];
+    const std::int64_t chi_r = right.size();
+    std::vector<cplx> next(static_cast<std::size_t>(configs * psi.d * chi_r));
+    for (const Block& b : psi.sites[j].blocks) {
+      const Sector l = left.sector(b.c_left), r = right.sector(b.c_right);
+      const int n = b.c_left - b.c_right;
+      for (std::int64_t c = 0; c < configs; ++c)
+        for (std::int64_t a = 0; a < b.rows; ++a)
+          for (std::int64_t q = 0; q < b.cols; ++q)
+            next[(c * psi.d + n) * chi_r + r.offset + q] += cur[c * chi + l.offset + a] * b.values[a * b.cols + q];
+    }
+    cur = std::move(next);
+    configs *= psi.d;
+    chi = chi_r;
+  }
+  return cur;
+}
+
+// The dense gate g (d^2 x d^2) on sites j, j+1 of a dense state.
+std::vector<cplx> apply_dense(const std::vector<cplx>& v, const std::vector<cplx>& g, int L, int d, int j) {
+  std::int64_t inner = 1, outer = 1;
+  for (int i = j + 2; i < L; ++i) inner *= d;
+  for (int i = 0; i < j; ++i) outer *= d;
+  std::vector<cplx> out(v.size());
+  const int dd = d * d;
+  for (std::int64_t o = 0; o < outer; ++o)
+    for (std::int64_t i = 0; i < inner; ++i)
+      for (int r = 0; r < dd; ++r)
+        for (int c = 0; c < dd; ++c) out[(o * dd + r) * inner + i] += g[r * dd + c] * v[(o * dd + c) * inner + i];
+  return out;
+}
+
+// A random Hermitian two-site Hamiltonian that conserves n_left + n_right.
+std::vector<cplx> random_conserving_hamiltonian(int d, unsigned seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> u(-1, 1);
+  const int dd = d * d;
+  std::vector<cplx> h(static_cast<std::size_t>(dd * dd));
+  for (int r = 0; r < dd; ++r)
+    for (int c = 0; c <= r; ++c)
+      if (r / d + r % d == c / d + c % d) {
+        const cplx v = r == c ? cplx{u(rng), 0} : cplx{u(rng), u(rng)};
+        h[r * dd + c] = v;
+        h[c * dd + r] = std::conj(v);
+      }
+  return h;
+}
+
+std::vector<double> schmidt_values(const std::vector<cplx>& v, std::int64_t rows) {
+  const Svd f = svd(v.data(), rows, static_cast<std::int64_t>(v.size()) / rows);
+  std::vector<double> s;
+  for (double x : f.s)
+    if (x > 1e-13) s.push_back(x);
+  return s;
+}
+
+}  // namespace
+
+TEST(U1Math, GateIndicesFollowTheChargeDifferences) {
+  // d = 3: old (n, m) = (2, 1), new left occupation 0 -> right 3 is outside [0, 2].
+  EXPECT_FALSE(kernels::gate_entry_allowed(2, 1, 0, 3));
+  EXPECT_TRUE(kernels::gate_entry_allowed(2, 1, 1, 3));
+  // c_L = 5, c_old = 3, c_new = 4, c_R = 2: old (2, 1), new (1, 2).
+  EXPECT_EQ(kernels::gate_entry_for_charges(5, 3, 4, 2, 3), kernels::gate_index(2, 1, 1, 3));
+  EXPECT_EQ(kernels::gate_entry_for_charges(5, 3, 5, 2, 3), -1);  // new right occupation 3
+  EXPECT_TRUE(kernels::u1_block_allowed(3, 1, 3));
+  EXPECT_FALSE(kernels::u1_block_allowed(3, 0, 3));
+  EXPECT_FALSE(kernels::u1_block_allowed(1, 2, 3));
+}
+
+TEST(MpsGates, XxzGateMatchesTheClosedFormAndConserves) {
+  const double J = 0.9, delta = 0.7, dt = 0.3;
+  const auto g = exp_minus_i(xxz_bond_hamiltonian(J, delta, 0, 0), 4, dt);
+  const cplx diag = std::exp(cplx{0, -J * delta * dt / 4});
+  const cplx phase = std::exp(cplx{0, J * delta * dt / 4});
+  EXPECT_LT(std::abs(g[0] - diag), 1e-14);
+  EXPECT_LT(std::abs(g[15] - diag), 1e-14);
+  EXPECT_LT(std::abs(g[1 * 4 + 1] - phase * std::cos(J * dt / 2)), 1e-14);
+  EXPECT_LT(std::abs(g[1 * 4 + 2] - phase * cplx{0, -std::sin(J * dt / 2)}), 1e-14);
+  const GateTable t = gate_table(g, 2, "test gate");
+  // U[n, m, l] = <l, n+m-l|G|n, m>: hopping |1 0> -> |0 1> is U[1, 0, 0].
+  EXPECT_EQ(t.at(1, 0, 0), g[(0 * 2 + 1) * 4 + (1 * 2 + 0)]);
+  EXPECT_EQ(t.at(1, 1, 1), g[15]);
+  // unitary
+  for (int r = 0; r < 4; ++r)
+    for (int c = 0; c < 4; ++c) {
+      cplx s{};
+      for (int k = 0; k < 4; ++k) s += g[k * 4 + r] * std::conj(g[k * 4 + c]);
+      EXPECT_LT(std::abs(s - (r == c ? 1.0 : 0.0)), 1e-14);
+    }
+}
+
+TEST(MpsGates, AGateThatChangesTheParticleNumberIsRefused) {
+  auto h = xxz_bond_hamiltonian(1, 0.5, 0, 0);
+  h[0 * 4 + 2] = h[2 * 4 + 0] = 0.1;  // S^x on the left site: |00> <-> |10>
+  const auto g = exp_minus_i(h, 4, 0.1);
+  try {
+    gate_table(g, 2, "the bad gate");
+    FAIL() << "a non-conserving gate was accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("the bad gate does not conserve the particle number"), std::string::npos);
+  }
+}
+
+TEST(MpsContainer, ProductStateHasItsChargesAndStructure) {
+  const U1Mps psi = product_state(3, {2, 0, 1, 1});
+  EXPECT_NO_THROW(psi.check_structure());
+  EXPECT_EQ(psi.total_charge, 4);
+  const std::vector<int> expected{4, 2, 2, 1, 0};
+  for (int k = 0; k <= 4; ++k) EXPECT_EQ(psi.bonds[k].charges, std::vector<int>{expected[k]});
+  const auto n = densities(psi);
+  EXPECT_EQ(n, (std::vector<double>{2, 0, 1, 1}));
+  EXPECT_EQ(norm_squared(psi), 1.0);
+}
+
+TEST(MpsContainer, RandomStateIsNormalisedRightCanonicalWithSchmidtLambdas) {
+  const U1Mps psi = random_state(6, 3, 5, 10, 42);
+  EXPECT_NO_THROW(psi.check_structure());
+  EXPECT_LT(std::abs(norm_squared(psi) - 1), 1e-12);
+  EXPECT_LT(right_canonical_error(psi), 1e-12);
+  const auto v = dense(psi);
+  std::int64_t rows = 1;
+  for (int k = 1; k < psi.L; ++k) {
+    rows *= psi.d;
+    auto lam = psi.bonds[k].lambda;
+    std::sort(lam.rbegin(), lam.rend());
+    const auto s = schmidt_values(v, rows);
+    ASSERT_EQ(lam.size(), s.size()) << "bond " << k;
+    for (std::size_t i = 0; i < s.size(); ++i) EXPECT_NEAR(lam[i], s[i], 1e-12);
+  }
+  // every amplitude outside the charge-5 sector is exactly 0
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    int total = 0;
+    for (std::size_t x = i; x; x /= 3) total += static_cast<int>(x % 3);
+    if (total != 5) {
+      EXPECT_EQ(v[i], cplx{}) << i;
+    }
+  }
+  // the same seed, the same bits
+  const U1Mps again = random_state(6, 3, 5, 10, 42);
+  for (int j = 0; j < psi.L; ++j) {
+    ASSERT_EQ(psi.sites[j].blocks.size(), again.sites[j].blocks.size());
+    for (std::size_t b = 0; b < psi.sites[j].blocks.size(); ++b)
+      EXPECT_EQ(psi.sites[j].blocks[b].values, again.sites[j].blocks[b].values);
+  }
+}
+
+TEST(MpsContainer, BrokenStructureIsReported) {
+  U1Mps psi = random_state(4, 2, 2, 4, 1);
+  psi.sites[1].blocks[0].c_right = psi.sites[1].blocks[0].c_left + 1;  // negative occupation
+  EXPECT_THROW(psi.check_structure(), std::runtime_error);
+  U1Mps psi2 = random_state(4, 2, 2, 4, 1);
+  psi2.sites[2].blocks[0].rows += 1;
+  EXPECT_THROW(psi2.check_structure(), std::runtime_error);
+}
+
+class MpsUpdate : public ::testing::TestWithParam<int> {};
+
+TEST_P(MpsUpdate, OneUpdateEqualsTheDenseGateOnTheDenseState) {
+  const int d = GetParam(), L = 5, j = 1;
+  U1Mps psi = random_state(L, d, d == 2 ? 2 : 4, 12, 7);
+  const auto before = dense(psi);
+  const auto g = exp_minus_i(random_conserving_hamiltonian(d, 3), d * d, 0.4);
+  const auto expected = apply_dense(before, g, L, d, j);
+  const double eps = update_bond(psi, j, gate_table(g, d, "test gate"), TruncParams{1000, 0, 0});
+  EXPECT_LT(eps, 1e-28);
+  EXPECT_NO_THROW(psi.check_structure());
+  const auto after = dense(psi);
+  for (std::size_t i = 0; i < after.size(); ++i) EXPECT_LT(std::abs(after[i] - expected[i]), 1e-12) << i;
+  // the centre bond's lambda are the Schmidt values of the new state; the form stays right-canonical
+  std::int64_t rows = 1;
+  for (int k = 0; k < j + 1; ++k) rows *= d;
+  auto lam = psi.bonds[j + 1].lambda;
+  std::sort(lam.rbegin(), lam.rend());
+  const auto s = schmidt_values(expected, rows);
+  ASSERT_EQ(lam.size(), s.size());
+  for (std::size_t i = 0; i < s.size(); ++i) EXPECT_NEAR(lam[i], s[i], 1e-12);
+  EXPECT_LT(right_canonical_error(psi), 1e-12);
+}
+
+INSTANTIATE_TEST_SUITE_P(LocalDimensions, MpsUpdate, ::testing::Values(2, 3));
+
+TEST(MpsTruncation, GlobalRankingTiesAndTenpyConstraints) {
+  const std::vector<std::vector<double>> s{{0.6, 0.5}, {0.5, 0.3}, {0.2}};
+  const double total = 0.36 + 0.25 + 0.25 + 0.09 + 0.04;
+  // chi_max 3: 0.6, then the tied 0.5s by block: block 0's, then block 1's.
+  Truncation t = truncate(s, {3, 0, 0});
+  EXPECT_EQ(t.kept, (std::vector<std::int64_t>{2, 1, 0}));
+  EXPECT_NEAR(t.discarded, (0.09 + 0.04) / total, 1e-15);
+  t = truncate(s, {2, 0, 0});
+  EXPECT_EQ(t.kept, (std::vector<std::int64_t>{2, 0, 0}));
+  // trunc_cut: drop the smallest while their squares (normalised) sum to <= trunc_cut^2
+  t = truncate(s, {100, 0, std::sqrt(0.05 / total)});
+  EXPECT_EQ(t.kept, (std::vector<std::int64_t>{2, 2, 0}));
+  t = truncate(s, {100, 0, std::sqrt(0.14 / total)});
+  EXPECT_EQ(t.kept, (std::vector<std::int64_t>{2, 1, 0}));
+  // svd_min on the normalised values: 0.3 / norm = 0.30 is kept, 0.2 / norm = 0.2 is not
+  t = truncate(s, {100, 0.25, 0});
+  EXPECT_EQ(t.kept, (std::vector<std::int64_t>{2, 2, 0}));
+  // a constraint that would keep nothing is not applied
+  t = truncate(s, {100, 10.0, 0});
+  EXPECT_EQ(t.kept, (std::vector<std::int64_t>{2, 2, 1}));
+  EXPECT_EQ(t.discarded, 0.0);
+}
+
+TEST(MpsTruncation, OneTruncatedUpdateKeepsTheLargestSchmidtValuesOverAllCharges) {
+  // The dense reference: the gated state's Schmidt values at the centre cut, all charges pooled.
+  const int d = 2, L = 6, j = 2;
+  U1Mps psi = random_state(L, d, 3, 20, 9);
+  const auto g = exp_minus_i(random_conserving_hamiltonian(d, 5), d * d, 0.7);
+  const auto expected = apply_dense(dense(psi), g, L, d, j);
+  std::int64_t rows = 1;
+  for (int k = 0; k < j + 1; ++k) rows *= d;
+  const auto s = schmidt_values(expected, rows);  // descending
+  ASSERT_GT(s.size(), 4u);
+  const std::int64_t chi_max = 3;
+  double total = 0, dropped = 0;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    total += s[i] * s[i];
+    if (static_cast<std::int64_t>(i) >= chi_max) dropped += s[i] * s[i];
+  }
+  const double eps = update_bond(psi, j, gate_table(g, d, "test gate"), TruncParams{chi_max, 0, 0});
+  EXPECT_NEAR(eps, dropped / total, 1e-12);
+  EXPECT_GT(eps, 1e-6);
+  // the kept values, renormalised, are the largest three whatever their charges
+  auto lam = psi.bonds[j + 1].lambda;
+  ASSERT_EQ(static_cast<std::int64_t>(lam.size()), chi_max);
+  std::sort(lam.rbegin(), lam.rend());
+  for (std::int64_t i = 0; i < chi_max; ++i) EXPECT_NEAR(lam[i], s[i] / std::sqrt(total - dropped), 1e-12);
+  // the truncated state is the optimal one: norm 1 and overlap sqrt(1 - eps) with the exact state
+  const auto after = dense(psi);
+  cplx overlap{};
+  double n2 = 0;
+  for (std::size_t i = 0; i < after.size(); ++i) {
+    overlap += std::conj(after[i]) * expected[i];
+    n2 += std::norm(after[i]);
+  }
+  EXPECT_NEAR(n2, 1.0, 1e-12);
+  EXPECT_NEAR(std::abs(overlap), std::sqrt(1 - eps), 1e-12);
+  EXPECT_NO_THROW(psi.check_structure());
+}
