@@ -95,27 +95,21 @@ struct RowGroup {
   std::int64_t rows = 0, cols = 0;
 };
 
-std::map<int, RowGroup> groups_by_left(const Site& s) {
+// The site's blocks grouped by their left charge (a row group: one sector of rows, the blocks
+// side by side) or by their right charge (a column group: one sector of columns, stacked).
+std::map<int, RowGroup> groups_by(const Site& s, bool by_left) {
   std::map<int, RowGroup> g;
   for (std::size_t i = 0; i < s.blocks.size(); ++i) {
-    auto& grp = g[s.blocks[i].c_left];
+    const auto& b = s.blocks[i];
+    auto& grp = g[by_left ? b.c_left : b.c_right];
     grp.blocks.push_back(i);
-    grp.rows = s.blocks[i].rows;
-    grp.cols += s.blocks[i].cols;
+    if (by_left) grp.rows = b.rows, grp.cols += b.cols;
+    else grp.cols = b.cols, grp.rows += b.rows;
   }
   return g;
 }
-
-std::map<int, RowGroup> groups_by_right(const Site& s) {
-  std::map<int, RowGroup> g;
-  for (std::size_t i = 0; i < s.blocks.size(); ++i) {
-    auto& grp = g[s.blocks[i].c_right];
-    grp.blocks.push_back(i);
-    grp.cols = s.blocks[i].cols;
-    grp.rows += s.blocks[i].rows;
-  }
-  return g;
-}
+std::map<int, RowGroup> groups_by_left(const Site& s) { return groups_by(s, true); }
+std::map<int, RowGroup> groups_by_right(const Site& s) { return groups_by(s, false); }
 
 // Rebuilds a bond from per-charge sizes and Schmidt values (ascending charge; sizes of 0 leave the charge out).
 Bond make_bond(const std::map<int, std::vector<double>>& values) {
