@@ -40,6 +40,7 @@
 #include <fmt/format.h>
 #include <iostream>
 #include <map>
+#include <sstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -49,6 +50,7 @@
 #include "core/fsutil.hpp"
 #include "core/units.hpp"
 #include "io/h5.hpp"
+#include "kernels/charge_blocks.hpp"
 #include "kernels/codec.hpp"
 #include "kernels/gemm.hpp"
 #include "kernels/looped_gemm.hpp"
@@ -464,6 +466,50 @@ int dedup_bench(const std::map<std::string, std::string>& a) {
   return 0;
 }
 
+// The SVD paths of the charge-block update on one random complex128 matrix a size (square or
+// m = aspect n): the host's LAPACK (one thread; and `batch` copies over all threads) against
+// cuSOLVER's Jacobi, to place kernels::kHostSvdWork.
+int svd_bench(const std::map<std::string, std::string>& a) {
+  auto be = make_backend({a.count("device") ? a.at("device") : "cuda", 0, 0, 0});
+  auto s = be->make_stream(true);
+  const double aspect = a.count("aspect") ? std::stod(a.at("aspect")) : 1.0;
+  const int batch = a.count("batch") ? std::stoi(a.at("batch")) : 16;
+  json out = {{"device", be->description()}, {"omp_threads", omp_get_max_threads()}, {"aspect", aspect}, {"sizes", json::array()}};
+  std::stringstream list(a.count("sizes") ? a.at("sizes") : "16,32,48,64,96,128,256,512,1024");
+  for (std::string item; std::getline(list, item, ',');) {
+    const std::int64_t n = std::stoll(item), m = std::max<std::int64_t>(1, std::llround(aspect * n)), r = std::min(m, n);
+    std::vector<kernels::SvdProblem> one{{m, n, 0, 0, 0}}, many;
+    for (int i = 0; i < batch; ++i) many.push_back({m, n, i * m * n, i * r, i * r * n});
+    Buffer da = be->alloc_device(m * n * 16, "bench A"), ds = be->alloc_device(r * 8, "bench S"),
+           dv = be->alloc_device(r * n * 16, "bench Vh");
+    kernels::random_fill(*s, {DType::complex128, 3, 0, 2 * m * n, da.data()});
+    std::vector<kernels::cplx128> host(m * n * batch), vh(r * n * batch);
+    std::vector<double> hs(r * batch);
+    be->copy_to_host(host.data(), da.data(), m * n * 16, *s);
+    s->synchronize();
+    for (int i = 1; i < batch; ++i) std::copy_n(host.begin(), m * n, host.begin() + i * m * n);
+    const int reps = n >= 1024 ? 1 : 3;
+    const double host_one = median_seconds([&] { kernels::detail::svd_on_host(host.data(), one, hs.data(), vh.data()); }, reps);
+    const double host_batch = median_seconds([&] { kernels::detail::svd_on_host(host.data(), many, hs.data(), vh.data()); }, reps);
+    json row = {{"m", m}, {"n", n}, {"host_one_thread_seconds", host_one}, {"host_batch_seconds_each", host_batch / batch}};
+    if (be->kind() == BackendKind::cuda) {
+      const std::size_t bytes = kernels::svd_workspace_bytes(*s, one, 0);
+      Buffer w = be->alloc_device(std::max<std::size_t>(bytes, 1), "bench SVD workspace");
+      kernels::SvdReport rep;
+      const double jacobi = median_seconds([&] {
+        rep = kernels::batched_svd(*s, da.as<kernels::cplx128>(), one, ds.as<double>(), dv.as<kernels::cplx128>(), w.data(), bytes, 0);
+        s->synchronize();
+      }, reps);
+      row["jacobi_seconds"] = jacobi;
+      row["jacobi_converged"] = rep.jacobi == 1;
+      row["host_one_over_jacobi"] = host_one / jacobi;
+    }
+    out["sizes"].push_back(row);
+  }
+  std::cout << out.dump(2) << "\n";
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (argc < 2) {
     std::cerr << "usage: qstage_bench ceilings --m M --n N --k K [--device cuda|cpu] [--io-dir DIR --io-bytes SIZE]\n"
@@ -471,7 +517,8 @@ int main(int argc, char** argv) {
                  "       qstage_bench codec --data FILE:/dataset [--device cuda] [--pipelines szx,group] [--bounds 1e-3]\n"
                  "       qstage_bench looped --steps FILE.json [--device cuda] [--dtype complex64]\n"
                  "       qstage_bench sci-generate --fcidump FILE [--sources N] [--batch N] [--eps E] [--device cuda]\n"
-                 "       qstage_bench dedup --rows N [--words W] [--distinct D] [--device cuda]\n";
+                 "       qstage_bench dedup --rows N [--words W] [--distinct D] [--device cuda]\n"
+                 "       qstage_bench svd [--sizes 16,32,...] [--aspect 1] [--batch 16] [--device cuda]\n";
     return 2;
   }
   try {
@@ -487,6 +534,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (cmd == "dedup") return dedup_bench(args);
+    if (cmd == "svd") return svd_bench(args);
     std::cerr << "unknown command " << cmd << "\n";
     return 2;
   } catch (const std::exception& e) {

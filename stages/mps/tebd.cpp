@@ -1,7 +1,9 @@
 #include "stages/mps/tebd.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <numeric>
 
@@ -65,29 +67,34 @@ Truncation truncate(const std::vector<std::vector<double>>& values, const TruncP
 
 namespace {
 
-// One new centre charge's Theta: rows the left sectors c_L in [c, c + d - 1], columns the right
-// sectors c_R in [c - d + 1, c], both ascending.
+// One new centre charge's block of Theta: rows the left sectors c_L in [c, c + d - 1], columns
+// the right sectors c_R in [c - d + 1, c], both ascending; at `offset` in the flat C.
 struct ChargeBlock {
   int charge = 0;
   std::vector<Sector> rows, cols;  // sectors of the outer bonds, with their offsets inside this block
   std::vector<std::int64_t> row0, col0;
-  std::int64_t m = 0, n = 0;
-  std::vector<cplx> c;  // gate (B B), m x n (Hastings' C)
-  Svd svd;
+  std::int64_t m = 0, n = 0, offset = 0;
 };
 
-// The blocks C(c) = gate (B[j] B[j+1]) of every new centre charge c of bond (j, j+1).
-std::vector<ChargeBlock> gate_blocks(const U1Mps& psi, int j, const GateTable& gate) {
+// What one two-site update computes, planned on the host: the charge blocks of C(c) = gate (B B),
+// the products of sector blocks that fill them (seed 001 eq. 16: the gate entry looked up by
+// the charges) and where each site block sits in the packed input.
+struct BondPlan {
+  std::vector<ChargeBlock> blocks;
+  std::vector<kernels::ChargeProduct> products;
+  std::vector<kernels::ChargeScatter> scatters;
+  std::vector<std::pair<const Block*, std::int64_t>> inputs;  // site blocks and their packed offsets
+  std::int64_t input_size = 0, c_size = 0, scratch_size = 0;
+};
+
+BondPlan plan_bond(const U1Mps& psi, int j, const GateTable& gate) {
   const int d = psi.d;
-  const Bond& left = psi.bonds[j];
-  const Bond& centre = psi.bonds[j + 1];
-  const Bond& right = psi.bonds[j + 2];
+  const std::vector<Sector> ls = psi.bonds[j].sectors(), cs = psi.bonds[j + 1].sectors(), rs = psi.bonds[j + 2].sectors();
   const Site& a = psi.sites[j];
   const Site& b = psi.sites[j + 1];
-  const std::vector<Sector> ls = left.sectors(), cs = centre.sectors(), rs = right.sectors();
+  BondPlan plan;
 
   // The new centre charges: every c that some left sector can reach with a right sector.
-  std::vector<ChargeBlock> blocks;
   const int c_lo = rs.front().charge, c_hi = ls.back().charge;
   for (int c = c_lo; c <= c_hi; ++c) {
     ChargeBlock cb;
@@ -105,51 +112,73 @@ std::vector<ChargeBlock> gate_blocks(const U1Mps& psi, int j, const GateTable& g
         cb.n += s.size;
       }
     if (cb.m == 0 || cb.n == 0) continue;
-    cb.c.assign(static_cast<std::size_t>(cb.m * cb.n), cplx{});
-    blocks.push_back(std::move(cb));
+    cb.offset = plan.c_size;
+    plan.c_size += cb.m * cb.n;
+    plan.blocks.push_back(std::move(cb));
   }
-  auto block_of = [&](int c) -> ChargeBlock* {
-    for (auto& cb : blocks)
+  std::map<const Block*, std::int64_t> packed;
+  auto input = [&](const Block* x) {
+    auto [it, fresh] = packed.emplace(x, plan.input_size);
+    if (fresh) {
+      plan.inputs.emplace_back(x, plan.input_size);
+      plan.input_size += x->rows * x->cols;
+    }
+    return it->second;
+  };
+  auto block_of = [&](int c) -> const ChargeBlock* {
+    for (const auto& cb : plan.blocks)
       if (cb.charge == c) return &cb;
     return nullptr;
   };
 
-  // P(c_L, c', c_R) = B[j](c_L, c') B[j+1](c', c_R), one GEMM per old centre sector, each mixed
+  // P(c_L, c', c_R) = B[j](c_L, c') B[j+1](c', c_R), one product per old centre sector, each mixed
   // into the C(c) of every new centre charge by the gate entry its charges select.
   for (const Sector& l : ls)
     for (const Sector& r : rs) {
       if (l.charge < r.charge || l.charge - r.charge > 2 * (d - 1)) continue;
-      std::vector<cplx> p(static_cast<std::size_t>(l.size * r.size));
       for (const Sector& mid : cs) {
         const Block* x = a.find(l.charge, mid.charge);
         const Block* y = b.find(mid.charge, r.charge);
         if (!x || !y) continue;
-        matmul(x->values.data(), y->values.data(), p.data(), l.size, mid.size, r.size);
+        kernels::ChargeProduct p{input(x), input(y), l.size, mid.size, r.size,
+                                 static_cast<std::int64_t>(plan.scatters.size()), 0};
         for (int c = r.charge; c <= l.charge; ++c) {
           const std::int64_t e = kernels::gate_entry_for_charges(l.charge, mid.charge, c, r.charge, d);
           if (e < 0 || gate.u[e] == cplx{}) continue;
-          ChargeBlock* cb = block_of(c);
+          const ChargeBlock* cb = block_of(c);
           if (!cb) continue;
           const auto ri = std::find_if(cb->rows.begin(), cb->rows.end(), [&](const Sector& s) { return s.charge == l.charge; }) - cb->rows.begin();
           const auto ci = std::find_if(cb->cols.begin(), cb->cols.end(), [&](const Sector& s) { return s.charge == r.charge; }) - cb->cols.begin();
-          const cplx u = gate.u[e];
-          for (std::int64_t rr = 0; rr < l.size; ++rr)
-            for (std::int64_t cc = 0; cc < r.size; ++cc)
-              cb->c[(cb->row0[ri] + rr) * cb->n + cb->col0[ci] + cc] += u * p[rr * r.size + cc];
+          plan.scatters.push_back({cb->offset + cb->row0[ri] * cb->n + cb->col0[ci], cb->n, gate.u[e]});
+          ++p.count;
         }
+        if (p.count == 0) continue;
+        plan.scratch_size = std::max(plan.scratch_size, p.m * p.n);
+        plan.products.push_back(p);
       }
     }
-
-  return blocks;
+  return plan;
 }
 
-// Theta(c) = diag(lambda[j]) C(c), in place.
-void scale_rows(ChargeBlock& cb, const Bond& left, std::vector<cplx>& theta) {
-  for (std::size_t s = 0; s < cb.rows.size(); ++s)
-    for (std::int64_t rr = 0; rr < cb.rows[s].size; ++rr) {
-      const double lam = left.lambda[cb.rows[s].offset + rr];
-      for (std::int64_t cc = 0; cc < cb.n; ++cc) theta[(cb.row0[s] + rr) * cb.n + cc] *= lam;
-    }
+// The lambda of each row of the flat C: diag(lambda[j]) C(c) is Theta(c).
+std::vector<double> row_lambdas(const BondPlan& plan, const Bond& left, std::vector<kernels::ScaledRows>& matrices) {
+  std::vector<double> scale;
+  for (const ChargeBlock& cb : plan.blocks) {
+    matrices.push_back({cb.offset, cb.m, cb.n, static_cast<std::int64_t>(scale.size())});
+    for (const Sector& s : cb.rows) scale.insert(scale.end(), left.lambda.begin() + s.offset, left.lambda.begin() + s.offset + s.size);
+  }
+  return scale;
+}
+
+std::unique_ptr<Backend> host_backend() {
+  return detail::make_cpu_backend(std::numeric_limits<std::uint64_t>::max(), std::numeric_limits<std::uint64_t>::max());
+}
+
+double seconds_since(std::chrono::steady_clock::time_point& t) {
+  const auto now = std::chrono::steady_clock::now();
+  const double s = std::chrono::duration<double>(now - t).count();
+  t = now;
+  return s;
 }
 
 }  // namespace
@@ -160,73 +189,163 @@ double bond_expectation(const U1Mps& psi, int j, const GateTable& op) {
   identity.u.assign(op.u.size(), cplx{});
   for (int n = 0; n < psi.d; ++n)
     for (int m = 0; m < psi.d; ++m) identity.u[kernels::gate_index(n, m, n, psi.d)] = 1.0;
-  std::vector<ChargeBlock> bra = gate_blocks(psi, j, identity), ket = gate_blocks(psi, j, op);
-  cplx sum{};
-  for (std::size_t i = 0; i < bra.size(); ++i) {
-    scale_rows(bra[i], psi.bonds[j], bra[i].c);
-    scale_rows(ket[i], psi.bonds[j], ket[i].c);
-    for (std::size_t e = 0; e < bra[i].c.size(); ++e) sum += std::conj(bra[i].c[e]) * ket[i].c[e];
+  static const std::unique_ptr<Backend> host = host_backend();
+  const std::unique_ptr<Stream> stream = host->make_stream();
+  // Theta(c) of the identity and of op over the same blocks: <psi|op|psi> = sum conj(bra) ket.
+  std::vector<std::vector<cplx>> theta;
+  for (const GateTable* g : {static_cast<const GateTable*>(&identity), &op}) {
+    const BondPlan plan = plan_bond(psi, j, *g);
+    std::vector<cplx> in(plan.input_size), c(plan.c_size), scratch(plan.scratch_size), t(plan.c_size);
+    for (const auto& [x, offset] : plan.inputs) std::copy(x->values.begin(), x->values.end(), in.begin() + offset);
+    kernels::charge_products(*stream, in.data(), plan.products, plan.scatters, c.data(), plan.c_size, scratch.data());
+    std::vector<kernels::ScaledRows> rows;
+    const std::vector<double> scale = row_lambdas(plan, psi.bonds[j], rows);
+    kernels::scale_rows(*stream, c.data(), scale.data(), rows, t.data());
+    theta.push_back(std::move(t));
   }
+  cplx sum{};
+  for (std::size_t e = 0; e < theta[0].size(); ++e) sum += std::conj(theta[0][e]) * theta[1][e];
   return sum.real();
 }
 
-double update_bond(U1Mps& psi, int j, const GateTable& gate, const TruncParams& trunc) {
-  const Bond& left = psi.bonds[j];
-  std::vector<ChargeBlock> blocks = gate_blocks(psi, j, gate);
+// Buffers that grow to the largest update: on the backend (device memory on cuda) and pinned
+// staging on the host.
+struct BondUpdater::Workspace {
+  struct Grown {
+    Buffer buffer;
+    template <typename T>
+    T* get(Backend& backend, std::int64_t count, bool device, const char* what) {
+      const std::size_t bytes = std::max<std::size_t>(1, count * sizeof(T));
+      if (buffer.size() < bytes) {
+        buffer.reset();
+        const std::size_t grown = bytes + bytes / 4;
+        buffer = device ? backend.alloc_device(grown, what) : backend.alloc_host(grown, what);
+      }
+      return buffer.as<T>();
+    }
+  };
+  Grown sites, c, theta, scale, s, vh, out, scratch, svd, host_in, host_scale, host_s, host_out;
+};
 
-  // Theta(c) = diag(lambda[j]) C(c), one SVD each; blocks are independent, each SVD single-threaded
-  // into its own slot, so the bits do not depend on the thread count.
-  single_threaded_blas();
-  const auto nblocks = static_cast<std::int64_t>(blocks.size());
-  // Small SVDs cost less than waking the threads (on a busy machine, far less).
-  double work = 0;
-  for (const auto& cb : blocks) work += static_cast<double>(cb.m) * cb.n * std::min(cb.m, cb.n);
-#pragma omp parallel for schedule(dynamic) if (nblocks > 1 && work > 2e5)
-  for (std::int64_t i = 0; i < nblocks; ++i) {
-    ChargeBlock& cb = blocks[i];
-    std::vector<cplx> theta(cb.c);
-    scale_rows(cb, left, theta);
-    cb.svd = svd(theta.data(), cb.m, cb.n);
+BondUpdater::BondUpdater(Backend& backend, std::int64_t gpu_svd_from)
+    : backend_(backend), stream_(backend.make_stream(true)), work_(std::make_unique<Workspace>()), gpu_svd_from_(gpu_svd_from) {}
+BondUpdater::~BondUpdater() = default;
+
+double BondUpdater::update(U1Mps& psi, int j, const GateTable& gate, const TruncParams& trunc) {
+  Backend& be = backend_;
+  Stream& st = *stream_;
+  Workspace& w = *work_;
+  auto clock = std::chrono::steady_clock::now();
+  const BondPlan plan = plan_bond(psi, j, gate);
+
+  // The two sites in, packed in the plan's order.
+  cplx* host_in = w.host_in.get<cplx>(be, plan.input_size, false, "mps: staged site blocks");
+  for (const auto& [x, offset] : plan.inputs) std::copy(x->values.begin(), x->values.end(), host_in + offset);
+  cplx* sites = w.sites.get<cplx>(be, plan.input_size, true, "mps: site blocks");
+  be.copy_to_device(sites, host_in, plan.input_size * sizeof(cplx), st);
+  std::vector<kernels::ScaledRows> rows;
+  const std::vector<double> lambdas = row_lambdas(plan, psi.bonds[j], rows);
+  double* host_scale = w.host_scale.get<double>(be, static_cast<std::int64_t>(lambdas.size()), false, "mps: staged lambda");
+  std::copy(lambdas.begin(), lambdas.end(), host_scale);
+  double* scale = w.scale.get<double>(be, static_cast<std::int64_t>(lambdas.size()), true, "mps: lambda");
+  be.copy_to_device(scale, host_scale, lambdas.size() * sizeof(double), st);
+  st.synchronize();
+  timings_.transfers += seconds_since(clock);
+
+  // C(c) and Theta(c) = diag(lambda[j]) C(c).
+  cplx* c = w.c.get<cplx>(be, plan.c_size, true, "mps: C blocks");
+  cplx* theta = w.theta.get<cplx>(be, plan.c_size, true, "mps: Theta blocks");
+  cplx* scratch = w.scratch.get<cplx>(be, plan.scratch_size, true, "mps: product scratch");
+  kernels::charge_products(st, sites, plan.products, plan.scatters, c, plan.c_size, scratch);
+  kernels::scale_rows(st, c, scale, rows, theta);
+  st.synchronize();
+  timings_.theta += seconds_since(clock);
+
+  // One SVD per charge block.
+  std::vector<kernels::SvdProblem> problems;
+  std::int64_t s_size = 0, vh_size = 0;
+  for (const ChargeBlock& cb : plan.blocks) {
+    const std::int64_t r = std::min(cb.m, cb.n);
+    problems.push_back({cb.m, cb.n, cb.offset, s_size, vh_size});
+    s_size += r, vh_size += r * cb.n;
   }
+  double* s = w.s.get<double>(be, s_size, true, "mps: singular values");
+  cplx* vh = w.vh.get<cplx>(be, vh_size, true, "mps: right singular vectors");
+  const std::size_t svd_bytes = kernels::svd_workspace_bytes(st, problems, gpu_svd_from_);
+  void* svd_work = svd_bytes ? w.svd.get<char>(be, static_cast<std::int64_t>(svd_bytes), true, "mps: SVD workspace") : nullptr;
+  timings_.svd_paths += kernels::batched_svd(st, theta, problems, s, vh, svd_work, svd_bytes, gpu_svd_from_);
+  st.synchronize();
+  timings_.svd += seconds_since(clock);
 
+  // Global truncation on the host.
+  double* host_s = w.host_s.get<double>(be, s_size, false, "mps: staged singular values");
+  be.copy_to_host(host_s, s, s_size * sizeof(double), st);
+  st.synchronize();
   std::vector<std::vector<double>> values;
-  for (const auto& cb : blocks) values.push_back(cb.svd.s);
+  for (const auto& p : problems) values.emplace_back(host_s + p.s_offset, host_s + p.s_offset + std::min(p.m, p.n));
   const Truncation t = truncate(values, trunc);
   // The kept norm, in the units of the SVD (not relative): new lambda = S / that.
   double kept2 = 0;
-  for (std::size_t i = 0; i < blocks.size(); ++i)
-    for (std::int64_t q = 0; q < t.kept[i]; ++q) kept2 += blocks[i].svd.s[q] * blocks[i].svd.s[q];
+  for (std::size_t i = 0; i < values.size(); ++i)
+    for (std::int64_t q = 0; q < t.kept[i]; ++q) kept2 += values[i][q] * values[i][q];
   const double kept_norm = std::sqrt(kept2);
+  timings_.truncation += seconds_since(clock);
+
+  // B'[j](c_L, c) = C(c) Y^dagger / kept_norm, Y the kept rows of Vh.
+  std::vector<kernels::AdjointProduct> finish;
+  std::int64_t out_size = 0;
+  for (std::size_t i = 0; i < plan.blocks.size(); ++i) {
+    const ChargeBlock& cb = plan.blocks[i];
+    if (t.kept[i] == 0) continue;
+    finish.push_back({cb.offset, cb.m, cb.n, problems[i].vh_offset, t.kept[i], out_size, kept_norm});
+    out_size += cb.m * t.kept[i];
+  }
+  cplx* out = w.out.get<cplx>(be, out_size, true, "mps: new left blocks");
+  kernels::times_adjoint(st, c, vh, finish, out);
+  st.synchronize();
+  timings_.finish += seconds_since(clock);
+
+  // Both new sites back: the left blocks, then each kept Y.
+  std::int64_t y_size = 0;
+  for (const auto& f : finish) y_size += f.k * f.n;
+  cplx* host_out = w.host_out.get<cplx>(be, out_size + y_size, false, "mps: staged new blocks");
+  be.copy_to_host(host_out, out, out_size * sizeof(cplx), st);
+  std::int64_t y_at = out_size;
+  std::vector<std::int64_t> y_offset;
+  for (const auto& f : finish) {
+    be.copy_to_host(host_out + y_at, vh + f.vh_offset, f.k * f.n * sizeof(cplx), st);
+    y_offset.push_back(y_at);
+    y_at += f.k * f.n;
+  }
+  st.synchronize();
 
   Bond new_centre;
   Site new_a, new_b;
-  for (std::size_t i = 0; i < blocks.size(); ++i) {
-    const ChargeBlock& cb = blocks[i];
+  std::size_t f = 0;
+  for (std::size_t i = 0; i < plan.blocks.size(); ++i) {
+    const ChargeBlock& cb = plan.blocks[i];
     const std::int64_t k = t.kept[i];
     if (k == 0) continue;
     for (std::int64_t q = 0; q < k; ++q) {
       new_centre.charges.push_back(cb.charge);
-      new_centre.lambda.push_back(cb.svd.s[q] / kept_norm);
+      new_centre.lambda.push_back(values[i][q] / kept_norm);
     }
     // B'[j+1](c, c_R) = the kept rows of Y, cut by right sector.
-    for (std::size_t s = 0; s < cb.cols.size(); ++s) {
-      Block blk{cb.charge, cb.cols[s].charge, k, cb.cols[s].size, {}};
+    const cplx* y = host_out + y_offset[f];
+    for (std::size_t sct = 0; sct < cb.cols.size(); ++sct) {
+      Block blk{cb.charge, cb.cols[sct].charge, k, cb.cols[sct].size, {}};
       blk.values.resize(static_cast<std::size_t>(k * blk.cols));
-      for (std::int64_t q = 0; q < k; ++q)
-        std::copy_n(&cb.svd.vh[q * cb.n + cb.col0[s]], blk.cols, &blk.values[q * blk.cols]);
+      for (std::int64_t q = 0; q < k; ++q) std::copy_n(&y[q * cb.n + cb.col0[sct]], blk.cols, &blk.values[q * blk.cols]);
       new_b.blocks.push_back(std::move(blk));
     }
-    // B'[j](c_L, c) = C(c) Y^dagger / kept_norm, cut by left sector.
-    std::vector<cplx> yd(static_cast<std::size_t>(cb.n * k));
-    for (std::int64_t q = 0; q < k; ++q)
-      for (std::int64_t cc = 0; cc < cb.n; ++cc) yd[cc * k + q] = std::conj(cb.svd.vh[q * cb.n + cc]) / kept_norm;
-    std::vector<cplx> cy(static_cast<std::size_t>(cb.m * k));
-    matmul(cb.c.data(), yd.data(), cy.data(), cb.m, cb.n, k);
-    for (std::size_t s = 0; s < cb.rows.size(); ++s) {
-      Block blk{cb.rows[s].charge, cb.charge, cb.rows[s].size, k, {}};
-      blk.values.assign(cy.begin() + cb.row0[s] * k, cy.begin() + (cb.row0[s] + blk.rows) * k);
+    // B'[j](c_L, c), cut by left sector.
+    const cplx* cy = host_out + finish[f].out_offset;
+    for (std::size_t sct = 0; sct < cb.rows.size(); ++sct) {
+      Block blk{cb.rows[sct].charge, cb.charge, cb.rows[sct].size, k, {}};
+      blk.values.assign(cy + cb.row0[sct] * k, cy + (cb.row0[sct] + blk.rows) * k);
       new_a.blocks.push_back(std::move(blk));
     }
+    ++f;
   }
   auto by_charges = [](const Block& x, const Block& y) {
     return std::pair{x.c_left, x.c_right} < std::pair{y.c_left, y.c_right};
@@ -236,7 +355,15 @@ double update_bond(U1Mps& psi, int j, const GateTable& gate, const TruncParams& 
   psi.bonds[j + 1] = std::move(new_centre);
   psi.sites[j] = std::move(new_a);
   psi.sites[j + 1] = std::move(new_b);
+  timings_.transfers += seconds_since(clock);
+  ++timings_.updates;
   return t.discarded;
+}
+
+double update_bond(U1Mps& psi, int j, const GateTable& gate, const TruncParams& trunc) {
+  static const std::unique_ptr<Backend> host = host_backend();
+  BondUpdater updater(*host);
+  return updater.update(psi, j, gate, trunc);
 }
 
 }  // namespace qstage::stages::mps

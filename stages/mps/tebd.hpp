@@ -1,8 +1,11 @@
 #pragma once
 // The charge-blocked two-site update of TEBD (docs/mps.md; seed 001 eq. 16 with Hastings' form).
 #include <cstdint>
+#include <memory>
 #include <vector>
 
+#include "backend/backend.hpp"
+#include "kernels/charge_blocks.hpp"
 #include "stages/mps/gates.hpp"
 #include "stages/mps/u1mps.hpp"
 
@@ -28,10 +31,42 @@ struct Truncation {
 // way every time.
 Truncation truncate(const std::vector<std::vector<double>>& values, const TruncParams& p);
 
-// Applies `gate` to sites j and j+1 and truncates the centre bond j+1: Theta per new centre
-// charge from GEMMs over the old centre sectors, one SVD per charge block, global truncation,
-// then B'[j+1] = Y and B'[j] = (gate B B) Y^dagger / norm, so lambda is never divided by.
-// Returns the discarded weight eps.
+// Where the time of the two-site updates went (seconds, measured at the stream's synchronisations).
+struct UpdateTimings {
+  double theta = 0;       // the gate times B B per new centre charge, and diag(lambda) of it
+  double svd = 0;         // the SVDs of the charge blocks
+  double truncation = 0;  // the singular values to the host and the global cut
+  double transfers = 0;   // the sites to the backend, the new blocks back (with the packing)
+  double finish = 0;      // B'[j] = C Y^dagger / norm
+  std::int64_t updates = 0;
+  kernels::SvdReport svd_paths;
+};
+
+// Applies two-site gates on a backend: the MPS stays in host memory and each update streams the
+// two sites it touches through the backend (docs/mps.md). Workspaces grow to the largest update
+// and are charged to the backend's budgets.
+class BondUpdater {
+ public:
+  // gpu_svd_from: kernels::batched_svd's gpu_from (cuda: which charge blocks the GPU decomposes).
+  explicit BondUpdater(Backend& backend, std::int64_t gpu_svd_from = kernels::kGpuSvdFrom);
+  ~BondUpdater();
+  // Applies `gate` to sites j and j+1 and truncates the centre bond j+1: Theta per new centre
+  // charge from GEMMs over the old centre sectors, one SVD per charge block, global truncation,
+  // then B'[j+1] = Y and B'[j] = (gate B B) Y^dagger / norm, so lambda is never divided by.
+  // Returns the discarded weight eps.
+  double update(U1Mps& psi, int j, const GateTable& gate, const TruncParams& trunc);
+  const UpdateTimings& timings() const { return timings_; }
+
+ private:
+  struct Workspace;
+  Backend& backend_;
+  std::unique_ptr<Stream> stream_;
+  std::unique_ptr<Workspace> work_;
+  std::int64_t gpu_svd_from_;
+  UpdateTimings timings_;
+};
+
+// update() of a BondUpdater on the CPU backend (tests, and callers without a backend).
 double update_bond(U1Mps& psi, int j, const GateTable& gate, const TruncParams& trunc);
 
 // <psi| op |psi> of a conserving two-site operator on sites j, j+1 (a table like a gate's), from

@@ -2,6 +2,7 @@
 // charge-blocked two-site updates (stages/mps/tebd.hpp), TeNPy's truncation parameters and
 // measurements every measure_every steps.
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include <cmath>
 #include <map>
@@ -23,6 +24,7 @@ using namespace mps;
 struct Params {
   double J = 1, delta = 0, h = 0, dt = 0;
   int steps = 0, order = 2, measure_every = 1;
+  std::int64_t gpu_svd_from = kernels::kGpuSvdFrom;
   TruncParams trunc;
 
   static Params from_json(const json& p) {
@@ -34,6 +36,8 @@ struct Params {
     r.steps = p.at("steps").get<int>();
     r.order = p.at("order").get<int>();
     r.measure_every = p.at("measure_every").get<int>();
+    r.gpu_svd_from = p.at("gpu_svd_from").get<std::int64_t>();
+    if (r.gpu_svd_from < 0) throw InputError(fmt::format("parameter 'gpu_svd_from' is {}; expected 0 or more", r.gpu_svd_from));
     const json& t = p.at("trunc");
     // (the schema fills in top-level defaults only: the nested ones are here)
     r.trunc.chi_max = t.value("chi_max", std::int64_t{100});
@@ -150,8 +154,9 @@ class TebdStage final : public ComputedStage {
     Measurements m;
     double eps = 0;
     m.take(psi, 0.0, eps, terms);
+    BondUpdater updater(*ctx.backend, p.gpu_svd_from);
     auto layer = [&](int parity, const std::vector<GateTable>& g) {
-      for (int j = parity; j + 1 < L; j += 2) eps += update_bond(psi, j, g[j], p.trunc);
+      for (int j = parity; j + 1 < L; j += 2) eps += updater.update(psi, j, g[j], p.trunc);
     };
     for (int step = 1; step <= p.steps; ++step) {
       for (double w : weights) {
@@ -162,6 +167,12 @@ class TebdStage final : public ComputedStage {
       }
       if (step % p.measure_every == 0 || step == p.steps) m.take(psi, step * p.dt, eps, terms);
     }
+    const UpdateTimings& tm = updater.timings();
+    spdlog::info(
+        "mps.tebd: {} two-site updates on {}: Theta {:.3f} s, SVD {:.3f} s ({} blocks on the host, {} by Jacobi, {} "
+        "Jacobi fallbacks), truncation {:.3f} s, C Y^dagger {:.3f} s, transfers and packing {:.3f} s",
+        tm.updates, backend_name(ctx.backend->kind()), tm.theta, tm.svd, tm.svd_paths.host, tm.svd_paths.jacobi,
+        tm.svd_paths.host_fallbacks, tm.truncation, tm.finish, tm.transfers);
     Packer out;
     out.put_mps(psi);
     for (const auto* v : {&m.times, &m.density, &m.entropy_vn, &m.entropy_2, &m.charges, &m.norm, &m.truncation_error, &m.chi, &m.energy})

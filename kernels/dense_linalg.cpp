@@ -1,4 +1,4 @@
-#include "stages/mps/linalg.hpp"
+#include "kernels/dense_linalg.hpp"
 
 #include <cblas.h>
 #include <fmt/format.h>
@@ -23,7 +23,9 @@ void zgesvd_(const char* jobu, const char* jobvt, const int* m, const int* n, st
              std::size_t);
 }
 
-namespace qstage::stages::mps {
+namespace qstage::kernels {
+
+using cplx = std::complex<double>;
 
 namespace {
 
@@ -56,11 +58,11 @@ void matmul(const cplx* a, const cplx* b, cplx* c, std::int64_t m, std::int64_t 
   }
   if (!accumulate) {
     const OneThread one_thread;
-    kernels::Gemm g;
+    Gemm g;
     g.dtype = DType::complex128;
     g.m = m, g.n = n, g.k = k;
     g.a = a, g.lda = k, g.b = b, g.ldb = n, g.c = c, g.ldc = n;
-    kernels::gemm_cpu(g);
+    gemm_cpu(g);
     return;
   }
   std::vector<cplx> t(static_cast<std::size_t>(m * n));
@@ -115,7 +117,7 @@ Svd svd(const cplx* a, std::int64_t m, std::int64_t n) {
   out.rank = std::min(m, n);
   if (out.rank == 0) return out;
   if (m > (1ll << 30) / std::max<std::int64_t>(n, 1))
-    throw RuntimeFailure(fmt::format("mps: an SVD of {} x {} is beyond LAPACK's 32-bit sizes", m, n));
+    throw RuntimeFailure(fmt::format("svd: an SVD of {} x {} is beyond LAPACK's 32-bit sizes", m, n));
   auto reset = [&] {
     out.u.assign(static_cast<std::size_t>(m * out.rank), cplx{});
     out.vh.assign(static_cast<std::size_t>(out.rank * n), cplx{});
@@ -132,8 +134,8 @@ Svd svd(const cplx* a, std::int64_t m, std::int64_t n) {
   const int info2 = gesvd(copy, m, n, out);
   if (info2 != 0)
     throw RuntimeFailure(
-        fmt::format("mps: the SVD of a {} x {} charge block failed (zgesdd info {}, zgesvd info {})", m, n, info, info2));
+        fmt::format("svd: the SVD of a {} x {} matrix failed (zgesdd info {}, zgesvd info {})", m, n, info, info2));
   return out;
 }
 
-}  // namespace qstage::stages::mps
+}  // namespace qstage::kernels

@@ -1,0 +1,101 @@
+#include "kernels/charge_blocks.hpp"
+
+#include <algorithm>
+
+#include "kernels/dense_linalg.hpp"
+#include "kernels/dispatch.hpp"
+
+namespace qstage::kernels {
+
+void charge_products(Stream& stream, const cplx128* sites, const std::vector<ChargeProduct>& products,
+                     const std::vector<ChargeScatter>& scatters, cplx128* c, std::int64_t c_size, cplx128* scratch) {
+  QSTAGE_DISPATCH(
+      stream,
+      std::fill(c, c + c_size, cplx128{});
+      for (const ChargeProduct& p : products) {
+        matmul(sites + p.x, sites + p.y, scratch, p.m, p.k, p.n);
+        for (std::int64_t s = p.first; s < p.first + p.count; ++s) {
+          const ChargeScatter& d = scatters[s];
+          for (std::int64_t r = 0; r < p.m; ++r)
+            for (std::int64_t col = 0; col < p.n; ++col) c[d.offset + r * d.ld + col] += d.u * scratch[r * p.n + col];
+        }
+      },
+      detail::charge_products_cuda(stream, sites, products, scatters, c, c_size, scratch));
+}
+
+void scale_rows(Stream& stream, const cplx128* a, const double* scale, const std::vector<ScaledRows>& matrices,
+                cplx128* out) {
+  QSTAGE_DISPATCH(
+      stream,
+      for (const ScaledRows& x : matrices) {
+        for (std::int64_t r = 0; r < x.rows; ++r)
+          for (std::int64_t col = 0; col < x.cols; ++col) {
+            const std::int64_t e = x.offset + r * x.cols + col;
+            out[e] = a[e] * scale[x.scale_offset + r];
+          }
+      },
+      detail::scale_rows_cuda(stream, a, scale, matrices, out));
+}
+
+namespace {
+
+// Each problem on one single-threaded LAPACK call, problems spread over OpenMP threads when
+// the work is worth waking them (on a busy machine small SVDs cost far less than that).
+void svd_host(cplx128* a, const std::vector<SvdProblem>& problems, double* s, cplx128* vh) {
+  single_threaded_blas();
+  double work = 0;
+  for (const auto& p : problems) work += static_cast<double>(p.m) * p.n * std::min(p.m, p.n);
+  const auto count = static_cast<std::int64_t>(problems.size());
+#pragma omp parallel for schedule(dynamic) if (count > 1 && work > 2e5)
+  for (std::int64_t i = 0; i < count; ++i) {
+    const SvdProblem& p = problems[i];
+    const Svd f = svd(a + p.offset, p.m, p.n);
+    std::copy(f.s.begin(), f.s.end(), s + p.s_offset);
+    std::copy(f.vh.begin(), f.vh.end(), vh + p.vh_offset);
+  }
+}
+
+}  // namespace
+
+std::size_t svd_workspace_bytes(Stream& stream, const std::vector<SvdProblem>& problems, std::int64_t gpu_from) {
+  std::size_t bytes = 0;
+  QSTAGE_DISPATCH(stream, bytes = 0, bytes = detail::svd_workspace_bytes_cuda(stream, problems, gpu_from));
+  return bytes;
+}
+
+SvdReport batched_svd(Stream& stream, cplx128* a, const std::vector<SvdProblem>& problems, double* s, cplx128* vh,
+                      void* workspace, std::size_t workspace_bytes, std::int64_t gpu_from) {
+  SvdReport report;
+  QSTAGE_DISPATCH(
+      stream,
+      {
+        svd_host(a, problems, s, vh);
+        report.host = static_cast<std::int64_t>(problems.size());
+      },
+      report = detail::batched_svd_cuda(stream, a, problems, s, vh, workspace, workspace_bytes, gpu_from));
+  return report;
+}
+
+namespace detail {
+// The host path of the cuda version (small problems, and the last fallback), on host copies.
+void svd_on_host(cplx128* a, const std::vector<SvdProblem>& problems, double* s, cplx128* vh) {
+  svd_host(a, problems, s, vh);
+}
+}  // namespace detail
+
+void times_adjoint(Stream& stream, const cplx128* a, const cplx128* vh, const std::vector<AdjointProduct>& products,
+                   cplx128* out) {
+  QSTAGE_DISPATCH(
+      stream,
+      for (const AdjointProduct& p : products) {
+        // (conj(Vh[q, c]) / divisor laid out n x k, then one product: the bits of the code this replaced)
+        std::vector<cplx128> yd(static_cast<std::size_t>(p.n * p.k));
+        for (std::int64_t q = 0; q < p.k; ++q)
+          for (std::int64_t col = 0; col < p.n; ++col)
+            yd[col * p.k + q] = std::conj(vh[p.vh_offset + q * p.n + col]) / p.divisor;
+        matmul(a + p.a_offset, yd.data(), out + p.out_offset, p.m, p.n, p.k);
+      },
+      detail::times_adjoint_cuda(stream, a, vh, products, out));
+}
+
+}  // namespace qstage::kernels

@@ -1,0 +1,93 @@
+#pragma once
+// The charge-block operations of a U(1)-symmetric two-site update (stages/mps/tebd.cpp; seed 001
+// eq. 16), declared once: charge_blocks.cpp is the CPU twin (OpenBLAS and LAPACK, one thread a
+// call, so the bits do not depend on the thread count), charge_blocks.cu the CUDA version
+// (cuBLAS and cuSOLVER). Matrices are complex128 and row-major and sit at element offsets into
+// flat buffers the caller owns: device memory on cuda, host memory on cpu.
+#include <complex>
+#include <cstdint>
+#include <vector>
+
+#include "backend/backend.hpp"
+
+namespace qstage::kernels {
+
+using cplx128 = std::complex<double>;
+
+// P = X Y for sector blocks X (m x k, at x) and Y (k x n, at y) of `sites`, added into the
+// destinations first .. first + count - 1: C[offset + r ld + c] += u P[r, c].
+struct ChargeProduct {
+  std::int64_t x = 0, y = 0, m = 0, k = 0, n = 0;
+  std::int64_t first = 0, count = 0;
+};
+struct ChargeScatter {
+  std::int64_t offset = 0, ld = 0;
+  cplx128 u{};
+};
+
+// C (c_size elements) = the sum of every product's scatters, products in order. `scratch` holds
+// the largest product (m n elements).
+void charge_products(Stream& stream, const cplx128* sites, const std::vector<ChargeProduct>& products,
+                     const std::vector<ChargeScatter>& scatters, cplx128* c, std::int64_t c_size, cplx128* scratch);
+
+// out = diag(scale) A for the matrices A (rows x cols at offset of `a` and of `out`) whose row r
+// is scaled by scale[scale_offset + r].
+struct ScaledRows {
+  std::int64_t offset = 0, rows = 0, cols = 0, scale_offset = 0;
+};
+void scale_rows(Stream& stream, const cplx128* a, const double* scale, const std::vector<ScaledRows>& matrices,
+                cplx128* out);
+
+// A = U diag(S) Vh per problem: A (m x n at a + offset, overwritten), S (r = min(m, n) values,
+// descending, at s + s_offset) and Vh (r x n at vh + vh_offset); U is not formed.
+struct SvdProblem {
+  std::int64_t m = 0, n = 0, offset = 0, s_offset = 0, vh_offset = 0;
+};
+// How the problems were solved: on the host (LAPACK; on cuda the small problems, where a GPU
+// solver's fixed cost is larger), by cuSOLVER's one-sided Jacobi (gesvdj), and how many Jacobi
+// did not converge on and the host then solved.
+struct SvdReport {
+  std::int64_t host = 0, jacobi = 0, host_fallbacks = 0;
+  SvdReport& operator+=(const SvdReport& o) {
+    host += o.host, jacobi += o.jacobi, host_fallbacks += o.host_fallbacks;
+    return *this;
+  }
+};
+// On cuda, problems whose m n min(m, n) is below gpu_from^3 are solved on the host (LAPACK, all
+// cores, while the GPU works on the rest): a GPU SVD's fixed cost is larger than small problems'
+// (measured: docs/benchmarks.md, qstage_bench svd). Callers pass their setting; this is the default.
+inline constexpr std::int64_t kGpuSvdFrom = 512;
+// Device workspace (bytes) batched_svd needs for `problems` on `stream` (0 on cpu).
+std::size_t svd_workspace_bytes(Stream& stream, const std::vector<SvdProblem>& problems,
+                                std::int64_t gpu_from = kGpuSvdFrom);
+// Throws RuntimeFailure if a problem fails on every path (LAPACK's zgesdd, then zgesvd, last).
+// `gpu_from`: see kGpuSvdFrom (0: every problem on the GPU).
+SvdReport batched_svd(Stream& stream, cplx128* a, const std::vector<SvdProblem>& problems, double* s, cplx128* vh,
+                      void* workspace, std::size_t workspace_bytes, std::int64_t gpu_from = kGpuSvdFrom);
+
+// out = A Vh[:k]^dagger / divisor: A (m x n at a_offset), the first k rows of Vh (at vh_offset,
+// rows of n), out (m x k at out_offset).
+struct AdjointProduct {
+  std::int64_t a_offset = 0, m = 0, n = 0, vh_offset = 0, k = 0, out_offset = 0;
+  double divisor = 1;
+};
+void times_adjoint(Stream& stream, const cplx128* a, const cplx128* vh, const std::vector<AdjointProduct>& products,
+                   cplx128* out);
+
+namespace detail {
+// LAPACK on host copies: the CPU twin's path, which the cuda version uses for small problems and
+// as its last fallback.
+void svd_on_host(cplx128* a, const std::vector<SvdProblem>& problems, double* s, cplx128* vh);
+void charge_products_cuda(Stream& stream, const cplx128* sites, const std::vector<ChargeProduct>& products,
+                          const std::vector<ChargeScatter>& scatters, cplx128* c, std::int64_t c_size,
+                          cplx128* scratch);
+void scale_rows_cuda(Stream& stream, const cplx128* a, const double* scale, const std::vector<ScaledRows>& matrices,
+                     cplx128* out);
+std::size_t svd_workspace_bytes_cuda(Stream& stream, const std::vector<SvdProblem>& problems, std::int64_t gpu_from);
+SvdReport batched_svd_cuda(Stream& stream, cplx128* a, const std::vector<SvdProblem>& problems, double* s,
+                           cplx128* vh, void* workspace, std::size_t workspace_bytes, std::int64_t gpu_from);
+void times_adjoint_cuda(Stream& stream, const cplx128* a, const cplx128* vh,
+                        const std::vector<AdjointProduct>& products, cplx128* out);
+}  // namespace detail
+
+}  // namespace qstage::kernels
