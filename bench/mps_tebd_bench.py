@@ -46,6 +46,9 @@ def parse():
     p.add_argument("--svd-min", type=float, default=1e-10)
     p.add_argument("--trunc-cut", type=float, default=1e-14)
     p.add_argument("--warm-steps", type=int, default=120, help="steps before the timed ones (chi should reach chi_max)")
+    p.add_argument("--start", default="neel", choices=("neel", "random"),
+                   help="neel: warm up from the Neel state; random: start from mps.init's seeded random state "
+                        "with every bond at chi_max (no warm-up; every bond saturated, a heavier step than a quench's)")
     p.add_argument("--steps", type=int, default=3, help="timed steps")
     p.add_argument("--qstage", default="build/qstage")
     p.add_argument("--device", default="cpu", help="qstage's --device (cpu or cuda)")
@@ -96,16 +99,23 @@ def qstage_run(chi):
     model = f"J: {ARGS.J}, delta: {ARGS.delta}, dt: {ARGS.dt}, order: {ARGS.order}"
     trunc = f"trunc: {{chi_max: {chi}, svd_min: {ARGS.svd_min}, trunc_cut: {ARGS.trunc_cut}}}"
     every = max(1, ARGS.warm_steps // 10)
-    (d / "spec.yaml").write_text(f"""name: mps-tebd-bench
-steps:
-  - id: neel
+    if ARGS.start == "random":
+        warm = f"""  - id: warm
+    stage: mps.init
+    params: {{L: {ARGS.L}, state: random, total_charge: {ARGS.L // 2}, chi: {chi}, seed: 1}}
+"""
+    else:
+        warm = f"""  - id: neel
     stage: mps.init
     params: {{L: {ARGS.L}, state: neel}}
   - id: warm
     stage: mps.tebd
     inputs: {{state: neel}}
     params: {{{model}, steps: {ARGS.warm_steps}, measure_every: {every}, {trunc}}}
-  - id: one
+"""
+    (d / "spec.yaml").write_text(f"""name: mps-tebd-bench
+steps:
+{warm}  - id: one
     stage: mps.tebd
     inputs: {{state: warm}}
     params: {{{model}, steps: 1, {trunc}}}
@@ -188,7 +198,7 @@ def main():
     for chi in [int(c) for c in ARGS.chi.split(",")]:
         per_step, seconds, wall, device, warm, more = qstage_run(chi)
         with h5py.File(warm) as f:
-            warm_chi = int(f["chi"][-1].max())
+            warm_chi = int(f["chi"][-1].max()) if "chi" in f else int(max(f["bond_offsets"][1:] - f["bond_offsets"][:-1]))
         with h5py.File(more) as f:
             q = {"max_chi": int(f["chi"][-1].max()), "truncation_error": float(f["truncation_error"][-1]),
                  "density": f["density"][-1]}

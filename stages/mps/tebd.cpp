@@ -5,7 +5,10 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <mutex>
 #include <numeric>
+
+#include <omp.h>
 
 #include "kernels/u1_math.hpp"
 #include "stages/mps/linalg.hpp"
@@ -358,6 +361,52 @@ double BondUpdater::update(U1Mps& psi, int j, const GateTable& gate, const Trunc
   timings_.transfers += seconds_since(clock);
   ++timings_.updates;
   return t.discarded;
+}
+
+LayerUpdater::LayerUpdater(Backend& backend, std::int64_t gpu_svd_from)
+    : backend_(backend), gpu_svd_from_(gpu_svd_from), updaters_(static_cast<std::size_t>(std::max(1, omp_get_max_threads()))) {}
+LayerUpdater::~LayerUpdater() = default;
+
+double LayerUpdater::apply(U1Mps& psi, int first, const std::vector<GateTable>& gates, const TruncParams& trunc) {
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<int> bonds;
+  for (int j = first; j + 1 < psi.L; j += 2) bonds.push_back(j);
+  std::vector<double> eps(bonds.size(), 0.0);
+  const auto count = static_cast<std::int64_t>(bonds.size());
+  std::exception_ptr failure;
+  std::mutex failure_mutex;
+  // (an SVD's own OpenMP loop inside runs on its caller's thread: nested regions are inactive)
+#pragma omp parallel for schedule(dynamic, 1) if (count > 1)
+  for (std::int64_t i = 0; i < count; ++i) {
+    try {
+      auto& updater = updaters_[static_cast<std::size_t>(omp_get_thread_num())];
+      if (!updater) {
+        backend_.bind_thread();
+        updater = std::make_unique<BondUpdater>(backend_, gpu_svd_from_);
+      }
+      eps[i] = updater->update(psi, bonds[i], gates[bonds[i]], trunc);
+    } catch (...) {
+      const std::lock_guard lock(failure_mutex);
+      if (!failure) failure = std::current_exception();
+    }
+  }
+  if (failure) std::rethrow_exception(failure);
+  wall_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  double sum = 0;
+  for (double e : eps) sum += e;
+  return sum;
+}
+
+UpdateTimings LayerUpdater::timings() const {
+  UpdateTimings t;
+  for (const auto& u : updaters_) {
+    if (!u) continue;
+    const UpdateTimings& x = u->timings();
+    t.theta += x.theta, t.svd += x.svd, t.truncation += x.truncation, t.transfers += x.transfers;
+    t.finish += x.finish, t.updates += x.updates;
+    t.svd_paths += x.svd_paths;
+  }
+  return t;
 }
 
 double update_bond(U1Mps& psi, int j, const GateTable& gate, const TruncParams& trunc) {

@@ -66,6 +66,27 @@ class BondUpdater {
   UpdateTimings timings_;
 };
 
+// One brickwork layer at a time: the bonds first, first + 2, ... touch disjoint sites, so they are
+// updated at the same time, one BondUpdater (and stream) per OpenMP thread (seed 001's
+// unitary-level parallelism). Each update is computed as it would be alone and the discarded
+// weights are summed in bond order, so the result does not depend on the thread count.
+class LayerUpdater {
+ public:
+  LayerUpdater(Backend& backend, std::int64_t gpu_svd_from = kernels::kGpuSvdFrom);
+  ~LayerUpdater();
+  // gates[j] acts on bond (j, j+1); returns the summed discarded weight of the layer.
+  double apply(U1Mps& psi, int first, const std::vector<GateTable>& gates, const TruncParams& trunc);
+  // The updaters' timings summed (thread-seconds), and the layers' wall seconds.
+  UpdateTimings timings() const;
+  double wall_seconds() const { return wall_; }
+
+ private:
+  Backend& backend_;
+  std::int64_t gpu_svd_from_;
+  std::vector<std::unique_ptr<BondUpdater>> updaters_;  // one per OpenMP thread, made on first use
+  double wall_ = 0;
+};
+
 // update() of a BondUpdater on the CPU backend (tests, and callers without a backend).
 double update_bond(U1Mps& psi, int j, const GateTable& gate, const TruncParams& trunc);
 

@@ -154,10 +154,8 @@ class TebdStage final : public ComputedStage {
     Measurements m;
     double eps = 0;
     m.take(psi, 0.0, eps, terms);
-    BondUpdater updater(*ctx.backend, p.gpu_svd_from);
-    auto layer = [&](int parity, const std::vector<GateTable>& g) {
-      for (int j = parity; j + 1 < L; j += 2) eps += updater.update(psi, j, g[j], p.trunc);
-    };
+    LayerUpdater updater(*ctx.backend, p.gpu_svd_from);
+    auto layer = [&](int parity, const std::vector<GateTable>& g) { eps += updater.apply(psi, parity, g, p.trunc); };
     for (int step = 1; step <= p.steps; ++step) {
       for (double w : weights) {
         const Gates& g = gates.at(w);
@@ -167,12 +165,13 @@ class TebdStage final : public ComputedStage {
       }
       if (step % p.measure_every == 0 || step == p.steps) m.take(psi, step * p.dt, eps, terms);
     }
-    const UpdateTimings& tm = updater.timings();
+    const UpdateTimings tm = updater.timings();
     spdlog::info(
-        "mps.tebd: {} two-site updates on {}: Theta {:.3f} s, SVD {:.3f} s ({} blocks on the host, {} by Jacobi, {} "
-        "Jacobi fallbacks), truncation {:.3f} s, C Y^dagger {:.3f} s, transfers and packing {:.3f} s",
-        tm.updates, backend_name(ctx.backend->kind()), tm.theta, tm.svd, tm.svd_paths.host, tm.svd_paths.jacobi,
-        tm.svd_paths.host_fallbacks, tm.truncation, tm.finish, tm.transfers);
+        "mps.tebd: {} two-site updates on {} in {:.3f} s, bonds of a layer at once; summed over the threads: Theta "
+        "{:.3f} s, SVD {:.3f} s ({} blocks on the host, {} by Jacobi, {} Jacobi fallbacks), truncation {:.3f} s, "
+        "C Y^dagger {:.3f} s, transfers and packing {:.3f} s",
+        tm.updates, backend_name(ctx.backend->kind()), updater.wall_seconds(), tm.theta, tm.svd, tm.svd_paths.host,
+        tm.svd_paths.jacobi, tm.svd_paths.host_fallbacks, tm.truncation, tm.finish, tm.transfers);
     Packer out;
     out.put_mps(psi);
     for (const auto* v : {&m.times, &m.density, &m.entropy_vn, &m.entropy_2, &m.charges, &m.norm, &m.truncation_error, &m.chi, &m.energy})
