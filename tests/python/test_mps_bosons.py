@@ -394,3 +394,34 @@ def test_bad_optics_and_model_parameters_exit_2(tmp, init, params, fragments):
 def test_bad_squeezed_inputs_exit_2(tmp, params, fragments):
     r, _ = run_steps(tmp, init_step(params))
     one_line_error(r, *fragments)
+
+
+# ---------------------------------------------------------------- layouts and the example
+
+def test_optics_output_layouts_match_their_schemas(tmp):
+    jsonschema = pytest.importorskip("jsonschema")
+    import json
+    from conftest import ROOT, run
+    r, out = run_steps(tmp, init_step("{L: 3, d: 5, state: squeezed, squeezing: [0.3, 0, 0.2]}") +
+                       interferometer_step(haar_seed=2))
+    assert r.code == 0, r
+    for step, stage in (("psi", "mps.init"), ("evo", "mps.tebd")):
+        r = run(["inspect", out / f"{step}.h5", "--json"])
+        assert r.code == 0, r
+        layout = json.loads(r.out)
+        jsonschema.validate(layout, json.loads((ROOT / "schemas" / "outputs" / f"{stage}.json").read_text()))
+        paths = {d["path"] for d in layout["datasets"]}
+        assert "/total_charge_distribution" in paths, step
+        assert "/energy" not in paths  # an interferometer has no Hamiltonian
+    assert read_attr(out / "evo.h5", "boundary") == "mixed"
+
+
+def test_the_gbs_example_workflow_runs(tmp):
+    """workflows/mps-gbs.yaml: its output occupations are sum_j |U_ij|^2 sinh^2 r_j up to the Fock cut
+    (its cut_loss, below 1e-4, and mps.init's) and no truncation to speak of."""
+    from conftest import ROOT, run
+    r = run(["run", ROOT / "workflows" / "mps-gbs.yaml", "--run-dir", tmp / "run", "--device", "cpu"])
+    assert r.code == 0, r
+    U, dens, cut, eps = read(tmp / "run" / "outputs" / "gbs.h5", "unitary", "density", "cut_loss", "truncation_error")
+    assert cut[-1] < 1e-4 and eps[-1] < 1e-10
+    np.testing.assert_allclose(dens[-1], np.abs(U) ** 2 @ (np.sinh([0.5] * 4 + [0, 0]) ** 2), rtol=0, atol=1e-3)

@@ -184,6 +184,15 @@ TEST(MpsContainer, BrokenStructureIsReported) {
   U1Mps psi2 = random_state(4, 2, 2, 4, 1);
   psi2.sites[2].blocks[0].rows += 1;
   EXPECT_THROW(psi2.check_structure(), std::runtime_error);
+  // a mixed boundary holds each total once, ascending, the largest being total_charge
+  const U1Mps mixed = product_superposition(3, {{0.6, 0.8, 0}, {1, 0, 0.5}});
+  EXPECT_NO_THROW(mixed.check_structure());
+  U1Mps twice = mixed;
+  twice.bonds[0].charges[1] = twice.bonds[0].charges[0];
+  EXPECT_THROW(twice.check_structure(), std::runtime_error);
+  U1Mps wrong_n = mixed;
+  wrong_n.total_charge -= 1;
+  EXPECT_THROW(wrong_n.check_structure(), std::runtime_error);
 }
 
 class MpsUpdate : public ::testing::TestWithParam<int> {};
