@@ -75,17 +75,4 @@ GateTable gate_table(const std::vector<cplx>& g, int d, const std::string& what)
   return t;
 }
 
-std::vector<cplx> xxz_bond_hamiltonian(double J, double delta, double h_left, double h_right) {
-  // Basis |n_left n_right>, index 2 n_left + n_right; S^z = n - 1/2.
-  std::vector<cplx> h(16);
-  for (int nl = 0; nl < 2; ++nl)
-    for (int nr = 0; nr < 2; ++nr) {
-      const double zl = nl - 0.5, zr = nr - 0.5;
-      h[(2 * nl + nr) * 5] = J * delta * zl * zr - h_left * zl - h_right * zr;
-    }
-  // (S+S- + S-S+)/2 swaps |10> and |01> with amplitude 1/2.
-  h[1 * 4 + 2] = h[2 * 4 + 1] = J * 0.5;
-  return h;
-}
-
 }  // namespace qstage::stages::mps

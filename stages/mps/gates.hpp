@@ -22,8 +22,4 @@ std::vector<cplx> exp_minus_i(const std::vector<cplx>& h, int n, double t);
 // changes the particle number if one exceeds 1e-13.
 GateTable gate_table(const std::vector<cplx>& g, int d, const std::string& what);
 
-// The XXZ bond Hamiltonian of spin-1/2 sites (up = particle, n = S^z + 1/2), 4 x 4:
-//   J [ (S+S- + S-S+)/2 + delta Sz Sz ] - h_left Sz_left - h_right Sz_right.
-std::vector<cplx> xxz_bond_hamiltonian(double J, double delta, double h_left, double h_right);
-
 }  // namespace qstage::stages::mps

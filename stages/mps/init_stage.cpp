@@ -1,13 +1,16 @@
-// mps.init: an initial U(1) MPS (product states or a seeded random state) in the layout of
+// mps.init: an initial U(1) MPS (product states, squeezed vacua or a seeded random state) in the layout of
 // docs/mps.md, for mps.tebd to evolve.
 #include <fmt/format.h>
 
+#include <cmath>
 #include <numeric>
 
 #include "core/error.hpp"
+#include "stages/mps/models.hpp"
 #include "stages/mps/mps_stages.hpp"
 #include "stages/mps/serial.hpp"
 #include "stages/mps/u1mps.hpp"
+#include "stages/tensor/common.hpp"
 
 namespace qstage::stages {
 namespace {
@@ -18,7 +21,46 @@ using namespace mps;
 // Parameters that belong to one state only; giving one for another state is a mistake to report.
 const std::vector<std::pair<const char*, const char*>> kStateParams = {
     {"first", "neel"}, {"filled", "domain_wall"}, {"occupations", "fock"},
-    {"total_charge", "random"}, {"chi", "random"}, {"seed", "random"}};
+    {"total_charge", "random"}, {"chi", "random"}, {"seed", "random"}, {"squeezing", "squeezed"}, {"squeezing_phase", "squeezed"}};
+
+// A per-mode parameter of the squeezed state: one number for every mode, or a list of L.
+std::vector<double> per_mode(const json& p, const char* name, int L, double fallback) {
+  if (!p.contains(name)) return std::vector<double>(static_cast<std::size_t>(L), fallback);
+  const json& v = p.at(name);
+  std::vector<double> out = v.is_array() ? v.get<std::vector<double>>() : std::vector<double>(static_cast<std::size_t>(L), v.get<double>());
+  if (static_cast<int>(out.size()) != L)
+    throw InputError(fmt::format("parameter '{}' has {} entries; expected one number or L = {}", name, out.size(), L));
+  for (std::size_t j = 0; j < out.size(); ++j)
+    if (!std::isfinite(out[j])) throw InputError(fmt::format("parameter '{}'[{}] is {}; expected a finite number", name, j, out[j]));
+  return out;
+}
+
+// Each mode's squeezed vacuum cut at d, checked: r >= 0, and d >= 3 where squeezing is asked for
+// (d = 2 would keep only the vacuum of a squeezed mode).
+std::vector<std::vector<cplx>> squeezed_modes(const json& p) {
+  const int L = p.at("L").get<int>(), d = p.at("d").get<int>();
+  if (!p.contains("squeezing")) throw InputError("state 'squeezed' needs the parameter 'squeezing' (r: one number or L numbers)");
+  const auto r = per_mode(p, "squeezing", L, 0), phase = per_mode(p, "squeezing_phase", L, 0);
+  std::vector<std::vector<cplx>> modes;
+  for (int j = 0; j < L; ++j) {
+    if (r[j] < 0) throw InputError(fmt::format("parameter 'squeezing'[{}] is {}; expected r >= 0", j, r[j]));
+    if (r[j] > 0 && d < 3)
+      throw InputError(fmt::format("state 'squeezed' has d = {}, which keeps only the vacuum of a squeezed mode; expected d >= 3", d));
+    modes.push_back(squeezed_vacuum(r[j], phase[j], d));
+  }
+  return modes;
+}
+
+// The probability the Fock cut removes from the product of `modes`: 1 - prod_j sum_{n<d} |a_n|^2.
+double cut_loss(const std::vector<std::vector<cplx>>& modes) {
+  double kept = 1;
+  for (const auto& a : modes) {
+    double w = 0;
+    for (const cplx& v : a) w += std::norm(v);
+    kept *= w;
+  }
+  return 1 - kept;
+}
 
 // The occupations of a product state, checked against L and d.
 std::vector<int> occupations(const json& p) {
@@ -55,6 +97,8 @@ void check(const json& p) {
     const int n = p.at("total_charge").get<int>();
     if (n < 0 || n > L * (d - 1))
       throw InputError(fmt::format("parameter 'total_charge' is {}; expected 0 <= total_charge <= L (d-1) = {}", n, L * (d - 1)));
+  } else if (state == "squeezed") {
+    squeezed_modes(p);
   } else {
     occupations(p);
   }
@@ -65,10 +109,12 @@ class InitStage final : public ComputedStage {
   const StageInfo& info() const override {
     static const StageInfo info{
         "mps.init", 1,
-        "an initial U(1)-symmetric MPS (Neel, domain wall, any Fock state, or a seeded random state in "
-        "right-canonical form with exact Schmidt values), block-sparse by charge",
+        "an initial U(1)-symmetric MPS (Neel, domain wall, any Fock state, a seeded random state in "
+        "right-canonical form with exact Schmidt values, or single-mode squeezed vacua cut at d photons per mode, whose "
+        "total photon number N is carried by bond 0 as a mixed boundary), block-sparse by charge",
         {},
-        "- id: psi0\n  stage: mps.init\n  params: {L: 40, state: neel}\n"};
+        "- id: psi0\n  stage: mps.init\n  params: {L: 40, state: neel}\n"
+        "- id: squeezed\n  stage: mps.init\n  params: {L: 6, d: 9, state: squeezed, squeezing: [0.5, 0.5, 0.5, 0, 0, 0]}\n"};
     return info;
   }
   StagePlan plan(const json& p, const std::map<std::string, DatasetInfo>&) const override {
@@ -86,18 +132,35 @@ class InitStage final : public ComputedStage {
   std::string compute(const KernelContext& ctx) const override {
     const json& p = ctx.params;
     const int L = p.at("L").get<int>(), d = p.at("d").get<int>();
-    U1Mps psi = p.at("state") == "random"
-                    ? random_state(L, d, p.at("total_charge").get<int>(), p.value("chi", 16),
-                                   p.value("seed", std::uint64_t{0}))
-                    : product_state(d, occupations(p));
+    const std::string state = p.at("state").get<std::string>();
+    double lost = 0;
+    U1Mps psi;
+    if (state == "random")
+      psi = random_state(L, d, p.at("total_charge").get<int>(), p.value("chi", 16), p.value("seed", std::uint64_t{0}));
+    else if (state == "squeezed") {
+      const auto modes = squeezed_modes(p);
+      psi = product_superposition(d, modes);
+      lost = cut_loss(modes);
+    } else
+      psi = product_state(d, occupations(p));
     psi.check_structure();
     Packer out;
     out.put_mps(psi);
+    out.put(lost);
     return out.take();
   }
   void write_results(const StagePlan&, const StepResults& r, h5::File& out) const override {
     Unpacker in(*r.computed);
-    write_mps(out, in.get_mps());
+    const U1Mps psi = in.get_mps();
+    const double lost = in.get<double>();
+    write_mps(out, psi);
+    if (psi.bonds[0].size() == 1) return;
+    // A mixed boundary: its P(N), and what the Fock cut took from the input.
+    const auto pn = total_charge_distribution(psi);
+    detail::write_array(out, "total_charge_distribution", DType::float64, {pn.size()}, pn.data(),
+                        "P(N), N = 0..total_charge: the total particle (photon) number distribution, bond 0's lambda^2, "
+                        "renormalised inside the Fock cut");
+    out.set_attribute("cut_loss", lost);
   }
   std::string describe_results(const StagePlan&, const StepResults& r) const override {
     Unpacker in(*r.computed);
@@ -105,7 +168,8 @@ class InitStage final : public ComputedStage {
     std::size_t chi = 0, blocks = 0;
     for (const Bond& b : psi.bonds) chi = std::max(chi, b.charges.size());
     for (const Site& s : psi.sites) blocks += s.blocks.size();
-    return fmt::format("L {}, d {}, N {}, max chi {}, {} blocks", psi.L, psi.d, psi.total_charge, chi, blocks);
+    return fmt::format("L {}, d {}, N {}{}, max chi {}, {} blocks", psi.L, psi.d, psi.bonds[0].size() > 1 ? "<= " : "",
+                       psi.total_charge, chi, blocks);
   }
 };
 

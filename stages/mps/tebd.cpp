@@ -367,12 +367,10 @@ LayerUpdater::LayerUpdater(Backend& backend, std::int64_t gpu_svd_from)
     : backend_(backend), gpu_svd_from_(gpu_svd_from), updaters_(static_cast<std::size_t>(std::max(1, omp_get_max_threads()))) {}
 LayerUpdater::~LayerUpdater() = default;
 
-double LayerUpdater::apply(U1Mps& psi, int first, const std::vector<GateTable>& gates, const TruncParams& trunc) {
+void LayerUpdater::apply(U1Mps& psi, const std::vector<BondGate>& updates, const TruncParams& trunc, double& eps) {
   const auto start = std::chrono::steady_clock::now();
-  std::vector<int> bonds;
-  for (int j = first; j + 1 < psi.L; j += 2) bonds.push_back(j);
-  std::vector<double> eps(bonds.size(), 0.0);
-  const auto count = static_cast<std::int64_t>(bonds.size());
+  std::vector<double> discarded(updates.size(), 0.0);
+  const auto count = static_cast<std::int64_t>(updates.size());
   std::exception_ptr failure;
   std::mutex failure_mutex;
   // (an SVD's own OpenMP loop inside runs on its caller's thread: nested regions are inactive)
@@ -384,7 +382,7 @@ double LayerUpdater::apply(U1Mps& psi, int first, const std::vector<GateTable>& 
         backend_.bind_thread();
         updater = std::make_unique<BondUpdater>(backend_, gpu_svd_from_);
       }
-      eps[i] = updater->update(psi, bonds[i], gates[bonds[i]], trunc);
+      discarded[i] = updater->update(psi, updates[i].bond, *updates[i].gate, trunc);
     } catch (...) {
       const std::lock_guard lock(failure_mutex);
       if (!failure) failure = std::current_exception();
@@ -392,9 +390,7 @@ double LayerUpdater::apply(U1Mps& psi, int first, const std::vector<GateTable>& 
   }
   if (failure) std::rethrow_exception(failure);
   wall_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  double sum = 0;
-  for (double e : eps) sum += e;
-  return sum;
+  for (double e : discarded) eps += e;
 }
 
 UpdateTimings LayerUpdater::timings() const {

@@ -74,8 +74,12 @@ class LayerUpdater {
  public:
   LayerUpdater(Backend& backend, std::int64_t gpu_svd_from = kernels::kGpuSvdFrom);
   ~LayerUpdater();
-  // gates[j] acts on bond (j, j+1); returns the summed discarded weight of the layer.
-  double apply(U1Mps& psi, int first, const std::vector<GateTable>& gates, const TruncParams& trunc);
+  struct BondGate {
+    int bond = 0;  // sites (bond, bond + 1)
+    const GateTable* gate = nullptr;
+  };
+  // Applies updates that touch disjoint sites; eps gains each one's discarded weight, in list order.
+  void apply(U1Mps& psi, const std::vector<BondGate>& updates, const TruncParams& trunc, double& eps);
   // The updaters' timings summed (thread-seconds), and the layers' wall seconds.
   UpdateTimings timings() const;
   double wall_seconds() const { return wall_; }

@@ -1,14 +1,18 @@
-// mps.tebd: 2nd-order (Strang) or 4th-order (Suzuki) Trotter evolution of an mps.init output under an XXZ chain, with
-// charge-blocked two-site updates (stages/mps/tebd.hpp), TeNPy's truncation parameters and
-// measurements every measure_every steps.
+// mps.tebd: 2nd-order (Strang) or 4th-order (Suzuki) Trotter evolution of an mps.init output under an XXZ or
+// Bose-Hubbard chain, or a linear-optical interferometer's beam splitters applied as a circuit
+// (stages/mps/models.hpp), with charge-blocked two-site updates (stages/mps/tebd.hpp), TeNPy's
+// truncation parameters and measurements every measure_every steps.
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
+#include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 
 #include "core/error.hpp"
 #include "stages/mps/gates.hpp"
+#include "stages/mps/models.hpp"
 #include "stages/mps/mps_stages.hpp"
 #include "stages/mps/serial.hpp"
 #include "stages/mps/tebd.hpp"
@@ -21,20 +25,63 @@ namespace {
 using nlohmann::json;
 using namespace mps;
 
+// Parameters that belong to some models only (those without a schema default, so that giving
+// one for another model is noticed).
+const std::vector<std::pair<const char*, std::vector<std::string>>> kModelParams = {
+    {"U", {"bose_hubbard"}},          {"mu", {"bose_hubbard"}},      {"beam_splitters", {"interferometer"}},
+    {"haar_seed", {"interferometer"}}, {"dt", {"xxz", "bose_hubbard"}}, {"steps", {"xxz", "bose_hubbard"}}};
+
+BeamSplitter beam_splitter_from_json(const json& j, std::size_t k) {
+  if (!j.is_object() || !j.contains("mode") || !j.contains("theta"))
+    throw InputError(fmt::format("beam_splitters[{}] is {}; expected {{mode: m, theta: t}} with optional phi, phase_left, phase_right", k,
+                                 j.dump()));
+  BeamSplitter b{j.at("mode").get<int>(), j.at("theta").get<double>(), j.value("phi", 0.0), j.value("phase_left", 0.0),
+                 j.value("phase_right", 0.0)};
+  for (double v : {b.theta, b.phi, b.phase_left, b.phase_right})
+    if (!std::isfinite(v)) throw InputError(fmt::format("beam_splitters[{}] has an angle {}; expected finite angles", k, v));
+  return b;
+}
+
+ModelParams model_from_json(const json& p) {
+  ModelParams m;
+  m.model = p.at("model").get<std::string>();
+  for (const auto& [name, owners] : kModelParams)
+    if (p.contains(name) && std::find(owners.begin(), owners.end(), m.model) == owners.end())
+      throw InputError(fmt::format("parameter '{}' is not for model '{}'; it belongs to {}", name, m.model, fmt::join(owners, ", ")));
+  m.J = p.at("J").get<double>();
+  m.delta = p.at("delta").get<double>();
+  m.h = p.at("h").get<double>();
+  m.order = p.at("order").get<int>();
+  m.U = p.value("U", 0.0);
+  m.mu = p.value("mu", 0.0);
+  if (m.model == "interferometer") {
+    if (p.contains("beam_splitters") == p.contains("haar_seed"))
+      throw InputError("model 'interferometer' needs exactly one of 'beam_splitters' (a list) and 'haar_seed' (a Haar-random unitary)");
+    m.haar = p.contains("haar_seed");
+    if (m.haar) m.haar_seed = p.at("haar_seed").get<std::uint64_t>();
+    else
+      for (std::size_t k = 0; k < p.at("beam_splitters").size(); ++k) m.beam_splitters.push_back(beam_splitter_from_json(p.at("beam_splitters")[k], k));
+    if (!m.haar && m.beam_splitters.empty()) throw InputError("parameter 'beam_splitters' is empty; expected at least one beam splitter");
+    return m;
+  }
+  if (!p.contains("dt") || !p.contains("steps")) throw InputError(fmt::format("model '{}' needs the parameters 'dt' and 'steps'", m.model));
+  m.dt = p.at("dt").get<double>();
+  m.steps = p.at("steps").get<int>();
+  if (!(m.dt > 0) || !std::isfinite(m.dt)) throw InputError(fmt::format("parameter 'dt' is {}; expected a finite time step > 0", m.dt));
+  if (m.steps < 1) throw InputError(fmt::format("parameter 'steps' is {}; expected at least 1", m.steps));
+  if (m.order != 2 && m.order != 4) throw InputError(fmt::format("parameter 'order' is {}; expected 2 (Strang) or 4 (Suzuki)", m.order));
+  return m;
+}
+
 struct Params {
-  double J = 1, delta = 0, h = 0, dt = 0;
-  int steps = 0, order = 2, measure_every = 1;
+  ModelParams model;
+  int measure_every = 1;
   std::int64_t gpu_svd_from = kernels::kGpuSvdFrom;
   TruncParams trunc;
 
   static Params from_json(const json& p) {
     Params r;
-    r.J = p.at("J").get<double>();
-    r.delta = p.at("delta").get<double>();
-    r.h = p.at("h").get<double>();
-    r.dt = p.at("dt").get<double>();
-    r.steps = p.at("steps").get<int>();
-    r.order = p.at("order").get<int>();
+    r.model = model_from_json(p);
     r.measure_every = p.at("measure_every").get<int>();
     r.gpu_svd_from = p.at("gpu_svd_from").get<std::int64_t>();
     if (r.gpu_svd_from < 0) throw InputError(fmt::format("parameter 'gpu_svd_from' is {}; expected 0 or more", r.gpu_svd_from));
@@ -43,10 +90,6 @@ struct Params {
     r.trunc.chi_max = t.value("chi_max", std::int64_t{100});
     r.trunc.svd_min = t.value("svd_min", 1e-14);
     r.trunc.trunc_cut = t.value("trunc_cut", 1e-14);
-    if (!(r.dt > 0) || !std::isfinite(r.dt)) throw InputError(fmt::format("parameter 'dt' is {}; expected a finite time step > 0", r.dt));
-    if (r.steps < 1) throw InputError(fmt::format("parameter 'steps' is {}; expected at least 1", r.steps));
-    if (r.order != 2 && r.order != 4)
-      throw InputError(fmt::format("parameter 'order' is {}; expected 2 (Strang) or 4 (Suzuki)", r.order));
     if (r.measure_every < 1) throw InputError(fmt::format("parameter 'measure_every' is {}; expected at least 1", r.measure_every));
     if (r.trunc.chi_max < 1) throw InputError(fmt::format("parameter 'trunc.chi_max' is {}; expected at least 1", r.trunc.chi_max));
     if (r.trunc.svd_min < 0 || r.trunc.trunc_cut < 0)
@@ -57,13 +100,16 @@ struct Params {
 
 // What is measured at one time.
 struct Measurements {
-  std::vector<double> times, density, entropy_vn, entropy_2, charges, norm, truncation_error, chi, energy;
-  // bond_terms[j]: the Hamiltonian's term on sites j, j+1 as a table.
-  void take(const U1Mps& psi, double t, double eps, const std::vector<GateTable>& bond_terms) {
+  std::size_t width = 0;  // N + 1
+  std::vector<double> times, density, entropy_vn, entropy_2, charges, norm, truncation_error, chi, energy, cut_loss, totals;
+  // bond_terms[j]: the Hamiltonian's term on sites j, j+1 as a table (none: no energy).
+  void take(const U1Mps& psi, double t, double eps, double cut, const std::vector<GateTable>& bond_terms) {
     times.push_back(t);
-    double e = 0;
-    for (int j = 0; j + 1 < psi.L; ++j) e += bond_expectation(psi, j, bond_terms[j]);
-    energy.push_back(e);
+    if (!bond_terms.empty()) {
+      double e = 0;
+      for (int j = 0; j + 1 < psi.L; ++j) e += bond_expectation(psi, j, bond_terms[j]);
+      energy.push_back(e);
+    }
     const auto n = densities(psi);
     density.insert(density.end(), n.begin(), n.end());
     for (int k = 1; k < psi.L; ++k) {
@@ -71,35 +117,34 @@ struct Measurements {
       entropy_2.push_back(entropy_renyi2(psi.bonds[k]));
       chi.push_back(static_cast<double>(psi.bonds[k].size()));
     }
-    const auto p = charge_distribution(psi, psi.L / 2);
+    // Widths of the input's largest N: a lossy interferometer may drop a total of weight 0.
+    auto p = charge_distribution(psi, psi.L / 2), pn = total_charge_distribution(psi);
+    p.resize(width), pn.resize(width);
     charges.insert(charges.end(), p.begin(), p.end());
+    totals.insert(totals.end(), pn.begin(), pn.end());
     norm.push_back(std::sqrt(norm_squared(psi)));
     truncation_error.push_back(eps);
+    cut_loss.push_back(cut);
   }
 };
-
-// The gate of bond j (sites j, j+1) for a time step tau. The field is split over the bonds so
-// that every site gets it once: half from each of its two bonds, all of it at the chain's ends.
-std::vector<cplx> xxz_term(const Params& p, int L, int j) {
-  const double wl = j == 0 ? 1.0 : 0.5, wr = j + 1 == L - 1 ? 1.0 : 0.5;
-  return xxz_bond_hamiltonian(p.J, p.delta, wl * p.h, wr * p.h);
-}
-
-GateTable xxz_gate(const Params& p, int L, int j, double tau) {
-  return gate_table(exp_minus_i(xxz_term(p, L, j), 4, tau), 2, fmt::format("the XXZ gate of bond ({}, {})", j, j + 1));
-}
 
 class TebdStage final : public ComputedStage {
  public:
   const StageInfo& info() const override {
     static const StageInfo info{
         "mps.tebd", 1,
-        "TEBD time evolution of a U(1) MPS under an XXZ chain (2nd- or 4th-order Trotter), charge-blocked updates with one "
-        "SVD per charge block and TeNPy's truncation; densities, entropies, the centre bond's charge distribution, "
-        "norm, energy, truncation error and bond dimensions every measure_every steps",
+        "TEBD time evolution of a U(1) MPS under an XXZ or Bose-Hubbard chain (2nd- or 4th-order Trotter), or a "
+        "linear-optical interferometer (nearest-neighbour beam splitters, given or from a Haar-random unitary) applied as "
+        "a circuit; charge-blocked updates with one SVD per charge block and TeNPy's truncation; densities, entropies, "
+        "the centre bond's charge distribution, norm, energy, truncation error and bond dimensions every measure_every "
+        "steps (an interferometer's step is one beam splitter)",
         {{"state", "an mps.init (or mps.tebd) output"}},
         "- id: quench\n  stage: mps.tebd\n  inputs: {state: psi0}\n"
-        "  params: {J: 1, delta: 0.5, dt: 0.05, steps: 40, trunc: {chi_max: 64}}\n"};
+        "  params: {J: 1, delta: 0.5, dt: 0.05, steps: 40, trunc: {chi_max: 64}}\n"
+        "- id: bh\n  stage: mps.tebd\n  inputs: {state: psi0}\n"
+        "  params: {model: bose_hubbard, J: 1, U: 4, mu: 0, dt: 0.05, steps: 40}\n"
+        "- id: gbs\n  stage: mps.tebd\n  inputs: {state: squeezed}\n"
+        "  params: {model: interferometer, haar_seed: 7, measure_every: 100, trunc: {chi_max: 256}}\n"};
     return info;
   }
   StagePlan plan(const json& p, const std::map<std::string, DatasetInfo>&) const override {
@@ -120,7 +165,10 @@ class TebdStage final : public ComputedStage {
                                     {"bond_offsets", result(DType::int64)},
                                     {"bond_charges", result(DType::int32)},
                                     {"lambda", result(DType::float64)}});
-    plan.summary = {{"model", p.at("model")}, {"dt", p.at("dt")}, {"steps", p.at("steps")}, {"order", p.at("order")}};
+    plan.summary = {{"model", p.at("model")}};
+    for (const char* key : {"dt", "steps", "order", "haar_seed"})
+      if (p.contains(key) && (key != std::string("order") || p.at("model") != "interferometer")) plan.summary[key] = p.at(key);
+    if (p.contains("beam_splitters")) plan.summary["beam_splitters"] = p.at("beam_splitters").size();
     return plan;
   }
   std::string compute(const KernelContext& ctx) const override {
@@ -128,42 +176,15 @@ class TebdStage final : public ComputedStage {
     const std::string file = ctx.inputs.at("state")->where().file;
     h5::File in = h5::File::open(file, h5::Mode::read_only);
     U1Mps psi = read_mps(in);
-    if (psi.d != 2)
-      throw InputError(fmt::format("the XXZ model needs spin-1/2 sites; the state in '{}' has d = {}, expected 2", file, psi.d));
-    const int L = psi.L;
-    // A step is Strang steps of weights w (1 for order 2; Suzuki's a, a, 1-4a, a, a for order 4,
-    // as TeNPy's suzuki_trotter_decomposition): the even bonds (0,1), (2,3), ... by w dt/2, the odd
-    // ones by w dt, the even ones again by w dt/2.
-    const double a = 1 / (4 - std::cbrt(4.0));
-    const std::vector<double> weights = p.order == 2 ? std::vector<double>{1} : std::vector<double>{a, a, 1 - 4 * a, a, a};
-    struct Gates {
-      std::vector<GateTable> half, full;
-    };
-    std::map<double, Gates> gates;  // per weight
-    for (double w : weights) {
-      if (gates.count(w)) continue;
-      Gates& g = gates[w];
-      for (int j = 0; j + 1 < L; ++j) {
-        g.half.push_back(xxz_gate(p, L, j, w * p.dt / 2));
-        g.full.push_back(xxz_gate(p, L, j, w * p.dt));
-      }
-    }
-    std::vector<GateTable> terms;
-    for (int j = 0; j + 1 < L; ++j)
-      terms.push_back(gate_table(xxz_term(p, L, j), 2, fmt::format("the XXZ term of bond ({}, {})", j, j + 1)));
+    const Evolution ev = make_evolution(p.model, psi.L, psi.d);
     Measurements m;
-    double eps = 0;
-    m.take(psi, 0.0, eps, terms);
+    m.width = static_cast<std::size_t>(psi.total_charge + 1);
+    double eps = 0, kept = 1;
     LayerUpdater updater(*ctx.backend, p.gpu_svd_from);
-    auto layer = [&](int parity, const std::vector<GateTable>& g) { eps += updater.apply(psi, parity, g, p.trunc); };
-    for (int step = 1; step <= p.steps; ++step) {
-      for (double w : weights) {
-        const Gates& g = gates.at(w);
-        layer(0, g.half);
-        layer(1, g.full);
-        layer(0, g.half);
-      }
-      if (step % p.measure_every == 0 || step == p.steps) m.take(psi, step * p.dt, eps, terms);
+    m.take(psi, ev.times[0], eps, 1 - kept, ev.terms);
+    for (int step = 1; step <= ev.steps; ++step) {
+      apply_step(psi, ev, step, p.trunc, eps, kept, updater);
+      if (step % p.measure_every == 0 || step == ev.steps) m.take(psi, ev.times[step], eps, 1 - kept, ev.terms);
     }
     const UpdateTimings tm = updater.timings();
     spdlog::info(
@@ -174,21 +195,33 @@ class TebdStage final : public ComputedStage {
         tm.svd_paths.jacobi, tm.svd_paths.host_fallbacks, tm.truncation, tm.finish, tm.transfers);
     Packer out;
     out.put_mps(psi);
-    for (const auto* v : {&m.times, &m.density, &m.entropy_vn, &m.entropy_2, &m.charges, &m.norm, &m.truncation_error, &m.chi, &m.energy})
+    for (const auto* v : {&m.times, &m.density, &m.entropy_vn, &m.entropy_2, &m.charges, &m.norm, &m.truncation_error, &m.chi,
+                          &m.energy, &m.cut_loss, &m.totals})
       out.put_vector(*v);
+    out.put_vector(ev.unitary);
+    std::vector<double> circuit;
+    for (const BeamSplitter& b : ev.circuit) circuit.insert(circuit.end(), {double(b.mode), b.theta, b.phi, b.phase_left, b.phase_right});
+    out.put_vector(circuit);
     return out.take();
   }
-  void write_results(const StagePlan&, const StepResults& r, h5::File& out) const override {
+  void write_results(const StagePlan& plan, const StepResults& r, h5::File& out) const override {
     Unpacker in(*r.computed);
     const U1Mps psi = in.get_mps();
     write_mps(out, psi);
     const auto times = in.get_vector<double>(), density = in.get_vector<double>(), svn = in.get_vector<double>(),
                s2 = in.get_vector<double>(), charges = in.get_vector<double>(), norm = in.get_vector<double>(),
-               eps = in.get_vector<double>(), chi_d = in.get_vector<double>(), energy = in.get_vector<double>();
-    const std::uint64_t T = times.size(), L = psi.L, N = psi.total_charge;
+               eps = in.get_vector<double>(), chi_d = in.get_vector<double>(), energy = in.get_vector<double>(),
+               cut = in.get_vector<double>(), totals = in.get_vector<double>();
+    const auto unitary = in.get_vector<cplx>();
+    const auto beam_splitters = in.get_vector<double>();
+    const std::string model = plan.summary.at("model").get<std::string>();
+    const bool circuit = model == "interferometer";
+    const std::uint64_t T = times.size(), L = psi.L, N = charges.size() / T - 1;
     const std::vector<std::int64_t> chi(chi_d.begin(), chi_d.end());
-    detail::write_array(out, "times", DType::float64, {T}, times.data(), "time of each measurement (step * dt)");
-    detail::write_array(out, "density", DType::float64, {T, L}, density.data(), "<n_j> at each time, n = S^z + 1/2");
+    detail::write_array(out, "times", DType::float64, {T}, times.data(),
+                        circuit ? "beam splitters applied at each measurement" : "time of each measurement (step * dt)");
+    detail::write_array(out, "density", DType::float64, {T, L}, density.data(),
+                        model == "xxz" ? "<n_j> at each time, n = S^z + 1/2" : "<n_j> at each time (bosons: mean occupation, photons per mode)");
     detail::write_array(out, "entropy_vN", DType::float64, {T, L - 1}, svn.data(),
                         "von Neumann entropy -sum l^2 ln l^2 (natural log) of bonds 1..L-1 (bond k cuts sites 0..k-1 "
                         "from the rest)");
@@ -201,19 +234,42 @@ class TebdStage final : public ComputedStage {
     detail::write_array(out, "truncation_error", DType::float64, {T}, eps.data(),
                         "accumulated discarded weight: the sum over this step's two-site updates so far of eps = sum of the "
                         "discarded squared Schmidt values (normalised to 1 before the cut), as TeNPy's TruncationError.eps");
-    detail::write_array(out, "energy", DType::float64, {T}, energy.data(),
-                        "<H>: the sum of the bond terms' expectations (B form), the field included");
+    if (!circuit)
+      detail::write_array(out, "energy", DType::float64, {T}, energy.data(),
+                          "<H>: the sum of the bond terms' expectations (B form), the field included");
     detail::write_array(out, "chi", DType::int64, {T, L - 1}, chi.data(), "bond dimension of bonds 1..L-1");
+    write_optics(out, psi, T, N, totals, cut, unitary, beam_splitters);
+  }
+  // The datasets of a mixed boundary (P(N)) and of an interferometer (its cut loss and unitary).
+  static void write_optics(h5::File& out, const U1Mps& psi, std::uint64_t T, std::uint64_t N, const std::vector<double>& totals,
+                           const std::vector<double>& cut, const std::vector<cplx>& unitary, const std::vector<double>& circuit) {
+    if (psi.bonds[0].size() > 1)
+      detail::write_array(out, "total_charge_distribution", DType::float64, {T, N + 1}, totals.data(),
+                          "P(N), N = 0..total_charge: the total particle (photon) number distribution, bond 0's lambda^2");
+    if (unitary.empty()) return;
+    detail::write_array(out, "cut_loss", DType::float64, {T}, cut.data(),
+                        "probability lost so far to the Fock cut (occupations > d-1) by the beam splitters, 1 - prod(1 - loss "
+                        "of each gate); the state is renormalised after each gate, so the measurements are conditional on "
+                        "staying inside the cut");
+    const std::uint64_t M = psi.L;
+    detail::write_array(out, "unitary", DType::complex128, {M, M}, unitary.data(),
+                        "the interferometer's mode matrix U: a+_j -> sum_i U_ij a+_i (output <n_i> = sum_j |U_ij|^2 <n_j> for "
+                        "inputs without coherences between modes)");
+    detail::write_array(out, "beam_splitters", DType::float64, {circuit.size() / 5, 5}, circuit.data(),
+                        "the beam splitters in the order applied: (mode, theta, phi, phase_left, phase_right), each "
+                        "exp(-i theta (e^{i phi} a+ b + e^{-i phi} a b+)) on modes (mode, mode + 1) after exp(i phase_left n_a) "
+                        "exp(i phase_right n_b); U is the product of their mode matrices");
   }
   std::string describe_results(const StagePlan&, const StepResults& r) const override {
     Unpacker in(*r.computed);
     const U1Mps psi = in.get_mps();
     std::vector<std::vector<double>> v;
-    for (int i = 0; i < 9; ++i) v.push_back(in.get_vector<double>());
+    for (int i = 0; i < 11; ++i) v.push_back(in.get_vector<double>());
     std::size_t chi = 0;
     for (const Bond& b : psi.bonds) chi = std::max(chi, b.charges.size());
-    return fmt::format("t = {:.6g}, {} measurements, max chi {}, truncation error {:.3e}, norm {:.12f}, energy {:.12f}",
-                       v[0].back(), v[0].size(), chi, v[6].back(), v[5].back(), v[8].back());
+    const std::string energy = v[8].empty() ? fmt::format("cut loss {:.3e}", v[9].back()) : fmt::format("energy {:.12f}", v[8].back());
+    return fmt::format("t = {:.6g}, {} measurements, max chi {}, truncation error {:.3e}, norm {:.12f}, {}", v[0].back(),
+                       v[0].size(), chi, v[6].back(), v[5].back(), energy);
   }
 };
 

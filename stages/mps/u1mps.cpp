@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <numeric>
 #include <stdexcept>
@@ -46,8 +47,12 @@ void U1Mps::check_structure() const {
   if (L < 1 || d < 2) fail(fmt::format("L = {} and d = {}; expected L >= 1 and d >= 2", L, d));
   if (bonds.size() != static_cast<std::size_t>(L + 1) || sites.size() != static_cast<std::size_t>(L))
     fail(fmt::format("{} bonds and {} sites; expected L + 1 = {} and L = {}", bonds.size(), sites.size(), L + 1, L));
-  if (bonds[0].charges != std::vector<int>{total_charge} || bonds[L].charges != std::vector<int>{0})
-    fail(fmt::format("boundary bonds must carry the single charges N = {} (left) and 0 (right)", total_charge));
+  // Bond 0 may carry several totals N (a mixed boundary), one index each, the largest being total_charge.
+  const auto& b0 = bonds[0].charges;
+  if (b0.empty() || b0.back() != total_charge || b0.front() < 0 || total_charge > L * (d - 1) || std::adjacent_find(b0.begin(), b0.end(), std::greater_equal<>()) != b0.end() ||
+      bonds[L].charges != std::vector<int>{0})
+    fail(fmt::format("boundary bonds must carry 0 (right) and distinct ascending totals 0 <= N <= {} (left), the largest N = {}",
+                     L * (d - 1), total_charge));
   for (int k = 0; k <= L; ++k) {
     const Bond& b = bonds[k];
     if (b.lambda.size() != b.charges.size()) fail(fmt::format("bond {} has {} charges but {} Schmidt values", k, b.charges.size(), b.lambda.size()));
@@ -83,6 +88,35 @@ U1Mps product_state(int d, const std::vector<int>& occupations) {
   }
   for (int j = 0; j < psi.L; ++j)
     psi.sites[j].blocks.push_back({psi.bonds[j].charges[0], psi.bonds[j + 1].charges[0], 1, 1, {cplx{1.0, 0.0}}});
+  return psi;
+}
+
+U1Mps product_superposition(int d, const std::vector<std::vector<cplx>>& amplitudes) {
+  U1Mps psi;
+  psi.L = static_cast<int>(amplitudes.size());
+  psi.d = d;
+  psi.bonds.resize(psi.L + 1);
+  psi.sites.resize(psi.L);
+  // Right to left: the totals the sites k..L-1 reach with nonzero amplitude.
+  std::vector<std::vector<bool>> reach(psi.L + 1);
+  reach[psi.L] = {true};
+  for (int k = psi.L - 1; k >= 0; --k) {
+    reach[k].assign(reach[k + 1].size() + d - 1, false);
+    for (std::size_t c = 0; c < reach[k + 1].size(); ++c)
+      for (int n = 0; n < d; ++n)
+        if (reach[k + 1][c] && amplitudes[k].at(n) != cplx{}) reach[k][c + n] = true;
+  }
+  for (int k = 0; k <= psi.L; ++k)
+    for (std::size_t c = 0; c < reach[k].size(); ++c)
+      if (reach[k][c]) psi.bonds[k].charges.push_back(static_cast<int>(c)), psi.bonds[k].lambda.push_back(1.0);
+  if (psi.bonds[0].charges.empty()) throw std::invalid_argument("mps: a product state with a site of amplitude 0");
+  psi.total_charge = psi.bonds[0].charges.back();
+  for (int j = 0; j < psi.L; ++j)
+    for (int cl : psi.bonds[j].charges)
+      for (int cr : psi.bonds[j + 1].charges)
+        if (kernels::u1_block_allowed(cl, cr, d) && amplitudes[j][cl - cr] != cplx{})
+          psi.sites[j].blocks.push_back({cl, cr, 1, 1, {amplitudes[j][cl - cr]}});
+  canonicalize(psi);
   return psi;
 }
 
@@ -126,6 +160,31 @@ void drop_empty_blocks(Site& s) {
   std::erase_if(s.blocks, [](const Block& b) { return b.rows == 0 || b.cols == 0; });
 }
 
+// The end of the right-to-left sweep: per total N, the one row of site 0 now has norm 1 and U S
+// (1 x 1) holds its amplitude. lambda[0] becomes the normalised |old lambda[0] U S| (sqrt P(N)),
+// the phase stays in the row; totals of weight 0 are dropped.
+void normalise_boundary(U1Mps& psi, const std::map<int, std::vector<cplx>>& carry) {
+  Bond& b0 = psi.bonds[0];
+  std::map<int, cplx> amp;
+  double norm2 = 0;  // summed from |a|^2 so that a single total gets lambda = |a| / sqrt(|a|^2) = 1 exactly
+  for (std::int64_t i = 0; i < b0.size(); ++i) {
+    const auto it = carry.find(b0.charges[i]);
+    const cplx a = it == carry.end() ? cplx{} : b0.lambda[i] * it->second.at(0);
+    if (std::abs(a) > 0) amp[b0.charges[i]] = a, norm2 += std::abs(a) * std::abs(a);
+  }
+  if (amp.empty()) throw RuntimeFailure("mps: the state has norm 0");
+  Bond kept;
+  for (const auto& [c, a] : amp) {
+    kept.charges.push_back(c);
+    kept.lambda.push_back(std::abs(a) / std::sqrt(norm2));
+  }
+  std::erase_if(psi.sites[0].blocks, [&](const Block& b) { return !amp.count(b.c_left); });
+  for (Block& b : psi.sites[0].blocks)
+    for (cplx& v : b.values) v *= amp.at(b.c_left) / std::abs(amp.at(b.c_left));
+  psi.total_charge = kept.charges.back();
+  b0 = std::move(kept);
+}
+
 }  // namespace
 
 void canonicalize(U1Mps& psi) {
@@ -148,7 +207,7 @@ void canonicalize(U1Mps& psi) {
       Svd f = svd(m.data(), g.rows, g.cols);
       std::int64_t keep = 0;
       while (keep < f.rank && f.s[keep] > 1e-14 * std::max(f.s[0], 1e-300)) ++keep;
-      if (j == 0) keep = f.rank;  // the boundary: one row, its norm goes to the state's norm
+      if (j == 0) keep = f.rank;  // the boundary: one row per total N, its norm goes to lambda[0]
       col0 = 0;
       for (std::size_t bi : g.blocks) {
         Block& b = s.blocks[bi];
@@ -166,12 +225,7 @@ void canonicalize(U1Mps& psi) {
     }
     drop_empty_blocks(s);
     if (j == 0) {
-      // One row left: normalise it.
-      // One row left, now of norm 1: keep the phase of U S and drop its norm (normalising the state).
-      const cplx us = carry.at(psi.total_charge).at(0);
-      if (!(std::abs(us) > 0)) throw RuntimeFailure("mps: the state has norm 0");
-      for (Block& b : s.blocks)
-        for (cplx& v : b.values) v *= us / std::abs(us);
+      normalise_boundary(psi, carry);
       continue;
     }
     psi.bonds[j] = make_bond(new_bond);
@@ -187,10 +241,13 @@ void canonicalize(U1Mps& psi) {
   }
   // Left to right: X_j (per sector of bond j, the left part's gauge) times B[j], grouped by right
   // charge, is U S V; lambda[j+1] = S, B[j+1] <- V B[j+1], B[j] <- B[j] V^dagger.
+  // Bond 0's gauge is diag(lambda[0]): with a mixed boundary the left part is the record of N.
   std::map<int, std::vector<cplx>> x;  // per charge of bond j: rows x size of the sector
-  x[psi.total_charge] = {cplx{1.0, 0.0}};
-  std::map<int, std::int64_t> x_rows{{psi.total_charge, 1}};
-  psi.bonds[0] = {{psi.total_charge}, {1.0}};
+  std::map<int, std::int64_t> x_rows;
+  for (std::int64_t i = 0; i < psi.bonds[0].size(); ++i) {
+    x[psi.bonds[0].charges[i]] = {cplx{psi.bonds[0].lambda[i], 0.0}};
+    x_rows[psi.bonds[0].charges[i]] = 1;
+  }
   for (int j = 0; j < L - 1; ++j) {
     Site& s = psi.sites[j];
     std::map<int, std::vector<double>> lam;
@@ -317,17 +374,12 @@ double entropy_renyi2(const Bond& bond) {
   return -std::log(p2);
 }
 
-std::vector<double> charge_distribution(const U1Mps& psi, int bond) {
-  std::vector<double> p(static_cast<std::size_t>(psi.total_charge + 1), 0.0);
-  const Bond& b = psi.bonds.at(bond);
-  for (std::int64_t i = 0; i < b.size(); ++i) p.at(psi.total_charge - b.charges[i]) += b.lambda[i] * b.lambda[i];
-  return p;
-}
+namespace {
 
-double norm_squared(const U1Mps& psi) {
-  // E(c) = sum_{c_L} B(c_L, c)^dagger E(c_L) B(c_L, c), block-diagonal by charge.
-  std::map<int, std::vector<cplx>> e{{psi.total_charge, {cplx{1.0, 0.0}}}};
-  for (int j = 0; j < psi.L; ++j) {
+// The left environments E(c) = sum B^dagger E B (block-diagonal by charge) at bond `upto`, grown
+// from `e` on bond 0, without assuming any canonical form.
+std::map<int, std::vector<cplx>> left_environment(const U1Mps& psi, int upto, std::map<int, std::vector<cplx>> e) {
+  for (int j = 0; j < upto; ++j) {
     std::map<int, std::vector<cplx>> next;
     for (const Block& b : psi.sites[j].blocks) {
       const auto it = e.find(b.c_left);
@@ -344,6 +396,47 @@ double norm_squared(const U1Mps& psi) {
     }
     e = std::move(next);
   }
+  return e;
+}
+
+// Bond 0's weights lambda^2 as a left environment: one 1 x 1 matrix per total N.
+std::map<int, std::vector<cplx>> boundary_environment(const Bond& b0) {
+  std::map<int, std::vector<cplx>> e;
+  for (std::int64_t i = 0; i < b0.size(); ++i) e[b0.charges[i]] = {cplx{b0.lambda[i] * b0.lambda[i], 0.0}};
+  return e;
+}
+
+}  // namespace
+
+std::vector<double> charge_distribution(const U1Mps& psi, int bond) {
+  std::vector<double> p(static_cast<std::size_t>(psi.total_charge + 1), 0.0);
+  const Bond& b = psi.bonds.at(bond);
+  if (psi.bonds[0].size() == 1) {
+    for (std::int64_t i = 0; i < b.size(); ++i) p.at(psi.total_charge - b.charges[i]) += b.lambda[i] * b.lambda[i];
+    return p;
+  }
+  // A mixed boundary: N_left = N - c needs the total N as well as the bond's charge c. The weight
+  // of (N, c) is the trace of the left environment grown from bond 0's N alone (in B form the
+  // right part contributes the identity).
+  for (const Sector& s : psi.bonds[0].sectors()) {
+    const double w = psi.bonds[0].lambda[s.offset];
+    for (const auto& [c, e] : left_environment(psi, bond, {{s.charge, {cplx{w * w, 0.0}}}})) {
+      const auto rows = static_cast<std::int64_t>(std::llround(std::sqrt(static_cast<double>(e.size()))));
+      for (std::int64_t r = 0; r < rows; ++r) p.at(s.charge - c) += e[r * rows + r].real();
+    }
+  }
+  return p;
+}
+
+std::vector<double> total_charge_distribution(const U1Mps& psi) {
+  std::vector<double> p(static_cast<std::size_t>(psi.total_charge + 1), 0.0);
+  const Bond& b0 = psi.bonds[0];
+  for (std::int64_t i = 0; i < b0.size(); ++i) p.at(b0.charges[i]) = b0.lambda[i] * b0.lambda[i];
+  return p;
+}
+
+double norm_squared(const U1Mps& psi) {
+  const auto e = left_environment(psi, psi.L, boundary_environment(psi.bonds[0]));
   const auto it = e.find(0);
   return it == e.end() ? 0.0 : it->second.at(0).real();
 }
@@ -423,6 +516,7 @@ void write_mps(h5::File& out, const U1Mps& psi, const std::string& group) {
     o.set_attribute("charge_kind", "n");
     o.set_attribute("form", "B");
     o.set_attribute("dtype", "complex128");
+    if (psi.bonds[0].size() > 1) o.set_attribute("boundary", "mixed");
   };
   set(out);
 }

@@ -2,7 +2,10 @@
 // A U(1)-symmetric matrix product state, block-sparse by charge (docs/mps.md).
 //
 // Bond k (k = 0..L) sits left of site k; its charge c counts the particles to the right of it, so
-// bond 0 carries the total charge N and bond L carries 0. Each bond keeps its charges sorted
+// bond 0 carries the total charge N and bond L carries 0. Bond 0 may carry several totals N, one
+// index each (a mixed boundary, e.g. squeezed light): the state is sum_N lambda[0](N) |psi_N>
+// with lambda[0](N) = sqrt(P(N)), and every bond's lambda are the Schmidt values of the state
+// with N recorded on a leg left of site 0 (docs/mps.md). Each bond keeps its charges sorted
 // ascending (equal charges contiguous: a sector) with one Schmidt value per index. Site j
 // (between bonds j and j+1) keeps only its nonzero blocks (c_L, c_R), 0 <= c_L - c_R <= d-1,
 // each a dense row-major matrix over the two sectors. Tensors are in B form (right-canonical,
@@ -47,7 +50,8 @@ struct Site {
 };
 
 struct U1Mps {
-  int L = 0, d = 2, total_charge = 0;
+  int L = 0, d = 2;
+  int total_charge = 0;  // the largest charge of bond 0 (the only one unless the boundary is mixed)
   std::vector<Bond> bonds;  // L + 1
   std::vector<Site> sites;  // L
 
@@ -58,6 +62,11 @@ struct U1Mps {
 
 // A product state with the given occupations: bond dimension 1, lambda = 1.
 U1Mps product_state(int d, const std::vector<int>& occupations);
+
+// A product state of superpositions: site j is sum_n amplitudes[j][n] |n> (d entries each). Bond
+// k carries every total the sites k..L-1 can reach, one index each, so bond 0 is a mixed boundary
+// when a site has several occupations. Canonicalised: the result has norm 1.
+U1Mps product_superposition(int d, const std::vector<std::vector<cplx>>& amplitudes);
 
 // A seeded random state of `total_charge` particles with up to `chi` indices per bond, brought to
 // right-canonical form with exact Schmidt values (docs/mps.md says how it is drawn).
@@ -73,14 +82,16 @@ void canonicalize(U1Mps& psi);
 std::vector<double> densities(const U1Mps& psi);                 // <n_j>, j = 0..L-1
 double entropy_vn(const Bond& bond);                             // -sum l^2 ln l^2
 double entropy_renyi2(const Bond& bond);                         // -ln sum l^4
-std::vector<double> charge_distribution(const U1Mps& psi, int bond);  // P(N_left = n), n = 0..N
+std::vector<double> charge_distribution(const U1Mps& psi, int bond);  // P(N_left = n), n = 0..N (total_charge)
+std::vector<double> total_charge_distribution(const U1Mps& psi);     // P(N), n = 0..total_charge: bond 0's lambda^2
 // <psi|psi>, contracted from the left without assuming any canonical form.
 double norm_squared(const U1Mps& psi);
 // The largest |sum B B^dagger - 1| entry over all sites and left sectors.
 double right_canonical_error(const U1Mps& psi);
 
 // --- the HDF5 layout (docs/mps.md): flat datasets under `group`, the attributes L, d,
-// total_charge, charge_kind ("n"), form ("B") and dtype on the file's root.
+// total_charge, charge_kind ("n"), form ("B") and dtype on the file's root, and boundary
+// ("mixed") when bond 0 carries several totals.
 
 void write_mps(h5::File& out, const U1Mps& psi, const std::string& group = "");
 // Reads an MPS written by write_mps; throws InputError naming the file and what is missing or broken.

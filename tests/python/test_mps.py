@@ -43,8 +43,9 @@ def load_mps(path):
 
 
 def state_vector(m):
-    """The full state, axis j = occupation of site j."""
-    psi = np.ones((1, 1), complex)
+    """The full state, axis j = occupation of site j: sum over bond 0's indices (one per total N)
+    weighted by its lambda (sqrt P(N); a single 1 unless the boundary is mixed)."""
+    psi = np.asarray(m["bonds"][0][1], complex).reshape(1, -1)
     for Bj in m["B"]:
         psi = np.einsum("pa,ajb->pjb", psi, Bj).reshape(-1, Bj.shape[2])
     return psi.reshape([m["d"]] * m["L"])

@@ -13,6 +13,7 @@
 #include "kernels/u1_math.hpp"
 #include "stages/mps/gates.hpp"
 #include "stages/mps/linalg.hpp"
+#include "stages/mps/models.hpp"
 #include "stages/mps/tebd.hpp"
 #include "stages/mps/u1mps.hpp"
 
@@ -24,8 +25,9 @@ namespace {
 // The dense state of an MPS: amplitude of occupations (n_0, ..., n_{L-1}) at index sum n_j d^(L-1-j).
 std::vector<cplx> dense(const U1Mps& psi) {
   // rows: configurations of the sites so far; columns: indices of the current bond.
-  std::vector<cplx> cur{cplx{1, 0}};
-  std::int64_t configs = 1, chi = 1;
+  // (bond 0's lambda weight its totals N: 1 for a single one)
+  std::vector<cplx> cur(psi.bonds[0].lambda.begin(), psi.bonds[0].lambda.end());
+  std::int64_t configs = 1, chi = psi.bonds[0].size();
   for (int j = 0; j < psi.L; ++j) {
     const Bond& left = psi.bonds[j];
     const Bond& right = psi.bonds[j + 1];
@@ -182,6 +184,15 @@ TEST(MpsContainer, BrokenStructureIsReported) {
   U1Mps psi2 = random_state(4, 2, 2, 4, 1);
   psi2.sites[2].blocks[0].rows += 1;
   EXPECT_THROW(psi2.check_structure(), std::runtime_error);
+  // a mixed boundary holds each total once, ascending, the largest being total_charge
+  const U1Mps mixed = product_superposition(3, {{0.6, 0.8, 0}, {1, 0, 0.5}});
+  EXPECT_NO_THROW(mixed.check_structure());
+  U1Mps twice = mixed;
+  twice.bonds[0].charges[1] = twice.bonds[0].charges[0];
+  EXPECT_THROW(twice.check_structure(), std::runtime_error);
+  U1Mps wrong_n = mixed;
+  wrong_n.total_charge -= 1;
+  EXPECT_THROW(wrong_n.check_structure(), std::runtime_error);
 }
 
 class MpsUpdate : public ::testing::TestWithParam<int> {};
@@ -268,4 +279,125 @@ TEST(MpsTruncation, OneTruncatedUpdateKeepsTheLargestSchmidtValuesOverAllCharges
   EXPECT_NEAR(n2, 1.0, 1e-12);
   EXPECT_NEAR(std::abs(overlap), std::sqrt(1 - eps), 1e-12);
   EXPECT_NO_THROW(psi.check_structure());
+}
+
+// ---------------------------------------------------------------- bosons and linear optics
+
+namespace {
+
+double max_distance(const std::vector<cplx>& a, const std::vector<cplx>& b) {
+  double worst = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(a[i] - b[i]));
+  return worst;
+}
+
+}  // namespace
+
+TEST(MpsOptics, HaarUnitaryIsUnitaryAndItsBeamSplittersRebuildIt) {
+  for (int M : {2, 3, 6, 9}) {
+    const auto U = haar_unitary(M, 40 + M);
+    std::vector<cplx> udu(static_cast<std::size_t>(M * M));
+    for (int i = 0; i < M; ++i)
+      for (int j = 0; j < M; ++j)
+        for (int k = 0; k < M; ++k) udu[i * M + j] += std::conj(U[k * M + i]) * U[k * M + j];
+    for (int i = 0; i < M; ++i) udu[i * M + i] -= 1.0;
+    EXPECT_LT(max_distance(udu, std::vector<cplx>(udu.size())), 1e-13) << M;
+    const auto bs = decompose_unitary(U, M);
+    EXPECT_EQ(static_cast<int>(bs.size()), M * (M - 1) / 2);
+    for (const auto& b : bs) EXPECT_TRUE(b.mode >= 0 && b.mode + 1 < M);
+    EXPECT_LT(max_distance(interferometer_unitary(bs, M), U), 1e-12) << M;
+  }
+  // another seed, another unitary; the same seed, the same bits
+  EXPECT_GT(max_distance(haar_unitary(4, 1), haar_unitary(4, 2)), 0.1);
+  EXPECT_EQ(haar_unitary(4, 1), haar_unitary(4, 1));
+}
+
+TEST(MpsOptics, BeamSplitterGateActsAsItsModeMatrixBelowTheCut) {
+  const BeamSplitter b{0, 0.61, 1.3, 0.4, -0.9};
+  const int d = 3, dd = d * d;
+  const auto g = beam_splitter_gate(b, d);
+  const auto u = interferometer_unitary({b}, 2);  // 2 x 2
+  auto amp = [&](int la, int lb, int na, int nb) { return g[(la * d + lb) * dd + na * d + nb]; };
+  // one photon: a+ -> u00 a+ + u10 b+
+  EXPECT_LT(std::abs(amp(1, 0, 1, 0) - u[0]), 1e-14);
+  EXPECT_LT(std::abs(amp(0, 1, 1, 0) - u[2]), 1e-14);
+  EXPECT_LT(std::abs(amp(1, 0, 0, 1) - u[1]), 1e-14);
+  // two photons |1,1> -> (u00 a+ + u10 b+)(u01 a+ + u11 b+)|0>
+  EXPECT_LT(std::abs(amp(2, 0, 1, 1) - std::sqrt(2.0) * u[0] * u[1]), 1e-14);
+  EXPECT_LT(std::abs(amp(1, 1, 1, 1) - (u[0] * u[3] + u[2] * u[1])), 1e-14);
+  EXPECT_LT(std::abs(amp(0, 2, 1, 1) - std::sqrt(2.0) * u[2] * u[3]), 1e-14);
+  // |2,0> -> (u00 a+ + u10 b+)^2 / sqrt 2
+  EXPECT_LT(std::abs(amp(1, 1, 2, 0) - std::sqrt(2.0) * u[0] * u[2]), 1e-14);
+  // unitary on the pair totals n <= d-1, and losing amplitude above (|2,2> leaks to |4,0>, |0,4>...)
+  for (int c = 0; c < dd; ++c) {
+    double col = 0;
+    for (int r = 0; r < dd; ++r) col += std::norm(g[r * dd + c]);
+    if (c / d + c % d <= d - 1) EXPECT_NEAR(col, 1.0, 1e-14) << c;
+    else EXPECT_LT(col, 1.0 - 1e-3) << c;
+  }
+  EXPECT_NO_THROW(gate_table(g, d, "beam splitter"));
+}
+
+TEST(MpsOptics, SqueezedVacuumHasItsPhotonStatistics) {
+  const double r = 0.8, t = std::tanh(r);
+  const auto a = squeezed_vacuum(r, 0.3, 80);
+  double total = 0, mean = 0, p = 1 / std::cosh(r);  // P(2n) = C(2n, n) 4^-n t^2n / cosh r
+  for (int n = 0; 2 * n < 80; ++n) {
+    EXPECT_NEAR(std::norm(a[2 * n]), p, 1e-15) << n;
+    EXPECT_EQ(a[2 * n + 1], cplx{});
+    p *= (2 * n + 1.0) * (2 * n + 2.0) / ((n + 1.0) * (n + 1.0)) / 4 * t * t;
+    total += std::norm(a[2 * n]);
+    mean += 2 * n * std::norm(a[2 * n]);
+  }
+  EXPECT_NEAR(total, 1.0, 1e-13);
+  EXPECT_NEAR(mean, std::sinh(r) * std::sinh(r), 1e-12);
+  // the phase: <2|psi> / <0|psi> = -e^{i phase} tanh r / sqrt 2
+  EXPECT_LT(std::abs(a[2] / a[0] + std::polar(t, 0.3) / std::sqrt(2.0)), 1e-15);
+}
+
+TEST(MpsContainer, MixedBoundaryProductIsCanonicalWithPOfNOnBondZero) {
+  // Three modes of superpositions (d = 3): the total N ranges over 0..6 with gaps filled in.
+  const int d = 3;
+  const std::vector<std::vector<cplx>> amps = {{0.6, cplx{0, 0.8}, 0}, {0.3, 0, cplx{0.4, -0.2}}, {1, 0.5, cplx{-0.3, 0.1}}};
+  const U1Mps psi = product_superposition(d, amps);
+  EXPECT_NO_THROW(psi.check_structure());
+  EXPECT_GT(psi.bonds[0].size(), 1);
+  EXPECT_EQ(psi.total_charge, 5);
+  EXPECT_LT(right_canonical_error(psi), 1e-13);
+  EXPECT_NEAR(norm_squared(psi), 1.0, 1e-13);
+  // the dense state is the normalised product
+  std::vector<cplx> expected(27);
+  double n2 = 0;
+  std::vector<double> pn(6), left(6), occ(3);
+  for (int i = 0; i < 27; ++i) {
+    expected[i] = amps[0][i / 9] * amps[1][i / 3 % 3] * amps[2][i % 3];
+    n2 += std::norm(expected[i]);
+  }
+  for (auto& v : expected) v /= std::sqrt(n2);
+  EXPECT_LT(max_distance(dense(psi), expected), 1e-14);
+  for (int i = 0; i < 27; ++i) {
+    const int a = i / 9, b = i / 3 % 3, c = i % 3;
+    pn[a + b + c] += std::norm(expected[i]);
+    left[a] += std::norm(expected[i]);  // bond 1: sites 0..0
+    occ[0] += a * std::norm(expected[i]), occ[1] += b * std::norm(expected[i]), occ[2] += c * std::norm(expected[i]);
+  }
+  const auto p0 = total_charge_distribution(psi), p1 = charge_distribution(psi, 1), n = densities(psi);
+  ASSERT_EQ(p0.size(), 6u);
+  ASSERT_EQ(p1.size(), 6u);
+  for (int k = 0; k < 6; ++k) EXPECT_NEAR(p0[k], pn[k], 1e-14) << k;
+  for (int k = 0; k < 6; ++k) EXPECT_NEAR(p1[k], left[k], 1e-14) << k;
+  for (int j = 0; j < 3; ++j) EXPECT_NEAR(n[j], occ[j], 1e-14) << j;
+}
+
+TEST(MpsModels, BoseHubbardBondTermHasItsMatrixElements) {
+  const int d = 4, dd = d * d;
+  const double J = 0.7, U = 2.5, mu = 0.4;
+  const auto h = bose_hubbard_bond_hamiltonian(d, J, U, mu, 1.0, 0.5);
+  auto at = [&](int la, int lb, int na, int nb) { return h[(la * d + lb) * dd + na * d + nb]; };
+  EXPECT_EQ(at(3, 1, 2, 2), cplx(-J * std::sqrt(3.0 * 2.0)));  // b+_l b_r |2,2> = sqrt(3) sqrt(2) |3,1>
+  EXPECT_EQ(at(0, 1, 1, 0), cplx(-J));
+  EXPECT_NEAR(at(2, 3, 2, 3).real(), (U / 2 * 2 - mu * 2) + 0.5 * (U / 2 * 6 - mu * 3), 1e-15);
+  for (int r = 0; r < dd; ++r)
+    for (int c = 0; c < dd; ++c) EXPECT_EQ(h[r * dd + c], std::conj(h[c * dd + r]));
+  EXPECT_NO_THROW(gate_table(exp_minus_i(h, dd, 0.1), d, "Bose-Hubbard gate"));
 }
