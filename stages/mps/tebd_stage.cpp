@@ -1,12 +1,22 @@
 // mps.tebd: 2nd-order (Strang) or 4th-order (Suzuki) Trotter evolution of an mps.init output under an XXZ chain, with
 // charge-blocked two-site updates (stages/mps/tebd.hpp), TeNPy's truncation parameters and
 // measurements every measure_every steps.
+//
+// Checkpoints: after a time step, when the run's checkpoint interval has passed, a stop was
+// requested, or every checkpoint_every steps, rank 0 writes the state (step counter, accumulated
+// truncation error, MPS, measurements so far) atomically to stage-tebd-<step>.bin in the step's
+// work directory and commits a pass state naming it (KernelContext::checkpoints); a resumed run
+// of the same step key goes on from there with the same bits.
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include <cmath>
+#include <filesystem>
 #include <map>
 
 #include "core/error.hpp"
+#include "core/fsutil.hpp"
+#include "core/hash.hpp"
 #include "stages/mps/gates.hpp"
 #include "stages/mps/mps_stages.hpp"
 #include "stages/mps/serial.hpp"
@@ -23,6 +33,7 @@ using namespace mps;
 struct Params {
   double J = 1, delta = 0, h = 0, dt = 0;
   int steps = 0, order = 2, measure_every = 1;
+  int checkpoint_every = 0;  // 0: by the run's checkpoint interval (and on a stop request) only
   TruncParams trunc;
 
   static Params from_json(const json& p) {
@@ -34,6 +45,7 @@ struct Params {
     r.steps = p.at("steps").get<int>();
     r.order = p.at("order").get<int>();
     r.measure_every = p.at("measure_every").get<int>();
+    r.checkpoint_every = p.value("checkpoint_every", 0);
     const json& t = p.at("trunc");
     // (the schema fills in top-level defaults only: the nested ones are here)
     r.trunc.chi_max = t.value("chi_max", std::int64_t{100});
@@ -44,6 +56,9 @@ struct Params {
     if (r.order != 2 && r.order != 4)
       throw InputError(fmt::format("parameter 'order' is {}; expected 2 (Strang) or 4 (Suzuki)", r.order));
     if (r.measure_every < 1) throw InputError(fmt::format("parameter 'measure_every' is {}; expected at least 1", r.measure_every));
+    if (r.checkpoint_every < 0)
+      throw InputError(fmt::format("parameter 'checkpoint_every' is {}; expected 0 (by the run's checkpoint interval) or "
+                                   "a number of time steps >= 1", r.checkpoint_every));
     if (r.trunc.chi_max < 1) throw InputError(fmt::format("parameter 'trunc.chi_max' is {}; expected at least 1", r.trunc.chi_max));
     if (r.trunc.svd_min < 0 || r.trunc.trunc_cut < 0)
       throw InputError("parameters 'trunc.svd_min' and 'trunc.trunc_cut' must be >= 0");
@@ -72,7 +87,79 @@ struct Measurements {
     norm.push_back(std::sqrt(norm_squared(psi)));
     truncation_error.push_back(eps);
   }
+  // All of them, in the order they are packed (compute()'s result and the checkpoints).
+  std::vector<std::vector<double>*> all() {
+    return {&times, &density, &entropy_vn, &entropy_2, &charges, &norm, &truncation_error, &chi, &energy};
+  }
+  void put(Packer& out) {
+    for (const auto* v : all()) out.put_vector(*v);
+  }
+  void get(Unpacker& in) {
+    for (auto* v : all()) *v = in.get_vector<double>();
+  }
 };
+
+// ------------------------------------------------------------------------------ checkpoints
+
+constexpr const char* kCheckpointPrefix = "stage-tebd-";
+
+// Removes the step's checkpoint files other than `keep` (those an earlier commit named).
+void remove_other_checkpoints(const std::filesystem::path& dir, const std::string& keep) {
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.starts_with(kCheckpointPrefix) && name != keep) std::filesystem::remove(entry.path(), ec);
+  }
+}
+
+// Rank 0, after time step `step`: the state into a file (atomically), then the pass state naming
+// it. Throws StopRequested once committed if a stop was requested.
+void checkpoint(const KernelContext& ctx, int step, double eps, const U1Mps& psi, Measurements& m) {
+  Packer out;
+  out.put(step), out.put(eps);
+  out.put_mps(psi);
+  m.put(out);
+  const std::string bytes = out.take(), name = fmt::format("{}{}.bin", kCheckpointPrefix, step);
+  fsutil::write_file_atomic(ctx.work_dir / name, bytes);
+  const json data = {{"tebd", {{"step", step}, {"file", name}, {"bytes", bytes.size()}, {"hash", hash_bytes(bytes)}}}};
+  try {
+    ctx.checkpoints->commit(data, static_cast<std::uint64_t>(step));
+  } catch (const StopRequested&) {
+    remove_other_checkpoints(ctx.work_dir, name);
+    throw;
+  }
+  remove_other_checkpoints(ctx.work_dir, name);
+}
+
+// The state the last checkpoint of this step key committed, into psi, m and eps; its step, or 0
+// if there is none (or it cannot be used: then the evolution starts again, nothing is lost).
+int restore(const KernelContext& ctx, const Params& p, U1Mps& psi, Measurements& m, double& eps) {
+  if (!ctx.passes || !ctx.passes->data.contains("tebd")) return 0;
+  const json& c = ctx.passes->data["tebd"];
+  const std::filesystem::path file = ctx.work_dir / c.at("file").get<std::string>();
+  try {
+    const std::string bytes = fsutil::read_file(file);
+    if (bytes.size() != c.at("bytes").get<std::size_t>() || hash_bytes(bytes) != c.at("hash").get<std::string>())
+      throw std::runtime_error("it does not hold the state its commit recorded");
+    Unpacker in(bytes);
+    const int step = in.get<int>();
+    const double e = in.get<double>();
+    U1Mps saved = in.get_mps();
+    Measurements saved_m;
+    saved_m.get(in);
+    if (!in.done() || step != c.at("step").get<int>() || step < 1 || step > p.steps)
+      throw std::runtime_error("its content does not match its commit");
+    psi = std::move(saved);
+    m = std::move(saved_m);
+    eps = e;
+    spdlog::info("mps.tebd: resuming after time step {} of {} (t = {:.6g}) from {}", step, p.steps, step * p.dt,
+                 file.filename().string());
+    return step;
+  } catch (const std::exception& e) {
+    spdlog::warn("mps.tebd: discarding checkpoint {}: {}; starting from t = 0", file.string(), e.what());
+    return 0;
+  }
+}
 
 // The gate of bond j (sites j, j+1) for a time step tau. The field is split over the bonds so
 // that every site gets it once: half from each of its two bonds, all of it at the chain's ends.
@@ -149,11 +236,13 @@ class TebdStage final : public ComputedStage {
       terms.push_back(gate_table(xxz_term(p, L, j), 2, fmt::format("the XXZ term of bond ({}, {})", j, j + 1)));
     Measurements m;
     double eps = 0;
-    m.take(psi, 0.0, eps, terms);
+    // (a resumed run: the committed state replaces psi, m and eps)
+    const int done = restore(ctx, p, psi, m, eps);
+    if (done == 0) m.take(psi, 0.0, eps, terms);
     auto layer = [&](int parity, const std::vector<GateTable>& g) {
       for (int j = parity; j + 1 < L; j += 2) eps += update_bond(psi, j, g[j], p.trunc);
     };
-    for (int step = 1; step <= p.steps; ++step) {
+    for (int step = done + 1; step <= p.steps; ++step) {
       for (double w : weights) {
         const Gates& g = gates.at(w);
         layer(0, g.half);
@@ -161,20 +250,25 @@ class TebdStage final : public ComputedStage {
         layer(0, g.half);
       }
       if (step % p.measure_every == 0 || step == p.steps) m.take(psi, step * p.dt, eps, terms);
+      if (ctx.checkpoints) {  // (due() also draws the progress line: asked every step)
+        const bool due = ctx.checkpoints->due(step, p.steps, "time steps");
+        if (step < p.steps && (due || (p.checkpoint_every > 0 && step % p.checkpoint_every == 0)))
+          checkpoint(ctx, step, eps, psi, m);
+      }
     }
     Packer out;
     out.put_mps(psi);
-    for (const auto* v : {&m.times, &m.density, &m.entropy_vn, &m.entropy_2, &m.charges, &m.norm, &m.truncation_error, &m.chi, &m.energy})
-      out.put_vector(*v);
+    m.put(out);
     return out.take();
   }
   void write_results(const StagePlan&, const StepResults& r, h5::File& out) const override {
     Unpacker in(*r.computed);
     const U1Mps psi = in.get_mps();
     write_mps(out, psi);
-    const auto times = in.get_vector<double>(), density = in.get_vector<double>(), svn = in.get_vector<double>(),
-               s2 = in.get_vector<double>(), charges = in.get_vector<double>(), norm = in.get_vector<double>(),
-               eps = in.get_vector<double>(), chi_d = in.get_vector<double>(), energy = in.get_vector<double>();
+    Measurements m;
+    m.get(in);
+    const auto &times = m.times, &density = m.density, &svn = m.entropy_vn, &s2 = m.entropy_2, &charges = m.charges,
+               &norm = m.norm, &eps = m.truncation_error, &chi_d = m.chi, &energy = m.energy;
     const std::uint64_t T = times.size(), L = psi.L, N = psi.total_charge;
     const std::vector<std::int64_t> chi(chi_d.begin(), chi_d.end());
     detail::write_array(out, "times", DType::float64, {T}, times.data(), "time of each measurement (step * dt)");
@@ -198,12 +292,12 @@ class TebdStage final : public ComputedStage {
   std::string describe_results(const StagePlan&, const StepResults& r) const override {
     Unpacker in(*r.computed);
     const U1Mps psi = in.get_mps();
-    std::vector<std::vector<double>> v;
-    for (int i = 0; i < 9; ++i) v.push_back(in.get_vector<double>());
+    Measurements m;
+    m.get(in);
     std::size_t chi = 0;
     for (const Bond& b : psi.bonds) chi = std::max(chi, b.charges.size());
     return fmt::format("t = {:.6g}, {} measurements, max chi {}, truncation error {:.3e}, norm {:.12f}, energy {:.12f}",
-                       v[0].back(), v[0].size(), chi, v[6].back(), v[5].back(), v[8].back());
+                       m.times.back(), m.times.size(), chi, m.truncation_error.back(), m.norm.back(), m.energy.back());
   }
 };
 
