@@ -1,9 +1,9 @@
-"""mps.tebd's checkpoints.
+"""mps.tebd's checkpoints and `qstage inspect --plot` of its outputs.
 
 A run stopped (SIGTERM, exit 75) or killed (SIGKILL) at random instants and resumed ends with
 outputs bitwise identical to an uninterrupted run, for any checkpoint interval; a resumed run goes
 on from the last committed time step (the log says so); a changed parameter starts afresh; a bad
-checkpoint parameter exits 2."""
+checkpoint parameter exits 2. The plot is a PNG whose heat maps show the output's values."""
 import hashlib
 import os
 import random
@@ -17,7 +17,7 @@ import h5py
 import numpy as np
 import pytest
 
-from conftest import DEVICE, QSTAGE, kill_and_resume, manifest, one_line_error, run, write_spec
+from conftest import DEVICE, QSTAGE, kill_and_resume, manifest, one_line_error, read_png_rgb, run, write_spec
 
 # Long enough (a few seconds on 2 cores) to be stopped and killed in the middle.
 LONG = "{J: 1, delta: 0.5, h: 0.1, dt: 0.05, steps: 120, measure_every: 2, trunc: {chi_max: 64, svd_min: 1.0e-10}}"
@@ -171,3 +171,69 @@ def test_a_bad_checkpoint_parameter_exits_2(tmp, value, fragment):
     r = run(["run", spec(tmp, LONG, f", checkpoint_every: {value}"), "--run-dir", tmp / "run", "--device", DEVICE])
     one_line_error(r, fragment)
     assert not (tmp / "run" / "outputs" / "evo.h5").exists()
+
+
+# ---------------------------------------------------------------- inspect --plot
+
+VIRIDIS = np.array([(68, 1, 84), (71, 44, 122), (59, 81, 139), (44, 113, 142), (33, 144, 141), (39, 173, 129),
+                    (92, 200, 99), (170, 220, 50), (253, 231, 37)], float)
+
+
+def viridis(x):
+    """stages/mps/views.cpp's colour map: nine stops, linear between them."""
+    x = min(max(x, 0.0), 1.0)
+    s = x * 8
+    i = min(int(s), 7)
+    return VIRIDIS[i] + (s - i) * (VIRIDIS[i + 1] - VIRIDIS[i])
+
+
+# stages/mps/views.cpp's geometry: heat maps kMapWidth = 360 wide from x = 90 (density) and 530
+# (entropy), time upwards from y = 560 (t = 0) to y = 80 (the last time).
+TOP, BOTTOM, WIDTH, DENSITY, ENTROPY = 80, 560, 360, 90, 530
+
+
+def test_inspect_plots_densities_and_entropies_against_time(tmp):
+    run_dir, _ = run_clean(tmp, "{delta: 0.5, dt: 0.1, steps: 20, measure_every: 2}")
+    out = run_dir / "outputs" / "evo.h5"
+    png = tmp / "evo.png"
+    r = run(["inspect", out, "--plot", png])
+    assert r.code == 0 and f"wrote {png}" in r.out, r
+    img = read_png_rgb(png).astype(float)
+    assert img.shape == (720, 1280, 3)
+    with h5py.File(out) as f:
+        times, n, s = f["times"][()], f["density"][()], f["entropy_vN"][()]
+    L = n.shape[1]
+    assert L == 32 and s.shape == (11, 31)
+
+    def pixel(left, cols, col, y):
+        return img[y, left + int((col + 0.5) * WIDTH / cols)]
+
+    # Every cell's colour at the first and the last time (the bottom and top pixel rows).
+    for y, k in ((BOTTOM, 0), (TOP, len(times) - 1)):
+        for j in range(L):
+            want = viridis((n[k, j] - n.min()) / (n.max() - n.min()))
+            assert np.abs(pixel(DENSITY, L, j, y) - want).max() <= 1, (y, j)
+        for b in range(L - 1):
+            want = viridis(s[k, b] / s.max())
+            assert np.abs(pixel(ENTROPY, L - 1, b, y) - want).max() <= 1, (y, b)
+    # The Néel start: occupied and empty sites alternate; no entanglement at t = 0.
+    assert (pixel(DENSITY, L, 0, BOTTOM) == VIRIDIS[-1]).all() and (pixel(DENSITY, L, 1, BOTTOM) == VIRIDIS[0]).all()
+    # The half-chain entropy's curve (blue) rises from the bottom left to the top right.
+    curve = np.argwhere(np.all(img[TOP:BOTTOM, 980:1252] == (31, 119, 180), axis=2))
+    assert len(curve) > 100
+    left, right = curve[curve[:, 1] < 20], curve[curve[:, 1] > 250]
+    assert left[:, 0].min() > right[:, 0].max(), "S(t) at bond L/2 does not grow"
+
+
+def test_inspect_plot_refuses_files_without_a_time_series(tmp):
+    run_dir, _ = run_clean(tmp, "{dt: 0.1, steps: 2}")
+    r = run(["inspect", run_dir / "outputs" / "psi.h5", "--plot", tmp / "psi.png"])
+    one_line_error(r, "psi.h5", "is not a", "mps.tebd")
+    assert not (tmp / "psi.png").exists()
+    fake = tmp / "fake.h5"
+    with h5py.File(fake, "w") as f:
+        f.attrs["qstage.stage"] = "mps.tebd"
+        f["times"] = np.zeros(3)
+    r = run(["inspect", fake, "--plot", tmp / "fake.png"])
+    one_line_error(r, "fake.h5", "'density'", "time series")
+    assert not (tmp / "fake.png").exists()
