@@ -80,6 +80,23 @@ struct PriorPass {
   std::vector<engine::OutputReport> outputs = {};
 };
 
+// Handed to a long compute() (on rank 0, through KernelContext::checkpoints): how it reports
+// progress and commits what it has done, so that a stopped or killed run resumes from there. It
+// is the pass state's mechanism: the stage writes the stage-* files it needs atomically into the
+// work directory, then commits a state naming them; a resumed run of the same step key finds
+// that state in ctx.passes->data (a changed step has another key and starts afresh).
+class ComputeCheckpoints {
+ public:
+  virtual ~ComputeCheckpoints() = default;
+  // `done` of `total` units (`unit`: "time steps") are done: updates the progress line. True
+  // when a commit is due: the run's checkpoint interval has passed since the last one, or a stop
+  // was requested.
+  virtual bool due(std::uint64_t done, std::uint64_t total, const std::string& unit) = 0;
+  // Commits `data` as the step's state, `done` units done. If a stop was requested, throws
+  // StopRequested once it is committed (the run then exits 75, resumable).
+  virtual void commit(const nlohmann::json& data, std::uint64_t done) = 0;
+};
+
 // Handed to make_kernel and compute: the step's parameters and its opened input datasets.
 struct KernelContext {
   const nlohmann::json& params;
@@ -95,8 +112,11 @@ struct KernelContext {
   // atomically before the pass state that refers to them is committed); they are kept too.
   std::filesystem::path work_dir;
   std::string step_key;
-  // The state the step's earlier passes left (stages of several passes; else empty).
+  // The state the step's earlier passes left (stages of several passes; else empty), or the one
+  // a long compute() committed through `checkpoints`.
   const PassState* passes = nullptr;
+  // compute() on rank 0 (else nullptr): commits its progress (ComputeCheckpoints).
+  ComputeCheckpoints* checkpoints = nullptr;
 };
 
 // What a step produced besides its streamed outputs, handed to write_results on every rank.

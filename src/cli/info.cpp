@@ -163,7 +163,8 @@ int inspect(const Args& args) {
   auto vm = parse(args, o, pos, usage.c_str(),
                   "examples:\n  qstage inspect qstage-runs/quickstart/outputs/amplitudes.h5\n"
                   "  qstage inspect out.h5 --json | python3 -m json.tool\n"
-                  "  qstage inspect qstage-runs/quickstart/outputs/plan.h5 --plot plan.png\n");
+                  "  qstage inspect qstage-runs/quickstart/outputs/plan.h5 --plot plan.png\n"
+                  "  qstage inspect qstage-runs/mps-xx/outputs/xx.h5 --plot xx.png   # densities, entropies vs time\n");
   if (!vm) return kExitDone;
   if (!vm->count("file")) throw InputError("inspect: missing the file; expected `qstage inspect FILE.h5`");
   const fs::path path = (*vm)["file"].as<std::string>();

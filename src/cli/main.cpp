@@ -22,7 +22,7 @@ commands:
   run [SPEC]        run a workflow spec (no SPEC: the embedded quickstart)
   resume DIR        continue a stopped or killed run in its run directory
   status DIR        each step's state, progress and throughput
-  inspect FILE.h5   datasets, shapes, chunks and provenance of an HDF5 file (--plot: a plan as PNG)
+  inspect FILE.h5   datasets, shapes, chunks and provenance of an HDF5 file (--plot: a PNG of a plan, SCI run or TEBD)
   validate SPEC     check a spec against the schemas and the inputs' shapes
   stages [NAME]     the stages, their inputs, parameters and defaults
 

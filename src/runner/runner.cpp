@@ -391,12 +391,15 @@ class WorkflowRun {
 
   // Rank 0: commits the state after a pass (atomically), before the next pass starts.
   void save_pass_state(const std::string& id, const std::string& key, const stages::PassState& state) {
-    if (comm_.root()) {
-      fs::create_directories(dir_.work(id));
-      fsutil::write_file_atomic(dir_.work(id) / engine::StepWork::kPassState,
-                                json{{"key", key}, {"done", state.done}, {"data", state.data}}.dump());
-    }
+    if (comm_.root()) write_pass_state(id, key, state);
     comm_.barrier();
+  }
+
+  // Rank 0: replaces the step's pass-state file atomically (after a pass, or from compute()).
+  void write_pass_state(const std::string& id, const std::string& key, const stages::PassState& state) {
+    fs::create_directories(dir_.work(id));
+    fsutil::write_file_atomic(dir_.work(id) / engine::StepWork::kPassState,
+                              json{{"key", key}, {"done", state.done}, {"data", state.data}}.dump());
   }
 
   // Runs the passes a stage of several passes asks for before its output pass, each in its own
@@ -467,7 +470,7 @@ class WorkflowRun {
   // A stop request ended a pass of the step, its progress committed: records where, and ends
   // the run (StopRequested).
   [[noreturn]] void stopped(const std::string& id, const std::string& pass, std::uint64_t committed, std::uint64_t rows,
-                            const json& metrics) {
+                            const json& metrics, const std::string& unit = "row") {  // (unit: compute()'s, plural)
     if (comm_.root()) {
       Manifest m = *Manifest::load(dir_.root);
       json& rec = m.step(id);
@@ -479,10 +482,11 @@ class WorkflowRun {
       if (!metrics.empty()) rec["metrics"] = metrics;
       m.save(dir_.root);
     }
-    throw StopRequested(fmt::format("stopped by {} in step '{}'{} at row {} of {} (committed); run `qstage resume {}` "
-                                    "to continue",
+    const std::string where = unit == "row" ? fmt::format("at row {} of {}", committed, rows)
+                                            : fmt::format("after {} of {} {}", committed, rows, unit);
+    throw StopRequested(fmt::format("stopped by {} in step '{}'{} {} (committed); run `qstage resume {}` to continue",
                                     signals::signal_name(signals::stop_requested()), id,
-                                    pass.empty() ? "" : ", " + pass, committed, rows, dir_.root.string()));
+                                    pass.empty() ? "" : ", " + pass, where, dir_.root.string()));
   }
 
   // refine_plan and the checks that need it; an InputError names the step.
@@ -498,22 +502,86 @@ class WorkflowRun {
     }
   }
 
+  // How a long compute() (rank 0) reports progress and commits its state (stages::ComputeCheckpoints):
+  // the progress line as a pass's, the state into the step's pass-state file as after a pass, a
+  // commit due every checkpoint interval of the run, and at once when a stop is requested.
+  class ComputeCommits final : public stages::ComputeCheckpoints {
+   public:
+    ComputeCommits(WorkflowRun& run, const spec::Step& step, const std::string& key, const stages::PassState& state)
+        : run_(run), step_(step), key_(key), state_(state), work_(run.dir_.work(step.id), key, run.comm_),
+          last_(Clock::now()) {
+      fs::create_directories(run.dir_.work(step.id));  // (the stage's stage-* files go there)
+    }
+    bool due(std::uint64_t done, std::uint64_t total, const std::string& unit) override {
+      total_ = total;
+      unit_ = unit;
+      if (!reporter_)
+        reporter_ = std::make_unique<ProgressReporter>(
+            fmt::format("{} {}", step_.id, step_.stage), total, 0, unit, 0, run_.options_.progress_seconds,
+            [this](const std::string& j) { work_.save_progress(json::parse(j)); });
+      reporter_->update(done);
+      if (signals::stop_requested()) return true;
+      const auto& every = run_.checkpoint_seconds_;
+      return every && std::chrono::duration<double>(Clock::now() - last_).count() >= *every;
+    }
+    void commit(const json& data, std::uint64_t done) override {
+      stages::PassState state = state_;
+      state.data = data;
+      run_.write_pass_state(step_.id, key_, state);
+      last_ = Clock::now();
+      committed_ = done;
+      if (signals::stop_requested()) throw StopRequested("stopped in compute()");
+    }
+    void finish() {
+      if (reporter_) reporter_->finish();
+    }
+    // Where a stop ended compute(): [committed, total, unit].
+    json stop() const { return json::array({committed_, total_, unit_}); }
+
+   private:
+    WorkflowRun& run_;
+    const spec::Step& step_;
+    const std::string& key_;
+    const stages::PassState& state_;
+    engine::StepWork work_;  // (its progress file, for `qstage status`)
+    std::unique_ptr<ProgressReporter> reporter_;
+    Clock::time_point last_;
+    std::uint64_t committed_ = 0, total_ = 0;
+    std::string unit_ = "row";
+  };
+
   // A stage that computes on the host: compute() on rank 0, its result on every rank; returns the
-  // result and the seconds it took.
-  std::pair<std::string, double> compute_on_root(const spec::Step& step, const stages::KernelContext& context) {
+  // result and the seconds it took. A stop that compute() commits to (ComputeCheckpoints) ends
+  // the step (StopRequested) like a stopped pass.
+  std::pair<std::string, double> compute_on_root(const spec::Step& step, const stages::KernelContext& context,
+                                                 const std::string& key) {
     std::string computed, error, check_failure;
+    json stop;
     double seconds = 0;
     if (comm_.root()) {
+      ComputeCommits commits(*this, step, key, *context.passes);
+      stages::KernelContext ctx = context;
+      ctx.checkpoints = &commits;
       try {
         const auto t0 = Clock::now();
-        computed = step.impl->compute(context);
+        computed = step.impl->compute(ctx);
         seconds = std::chrono::duration<double>(Clock::now() - t0).count();
       } catch (const InputError& e) {
         error = e.what();
       } catch (const CheckFailed& e) {
         check_failure = e.what();
+      } catch (const StopRequested&) {
+        stop = commits.stop();
+      } catch (...) {
+        commits.finish();
+        throw;
       }
+      commits.finish();
     }
+    stop = json::parse(comm_.broadcast(stop.dump()));
+    if (!stop.is_null())
+      stopped(step.id, "", stop[0].get<std::uint64_t>(), stop[1].get<std::uint64_t>(), json::object(),
+              stop[2].get<std::string>());
     error = comm_.broadcast(error);
     check_failure = comm_.broadcast(check_failure);
     if (!error.empty() || !check_failure.empty()) record_failure(step.id);
@@ -545,7 +613,7 @@ class WorkflowRun {
     // are part of the step's wall time.
     std::string computed;
     double compute_seconds = 0;
-    if (step.impl->computes()) std::tie(computed, compute_seconds) = compute_on_root(step, context);
+    if (step.impl->computes()) std::tie(computed, compute_seconds) = compute_on_root(step, context, key);
     engine::StepWork work(dir_.work(step.id), key, comm_);
     const std::string created = comm_.broadcast(utc_now());
     json result_checksums = json::object();

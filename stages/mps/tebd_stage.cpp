@@ -2,15 +2,24 @@
 // Bose-Hubbard chain, or a linear-optical interferometer's beam splitters applied as a circuit
 // (stages/mps/models.hpp), with charge-blocked two-site updates (stages/mps/tebd.hpp), TeNPy's
 // truncation parameters and measurements every measure_every steps.
+//
+// Checkpoints: after a time step, when the run's checkpoint interval has passed, a stop was
+// requested, or every checkpoint_every steps, rank 0 writes the state (step counter, accumulated
+// truncation error, MPS, measurements so far) atomically to stage-tebd-<step>.bin in the step's
+// work directory and commits a pass state naming it (KernelContext::checkpoints); a resumed run
+// of the same step key goes on from there with the same bits.
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 #include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <map>
 
 #include "core/error.hpp"
+#include "core/fsutil.hpp"
+#include "core/hash.hpp"
 #include "stages/mps/gates.hpp"
 #include "stages/mps/models.hpp"
 #include "stages/mps/mps_stages.hpp"
@@ -77,6 +86,7 @@ struct Params {
   ModelParams model;
   int measure_every = 1;
   std::int64_t gpu_svd_from = kernels::kGpuSvdFrom;
+  int checkpoint_every = 0;  // 0: by the run's checkpoint interval (and on a stop request) only
   TruncParams trunc;
 
   static Params from_json(const json& p) {
@@ -85,12 +95,16 @@ struct Params {
     r.measure_every = p.at("measure_every").get<int>();
     r.gpu_svd_from = p.at("gpu_svd_from").get<std::int64_t>();
     if (r.gpu_svd_from < 0) throw InputError(fmt::format("parameter 'gpu_svd_from' is {}; expected 0 or more", r.gpu_svd_from));
+    r.checkpoint_every = p.value("checkpoint_every", 0);
     const json& t = p.at("trunc");
     // (the schema fills in top-level defaults only: the nested ones are here)
     r.trunc.chi_max = t.value("chi_max", std::int64_t{100});
     r.trunc.svd_min = t.value("svd_min", 1e-14);
     r.trunc.trunc_cut = t.value("trunc_cut", 1e-14);
     if (r.measure_every < 1) throw InputError(fmt::format("parameter 'measure_every' is {}; expected at least 1", r.measure_every));
+    if (r.checkpoint_every < 0)
+      throw InputError(fmt::format("parameter 'checkpoint_every' is {}; expected 0 (by the run's checkpoint interval) or "
+                                   "a number of time steps >= 1", r.checkpoint_every));
     if (r.trunc.chi_max < 1) throw InputError(fmt::format("parameter 'trunc.chi_max' is {}; expected at least 1", r.trunc.chi_max));
     if (r.trunc.svd_min < 0 || r.trunc.trunc_cut < 0)
       throw InputError("parameters 'trunc.svd_min' and 'trunc.trunc_cut' must be >= 0");
@@ -126,7 +140,80 @@ struct Measurements {
     truncation_error.push_back(eps);
     cut_loss.push_back(cut);
   }
+  // All of them, in the order they are packed (compute()'s result and the checkpoints).
+  std::vector<std::vector<double>*> all() {
+    return {&times, &density, &entropy_vn, &entropy_2, &charges, &norm, &truncation_error, &chi, &energy, &cut_loss, &totals};
+  }
+  void put(Packer& out) {
+    for (const auto* v : all()) out.put_vector(*v);
+  }
+  void get(Unpacker& in) {
+    for (auto* v : all()) *v = in.get_vector<double>();
+  }
 };
+
+// ------------------------------------------------------------------------------ checkpoints
+
+constexpr const char* kCheckpointPrefix = "stage-tebd-";
+
+// Removes the step's checkpoint files other than `keep` (those an earlier commit named).
+void remove_other_checkpoints(const std::filesystem::path& dir, const std::string& keep) {
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.starts_with(kCheckpointPrefix) && name != keep) std::filesystem::remove(entry.path(), ec);
+  }
+}
+
+// Rank 0, after time step `step`: the state into a file (atomically), then the pass state naming
+// it. Throws StopRequested once committed if a stop was requested.
+void checkpoint(const KernelContext& ctx, int step, double eps, double kept, const U1Mps& psi, Measurements& m) {
+  Packer out;
+  out.put(step), out.put(eps), out.put(kept);
+  out.put_mps(psi);
+  m.put(out);
+  const std::string bytes = out.take(), name = fmt::format("{}{}.bin", kCheckpointPrefix, step);
+  fsutil::write_file_atomic(ctx.work_dir / name, bytes);
+  const json data = {{"tebd", {{"step", step}, {"file", name}, {"bytes", bytes.size()}, {"hash", hash_bytes(bytes)}}}};
+  try {
+    ctx.checkpoints->commit(data, static_cast<std::uint64_t>(step));
+  } catch (const StopRequested&) {
+    remove_other_checkpoints(ctx.work_dir, name);
+    throw;
+  }
+  remove_other_checkpoints(ctx.work_dir, name);
+}
+
+// The state the last checkpoint of this step key committed, into psi, m, eps and kept; its step, or 0
+// if there is none (or it cannot be used: then the evolution starts again, nothing is lost).
+int restore(const KernelContext& ctx, const Evolution& ev, U1Mps& psi, Measurements& m, double& eps, double& kept) {
+  if (!ctx.passes || !ctx.passes->data.contains("tebd")) return 0;
+  const json& c = ctx.passes->data["tebd"];
+  const std::filesystem::path file = ctx.work_dir / c.at("file").get<std::string>();
+  try {
+    const std::string bytes = fsutil::read_file(file);
+    if (bytes.size() != c.at("bytes").get<std::size_t>() || hash_bytes(bytes) != c.at("hash").get<std::string>())
+      throw std::runtime_error("it does not hold the state its commit recorded");
+    Unpacker in(bytes);
+    const int step = in.get<int>();
+    const double e = in.get<double>(), k = in.get<double>();
+    U1Mps saved = in.get_mps();
+    Measurements saved_m;
+    saved_m.get(in);
+    if (!in.done() || step != c.at("step").get<int>() || step < 1 || step > ev.steps)
+      throw std::runtime_error("its content does not match its commit");
+    psi = std::move(saved);
+    m = std::move(saved_m);
+    eps = e;
+    kept = k;
+    spdlog::info("mps.tebd: resuming after {} {} of {} (t = {:.6g}) from {}", ev.terms.empty() ? "beam splitter" : "time step", step, ev.steps, ev.times[step],
+                 file.filename().string());
+    return step;
+  } catch (const std::exception& e) {
+    spdlog::warn("mps.tebd: discarding checkpoint {}: {}; starting from t = 0", file.string(), e.what());
+    return 0;
+  }
+}
 
 class TebdStage final : public ComputedStage {
  public:
@@ -178,13 +265,20 @@ class TebdStage final : public ComputedStage {
     U1Mps psi = read_mps(in);
     const Evolution ev = make_evolution(p.model, psi.L, psi.d);
     Measurements m;
-    m.width = static_cast<std::size_t>(psi.total_charge + 1);
     double eps = 0, kept = 1;
+    // (a resumed run: the committed state replaces psi, m, eps and kept)
+    const int done = restore(ctx, ev, psi, m, eps, kept);
+    m.width = static_cast<std::size_t>(psi.total_charge + 1);
     LayerUpdater updater(*ctx.backend, p.gpu_svd_from);
-    m.take(psi, ev.times[0], eps, 1 - kept, ev.terms);
-    for (int step = 1; step <= ev.steps; ++step) {
+    if (done == 0) m.take(psi, ev.times[0], eps, 1 - kept, ev.terms);
+    for (int step = done + 1; step <= ev.steps; ++step) {
       apply_step(psi, ev, step, p.trunc, eps, kept, updater);
       if (step % p.measure_every == 0 || step == ev.steps) m.take(psi, ev.times[step], eps, 1 - kept, ev.terms);
+      if (ctx.checkpoints) {  // (due() also draws the progress line: asked every step)
+        const bool due = ctx.checkpoints->due(step, ev.steps, ev.terms.empty() ? "beam splitters" : "time steps");
+        if (step < ev.steps && (due || (p.checkpoint_every > 0 && step % p.checkpoint_every == 0)))
+          checkpoint(ctx, step, eps, kept, psi, m);
+      }
     }
     const UpdateTimings tm = updater.timings();
     spdlog::info(
@@ -195,9 +289,7 @@ class TebdStage final : public ComputedStage {
         tm.svd_paths.jacobi, tm.svd_paths.host_fallbacks, tm.truncation, tm.finish, tm.transfers);
     Packer out;
     out.put_mps(psi);
-    for (const auto* v : {&m.times, &m.density, &m.entropy_vn, &m.entropy_2, &m.charges, &m.norm, &m.truncation_error, &m.chi,
-                          &m.energy, &m.cut_loss, &m.totals})
-      out.put_vector(*v);
+    m.put(out);
     out.put_vector(ev.unitary);
     std::vector<double> circuit;
     for (const BeamSplitter& b : ev.circuit) circuit.insert(circuit.end(), {double(b.mode), b.theta, b.phi, b.phase_left, b.phase_right});
@@ -208,10 +300,11 @@ class TebdStage final : public ComputedStage {
     Unpacker in(*r.computed);
     const U1Mps psi = in.get_mps();
     write_mps(out, psi);
-    const auto times = in.get_vector<double>(), density = in.get_vector<double>(), svn = in.get_vector<double>(),
-               s2 = in.get_vector<double>(), charges = in.get_vector<double>(), norm = in.get_vector<double>(),
-               eps = in.get_vector<double>(), chi_d = in.get_vector<double>(), energy = in.get_vector<double>(),
-               cut = in.get_vector<double>(), totals = in.get_vector<double>();
+    Measurements m;
+    m.get(in);
+    const auto &times = m.times, &density = m.density, &svn = m.entropy_vn, &s2 = m.entropy_2, &charges = m.charges,
+               &norm = m.norm, &eps = m.truncation_error, &chi_d = m.chi, &energy = m.energy, &cut = m.cut_loss,
+               &totals = m.totals;
     const auto unitary = in.get_vector<cplx>();
     const auto beam_splitters = in.get_vector<double>();
     const std::string model = plan.summary.at("model").get<std::string>();
@@ -263,13 +356,14 @@ class TebdStage final : public ComputedStage {
   std::string describe_results(const StagePlan&, const StepResults& r) const override {
     Unpacker in(*r.computed);
     const U1Mps psi = in.get_mps();
-    std::vector<std::vector<double>> v;
-    for (int i = 0; i < 11; ++i) v.push_back(in.get_vector<double>());
+    Measurements m;
+    m.get(in);
     std::size_t chi = 0;
     for (const Bond& b : psi.bonds) chi = std::max(chi, b.charges.size());
-    const std::string energy = v[8].empty() ? fmt::format("cut loss {:.3e}", v[9].back()) : fmt::format("energy {:.12f}", v[8].back());
-    return fmt::format("t = {:.6g}, {} measurements, max chi {}, truncation error {:.3e}, norm {:.12f}, {}", v[0].back(),
-                       v[0].size(), chi, v[6].back(), v[5].back(), energy);
+    const std::string energy =
+        m.energy.empty() ? fmt::format("cut loss {:.3e}", m.cut_loss.back()) : fmt::format("energy {:.12f}", m.energy.back());
+    return fmt::format("t = {:.6g}, {} measurements, max chi {}, truncation error {:.3e}, norm {:.12f}, {}", m.times.back(),
+                       m.times.size(), chi, m.truncation_error.back(), m.norm.back(), energy);
   }
 };
 

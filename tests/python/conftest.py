@@ -99,6 +99,50 @@ def stop_then_resume(spec, run_dir, step):
     return r
 
 
+def kill_and_resume(args, run_dir, kills, delay, cwd=None):
+    """Runs `qstage ARGS` and SIGKILLs it after delay() seconds, up to `kills` times, going on with
+    `qstage resume RUN_DIR` once the run directory has a manifest; the attempt after the last
+    kill must finish (exit 0), and an attempt that finishes sooner ends it. Returns the kills."""
+    done = 0
+    while True:
+        p = subprocess.Popen([QSTAGE] + [str(a) for a in args], cwd=cwd, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=dict(os.environ, OMP_NUM_THREADS="2"))
+        try:
+            _, err = p.communicate(timeout=delay() if done < kills else 600)
+            assert p.returncode == 0, err
+            return done
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.communicate()
+            done += 1
+            if (Path(run_dir) / "manifest.json").exists():
+                args = ["resume", run_dir, "--device", DEVICE]
+
+
+def read_png_rgb(path):
+    """Decodes the 8-bit RGB, unfiltered PNG that qstage writes (io/png.hpp) into an array."""
+    import struct
+    import zlib
+
+    import numpy as np
+    data = Path(path).read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, idat, size = 8, b"", None
+    while pos < len(data):
+        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        body = data[pos + 8:pos + 8 + length]
+        if kind == b"IHDR":
+            size = struct.unpack(">II", body[:8])
+            assert body[8:10] == b"\x08\x02"  # 8-bit RGB
+        elif kind == b"IDAT":
+            idat += body
+        pos += 12 + length
+    width, height = size
+    rows = np.frombuffer(zlib.decompress(idat), np.uint8).reshape(height, 1 + 3 * width)
+    assert (rows[:, 0] == 0).all(), "rows are stored unfiltered"
+    return rows[:, 1:].reshape(height, width, 3)
+
+
 def one_line_error(r, *fragments):
     """Bad input: exit 2 and one line 'qstage: error: ...' on stderr holding every fragment;
     returns that line."""

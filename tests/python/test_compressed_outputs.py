@@ -3,16 +3,14 @@ chunk right after the stage's kernel. h5py reads the values through the plugin, 
 the same step run uncompressed (numpy checks it); later steps read them directly; an interrupted
 and resumed run and a run on 3 ranks store the same bytes as one uninterrupted run; bad settings
 are refused before anything runs."""
-import os
 import random
 import re
-import subprocess
 
 import numpy as np
 import pytest
 
 from h5plugin import PLUGIN_DIR  # noqa: F401  (before h5py: it sets HDF5_PLUGIN_PATH)
-from conftest import DEVICE, QSTAGE, manifest, run, stop_then_resume, write_spec
+from conftest import DEVICE, kill_and_resume, manifest, run, stop_then_resume, write_spec
 
 import h5py  # noqa: E402
 
@@ -153,20 +151,8 @@ def test_random_sigkills_then_resume_store_the_same_bytes(clean_big, tmp):
     while kills < target:
         run_dir = tmp / f"run{runs}"
         runs += 1
-        args = ["run", spec, "--run-dir", run_dir, "--device", DEVICE]
-        while True:
-            p = subprocess.Popen([QSTAGE] + [str(a) for a in args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                 text=True, env=dict(os.environ, OMP_NUM_THREADS="2"))
-            try:
-                _, err = p.communicate(timeout=rng.uniform(0.05, 1.0) * scale if kills < target else 600)
-                assert p.returncode == 0, err
-                break
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.communicate()
-                kills += 1
-                if (run_dir / "manifest.json").exists():
-                    args = ["resume", run_dir, "--device", DEVICE]
+        kills += kill_and_resume(["run", spec, "--run-dir", run_dir, "--device", DEVICE], run_dir, target - kills,
+                                 lambda: rng.uniform(0.05, 1.0) * scale)
         resumed += len(re.findall(r"resuming at row [1-9]", (run_dir / "logs" / "rank-0.log").read_text()))
         assert stored(run_dir) == clean_big, f"after {kills} kills"
         if resumed == 0 and target < 40:

@@ -15,7 +15,7 @@ import h5py
 import numpy as np
 import pytest
 
-from conftest import DEVICE, QSTAGE, checksums, manifest, run, write_spec
+from conftest import DEVICE, QSTAGE, checksums, kill_and_resume, manifest, run, write_spec
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "fcidump"
 
@@ -215,20 +215,8 @@ def test_random_sigkills_then_resume_match_a_clean_run(stopped_clean, tmp):
     rng = random.Random(int(os.environ.get("QSTAGE_KILL_SEED", "20261126")))
     scale = 3.0 if DEVICE == "cuda" else 1.0
     run_dir = tmp / "run"
-    args = ["run", spec, "--run-dir", run_dir, "--device", DEVICE]
-    kills = 0
-    while True:
-        p = start(args, tmp)
-        try:
-            _, err = p.communicate(timeout=rng.uniform(0.1, 1.2) * scale if kills < 20 else 600)
-            assert p.returncode == 0, err
-            break
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.communicate()
-            kills += 1
-            if (run_dir / "manifest.json").exists():
-                args = ["resume", run_dir, "--device", DEVICE]
+    kills = kill_and_resume(["run", spec, "--run-dir", run_dir, "--device", DEVICE], run_dir, 20,
+                            lambda: rng.uniform(0.1, 1.2) * scale, cwd=tmp)
     assert kills >= 20
     assert digests(run_dir) == stopped_clean
     log = (run_dir / "logs" / "rank-0.log").read_text()

@@ -8,7 +8,7 @@ import h5py
 import numpy as np
 import pytest
 
-from conftest import DEVICE, ROOT, committed_run, run, write_spec
+from conftest import DEVICE, ROOT, committed_run, read_png_rgb, run, write_spec
 
 DATA = ROOT / "tests" / "data" / "circuits"
 
@@ -547,28 +547,6 @@ steps:
 """)
     r = run(["run", spec, "--run-dir", tmp / "run", "--device", DEVICE])
     assert r.code == 2 and message in r.err and "t0.npy" in r.err, r
-
-
-def read_png_rgb(path):
-    """Decodes the 8-bit RGB, unfiltered PNG that qstage writes (io/png.hpp) into an array."""
-    import struct
-    import zlib
-    data = path.read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n"
-    pos, idat, size = 8, b"", None
-    while pos < len(data):
-        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
-        body = data[pos + 8:pos + 8 + length]
-        if kind == b"IHDR":
-            size = struct.unpack(">II", body[:8])
-            assert body[8:10] == b"\x08\x02"  # 8-bit RGB
-        elif kind == b"IDAT":
-            idat += body
-        pos += 12 + length
-    width, height = size
-    rows = np.frombuffer(zlib.decompress(idat), np.uint8).reshape(height, 1 + 3 * width)
-    assert (rows[:, 0] == 0).all(), "rows are stored unfiltered"
-    return rows[:, 1:].reshape(height, width, 3)
 
 
 def test_inspect_plots_a_plan(tmp):
