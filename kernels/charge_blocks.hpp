@@ -53,10 +53,11 @@ struct SvdReport {
     return *this;
   }
 };
-// On cuda, problems whose m n min(m, n) is below gpu_from^3 are solved on the host (LAPACK, all
-// cores, while the GPU works on the rest): a GPU SVD's fixed cost is larger than small problems'
-// (measured: docs/benchmarks.md, qstage_bench svd). Callers pass their setting; this is the default.
-inline constexpr std::int64_t kGpuSvdFrom = 512;
+// On cuda, problems whose m n min(m, n) is below gpu_from^3 are solved on the host (LAPACK, while
+// the GPU works on the rest): a GPU SVD's fixed cost is larger than small problems' (measured:
+// docs/benchmarks.md, qstage_bench svd, and mps.tebd at chi 1024 and 2048, where 320 did best
+// with one host thread per bond). Callers pass their setting; this is the default.
+inline constexpr std::int64_t kGpuSvdFrom = 320;
 // Device workspace (bytes) batched_svd needs for `problems` on `stream` (0 on cpu).
 std::size_t svd_workspace_bytes(Stream& stream, const std::vector<SvdProblem>& problems,
                                 std::int64_t gpu_from = kGpuSvdFrom);
