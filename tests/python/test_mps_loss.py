@@ -269,3 +269,15 @@ def test_a_density_matrix_needs_an_interferometer(tmp):
     r, _ = run_steps(tmp, init_step("{L: 3, d: 4, state: squeezed, squeezing: 0.3, eta: 0.5}") +
                      tebd_step("{model: bose_hubbard, J: 1, U: 1, dt: 0.1, steps: 1}"))
     one_line_error(r, "density matrix", "n_pair", "model 'interferometer'")
+
+
+def test_the_lossy_gbs_example_workflow_runs(tmp):
+    """workflows/mps-lossy-gbs.yaml: <n_i> = sum_j |U_ij|^2 eta sinh^2 r_j up to its Fock cut and
+    truncation (measured 7.5e-4; docs/mps.md), norm = Tr rho = 1 - cut_loss."""
+    from conftest import ROOT, run
+    r = run(["run", ROOT / "workflows" / "mps-lossy-gbs.yaml", "--run-dir", tmp / "run", "--device", "cpu"])
+    assert r.code == 0, r
+    U, dens, norm, cut, eps = read(tmp / "run" / "outputs" / "gbs.h5", "unitary", "density", "norm", "cut_loss", "truncation_error")
+    assert cut[-1] < 1e-3 and eps[-1] < 1e-5
+    np.testing.assert_allclose(norm, 1 - cut, rtol=0, atol=1e-15)
+    np.testing.assert_allclose(dens[-1], np.abs(U) ** 2 @ (0.45 * np.sinh([0.5] * 5 + [0]) ** 2), rtol=0, atol=2e-3)
