@@ -281,3 +281,25 @@ def test_the_lossy_gbs_example_workflow_runs(tmp):
     assert cut[-1] < 1e-3 and eps[-1] < 1e-5
     np.testing.assert_allclose(norm, 1 - cut, rtol=0, atol=1e-15)
     np.testing.assert_allclose(dens[-1], np.abs(U) ** 2 @ (0.45 * np.sinh([0.5] * 5 + [0]) ** 2), rtol=0, atol=2e-3)
+
+
+def test_a_stopped_lossy_run_resumes_with_the_same_bits(tmp):
+    """SIGTERM after a committed beam splitter, then `qstage resume`: the checkpoint carries the
+    charge kind and the weight, and the outputs are the uninterrupted run's bits."""
+    import re
+    from conftest import DEVICE, run, write_spec
+    from test_mps_resume import digests, log, stop_when_committed
+    text = ("name: lossy\nsteps:\n" + init_step("{L: 5, d: 6, state: squeezed, squeezing: [0.5, 0.4, 0.5, 0.3, 0], eta: 0.5}") +
+            tebd_step("{model: interferometer, haar_seed: 3, checkpoint_every: 1, trunc: {chi_max: 1024}}"))
+    tmp.mkdir(parents=True, exist_ok=True)
+    s = write_spec(tmp / "lossy.yaml", text)
+    r = run(["run", s, "--run-dir", tmp / "clean", "--device", DEVICE])
+    assert r.code == 0, r
+    code, err = stop_when_committed(["run", s, "--run-dir", tmp / "run", "--device", DEVICE], tmp / "run", 0.0)
+    if code == 0:
+        pytest.skip("the run finished before SIGTERM arrived")
+    assert code == 75, err
+    r = run(["resume", tmp / "run", "--device", DEVICE])
+    assert r.code == 0, r
+    assert re.search(r"mps.tebd: resuming after beam splitter \d+ of 10", log(tmp / "run"))
+    assert digests(tmp / "run") == digests(tmp / "clean")
