@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "core/error.hpp"
+#include "stages/mps/density_matrix.hpp"
 #include "stages/mps/models.hpp"
 #include "stages/mps/mps_stages.hpp"
 #include "stages/mps/serial.hpp"
@@ -21,7 +22,8 @@ using namespace mps;
 // Parameters that belong to one state only; giving one for another state is a mistake to report.
 const std::vector<std::pair<const char*, const char*>> kStateParams = {
     {"first", "neel"}, {"filled", "domain_wall"}, {"occupations", "fock"},
-    {"total_charge", "random"}, {"chi", "random"}, {"seed", "random"}, {"squeezing", "squeezed"}, {"squeezing_phase", "squeezed"}};
+    {"total_charge", "random"}, {"chi", "random"}, {"seed", "random"}, {"squeezing", "squeezed"}, {"squeezing_phase", "squeezed"},
+    {"eta", "squeezed"}, {"density_matrix", "squeezed"}};
 
 // A per-mode parameter of the squeezed state: one number for every mode, or a list of L.
 std::vector<double> per_mode(const json& p, const char* name, int L, double fallback) {
@@ -48,6 +50,41 @@ std::vector<std::vector<cplx>> squeezed_modes(const json& p) {
       throw InputError(fmt::format("state 'squeezed' has d = {}, which keeps only the vacuum of a squeezed mode; expected d >= 3", d));
     modes.push_back(squeezed_vacuum(r[j], phase[j], d));
   }
+  return modes;
+}
+
+// The transmissivity of the uniform loss (1: none), checked.
+double transmissivity(const json& p) {
+  const double eta = p.value("eta", 1.0);
+  if (!(eta > 0 && eta <= 1))
+    throw InputError(fmt::format("parameter 'eta' is {}; expected a transmissivity 0 < eta <= 1 (loss 1 - eta)", eta));
+  return eta;
+}
+
+// Whether the squeezed state is written as a density matrix (n_pair): eta < 1, or asked for.
+bool density_matrix(const json& p) { return p.value("density_matrix", transmissivity(p) < 1); }
+
+// Each mode's lossy squeezed state rho_j (d x d, the loss applied before the cut), normalised to
+// trace 1 inside the cut and vectorised at n_ket d + n_bra; `lost` = 1 - prod_j (its trace in the cut).
+std::vector<std::vector<cplx>> lossy_modes(const json& p, double& lost) {
+  const int L = p.at("L").get<int>(), d = p.at("d").get<int>();
+  squeezed_modes(p);  // (its checks)
+  const auto r = per_mode(p, "squeezing", L, 0), phase = per_mode(p, "squeezing_phase", L, 0);
+  const double eta = transmissivity(p);
+  if (static_cast<long>(L) * (d - 1) > kernels::kPairMax)
+    throw InputError(fmt::format("a density matrix of L = {} modes cut at d = {} may hold {} photons; expected at most {}", L, d,
+                                 static_cast<long>(L) * (d - 1), kernels::kPairMax));
+  std::vector<std::vector<cplx>> modes;
+  double kept = 1;
+  for (int j = 0; j < L; ++j) {
+    std::vector<cplx> rho = lossy_squeezed_density(r[j], phase[j], eta, d);
+    double tr = 0;
+    for (int n = 0; n < d; ++n) tr += rho[n * d + n].real();
+    for (cplx& v : rho) v /= tr;
+    kept *= tr;
+    modes.push_back(std::move(rho));
+  }
+  lost = 1 - kept;
   return modes;
 }
 
@@ -99,6 +136,8 @@ void check(const json& p) {
       throw InputError(fmt::format("parameter 'total_charge' is {}; expected 0 <= total_charge <= L (d-1) = {}", n, L * (d - 1)));
   } else if (state == "squeezed") {
     squeezed_modes(p);
+    double lost = 0;
+    if (density_matrix(p)) lossy_modes(p, lost);
   } else {
     occupations(p);
   }
@@ -137,7 +176,9 @@ class InitStage final : public ComputedStage {
     U1Mps psi;
     if (state == "random")
       psi = random_state(L, d, p.at("total_charge").get<int>(), p.value("chi", 16), p.value("seed", std::uint64_t{0}));
-    else if (state == "squeezed") {
+    else if (state == "squeezed" && density_matrix(p)) {
+      psi = product_superposition(d, lossy_modes(p, lost), kernels::ChargeKind::n_pair);
+    } else if (state == "squeezed") {
       const auto modes = squeezed_modes(p);
       psi = product_superposition(d, modes);
       lost = cut_loss(modes);
@@ -156,10 +197,12 @@ class InitStage final : public ComputedStage {
     write_mps(out, psi);
     if (psi.bonds[0].size() == 1) return;
     // A mixed boundary: its P(N), and what the Fock cut took from the input.
-    const auto pn = total_charge_distribution(psi);
+    const auto pn = psi.pair() ? trace_measurements(psi, psi.L / 2).totals : total_charge_distribution(psi);
     detail::write_array(out, "total_charge_distribution", DType::float64, {pn.size()}, pn.data(),
-                        "P(N), N = 0..total_charge: the total particle (photon) number distribution, bond 0's lambda^2, "
-                        "renormalised inside the Fock cut");
+                        psi.pair() ? "P(N), N = 0..total_charge: the total photon number distribution Tr(rho Pi_N), "
+                                     "renormalised inside the Fock cut"
+                                   : "P(N), N = 0..total_charge: the total particle (photon) number distribution, bond 0's lambda^2, "
+                                     "renormalised inside the Fock cut");
     out.set_attribute("cut_loss", lost);
   }
   std::string describe_results(const StagePlan&, const StepResults& r) const override {

@@ -158,6 +158,37 @@ std::vector<cplx> squeezed_vacuum(double r, double phase, int d) {
   return a;
 }
 
+std::vector<cplx> lossy_squeezed_density(double r, double phase, double eta, int d) {
+  // The pure amplitudes a_{2n} (monotonically decreasing in n) until |a|^2 < 1e-30, past the cut.
+  std::vector<cplx> a;
+  const cplx ratio = -std::polar(std::tanh(r), phase);
+  cplx amp = 1 / std::sqrt(std::cosh(r));
+  for (int n = 0;; ++n) {
+    a.push_back(amp), a.push_back(cplx{});
+    if (2 * n >= d && std::norm(amp) < 1e-30) break;
+    if (a.size() > (1u << 24)) throw InputError(fmt::format("squeezing r = {} is too large for the lossy state's Fock sum", r));
+    amp *= ratio * std::sqrt((2 * n + 1.0) * (2 * n + 2.0)) / (2.0 * (n + 1));
+  }
+  const auto size = static_cast<int>(a.size());
+  // log C(m + k, k)
+  auto log_binomial = [](int m, int k) { return std::lgamma(m + k + 1.0) - std::lgamma(m + 1.0) - std::lgamma(k + 1.0); };
+  std::vector<cplx> rho(static_cast<std::size_t>(d * d), cplx{});
+  for (int m = 0; m < d; ++m)
+    for (int q = 0; q < d; ++q) {
+      if ((m - q) % 2 != 0) continue;  // a squeezed vacuum has even photon numbers only: rho stays even-even / odd-odd
+      cplx sum{};
+      for (int k = 0; m + k < size && q + k < size; ++k) {
+        if (k > 0 && eta == 1) break;
+        const cplx x = a[m + k] * std::conj(a[q + k]);
+        if (x == cplx{}) continue;
+        const double lw = 0.5 * (log_binomial(m, k) + log_binomial(q, k)) + (k > 0 ? k * std::log1p(-eta) : 0.0) + 0.5 * (m + q) * std::log(eta);
+        sum += std::exp(lw) * x;
+      }
+      rho[m * d + q] = sum;
+    }
+  return rho;
+}
+
 // ---------------------------------------------------------------- evolutions
 
 namespace {
@@ -248,13 +279,21 @@ Evolution interferometer(const ModelParams& p, int L, int d) {
 // Whether sites (j, j+1) can hold d or more particles together: the largest charge of bond j
 // minus the smallest of bond j+2.
 bool can_reach_cut(const U1Mps& psi, int j) {
-  return psi.bonds[j].charges.back() - psi.bonds[j + 2].charges.front() >= psi.d;
+  if (!psi.pair()) return psi.bonds[j].charges.back() - psi.bonds[j + 2].charges.front() >= psi.d;
+  // n_pair: either component (ket or bra) of the pair
+  int ket_hi = 0, bra_hi = 0, ket_lo = kernels::kPairMax, bra_lo = kernels::kPairMax;
+  for (int c : psi.bonds[j].charges) ket_hi = std::max(ket_hi, kernels::pair_ket(c)), bra_hi = std::max(bra_hi, kernels::pair_bra(c));
+  for (int c : psi.bonds[j + 2].charges) ket_lo = std::min(ket_lo, kernels::pair_ket(c)), bra_lo = std::min(bra_lo, kernels::pair_bra(c));
+  return ket_hi - ket_lo >= psi.d || bra_hi - bra_lo >= psi.d;
 }
 
 }  // namespace
 
 Evolution make_evolution(const ModelParams& p, int L, int d) {
   if (p.model == "interferometer") return interferometer(p, L, d);
+  if (p.density_matrix)
+    throw InputError(fmt::format("model '{}' needs a state vector; the input is a density matrix (charge_kind n_pair), which only "
+                                 "model 'interferometer' evolves", p.model));
   if (p.model == "bose_hubbard")
     return trotter(p, L, d, "Bose-Hubbard", [&](int j) {
       const auto [wl, wr] = onsite_weights(L, j);
@@ -282,6 +321,15 @@ void apply_step(U1Mps& psi, const Evolution& ev, int step, const TruncParams& tr
       continue;
     }
     flush();
+    if (psi.pair()) {
+      // A density matrix: G (x) conj(G) cut at d loses Tr rho; the update's kept norm goes into
+      // the weight (rho = weight * state), so the trace itself records the loss.
+      const bool reach = can_reach_cut(psi, u.bond);
+      const double before = psi.weight;
+      updater.apply(psi, {{u.bond, &ev.tables[u.gate]}}, trunc, eps);
+      if (reach && psi.weight < before * (1 - 1e-15)) canonicalize(psi);
+      continue;
+    }
     const double lost = can_reach_cut(psi, u.bond) ? bond_expectation(psi, u.bond, ev.tables[u.loss]) : 0.0;
     updater.apply(psi, {{u.bond, &ev.tables[u.gate]}}, trunc, eps);
     if (lost <= 0) continue;

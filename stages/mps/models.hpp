@@ -56,6 +56,14 @@ std::vector<cplx> beam_splitter_gate(const BeamSplitter& bs, int d);
 // the exact amplitudes below the cut (their squares sum to 1 minus the weight above it).
 std::vector<cplx> squeezed_vacuum(double r, double phase, int d);
 
+// The single-mode lossy squeezed state: the pure-loss channel of transmissivity eta,
+//   rho -> sum_k K_k rho K_k^dagger,  K_k = sqrt((1-eta)^k / k!) eta^{n/2} a^k,
+// applied to the UNCUT squeezed vacuum S(r e^{i phase})|0> (its amplitudes summed until they are
+// below 1e-30 in probability), then restricted to occupations 0..d-1: d x d row-major,
+//   rho[m, m'] = eta^{(m+m')/2} sum_k (1-eta)^k sqrt(C(m+k, k) C(m'+k, k)) a_{m+k} conj(a_{m'+k}),
+// whose trace is the probability inside the cut (<n> = eta sinh^2 r before the cut). 0 < eta <= 1.
+std::vector<cplx> lossy_squeezed_density(double r, double phase, double eta, int d);
+
 // --- evolutions
 
 struct ModelParams {
@@ -65,6 +73,7 @@ struct ModelParams {
   std::vector<BeamSplitter> beam_splitters;  // interferometer: explicit, or from haar_seed
   bool haar = false;
   std::uint64_t haar_seed = 0;
+  bool density_matrix = false;  // the input is n_pair (only an interferometer evolves it)
 };
 
 struct Update {

@@ -23,7 +23,7 @@ class Packer {
     out_.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
   }
   void put_mps(const U1Mps& psi) {
-    put(psi.L), put(psi.d), put(psi.total_charge);
+    put(psi.L), put(psi.d), put(psi.total_charge), put(static_cast<int>(psi.kind)), put(psi.weight);
     for (const Bond& b : psi.bonds) put_vector(b.charges), put_vector(b.lambda);
     for (const Site& s : psi.sites) {
       put<std::uint64_t>(s.blocks.size());
@@ -54,6 +54,7 @@ class Unpacker {
   U1Mps get_mps() {
     U1Mps psi;
     psi.L = get<int>(), psi.d = get<int>(), psi.total_charge = get<int>();
+    psi.kind = static_cast<kernels::ChargeKind>(get<int>()), psi.weight = get<double>();
     psi.bonds.resize(psi.L + 1);
     psi.sites.resize(psi.L);
     for (Bond& b : psi.bonds) b.charges = get_vector<int>(), b.lambda = get_vector<double>();

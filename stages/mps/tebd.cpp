@@ -7,6 +7,7 @@
 #include <map>
 #include <mutex>
 #include <numeric>
+#include <unordered_map>
 
 #include <omp.h>
 
@@ -90,26 +91,46 @@ struct BondPlan {
   std::int64_t input_size = 0, c_size = 0, scratch_size = 0;
 };
 
+// The charges c with lo <= c <= hi componentwise (n_pair: every key whose components lie between
+// those of lo and hi), ascending.
+std::vector<int> charges_between(const kernels::ChargeRule& rule, int lo, int hi) {
+  std::vector<int> out;
+  if (!rule.pair()) {
+    for (int c = lo; c <= hi; ++c) out.push_back(c);
+    return out;
+  }
+  for (int a = kernels::pair_ket(lo); a <= kernels::pair_ket(hi); ++a)
+    for (int b = kernels::pair_bra(lo); b <= kernels::pair_bra(hi); ++b) out.push_back(kernels::pair_key(a, b));
+  return out;
+}
+
 BondPlan plan_bond(const U1Mps& psi, int j, const GateTable& gate) {
-  const int d = psi.d;
-  const std::vector<Sector> ls = psi.bonds[j].sectors(), cs = psi.bonds[j + 1].sectors(), rs = psi.bonds[j + 2].sectors();
+  const kernels::ChargeRule rule = psi.rule();
+  const std::vector<Sector> ls = psi.bonds[j].sectors(), rs = psi.bonds[j + 2].sectors();
   const Site& a = psi.sites[j];
   const Site& b = psi.sites[j + 1];
   BondPlan plan;
 
   // The new centre charges: every c that some left sector can reach with a right sector.
-  const int c_lo = rs.front().charge, c_hi = ls.back().charge;
-  for (int c = c_lo; c <= c_hi; ++c) {
+  // (n_pair: the componentwise smallest right and largest left charges)
+  int c_lo = rs.front().charge, c_hi = ls.back().charge;
+  if (rule.pair()) {
+    int ka = kernels::kPairMax, kb = kernels::kPairMax, ha = 0, hb = 0;
+    for (const Sector& s : rs) ka = std::min(ka, kernels::pair_ket(s.charge)), kb = std::min(kb, kernels::pair_bra(s.charge));
+    for (const Sector& s : ls) ha = std::max(ha, kernels::pair_ket(s.charge)), hb = std::max(hb, kernels::pair_bra(s.charge));
+    c_lo = kernels::pair_key(ka, kb), c_hi = kernels::pair_key(ha, hb);
+  }
+  for (int c : charges_between(rule, c_lo, c_hi)) {
     ChargeBlock cb;
     cb.charge = c;
     for (const Sector& s : ls)
-      if (kernels::u1_block_allowed(s.charge, c, d)) {
+      if (rule.allowed(s.charge, c)) {
         cb.rows.push_back(s);
         cb.row0.push_back(cb.m);
         cb.m += s.size;
       }
     for (const Sector& s : rs)
-      if (kernels::u1_block_allowed(c, s.charge, d)) {
+      if (rule.allowed(c, s.charge)) {
         cb.cols.push_back(s);
         cb.col0.push_back(cb.n);
         cb.n += s.size;
@@ -128,31 +149,40 @@ BondPlan plan_bond(const U1Mps& psi, int j, const GateTable& gate) {
     }
     return it->second;
   };
-  auto block_of = [&](int c) -> const ChargeBlock* {
-    for (const auto& cb : plan.blocks)
-      if (cb.charge == c) return &cb;
-    return nullptr;
-  };
+  // Lookups by charge (n_pair bonds have hundreds of sectors: linear searches dominated planning).
+  std::unordered_map<int, std::size_t> block_index;
+  std::vector<std::unordered_map<int, std::size_t>> row_index(plan.blocks.size()), col_index(plan.blocks.size());
+  for (std::size_t i = 0; i < plan.blocks.size(); ++i) {
+    block_index.emplace(plan.blocks[i].charge, i);
+    for (std::size_t k = 0; k < plan.blocks[i].rows.size(); ++k) row_index[i].emplace(plan.blocks[i].rows[k].charge, k);
+    for (std::size_t k = 0; k < plan.blocks[i].cols.size(); ++k) col_index[i].emplace(plan.blocks[i].cols[k].charge, k);
+  }
 
   // P(c_L, c', c_R) = B[j](c_L, c') B[j+1](c', c_R), one product per old centre sector, each mixed
   // into the C(c) of every new centre charge by the gate entry its charges select.
   for (const Sector& l : ls)
     for (const Sector& r : rs) {
-      if (l.charge < r.charge || l.charge - r.charge > 2 * (d - 1)) continue;
-      for (const Sector& mid : cs) {
-        const Block* x = a.find(l.charge, mid.charge);
+      if (!rule.two_site_allowed(l.charge, r.charge)) continue;
+      const std::vector<int> centres = charges_between(rule, r.charge, l.charge);
+      // The old centre sectors c' with a block (c_L, c') in B[j]: a's blocks are sorted by
+      // (c_L, c'), so they are one run, in the ascending order of the centre bond's sectors.
+      const auto first = std::lower_bound(a.blocks.begin(), a.blocks.end(), l.charge,
+                                          [](const Block& blk, int c) { return blk.c_left < c; });
+      for (auto it = first; it != a.blocks.end() && it->c_left == l.charge; ++it) {
+        const Block* x = &*it;
+        const Sector mid = psi.bonds[j + 1].sector(x->c_right);
         const Block* y = b.find(mid.charge, r.charge);
-        if (!x || !y) continue;
+        if (!y) continue;
         kernels::ChargeProduct p{input(x), input(y), l.size, mid.size, r.size,
                                  static_cast<std::int64_t>(plan.scatters.size()), 0};
-        for (int c = r.charge; c <= l.charge; ++c) {
-          const std::int64_t e = kernels::gate_entry_for_charges(l.charge, mid.charge, c, r.charge, d);
-          if (e < 0 || gate.u[e] == cplx{}) continue;
-          const ChargeBlock* cb = block_of(c);
-          if (!cb) continue;
-          const auto ri = std::find_if(cb->rows.begin(), cb->rows.end(), [&](const Sector& s) { return s.charge == l.charge; }) - cb->rows.begin();
-          const auto ci = std::find_if(cb->cols.begin(), cb->cols.end(), [&](const Sector& s) { return s.charge == r.charge; }) - cb->cols.begin();
-          plan.scatters.push_back({cb->offset + cb->row0[ri] * cb->n + cb->col0[ci], cb->n, gate.u[e]});
+        for (int c : centres) {
+          const cplx g = rule.gate_value(gate.u.data(), l.charge, mid.charge, c, r.charge);
+          if (g == cplx{}) continue;
+          const auto found = block_index.find(c);
+          if (found == block_index.end()) continue;
+          const ChargeBlock* cb = &plan.blocks[found->second];
+          const std::size_t ri = row_index[found->second].at(l.charge), ci = col_index[found->second].at(r.charge);
+          plan.scatters.push_back({cb->offset + cb->row0[ri] * cb->n + cb->col0[ci], cb->n, g});
           ++p.count;
         }
         if (p.count == 0) continue;
@@ -292,6 +322,7 @@ double BondUpdater::update(U1Mps& psi, int j, const GateTable& gate, const Trunc
   for (std::size_t i = 0; i < values.size(); ++i)
     for (std::int64_t q = 0; q < t.kept[i]; ++q) kept2 += values[i][q] * values[i][q];
   const double kept_norm = std::sqrt(kept2);
+  last_norm_ = kept_norm;
   timings_.truncation += seconds_since(clock);
 
   // B'[j](c_L, c) = C(c) Y^dagger / kept_norm, Y the kept rows of Vh.
@@ -369,7 +400,7 @@ LayerUpdater::~LayerUpdater() = default;
 
 void LayerUpdater::apply(U1Mps& psi, const std::vector<BondGate>& updates, const TruncParams& trunc, double& eps) {
   const auto start = std::chrono::steady_clock::now();
-  std::vector<double> discarded(updates.size(), 0.0);
+  std::vector<double> discarded(updates.size(), 0.0), norms(updates.size(), 1.0);
   const auto count = static_cast<std::int64_t>(updates.size());
   std::exception_ptr failure;
   std::mutex failure_mutex;
@@ -383,6 +414,7 @@ void LayerUpdater::apply(U1Mps& psi, const std::vector<BondGate>& updates, const
         updater = std::make_unique<BondUpdater>(backend_, gpu_svd_from_);
       }
       discarded[i] = updater->update(psi, updates[i].bond, *updates[i].gate, trunc);
+      norms[i] = updater->last_norm();
     } catch (...) {
       const std::lock_guard lock(failure_mutex);
       if (!failure) failure = std::current_exception();
@@ -391,6 +423,8 @@ void LayerUpdater::apply(U1Mps& psi, const std::vector<BondGate>& updates, const
   if (failure) std::rethrow_exception(failure);
   wall_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   for (double e : discarded) eps += e;
+  if (psi.pair())
+    for (double n : norms) psi.weight *= n;
 }
 
 UpdateTimings LayerUpdater::timings() const {
@@ -408,7 +442,9 @@ UpdateTimings LayerUpdater::timings() const {
 double update_bond(U1Mps& psi, int j, const GateTable& gate, const TruncParams& trunc) {
   static const std::unique_ptr<Backend> host = host_backend();
   BondUpdater updater(*host);
-  return updater.update(psi, j, gate, trunc);
+  const double eps = updater.update(psi, j, gate, trunc);
+  if (psi.pair()) psi.weight *= updater.last_norm();
+  return eps;
 }
 
 }  // namespace qstage::stages::mps

@@ -56,9 +56,14 @@ class BondUpdater {
   // Returns the discarded weight eps.
   double update(U1Mps& psi, int j, const GateTable& gate, const TruncParams& trunc);
   const UpdateTimings& timings() const { return timings_; }
+  // The last update's kept norm: ||Theta|| after the gate and the truncation, in units of the
+  // state's norm before it (1 in B form), before the update renormalised it to 1. n_pair states
+  // multiply their weight by it (LayerUpdater, update_bond).
+  double last_norm() const { return last_norm_; }
 
  private:
   struct Workspace;
+  double last_norm_ = 1;
   Backend& backend_;
   std::unique_ptr<Stream> stream_;
   std::unique_ptr<Workspace> work_;
@@ -79,6 +84,8 @@ class LayerUpdater {
     const GateTable* gate = nullptr;
   };
   // Applies updates that touch disjoint sites; eps gains each one's discarded weight, in list order.
+  // An n_pair state's weight is multiplied by each update's kept norm (in list order), so that
+  // rho = weight * (the state) stays the evolved, unnormalised density matrix.
   void apply(U1Mps& psi, const std::vector<BondGate>& updates, const TruncParams& trunc, double& eps);
   // The updaters' timings summed (thread-seconds), and the layers' wall seconds.
   UpdateTimings timings() const;

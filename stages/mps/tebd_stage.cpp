@@ -20,6 +20,7 @@
 #include "core/error.hpp"
 #include "core/fsutil.hpp"
 #include "core/hash.hpp"
+#include "stages/mps/density_matrix.hpp"
 #include "stages/mps/gates.hpp"
 #include "stages/mps/models.hpp"
 #include "stages/mps/mps_stages.hpp"
@@ -124,13 +125,22 @@ struct Measurements {
       for (int j = 0; j + 1 < psi.L; ++j) e += bond_expectation(psi, j, bond_terms[j]);
       energy.push_back(e);
     }
+    if (psi.pair()) {
+      // A density matrix: traces with the trace vector; the Fock cut's loss is what Tr rho lost.
+      TraceMeasurements tm = trace_measurements(psi, psi.L / 2);
+      density.insert(density.end(), tm.density.begin(), tm.density.end());
+      entropies(psi);
+      tm.left.resize(width), tm.totals.resize(width);
+      charges.insert(charges.end(), tm.left.begin(), tm.left.end());
+      totals.insert(totals.end(), tm.totals.begin(), tm.totals.end());
+      norm.push_back(tm.trace);
+      truncation_error.push_back(eps);
+      cut_loss.push_back(1 - tm.trace);
+      return;
+    }
     const auto n = densities(psi);
     density.insert(density.end(), n.begin(), n.end());
-    for (int k = 1; k < psi.L; ++k) {
-      entropy_vn.push_back(mps::entropy_vn(psi.bonds[k]));
-      entropy_2.push_back(entropy_renyi2(psi.bonds[k]));
-      chi.push_back(static_cast<double>(psi.bonds[k].size()));
-    }
+    entropies(psi);
     // Widths of the input's largest N: a lossy interferometer may drop a total of weight 0.
     auto p = charge_distribution(psi, psi.L / 2), pn = total_charge_distribution(psi);
     p.resize(width), pn.resize(width);
@@ -139,6 +149,14 @@ struct Measurements {
     norm.push_back(std::sqrt(norm_squared(psi)));
     truncation_error.push_back(eps);
     cut_loss.push_back(cut);
+  }
+  // Of the MPS's own Schmidt values: for n_pair, the operator entanglement of rho vectorised.
+  void entropies(const U1Mps& psi) {
+    for (int k = 1; k < psi.L; ++k) {
+      entropy_vn.push_back(mps::entropy_vn(psi.bonds[k]));
+      entropy_2.push_back(entropy_renyi2(psi.bonds[k]));
+      chi.push_back(static_cast<double>(psi.bonds[k].size()));
+    }
   }
   // All of them, in the order they are packed (compute()'s result and the checkpoints).
   std::vector<std::vector<double>*> all() {
@@ -263,7 +281,9 @@ class TebdStage final : public ComputedStage {
     const std::string file = ctx.inputs.at("state")->where().file;
     h5::File in = h5::File::open(file, h5::Mode::read_only);
     U1Mps psi = read_mps(in);
-    const Evolution ev = make_evolution(p.model, psi.L, psi.d);
+    ModelParams model = p.model;
+    model.density_matrix = psi.pair();
+    const Evolution ev = make_evolution(model, psi.L, psi.d);
     Measurements m;
     double eps = 0, kept = 1;
     // (a resumed run: the committed state replaces psi, m, eps and kept)
@@ -313,17 +333,25 @@ class TebdStage final : public ComputedStage {
     const std::vector<std::int64_t> chi(chi_d.begin(), chi_d.end());
     detail::write_array(out, "times", DType::float64, {T}, times.data(),
                         circuit ? "beam splitters applied at each measurement" : "time of each measurement (step * dt)");
+    const bool rho = psi.pair();
     detail::write_array(out, "density", DType::float64, {T, L}, density.data(),
-                        model == "xxz" ? "<n_j> at each time, n = S^z + 1/2" : "<n_j> at each time (bosons: mean occupation, photons per mode)");
+                        rho ? "Tr(rho n_j) / Tr rho at each time (photons per mode; rho the density matrix)"
+                        : model == "xxz" ? "<n_j> at each time, n = S^z + 1/2" : "<n_j> at each time (bosons: mean occupation, photons per mode)");
     detail::write_array(out, "entropy_vN", DType::float64, {T, L - 1}, svn.data(),
-                        "von Neumann entropy -sum l^2 ln l^2 (natural log) of bonds 1..L-1 (bond k cuts sites 0..k-1 "
-                        "from the rest)");
-    detail::write_array(out, "entropy_2", DType::float64, {T, L - 1}, s2.data(), "Renyi-2 entropy -ln sum l^4 of bonds 1..L-1");
+                        rho ? "operator entanglement of the density matrix: -sum l^2 ln l^2 (natural log) of the Schmidt values of "
+                              "rho vectorised and normalised to Frobenius norm 1, bonds 1..L-1 (not a von Neumann entropy of rho)"
+                            : "von Neumann entropy -sum l^2 ln l^2 (natural log) of bonds 1..L-1 (bond k cuts sites 0..k-1 "
+                              "from the rest)");
+    detail::write_array(out, "entropy_2", DType::float64, {T, L - 1}, s2.data(),
+                        rho ? "Renyi-2 operator entanglement -ln sum l^4 of rho vectorised, bonds 1..L-1" : "Renyi-2 entropy -ln sum l^4 of bonds 1..L-1");
     detail::write_array(out, "charge_distribution", DType::float64, {T, N + 1}, charges.data(),
-                        "P(N_left = n), n = 0..N: the probability of n particles left of bond L/2 (sites 0..L/2-1)")
+                        rho ? "P(N_left = n) = Tr(rho Pi_n) / Tr rho, n = 0..N: the probability of n photons left of bond L/2 (sites 0..L/2-1)"
+                            : "P(N_left = n), n = 0..N: the probability of n particles left of bond L/2 (sites 0..L/2-1)")
         .set_attribute("bond", static_cast<std::int64_t>(L / 2));
     detail::write_array(out, "norm", DType::float64, {T}, norm.data(),
-                        "<psi|psi>^(1/2), contracted without assuming canonical form");
+                        rho ? "Tr rho: 1 at the input (renormalised inside mps.init's cut), less what the Fock cut of the beam splitters "
+                              "(and any truncation) took"
+                            : "<psi|psi>^(1/2), contracted without assuming canonical form");
     detail::write_array(out, "truncation_error", DType::float64, {T}, eps.data(),
                         "accumulated discarded weight: the sum over this step's two-site updates so far of eps = sum of the "
                         "discarded squared Schmidt values (normalised to 1 before the cut), as TeNPy's TruncationError.eps");
@@ -338,12 +366,15 @@ class TebdStage final : public ComputedStage {
                            const std::vector<double>& cut, const std::vector<cplx>& unitary, const std::vector<double>& circuit) {
     if (psi.bonds[0].size() > 1)
       detail::write_array(out, "total_charge_distribution", DType::float64, {T, N + 1}, totals.data(),
-                          "P(N), N = 0..total_charge: the total particle (photon) number distribution, bond 0's lambda^2");
+                          psi.pair() ? "P(N) = Tr(rho Pi_N) / Tr rho, N = 0..total_charge: the total photon number distribution"
+                                     : "P(N), N = 0..total_charge: the total particle (photon) number distribution, bond 0's lambda^2");
     if (unitary.empty()) return;
     detail::write_array(out, "cut_loss", DType::float64, {T}, cut.data(),
-                        "probability lost so far to the Fock cut (occupations > d-1) by the beam splitters, 1 - prod(1 - loss "
-                        "of each gate); the state is renormalised after each gate, so the measurements are conditional on "
-                        "staying inside the cut");
+                        psi.pair() ? "1 - Tr rho: probability lost so far to the Fock cut (occupations > d-1) by the beam splitters; "
+                                     "the measurements are divided by Tr rho, so they are conditional on staying inside the cut"
+                                   : "probability lost so far to the Fock cut (occupations > d-1) by the beam splitters, 1 - prod(1 - loss "
+                                     "of each gate); the state is renormalised after each gate, so the measurements are conditional on "
+                                     "staying inside the cut");
     const std::uint64_t M = psi.L;
     detail::write_array(out, "unitary", DType::complex128, {M, M}, unitary.data(),
                         "the interferometer's mode matrix U: a+_j -> sum_i U_ij a+_i (output <n_i> = sum_j |U_ij|^2 <n_j> for "

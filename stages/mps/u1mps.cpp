@@ -7,6 +7,7 @@
 #include <functional>
 #include <map>
 #include <numeric>
+#include <set>
 #include <stdexcept>
 
 #include "core/error.hpp"
@@ -49,7 +50,17 @@ void U1Mps::check_structure() const {
     fail(fmt::format("{} bonds and {} sites; expected L + 1 = {} and L = {}", bonds.size(), sites.size(), L + 1, L));
   // Bond 0 may carry several totals N (a mixed boundary), one index each, the largest being total_charge.
   const auto& b0 = bonds[0].charges;
-  if (b0.empty() || b0.back() != total_charge || b0.front() < 0 || total_charge > L * (d - 1) || std::adjacent_find(b0.begin(), b0.end(), std::greater_equal<>()) != b0.end() ||
+  const kernels::ChargeRule cr = rule();
+  // n_pair: total_charge is the largest component of bond 0's pairs.
+  int largest = b0.empty() ? -1 : b0.back();
+  if (pair()) {
+    largest = -1;
+    for (int c : b0) largest = std::max({largest, kernels::pair_ket(c), kernels::pair_bra(c)});
+  }
+  if (pair() && (L * (d - 1) > kernels::kPairMax || !(weight > 0) || !std::isfinite(weight)))
+    fail(fmt::format("a density matrix with L (d-1) = {} photons and weight {}; expected at most {} and a finite weight > 0", L * (d - 1), weight,
+                     kernels::kPairMax));
+  if (b0.empty() || largest != total_charge || b0.front() < 0 || total_charge > L * (d - 1) || std::adjacent_find(b0.begin(), b0.end(), std::greater_equal<>()) != b0.end() ||
       bonds[L].charges != std::vector<int>{0})
     fail(fmt::format("boundary bonds must carry 0 (right) and distinct ascending totals 0 <= N <= {} (left), the largest N = {}",
                      L * (d - 1), total_charge));
@@ -62,7 +73,7 @@ void U1Mps::check_structure() const {
     const auto& blocks = sites[j].blocks;
     for (std::size_t i = 0; i < blocks.size(); ++i) {
       const Block& blk = blocks[i];
-      if (!kernels::u1_block_allowed(blk.c_left, blk.c_right, d))
+      if (!cr.allowed(blk.c_left, blk.c_right))
         fail(fmt::format("site {} has a block ({}, {}) whose occupation is outside [0, {}]", j, blk.c_left, blk.c_right, d - 1));
       if (i > 0 && std::pair{blocks[i - 1].c_left, blocks[i - 1].c_right} >= std::pair{blk.c_left, blk.c_right})
         fail(fmt::format("site {}'s blocks are not sorted by (c_left, c_right) without repeats", j));
@@ -91,31 +102,35 @@ U1Mps product_state(int d, const std::vector<int>& occupations) {
   return psi;
 }
 
-U1Mps product_superposition(int d, const std::vector<std::vector<cplx>>& amplitudes) {
+U1Mps product_superposition(int d, const std::vector<std::vector<cplx>>& amplitudes, kernels::ChargeKind kind) {
   U1Mps psi;
   psi.L = static_cast<int>(amplitudes.size());
   psi.d = d;
+  psi.kind = kind;
   psi.bonds.resize(psi.L + 1);
   psi.sites.resize(psi.L);
-  // Right to left: the totals the sites k..L-1 reach with nonzero amplitude.
-  std::vector<std::vector<bool>> reach(psi.L + 1);
-  reach[psi.L] = {true};
-  for (int k = psi.L - 1; k >= 0; --k) {
-    reach[k].assign(reach[k + 1].size() + d - 1, false);
-    for (std::size_t c = 0; c < reach[k + 1].size(); ++c)
-      for (int n = 0; n < d; ++n)
-        if (reach[k + 1][c] && amplitudes[k].at(n) != cplx{}) reach[k][c + n] = true;
-  }
+  const kernels::ChargeRule cr = psi.rule();
+  const int D = cr.local_dim();
+  // Right to left: the totals the sites k..L-1 reach with nonzero amplitude (ascending).
+  std::vector<std::set<int>> reach(psi.L + 1);
+  reach[psi.L] = {0};
+  for (int k = psi.L - 1; k >= 0; --k)
+    for (int c : reach[k + 1])
+      for (int s = 0; s < D; ++s)
+        if (amplitudes[k].at(s) != cplx{}) reach[k].insert(c + cr.delta(s));
   for (int k = 0; k <= psi.L; ++k)
-    for (std::size_t c = 0; c < reach[k].size(); ++c)
-      if (reach[k][c]) psi.bonds[k].charges.push_back(static_cast<int>(c)), psi.bonds[k].lambda.push_back(1.0);
+    for (int c : reach[k]) psi.bonds[k].charges.push_back(c), psi.bonds[k].lambda.push_back(1.0);
   if (psi.bonds[0].charges.empty()) throw std::invalid_argument("mps: a product state with a site of amplitude 0");
   psi.total_charge = psi.bonds[0].charges.back();
+  if (psi.pair()) {
+    psi.total_charge = 0;
+    for (int c : psi.bonds[0].charges) psi.total_charge = std::max({psi.total_charge, kernels::pair_ket(c), kernels::pair_bra(c)});
+  }
   for (int j = 0; j < psi.L; ++j)
     for (int cl : psi.bonds[j].charges)
-      for (int cr : psi.bonds[j + 1].charges)
-        if (kernels::u1_block_allowed(cl, cr, d) && amplitudes[j][cl - cr] != cplx{})
-          psi.sites[j].blocks.push_back({cl, cr, 1, 1, {amplitudes[j][cl - cr]}});
+      for (int cr_ : psi.bonds[j + 1].charges)
+        if (cr.allowed(cl, cr_) && amplitudes[j][cr.local(cl, cr_)] != cplx{})
+          psi.sites[j].blocks.push_back({cl, cr_, 1, 1, {amplitudes[j][cr.local(cl, cr_)]}});
   canonicalize(psi);
   return psi;
 }
@@ -182,6 +197,12 @@ void normalise_boundary(U1Mps& psi, const std::map<int, std::vector<cplx>>& carr
   for (Block& b : psi.sites[0].blocks)
     for (cplx& v : b.values) v *= amp.at(b.c_left) / std::abs(amp.at(b.c_left));
   psi.total_charge = kept.charges.back();
+  if (psi.pair()) {
+    // rho = weight * (the state): the norm taken out goes into the weight.
+    psi.weight *= std::sqrt(norm2);
+    psi.total_charge = 0;
+    for (int c : kept.charges) psi.total_charge = std::max({psi.total_charge, kernels::pair_ket(c), kernels::pair_bra(c)});
+  }
   b0 = std::move(kept);
 }
 
@@ -513,7 +534,11 @@ void write_mps(h5::File& out, const U1Mps& psi, const std::string& group) {
     o.set_attribute("L", static_cast<std::int64_t>(psi.L));
     o.set_attribute("d", static_cast<std::int64_t>(psi.d));
     o.set_attribute("total_charge", static_cast<std::int64_t>(psi.total_charge));
-    o.set_attribute("charge_kind", "n");
+    o.set_attribute("charge_kind", psi.pair() ? "n_pair" : "n");
+    if (psi.pair()) {
+      o.set_attribute("pair_shift", static_cast<std::int64_t>(kernels::kPairShift));
+      o.set_attribute("weight", psi.weight);
+    }
     o.set_attribute("form", "B");
     o.set_attribute("dtype", "complex128");
     if (psi.bonds[0].size() > 1) o.set_attribute("boundary", "mixed");
@@ -537,6 +562,15 @@ U1Mps read_mps(const h5::File& in, const std::string& group) {
   psi.L = static_cast<int>(in.int_attribute("L"));
   psi.d = static_cast<int>(in.int_attribute("d"));
   psi.total_charge = static_cast<int>(in.int_attribute("total_charge"));
+  const std::string kind = in.has_attribute("charge_kind") ? in.string_attribute("charge_kind") : "n";
+  if (kind == "n_pair") {
+    psi.kind = kernels::ChargeKind::n_pair;
+    if (!in.has_attribute("weight") || !in.has_attribute("pair_shift") || in.int_attribute("pair_shift") != kernels::kPairShift)
+      throw missing(fmt::format("its charge_kind is n_pair but it lacks the attributes weight and pair_shift = {}", kernels::kPairShift));
+    psi.weight = in.double_attribute("weight");
+  } else if (kind != "n") {
+    throw missing(fmt::format("its charge_kind is '{}'; expected 'n' or 'n_pair'", kind));
+  }
   auto read = [&](const char* name, DType t, auto& vec, std::size_t rank) {
     const h5::Dataset ds = in.open_dataset(join(group, name));
     if (ds.dtype() != t || ds.shape().size() != rank) throw missing(fmt::format("'{}' has the wrong type or rank", name));

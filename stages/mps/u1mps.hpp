@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "io/h5.hpp"
+#include "kernels/u1_math.hpp"
 
 namespace qstage::stages::mps {
 
@@ -51,7 +52,14 @@ struct Site {
 
 struct U1Mps {
   int L = 0, d = 2;
-  int total_charge = 0;  // the largest charge of bond 0 (the only one unless the boundary is mixed)
+  int total_charge = 0;  // the largest charge of bond 0 (the only one unless the boundary is mixed); n_pair: the largest component
+  // n: a state vector. n_pair: a density matrix rho vectorised (local index n_ket d + n_bra, charge
+  // keys kernels::pair_key(N_ket, N_bra)); this MPS holds rho / weight normalised to Frobenius
+  // norm 1, so rho = weight * (this), with Tr rho = 1 at mps.init (docs/mps.md).
+  kernels::ChargeKind kind = kernels::ChargeKind::n;
+  double weight = 1;
+  kernels::ChargeRule rule() const { return {kind, d}; }
+  bool pair() const { return kind == kernels::ChargeKind::n_pair; }
   std::vector<Bond> bonds;  // L + 1
   std::vector<Site> sites;  // L
 
@@ -66,7 +74,9 @@ U1Mps product_state(int d, const std::vector<int>& occupations);
 // A product state of superpositions: site j is sum_n amplitudes[j][n] |n> (d entries each). Bond
 // k carries every total the sites k..L-1 can reach, one index each, so bond 0 is a mixed boundary
 // when a site has several occupations. Canonicalised: the result has norm 1.
-U1Mps product_superposition(int d, const std::vector<std::vector<cplx>>& amplitudes);
+// n_pair (`kind`): amplitudes[j] has d^2 entries, the vectorised rho_j[n_ket, n_bra] at n_ket d + n_bra.
+U1Mps product_superposition(int d, const std::vector<std::vector<cplx>>& amplitudes,
+                            kernels::ChargeKind kind = kernels::ChargeKind::n);
 
 // A seeded random state of `total_charge` particles with up to `chi` indices per bond, brought to
 // right-canonical form with exact Schmidt values (docs/mps.md says how it is drawn).

@@ -401,3 +401,93 @@ TEST(MpsModels, BoseHubbardBondTermHasItsMatrixElements) {
     for (int c = 0; c < dd; ++c) EXPECT_EQ(h[r * dd + c], std::conj(h[c * dd + r]));
   EXPECT_NO_THROW(gate_table(exp_minus_i(h, dd, 0.1), d, "Bose-Hubbard gate"));
 }
+
+TEST(U1Math, PairChargesEncodeSortAndLookUpTheGatePerComponent) {
+  using kernels::pair_key;
+  const kernels::ChargeRule rule{kernels::ChargeKind::n_pair, 3};
+  // keys sort by N_ket, then N_bra, and add componentwise
+  EXPECT_LT(pair_key(1, 7), pair_key(2, 0));
+  EXPECT_EQ(pair_key(1, 2) + pair_key(3, 4), pair_key(4, 6));
+  EXPECT_EQ(kernels::pair_ket(pair_key(5, 9)), 5);
+  EXPECT_EQ(kernels::pair_bra(pair_key(5, 9)), 9);
+  EXPECT_TRUE(rule.allowed(pair_key(3, 2), pair_key(1, 2)));
+  EXPECT_FALSE(rule.allowed(pair_key(3, 2), pair_key(0, 2)));  // ket occupation 3 > d - 1
+  EXPECT_FALSE(rule.allowed(pair_key(3, 1), pair_key(3, 2)));  // bra occupation -1
+  EXPECT_EQ(rule.local(pair_key(3, 2), pair_key(1, 1)), 2 * 3 + 1);
+  EXPECT_EQ(pair_key(1, 1) + rule.delta(2 * 3 + 1), pair_key(3, 2));
+  // the entry is u(ket) conj(u(bra)), each the n kind's lookup of its component
+  std::vector<cplx> u(27);
+  for (std::size_t i = 0; i < u.size(); ++i) u[i] = cplx(0.1 * i, 0.3 - 0.05 * i);
+  const cplx got = rule.gate_value(u.data(), pair_key(5, 4), pair_key(3, 2), pair_key(4, 3), pair_key(2, 1));
+  EXPECT_EQ(got, u[kernels::gate_entry_for_charges(5, 3, 4, 2, 3)] * std::conj(u[kernels::gate_entry_for_charges(4, 2, 3, 1, 3)]));
+  EXPECT_EQ(rule.gate_value(u.data(), pair_key(5, 4), pair_key(3, 2), pair_key(5, 3), pair_key(2, 1)), cplx{});  // ket leaves the cut
+  const kernels::ChargeRule n{kernels::ChargeKind::n, 3};
+  EXPECT_EQ(n.gate_value(u.data(), 5, 3, 4, 2), u[kernels::gate_index(2, 1, 1, 3)]);
+}
+
+TEST(MpsUpdate, AnNPairUpdateIsTheGateOnBothSidesOfTheDensityMatrix) {
+  // rho = product of random Hermitian single-mode matrices (d = 3), vectorised; one update with a
+  // conserving unitary G must give G rho G^dagger, and the weight keeps rho's scale.
+  const int d = 3, L = 3, j = 1;
+  std::mt19937_64 rng(5);
+  std::uniform_real_distribution<double> u(-1, 1);
+  std::vector<std::vector<cplx>> modes, rhos;
+  for (int s = 0; s < L; ++s) {
+    std::vector<cplx> a(d);
+    for (auto& x : a) x = {u(rng), u(rng)};
+    std::vector<cplx> rho(d * d);
+    for (int p = 0; p < d; ++p)
+      for (int q = 0; q < d; ++q) rho[p * d + q] = a[p] * std::conj(a[q]) + (p == q ? 0.5 : 0.0);
+    rhos.push_back(rho);
+    modes.push_back(rho);
+  }
+  U1Mps psi = product_superposition(d, modes, kernels::ChargeKind::n_pair);
+  EXPECT_NO_THROW(psi.check_structure());
+  // the dense vectorised state, local index n_ket d + n_bra: an MPS of local dimension d^2
+  auto vectorised = [&](const U1Mps& m) {
+    // rows are configurations of the sites so far, columns the bond's indices
+    std::vector<cplx> cur(m.bonds[0].lambda.begin(), m.bonds[0].lambda.end());
+    std::int64_t configs = 1, chi = m.bonds[0].size();
+    for (int s = 0; s < L; ++s) {
+      const std::int64_t chi_r = m.bonds[s + 1].size();
+      std::vector<cplx> next(static_cast<std::size_t>(configs * d * d * chi_r));
+      for (const Block& b : m.sites[s].blocks) {
+        const Sector l = m.bonds[s].sector(b.c_left), r = m.bonds[s + 1].sector(b.c_right);
+        const int loc = m.rule().local(b.c_left, b.c_right);
+        for (std::int64_t c = 0; c < configs; ++c)
+          for (std::int64_t a = 0; a < b.rows; ++a)
+            for (std::int64_t q = 0; q < b.cols; ++q)
+              next[(c * d * d + loc) * chi_r + r.offset + q] += cur[c * chi + l.offset + a] * b.values[a * b.cols + q];
+      }
+      cur = std::move(next);
+      configs *= d * d;
+      chi = chi_r;
+    }
+    for (auto& x : cur) x *= m.weight;
+    return cur;
+  };
+  const auto before = vectorised(psi);
+  // the product itself: entry (k0 b0, k1 b1, k2 b2) = prod rho_s[k_s, b_s]
+  for (int i = 0; i < 729; ++i) {
+    const int s0 = i / 81, s1 = (i / 9) % 9, s2 = i % 9;
+    EXPECT_LT(std::abs(before[i] - rhos[0][s0] * rhos[1][s1] * rhos[2][s2]), 1e-13) << i;
+  }
+  const auto g = exp_minus_i(random_conserving_hamiltonian(d, 11), d * d, 0.7);
+  update_bond(psi, j, gate_table(g, d, "test gate"), TruncParams{1000, 0, 0});
+  EXPECT_NO_THROW(psi.check_structure());
+  const auto after = vectorised(psi);
+  // G rho G^dagger on modes 1, 2: new (k1 k2, b1 b2) = sum G[k1 k2, k1' k2'] rho[..] conj(G[b1 b2, b1' b2'])
+  for (int k0 = 0; k0 < d; ++k0)
+    for (int b0 = 0; b0 < d; ++b0)
+      for (int kk = 0; kk < d * d; ++kk)
+        for (int bb = 0; bb < d * d; ++bb) {
+          cplx want{};
+          for (int kp = 0; kp < d * d; ++kp)
+            for (int bp = 0; bp < d * d; ++bp) {
+              const cplx r = rhos[0][k0 * d + b0] * rhos[1][(kp / d) * d + bp / d] * rhos[2][(kp % d) * d + bp % d];
+              want += g[kk * d * d + kp] * r * std::conj(g[bb * d * d + bp]);
+            }
+          const int idx = ((k0 * d + b0) * d * d + (kk / d) * d + bb / d) * d * d + (kk % d) * d + bb % d;
+          EXPECT_LT(std::abs(after[idx] - want), 1e-12) << idx;
+        }
+}
