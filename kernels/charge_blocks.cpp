@@ -37,11 +37,11 @@ void scale_rows(Stream& stream, const cplx128* a, const double* scale, const std
       detail::scale_rows_cuda(stream, a, scale, matrices, out));
 }
 
-namespace {
+namespace detail {
 
 // Each problem on one single-threaded LAPACK call, problems spread over OpenMP threads when
 // the work is worth waking them (on a busy machine small SVDs cost far less than that).
-void svd_host(cplx128* a, const std::vector<SvdProblem>& problems, double* s, cplx128* vh) {
+void svd_on_host(cplx128* a, const std::vector<SvdProblem>& problems, double* s, cplx128* vh) {
   single_threaded_blas();
   double work = 0;
   for (const auto& p : problems) work += static_cast<double>(p.m) * p.n * std::min(p.m, p.n);
@@ -55,7 +55,7 @@ void svd_host(cplx128* a, const std::vector<SvdProblem>& problems, double* s, cp
   }
 }
 
-}  // namespace
+}  // namespace detail
 
 std::size_t svd_workspace_bytes(Stream& stream, const std::vector<SvdProblem>& problems, std::int64_t gpu_from) {
   std::size_t bytes = 0;
@@ -69,19 +69,12 @@ SvdReport batched_svd(Stream& stream, cplx128* a, const std::vector<SvdProblem>&
   QSTAGE_DISPATCH(
       stream,
       {
-        svd_host(a, problems, s, vh);
+        detail::svd_on_host(a, problems, s, vh);
         report.host = static_cast<std::int64_t>(problems.size());
       },
       report = detail::batched_svd_cuda(stream, a, problems, s, vh, workspace, workspace_bytes, gpu_from));
   return report;
 }
-
-namespace detail {
-// The host path of the cuda version (small problems, and the last fallback), on host copies.
-void svd_on_host(cplx128* a, const std::vector<SvdProblem>& problems, double* s, cplx128* vh) {
-  svd_host(a, problems, s, vh);
-}
-}  // namespace detail
 
 void times_adjoint(Stream& stream, const cplx128* a, const cplx128* vh, const std::vector<AdjointProduct>& products,
                    cplx128* out) {

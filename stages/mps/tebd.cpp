@@ -429,13 +429,8 @@ void LayerUpdater::apply(U1Mps& psi, const std::vector<BondGate>& updates, const
 
 UpdateTimings LayerUpdater::timings() const {
   UpdateTimings t;
-  for (const auto& u : updaters_) {
-    if (!u) continue;
-    const UpdateTimings& x = u->timings();
-    t.theta += x.theta, t.svd += x.svd, t.truncation += x.truncation, t.transfers += x.transfers;
-    t.finish += x.finish, t.updates += x.updates;
-    t.svd_paths += x.svd_paths;
-  }
+  for (const auto& u : updaters_)
+    if (u) t += u->timings();
   return t;
 }
 

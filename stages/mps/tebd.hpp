@@ -40,6 +40,12 @@ struct UpdateTimings {
   double finish = 0;      // B'[j] = C Y^dagger / norm
   std::int64_t updates = 0;
   kernels::SvdReport svd_paths;
+  UpdateTimings& operator+=(const UpdateTimings& o) {
+    theta += o.theta, svd += o.svd, truncation += o.truncation, transfers += o.transfers, finish += o.finish;
+    updates += o.updates;
+    svd_paths += o.svd_paths;
+    return *this;
+  }
 };
 
 // Applies two-site gates on a backend: the MPS stays in host memory and each update streams the
