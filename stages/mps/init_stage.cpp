@@ -125,6 +125,7 @@ std::vector<int> occupations(const json& p) {
 
 void check(const json& p) {
   const int L = p.at("L").get<int>(), d = p.at("d").get<int>();
+  if (p.contains("trunc")) trunc_params_from_json(p.at("trunc"), "trunc", false);
   const std::string state = p.at("state").get<std::string>();
   for (const auto& [name, owner] : kStateParams)
     if (p.contains(name) && state != owner)
@@ -184,17 +185,22 @@ class InitStage final : public ComputedStage {
       lost = cut_loss(modes);
     } else
       psi = product_state(d, occupations(p));
+    // (the compression sweep: bonds cut on their exact Schmidt values, so that mps.tebd starts at chi_max)
+    const double discarded = p.contains("trunc") ? compress(psi, trunc_params_from_json(p.at("trunc"), "trunc", psi.pair())) : 0.0;
     psi.check_structure();
     Packer out;
     out.put_mps(psi);
     out.put(lost);
+    out.put(discarded);
     return out.take();
   }
   void write_results(const StagePlan&, const StepResults& r, h5::File& out) const override {
     Unpacker in(*r.computed);
     const U1Mps psi = in.get_mps();
-    const double lost = in.get<double>();
+    const double lost = in.get<double>(), discarded = in.get<double>();
     write_mps(out, psi);
+    // (mps.tebd's accumulated truncation_error starts from it)
+    out.set_attribute("truncation_error", discarded);
     if (psi.bonds[0].size() == 1) return;
     // A mixed boundary: its P(N), and what the Fock cut took from the input.
     const auto pn = psi.pair() ? trace_measurements(psi, psi.L / 2).totals : total_charge_distribution(psi);
@@ -208,11 +214,13 @@ class InitStage final : public ComputedStage {
   std::string describe_results(const StagePlan&, const StepResults& r) const override {
     Unpacker in(*r.computed);
     const U1Mps psi = in.get_mps();
+    in.get<double>();
+    const double discarded = in.get<double>();
     std::size_t chi = 0, blocks = 0;
     for (const Bond& b : psi.bonds) chi = std::max(chi, b.charges.size());
     for (const Site& s : psi.sites) blocks += s.blocks.size();
-    return fmt::format("L {}, d {}, N {}{}, max chi {}, {} blocks", psi.L, psi.d, psi.bonds[0].size() > 1 ? "<= " : "",
-                       psi.total_charge, chi, blocks);
+    return fmt::format("L {}, d {}, N {}{}, max chi {}, {} blocks, truncation error {:.3e}", psi.L, psi.d,
+                       psi.bonds[0].size() > 1 ? "<= " : "", psi.total_charge, chi, blocks, discarded);
   }
 };
 

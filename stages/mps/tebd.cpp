@@ -16,59 +16,6 @@
 
 namespace qstage::stages::mps {
 
-Truncation truncate(const std::vector<std::vector<double>>& values, const TruncParams& p) {
-  struct Entry {
-    double s;
-    std::size_t block;
-    std::size_t index;
-  };
-  std::vector<Entry> all;
-  double total = 0;
-  for (std::size_t b = 0; b < values.size(); ++b)
-    for (std::size_t i = 0; i < values[b].size(); ++i) {
-      all.push_back({values[b][i], b, i});
-      total += values[b][i] * values[b][i];
-    }
-  std::sort(all.begin(), all.end(), [](const Entry& x, const Entry& y) {
-    if (x.s != y.s) return x.s > y.s;
-    if (x.block != y.block) return x.block < y.block;
-    return x.index < y.index;
-  });
-  const double norm = std::sqrt(total);
-  const auto n = static_cast<std::int64_t>(all.size());
-  // Each constraint keeps a prefix of the ranking; apply the ones that leave at least one value.
-  std::int64_t keep = n;
-  auto constrain = [&](std::int64_t count) {
-    if (std::min(keep, count) >= 1) keep = std::min(keep, count);
-  };
-  constrain(p.chi_max);
-  if (p.svd_min > 0 && norm > 0) {
-    std::int64_t c = 0;
-    while (c < n && all[c].s / norm >= p.svd_min) ++c;
-    constrain(c);
-  }
-  if (norm > 0) {
-    // Keep position q while the summed squares from q to the end exceed trunc_cut^2.
-    std::int64_t c = n;
-    double tail = 0;
-    while (c > 0 && tail + (all[c - 1].s / norm) * (all[c - 1].s / norm) <= p.trunc_cut * p.trunc_cut) {
-      tail += (all[c - 1].s / norm) * (all[c - 1].s / norm);
-      --c;
-    }
-    constrain(c);
-  }
-  Truncation t;
-  t.kept.assign(values.size(), 0);
-  for (std::int64_t q = 0; q < keep; ++q) ++t.kept[all[q].block];
-  // eps summed directly rather than as 1 - kept: the difference would lose a small eps's digits.
-  if (norm > 0) {
-    double disc = 0;
-    for (std::int64_t q = n - 1; q >= keep; --q) disc += (all[q].s / norm) * (all[q].s / norm);
-    t.discarded = disc;
-  }
-  return t;
-}
-
 namespace {
 
 // One new centre charge's block of Theta: rows the left sectors c_L in [c, c + d - 1], columns

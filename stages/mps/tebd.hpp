@@ -7,29 +7,10 @@
 #include "backend/backend.hpp"
 #include "kernels/charge_blocks.hpp"
 #include "stages/mps/gates.hpp"
+#include "stages/mps/truncation.hpp"
 #include "stages/mps/u1mps.hpp"
 
 namespace qstage::stages::mps {
-
-// TeNPy's trunc_params (tenpy.algorithms.truncation.truncate), the same names and meaning:
-// keep at most chi_max values, drop values below svd_min (S < svd_min), and drop the smallest values while
-// their summed squares stay <= trunc_cut^2; all on the Schmidt values normalised to 1. A
-// constraint that would keep nothing is not applied.
-struct TruncParams {
-  std::int64_t chi_max = 100;
-  double svd_min = 1e-14;
-  double trunc_cut = 1e-14;
-};
-
-struct Truncation {
-  std::vector<std::int64_t> kept;  // per block, a prefix of its (descending) values
-  double discarded = 0;            // eps: the summed squares of the dropped normalised values
-};
-
-// Global truncation over blocks: `values[b]` are block b's singular values, descending. Values
-// are ranked by (value descending, block ascending, index ascending), so ties are cut the same
-// way every time.
-Truncation truncate(const std::vector<std::vector<double>>& values, const TruncParams& p);
 
 // Where the time of the two-site updates went (seconds, measured at the stream's synchronisations).
 struct UpdateTimings {

@@ -97,18 +97,12 @@ struct Params {
     r.gpu_svd_from = p.at("gpu_svd_from").get<std::int64_t>();
     if (r.gpu_svd_from < 0) throw InputError(fmt::format("parameter 'gpu_svd_from' is {}; expected 0 or more", r.gpu_svd_from));
     r.checkpoint_every = p.value("checkpoint_every", 0);
-    const json& t = p.at("trunc");
-    // (the schema fills in top-level defaults only: the nested ones are here)
-    r.trunc.chi_max = t.value("chi_max", std::int64_t{100});
-    r.trunc.svd_min = t.value("svd_min", 1e-14);
-    r.trunc.trunc_cut = t.value("trunc_cut", 1e-14);
+    // (the schema fills in top-level defaults only: the nested ones are TruncParams')
+    r.trunc = trunc_params_from_json(p.at("trunc"), "trunc", false);  // (compute() sets the input's defaults)
     if (r.measure_every < 1) throw InputError(fmt::format("parameter 'measure_every' is {}; expected at least 1", r.measure_every));
     if (r.checkpoint_every < 0)
       throw InputError(fmt::format("parameter 'checkpoint_every' is {}; expected 0 (by the run's checkpoint interval) or "
                                    "a number of time steps >= 1", r.checkpoint_every));
-    if (r.trunc.chi_max < 1) throw InputError(fmt::format("parameter 'trunc.chi_max' is {}; expected at least 1", r.trunc.chi_max));
-    if (r.trunc.svd_min < 0 || r.trunc.trunc_cut < 0)
-      throw InputError("parameters 'trunc.svd_min' and 'trunc.trunc_cut' must be >= 0");
     return r;
   }
 };
@@ -233,6 +227,18 @@ int restore(const KernelContext& ctx, const Evolution& ev, U1Mps& psi, Measureme
   }
 }
 
+// The truncation error the input state carries: mps.init's compression (its attribute), or the
+// last accumulated value of an mps.tebd output; 0 if neither is there.
+double input_truncation_error(const h5::File& in) {
+  if (in.has_attribute("truncation_error")) return in.double_attribute("truncation_error");
+  if (!in.exists("truncation_error")) return 0;
+  const h5::Dataset ds = in.open_dataset("truncation_error");
+  std::vector<double> v(shape_elements(ds.shape()));
+  if (ds.dtype() != DType::float64 || v.empty()) return 0;
+  ds.read_all(v.data());
+  return v.back();
+}
+
 class TebdStage final : public ComputedStage {
  public:
   const StageInfo& info() const override {
@@ -283,16 +289,17 @@ class TebdStage final : public ComputedStage {
     U1Mps psi = read_mps(in);
     ModelParams model = p.model;
     model.density_matrix = psi.pair();
+    const TruncParams trunc = trunc_params_from_json(ctx.params.at("trunc"), "trunc", psi.pair());
     const Evolution ev = make_evolution(model, psi.L, psi.d);
     Measurements m;
-    double eps = 0, kept = 1;
+    double eps = input_truncation_error(in), kept = 1;
     // (a resumed run: the committed state replaces psi, m, eps and kept)
     const int done = restore(ctx, ev, psi, m, eps, kept);
     m.width = static_cast<std::size_t>(psi.total_charge + 1);
     LayerUpdater updater(*ctx.backend, p.gpu_svd_from);
     if (done == 0) m.take(psi, ev.times[0], eps, 1 - kept, ev.terms);
     for (int step = done + 1; step <= ev.steps; ++step) {
-      apply_step(psi, ev, step, p.trunc, eps, kept, updater);
+      apply_step(psi, ev, step, trunc, eps, kept, updater);
       if (step % p.measure_every == 0 || step == ev.steps) m.take(psi, ev.times[step], eps, 1 - kept, ev.terms);
       if (ctx.checkpoints) {  // (due() also draws the progress line: asked every step)
         const bool due = ctx.checkpoints->due(step, ev.steps, ev.terms.empty() ? "beam splitters" : "time steps");
@@ -353,8 +360,9 @@ class TebdStage final : public ComputedStage {
                               "(and any truncation) took"
                             : "<psi|psi>^(1/2), contracted without assuming canonical form");
     detail::write_array(out, "truncation_error", DType::float64, {T}, eps.data(),
-                        "accumulated discarded weight: the sum over this step's two-site updates so far of eps = sum of the "
-                        "discarded squared Schmidt values (normalised to 1 before the cut), as TeNPy's TruncationError.eps");
+                        "accumulated discarded weight: the input's own (mps.init's compression, or an earlier mps.tebd's) plus the "
+                        "sum over this step's two-site updates so far of eps = sum of the discarded squared Schmidt values "
+                        "(normalised to 1 before the cut), as TeNPy's TruncationError.eps");
     if (!circuit)
       detail::write_array(out, "energy", DType::float64, {T}, energy.data(),
                           "<H>: the sum of the bond terms' expectations (B form), the field included");

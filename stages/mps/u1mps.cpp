@@ -206,12 +206,11 @@ void normalise_boundary(U1Mps& psi, const std::map<int, std::vector<cplx>>& carr
   b0 = std::move(kept);
 }
 
-}  // namespace
-
-void canonicalize(U1Mps& psi) {
+// Right to left: per left sector, [B(c_L, c_R) ...] = U S Vh; the site keeps Vh (orthonormal
+// rows), U S moves into the site on the left. Leaves psi right-canonical with norm 1 (bond 0's
+// lambda sqrt P(N)); the inner bonds' lambda are placeholders until the left-to-right sweep.
+void right_to_left_sweep(U1Mps& psi) {
   const int L = psi.L;
-  // Right to left: per left sector, [B(c_L, c_R) ...] = U S Vh; the site keeps Vh (orthonormal
-  // rows), U S moves into the site on the left.
   for (int j = L - 1; j >= 0; --j) {
     Site& s = psi.sites[j];
     std::map<int, std::vector<double>> new_bond;
@@ -260,6 +259,15 @@ void canonicalize(U1Mps& psi) {
     }
     drop_empty_blocks(psi.sites[j - 1]);
   }
+}
+
+// Left to right, on a right-canonical psi: sets every inner bond's lambda to its Schmidt values.
+// With `trunc`, each bond is cut there (the global truncation over its charges) before the sweep
+// moves on: the SVD compression of an MPS, each cut optimal given the ones left of it. Returns
+// the summed discarded weight (each cut's, normalised to the state at that point).
+double left_to_right_sweep(U1Mps& psi, const TruncParams* trunc) {
+  const int L = psi.L;
+  double discarded = 0;
   // Left to right: X_j (per sector of bond j, the left part's gauge) times B[j], grouped by right
   // charge, is U S V; lambda[j+1] = S, B[j+1] <- V B[j+1], B[j] <- B[j] V^dagger.
   // Bond 0's gauge is diag(lambda[0]): with a mixed boundary the left part is the record of N.
@@ -275,8 +283,10 @@ void canonicalize(U1Mps& psi) {
     std::map<int, std::vector<cplx>> rot;  // per right charge: V, keep x old size
     std::map<int, std::vector<cplx>> next_x;
     std::map<int, std::int64_t> next_rows;
+    // Per right charge c: X(c_L) B(c_L, c) stacked over c_L, and its SVD.
+    std::vector<std::pair<int, Svd>> factors;
+    std::vector<std::int64_t> cols;
     for (auto& [c, g] : groups_by_right(s)) {
-      // Stack X(c_L) B(c_L, c) over c_L.
       std::int64_t rows = 0;
       for (std::size_t bi : g.blocks) rows += x_rows.at(s.blocks[bi].c_left);
       std::vector<cplx> m(static_cast<std::size_t>(rows * g.cols));
@@ -287,11 +297,27 @@ void canonicalize(U1Mps& psi) {
         matmul(x.at(b.c_left).data(), b.values.data(), &m[row0 * g.cols], xr, b.rows, b.cols);
         row0 += xr;
       }
-      Svd f = svd(m.data(), rows, g.cols);
+      factors.emplace_back(c, svd(m.data(), rows, g.cols));
+      cols.push_back(g.cols);
+    }
+    // What each charge keeps: its values above 1e-14 (zero weight), and the global cut if asked.
+    std::vector<std::int64_t> limit(factors.size());
+    if (trunc) {
+      std::vector<std::vector<double>> values;
+      for (const auto& [c, f] : factors) values.push_back(f.s);
+      const Truncation t = truncate(values, *trunc);
+      limit = t.kept;
+      discarded += t.discarded;
+    } else {
+      for (std::size_t i = 0; i < factors.size(); ++i) limit[i] = factors[i].second.rank;
+    }
+    for (std::size_t i = 0; i < factors.size(); ++i) {
+      const auto& [c, f] = factors[i];
+      const std::int64_t n_cols = cols[i];
       std::int64_t keep = 0;
-      while (keep < f.rank && f.s[keep] > 1e-14) ++keep;
+      while (keep < std::min(f.rank, limit[i]) && f.s[keep] > 1e-14) ++keep;
       lam[c].assign(f.s.begin(), f.s.begin() + keep);
-      rot[c].assign(f.vh.begin(), f.vh.begin() + keep * g.cols);
+      rot[c].assign(f.vh.begin(), f.vh.begin() + keep * n_cols);
       std::vector<cplx> sx(static_cast<std::size_t>(keep * keep));
       for (std::int64_t p = 0; p < keep; ++p) sx[p * keep + p] = f.s[p];
       next_x[c] = std::move(sx);
@@ -324,6 +350,49 @@ void canonicalize(U1Mps& psi) {
     x_rows = std::move(next_rows);
   }
   psi.bonds[L] = {{0}, {1.0}};
+  return discarded;
+}
+
+}  // namespace
+
+// A mixed boundary is cut like an inner bond: bond 0's lambda are the Schmidt values between
+// the record of the total N and the sites (one index per N), so the totals of smallest weight go.
+// (Density matrices: the pairs (N_ket, N_bra) far off the diagonal.) Returns the discarded weight.
+double cut_boundary(U1Mps& psi, const TruncParams& trunc) {
+  Bond& b0 = psi.bonds[0];
+  std::vector<std::vector<double>> values;
+  for (double l : b0.lambda) values.push_back({l});
+  const Truncation t = truncate(values, trunc);
+  Bond kept;
+  std::set<int> dropped;
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    if (t.kept[i] == 0) {
+      dropped.insert(b0.charges[i]);
+      continue;
+    }
+    kept.charges.push_back(b0.charges[i]);
+    kept.lambda.push_back(b0.lambda[i]);
+  }
+  if (dropped.empty()) return 0;
+  std::erase_if(psi.sites[0].blocks, [&](const Block& b) { return dropped.count(b.c_left) > 0; });
+  b0 = std::move(kept);
+  // (the sites stay right-canonical; charges of inner bonds that only the dropped totals reached
+  // have no block on their left any more, and the sweep left to right drops them)
+  return t.discarded;
+}
+
+void canonicalize(U1Mps& psi) {
+  right_to_left_sweep(psi);
+  left_to_right_sweep(psi, nullptr);
+}
+
+double compress(U1Mps& psi, const TruncParams& trunc) {
+  right_to_left_sweep(psi);
+  double discarded = cut_boundary(psi, trunc);
+  discarded += left_to_right_sweep(psi, &trunc);
+  // The cuts leave the sites left of each one off right-canonical form: canonicalise again.
+  canonicalize(psi);
+  return discarded;
 }
 
 U1Mps random_state(int L, int d, int total_charge, int chi, std::uint64_t seed) {

@@ -18,6 +18,7 @@
 
 #include "io/h5.hpp"
 #include "kernels/u1_math.hpp"
+#include "stages/mps/truncation.hpp"
 
 namespace qstage::stages::mps {
 
@@ -86,6 +87,13 @@ U1Mps random_state(int L, int d, int total_charge, int chi, std::uint64_t seed);
 // right-to-left sweep of per-sector SVDs then a left-to-right one; indices whose Schmidt value is
 // zero (below 1e-14 of the largest) are dropped.
 void canonicalize(U1Mps& psi);
+
+// Truncates psi to `trunc` (TeNPy's parameters, the global cut over each bond's charges) by the
+// SVD compression sweep: right-canonicalise, then cut each bond from left to right on its exact
+// Schmidt values, then canonicalise again. Returns the summed discarded weight (each cut's,
+// relative to the state it cut). A density matrix (n_pair) keeps rho = weight * (this): the
+// weight loses what the cuts took, as after a truncated update.
+double compress(U1Mps& psi, const TruncParams& trunc);
 
 // --- measurements (B form: they assume right-canonical tensors and Schmidt lambdas)
 

@@ -391,6 +391,70 @@ def test_small_chi_max_truncates_and_reports_the_discarded_weight(tmp):
     assert 0 < np.abs(dens - dens2).max() < 10 * np.sqrt(eps[-1])
 
 
+def with_record(m):
+    """The state with bond 0's index (the total N of a mixed boundary) kept as a leg left of site
+    0, shape (N's, d, ..., d): its Schmidt values are what the MPS's lambda are (docs/mps.md)."""
+    psi = np.diag(np.asarray(m["bonds"][0][1], complex))
+    for Bj in m["B"]:
+        psi = np.einsum("pa,ajb->pjb", psi, Bj).reshape(-1, Bj.shape[2])
+    return psi.reshape([-1] + [m["d"]] * m["L"])
+
+
+def schmidt_with_record(psi, k):
+    s = np.linalg.svd(psi.reshape(psi.shape[0] * psi.shape[1] ** k, -1), compute_uv=False)
+    return s[s > 1e-15]
+
+
+def best_cut(psi, k, chi):
+    """The weight the best rank-chi approximation at bond k alone discards (normalised)."""
+    p = schmidt_with_record(psi, k) ** 2
+    p = np.sort(p / p.sum())[::-1]
+    return p[chi:].sum()
+
+
+@pytest.mark.parametrize("params,chi_max", [
+    ("L: 8, d: 2, state: random, total_charge: 4, chi: 16, seed: 3", 4),
+    ("L: 4, d: 5, state: squeezed, squeezing: 0.6", 3),  # a mixed boundary: bond 0 is cut as well
+])
+def test_mps_init_compresses_to_chi_max_with_an_honest_error(tmp, params, chi_max):
+    r, out = run_steps(tmp, init_step("{" + params + "}", "exact") +
+                       init_step("{" + params + f", trunc: {{chi_max: {chi_max}}}" + "}", "cut") +
+                       init_step("{" + params + ", trunc: {chi_max: 10000}}", "uncut") +
+                       tebd_step(f"{{model: bose_hubbard, J: 1, U: 1, dt: 0.05, steps: 1, trunc: {{chi_max: {chi_max}}}}}", state="cut"))
+    assert r.code == 0, r
+    exact, cut = load_mps(out / "exact.h5"), load_mps(out / "cut.h5")
+    psi, phi = with_record(exact), with_record(cut)
+    if psi.shape[0] != phi.shape[0]:  # totals dropped from bond 0: align the records by N
+        full = np.zeros_like(psi)
+        rows = {c: i for i, c in enumerate(exact["bonds"][0][0])}
+        for i, c in enumerate(cut["bonds"][0][0]):
+            full[rows[c]] = phi[i]
+        phi = full
+    with h5py.File(out / "cut.h5") as f:
+        eps = float(f.attrs["truncation_error"])
+    assert all(len(c) <= chi_max for c, _ in cut["bonds"])
+    assert max(len(c) for c, _ in exact["bonds"]) > chi_max
+    # a normalised, right-canonical state whose lambda are its own Schmidt values
+    assert abs(np.linalg.norm(phi) - 1) < 1e-12
+    for Bj in cut["B"]:
+        g = np.einsum("ajb,cjb->ac", Bj, Bj.conj())
+        assert np.abs(g - np.eye(len(g))).max() < 1e-12
+    for k in range(1, cut["L"]):
+        np.testing.assert_allclose(np.sort(cut["bonds"][k][1])[::-1], schmidt_with_record(phi, k), rtol=0, atol=1e-12)
+    # the error it reports bounds the infidelity, and no single cut can do better than it
+    infidelity = 1 - abs(np.vdot(psi, phi)) ** 2
+    assert eps > 1e-4
+    assert infidelity <= eps * (1 + 1e-9) + 1e-13
+    assert eps >= max(best_cut(psi, k, chi_max) for k in range(1, cut["L"])) - 1e-13
+    # nothing to cut: the same state, no error
+    uncut = with_record(load_mps(out / "uncut.h5"))
+    assert np.abs(uncut - psi).max() < 1e-12
+    with h5py.File(out / "uncut.h5") as f:
+        assert float(f.attrs["truncation_error"]) < 1e-20
+    # mps.tebd's accumulated error starts from the input's
+    assert read(out / "evo.h5", "truncation_error")[0][0] == eps
+
+
 # ---------------------------------------------------------------- (f) bad input
 
 @pytest.mark.parametrize("params,fragments", [

@@ -250,6 +250,28 @@ def test_a_truncated_lossy_interferometer_reports_its_error(tmp):
     assert abs(norm[-1] - norm_exact[-1]) > 1e-6
 
 
+def test_mps_init_compresses_a_lossy_input_to_chi_max(tmp):
+    """seed 001's Table I starts from lossy squeezed inputs whose exact bonds (bond 0's pairs
+    (N_ket, N_bra) included) are far above chi_max: mps.init's trunc cuts them on the Schmidt
+    values of the vectorised rho, the error bounds the Frobenius infidelity, and the weight keeps
+    rho = weight * (the state)."""
+    spec = "L: 4, d: 4, state: squeezed, squeezing: [0.8, 0.8, 0.8, 0], eta: 0.45"
+    r, out = run_steps(tmp, init_step("{" + spec + "}", "exact") + init_step("{" + spec + ", trunc: {chi_max: 6}}", "cut"))
+    assert r.code == 0, r
+    rho, keys = load_rho(out / "exact.h5")
+    sigma, cut_keys = load_rho(out / "cut.h5")
+    with h5py.File(out / "cut.h5") as f:
+        eps, w = float(f.attrs["truncation_error"]), float(f.attrs["weight"])
+    assert max(len(k) for k in keys) > 6 and max(len(k) for k in cut_keys) <= 6
+    v, u = rho.ravel(), sigma.ravel()
+    infidelity = 1 - abs(np.vdot(v, u)) ** 2 / (np.vdot(v, v).real * np.vdot(u, u).real)
+    assert 1e-6 < eps and infidelity <= eps * (1 + 1e-9) + 1e-13
+    # the weight holds what the cut took: |sigma|_F = |rho|_F (1 - what the cuts discarded)^(1/2) at most
+    assert np.linalg.norm(u) <= np.linalg.norm(v) * (1 + 1e-12)
+    assert abs(np.trace(sigma).real - 1) < 10 * np.sqrt(eps)
+    np.testing.assert_allclose(sigma, sigma.conj().T, atol=1e-12)
+
+
 # ---------------------------------------------------------------- bad input
 
 @pytest.mark.parametrize("params,fragments", [

@@ -242,6 +242,23 @@ TEST(MpsTruncation, GlobalRankingTiesAndTenpyConstraints) {
   t = truncate(s, {100, 10.0, 0});
   EXPECT_EQ(t.kept, (std::vector<std::int64_t>{2, 2, 1}));
   EXPECT_EQ(t.discarded, 0.0);
+  // degeneracy_tol: chi_max 2 would split the tied 0.5s, so the cut keeps only 0.6; chi_max 3
+  // cuts between 0.5 and 0.3 (log ratio 0.51), allowed at 0.5, not at 0.6
+  t = truncate(s, {2, 0, 0, 0, 1e-12});
+  EXPECT_EQ(t.kept, (std::vector<std::int64_t>{1, 0, 0}));
+  t = truncate(s, {4, 0, 0, 0, 0.5});
+  EXPECT_EQ(t.kept, (std::vector<std::int64_t>{2, 1, 0}));
+  EXPECT_NEAR(t.discarded, (0.09 + 0.04) / total, 1e-15);
+  // at 0.6 only keeping all 5 avoids a group, which chi_max 4 excludes: degeneracy_tol is not applied
+  t = truncate(s, {4, 0, 0, 0, 0.6});
+  EXPECT_EQ(t.kept, (std::vector<std::int64_t>{2, 2, 0}));
+  // chi_min 4 and svd_min 0.45 (which would keep 3) exclude each other: the later, svd_min, is not applied
+  t = truncate(s, {100, 0.45, 0, 4, 0});
+  EXPECT_EQ(t.kept, (std::vector<std::int64_t>{2, 2, 1}));
+  t = truncate(s, {100, 0.45, 0, 3, 0});
+  EXPECT_EQ(t.kept, (std::vector<std::int64_t>{2, 1, 0}));
+  t = truncate(s, {2, 0, 0, 4, 0});
+  EXPECT_EQ(t.kept, (std::vector<std::int64_t>{2, 0, 0}));
 }
 
 TEST(MpsTruncation, OneTruncatedUpdateKeepsTheLargestSchmidtValuesOverAllCharges) {
