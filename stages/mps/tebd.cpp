@@ -3,14 +3,17 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <map>
 #include <mutex>
 #include <numeric>
+#include <tuple>
 #include <unordered_map>
 
 #include <omp.h>
 
+#include "kernels/charge_tiles.hpp"
 #include "kernels/u1_math.hpp"
 #include "stages/mps/linalg.hpp"
 
@@ -30,13 +33,87 @@ struct ChargeBlock {
 // What one two-site update computes, planned on the host: the charge blocks of C(c) = gate (B B),
 // the products of sector blocks that fill them (seed 001 eq. 16: the gate entry looked up by
 // the charges) and where each site block sits in the packed input.
+// Pairs of outer sectors whose products are small (terms m n <= kernels::kTileMaxTermsMn) take
+// the gather form of kernels/charge_tiles (no scatter list: with a density matrix's thousands of
+// 1 x 1 sectors that list ran out of memory); the others the products and scatters of
+// kernels/charge_blocks. Either way each Theta element sums the same terms in the same order.
 struct BondPlan {
   std::vector<ChargeBlock> blocks;
   std::vector<kernels::ChargeProduct> products;
   std::vector<kernels::ChargeScatter> scatters;
   std::vector<std::pair<const Block*, std::int64_t>> inputs;  // site blocks and their packed offsets
   std::int64_t input_size = 0, c_size = 0, scratch_size = 0;
+  // The gather form's pairs, terms and tables (kernels::TileTables without its pointers).
+  std::vector<kernels::TilePair> tile_pairs;
+  std::vector<kernels::TileTerm> tile_terms;
+  std::vector<std::int64_t> block_offset, block_cols;
+  std::vector<std::int32_t> rows_of, cols_of, block_at;
+  kernels::TileTables grid;
 };
+
+// The gather form's arrays and the gate table in one blob, as the backend gets them in one copy.
+struct TileBlob {
+  std::size_t gate = 0, pairs = 0, terms = 0, block_offset = 0, block_cols = 0, rows_of = 0, cols_of = 0, block_at = 0, size = 0;
+  explicit TileBlob(const BondPlan& p, std::size_t gate_entries) {
+    auto add = [&](std::size_t& at, std::size_t bytes) {
+      at = size;
+      size += (bytes + 63) / 64 * 64;
+    };
+    add(gate, gate_entries * sizeof(cplx));
+    add(pairs, p.tile_pairs.size() * sizeof(kernels::TilePair));
+    add(terms, p.tile_terms.size() * sizeof(kernels::TileTerm));
+    add(block_offset, p.block_offset.size() * sizeof(std::int64_t));
+    add(block_cols, p.block_cols.size() * sizeof(std::int64_t));
+    add(rows_of, p.rows_of.size() * sizeof(std::int32_t));
+    add(cols_of, p.cols_of.size() * sizeof(std::int32_t));
+    add(block_at, p.block_at.size() * sizeof(std::int32_t));
+  }
+  void pack(const BondPlan& p, const GateTable& g, char* out) const {
+    auto put = [&](std::size_t at, const auto& v) {
+      if (!v.empty()) std::memcpy(out + at, v.data(), v.size() * sizeof(v[0]));
+    };
+    put(gate, g.u), put(pairs, p.tile_pairs), put(terms, p.tile_terms), put(block_offset, p.block_offset);
+    put(block_cols, p.block_cols), put(rows_of, p.rows_of), put(cols_of, p.cols_of), put(block_at, p.block_at);
+  }
+  // The tables, pointing into a packed blob at `base` (host or backend memory).
+  kernels::TileTables tables(const BondPlan& p, const char* base) const {
+    kernels::TileTables t = p.grid;
+    t.pairs = reinterpret_cast<const kernels::TilePair*>(base + pairs);
+    t.terms = reinterpret_cast<const kernels::TileTerm*>(base + terms);
+    t.block_offset = reinterpret_cast<const std::int64_t*>(base + block_offset);
+    t.block_cols = reinterpret_cast<const std::int64_t*>(base + block_cols);
+    t.rows_of = reinterpret_cast<const std::int32_t*>(base + rows_of);
+    t.cols_of = reinterpret_cast<const std::int32_t*>(base + cols_of);
+    t.block_at = reinterpret_cast<const std::int32_t*>(base + block_at);
+    return t;
+  }
+};
+
+// The gather form's lookup tables over the plan's blocks.
+void build_tile_tables(BondPlan& plan, const kernels::ChargeRule& rule) {
+  kernels::TileTables& g = plan.grid;
+  g.rule = rule;
+  g.pair_count = static_cast<std::int64_t>(plan.tile_pairs.size());
+  const int D = rule.local_dim();
+  int k_lo = std::numeric_limits<int>::max(), k_hi = std::numeric_limits<int>::min(), b_lo = k_lo, b_hi = k_hi;
+  for (const ChargeBlock& cb : plan.blocks) {
+    const int k = rule.pair() ? kernels::pair_ket(cb.charge) : cb.charge, b = rule.pair() ? kernels::pair_bra(cb.charge) : 0;
+    k_lo = std::min(k_lo, k), k_hi = std::max(k_hi, k), b_lo = std::min(b_lo, b), b_hi = std::max(b_hi, b);
+  }
+  g.ket0 = k_lo, g.kets = k_hi - k_lo + 1, g.bra0 = b_lo, g.bras = b_hi - b_lo + 1;
+  plan.block_at.assign(static_cast<std::size_t>(g.kets) * g.bras, -1);
+  plan.rows_of.assign(plan.blocks.size() * D, -1);
+  plan.cols_of.assign(plan.blocks.size() * D, -1);
+  for (std::size_t i = 0; i < plan.blocks.size(); ++i) {
+    const ChargeBlock& cb = plan.blocks[i];
+    const int k = rule.pair() ? kernels::pair_ket(cb.charge) : cb.charge, b = rule.pair() ? kernels::pair_bra(cb.charge) : 0;
+    plan.block_at[static_cast<std::size_t>(k - g.ket0) * g.bras + (b - g.bra0)] = static_cast<std::int32_t>(i);
+    plan.block_offset.push_back(cb.offset);
+    plan.block_cols.push_back(cb.n);
+    for (std::size_t q = 0; q < cb.rows.size(); ++q) plan.rows_of[i * D + rule.local(cb.rows[q].charge, cb.charge)] = static_cast<std::int32_t>(cb.row0[q]);
+    for (std::size_t q = 0; q < cb.cols.size(); ++q) plan.cols_of[i * D + rule.local(cb.charge, cb.cols[q].charge)] = static_cast<std::int32_t>(cb.col0[q]);
+  }
+}
 
 // The charges c with lo <= c <= hi componentwise (n_pair: every key whose components lie between
 // those of lo and hi), ascending.
@@ -115,11 +192,22 @@ BondPlan plan_bond(const U1Mps& psi, int j, const GateTable& gate) {
       // (c_L, c'), so they are one run, in the ascending order of the centre bond's sectors.
       const auto first = std::lower_bound(a.blocks.begin(), a.blocks.end(), l.charge,
                                           [](const Block& blk, int c) { return blk.c_left < c; });
+      std::vector<std::tuple<const Block*, const Block*, Sector>> terms;
       for (auto it = first; it != a.blocks.end() && it->c_left == l.charge; ++it) {
         const Block* x = &*it;
         const Sector mid = psi.bonds[j + 1].sector(x->c_right);
         const Block* y = b.find(mid.charge, r.charge);
-        if (!y) continue;
+        if (y) terms.emplace_back(x, y, mid);
+      }
+      if (terms.empty()) continue;
+      if (l.size * r.size * static_cast<std::int64_t>(terms.size()) <= kernels::kTileMaxTermsMn) {
+        plan.tile_pairs.push_back({l.charge, r.charge, l.size, r.size, static_cast<std::int64_t>(plan.tile_terms.size()),
+                                   static_cast<std::int64_t>(terms.size())});
+        plan.grid.max_terms_mn = std::max(plan.grid.max_terms_mn, l.size * r.size * static_cast<std::int64_t>(terms.size()));
+        for (const auto& [x, y, mid] : terms) plan.tile_terms.push_back({input(x), input(y), mid.size, mid.charge});
+        continue;
+      }
+      for (const auto& [x, y, mid] : terms) {
         kernels::ChargeProduct p{input(x), input(y), l.size, mid.size, r.size,
                                  static_cast<std::int64_t>(plan.scatters.size()), 0};
         for (int c : centres) {
@@ -137,6 +225,7 @@ BondPlan plan_bond(const U1Mps& psi, int j, const GateTable& gate) {
         plan.products.push_back(p);
       }
     }
+  if (!plan.tile_pairs.empty()) build_tile_tables(plan, rule);
   return plan;
 }
 
@@ -148,6 +237,21 @@ std::vector<double> row_lambdas(const BondPlan& plan, const Bond& left, std::vec
     for (const Sector& s : cb.rows) scale.insert(scale.end(), left.lambda.begin() + s.offset, left.lambda.begin() + s.offset + s.size);
   }
   return scale;
+}
+
+// C(c) of the plan on the backend: the products and their scatters, then the gather form's pairs.
+// `buffers(bytes)` gives the gather form's blob a host staging buffer and one on the backend (the
+// tables and the gate go over in one copy).
+template <class Buffers>
+void fill_c(Backend& be, Stream& st, const BondPlan& plan, const GateTable& gate, const cplx* sites, cplx* c, cplx* scratch,
+            Buffers&& buffers) {
+  kernels::charge_products(st, sites, plan.products, plan.scatters, c, plan.c_size, scratch);
+  if (plan.tile_pairs.empty()) return;
+  const TileBlob blob(plan, gate.u.size());
+  const auto [staged, on_backend] = buffers(blob.size);
+  blob.pack(plan, gate, staged);
+  if (on_backend != staged) be.copy_to_device(on_backend, staged, blob.size, st);
+  kernels::charge_tiles(st, sites, reinterpret_cast<const cplx*>(on_backend + blob.gate), blob.tables(plan, on_backend), c);
 }
 
 std::unique_ptr<Backend> host_backend() {
@@ -177,7 +281,11 @@ double bond_expectation(const U1Mps& psi, int j, const GateTable& op) {
     const BondPlan plan = plan_bond(psi, j, *g);
     std::vector<cplx> in(plan.input_size), c(plan.c_size), scratch(plan.scratch_size), t(plan.c_size);
     for (const auto& [x, offset] : plan.inputs) std::copy(x->values.begin(), x->values.end(), in.begin() + offset);
-    kernels::charge_products(*stream, in.data(), plan.products, plan.scatters, c.data(), plan.c_size, scratch.data());
+    std::vector<char> blob;
+    fill_c(*host, *stream, plan, *g, in.data(), c.data(), scratch.data(), [&](std::size_t bytes) {
+      blob.resize(bytes);
+      return std::pair{blob.data(), blob.data()};
+    });
     std::vector<kernels::ScaledRows> rows;
     const std::vector<double> scale = row_lambdas(plan, psi.bonds[j], rows);
     kernels::scale_rows(*stream, c.data(), scale.data(), rows, t.data());
@@ -204,7 +312,7 @@ struct BondUpdater::Workspace {
       return buffer.as<T>();
     }
   };
-  Grown sites, c, theta, scale, s, vh, out, scratch, svd, host_in, host_scale, host_s, host_out;
+  Grown sites, c, theta, scale, s, vh, out, scratch, svd, tiles, host_in, host_scale, host_s, host_out, host_tiles;
 };
 
 BondUpdater::BondUpdater(Backend& backend, std::int64_t gpu_svd_from)
@@ -236,10 +344,15 @@ double BondUpdater::update(U1Mps& psi, int j, const GateTable& gate, const Trunc
   cplx* c = w.c.get<cplx>(be, plan.c_size, true, "mps: C blocks");
   cplx* theta = w.theta.get<cplx>(be, plan.c_size, true, "mps: Theta blocks");
   cplx* scratch = w.scratch.get<cplx>(be, plan.scratch_size, true, "mps: product scratch");
-  kernels::charge_products(st, sites, plan.products, plan.scatters, c, plan.c_size, scratch);
+  fill_c(be, st, plan, gate, sites, c, scratch, [&](std::size_t bytes) {
+    const auto n = static_cast<std::int64_t>(bytes);
+    return std::pair{w.host_tiles.get<char>(be, n, false, "mps: staged tile tables"), w.tiles.get<char>(be, n, true, "mps: tile tables")};
+  });
   kernels::scale_rows(st, c, scale, rows, theta);
   st.synchronize();
   timings_.theta += seconds_since(clock);
+  timings_.products += static_cast<std::int64_t>(plan.products.size());
+  timings_.gathered_pairs += static_cast<std::int64_t>(plan.tile_pairs.size());
 
   // One SVD per charge block.
   std::vector<kernels::SvdProblem> problems;
