@@ -275,7 +275,8 @@ class TebdStage final : public ComputedStage {
         "linear-optical interferometer (nearest-neighbour beam splitters, given or from a Haar-random unitary) applied as "
         "a circuit; charge-blocked updates with one SVD per charge block and TeNPy's truncation; densities, entropies, "
         "the centre bond's charge distribution, norm, energy, truncation error and bond dimensions every measure_every "
-        "steps (an interferometer's step is one beam splitter)",
+        "steps (an interferometer's step is one beam splitter); complex128 or complex64 arithmetic, the latter's error against a "
+        "complex128 evolution alongside on request",
         {{"state", "an mps.init (or mps.tebd) output"}},
         "- id: quench\n  stage: mps.tebd\n  inputs: {state: psi0}\n"
         "  params: {J: 1, delta: 0.5, dt: 0.05, steps: 40, trunc: {chi_max: 64}}\n"
