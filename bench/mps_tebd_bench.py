@@ -56,6 +56,8 @@ def parse():
     p.add_argument("--dir", default="/tmp/mps-tebd-bench")
     p.add_argument("--json", default=None, help="also write all rows to this file")
     p.add_argument("--no-tenpy", action="store_true", help="time qstage alone")
+    p.add_argument("--precision", default="complex128", choices=("complex128", "complex64"),
+                   help="mps.tebd's precision in the timed steps (the warm-up runs in complex128)")
     return p.parse_args()
 
 
@@ -118,11 +120,11 @@ steps:
 {warm}  - id: one
     stage: mps.tebd
     inputs: {{state: warm}}
-    params: {{{model}, steps: 1, {trunc}}}
+    params: {{{model}, steps: 1, precision: {ARGS.precision}, {trunc}}}
   - id: more
     stage: mps.tebd
     inputs: {{state: warm}}
-    params: {{{model}, steps: {1 + ARGS.steps}, measure_every: {1 + ARGS.steps}, {trunc}}}
+    params: {{{model}, steps: {1 + ARGS.steps}, measure_every: {1 + ARGS.steps}, precision: {ARGS.precision}, {trunc}}}
 """)
     cmd = [ARGS.qstage, "run", str(d / "spec.yaml"), "--run-dir", str(d / "run"), "--device", ARGS.device]
     t = time.time()
@@ -188,7 +190,7 @@ def tenpy_run(chi, warm_path):
 def main():
     info = {"L": ARGS.L, "dt": ARGS.dt, "order": ARGS.order, "J": ARGS.J, "delta": ARGS.delta,
             "svd_min": ARGS.svd_min, "trunc_cut": ARGS.trunc_cut, "warm_steps": ARGS.warm_steps,
-            "timed_steps": ARGS.steps, "device": ARGS.device, "threads": ARGS.threads, "tenpy": TENPY,
+            "timed_steps": ARGS.steps, "precision": ARGS.precision, "device": ARGS.device, "threads": ARGS.threads, "tenpy": TENPY,
             "numpy": np.__version__, "blas": blas_info()}
     print(f"# {json.dumps(info)}")
     print("| chi_max | warm-up chi | qstage s/step | TeNPy s/step | TeNPy / qstage | max chi qstage / TeNPy | "

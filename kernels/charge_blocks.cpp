@@ -7,31 +7,33 @@
 
 namespace qstage::kernels {
 
-void charge_products(Stream& stream, const cplx128* sites, const std::vector<ChargeProduct>& products,
-                     const std::vector<ChargeScatter>& scatters, cplx128* c, std::int64_t c_size, cplx128* scratch) {
+template <typename T>
+void charge_products(Stream& stream, const T* sites, const std::vector<ChargeProduct>& products,
+                     const std::vector<ChargeScatter>& scatters, T* c, std::int64_t c_size, T* scratch) {
   QSTAGE_DISPATCH(
       stream,
-      std::fill(c, c + c_size, cplx128{});
+      std::fill(c, c + c_size, T{});
       for (const ChargeProduct& p : products) {
         matmul(sites + p.x, sites + p.y, scratch, p.m, p.k, p.n);
         for (std::int64_t s = p.first; s < p.first + p.count; ++s) {
           const ChargeScatter& d = scatters[s];
+          const T u = static_cast<T>(d.u);
           for (std::int64_t r = 0; r < p.m; ++r)
-            for (std::int64_t col = 0; col < p.n; ++col) c[d.offset + r * d.ld + col] += d.u * scratch[r * p.n + col];
+            for (std::int64_t col = 0; col < p.n; ++col) c[d.offset + r * d.ld + col] += u * scratch[r * p.n + col];
         }
       },
       detail::charge_products_cuda(stream, sites, products, scatters, c, c_size, scratch));
 }
 
-void scale_rows(Stream& stream, const cplx128* a, const double* scale, const std::vector<ScaledRows>& matrices,
-                cplx128* out) {
+template <typename T>
+void scale_rows(Stream& stream, const T* a, const double* scale, const std::vector<ScaledRows>& matrices, T* out) {
   QSTAGE_DISPATCH(
       stream,
       for (const ScaledRows& x : matrices) {
         for (std::int64_t r = 0; r < x.rows; ++r)
           for (std::int64_t col = 0; col < x.cols; ++col) {
             const std::int64_t e = x.offset + r * x.cols + col;
-            out[e] = a[e] * scale[x.scale_offset + r];
+            out[e] = a[e] * static_cast<Real<T>>(scale[x.scale_offset + r]);
           }
       },
       detail::scale_rows_cuda(stream, a, scale, matrices, out));
@@ -41,7 +43,8 @@ namespace detail {
 
 // Each problem on one single-threaded LAPACK call, problems spread over OpenMP threads when
 // the work is worth waking them (on a busy machine small SVDs cost far less than that).
-void svd_on_host(cplx128* a, const std::vector<SvdProblem>& problems, double* s, cplx128* vh) {
+template <typename T>
+void svd_on_host(T* a, const std::vector<SvdProblem>& problems, Real<T>* s, T* vh) {
   single_threaded_blas();
   double work = 0;
   for (const auto& p : problems) work += static_cast<double>(p.m) * p.n * std::min(p.m, p.n);
@@ -49,7 +52,7 @@ void svd_on_host(cplx128* a, const std::vector<SvdProblem>& problems, double* s,
 #pragma omp parallel for schedule(dynamic) if (count > 1 && work > 2e5)
   for (std::int64_t i = 0; i < count; ++i) {
     const SvdProblem& p = problems[i];
-    const Svd f = svd(a + p.offset, p.m, p.n);
+    const BasicSvd<T> f = svd(a + p.offset, p.m, p.n);
     std::copy(f.s.begin(), f.s.end(), s + p.s_offset);
     std::copy(f.vh.begin(), f.vh.end(), vh + p.vh_offset);
   }
@@ -57,13 +60,15 @@ void svd_on_host(cplx128* a, const std::vector<SvdProblem>& problems, double* s,
 
 }  // namespace detail
 
+template <typename T>
 std::size_t svd_workspace_bytes(Stream& stream, const std::vector<SvdProblem>& problems, std::int64_t gpu_from) {
   std::size_t bytes = 0;
-  QSTAGE_DISPATCH(stream, bytes = 0, bytes = detail::svd_workspace_bytes_cuda(stream, problems, gpu_from));
+  QSTAGE_DISPATCH(stream, bytes = 0, bytes = detail::svd_workspace_bytes_cuda<T>(stream, problems, gpu_from));
   return bytes;
 }
 
-SvdReport batched_svd(Stream& stream, cplx128* a, const std::vector<SvdProblem>& problems, double* s, cplx128* vh,
+template <typename T>
+SvdReport batched_svd(Stream& stream, T* a, const std::vector<SvdProblem>& problems, Real<T>* s, T* vh,
                       void* workspace, std::size_t workspace_bytes, std::int64_t gpu_from) {
   SvdReport report;
   QSTAGE_DISPATCH(
@@ -76,19 +81,34 @@ SvdReport batched_svd(Stream& stream, cplx128* a, const std::vector<SvdProblem>&
   return report;
 }
 
-void times_adjoint(Stream& stream, const cplx128* a, const cplx128* vh, const std::vector<AdjointProduct>& products,
-                   cplx128* out) {
+template <typename T>
+void times_adjoint(Stream& stream, const T* a, const T* vh, const std::vector<AdjointProduct>& products, T* out) {
   QSTAGE_DISPATCH(
       stream,
       for (const AdjointProduct& p : products) {
         // (conj(Vh[q, c]) / divisor laid out n x k, then one product: the bits of the code this replaced)
-        std::vector<cplx128> yd(static_cast<std::size_t>(p.n * p.k));
+        std::vector<T> yd(static_cast<std::size_t>(p.n * p.k));
+        const auto divisor = static_cast<Real<T>>(p.divisor);
         for (std::int64_t q = 0; q < p.k; ++q)
           for (std::int64_t col = 0; col < p.n; ++col)
-            yd[col * p.k + q] = std::conj(vh[p.vh_offset + q * p.n + col]) / p.divisor;
+            yd[col * p.k + q] = std::conj(vh[p.vh_offset + q * p.n + col]) / divisor;
         matmul(a + p.a_offset, yd.data(), out + p.out_offset, p.m, p.n, p.k);
       },
       detail::times_adjoint_cuda(stream, a, vh, products, out));
 }
+
+// The two precisions (mps.tebd's precision parameter).
+#define QSTAGE_CHARGE_BLOCKS(T)                                                                                       \
+  template void charge_products(Stream&, const T*, const std::vector<ChargeProduct>&,                                 \
+                                const std::vector<ChargeScatter>&, T*, std::int64_t, T*);                             \
+  template void scale_rows(Stream&, const T*, const double*, const std::vector<ScaledRows>&, T*);                     \
+  template void detail::svd_on_host(T*, const std::vector<SvdProblem>&, Real<T>*, T*);                                \
+  template std::size_t svd_workspace_bytes<T>(Stream&, const std::vector<SvdProblem>&, std::int64_t);                 \
+  template SvdReport batched_svd(Stream&, T*, const std::vector<SvdProblem>&, Real<T>*, T*, void*, std::size_t,       \
+                                 std::int64_t);                                                                       \
+  template void times_adjoint(Stream&, const T*, const T*, const std::vector<AdjointProduct>&, T*);
+QSTAGE_CHARGE_BLOCKS(cplx128)
+QSTAGE_CHARGE_BLOCKS(cplx64)
+#undef QSTAGE_CHARGE_BLOCKS
 
 }  // namespace qstage::kernels

@@ -16,40 +16,74 @@ void cusolver_check(cusolverStatus_t rc, const char* call, const char* file, int
 }
 #define QSTAGE_CUSOLVER_CHECK(call) cusolver_check((call), #call, __FILE__, __LINE__)
 
-cuDoubleComplex* z(cplx128* p) { return reinterpret_cast<cuDoubleComplex*>(p); }
-const cuDoubleComplex* z(const cplx128* p) { return reinterpret_cast<const cuDoubleComplex*>(p); }
-cuDoubleComplex z(cplx128 v) { return make_cuDoubleComplex(v.real(), v.imag()); }
+// The CUDA types and library calls of each precision: Cu<T>::type is T's CUDA complex type.
+template <typename T>
+struct Cu;
+template <>
+struct Cu<cplx128> {
+  using type = cuDoubleComplex;
+  static constexpr auto gemm = cublasZgemm;
+  static constexpr auto gesvdj_buffer_size = cusolverDnZgesvdj_bufferSize;
+  static constexpr auto gesvdj = cusolverDnZgesvdj;
+  static type make(double re, double im) { return make_cuDoubleComplex(re, im); }
+};
+template <>
+struct Cu<cplx64> {
+  using type = cuFloatComplex;
+  static constexpr auto gemm = cublasCgemm;
+  static constexpr auto gesvdj_buffer_size = cusolverDnCgesvdj_bufferSize;
+  static constexpr auto gesvdj = cusolverDnCgesvdj;
+  static type make(double re, double im) { return make_cuFloatComplex(static_cast<float>(re), static_cast<float>(im)); }
+};
+template <typename T>
+using CuT = typename Cu<T>::type;
+
+template <typename T>
+CuT<T>* z(T* p) { return reinterpret_cast<CuT<T>*>(p); }
+template <typename T>
+const CuT<T>* z(const T* p) { return reinterpret_cast<const CuT<T>*>(p); }
+
+// Complex arithmetic of either CUDA type, in its own precision.
+__device__ inline cuDoubleComplex add(cuDoubleComplex a, cuDoubleComplex b) { return cuCadd(a, b); }
+__device__ inline cuDoubleComplex mul(cuDoubleComplex a, cuDoubleComplex b) { return cuCmul(a, b); }
+__device__ inline cuFloatComplex add(cuFloatComplex a, cuFloatComplex b) { return cuCaddf(a, b); }
+__device__ inline cuFloatComplex mul(cuFloatComplex a, cuFloatComplex b) { return cuCmulf(a, b); }
+__device__ inline cuDoubleComplex scaled(cuDoubleComplex a, double f) { return make_cuDoubleComplex(cuCreal(a) * f, cuCimag(a) * f); }
+__device__ inline cuFloatComplex scaled(cuFloatComplex a, double f) {
+  const float g = static_cast<float>(f);
+  return make_cuFloatComplex(cuCrealf(a) * g, cuCimagf(a) * g);
+}
 
 constexpr int kThreads = 256;
 unsigned blocks_for(std::int64_t n) { return static_cast<unsigned>(std::min<std::int64_t>((n + kThreads - 1) / kThreads, 65535 * 8)); }
 
 // Up to kScatters destinations of one product, by value.
 constexpr int kScatters = 16;
+template <typename C>
 struct Scatters {
   std::int64_t offset[kScatters], ld[kScatters];
-  cuDoubleComplex u[kScatters];
+  C u[kScatters];
   int count;
 };
 
-__global__ void scatter_kernel(const cuDoubleComplex* p, std::int64_t m, std::int64_t n, Scatters s, cuDoubleComplex* c) {
+template <typename C>
+__global__ void scatter_kernel(const C* p, std::int64_t m, std::int64_t n, Scatters<C> s, C* c) {
   const std::int64_t total = m * n, stride = std::int64_t(gridDim.x) * blockDim.x;
   for (std::int64_t e = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += stride) {
     const std::int64_t r = e / n, col = e - r * n;
-    const cuDoubleComplex v = p[e];
+    const C v = p[e];
     for (int i = 0; i < s.count; ++i) {
-      cuDoubleComplex& dst = c[s.offset[i] + r * s.ld[i] + col];
-      dst = cuCadd(dst, cuCmul(s.u[i], v));
+      C& dst = c[s.offset[i] + r * s.ld[i] + col];
+      dst = add(dst, mul(s.u[i], v));
     }
   }
 }
 
-__global__ void scale_rows_kernel(const cuDoubleComplex* a, const double* scale, std::int64_t rows, std::int64_t cols,
-                                  cuDoubleComplex* out) {
+template <typename C>
+__global__ void scale_rows_kernel(const C* a, const double* scale, std::int64_t rows, std::int64_t cols, C* out) {
   const std::int64_t total = rows * cols, stride = std::int64_t(gridDim.x) * blockDim.x;
-  for (std::int64_t e = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += stride) {
-    const double f = scale[e / cols];
-    out[e] = make_cuDoubleComplex(cuCreal(a[e]) * f, cuCimag(a[e]) * f);
-  }
+  for (std::int64_t e = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += stride)
+    out[e] = scaled(a[e], scale[e / cols]);
 }
 
 cublasHandle_t blas(Stream& stream) {
@@ -88,10 +122,11 @@ bool on_host(const SvdProblem& p, std::int64_t gpu_from) {
 
 // Jacobi's work array for p, in elements. The row-major m x n A is the column-major n x m A^T;
 // its left vectors (n x r, column-major) are Vh (r x n, row-major): they go straight to vh.
+template <typename T>
 int jacobi_lwork(Solver& s, const SvdProblem& p) {
   int lwork = 0;
   const int rows = static_cast<int>(p.n), cols = static_cast<int>(p.m);
-  QSTAGE_CUSOLVER_CHECK(cusolverDnZgesvdj_bufferSize(s.handle, CUSOLVER_EIG_MODE_VECTOR, 1, rows, cols, nullptr, rows,
+  QSTAGE_CUSOLVER_CHECK(Cu<T>::gesvdj_buffer_size(s.handle, CUSOLVER_EIG_MODE_VECTOR, 1, rows, cols, nullptr, rows,
                                                     nullptr, nullptr, rows, nullptr, cols, &lwork, s.jacobi));
   return lwork;
 }
@@ -101,27 +136,29 @@ struct Layout {
 };
 // The workspace: a copy of the largest A (Jacobi overwrites its input; the original stays for
 // the fallback), its right vectors, the largest work array, and one info per problem.
+template <typename T>
 Layout layout(Solver& s, const std::vector<SvdProblem>& problems, std::int64_t gpu_from) {
   std::int64_t a = 0, v = 0, work = 0, count = 0;
   for (const auto& p : problems) {
     if (p.m == 0 || p.n == 0 || on_host(p, gpu_from)) continue;
     a = std::max(a, p.m * p.n);
     v = std::max(v, p.m * std::min(p.m, p.n));
-    work = std::max<std::int64_t>(work, jacobi_lwork(s, p));
+    work = std::max<std::int64_t>(work, jacobi_lwork<T>(s, p));
     ++count;
   }
   auto up = [](std::size_t b) { return (b + 255) / 256 * 256; };
   Layout l;
   l.a_copy = 0;
-  l.v = up(l.a_copy + a * sizeof(cplx128));
-  l.work = up(l.v + v * sizeof(cplx128));
-  l.info = up(l.work + work * sizeof(cplx128));
+  l.v = up(l.a_copy + a * sizeof(T));
+  l.work = up(l.v + v * sizeof(T));
+  l.info = up(l.work + work * sizeof(T));
   l.total = count == 0 ? 0 : up(l.info + count * sizeof(int));
   return l;
 }
 
 // Copies problems to the host, solves them there, and copies S and Vh back.
-void solve_on_host(Stream& stream, const cplx128* a, const std::vector<SvdProblem>& problems, double* s, cplx128* vh) {
+template <typename T>
+void solve_on_host(Stream& stream, const T* a, const std::vector<SvdProblem>& problems, Real<T>* s, T* vh) {
   if (problems.empty()) return;
   auto st = static_cast<cudaStream_t>(stream.native());
   std::vector<SvdProblem> local;
@@ -131,19 +168,19 @@ void solve_on_host(Stream& stream, const cplx128* a, const std::vector<SvdProble
     local.push_back({p.m, p.n, a_size, s_size, vh_size});
     a_size += p.m * p.n, s_size += r, vh_size += r * p.n;
   }
-  std::vector<cplx128> ha(a_size), hvh(vh_size);
-  std::vector<double> hs(s_size);
+  std::vector<T> ha(a_size), hvh(vh_size);
+  std::vector<Real<T>> hs(s_size);
   for (std::size_t i = 0; i < problems.size(); ++i)
     QSTAGE_CUDA_CHECK(cudaMemcpyAsync(ha.data() + local[i].offset, a + problems[i].offset,
-                                      problems[i].m * problems[i].n * sizeof(cplx128), cudaMemcpyDeviceToHost, st));
+                                      problems[i].m * problems[i].n * sizeof(T), cudaMemcpyDeviceToHost, st));
   QSTAGE_CUDA_CHECK(cudaStreamSynchronize(st));
   svd_on_host(ha.data(), local, hs.data(), hvh.data());
   for (std::size_t i = 0; i < problems.size(); ++i) {
     const std::int64_t r = std::min(problems[i].m, problems[i].n);
-    QSTAGE_CUDA_CHECK(cudaMemcpyAsync(s + problems[i].s_offset, hs.data() + local[i].s_offset, r * sizeof(double),
+    QSTAGE_CUDA_CHECK(cudaMemcpyAsync(s + problems[i].s_offset, hs.data() + local[i].s_offset, r * sizeof(Real<T>),
                                       cudaMemcpyHostToDevice, st));
     QSTAGE_CUDA_CHECK(cudaMemcpyAsync(vh + problems[i].vh_offset, hvh.data() + local[i].vh_offset,
-                                      r * problems[i].n * sizeof(cplx128), cudaMemcpyHostToDevice, st));
+                                      r * problems[i].n * sizeof(T), cudaMemcpyHostToDevice, st));
   }
   // (the host vectors must outlive the copies)
   QSTAGE_CUDA_CHECK(cudaStreamSynchronize(st));
@@ -151,26 +188,26 @@ void solve_on_host(Stream& stream, const cplx128* a, const std::vector<SvdProble
 
 }  // namespace
 
-void charge_products_cuda(Stream& stream, const cplx128* sites, const std::vector<ChargeProduct>& products,
-                          const std::vector<ChargeScatter>& scatters, cplx128* c, std::int64_t c_size,
-                          cplx128* scratch) {
+template <typename T>
+void charge_products_cuda(Stream& stream, const T* sites, const std::vector<ChargeProduct>& products,
+                          const std::vector<ChargeScatter>& scatters, T* c, std::int64_t c_size, T* scratch) {
   cublasHandle_t h = blas(stream);
   auto st = static_cast<cudaStream_t>(stream.native());
-  QSTAGE_CUDA_CHECK(cudaMemsetAsync(c, 0, c_size * sizeof(cplx128), st));
-  const cuDoubleComplex one = make_cuDoubleComplex(1, 0), zero = make_cuDoubleComplex(0, 0);
+  QSTAGE_CUDA_CHECK(cudaMemsetAsync(c, 0, c_size * sizeof(T), st));
+  const CuT<T> one = Cu<T>::make(1, 0), zero = Cu<T>::make(0, 0);
   for (const ChargeProduct& p : products) {
     if (p.count == 0 || p.m == 0 || p.n == 0) continue;
     // Row-major P = X Y is column-major P^T = Y^T X^T.
-    QSTAGE_CUDA_CHECK(cublasZgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(p.n), static_cast<int>(p.m),
+    QSTAGE_CUDA_CHECK(Cu<T>::gemm(h, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(p.n), static_cast<int>(p.m),
                                   static_cast<int>(p.k), &one, z(sites + p.y), static_cast<int>(p.n), z(sites + p.x),
                                   static_cast<int>(p.k), &zero, z(scratch), static_cast<int>(p.n)));
     for (std::int64_t first = p.first; first < p.first + p.count; first += kScatters) {
-      Scatters s{};
+      Scatters<CuT<T>> s{};
       s.count = static_cast<int>(std::min<std::int64_t>(kScatters, p.first + p.count - first));
       for (int i = 0; i < s.count; ++i) {
         s.offset[i] = scatters[first + i].offset;
         s.ld[i] = scatters[first + i].ld;
-        s.u[i] = z(scatters[first + i].u);
+        s.u[i] = Cu<T>::make(scatters[first + i].u.real(), scatters[first + i].u.imag());
       }
       scatter_kernel<<<blocks_for(p.m * p.n), kThreads, 0, st>>>(z(scratch), p.m, p.n, s, z(c));
       QSTAGE_CUDA_CHECK_LAUNCH();
@@ -178,8 +215,8 @@ void charge_products_cuda(Stream& stream, const cplx128* sites, const std::vecto
   }
 }
 
-void scale_rows_cuda(Stream& stream, const cplx128* a, const double* scale, const std::vector<ScaledRows>& matrices,
-                     cplx128* out) {
+template <typename T>
+void scale_rows_cuda(Stream& stream, const T* a, const double* scale, const std::vector<ScaledRows>& matrices, T* out) {
   auto st = static_cast<cudaStream_t>(stream.native());
   for (const ScaledRows& x : matrices) {
     if (x.rows == 0 || x.cols == 0) continue;
@@ -189,21 +226,24 @@ void scale_rows_cuda(Stream& stream, const cplx128* a, const double* scale, cons
   }
 }
 
+template <typename T>
 std::size_t svd_workspace_bytes_cuda(Stream& stream, const std::vector<SvdProblem>& problems, std::int64_t gpu_from) {
-  return layout(solver(stream), problems, gpu_from).total;
+  return layout<T>(solver(stream), problems, gpu_from).total;
 }
 
-SvdReport batched_svd_cuda(Stream& stream, cplx128* a, const std::vector<SvdProblem>& problems, double* s,
-                           cplx128* vh, void* workspace, std::size_t workspace_bytes, std::int64_t gpu_from) {
+template <typename T>
+SvdReport batched_svd_cuda(Stream& stream, T* a, const std::vector<SvdProblem>& problems, Real<T>* s, T* vh,
+                           void* workspace, std::size_t workspace_bytes, std::int64_t gpu_from) {
+  using C = CuT<T>;
   Solver& sv = solver(stream);
   auto st = static_cast<cudaStream_t>(stream.native());
-  const Layout l = layout(sv, problems, gpu_from);
+  const Layout l = layout<T>(sv, problems, gpu_from);
   if (workspace_bytes < l.total)
     throw std::logic_error(fmt::format("batched_svd: workspace of {} bytes, needs {}", workspace_bytes, l.total));
   auto* base = static_cast<char*>(workspace);
-  auto* a_copy = reinterpret_cast<cuDoubleComplex*>(base + l.a_copy);
-  auto* v = reinterpret_cast<cuDoubleComplex*>(base + l.v);
-  auto* work = reinterpret_cast<cuDoubleComplex*>(base + l.work);
+  auto* a_copy = reinterpret_cast<C*>(base + l.a_copy);
+  auto* v = reinterpret_cast<C*>(base + l.v);
+  auto* work = reinterpret_cast<C*>(base + l.work);
   auto* info = reinterpret_cast<int*>(base + l.info);
   SvdReport report;
   std::vector<SvdProblem> host, gpu;
@@ -212,9 +252,9 @@ SvdReport batched_svd_cuda(Stream& stream, cplx128* a, const std::vector<SvdProb
   for (std::size_t i = 0; i < gpu.size(); ++i) {
     const SvdProblem& p = gpu[i];
     const int rows = static_cast<int>(p.n), cols = static_cast<int>(p.m);
-    QSTAGE_CUDA_CHECK(cudaMemcpyAsync(a_copy, a + p.offset, p.m * p.n * sizeof(cplx128), cudaMemcpyDeviceToDevice, st));
-    const int lwork = jacobi_lwork(sv, p);
-    QSTAGE_CUSOLVER_CHECK(cusolverDnZgesvdj(sv.handle, CUSOLVER_EIG_MODE_VECTOR, 1, rows, cols, a_copy, rows,
+    QSTAGE_CUDA_CHECK(cudaMemcpyAsync(a_copy, a + p.offset, p.m * p.n * sizeof(T), cudaMemcpyDeviceToDevice, st));
+    const int lwork = jacobi_lwork<T>(sv, p);
+    QSTAGE_CUSOLVER_CHECK(Cu<T>::gesvdj(sv.handle, CUSOLVER_EIG_MODE_VECTOR, 1, rows, cols, a_copy, rows,
                                             s + p.s_offset, z(vh + p.vh_offset), rows, v, cols, work, lwork,
                                             info + i, sv.jacobi));
   }
@@ -234,20 +274,32 @@ SvdReport batched_svd_cuda(Stream& stream, cplx128* a, const std::vector<SvdProb
   return report;
 }
 
-void times_adjoint_cuda(Stream& stream, const cplx128* a, const cplx128* vh,
-                        const std::vector<AdjointProduct>& products, cplx128* out) {
+template <typename T>
+void times_adjoint_cuda(Stream& stream, const T* a, const T* vh, const std::vector<AdjointProduct>& products, T* out) {
   cublasHandle_t h = blas(stream);
-  const cuDoubleComplex zero = make_cuDoubleComplex(0, 0);
+  const CuT<T> zero = Cu<T>::make(0, 0);
   for (const AdjointProduct& p : products) {
     if (p.m == 0 || p.k == 0) continue;
     // Row-major out = A Vh^dagger is column-major out^T (k x m) = conj(Vh) A^T, with Vh's
     // memory the column-major n x k Vh^T, used conjugate-transposed.
-    const cuDoubleComplex alpha = make_cuDoubleComplex(1.0 / p.divisor, 0);
-    QSTAGE_CUDA_CHECK(cublasZgemm(h, CUBLAS_OP_C, CUBLAS_OP_N, static_cast<int>(p.k), static_cast<int>(p.m),
+    const CuT<T> alpha = Cu<T>::make(1.0 / p.divisor, 0);
+    QSTAGE_CUDA_CHECK(Cu<T>::gemm(h, CUBLAS_OP_C, CUBLAS_OP_N, static_cast<int>(p.k), static_cast<int>(p.m),
                                   static_cast<int>(p.n), &alpha, z(vh + p.vh_offset), static_cast<int>(p.n),
                                   z(a + p.a_offset), static_cast<int>(p.n), &zero, z(out + p.out_offset),
                                   static_cast<int>(p.k)));
   }
 }
+
+#define QSTAGE_CHARGE_BLOCKS_CUDA(T)                                                                                \
+  template void charge_products_cuda(Stream&, const T*, const std::vector<ChargeProduct>&,                           \
+                                     const std::vector<ChargeScatter>&, T*, std::int64_t, T*);                       \
+  template void scale_rows_cuda(Stream&, const T*, const double*, const std::vector<ScaledRows>&, T*);               \
+  template std::size_t svd_workspace_bytes_cuda<T>(Stream&, const std::vector<SvdProblem>&, std::int64_t);           \
+  template SvdReport batched_svd_cuda(Stream&, T*, const std::vector<SvdProblem>&, Real<T>*, T*, void*, std::size_t, \
+                                      std::int64_t);                                                                 \
+  template void times_adjoint_cuda(Stream&, const T*, const T*, const std::vector<AdjointProduct>&, T*);
+QSTAGE_CHARGE_BLOCKS_CUDA(cplx128)
+QSTAGE_CHARGE_BLOCKS_CUDA(cplx64)
+#undef QSTAGE_CHARGE_BLOCKS_CUDA
 
 }  // namespace qstage::kernels::detail

@@ -2,8 +2,11 @@
 // The charge-block operations of a U(1)-symmetric two-site update (stages/mps/tebd.cpp; seed 001
 // eq. 16), declared once: charge_blocks.cpp is the CPU twin (OpenBLAS and LAPACK, one thread a
 // call, so the bits do not depend on the thread count), charge_blocks.cu the CUDA version
-// (cuBLAS and cuSOLVER). Matrices are complex128 and row-major and sit at element offsets into
-// flat buffers the caller owns: device memory on cuda, host memory on cpu.
+// (cuBLAS and cuSOLVER). Matrices are row-major and sit at element offsets into flat buffers the
+// caller owns: device memory on cuda, host memory on cpu. Each operation is a template on the
+// element type T, instantiated (in both files) for complex128 (std::complex<double>: zgemm,
+// zgesdd, cublasZgemm, cusolverDnZgesvdj) and complex64 (std::complex<float>: cgemm, cgesdd,
+// cublasCgemm, cusolverDnCgesvdj), mps.tebd's precision parameter; Real<T> is T's real type.
 #include <complex>
 #include <cstdint>
 #include <vector>
@@ -13,6 +16,9 @@
 namespace qstage::kernels {
 
 using cplx128 = std::complex<double>;
+using cplx64 = std::complex<float>;
+template <typename T>
+using Real = typename T::value_type;
 
 // P = X Y for sector blocks X (m x k, at x) and Y (k x n, at y) of `sites`, added into the
 // destinations first .. first + count - 1: C[offset + r ld + c] += u P[r, c].
@@ -22,21 +28,22 @@ struct ChargeProduct {
 };
 struct ChargeScatter {
   std::int64_t offset = 0, ld = 0;
-  cplx128 u{};
+  cplx128 u{};  // (complex64: rounded to it)
 };
 
 // C (c_size elements) = the sum of every product's scatters, products in order. `scratch` holds
 // the largest product (m n elements).
-void charge_products(Stream& stream, const cplx128* sites, const std::vector<ChargeProduct>& products,
-                     const std::vector<ChargeScatter>& scatters, cplx128* c, std::int64_t c_size, cplx128* scratch);
+template <typename T>
+void charge_products(Stream& stream, const T* sites, const std::vector<ChargeProduct>& products,
+                     const std::vector<ChargeScatter>& scatters, T* c, std::int64_t c_size, T* scratch);
 
 // out = diag(scale) A for the matrices A (rows x cols at offset of `a` and of `out`) whose row r
-// is scaled by scale[scale_offset + r].
+// is scaled by scale[scale_offset + r] (complex64: the scale rounded to float).
 struct ScaledRows {
   std::int64_t offset = 0, rows = 0, cols = 0, scale_offset = 0;
 };
-void scale_rows(Stream& stream, const cplx128* a, const double* scale, const std::vector<ScaledRows>& matrices,
-                cplx128* out);
+template <typename T>
+void scale_rows(Stream& stream, const T* a, const double* scale, const std::vector<ScaledRows>& matrices, T* out);
 
 // A = U diag(S) Vh per problem: A (m x n at a + offset, overwritten), S (r = min(m, n) values,
 // descending, at s + s_offset) and Vh (r x n at vh + vh_offset); U is not formed.
@@ -58,12 +65,14 @@ struct SvdReport {
 // docs/benchmarks.md, qstage_bench svd, and mps.tebd at chi 1024 and 2048, where 320 did best
 // with one host thread per bond). Callers pass their setting; this is the default.
 inline constexpr std::int64_t kGpuSvdFrom = 320;
-// Device workspace (bytes) batched_svd needs for `problems` on `stream` (0 on cpu).
+// Device workspace (bytes) batched_svd<T> needs for `problems` on `stream` (0 on cpu).
+template <typename T = cplx128>
 std::size_t svd_workspace_bytes(Stream& stream, const std::vector<SvdProblem>& problems,
                                 std::int64_t gpu_from = kGpuSvdFrom);
-// Throws RuntimeFailure if a problem fails on every path (LAPACK's zgesdd, then zgesvd, last).
-// `gpu_from`: see kGpuSvdFrom (0: every problem on the GPU).
-SvdReport batched_svd(Stream& stream, cplx128* a, const std::vector<SvdProblem>& problems, double* s, cplx128* vh,
+// Throws RuntimeFailure if a problem fails on every path (LAPACK's ?gesdd, then ?gesvd, last).
+// `gpu_from`: see kGpuSvdFrom (0: every problem on the GPU). S is in T's real type.
+template <typename T>
+SvdReport batched_svd(Stream& stream, T* a, const std::vector<SvdProblem>& problems, Real<T>* s, T* vh,
                       void* workspace, std::size_t workspace_bytes, std::int64_t gpu_from = kGpuSvdFrom);
 
 // out = A Vh[:k]^dagger / divisor: A (m x n at a_offset), the first k rows of Vh (at vh_offset,
@@ -72,23 +81,26 @@ struct AdjointProduct {
   std::int64_t a_offset = 0, m = 0, n = 0, vh_offset = 0, k = 0, out_offset = 0;
   double divisor = 1;
 };
-void times_adjoint(Stream& stream, const cplx128* a, const cplx128* vh, const std::vector<AdjointProduct>& products,
-                   cplx128* out);
+template <typename T>
+void times_adjoint(Stream& stream, const T* a, const T* vh, const std::vector<AdjointProduct>& products, T* out);
 
 namespace detail {
 // LAPACK on host copies: the CPU twin's path, which the cuda version uses for small problems and
 // as its last fallback.
-void svd_on_host(cplx128* a, const std::vector<SvdProblem>& problems, double* s, cplx128* vh);
-void charge_products_cuda(Stream& stream, const cplx128* sites, const std::vector<ChargeProduct>& products,
-                          const std::vector<ChargeScatter>& scatters, cplx128* c, std::int64_t c_size,
-                          cplx128* scratch);
-void scale_rows_cuda(Stream& stream, const cplx128* a, const double* scale, const std::vector<ScaledRows>& matrices,
-                     cplx128* out);
+template <typename T>
+void svd_on_host(T* a, const std::vector<SvdProblem>& problems, Real<T>* s, T* vh);
+template <typename T>
+void charge_products_cuda(Stream& stream, const T* sites, const std::vector<ChargeProduct>& products,
+                          const std::vector<ChargeScatter>& scatters, T* c, std::int64_t c_size, T* scratch);
+template <typename T>
+void scale_rows_cuda(Stream& stream, const T* a, const double* scale, const std::vector<ScaledRows>& matrices, T* out);
+template <typename T>
 std::size_t svd_workspace_bytes_cuda(Stream& stream, const std::vector<SvdProblem>& problems, std::int64_t gpu_from);
-SvdReport batched_svd_cuda(Stream& stream, cplx128* a, const std::vector<SvdProblem>& problems, double* s,
-                           cplx128* vh, void* workspace, std::size_t workspace_bytes, std::int64_t gpu_from);
-void times_adjoint_cuda(Stream& stream, const cplx128* a, const cplx128* vh,
-                        const std::vector<AdjointProduct>& products, cplx128* out);
+template <typename T>
+SvdReport batched_svd_cuda(Stream& stream, T* a, const std::vector<SvdProblem>& problems, Real<T>* s, T* vh,
+                           void* workspace, std::size_t workspace_bytes, std::int64_t gpu_from);
+template <typename T>
+void times_adjoint_cuda(Stream& stream, const T* a, const T* vh, const std::vector<AdjointProduct>& products, T* out);
 }  // namespace detail
 
 }  // namespace qstage::kernels

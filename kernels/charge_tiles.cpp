@@ -2,6 +2,7 @@
 
 #include <vector>
 
+#include "kernels/charge_blocks.hpp"
 #include "kernels/dense_linalg.hpp"
 #include "kernels/dispatch.hpp"
 
@@ -9,12 +10,10 @@ namespace qstage::kernels {
 
 namespace {
 
-using cplx = std::complex<double>;
-
 // One pair: its products (kernels::matmul, as charge_products), then each destination tile's
 // sums in term order (as charge_products' scatters add them).
-void pair_tiles(const cplx* sites, const cplx* gate, const TileTables& t, const TilePair& p, std::vector<cplx>& products,
-                cplx* c) {
+template <typename T>
+void pair_tiles(const T* sites, const T* gate, const TileTables& t, const TilePair& p, std::vector<T>& products, T* c) {
   const std::int64_t mn = p.m * p.n;
   products.resize(static_cast<std::size_t>(p.terms * mn));
   for (std::int64_t i = 0; i < p.terms; ++i) {
@@ -27,12 +26,12 @@ void pair_tiles(const cplx* sites, const cplx* gate, const TileTables& t, const 
     std::int64_t ld = 0;
     const std::int64_t at = t.tile_at(p.l, p.r, local, centre, ld);
     if (at < 0) continue;
-    cplx* tile = c + at;
+    T* tile = c + at;
     for (std::int64_t e = 0; e < mn; ++e) {
-      cplx sum{};
+      T sum{};
       for (std::int64_t i = 0; i < p.terms; ++i) {
-        const cplx u = t.rule.gate_value(gate, p.l, t.terms[p.first_term + i].mid, centre, p.r);
-        if (u == cplx{}) continue;
+        const T u = t.rule.gate_value(gate, p.l, t.terms[p.first_term + i].mid, centre, p.r);
+        if (u == T{}) continue;
         sum += u * products[i * mn + e];
       }
       tile[(e / p.n) * ld + e % p.n] += sum;
@@ -41,11 +40,12 @@ void pair_tiles(const cplx* sites, const cplx* gate, const TileTables& t, const 
 }
 
 // Pairs write disjoint tiles: any thread count gives the same bits.
-void tiles_on_host(const cplx* sites, const cplx* gate, const TileTables& tables, cplx* c) {
+template <typename T>
+void tiles_on_host(const T* sites, const T* gate, const TileTables& tables, T* c) {
   single_threaded_blas();
 #pragma omp parallel
   {
-    std::vector<cplx> products;
+    std::vector<T> products;
 #pragma omp for schedule(dynamic, 256)
     for (std::int64_t i = 0; i < tables.pair_count; ++i) pair_tiles(sites, gate, tables, tables.pairs[i], products, c);
   }
@@ -53,8 +53,11 @@ void tiles_on_host(const cplx* sites, const cplx* gate, const TileTables& tables
 
 }  // namespace
 
-void charge_tiles(Stream& stream, const cplx* sites, const cplx* gate, const TileTables& tables, cplx* c) {
+template <typename T>
+void charge_tiles(Stream& stream, const T* sites, const T* gate, const TileTables& tables, T* c) {
   QSTAGE_DISPATCH(stream, tiles_on_host(sites, gate, tables, c), detail::charge_tiles_cuda(stream, sites, gate, tables, c));
 }
+template void charge_tiles(Stream&, const cplx128*, const cplx128*, const TileTables&, cplx128*);
+template void charge_tiles(Stream&, const cplx64*, const cplx64*, const TileTables&, cplx64*);
 
 }  // namespace qstage::kernels

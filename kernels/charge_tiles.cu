@@ -9,10 +9,11 @@ namespace qstage::kernels::detail {
 namespace {
 
 // (ChargeRule::gate_value's Complex: conj() found by argument-dependent lookup)
+template <typename R>
 struct Z {
-  double re = 0, im = 0;
+  R re = 0, im = 0;
   __device__ Z() = default;
-  __device__ Z(double r, double i) : re(r), im(i) {}
+  __device__ Z(R r, R i) : re(r), im(i) {}
   __device__ Z operator*(Z o) const { return {re * o.re - im * o.im, re * o.im + im * o.re}; }
   __device__ Z& operator+=(Z o) {
     re += o.re, im += o.im;
@@ -20,14 +21,17 @@ struct Z {
   }
   __device__ bool zero() const { return re == 0 && im == 0; }
 };
-__device__ Z conj(Z z) { return {z.re, -z.im}; }
+template <typename R>
+__device__ Z<R> conj(Z<R> z) { return {z.re, -z.im}; }
 
 constexpr int kThreads = 128;
 
 // One thread block per pair (grid-stride): its products into shared memory, then every element
 // of its destination tiles, each summed over the terms in order.
-__global__ void tiles_kernel(const Z* sites, const Z* gate, TileTables t, Z* c) {
-  extern __shared__ Z products[];
+template <typename R>
+__global__ void tiles_kernel(const Z<R>* sites, const Z<R>* gate, TileTables t, Z<R>* c) {
+  extern __shared__ unsigned char shared[];
+  auto* products = reinterpret_cast<Z<R>*>(shared);
   const int D = t.rule.local_dim();
   for (std::int64_t pi = blockIdx.x; pi < t.pair_count; pi += gridDim.x) {
     const TilePair p = t.pairs[pi];
@@ -35,7 +39,7 @@ __global__ void tiles_kernel(const Z* sites, const Z* gate, TileTables t, Z* c) 
     for (std::int64_t e = threadIdx.x; e < p.terms * mn; e += blockDim.x) {
       const std::int64_t i = e / mn, el = e - i * mn, row = el / p.n, col = el - row * p.n;
       const TileTerm x = t.terms[p.first_term + i];
-      Z s;
+      Z<R> s;
       for (std::int64_t q = 0; q < x.k; ++q) s += sites[x.x + row * x.k + q] * sites[x.y + q * p.n + col];
       products[e] = s;
     }
@@ -47,9 +51,9 @@ __global__ void tiles_kernel(const Z* sites, const Z* gate, TileTables t, Z* c) 
       std::int64_t ld = 0;
       const std::int64_t at = t.tile_at(p.l, p.r, local, centre, ld);
       if (at < 0) continue;
-      Z sum;
+      Z<R> sum;
       for (std::int64_t i = 0; i < p.terms; ++i) {
-        const Z u = t.rule.gate_value(gate, p.l, t.terms[p.first_term + i].mid, centre, p.r);
+        const Z<R> u = t.rule.gate_value(gate, p.l, t.terms[p.first_term + i].mid, centre, p.r);
         if (!u.zero()) sum += u * products[i * mn + el];
       }
       const std::int64_t row = el / p.n, col = el - row * p.n;
@@ -61,14 +65,19 @@ __global__ void tiles_kernel(const Z* sites, const Z* gate, TileTables t, Z* c) 
 
 }  // namespace
 
-void charge_tiles_cuda(Stream& stream, const std::complex<double>* sites, const std::complex<double>* gate,
-                       const TileTables& tables, std::complex<double>* c) {
+template <typename T>
+void charge_tiles_cuda(Stream& stream, const T* sites, const T* gate, const TileTables& tables, T* c) {
+  using R = typename T::value_type;
   if (tables.pair_count == 0) return;
-  const auto shared = static_cast<std::size_t>(std::max<std::int64_t>(tables.max_terms_mn, 1)) * sizeof(Z);
+  const auto shared = static_cast<std::size_t>(std::max<std::int64_t>(tables.max_terms_mn, 1)) * sizeof(Z<R>);
   const auto blocks = static_cast<unsigned>(std::min<std::int64_t>(tables.pair_count, 1 << 20));
-  tiles_kernel<<<blocks, kThreads, shared, static_cast<cudaStream_t>(stream.native())>>>(
-      reinterpret_cast<const Z*>(sites), reinterpret_cast<const Z*>(gate), tables, reinterpret_cast<Z*>(c));
+  tiles_kernel<R><<<blocks, kThreads, shared, static_cast<cudaStream_t>(stream.native())>>>(
+      reinterpret_cast<const Z<R>*>(sites), reinterpret_cast<const Z<R>*>(gate), tables, reinterpret_cast<Z<R>*>(c));
   QSTAGE_CUDA_CHECK_LAUNCH();
 }
+template void charge_tiles_cuda(Stream&, const std::complex<double>*, const std::complex<double>*, const TileTables&,
+                                std::complex<double>*);
+template void charge_tiles_cuda(Stream&, const std::complex<float>*, const std::complex<float>*, const TileTables&,
+                                std::complex<float>*);
 
 }  // namespace qstage::kernels::detail

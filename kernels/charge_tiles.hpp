@@ -8,7 +8,8 @@
 // belongs to one pair, so pairs run in parallel without atomics, and each element sums its terms
 // in term order: on the CPU the same products (kernels::matmul) and the same sums as
 // charge_products, so the bits are the same (stages/mps/tebd.cpp chooses per pair).
-// charge_tiles.cpp is the CPU twin, charge_tiles.cu the CUDA version; complex128.
+// charge_tiles.cpp is the CPU twin, charge_tiles.cu the CUDA version; a template on the element
+// type T as kernels/charge_blocks (complex128 and complex64; complex64's gate table rounded to it).
 #include <complex>
 #include <cstdint>
 
@@ -80,12 +81,12 @@ inline constexpr std::int64_t kTileMaxTermsMn = 2048;
 // of gate_value(gate, l, mid, c, r) (X Y)[i, j], terms in order, zero gate entries skipped.
 // `sites`, `gate` (the gate table, d^3 entries), the tables' arrays and `c` are on the stream's
 // backend (device memory on cuda).
-void charge_tiles(Stream& stream, const std::complex<double>* sites, const std::complex<double>* gate,
-                  const TileTables& tables, std::complex<double>* c);
+template <typename T>
+void charge_tiles(Stream& stream, const T* sites, const T* gate, const TileTables& tables, T* c);
 
 namespace detail {
-void charge_tiles_cuda(Stream& stream, const std::complex<double>* sites, const std::complex<double>* gate,
-                       const TileTables& tables, std::complex<double>* c);
+template <typename T>
+void charge_tiles_cuda(Stream& stream, const T* sites, const T* gate, const TileTables& tables, T* c);
 }
 
 }  // namespace qstage::kernels

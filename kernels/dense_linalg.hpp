@@ -1,7 +1,9 @@
 #pragma once
-// Dense complex128 building blocks on the host: a row-major matrix product through
+// Dense complex building blocks on the host: a row-major matrix product through
 // kernels::gemm_cpu on one thread (the same bits for any thread count) and an SVD through LAPACK.
-// The CPU twins of kernels/charge_blocks.hpp and the host side of stages/mps use them.
+// The CPU twins of kernels/charge_blocks.hpp and the host side of stages/mps use them. Templates
+// on the element type T, instantiated for std::complex<double> (zgemm, zgesdd, zgesvd) and
+// std::complex<float> (cgemm, cgesdd, cgesvd: mps.tebd's precision complex64).
 #include <complex>
 #include <cstdint>
 #include <vector>
@@ -9,19 +11,23 @@
 namespace qstage::kernels {
 
 // C = A B (accumulate: C += A B), A m x k, B k x n, C m x n, all row-major and contiguous.
-void matmul(const std::complex<double>* a, const std::complex<double>* b, std::complex<double>* c, std::int64_t m,
-            std::int64_t k, std::int64_t n, bool accumulate = false);
+template <typename T>
+void matmul(const T* a, const T* b, T* c, std::int64_t m, std::int64_t k, std::int64_t n, bool accumulate = false);
 
-// A = U diag(S) Vh with A m x n row-major, U m x r, Vh r x n (row-major), r = min(m, n), S descending.
-struct Svd {
+// A = U diag(S) Vh with A m x n row-major, U m x r, Vh r x n (row-major), r = min(m, n), S descending
+// (in T's real type).
+template <typename T>
+struct BasicSvd {
   std::int64_t rank = 0;
-  std::vector<std::complex<double>> u, vh;
-  std::vector<double> s;
+  std::vector<T> u, vh;
+  std::vector<typename T::value_type> s;
 };
-// LAPACK's zgesdd (divide and conquer), and zgesvd when zgesdd does not converge. Runs one
+using Svd = BasicSvd<std::complex<double>>;
+// LAPACK's ?gesdd (divide and conquer), and ?gesvd when ?gesdd does not converge. Runs one
 // single-threaded LAPACK call, so callers may run several at once on OpenMP threads. Throws
 // RuntimeFailure if both fail.
-Svd svd(const std::complex<double>* a, std::int64_t m, std::int64_t n);
+template <typename T>
+BasicSvd<T> svd(const T* a, std::int64_t m, std::int64_t n);
 
 // Makes OpenBLAS single-threaded (once), as kernels::gemm_cpu does: its threaded kernels round
 // differently with the thread count.

@@ -54,12 +54,13 @@ struct BondPlan {
 // The gather form's arrays and the gate table in one blob, as the backend gets them in one copy.
 struct TileBlob {
   std::size_t gate = 0, pairs = 0, terms = 0, block_offset = 0, block_cols = 0, rows_of = 0, cols_of = 0, block_at = 0, size = 0;
-  explicit TileBlob(const BondPlan& p, std::size_t gate_entries) {
+  // gate_bytes: the gate table in the update's element type
+  TileBlob(const BondPlan& p, std::size_t gate_bytes) {
     auto add = [&](std::size_t& at, std::size_t bytes) {
       at = size;
       size += (bytes + 63) / 64 * 64;
     };
-    add(gate, gate_entries * sizeof(cplx));
+    add(gate, gate_bytes);
     add(pairs, p.tile_pairs.size() * sizeof(kernels::TilePair));
     add(terms, p.tile_terms.size() * sizeof(kernels::TileTerm));
     add(block_offset, p.block_offset.size() * sizeof(std::int64_t));
@@ -68,11 +69,12 @@ struct TileBlob {
     add(cols_of, p.cols_of.size() * sizeof(std::int32_t));
     add(block_at, p.block_at.size() * sizeof(std::int32_t));
   }
+  template <typename T>
   void pack(const BondPlan& p, const GateTable& g, char* out) const {
     auto put = [&](std::size_t at, const auto& v) {
       if (!v.empty()) std::memcpy(out + at, v.data(), v.size() * sizeof(v[0]));
     };
-    put(gate, g.u), put(pairs, p.tile_pairs), put(terms, p.tile_terms), put(block_offset, p.block_offset);
+    put(gate, std::vector<T>(g.u.begin(), g.u.end())), put(pairs, p.tile_pairs), put(terms, p.tile_terms), put(block_offset, p.block_offset);
     put(block_cols, p.block_cols), put(rows_of, p.rows_of), put(cols_of, p.cols_of), put(block_at, p.block_at);
   }
   // The tables, pointing into a packed blob at `base` (host or backend memory).
@@ -242,16 +244,16 @@ std::vector<double> row_lambdas(const BondPlan& plan, const Bond& left, std::vec
 // C(c) of the plan on the backend: the products and their scatters, then the gather form's pairs.
 // `buffers(bytes)` gives the gather form's blob a host staging buffer and one on the backend (the
 // tables and the gate go over in one copy).
-template <class Buffers>
-void fill_c(Backend& be, Stream& st, const BondPlan& plan, const GateTable& gate, const cplx* sites, cplx* c, cplx* scratch,
+template <typename T, class Buffers>
+void fill_c(Backend& be, Stream& st, const BondPlan& plan, const GateTable& gate, const T* sites, T* c, T* scratch,
             Buffers&& buffers) {
   kernels::charge_products(st, sites, plan.products, plan.scatters, c, plan.c_size, scratch);
   if (plan.tile_pairs.empty()) return;
-  const TileBlob blob(plan, gate.u.size());
+  const TileBlob blob(plan, gate.u.size() * sizeof(T));
   const auto [staged, on_backend] = buffers(blob.size);
-  blob.pack(plan, gate, staged);
+  blob.pack<T>(plan, gate, staged);
   if (on_backend != staged) be.copy_to_device(on_backend, staged, blob.size, st);
-  kernels::charge_tiles(st, sites, reinterpret_cast<const cplx*>(on_backend + blob.gate), blob.tables(plan, on_backend), c);
+  kernels::charge_tiles(st, sites, reinterpret_cast<const T*>(on_backend + blob.gate), blob.tables(plan, on_backend), c);
 }
 
 std::unique_ptr<Backend> host_backend() {
@@ -315,11 +317,21 @@ struct BondUpdater::Workspace {
   Grown sites, c, theta, scale, s, vh, out, scratch, svd, tiles, host_in, host_scale, host_s, host_out, host_tiles;
 };
 
-BondUpdater::BondUpdater(Backend& backend, std::int64_t gpu_svd_from)
-    : backend_(backend), stream_(backend.make_stream(true)), work_(std::make_unique<Workspace>()), gpu_svd_from_(gpu_svd_from) {}
+BondUpdater::BondUpdater(Backend& backend, std::int64_t gpu_svd_from, Precision precision)
+    : precision_(precision), backend_(backend), stream_(backend.make_stream(true)), work_(std::make_unique<Workspace>()),
+      gpu_svd_from_(gpu_svd_from) {}
 BondUpdater::~BondUpdater() = default;
 
 double BondUpdater::update(U1Mps& psi, int j, const GateTable& gate, const TruncParams& trunc) {
+  return precision_ == Precision::complex64 ? update_in<kernels::cplx64>(psi, j, gate, trunc)
+                                            : update_in<kernels::cplx128>(psi, j, gate, trunc);
+}
+
+// T: the arithmetic's element type. The sites are rounded to it as they are packed and widened
+// back to complex128 as the new blocks are cut out; S reaches the truncation as doubles.
+template <typename T>
+double BondUpdater::update_in(U1Mps& psi, int j, const GateTable& gate, const TruncParams& trunc) {
+  using R = kernels::Real<T>;
   Backend& be = backend_;
   Stream& st = *stream_;
   Workspace& w = *work_;
@@ -327,10 +339,10 @@ double BondUpdater::update(U1Mps& psi, int j, const GateTable& gate, const Trunc
   const BondPlan plan = plan_bond(psi, j, gate);
 
   // The two sites in, packed in the plan's order.
-  cplx* host_in = w.host_in.get<cplx>(be, plan.input_size, false, "mps: staged site blocks");
+  T* host_in = w.host_in.get<T>(be, plan.input_size, false, "mps: staged site blocks");
   for (const auto& [x, offset] : plan.inputs) std::copy(x->values.begin(), x->values.end(), host_in + offset);
-  cplx* sites = w.sites.get<cplx>(be, plan.input_size, true, "mps: site blocks");
-  be.copy_to_device(sites, host_in, plan.input_size * sizeof(cplx), st);
+  T* sites = w.sites.get<T>(be, plan.input_size, true, "mps: site blocks");
+  be.copy_to_device(sites, host_in, plan.input_size * sizeof(T), st);
   std::vector<kernels::ScaledRows> rows;
   const std::vector<double> lambdas = row_lambdas(plan, psi.bonds[j], rows);
   double* host_scale = w.host_scale.get<double>(be, static_cast<std::int64_t>(lambdas.size()), false, "mps: staged lambda");
@@ -341,9 +353,9 @@ double BondUpdater::update(U1Mps& psi, int j, const GateTable& gate, const Trunc
   timings_.transfers += seconds_since(clock);
 
   // C(c) and Theta(c) = diag(lambda[j]) C(c).
-  cplx* c = w.c.get<cplx>(be, plan.c_size, true, "mps: C blocks");
-  cplx* theta = w.theta.get<cplx>(be, plan.c_size, true, "mps: Theta blocks");
-  cplx* scratch = w.scratch.get<cplx>(be, plan.scratch_size, true, "mps: product scratch");
+  T* c = w.c.get<T>(be, plan.c_size, true, "mps: C blocks");
+  T* theta = w.theta.get<T>(be, plan.c_size, true, "mps: Theta blocks");
+  T* scratch = w.scratch.get<T>(be, plan.scratch_size, true, "mps: product scratch");
   fill_c(be, st, plan, gate, sites, c, scratch, [&](std::size_t bytes) {
     const auto n = static_cast<std::int64_t>(bytes);
     return std::pair{w.host_tiles.get<char>(be, n, false, "mps: staged tile tables"), w.tiles.get<char>(be, n, true, "mps: tile tables")};
@@ -362,17 +374,17 @@ double BondUpdater::update(U1Mps& psi, int j, const GateTable& gate, const Trunc
     problems.push_back({cb.m, cb.n, cb.offset, s_size, vh_size});
     s_size += r, vh_size += r * cb.n;
   }
-  double* s = w.s.get<double>(be, s_size, true, "mps: singular values");
-  cplx* vh = w.vh.get<cplx>(be, vh_size, true, "mps: right singular vectors");
-  const std::size_t svd_bytes = kernels::svd_workspace_bytes(st, problems, gpu_svd_from_);
+  R* s = w.s.get<R>(be, s_size, true, "mps: singular values");
+  T* vh = w.vh.get<T>(be, vh_size, true, "mps: right singular vectors");
+  const std::size_t svd_bytes = kernels::svd_workspace_bytes<T>(st, problems, gpu_svd_from_);
   void* svd_work = svd_bytes ? w.svd.get<char>(be, static_cast<std::int64_t>(svd_bytes), true, "mps: SVD workspace") : nullptr;
   timings_.svd_paths += kernels::batched_svd(st, theta, problems, s, vh, svd_work, svd_bytes, gpu_svd_from_);
   st.synchronize();
   timings_.svd += seconds_since(clock);
 
   // Global truncation on the host.
-  double* host_s = w.host_s.get<double>(be, s_size, false, "mps: staged singular values");
-  be.copy_to_host(host_s, s, s_size * sizeof(double), st);
+  R* host_s = w.host_s.get<R>(be, s_size, false, "mps: staged singular values");
+  be.copy_to_host(host_s, s, s_size * sizeof(R), st);
   st.synchronize();
   std::vector<std::vector<double>> values;
   for (const auto& p : problems) values.emplace_back(host_s + p.s_offset, host_s + p.s_offset + std::min(p.m, p.n));
@@ -394,7 +406,7 @@ double BondUpdater::update(U1Mps& psi, int j, const GateTable& gate, const Trunc
     finish.push_back({cb.offset, cb.m, cb.n, problems[i].vh_offset, t.kept[i], out_size, kept_norm});
     out_size += cb.m * t.kept[i];
   }
-  cplx* out = w.out.get<cplx>(be, out_size, true, "mps: new left blocks");
+  T* out = w.out.get<T>(be, out_size, true, "mps: new left blocks");
   kernels::times_adjoint(st, c, vh, finish, out);
   st.synchronize();
   timings_.finish += seconds_since(clock);
@@ -402,12 +414,12 @@ double BondUpdater::update(U1Mps& psi, int j, const GateTable& gate, const Trunc
   // Both new sites back: the left blocks, then each kept Y.
   std::int64_t y_size = 0;
   for (const auto& f : finish) y_size += f.k * f.n;
-  cplx* host_out = w.host_out.get<cplx>(be, out_size + y_size, false, "mps: staged new blocks");
-  be.copy_to_host(host_out, out, out_size * sizeof(cplx), st);
+  T* host_out = w.host_out.get<T>(be, out_size + y_size, false, "mps: staged new blocks");
+  be.copy_to_host(host_out, out, out_size * sizeof(T), st);
   std::int64_t y_at = out_size;
   std::vector<std::int64_t> y_offset;
   for (const auto& f : finish) {
-    be.copy_to_host(host_out + y_at, vh + f.vh_offset, f.k * f.n * sizeof(cplx), st);
+    be.copy_to_host(host_out + y_at, vh + f.vh_offset, f.k * f.n * sizeof(T), st);
     y_offset.push_back(y_at);
     y_at += f.k * f.n;
   }
@@ -425,7 +437,7 @@ double BondUpdater::update(U1Mps& psi, int j, const GateTable& gate, const Trunc
       new_centre.lambda.push_back(values[i][q] / kept_norm);
     }
     // B'[j+1](c, c_R) = the kept rows of Y, cut by right sector.
-    const cplx* y = host_out + y_offset[f];
+    const T* y = host_out + y_offset[f];
     for (std::size_t sct = 0; sct < cb.cols.size(); ++sct) {
       Block blk{cb.charge, cb.cols[sct].charge, k, cb.cols[sct].size, {}};
       blk.values.resize(static_cast<std::size_t>(k * blk.cols));
@@ -433,7 +445,7 @@ double BondUpdater::update(U1Mps& psi, int j, const GateTable& gate, const Trunc
       new_b.blocks.push_back(std::move(blk));
     }
     // B'[j](c_L, c), cut by left sector.
-    const cplx* cy = host_out + finish[f].out_offset;
+    const T* cy = host_out + finish[f].out_offset;
     for (std::size_t sct = 0; sct < cb.rows.size(); ++sct) {
       Block blk{cb.rows[sct].charge, cb.charge, cb.rows[sct].size, k, {}};
       blk.values.assign(cy + cb.row0[sct] * k, cy + (cb.row0[sct] + blk.rows) * k);
@@ -454,8 +466,8 @@ double BondUpdater::update(U1Mps& psi, int j, const GateTable& gate, const Trunc
   return t.discarded;
 }
 
-LayerUpdater::LayerUpdater(Backend& backend, std::int64_t gpu_svd_from)
-    : backend_(backend), gpu_svd_from_(gpu_svd_from), updaters_(static_cast<std::size_t>(std::max(1, omp_get_max_threads()))) {}
+LayerUpdater::LayerUpdater(Backend& backend, std::int64_t gpu_svd_from, Precision precision)
+    : backend_(backend), gpu_svd_from_(gpu_svd_from), precision_(precision), updaters_(static_cast<std::size_t>(std::max(1, omp_get_max_threads()))) {}
 LayerUpdater::~LayerUpdater() = default;
 
 void LayerUpdater::apply(U1Mps& psi, const std::vector<BondGate>& updates, const TruncParams& trunc, double& eps) {
@@ -471,7 +483,7 @@ void LayerUpdater::apply(U1Mps& psi, const std::vector<BondGate>& updates, const
       auto& updater = updaters_[static_cast<std::size_t>(omp_get_thread_num())];
       if (!updater) {
         backend_.bind_thread();
-        updater = std::make_unique<BondUpdater>(backend_, gpu_svd_from_);
+        updater = std::make_unique<BondUpdater>(backend_, gpu_svd_from_, precision_);
       }
       discarded[i] = updater->update(psi, updates[i].bond, *updates[i].gate, trunc);
       norms[i] = updater->last_norm();
@@ -494,9 +506,9 @@ UpdateTimings LayerUpdater::timings() const {
   return t;
 }
 
-double update_bond(U1Mps& psi, int j, const GateTable& gate, const TruncParams& trunc) {
+double update_bond(U1Mps& psi, int j, const GateTable& gate, const TruncParams& trunc, Precision precision) {
   static const std::unique_ptr<Backend> host = host_backend();
-  BondUpdater updater(*host);
+  BondUpdater updater(*host, kernels::kGpuSvdFrom, precision);
   const double eps = updater.update(psi, j, gate, trunc);
   if (psi.pair()) psi.weight *= updater.last_norm();
   return eps;

@@ -30,13 +30,21 @@ struct UpdateTimings {
   }
 };
 
+// The arithmetic of the two-site updates (mps.tebd's precision): complex128, or complex64, where
+// the GEMMs, the row scaling, the SVDs and C Y^dagger run in single precision on staging copies
+// of the two sites rounded to complex64; the MPS itself stays complex128 in host memory (so it
+// carries single-precision rounding, but its memory is not halved) and the singular values go to
+// the host's truncation as doubles (docs/mps.md).
+enum class Precision { complex128, complex64 };
+
 // Applies two-site gates on a backend: the MPS stays in host memory and each update streams the
 // two sites it touches through the backend (docs/mps.md). Workspaces grow to the largest update
 // and are charged to the backend's budgets.
 class BondUpdater {
  public:
   // gpu_svd_from: kernels::batched_svd's gpu_from (cuda: which charge blocks the GPU decomposes).
-  explicit BondUpdater(Backend& backend, std::int64_t gpu_svd_from = kernels::kGpuSvdFrom);
+  explicit BondUpdater(Backend& backend, std::int64_t gpu_svd_from = kernels::kGpuSvdFrom,
+                       Precision precision = Precision::complex128);
   ~BondUpdater();
   // Applies `gate` to sites j and j+1 and truncates the centre bond j+1: Theta per new centre
   // charge from GEMMs over the old centre sectors, one SVD per charge block, global truncation,
@@ -51,7 +59,10 @@ class BondUpdater {
 
  private:
   struct Workspace;
+  template <typename T>
+  double update_in(U1Mps& psi, int j, const GateTable& gate, const TruncParams& trunc);
   double last_norm_ = 1;
+  Precision precision_;
   Backend& backend_;
   std::unique_ptr<Stream> stream_;
   std::unique_ptr<Workspace> work_;
@@ -65,7 +76,8 @@ class BondUpdater {
 // weights are summed in bond order, so the result does not depend on the thread count.
 class LayerUpdater {
  public:
-  LayerUpdater(Backend& backend, std::int64_t gpu_svd_from = kernels::kGpuSvdFrom);
+  LayerUpdater(Backend& backend, std::int64_t gpu_svd_from = kernels::kGpuSvdFrom,
+               Precision precision = Precision::complex128);
   ~LayerUpdater();
   struct BondGate {
     int bond = 0;  // sites (bond, bond + 1)
@@ -82,12 +94,14 @@ class LayerUpdater {
  private:
   Backend& backend_;
   std::int64_t gpu_svd_from_;
+  Precision precision_;
   std::vector<std::unique_ptr<BondUpdater>> updaters_;  // one per OpenMP thread, made on first use
   double wall_ = 0;
 };
 
 // update() of a BondUpdater on the CPU backend (tests, and callers without a backend).
-double update_bond(U1Mps& psi, int j, const GateTable& gate, const TruncParams& trunc);
+double update_bond(U1Mps& psi, int j, const GateTable& gate, const TruncParams& trunc,
+                   Precision precision = Precision::complex128);
 
 // <psi| op |psi> of a conserving two-site operator on sites j, j+1 (a table like a gate's), from
 // lambda[j] B[j] B[j+1] (B form).

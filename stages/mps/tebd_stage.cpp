@@ -16,6 +16,7 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
+#include <optional>
 
 #include "core/error.hpp"
 #include "core/fsutil.hpp"
@@ -89,6 +90,8 @@ struct Params {
   std::int64_t gpu_svd_from = kernels::kGpuSvdFrom;
   int checkpoint_every = 0;  // 0: by the run's checkpoint interval (and on a stop request) only
   TruncParams trunc;
+  Precision precision = Precision::complex128;
+  bool precision_check = false;  // complex64: a complex128 shadow of the same evolution alongside
 
   static Params from_json(const json& p) {
     Params r;
@@ -99,6 +102,13 @@ struct Params {
     r.checkpoint_every = p.value("checkpoint_every", 0);
     // (the schema fills in top-level defaults only: the nested ones are TruncParams')
     r.trunc = trunc_params_from_json(p.at("trunc"), "trunc", false);  // (compute() sets the input's defaults)
+    const json& precision = p.at("precision");
+    if (precision == "complex64") r.precision = Precision::complex64;
+    else if (precision != "complex128")
+      throw InputError(fmt::format("parameter 'precision' is {}; expected complex128 or complex64", precision.dump()));
+    r.precision_check = p.at("precision_check").get<bool>();
+    if (r.precision_check && r.precision != Precision::complex64)
+      throw InputError("parameter 'precision_check' compares complex64 with complex128; it needs precision: complex64");
     if (r.measure_every < 1) throw InputError(fmt::format("parameter 'measure_every' is {}; expected at least 1", r.measure_every));
     if (r.checkpoint_every < 0)
       throw InputError(fmt::format("parameter 'checkpoint_every' is {}; expected 0 (by the run's checkpoint interval) or "
@@ -177,13 +187,32 @@ void remove_other_checkpoints(const std::filesystem::path& dir, const std::strin
   }
 }
 
-// Rank 0, after time step `step`: the state into a file (atomically), then the pass state naming
-// it. Throws StopRequested once committed if a stop was requested.
-void checkpoint(const KernelContext& ctx, int step, double eps, double kept, const U1Mps& psi, Measurements& m) {
+// precision_check's complex128 evolution of the same circuit, measured at the same times.
+struct Shadow {
+  U1Mps psi;
+  Measurements m;
+  double eps = 0, kept = 1;
+  void put(Packer& out) {
+    out.put(eps), out.put(kept);
+    out.put_mps(psi);
+    m.put(out);
+  }
+  void get(Unpacker& in) {
+    eps = in.get<double>(), kept = in.get<double>();
+    psi = in.get_mps();
+    m.get(in);
+  }
+};
+
+// Rank 0, after time step `step`: the state (and the shadow's, if any) into a file (atomically),
+// then the pass state naming it. Throws StopRequested once committed if a stop was requested.
+void checkpoint(const KernelContext& ctx, int step, double eps, double kept, const U1Mps& psi, Measurements& m,
+                Shadow* shadow) {
   Packer out;
   out.put(step), out.put(eps), out.put(kept);
   out.put_mps(psi);
   m.put(out);
+  if (shadow) shadow->put(out);
   const std::string bytes = out.take(), name = fmt::format("{}{}.bin", kCheckpointPrefix, step);
   fsutil::write_file_atomic(ctx.work_dir / name, bytes);
   const json data = {{"tebd", {{"step", step}, {"file", name}, {"bytes", bytes.size()}, {"hash", hash_bytes(bytes)}}}};
@@ -198,7 +227,8 @@ void checkpoint(const KernelContext& ctx, int step, double eps, double kept, con
 
 // The state the last checkpoint of this step key committed, into psi, m, eps and kept; its step, or 0
 // if there is none (or it cannot be used: then the evolution starts again, nothing is lost).
-int restore(const KernelContext& ctx, const Evolution& ev, U1Mps& psi, Measurements& m, double& eps, double& kept) {
+int restore(const KernelContext& ctx, const Evolution& ev, U1Mps& psi, Measurements& m, double& eps, double& kept,
+            Shadow* shadow) {
   if (!ctx.passes || !ctx.passes->data.contains("tebd")) return 0;
   const json& c = ctx.passes->data["tebd"];
   const std::filesystem::path file = ctx.work_dir / c.at("file").get<std::string>();
@@ -212,12 +242,15 @@ int restore(const KernelContext& ctx, const Evolution& ev, U1Mps& psi, Measureme
     U1Mps saved = in.get_mps();
     Measurements saved_m;
     saved_m.get(in);
+    Shadow saved_shadow;
+    if (shadow) saved_shadow.get(in);
     if (!in.done() || step != c.at("step").get<int>() || step < 1 || step > ev.steps)
       throw std::runtime_error("its content does not match its commit");
     psi = std::move(saved);
     m = std::move(saved_m);
     eps = e;
     kept = k;
+    if (shadow) *shadow = std::move(saved_shadow);
     spdlog::info("mps.tebd: resuming after {} {} of {} (t = {:.6g}) from {}", ev.terms.empty() ? "beam splitter" : "time step", step, ev.steps, ev.times[step],
                  file.filename().string());
     return step;
@@ -248,7 +281,8 @@ class TebdStage final : public ComputedStage {
         "linear-optical interferometer (nearest-neighbour beam splitters, given or from a Haar-random unitary) applied as "
         "a circuit; charge-blocked updates with one SVD per charge block and TeNPy's truncation; densities, entropies, "
         "the centre bond's charge distribution, norm, energy, truncation error and bond dimensions every measure_every "
-        "steps (an interferometer's step is one beam splitter)",
+        "steps (an interferometer's step is one beam splitter); complex128 or complex64 arithmetic, the latter's error against a "
+        "complex128 evolution alongside on request",
         {{"state", "an mps.init (or mps.tebd) output"}},
         "- id: quench\n  stage: mps.tebd\n  inputs: {state: psi0}\n"
         "  params: {J: 1, delta: 0.5, dt: 0.05, steps: 40, trunc: {chi_max: 64}}\n"
@@ -280,6 +314,13 @@ class TebdStage final : public ComputedStage {
     for (const char* key : {"dt", "steps", "order", "haar_seed"})
       if (p.contains(key) && (key != std::string("order") || p.at("model") != "interferometer")) plan.summary[key] = p.at(key);
     if (p.contains("beam_splitters")) plan.summary["beam_splitters"] = p.at("beam_splitters").size();
+    plan.summary["precision"] = p.at("precision");
+    if (p.at("precision_check").get<bool>()) {
+      plan.summary["precision_check"] = true;
+      for (const char* name : {"precision_error/density", "precision_error/entropy_vN", "precision_error/norm",
+                               "precision_error/energy", "precision_error/truncation_error"})
+        plan.results.push_back({name, result(DType::float64)});
+    }
     return plan;
   }
   std::string compute(const KernelContext& ctx) const override {
@@ -293,18 +334,31 @@ class TebdStage final : public ComputedStage {
     const Evolution ev = make_evolution(model, psi.L, psi.d);
     Measurements m;
     double eps = input_truncation_error(in), kept = 1;
-    // (a resumed run: the committed state replaces psi, m, eps and kept)
-    const int done = restore(ctx, ev, psi, m, eps, kept);
+    std::optional<Shadow> shadow;
+    if (p.precision_check) shadow.emplace(Shadow{psi, {}, eps, 1});
+    Shadow* sh = shadow ? &*shadow : nullptr;
+    // (a resumed run: the committed state replaces psi, m, eps, kept and the shadow)
+    const int done = restore(ctx, ev, psi, m, eps, kept, sh);
     m.width = static_cast<std::size_t>(psi.total_charge + 1);
-    LayerUpdater updater(*ctx.backend, p.gpu_svd_from);
-    if (done == 0) m.take(psi, ev.times[0], eps, 1 - kept, ev.terms);
+    if (sh) sh->m.width = m.width;
+    LayerUpdater updater(*ctx.backend, p.gpu_svd_from, p.precision);
+    std::optional<LayerUpdater> shadow_updater;
+    if (sh) shadow_updater.emplace(*ctx.backend, p.gpu_svd_from, Precision::complex128);
+    if (done == 0) {
+      m.take(psi, ev.times[0], eps, 1 - kept, ev.terms);
+      if (sh) sh->m.take(sh->psi, ev.times[0], sh->eps, 1 - sh->kept, ev.terms);
+    }
     for (int step = done + 1; step <= ev.steps; ++step) {
       apply_step(psi, ev, step, trunc, eps, kept, updater);
-      if (step % p.measure_every == 0 || step == ev.steps) m.take(psi, ev.times[step], eps, 1 - kept, ev.terms);
+      if (sh) apply_step(sh->psi, ev, step, trunc, sh->eps, sh->kept, *shadow_updater);
+      if (step % p.measure_every == 0 || step == ev.steps) {
+        m.take(psi, ev.times[step], eps, 1 - kept, ev.terms);
+        if (sh) sh->m.take(sh->psi, ev.times[step], sh->eps, 1 - sh->kept, ev.terms);
+      }
       if (ctx.checkpoints) {  // (due() also draws the progress line: asked every step)
         const bool due = ctx.checkpoints->due(step, ev.steps, ev.terms.empty() ? "beam splitters" : "time steps");
         if (step < ev.steps && (due || (p.checkpoint_every > 0 && step % p.checkpoint_every == 0)))
-          checkpoint(ctx, step, eps, kept, psi, m);
+          checkpoint(ctx, step, eps, kept, psi, m, sh);
       }
     }
     const UpdateTimings tm = updater.timings();
@@ -321,6 +375,7 @@ class TebdStage final : public ComputedStage {
     std::vector<double> circuit;
     for (const BeamSplitter& b : ev.circuit) circuit.insert(circuit.end(), {double(b.mode), b.theta, b.phi, b.phase_left, b.phase_right});
     out.put_vector(circuit);
+    if (sh) sh->m.put(out);
     return out.take();
   }
   void write_results(const StagePlan& plan, const StepResults& r, h5::File& out) const override {
@@ -368,6 +423,37 @@ class TebdStage final : public ComputedStage {
                           "<H>: the sum of the bond terms' expectations (B form), the field included");
     detail::write_array(out, "chi", DType::int64, {T, L - 1}, chi.data(), "bond dimension of bonds 1..L-1");
     write_optics(out, psi, T, N, totals, cut, unitary, beam_splitters);
+    const std::string precision = plan.summary.value("precision", std::string("complex128"));
+    out.set_attribute("precision", precision);
+    if (plan.summary.value("precision_check", false)) {
+      Measurements reference;
+      reference.get(in);
+      write_precision_error(out, m, reference, circuit);
+    }
+  }
+  // |complex64 - complex128| of the measurements at each time (max over sites or bonds).
+  static void write_precision_error(h5::File& out, const Measurements& m, const Measurements& ref, bool circuit) {
+    const std::size_t T = m.times.size();
+    auto max_diff = [&](const std::vector<double>& a, const std::vector<double>& b) {
+      std::vector<double> d(T, 0.0);
+      const std::size_t w = a.size() / T;
+      for (std::size_t t = 0; t < T; ++t)
+        for (std::size_t i = 0; i < w; ++i) d[t] = std::max(d[t], std::abs(a[t * w + i] - b[t * w + i]));
+      return d;
+    };
+    const char* run = "from a complex128 evolution of the same circuit with the same truncation run alongside "
+                      "(precision_check): ";
+    const std::vector<std::uint64_t> shape{T};
+    auto put = [&](const char* name, const std::vector<double>& a, const std::vector<double>& b, const std::string& what) {
+      const std::vector<double> d = max_diff(a, b);
+      detail::write_array(out, name, DType::float64, shape, d.data(), (std::string(run) + what).c_str());
+    };
+    put("precision_error/density", m.density, ref.density, "max over sites of |density (complex64) - density (complex128)| at each time");
+    put("precision_error/entropy_vN", m.entropy_vn, ref.entropy_vn, "max over bonds of |entropy_vN (complex64) - entropy_vN (complex128)| at each time");
+    put("precision_error/norm", m.norm, ref.norm, "|norm (complex64) - norm (complex128)| at each time");
+    put("precision_error/truncation_error", m.truncation_error, ref.truncation_error,
+        "|truncation_error (complex64) - truncation_error (complex128)| at each time");
+    if (!circuit) put("precision_error/energy", m.energy, ref.energy, "|energy (complex64) - energy (complex128)| at each time");
   }
   // The datasets of a mixed boundary (P(N)) and of an interferometer (its cut loss and unitary).
   static void write_optics(h5::File& out, const U1Mps& psi, std::uint64_t T, std::uint64_t N, const std::vector<double>& totals,
@@ -392,7 +478,7 @@ class TebdStage final : public ComputedStage {
                         "exp(-i theta (e^{i phi} a+ b + e^{-i phi} a b+)) on modes (mode, mode + 1) after exp(i phase_left n_a) "
                         "exp(i phase_right n_b); U is the product of their mode matrices");
   }
-  std::string describe_results(const StagePlan&, const StepResults& r) const override {
+  std::string describe_results(const StagePlan& plan, const StepResults& r) const override {
     Unpacker in(*r.computed);
     const U1Mps psi = in.get_mps();
     Measurements m;
@@ -401,8 +487,18 @@ class TebdStage final : public ComputedStage {
     for (const Bond& b : psi.bonds) chi = std::max(chi, b.charges.size());
     const std::string energy =
         m.energy.empty() ? fmt::format("cut loss {:.3e}", m.cut_loss.back()) : fmt::format("energy {:.12f}", m.energy.back());
-    return fmt::format("t = {:.6g}, {} measurements, max chi {}, truncation error {:.3e}, norm {:.12f}, {}", m.times.back(),
-                       m.times.size(), chi, m.truncation_error.back(), m.norm.back(), energy);
+    std::string check;
+    if (plan.summary.value("precision_check", false)) {
+      (void)in.get_vector<cplx>();  // the unitary and the beam splitters
+      (void)in.get_vector<double>();
+      Measurements reference;
+      reference.get(in);
+      double worst = 0;
+      for (std::size_t i = 0; i < m.density.size(); ++i) worst = std::max(worst, std::abs(m.density[i] - reference.density[i]));
+      check = fmt::format(", complex64's largest density error {:.3e}", worst);
+    }
+    return fmt::format("t = {:.6g}, {} measurements, max chi {}, truncation error {:.3e}, norm {:.12f}, {}{}", m.times.back(),
+                       m.times.size(), chi, m.truncation_error.back(), m.norm.back(), energy, check);
   }
 };
 

@@ -221,6 +221,64 @@ TEST_P(MpsUpdate, OneUpdateEqualsTheDenseGateOnTheDenseState) {
 
 INSTANTIATE_TEST_SUITE_P(LocalDimensions, MpsUpdate, ::testing::Values(2, 3));
 
+// The same update in complex64: single-precision arithmetic, so it agrees with the dense gate to
+// float's rounding (not to 1e-12), and the state differs from the complex128 update's.
+TEST_P(MpsUpdate, AComplex64UpdateAgreesWithTheDenseGateToSinglePrecision) {
+  const int d = GetParam(), L = 5, j = 1;
+  U1Mps psi = random_state(L, d, d == 2 ? 2 : 4, 12, 7), psi128 = psi;
+  const auto dense_gate = exp_minus_i(random_conserving_hamiltonian(d, 3), d * d, 0.4);
+  const auto g = gate_table(dense_gate, d, "test gate");
+  const auto expected = apply_dense(dense(psi), dense_gate, L, d, j);
+  update_bond(psi, j, g, TruncParams{1000, 0, 0}, Precision::complex64);
+  update_bond(psi128, j, g, TruncParams{1000, 0, 0});
+  EXPECT_NO_THROW(psi.check_structure());
+  const auto after = dense(psi), after128 = dense(psi128);
+  double worst = 0, from128 = 0;
+  for (std::size_t i = 0; i < after.size(); ++i) {
+    worst = std::max(worst, std::abs(after[i] - expected[i]));
+    from128 = std::max(from128, std::abs(after[i] - after128[i]));
+  }
+  EXPECT_LT(worst, 1e-5);
+  EXPECT_GT(from128, 1e-10);  // single precision ran
+}
+
+// kernels::batched_svd in complex64 (cgesdd) against complex128 (zgesdd) on the same blocks: the
+// singular values agree to float's precision and the float Vh rows are orthonormal to it.
+TEST(ChargeBlocks, Complex64BatchedSvdAgreesWithComplex128) {
+  const auto backend = qstage::detail::make_cpu_backend(std::uint64_t(1) << 40, std::uint64_t(1) << 40);
+  const auto stream = backend->make_stream();
+  std::mt19937_64 rng(5);
+  std::normal_distribution<double> normal;
+  std::vector<kernels::SvdProblem> problems;
+  std::int64_t a_size = 0, s_size = 0, vh_size = 0;
+  for (auto [m, n] : {std::pair<std::int64_t, std::int64_t>{7, 5}, {4, 9}, {30, 30}, {1, 3}}) {
+    problems.push_back({m, n, a_size, s_size, vh_size});
+    a_size += m * n, s_size += std::min(m, n), vh_size += std::min(m, n) * n;
+  }
+  std::vector<kernels::cplx128> a(a_size), vh(vh_size);
+  for (auto& x : a) x = {normal(rng), normal(rng)};
+  std::vector<kernels::cplx64> af(a.begin(), a.end()), vhf(vh_size);
+  std::vector<double> s(s_size);
+  std::vector<float> sf(s_size);
+  kernels::batched_svd(*stream, a.data(), problems, s.data(), vh.data(), nullptr, 0);
+  kernels::batched_svd(*stream, af.data(), problems, sf.data(), vhf.data(), nullptr, 0);
+  for (const auto& p : problems) {
+    const std::int64_t r = std::min(p.m, p.n);
+    for (std::int64_t i = 0; i < r; ++i) EXPECT_NEAR(sf[p.s_offset + i], s[p.s_offset + i], 1e-5 * s[p.s_offset]);
+    for (std::int64_t i = 0; i < r; ++i)
+      for (std::int64_t k = 0; k < r; ++k) {
+        std::complex<double> dot = 0;
+        for (std::int64_t c = 0; c < p.n; ++c)
+          dot += std::complex<double>(vhf[p.vh_offset + i * p.n + c]) * std::conj(std::complex<double>(vhf[p.vh_offset + k * p.n + c]));
+        EXPECT_LT(std::abs(dot - (i == k ? 1.0 : 0.0)), 1e-5);
+      }
+  }
+  // and not the double result's bits: single precision ran
+  double diff = 0;
+  for (std::int64_t i = 0; i < s_size; ++i) diff = std::max(diff, std::abs(sf[i] - s[i]));
+  EXPECT_GT(diff, 0);
+}
+
 TEST(MpsTruncation, GlobalRankingTiesAndTenpyConstraints) {
   const std::vector<std::vector<double>> s{{0.6, 0.5}, {0.5, 0.3}, {0.2}};
   const double total = 0.36 + 0.25 + 0.25 + 0.09 + 0.04;
