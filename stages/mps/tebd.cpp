@@ -166,14 +166,16 @@ BondPlan plan_bond(const U1Mps& psi, int j, const GateTable& gate) {
     plan.c_size += cb.m * cb.n;
     plan.blocks.push_back(std::move(cb));
   }
-  std::map<const Block*, std::int64_t> packed;
-  auto input = [&](const Block* x) {
-    auto [it, fresh] = packed.emplace(x, plan.input_size);
-    if (fresh) {
-      plan.inputs.emplace_back(x, plan.input_size);
+  // Each site block's packed offset, by its position in its site (-1: not packed yet).
+  std::vector<std::int64_t> packed_a(a.blocks.size(), -1), packed_b(b.blocks.size(), -1);
+  auto input = [&](const Site& site, std::vector<std::int64_t>& packed, const Block* x) {
+    std::int64_t& at = packed[static_cast<std::size_t>(x - site.blocks.data())];
+    if (at < 0) {
+      at = plan.input_size;
+      plan.inputs.emplace_back(x, at);
       plan.input_size += x->rows * x->cols;
     }
-    return it->second;
+    return at;
   };
   // Lookups by charge (n_pair bonds have hundreds of sectors: linear searches dominated planning).
   std::unordered_map<int, std::size_t> block_index;
@@ -183,34 +185,45 @@ BondPlan plan_bond(const U1Mps& psi, int j, const GateTable& gate) {
     for (std::size_t k = 0; k < plan.blocks[i].rows.size(); ++k) row_index[i].emplace(plan.blocks[i].rows[k].charge, k);
     for (std::size_t k = 0; k < plan.blocks[i].cols.size(); ++k) col_index[i].emplace(plan.blocks[i].cols[k].charge, k);
   }
+  auto run_of = [](const Site& site, int c_left) {
+    return std::lower_bound(site.blocks.begin(), site.blocks.end(), c_left, [](const Block& blk, int c) { return blk.c_left < c; });
+  };
 
   // P(c_L, c', c_R) = B[j](c_L, c') B[j+1](c', c_R), one product per old centre sector, each mixed
-  // into the C(c) of every new centre charge by the gate entry its charges select.
-  for (const Sector& l : ls)
-    for (const Sector& r : rs) {
-      if (!rule.two_site_allowed(l.charge, r.charge)) continue;
-      const std::vector<int> centres = charges_between(rule, r.charge, l.charge);
-      // The old centre sectors c' with a block (c_L, c') in B[j]: a's blocks are sorted by
-      // (c_L, c'), so they are one run, in the ascending order of the centre bond's sectors.
-      const auto first = std::lower_bound(a.blocks.begin(), a.blocks.end(), l.charge,
-                                          [](const Block& blk, int c) { return blk.c_left < c; });
-      std::vector<std::tuple<const Block*, const Block*, Sector>> terms;
-      for (auto it = first; it != a.blocks.end() && it->c_left == l.charge; ++it) {
-        const Block* x = &*it;
-        const Sector mid = psi.bonds[j + 1].sector(x->c_right);
-        const Block* y = b.find(mid.charge, r.charge);
-        if (y) terms.emplace_back(x, y, mid);
-      }
-      if (terms.empty()) continue;
-      if (l.size * r.size * static_cast<std::int64_t>(terms.size()) <= kernels::kTileMaxTermsMn) {
-        plan.tile_pairs.push_back({l.charge, r.charge, l.size, r.size, static_cast<std::int64_t>(plan.tile_terms.size()),
-                                   static_cast<std::int64_t>(terms.size())});
-        plan.grid.max_terms_mn = std::max(plan.grid.max_terms_mn, l.size * r.size * static_cast<std::int64_t>(terms.size()));
-        for (const auto& [x, y, mid] : terms) plan.tile_terms.push_back({input(x), input(y), mid.size, mid.charge});
+  // into the C(c) of every new centre charge by the gate entry its charges select. Per left
+  // sector, the terms of every right sector at once: the blocks (c_L, c') of B[j] are one run,
+  // in the ascending order of the centre bond's sectors, and so are the blocks (c', c_R) of B[j+1].
+  struct Term {
+    int right;
+    const Block* x;
+    const Block* y;
+    Sector mid;
+  };
+  std::vector<Term> terms;
+  for (const Sector& l : ls) {
+    terms.clear();
+    for (auto it = run_of(a, l.charge); it != a.blocks.end() && it->c_left == l.charge; ++it) {
+      const Sector mid = psi.bonds[j + 1].sector(it->c_right);
+      for (auto y = run_of(b, mid.charge); y != b.blocks.end() && y->c_left == mid.charge; ++y)
+        terms.push_back({y->c_right, &*it, &*y, mid});
+    }
+    // (stable: each pair's terms stay in the order of the old centre sectors)
+    std::stable_sort(terms.begin(), terms.end(), [](const Term& u, const Term& v) { return u.right < v.right; });
+    for (std::size_t first = 0, last = 0; first < terms.size(); first = last) {
+      while (last < terms.size() && terms[last].right == terms[first].right) ++last;
+      const Sector r = psi.bonds[j + 2].sector(terms[first].right);
+      const auto count = static_cast<std::int64_t>(last - first);
+      if (l.size * r.size * count <= kernels::kTileMaxTermsMn) {
+        plan.tile_pairs.push_back({l.charge, r.charge, l.size, r.size, static_cast<std::int64_t>(plan.tile_terms.size()), count});
+        plan.grid.max_terms_mn = std::max(plan.grid.max_terms_mn, l.size * r.size * count);
+        for (std::size_t t = first; t < last; ++t)
+          plan.tile_terms.push_back({input(a, packed_a, terms[t].x), input(b, packed_b, terms[t].y), terms[t].mid.size, terms[t].mid.charge});
         continue;
       }
-      for (const auto& [x, y, mid] : terms) {
-        kernels::ChargeProduct p{input(x), input(y), l.size, mid.size, r.size,
+      const std::vector<int> centres = charges_between(rule, r.charge, l.charge);
+      for (std::size_t t = first; t < last; ++t) {
+        const Sector& mid = terms[t].mid;
+        kernels::ChargeProduct p{input(a, packed_a, terms[t].x), input(b, packed_b, terms[t].y), l.size, mid.size, r.size,
                                  static_cast<std::int64_t>(plan.scatters.size()), 0};
         for (int c : centres) {
           const cplx g = rule.gate_value(gate.u.data(), l.charge, mid.charge, c, r.charge);
@@ -227,6 +240,7 @@ BondPlan plan_bond(const U1Mps& psi, int j, const GateTable& gate) {
         plan.products.push_back(p);
       }
     }
+  }
   if (!plan.tile_pairs.empty()) build_tile_tables(plan, rule);
   return plan;
 }
@@ -337,6 +351,7 @@ double BondUpdater::update_in(U1Mps& psi, int j, const GateTable& gate, const Tr
   Workspace& w = *work_;
   auto clock = std::chrono::steady_clock::now();
   const BondPlan plan = plan_bond(psi, j, gate);
+  timings_.planning += seconds_since(clock);
 
   // The two sites in, packed in the plan's order.
   T* host_in = w.host_in.get<T>(be, plan.input_size, false, "mps: staged site blocks");

@@ -17,13 +17,14 @@ struct UpdateTimings {
   double theta = 0;       // the gate times B B per new centre charge, and diag(lambda) of it
   double svd = 0;         // the SVDs of the charge blocks
   double truncation = 0;  // the singular values to the host and the global cut
+  double planning = 0;    // the host's plan of the update (blocks, products, the gather form's tables)
   double transfers = 0;   // the sites to the backend, the new blocks back (with the packing)
   double finish = 0;      // B'[j] = C Y^dagger / norm
   std::int64_t updates = 0;
   std::int64_t products = 0, gathered_pairs = 0;  // Theta's GEMM products, and its pairs in gather form
   kernels::SvdReport svd_paths;
   UpdateTimings& operator+=(const UpdateTimings& o) {
-    theta += o.theta, svd += o.svd, truncation += o.truncation, transfers += o.transfers, finish += o.finish;
+    planning += o.planning, theta += o.theta, svd += o.svd, truncation += o.truncation, transfers += o.transfers, finish += o.finish;
     updates += o.updates, products += o.products, gathered_pairs += o.gathered_pairs;
     svd_paths += o.svd_paths;
     return *this;
