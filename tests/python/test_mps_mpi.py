@@ -110,3 +110,14 @@ def test_a_stopped_two_rank_run_resumes_on_three_ranks_with_the_bits_of_one(tmp)
     with h5py.File(run_dir / "outputs" / "evo.h5") as f:
         assert f.attrs["qstage.ranks"] == 3
     assert digests(run_dir) == digests(clean)
+
+
+def test_an_input_error_inside_compute_fails_every_rank_with_exit_2(tmp):
+    """make_evolution refuses d = 3 for XXZ inside compute(), on every rank: the runner agrees the
+    error over the ranks (no rank waits in a collective) and reports it once."""
+    from conftest import one_line_error
+    tmp.mkdir(parents=True, exist_ok=True)
+    s = write_spec(tmp / "d3.yaml", "name: d3\nsteps:\n" + init_step("{L: 4, d: 3, state: neel}") +
+                   tebd_step("{dt: 0.1, steps: 2}"))
+    r = run(["run", s, "--run-dir", tmp / "run", "--device", DEVICE], mpi=3, timeout=120)
+    one_line_error(r, "step 'evo' (mps.tebd)", "d = 3", "expected 2")
