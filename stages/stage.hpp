@@ -115,7 +115,8 @@ struct KernelContext {
   // The state the step's earlier passes left (stages of several passes; else empty), or the one
   // a long compute() committed through `checkpoints`.
   const PassState* passes = nullptr;
-  // compute() on rank 0 (else nullptr): commits its progress (ComputeCheckpoints).
+  // compute() on rank 0 (else nullptr, also on the other ranks of a stage that
+  // computes_on_every_rank): commits its progress (ComputeCheckpoints).
   ComputeCheckpoints* checkpoints = nullptr;
 };
 
@@ -160,6 +161,21 @@ class Stage {
   // own read-only handles for other datasets), and its result reaches write_results on every rank.
   virtual bool computes() const { return false; }
   virtual std::string compute(const KernelContext& ctx) const { return {}; }
+  // A computing stage whose compute() shares its work across the ranks: it then runs on every
+  // rank at once (ctx.comm set on each), and rank 0's result string is the one broadcast to
+  // write_results (the others may return anything, e.g. ""). The rules, because every rank must
+  // reach the same collective calls in the same order:
+  // - MPI calls only on the calling (main) thread (MPI_THREAD_FUNNELED), never inside OpenMP.
+  // - ctx.checkpoints is set on rank 0 only (nullptr elsewhere): rank 0 alone calls due() and
+  //   commit() and writes the stage-* files, and it broadcasts each due() decision (and whether a
+  //   stop was requested) so that every rank commits and stops after the same unit of work; a rank
+  //   told to stop throws StopRequested itself (rank 0's commit() throws it).
+  // - InputError, CheckFailed and StopRequested are agreed by the runner after compute() returns
+  //   or throws on every rank (any rank's error fails the step on all, reported with the message
+  //   of the lowest rank that had one); an error that only some ranks meet in the middle of the
+  //   work must be agreed by the stage at its next collective (mps.tebd's exchange does), else
+  //   the others wait there. Any other exception aborts the job (cli/run.cpp).
+  virtual bool computes_on_every_rank() const { return false; }
   // After the pass, on every rank with the same results: small results into the output.
   virtual void write_results(const StagePlan& plan, const StepResults& results, h5::File& out) const {}
   // One line for the log, e.g. "norm 1.0e3, 0 non-finite".

@@ -1,5 +1,6 @@
 #include "core/mpi.hpp"
 
+#include <cstdint>
 #include <cstdlib>
 #include <stdexcept>
 
@@ -104,6 +105,30 @@ std::vector<std::string> Comm::gather(const std::string& mine) const {
   std::string all(static_cast<size_t>(total), '\0');
   check(MPI_Gatherv(mine.data(), n, MPI_CHAR, all.data(), sizes.data(), offsets.data(), MPI_CHAR, 0, comm_),
         "MPI_Gatherv");
+  std::vector<std::string> out;
+  for (size_t i = 0; i < sizes.size(); ++i)
+    out.push_back(all.substr(static_cast<size_t>(offsets[i]), static_cast<size_t>(sizes[i])));
+  return out;
+}
+
+std::vector<std::string> Comm::allgather(const std::string& mine) const {
+  if (size_ == 1) return {mine};
+  if (mine.size() > static_cast<std::size_t>(INT32_MAX))
+    throw RuntimeFailure("MPI allgather: " + std::to_string(mine.size()) + " bytes from one rank; at most 2^31 - 1 are supported");
+  const int n = static_cast<int>(mine.size());
+  std::vector<int> sizes(static_cast<size_t>(size_));
+  check(MPI_Allgather(&n, 1, MPI_INT, sizes.data(), 1, MPI_INT, comm_), "MPI_Allgather");
+  std::vector<int> offsets(sizes.size());
+  std::int64_t total = 0;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    offsets[i] = static_cast<int>(total);
+    total += sizes[i];
+    if (total > INT32_MAX)
+      throw RuntimeFailure("MPI allgather: " + std::to_string(total) + " bytes in all; at most 2^31 - 1 are supported");
+  }
+  std::string all(static_cast<size_t>(total), '\0');
+  check(MPI_Allgatherv(mine.data(), n, MPI_CHAR, all.data(), sizes.data(), offsets.data(), MPI_CHAR, comm_),
+        "MPI_Allgatherv");
   std::vector<std::string> out;
   for (size_t i = 0; i < sizes.size(); ++i)
     out.push_back(all.substr(static_cast<size_t>(offsets[i]), static_cast<size_t>(sizes[i])));

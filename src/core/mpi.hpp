@@ -40,6 +40,8 @@ class Comm {
   double max(double value) const;
   // Gathers every rank's bytes on rank 0, in rank order (others get an empty vector).
   std::vector<std::string> gather(const std::string& mine) const;
+  // Every rank's bytes on every rank, in rank order (MPI_Allgatherv; each rank's part < 2 GiB).
+  std::vector<std::string> allgather(const std::string& mine) const;
   // Agrees on an outcome: true on every rank if any rank passed true.
   bool any(bool mine) const;
 

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <map>
+#include <optional>
 
 #include "core/build_info.hpp"
 #include "core/error.hpp"
@@ -550,18 +551,23 @@ class WorkflowRun {
     std::string unit_ = "row";
   };
 
-  // A stage that computes on the host: compute() on rank 0, its result on every rank; returns the
-  // result and the seconds it took. A stop that compute() commits to (ComputeCheckpoints) ends
-  // the step (StopRequested) like a stopped pass.
-  std::pair<std::string, double> compute_on_root(const spec::Step& step, const stages::KernelContext& context,
-                                                 const std::string& key) {
+  // A stage that computes on the host: compute() on rank 0, or on every rank at once for a stage
+  // that computes_on_every_rank (stages/stage.hpp has the rules); rank 0's result on every rank;
+  // returns the result and the longest seconds it took. A stop that compute() commits to
+  // (ComputeCheckpoints, rank 0's) ends the step (StopRequested) like a stopped pass. InputError
+  // and CheckFailed are agreed on every rank: the step fails on all with the first rank's message.
+  std::pair<std::string, double> compute_step(const spec::Step& step, const stages::KernelContext& context,
+                                              const std::string& key) {
+    const bool everywhere = step.impl->computes_on_every_rank();
     std::string computed, error, check_failure;
     json stop;
+    bool stopped_here = false;
     double seconds = 0;
-    if (comm_.root()) {
-      ComputeCommits commits(*this, step, key, *context.passes);
+    if (comm_.root() || everywhere) {
+      std::optional<ComputeCommits> commits;
+      if (comm_.root()) commits.emplace(*this, step, key, *context.passes);
       stages::KernelContext ctx = context;
-      ctx.checkpoints = &commits;
+      ctx.checkpoints = commits ? &*commits : nullptr;
       try {
         const auto t0 = Clock::now();
         computed = step.impl->compute(ctx);
@@ -571,19 +577,30 @@ class WorkflowRun {
       } catch (const CheckFailed& e) {
         check_failure = e.what();
       } catch (const StopRequested&) {
-        stop = commits.stop();
+        stopped_here = true;
+        if (commits) stop = commits->stop();
       } catch (...) {
-        commits.finish();
+        if (commits) commits->finish();
         throw;
       }
-      commits.finish();
+      if (commits) commits->finish();
     }
+    // Rank 0 decides a stop (it alone commits); under computes_on_every_rank the others must
+    // have stopped with it (the stage broadcasts the decision), else the stage broke the rules.
     stop = json::parse(comm_.broadcast(stop.dump()));
+    if (everywhere && comm_.any(stopped_here != !stop.is_null()))
+      throw RuntimeFailure(fmt::format("step '{}' ({}): compute() stopped on some ranks only", step.id, step.stage));
     if (!stop.is_null())
       stopped(step.id, "", stop[0].get<std::uint64_t>(), stop[1].get<std::uint64_t>(), json::object(),
               stop[2].get<std::string>());
-    error = comm_.broadcast(error);
-    check_failure = comm_.broadcast(check_failure);
+    auto agree = [&](const std::string& mine) {
+      if (!everywhere) return comm_.broadcast(mine);
+      for (std::string& s : comm_.allgather(mine))
+        if (!s.empty()) return s;
+      return std::string();
+    };
+    error = agree(error);
+    check_failure = agree(check_failure);
     if (!error.empty() || !check_failure.empty()) record_failure(step.id);
     if (!error.empty()) throw InputError(fmt::format("step '{}' ({}): {}", step.id, step.stage, error));
     if (!check_failure.empty()) throw CheckFailed(fmt::format("step '{}' ({}): {}", step.id, step.stage, check_failure));
@@ -609,11 +626,11 @@ class WorkflowRun {
 
     auto kernel = step.impl->make_kernel(context);
     auto reduction = step.impl->make_reduction(p.plan);
-    // Host computations run on rank 0 before the (empty) pass; every rank gets the result. They
-    // are part of the step's wall time.
+    // Host computations run on rank 0 (or on every rank: computes_on_every_rank) before the
+    // (empty) pass; every rank gets rank 0's result. They are part of the step's wall time.
     std::string computed;
     double compute_seconds = 0;
-    if (step.impl->computes()) std::tie(computed, compute_seconds) = compute_on_root(step, context, key);
+    if (step.impl->computes()) std::tie(computed, compute_seconds) = compute_step(step, context, key);
     engine::StepWork work(dir_.work(step.id), key, comm_);
     const std::string created = comm_.broadcast(utc_now());
     json result_checksums = json::object();

@@ -1,6 +1,7 @@
 #pragma once
 // compute() runs on rank 0 and hands write_results one string: the MPS stages pack their state
-// and measurements into it as raw little-endian values (bit for bit, NaN included).
+// and measurements into it as raw little-endian values (bit for bit, NaN included). mps.tebd's
+// ranks exchange the sites they updated the same way (LayerUpdater).
 #include <cstdint>
 #include <cstring>
 #include <stdexcept>
@@ -24,11 +25,17 @@ class Packer {
   }
   void put_mps(const U1Mps& psi) {
     put(psi.L), put(psi.d), put(psi.total_charge), put(static_cast<int>(psi.kind)), put(psi.weight);
-    for (const Bond& b : psi.bonds) put_vector(b.charges), put_vector(b.lambda);
-    for (const Site& s : psi.sites) {
-      put<std::uint64_t>(s.blocks.size());
-      for (const Block& b : s.blocks) put(b.c_left), put(b.c_right), put(b.rows), put(b.cols), put_vector(b.values);
-    }
+    for (const Bond& b : psi.bonds) put_bond(b);
+    for (const Site& s : psi.sites) put_site(s);
+  }
+  void put_bond(const Bond& b) { put_vector(b.charges), put_vector(b.lambda); }
+  void put_site(const Site& s) {
+    put<std::uint64_t>(s.blocks.size());
+    for (const Block& b : s.blocks) put(b.c_left), put(b.c_right), put(b.rows), put(b.cols), put_vector(b.values);
+  }
+  void put_string(const std::string& v) {
+    put<std::uint64_t>(v.size());
+    out_.append(v);
   }
   std::string take() { return std::move(out_); }
 
@@ -57,16 +64,29 @@ class Unpacker {
     psi.kind = static_cast<kernels::ChargeKind>(get<int>()), psi.weight = get<double>();
     psi.bonds.resize(psi.L + 1);
     psi.sites.resize(psi.L);
-    for (Bond& b : psi.bonds) b.charges = get_vector<int>(), b.lambda = get_vector<double>();
-    for (Site& s : psi.sites) {
-      s.blocks.resize(get<std::uint64_t>());
-      for (Block& b : s.blocks) {
-        b.c_left = get<int>(), b.c_right = get<int>();
-        b.rows = get<std::int64_t>(), b.cols = get<std::int64_t>();
-        b.values = get_vector<cplx>();
-      }
-    }
+    for (Bond& b : psi.bonds) b = get_bond();
+    for (Site& s : psi.sites) s = get_site();
     return psi;
+  }
+  Bond get_bond() {
+    Bond b;
+    b.charges = get_vector<int>(), b.lambda = get_vector<double>();
+    return b;
+  }
+  Site get_site() {
+    Site s;
+    s.blocks.resize(get<std::uint64_t>());
+    for (Block& b : s.blocks) {
+      b.c_left = get<int>(), b.c_right = get<int>();
+      b.rows = get<std::int64_t>(), b.cols = get<std::int64_t>();
+      b.values = get_vector<cplx>();
+    }
+    return s;
+  }
+  std::string get_string() {
+    std::string v(get<std::uint64_t>(), '\0');
+    take(v.data(), v.size());
+    return v;
   }
   bool done() const { return at_ == in_.size(); }
 

@@ -1,5 +1,7 @@
 #include "stages/mps/tebd.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -13,8 +15,10 @@
 
 #include <omp.h>
 
+#include "core/error.hpp"
 #include "kernels/charge_tiles.hpp"
 #include "kernels/u1_math.hpp"
+#include "stages/mps/serial.hpp"
 #include "stages/mps/linalg.hpp"
 
 namespace qstage::stages::mps {
@@ -481,19 +485,31 @@ double BondUpdater::update_in(U1Mps& psi, int j, const GateTable& gate, const Tr
   return t.discarded;
 }
 
-LayerUpdater::LayerUpdater(Backend& backend, std::int64_t gpu_svd_from, Precision precision)
-    : backend_(backend), gpu_svd_from_(gpu_svd_from), precision_(precision), updaters_(static_cast<std::size_t>(std::max(1, omp_get_max_threads()))) {}
+std::vector<std::int64_t> owned_updates(std::int64_t count, int rank, int ranks, int first) {
+  std::vector<std::int64_t> mine;
+  for (std::int64_t i = ((rank - first) % ranks + ranks) % ranks; i < count; i += ranks) mine.push_back(i);
+  return mine;
+}
+
+LayerUpdater::LayerUpdater(Backend& backend, std::int64_t gpu_svd_from, Precision precision, RankExchange* ranks)
+    : backend_(backend), gpu_svd_from_(gpu_svd_from), precision_(precision), ranks_(ranks && ranks->size() > 1 ? ranks : nullptr),
+      updaters_(static_cast<std::size_t>(std::max(1, omp_get_max_threads()))) {}
 LayerUpdater::~LayerUpdater() = default;
 
 void LayerUpdater::apply(U1Mps& psi, const std::vector<BondGate>& updates, const TruncParams& trunc, double& eps) {
+  if (updates.empty()) return;
   const auto start = std::chrono::steady_clock::now();
   std::vector<double> discarded(updates.size(), 0.0), norms(updates.size(), 1.0);
-  const auto count = static_cast<std::int64_t>(updates.size());
+  const int P = ranks_ ? ranks_->size() : 1;
+  const std::vector<std::int64_t> mine = owned_updates(static_cast<std::int64_t>(updates.size()), ranks_ ? ranks_->rank() : 0,
+                                                       P, static_cast<int>(exchange_.exchanges % P));
+  const auto count = static_cast<std::int64_t>(mine.size());
   std::exception_ptr failure;
   std::mutex failure_mutex;
   // (an SVD's own OpenMP loop inside runs on its caller's thread: nested regions are inactive)
 #pragma omp parallel for schedule(dynamic, 1) if (count > 1)
-  for (std::int64_t i = 0; i < count; ++i) {
+  for (std::int64_t k = 0; k < count; ++k) {
+    const auto i = static_cast<std::size_t>(mine[static_cast<std::size_t>(k)]);
     try {
       auto& updater = updaters_[static_cast<std::size_t>(omp_get_thread_num())];
       if (!updater) {
@@ -507,11 +523,83 @@ void LayerUpdater::apply(U1Mps& psi, const std::vector<BondGate>& updates, const
       if (!failure) failure = std::current_exception();
     }
   }
-  if (failure) std::rethrow_exception(failure);
+  if (ranks_) exchange(psi, updates, mine, failure, discarded, norms);
+  else if (failure) std::rethrow_exception(failure);
   wall_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   for (double e : discarded) eps += e;
   if (psi.pair())
     for (double n : norms) psi.weight *= n;
+}
+
+void LayerUpdater::exchange(U1Mps& psi, const std::vector<BondGate>& updates, const std::vector<std::int64_t>& mine,
+                            const std::exception_ptr& failure, std::vector<double>& discarded, std::vector<double>& norms) {
+  const auto start = std::chrono::steady_clock::now();
+  // A packet: a status byte (0: the updates follow; 1 InputError, 2 CheckFailed, 3 other: its message follows).
+  Packer out;
+  if (failure) {
+    std::uint8_t kind = 3;
+    std::string message = "unknown exception";
+    try {
+      std::rethrow_exception(failure);
+    } catch (const InputError& e) {
+      kind = 1, message = e.what();
+    } catch (const CheckFailed& e) {
+      kind = 2, message = e.what();
+    } catch (const std::exception& e) {
+      message = e.what();
+    } catch (...) {
+    }
+    out.put(kind);
+    out.put_string(message);
+  } else {
+    out.put(std::uint8_t{0});
+    for (std::int64_t i : mine) {
+      const int j = updates[static_cast<std::size_t>(i)].bond;
+      out.put<std::uint64_t>(static_cast<std::uint64_t>(i));
+      out.put(discarded[static_cast<std::size_t>(i)]), out.put(norms[static_cast<std::size_t>(i)]);
+      out.put_bond(psi.bonds[j + 1]);
+      out.put_site(psi.sites[j]), out.put_site(psi.sites[j + 1]);
+      ++exchange_.bonds[j];
+    }
+  }
+  const std::string packet = out.take();
+  const std::vector<std::string> all = ranks_->allgather(packet);
+  const int me = ranks_->rank(), P = ranks_->size(), first = static_cast<int>(exchange_.exchanges % P);
+  if (all.size() != static_cast<std::size_t>(P)) throw std::logic_error("mps: the exchange returned a packet count other than the ranks'");
+  // Every rank sees every packet, so every rank throws the same (the lowest failed rank's).
+  for (int q = 0; q < P; ++q) {
+    Unpacker in(all[static_cast<std::size_t>(q)]);
+    const auto kind = in.get<std::uint8_t>();
+    if (kind == 0) continue;
+    const std::string message = in.get_string();
+    if (kind == 1) throw InputError(message);
+    if (kind == 2) throw CheckFailed(message);
+    throw RuntimeFailure(fmt::format("mps: two-site update on rank {}: {}", q, message));
+  }
+  std::size_t received = mine.size();
+  for (int q = 0; q < P; ++q) {
+    const std::string& bytes = all[static_cast<std::size_t>(q)];
+    exchange_.bytes_received += q == me ? 0 : bytes.size();
+    if (q == me) continue;
+    Unpacker in(bytes);
+    in.get<std::uint8_t>();
+    while (!in.done()) {
+      const auto i = in.get<std::uint64_t>();
+      if (i >= updates.size() || static_cast<int>((i + static_cast<std::uint64_t>(first)) % static_cast<std::uint64_t>(P)) != q)
+        throw std::logic_error(fmt::format("mps: rank {} sent update {} of {}, which is not its own", q, i, updates.size()));
+      const int j = updates[i].bond;
+      discarded[i] = in.get<double>(), norms[i] = in.get<double>();
+      psi.bonds[j + 1] = in.get_bond();
+      psi.sites[j] = in.get_site();
+      psi.sites[j + 1] = in.get_site();
+      ++received;
+    }
+  }
+  if (received != updates.size())
+    throw std::logic_error(fmt::format("mps: the ranks exchanged {} of {} updates", received, updates.size()));
+  exchange_.bytes_sent += packet.size();
+  ++exchange_.exchanges;
+  exchange_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 UpdateTimings LayerUpdater::timings() const {

@@ -1,7 +1,10 @@
 #pragma once
 // The charge-blocked two-site update of TEBD (docs/mps.md; seed 001 eq. 16 with Hastings' form).
 #include <cstdint>
+#include <exception>
+#include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "backend/backend.hpp"
@@ -71,14 +74,48 @@ class BondUpdater {
   UpdateTimings timings_;
 };
 
+// How the ranks of a run share the updates of a layer (mps.tebd over MPI, or a unit test's
+// stand-in): every rank holds the whole MPS and calls allgather from one thread only, the same
+// number of times on every rank.
+class RankExchange {
+ public:
+  virtual ~RankExchange() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // Every rank's bytes on every rank, in rank order.
+  virtual std::vector<std::string> allgather(const std::string& mine) = 0;
+};
+
+// What the ranks' exchanges did on this rank (for the log).
+struct ExchangeStats {
+  std::map<int, std::int64_t> bonds;  // the left site of each update this rank computed: how many times
+  std::int64_t exchanges = 0;         // allgathers (one per layer or single update): also the next layer's first rank
+  double seconds = 0;                 // packing, the allgathers (waiting for the others included) and unpacking
+  std::uint64_t bytes_sent = 0, bytes_received = 0;
+};
+
+// Which of `count` updates (a layer, in list order) rank `rank` of `ranks` computes: the i with
+// (i + first) % ranks == rank, round robin over the list starting at rank `first`, so that the
+// large centre bonds spread over the ranks. LayerUpdater starts each layer one rank further
+// (first = the layers before it, mod ranks), so single updates (beam splitters) take turns too.
+std::vector<std::int64_t> owned_updates(std::int64_t count, int rank, int ranks, int first = 0);
+
 // One brickwork layer at a time: the bonds first, first + 2, ... touch disjoint sites, so they are
 // updated at the same time, one BondUpdater (and stream) per OpenMP thread (seed 001's
 // unitary-level parallelism). Each update is computed as it would be alone and the discarded
 // weights are summed in bond order, so the result does not depend on the thread count.
+//
+// With `ranks` (several MPI ranks, each holding the whole MPS), each rank computes its
+// owned_updates with its threads (starting each layer one rank further), then the ranks allgather what they computed (per update: its
+// index, discarded weight and kept norm, the new centre bond j+1 and sites j, j+1, packed as
+// serial.hpp does) so that every rank holds the same new MPS, bit for bit; eps and the weight are
+// then combined in list order on every rank, as with one rank. An exception in a rank's updates
+// travels in its packet: every rank throws it (InputError and CheckFailed keep their type, others
+// become RuntimeFailure), so no rank waits for another. One rank (or none given): no exchange, no copy.
 class LayerUpdater {
  public:
   LayerUpdater(Backend& backend, std::int64_t gpu_svd_from = kernels::kGpuSvdFrom,
-               Precision precision = Precision::complex128);
+               Precision precision = Precision::complex128, RankExchange* ranks = nullptr);
   ~LayerUpdater();
   struct BondGate {
     int bond = 0;  // sites (bond, bond + 1)
@@ -91,11 +128,17 @@ class LayerUpdater {
   // The updaters' timings summed (thread-seconds), and the layers' wall seconds.
   UpdateTimings timings() const;
   double wall_seconds() const { return wall_; }
+  const ExchangeStats& exchange_stats() const { return exchange_; }
 
  private:
+  // The ranks' allgather of the updates each computed (above); throws the first rank's failure.
+  void exchange(U1Mps& psi, const std::vector<BondGate>& updates, const std::vector<std::int64_t>& mine,
+                const std::exception_ptr& failure, std::vector<double>& discarded, std::vector<double>& norms);
   Backend& backend_;
   std::int64_t gpu_svd_from_;
   Precision precision_;
+  RankExchange* ranks_ = nullptr;
+  ExchangeStats exchange_;
   std::vector<std::unique_ptr<BondUpdater>> updaters_;  // one per OpenMP thread, made on first use
   double wall_ = 0;
 };

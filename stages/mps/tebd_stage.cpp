@@ -21,6 +21,7 @@
 #include "core/error.hpp"
 #include "core/fsutil.hpp"
 #include "core/hash.hpp"
+#include "core/signals.hpp"
 #include "stages/mps/density_matrix.hpp"
 #include "stages/mps/gates.hpp"
 #include "stages/mps/models.hpp"
@@ -272,6 +273,53 @@ double input_truncation_error(const h5::File& in) {
   return v.back();
 }
 
+// ------------------------------------------------------------------ ranks
+
+// The run's MPI ranks as LayerUpdater's exchange.
+class MpiRanks final : public RankExchange {
+ public:
+  explicit MpiRanks(const mpi::Comm& comm) : comm_(comm) {}
+  int rank() const override { return comm_.rank(); }
+  int size() const override { return comm_.size(); }
+  std::vector<std::string> allgather(const std::string& mine) override { return comm_.allgather(mine); }
+
+ private:
+  const mpi::Comm& comm_;
+};
+
+// What rank 0 tells the others after each time step.
+enum class Commit : std::uint64_t { none = 0, go_on = 1, and_stop = 2 };
+
+// Rank 0's restored step (0: none) to every rank, and with a step, its psi, eps and kept.
+int share_restored(const mpi::Comm& comm, int done, U1Mps& psi, double& eps, double& kept) {
+  done = static_cast<int>(comm.broadcast(static_cast<std::uint64_t>(done)));
+  if (done == 0) return 0;
+  std::string bytes;
+  if (comm.root()) {
+    Packer out;
+    out.put(eps), out.put(kept);
+    out.put_mps(psi);
+    bytes = out.take();
+  }
+  bytes = comm.broadcast(bytes);
+  if (!comm.root()) {
+    Unpacker in(bytes);
+    eps = in.get<double>(), kept = in.get<double>();
+    psi = in.get_mps();
+  }
+  return done;
+}
+
+// This rank's part of the log line: the bonds it updated and what its exchanges cost.
+std::string describe_exchange(const mpi::Comm& comm, const ExchangeStats& x) {
+  std::vector<std::string> bonds;
+  for (const auto& [bond, count] : x.bonds) bonds.push_back(fmt::format("{} ({})", bond, count));
+  return fmt::format("rank {} of {}: those are its share, by left site (times): {}; {} exchanges in {:.3f} s, {} bytes "
+                     "sent, {} bytes received",
+                     comm.rank(), comm.size(), bonds.empty() ? "none" : fmt::format("{}", fmt::join(bonds, ", ")),
+                     x.exchanges, x.seconds, x.bytes_sent, x.bytes_received);
+}
+
 class TebdStage final : public ComputedStage {
  public:
   const StageInfo& info() const override {
@@ -323,6 +371,9 @@ class TebdStage final : public ComputedStage {
     }
     return plan;
   }
+  // Every rank evolves the whole MPS and computes its share of each layer's updates (LayerUpdater,
+  // docs/mps.md "Ranks"); rank 0 alone measures, commits checkpoints and returns the result.
+  bool computes_on_every_rank() const override { return true; }
   std::string compute(const KernelContext& ctx) const override {
     const Params p = Params::from_json(ctx.params);
     const std::string file = ctx.inputs.at("state")->where().file;
@@ -332,42 +383,69 @@ class TebdStage final : public ComputedStage {
     model.density_matrix = psi.pair();
     const TruncParams trunc = trunc_params_from_json(ctx.params.at("trunc"), "trunc", psi.pair());
     const Evolution ev = make_evolution(model, psi.L, psi.d);
+    const bool root = !ctx.comm || ctx.comm->root();
+    std::optional<MpiRanks> ranks;
+    if (ctx.comm && ctx.comm->size() > 1) ranks.emplace(*ctx.comm);
     Measurements m;
     double eps = input_truncation_error(in), kept = 1;
     std::optional<Shadow> shadow;
     if (p.precision_check) shadow.emplace(Shadow{psi, {}, eps, 1});
     Shadow* sh = shadow ? &*shadow : nullptr;
-    // (a resumed run: the committed state replaces psi, m, eps, kept and the shadow)
-    const int done = restore(ctx, ev, psi, m, eps, kept, sh);
+    // (a resumed run: the committed state replaces psi, m, eps, kept and the shadow; rank 0 reads
+    // it and sends the others the states)
+    int done = root ? restore(ctx, ev, psi, m, eps, kept, sh) : 0;
+    if (ranks) {
+      const int restored = share_restored(*ctx.comm, done, psi, eps, kept);
+      if (sh) share_restored(*ctx.comm, done, sh->psi, sh->eps, sh->kept);
+      done = restored;
+    }
     m.width = static_cast<std::size_t>(psi.total_charge + 1);
     if (sh) sh->m.width = m.width;
-    LayerUpdater updater(*ctx.backend, p.gpu_svd_from, p.precision);
+    LayerUpdater updater(*ctx.backend, p.gpu_svd_from, p.precision, ranks ? &*ranks : nullptr);
     std::optional<LayerUpdater> shadow_updater;
-    if (sh) shadow_updater.emplace(*ctx.backend, p.gpu_svd_from, Precision::complex128);
-    if (done == 0) {
+    if (sh) shadow_updater.emplace(*ctx.backend, p.gpu_svd_from, Precision::complex128, ranks ? &*ranks : nullptr);
+    if (done == 0 && root) {
       m.take(psi, ev.times[0], eps, 1 - kept, ev.terms);
       if (sh) sh->m.take(sh->psi, ev.times[0], sh->eps, 1 - sh->kept, ev.terms);
     }
     for (int step = done + 1; step <= ev.steps; ++step) {
       apply_step(psi, ev, step, trunc, eps, kept, updater);
       if (sh) apply_step(sh->psi, ev, step, trunc, sh->eps, sh->kept, *shadow_updater);
-      if (step % p.measure_every == 0 || step == ev.steps) {
+      if (root && (step % p.measure_every == 0 || step == ev.steps)) {
         m.take(psi, ev.times[step], eps, 1 - kept, ev.terms);
         if (sh) sh->m.take(sh->psi, ev.times[step], sh->eps, 1 - sh->kept, ev.terms);
       }
-      if (ctx.checkpoints) {  // (due() also draws the progress line: asked every step)
+      // Rank 0 decides whether to commit (due() also draws the progress line: asked every step)
+      // and whether to stop, and tells the other ranks, so that all stop after the same step.
+      Commit decision = Commit::none;
+      if (ctx.checkpoints) {
         const bool due = ctx.checkpoints->due(step, ev.steps, ev.terms.empty() ? "beam splitters" : "time steps");
         if (step < ev.steps && (due || (p.checkpoint_every > 0 && step % p.checkpoint_every == 0)))
-          checkpoint(ctx, step, eps, kept, psi, m, sh);
+          decision = signals::stop_requested() ? Commit::and_stop : Commit::go_on;
       }
+      if (ranks) decision = static_cast<Commit>(ctx.comm->broadcast(static_cast<std::uint64_t>(decision)));
+      if (decision == Commit::none) continue;
+      if (!root) {
+        if (decision == Commit::and_stop) throw StopRequested("stopped with rank 0");
+        continue;
+      }
+      try {
+        checkpoint(ctx, step, eps, kept, psi, m, sh);
+      } catch (const StopRequested&) {
+        // (a stop requested after the decision was sent: the next step stops, with every rank)
+        if (decision == Commit::and_stop || !ranks) throw;
+      }
+      if (decision == Commit::and_stop) throw StopRequested("stopped");  // (commit() has thrown it already)
     }
     const UpdateTimings tm = updater.timings();
     spdlog::info(
         "mps.tebd: {} two-site updates on {} in {:.3f} s, bonds of a layer at once; summed over the threads: planning {:.3f} s, Theta "
         "{:.3f} s ({} GEMM products, {} sector pairs gathered), SVD {:.3f} s ({} blocks on the host, {} by Jacobi, {} Jacobi fallbacks), truncation {:.3f} s, "
-        "C Y^dagger {:.3f} s, transfers and packing {:.3f} s",
+        "C Y^dagger {:.3f} s, transfers and packing {:.3f} s{}",
         tm.updates, backend_name(ctx.backend->kind()), updater.wall_seconds(), tm.planning, tm.theta, tm.products, tm.gathered_pairs, tm.svd, tm.svd_paths.host,
-        tm.svd_paths.jacobi, tm.svd_paths.host_fallbacks, tm.truncation, tm.finish, tm.transfers);
+        tm.svd_paths.jacobi, tm.svd_paths.host_fallbacks, tm.truncation, tm.finish, tm.transfers,
+        ranks ? "; " + describe_exchange(*ctx.comm, updater.exchange_stats()) : std::string());
+    if (!root) return {};
     Packer out;
     out.put_mps(psi);
     m.put(out);
