@@ -11,8 +11,8 @@ from conftest import DEVICE, run, write_spec
 pytestmark = pytest.mark.skipif(DEVICE != "cuda", reason="needs a GPU (QSTAGE_TEST_DEVICE=cuda)")
 
 
-def quench(tmp, device, chi_max, gpu_svd_from=320, precision="complex128"):
-    spec = write_spec(tmp / f"q-{device}-{chi_max}-{gpu_svd_from}-{precision}.yaml", f"""name: q
+def quench(tmp, device, chi_max, gpu_svd_from=320, precision="complex128", svd_min=1e-12):
+    spec = write_spec(tmp / f"q-{device}-{chi_max}-{gpu_svd_from}-{precision}-{svd_min}.yaml", f"""name: q
 steps:
   - id: psi
     stage: mps.init
@@ -20,9 +20,9 @@ steps:
   - id: evo
     stage: mps.tebd
     inputs: {{state: psi}}
-    params: {{J: 1, delta: 0.7, h: 0.2, dt: 0.05, steps: 20, order: 2, gpu_svd_from: {gpu_svd_from}, precision: {precision}, trunc: {{chi_max: {chi_max}, svd_min: 1e-12}}}}
+    params: {{J: 1, delta: 0.7, h: 0.2, dt: 0.05, steps: 20, order: 2, gpu_svd_from: {gpu_svd_from}, precision: {precision}, trunc: {{chi_max: {chi_max}, svd_min: {svd_min}}}}}
 """)
-    run_dir = tmp / f"run-{device}-{chi_max}-{gpu_svd_from}-{precision}"
+    run_dir = tmp / f"run-{device}-{chi_max}-{gpu_svd_from}-{precision}-{svd_min}"
     r = run(["run", spec, "--run-dir", run_dir, "--device", device])
     assert r.code == 0, r.err
     with h5py.File(run_dir / "outputs" / "evo.h5") as f:
@@ -56,13 +56,17 @@ def test_cpu_and_gpu_agree(tmp_path, chi_max, tol, gpu_svd_from):
 # complex64 (cublasCgemm, cusolverDnCgesvdj; the host's share by cgesdd) against the CPU's complex64
 # (cgemm, cgesdd): both carry single-precision rounding, in different orders, so they agree only to
 # float's precision (the CPU's complex64 error: docs/mps.md, Precision), and each with complex128.
-@pytest.mark.parametrize("gpu_svd_from", [0, 320])
-def test_complex64_cpu_and_gpu_agree(tmp_path, gpu_svd_from):
-    cpu = quench(tmp_path, "cpu", 1000, precision="complex64")
-    gpu = quench(tmp_path, "cuda", 1000, gpu_svd_from, precision="complex64")
-    ref = quench(tmp_path, "cpu", 1000)
+# svd_min 1e-6, as docs/mps.md advises for complex64: below it Schmidt values are float's rounding
+# noise, which each backend keeps differently. cuSOLVER's float Jacobi is less accurate than the
+# host's cgesdd: on an H200 (2026-11-27) every block on Jacobi gave 6e-5 on densities and 1.6e-4 on
+# entropies against complex128 (the host's blocks: 1.4e-6 and 5.7e-6), hence its looser bound.
+@pytest.mark.parametrize("gpu_svd_from,tol", [(0, 5e-4), (320, 1e-4)])
+def test_complex64_cpu_and_gpu_agree(tmp_path, gpu_svd_from, tol):
+    cpu = quench(tmp_path, "cpu", 1000, precision="complex64", svd_min=1e-6)
+    gpu = quench(tmp_path, "cuda", 1000, gpu_svd_from, precision="complex64", svd_min=1e-6)
+    ref = quench(tmp_path, "cpu", 1000, svd_min=1e-6)
     for key in ("density", "entropy_vN", "charge_distribution", "norm", "energy"):
-        assert np.max(np.abs(cpu[key] - gpu[key])) < 1e-4, key
-        assert np.max(np.abs(gpu[key] - ref[key])) < 1e-4, key
+        assert np.max(np.abs(cpu[key] - gpu[key])) < tol, key
+        assert np.max(np.abs(gpu[key] - ref[key])) < tol, key
     assert not np.array_equal(gpu["density"], ref["density"]), "single precision ran"
     assert gpu["bond_charges"][0] == 10
