@@ -14,7 +14,7 @@ void MemoryBudget::charge(std::uint64_t bytes, std::string_view what) {
   std::lock_guard lock(mutex_);
   const std::uint64_t now = in_use_.load() + bytes;
   if (now > limit_)
-    throw RuntimeFailure(fmt::format("{} memory budget exceeded by {}: {} needs {}, {} of {} already in use", name_,
+    throw BudgetExceeded(fmt::format("{} memory budget exceeded by {}: {} needs {}, {} of {} already in use", name_,
                                      what, format_bytes(static_cast<double>(now - limit_)), format_bytes(bytes),
                                      format_bytes(static_cast<double>(in_use_.load())),
                                      format_bytes(static_cast<double>(limit_))));

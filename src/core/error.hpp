@@ -48,4 +48,12 @@ class RuntimeFailure : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A memory budget (--device-memory, --host-memory) could not take an allocation: a RuntimeFailure
+// unless the caller can do the work in less memory (mps.tebd then runs its updates one at a time)
+// or tell the user which budget the work needs (InputError).
+class BudgetExceeded : public RuntimeFailure {
+ public:
+  using RuntimeFailure::RuntimeFailure;
+};
+
 }  // namespace qstage

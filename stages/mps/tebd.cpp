@@ -493,7 +493,7 @@ std::vector<std::int64_t> owned_updates(std::int64_t count, int rank, int ranks,
 
 LayerUpdater::LayerUpdater(Backend& backend, std::int64_t gpu_svd_from, Precision precision, RankExchange* ranks)
     : backend_(backend), gpu_svd_from_(gpu_svd_from), precision_(precision), ranks_(ranks && ranks->size() > 1 ? ranks : nullptr),
-      updaters_(static_cast<std::size_t>(std::max(1, omp_get_max_threads()))) {}
+      updaters_(static_cast<std::size_t>(std::max(1, omp_get_max_threads()))), concurrency_(std::max(1, omp_get_max_threads())) {}
 LayerUpdater::~LayerUpdater() = default;
 
 void LayerUpdater::apply(U1Mps& psi, const std::vector<BondGate>& updates, const TruncParams& trunc, double& eps) {
@@ -506,8 +506,9 @@ void LayerUpdater::apply(U1Mps& psi, const std::vector<BondGate>& updates, const
   const auto count = static_cast<std::int64_t>(mine.size());
   std::exception_ptr failure;
   std::mutex failure_mutex;
+  std::vector<std::int64_t> deferred;  // updates whose workspace did not fit beside the others'
   // (an SVD's own OpenMP loop inside runs on its caller's thread: nested regions are inactive)
-#pragma omp parallel for schedule(dynamic, 1) if (count > 1)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(concurrency_) if (count > 1 && concurrency_ > 1)
   for (std::int64_t k = 0; k < count; ++k) {
     const auto i = static_cast<std::size_t>(mine[static_cast<std::size_t>(k)]);
     try {
@@ -518,9 +519,20 @@ void LayerUpdater::apply(U1Mps& psi, const std::vector<BondGate>& updates, const
       }
       discarded[i] = updater->update(psi, updates[i].bond, *updates[i].gate, trunc);
       norms[i] = updater->last_norm();
+    } catch (const BudgetExceeded&) {
+      // (update() changes psi only once it has computed: rerun alone, it gives the same bits)
+      const std::lock_guard lock(failure_mutex);
+      deferred.push_back(static_cast<std::int64_t>(i));
     } catch (...) {
       const std::lock_guard lock(failure_mutex);
       if (!failure) failure = std::current_exception();
+    }
+  }
+  if (!deferred.empty() && !failure) {
+    try {
+      run_alone(psi, updates, deferred, trunc, discarded, norms);
+    } catch (...) {
+      failure = std::current_exception();
     }
   }
   if (ranks_) exchange(psi, updates, mine, failure, discarded, norms);
@@ -529,6 +541,32 @@ void LayerUpdater::apply(U1Mps& psi, const std::vector<BondGate>& updates, const
   for (double e : discarded) eps += e;
   if (psi.pair())
     for (double n : norms) psi.weight *= n;
+}
+
+void LayerUpdater::run_alone(U1Mps& psi, const std::vector<BondGate>& updates, std::vector<std::int64_t> indices,
+                             const TruncParams& trunc, std::vector<double>& discarded, std::vector<double>& norms) {
+  std::sort(indices.begin(), indices.end());
+  concurrency_ = 1;
+  for (std::size_t t = 1; t < updaters_.size(); ++t)
+    if (updaters_[t]) {
+      retired_ += updaters_[t]->timings();
+      updaters_[t].reset();
+    }
+  if (!updaters_[0]) {
+    backend_.bind_thread();
+    updaters_[0] = std::make_unique<BondUpdater>(backend_, gpu_svd_from_, precision_);
+  }
+  for (std::int64_t i : indices) {
+    const BondGate& u = updates[static_cast<std::size_t>(i)];
+    try {
+      discarded[static_cast<std::size_t>(i)] = updaters_[0]->update(psi, u.bond, *u.gate, trunc);
+    } catch (const BudgetExceeded& e) {
+      throw InputError(fmt::format("the device budget is too small for one two-site update (sites {} and {}): {}; expected a larger "
+                                   "--device-memory", u.bond, u.bond + 1, e.what()));
+    }
+    norms[static_cast<std::size_t>(i)] = updaters_[0]->last_norm();
+  }
+  retired_.serialized += static_cast<std::int64_t>(indices.size());
 }
 
 void LayerUpdater::exchange(U1Mps& psi, const std::vector<BondGate>& updates, const std::vector<std::int64_t>& mine,
@@ -603,7 +641,7 @@ void LayerUpdater::exchange(U1Mps& psi, const std::vector<BondGate>& updates, co
 }
 
 UpdateTimings LayerUpdater::timings() const {
-  UpdateTimings t;
+  UpdateTimings t = retired_;
   for (const auto& u : updaters_)
     if (u) t += u->timings();
   return t;

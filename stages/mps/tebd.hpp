@@ -25,10 +25,11 @@ struct UpdateTimings {
   double finish = 0;      // B'[j] = C Y^dagger / norm
   std::int64_t updates = 0;
   std::int64_t products = 0, gathered_pairs = 0;  // Theta's GEMM products, and its pairs in gather form
+  std::int64_t serialized = 0;  // updates rerun alone: their workspace did not fit the budget beside the others' 
   kernels::SvdReport svd_paths;
   UpdateTimings& operator+=(const UpdateTimings& o) {
     planning += o.planning, theta += o.theta, svd += o.svd, truncation += o.truncation, transfers += o.transfers, finish += o.finish;
-    updates += o.updates, products += o.products, gathered_pairs += o.gathered_pairs;
+    updates += o.updates, products += o.products, gathered_pairs += o.gathered_pairs, serialized += o.serialized;
     svd_paths += o.svd_paths;
     return *this;
   }
@@ -140,6 +141,14 @@ class LayerUpdater {
   RankExchange* ranks_ = nullptr;
   ExchangeStats exchange_;
   std::vector<std::unique_ptr<BondUpdater>> updaters_;  // one per OpenMP thread, made on first use
+  // How many updates run at once: the threads, until an update's workspace does not fit the device
+  // budget beside the others'; then one (run_alone), for the rest of the evolution.
+  int concurrency_ = 1;
+  UpdateTimings retired_;  // the timings of updaters released to make room
+  // Reruns `indices` of `updates` one at a time on one updater, the others' workspaces released;
+  // a budget too small for one update is an InputError naming it.
+  void run_alone(U1Mps& psi, const std::vector<BondGate>& updates, std::vector<std::int64_t> indices, const TruncParams& trunc,
+                 std::vector<double>& discarded, std::vector<double>& norms);
   double wall_ = 0;
 };
 

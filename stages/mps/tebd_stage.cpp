@@ -441,9 +441,12 @@ class TebdStage final : public ComputedStage {
     spdlog::info(
         "mps.tebd: {} two-site updates on {} in {:.3f} s, bonds of a layer at once; summed over the threads: planning {:.3f} s, Theta "
         "{:.3f} s ({} GEMM products, {} sector pairs gathered), SVD {:.3f} s ({} blocks on the host, {} by Jacobi, {} Jacobi fallbacks), truncation {:.3f} s, "
-        "C Y^dagger {:.3f} s, transfers and packing {:.3f} s{}",
+        "C Y^dagger {:.3f} s, transfers and packing {:.3f} s{}{}",
         tm.updates, backend_name(ctx.backend->kind()), updater.wall_seconds(), tm.planning, tm.theta, tm.products, tm.gathered_pairs, tm.svd, tm.svd_paths.host,
         tm.svd_paths.jacobi, tm.svd_paths.host_fallbacks, tm.truncation, tm.finish, tm.transfers,
+        tm.serialized ? fmt::format("; {} update{} did not fit the device budget beside the others' and ran alone, and "
+                                    "the updates ran one at a time from then on", tm.serialized, tm.serialized == 1 ? "" : "s")
+                      : std::string(),
         ranks ? "; " + describe_exchange(*ctx.comm, updater.exchange_stats()) : std::string());
     if (!root) return {};
     Packer out;

@@ -455,6 +455,29 @@ def test_mps_init_compresses_to_chi_max_with_an_honest_error(tmp, params, chi_ma
     assert read(out / "evo.h5", "truncation_error")[0][0] == eps
 
 
+def test_a_device_budget_too_small_for_the_layer_runs_its_updates_alone_with_the_same_bits(tmp):
+    """Each thread's update holds its own workspace: a budget that fits one but not two makes the
+    updates that did not fit rerun alone, then one at a time; the bits do not change. A budget
+    below one update is a bad input (exit 2) naming it."""
+    steps = (init_step("{L: 16, d: 2, state: random, total_charge: 8, chi: 32, seed: 3}") +
+             tebd_step("{J: 1, delta: 0.5, dt: 0.05, steps: 4, trunc: {chi_max: 64}}"))
+    env = {"OMP_NUM_THREADS": "2"}
+    r, out = run_steps(tmp / "free", steps, env=env)
+    assert r.code == 0, r
+    with h5py.File(out / "evo.h5") as f:
+        peak = int(f.attrs["qstage.peak_device_bytes"])
+        free = {k: f[k][()].tobytes() for k in f if isinstance(f[k], h5py.Dataset)}
+    spec = write_spec(tmp / "tight.yaml", f"name: tight\nsteps:\n{steps}")
+    tight = run(["run", spec, "--run-dir", tmp / "run-tight", "--device", DEVICE, "--device-memory", str(int(0.7 * peak))], env=env)
+    assert tight.code == 0, tight
+    assert "ran alone" in (tmp / "run-tight" / "logs" / "rank-0.log").read_text()
+    with h5py.File(tmp / "run-tight" / "outputs" / "evo.h5") as f:
+        assert {k: f[k][()].tobytes() for k in f if isinstance(f[k], h5py.Dataset)} == free
+        assert int(f.attrs["qstage.peak_device_bytes"]) <= int(0.7 * peak)
+    small = run(["run", spec, "--run-dir", tmp / "run-small", "--device", DEVICE, "--device-memory", "1000"], env=env)
+    one_line_error(small, "too small for one two-site update", "--device-memory")
+
+
 # ---------------------------------------------------------------- (f) bad input
 
 @pytest.mark.parametrize("params,fragments", [
