@@ -13,9 +13,11 @@ namespace {
 // One pair: its products (kernels::matmul, as charge_products), then each destination tile's
 // sums in term order (as charge_products' scatters add them).
 template <typename T>
-void pair_tiles(const T* sites, const T* gate, const TileTables& t, const TilePair& p, std::vector<T>& products, T* c) {
+void pair_tiles(const T* sites, const T* gate, const TileTables& t, const TilePair& p, std::vector<T>& products,
+                std::vector<T>& u, T* c) {
   const std::int64_t mn = p.m * p.n;
   products.resize(static_cast<std::size_t>(p.terms * mn));
+  u.resize(static_cast<std::size_t>(p.terms));  // the gate entries of one tile's terms
   for (std::int64_t i = 0; i < p.terms; ++i) {
     const TileTerm& x = t.terms[p.first_term + i];
     matmul(sites + x.x, sites + x.y, products.data() + i * mn, p.m, x.k, p.n);
@@ -27,12 +29,12 @@ void pair_tiles(const T* sites, const T* gate, const TileTables& t, const TilePa
     const std::int64_t at = t.tile_at(p.l, p.r, local, centre, ld);
     if (at < 0) continue;
     T* tile = c + at;
+    for (std::int64_t i = 0; i < p.terms; ++i) u[i] = t.rule.gate_value(gate, p.l, t.terms[p.first_term + i].mid, centre, p.r);
     for (std::int64_t e = 0; e < mn; ++e) {
       T sum{};
       for (std::int64_t i = 0; i < p.terms; ++i) {
-        const T u = t.rule.gate_value(gate, p.l, t.terms[p.first_term + i].mid, centre, p.r);
-        if (u == T{}) continue;
-        sum += u * products[i * mn + e];
+        if (u[i] == T{}) continue;
+        sum += u[i] * products[i * mn + e];
       }
       tile[(e / p.n) * ld + e % p.n] += sum;
     }
@@ -45,9 +47,9 @@ void tiles_on_host(const T* sites, const T* gate, const TileTables& tables, T* c
   single_threaded_blas();
 #pragma omp parallel
   {
-    std::vector<T> products;
+    std::vector<T> products, u;
 #pragma omp for schedule(dynamic, 256)
-    for (std::int64_t i = 0; i < tables.pair_count; ++i) pair_tiles(sites, gate, tables, tables.pairs[i], products, c);
+    for (std::int64_t i = 0; i < tables.pair_count; ++i) pair_tiles(sites, gate, tables, tables.pairs[i], products, u, c);
   }
 }
 

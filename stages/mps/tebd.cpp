@@ -11,7 +11,6 @@
 #include <mutex>
 #include <numeric>
 #include <tuple>
-#include <unordered_map>
 
 #include <omp.h>
 
@@ -99,7 +98,7 @@ struct TileBlob {
 void build_tile_tables(BondPlan& plan, const kernels::ChargeRule& rule) {
   kernels::TileTables& g = plan.grid;
   g.rule = rule;
-  g.pair_count = static_cast<std::int64_t>(plan.tile_pairs.size());
+  if (plan.blocks.empty()) return;
   const int D = rule.local_dim();
   int k_lo = std::numeric_limits<int>::max(), k_hi = std::numeric_limits<int>::min(), b_lo = k_lo, b_hi = k_hi;
   for (const ChargeBlock& cb : plan.blocks) {
@@ -119,6 +118,14 @@ void build_tile_tables(BondPlan& plan, const kernels::ChargeRule& rule) {
     for (std::size_t q = 0; q < cb.rows.size(); ++q) plan.rows_of[i * D + rule.local(cb.rows[q].charge, cb.charge)] = static_cast<std::int32_t>(cb.row0[q]);
     for (std::size_t q = 0; q < cb.cols.size(); ++q) plan.cols_of[i * D + rule.local(cb.charge, cb.cols[q].charge)] = static_cast<std::int32_t>(cb.col0[q]);
   }
+}
+
+// The plan's tables read in place on the host (the lookups; no pairs yet).
+kernels::TileTables host_view(const BondPlan& plan) {
+  kernels::TileTables t = plan.grid;
+  t.block_offset = plan.block_offset.data(), t.block_cols = plan.block_cols.data();
+  t.rows_of = plan.rows_of.data(), t.cols_of = plan.cols_of.data(), t.block_at = plan.block_at.data();
+  return t;
 }
 
 // The charges c with lo <= c <= hi componentwise (n_pair: every key whose components lie between
@@ -181,14 +188,10 @@ BondPlan plan_bond(const U1Mps& psi, int j, const GateTable& gate) {
     }
     return at;
   };
-  // Lookups by charge (n_pair bonds have hundreds of sectors: linear searches dominated planning).
-  std::unordered_map<int, std::size_t> block_index;
-  std::vector<std::unordered_map<int, std::size_t>> row_index(plan.blocks.size()), col_index(plan.blocks.size());
-  for (std::size_t i = 0; i < plan.blocks.size(); ++i) {
-    block_index.emplace(plan.blocks[i].charge, i);
-    for (std::size_t k = 0; k < plan.blocks[i].rows.size(); ++k) row_index[i].emplace(plan.blocks[i].rows[k].charge, k);
-    for (std::size_t k = 0; k < plan.blocks[i].cols.size(); ++k) col_index[i].emplace(plan.blocks[i].cols[k].charge, k);
-  }
+  // Where each sector pair's tile of Theta(c) lies, by local index (the gather form's tables, also
+  // the product path's lookup: n_pair bonds have hundreds of sectors).
+  build_tile_tables(plan, rule);
+  const kernels::TileTables lookup = host_view(plan);
   auto run_of = [](const Site& site, int c_left) {
     return std::lower_bound(site.blocks.begin(), site.blocks.end(), c_left, [](const Block& blk, int c) { return blk.c_left < c; });
   };
@@ -224,19 +227,19 @@ BondPlan plan_bond(const U1Mps& psi, int j, const GateTable& gate) {
           plan.tile_terms.push_back({input(a, packed_a, terms[t].x), input(b, packed_b, terms[t].y), terms[t].mid.size, terms[t].mid.charge});
         continue;
       }
-      const std::vector<int> centres = charges_between(rule, r.charge, l.charge);
       for (std::size_t t = first; t < last; ++t) {
         const Sector& mid = terms[t].mid;
         kernels::ChargeProduct p{input(a, packed_a, terms[t].x), input(b, packed_b, terms[t].y), l.size, mid.size, r.size,
                                  static_cast<std::int64_t>(plan.scatters.size()), 0};
-        for (int c : centres) {
+        // (a product's scatters go to different elements: their order does not change the sums)
+        for (int local = 0; local < rule.local_dim(); ++local) {
+          int c = 0;
+          std::int64_t ld = 0;
+          const std::int64_t at = lookup.tile_at(l.charge, r.charge, local, c, ld);
+          if (at < 0) continue;
           const cplx g = rule.gate_value(gate.u.data(), l.charge, mid.charge, c, r.charge);
           if (g == cplx{}) continue;
-          const auto found = block_index.find(c);
-          if (found == block_index.end()) continue;
-          const ChargeBlock* cb = &plan.blocks[found->second];
-          const std::size_t ri = row_index[found->second].at(l.charge), ci = col_index[found->second].at(r.charge);
-          plan.scatters.push_back({cb->offset + cb->row0[ri] * cb->n + cb->col0[ci], cb->n, g});
+          plan.scatters.push_back({at, ld, g});
           ++p.count;
         }
         if (p.count == 0) continue;
@@ -245,7 +248,7 @@ BondPlan plan_bond(const U1Mps& psi, int j, const GateTable& gate) {
       }
     }
   }
-  if (!plan.tile_pairs.empty()) build_tile_tables(plan, rule);
+  plan.grid.pair_count = static_cast<std::int64_t>(plan.tile_pairs.size());
   return plan;
 }
 
