@@ -52,6 +52,7 @@
 #include "io/h5.hpp"
 #include "kernels/charge_blocks.hpp"
 #include "kernels/codec.hpp"
+#include "kernels/dense_linalg.hpp"
 #include "kernels/gemm.hpp"
 #include "kernels/looped_gemm.hpp"
 #include "kernels/random.hpp"
@@ -467,14 +468,16 @@ int dedup_bench(const std::map<std::string, std::string>& a) {
 }
 
 // The SVD paths of the charge-block update on one random complex128 matrix a size (square or
-// m = aspect n): the host's LAPACK (one thread; and `batch` copies over all threads) against
-// cuSOLVER's Jacobi, to place kernels::kHostSvdWork.
+// m = aspect n; of rank R with --rank): the host's LAPACK (one thread; and `batch` copies over all
+// threads) against cuSOLVER's Jacobi and gesvdp, to place kernels::SvdRouting's defaults.
 int svd_bench(const std::map<std::string, std::string>& a) {
   auto be = make_backend({a.count("device") ? a.at("device") : "cuda", 0, 0, 0});
   auto s = be->make_stream(true);
   const double aspect = a.count("aspect") ? std::stod(a.at("aspect")) : 1.0;
   const int batch = a.count("batch") ? std::stoi(a.at("batch")) : 16;
-  json out = {{"device", be->description()}, {"omp_threads", omp_get_max_threads()}, {"aspect", aspect}, {"sizes", json::array()}};
+  const std::int64_t rank = a.count("rank") ? std::stoll(a.at("rank")) : 0;
+  const std::int64_t host_max = a.count("host-max") ? std::stoll(a.at("host-max")) : 2048;
+  json out = {{"device", be->description()}, {"omp_threads", omp_get_max_threads()}, {"aspect", aspect}, {"rank", rank}, {"sizes", json::array()}};
   std::stringstream list(a.count("sizes") ? a.at("sizes") : "16,32,48,64,96,128,256,512,1024");
   for (std::string item; std::getline(list, item, ',');) {
     const std::int64_t n = std::stoll(item), m = std::max<std::int64_t>(1, std::llround(aspect * n)), r = std::min(m, n);
@@ -483,26 +486,56 @@ int svd_bench(const std::map<std::string, std::string>& a) {
     Buffer da = be->alloc_device(m * n * 16, "bench A"), ds = be->alloc_device(r * 8, "bench S"),
            dv = be->alloc_device(r * n * 16, "bench Vh");
     kernels::random_fill(*s, {DType::complex128, 3, 0, 2 * m * n, da.data()});
-    std::vector<kernels::cplx128> host(m * n * batch), vh(r * n * batch);
+    std::vector<kernels::cplx128> host(m * n * (n <= host_max ? batch : 1)), vh(r * n * (n <= host_max ? batch : 1));
     std::vector<double> hs(r * batch);
     be->copy_to_host(host.data(), da.data(), m * n * 16, *s);
     s->synchronize();
-    for (int i = 1; i < batch; ++i) std::copy_n(host.begin(), m * n, host.begin() + i * m * n);
+    if (rank > 0 && (m + n) * rank <= m * n) {
+      // A = X Y of rank `rank` from the random values (Theta's blocks are often rank deficient)
+      std::vector<kernels::cplx128> x(host.begin(), host.begin() + m * rank), y(host.begin() + m * rank, host.begin() + m * rank + rank * n);
+      kernels::matmul(x.data(), y.data(), host.data(), m, rank, n);
+      be->copy_to_device(da.data(), host.data(), m * n * 16, *s);
+      s->synchronize();
+    }
+    if (n <= host_max)
+      for (int i = 1; i < batch; ++i) std::copy_n(host.begin(), m * n, host.begin() + i * m * n);
     const int reps = n >= 1024 ? 1 : 3;
-    const double host_one = median_seconds([&] { kernels::detail::svd_on_host(host.data(), one, hs.data(), vh.data()); }, reps);
-    const double host_batch = median_seconds([&] { kernels::detail::svd_on_host(host.data(), many, hs.data(), vh.data()); }, reps);
-    json row = {{"m", m}, {"n", n}, {"host_one_thread_seconds", host_one}, {"host_batch_seconds_each", host_batch / batch}};
+    // Above --host-max the host is not timed (one zgesdd of 4096^2 takes minutes on one core) and
+    // the GPU paths' singular values are compared with Jacobi's.
+    const bool on_host = n <= host_max;
+    json row = {{"m", m}, {"n", n}};
+    double host_one = 0;
+    if (on_host) {
+      host_one = median_seconds([&] { kernels::detail::svd_on_host(host.data(), one, hs.data(), vh.data()); }, reps);
+      const double host_batch = median_seconds([&] { kernels::detail::svd_on_host(host.data(), many, hs.data(), vh.data()); }, reps);
+      row["host_one_thread_seconds"] = host_one, row["host_batch_seconds_each"] = host_batch / batch;
+    }
     if (be->kind() == BackendKind::cuda) {
-      const std::size_t bytes = kernels::svd_workspace_bytes(*s, one, 0);
-      Buffer w = be->alloc_device(std::max<std::size_t>(bytes, 1), "bench SVD workspace");
-      kernels::SvdReport rep;
-      const double jacobi = median_seconds([&] {
-        rep = kernels::batched_svd(*s, da.as<kernels::cplx128>(), one, ds.as<double>(), dv.as<kernels::cplx128>(), w.data(), bytes, 0);
+      // Each GPU path on its own (gpu_from 0), timed, and its singular values against the host's.
+      for (const auto& [name, routing] : {std::pair<std::string, kernels::SvdRouting>{"jacobi", {0, std::int64_t(1) << 40}},
+                                          std::pair<std::string, kernels::SvdRouting>{"polar", {0, 1}}}) {
+        const std::size_t bytes = kernels::svd_workspace_bytes(*s, one, routing);
+        Buffer w = be->alloc_device(std::max<std::size_t>(bytes, 1), "bench SVD workspace");
+        Buffer work_a = be->alloc_device(m * n * 16, "bench A copy");
+        kernels::SvdReport rep;
+        const double t = median_seconds([&] {
+          be->copy_on_device(work_a.data(), da.data(), m * n * 16, *s);
+          rep = kernels::batched_svd(*s, work_a.as<kernels::cplx128>(), one, ds.as<double>(), dv.as<kernels::cplx128>(), w.data(), bytes, routing);
+          s->synchronize();
+        }, reps);
+        std::vector<double> gs(r);
+        be->copy_to_host(gs.data(), ds.data(), r * 8, *s);
         s->synchronize();
-      }, reps);
-      row["jacobi_seconds"] = jacobi;
-      row["jacobi_converged"] = rep.jacobi == 1;
-      row["host_one_over_jacobi"] = host_one / jacobi;
+        if (!on_host && name == "jacobi") hs.assign(gs.begin(), gs.end());  // the reference above host_max
+        double err = 0;
+        for (std::int64_t q = 0; q < r; ++q) err = std::max(err, std::abs(gs[q] - hs[q]));
+        row[name + "_seconds"] = t;
+        row[name + "_solved_on_gpu"] = (name == "jacobi" ? rep.jacobi : rep.polar) == 1;
+        row[name + "_max_s_error_over_s0"] = err / hs[0];
+        row[name + "_s_reference"] = on_host ? "host zgesdd" : "jacobi";
+        if (on_host) row["host_one_over_" + name] = host_one / t;
+        if (name == "polar") row["polar_shift"] = rep.polar_shift;
+      }
     }
     out["sizes"].push_back(row);
   }
@@ -518,7 +551,7 @@ int main(int argc, char** argv) {
                  "       qstage_bench looped --steps FILE.json [--device cuda] [--dtype complex64]\n"
                  "       qstage_bench sci-generate --fcidump FILE [--sources N] [--batch N] [--eps E] [--device cuda]\n"
                  "       qstage_bench dedup --rows N [--words W] [--distinct D] [--device cuda]\n"
-                 "       qstage_bench svd [--sizes 16,32,...] [--aspect 1] [--batch 16] [--device cuda]\n";
+                 "       qstage_bench svd [--sizes 16,32,...] [--aspect 1] [--rank R] [--host-max 2048] [--batch 16] [--device cuda]\n";
     return 2;
   }
   try {

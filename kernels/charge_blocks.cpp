@@ -61,15 +61,15 @@ void svd_on_host(T* a, const std::vector<SvdProblem>& problems, Real<T>* s, T* v
 }  // namespace detail
 
 template <typename T>
-std::size_t svd_workspace_bytes(Stream& stream, const std::vector<SvdProblem>& problems, std::int64_t gpu_from) {
+std::size_t svd_workspace_bytes(Stream& stream, const std::vector<SvdProblem>& problems, SvdRouting routing) {
   std::size_t bytes = 0;
-  QSTAGE_DISPATCH(stream, bytes = 0, bytes = detail::svd_workspace_bytes_cuda<T>(stream, problems, gpu_from));
+  QSTAGE_DISPATCH(stream, bytes = 0, bytes = detail::svd_workspace_bytes_cuda<T>(stream, problems, routing));
   return bytes;
 }
 
 template <typename T>
 SvdReport batched_svd(Stream& stream, T* a, const std::vector<SvdProblem>& problems, Real<T>* s, T* vh,
-                      void* workspace, std::size_t workspace_bytes, std::int64_t gpu_from) {
+                      void* workspace, std::size_t workspace_bytes, SvdRouting routing) {
   SvdReport report;
   QSTAGE_DISPATCH(
       stream,
@@ -77,7 +77,7 @@ SvdReport batched_svd(Stream& stream, T* a, const std::vector<SvdProblem>& probl
         detail::svd_on_host(a, problems, s, vh);
         report.host = static_cast<std::int64_t>(problems.size());
       },
-      report = detail::batched_svd_cuda(stream, a, problems, s, vh, workspace, workspace_bytes, gpu_from));
+      report = detail::batched_svd_cuda(stream, a, problems, s, vh, workspace, workspace_bytes, routing));
   return report;
 }
 
@@ -103,9 +103,9 @@ void times_adjoint(Stream& stream, const T* a, const T* vh, const std::vector<Ad
                                 const std::vector<ChargeScatter>&, T*, std::int64_t, T*);                             \
   template void scale_rows(Stream&, const T*, const double*, const std::vector<ScaledRows>&, T*);                     \
   template void detail::svd_on_host(T*, const std::vector<SvdProblem>&, Real<T>*, T*);                                \
-  template std::size_t svd_workspace_bytes<T>(Stream&, const std::vector<SvdProblem>&, std::int64_t);                 \
+  template std::size_t svd_workspace_bytes<T>(Stream&, const std::vector<SvdProblem>&, SvdRouting);                   \
   template SvdReport batched_svd(Stream&, T*, const std::vector<SvdProblem>&, Real<T>*, T*, void*, std::size_t,       \
-                                 std::int64_t);                                                                       \
+                                 SvdRouting);                                                                         \
   template void times_adjoint(Stream&, const T*, const T*, const std::vector<AdjointProduct>&, T*);
 QSTAGE_CHARGE_BLOCKS(cplx128)
 QSTAGE_CHARGE_BLOCKS(cplx64)

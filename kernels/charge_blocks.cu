@@ -25,6 +25,7 @@ struct Cu<cplx128> {
   static constexpr auto gemm = cublasZgemm;
   static constexpr auto gesvdj_buffer_size = cusolverDnZgesvdj_bufferSize;
   static constexpr auto gesvdj = cusolverDnZgesvdj;
+  static constexpr cudaDataType data = CUDA_C_64F, real = CUDA_R_64F;
   static type make(double re, double im) { return make_cuDoubleComplex(re, im); }
 };
 template <>
@@ -33,6 +34,7 @@ struct Cu<cplx64> {
   static constexpr auto gemm = cublasCgemm;
   static constexpr auto gesvdj_buffer_size = cusolverDnCgesvdj_bufferSize;
   static constexpr auto gesvdj = cusolverDnCgesvdj;
+  static constexpr cudaDataType data = CUDA_C_32F, real = CUDA_R_32F;
   static type make(double re, double im) { return make_cuFloatComplex(static_cast<float>(re), static_cast<float>(im)); }
 };
 template <typename T>
@@ -57,8 +59,11 @@ __device__ inline cuFloatComplex scaled(cuFloatComplex a, double f) {
 constexpr int kThreads = 256;
 unsigned blocks_for(std::int64_t n) { return static_cast<unsigned>(std::min<std::int64_t>((n + kThreads - 1) / kThreads, 65535 * 8)); }
 
-// Up to kScatters destinations of one product, by value.
-constexpr int kScatters = 16;
+// Up to kScatters destinations of one product, by value (32 bytes each: 8 KiB of kernel
+// parameters, within the 32 KiB CUDA 12.1+ allows). A density matrix's product goes to up to d^2
+// new centre charges (225 at d = 15): one launch each then, where 16 a launch made the launches,
+// not the arithmetic, Theta's cost at chi 8192.
+constexpr int kScatters = 256;
 template <typename C>
 struct Scatters {
   std::int64_t offset[kScatters], ld[kScatters];
@@ -93,18 +98,22 @@ cublasHandle_t blas(Stream& stream) {
   return h;
 }
 
-// One cuSOLVER handle and Jacobi configuration per host thread (the device is the thread's).
+// One cuSOLVER handle, Jacobi configuration and 64-bit API parameters per host thread (the device
+// is the thread's).
 struct Solver {
   cusolverDnHandle_t handle = nullptr;
   gesvdjInfo_t jacobi = nullptr;
+  cusolverDnParams_t params = nullptr;
   Solver() {
     QSTAGE_CUSOLVER_CHECK(cusolverDnCreate(&handle));
     QSTAGE_CUSOLVER_CHECK(cusolverDnCreateGesvdjInfo(&jacobi));
     // The defaults (tolerance: machine precision; 100 sweeps), written out so they are on record.
     QSTAGE_CUSOLVER_CHECK(cusolverDnXgesvdjSetTolerance(jacobi, 0.0));
     QSTAGE_CUSOLVER_CHECK(cusolverDnXgesvdjSetMaxSweeps(jacobi, 100));
+    QSTAGE_CUSOLVER_CHECK(cusolverDnCreateParams(&params));
   }
   ~Solver() {
+    cusolverDnDestroyParams(params);
     cusolverDnDestroyGesvdjInfo(jacobi);
     cusolverDnDestroy(handle);
   }
@@ -115,13 +124,17 @@ Solver& solver(Stream& stream) {
   return s;
 }
 
-bool on_host(const SvdProblem& p, std::int64_t gpu_from) {
-  const double f = static_cast<double>(gpu_from);
-  return static_cast<double>(p.m) * p.n * std::min(p.m, p.n) < f * f * f;
+enum class Path { host, jacobi, polar };
+Path path_of(const SvdProblem& p, SvdRouting r) {
+  const double f = static_cast<double>(r.gpu_from);
+  if (static_cast<double>(p.m) * p.n * std::min(p.m, p.n) < f * f * f) return Path::host;
+  return std::min(p.m, p.n) >= r.polar_from ? Path::polar : Path::jacobi;
 }
 
-// Jacobi's work array for p, in elements. The row-major m x n A is the column-major n x m A^T;
-// its left vectors (n x r, column-major) are Vh (r x n, row-major): they go straight to vh.
+// The row-major m x n A is the column-major n x m A^T; its left vectors (n x r, column-major) are
+// Vh (r x n, row-major): both GPU paths write them straight to vh, and the right ones (m x r) to
+// the workspace.
+// Jacobi's work array for p, in elements.
 template <typename T>
 int jacobi_lwork(Solver& s, const SvdProblem& p) {
   int lwork = 0;
@@ -130,20 +143,38 @@ int jacobi_lwork(Solver& s, const SvdProblem& p) {
                                                     nullptr, nullptr, rows, nullptr, cols, &lwork, s.jacobi));
   return lwork;
 }
+// gesvdp's device and host work arrays for p, in bytes.
+template <typename T>
+std::pair<std::size_t, std::size_t> polar_work(Solver& s, const SvdProblem& p) {
+  std::size_t device = 0, host = 0;
+  QSTAGE_CUSOLVER_CHECK(cusolverDnXgesvdp_bufferSize(s.handle, s.params, CUSOLVER_EIG_MODE_VECTOR, 1, p.n, p.m, Cu<T>::data,
+                                                     nullptr, p.n, Cu<T>::real, nullptr, Cu<T>::data, nullptr, p.n,
+                                                     Cu<T>::data, nullptr, p.m, Cu<T>::data, &device, &host));
+  return {device, host};
+}
 
 struct Layout {
   std::size_t a_copy = 0, v = 0, work = 0, info = 0, total = 0;
+  std::size_t host_work = 0;  // gesvdp's host array (bytes)
 };
-// The workspace: a copy of the largest A (Jacobi overwrites its input; the original stays for
-// the fallback), its right vectors, the largest work array, and one info per problem.
+// The workspace: a copy of the largest A (the GPU paths overwrite their input; the original stays
+// for the fallback), its right vectors, the largest work array, and one info per problem.
 template <typename T>
-Layout layout(Solver& s, const std::vector<SvdProblem>& problems, std::int64_t gpu_from) {
-  std::int64_t a = 0, v = 0, work = 0, count = 0;
+Layout layout(Solver& s, const std::vector<SvdProblem>& problems, SvdRouting routing) {
+  std::int64_t a = 0, v = 0, count = 0;
+  std::size_t work = 0, host_work = 0;
   for (const auto& p : problems) {
-    if (p.m == 0 || p.n == 0 || on_host(p, gpu_from)) continue;
+    if (p.m == 0 || p.n == 0) continue;
+    const Path path = path_of(p, routing);
+    if (path == Path::host) continue;
     a = std::max(a, p.m * p.n);
     v = std::max(v, p.m * std::min(p.m, p.n));
-    work = std::max<std::int64_t>(work, jacobi_lwork<T>(s, p));
+    if (path == Path::jacobi) {
+      work = std::max(work, jacobi_lwork<T>(s, p) * sizeof(T));
+    } else {
+      const auto [device, host] = polar_work<T>(s, p);
+      work = std::max(work, device), host_work = std::max(host_work, host);
+    }
     ++count;
   }
   auto up = [](std::size_t b) { return (b + 255) / 256 * 256; };
@@ -151,8 +182,9 @@ Layout layout(Solver& s, const std::vector<SvdProblem>& problems, std::int64_t g
   l.a_copy = 0;
   l.v = up(l.a_copy + a * sizeof(T));
   l.work = up(l.v + v * sizeof(T));
-  l.info = up(l.work + work * sizeof(T));
+  l.info = up(l.work + work);
   l.total = count == 0 ? 0 : up(l.info + count * sizeof(int));
+  l.host_work = host_work;
   return l;
 }
 
@@ -227,39 +259,69 @@ void scale_rows_cuda(Stream& stream, const T* a, const double* scale, const std:
 }
 
 template <typename T>
-std::size_t svd_workspace_bytes_cuda(Stream& stream, const std::vector<SvdProblem>& problems, std::int64_t gpu_from) {
-  return layout<T>(solver(stream), problems, gpu_from).total;
+std::size_t svd_workspace_bytes_cuda(Stream& stream, const std::vector<SvdProblem>& problems, SvdRouting routing) {
+  return layout<T>(solver(stream), problems, routing).total;
 }
 
 template <typename T>
 SvdReport batched_svd_cuda(Stream& stream, T* a, const std::vector<SvdProblem>& problems, Real<T>* s, T* vh,
-                           void* workspace, std::size_t workspace_bytes, std::int64_t gpu_from) {
+                           void* workspace, std::size_t workspace_bytes, SvdRouting routing) {
   using C = CuT<T>;
   Solver& sv = solver(stream);
   auto st = static_cast<cudaStream_t>(stream.native());
-  const Layout l = layout<T>(sv, problems, gpu_from);
+  const Layout l = layout<T>(sv, problems, routing);
   if (workspace_bytes < l.total)
     throw std::logic_error(fmt::format("batched_svd: workspace of {} bytes, needs {}", workspace_bytes, l.total));
   auto* base = static_cast<char*>(workspace);
   auto* a_copy = reinterpret_cast<C*>(base + l.a_copy);
   auto* v = reinterpret_cast<C*>(base + l.v);
-  auto* work = reinterpret_cast<C*>(base + l.work);
+  auto* work = base + l.work;
   auto* info = reinterpret_cast<int*>(base + l.info);
   SvdReport report;
   std::vector<SvdProblem> host, gpu;
-  for (const auto& p : problems)
-    if (p.m > 0 && p.n > 0) (on_host(p, gpu_from) ? host : gpu).push_back(p);
+  std::vector<Path> paths;
+  for (const auto& p : problems) {
+    if (p.m == 0 || p.n == 0) continue;
+    const Path path = path_of(p, routing);
+    if (path == Path::host) {
+      host.push_back(p);
+    } else {
+      gpu.push_back(p);
+      paths.push_back(path);
+    }
+  }
+  // Jacobi's calls queue on the stream and the host's share runs meanwhile; gesvdp returns its
+  // perturbation to the host, so each of its calls waits: the host's share goes first then.
+  const bool any_polar = std::find(paths.begin(), paths.end(), Path::polar) != paths.end();
+  if (any_polar) solve_on_host(stream, a, host, s, vh);
+  std::vector<char> host_work(l.host_work);
   for (std::size_t i = 0; i < gpu.size(); ++i) {
     const SvdProblem& p = gpu[i];
-    const int rows = static_cast<int>(p.n), cols = static_cast<int>(p.m);
     QSTAGE_CUDA_CHECK(cudaMemcpyAsync(a_copy, a + p.offset, p.m * p.n * sizeof(T), cudaMemcpyDeviceToDevice, st));
-    const int lwork = jacobi_lwork<T>(sv, p);
-    QSTAGE_CUSOLVER_CHECK(Cu<T>::gesvdj(sv.handle, CUSOLVER_EIG_MODE_VECTOR, 1, rows, cols, a_copy, rows,
-                                            s + p.s_offset, z(vh + p.vh_offset), rows, v, cols, work, lwork,
-                                            info + i, sv.jacobi));
+    if (paths[i] == Path::jacobi) {
+      const int rows = static_cast<int>(p.n), cols = static_cast<int>(p.m);
+      const int lwork = jacobi_lwork<T>(sv, p);
+      QSTAGE_CUSOLVER_CHECK(Cu<T>::gesvdj(sv.handle, CUSOLVER_EIG_MODE_VECTOR, 1, rows, cols, a_copy, rows,
+                                          s + p.s_offset, z(vh + p.vh_offset), rows, v, cols,
+                                          reinterpret_cast<C*>(work), lwork, info + i, sv.jacobi));
+      continue;
+    }
+    const auto [device_bytes, host_bytes] = polar_work<T>(sv, p);
+    double shift = 0;
+    const cusolverStatus_t rc = cusolverDnXgesvdp(
+        sv.handle, sv.params, CUSOLVER_EIG_MODE_VECTOR, 1, p.n, p.m, Cu<T>::data, a_copy, p.n, Cu<T>::real, s + p.s_offset,
+        Cu<T>::data, z(vh + p.vh_offset), p.n, Cu<T>::data, v, p.m, Cu<T>::data, work, device_bytes,
+        host_bytes ? host_work.data() : nullptr, host_bytes, info + i, &shift);
+    if (rc != CUSOLVER_STATUS_SUCCESS) {
+      // (a shape or size gesvdp refuses: the host solves it, counted as a fallback)
+      const int failed = 1;
+      QSTAGE_CUDA_CHECK(cudaMemcpyAsync(info + i, &failed, sizeof(int), cudaMemcpyHostToDevice, st));
+      QSTAGE_CUDA_CHECK(cudaStreamSynchronize(st));
+      continue;
+    }
+    report.polar_shift = std::max(report.polar_shift, shift);
   }
-  // The host's share runs while the GPU works through Jacobi.
-  solve_on_host(stream, a, host, s, vh);
+  if (!any_polar) solve_on_host(stream, a, host, s, vh);
   report.host = static_cast<std::int64_t>(host.size());
   std::vector<int> infos(gpu.size());
   if (!gpu.empty()) {
@@ -267,9 +329,14 @@ SvdReport batched_svd_cuda(Stream& stream, T* a, const std::vector<SvdProblem>& 
     QSTAGE_CUDA_CHECK(cudaStreamSynchronize(st));
   }
   std::vector<SvdProblem> failed;
-  for (std::size_t i = 0; i < gpu.size(); ++i) (infos[i] == 0 ? report.jacobi : report.host_fallbacks)++;
-  for (std::size_t i = 0; i < gpu.size(); ++i)
-    if (infos[i] != 0) failed.push_back(gpu[i]);
+  for (std::size_t i = 0; i < gpu.size(); ++i) {
+    if (infos[i] != 0) {
+      failed.push_back(gpu[i]);
+      ++report.host_fallbacks;
+    } else {
+      ++(paths[i] == Path::jacobi ? report.jacobi : report.polar);
+    }
+  }
   solve_on_host(stream, a, failed, s, vh);
   return report;
 }
@@ -294,9 +361,9 @@ void times_adjoint_cuda(Stream& stream, const T* a, const T* vh, const std::vect
   template void charge_products_cuda(Stream&, const T*, const std::vector<ChargeProduct>&,                           \
                                      const std::vector<ChargeScatter>&, T*, std::int64_t, T*);                       \
   template void scale_rows_cuda(Stream&, const T*, const double*, const std::vector<ScaledRows>&, T*);               \
-  template std::size_t svd_workspace_bytes_cuda<T>(Stream&, const std::vector<SvdProblem>&, std::int64_t);           \
+  template std::size_t svd_workspace_bytes_cuda<T>(Stream&, const std::vector<SvdProblem>&, SvdRouting);             \
   template SvdReport batched_svd_cuda(Stream&, T*, const std::vector<SvdProblem>&, Real<T>*, T*, void*, std::size_t, \
-                                      std::int64_t);                                                                 \
+                                      SvdRouting);                                                                   \
   template void times_adjoint_cuda(Stream&, const T*, const T*, const std::vector<AdjointProduct>&, T*);
 QSTAGE_CHARGE_BLOCKS_CUDA(cplx128)
 QSTAGE_CHARGE_BLOCKS_CUDA(cplx64)

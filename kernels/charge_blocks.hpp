@@ -7,6 +7,7 @@
 // element type T, instantiated (in both files) for complex128 (std::complex<double>: zgemm,
 // zgesdd, cublasZgemm, cusolverDnZgesvdj) and complex64 (std::complex<float>: cgemm, cgesdd,
 // cublasCgemm, cusolverDnCgesvdj), mps.tebd's precision parameter; Real<T> is T's real type.
+#include <algorithm>
 #include <complex>
 #include <cstdint>
 #include <vector>
@@ -51,12 +52,17 @@ struct SvdProblem {
   std::int64_t m = 0, n = 0, offset = 0, s_offset = 0, vh_offset = 0;
 };
 // How the problems were solved: on the host (LAPACK; on cuda the small problems, where a GPU
-// solver's fixed cost is larger), by cuSOLVER's one-sided Jacobi (gesvdj), and how many Jacobi
-// did not converge on and the host then solved.
+// solver's fixed cost is larger), by cuSOLVER's one-sided Jacobi (gesvdj), by its polar-
+// decomposition SVD (gesvdp: the largest problems), and how many of the GPU's the host then
+// solved (Jacobi did not converge, or gesvdp failed). polar_shift: the largest perturbation
+// gesvdp added to a rank-deficient problem (its h_err_sigma, absolute), which shifts its singular
+// values by about that much.
 struct SvdReport {
-  std::int64_t host = 0, jacobi = 0, host_fallbacks = 0;
+  std::int64_t host = 0, jacobi = 0, polar = 0, host_fallbacks = 0;
+  double polar_shift = 0;
   SvdReport& operator+=(const SvdReport& o) {
-    host += o.host, jacobi += o.jacobi, host_fallbacks += o.host_fallbacks;
+    host += o.host, jacobi += o.jacobi, polar += o.polar, host_fallbacks += o.host_fallbacks;
+    polar_shift = std::max(polar_shift, o.polar_shift);
     return *this;
   }
 };
@@ -65,15 +71,25 @@ struct SvdReport {
 // docs/benchmarks.md, qstage_bench svd, and mps.tebd at chi 1024 and 2048, where 320 did best
 // with one host thread per bond). Callers pass their setting; this is the default.
 inline constexpr std::int64_t kGpuSvdFrom = 320;
+// Of the GPU's problems, those with min(m, n) >= polar_from go to gesvdp, the rest to Jacobi.
+// Measured on an H200 (qstage_bench svd, docs/benchmarks.md): gesvdp is 3-7x faster than Jacobi
+// from 256 x 256 to 4096 x 4096 and exact to 1e-15 of the largest value on full-rank blocks, but
+// on rank-deficient ones its perturbation shifts the values by up to ~2e-10 of the largest
+// (Jacobi: 6e-13); from 512 its speed is worth that, below it Jacobi's fixed cost is small.
+inline constexpr std::int64_t kGpuPolarFrom = 512;
+// Which path solves which problem on cuda (the CPU backend solves all on the host).
+struct SvdRouting {
+  std::int64_t gpu_from = kGpuSvdFrom;      // 0: every problem on the GPU
+  std::int64_t polar_from = kGpuPolarFrom;  // a value above every size: Jacobi only
+};
 // Device workspace (bytes) batched_svd<T> needs for `problems` on `stream` (0 on cpu).
 template <typename T = cplx128>
-std::size_t svd_workspace_bytes(Stream& stream, const std::vector<SvdProblem>& problems,
-                                std::int64_t gpu_from = kGpuSvdFrom);
+std::size_t svd_workspace_bytes(Stream& stream, const std::vector<SvdProblem>& problems, SvdRouting routing = {});
 // Throws RuntimeFailure if a problem fails on every path (LAPACK's ?gesdd, then ?gesvd, last).
-// `gpu_from`: see kGpuSvdFrom (0: every problem on the GPU). S is in T's real type.
+// S is in T's real type.
 template <typename T>
 SvdReport batched_svd(Stream& stream, T* a, const std::vector<SvdProblem>& problems, Real<T>* s, T* vh,
-                      void* workspace, std::size_t workspace_bytes, std::int64_t gpu_from = kGpuSvdFrom);
+                      void* workspace, std::size_t workspace_bytes, SvdRouting routing = {});
 
 // out = A Vh[:k]^dagger / divisor: A (m x n at a_offset), the first k rows of Vh (at vh_offset,
 // rows of n), out (m x k at out_offset).
@@ -95,10 +111,10 @@ void charge_products_cuda(Stream& stream, const T* sites, const std::vector<Char
 template <typename T>
 void scale_rows_cuda(Stream& stream, const T* a, const double* scale, const std::vector<ScaledRows>& matrices, T* out);
 template <typename T>
-std::size_t svd_workspace_bytes_cuda(Stream& stream, const std::vector<SvdProblem>& problems, std::int64_t gpu_from);
+std::size_t svd_workspace_bytes_cuda(Stream& stream, const std::vector<SvdProblem>& problems, SvdRouting routing);
 template <typename T>
 SvdReport batched_svd_cuda(Stream& stream, T* a, const std::vector<SvdProblem>& problems, Real<T>* s, T* vh,
-                           void* workspace, std::size_t workspace_bytes, std::int64_t gpu_from);
+                           void* workspace, std::size_t workspace_bytes, SvdRouting routing);
 template <typename T>
 void times_adjoint_cuda(Stream& stream, const T* a, const T* vh, const std::vector<AdjointProduct>& products, T* out);
 }  // namespace detail

@@ -100,6 +100,13 @@ struct Lapack<std::complex<float>> {
   static constexpr const char* prefix = "c";
 };
 
+// Slack after the arrays LAPACK reads (the copy of A and the work array): Debian 12's OpenBLAS
+// (0.3.21) x86-64 ?gemv_n kernels, called by ?labrd inside ?gesdd, read past the end of their
+// operands for some shapes (OpenMathLib/OpenBLAS#5000). Where the array ends at the end of a
+// mapping (large blocks in a thread's malloc arena: the SVDs on OpenMP threads) that read is a
+// segfault; elsewhere it reads a neighbour's bytes that do not enter the result.
+std::size_t lapack_slack(std::int64_t m, std::int64_t n) { return static_cast<std::size_t>(4 * (m + n) + 64); }
+
 // A workspace query's answer: single precision rounds sizes above 2^24, so round those up.
 template <typename T>
 int work_size(const T& query) {
@@ -126,7 +133,7 @@ int gesdd(std::vector<T>& m_copy, std::int64_t m, std::int64_t n, BasicSvd<T>& o
           &lwork, rwork.data(), iwork.data(), &info, 1);
   if (info != 0) return info;
   lwork = work_size(query);
-  std::vector<T> work(static_cast<std::size_t>(std::max(1, lwork)));
+  std::vector<T> work(static_cast<std::size_t>(std::max(1, lwork)) + lapack_slack(m, n));
   Lapack<T>::gesdd("S", &rows, &cols, m_copy.data(), &lda, out.s.data(), out.vh.data(), &ldu, out.u.data(), &ldvt,
           work.data(), &lwork, rwork.data(), iwork.data(), &info, 1);
   return info;
@@ -144,7 +151,7 @@ int gesvd(std::vector<T>& m_copy, std::int64_t m, std::int64_t n, BasicSvd<T>& o
           &query, &lwork, rwork.data(), &info, 1, 1);
   if (info != 0) return info;
   lwork = work_size(query);
-  std::vector<T> work(static_cast<std::size_t>(std::max(1, lwork)));
+  std::vector<T> work(static_cast<std::size_t>(std::max(1, lwork)) + lapack_slack(m, n));
   Lapack<T>::gesvd("S", "S", &rows, &cols, m_copy.data(), &lda, out.s.data(), out.vh.data(), &ldu, out.u.data(), &ldvt,
           work.data(), &lwork, rwork.data(), &info, 1, 1);
   return info;
@@ -160,6 +167,9 @@ BasicSvd<T> svd(const T* a, std::int64_t m, std::int64_t n) {
   if (out.rank == 0) return out;
   if (m > (1ll << 30) / std::max<std::int64_t>(n, 1))
     throw RuntimeFailure(fmt::format("svd: an SVD of {} x {} is beyond LAPACK's 32-bit sizes", m, n));
+  // (capacity with the slack: LAPACK works in U and Vh too)
+  out.u.reserve(static_cast<std::size_t>(m * out.rank) + lapack_slack(m, n));
+  out.vh.reserve(static_cast<std::size_t>(out.rank * n) + lapack_slack(m, n));
   auto reset = [&] {
     out.u.assign(static_cast<std::size_t>(m * out.rank), T{});
     out.vh.assign(static_cast<std::size_t>(out.rank * n), T{});
@@ -167,12 +177,13 @@ BasicSvd<T> svd(const T* a, std::int64_t m, std::int64_t n) {
   };
   reset();
   const OneThread one_thread;
-  std::vector<T> copy(a, a + m * n);
+  std::vector<T> copy(static_cast<std::size_t>(m * n) + lapack_slack(m, n));
+  std::copy(a, a + m * n, copy.begin());
   int info = gesdd(copy, m, n, out);
   if (info == 0) return out;
   // ?gesdd failed to converge (info > 0): the slower QR-iteration SVD is more robust.
   reset();
-  copy.assign(a, a + m * n);
+  std::copy(a, a + m * n, copy.begin());
   const int info2 = gesvd(copy, m, n, out);
   if (info2 != 0)
     throw RuntimeFailure(

@@ -327,7 +327,7 @@ void apply_step(U1Mps& psi, const Evolution& ev, int step, const TruncParams& tr
       const bool reach = can_reach_cut(psi, u.bond);
       const double before = psi.weight;
       updater.apply(psi, {{u.bond, &ev.tables[u.gate]}}, trunc, eps);
-      if (reach && psi.weight < before * (1 - 1e-15)) canonicalize(psi);
+      if (reach && psi.weight < before * (1 - 1e-15)) updater.recanonicalize(psi, u.bond);
       continue;
     }
     const double lost = can_reach_cut(psi, u.bond) ? bond_expectation(psi, u.bond, ev.tables[u.loss]) : 0.0;
@@ -335,7 +335,7 @@ void apply_step(U1Mps& psi, const Evolution& ev, int step, const TruncParams& tr
     if (lost <= 0) continue;
     kept *= 1 - lost;
     // Below 1e-15 the tensors stay within that of B form: not worth a sweep.
-    if (lost > 1e-15) canonicalize(psi);
+    if (lost > 1e-15) updater.recanonicalize(psi, u.bond);
   }
   flush();
 }

@@ -1,6 +1,7 @@
 #include "stages/mps/tebd.hpp"
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <chrono>
@@ -356,6 +357,7 @@ double BondUpdater::update_in(U1Mps& psi, int j, const GateTable& gate, const Tr
   Backend& be = backend_;
   Stream& st = *stream_;
   Workspace& w = *work_;
+  const UpdateTimings before = timings_;
   auto clock = std::chrono::steady_clock::now();
   const BondPlan plan = plan_bond(psi, j, gate);
   timings_.planning += seconds_since(clock);
@@ -398,9 +400,9 @@ double BondUpdater::update_in(U1Mps& psi, int j, const GateTable& gate, const Tr
   }
   R* s = w.s.get<R>(be, s_size, true, "mps: singular values");
   T* vh = w.vh.get<T>(be, vh_size, true, "mps: right singular vectors");
-  const std::size_t svd_bytes = kernels::svd_workspace_bytes<T>(st, problems, gpu_svd_from_);
+  const std::size_t svd_bytes = kernels::svd_workspace_bytes<T>(st, problems, kernels::SvdRouting{gpu_svd_from_});
   void* svd_work = svd_bytes ? w.svd.get<char>(be, static_cast<std::int64_t>(svd_bytes), true, "mps: SVD workspace") : nullptr;
-  timings_.svd_paths += kernels::batched_svd(st, theta, problems, s, vh, svd_work, svd_bytes, gpu_svd_from_);
+  timings_.svd_paths += kernels::batched_svd(st, theta, problems, s, vh, svd_work, svd_bytes, kernels::SvdRouting{gpu_svd_from_});
   st.synchronize();
   timings_.svd += seconds_since(clock);
 
@@ -485,6 +487,20 @@ double BondUpdater::update_in(U1Mps& psi, int j, const GateTable& gate, const Tr
   psi.sites[j + 1] = std::move(new_b);
   timings_.transfers += seconds_since(clock);
   ++timings_.updates;
+  if (spdlog::should_log(spdlog::level::debug)) {
+    std::int64_t m_max = 0, n_max = 0;
+    for (const ChargeBlock& cb : plan.blocks)
+      if (std::min(cb.m, cb.n) > std::min(m_max, n_max)) m_max = cb.m, n_max = cb.n;
+    const UpdateTimings& a = timings_;
+    spdlog::debug("mps.tebd: bond {}: {} charge blocks ({} values), the largest {} x {}; planning {:.3f} s, Theta {:.3f} s ({} GEMM "
+                  "products, {} scatters, {} sector pairs gathered with {} terms), SVD "
+                  "{:.3f} s ({} host, {} Jacobi, {} gesvdp), truncation {:.3f} s, C Y^dagger {:.3f} s, transfers {:.3f} s; kept {}",
+                  j + 1, plan.blocks.size(), plan.c_size, m_max, n_max, a.planning - before.planning, a.theta - before.theta,
+                  plan.products.size(), plan.scatters.size(), plan.tile_pairs.size(), plan.tile_terms.size(),
+                  a.svd - before.svd, a.svd_paths.host - before.svd_paths.host, a.svd_paths.jacobi - before.svd_paths.jacobi,
+                  a.svd_paths.polar - before.svd_paths.polar, a.truncation - before.truncation, a.finish - before.finish,
+                  a.transfers - before.transfers, psi.bonds[j + 1].size());
+  }
   return t.discarded;
 }
 
@@ -506,37 +522,29 @@ void LayerUpdater::apply(U1Mps& psi, const std::vector<BondGate>& updates, const
   const int P = ranks_ ? ranks_->size() : 1;
   const std::vector<std::int64_t> mine = owned_updates(static_cast<std::int64_t>(updates.size()), ranks_ ? ranks_->rank() : 0,
                                                        P, static_cast<int>(exchange_.exchanges % P));
-  const auto count = static_cast<std::int64_t>(mine.size());
   std::exception_ptr failure;
-  std::mutex failure_mutex;
-  std::vector<std::int64_t> deferred;  // updates whose workspace did not fit beside the others'
-  // (an SVD's own OpenMP loop inside runs on its caller's thread: nested regions are inactive)
-#pragma omp parallel for schedule(dynamic, 1) num_threads(concurrency_) if (count > 1 && concurrency_ > 1)
-  for (std::int64_t k = 0; k < count; ++k) {
-    const auto i = static_cast<std::size_t>(mine[static_cast<std::size_t>(k)]);
-    try {
-      auto& updater = updaters_[static_cast<std::size_t>(omp_get_thread_num())];
-      if (!updater) {
-        backend_.bind_thread();
-        updater = std::make_unique<BondUpdater>(backend_, gpu_svd_from_, precision_);
+  // Updates whose workspace did not fit the device budget beside the others' are rerun with half
+  // as many at a time (the others' workspaces released), down to one at a time, where a budget
+  // too small for one update is a bad input. Each update computes what it would alone: the same bits.
+  std::vector<std::int64_t> deferred = run_concurrently(psi, updates, mine, trunc, discarded, norms, failure);
+  while (!deferred.empty() && !failure) {
+    retired_.serialized += static_cast<std::int64_t>(deferred.size());
+    concurrency_ = std::max(1, concurrency_ / 2);
+    for (std::size_t t = static_cast<std::size_t>(concurrency_); t < updaters_.size(); ++t)
+      if (updaters_[t]) {
+        retired_ += updaters_[t]->timings();
+        updaters_[t].reset();
       }
-      discarded[i] = updater->update(psi, updates[i].bond, *updates[i].gate, trunc);
-      norms[i] = updater->last_norm();
-    } catch (const BudgetExceeded&) {
-      // (update() changes psi only once it has computed: rerun alone, it gives the same bits)
-      const std::lock_guard lock(failure_mutex);
-      deferred.push_back(static_cast<std::int64_t>(i));
-    } catch (...) {
-      const std::lock_guard lock(failure_mutex);
-      if (!failure) failure = std::current_exception();
+    if (concurrency_ > 1) {
+      deferred = run_concurrently(psi, updates, deferred, trunc, discarded, norms, failure);
+      continue;
     }
-  }
-  if (!deferred.empty() && !failure) {
     try {
       run_alone(psi, updates, deferred, trunc, discarded, norms);
     } catch (...) {
       failure = std::current_exception();
     }
+    break;
   }
   if (ranks_) exchange(psi, updates, mine, failure, discarded, norms);
   else if (failure) std::rethrow_exception(failure);
@@ -546,15 +554,48 @@ void LayerUpdater::apply(U1Mps& psi, const std::vector<BondGate>& updates, const
     for (double n : norms) psi.weight *= n;
 }
 
+std::vector<std::int64_t> LayerUpdater::run_concurrently(U1Mps& psi, const std::vector<BondGate>& updates,
+                                                         const std::vector<std::int64_t>& indices, const TruncParams& trunc,
+                                                         std::vector<double>& discarded, std::vector<double>& norms,
+                                                         std::exception_ptr& failure) {
+  const auto count = static_cast<std::int64_t>(indices.size());
+  std::mutex failure_mutex;
+  std::vector<std::int64_t> deferred;
+  // With fewer updates at a time than threads, each update's host SVDs (kernels::batched_svd's
+  // OpenMP loop over blocks, nested here) get the threads left over; each SVD still runs on one.
+  const int team = static_cast<int>(std::min<std::int64_t>(concurrency_, count));
+  const int threads = omp_get_max_threads(), inner = std::max(1, threads / std::max(1, team));
+  const int saved_levels = omp_get_max_active_levels();
+  if (team > 1 && inner > 1) omp_set_max_active_levels(2);
+#pragma omp parallel for schedule(dynamic, 1) num_threads(team) if (team > 1)
+  for (std::int64_t k = 0; k < count; ++k) {
+    const auto i = static_cast<std::size_t>(indices[static_cast<std::size_t>(k)]);
+    omp_set_num_threads(inner);
+    try {
+      auto& updater = updaters_[static_cast<std::size_t>(omp_get_thread_num())];
+      if (!updater) {
+        backend_.bind_thread();
+        updater = std::make_unique<BondUpdater>(backend_, gpu_svd_from_, precision_);
+      }
+      discarded[i] = updater->update(psi, updates[i].bond, *updates[i].gate, trunc);
+      norms[i] = updater->last_norm();
+    } catch (const BudgetExceeded&) {
+      // (update() changes psi only once it has computed: rerun, it gives the same bits)
+      const std::lock_guard lock(failure_mutex);
+      deferred.push_back(static_cast<std::int64_t>(i));
+    } catch (...) {
+      const std::lock_guard lock(failure_mutex);
+      if (!failure) failure = std::current_exception();
+    }
+  }
+  omp_set_max_active_levels(saved_levels);
+  std::sort(deferred.begin(), deferred.end());
+  return deferred;
+}
+
 void LayerUpdater::run_alone(U1Mps& psi, const std::vector<BondGate>& updates, std::vector<std::int64_t> indices,
                              const TruncParams& trunc, std::vector<double>& discarded, std::vector<double>& norms) {
   std::sort(indices.begin(), indices.end());
-  concurrency_ = 1;
-  for (std::size_t t = 1; t < updaters_.size(); ++t)
-    if (updaters_[t]) {
-      retired_ += updaters_[t]->timings();
-      updaters_[t].reset();
-    }
   if (!updaters_[0]) {
     backend_.bind_thread();
     updaters_[0] = std::make_unique<BondUpdater>(backend_, gpu_svd_from_, precision_);
@@ -569,7 +610,6 @@ void LayerUpdater::run_alone(U1Mps& psi, const std::vector<BondGate>& updates, s
     }
     norms[static_cast<std::size_t>(i)] = updaters_[0]->last_norm();
   }
-  retired_.serialized += static_cast<std::int64_t>(indices.size());
 }
 
 void LayerUpdater::exchange(U1Mps& psi, const std::vector<BondGate>& updates, const std::vector<std::int64_t>& mine,
@@ -641,6 +681,13 @@ void LayerUpdater::exchange(U1Mps& psi, const std::vector<BondGate>& updates, co
   exchange_.bytes_sent += packet.size();
   ++exchange_.exchanges;
   exchange_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+void LayerUpdater::recanonicalize(U1Mps& psi, int bond) {
+  const auto start = std::chrono::steady_clock::now();
+  canonicalize(psi, bond);
+  retired_.canonical += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ++retired_.canonicalizations;
 }
 
 UpdateTimings LayerUpdater::timings() const {

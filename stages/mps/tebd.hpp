@@ -25,11 +25,14 @@ struct UpdateTimings {
   double finish = 0;      // B'[j] = C Y^dagger / norm
   std::int64_t updates = 0;
   std::int64_t products = 0, gathered_pairs = 0;  // Theta's GEMM products, and its pairs in gather form
-  std::int64_t serialized = 0;  // updates rerun alone: their workspace did not fit the budget beside the others' 
+  std::int64_t serialized = 0;  // updates rerun with fewer at a time: their workspace did not fit the budget beside the others' 
+  double canonical = 0;          // wall seconds of LayerUpdater::recanonicalize
+  std::int64_t canonicalizations = 0;
   kernels::SvdReport svd_paths;
   UpdateTimings& operator+=(const UpdateTimings& o) {
     planning += o.planning, theta += o.theta, svd += o.svd, truncation += o.truncation, transfers += o.transfers, finish += o.finish;
     updates += o.updates, products += o.products, gathered_pairs += o.gathered_pairs, serialized += o.serialized;
+    canonical += o.canonical, canonicalizations += o.canonicalizations;
     svd_paths += o.svd_paths;
     return *this;
   }
@@ -126,9 +129,13 @@ class LayerUpdater {
   // An n_pair state's weight is multiplied by each update's kept norm (in list order), so that
   // rho = weight * (the state) stays the evolved, unnormalised density matrix.
   void apply(U1Mps& psi, const std::vector<BondGate>& updates, const TruncParams& trunc, double& eps);
+  // Brings psi back to canonical form after a gate on sites (bond, bond + 1) that was not unitary
+  // (a beam splitter cut at d, a lossy gate): canonicalize(psi, bond), timed for the log.
+  void recanonicalize(U1Mps& psi, int bond);
   // The updaters' timings summed (thread-seconds), and the layers' wall seconds.
   UpdateTimings timings() const;
   double wall_seconds() const { return wall_; }
+  int concurrency() const { return concurrency_; }
   const ExchangeStats& exchange_stats() const { return exchange_; }
 
  private:
@@ -141,12 +148,17 @@ class LayerUpdater {
   RankExchange* ranks_ = nullptr;
   ExchangeStats exchange_;
   std::vector<std::unique_ptr<BondUpdater>> updaters_;  // one per OpenMP thread, made on first use
-  // How many updates run at once: the threads, until an update's workspace does not fit the device
-  // budget beside the others'; then one (run_alone), for the rest of the evolution.
+  // How many updates run at once: the threads, halved each time an update's workspace does not fit
+  // the device budget beside the others' (for the rest of the evolution).
   int concurrency_ = 1;
   UpdateTimings retired_;  // the timings of updaters released to make room
-  // Reruns `indices` of `updates` one at a time on one updater, the others' workspaces released;
-  // a budget too small for one update is an InputError naming it.
+  // Runs `indices` of `updates`, concurrency_ at a time; returns those that did not fit the budget
+  // (ascending) and records another failure in `failure`.
+  std::vector<std::int64_t> run_concurrently(U1Mps& psi, const std::vector<BondGate>& updates, const std::vector<std::int64_t>& indices,
+                                             const TruncParams& trunc, std::vector<double>& discarded, std::vector<double>& norms,
+                                             std::exception_ptr& failure);
+  // Reruns `indices` of `updates` one at a time on one updater; a budget too small for one update
+  // is an InputError naming it.
   void run_alone(U1Mps& psi, const std::vector<BondGate>& updates, std::vector<std::int64_t> indices, const TruncParams& trunc,
                  std::vector<double>& discarded, std::vector<double>& norms);
   double wall_ = 0;

@@ -440,12 +440,18 @@ class TebdStage final : public ComputedStage {
     const UpdateTimings tm = updater.timings();
     spdlog::info(
         "mps.tebd: {} two-site updates on {} in {:.3f} s, bonds of a layer at once; summed over the threads: planning {:.3f} s, Theta "
-        "{:.3f} s ({} GEMM products, {} sector pairs gathered), SVD {:.3f} s ({} blocks on the host, {} by Jacobi, {} Jacobi fallbacks), truncation {:.3f} s, "
-        "C Y^dagger {:.3f} s, transfers and packing {:.3f} s{}{}",
+        "{:.3f} s ({} GEMM products, {} sector pairs gathered), SVD {:.3f} s ({} blocks on the host, {} by Jacobi, {} by gesvdp{}, {} fallbacks to the host), truncation {:.3f} s, "
+        "C Y^dagger {:.3f} s, transfers and packing {:.3f} s{}{}{}",
         tm.updates, backend_name(ctx.backend->kind()), updater.wall_seconds(), tm.planning, tm.theta, tm.products, tm.gathered_pairs, tm.svd, tm.svd_paths.host,
-        tm.svd_paths.jacobi, tm.svd_paths.host_fallbacks, tm.truncation, tm.finish, tm.transfers,
-        tm.serialized ? fmt::format("; {} update{} did not fit the device budget beside the others' and ran alone, and "
-                                    "the updates ran one at a time from then on", tm.serialized, tm.serialized == 1 ? "" : "s")
+        tm.svd_paths.jacobi, tm.svd_paths.polar,
+        tm.svd_paths.polar ? fmt::format(" with a perturbation of at most {:.1e}", tm.svd_paths.polar_shift) : std::string(),
+        tm.svd_paths.host_fallbacks, tm.truncation, tm.finish, tm.transfers,
+        tm.canonicalizations ? fmt::format("; the chain brought back to canonical form after {} gates that were not unitary, in {:.3f} s",
+                                           tm.canonicalizations, tm.canonical)
+                             : std::string(),
+        tm.serialized ? fmt::format("; {} update{} did not fit the device budget beside the others' and {} rerun with half as many "
+                                    "at a time, {} at a time from then on", tm.serialized, tm.serialized == 1 ? "" : "s",
+                                    tm.serialized == 1 ? "was" : "were", updater.concurrency())
                       : std::string(),
         ranks ? "; " + describe_exchange(*ctx.comm, updater.exchange_stats()) : std::string());
     if (!root) return {};

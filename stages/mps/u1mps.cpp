@@ -11,6 +11,7 @@
 #include <stdexcept>
 
 #include "core/error.hpp"
+#include "core/parallel.hpp"
 #include "kernels/common.hpp"
 #include "kernels/random.hpp"
 #include "kernels/u1_math.hpp"
@@ -209,13 +210,18 @@ void normalise_boundary(U1Mps& psi, const std::map<int, std::vector<cplx>>& carr
 // Right to left: per left sector, [B(c_L, c_R) ...] = U S Vh; the site keeps Vh (orthonormal
 // rows), U S moves into the site on the left. Leaves psi right-canonical with norm 1 (bond 0's
 // lambda sqrt P(N)); the inner bonds' lambda are placeholders until the left-to-right sweep.
-void right_to_left_sweep(U1Mps& psi) {
-  const int L = psi.L;
-  for (int j = L - 1; j >= 0; --j) {
+void right_to_left_sweep(U1Mps& psi, int from) {
+  for (int j = from; j >= 0; --j) {
     Site& s = psi.sites[j];
-    std::map<int, std::vector<double>> new_bond;
-    std::map<int, std::vector<cplx>> carry;  // per charge: U S, old rows x rank
-    for (auto& [c, g] : groups_by_left(s)) {
+    // The groups' SVDs run on the OpenMP threads (each LAPACK call on one thread, so the bits do
+    // not depend on their count); each writes only its own blocks and its own slot.
+    const std::map<int, RowGroup> by_left = groups_by_left(s);
+    const std::vector<std::pair<int, RowGroup>> groups(by_left.begin(), by_left.end());
+    std::vector<std::vector<cplx>> us_of(groups.size());  // per group: U S, old rows x kept
+    std::vector<std::int64_t> kept_of(groups.size());
+    const auto count = static_cast<std::int64_t>(groups.size());
+    parallel_for(count, [&](std::int64_t gi) {
+      const RowGroup& g = groups[gi].second;
       std::vector<cplx> m(static_cast<std::size_t>(g.rows * g.cols));
       std::int64_t col0 = 0;
       for (std::size_t bi : g.blocks) {
@@ -240,8 +246,14 @@ void right_to_left_sweep(U1Mps& psi) {
       std::vector<cplx> us(static_cast<std::size_t>(g.rows * keep));
       for (std::int64_t r = 0; r < g.rows; ++r)
         for (std::int64_t p = 0; p < keep; ++p) us[r * keep + p] = f.u[r * f.rank + p] * f.s[p];
-      carry[c] = std::move(us);
-      new_bond[c].assign(static_cast<std::size_t>(keep), 1.0);
+      us_of[gi] = std::move(us);
+      kept_of[gi] = keep;
+    });
+    std::map<int, std::vector<double>> new_bond;
+    std::map<int, std::vector<cplx>> carry;  // per charge: U S, old rows x rank
+    for (std::size_t gi = 0; gi < groups.size(); ++gi) {
+      carry[groups[gi].first] = std::move(us_of[gi]);
+      new_bond[groups[gi].first].assign(static_cast<std::size_t>(kept_of[gi]), 1.0);
     }
     drop_empty_blocks(s);
     if (j == 0) {
@@ -249,14 +261,18 @@ void right_to_left_sweep(U1Mps& psi) {
       continue;
     }
     psi.bonds[j] = make_bond(new_bond);
-    for (Block& b : psi.sites[j - 1].blocks) {
-      const auto& us = carry[b.c_right];
-      const std::int64_t keep = psi.bonds[j].sector(b.c_right).size;
+    std::vector<Block>& left = psi.sites[j - 1].blocks;
+    const auto blocks = static_cast<std::int64_t>(left.size());
+    const Bond& bond = psi.bonds[j];
+    parallel_for(blocks, [&](std::int64_t bi) {
+      Block& b = left[bi];
+      const auto it = carry.find(b.c_right);
+      const std::int64_t keep = it == carry.end() ? 0 : bond.sector(b.c_right).size;
       std::vector<cplx> v(static_cast<std::size_t>(b.rows * keep));
-      if (keep > 0) matmul(b.values.data(), us.data(), v.data(), b.rows, b.cols, keep);
+      if (keep > 0) matmul(b.values.data(), it->second.data(), v.data(), b.rows, b.cols, keep);
       b.cols = keep;
       b.values = std::move(v);
-    }
+    });
     drop_empty_blocks(psi.sites[j - 1]);
   }
 }
@@ -284,9 +300,14 @@ double left_to_right_sweep(U1Mps& psi, const TruncParams* trunc) {
     std::map<int, std::vector<cplx>> next_x;
     std::map<int, std::int64_t> next_rows;
     // Per right charge c: X(c_L) B(c_L, c) stacked over c_L, and its SVD.
-    std::vector<std::pair<int, Svd>> factors;
-    std::vector<std::int64_t> cols;
-    for (auto& [c, g] : groups_by_right(s)) {
+    // (the groups on the OpenMP threads, as in the sweep right to left)
+    const std::map<int, RowGroup> by_right = groups_by_right(s);
+    const std::vector<std::pair<int, RowGroup>> groups(by_right.begin(), by_right.end());
+    std::vector<std::pair<int, Svd>> factors(groups.size());
+    std::vector<std::int64_t> cols(groups.size());
+    const auto count = static_cast<std::int64_t>(groups.size());
+    parallel_for(count, [&](std::int64_t gi) {
+      const auto& [c, g] = groups[gi];
       std::int64_t rows = 0;
       for (std::size_t bi : g.blocks) rows += x_rows.at(s.blocks[bi].c_left);
       std::vector<cplx> m(static_cast<std::size_t>(rows * g.cols));
@@ -297,9 +318,9 @@ double left_to_right_sweep(U1Mps& psi, const TruncParams* trunc) {
         matmul(x.at(b.c_left).data(), b.values.data(), &m[row0 * g.cols], xr, b.rows, b.cols);
         row0 += xr;
       }
-      factors.emplace_back(c, svd(m.data(), rows, g.cols));
-      cols.push_back(g.cols);
-    }
+      factors[gi] = {c, svd(m.data(), rows, g.cols)};
+      cols[gi] = g.cols;
+    });
     // What each charge keeps: its values above 1e-14 (zero weight), and the global cut if asked.
     std::vector<std::int64_t> limit(factors.size());
     if (trunc) {
@@ -324,7 +345,9 @@ double left_to_right_sweep(U1Mps& psi, const TruncParams* trunc) {
       next_rows[c] = keep;
     }
     // B[j](c_L, c) <- B[j](c_L, c) V^dagger; B[j+1](c, c_R) <- V B[j+1](c, c_R).
-    for (Block& b : s.blocks) {
+    const auto here = static_cast<std::int64_t>(s.blocks.size());
+    parallel_for(here, [&](std::int64_t bi) {
+      Block& b = s.blocks[bi];
       const auto& v = rot.at(b.c_right);
       const std::int64_t keep = next_rows.at(b.c_right);
       std::vector<cplx> vd(static_cast<std::size_t>(b.cols * keep));
@@ -334,15 +357,18 @@ double left_to_right_sweep(U1Mps& psi, const TruncParams* trunc) {
       matmul(b.values.data(), vd.data(), out.data(), b.rows, b.cols, keep);
       b.cols = keep;
       b.values = std::move(out);
-    }
-    for (Block& b : psi.sites[j + 1].blocks) {
+    });
+    std::vector<Block>& right = psi.sites[j + 1].blocks;
+    const auto next = static_cast<std::int64_t>(right.size());
+    parallel_for(next, [&](std::int64_t bi) {
+      Block& b = right[bi];
       const auto it = rot.find(b.c_left);
       const std::int64_t keep = it == rot.end() ? 0 : next_rows.at(b.c_left);
       std::vector<cplx> out(static_cast<std::size_t>(keep * b.cols));
       if (keep > 0) matmul(it->second.data(), b.values.data(), out.data(), keep, b.rows, b.cols);
       b.rows = keep;
       b.values = std::move(out);
-    }
+    });
     drop_empty_blocks(s);
     drop_empty_blocks(psi.sites[j + 1]);
     psi.bonds[j + 1] = make_bond(lam);
@@ -381,13 +407,13 @@ double cut_boundary(U1Mps& psi, const TruncParams& trunc) {
   return t.discarded;
 }
 
-void canonicalize(U1Mps& psi) {
-  right_to_left_sweep(psi);
+void canonicalize(U1Mps& psi, int off_form) {
+  right_to_left_sweep(psi, off_form >= 0 && off_form < psi.L ? off_form : psi.L - 1);
   left_to_right_sweep(psi, nullptr);
 }
 
 double compress(U1Mps& psi, const TruncParams& trunc) {
-  right_to_left_sweep(psi);
+  right_to_left_sweep(psi, psi.L - 1);
   double discarded = cut_boundary(psi, trunc);
   discarded += left_to_right_sweep(psi, &trunc);
   // The cuts leave the sites left of each one off right-canonical form: canonicalise again.

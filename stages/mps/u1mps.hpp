@@ -85,8 +85,11 @@ U1Mps random_state(int L, int d, int total_charge, int chi, std::uint64_t seed);
 
 // Right-canonicalises `psi` (norm 1) and sets every bond's lambda to its Schmidt values, by a
 // right-to-left sweep of per-sector SVDs then a left-to-right one; indices whose Schmidt value is
-// zero (below 1e-14 of the largest) are dropped.
-void canonicalize(U1Mps& psi);
+// zero (below 1e-14 of the largest) are dropped. With `off_form`, the sites right of it are known
+// to be right-isometric (B form, as after an update of sites off_form and off_form + 1 by a gate
+// that is not unitary): the first sweep starts there. The sweeps' per-sector SVDs run on the
+// OpenMP threads, each on one thread (the bits do not depend on their count).
+void canonicalize(U1Mps& psi, int off_form = -1);
 
 // Truncates psi to `trunc` (TeNPy's parameters, the global cut over each bond's charges) by the
 // SVD compression sweep: right-canonicalise, then cut each bond from left to right on its exact

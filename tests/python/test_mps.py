@@ -3,8 +3,11 @@ against the state vector it represents), TEBD against a numpy state vector that 
 Trotter gate sequence (to 1e-10), against the exact L = 8 XXZ table of
 ../shared/data/mps/README.md, against the free-fermion correlation-matrix formulas (XX chain),
 truncation, and bad inputs refused with exit 2. numpy only (no scipy)."""
+import re
+
 import h5py
 import numpy as np
+
 import pytest
 
 from conftest import DEVICE, file_digest, one_line_error, run, write_spec
@@ -455,13 +458,14 @@ def test_mps_init_compresses_to_chi_max_with_an_honest_error(tmp, params, chi_ma
     assert read(out / "evo.h5", "truncation_error")[0][0] == eps
 
 
-def test_a_device_budget_too_small_for_the_layer_runs_its_updates_alone_with_the_same_bits(tmp):
-    """Each thread's update holds its own workspace: a budget that fits one but not two makes the
-    updates that did not fit rerun alone, then one at a time; the bits do not change. A budget
-    below one update is a bad input (exit 2) naming it."""
+@pytest.mark.parametrize("threads", [2, 4])
+def test_a_device_budget_too_small_for_the_layer_reruns_its_updates_fewer_at_a_time_with_the_same_bits(tmp, threads):
+    """Each thread's update holds its own workspace: with a budget that does not fit them all, the
+    updates that did not fit are rerun with half as many at a time (down to one), and so on from
+    then on; the bits do not change. A budget below one update is a bad input (exit 2) naming it."""
     steps = (init_step("{L: 16, d: 2, state: random, total_charge: 8, chi: 32, seed: 3}") +
              tebd_step("{J: 1, delta: 0.5, dt: 0.05, steps: 4, trunc: {chi_max: 64}}"))
-    env = {"OMP_NUM_THREADS": "2"}
+    env = {"OMP_NUM_THREADS": str(threads)}
     r, out = run_steps(tmp / "free", steps, env=env)
     assert r.code == 0, r
     with h5py.File(out / "evo.h5") as f:
@@ -470,7 +474,9 @@ def test_a_device_budget_too_small_for_the_layer_runs_its_updates_alone_with_the
     spec = write_spec(tmp / "tight.yaml", f"name: tight\nsteps:\n{steps}")
     tight = run(["run", spec, "--run-dir", tmp / "run-tight", "--device", DEVICE, "--device-memory", str(int(0.7 * peak))], env=env)
     assert tight.code == 0, tight
-    assert "ran alone" in (tmp / "run-tight" / "logs" / "rank-0.log").read_text()
+    log = (tmp / "run-tight" / "logs" / "rank-0.log").read_text()
+    assert "rerun with half as many at a time" in log
+    assert re.search(r"([0-9]+) at a time from then on", log).group(1) in [str(t) for t in range(1, threads)]
     with h5py.File(tmp / "run-tight" / "outputs" / "evo.h5") as f:
         assert {k: f[k][()].tobytes() for k in f if isinstance(f[k], h5py.Dataset)} == free
         assert int(f.attrs["qstage.peak_device_bytes"]) <= int(0.7 * peak)

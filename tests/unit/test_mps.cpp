@@ -7,6 +7,7 @@
 #include <cmath>
 #include <complex>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "core/error.hpp"
@@ -16,6 +17,7 @@
 #include "stages/mps/models.hpp"
 #include "stages/mps/tebd.hpp"
 #include "stages/mps/u1mps.hpp"
+#include "test_util.hpp"
 
 using namespace qstage;
 using namespace qstage::stages::mps;
@@ -277,6 +279,79 @@ TEST(ChargeBlocks, Complex64BatchedSvdAgreesWithComplex128) {
   double diff = 0;
   for (std::int64_t i = 0; i < s_size; ++i) diff = std::max(diff, std::abs(sf[i] - s[i]));
   EXPECT_GT(diff, 0);
+}
+
+// The GPU's SVD paths (Jacobi, gesvdp) against the host's zgesdd on the same blocks, full rank and
+// rank deficient (an MPS's Theta blocks often are): singular values to 1e-10 of the largest, Vh's
+// kept rows orthonormal and spanning the row space (A Vh^dagger Vh = A).
+TEST(ChargeBlocks, GpuSvdPathsAgreeWithTheHost) {
+  REQUIRE_GPU();
+  qstage::test::GpuRun gpu;
+  const auto cpu = qstage::detail::make_cpu_backend(std::uint64_t(1) << 40, std::uint64_t(1) << 40);
+  const auto cpu_stream = cpu->make_stream();
+  std::mt19937_64 rng(11);
+  std::normal_distribution<double> normal;
+  std::vector<kernels::SvdProblem> problems;
+  std::vector<std::int64_t> ranks;  // 0: full
+  std::int64_t a_size = 0, s_size = 0, vh_size = 0;
+  for (auto [m, n, rank] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{90, 70, 0}, {70, 90, 0}, {120, 120, 17}, {3, 2, 0}}) {
+    problems.push_back({m, n, a_size, s_size, vh_size});
+    ranks.push_back(rank);
+    a_size += m * n, s_size += std::min(m, n), vh_size += std::min(m, n) * n;
+  }
+  std::vector<kernels::cplx128> a(a_size);
+  for (std::size_t i = 0; i < problems.size(); ++i) {
+    const auto& p = problems[i];
+    if (ranks[i] == 0) {
+      for (std::int64_t e = 0; e < p.m * p.n; ++e) a[p.offset + e] = {normal(rng), normal(rng)};
+      continue;
+    }
+    std::vector<kernels::cplx128> x(p.m * ranks[i]), y(ranks[i] * p.n);
+    for (auto& v : x) v = {normal(rng), normal(rng)};
+    for (auto& v : y) v = {normal(rng), normal(rng)};
+    kernels::matmul(x.data(), y.data(), a.data() + p.offset, p.m, ranks[i], p.n);
+  }
+  std::vector<kernels::cplx128> host_a = a, host_vh(vh_size);
+  std::vector<double> host_s(s_size);
+  kernels::batched_svd(*cpu_stream, host_a.data(), problems, host_s.data(), host_vh.data(), nullptr, 0);
+  for (const kernels::SvdRouting routing : {kernels::SvdRouting{0, 1 << 30}, kernels::SvdRouting{0, 1}}) {
+    const bool polar = routing.polar_from == 1;
+    SCOPED_TRACE(polar ? "gesvdp" : "Jacobi");
+    Buffer da = gpu.upload(a.data(), a.size() * sizeof(kernels::cplx128));
+    Buffer ds = gpu.backend->alloc_device(s_size * sizeof(double), "S"), dvh = gpu.backend->alloc_device(vh_size * sizeof(kernels::cplx128), "Vh");
+    const std::size_t bytes = kernels::svd_workspace_bytes(*gpu.stream, problems, routing);
+    Buffer w = gpu.backend->alloc_device(std::max<std::size_t>(bytes, 1), "SVD workspace");
+    const kernels::SvdReport rep =
+        kernels::batched_svd(*gpu.stream, da.as<kernels::cplx128>(), problems, ds.as<double>(), dvh.as<kernels::cplx128>(), w.data(), bytes, routing);
+    EXPECT_EQ(rep.host, 0);
+    EXPECT_EQ(polar ? rep.polar : rep.jacobi, static_cast<std::int64_t>(problems.size()) - rep.host_fallbacks);
+    const auto s = gpu.download<double>(ds, s_size);
+    const auto vh = gpu.download<kernels::cplx128>(dvh, vh_size);
+    for (std::size_t i = 0; i < problems.size(); ++i) {
+      const auto& p = problems[i];
+      const std::int64_t r = std::min(p.m, p.n), kept = ranks[i] ? ranks[i] : r;
+      const double top = host_s[p.s_offset];
+      for (std::int64_t q = 0; q < r; ++q) EXPECT_NEAR(s[p.s_offset + q], host_s[p.s_offset + q], 1e-10 * top) << "problem " << i << " value " << q;
+      // A Vh_k^dagger Vh_k = A with the kept rows, and those rows orthonormal
+      double worst = 0;
+      for (std::int64_t row = 0; row < p.m; ++row) {
+        std::vector<kernels::cplx128> proj(p.n);
+        for (std::int64_t q = 0; q < kept; ++q) {
+          kernels::cplx128 dot = 0;
+          for (std::int64_t c = 0; c < p.n; ++c) dot += a[p.offset + row * p.n + c] * std::conj(vh[p.vh_offset + q * p.n + c]);
+          for (std::int64_t c = 0; c < p.n; ++c) proj[c] += dot * vh[p.vh_offset + q * p.n + c];
+        }
+        for (std::int64_t c = 0; c < p.n; ++c) worst = std::max(worst, std::abs(proj[c] - a[p.offset + row * p.n + c]));
+      }
+      EXPECT_LT(worst, 1e-9 * top) << "problem " << i;
+      for (std::int64_t q = 0; q < kept; ++q)
+        for (std::int64_t k = 0; k < kept; ++k) {
+          kernels::cplx128 dot = 0;
+          for (std::int64_t c = 0; c < p.n; ++c) dot += vh[p.vh_offset + q * p.n + c] * std::conj(vh[p.vh_offset + k * p.n + c]);
+          EXPECT_LT(std::abs(dot - (q == k ? 1.0 : 0.0)), 1e-10) << "problem " << i;
+        }
+    }
+  }
 }
 
 TEST(MpsTruncation, GlobalRankingTiesAndTenpyConstraints) {
