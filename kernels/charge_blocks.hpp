@@ -76,6 +76,7 @@ inline constexpr std::int64_t kGpuSvdFrom = 320;
 // from 256 x 256 to 4096 x 4096 and exact to 1e-15 of the largest value on full-rank blocks, but
 // on rank-deficient ones its perturbation shifts the values by up to ~2e-10 of the largest
 // (Jacobi: 6e-13); from 512 its speed is worth that, below it Jacobi's fixed cost is small.
+// complex64 uses Jacobi at every size (that shift grows as the precision's square root).
 inline constexpr std::int64_t kGpuPolarFrom = 512;
 // Which path solves which problem on cuda (the CPU backend solves all on the host).
 struct SvdRouting {

@@ -8,6 +8,7 @@
 #include <complex>
 #include <random>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "core/error.hpp"
@@ -281,11 +282,12 @@ TEST(ChargeBlocks, Complex64BatchedSvdAgreesWithComplex128) {
   EXPECT_GT(diff, 0);
 }
 
-// The GPU's SVD paths (Jacobi, gesvdp) against the host's zgesdd on the same blocks, full rank and
-// rank deficient (an MPS's Theta blocks often are): singular values to 1e-10 of the largest, Vh's
-// kept rows orthonormal and spanning the row space (A Vh^dagger Vh = A).
-TEST(ChargeBlocks, GpuSvdPathsAgreeWithTheHost) {
-  REQUIRE_GPU();
+// The GPU's SVD paths (Jacobi, gesvdp) against the host's ?gesdd on the same blocks, full rank and
+// rank deficient (an MPS's Theta blocks often are): singular values to `tol` of the largest, Vh's
+// kept rows orthonormal and spanning the row space (A Vh^dagger Vh = A); complex128 to 1e-9 (the
+// values to 1e-10), complex64 to 1e-4 (float's Jacobi).
+template <typename T>
+void check_gpu_svd_paths(double tol, double s_tol) {
   qstage::test::GpuRun gpu;
   const auto cpu = qstage::detail::make_cpu_backend(std::uint64_t(1) << 40, std::uint64_t(1) << 40);
   const auto cpu_stream = cpu->make_stream();
@@ -299,59 +301,73 @@ TEST(ChargeBlocks, GpuSvdPathsAgreeWithTheHost) {
     ranks.push_back(rank);
     a_size += m * n, s_size += std::min(m, n), vh_size += std::min(m, n) * n;
   }
-  std::vector<kernels::cplx128> a(a_size);
+  std::vector<T> a(a_size);
   for (std::size_t i = 0; i < problems.size(); ++i) {
     const auto& p = problems[i];
     if (ranks[i] == 0) {
-      for (std::int64_t e = 0; e < p.m * p.n; ++e) a[p.offset + e] = {normal(rng), normal(rng)};
+      for (std::int64_t e = 0; e < p.m * p.n; ++e) a[p.offset + e] = T(normal(rng), normal(rng));
       continue;
     }
-    std::vector<kernels::cplx128> x(p.m * ranks[i]), y(ranks[i] * p.n);
-    for (auto& v : x) v = {normal(rng), normal(rng)};
-    for (auto& v : y) v = {normal(rng), normal(rng)};
+    std::vector<T> x(p.m * ranks[i]), y(ranks[i] * p.n);
+    for (auto& v : x) v = T(normal(rng), normal(rng));
+    for (auto& v : y) v = T(normal(rng), normal(rng));
     kernels::matmul(x.data(), y.data(), a.data() + p.offset, p.m, ranks[i], p.n);
   }
-  std::vector<kernels::cplx128> host_a = a, host_vh(vh_size);
-  std::vector<double> host_s(s_size);
+  using R = kernels::Real<T>;
+  std::vector<T> host_a = a, host_vh(vh_size);
+  std::vector<R> host_s(s_size);
   kernels::batched_svd(*cpu_stream, host_a.data(), problems, host_s.data(), host_vh.data(), nullptr, 0);
   for (const kernels::SvdRouting routing : {kernels::SvdRouting{0, 1 << 30}, kernels::SvdRouting{0, 1}}) {
     const bool polar = routing.polar_from == 1;
     SCOPED_TRACE(polar ? "gesvdp" : "Jacobi");
-    Buffer da = gpu.upload(a.data(), a.size() * sizeof(kernels::cplx128));
-    Buffer ds = gpu.backend->alloc_device(s_size * sizeof(double), "S"), dvh = gpu.backend->alloc_device(vh_size * sizeof(kernels::cplx128), "Vh");
-    const std::size_t bytes = kernels::svd_workspace_bytes(*gpu.stream, problems, routing);
+    Buffer da = gpu.upload(a.data(), a.size() * sizeof(T));
+    Buffer ds = gpu.backend->alloc_device(s_size * sizeof(R), "S"), dvh = gpu.backend->alloc_device(vh_size * sizeof(T), "Vh");
+    const std::size_t bytes = kernels::svd_workspace_bytes<T>(*gpu.stream, problems, routing);
     Buffer w = gpu.backend->alloc_device(std::max<std::size_t>(bytes, 1), "SVD workspace");
     const kernels::SvdReport rep =
-        kernels::batched_svd(*gpu.stream, da.as<kernels::cplx128>(), problems, ds.as<double>(), dvh.as<kernels::cplx128>(), w.data(), bytes, routing);
+        kernels::batched_svd(*gpu.stream, da.as<T>(), problems, ds.as<R>(), dvh.as<T>(), w.data(), bytes, routing);
     EXPECT_EQ(rep.host, 0);
-    EXPECT_EQ(polar ? rep.polar : rep.jacobi, static_cast<std::int64_t>(problems.size()) - rep.host_fallbacks);
-    const auto s = gpu.download<double>(ds, s_size);
-    const auto vh = gpu.download<kernels::cplx128>(dvh, vh_size);
+    // (complex64 keeps to Jacobi)
+    const bool to_polar = polar && std::is_same_v<T, kernels::cplx128>;
+    EXPECT_EQ(to_polar ? rep.polar : rep.jacobi, static_cast<std::int64_t>(problems.size()) - rep.host_fallbacks);
+    const auto s = gpu.download<R>(ds, s_size);
+    const auto vh = gpu.download<T>(dvh, vh_size);
     for (std::size_t i = 0; i < problems.size(); ++i) {
       const auto& p = problems[i];
       const std::int64_t r = std::min(p.m, p.n), kept = ranks[i] ? ranks[i] : r;
       const double top = host_s[p.s_offset];
-      for (std::int64_t q = 0; q < r; ++q) EXPECT_NEAR(s[p.s_offset + q], host_s[p.s_offset + q], 1e-10 * top) << "problem " << i << " value " << q;
+      for (std::int64_t q = 0; q < r; ++q) EXPECT_NEAR(s[p.s_offset + q], host_s[p.s_offset + q], s_tol * top) << "problem " << i << " value " << q;
       // A Vh_k^dagger Vh_k = A with the kept rows, and those rows orthonormal
       double worst = 0;
       for (std::int64_t row = 0; row < p.m; ++row) {
-        std::vector<kernels::cplx128> proj(p.n);
+        std::vector<std::complex<double>> proj(p.n);
         for (std::int64_t q = 0; q < kept; ++q) {
-          kernels::cplx128 dot = 0;
-          for (std::int64_t c = 0; c < p.n; ++c) dot += a[p.offset + row * p.n + c] * std::conj(vh[p.vh_offset + q * p.n + c]);
-          for (std::int64_t c = 0; c < p.n; ++c) proj[c] += dot * vh[p.vh_offset + q * p.n + c];
+          std::complex<double> dot = 0;
+          for (std::int64_t c = 0; c < p.n; ++c)
+            dot += std::complex<double>(a[p.offset + row * p.n + c]) * std::conj(std::complex<double>(vh[p.vh_offset + q * p.n + c]));
+          for (std::int64_t c = 0; c < p.n; ++c) proj[c] += dot * std::complex<double>(vh[p.vh_offset + q * p.n + c]);
         }
-        for (std::int64_t c = 0; c < p.n; ++c) worst = std::max(worst, std::abs(proj[c] - a[p.offset + row * p.n + c]));
+        for (std::int64_t c = 0; c < p.n; ++c) worst = std::max(worst, std::abs(proj[c] - std::complex<double>(a[p.offset + row * p.n + c])));
       }
-      EXPECT_LT(worst, 1e-9 * top) << "problem " << i;
+      EXPECT_LT(worst, tol * top) << "problem " << i;
       for (std::int64_t q = 0; q < kept; ++q)
         for (std::int64_t k = 0; k < kept; ++k) {
-          kernels::cplx128 dot = 0;
-          for (std::int64_t c = 0; c < p.n; ++c) dot += vh[p.vh_offset + q * p.n + c] * std::conj(vh[p.vh_offset + k * p.n + c]);
-          EXPECT_LT(std::abs(dot - (q == k ? 1.0 : 0.0)), 1e-10) << "problem " << i;
+          std::complex<double> dot = 0;
+          for (std::int64_t c = 0; c < p.n; ++c)
+            dot += std::complex<double>(vh[p.vh_offset + q * p.n + c]) * std::conj(std::complex<double>(vh[p.vh_offset + k * p.n + c]));
+          EXPECT_LT(std::abs(dot - (q == k ? 1.0 : 0.0)), tol) << "problem " << i;
         }
     }
   }
+}
+
+TEST(ChargeBlocks, GpuSvdPathsAgreeWithTheHost) {
+  REQUIRE_GPU();
+  check_gpu_svd_paths<kernels::cplx128>(1e-9, 1e-10);
+}
+TEST(ChargeBlocks, GpuSvdPathsAgreeWithTheHostInComplex64) {
+  REQUIRE_GPU();
+  check_gpu_svd_paths<kernels::cplx64>(1e-4, 1e-4);
 }
 
 TEST(MpsTruncation, GlobalRankingTiesAndTenpyConstraints) {
