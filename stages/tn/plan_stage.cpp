@@ -14,6 +14,7 @@
 #include "kernels/gemm.hpp"
 #include "kernels/random.hpp"
 #include "stages/params.hpp"
+#include "stages/tn/distribution.hpp"
 #include "stages/tn/network.hpp"
 #include "stages/tn/plan.hpp"
 #include "stages/tn/tn_stages.hpp"
@@ -101,6 +102,11 @@ struct Params {
   bool scratch;                                  // (out of core only)
   std::optional<std::uint64_t> host_budget;      // (read out of core only); none: from --host-memory
   std::optional<double> pcie_bandwidth;          // (out of core only); none: measured
+  int ranks = 1;                                 // P > 1: also plan the contraction sharded over P ranks (distribution)
+  std::optional<std::uint64_t> large_bytes;      // (ranks > 1) the threshold of a large step; none: a quarter of the budget
+  double net_bandwidth = 0, latency = 0;         // (ranks > 1) eq. 7's B_net and lambda within a node
+  int node_ranks = 8;                            // ranks a node holds (NVLink among them)
+  double inter_node_bandwidth = 0;               // B_net beyond one node (InfiniBand)
   static Params from_json(const json& p) {
     Params r;
     r.precision = params::precision(p);
@@ -117,9 +123,60 @@ struct Params {
       r.host_budget = params::optional_size(p, "host_budget");
       r.pcie_bandwidth = params::optional<double>(p, "pcie_bandwidth");
     }
+    r.ranks = p.at("ranks").get<int>();
+    if (r.ranks > 1) {
+      r.large_bytes = params::optional_size(p, "large_bytes");
+      r.net_bandwidth = p.at("net_bandwidth").get<double>();
+      r.latency = p.at("latency").get<double>();
+      r.node_ranks = p.at("node_ranks").get<int>();
+      r.inter_node_bandwidth = p.at("inter_node_bandwidth").get<double>();
+    }
     return r;
   }
 };
+
+// The contraction planned for P ranks (seed 000 section IV-B, stages/tn/distribution.hpp): sliced
+// against the ranks' memory together (P budgets: the large intermediates are sharded, so P ranks
+// hold what one budget P times as large would), then its large steps' distribution planned over
+// eq. 5-7, and the what-if figures of seed 000 section V-A against this plan (one rank): R_P
+// (eq. 11, the flops of every slice of one plan over the other's), the projected speed-up S_P
+// (eq. 9, predicted seconds per slice times slices) and E_P = S_P / P (eq. 10). No GPUs needed.
+json distributed(const tn::Network& net, const tn::Path& path, const tn::PlanOptions& one_rank, const tn::Plan& plan, const Params& p) {
+  tn::PlanOptions o = one_rank;
+  const double ranks = p.ranks;
+  o.budget_bytes = one_rank.budget_bytes > ~std::uint64_t{0} / static_cast<std::uint64_t>(p.ranks)
+                       ? ~std::uint64_t{0}
+                       : one_rank.budget_bytes * static_cast<std::uint64_t>(p.ranks);
+  const tn::Plan wide = tn::make_plan(net, path, o);
+  tn::DistributionOptions d;
+  d.ranks = p.ranks;
+  d.element_bytes = o.element_bytes;
+  d.large_bytes = p.large_bytes ? *p.large_bytes : std::max<std::uint64_t>(1, one_rank.budget_bytes / 4);
+  d.device_bandwidth = o.bandwidth, d.device_rate = o.gemm_rate;
+  // (an all-to-all over several nodes runs at the slower links' rate)
+  d.net_bandwidth = p.ranks <= p.node_ranks ? p.net_bandwidth : p.inter_node_bandwidth;
+  d.latency = p.latency;
+  const tn::DistributionPlan dist = tn::plan_distribution(net, wide.steps, d);
+  // Projected times of one bitstring (eq. 8): invariant steps once, the others in every slice.
+  const double t1 = plan.predicted_seconds_per_bitstring();
+  double tp = 0;
+  for (std::size_t s = 0; s < wide.steps.size(); ++s)
+    tp += (dist.steps[s].compute_seconds + dist.steps[s].comm_seconds) * (wide.steps[s].invariant ? 1.0 : static_cast<double>(wide.slices));
+  json j = dist.to_json();
+  j["large_bytes"] = d.large_bytes;
+  j["net_bandwidth"] = d.net_bandwidth;
+  j["latency"] = d.latency;
+  j["budget_bytes_per_rank"] = one_rank.budget_bytes;
+  j["slices"] = wide.slices;
+  j["sliced"] = wide.sliced;
+  j["flops_total"] = wide.flops_per_bitstring();
+  j["node_ranks"] = p.node_ranks;
+  j["predicted_seconds_total"] = tp;
+  j["R_P"] = plan.flops_per_bitstring() / wide.flops_per_bitstring();
+  j["S_P"] = t1 / tp;
+  j["E_P"] = t1 / tp / ranks;
+  return j;
+}
 
 class PlanStage final : public ComputedStage {
  public:
@@ -203,6 +260,7 @@ class PlanStage final : public ComputedStage {
     j["rates"] = measured;
     j["budget_bytes"] = o.budget_bytes;
     if (o.out_of_core) j["host_budget_bytes"] = o.host_budget_bytes;
+    if (p.ranks > 1) j["distribution"] = distributed(net, path, o, plan, p);
     return j.dump();
   }
   void write_results(const StagePlan&, const StepResults& r, h5::File& out) const override {
@@ -262,6 +320,12 @@ class PlanStage final : public ComputedStage {
                    "a quarter of the budget) so that the search weighs the slicing",
                    plan.slicing_overhead);
     out.set_attribute("path_reconfigured", static_cast<std::int64_t>(plan.path_reconfigured));
+    if (j.contains("distribution")) {
+      const json& d = j.at("distribution");
+      out.set_attribute("distribution_ranks", d.at("ranks").get<std::int64_t>());
+      out.set_attribute("distribution_slices", d.at("slices").get<std::int64_t>());
+      for (const char* k : {"R_P", "S_P", "E_P"}) out.set_attribute(std::string("distribution_") + k, d.at(k).get<double>());
+    }
   }
   std::string describe_results(const StagePlan&, const StepResults& r) const override {
     const tn::Plan plan = tn::Plan::from_json(json::parse(*r.computed));
@@ -284,12 +348,29 @@ class PlanStage final : public ComputedStage {
                           format_duration(plan.predicted_prologue_seconds), plan.flops_per_bitstring(),
                           plan.flops_per_bitstring_without_reuse())
             : "";
+    const json j = json::parse(*r.computed);
+    std::string ranks;
+    if (j.contains("distribution")) {
+      const json& d = j.at("distribution");
+      int redistributions = 0, forced = 0, chained = 0;
+      for (const json& s : d.at("steps")) {
+        const std::string t = s.at("transition").get<std::string>();
+        chained += t != "local";
+        redistributions += t == "redistribute";
+        forced += s.at("forced").get<bool>();
+      }
+      ranks = fmt::format("; over {} ranks: {} slice(s), {} distributed step(s) in {} use-chain(s), {} redistribution(s) ({} forced), "
+                          "{} moved, R_P {:.3g}, predicted S_P {:.3g}, E_P {:.3g}",
+                          d.at("ranks").get<int>(), d.at("slices").get<std::int64_t>(), chained, d.at("chains").size(), redistributions,
+                          forced, format_bytes(d.at("moved_bytes").get<double>()), d.at("R_P").get<double>(),
+                          d.at("S_P").get<double>(), d.at("E_P").get<double>());
+    }
     return fmt::format("{} steps ({} packed, {} copies of {}), {} slice(s) over {} sliced mode(s){}, arena {} per slice{}, "
-                       "{} input transposes, predicted {} per slice{}",
+                       "{} input transposes, predicted {} per slice{}{}",
                        plan.steps.size(), plan.packed_steps, plan.step_transposes,
                        format_bytes(static_cast<double>(plan.transposed_bytes)), plan.slices, plan.sliced.size(), sliced,
                        format_bytes(static_cast<double>(plan.arena_bytes)), spill, plan.input_transposes,
-                       format_duration(plan.predicted_seconds), reuse);
+                       format_duration(plan.predicted_seconds), reuse, ranks);
   }
 };
 

@@ -783,3 +783,48 @@ steps:
     assert seconds.shape == (steps,) and np.all(np.isfinite(seconds)) and np.all(seconds >= 0)
     with h5py.File(run_dir / "outputs" / "quiet.h5") as f:
         assert f["step_seconds"].shape == (steps,) and np.all(np.isnan(f["step_seconds"][()]))
+
+
+def test_a_plan_for_several_ranks_distributes_its_large_steps_and_predicts_the_gain(tmp):
+    """tn.plan with ranks: P (seed 000 section IV-B, a what-if that needs no GPUs): the contraction
+    sliced against P budgets, its large steps' transitions along use-chains (activate first, then
+    keep or redistribute, the chain's result gathered after its last step), distributed modes whose
+    extents reach P, and R_P, S_P, E_P against the one-rank plan. ranks: 1 adds nothing."""
+    source = "random: {rows: 4, cols: 5, cycles: 10, seed: 3}"
+    bits = "random_bitstrings: {count: 1, seed: 1}"
+    steps = circuit_steps(source, bits, "complex64", "64KiB")
+    spec = "name: dist\nsteps:" + steps.replace("budget: 64KiB", "budget: 64KiB, ranks: 8, large_bytes: 8KiB")
+    _, run_dir = committed_run(tmp / "eight", spec)
+    with h5py.File(run_dir / "outputs" / "plan.h5") as f:
+        plan = json.loads(bytes(f["plan"][()]).decode())
+        attrs = dict(f.attrs)
+    d = plan["distribution"]
+    assert d["ranks"] == 8 and attrs["distribution_ranks"] == 8
+    assert d["slices"] <= plan["slices"] and d["R_P"] >= 1 and attrs["distribution_R_P"] == d["R_P"]
+    assert abs(d["E_P"] - d["S_P"] / 8) < 1e-12 * d["S_P"]
+    assert d["chains"], "a 64 KiB budget with 8 KiB large steps has use-chains"
+    # (every mode of a qubit circuit has extent 2: the distributed modes' extents multiply to 2^len)
+    chained = {s for chain in d["chains"] for s in chain}
+    for chain in d["chains"]:
+        kinds = [d["steps"][s]["transition"] for s in chain]
+        assert kinds[0] == "activate", kinds  # (a chain of one step: activated, then gathered)
+        assert all(k in ("keep", "redistribute") for k in kinds[1:-1]), kinds
+        assert len(chain) == 1 or kinds[-1] in ("gather", "redistribute"), kinds
+        for s in chain:
+            assert 2 ** len(d["steps"][s]["distributed_modes"]) >= 8
+            assert d["steps"][s]["comm_seconds"] >= 0
+        assert d["steps"][chain[-1]]["moved_bytes"] > 0  # the gather
+    for i, s in enumerate(d["steps"]):
+        assert (s["transition"] == "local") == (i not in chained)
+        assert s["forced"] is False or s["transition"] == "redistribute"
+    assert sum(s["moved_bytes"] for s in d["steps"]) == d["moved_bytes"]
+    # one rank: the same plan without a distribution
+    _, one = committed_run(tmp / "one", "name: dist\nsteps:" + steps)
+    with h5py.File(one / "outputs" / "plan.h5") as f:
+        single = json.loads(bytes(f["plan"][()]).decode())
+        assert "distribution" not in single and "distribution_ranks" not in f.attrs
+    assert single["slices"] == plan["slices"]
+    # a rank count below one is refused before anything runs
+    bad = write_spec(tmp / "bad.yaml", "name: dist\nsteps:" + steps.replace("budget: 64KiB", "budget: 64KiB, ranks: 0"))
+    r = run(["run", bad, "--run-dir", tmp / "bad", "--device", DEVICE])
+    assert r.code == 2 and "ranks" in r.err, r
