@@ -120,7 +120,7 @@ class BuildStage final : public ComputedStage {
   StagePlan plan(const json& params, const std::map<std::string, DatasetInfo>&) const override {
     const int sources = Params::from_json(params).sources();
     if (sources != 1)
-      throw InputError(fmt::format("{} sources given; expected exactly one of circuit, random, qaoa, network or einsum",
+      throw InputError(fmt::format("{} sources given; expected exactly one of circuit, random, qaoa, lattice, network or einsum",
                                    sources));
     return computed_plan({{"network", {{h5::DType::uint8, {}, {}}}}, {"bitstrings", {{h5::DType::uint8, {}, {}}}}});
   }

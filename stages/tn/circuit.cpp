@@ -217,6 +217,54 @@ std::vector<std::pair<int, int>> random_regular_graph(int nodes, int degree, std
   throw InputError(fmt::format("could not draw a simple {}-regular graph on {} nodes", degree, nodes));
 }
 
+std::vector<std::pair<int, int>> lattice_edges(const LatticeOptions& o) {
+  if (o.rows < 1 || o.cols < 1 || o.rows * o.cols < 2)
+    throw InputError(fmt::format("lattice: {} x {} sites; expected at least 2", o.rows, o.cols));
+  if (o.kind != "rectangular" && o.kind != "triangular" && o.kind != "hexagonal")
+    throw InputError(fmt::format("lattice: kind '{}'; expected rectangular, triangular or hexagonal", o.kind));
+  auto at = [&](int r, int c) { return r * o.cols + c; };
+  std::vector<std::pair<int, int>> edges;
+  for (int r = 0; r < o.rows; ++r)
+    for (int c = 0; c < o.cols; ++c) {
+      if (c + 1 < o.cols) edges.push_back({at(r, c), at(r, c + 1)});
+      if (r + 1 < o.rows && (o.kind != "hexagonal" || (r + c) % 2 == 0)) edges.push_back({at(r, c), at(r + 1, c)});
+      if (o.kind == "triangular" && r + 1 < o.rows && c + 1 < o.cols) edges.push_back({at(r, c), at(r + 1, c + 1)});
+    }
+  return edges;
+}
+
+Circuit lattice_dynamics(const LatticeOptions& o) {
+  if (o.steps < 1) throw InputError(fmt::format("lattice: steps = {}; expected at least 1", o.steps));
+  if (o.disorder < 0 || o.disorder > 1) throw InputError(fmt::format("lattice: disorder = {}; expected 0 to 1", o.disorder));
+  const std::vector<std::pair<int, int>> edges = lattice_edges(o);
+  Rng rng{kernels::splitmix64(o.seed ^ 0x1a77u)};
+  std::vector<double> couplings;
+  for (std::size_t e = 0; e < edges.size(); ++e) {
+    const double u = static_cast<double>(rng.below(std::uint64_t{1} << 53)) / static_cast<double>(std::uint64_t{1} << 53);
+    couplings.push_back(o.J * (1 + o.disorder * (2 * u - 1)));
+  }
+  Circuit c;
+  c.qubits = o.rows * o.cols;
+  c.source = fmt::format("transverse-field Ising dynamics on a {} {} x {} lattice, {} Trotter steps of dt = {}, J = {} (disorder {}, "
+                         "seed {}), h = {}", o.kind, o.rows, o.cols, o.steps, o.dt, o.J, o.disorder, o.seed, o.h);
+  c.graph = edges;
+  int time = 0;
+  for (int s = 0; s < o.steps; ++s) {
+    for (std::size_t e = 0; e < edges.size(); ++e) {
+      Gate g{"rzz", {edges[e].first, edges[e].second}, {2 * couplings[e] * o.dt}, {}, time++, 0};
+      g.matrix = gate_matrix(g.name, g.params, "lattice");
+      c.gates.push_back(std::move(g));
+    }
+    for (int q = 0; q < c.qubits; ++q) {
+      Gate g{"rx", {q}, {2 * o.h * o.dt}, {}, time, 0};
+      g.matrix = gate_matrix(g.name, g.params, "lattice");
+      c.gates.push_back(std::move(g));
+    }
+    ++time;
+  }
+  return c;
+}
+
 Circuit qaoa_maxcut(const QaoaOptions& o, const std::vector<std::pair<int, int>>& edges) {
   if (o.p < 1) throw InputError("qaoa: p must be at least 1");
   if (static_cast<int>(o.gammas.size()) != o.p || static_cast<int>(o.betas.size()) != o.p)

@@ -76,4 +76,21 @@ std::vector<std::pair<int, int>> random_regular_graph(int nodes, int degree, std
 // ("rzz", angle 2 gamma) and rx(2 beta) on every qubit.
 Circuit qaoa_maxcut(const QaoaOptions& options, const std::vector<std::pair<int, int>>& edges);
 
+// Trotterized many-body dynamics on a 2D lattice (seed 000 section III-D): the transverse-field
+// Ising model H = sum_<ij> J_ij Z_i Z_j + h sum_i X_i on rows x cols sites (qubit r * cols + c),
+// first-order Trotter steps exp(-i J_ij dt Z Z) on every edge ("rzz", angle 2 J_ij dt) then
+// exp(-i h dt X) on every site ("rx", angle 2 h dt), from |0...0>. The couplings are J times a
+// seeded factor in [1 - disorder, 1 + disorder] per edge.
+struct LatticeOptions {
+  std::string kind = "rectangular";  // rectangular | triangular | hexagonal
+  int rows = 3, cols = 3, steps = 1;
+  double dt = 0.1, J = 1.0, h = 1.0, disorder = 0.0;
+  std::uint64_t seed = 0;
+};
+// The lattice's nearest-neighbour edges: rectangular (right and down), triangular (those and the
+// down-right diagonal), hexagonal (a brick wall, the honeycomb's graph: every horizontal edge and
+// the vertical ones below sites with r + c even). Throws InputError for an unknown kind or size.
+std::vector<std::pair<int, int>> lattice_edges(const LatticeOptions& options);
+Circuit lattice_dynamics(const LatticeOptions& options);
+
 }  // namespace qstage::tn

@@ -17,7 +17,7 @@ std::vector<std::string> source_file_parameters() { return {"/circuit", "/bitstr
 SourceParams SourceParams::from_json(const json& p) {
   SourceParams s;
   s.circuit = p.contains("circuit");
-  s.circuit_sources = s.circuit + p.contains("random") + p.contains("qaoa");
+  s.circuit_sources = s.circuit + p.contains("random") + p.contains("qaoa") + p.contains("lattice");
   if (p.contains("random")) {
     const json& r = p["random"];
     RandomCircuitOptions o;
@@ -39,6 +39,20 @@ SourceParams SourceParams::from_json(const json& p) {
     o.seed = q.value("seed", std::uint64_t{0});
     s.qaoa = o;
   }
+  if (p.contains("lattice")) {
+    const json& l = p["lattice"];
+    LatticeOptions o;
+    o.kind = l.value("kind", o.kind);
+    o.rows = l.value("rows", o.rows);
+    o.cols = l.value("cols", o.cols);
+    o.steps = l.value("steps", o.steps);
+    o.dt = l.value("dt", o.dt);
+    o.J = l.value("J", o.J);
+    o.h = l.value("h", o.h);
+    o.disorder = l.value("disorder", o.disorder);
+    o.seed = l.value("seed", o.seed);
+    s.lattice = o;
+  }
   if (p.contains("bitstrings")) s.bitstrings = p["bitstrings"].get<std::vector<std::string>>();
   s.bitstrings_file = p.contains("bitstrings_file");
   if (p.contains("count")) s.count = p["count"].get<std::uint64_t>();
@@ -52,10 +66,11 @@ SourceParams SourceParams::from_json(const json& p) {
 
 Circuit circuit_from_params(const SourceParams& p, const Files& files) {
   if (p.circuit_sources != 1)
-    throw InputError(fmt::format("params: {} circuit sources given; expected exactly one of circuit (a file), random or "
-                                 "qaoa", p.circuit_sources));
+    throw InputError(fmt::format("params: {} circuit sources given; expected exactly one of circuit (a file), random, "
+                                 "qaoa or lattice", p.circuit_sources));
   if (p.circuit) return read_circuit(files.at("/circuit").string());
   if (p.random) return random_circuit(*p.random);
+  if (p.lattice) return lattice_dynamics(*p.lattice);
   return qaoa_maxcut(*p.qaoa, random_regular_graph(p.qaoa->nodes, 3, p.qaoa->seed));
 }
 

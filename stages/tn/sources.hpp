@@ -6,6 +6,7 @@
 //   circuit: path.qsim | path.qasm        one of these three
 //   random: {rows, cols, cycles, seed, pattern, gate}
 //   qaoa: {nodes, p, gammas, betas, seed}
+//   lattice: {kind, rows, cols, steps, dt, J, h, disorder, seed}   (Trotterized Ising dynamics)
 //   bitstrings: ["0101..", ...]          amplitudes of these (character q = qubit q), or
 //   bitstrings_file: path                 lines of 0/1 (the first `count`), or
 //   random_bitstrings: {count, seed}
@@ -32,10 +33,11 @@ std::vector<std::string> source_file_parameters();
 // The parameters above, read once (part of tn.build's and tn.statevector's Params). Files are
 // flagged here and read from the step's resolved file parameters (Files).
 struct SourceParams {
-  int circuit_sources = 0;  // how many of circuit, random and qaoa are given (one expected)
+  int circuit_sources = 0;  // how many of circuit, random, qaoa and lattice are given (one expected)
   bool circuit = false;     // a circuit file: Files "/circuit"
   std::optional<RandomCircuitOptions> random;
   std::optional<QaoaOptions> qaoa;
+  std::optional<LatticeOptions> lattice;
   std::optional<std::vector<std::string>> bitstrings;
   bool bitstrings_file = false;  // Files "/bitstrings_file"
   std::optional<std::uint64_t> count;  // lines of bitstrings_file read (none or 0: all)

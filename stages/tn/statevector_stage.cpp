@@ -186,7 +186,7 @@ class StateVectorStage final : public Stage {
   StagePlan plan(const json& params, const std::map<std::string, DatasetInfo>&) const override {
     const Params p = Params::from_json(params);
     if (!p.source.has_circuit())
-      throw InputError("no circuit; expected one of circuit (a file), random or qaoa");
+      throw InputError("no circuit; expected one of circuit (a file), random, qaoa or lattice");
     StagePlan plan;  // sizes come from the circuit: refine_plan
     plan.pass.rows = 0;
     plan.primary_output = p.source.pauli ? "value" : "amplitudes";

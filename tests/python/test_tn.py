@@ -58,6 +58,10 @@ def amplitudes(run_dir, step):
     ("random: {rows: 4, cols: 4, cycles: 10, seed: 2, gate: cz}", "complex128", 1e-12, "128KiB"),
     ("random: {rows: 4, cols: 5, cycles: 8, seed: 3}", "complex128", 1e-12, "1MiB"),
     ("qaoa: {nodes: 14, p: 2, seed: 4}", "complex64", 1e-5, "16KiB"),
+    # seed 000's many-body workloads: Trotterized Ising dynamics on three lattices, disordered couplings
+    ("lattice: {kind: rectangular, rows: 3, cols: 4, steps: 3, dt: 0.2, disorder: 0.3, seed: 5}", "complex128", 1e-12, "4KiB"),
+    ("lattice: {kind: triangular, rows: 3, cols: 3, steps: 3, dt: 0.2, h: 0.7, seed: 6}", "complex128", 1e-12, "4KiB"),
+    ("lattice: {kind: hexagonal, rows: 4, cols: 3, steps: 4, dt: 0.15, disorder: 0.5, seed: 7}", "complex64", 1e-5, "2KiB"),
 ])
 def test_contract_matches_statevector(tmp, source, precision, tol, budget):
     spec = "name: tn\nsteps:" + circuit_steps(source, "random_bitstrings: {count: 3, seed: 9}", precision, budget)

@@ -221,3 +221,38 @@ TEST(Generators, AreSeededAndWellFormed) {
   const auto q = tn::qaoa_maxcut({10, 2, {0.1, 0.2}, {0.3, 0.4}, 7}, g);
   EXPECT_EQ(q.gates.size(), 10u + 2 * (15u + 10u));
 }
+
+// The lattices of tn.build's `lattice` source: their edge counts (3 x 3: 12 bonds of the square
+// lattice, 4 more diagonals for the triangular one, a brick wall of 6 + 3 for the honeycomb's),
+// every site's degree at most that of the infinite lattice, the gate count of the Trotter steps,
+// and bad inputs.
+TEST(Circuit, LatticeDynamicsHasTheLatticesEdgesAndItsTrotterGates) {
+  auto options = [](const char* kind) {
+    tn::LatticeOptions o;
+    o.kind = kind, o.rows = 3, o.cols = 3, o.steps = 2;
+    return o;
+  };
+  const std::pair<const char*, std::pair<std::size_t, int>> cases[] = {
+      {"rectangular", {12, 4}}, {"triangular", {16, 6}}, {"hexagonal", {9, 3}}};
+  for (const auto& [kind, expected] : cases) {
+    const auto edges = tn::lattice_edges(options(kind));
+    EXPECT_EQ(edges.size(), expected.first) << kind;
+    std::vector<int> degree(9, 0);
+    for (const auto& [a, b] : edges) {
+      EXPECT_NE(a, b);
+      ++degree[static_cast<std::size_t>(a)], ++degree[static_cast<std::size_t>(b)];
+    }
+    for (int d : degree) EXPECT_LE(d, expected.second) << kind;
+    const tn::Circuit c = tn::lattice_dynamics(options(kind));
+    EXPECT_EQ(c.qubits, 9);
+    EXPECT_EQ(c.gates.size(), 2 * (edges.size() + 9)) << kind;
+  }
+  tn::LatticeOptions bad = options("kagome");
+  EXPECT_THROW(tn::lattice_edges(bad), InputError);
+  bad = options("rectangular");
+  bad.rows = 1, bad.cols = 1;
+  EXPECT_THROW(tn::lattice_edges(bad), InputError);
+  bad = options("rectangular");
+  bad.steps = 0;
+  EXPECT_THROW(tn::lattice_dynamics(bad), InputError);
+}
