@@ -572,13 +572,9 @@ std::vector<std::int64_t> LayerUpdater::run_concurrently(U1Mps& psi, const std::
     const auto i = static_cast<std::size_t>(indices[static_cast<std::size_t>(k)]);
     omp_set_num_threads(inner);
     try {
-      auto& updater = updaters_[static_cast<std::size_t>(omp_get_thread_num())];
-      if (!updater) {
-        backend_.bind_thread();
-        updater = std::make_unique<BondUpdater>(backend_, gpu_svd_from_, precision_);
-      }
-      discarded[i] = updater->update(psi, updates[i].bond, *updates[i].gate, trunc);
-      norms[i] = updater->last_norm();
+      BondUpdater& updater = updater_of(omp_get_thread_num());
+      discarded[i] = updater.update(psi, updates[i].bond, *updates[i].gate, trunc);
+      norms[i] = updater.last_norm();
     } catch (const BudgetExceeded&) {
       // (update() changes psi only once it has computed: rerun, it gives the same bits)
       const std::lock_guard lock(failure_mutex);
@@ -593,22 +589,28 @@ std::vector<std::int64_t> LayerUpdater::run_concurrently(U1Mps& psi, const std::
   return deferred;
 }
 
+BondUpdater& LayerUpdater::updater_of(int thread) {
+  auto& updater = updaters_[static_cast<std::size_t>(thread)];
+  if (!updater) {
+    backend_.bind_thread();
+    updater = std::make_unique<BondUpdater>(backend_, gpu_svd_from_, precision_);
+  }
+  return *updater;
+}
+
 void LayerUpdater::run_alone(U1Mps& psi, const std::vector<BondGate>& updates, std::vector<std::int64_t> indices,
                              const TruncParams& trunc, std::vector<double>& discarded, std::vector<double>& norms) {
   std::sort(indices.begin(), indices.end());
-  if (!updaters_[0]) {
-    backend_.bind_thread();
-    updaters_[0] = std::make_unique<BondUpdater>(backend_, gpu_svd_from_, precision_);
-  }
+  BondUpdater& updater = updater_of(0);
   for (std::int64_t i : indices) {
     const BondGate& u = updates[static_cast<std::size_t>(i)];
     try {
-      discarded[static_cast<std::size_t>(i)] = updaters_[0]->update(psi, u.bond, *u.gate, trunc);
+      discarded[static_cast<std::size_t>(i)] = updater.update(psi, u.bond, *u.gate, trunc);
     } catch (const BudgetExceeded& e) {
       throw InputError(fmt::format("the device budget is too small for one two-site update (sites {} and {}): {}; expected a larger "
                                    "--device-memory", u.bond, u.bond + 1, e.what()));
     }
-    norms[static_cast<std::size_t>(i)] = updaters_[0]->last_norm();
+    norms[static_cast<std::size_t>(i)] = updater.last_norm();
   }
 }
 

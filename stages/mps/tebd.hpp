@@ -157,6 +157,8 @@ class LayerUpdater {
   std::vector<std::int64_t> run_concurrently(U1Mps& psi, const std::vector<BondGate>& updates, const std::vector<std::int64_t>& indices,
                                              const TruncParams& trunc, std::vector<double>& discarded, std::vector<double>& norms,
                                              std::exception_ptr& failure);
+  // OpenMP thread `thread`'s updater, made on first use (on the thread, whose device it binds).
+  BondUpdater& updater_of(int thread);
   // Reruns `indices` of `updates` one at a time on one updater; a budget too small for one update
   // is an InputError naming it.
   void run_alone(U1Mps& psi, const std::vector<BondGate>& updates, std::vector<std::int64_t> indices, const TruncParams& trunc,
