@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -16,6 +17,7 @@
 #include <omp.h>
 
 #include "core/error.hpp"
+#include "core/units.hpp"
 #include "kernels/charge_tiles.hpp"
 #include "kernels/u1_math.hpp"
 #include "stages/mps/serial.hpp"
@@ -142,14 +144,12 @@ std::vector<int> charges_between(const kernels::ChargeRule& rule, int lo, int hi
   return out;
 }
 
-BondPlan plan_bond(const U1Mps& psi, int j, const GateTable& gate) {
+// The blocks of Theta(c) of the update of sites j, j+1: every new centre charge c that some left
+// sector can reach with a right sector, ascending, each with its row and column sectors (offsets
+// not yet assigned: plan_bond lays out the blocks it is given).
+std::vector<ChargeBlock> centre_blocks(const U1Mps& psi, int j) {
   const kernels::ChargeRule rule = psi.rule();
   const std::vector<Sector> ls = psi.bonds[j].sectors(), rs = psi.bonds[j + 2].sectors();
-  const Site& a = psi.sites[j];
-  const Site& b = psi.sites[j + 1];
-  BondPlan plan;
-
-  // The new centre charges: every c that some left sector can reach with a right sector.
   // (n_pair: the componentwise smallest right and largest left charges)
   int c_lo = rs.front().charge, c_hi = ls.back().charge;
   if (rule.pair()) {
@@ -158,6 +158,7 @@ BondPlan plan_bond(const U1Mps& psi, int j, const GateTable& gate) {
     for (const Sector& s : ls) ha = std::max(ha, kernels::pair_ket(s.charge)), hb = std::max(hb, kernels::pair_bra(s.charge));
     c_lo = kernels::pair_key(ka, kb), c_hi = kernels::pair_key(ha, hb);
   }
+  std::vector<ChargeBlock> blocks;
   for (int c : charges_between(rule, c_lo, c_hi)) {
     ChargeBlock cb;
     cb.charge = c;
@@ -174,10 +175,29 @@ BondPlan plan_bond(const U1Mps& psi, int j, const GateTable& gate) {
         cb.n += s.size;
       }
     if (cb.m == 0 || cb.n == 0) continue;
+    blocks.push_back(std::move(cb));
+  }
+  return blocks;
+}
+
+// The plan of C(c) for `blocks` (all of centre_blocks, or a run of them: a group of an update
+// that does not fit its device share). Products and gathered pairs that reach none of the blocks
+// are left out, and so are the site blocks only they would read; each element of C sums the same
+// terms in the same order whichever blocks are planned with it.
+BondPlan plan_bond(const U1Mps& psi, int j, const GateTable& gate, std::vector<ChargeBlock> blocks) {
+  const kernels::ChargeRule rule = psi.rule();
+  const std::vector<Sector> ls = psi.bonds[j].sectors();
+  const Site& a = psi.sites[j];
+  const Site& b = psi.sites[j + 1];
+  BondPlan plan;
+  plan.blocks = std::move(blocks);
+  std::vector<int> left_charges;  // the left sectors some planned block has as rows
+  for (ChargeBlock& cb : plan.blocks) {
     cb.offset = plan.c_size;
     plan.c_size += cb.m * cb.n;
-    plan.blocks.push_back(std::move(cb));
+    for (const Sector& s : cb.rows) left_charges.push_back(s.charge);
   }
+  std::sort(left_charges.begin(), left_charges.end());
   // Each site block's packed offset, by its position in its site (-1: not packed yet).
   std::vector<std::int64_t> packed_a(a.blocks.size(), -1), packed_b(b.blocks.size(), -1);
   auto input = [&](const Site& site, std::vector<std::int64_t>& packed, const Block* x) {
@@ -209,6 +229,7 @@ BondPlan plan_bond(const U1Mps& psi, int j, const GateTable& gate) {
   };
   std::vector<Term> terms;
   for (const Sector& l : ls) {
+    if (!std::binary_search(left_charges.begin(), left_charges.end(), l.charge)) continue;
     terms.clear();
     for (auto it = run_of(a, l.charge); it != a.blocks.end() && it->c_left == l.charge; ++it) {
       const Sector mid = psi.bonds[j + 1].sector(it->c_right);
@@ -221,6 +242,13 @@ BondPlan plan_bond(const U1Mps& psi, int j, const GateTable& gate) {
       while (last < terms.size() && terms[last].right == terms[first].right) ++last;
       const Sector r = psi.bonds[j + 2].sector(terms[first].right);
       const auto count = static_cast<std::int64_t>(last - first);
+      bool reaches_a_block = false;
+      for (int local = 0; local < rule.local_dim() && !reaches_a_block; ++local) {
+        int c = 0;
+        std::int64_t ld = 0;
+        reaches_a_block = lookup.tile_at(l.charge, r.charge, local, c, ld) >= 0;
+      }
+      if (!reaches_a_block) continue;
       if (l.size * r.size * count <= kernels::kTileMaxTermsMn) {
         plan.tile_pairs.push_back({l.charge, r.charge, l.size, r.size, static_cast<std::int64_t>(plan.tile_terms.size()), count});
         plan.grid.max_terms_mn = std::max(plan.grid.max_terms_mn, l.size * r.size * count);
@@ -230,8 +258,7 @@ BondPlan plan_bond(const U1Mps& psi, int j, const GateTable& gate) {
       }
       for (std::size_t t = first; t < last; ++t) {
         const Sector& mid = terms[t].mid;
-        kernels::ChargeProduct p{input(a, packed_a, terms[t].x), input(b, packed_b, terms[t].y), l.size, mid.size, r.size,
-                                 static_cast<std::int64_t>(plan.scatters.size()), 0};
+        kernels::ChargeProduct p{0, 0, l.size, mid.size, r.size, static_cast<std::int64_t>(plan.scatters.size()), 0};
         // (a product's scatters go to different elements: their order does not change the sums)
         for (int local = 0; local < rule.local_dim(); ++local) {
           int c = 0;
@@ -244,6 +271,7 @@ BondPlan plan_bond(const U1Mps& psi, int j, const GateTable& gate) {
           ++p.count;
         }
         if (p.count == 0) continue;
+        p.x = input(a, packed_a, terms[t].x), p.y = input(b, packed_b, terms[t].y);
         plan.scratch_size = std::max(plan.scratch_size, p.m * p.n);
         plan.products.push_back(p);
       }
@@ -252,6 +280,8 @@ BondPlan plan_bond(const U1Mps& psi, int j, const GateTable& gate) {
   plan.grid.pair_count = static_cast<std::int64_t>(plan.tile_pairs.size());
   return plan;
 }
+
+BondPlan plan_bond(const U1Mps& psi, int j, const GateTable& gate) { return plan_bond(psi, j, gate, centre_blocks(psi, j)); }
 
 // The lambda of each row of the flat C: diag(lambda[j]) C(c) is Theta(c).
 std::vector<double> row_lambdas(const BondPlan& plan, const Bond& left, std::vector<kernels::ScaledRows>& matrices) {
@@ -336,7 +366,20 @@ struct BondUpdater::Workspace {
       return buffer.as<T>();
     }
   };
-  Grown sites, c, theta, scale, s, vh, out, scratch, svd, tiles, host_in, host_scale, host_s, host_out, host_tiles;
+  Grown sites, c, theta, scale, s, vh, out, scratch, svd, tiles, host_in, host_scale, host_s, host_out, host_tiles, host_c, host_vh;
+  std::uint64_t device_bytes() const {
+    std::uint64_t sum = 0;
+    for (const Grown* g : device()) sum += g->buffer.size();
+    return sum;
+  }
+  // Frees the backend buffers (between updates or groups), so that the next grows from nothing.
+  void release_device() {
+    for (Grown* g : device()) g->buffer.reset();
+  }
+
+ private:
+  std::array<Grown*, 10> device() { return {&sites, &c, &theta, &scale, &s, &vh, &out, &scratch, &svd, &tiles}; }
+  std::array<const Grown*, 10> device() const { return {&sites, &c, &theta, &scale, &s, &vh, &out, &scratch, &svd, &tiles}; }
 };
 
 BondUpdater::BondUpdater(Backend& backend, std::int64_t gpu_svd_from, Precision precision)
@@ -349,8 +392,48 @@ double BondUpdater::update(U1Mps& psi, int j, const GateTable& gate, const Trunc
                                             : update_in<kernels::cplx128>(psi, j, gate, trunc);
 }
 
+// The device bytes an update (or one group of it: blocks [first, last)) is estimated to take: the
+// two sites (bounded by the blocks' size), C, Theta when it has its own buffer (`separate_theta`),
+// Vh, the new left blocks (at most m min(m, n) a block), the product scratch (at most the largest
+// block), the largest SVD workspace (`svd_bytes`, a block's), with the margin by which
+// Workspace's buffers grow.
+std::uint64_t update_bytes(const std::vector<ChargeBlock>& blocks, const std::vector<std::size_t>& svd_bytes, std::size_t first,
+                           std::size_t last, std::size_t element, bool separate_theta) {
+  std::uint64_t mn = 0, rn = 0, mr = 0, largest = 0, work = 0;
+  for (std::size_t i = first; i < last; ++i) {
+    const ChargeBlock& cb = blocks[i];
+    const auto r = static_cast<std::uint64_t>(std::min(cb.m, cb.n)), m = static_cast<std::uint64_t>(cb.m), n = static_cast<std::uint64_t>(cb.n);
+    mn += m * n, rn += r * n, mr += m * r, largest = std::max(largest, m * n), work = std::max<std::uint64_t>(work, svd_bytes[i]);
+  }
+  const std::uint64_t values = (separate_theta ? 3 : 2) * mn + rn + mr + largest;
+  return (values * element + work) * 5 / 4;
+}
+
+// Runs of consecutive centre blocks whose groups, with C parked on the host, fit `share` device
+// bytes: the boundaries, 0 first and blocks.size() last. BudgetExceeded if one block alone does
+// not (LayerUpdater then runs fewer updates at a time, each with a larger share).
+std::vector<std::size_t> group_cuts(const std::vector<ChargeBlock>& blocks, const std::vector<std::size_t>& svd_bytes,
+                                    std::size_t element, std::uint64_t share) {
+  std::vector<std::size_t> cuts{0};
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    const std::uint64_t alone = update_bytes(blocks, svd_bytes, i, i + 1, element, false);
+    if (alone > share)
+      throw BudgetExceeded(fmt::format("mps: one charge block of {} x {} needs about {} of device memory, the update's share is {}",
+                                       blocks[i].m, blocks[i].n, format_bytes(static_cast<double>(alone)),
+                                       format_bytes(static_cast<double>(share))));
+    if (i > cuts.back() && update_bytes(blocks, svd_bytes, cuts.back(), i + 1, element, false) > share) cuts.push_back(i);
+  }
+  cuts.push_back(blocks.size());
+  return cuts;
+}
+
 // T: the arithmetic's element type. The sites are rounded to it as they are packed and widened
 // back to complex128 as the new blocks are cut out; S reaches the truncation as doubles.
+//
+// An update whose blocks do not fit the device share goes in groups of consecutive centre
+// charges: each group's Theta and SVDs in turn, its C (before the row scaling, which then runs in
+// place) and its Vh parked in pinned host memory; after the global truncation each group's C and
+// kept rows come back for C Y^dagger. Every block meets the same arithmetic as in one piece.
 template <typename T>
 double BondUpdater::update_in(U1Mps& psi, int j, const GateTable& gate, const TruncParams& trunc) {
   using R = kernels::Real<T>;
@@ -359,59 +442,107 @@ double BondUpdater::update_in(U1Mps& psi, int j, const GateTable& gate, const Tr
   Workspace& w = *work_;
   const UpdateTimings before = timings_;
   auto clock = std::chrono::steady_clock::now();
-  const BondPlan plan = plan_bond(psi, j, gate);
+  std::vector<ChargeBlock> blocks = centre_blocks(psi, j);
+  std::vector<std::size_t> svd_bytes(blocks.size(), 0);
+  if (device_share_ != std::numeric_limits<std::uint64_t>::max())
+    for (std::size_t i = 0; i < blocks.size(); ++i)
+      svd_bytes[i] = kernels::svd_workspace_bytes<T>(st, {{blocks[i].m, blocks[i].n, 0, 0, 0}}, kernels::SvdRouting{gpu_svd_from_});
+  const bool parked = update_bytes(blocks, svd_bytes, 0, blocks.size(), sizeof(T), true) > device_share_;
+  const std::vector<std::size_t> cuts =
+      parked ? group_cuts(blocks, svd_bytes, sizeof(T), device_share_) : std::vector<std::size_t>{0, blocks.size()};
+  const std::size_t groups = cuts.size() - 1;
   timings_.planning += seconds_since(clock);
 
-  // The two sites in, packed in the plan's order.
-  T* host_in = w.host_in.get<T>(be, plan.input_size, false, "mps: staged site blocks");
-  for (const auto& [x, offset] : plan.inputs) std::copy(x->values.begin(), x->values.end(), host_in + offset);
-  T* sites = w.sites.get<T>(be, plan.input_size, true, "mps: site blocks");
-  be.copy_to_device(sites, host_in, plan.input_size * sizeof(T), st);
-  std::vector<kernels::ScaledRows> rows;
-  const std::vector<double> lambdas = row_lambdas(plan, psi.bonds[j], rows);
-  double* host_scale = w.host_scale.get<double>(be, static_cast<std::int64_t>(lambdas.size()), false, "mps: staged lambda");
-  std::copy(lambdas.begin(), lambdas.end(), host_scale);
-  double* scale = w.scale.get<double>(be, static_cast<std::int64_t>(lambdas.size()), true, "mps: lambda");
-  be.copy_to_device(scale, host_scale, lambdas.size() * sizeof(double), st);
-  st.synchronize();
-  timings_.transfers += seconds_since(clock);
-
-  // C(c) and Theta(c) = diag(lambda[j]) C(c).
-  T* c = w.c.get<T>(be, plan.c_size, true, "mps: C blocks");
-  T* theta = w.theta.get<T>(be, plan.c_size, true, "mps: Theta blocks");
-  T* scratch = w.scratch.get<T>(be, plan.scratch_size, true, "mps: product scratch");
-  fill_c(be, st, plan, gate, sites, c, scratch, [&](std::size_t bytes) {
-    const auto n = static_cast<std::int64_t>(bytes);
-    return std::pair{w.host_tiles.get<char>(be, n, false, "mps: staged tile tables"), w.tiles.get<char>(be, n, true, "mps: tile tables")};
-  });
-  kernels::scale_rows(st, c, scale, rows, theta);
-  st.synchronize();
-  timings_.theta += seconds_since(clock);
-  timings_.products += static_cast<std::int64_t>(plan.products.size());
-  timings_.gathered_pairs += static_cast<std::int64_t>(plan.tile_pairs.size());
-
-  // One SVD per charge block.
-  std::vector<kernels::SvdProblem> problems;
-  std::int64_t s_size = 0, vh_size = 0;
-  for (const ChargeBlock& cb : plan.blocks) {
-    const std::int64_t r = std::min(cb.m, cb.n);
-    problems.push_back({cb.m, cb.n, cb.offset, s_size, vh_size});
-    s_size += r, vh_size += r * cb.n;
+  // Per group: its plan, SVD problems (offsets inside the group) and where its values start in
+  // the update's flat C, S and Vh (the host's copies).
+  struct Group {
+    BondPlan plan;
+    std::vector<kernels::SvdProblem> problems;
+    std::int64_t c_base = 0, s_base = 0, vh_base = 0, s_size = 0, vh_size = 0;
+  };
+  std::vector<Group> gs(groups);
+  std::int64_t c_total = 0, s_total = 0, vh_total = 0;
+  for (std::size_t g = 0; g < groups; ++g) {
+    std::int64_t c_size = 0, s_size = 0, vh_size = 0;
+    for (std::size_t i = cuts[g]; i < cuts[g + 1]; ++i) {
+      const std::int64_t r = std::min(blocks[i].m, blocks[i].n);
+      gs[g].problems.push_back({blocks[i].m, blocks[i].n, c_size, s_size, vh_size});
+      c_size += blocks[i].m * blocks[i].n, s_size += r, vh_size += r * blocks[i].n;
+    }
+    gs[g].c_base = c_total, gs[g].s_base = s_total, gs[g].vh_base = vh_total, gs[g].s_size = s_size, gs[g].vh_size = vh_size;
+    c_total += c_size, s_total += s_size, vh_total += vh_size;
   }
-  R* s = w.s.get<R>(be, s_size, true, "mps: singular values");
-  T* vh = w.vh.get<T>(be, vh_size, true, "mps: right singular vectors");
-  const std::size_t svd_bytes = kernels::svd_workspace_bytes<T>(st, problems, kernels::SvdRouting{gpu_svd_from_});
-  void* svd_work = svd_bytes ? w.svd.get<char>(be, static_cast<std::int64_t>(svd_bytes), true, "mps: SVD workspace") : nullptr;
-  timings_.svd_paths += kernels::batched_svd(st, theta, problems, s, vh, svd_work, svd_bytes, kernels::SvdRouting{gpu_svd_from_});
-  st.synchronize();
-  timings_.svd += seconds_since(clock);
+  R* host_s = w.host_s.get<R>(be, s_total, false, "mps: staged singular values");
+  T* host_c = parked ? w.host_c.get<T>(be, c_total, false, "mps: parked C blocks") : nullptr;
+  T* host_vh = parked ? w.host_vh.get<T>(be, vh_total, false, "mps: parked right singular vectors") : nullptr;
+
+  T *c = nullptr, *vh = nullptr;
+  for (std::size_t g = 0; g < groups; ++g) {
+    Group& gr = gs[g];
+    // (buffers grown by other updates would crowd this one's out of its share)
+    if (w.device_bytes() + update_bytes(blocks, svd_bytes, cuts[g], cuts[g + 1], sizeof(T), !parked) > device_share_)
+      w.release_device();
+    gr.plan = groups == 1 ? plan_bond(psi, j, gate, std::move(blocks))
+                          : plan_bond(psi, j, gate, {blocks.begin() + cuts[g], blocks.begin() + cuts[g + 1]});
+    const BondPlan& plan = gr.plan;
+    timings_.planning += seconds_since(clock);
+
+    // The two sites' blocks this group reads, packed in the plan's order.
+    T* host_in = w.host_in.get<T>(be, plan.input_size, false, "mps: staged site blocks");
+    for (const auto& [x, offset] : plan.inputs) std::copy(x->values.begin(), x->values.end(), host_in + offset);
+    T* sites = w.sites.get<T>(be, plan.input_size, true, "mps: site blocks");
+    be.copy_to_device(sites, host_in, plan.input_size * sizeof(T), st);
+    std::vector<kernels::ScaledRows> rows;
+    const std::vector<double> lambdas = row_lambdas(plan, psi.bonds[j], rows);
+    double* host_scale = w.host_scale.get<double>(be, static_cast<std::int64_t>(lambdas.size()), false, "mps: staged lambda");
+    std::copy(lambdas.begin(), lambdas.end(), host_scale);
+    double* scale = w.scale.get<double>(be, static_cast<std::int64_t>(lambdas.size()), true, "mps: lambda");
+    be.copy_to_device(scale, host_scale, lambdas.size() * sizeof(double), st);
+    st.synchronize();
+    timings_.transfers += seconds_since(clock);
+
+    // C(c) and Theta(c) = diag(lambda[j]) C(c) (in place once C is parked).
+    c = w.c.get<T>(be, plan.c_size, true, "mps: C blocks");
+    T* scratch = w.scratch.get<T>(be, plan.scratch_size, true, "mps: product scratch");
+    fill_c(be, st, plan, gate, sites, c, scratch, [&](std::size_t bytes) {
+      const auto n = static_cast<std::int64_t>(bytes);
+      return std::pair{w.host_tiles.get<char>(be, n, false, "mps: staged tile tables"), w.tiles.get<char>(be, n, true, "mps: tile tables")};
+    });
+    T* theta = c;
+    if (parked) {
+      be.copy_to_host(host_c + gr.c_base, c, plan.c_size * sizeof(T), st);
+    } else {
+      theta = w.theta.get<T>(be, plan.c_size, true, "mps: Theta blocks");
+    }
+    kernels::scale_rows(st, c, scale, rows, theta);
+    st.synchronize();
+    timings_.theta += seconds_since(clock);
+    timings_.products += static_cast<std::int64_t>(plan.products.size());
+    timings_.gathered_pairs += static_cast<std::int64_t>(plan.tile_pairs.size());
+
+    // One SVD per charge block.
+    R* s = w.s.get<R>(be, gr.s_size, true, "mps: singular values");
+    vh = w.vh.get<T>(be, gr.vh_size, true, "mps: right singular vectors");
+    const std::size_t svd_bytes = kernels::svd_workspace_bytes<T>(st, gr.problems, kernels::SvdRouting{gpu_svd_from_});
+    void* svd_work = svd_bytes ? w.svd.get<char>(be, static_cast<std::int64_t>(svd_bytes), true, "mps: SVD workspace") : nullptr;
+    timings_.svd_paths += kernels::batched_svd(st, theta, gr.problems, s, vh, svd_work, svd_bytes, kernels::SvdRouting{gpu_svd_from_});
+    st.synchronize();
+    timings_.svd += seconds_since(clock);
+    be.copy_to_host(host_s + gr.s_base, s, gr.s_size * sizeof(R), st);
+    if (parked) be.copy_to_host(host_vh + gr.vh_base, vh, gr.vh_size * sizeof(T), st);
+    st.synchronize();
+    timings_.transfers += seconds_since(clock);
+  }
 
   // Global truncation on the host.
-  R* host_s = w.host_s.get<R>(be, s_size, false, "mps: staged singular values");
-  be.copy_to_host(host_s, s, s_size * sizeof(R), st);
-  st.synchronize();
   std::vector<std::vector<double>> values;
-  for (const auto& p : problems) values.emplace_back(host_s + p.s_offset, host_s + p.s_offset + std::min(p.m, p.n));
+  std::vector<const ChargeBlock*> all;  // the update's blocks in charge order, across the groups
+  for (const Group& gr : gs)
+    for (std::size_t i = 0; i < gr.problems.size(); ++i) {
+      const auto& p = gr.problems[i];
+      values.emplace_back(host_s + gr.s_base + p.s_offset, host_s + gr.s_base + p.s_offset + std::min(p.m, p.n));
+      all.push_back(&gr.plan.blocks[i]);
+    }
   const Truncation t = truncate(values, trunc);
   // The kept norm, in the units of the SVD (not relative): new lambda = S / that.
   double kept2 = 0;
@@ -421,39 +552,62 @@ double BondUpdater::update_in(U1Mps& psi, int j, const GateTable& gate, const Tr
   last_norm_ = kept_norm;
   timings_.truncation += seconds_since(clock);
 
-  // B'[j](c_L, c) = C(c) Y^dagger / kept_norm, Y the kept rows of Vh.
-  std::vector<kernels::AdjointProduct> finish;
-  std::int64_t out_size = 0;
-  for (std::size_t i = 0; i < plan.blocks.size(); ++i) {
-    const ChargeBlock& cb = plan.blocks[i];
-    if (t.kept[i] == 0) continue;
-    finish.push_back({cb.offset, cb.m, cb.n, problems[i].vh_offset, t.kept[i], out_size, kept_norm});
-    out_size += cb.m * t.kept[i];
-  }
-  T* out = w.out.get<T>(be, out_size, true, "mps: new left blocks");
-  kernels::times_adjoint(st, c, vh, finish, out);
-  st.synchronize();
-  timings_.finish += seconds_since(clock);
+  // B'[j](c_L, c) = C(c) Y^dagger / kept_norm, Y the kept rows of Vh, a group at a time; C Y^dagger
+  // of every block into host_out, then (in one piece) each kept Y after them.
+  std::int64_t out_total = 0, y_total = 0;
+  for (std::size_t i = 0; i < all.size(); ++i) out_total += all[i]->m * t.kept[i], y_total += t.kept[i] * all[i]->n;
+  T* host_out = w.host_out.get<T>(be, out_total + (parked ? 0 : y_total), false, "mps: staged new blocks");
+  std::vector<const T*> cy_of(all.size()), y_of(all.size());
+  std::int64_t out_at = 0, y_at = out_total;
+  for (std::size_t g = 0, first = 0; g < groups; first += gs[g].problems.size(), ++g) {
+    const Group& gr = gs[g];
+    if (parked) {
+      c = w.c.get<T>(be, gr.plan.c_size, true, "mps: C blocks");
+      vh = w.vh.get<T>(be, gr.vh_size, true, "mps: right singular vectors");
+      be.copy_to_device(c, host_c + gr.c_base, gr.plan.c_size * sizeof(T), st);
+      for (std::size_t i = 0; i < gr.problems.size(); ++i) {
+        const auto& p = gr.problems[i];
+        const std::int64_t kept_values = t.kept[first + i] * p.n;
+        if (kept_values > 0) be.copy_to_device(vh + p.vh_offset, host_vh + gr.vh_base + p.vh_offset, kept_values * sizeof(T), st);
+      }
+    }
+    std::vector<kernels::AdjointProduct> finish;
+    std::int64_t out_size = 0;
+    for (std::size_t i = 0; i < gr.problems.size(); ++i) {
+      const auto& p = gr.problems[i];
+      const std::int64_t k = t.kept[first + i];
+      if (k == 0) continue;
+      finish.push_back({p.offset, p.m, p.n, p.vh_offset, k, out_size, kept_norm});
+      cy_of[first + i] = host_out + out_at + out_size;
+      out_size += p.m * k;
+    }
+    T* out = w.out.get<T>(be, out_size, true, "mps: new left blocks");
+    kernels::times_adjoint(st, c, vh, finish, out);
+    st.synchronize();
+    timings_.finish += seconds_since(clock);
 
-  // Both new sites back: the left blocks, then each kept Y.
-  std::int64_t y_size = 0;
-  for (const auto& f : finish) y_size += f.k * f.n;
-  T* host_out = w.host_out.get<T>(be, out_size + y_size, false, "mps: staged new blocks");
-  be.copy_to_host(host_out, out, out_size * sizeof(T), st);
-  std::int64_t y_at = out_size;
-  std::vector<std::int64_t> y_offset;
-  for (const auto& f : finish) {
-    be.copy_to_host(host_out + y_at, vh + f.vh_offset, f.k * f.n * sizeof(T), st);
-    y_offset.push_back(y_at);
-    y_at += f.k * f.n;
+    // Both new sites back: the left blocks, then (when Vh is not parked) each kept Y.
+    be.copy_to_host(host_out + out_at, out, out_size * sizeof(T), st);
+    out_at += out_size;
+    for (std::size_t i = 0; i < gr.problems.size(); ++i) {
+      const auto& p = gr.problems[i];
+      const std::int64_t k = t.kept[first + i];
+      if (k == 0) continue;
+      if (parked) {
+        y_of[first + i] = host_vh + gr.vh_base + p.vh_offset;
+        continue;
+      }
+      be.copy_to_host(host_out + y_at, vh + p.vh_offset, k * p.n * sizeof(T), st);
+      y_of[first + i] = host_out + y_at;
+      y_at += k * p.n;
+    }
+    st.synchronize();
   }
-  st.synchronize();
 
   Bond new_centre;
   Site new_a, new_b;
-  std::size_t f = 0;
-  for (std::size_t i = 0; i < plan.blocks.size(); ++i) {
-    const ChargeBlock& cb = plan.blocks[i];
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    const ChargeBlock& cb = *all[i];
     const std::int64_t k = t.kept[i];
     if (k == 0) continue;
     for (std::int64_t q = 0; q < k; ++q) {
@@ -461,7 +615,7 @@ double BondUpdater::update_in(U1Mps& psi, int j, const GateTable& gate, const Tr
       new_centre.lambda.push_back(values[i][q] / kept_norm);
     }
     // B'[j+1](c, c_R) = the kept rows of Y, cut by right sector.
-    const T* y = host_out + y_offset[f];
+    const T* y = y_of[i];
     for (std::size_t sct = 0; sct < cb.cols.size(); ++sct) {
       Block blk{cb.charge, cb.cols[sct].charge, k, cb.cols[sct].size, {}};
       blk.values.resize(static_cast<std::size_t>(k * blk.cols));
@@ -469,13 +623,12 @@ double BondUpdater::update_in(U1Mps& psi, int j, const GateTable& gate, const Tr
       new_b.blocks.push_back(std::move(blk));
     }
     // B'[j](c_L, c), cut by left sector.
-    const T* cy = host_out + finish[f].out_offset;
+    const T* cy = cy_of[i];
     for (std::size_t sct = 0; sct < cb.rows.size(); ++sct) {
       Block blk{cb.rows[sct].charge, cb.charge, cb.rows[sct].size, k, {}};
       blk.values.assign(cy + cb.row0[sct] * k, cy + (cb.row0[sct] + blk.rows) * k);
       new_a.blocks.push_back(std::move(blk));
     }
-    ++f;
   }
   auto by_charges = [](const Block& x, const Block& y) {
     return std::pair{x.c_left, x.c_right} < std::pair{y.c_left, y.c_right};
@@ -487,19 +640,24 @@ double BondUpdater::update_in(U1Mps& psi, int j, const GateTable& gate, const Tr
   psi.sites[j + 1] = std::move(new_b);
   timings_.transfers += seconds_since(clock);
   ++timings_.updates;
+  timings_.grouped += parked ? 1 : 0;
+  timings_.groups += static_cast<std::int64_t>(groups);
   if (spdlog::should_log(spdlog::level::debug)) {
-    std::int64_t m_max = 0, n_max = 0;
-    for (const ChargeBlock& cb : plan.blocks)
-      if (std::min(cb.m, cb.n) > std::min(m_max, n_max)) m_max = cb.m, n_max = cb.n;
+    std::int64_t m_max = 0, n_max = 0, products = 0, scatters = 0, pairs = 0, terms = 0;
+    for (const ChargeBlock* cb : all)
+      if (std::min(cb->m, cb->n) > std::min(m_max, n_max)) m_max = cb->m, n_max = cb->n;
+    for (const Group& gr : gs) {
+      products += static_cast<std::int64_t>(gr.plan.products.size()), scatters += static_cast<std::int64_t>(gr.plan.scatters.size());
+      pairs += static_cast<std::int64_t>(gr.plan.tile_pairs.size()), terms += static_cast<std::int64_t>(gr.plan.tile_terms.size());
+    }
     const UpdateTimings& a = timings_;
-    spdlog::debug("mps.tebd: bond {}: {} charge blocks ({} values), the largest {} x {}; planning {:.3f} s, Theta {:.3f} s ({} GEMM "
-                  "products, {} scatters, {} sector pairs gathered with {} terms), SVD "
+    spdlog::debug("mps.tebd: bond {}: {} charge blocks ({} values) in {} group(s), the largest {} x {}; planning {:.3f} s, Theta "
+                  "{:.3f} s ({} GEMM products, {} scatters, {} sector pairs gathered with {} terms), SVD "
                   "{:.3f} s ({} host, {} Jacobi, {} gesvdp), truncation {:.3f} s, C Y^dagger {:.3f} s, transfers {:.3f} s; kept {}",
-                  j + 1, plan.blocks.size(), plan.c_size, m_max, n_max, a.planning - before.planning, a.theta - before.theta,
-                  plan.products.size(), plan.scatters.size(), plan.tile_pairs.size(), plan.tile_terms.size(),
-                  a.svd - before.svd, a.svd_paths.host - before.svd_paths.host, a.svd_paths.jacobi - before.svd_paths.jacobi,
-                  a.svd_paths.polar - before.svd_paths.polar, a.truncation - before.truncation, a.finish - before.finish,
-                  a.transfers - before.transfers, psi.bonds[j + 1].size());
+                  j + 1, all.size(), c_total, groups, m_max, n_max, a.planning - before.planning, a.theta - before.theta, products,
+                  scatters, pairs, terms, a.svd - before.svd, a.svd_paths.host - before.svd_paths.host,
+                  a.svd_paths.jacobi - before.svd_paths.jacobi, a.svd_paths.polar - before.svd_paths.polar,
+                  a.truncation - before.truncation, a.finish - before.finish, a.transfers - before.transfers, psi.bonds[j + 1].size());
   }
   return t.discarded;
 }
@@ -595,6 +753,10 @@ BondUpdater& LayerUpdater::updater_of(int thread) {
     backend_.bind_thread();
     updater = std::make_unique<BondUpdater>(backend_, gpu_svd_from_, precision_);
   }
+  // Each of the updates running at once gets an equal share of the device budget, less the
+  // streams' own (cuBLAS workspaces); a larger update goes in groups of centre charges.
+  const std::uint64_t limit = backend_.device_budget().limit(), streams = static_cast<std::uint64_t>(concurrency_) * backend_.blas_stream_bytes();
+  updater->set_device_share(limit > streams ? (limit - streams) / static_cast<std::uint64_t>(concurrency_) : 0);
   return *updater;
 }
 

@@ -2,6 +2,7 @@
 // The charge-blocked two-site update of TEBD (docs/mps.md; seed 001 eq. 16 with Hastings' form).
 #include <cstdint>
 #include <exception>
+#include <limits>
 #include <map>
 #include <memory>
 #include <string>
@@ -25,13 +26,15 @@ struct UpdateTimings {
   double finish = 0;      // B'[j] = C Y^dagger / norm
   std::int64_t updates = 0;
   std::int64_t products = 0, gathered_pairs = 0;  // Theta's GEMM products, and its pairs in gather form
-  std::int64_t serialized = 0;  // updates rerun with fewer at a time: their workspace did not fit the budget beside the others' 
+  std::int64_t serialized = 0;  // updates rerun with fewer at a time: their workspace did not fit the budget beside the others'
+  std::int64_t grouped = 0, groups = 0;  // updates split into groups of centre charges (to fit their device share); groups of all updates
   double canonical = 0;          // wall seconds of LayerUpdater::recanonicalize
   std::int64_t canonicalizations = 0;
   kernels::SvdReport svd_paths;
   UpdateTimings& operator+=(const UpdateTimings& o) {
     planning += o.planning, theta += o.theta, svd += o.svd, truncation += o.truncation, transfers += o.transfers, finish += o.finish;
     updates += o.updates, products += o.products, gathered_pairs += o.gathered_pairs, serialized += o.serialized;
+    grouped += o.grouped, groups += o.groups;
     canonical += o.canonical, canonicalizations += o.canonicalizations;
     svd_paths += o.svd_paths;
     return *this;
@@ -47,7 +50,8 @@ enum class Precision { complex128, complex64 };
 
 // Applies two-site gates on a backend: the MPS stays in host memory and each update streams the
 // two sites it touches through the backend (docs/mps.md). Workspaces grow to the largest update
-// and are charged to the backend's budgets.
+// and are charged to the backend's budgets. An update larger than the device share goes through
+// the backend in groups of centre charges (update_in), with the same arithmetic per block.
 class BondUpdater {
  public:
   // gpu_svd_from: kernels::batched_svd's gpu_from (cuda: which charge blocks the GPU decomposes).
@@ -60,6 +64,8 @@ class BondUpdater {
   // Returns the discarded weight eps.
   double update(U1Mps& psi, int j, const GateTable& gate, const TruncParams& trunc);
   const UpdateTimings& timings() const { return timings_; }
+  // The device bytes one update may take (estimated from its blocks; unlimited by default).
+  void set_device_share(std::uint64_t bytes) { device_share_ = bytes; }
   // The last update's kept norm: ||Theta|| after the gate and the truncation, in units of the
   // state's norm before it (1 in B form), before the update renormalised it to 1. n_pair states
   // multiply their weight by it (LayerUpdater, update_bond).
@@ -75,6 +81,7 @@ class BondUpdater {
   std::unique_ptr<Stream> stream_;
   std::unique_ptr<Workspace> work_;
   std::int64_t gpu_svd_from_;
+  std::uint64_t device_share_ = std::numeric_limits<std::uint64_t>::max();
   UpdateTimings timings_;
 };
 

@@ -459,10 +459,12 @@ def test_mps_init_compresses_to_chi_max_with_an_honest_error(tmp, params, chi_ma
 
 
 @pytest.mark.parametrize("threads", [2, 4])
-def test_a_device_budget_too_small_for_the_layer_reruns_its_updates_fewer_at_a_time_with_the_same_bits(tmp, threads):
-    """Each thread's update holds its own workspace: with a budget that does not fit them all, the
-    updates that did not fit are rerun with half as many at a time (down to one), and so on from
-    then on; the bits do not change. A budget below one update is a bad input (exit 2) naming it."""
+def test_device_budgets_below_the_in_core_peak_give_the_same_bits(tmp, threads):
+    """Out of core (issue 19): each of the updates running at once gets an equal share of the device
+    budget; an update larger than its share goes in groups of centre charges (C and Vh parked in
+    host memory between the passes), and one whose single charge block does not fit its share is
+    rerun with half as many updates at a time (down to one), and so on from then on. The bits do not
+    change and the peak stays within the budget. A budget below one block is a bad input (exit 2)."""
     steps = (init_step("{L: 16, d: 2, state: random, total_charge: 8, chi: 32, seed: 3}") +
              tebd_step("{J: 1, delta: 0.5, dt: 0.05, steps: 4, trunc: {chi_max: 64}}"))
     env = {"OMP_NUM_THREADS": str(threads)}
@@ -472,14 +474,18 @@ def test_a_device_budget_too_small_for_the_layer_reruns_its_updates_fewer_at_a_t
         peak = int(f.attrs["qstage.peak_device_bytes"])
         free = {k: f[k][()].tobytes() for k in f if isinstance(f[k], h5py.Dataset)}
     spec = write_spec(tmp / "tight.yaml", f"name: tight\nsteps:\n{steps}")
-    tight = run(["run", spec, "--run-dir", tmp / "run-tight", "--device", DEVICE, "--device-memory", str(int(0.7 * peak))], env=env)
-    assert tight.code == 0, tight
-    log = (tmp / "run-tight" / "logs" / "rank-0.log").read_text()
-    assert "rerun with half as many at a time" in log
-    assert re.search(r"([0-9]+) at a time from then on", log).group(1) in [str(t) for t in range(1, threads)]
-    with h5py.File(tmp / "run-tight" / "outputs" / "evo.h5") as f:
-        assert {k: f[k][()].tobytes() for k in f if isinstance(f[k], h5py.Dataset)} == free
-        assert int(f.attrs["qstage.peak_device_bytes"]) <= int(0.7 * peak)
+    for fraction, fewer in [(0.7, False), (0.2, True)]:
+        budget = int(fraction * peak)
+        tight = run(["run", spec, "--run-dir", tmp / f"run-{fraction}", "--device", DEVICE, "--device-memory", str(budget)], env=env)
+        assert tight.code == 0, tight
+        log = (tmp / f"run-{fraction}" / "logs" / "rank-0.log").read_text()
+        assert re.search(r"[0-9]+ updates larger than their device share went in groups of centre charges \([0-9]+ groups", log)
+        if fewer:
+            assert "rerun with half as many at a time" in log
+            assert re.search(r"([0-9]+) at a time from then on", log).group(1) in [str(t) for t in range(1, threads)]
+        with h5py.File(tmp / f"run-{fraction}" / "outputs" / "evo.h5") as f:
+            assert {k: f[k][()].tobytes() for k in f if isinstance(f[k], h5py.Dataset)} == free
+            assert int(f.attrs["qstage.peak_device_bytes"]) <= budget
     small = run(["run", spec, "--run-dir", tmp / "run-small", "--device", DEVICE, "--device-memory", "1000"], env=env)
     one_line_error(small, "too small for one two-site update", "--device-memory")
 

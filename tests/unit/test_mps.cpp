@@ -657,3 +657,92 @@ TEST(MpsUpdate, AnNPairUpdateIsTheGateOnBothSidesOfTheDensityMatrix) {
           EXPECT_LT(std::abs(after[idx] - want), 1e-12) << idx;
         }
 }
+
+namespace {
+
+bool same_state(const U1Mps& a, const U1Mps& b) {
+  if (a.sites.size() != b.sites.size() || a.weight != b.weight) return false;
+  for (std::size_t j = 0; j < a.bonds.size(); ++j)
+    if (a.bonds[j].charges != b.bonds[j].charges || a.bonds[j].lambda != b.bonds[j].lambda) return false;
+  for (std::size_t j = 0; j < a.sites.size(); ++j) {
+    if (a.sites[j].blocks.size() != b.sites[j].blocks.size()) return false;
+    for (std::size_t i = 0; i < a.sites[j].blocks.size(); ++i) {
+      const Block &x = a.sites[j].blocks[i], &y = b.sites[j].blocks[i];
+      if (x.c_left != y.c_left || x.c_right != y.c_right || x.rows != y.rows || x.cols != y.cols || x.values != y.values) return false;
+    }
+  }
+  return true;
+}
+
+// Every bond of a chain updated twice on `backend`: with the whole device (one piece) and with the
+// smallest share (halving from 64 MiB) at which every update still runs, so that most go in groups
+// of centre charges; the states must be equal bit for bit. Below that share, BudgetExceeded.
+void check_grouped_updates(Backend& backend, const U1Mps& start, const GateTable& gate, const TruncParams& trunc) {
+  U1Mps psi = start;
+  BondUpdater whole(backend);
+  std::vector<double> eps, norms;
+  for (int j = 0; j + 1 < psi.L; ++j) {
+    eps.push_back(whole.update(psi, j, gate, trunc));
+    norms.push_back(whole.last_norm());
+  }
+  EXPECT_EQ(whole.timings().grouped, 0);
+  std::uint64_t share = 1u << 26;
+  for (;; share /= 2) {
+    U1Mps grouped = start;
+    BondUpdater parts(backend);
+    parts.set_device_share(share / 2);
+    try {
+      for (int j = 0; j + 1 < grouped.L; ++j) parts.update(grouped, j, gate, trunc);
+    } catch (const BudgetExceeded&) {
+      break;
+    }
+    ASSERT_GT(share, 64u);
+  }
+  U1Mps grouped = start;
+  BondUpdater parts(backend);
+  parts.set_device_share(share);
+  for (int j = 0; j + 1 < grouped.L; ++j) {
+    EXPECT_EQ(parts.update(grouped, j, gate, trunc), eps[j]) << "bond " << j;
+    EXPECT_EQ(parts.last_norm(), norms[j]) << "bond " << j;
+  }
+  EXPECT_TRUE(same_state(psi, grouped));
+  EXPECT_GE(parts.timings().grouped, 1) << "share " << share;
+  EXPECT_GT(parts.timings().groups, parts.timings().updates) << "share " << share;
+}
+
+}  // namespace
+
+// An update larger than its device share goes in groups of centre charges, with C and Vh parked
+// on the host between the passes: the same bits as in one piece (spin chain, untruncated and
+// truncated across the groups; bosons at d = 3; the density matrix's pair charges).
+TEST(MpsUpdate, UpdatesInGroupsOfCentreChargesEqualThemInOnePiece) {
+  auto cpu = detail::make_cpu_backend(1ull << 32, 1ull << 32);
+  const auto xx = gate_table(exp_minus_i(random_conserving_hamiltonian(2, 5), 4, 0.3), 2, "test gate");
+  check_grouped_updates(*cpu, random_state(10, 2, 5, 32, 3), xx, TruncParams{1000, 0, 0});
+  check_grouped_updates(*cpu, random_state(10, 2, 5, 32, 3), xx, TruncParams{20, 1e-10, 0});
+  const auto boson = gate_table(exp_minus_i(random_conserving_hamiltonian(3, 9), 9, 0.5), 3, "test gate");
+  check_grouped_updates(*cpu, random_state(8, 3, 8, 30, 4), boson, TruncParams{1000, 0, 0});
+  std::mt19937_64 rng(2);
+  std::uniform_real_distribution<double> u(-1, 1);
+  std::vector<std::vector<cplx>> rhos;
+  for (int s = 0; s < 6; ++s) {
+    std::vector<cplx> rho(9);
+    for (auto& x : rho) x = {u(rng), u(rng)};
+    rhos.push_back(rho);
+  }
+  U1Mps rho = product_superposition(3, rhos, kernels::ChargeKind::n_pair);
+  // (two layers first, so that the bonds have several sectors)
+  BondUpdater grow(*cpu);
+  for (int j = 0; j + 1 < rho.L; ++j) grow.update(rho, j, boson, TruncParams{1000, 0, 0});
+  for (int j = rho.L - 2; j >= 0; --j) grow.update(rho, j, boson, TruncParams{1000, 0, 0});
+  check_grouped_updates(*cpu, rho, boson, TruncParams{1000, 0, 0});
+}
+
+TEST(MpsUpdate, UpdatesInGroupsOfCentreChargesEqualThemInOnePieceOnTheGpu) {
+  REQUIRE_GPU();
+  auto gpu = make_backend({"cuda", 1ull << 32, 1ull << 32, 0});
+  const auto xx = gate_table(exp_minus_i(random_conserving_hamiltonian(2, 5), 4, 0.3), 2, "test gate");
+  check_grouped_updates(*gpu, random_state(10, 2, 5, 32, 3), xx, TruncParams{20, 1e-10, 0});
+  const auto boson = gate_table(exp_minus_i(random_conserving_hamiltonian(3, 9), 9, 0.5), 3, "test gate");
+  check_grouped_updates(*gpu, random_state(8, 3, 8, 30, 4), boson, TruncParams{1000, 0, 0});
+}
