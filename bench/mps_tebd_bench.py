@@ -50,6 +50,11 @@ def parse():
                    help="neel: warm up from the Neel state; random: start from mps.init's seeded random state "
                         "with every bond at chi_max (no warm-up; every bond saturated, a heavier step than a quench's)")
     p.add_argument("--steps", type=int, default=3, help="timed steps")
+    p.add_argument("--untimed-steps", type=int, default=1,
+                   help="TeNPy's steps before the timed ones (0: time its first step; at chi 4096 a step takes minutes)")
+    p.add_argument("--reuse", action="store_true",
+                   help="take qstage's figures from a finished run in --dir (same parameters) instead of running it again: "
+                        "qstage and TeNPy in separate calls when both do not fit one time limit")
     p.add_argument("--qstage", default="build/qstage")
     p.add_argument("--device", default="cpu", help="qstage's --device (cpu or cuda)")
     p.add_argument("--threads", type=int, default=os.cpu_count())
@@ -62,6 +67,8 @@ def parse():
 
 
 ARGS = parse()
+if ARGS.untimed_steps + ARGS.steps not in (1, 1 + ARGS.steps):
+    raise SystemExit("--untimed-steps: 1 (TeNPy evolves as far as qstage's `more`), or 0 with --steps 1 (as far as `one`)")
 for v in THREAD_VARS:
     os.environ[v] = str(ARGS.threads)
 
@@ -96,8 +103,12 @@ def blas_info():
 def qstage_run(chi):
     """The workflow above; returns (per-step seconds, the manifest's metrics, the `warm` and `more` files)."""
     d = Path(ARGS.dir) / f"chi{chi}"
-    subprocess.run(["rm", "-rf", str(d)], check=True)
-    d.mkdir(parents=True)
+    manifest = d / "run" / "manifest.json"
+    if not ARGS.reuse:
+        subprocess.run(["rm", "-rf", str(d)], check=True)
+        d.mkdir(parents=True)
+    elif not manifest.exists():
+        raise SystemExit(f"--reuse: no finished run in {d}")
     model = f"J: {ARGS.J}, delta: {ARGS.delta}, dt: {ARGS.dt}, order: {ARGS.order}"
     trunc = f"trunc: {{chi_max: {chi}, svd_min: {ARGS.svd_min}, trunc_cut: {ARGS.trunc_cut}}}"
     every = max(1, ARGS.warm_steps // 10)
@@ -115,7 +126,7 @@ def qstage_run(chi):
     inputs: {{state: neel}}
     params: {{{model}, steps: {ARGS.warm_steps}, measure_every: {every}, {trunc}}}
 """
-    (d / "spec.yaml").write_text(f"""name: mps-tebd-bench
+    spec_text = (f"""name: mps-tebd-bench
 steps:
 {warm}  - id: one
     stage: mps.tebd
@@ -126,17 +137,23 @@ steps:
     inputs: {{state: warm}}
     params: {{{model}, steps: {1 + ARGS.steps}, measure_every: {1 + ARGS.steps}, precision: {ARGS.precision}, {trunc}}}
 """)
-    cmd = [ARGS.qstage, "run", str(d / "spec.yaml"), "--run-dir", str(d / "run"), "--device", ARGS.device]
+    spec = d / "spec.yaml"
+    if ARGS.reuse and spec.read_text() != spec_text:
+        raise SystemExit(f"--reuse: {spec} was written with other parameters")
+    spec.write_text(spec_text)
+    cmd = [ARGS.qstage, "run", str(spec), "--run-dir", str(d / "run"), "--device", ARGS.device]
     t = time.time()
-    p = subprocess.run(cmd, capture_output=True, text=True)
+    p = subprocess.run(cmd, capture_output=True, text=True)  # (--reuse: every step is up to date, skipped)
     if p.returncode != 0:
         raise SystemExit(f"qstage failed (exit {p.returncode}):\n" + "\n".join((p.stdout + p.stderr).splitlines()[-12:]))
     wall = time.time() - t
-    steps = json.loads((d / "run" / "manifest.json").read_text())["steps"]
+    steps = json.loads(manifest.read_text())["steps"]
     seconds = {k: steps[k]["wall_seconds"] for k in ("warm", "one", "more")}
     per_step = (seconds["more"] - seconds["one"]) / ARGS.steps
     out = d / "run" / "outputs"
-    return per_step, seconds, wall, steps["more"].get("device", ""), out / "warm.h5", out / "more.h5"
+    # (the qstage state TeNPy's evolution is checked against: the one after as many steps)
+    same = out / ("one.h5" if ARGS.untimed_steps + ARGS.steps == 1 else "more.h5")
+    return per_step, seconds, wall, steps["more"].get("device", ""), out / "warm.h5", same
 
 
 def tenpy_state(path, sites):
@@ -173,10 +190,13 @@ def tenpy_run(chi, warm_path):
     t = time.time()
     psi = tenpy_state(warm_path, model.lat.mps_sites())
     load = time.time() - t
+    print(f"# TeNPy: state loaded in {load:.1f} s", file=sys.stderr, flush=True)
     trunc = {"chi_max": chi, "svd_min": ARGS.svd_min, "trunc_cut": ARGS.trunc_cut}
     eng = TEBDEngine(psi, model, {"order": ARGS.order, "trunc_params": trunc})
     eng.prepare_evolve(ARGS.dt)
-    eps = eng.evolve(1, ARGS.dt).eps          # the untimed step (qstage's `one`)
+    eps = 0.0
+    for _ in range(ARGS.untimed_steps):       # the untimed step (qstage's `one`)
+        eps += eng.evolve(1, ARGS.dt).eps
     times = []
     for _ in range(ARGS.steps):
         t = time.time()
