@@ -17,6 +17,10 @@ truncation for truncation), so the truncation errors of that phase and the final
 reported side by side as a check that the two did the same work. TeNPy never starts a run from a
 product state here: its warm-up at chi 4096 would take hours and time nothing we report.
 
+Where both do not fit one time limit (chi 4096 on a GPU machine lent 10 minutes a call): qstage
+with --no-tenpy, then TeNPy with --tenpy-only (it makes or reuses qstage's `warm` state in --dir
+and times TeNPy alone; --untimed-steps 0 --steps 1 times its first step), the ratio taken by hand.
+
 Threads: OMP_NUM_THREADS, OPENBLAS_NUM_THREADS, MKL_NUM_THREADS (and the rest below) are set to
 --threads before numpy is imported, for TeNPy (its SVDs and GEMMs are numpy/scipy's LAPACK and
 BLAS), and for qstage's OpenMP. Without tenpy (PyPI physics-tenpy) it says so and times qstage
@@ -52,9 +56,9 @@ def parse():
     p.add_argument("--steps", type=int, default=3, help="timed steps")
     p.add_argument("--untimed-steps", type=int, default=1,
                    help="TeNPy's steps before the timed ones (0: time its first step; at chi 4096 a step takes minutes)")
-    p.add_argument("--reuse", action="store_true",
-                   help="take qstage's figures from a finished run in --dir (same parameters) instead of running it again: "
-                        "qstage and TeNPy in separate calls when both do not fit one time limit")
+    p.add_argument("--tenpy-only", action="store_true",
+                   help="time TeNPy alone, from qstage's `warm` state (made in --dir, or kept from an earlier run there): "
+                        "qstage (--no-tenpy) and TeNPy in separate runs when both do not fit one time limit")
     p.add_argument("--qstage", default="build/qstage")
     p.add_argument("--device", default="cpu", help="qstage's --device (cpu or cuda)")
     p.add_argument("--threads", type=int, default=os.cpu_count())
@@ -67,6 +71,8 @@ def parse():
 
 
 ARGS = parse()
+if ARGS.tenpy_only and ARGS.no_tenpy:
+    raise SystemExit("--tenpy-only and --no-tenpy: nothing to time")
 if ARGS.untimed_steps + ARGS.steps not in (1, 1 + ARGS.steps):
     raise SystemExit("--untimed-steps: 1 (TeNPy evolves as far as qstage's `more`), or 0 with --steps 1 (as far as `one`)")
 for v in THREAD_VARS:
@@ -104,11 +110,9 @@ def qstage_run(chi):
     """The workflow above; returns (per-step seconds, the manifest's metrics, the `warm` and `more` files)."""
     d = Path(ARGS.dir) / f"chi{chi}"
     manifest = d / "run" / "manifest.json"
-    if not ARGS.reuse:
+    if not ARGS.tenpy_only:
         subprocess.run(["rm", "-rf", str(d)], check=True)
-        d.mkdir(parents=True)
-    elif not manifest.exists():
-        raise SystemExit(f"--reuse: no finished run in {d}")
+    d.mkdir(parents=True, exist_ok=True)
     model = f"J: {ARGS.J}, delta: {ARGS.delta}, dt: {ARGS.dt}, order: {ARGS.order}"
     trunc = f"trunc: {{chi_max: {chi}, svd_min: {ARGS.svd_min}, trunc_cut: {ARGS.trunc_cut}}}"
     every = max(1, ARGS.warm_steps // 10)
@@ -126,9 +130,7 @@ def qstage_run(chi):
     inputs: {{state: neel}}
     params: {{{model}, steps: {ARGS.warm_steps}, measure_every: {every}, {trunc}}}
 """
-    spec_text = (f"""name: mps-tebd-bench
-steps:
-{warm}  - id: one
+    timed = "" if ARGS.tenpy_only else (f"""  - id: one
     stage: mps.tebd
     inputs: {{state: warm}}
     params: {{{model}, steps: 1, precision: {ARGS.precision}, {trunc}}}
@@ -137,20 +139,20 @@ steps:
     inputs: {{state: warm}}
     params: {{{model}, steps: {1 + ARGS.steps}, measure_every: {1 + ARGS.steps}, precision: {ARGS.precision}, {trunc}}}
 """)
-    spec = d / "spec.yaml"
-    if ARGS.reuse and spec.read_text() != spec_text:
-        raise SystemExit(f"--reuse: {spec} was written with other parameters")
-    spec.write_text(spec_text)
+    spec = d / ("spec-warm.yaml" if ARGS.tenpy_only else "spec.yaml")
+    spec.write_text(f"name: mps-tebd-bench\nsteps:\n{warm}{timed}")
     cmd = [ARGS.qstage, "run", str(spec), "--run-dir", str(d / "run"), "--device", ARGS.device]
     t = time.time()
-    p = subprocess.run(cmd, capture_output=True, text=True)  # (--reuse: every step is up to date, skipped)
+    p = subprocess.run(cmd, capture_output=True, text=True)  # (--tenpy-only: a warm state already there is skipped)
     if p.returncode != 0:
         raise SystemExit(f"qstage failed (exit {p.returncode}):\n" + "\n".join((p.stdout + p.stderr).splitlines()[-12:]))
     wall = time.time() - t
     steps = json.loads(manifest.read_text())["steps"]
+    out = d / "run" / "outputs"
+    if ARGS.tenpy_only:
+        return None, {}, wall, "", out / "warm.h5", None
     seconds = {k: steps[k]["wall_seconds"] for k in ("warm", "one", "more")}
     per_step = (seconds["more"] - seconds["one"]) / ARGS.steps
-    out = d / "run" / "outputs"
     # (the qstage state TeNPy's evolution is checked against: the one after as many steps)
     same = out / ("one.h5" if ARGS.untimed_steps + ARGS.steps == 1 else "more.h5")
     return per_step, seconds, wall, steps["more"].get("device", ""), out / "warm.h5", same
@@ -221,25 +223,29 @@ def main():
         per_step, seconds, wall, device, warm, more = qstage_run(chi)
         with h5py.File(warm) as f:
             warm_chi = int(f["chi"][-1].max()) if "chi" in f else int(max(f["bond_offsets"][1:] - f["bond_offsets"][:-1]))
-        with h5py.File(more) as f:
-            q = {"max_chi": int(f["chi"][-1].max()), "truncation_error": float(f["truncation_error"][-1]),
-                 "density": f["density"][-1]}
+        q = {"max_chi": None, "truncation_error": float("nan"), "density": None}
+        if more:
+            with h5py.File(more) as f:
+                q = {"max_chi": int(f["chi"][-1].max()), "truncation_error": float(f["truncation_error"][-1]),
+                     "density": f["density"][-1]}
         row = dict(info, chi_max=chi, warm_chi=warm_chi, saturated=warm_chi == chi, qstage_device=device,
                    qstage_seconds_per_step=per_step, qstage_step_seconds=seconds, qstage_wall=wall,
                    qstage_max_chi=q["max_chi"], qstage_truncation_error=q["truncation_error"])
         tp = "–"
         if TENPY:
             t = tenpy_run(chi, warm)
-            dn = float(np.max(np.abs(t["density"] - q["density"])))
+            dn = float(np.max(np.abs(t["density"] - q["density"]))) if more else float("nan")
             row.update(tenpy_seconds_per_step=t["seconds_per_step"], tenpy_step_seconds=t["step_seconds"],
                        tenpy_load_seconds=t["load_seconds"], tenpy_max_chi=t["max_chi"],
-                       tenpy_truncation_error=t["truncation_error"], ratio=t["seconds_per_step"] / per_step,
-                       max_density_difference=dn)
-            tp = (f"{t['seconds_per_step']:.4g} | {row['ratio']:.3g} | {q['max_chi']} / {t['max_chi']} | "
-                  f"{q['truncation_error']:.3e} / {t['truncation_error']:.3e} | {dn:.1e}")
+                       tenpy_truncation_error=t["truncation_error"],
+                       ratio=t["seconds_per_step"] / per_step if per_step else None, max_density_difference=dn)
+            ratio = f"{row['ratio']:.3g}" if per_step else "–"
+            tp = (f"{t['seconds_per_step']:.4g} | {ratio} | {q['max_chi']} / {t['max_chi']} | "
+                  f"{q['truncation_error']:.3e} / {t['truncation_error']:.3e} (after {ARGS.untimed_steps + ARGS.steps} steps) | {dn:.1e}")
         else:
             tp = f"– | – | {q['max_chi']} / – | {q['truncation_error']:.3e} / – | –"
-        print(f"| {chi} | {warm_chi}{'' if warm_chi == chi else ' (not saturated)'} | {per_step:.4g} | {tp} |", flush=True)
+        qs = f"{per_step:.4g}" if per_step else "–"
+        print(f"| {chi} | {warm_chi}{'' if warm_chi == chi else ' (not saturated)'} | {qs} | {tp} |", flush=True)
         rows.append(row)
     for r in rows:
         print(json.dumps(r))

@@ -13,6 +13,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <map>
@@ -124,7 +125,13 @@ struct Measurements {
   std::size_t width = 0;  // N + 1
   std::vector<double> times, density, entropy_vn, entropy_2, charges, norm, truncation_error, chi, energy, cut_loss, totals;
   // bond_terms[j]: the Hamiltonian's term on sites j, j+1 as a table (none: no energy).
+  double seconds = 0;  // spent in take() (this run's, for the log; not checkpointed)
   void take(const U1Mps& psi, double t, double eps, double cut, const std::vector<GateTable>& bond_terms) {
+    const auto start = std::chrono::steady_clock::now();
+    take_at(psi, t, eps, cut, bond_terms);
+    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  void take_at(const U1Mps& psi, double t, double eps, double cut, const std::vector<GateTable>& bond_terms) {
     times.push_back(t);
     if (!bond_terms.empty()) {
       // Each bond's <h> is two Theta on the host: on the OpenMP threads (at chi 4096, L 100 the
@@ -446,11 +453,11 @@ class TebdStage final : public ComputedStage {
     spdlog::info(
         "mps.tebd: {} two-site updates on {} in {:.3f} s, bonds of a layer at once; summed over the threads: planning {:.3f} s, Theta "
         "{:.3f} s ({} GEMM products, {} sector pairs gathered), SVD {:.3f} s ({} blocks on the host, {} by Jacobi, {} by gesvdp{}, {} fallbacks to the host), truncation {:.3f} s, "
-        "C Y^dagger {:.3f} s, transfers and packing {:.3f} s{}{}{}{}",
+        "C Y^dagger {:.3f} s, transfers and packing {:.3f} s; measurements {:.3f} s{}{}{}{}",
         tm.updates, backend_name(ctx.backend->kind()), updater.wall_seconds(), tm.planning, tm.theta, tm.products, tm.gathered_pairs, tm.svd, tm.svd_paths.host,
         tm.svd_paths.jacobi, tm.svd_paths.polar,
         tm.svd_paths.polar ? fmt::format(" with a perturbation of at most {:.1e}", tm.svd_paths.polar_shift) : std::string(),
-        tm.svd_paths.host_fallbacks, tm.truncation, tm.finish, tm.transfers,
+        tm.svd_paths.host_fallbacks, tm.truncation, tm.finish, tm.transfers, m.seconds + (sh ? sh->m.seconds : 0.0),
         tm.canonicalizations ? fmt::format("; the chain brought back to canonical form after {} gates that were not unitary, in {:.3f} s",
                                            tm.canonicalizations, tm.canonical)
                              : std::string(),

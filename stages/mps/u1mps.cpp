@@ -12,6 +12,7 @@
 
 #include "core/error.hpp"
 #include "core/parallel.hpp"
+#include "core/parallel.hpp"
 #include "kernels/common.hpp"
 #include "kernels/random.hpp"
 #include "kernels/u1_math.hpp"
@@ -493,23 +494,31 @@ double entropy_renyi2(const Bond& bond) {
 namespace {
 
 // The left environments E(c) = sum B^dagger E B (block-diagonal by charge) at bond `upto`, grown
-// from `e` on bond 0, without assuming any canonical form.
+// from `e` on bond 0, without assuming any canonical form. Per site, the new environments of
+// different right charges on the OpenMP threads; each sums its blocks in the site's order (the
+// same bits with any thread count). At chi 4096, L 100 the norm took ~40 s on one thread.
 std::map<int, std::vector<cplx>> left_environment(const U1Mps& psi, int upto, std::map<int, std::vector<cplx>> e) {
   for (int j = 0; j < upto; ++j) {
+    // The site's blocks that meet an environment, by right charge, in the site's order.
+    std::map<int, std::vector<const Block*>> by_right;
+    for (const Block& b : psi.sites[j].blocks)
+      if (e.count(b.c_left)) by_right[b.c_right].push_back(&b);
+    std::vector<std::pair<int, std::vector<const Block*>>> work(by_right.begin(), by_right.end());
+    std::vector<std::vector<cplx>> out(work.size());
+    parallel_for(static_cast<std::int64_t>(work.size()), [&](std::int64_t w) {
+      std::vector<cplx>& dst = out[static_cast<std::size_t>(w)];
+      for (const Block* b : work[static_cast<std::size_t>(w)].second) {
+        std::vector<cplx> eb(static_cast<std::size_t>(b->rows * b->cols));
+        matmul(e.at(b->c_left).data(), b->values.data(), eb.data(), b->rows, b->rows, b->cols);
+        std::vector<cplx> bd(static_cast<std::size_t>(b->cols * b->rows));
+        for (std::int64_t r = 0; r < b->rows; ++r)
+          for (std::int64_t c = 0; c < b->cols; ++c) bd[c * b->rows + r] = std::conj(b->values[r * b->cols + c]);
+        if (dst.empty()) dst.assign(static_cast<std::size_t>(b->cols * b->cols), cplx{});
+        matmul(bd.data(), eb.data(), dst.data(), b->cols, b->rows, b->cols, true);
+      }
+    });
     std::map<int, std::vector<cplx>> next;
-    for (const Block& b : psi.sites[j].blocks) {
-      const auto it = e.find(b.c_left);
-      if (it == e.end()) continue;
-      std::vector<cplx> eb(static_cast<std::size_t>(b.rows * b.cols));
-      matmul(it->second.data(), b.values.data(), eb.data(), b.rows, b.rows, b.cols);
-      std::vector<cplx> bd(static_cast<std::size_t>(b.cols * b.rows));
-      for (std::int64_t r = 0; r < b.rows; ++r)
-        for (std::int64_t c = 0; c < b.cols; ++c) bd[c * b.rows + r] = std::conj(b.values[r * b.cols + c]);
-      auto& dst = next[b.c_right];
-      const bool fresh = dst.empty();
-      if (fresh) dst.assign(static_cast<std::size_t>(b.cols * b.cols), cplx{});
-      matmul(bd.data(), eb.data(), dst.data(), b.cols, b.rows, b.cols, true);
-    }
+    for (std::size_t w = 0; w < work.size(); ++w) next[work[w].first] = std::move(out[w]);
     e = std::move(next);
   }
   return e;

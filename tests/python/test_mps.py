@@ -474,12 +474,18 @@ def test_device_budgets_below_the_in_core_peak_give_the_same_bits(tmp, threads):
         peak = int(f.attrs["qstage.peak_device_bytes"])
         free = {k: f[k][()].tobytes() for k in f if isinstance(f[k], h5py.Dataset)}
     spec = write_spec(tmp / "tight.yaml", f"name: tight\nsteps:\n{steps}")
+    # (on cuda each stream's cuBLAS workspace, 8 MiB, src/backend/cuda_backend.cu, comes off the
+    # budget before the updates' shares: the fractions are of the rest)
+    streams = threads * (8 << 20) if DEVICE == "cuda" else 0
     for fraction, fewer in [(0.7, False), (0.2, True)]:
-        budget = int(fraction * peak)
+        budget = streams + int(fraction * (peak - streams))
         tight = run(["run", spec, "--run-dir", tmp / f"run-{fraction}", "--device", DEVICE, "--device-memory", str(budget)], env=env)
         assert tight.code == 0, tight
         log = (tmp / f"run-{fraction}" / "logs" / "rank-0.log").read_text()
-        assert re.search(r"[0-9]+ updates larger than their device share went in groups of centre charges \([0-9]+ groups", log)
+        grouped = re.search(r"[0-9]+ updates larger than their device share went in groups of centre charges \([0-9]+ groups", log)
+        # (on cuda, a stream released frees its workspace for the shares of the others: after the
+        # halving the updates may fit whole)
+        assert grouped or (fewer and DEVICE == "cuda")
         if fewer:
             assert "rerun with half as many at a time" in log
             assert re.search(r"([0-9]+) at a time from then on", log).group(1) in [str(t) for t in range(1, threads)]
