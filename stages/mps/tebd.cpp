@@ -353,20 +353,27 @@ double bond_expectation(const U1Mps& psi, int j, const GateTable& op) {
 // Buffers that grow to the largest update: on the backend (device memory on cuda) and pinned
 // staging on the host.
 struct BondUpdater::Workspace {
+  // Device buffers grow with a quarter to spare (fewer reallocations as updates grow), except
+  // while the updates go in groups to fit their shares (`exact`).
+  bool exact = false;
   struct Grown {
     Buffer buffer;
+    const bool* exact = nullptr;
     template <typename T>
     T* get(Backend& backend, std::int64_t count, bool device, const char* what) {
       const std::size_t bytes = std::max<std::size_t>(1, count * sizeof(T));
       if (buffer.size() < bytes) {
         buffer.reset();
-        const std::size_t grown = bytes + bytes / 4;
+        const std::size_t grown = device && exact && *exact ? bytes : bytes + bytes / 4;
         buffer = device ? backend.alloc_device(grown, what) : backend.alloc_host(grown, what);
       }
       return buffer.as<T>();
     }
   };
   Grown sites, c, theta, scale, s, vh, out, scratch, svd, tiles, host_in, host_scale, host_s, host_out, host_tiles, host_c, host_vh;
+  Workspace() {
+    for (Grown* g : device()) g->exact = &exact;
+  }
   std::uint64_t device_bytes() const {
     std::uint64_t sum = 0;
     for (const Grown* g : device()) sum += g->buffer.size();
@@ -396,7 +403,7 @@ double BondUpdater::update(U1Mps& psi, int j, const GateTable& gate, const Trunc
 // two sites (bounded by the blocks' size), C, Theta when it has its own buffer (`separate_theta`),
 // Vh, the new left blocks (at most m min(m, n) a block), the product scratch (at most the largest
 // block), the largest SVD workspace (`svd_bytes`, a block's), with the margin by which
-// Workspace's buffers grow.
+// Workspace's buffers grow when the update is in one piece (`separate_theta`).
 std::uint64_t update_bytes(const std::vector<ChargeBlock>& blocks, const std::vector<std::size_t>& svd_bytes, std::size_t first,
                            std::size_t last, std::size_t element, bool separate_theta) {
   std::uint64_t mn = 0, rn = 0, mr = 0, largest = 0, work = 0;
@@ -406,7 +413,7 @@ std::uint64_t update_bytes(const std::vector<ChargeBlock>& blocks, const std::ve
     mn += m * n, rn += r * n, mr += m * r, largest = std::max(largest, m * n), work = std::max<std::uint64_t>(work, svd_bytes[i]);
   }
   const std::uint64_t values = (separate_theta ? 3 : 2) * mn + rn + mr + largest;
-  return (values * element + work) * 5 / 4;
+  return (values * element + work) * (separate_theta ? 5 : 4) / 4;
 }
 
 // Runs of consecutive centre blocks whose groups, with C parked on the host, fit `share` device
@@ -451,6 +458,7 @@ double BondUpdater::update_in(U1Mps& psi, int j, const GateTable& gate, const Tr
   const std::vector<std::size_t> cuts =
       parked ? group_cuts(blocks, svd_bytes, sizeof(T), device_share_) : std::vector<std::size_t>{0, blocks.size()};
   const std::size_t groups = cuts.size() - 1;
+  w.exact = parked;
   timings_.planning += seconds_since(clock);
 
   // Per group: its plan, SVD problems (offsets inside the group) and where its values start in
@@ -479,8 +487,8 @@ double BondUpdater::update_in(U1Mps& psi, int j, const GateTable& gate, const Tr
   T *c = nullptr, *vh = nullptr;
   for (std::size_t g = 0; g < groups; ++g) {
     Group& gr = gs[g];
-    // (buffers grown by other updates would crowd this one's out of its share)
-    if (w.device_bytes() + update_bytes(blocks, svd_bytes, cuts[g], cuts[g + 1], sizeof(T), !parked) > device_share_)
+    // (buffers grown by other updates or groups would crowd this one's out of its share)
+    if (parked || w.device_bytes() + update_bytes(blocks, svd_bytes, cuts[g], cuts[g + 1], sizeof(T), true) > device_share_)
       w.release_device();
     gr.plan = groups == 1 ? plan_bond(psi, j, gate, std::move(blocks))
                           : plan_bond(psi, j, gate, {blocks.begin() + cuts[g], blocks.begin() + cuts[g + 1]});
@@ -562,6 +570,7 @@ double BondUpdater::update_in(U1Mps& psi, int j, const GateTable& gate, const Tr
   for (std::size_t g = 0, first = 0; g < groups; first += gs[g].problems.size(), ++g) {
     const Group& gr = gs[g];
     if (parked) {
+      w.release_device();
       c = w.c.get<T>(be, gr.plan.c_size, true, "mps: C blocks");
       vh = w.vh.get<T>(be, gr.vh_size, true, "mps: right singular vectors");
       be.copy_to_device(c, host_c + gr.c_base, gr.plan.c_size * sizeof(T), st);
