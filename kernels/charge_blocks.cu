@@ -136,6 +136,7 @@ SvdRouting routed(SvdRouting r) {
 
 enum class Path { host, jacobi, polar };
 Path path_of(const SvdProblem& p, SvdRouting r) {
+  if (p.host) return Path::host;
   const double f = static_cast<double>(r.gpu_from);
   if (static_cast<double>(p.m) * p.n * std::min(p.m, p.n) < f * f * f) return Path::host;
   return std::min(p.m, p.n) >= r.polar_from ? Path::polar : Path::jacobi;

@@ -50,6 +50,7 @@ void scale_rows(Stream& stream, const T* a, const double* scale, const std::vect
 // descending, at s + s_offset) and Vh (r x n at vh + vh_offset); U is not formed.
 struct SvdProblem {
   std::int64_t m = 0, n = 0, offset = 0, s_offset = 0, vh_offset = 0;
+  bool host = false;  // on the host whatever the routing (a caller whose device budget cannot hold its GPU workspace)
 };
 // How the problems were solved: on the host (LAPACK; on cuda the small problems, where a GPU
 // solver's fixed cost is larger), by cuSOLVER's one-sided Jacobi (gesvdj), by its polar-

@@ -451,9 +451,16 @@ double BondUpdater::update_in(U1Mps& psi, int j, const GateTable& gate, const Tr
   auto clock = std::chrono::steady_clock::now();
   std::vector<ChargeBlock> blocks = centre_blocks(psi, j);
   std::vector<std::size_t> svd_bytes(blocks.size(), 0);
+  std::vector<bool> svd_on_host(blocks.size(), false);
   if (device_share_ != std::numeric_limits<std::uint64_t>::max())
-    for (std::size_t i = 0; i < blocks.size(); ++i)
+    for (std::size_t i = 0; i < blocks.size(); ++i) {
       svd_bytes[i] = kernels::svd_workspace_bytes<T>(st, {{blocks[i].m, blocks[i].n, 0, 0, 0}}, kernels::SvdRouting{gpu_svd_from_});
+      // (the last resort before a budget too small: the block's SVD without its GPU workspace)
+      if (host_svd_when_short_ && svd_bytes[i] > 0 && update_bytes(blocks, svd_bytes, i, i + 1, sizeof(T), false) > device_share_) {
+        svd_bytes[i] = 0, svd_on_host[i] = true;
+        ++timings_.svd_for_memory;
+      }
+    }
   const bool parked = update_bytes(blocks, svd_bytes, 0, blocks.size(), sizeof(T), true) > device_share_;
   const std::vector<std::size_t> cuts =
       parked ? group_cuts(blocks, svd_bytes, sizeof(T), device_share_) : std::vector<std::size_t>{0, blocks.size()};
@@ -474,7 +481,7 @@ double BondUpdater::update_in(U1Mps& psi, int j, const GateTable& gate, const Tr
     std::int64_t c_size = 0, s_size = 0, vh_size = 0;
     for (std::size_t i = cuts[g]; i < cuts[g + 1]; ++i) {
       const std::int64_t r = std::min(blocks[i].m, blocks[i].n);
-      gs[g].problems.push_back({blocks[i].m, blocks[i].n, c_size, s_size, vh_size});
+      gs[g].problems.push_back({blocks[i].m, blocks[i].n, c_size, s_size, vh_size, svd_on_host[i]});
       c_size += blocks[i].m * blocks[i].n, s_size += r, vh_size += r * blocks[i].n;
     }
     gs[g].c_base = c_total, gs[g].s_base = s_total, gs[g].vh_base = vh_total, gs[g].s_size = s_size, gs[g].vh_size = vh_size;
@@ -763,7 +770,9 @@ BondUpdater& LayerUpdater::updater_of(int thread) {
     updater = std::make_unique<BondUpdater>(backend_, gpu_svd_from_, precision_);
   }
   // Each of the updates running at once gets an equal share of the device budget, less the
-  // streams' own (cuBLAS workspaces); a larger update goes in groups of centre charges.
+  // streams' own (cuBLAS workspaces); a larger update goes in groups of centre charges. One at a
+  // time, a block whose GPU SVD workspace does not fit the share is decomposed on the host.
+  updater->set_host_svd_when_short(concurrency_ == 1);
   const std::uint64_t limit = backend_.device_budget().limit(), streams = static_cast<std::uint64_t>(concurrency_) * backend_.blas_stream_bytes();
   updater->set_device_share(limit > streams ? (limit - streams) / static_cast<std::uint64_t>(concurrency_) : 0);
   return *updater;

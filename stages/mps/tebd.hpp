@@ -28,13 +28,14 @@ struct UpdateTimings {
   std::int64_t products = 0, gathered_pairs = 0;  // Theta's GEMM products, and its pairs in gather form
   std::int64_t serialized = 0;  // updates rerun with fewer at a time: their workspace did not fit the budget beside the others'
   std::int64_t grouped = 0, groups = 0;  // updates split into groups of centre charges (to fit their device share); groups of all updates
+  std::int64_t svd_for_memory = 0;       // charge blocks decomposed on the host because their GPU SVD workspace did not fit
   double canonical = 0;          // wall seconds of LayerUpdater::recanonicalize
   std::int64_t canonicalizations = 0;
   kernels::SvdReport svd_paths;
   UpdateTimings& operator+=(const UpdateTimings& o) {
     planning += o.planning, theta += o.theta, svd += o.svd, truncation += o.truncation, transfers += o.transfers, finish += o.finish;
     updates += o.updates, products += o.products, gathered_pairs += o.gathered_pairs, serialized += o.serialized;
-    grouped += o.grouped, groups += o.groups;
+    grouped += o.grouped, groups += o.groups, svd_for_memory += o.svd_for_memory;
     canonical += o.canonical, canonicalizations += o.canonicalizations;
     svd_paths += o.svd_paths;
     return *this;
@@ -66,6 +67,9 @@ class BondUpdater {
   const UpdateTimings& timings() const { return timings_; }
   // The device bytes one update may take (estimated from its blocks; unlimited by default).
   void set_device_share(std::uint64_t bytes) { device_share_ = bytes; }
+  // Whether a charge block whose GPU SVD workspace does not fit the share is decomposed on the
+  // host (its bits then those of the host's LAPACK) rather than refused with BudgetExceeded.
+  void set_host_svd_when_short(bool on) { host_svd_when_short_ = on; }
   // The last update's kept norm: ||Theta|| after the gate and the truncation, in units of the
   // state's norm before it (1 in B form), before the update renormalised it to 1. n_pair states
   // multiply their weight by it (LayerUpdater, update_bond).
@@ -82,6 +86,7 @@ class BondUpdater {
   std::unique_ptr<Workspace> work_;
   std::int64_t gpu_svd_from_;
   std::uint64_t device_share_ = std::numeric_limits<std::uint64_t>::max();
+  bool host_svd_when_short_ = false;
   UpdateTimings timings_;
 };
 

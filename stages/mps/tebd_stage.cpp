@@ -453,7 +453,7 @@ class TebdStage final : public ComputedStage {
     spdlog::info(
         "mps.tebd: {} two-site updates on {} in {:.3f} s, bonds of a layer at once; summed over the threads: planning {:.3f} s, Theta "
         "{:.3f} s ({} GEMM products, {} sector pairs gathered), SVD {:.3f} s ({} blocks on the host, {} by Jacobi, {} by gesvdp{}, {} fallbacks to the host), truncation {:.3f} s, "
-        "C Y^dagger {:.3f} s, transfers and packing {:.3f} s; measurements {:.3f} s{}{}{}{}",
+        "C Y^dagger {:.3f} s, transfers and packing {:.3f} s; measurements {:.3f} s{}{}{}{}{}",
         tm.updates, backend_name(ctx.backend->kind()), updater.wall_seconds(), tm.planning, tm.theta, tm.products, tm.gathered_pairs, tm.svd, tm.svd_paths.host,
         tm.svd_paths.jacobi, tm.svd_paths.polar,
         tm.svd_paths.polar ? fmt::format(" with a perturbation of at most {:.1e}", tm.svd_paths.polar_shift) : std::string(),
@@ -469,6 +469,9 @@ class TebdStage final : public ComputedStage {
                                  "parked in host memory between the passes)", tm.grouped, tm.grouped == 1 ? "" : "s",
                                  tm.grouped == 1 ? "its" : "their", tm.groups - (tm.updates - tm.grouped))
                    : std::string(),
+        tm.svd_for_memory ? fmt::format("; {} charge block{} decomposed on the host: {} GPU SVD workspace did not fit the device "
+                                        "budget", tm.svd_for_memory, tm.svd_for_memory == 1 ? "" : "s", tm.svd_for_memory == 1 ? "its" : "their")
+                          : std::string(),
         ranks ? "; " + describe_exchange(*ctx.comm, updater.exchange_stats()) : std::string());
     if (!root) return {};
     Packer out;
