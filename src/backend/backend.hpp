@@ -120,6 +120,8 @@ class Backend {
   virtual std::uint64_t blas_stream_bytes() const { return 0; }
   // Makes this backend's device current on the calling thread (CUDA's current device is per thread).
   virtual void bind_thread() {}
+  // The PCI bus id of the backend's device ("0000:3B:00.0"); empty for the CPU.
+  virtual std::string pci_bus_id() const { return {}; }
   MemoryBudget& device_budget() { return device_budget_; }
   MemoryBudget& host_budget() { return host_budget_; }
 
@@ -137,6 +139,7 @@ struct BackendOptions {
   std::uint64_t device_memory = 0;  // 0: the default for the backend
   std::uint64_t host_memory = 0;    // 0: the default
   int local_rank = 0;               // picks the GPU: local_rank % number of GPUs
+  bool bind = true;                 // bind the rank to the cores and memory nearest its GPU (core/affinity.hpp)
 };
 
 // Builds the backend the options ask for. `auto` picks cuda when this build has it and a GPU is

@@ -155,6 +155,11 @@ class CudaBackend final : public Backend {
   }
   std::uint64_t blas_stream_bytes() const override { return kCublasWorkspace; }
   void bind_thread() override { QSTAGE_CUDA_CHECK(cudaSetDevice(device_)); }
+  std::string pci_bus_id() const override {
+    char id[32] = {};
+    QSTAGE_CUDA_CHECK(cudaDeviceGetPCIBusId(id, sizeof(id), device_));
+    return id;
+  }
   void copy_to_device_impl(void* dst, const void* src, std::size_t bytes, Stream& s) override {
     QSTAGE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, static_cast<cudaStream_t>(s.native())));
   }

@@ -56,7 +56,9 @@ po::options_description engine_options() {
       ("progress-interval", po::value<std::string>()->default_value("10s"), "seconds between progress lines in a log file")
       ("log-level", po::value<std::string>()->default_value("info"), "trace | debug | info | warn | error | off")
       ("max-batch-rows", po::value<std::uint64_t>(), "cap on the rows of one batch (advanced)")
-      ("slots", po::value<int>()->default_value(3), "buffer sets in the pipeline, at least 2 (advanced)");
+      ("slots", po::value<int>()->default_value(3), "buffer sets in the pipeline, at least 2 (advanced)")
+      ("bind", po::value<std::string>()->default_value("gpu"),
+       "gpu: bind each rank to the cores and memory of its GPU's NUMA node (within what the launcher allows); none: leave as launched");
   return o;
 }
 
@@ -70,6 +72,9 @@ runner::RunOptions run_options(const po::variables_map& vm) {
   auto progress = parse_duration(vm["progress-interval"].as<std::string>(), "--progress-interval");
   o.progress_seconds = progress ? progress->count() : 1e18;
   o.slots = vm["slots"].as<int>();
+  const std::string bind = vm["bind"].as<std::string>();
+  if (bind != "gpu" && bind != "none") throw InputError(fmt::format("--bind {}: expected gpu or none", bind));
+  o.backend.bind = bind == "gpu";
   if (o.slots < 2) throw InputError(fmt::format("--slots {}: expected at least 2 (double buffering)", o.slots));
   // Validate sizes now, so a typo is an error before MPI starts.
   if (o.device_memory) parse_size(*o.device_memory, "--device-memory");

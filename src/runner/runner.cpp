@@ -2,12 +2,15 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <omp.h>
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <map>
 #include <optional>
 
+#include "core/affinity.hpp"
 #include "core/build_info.hpp"
 #include "core/error.hpp"
 #include "core/fsutil.hpp"
@@ -155,6 +158,7 @@ class WorkflowRun {
     if (host_memory) bo.host_memory = parse_size(*host_memory, "host memory budget");
     backend_ = make_backend(bo);
     device_text_ = comm_.broadcast(backend_->description());
+    bind_near_device(bo.bind);
     engine::EngineOptions eo;
     eo.slots = options_.slots;
     const std::string interval = options_.checkpoint_interval.value_or(wf_.options.checkpoint_interval.value_or("2m"));
@@ -813,6 +817,20 @@ class WorkflowRun {
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<engine::StreamEngine> engine_;
   std::string device_text_;
+  // Binds this rank to the cores and memory nearest its GPU (before the OpenMP and I/O threads
+  // start), and logs where: every rank in its own log, rank 0's on the console.
+  void bind_near_device(bool bind) {
+    const std::string bus = backend_->pci_bus_id();
+    if (bus.empty()) return;
+    if (!bind) {
+      spdlog::info("rank {}: not bound (--bind none); GPU at PCI {}", comm_.rank(), bus);
+      return;
+    }
+    const std::string line = affinity::bind_near(affinity::device_placement("/sys", bus));
+    // (OpenMP sized its default team from the cores allowed at start; follow the binding)
+    if (!std::getenv("OMP_NUM_THREADS")) omp_set_num_threads(static_cast<int>(std::max<std::size_t>(1, affinity::allowed_cpus().size())));
+    spdlog::info("rank {}: {}", comm_.rank(), line);
+  }
   std::optional<double> checkpoint_seconds_;
 };
 

@@ -117,6 +117,7 @@ def test_foreign_directory_is_refused(committed):
     (["--device-memory", "lots"], ["--device-memory: 'lots' is not a size"]),
     (["--checkpoint-interval", "soon"], ["'soon' is not a duration"]),
     (["--slots", "1"], ["--slots 1: expected at least 2"]),
+    (["--bind", "socket"], ["--bind socket: expected gpu or none"]),
     (["--log-level", "loud"], ["unknown level 'loud'"]),
     (["--frobnicate"], ["unrecognised option '--frobnicate'"]),
 ])

@@ -1,0 +1,136 @@
+#include "core/affinity.hpp"
+
+#include <fmt/format.h>
+#include <sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "core/error.hpp"
+
+namespace qstage::affinity {
+
+namespace {
+
+int parse_number(std::string_view s, std::string_view whole) {
+  if (s.empty() || s.size() > 6 || !std::all_of(s.begin(), s.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); }))
+    throw InputError(fmt::format("cpu list '{}': '{}' is not a cpu number; expected e.g. 0-3,8,10-11", whole, s));
+  return std::stoi(std::string(s));
+}
+
+std::string read_line(const std::filesystem::path& p) {
+  std::ifstream in(p);
+  std::string line;
+  if (!in || !std::getline(in, line)) return {};
+  while (!line.empty() && std::isspace(static_cast<unsigned char>(line.back()))) line.pop_back();
+  return line;
+}
+
+// set_mempolicy(2) without libnuma: MPOL_PREFERRED with one node in the mask.
+bool prefer_node(int node) {
+  constexpr int kMpolPreferred = 1;
+  constexpr int kBits = 8 * sizeof(unsigned long);
+  if (node < 0 || node >= 16 * kBits) return false;
+  unsigned long mask[16] = {};
+  mask[node / kBits] = 1ul << (node % kBits);
+  return syscall(SYS_set_mempolicy, kMpolPreferred, mask, static_cast<unsigned long>(16 * kBits + 1)) == 0;
+}
+
+}  // namespace
+
+std::vector<int> parse_cpu_list(std::string_view text) {
+  std::vector<int> cpus;
+  std::size_t at = 0;
+  while (at <= text.size()) {
+    const std::size_t comma = std::min(text.find(',', at), text.size());
+    const std::string_view item = text.substr(at, comma - at);
+    const std::size_t dash = item.find('-');
+    if (dash == std::string_view::npos) {
+      cpus.push_back(parse_number(item, text));
+    } else {
+      const int lo = parse_number(item.substr(0, dash), text), hi = parse_number(item.substr(dash + 1), text);
+      if (hi < lo) throw InputError(fmt::format("cpu list '{}': the range '{}' runs backwards; expected low-high", text, item));
+      for (int c = lo; c <= hi; ++c) cpus.push_back(c);
+    }
+    at = comma + 1;
+  }
+  std::sort(cpus.begin(), cpus.end());
+  cpus.erase(std::unique(cpus.begin(), cpus.end()), cpus.end());
+  return cpus;
+}
+
+std::string format_cpu_list(const std::vector<int>& cpus) {
+  std::string out;
+  for (std::size_t i = 0; i < cpus.size();) {
+    std::size_t j = i;
+    while (j + 1 < cpus.size() && cpus[j + 1] == cpus[j] + 1) ++j;
+    if (!out.empty()) out += ',';
+    out += j == i ? fmt::format("{}", cpus[i]) : fmt::format("{}-{}", cpus[i], cpus[j]);
+    i = j + 1;
+  }
+  return out;
+}
+
+DevicePlacement device_placement(const std::filesystem::path& sysfs, const std::string& bus_id) {
+  DevicePlacement p;
+  p.bus_id = bus_id;
+  std::string lower = bus_id;
+  std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  const std::filesystem::path dir = sysfs / "bus" / "pci" / "devices" / lower;
+  const std::string node = read_line(dir / "numa_node");
+  if (!node.empty()) {
+    try {
+      p.numa_node = std::stoi(node);
+    } catch (const std::exception&) {
+      p.numa_node = -1;
+    }
+  }
+  const std::string cpus = read_line(dir / "local_cpulist");
+  if (!cpus.empty()) {
+    try {
+      p.cpus = parse_cpu_list(cpus);
+    } catch (const InputError&) {
+      p.cpus.clear();
+    }
+  }
+  return p;
+}
+
+std::vector<int> allowed_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::vector<int> cpus;
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &set)) cpus.push_back(c);
+  return cpus;
+}
+
+std::string bind_near(const DevicePlacement& placement) {
+  const std::string device = fmt::format("GPU at PCI {}", placement.bus_id);
+  if (placement.numa_node < 0 || placement.cpus.empty())
+    return fmt::format("{}: no NUMA node reported, not bound", device);
+  const std::vector<int> allowed = allowed_cpus();
+  std::vector<int> near;
+  std::set_intersection(placement.cpus.begin(), placement.cpus.end(), allowed.begin(), allowed.end(), std::back_inserter(near));
+  if (near.empty())
+    return fmt::format("{} on NUMA node {} (cores {}): none of them is allowed here (cores {}), not bound", device, placement.numa_node,
+                       format_cpu_list(placement.cpus), format_cpu_list(allowed));
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int c : near) CPU_SET(c, &set);
+  if (sched_setaffinity(0, sizeof(set), &set) != 0)
+    return fmt::format("{} on NUMA node {}: binding to cores {} failed ({}), not bound", device, placement.numa_node,
+                       format_cpu_list(near), std::strerror(errno));
+  const bool memory = prefer_node(placement.numa_node);
+  return fmt::format("{} on NUMA node {}: bound to cores {}{}", device, placement.numa_node, format_cpu_list(near),
+                     memory ? ", memory preferred there" : " (the memory policy was refused)");
+}
+
+}  // namespace qstage::affinity

@@ -1,0 +1,36 @@
+#pragma once
+// Binding a rank to the cores and memory nearest its GPU (seed 002 section 2.2.5): a GPU hangs off
+// one socket's PCIe root, and host buffers on the other socket cross the inter-socket link on
+// every copy. Linux describes each PCI device in sysfs: `numa_node` (-1 where the machine has no
+// NUMA information) and `local_cpulist` (the cores of that node), which is all this needs (no hwloc).
+#include <filesystem>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace qstage::affinity {
+
+// "0-3,8,10-11" as sorted, unique cpu numbers; InputError on anything else.
+std::vector<int> parse_cpu_list(std::string_view text);
+// The inverse, ranges compressed: {0, 1, 2, 3, 8} -> "0-3,8".
+std::string format_cpu_list(const std::vector<int>& cpus);
+
+// Where a PCI device sits, from `sysfs` (normally /sys) and its bus id as CUDA gives it
+// ("0000:3B:00.0"; sysfs spells it in lower case).
+struct DevicePlacement {
+  std::string bus_id;
+  int numa_node = -1;     // -1: not reported
+  std::vector<int> cpus;  // the node's cores; empty where not reported
+};
+DevicePlacement device_placement(const std::filesystem::path& sysfs, const std::string& bus_id);
+
+// The cores this thread may run on now (what the launcher, SLURM or taskset allowed).
+std::vector<int> allowed_cpus();
+
+// Binds the calling thread (and the threads it starts later: OpenMP's, the I/O pool's) to the
+// placement's cores that it is allowed, and prefers the placement's node for the memory it
+// touches from then on (pinned staging buffers included). Leaves everything as it was where the
+// device has no node, or none of its cores is allowed. Returns one line saying what it did.
+std::string bind_near(const DevicePlacement& placement);
+
+}  // namespace qstage::affinity
