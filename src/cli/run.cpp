@@ -58,7 +58,7 @@ po::options_description engine_options() {
       ("max-batch-rows", po::value<std::uint64_t>(), "cap on the rows of one batch (advanced)")
       ("slots", po::value<int>()->default_value(3), "buffer sets in the pipeline, at least 2 (advanced)")
       ("bind", po::value<std::string>()->default_value("gpu"),
-       "gpu: bind each rank to the cores and memory of its GPU's NUMA node (within what the launcher allows); none: leave as launched");
+       "gpu: prefer the memory of each rank's GPU's NUMA node and, with several ranks on a host, bind each to that node's cores (within what the launcher allows); none: leave as launched");
   return o;
 }
 

@@ -112,10 +112,14 @@ std::vector<int> allowed_cpus() {
   return cpus;
 }
 
-std::string bind_near(const DevicePlacement& placement) {
+std::string bind_near(const DevicePlacement& placement, bool cores) {
   const std::string device = fmt::format("GPU at PCI {}", placement.bus_id);
   if (placement.numa_node < 0 || placement.cpus.empty())
     return fmt::format("{}: no NUMA node reported, not bound", device);
+  if (!cores)
+    return fmt::format("{} on NUMA node {} (cores {}): {}, every allowed core kept", device, placement.numa_node,
+                       format_cpu_list(placement.cpus),
+                       prefer_node(placement.numa_node) ? "memory preferred there" : "the memory policy was refused");
   const std::vector<int> allowed = allowed_cpus();
   std::vector<int> near;
   std::set_intersection(placement.cpus.begin(), placement.cpus.end(), allowed.begin(), allowed.end(), std::back_inserter(near));

@@ -27,10 +27,11 @@ DevicePlacement device_placement(const std::filesystem::path& sysfs, const std::
 // The cores this thread may run on now (what the launcher, SLURM or taskset allowed).
 std::vector<int> allowed_cpus();
 
-// Binds the calling thread (and the threads it starts later: OpenMP's, the I/O pool's) to the
-// placement's cores that it is allowed, and prefers the placement's node for the memory it
-// touches from then on (pinned staging buffers included). Leaves everything as it was where the
-// device has no node, or none of its cores is allowed. Returns one line saying what it did.
-std::string bind_near(const DevicePlacement& placement);
+// Prefers the placement's node for the memory the calling thread (and the threads it starts
+// later: OpenMP's, the I/O pool's) touches from then on (pinned staging buffers included), and,
+// with `cores`, binds them to the placement's cores that it is allowed. Leaves everything as it
+// was where the device has no node, or (with `cores`) none of its cores is allowed. Returns one
+// line saying what it did.
+std::string bind_near(const DevicePlacement& placement, bool cores = true);
 
 }  // namespace qstage::affinity

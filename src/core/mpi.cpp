@@ -51,6 +51,7 @@ Comm::Comm(MPI_Comm comm) : comm_(comm) {
   MPI_Comm local;
   check(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local), "MPI_Comm_split_type");
   MPI_Comm_rank(local, &local_rank_);
+  MPI_Comm_size(local, &local_size_);
   MPI_Comm_free(&local);
 }
 

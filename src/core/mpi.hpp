@@ -28,6 +28,7 @@ class Comm {
   int rank() const { return rank_; }
   int size() const { return size_; }
   int local_rank() const { return local_rank_; }  // rank among the ranks on this host
+  int local_size() const { return local_size_; }  // ranks on this host
   bool root() const { return rank_ == 0; }
 
   void barrier() const;
@@ -47,7 +48,7 @@ class Comm {
 
  private:
   MPI_Comm comm_;
-  int rank_ = 0, size_ = 1, local_rank_ = 0;
+  int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
 };
 
 // Throws RuntimeFailure naming the call and MPI's error text unless rc is MPI_SUCCESS (errors

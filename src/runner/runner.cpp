@@ -826,7 +826,9 @@ class WorkflowRun {
       spdlog::info("rank {}: not bound (--bind none); GPU at PCI {}", comm_.rank(), bus);
       return;
     }
-    const std::string line = affinity::bind_near(affinity::device_placement("/sys", bus));
+    // (one rank on the host keeps every core for its OpenMP work: the host's SVDs of mps.tebd
+    // would lose half a two-socket machine; several ranks each take their GPU's node)
+    const std::string line = affinity::bind_near(affinity::device_placement("/sys", bus), comm_.local_size() > 1);
     // (OpenMP sized its default team from the cores allowed at start; follow the binding)
     if (!std::getenv("OMP_NUM_THREADS")) omp_set_num_threads(static_cast<int>(std::max<std::size_t>(1, affinity::allowed_cpus().size())));
     spdlog::info("rank {}: {}", comm_.rank(), line);

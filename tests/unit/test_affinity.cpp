@@ -54,6 +54,10 @@ TEST(Affinity, BindingKeepsToTheAllowedCoresOfTheNode) {
   const std::string line = affinity::bind_near(p);
   EXPECT_NE(line.find(fmt::format("bound to cores {}", allowed.front())), std::string::npos) << line;
   EXPECT_EQ(affinity::allowed_cpus(), std::vector<int>{allowed.front()});
+  // memory only: every allowed core kept
+  affinity::DevicePlacement wide{"0000:00:00.0", 0, {CPU_SETSIZE - 1}};
+  EXPECT_NE(affinity::bind_near(wide, false).find("every allowed core kept"), std::string::npos);
+  EXPECT_EQ(affinity::allowed_cpus(), std::vector<int>{allowed.front()});
   // a node none of whose cores is allowed: left as it was
   affinity::DevicePlacement elsewhere{"0000:00:00.0", 0, {CPU_SETSIZE - 1}};
   EXPECT_NE(affinity::bind_near(elsewhere).find("none of them is allowed"), std::string::npos);
