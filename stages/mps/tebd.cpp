@@ -781,7 +781,15 @@ BondUpdater& LayerUpdater::updater_of(int thread) {
 void LayerUpdater::run_alone(U1Mps& psi, const std::vector<BondGate>& updates, std::vector<std::int64_t> indices,
                              const TruncParams& trunc, std::vector<double>& discarded, std::vector<double>& norms) {
   std::sort(indices.begin(), indices.end());
-  BondUpdater& updater = updater_of(0);
+  BondUpdater* one = nullptr;
+  try {
+    one = &updater_of(0);
+  } catch (const BudgetExceeded& e) {
+    // (on cuda the updater's stream holds a cuBLAS workspace, charged to the budget)
+    throw InputError(fmt::format("the device budget is too small for one two-site updater's stream: {}; expected a larger --device-memory",
+                                 e.what()));
+  }
+  BondUpdater& updater = *one;
   for (std::int64_t i : indices) {
     const BondGate& u = updates[static_cast<std::size_t>(i)];
     try {
