@@ -538,9 +538,9 @@ double BondUpdater::update_in(U1Mps& psi, int j, const GateTable& gate, const Tr
     // One SVD per charge block.
     R* s = w.s.get<R>(be, gr.s_size, true, "mps: singular values");
     vh = w.vh.get<T>(be, gr.vh_size, true, "mps: right singular vectors");
-    const std::size_t svd_bytes = kernels::svd_workspace_bytes<T>(st, gr.problems, kernels::SvdRouting{gpu_svd_from_});
-    void* svd_work = svd_bytes ? w.svd.get<char>(be, static_cast<std::int64_t>(svd_bytes), true, "mps: SVD workspace") : nullptr;
-    timings_.svd_paths += kernels::batched_svd(st, theta, gr.problems, s, vh, svd_work, svd_bytes, kernels::SvdRouting{gpu_svd_from_});
+    const std::size_t work_bytes = kernels::svd_workspace_bytes<T>(st, gr.problems, kernels::SvdRouting{gpu_svd_from_});
+    void* svd_work = work_bytes ? w.svd.get<char>(be, static_cast<std::int64_t>(work_bytes), true, "mps: SVD workspace") : nullptr;
+    timings_.svd_paths += kernels::batched_svd(st, theta, gr.problems, s, vh, svd_work, work_bytes, kernels::SvdRouting{gpu_svd_from_});
     st.synchronize();
     timings_.svd += seconds_since(clock);
     be.copy_to_host(host_s + gr.s_base, s, gr.s_size * sizeof(R), st);
