@@ -790,14 +790,23 @@ void LayerUpdater::run_alone(U1Mps& psi, const std::vector<BondGate>& updates, s
                                  e.what()));
   }
   BondUpdater& updater = *one;
+  const std::uint64_t whole = updater.device_share();
   for (std::int64_t i : indices) {
     const BondGate& u = updates[static_cast<std::size_t>(i)];
-    try {
-      discarded[static_cast<std::size_t>(i)] = updater.update(psi, u.bond, *u.gate, trunc);
-    } catch (const BudgetExceeded& e) {
-      throw InputError(fmt::format("the device budget is too small for one two-site update (sites {} and {}): {}; expected a larger "
-                                   "--device-memory", u.bond, u.bond + 1, e.what()));
+    // An update whose buffers outgrow its estimate (the gather form's tables are not in it) is
+    // retried in smaller groups: the share halved, up to 8 times.
+    for (int attempt = 0;; ++attempt) {
+      try {
+        discarded[static_cast<std::size_t>(i)] = updater.update(psi, u.bond, *u.gate, trunc);
+        break;
+      } catch (const BudgetExceeded& e) {
+        if (attempt == 8)
+          throw InputError(fmt::format("the device budget is too small for one two-site update (sites {} and {}): {}; expected a larger "
+                                       "--device-memory", u.bond, u.bond + 1, e.what()));
+        updater.set_device_share(updater.device_share() / 2);
+      }
     }
+    updater.set_device_share(whole);
     norms[static_cast<std::size_t>(i)] = updater.last_norm();
   }
 }
