@@ -3,6 +3,7 @@
 #include <mutex>
 
 #include "core/embedded.hpp"
+#include "core/signals.hpp"
 #include "engine/journal.hpp"
 #include "stages/compress/compress_stages.hpp"
 #include "stages/keys/keys_stages.hpp"
@@ -20,9 +21,20 @@ class NoPass final : public engine::PassKernel {
 };
 }  // namespace
 
-std::unique_ptr<engine::PassKernel> ComputedStage::make_kernel(const KernelContext&) const {
-  return std::make_unique<NoPass>();
+Commit agreed_commit(const KernelContext& ctx, std::uint64_t done, std::uint64_t total, const std::string& unit, bool forced) {
+  Commit decision = Commit::none;
+  if (ctx.checkpoints) {  // (due() also draws the progress line: asked after every unit)
+    const bool due = ctx.checkpoints->due(done, total, unit);
+    if (done < total && (due || forced)) decision = signals::stop_requested() ? Commit::and_stop : Commit::go_on;
+  }
+  if (ctx.comm && ctx.comm->size() > 1)
+    decision = static_cast<Commit>(ctx.comm->broadcast(static_cast<std::uint64_t>(decision)));
+  return decision;
 }
+
+std::unique_ptr<engine::PassKernel> no_pass_kernel() { return std::make_unique<NoPass>(); }
+
+std::unique_ptr<engine::PassKernel> ComputedStage::make_kernel(const KernelContext&) const { return no_pass_kernel(); }
 
 StagePlan ComputedStage::computed_plan(std::vector<std::pair<std::string, DatasetInfo>> results) {
   StagePlan plan;

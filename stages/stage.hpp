@@ -97,6 +97,15 @@ class ComputeCheckpoints {
   virtual void commit(const nlohmann::json& data, std::uint64_t done) = 0;
 };
 
+// What every rank of a compute() that computes_on_every_rank does after a unit of work: nothing,
+// commit and go on, or commit and stop.
+enum class Commit : std::uint64_t { none = 0, go_on = 1, and_stop = 2 };
+struct KernelContext;
+// Rank 0 asks its checkpoints whether a commit is due after `done` of `total` units (or `forced`,
+// a stage's own interval; never after the last unit) and whether a stop was requested; every rank
+// gets its decision (collective where ctx.comm has several ranks).
+Commit agreed_commit(const KernelContext& ctx, std::uint64_t done, std::uint64_t total, const std::string& unit, bool forced);
+
 // Handed to make_kernel and compute: the step's parameters and its opened input datasets.
 struct KernelContext {
   const nlohmann::json& params;
@@ -159,7 +168,8 @@ class Stage {
   // Stages whose work is a host computation on small data (building a network, finding a path)
   // rather than a stream of batches: compute() runs on rank 0 with the opened inputs (open your
   // own read-only handles for other datasets), and its result reaches write_results on every rank.
-  virtual bool computes() const { return false; }
+  // (Decided per step: tn.contract computes a plan distributed over the ranks, else it streams.)
+  virtual bool computes(const StagePlan& plan) const { return false; }
   virtual std::string compute(const KernelContext& ctx) const { return {}; }
   // A computing stage whose compute() shares its work across the ranks: it then runs on every
   // rank at once (ctx.comm set on each), and rank 0's result string is the one broadcast to
@@ -175,7 +185,7 @@ class Stage {
   //   of the lowest rank that had one); an error that only some ranks meet in the middle of the
   //   work must be agreed by the stage at its next collective (mps.tebd's exchange does), else
   //   the others wait there. Any other exception aborts the job (cli/run.cpp).
-  virtual bool computes_on_every_rank() const { return false; }
+  virtual bool computes_on_every_rank(const StagePlan& plan) const { return false; }
   // After the pass, on every rank with the same results: small results into the output.
   virtual void write_results(const StagePlan& plan, const StepResults& results, h5::File& out) const {}
   // One line for the log, e.g. "norm 1.0e3, 0 non-finite".
@@ -185,13 +195,16 @@ class Stage {
 // Base of stages whose work is compute() alone (building a network, finding a path): no pass.
 class ComputedStage : public Stage {
  public:
-  bool computes() const final { return true; }
+  bool computes(const StagePlan&) const final { return true; }
   std::unique_ptr<engine::PassKernel> make_kernel(const KernelContext& ctx) const final;
 
  protected:
   // A plan with no rows whose later-step-visible datasets are `results`, the first primary.
   static StagePlan computed_plan(std::vector<std::pair<std::string, DatasetInfo>> results);
 };
+
+// The kernel of a pass without rows (a stage whose work is compute()).
+std::unique_ptr<engine::PassKernel> no_pass_kernel();
 
 // The file the outputs of the step's prior pass number `index` (0, 1, ...) went to.
 std::filesystem::path prior_pass_output(const KernelContext& ctx, int index);

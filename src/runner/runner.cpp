@@ -562,7 +562,7 @@ class WorkflowRun {
   // and CheckFailed are agreed on every rank: the step fails on all with the first rank's message.
   std::pair<std::string, double> compute_step(const spec::Step& step, const stages::KernelContext& context,
                                               const std::string& key) {
-    const bool everywhere = step.impl->computes_on_every_rank();
+    const bool everywhere = step.impl->computes_on_every_rank(context.plan);
     std::string computed, error, check_failure;
     json stop;
     bool stopped_here = false;
@@ -634,14 +634,14 @@ class WorkflowRun {
     // (empty) pass; every rank gets rank 0's result. They are part of the step's wall time.
     std::string computed;
     double compute_seconds = 0;
-    if (step.impl->computes()) std::tie(computed, compute_seconds) = compute_step(step, context, key);
+    if (step.impl->computes(p.plan)) std::tie(computed, compute_seconds) = compute_step(step, context, key);
     engine::StepWork work(dir_.work(step.id), key, comm_);
     const std::string created = comm_.broadcast(utc_now());
     json result_checksums = json::object();
     auto reporter = progress_reporter(fmt::format("{} {}", step.id, step.stage), pass, p.plan.flops, work);
 
     engine::PassOutcome outcome;
-    const StepResults results{reduction.get(), step.impl->computes() ? &computed : nullptr, &context, &outcome.outputs};
+    const StepResults results{reduction.get(), step.impl->computes(p.plan) ? &computed : nullptr, &context, &outcome.outputs};
     // Collective: provenance, checksums and the stage's small results into the staged output.
     auto annotate = [&](h5::File& out) {
       const engine::Journal& j = outcome.journal;

@@ -300,8 +300,6 @@ class MpiRanks final : public RankExchange {
 };
 
 // What rank 0 tells the others after each time step.
-enum class Commit : std::uint64_t { none = 0, go_on = 1, and_stop = 2 };
-
 // Rank 0's restored step (0: none) to every rank, and with a step, its psi, eps and kept.
 int share_restored(const mpi::Comm& comm, int done, U1Mps& psi, double& eps, double& kept) {
   done = static_cast<int>(comm.broadcast(static_cast<std::uint64_t>(done)));
@@ -385,7 +383,7 @@ class TebdStage final : public ComputedStage {
   }
   // Every rank evolves the whole MPS and computes its share of each layer's updates (LayerUpdater,
   // docs/mps.md "Ranks"); rank 0 alone measures, commits checkpoints and returns the result.
-  bool computes_on_every_rank() const override { return true; }
+  bool computes_on_every_rank(const StagePlan&) const override { return true; }
   std::string compute(const KernelContext& ctx) const override {
     const Params p = Params::from_json(ctx.params);
     const std::string file = ctx.inputs.at("state")->where().file;
@@ -427,15 +425,11 @@ class TebdStage final : public ComputedStage {
         m.take(psi, ev.times[step], eps, 1 - kept, ev.terms);
         if (sh) sh->m.take(sh->psi, ev.times[step], sh->eps, 1 - sh->kept, ev.terms);
       }
-      // Rank 0 decides whether to commit (due() also draws the progress line: asked every step)
-      // and whether to stop, and tells the other ranks, so that all stop after the same step.
-      Commit decision = Commit::none;
-      if (ctx.checkpoints) {
-        const bool due = ctx.checkpoints->due(step, ev.steps, ev.terms.empty() ? "beam splitters" : "time steps");
-        if (step < ev.steps && (due || (p.checkpoint_every > 0 && step % p.checkpoint_every == 0)))
-          decision = signals::stop_requested() ? Commit::and_stop : Commit::go_on;
-      }
-      if (ranks) decision = static_cast<Commit>(ctx.comm->broadcast(static_cast<std::uint64_t>(decision)));
+      // Rank 0 decides whether to commit and whether to stop, and tells the other ranks, so that
+      // all stop after the same step.
+      const Commit decision = agreed_commit(ctx, static_cast<std::uint64_t>(step), static_cast<std::uint64_t>(ev.steps),
+                                            ev.terms.empty() ? "beam splitters" : "time steps",
+                                            p.checkpoint_every > 0 && step % p.checkpoint_every == 0);
       if (decision == Commit::none) continue;
       if (!root) {
         if (decision == Commit::and_stop) throw StopRequested("stopped with rank 0");

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <complex>
 #include <cstring>
+#include <numeric>
 #include <optional>
 
 #include "core/error.hpp"
@@ -20,7 +21,10 @@
 #include "spec/schema.hpp"
 #include "stages/compress/common.hpp"
 #include "stages/params.hpp"
+#include "comm/communicator.hpp"
+#include "core/signals.hpp"
 #include "stages/tn/contractor.hpp"
+#include "stages/tn/distributed_contractor.hpp"
 #include "stages/tn/network.hpp"
 #include "stages/tn/plan.hpp"
 #include "stages/tn/sources.hpp"
@@ -35,6 +39,7 @@ using cd = std::complex<double>;
 struct Loaded {
   tn::Network net;
   tn::Plan plan;
+  std::optional<json> distribution;  // tn.plan's ranks: P (with the plan for P ranks)
   std::vector<std::vector<std::uint8_t>> bitstrings;  // amplitude networks (else one empty)
 };
 
@@ -43,7 +48,14 @@ Loaded load(const KernelContext& ctx) {
   h5::File nf = h5::File::open(ctx.inputs.at("network")->where().file, h5::Mode::read_only);
   l.net = tn::load_network(nf);
   h5::File pf = h5::File::open(ctx.inputs.at("plan")->where().file, h5::Mode::read_only);
-  l.plan = tn::Plan::from_json(tn::read_json_dataset(pf, "plan"));
+  const json plan = tn::read_json_dataset(pf, "plan");
+  l.plan = tn::Plan::from_json(plan);
+  if (plan.contains("distribution")) {
+    if (!plan.at("distribution").contains("plan"))
+      throw InputError("the plan's distribution has no plan for its ranks (tn.plan before version 8); expected the plan "
+                       "made again by this qstage");
+    l.distribution = plan.at("distribution");
+  }
   if (l.plan.input_layouts.size() != l.net.tensors.size())
     throw InputError(fmt::format("the plan has {} input tensors and the network {}; expected a plan of this network",
                                  l.plan.input_layouts.size(), l.net.tensors.size()));
@@ -306,6 +318,70 @@ void write_reference_check(const Loaded& l, Backend& be, const std::vector<cd>& 
   }
 }
 
+// ------------------------------------------------------------ distributed (tn.plan's ranks: P)
+
+// Whether this run contracts the plan distributed over its ranks: the plan was made for P ranks
+// and the run has P. A plan for P run on one rank runs its one-rank plan (the plan file holds
+// both); on any other count it is refused.
+bool distributed_run(const Loaded& l, const KernelContext& ctx) {
+  const int ranks = ctx.comm ? ctx.comm->size() : 1;
+  if (!l.distribution || ranks == 1) return false;
+  const int planned = l.distribution->at("ranks").get<int>();
+  if (planned != ranks)
+    throw InputError(fmt::format("input 'plan' was made for {} ranks (tn.plan's ranks: {}) and this run has {}; expected "
+                                 "mpirun -np {}, a plan made with ranks: {}, or one without ranks (its slices are then "
+                                 "shared over the ranks)", planned, planned, ranks, planned, ranks));
+  return true;
+}
+
+// What a distributed run returns from compute(): per bitstring the result's values (re, im
+// interleaved), and the first work item's measured seconds and bytes per step.
+json run_distributed(const KernelContext& ctx) {
+  const Loaded l = load(ctx);
+  const Params p = Params::from_json(ctx.params);
+  const tn::Plan plan = tn::Plan::from_json(l.distribution->at("plan"));
+  comm::Communicator comm(*ctx.comm, ctx.backend);
+  tn::DistributedContractor dc(l.net, plan, tn::DistributedSchedule::from_json(*l.distribution), dtype_of_plan(plan),
+                               p.tf32, comm);
+  auto stream = ctx.backend->make_stream(true);
+  dc.upload(*ctx.backend, *stream);
+  const std::uint64_t S = static_cast<std::uint64_t>(plan.slices), B = l.bitstrings.size(), total = B * S,
+                      R = dc.result_elements();
+  const bool root = ctx.comm->root();
+  // A resumed run: rank 0's committed sums, and how many work items they cover, for every rank.
+  json state = root && ctx.passes ? ctx.passes->data.value("distributed", json()) : json();
+  state = json::parse(ctx.comm->broadcast(state.dump()));
+  std::uint64_t done = state.is_null() ? 0 : state.at("done").get<std::uint64_t>();
+  std::vector<double> sums = state.is_null() ? std::vector<double>(2 * R * B, 0.0) : state.at("sums").get<std::vector<double>>();
+  json timed = state.is_null() ? json() : state.at("timed");
+  for (std::uint64_t item = done; item < total; ++item) {
+    tn::StepTimes times;
+    const bool time_it = p.time_steps && timed.is_null();
+    const std::vector<cd> v = dc.contract(*stream, item % S, l.bitstrings.at(item / S), time_it ? &times : nullptr);
+    if (time_it) {
+      const auto sent = comm.allgather(std::accumulate(times.sent_bytes.begin(), times.sent_bytes.end(), std::uint64_t{0}));
+      timed = {{"compute_seconds", times.compute}, {"comm_seconds", times.comm}, {"sent_bytes", times.sent_bytes},
+               {"sent_bytes_per_rank", sent}};
+    }
+    double* at = sums.data() + 2 * R * (item / S);
+    for (std::uint64_t i = 0; i < R; ++i) at[2 * i] += v[i].real(), at[2 * i + 1] += v[i].imag();
+    done = item + 1;
+    const Commit decision = agreed_commit(ctx, done, total, S > 1 ? "slices" : "amplitudes", false);
+    if (decision == Commit::none) continue;
+    if (!root) {
+      if (decision == Commit::and_stop) throw StopRequested("stopped with rank 0");
+      continue;
+    }
+    try {
+      ctx.checkpoints->commit({{"distributed", {{"done", done}, {"sums", sums}, {"timed", timed}}}}, done);
+    } catch (const StopRequested&) {
+      if (decision == Commit::and_stop) throw;  // (a stop after the decision was sent: the next item stops, with every rank)
+    }
+    if (decision == Commit::and_stop) throw StopRequested("stopped");
+  }
+  return {{"sums", sums}, {"timed", timed}, {"ranks", comm.size()}, {"slices", S}};
+}
+
 class ContractStage final : public Stage {
  public:
   const StageInfo& info() const override {
@@ -325,8 +401,9 @@ class ContractStage final : public Stage {
   }
   void refine_plan(StagePlan& plan, const KernelContext& ctx) const override {
     const Loaded l = load(ctx);
-    const auto dtype = dtype_of_plan(l.plan);
     const Params p = Params::from_json(ctx.params);
+    if (distributed_run(l, ctx)) return refine_distributed(plan, l, p);
+    const auto dtype = dtype_of_plan(l.plan);
     const auto& spill = p.compress_spilled;
     std::optional<tn::Contractor> probe;
     try {
@@ -356,24 +433,60 @@ class ContractStage final : public Stage {
                     {"compress_spilled", spill ? h5::codec_summary(*spill, std::nullopt, codec::ElementType::complex64)
                                                : json(nullptr)}};
   }
+  // A distributed run is compute() on every rank (no pass): every rank takes part in every work item.
+  bool computes(const StagePlan& plan) const override { return plan.summary.contains("distributed_ranks"); }
+  bool computes_on_every_rank(const StagePlan& plan) const override { return computes(plan); }
+  std::string compute(const KernelContext& ctx) const override {
+    const json j = run_distributed(ctx);
+    return ctx.comm->root() ? j.dump() : std::string();
+  }
   std::unique_ptr<engine::PassKernel> make_kernel(const KernelContext& ctx) const override {
+    if (computes(ctx.plan)) return no_pass_kernel();
     const Params p = Params::from_json(ctx.params);
     return std::make_unique<ContractKernel>(load(ctx), p.tf32, p.scratch_dir, p.compress_spilled, p.time_steps);
   }
   std::unique_ptr<engine::Reduction> make_reduction(const StagePlan& plan) const override {
+    if (computes(plan)) return nullptr;
     const auto& s = plan.summary;
     return std::make_unique<ContractReduction>(s.at("bitstrings"), s.at("slices"), s.at("result_elements"), s.at("steps"),
                                                s.at("precision") == "complex64");
   }
+  // The sums per bitstring, the measured seconds per step and the prologues run: the pass's
+  // reduction, or a distributed run's compute() result.
+  struct Outcome {
+    std::vector<cd> values;
+    std::vector<double> seconds;
+    RowCounts counts;
+    json distributed;  // (a distributed run) its measurements
+  };
+  static Outcome outcome_of(const StagePlan& plan, const StepResults& r) {
+    Outcome o;
+    if (r.reduction) {
+      const auto& red = static_cast<ContractReduction&>(*r.reduction);
+      o.values = red.result();
+      o.seconds = red.mean_seconds();
+      o.counts = red.counts();
+      return o;
+    }
+    o.distributed = json::parse(*r.computed);
+    const auto sums = o.distributed.at("sums").get<std::vector<double>>();
+    for (std::size_t i = 0; i + 1 < sums.size(); i += 2) o.values.emplace_back(sums[i], sums[i + 1]);
+    const json& t = o.distributed.at("timed");
+    o.seconds.assign(plan.summary.at("steps").get<std::size_t>(), std::nan(""));
+    if (!t.is_null())
+      for (std::size_t i = 0; i < o.seconds.size(); ++i)
+        o.seconds[i] = t.at("compute_seconds")[i].get<double>() + t.at("comm_seconds")[i].get<double>();
+    return o;
+  }
   void write_results(const StagePlan& plan, const StepResults& r, h5::File& out) const override {
-    const auto& red = static_cast<ContractReduction&>(*r.reduction);
+    const Outcome result = outcome_of(plan, r);
     const auto& s = plan.summary;
     const std::uint64_t B = s.at("bitstrings"), R = s.at("result_elements");
     const std::string name = s.at("kind") == "amplitude" ? "amplitudes" : "value";
     h5::Shape shape = R == 1 ? h5::Shape{B} : h5::Shape{B, R};
     if (name == "value") shape = {R};
     h5::Dataset d = out.create_dataset(name, {{h5::DType::complex128, shape, {}}, false});
-    d.write_all(red.result().data());
+    d.write_all(result.values.data());
     const bool circuit = s.at("kind") != "generic", check = s.at("reference_check");
     std::optional<Loaded> l;  // the network and plan, read once if needed
     if (circuit || check) l = load(*r.context);
@@ -382,8 +495,8 @@ class ContractStage final : public Stage {
     } else {
       d.set_attribute("description", "the contracted network: its output modes in order, flattened row-major");
     }
-    if (check) write_reference_check(*l, *r.context->backend, red.result(), out);
-    const auto seconds = red.mean_seconds();
+    if (check) write_reference_check(*l, *r.context->backend, result.values, out);
+    const auto& seconds = result.seconds;
     h5::Dataset t = out.create_dataset("step_seconds", {{h5::DType::float64, {seconds.size()}, {}}, false});
     if (!seconds.empty()) t.write_all(seconds.data());
     t.set_attribute("description", "measured seconds of each plan step (mean over the timed work items), to set "
@@ -391,11 +504,12 @@ class ContractStage final : public Stage {
                                    "(time_steps: false, or a run resumed after its timed item)");
     out.set_attribute("slices", static_cast<std::int64_t>(s.at("slices").get<std::uint64_t>()));
     out.set_attribute("invariant_steps", static_cast<std::int64_t>(s.at("invariant_steps").get<int>()));
-    out.set_attribute("prologue_runs", static_cast<std::int64_t>(red.counts().prologues));
+    out.set_attribute("prologue_runs", static_cast<std::int64_t>(result.counts.prologues));
+    if (!result.distributed.is_null()) write_distributed(result.distributed, out);
     if (s.at("kind") == "generic") out.set_attribute("precision", s.at("precision").get<std::string>());
     out.set_attribute("tf32", static_cast<std::int64_t>(s.at("tf32").get<bool>()));
     if (!s.at("compress_spilled").is_null()) {
-      const RowCounts& c = red.counts();
+      const RowCounts& c = result.counts;
       out.set_attribute("compress_spilled", s.at("compress_spilled").dump());
       out.set_attribute("spilled_raw_bytes", c.raw);
       out.set_attribute("spilled_stored_bytes", c.stored);
@@ -403,11 +517,54 @@ class ContractStage final : public Stage {
     }
   }
   std::string describe_results(const StagePlan& plan, const StepResults& r) const override {
-    const auto& red = static_cast<ContractReduction&>(*r.reduction);
-    const auto& v = red.result();
+    const std::vector<cd> v = outcome_of(plan, r).values;
     if (v.empty()) return "";
-    return fmt::format("{} value(s) over {} slice(s); first ({:.9g}{:+.9g}i)", v.size(),
-                       plan.summary.at("slices").get<std::uint64_t>(), v[0].real(), v[0].imag());
+    const std::string over = plan.summary.contains("distributed_ranks")
+                                 ? fmt::format(", distributed over {} ranks", plan.summary.at("distributed_ranks").get<int>())
+                                 : std::string();
+    return fmt::format("{} value(s) over {} slice(s){}; first ({:.9g}{:+.9g}i)", v.size(),
+                       plan.summary.at("slices").get<std::uint64_t>(), over, v[0].real(), v[0].imag());
+  }
+
+ private:
+  // A distributed run's plan: no pass (compute() on every rank); the summary of the plan for P.
+  static void refine_distributed(StagePlan& plan, const Loaded& l, const Params& p) {
+    if (p.compress_spilled)
+      throw InputError("parameter 'compress_spilled': a distributed contraction spills nothing; expected it left out "
+                       "(or a plan without ranks)");
+    const tn::Plan wide = tn::Plan::from_json(l.distribution->at("plan"));
+    std::uint64_t R = 1;
+    for (tn::Mode m : wide.output) R *= static_cast<std::uint64_t>(l.net.extent.at(m));
+    const std::uint64_t B = l.bitstrings.size();
+    plan.pass = engine::PassSpec{};
+    plan.flops = wide.flops_per_bitstring_without_reuse() * static_cast<double>(B);
+    plan.summary = {{"bitstrings", B}, {"slices", wide.slices}, {"result_elements", R}, {"steps", wide.steps.size()},
+                    {"invariant_steps", 0}, {"persistent_bytes", 0}, {"precision", h5::dtype_name(dtype_of_plan(wide))},
+                    {"kind", l.net.kind}, {"tf32", p.tf32}, {"reference_check", p.reference_check.value_or(p.tf32)},
+                    {"compress_spilled", nullptr}, {"distributed_ranks", l.distribution->at("ranks").get<int>()}};
+  }
+  // Its measurements beside the plan's predictions (the plan file's distribution).
+  static void write_distributed(const json& d, h5::File& out) {
+    out.set_attribute("distributed_ranks", static_cast<std::int64_t>(d.at("ranks").get<int>()));
+    const json& t = d.at("timed");
+    if (t.is_null()) return;
+    auto column = [&](const char* name, const std::vector<double>& v, const char* doc) {
+      h5::Dataset c = out.create_dataset(name, {{h5::DType::float64, {v.size()}, {}}, false});
+      if (!v.empty()) c.write_all(v.data());
+      c.set_attribute("description", doc);
+    };
+    column("step_compute_seconds", t.at("compute_seconds").get<std::vector<double>>(),
+           "rank 0's measured seconds of each step's GEMMs on its shard (the first work item), beside the plan's "
+           "distribution/steps/compute_seconds");
+    column("step_comm_seconds", t.at("comm_seconds").get<std::vector<double>>(),
+           "rank 0's measured seconds of each step's all-to-alls (redistribution, gather), beside the plan's "
+           "distribution/steps/comm_seconds");
+    std::vector<double> sent;
+    for (const auto& b : t.at("sent_bytes")) sent.push_back(b.get<double>());
+    column("step_sent_bytes", sent, "bytes rank 0 sent to other ranks in each step's all-to-alls");
+    std::vector<double> per_rank;
+    for (const auto& b : t.at("sent_bytes_per_rank")) per_rank.push_back(b.get<double>());
+    column("sent_bytes_per_rank", per_rank, "bytes each rank sent to the others in the first work item");
   }
 };
 

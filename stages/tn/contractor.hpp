@@ -68,6 +68,17 @@ class Contractor {
   void contract(Stream& stream, std::uint64_t slice, const std::vector<std::uint8_t>& bits, void* arena, void* out,
                 std::vector<double>* step_seconds);
 
+ // For an executor that runs the plan's steps its own way (DistributedContractor): input tensor
+  // `id` of slice `slice` with the projections set to `bits`, on the device in its planned layout
+  // (after upload); and one step (local_step's, in core) on operands at a and b into c, with its
+  // packing workspace at `workspace`.
+  const char* input(int id, std::uint64_t slice, const std::vector<std::uint8_t>& bits) {
+    return input_data(id, slice, bits);
+  }
+  void run_local_step(Stream& stream, const PlanStep& local, const char* a, const char* b, char* c, char* workspace) {
+    run_step_at(stream, local, a, b, c, workspace);
+  }
+
  private:
   // An input tensor on the device: its sliced modes (in plan.sliced's order), then its planned
   // layout, so that each slice of it is a contiguous block in the layout its step reads.

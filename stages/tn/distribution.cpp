@@ -19,18 +19,6 @@ double elements(const Network& net, const std::vector<Mode>& modes) {
 
 bool contains(const std::vector<Mode>& modes, Mode m) { return std::find(modes.begin(), modes.end(), m) != modes.end(); }
 
-// Eq. 4: the shortest leading prefix of `layout` whose extents reach P (all of it if none does).
-std::vector<Mode> leading_prefix(const Network& net, const std::vector<Mode>& layout, int ranks) {
-  std::vector<Mode> d;
-  double product = 1;
-  for (Mode m : layout) {
-    if (product >= ranks) break;
-    d.push_back(m);
-    product *= static_cast<double>(net.extent.at(m));
-  }
-  return d;
-}
-
 // The contiguous blocks a rank holds of a tensor with layout `layout` sharded over `d`: the modes
 // left of the last distributed one, except the distributed ones, number them; the modes right of
 // it make one block.
@@ -83,6 +71,17 @@ struct State {
 };
 
 }  // namespace
+
+std::vector<Mode> leading_prefix(const Network& net, const std::vector<Mode>& layout, int ranks) {
+  std::vector<Mode> d;
+  double product = 1;
+  for (Mode m : layout) {
+    if (product >= ranks) break;
+    d.push_back(m);
+    product *= static_cast<double>(net.extent.at(m));
+  }
+  return d;
+}
 
 const char* transition_name(Transition t) {
   switch (t) {

@@ -65,6 +65,10 @@ struct DistributionPlan {
   nlohmann::json to_json() const;
 };
 
+// Eq. 4: the distributed modes of a tensor with layout `layout` sharded afresh (activate,
+// redistribute): the shortest leading prefix whose extents reach P (all of it if none does).
+std::vector<Mode> leading_prefix(const Network& net, const std::vector<Mode>& layout, int ranks);
+
 // The cost of one chain under given decisions (redistribute[i] for step i of the chain; entry 0
 // is the activation and ignored), or +inf when a decision leaves a distributed mode that the next
 // step contracts: what the programme minimises over each of the plan's chains (exposed so that

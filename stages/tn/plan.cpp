@@ -298,6 +298,41 @@ PlanStep mapped_block(const Network& net, const PlanStep& st) {
   return v;
 }
 
+}  // namespace
+
+PlanStep local_step(const Network& net, const PlanStep& st, const std::vector<Mode>& fixed, std::uint64_t element_bytes,
+                    std::uint64_t& workspace_bytes) {
+  const std::set<Mode> drop(fixed.begin(), fixed.end());
+  PlanStep v = st;
+  v.a_modes = without(st.a_modes, drop);
+  v.b_modes = without(st.b_modes, drop);
+  v.c_modes = without(st.c_modes, drop);
+  v.block_modes = 0;
+  v.blocks = 1;
+  v.block_order.clear();
+  v.a_host = v.b_host = v.c_host = false;
+  v.invariant = v.a_persistent = v.b_persistent = v.c_persistent = false;
+  v.execution = Execution::in_place;
+  v.pack_l = v.pack_r = v.pack_c = false;
+  map_step(net, v);
+  decide_execution(net, v);
+  workspace_bytes = 0;
+  if (v.execution == Execution::packed) {
+    const auto pl = packed_layouts(v);
+    auto place = [&](bool packed, const std::vector<Mode>& modes, std::uint64_t& offset) {
+      if (!packed) return;
+      offset = workspace_bytes;
+      workspace_bytes += align(static_cast<std::uint64_t>(net.size_of(modes)) * element_bytes);
+    };
+    place(v.pack_l, pl.l, v.pack_l_offset);
+    place(v.pack_r, pl.r, v.pack_r_offset);
+    place(v.pack_c, pl.c, v.pack_c_offset);
+  }
+  return v;
+}
+
+namespace {
+
 // Device workspace of one block of a spilled step: its host tensors' staging and its packing.
 std::uint64_t staging_bytes(const Network& net, const PlanStep& st, const std::vector<Mode>& full,
                             const std::vector<Mode>& in_block, std::uint64_t element_bytes) {

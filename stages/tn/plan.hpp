@@ -107,6 +107,14 @@ struct PlanStep {
 // The step as one of its blocks runs it: C's first block_modes modes removed from the layouts.
 PlanStep block_view(const PlanStep& st);
 
+// The step with the modes `fixed` removed from its layouts (each value of them computed apart,
+// as a rank of a distributed contraction computes its shard), its GEMM mapping and execution
+// decided anew, in core, and a packed step's workspace placed from offset 0: `workspace_bytes`
+// gets its size. (The modes removed from an operand are the operand's own; a mode absent from a
+// layout is ignored.)
+PlanStep local_step(const Network& net, const PlanStep& st, const std::vector<Mode>& fixed, std::uint64_t element_bytes,
+                    std::uint64_t& workspace_bytes);
+
 // The order a spilled step walks its blocks: C's block modes, outermost first. A host operand's
 // block is copied in again only when one of its own block modes changes, so the modes both host
 // operands carry go outermost, then those of one operand, then those of the other (whichever

@@ -175,6 +175,7 @@ json distributed(const tn::Network& net, const tn::Path& path, const tn::PlanOpt
   j["R_P"] = plan.flops_per_bitstring() / wide.flops_per_bitstring();
   j["S_P"] = t1 / tp;
   j["E_P"] = t1 / tp / ranks;
+  j["plan"] = wide.to_json();  // what tn.contract runs under mpirun -np P (its steps, layouts and slices)
   return j;
 }
 
@@ -182,7 +183,7 @@ class PlanStage final : public ComputedStage {
  public:
   const StageInfo& info() const override {
     static const StageInfo info{
-        "tn.plan", 7,
+        "tn.plan", 8,  // 8: the plan for P ranks is in the distribution
         "an executable schedule: GEMM-ready mode orders, slicing to fit the device budget, memory plan, predicted times",
         {{"network", "a tn.build output"}, {"path", "a tn.path output"}},
         "- id: plan\n  stage: tn.plan\n  inputs: {network: net, path: path}\n  params: {precision: complex64}\n"};

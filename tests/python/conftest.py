@@ -49,6 +49,20 @@ def run(args, cwd=None, mpi=0, timeout=600, env=None):
     return Result(proc)
 
 
+def sigterm_mpi_run(n, args, committed, timeout=300):
+    """Runs qstage ARGS on n ranks and, once the file `committed` exists (a step's first commit),
+    sends every rank SIGTERM, as srun does on preemption; returns (exit code, stderr)."""
+    p = subprocess.Popen(mpirun_prefix(n) + [QSTAGE] + [str(a) for a in args], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    end = time.time() + timeout
+    while time.time() < end and p.poll() is None and not Path(committed).exists():
+        time.sleep(0.002)
+    for pid in subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True, text=True).stdout.split():
+        os.kill(int(pid), signal.SIGTERM)
+    _, err = p.communicate(timeout=timeout)
+    return p.returncode, err
+
+
 def chain_spec(name, rows, cols, out_cols, seed, options, chunk_rows=None):
     """The workflow most end-to-end tests use: a random psi (rows x cols, complex64), a random
     gate (cols x out_cols), applied = psi . gate, and the stats of applied."""

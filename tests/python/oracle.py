@@ -1,5 +1,8 @@
 """Independent re-implementations of qstage's documented formulas (numpy only), used by the
-tests as oracles: the random stream of tensor.random, the qsum64 checksum, and the stats."""
+tests as oracles: the random stream of tensor.random, the qsum64 checksum, the stats, and
+numpy.einsum of a tn.build network."""
+import json
+
 import numpy as np
 
 GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -80,3 +83,18 @@ def spiky(rng, n):
     envelope = np.exp(-(((i % 700) - 350) / 30.0) ** 2) + 1e-5
     envelope[rng.random(n) < 0.003] = 50.0
     return (rng.standard_normal(n) * envelope).astype(np.float32)
+
+
+def network_einsum(net_h5):
+    """numpy.einsum of the network in a tn.build output (its tensors and modes), flattened: the
+    value tn.contract computes for a generic network."""
+    import h5py
+    with h5py.File(net_h5) as f:
+        net = json.loads(bytes(f["network"][()]).decode())
+        tensors = [f["tensors"][n][()] for n in sorted(f["tensors"])]
+    extents = {int(k): v for k, v in net["size_dict"].items()}
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    shaped = [t.reshape([extents[m] for m in modes]) for t, modes in zip(tensors, net["inputs"])]
+    expr = ",".join("".join(letters[m] for m in modes) for modes in net["inputs"]) + "->" + \
+        "".join(letters[m] for m in net["output"])
+    return np.asarray(np.einsum(expr, *shaped)).reshape(-1)

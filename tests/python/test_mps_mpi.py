@@ -3,17 +3,13 @@ brickwork layer are split over the ranks and the new sites exchanged, so the out
 `mpirun -np 2` and `-np 3` are bitwise identical (every dataset) to a 1-rank run: a truncated XXZ
 quench from a random state, and a lossy interferometer (a density matrix, single updates). A
 SIGTERM-stopped 2-rank run resumes on 3 ranks to the same bits."""
-import os
 import re
-import signal
-import subprocess
-import time
 from pathlib import Path
 
 import h5py
 import pytest
 
-from conftest import DEVICE, QSTAGE, mpirun_prefix, run, write_spec
+from conftest import DEVICE, run, sigterm_mpi_run, write_spec
 from test_mps import init_step, tebd_step
 from test_mps_resume import LONG, digests, spec
 
@@ -88,18 +84,10 @@ def test_a_stopped_two_rank_run_resumes_on_three_ranks_with_the_bits_of_one(tmp)
     s = spec(tmp / "s", LONG, ", checkpoint_every: 5")
     run_dir = tmp / "run"
     state = run_dir / "steps" / "evo" / "passes.json"
-    p = subprocess.Popen(mpirun_prefix(2) + [QSTAGE, "run", str(s), "--run-dir", str(run_dir), "--device", DEVICE],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
-    end = time.time() + 300
-    while time.time() < end and p.poll() is None and not state.exists():
-        time.sleep(0.005)
-    # What srun does on preemption: every rank gets SIGTERM.
-    for pid in subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True, text=True).stdout.split():
-        os.kill(int(pid), signal.SIGTERM)
-    _, err = p.communicate(timeout=300)
-    if p.returncode == 0:
+    code, err = sigterm_mpi_run(2, ["run", s, "--run-dir", run_dir, "--device", DEVICE], state)
+    if code == 0:
         pytest.skip("the run finished before SIGTERM arrived")
-    assert p.returncode == 75, err
+    assert code == 75, err
     m = re.search(r"stopped by SIGTERM in step 'evo' after (\d+) of 120 time steps \(committed\)", err)
     assert m, err
     stopped = int(m.group(1))

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import DEVICE, ROOT, committed_run, read_png_rgb, run, write_spec
+from oracle import network_einsum
 
 DATA = ROOT / "tests" / "data" / "circuits"
 
@@ -298,19 +299,10 @@ steps:
     params: {{einsum: {{expression: "{expression}", sizes: {sizes}, seed: 3}}}}""" + \
         contract_steps("precision: complex128, budget: 64MiB", result="value")
     _, run_dir = committed_run(tmp, spec)
-    with h5py.File(run_dir / "outputs" / "net.h5") as f:
-        net = json.loads(bytes(f["network"][()]).decode())
-        names = sorted(f["tensors"])
-        tensors = [f["tensors"][n][()] for n in names]
     with h5py.File(run_dir / "outputs" / "plan.h5") as f:
         assert f.attrs["packed_steps"] == packed
         assert f.attrs["step_transposes"] == copies
-    extents = {int(k): v for k, v in net["size_dict"].items()}
-    letters = "abcdefghijklmnop"
-    shaped = [t.reshape([extents[m] for m in modes]) for t, modes in zip(tensors, net["inputs"])]
-    expr = ",".join("".join(letters[m] for m in modes) for modes in net["inputs"]) + "->" + \
-        "".join(letters[m] for m in net["output"])
-    expected = np.asarray(np.einsum(expr, *shaped)).reshape(-1)
+    expected = network_einsum(run_dir / "outputs" / "net.h5")
     with h5py.File(run_dir / "outputs" / "value.h5") as f:
         got = f["value"][()].reshape(-1)
     assert np.linalg.norm(got - expected) <= 1e-12 * max(1, np.linalg.norm(expected))

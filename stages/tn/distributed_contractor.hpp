@@ -1,0 +1,108 @@
+#pragma once
+// Executes a plan with its distribution (seed 000 section IV-B; stages/tn/distribution.hpp) on P
+// ranks at once: every rank runs every step, on its shard of the large intermediates.
+//
+// A tensor is either replicated (every rank holds all of it) or sharded over its distributed
+// modes D: their values, flattened row-major in D's order, number E_D >= P *combos*, and rank r
+// holds combos [E_D r / P, E_D (r + 1) / P) - one each when E_D = P. A rank keeps its combos one
+// after the other, each in the tensor's layout with D left out (a slice of the tensor).
+//
+// A step of a use-chain computes its result sharded: for each combo the rank holds, the step
+// with D fixed (plan.hpp's local_step), reading the chain's operand's slot for that combo and
+// the replicated operand with D's values fixed (a contiguous block where D leads its layout, as
+// the backward pass makes it at an activation; a gathered copy otherwise). activate shards over
+// the leading prefix of the result's layout whose extents reach P, keep inherits D, redistribute
+// reshards the result after the step to the prefix of its own layout, and after a chain's last
+// step the result is gathered (replicated). Steps outside chains run replicated on every rank.
+//
+// Resharding is one all-to-all per round (a round per combo a rank receives: one when E_D = P):
+// a sender's block for a destination combo is its slot with the new modes' values fixed - a
+// contiguous range, because the new modes lead the layout (or are none, for a gather) - and
+// the receiver's blocks, in sender order, form the tensor [old modes not kept | the rest], from
+// which one gather writes the new slot. On cuda the all-to-all is NCCL's, on cpu MPI's
+// (comm/communicator.hpp).
+//
+// The plan's invariant steps run in every slice here (no prologue), and its arena offsets are
+// not used: each tensor gets device memory of its own (its shard's) when it is made and frees
+// it when its step has read it, so the device budget bounds the shards and the replicated
+// tensors that live at once. Plans with spilled steps are refused.
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "backend/backend.hpp"
+#include "comm/communicator.hpp"
+#include "stages/tn/contractor.hpp"
+#include "stages/tn/distribution.hpp"
+#include "stages/tn/network.hpp"
+#include "stages/tn/plan.hpp"
+
+namespace qstage::tn {
+
+// How a tensor lies over the ranks.
+struct Sharding {
+  std::vector<Mode> modes;  // distributed modes, their combined index row-major in this order; empty: replicated
+  std::int64_t combos = 1;  // product of their extents
+  // The first combo rank r holds (r = P: the end).
+  std::int64_t first(int rank, int ranks) const { return combos * rank / ranks; }
+  bool replicated() const { return modes.empty(); }
+};
+
+// The distribution as the executor reads it from the plan file: per step its transition and
+// distributed modes, and the last step of each chain (after which the result is gathered).
+struct DistributedSchedule {
+  int ranks = 1;
+  std::vector<Transition> transition;            // per step
+  std::vector<std::vector<Mode>> distributed;    // per step: the result's distributed modes after it
+  std::vector<bool> gathered;                    // per step: the last of a chain
+  static DistributedSchedule from_json(const nlohmann::json& distribution);
+};
+
+// Measured per step (synchronised; the first work item of a run): its GEMMs, and its all-to-alls
+// (redistribution and gather) with the bytes this rank sent.
+struct StepTimes {
+  std::vector<double> compute, comm;
+  std::vector<std::uint64_t> sent_bytes;
+};
+
+class DistributedContractor {
+ public:
+  // `plan`: the plan for P ranks (its steps and slices); `comm`: P ranks, this one among them.
+  // Throws InputError for plans it cannot run (spilled steps, no steps).
+  DistributedContractor(const Network& net, Plan plan, DistributedSchedule schedule, h5::DType dtype, bool tf32,
+                        comm::Communicator& comm);
+
+  std::uint64_t result_elements() const { return contractor_->result_elements(); }
+  std::uint64_t element_bytes() const { return contractor_->element_bytes(); }
+  const Plan& plan() const { return plan_; }
+
+  void upload(Backend& backend, Stream& stream);
+  // Contracts slice `slice` for `bits` (collective: every rank calls it with the same arguments)
+  // and returns the result on every rank (result_elements values, complex128, the plan's output
+  // order). With `times`, synchronises around every step and all-to-all and records them.
+  std::vector<cd> contract(Stream& stream, std::uint64_t slice, const std::vector<std::uint8_t>& bits, StepTimes* times);
+
+ private:
+  struct Held {               // a tensor as this rank holds it
+    Buffer buffer;            // empty for an input (resident in the contractor)
+    const char* data = nullptr;
+    std::vector<Mode> layout;  // the whole tensor's layout
+    Sharding sharding;
+  };
+  Sharding sharded_over(const std::vector<Mode>& modes) const;
+  Held reshard(Stream& stream, Held from, const Sharding& to, std::uint64_t& sent);
+  const char* operand_for(Stream& stream, const Held& t, const Sharding& s, std::int64_t combo, Buffer& scratch);
+  std::uint64_t bytes_of(const std::vector<Mode>& modes) const;
+
+  const Network& net_;
+  Plan plan_;
+  DistributedSchedule schedule_;
+  h5::DType dtype_;
+  comm::Communicator& comm_;
+  int rank_ = 0, ranks_ = 1;
+  std::unique_ptr<Contractor> contractor_;
+  Backend* backend_ = nullptr;
+};
+
+}  // namespace qstage::tn
