@@ -88,6 +88,8 @@ void Communicator::alltoallv_bytes(const void* send, const Counts& send_bytes, v
     throw std::logic_error(fmt::format("rank {} sends itself {} bytes but expects {}", rank_, send_bytes[self],
                                        recv_bytes[self]));
   if (where == Where::device && stream && stream->kind() == BackendKind::cuda) {
+    if (!device_path_) device_path_ = gpus_shared() ? DevicePath::staged : DevicePath::nccl;
+    if (*device_path_ == DevicePath::staged) return staged_alltoallv(send, send_bytes, recv, recv_bytes, *stream);
     if (!nccl_) {
       if (backend_) backend_->bind_thread();
       nccl_ = std::make_unique<detail::NcclComm>(comm_, rank_, size_);
@@ -99,6 +101,32 @@ void Communicator::alltoallv_bytes(const void* send, const Counts& send_bytes, v
   // Host memory, or the cpu backend's "device" memory (host memory too; its stream has already
   // run everything enqueued on it).
   mpi_alltoallv(static_cast<const char*>(send), send_bytes, static_cast<char*>(recv), recv_bytes);
+}
+
+// Whether two ranks of this communicator drive the same GPU (more ranks than GPUs on a host):
+// NCCL refuses a communicator with a GPU twice, so their device exchanges go through the host.
+bool Communicator::gpus_shared() const {
+  if (comm_ == MPI_COMM_NULL || !backend_) return false;
+  char host[MPI_MAX_PROCESSOR_NAME] = {};
+  int length = 0;
+  mpi::check(MPI_Get_processor_name(host, &length), "MPI_Get_processor_name");
+  const std::string mine = std::string(host, static_cast<std::size_t>(length)) + "/" + backend_->pci_bus_id();
+  std::vector<std::string> all = mpi::Comm(comm_).allgather(mine);
+  std::sort(all.begin(), all.end());
+  return std::adjacent_find(all.begin(), all.end()) != all.end();
+}
+
+// Device buffers through pinned host memory and MPI, for ranks that share a GPU.
+void Communicator::staged_alltoallv(const void* send, const Counts& send_bytes, void* recv, const Counts& recv_bytes,
+                                    Stream& stream) {
+  const std::uint64_t out = total(send_bytes, "send"), in = total(recv_bytes, "receive");
+  Buffer host_send = backend_->alloc_host(std::max<std::uint64_t>(out, 1), "all-to-all staging (ranks share a GPU)");
+  Buffer host_recv = backend_->alloc_host(std::max<std::uint64_t>(in, 1), "all-to-all staging (ranks share a GPU)");
+  if (out) backend_->copy_to_host(host_send.data(), send, out, stream);
+  stream.synchronize();
+  mpi_alltoallv(static_cast<const char*>(host_send.data()), send_bytes, static_cast<char*>(host_recv.data()), recv_bytes);
+  if (in) backend_->copy_to_device(recv, host_recv.data(), in, stream);
+  stream.synchronize();  // (the staging goes now)
 }
 
 void Communicator::mpi_alltoallv(const char* send, const Counts& send_bytes, char* recv,

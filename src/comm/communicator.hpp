@@ -7,12 +7,14 @@
 // "Exchange between ranks").
 //
 // Every call is collective over the communicator, and all MPI calls happen on the main thread
-// (MPI is initialised FUNNELED).
+// (MPI is initialised FUNNELED). Ranks that share a GPU (more ranks than GPUs) exchange device
+// buffers through pinned host memory and MPI instead of NCCL, which refuses a GPU twice.
 #include <mpi.h>
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <type_traits>
 #include <vector>
@@ -190,6 +192,8 @@ class Communicator {
   void alltoallv_bytes(const void* send, const Counts& send_bytes, void* recv, const Counts& recv_bytes,
                        std::uint64_t send_capacity, std::uint64_t recv_capacity, Where where, Stream* stream);
   void mpi_alltoallv(const char* send, const Counts& send_bytes, char* recv, const Counts& recv_bytes) const;
+  bool gpus_shared() const;
+  void staged_alltoallv(const void* send, const Counts& send_bytes, void* recv, const Counts& recv_bytes, Stream& stream);
   void allgather_bytes(const void* value, void* out, std::size_t bytes) const;
   std::uint64_t broadcast_count(std::uint64_t count, int root) const;
   void broadcast_bytes(void* data, std::uint64_t bytes, int root) const;
@@ -198,6 +202,10 @@ class Communicator {
   int rank_ = 0, size_ = 1;
   Backend* backend_ = nullptr;
   std::uint64_t piece_bytes_ = kDefaultPieceBytes;
+  // Device exchanges on cuda: NCCL, or where ranks share a GPU (NCCL refuses that), staged
+  // through host memory and MPI; decided by the first one (collective).
+  enum class DevicePath { nccl, staged };
+  std::optional<DevicePath> device_path_;
   std::unique_ptr<detail::NcclComm> nccl_;  // made by the first device exchange on a cuda stream
 };
 
