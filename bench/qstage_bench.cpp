@@ -27,6 +27,11 @@
 //       reduced with counts and value sums) against CUB's plain radix sort of the same N keys' first
 //       word (std::sort on cpu), on Zipf-like keys over about D distinct values: items/s of each,
 //       data already on the device
+//   mpirun -np P qstage_bench alltoall --bytes SIZE [--device cuda] [--repeats 10]
+//       the all-to-all that tn.contract's redistributions and gathers use (comm::Communicator on
+//       device buffers: NCCL's grouped sends and receives on cuda, MPI on cpu), each rank sending
+//       SIZE / P bytes to every rank from one GPU a rank: seconds (median) and GB/s a rank sent to
+//       the others (rank 0 prints)
 // Output: one JSON object on stdout. Timings are medians of repeats after a warm-up.
 #include <cblas.h>
 #include <omp.h>
@@ -46,6 +51,8 @@
 #include <vector>
 
 #include "backend/backend.hpp"
+#include "comm/communicator.hpp"
+#include "core/mpi.hpp"
 #include "core/error.hpp"
 #include "core/fsutil.hpp"
 #include "core/units.hpp"
@@ -422,6 +429,35 @@ int looped_bench(const std::map<std::string, std::string>& a) {
   return 0;
 }
 
+int alltoall_bench(const std::map<std::string, std::string>& a, const mpi::Comm& world) {
+  const std::string device = a.count("device") ? a.at("device") : "auto";
+  auto be = make_backend({device, 0, 0, world.local_rank(), false});
+  comm::Communicator comm(world, be.get());
+  const auto P = static_cast<std::uint64_t>(comm.size());
+  const std::uint64_t share = parse_size(a.at("bytes"), "--bytes") / P;
+  const int repeats = a.count("repeats") ? std::stoi(a.at("repeats")) : 10;
+  Buffer send = be->alloc_device(share * P, "bench: all-to-all send"), recv = be->alloc_device(share * P, "bench: all-to-all receive");
+  auto stream = be->make_stream(true);
+  const comm::Counts counts(P, share);
+  std::vector<double> seconds;
+  for (int r = 0; r <= repeats; ++r) {
+    world.barrier();
+    const auto t0 = std::chrono::steady_clock::now();
+    comm.alltoallv(comm::DeviceSpan<const std::uint8_t>(send.as<const std::uint8_t>(), share * P), counts,
+                   comm::DeviceSpan<std::uint8_t>(recv.as<std::uint8_t>(), share * P), counts, *stream);
+    stream->synchronize();
+    const double t = world.max(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    if (r > 0) seconds.push_back(t);  // (the first builds NCCL's communicator)
+  }
+  std::sort(seconds.begin(), seconds.end());
+  const double median = seconds[seconds.size() / 2];
+  if (world.root())
+    std::cout << json{{"device", be->description()}, {"ranks", P}, {"bytes_per_rank_to_each", share},
+                      {"seconds", median}, {"GBps_sent_per_rank", static_cast<double>(share * (P - 1)) / median / 1e9}}.dump(2)
+              << "\n";
+  return 0;
+}
+
 int dedup_bench(const std::map<std::string, std::string>& a) {
   const std::string device = a.count("device") ? a.at("device") : "auto";
   auto be = make_backend({device, 0, 0, 0});
@@ -551,7 +587,8 @@ int main(int argc, char** argv) {
                  "       qstage_bench looped --steps FILE.json [--device cuda] [--dtype complex64]\n"
                  "       qstage_bench sci-generate --fcidump FILE [--sources N] [--batch N] [--eps E] [--device cuda]\n"
                  "       qstage_bench dedup --rows N [--words W] [--distinct D] [--device cuda]\n"
-                 "       qstage_bench svd [--sizes 16,32,...] [--aspect 1] [--rank R] [--host-max 2048] [--batch 16] [--device cuda]\n";
+                 "       qstage_bench svd [--sizes 16,32,...] [--aspect 1] [--rank R] [--host-max 2048] [--batch 16] [--device cuda]\n"
+                 "       mpirun -np P qstage_bench alltoall --bytes SIZE [--device cuda] [--repeats 10]\n";
     return 2;
   }
   try {
@@ -568,6 +605,10 @@ int main(int argc, char** argv) {
     }
     if (cmd == "dedup") return dedup_bench(args);
     if (cmd == "svd") return svd_bench(args);
+    if (cmd == "alltoall") {
+      mpi::Session session(&argc, &argv);
+      return alltoall_bench(args, mpi::Comm());
+    }
     std::cerr << "unknown command " << cmd << "\n";
     return 2;
   } catch (const std::exception& e) {

@@ -90,6 +90,27 @@ DistributedContractor::DistributedContractor(const Network& net, Plan plan, Dist
   contractor_ = std::make_unique<Contractor>(net_, plan_, dtype, tf32);
 }
 
+Buffer DistributedContractor::BufferCache::take(Backend& backend, std::uint64_t bytes, const char* what) {
+  std::uint64_t size = 256;
+  while (size < bytes) size *= 2;
+  auto it = free_.find(size);
+  if (it == free_.end()) return backend.alloc_device(size, what);
+  Buffer b = std::move(it->second);
+  free_.erase(it);
+  return b;
+}
+
+void DistributedContractor::BufferCache::give(Buffer buffer) {
+  if (buffer.size()) free_.emplace(buffer.size(), std::move(buffer));
+}
+
+// Grows `buffer` (through the cache) to at least `bytes`.
+void DistributedContractor::ensure(Buffer& buffer, std::uint64_t bytes, const char* what) {
+  if (buffer.size() >= bytes) return;
+  cache_.give(std::move(buffer));
+  buffer = cache_.take(*backend_, bytes, what);
+}
+
 void DistributedContractor::upload(Backend& backend, Stream& stream) {
   backend_ = &backend;
   contractor_->upload(backend, stream);
@@ -139,7 +160,7 @@ const char* DistributedContractor::operand_for(Stream& stream, const Held& t, co
   const std::vector<Mode> rest = without(t.layout, s.modes);
   if (rest.size() > static_cast<std::size_t>(kernels::kMaxRank))
     throw std::runtime_error("tn: an operand has more modes than the gather kernel supports");
-  if (scratch.size() < bytes_of(rest)) scratch = backend_->alloc_device(bytes_of(rest), "tn: distributed operand's block");
+  ensure(scratch, bytes_of(rest), "tn: distributed operand's block");
   kernels::GatherPermute g;
   g.dtype = dtype_;
   g.in = t.data;
@@ -195,8 +216,7 @@ DistributedContractor::Held DistributedContractor::reshard(Stream& stream, Held 
   out.layout = from.layout;
   out.sharding = to;
   const Range mine_old = held_range(old, rank_, ranks_), mine_new = held_range(to, rank_, ranks_);
-  out.buffer = backend_->alloc_device(std::max<std::uint64_t>(1, static_cast<std::uint64_t>(mine_new.size()) * new_slot),
-                                      "tn: distributed intermediate (shard)");
+  out.buffer = cache_.take(*backend_, static_cast<std::uint64_t>(mine_new.size()) * new_slot, "tn: distributed intermediate (shard)");
   out.data = static_cast<const char*>(out.buffer.data());
   std::int64_t rounds = 0;
   for (int r = 0; r < ranks_; ++r) rounds = std::max(rounds, held_range(to, r, ranks_).size());
@@ -226,8 +246,8 @@ DistributedContractor::Held DistributedContractor::reshard(Stream& stream, Held 
     for (int r = 0; r < ranks_; ++r) send_total += send_counts[static_cast<std::size_t>(r)], recv_total += recv_counts[static_cast<std::size_t>(r)];
     if (receives && recv_total != static_cast<std::uint64_t>(received_blocks) * block)
       throw std::logic_error("tn: a resharded slot does not receive all of its blocks");
-    Buffer send = backend_->alloc_device(std::max<std::uint64_t>(1, send_total), "tn: all-to-all send buffer");
-    Buffer recv = backend_->alloc_device(std::max<std::uint64_t>(1, recv_total), "tn: all-to-all receive buffer");
+    Buffer send = cache_.take(*backend_, send_total, "tn: all-to-all send buffer");
+    Buffer recv = cache_.take(*backend_, recv_total, "tn: all-to-all receive buffer");
     std::uint64_t at = 0;
     for (const auto& [src, bytes] : pieces) {
       backend_->copy_on_device(static_cast<char*>(send.data()) + at, src, bytes, stream);
@@ -253,8 +273,10 @@ DistributedContractor::Held DistributedContractor::reshard(Stream& stream, Held 
       }
       kernels::gather_permute(stream, g);
     }
-    stream.synchronize();  // (before the buffers go)
+    cache_.give(std::move(send));  // (later work on the stream may reuse them: it runs after this)
+    cache_.give(std::move(recv));
   }
+  cache_.give(std::move(from.buffer));
   return out;
 }
 
@@ -281,7 +303,6 @@ std::vector<cd> DistributedContractor::contract(Stream& stream, std::uint64_t sl
     made.erase(it);
     return h;
   };
-  Buffer scratch_a, scratch_b, workspace;
   for (std::size_t s = 0; s < plan_.steps.size(); ++s) {
     const PlanStep& st = plan_.steps[s];
     const Transition tr = schedule_.transition[s];
@@ -305,18 +326,19 @@ std::vector<cd> DistributedContractor::contract(Stream& stream, std::uint64_t sl
     c.sharding = in;
     const Range mine = held_range(in, rank_, ranks_);
     const std::uint64_t slot = bytes_of(without(st.c_modes, in.modes));
-    c.buffer = backend_->alloc_device(std::max<std::uint64_t>(1, static_cast<std::uint64_t>(mine.size()) * slot),
-                                      in.replicated() ? "tn: intermediate" : "tn: distributed intermediate (shard)");
+    c.buffer = cache_.take(*backend_, static_cast<std::uint64_t>(mine.size()) * slot,
+                           in.replicated() ? "tn: intermediate" : "tn: distributed intermediate (shard)");
     c.data = static_cast<const char*>(c.buffer.data());
     std::uint64_t workspace_bytes = 0;
     const PlanStep step = local_step(net_, st, in.modes, e, workspace_bytes);
-    if (workspace.size() < workspace_bytes) workspace = backend_->alloc_device(workspace_bytes, "tn: packing workspace");
+    ensure(workspace_, workspace_bytes, "tn: packing workspace");
     for (std::int64_t k = mine.begin; k < mine.end; ++k)
-      contractor_->run_local_step(stream, step, operand_for(stream, a, in, k, scratch_a), operand_for(stream, b, in, k, scratch_b),
+      contractor_->run_local_step(stream, step, operand_for(stream, a, in, k, scratch_a_), operand_for(stream, b, in, k, scratch_b_),
                                   static_cast<char*>(c.buffer.data()) + static_cast<std::uint64_t>(k - mine.begin) * slot,
-                                  static_cast<char*>(workspace.data()));
-    stream.synchronize();  // (the operands' memory goes now)
-    a = {}, b = {};
+                                  static_cast<char*>(workspace_.data()));
+    cache_.give(std::move(a.buffer));  // (the operands' buffers: later launches on the stream may reuse them)
+    cache_.give(std::move(b.buffer));
+    if (times) stream.synchronize();
     const auto t1 = Clock::now();
     std::uint64_t sent = 0;
     if (tr == Transition::redistribute) {
@@ -327,6 +349,7 @@ std::vector<cd> DistributedContractor::contract(Stream& stream, std::uint64_t sl
     }
     if (schedule_.gathered[s] && !c.sharding.replicated()) c = reshard(stream, std::move(c), Sharding{}, sent);
     if (times) {
+      stream.synchronize();
       const auto t2 = Clock::now();
       times->compute[s] = std::chrono::duration<double>(t1 - t0).count();
       times->comm[s] = std::chrono::duration<double>(t2 - t1).count();
@@ -334,11 +357,12 @@ std::vector<cd> DistributedContractor::contract(Stream& stream, std::uint64_t sl
     }
     made[st.c] = std::move(c);
   }
-  const Held root = take(plan_.steps.back().c);
+  Held root = take(plan_.steps.back().c);
   if (!root.sharding.replicated()) throw std::logic_error("tn: the distributed contraction's result was not gathered");
   std::vector<char> host(result_elements() * e);
   backend_->copy_to_host(host.data(), root.data, host.size(), stream);
   stream.synchronize();
+  cache_.give(std::move(root.buffer));
   std::vector<cd> value(result_elements());
   for (std::size_t i = 0; i < value.size(); ++i) {
     if (e == 16) {

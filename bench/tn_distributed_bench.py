@@ -1,0 +1,166 @@
+#!/usr/bin/env python3
+"""Distributed contraction against ideal slicing (issue 20; seed 000 section V): one network,
+one path, two plans with the same per-rank budget - one for a single rank (sliced until it fits)
+and one for P ranks (tn.plan's ranks: P: the large intermediates sharded) - contracted in the
+same call:
+
+  one       the one-rank plan on 1 rank                              T_1
+  sliced    the one-rank plan's slices shared over P ranks (mpirun)  T_slicing
+  dist      the P-rank plan distributed over P ranks (mpirun)        T_P
+
+and reports S_P = T_1 / T_P, E_P = S_P / P (seed 000 eq. 10: the gain over ideal slicing, whose
+time is T_1 / P), the gain over the measured slicing run, R_P (eq. 11: the one-rank plan's flops
+over the P-rank plan's) and the share of R_P captured (E_P / R_P); TFLOP/s per rank against the
+complex64 GEMM rate tn.plan measured on the same device; the redistributions' bytes a second
+against `qstage_bench alltoall` (the same all-to-all alone, NCCL on cuda) for the same bytes;
+and the plan's predicted compute and communication seconds beside the measured ones.
+
+  python3 bench/tn_distributed_bench.py --lattice 6,7,5 --budget 2GiB --ranks 2 --device cuda --dir /tmp/tdb
+
+Prints one JSON object (and the commands it ran) on stdout.
+"""
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import h5py
+
+
+def spec(args, with_one):
+    rows, cols, steps = args.lattice.split(",")
+    source = f"lattice: {{rows: {rows}, cols: {cols}, steps: {steps}, seed: 1, disorder: 0.3}}, " \
+             f"random_bitstrings: {{count: 1, seed: 1}}"
+    plan = f"precision: {args.precision}, budget: {args.budget}"
+    text = f"""name: tndist
+steps:
+  - id: net
+    stage: tn.build
+    params: {{{source}}}
+  - id: path
+    stage: tn.path
+    inputs: {{network: net}}
+    params: {{max_seconds: 3600, max_tries: {args.tries}, seed: 0}}
+  - id: plan1
+    stage: tn.plan
+    inputs: {{network: net, path: path}}
+    params: {{{plan}}}
+  - id: planP
+    stage: tn.plan
+    inputs: {{network: net, path: path}}
+    params: {{{plan}, ranks: {args.ranks}}}
+  - id: sliced
+    stage: tn.contract
+    inputs: {{network: net, plan: plan1}}
+  - id: dist
+    stage: tn.contract
+    inputs: {{network: net, plan: planP}}
+"""
+    if with_one:
+        text += """  - id: one
+    stage: tn.contract
+    inputs: {network: net, plan: plan1}
+"""
+    return text
+
+
+def sh(cmd, log):
+    log.append(" ".join(shlex.quote(str(c)) for c in cmd))
+    t = time.time()
+    r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.stderr.write(r.stderr[-4000:])
+        raise SystemExit(f"failed ({r.returncode}): {log[-1]}")
+    return r, time.time() - t
+
+
+def attrs(run_dir, step):
+    with h5py.File(Path(run_dir) / "outputs" / f"{step}.h5") as f:
+        out = {k: (v.item() if hasattr(v, "item") else v) for k, v in f.attrs.items()}
+        for name in ("amplitudes", "value", "step_compute_seconds", "step_comm_seconds", "step_sent_bytes",
+                     "sent_bytes_per_rank", "step_seconds"):
+            if name in f:
+                out[name] = f[name][()]
+    return out
+
+
+def plan_json(run_dir, step):
+    with h5py.File(Path(run_dir) / "outputs" / f"{step}.h5") as f:
+        return json.loads(bytes(f["plan"][()]).decode())
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--lattice", default="6,7,5", help="rows,cols,Trotter steps of tn.build's rectangular lattice")
+    ap.add_argument("--budget", default="2GiB", help="tn.plan's budget of one contraction on one rank")
+    ap.add_argument("--precision", default="complex64")
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--tries", type=int, default=256)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--dir", default="/tmp/tn_distributed_bench")
+    ap.add_argument("--qstage", default="qstage")
+    ap.add_argument("--qstage-bench", default="qstage_bench")
+    ap.add_argument("--mpirun", default="mpirun")
+    args = ap.parse_args()
+    d = Path(args.dir)
+    d.mkdir(parents=True, exist_ok=True)
+    run_dir = d / "run"
+    log = []
+    mpi = [args.mpirun, "--oversubscribe", "-np", str(args.ranks)]
+    (d / "p.yaml").write_text(spec(args, False))
+    (d / "one.yaml").write_text(spec(args, True))
+    # The P-rank runs first (net, path, plans and both P-rank contractions), then the one-rank
+    # contraction in the same run directory (the other steps are done and kept).
+    sh(mpi + [args.qstage, "run", d / "p.yaml", "--run-dir", run_dir, "--device", args.device], log)
+    sh([args.qstage, "run", d / "one.yaml", "--run-dir", run_dir, "--device", args.device], log)
+    p1, pp = plan_json(run_dir, "plan1"), plan_json(run_dir, "planP")
+    dist = pp["distribution"]
+    one, sliced, distr = attrs(run_dir, "one"), attrs(run_dir, "sliced"), attrs(run_dir, "dist")
+    t1, ts, tp = one["qstage.wall_seconds"], sliced["qstage.wall_seconds"], distr["qstage.wall_seconds"]
+    P = args.ranks
+    flops_one = p1["invariant_flops"] + p1["slice_flops"] * p1["slices"]
+    wide = dist["plan"]
+    flops_dist = (wide["invariant_flops"] + wide["slice_flops"]) * wide["slices"]  # every step in every slice
+    key = "amplitudes" if "amplitudes" in one else "value"
+    import numpy as np
+    a, b = np.asarray(one[key]).ravel(), np.asarray(distr[key]).ravel()
+    rel = float(np.linalg.norm(a - b) / np.linalg.norm(a))
+    comm_s = float(np.sum(distr.get("step_comm_seconds", [0])))
+    sent = float(np.sum(distr.get("step_sent_bytes", [0])))
+    largest = int(max(distr.get("step_sent_bytes", [0]))) if sent else 0
+    nccl = None
+    if largest:
+        r, _ = sh(mpi + [args.qstage_bench, "alltoall", "--bytes", f"{largest * P // (P - 1)}B", "--device", args.device], log)
+        nccl = json.loads(r.stdout[r.stdout.index("{"):])
+    rates = p1.get("gemm_rate")
+    out = {
+        "network": f"lattice {args.lattice}", "precision": args.precision, "budget_per_rank": args.budget, "ranks": P,
+        "one_rank_plan": {"slices": p1["slices"], "flops": flops_one},
+        "P_rank_plan": {"slices": wide["slices"], "flops": flops_dist, "chains": len(dist["chains"]),
+                        "redistributions": sum(s["transition"] == "redistribute" for s in dist["steps"]),
+                        "moved_bytes": dist["moved_bytes"]},
+        "seconds": {"one": t1, "sliced_over_P": ts, "distributed": tp},
+        "S_P": t1 / tp, "E_P": t1 / tp / P, "gain_over_measured_slicing": ts / tp,
+        "R_P": flops_one / flops_dist, "share_of_R_P": (t1 / tp / P) / (flops_one / flops_dist),
+        "predicted": {"E_P": dist["E_P"], "R_P": dist["R_P"], "S_P": dist["S_P"],
+                      "compute_seconds_per_slice": dist["predicted_compute_seconds"],
+                      "comm_seconds_per_slice": dist["predicted_comm_seconds"]},
+        "measured_first_slice": {"compute_seconds": float(np.sum(distr.get("step_compute_seconds", [0]))),
+                                 "comm_seconds": comm_s, "sent_bytes_rank0": sent},
+        "TFLOPs_per_rank": {"distributed": flops_dist / P / tp / 1e12, "one": flops_one / t1 / 1e12,
+                            "gemm_rate_measured_by_tn_plan": rates / 1e12 if rates else None},
+        "redistribution_GBps_rank0": sent / comm_s / 1e9 if comm_s else None,
+        "alltoall_alone": nccl,
+        "relative_difference_dist_vs_one": rel,
+        "peak_device_bytes": {"one": one["qstage.peak_device_bytes"], "sliced": sliced["qstage.peak_device_bytes"],
+                              "distributed": distr["qstage.peak_device_bytes"]},
+        "commands": log,
+    }
+    print(json.dumps(out, indent=2, default=float))
+
+
+if __name__ == "__main__":
+    main()
