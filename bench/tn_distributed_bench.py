@@ -146,6 +146,8 @@ def main():
         "S_P": t1 / tp, "E_P": t1 / tp / P, "gain_over_measured_slicing": ts / tp,
         "R_P": flops_one / flops_dist, "share_of_R_P": (t1 / tp / P) / (flops_one / flops_dist),
         "predicted": {"E_P": dist["E_P"], "R_P": dist["R_P"], "S_P": dist["S_P"],
+                      "one_seconds": p1["predicted_prologue_seconds"] + p1["predicted_seconds_per_slice"] * p1["slices"],
+                      "distributed_seconds": dist["predicted_seconds_total"],
                       "compute_seconds_per_slice": dist["predicted_compute_seconds"],
                       "comm_seconds_per_slice": dist["predicted_comm_seconds"]},
         "measured_first_slice": {"compute_seconds": float(np.sum(distr.get("step_compute_seconds", [0]))),

@@ -83,7 +83,16 @@ DistributedContractor::DistributedContractor(const Network& net, Plan plan, Dist
     throw InputError(fmt::format("the plan for {} ranks spills {} intermediates to host memory, which the distributed "
                                  "contraction does not run; expected tn.plan without out_of_core (or a larger budget)",
                                  ranks_, plan_.spilled));
-  // Every step runs in every slice here: no prologue and no persistent region.
+  // The contractor only holds the inputs and runs single steps: no prologue or persistent region
+  // of its own (this class keeps the invariant results itself).
+  std::map<int, std::size_t> consumer;
+  for (std::size_t s = 0; s < plan_.steps.size(); ++s) consumer[plan_.steps[s].a] = consumer[plan_.steps[s].b] = s;
+  for (const PlanStep& st : plan_.steps) invariant_.push_back(st.invariant);
+  for (const PlanStep& st : plan_.steps) {
+    const auto reader = consumer.find(st.c);
+    kept_.push_back(st.invariant && (reader == consumer.end() || !invariant_[reader->second]));  // (or the root)
+  }
+  local_.resize(plan_.steps.size());
   for (PlanStep& st : plan_.steps) st.invariant = st.a_persistent = st.b_persistent = st.c_persistent = false;
   plan_.invariant_steps = 0;
   plan_.persistent_bytes = 0;
@@ -289,6 +298,13 @@ std::vector<cd> DistributedContractor::contract(Stream& stream, std::uint64_t sl
     times->comm.assign(plan_.steps.size(), 0.0);
     times->sent_bytes.assign(plan_.steps.size(), 0);
   }
+  // The invariant steps' kept results serve every slice of the same bitstring.
+  const bool reuse = kept_bits_ && *kept_bits_ == bits;
+  if (!reuse) {
+    for (auto& [id, held] : kept_results_) cache_.give(std::move(held.buffer));
+    kept_results_.clear();
+    kept_bits_.reset();
+  }
   std::map<int, Held> made;  // intermediates not yet read
   auto take = [&](int id) {
     if (static_cast<std::size_t>(id) < N) {
@@ -296,6 +312,13 @@ std::vector<cd> DistributedContractor::contract(Stream& stream, std::uint64_t sl
       in.data = contractor_->input(id, slice, bits);
       in.layout = plan_.input_layouts[static_cast<std::size_t>(id)];
       return in;
+    }
+    if (const auto kept = kept_results_.find(id); kept != kept_results_.end()) {
+      Held view;  // (without its buffer: it stays kept)
+      view.data = kept->second.data;
+      view.layout = kept->second.layout;
+      view.sharding = kept->second.sharding;
+      return view;
     }
     auto it = made.find(id);
     if (it == made.end()) throw std::logic_error("tn: a distributed step reads a tensor no step made");
@@ -306,6 +329,7 @@ std::vector<cd> DistributedContractor::contract(Stream& stream, std::uint64_t sl
   for (std::size_t s = 0; s < plan_.steps.size(); ++s) {
     const PlanStep& st = plan_.steps[s];
     const Transition tr = schedule_.transition[s];
+    if (reuse && invariant_[s]) continue;
     const auto t0 = Clock::now();
     Held a = take(st.a), b = take(st.b);
     Sharding in;  // the sharding this step computes in
@@ -329,9 +353,13 @@ std::vector<cd> DistributedContractor::contract(Stream& stream, std::uint64_t sl
     c.buffer = cache_.take(*backend_, static_cast<std::uint64_t>(mine.size()) * slot,
                            in.replicated() ? "tn: intermediate" : "tn: distributed intermediate (shard)");
     c.data = static_cast<const char*>(c.buffer.data());
-    std::uint64_t workspace_bytes = 0;
-    const PlanStep step = local_step(net_, st, in.modes, e, workspace_bytes);
-    ensure(workspace_, workspace_bytes, "tn: packing workspace");
+    if (!local_[s]) {
+      std::uint64_t workspace_bytes = 0;
+      PlanStep view = local_step(net_, st, in.modes, e, workspace_bytes);
+      local_[s].emplace(std::move(view), workspace_bytes);
+    }
+    const PlanStep& step = local_[s]->first;
+    ensure(workspace_, local_[s]->second, "tn: packing workspace");
     for (std::int64_t k = mine.begin; k < mine.end; ++k)
       contractor_->run_local_step(stream, step, operand_for(stream, a, in, k, scratch_a_), operand_for(stream, b, in, k, scratch_b_),
                                   static_cast<char*>(c.buffer.data()) + static_cast<std::uint64_t>(k - mine.begin) * slot,
@@ -355,8 +383,10 @@ std::vector<cd> DistributedContractor::contract(Stream& stream, std::uint64_t sl
       times->comm[s] = std::chrono::duration<double>(t2 - t1).count();
       times->sent_bytes[s] = sent;
     }
-    made[st.c] = std::move(c);
+    if (kept_[s]) kept_results_[st.c] = std::move(c);
+    else made[st.c] = std::move(c);
   }
+  kept_bits_ = bits;
   Held root = take(plan_.steps.back().c);
   if (!root.sharding.replicated()) throw std::logic_error("tn: the distributed contraction's result was not gathered");
   std::vector<char> host(result_elements() * e);

@@ -22,8 +22,9 @@
 // which one gather writes the new slot. On cuda the all-to-all is NCCL's, on cpu MPI's
 // (comm/communicator.hpp).
 //
-// The plan's invariant steps run in every slice here (no prologue), and its arena offsets are
-// not used: each tensor gets device memory of its own (its shard's) when it is made and gives it
+// The plan's invariant steps (plan.hpp: their results are the same in every slice) run once per
+// bitstring: the results of theirs that variant steps read are kept, shard or replicated, while
+// the slices of one bitstring run. The plan's arena offsets are not used: each tensor gets device memory of its own (its shard's) when it is made and gives it
 // back when its step has read it, to a cache of buffers by power-of-two size that every later
 // step and slice draws from (all work is on one stream, so a buffer given back may be reused by
 // the next launch without waiting; cudaMalloc per tensor made a slice 10x slower). The device
@@ -118,6 +119,11 @@ class DistributedContractor {
   std::unique_ptr<Contractor> contractor_;
   Backend* backend_ = nullptr;
   BufferCache cache_;
+  std::vector<bool> invariant_;  // per step: the plan's invariant flag
+  std::vector<bool> kept_;       // per step: invariant, and a variant step reads its result
+  std::map<int, Held> kept_results_;  // those results (by tensor id), for the bitstring kept_bits_
+  std::optional<std::vector<std::uint8_t>> kept_bits_;
+  std::vector<std::optional<std::pair<PlanStep, std::uint64_t>>> local_;  // per step: local_step and its workspace bytes
   Buffer scratch_a_, scratch_b_, workspace_;  // gathered operands, packing workspace (grown as needed)
 };
 
