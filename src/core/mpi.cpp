@@ -55,6 +55,22 @@ Comm::Comm(MPI_Comm comm) : comm_(comm) {
   MPI_Comm_free(&local);
 }
 
+namespace {
+MPI_Comm split(const Comm& parent, int color) {
+  MPI_Comm out = MPI_COMM_NULL;
+  check(MPI_Comm_split(parent.get(), color, parent.rank(), &out), "MPI_Comm_split");
+  return out;
+}
+}  // namespace
+
+SubComm::SubComm(const Comm& parent, int color) : raw_(split(parent, color)), comm_(raw_) {}
+
+SubComm::~SubComm() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (raw_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&raw_);
+}
+
 void Comm::barrier() const {
   if (size_ > 1) check(MPI_Barrier(comm_), "MPI_Barrier");
 }

@@ -51,6 +51,21 @@ class Comm {
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
 };
 
+// A communicator of its own over the ranks of `parent` that pass the same `color` (MPI_Comm_split,
+// collective over parent), ordered as in parent and freed with this object.
+class SubComm {
+ public:
+  SubComm(const Comm& parent, int color);
+  ~SubComm();
+  SubComm(const SubComm&) = delete;
+  SubComm& operator=(const SubComm&) = delete;
+  const Comm& comm() const { return comm_; }
+
+ private:
+  MPI_Comm raw_ = MPI_COMM_NULL;
+  Comm comm_;
+};
+
 // Throws RuntimeFailure naming the call and MPI's error text unless rc is MPI_SUCCESS (errors
 // return, not abort: Session sets MPI_ERRORS_RETURN).
 void check(int rc, const char* what);

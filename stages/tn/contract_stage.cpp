@@ -22,6 +22,7 @@
 #include "stages/compress/common.hpp"
 #include "stages/params.hpp"
 #include "comm/communicator.hpp"
+#include "core/mpi.hpp"
 #include "core/signals.hpp"
 #include "stages/tn/contractor.hpp"
 #include "stages/tn/distributed_contractor.hpp"
@@ -321,68 +322,98 @@ void write_reference_check(const Loaded& l, Backend& be, const std::vector<cd>& 
 // ------------------------------------------------------------ distributed (tn.plan's ranks: P)
 
 // Whether this run contracts the plan distributed over its ranks: the plan was made for P ranks
-// and the run has P. A plan for P run on one rank runs its one-rank plan (the plan file holds
-// both); on any other count it is refused.
+// and the run has a multiple of P (G = ranks / P groups of P ranks, each contracting its share
+// of the slices distributed over its P). A plan for P run on one rank runs its one-rank plan
+// (the plan file holds both); on any other count it is refused.
 bool distributed_run(const Loaded& l, const KernelContext& ctx) {
   const int ranks = ctx.comm ? ctx.comm->size() : 1;
   if (!l.distribution || ranks == 1) return false;
   const int planned = l.distribution->at("ranks").get<int>();
-  if (planned != ranks)
+  if (ranks % planned != 0)
     throw InputError(fmt::format("input 'plan' was made for {} ranks (tn.plan's ranks: {}) and this run has {}; expected "
-                                 "mpirun -np {}, a plan made with ranks: {}, or one without ranks (its slices are then "
-                                 "shared over the ranks)", planned, planned, ranks, planned, ranks));
+                                 "mpirun -np {} (or a multiple: groups of {} share the slices), a plan made with ranks: "
+                                 "{}, or one without ranks (its slices are then shared over the ranks)",
+                                 planned, planned, ranks, planned, planned, ranks));
   return true;
 }
 
 // What a distributed run returns from compute(): per bitstring the result's values (re, im
-// interleaved), and one work item's measured seconds and bytes per step.
+// interleaved), and one work item's measured seconds and bytes per step (group 0's). Work items
+// (slices of bitstrings) go round by round, item r G + g to group g; each group's first rank
+// sums its items, and the groups' sums are added in group order at the end (and at commits,
+// gathered on rank 0 to be committed).
 json run_distributed(const KernelContext& ctx) {
   const Loaded l = load(ctx);
   const Params p = Params::from_json(ctx.params);
   const tn::Plan plan = tn::Plan::from_json(l.distribution->at("plan"));
-  comm::Communicator comm(*ctx.comm, ctx.backend);
+  const int P = l.distribution->at("ranks").get<int>(), G = ctx.comm->size() / P, g = ctx.comm->rank() / P;
+  const mpi::SubComm group(*ctx.comm, g);
+  comm::Communicator comm(group.comm(), ctx.backend);
   tn::DistributedContractor dc(l.net, plan, tn::DistributedSchedule::from_json(*l.distribution), dtype_of_plan(plan),
                                p.tf32, comm);
   auto stream = ctx.backend->make_stream(true);
   dc.upload(*ctx.backend, *stream);
   const std::uint64_t S = static_cast<std::uint64_t>(plan.slices), B = l.bitstrings.size(), total = B * S,
-                      R = dc.result_elements();
-  const bool root = ctx.comm->root();
-  // A resumed run: rank 0's committed sums, and how many work items they cover, for every rank.
+                      R = dc.result_elements(), groups = static_cast<std::uint64_t>(G);
+  const bool root = ctx.comm->root(), leader = group.comm().root();
+  // A resumed run: rank 0's committed state (each group's sums and the rounds they cover).
   json state = root && ctx.passes ? ctx.passes->data.value("distributed", json()) : json();
   state = json::parse(ctx.comm->broadcast(state.dump()));
-  std::uint64_t done = state.is_null() ? 0 : state.at("done").get<std::uint64_t>();
-  std::vector<double> sums = state.is_null() ? std::vector<double>(2 * R * B, 0.0) : state.at("sums").get<std::vector<double>>();
+  if (!state.is_null() && state.at("groups").get<std::uint64_t>() != groups)
+    throw InputError(fmt::format("the stopped run shared the slices over {} groups of {} ranks and this one has {}; "
+                                 "expected qstage resume under mpirun -np {}", state.at("groups").get<std::uint64_t>(), P,
+                                 groups, state.at("groups").get<std::uint64_t>() * static_cast<std::uint64_t>(P)));
+  std::uint64_t rounds_done = state.is_null() ? 0 : state.at("rounds").get<std::uint64_t>();
+  std::vector<double> sums(2 * R * B, 0.0);
+  if (!state.is_null() && leader) sums = state.at("group_sums").at(static_cast<std::size_t>(g)).get<std::vector<double>>();
   json timed = state.is_null() ? json() : state.at("timed");
-  const std::uint64_t first = done;
-  for (std::uint64_t item = done; item < total; ++item) {
-    tn::StepTimes times;
-    // The second work item of the run is timed (the first sets up NCCL and the buffers), or the
-    // only one.
-    const bool time_it = p.time_steps && timed.is_null() && (item > first || item + 1 == total);
-    const std::vector<cd> v = dc.contract(*stream, item % S, l.bitstrings.at(item / S), time_it ? &times : nullptr);
-    if (time_it) {
-      const auto sent = comm.allgather(std::accumulate(times.sent_bytes.begin(), times.sent_bytes.end(), std::uint64_t{0}));
-      timed = {{"compute_seconds", times.compute}, {"comm_seconds", times.comm}, {"sent_bytes", times.sent_bytes},
-               {"sent_bytes_per_rank", sent}};
+  const std::uint64_t rounds = (total + groups - 1) / groups, first = rounds_done;
+  auto gathered = [&] {  // every group's sums on rank 0, in group order
+    const auto all = ctx.comm->gather(leader ? json(sums).dump() : std::string());
+    json out = json::array();
+    for (const std::string& part : all)
+      if (!part.empty()) out.push_back(json::parse(part));
+    return out;
+  };
+  for (std::uint64_t round = rounds_done; round < rounds; ++round) {
+    const std::uint64_t item = round * groups + static_cast<std::uint64_t>(g);
+    if (item < total) {
+      tn::StepTimes times;
+      // Group 0's second work item of the run is timed (the first sets up NCCL and the buffers),
+      // or its only one.
+      const bool time_it = g == 0 && p.time_steps && timed.is_null() && (round > first || round + 1 == rounds);
+      const std::vector<cd> v = dc.contract(*stream, item % S, l.bitstrings.at(item / S), time_it ? &times : nullptr);
+      if (time_it) {
+        const auto sent = comm.allgather(std::accumulate(times.sent_bytes.begin(), times.sent_bytes.end(), std::uint64_t{0}));
+        timed = {{"compute_seconds", times.compute}, {"comm_seconds", times.comm}, {"sent_bytes", times.sent_bytes},
+                 {"sent_bytes_per_rank", sent}};
+      }
+      double* at = sums.data() + 2 * R * (item / S);
+      for (std::uint64_t i = 0; i < R; ++i) at[2 * i] += v[i].real(), at[2 * i + 1] += v[i].imag();
     }
-    double* at = sums.data() + 2 * R * (item / S);
-    for (std::uint64_t i = 0; i < R; ++i) at[2 * i] += v[i].real(), at[2 * i + 1] += v[i].imag();
-    done = item + 1;
+    const std::uint64_t done = std::min(total, (round + 1) * groups);
     const Commit decision = agreed_commit(ctx, done, total, S > 1 ? "slices" : "amplitudes", false);
     if (decision == Commit::none) continue;
+    const json group_sums = gathered();
     if (!root) {
       if (decision == Commit::and_stop) throw StopRequested("stopped with rank 0");
       continue;
     }
     try {
-      ctx.checkpoints->commit({{"distributed", {{"done", done}, {"sums", sums}, {"timed", timed}}}}, done);
+      ctx.checkpoints->commit({{"distributed", {{"groups", groups}, {"rounds", round + 1}, {"group_sums", group_sums},
+                                                {"timed", timed}}}}, done);
     } catch (const StopRequested&) {
-      if (decision == Commit::and_stop) throw;  // (a stop after the decision was sent: the next item stops, with every rank)
+      if (decision == Commit::and_stop) throw;  // (a stop after the decision was sent: the next round stops, with every rank)
     }
     if (decision == Commit::and_stop) throw StopRequested("stopped");
   }
-  return {{"sums", sums}, {"timed", timed}, {"ranks", comm.size()}, {"slices", S}};
+  const json group_sums = gathered();
+  std::vector<double> result(2 * R * B, 0.0);
+  for (const json& part : group_sums) {
+    const auto v = part.get<std::vector<double>>();
+    for (std::size_t i = 0; i < result.size(); ++i) result[i] += v[i];
+  }
+  return {{"sums", result}, {"timed", timed}, {"ranks", P}, {"groups", groups}, {"slices", S}};
 }
 
 class ContractStage final : public Stage {
@@ -405,7 +436,7 @@ class ContractStage final : public Stage {
   void refine_plan(StagePlan& plan, const KernelContext& ctx) const override {
     const Loaded l = load(ctx);
     const Params p = Params::from_json(ctx.params);
-    if (distributed_run(l, ctx)) return refine_distributed(plan, l, p);
+    if (distributed_run(l, ctx)) return refine_distributed(plan, l, p, ctx.comm->size());
     const auto dtype = dtype_of_plan(l.plan);
     const auto& spill = p.compress_spilled;
     std::optional<tn::Contractor> probe;
@@ -523,7 +554,9 @@ class ContractStage final : public Stage {
     const std::vector<cd> v = outcome_of(plan, r).values;
     if (v.empty()) return "";
     const std::string over = plan.summary.contains("distributed_ranks")
-                                 ? fmt::format(", distributed over {} ranks", plan.summary.at("distributed_ranks").get<int>())
+                                 ? fmt::format(", distributed over {} ranks ({} group(s) sharing the slices)",
+                                               plan.summary.at("distributed_ranks").get<int>(),
+                                               plan.summary.at("distributed_groups").get<int>())
                                  : std::string();
     return fmt::format("{} value(s) over {} slice(s){}; first ({:.9g}{:+.9g}i)", v.size(),
                        plan.summary.at("slices").get<std::uint64_t>(), over, v[0].real(), v[0].imag());
@@ -531,7 +564,7 @@ class ContractStage final : public Stage {
 
  private:
   // A distributed run's plan: no pass (compute() on every rank); the summary of the plan for P.
-  static void refine_distributed(StagePlan& plan, const Loaded& l, const Params& p) {
+  static void refine_distributed(StagePlan& plan, const Loaded& l, const Params& p, int ranks) {
     if (p.compress_spilled)
       throw InputError("parameter 'compress_spilled': a distributed contraction spills nothing; expected it left out "
                        "(or a plan without ranks)");
@@ -544,11 +577,13 @@ class ContractStage final : public Stage {
     plan.summary = {{"bitstrings", B}, {"slices", wide.slices}, {"result_elements", R}, {"steps", wide.steps.size()},
                     {"invariant_steps", 0}, {"persistent_bytes", 0}, {"precision", h5::dtype_name(dtype_of_plan(wide))},
                     {"kind", l.net.kind}, {"tf32", p.tf32}, {"reference_check", p.reference_check.value_or(p.tf32)},
-                    {"compress_spilled", nullptr}, {"distributed_ranks", l.distribution->at("ranks").get<int>()}};
+                    {"compress_spilled", nullptr}, {"distributed_ranks", l.distribution->at("ranks").get<int>()},
+                    {"distributed_groups", ranks / l.distribution->at("ranks").get<int>()}};
   }
   // Its measurements beside the plan's predictions (the plan file's distribution).
   static void write_distributed(const json& d, h5::File& out) {
     out.set_attribute("distributed_ranks", static_cast<std::int64_t>(d.at("ranks").get<int>()));
+    out.set_attribute("distributed_groups", static_cast<std::int64_t>(d.at("groups").get<int>()));
     const json& t = d.at("timed");
     if (t.is_null()) return;
     auto column = [&](const char* name, const std::vector<double>& v, const char* doc) {

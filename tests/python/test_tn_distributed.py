@@ -1,7 +1,7 @@
 """Distributed contraction (issue 20, seed 000 section IV-B): tn.plan with ranks: P plans the
 large steps sharded over P ranks; tn.contract under `mpirun -np P` runs that plan with every rank
-holding its shard, redistributing by all-to-all and gathering at the end of each use-chain. The
-result equals the one-rank contraction (1e-12 relative in complex128, 1e-6 in complex64), is
+holding its shard, redistributing by all-to-all and gathering at the end of each use-chain (on a
+multiple of P ranks, groups of P share the slices). The result equals the one-rank contraction (1e-12 relative in complex128, 1e-6 in complex64), is
 the same run to run, resumes after a stop, and a plan for P ranks is refused on another count."""
 import hashlib
 import json
@@ -131,14 +131,26 @@ def test_distributed_runs_are_reproducible_and_resume_after_a_stop(tmp):
     assert digest(run_dir, "amplitudes") == digest(a, "amplitudes")
 
 
+def test_groups_of_ranks_share_the_slices_of_a_distributed_plan(tmp):
+    """A plan for 2 ranks on 4: two groups of 2, each contracting every other slice distributed
+    over its 2 ranks; the groups' sums added in group order equal the one-rank result."""
+    source = f"{CIRCUIT}, {BITS}"
+    _, one = committed_run(tmp / "one", spec_text(source, "complex128", 1))
+    four = distributed_run(tmp / "four", spec_text(source, "complex128", 2), 4)
+    want, _ = result_of(one, "amplitudes")
+    got, attrs = result_of(four, "amplitudes")
+    assert attrs["distributed_ranks"] == 2 and attrs["distributed_groups"] == 2 and attrs["qstage.ranks"] == 4
+    assert np.linalg.norm(got - want) <= 1e-12 * np.linalg.norm(want)
+
+
 def test_a_plan_for_two_ranks_is_refused_on_three(tmp):
-    """The plan file records P; another rank count (but one) is a one-line error, exit 2. On one
-    rank the plan file's one-rank plan runs."""
+    """The plan file records P; a rank count that is not a multiple of it is a one-line error,
+    exit 2. On one rank the plan file's one-rank plan runs."""
     source = f"{CIRCUIT}, {BITS}"
     tmp.mkdir(parents=True, exist_ok=True)
     spec = write_spec(tmp / "spec.yaml", spec_text(source, "complex64", 2))
     r = run(["run", spec, "--run-dir", tmp / "three", "--device", DEVICE], mpi=3, timeout=600)
-    one_line_error(r, "step 'amps' (tn.contract)", "made for 2 ranks", "expected mpirun -np 2")
+    one_line_error(r, "step 'amps' (tn.contract)", "made for 2 ranks", "expected mpirun -np 2 (or a multiple")
     _, one = committed_run(tmp / "one", spec_text(source, "complex64", 2))
     _, attrs = result_of(one, "amplitudes")
     assert "distributed_ranks" not in attrs and attrs["qstage.ranks"] == 1
