@@ -123,7 +123,7 @@ def main():
     P = args.ranks
     flops_one = p1["invariant_flops"] + p1["slice_flops"] * p1["slices"]
     wide = dist["plan"]
-    flops_dist = (wide["invariant_flops"] + wide["slice_flops"]) * wide["slices"]  # every step in every slice
+    flops_dist = wide["invariant_flops"] + wide["slice_flops"] * wide["slices"]  # (invariant steps once, as the executor runs them)
     key = "amplitudes" if "amplitudes" in one else "value"
     import numpy as np
     a, b = np.asarray(one[key]).ravel(), np.asarray(distr[key]).ravel()
