@@ -35,6 +35,7 @@ def spec(args, with_one):
     source = f"lattice: {{rows: {rows}, cols: {cols}, steps: {steps}, seed: 1, disorder: 0.3}}, " \
              f"random_bitstrings: {{count: 1, seed: 1}}"
     plan = f"precision: {args.precision}, budget: {args.budget}"
+    large = f", large_bytes: {args.large_bytes}" if args.large_bytes else ""
     text = f"""name: tndist
 steps:
   - id: net
@@ -51,7 +52,7 @@ steps:
   - id: planP
     stage: tn.plan
     inputs: {{network: net, path: path}}
-    params: {{{plan}, ranks: {args.ranks}}}
+    params: {{{plan}, ranks: {args.ranks}{large}}}
   - id: sliced
     stage: tn.contract
     inputs: {{network: net, plan: plan1}}
@@ -98,6 +99,7 @@ def main():
     ap.add_argument("--budget", default="2GiB", help="tn.plan's budget of one contraction on one rank")
     ap.add_argument("--precision", default="complex64")
     ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--large-bytes", default="", help="tn.plan's large_bytes for the P-rank plan (default: a quarter of the budget)")
     ap.add_argument("--tries", type=int, default=256)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dir", default="/tmp/tn_distributed_bench")
@@ -138,6 +140,7 @@ def main():
     rates = p1.get("gemm_rate")
     out = {
         "network": f"lattice {args.lattice}", "precision": args.precision, "budget_per_rank": args.budget, "ranks": P,
+        "large_bytes": args.large_bytes or "a quarter of the budget",
         "one_rank_plan": {"slices": p1["slices"], "flops": flops_one},
         "P_rank_plan": {"slices": wide["slices"], "flops": flops_dist, "chains": len(dist["chains"]),
                         "redistributions": sum(s["transition"] == "redistribute" for s in dist["steps"]),

@@ -143,6 +143,20 @@ def test_groups_of_ranks_share_the_slices_of_a_distributed_plan(tmp):
     assert np.linalg.norm(got - want) <= 1e-12 * np.linalg.norm(want)
 
 
+def test_without_large_bytes_the_cost_model_picks_the_threshold(tmp):
+    """tn.plan without large_bytes plans the distribution for a quarter of the budget and every 4x
+    below it down to 64 KiB, and keeps the one projected fastest (the plan lists them)."""
+    source = f"{CIRCUIT}, {BITS}"
+    text = spec_text(source, "complex64", 2, budget="4MiB").replace(", large_bytes: 8KiB", "")
+    _, run_dir = committed_run(tmp, text)
+    d = plan_of(run_dir)["distribution"]
+    tried = d["large_bytes_tried"]
+    assert [t["large_bytes"] for t in tried] == [1 << 20, 1 << 18, 1 << 16]
+    best = min(tried, key=lambda t: t["predicted_seconds_total"])
+    assert d["large_bytes"] == best["large_bytes"]
+    assert abs(d["predicted_seconds_total"] - best["predicted_seconds_total"]) <= 1e-12 * best["predicted_seconds_total"]
+
+
 def test_a_plan_for_two_ranks_is_refused_on_three(tmp):
     """The plan file records P; a rank count that is not a multiple of it is a one-line error,
     exit 2. On one rank the plan file's one-rank plan runs."""
