@@ -140,7 +140,7 @@ def main():
     rates = p1.get("gemm_rate")
     out = {
         "network": f"lattice {args.lattice}", "precision": args.precision, "budget_per_rank": args.budget, "ranks": P,
-        "large_bytes": args.large_bytes or "a quarter of the budget",
+        "large_bytes": args.large_bytes or "chosen by tn.plan's cost model",
         "one_rank_plan": {"slices": p1["slices"], "flops": flops_one},
         "P_rank_plan": {"slices": wide["slices"], "flops": flops_dist, "chains": len(dist["chains"]),
                         "redistributions": sum(s["transition"] == "redistribute" for s in dist["steps"]),
