@@ -107,7 +107,7 @@ int execute(const std::function<spec::Workflow()>& load, runner::RunOptions opti
   } catch (const StopRequested& e) {
     if (comm.root()) spdlog::warn("{}", e.what());
     return kExitStopped;
-  } catch (const CorruptInput& e) {
+  } catch (const RankInputError& e) {  // (CorruptInput, a rank's budget in a distributed contraction)
     std::fprintf(stderr, "qstage: error: %s\n", e.what());
     spdlog::default_logger()->flush();
     if (comm.size() > 1) MPI_Abort(MPI_COMM_WORLD, kExitBadInput);

@@ -34,12 +34,19 @@ class StopRequested : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// An input's content is bad where only one rank can see it, while reading it: a corrupted
-// compressed chunk. Exit code 2 like InputError; under MPI the job is aborted with that code,
-// since the other ranks are in the middle of the pass.
-class CorruptInput : public std::runtime_error {
+// Bad input that only one rank meets, in the middle of work the other ranks do with it (they wait
+// in a collective and cannot be told): exit code 2 like InputError, and under MPI the job is
+// aborted with that code.
+class RankInputError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
+};
+
+// An input's content is bad where only one rank can see it, while reading it: a corrupted
+// compressed chunk.
+class CorruptInput : public RankInputError {
+ public:
+  using RankInputError::RankInputError;
 };
 
 // The environment failed underneath us (file system, device, MPI). Exit code 1.

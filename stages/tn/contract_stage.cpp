@@ -352,7 +352,17 @@ json run_distributed(const KernelContext& ctx) {
   tn::DistributedContractor dc(l.net, plan, tn::DistributedSchedule::from_json(*l.distribution), dtype_of_plan(plan),
                                p.tf32, comm);
   auto stream = ctx.backend->make_stream(true);
-  dc.upload(*ctx.backend, *stream);
+  // A rank whose budget cannot hold its part ends the job (the others would wait for it in an
+  // all-to-all), with exit 2 and the rank's message.
+  auto within_budget = [&](auto&& work) {
+    try {
+      work();
+    } catch (const BudgetExceeded& e) {
+      throw RankInputError(fmt::format("the distributed contraction on rank {}: {}; expected a larger --device-memory, "
+                                       "or a plan for more ranks", ctx.comm->rank(), e.what()));
+    }
+  };
+  within_budget([&] { dc.upload(*ctx.backend, *stream); });
   const std::uint64_t S = static_cast<std::uint64_t>(plan.slices), B = l.bitstrings.size(), total = B * S,
                       R = dc.result_elements(), groups = static_cast<std::uint64_t>(G);
   const bool root = ctx.comm->root(), leader = group.comm().root();
@@ -382,7 +392,8 @@ json run_distributed(const KernelContext& ctx) {
       // Group 0's second work item of the run is timed (the first sets up NCCL and the buffers),
       // or its only one.
       const bool time_it = g == 0 && p.time_steps && timed.is_null() && (round > first || round + 1 == rounds);
-      const std::vector<cd> v = dc.contract(*stream, item % S, l.bitstrings.at(item / S), time_it ? &times : nullptr);
+      std::vector<cd> v;
+      within_budget([&] { v = dc.contract(*stream, item % S, l.bitstrings.at(item / S), time_it ? &times : nullptr); });
       if (time_it) {
         const auto sent = comm.allgather(std::accumulate(times.sent_bytes.begin(), times.sent_bytes.end(), std::uint64_t{0}));
         timed = {{"compute_seconds", times.compute}, {"comm_seconds", times.comm}, {"sent_bytes", times.sent_bytes},

@@ -157,6 +157,18 @@ def test_without_large_bytes_the_cost_model_picks_the_threshold(tmp):
     assert abs(d["predicted_seconds_total"] - best["predicted_seconds_total"]) <= 1e-12 * best["predicted_seconds_total"]
 
 
+def test_a_rank_out_of_its_device_budget_ends_the_job_with_exit_2(tmp):
+    """A device budget too small for a rank's shards: that rank cannot tell the others, which wait
+    in an all-to-all, so the job ends (MPI_Abort) with exit 2 and the rank's one-line error."""
+    source = f"{CIRCUIT}, {BITS}"
+    tmp.mkdir(parents=True, exist_ok=True)
+    spec = write_spec(tmp / "spec.yaml", spec_text(source, "complex64", 2))
+    r = run(["run", spec, "--run-dir", tmp / "run", "--device", DEVICE, "--device-memory", "64KiB"], mpi=2, timeout=300)
+    assert r.code == 2, r
+    errors = [l for l in r.err.splitlines() if l.startswith("qstage: error: ")]
+    assert errors and all("device memory budget" in l and "expected a larger --device-memory" in l for l in errors), r
+
+
 def test_a_plan_for_two_ranks_is_refused_on_three(tmp):
     """The plan file records P; a rank count that is not a multiple of it is a one-line error,
     exit 2. On one rank the plan file's one-rank plan runs."""
