@@ -351,7 +351,6 @@ json run_distributed(const KernelContext& ctx) {
   comm::Communicator comm(group.comm(), ctx.backend);
   tn::DistributedContractor dc(l.net, plan, tn::DistributedSchedule::from_json(*l.distribution), dtype_of_plan(plan),
                                p.tf32, comm);
-  auto stream = ctx.backend->make_stream(true);
   // A rank whose budget cannot hold its part ends the job (the others would wait for it in an
   // all-to-all), with exit 2 and the rank's message.
   auto within_budget = [&](auto&& work) {
@@ -362,7 +361,11 @@ json run_distributed(const KernelContext& ctx) {
                                        "or a plan for more ranks", ctx.comm->rank(), e.what()));
     }
   };
-  within_budget([&] { dc.upload(*ctx.backend, *stream); });
+  std::unique_ptr<Stream> stream;  // (its cuBLAS workspace is in the budget too)
+  within_budget([&] {
+    stream = ctx.backend->make_stream(true);
+    dc.upload(*ctx.backend, *stream);
+  });
   const std::uint64_t S = static_cast<std::uint64_t>(plan.slices), B = l.bitstrings.size(), total = B * S,
                       R = dc.result_elements(), groups = static_cast<std::uint64_t>(G);
   const bool root = ctx.comm->root(), leader = group.comm().root();
