@@ -452,13 +452,14 @@ double BondUpdater::update_in(U1Mps& psi, int j, const GateTable& gate, const Tr
   std::vector<ChargeBlock> blocks = centre_blocks(psi, j);
   std::vector<std::size_t> svd_bytes(blocks.size(), 0);
   std::vector<bool> svd_on_host(blocks.size(), false);
+  std::int64_t svd_for_memory = 0;  // (counted once the update succeeds: a retried one would count twice)
   if (device_share_ != std::numeric_limits<std::uint64_t>::max())
     for (std::size_t i = 0; i < blocks.size(); ++i) {
       svd_bytes[i] = kernels::svd_workspace_bytes<T>(st, {{blocks[i].m, blocks[i].n, 0, 0, 0}}, kernels::SvdRouting{gpu_svd_from_});
       // (the last resort before a budget too small: the block's SVD without its GPU workspace)
       if (host_svd_when_short_ && svd_bytes[i] > 0 && update_bytes(blocks, svd_bytes, i, i + 1, sizeof(T), false) > device_share_) {
         svd_bytes[i] = 0, svd_on_host[i] = true;
-        ++timings_.svd_for_memory;
+        ++svd_for_memory;
       }
     }
   const bool parked = update_bytes(blocks, svd_bytes, 0, blocks.size(), sizeof(T), true) > device_share_;
@@ -675,6 +676,7 @@ double BondUpdater::update_in(U1Mps& psi, int j, const GateTable& gate, const Tr
                   a.svd_paths.jacobi - before.svd_paths.jacobi, a.svd_paths.polar - before.svd_paths.polar,
                   a.truncation - before.truncation, a.finish - before.finish, a.transfers - before.transfers, psi.bonds[j + 1].size());
   }
+  timings_.svd_for_memory += svd_for_memory;
   return t.discarded;
 }
 
