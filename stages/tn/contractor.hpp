@@ -78,6 +78,10 @@ class Contractor {
   void run_local_step(Stream& stream, const PlanStep& local, const char* a, const char* b, char* c, char* workspace) {
     run_step_at(stream, local, a, b, c, workspace);
   }
+  // x (device memory, layout `from`) copied into dst in layout `to`, whose modes are all in
+  // `from` (fewer where x points at the block with the others fixed): one gather kernel.
+  void relayout(Stream& stream, const std::vector<Mode>& from, const char* x, const std::vector<Mode>& to,
+                char* dst) const;
 
  private:
   // An input tensor on the device: its sliced modes (in plan.sliced's order), then its planned
@@ -103,8 +107,6 @@ class Contractor {
   void run_step_at(Stream& stream, const PlanStep& st, const char* a, const char* b, char* c, char* arena);
   kernels::Gemm step_gemm(const PlanStep& st) const;
   void run_looped(Stream& stream, const PlanStep& st, const char* L, const char* R, char* c);
-  void relayout(Stream& stream, const std::vector<Mode>& from, const char* x, const std::vector<Mode>& to,
-                char* dst) const;
   void run_packed(Stream& stream, const PlanStep& st, char* arena, const std::vector<Mode>& L_modes,
                   const std::vector<Mode>& R_modes, const char* L, const char* R, char* c);
 

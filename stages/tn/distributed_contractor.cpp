@@ -11,7 +11,6 @@
 #include <stdexcept>
 
 #include "core/error.hpp"
-#include "kernels/permute.hpp"
 
 namespace qstage::tn {
 
@@ -129,6 +128,17 @@ std::uint64_t DistributedContractor::bytes_of(const std::vector<Mode>& modes) co
   return static_cast<std::uint64_t>(net_.size_of(modes)) * element_bytes();
 }
 
+// The value of each of s's modes in combo `combo` (row-major: the last mode fastest).
+std::map<Mode, std::int64_t> DistributedContractor::values_of(const Sharding& s, std::int64_t combo) const {
+  std::map<Mode, std::int64_t> v;
+  for (std::size_t j = s.modes.size(); j-- > 0;) {
+    const std::int64_t extent = net_.extent.at(s.modes[j]);
+    v[s.modes[j]] = combo % extent;
+    combo /= extent;
+  }
+  return v;
+}
+
 Sharding DistributedContractor::sharded_over(const std::vector<Mode>& modes) const {
   Sharding s;
   s.modes = modes;
@@ -147,13 +157,7 @@ const char* DistributedContractor::operand_for(Stream& stream, const Held& t, co
     const Range r = held_range(t.sharding, rank_, ranks_);
     return t.data + static_cast<std::uint64_t>(combo - r.begin) * bytes_of(without(t.layout, t.sharding.modes));
   }
-  // The combo's value of each of s's modes (row-major: the last mode fastest).
-  std::map<Mode, std::int64_t> value;
-  for (std::size_t j = s.modes.size(), rest = static_cast<std::size_t>(combo); j-- > 0;) {
-    const auto extent = static_cast<std::size_t>(net_.extent.at(s.modes[j]));
-    value[s.modes[j]] = static_cast<std::int64_t>(rest % extent);
-    rest /= extent;
-  }
+  const std::map<Mode, std::int64_t> value = values_of(s, combo);
   std::int64_t base = 0;
   std::size_t fixed = 0;
   bool leading = true;
@@ -167,20 +171,8 @@ const char* DistributedContractor::operand_for(Stream& stream, const Held& t, co
   if (fixed == 0) return t.data;
   if (leading) return t.data + static_cast<std::uint64_t>(base) * e;
   const std::vector<Mode> rest = without(t.layout, s.modes);
-  if (rest.size() > static_cast<std::size_t>(kernels::kMaxRank))
-    throw std::runtime_error("tn: an operand has more modes than the gather kernel supports");
   ensure(scratch, bytes_of(rest), "tn: distributed operand's block");
-  kernels::GatherPermute g;
-  g.dtype = dtype_;
-  g.in = t.data;
-  g.out = scratch.data();
-  g.base = base;
-  g.rank = static_cast<int>(rest.size());
-  for (int j = 0; j < g.rank; ++j) {
-    g.dims[j] = net_.extent.at(rest[static_cast<std::size_t>(j)]);
-    g.strides[j] = stride_in(net_, t.layout, rest[static_cast<std::size_t>(j)]);
-  }
-  kernels::gather_permute(stream, g);
+  contractor_->relayout(stream, t.layout, t.data + static_cast<std::uint64_t>(base) * e, rest, static_cast<char*>(scratch.data()));
   return static_cast<const char*>(scratch.data());
 }
 
@@ -198,25 +190,16 @@ DistributedContractor::Held DistributedContractor::reshard(Stream& stream, Held 
   const std::uint64_t block = bytes_of(kept), old_slot = bytes_of(local);
   const std::vector<Mode> slot_layout = without(from.layout, to.modes);
   const std::uint64_t new_slot = bytes_of(slot_layout);
-  auto digits = [&](const Sharding& s, std::int64_t combo) {
-    std::map<Mode, std::int64_t> v;
-    for (std::size_t j = s.modes.size(); j-- > 0;) {
-      const std::int64_t extent = net_.extent.at(s.modes[j]);
-      v[s.modes[j]] = combo % extent;
-      combo /= extent;
-    }
-    return v;
-  };
   // Whether old combo o holds part of new combo n: the modes in both have the same values.
   auto overlaps = [&](std::int64_t o, std::int64_t n) {
-    const auto a = digits(old, o), b = digits(to, n);
+    const auto a = values_of(old, o), b = values_of(to, n);
     for (const auto& [m, v] : a)
       if (b.count(m) && b.at(m) != v) return false;
     return true;
   };
   // Where new combo n's block starts in an old slot: its fresh modes' values.
   auto block_offset = [&](std::int64_t n) {
-    const auto v = digits(to, n);
+    const auto v = values_of(to, n);
     std::int64_t at = 0;
     for (Mode m : fresh) at += v.at(m) * stride_in(net_, local, m);
     return static_cast<std::uint64_t>(at) * e;
@@ -269,18 +252,8 @@ DistributedContractor::Held DistributedContractor::reshard(Stream& stream, Held 
       // The received blocks, in sender order, are [spread (old order) | kept]: gather the slot.
       std::vector<Mode> received = spread;
       received.insert(received.end(), kept.begin(), kept.end());
-      if (slot_layout.size() > static_cast<std::size_t>(kernels::kMaxRank))
-        throw std::runtime_error("tn: a resharded tensor has more modes than the gather kernel supports");
-      kernels::GatherPermute g;
-      g.dtype = dtype_;
-      g.in = recv.data();
-      g.out = static_cast<char*>(out.buffer.data()) + static_cast<std::uint64_t>(round) * new_slot;
-      g.rank = static_cast<int>(slot_layout.size());
-      for (int j = 0; j < g.rank; ++j) {
-        g.dims[j] = net_.extent.at(slot_layout[static_cast<std::size_t>(j)]);
-        g.strides[j] = stride_in(net_, received, slot_layout[static_cast<std::size_t>(j)]);
-      }
-      kernels::gather_permute(stream, g);
+      contractor_->relayout(stream, received, static_cast<const char*>(recv.data()), slot_layout,
+                            static_cast<char*>(out.buffer.data()) + static_cast<std::uint64_t>(round) * new_slot);
     }
     cache_.give(std::move(send));  // (later work on the stream may reuse them: it runs after this)
     cache_.give(std::move(recv));

@@ -105,6 +105,7 @@ class DistributedContractor {
     Sharding sharding;
   };
   Sharding sharded_over(const std::vector<Mode>& modes) const;
+  std::map<Mode, std::int64_t> values_of(const Sharding& s, std::int64_t combo) const;
   Held reshard(Stream& stream, Held from, const Sharding& to, std::uint64_t& sent);
   const char* operand_for(Stream& stream, const Held& t, const Sharding& s, std::int64_t combo, Buffer& scratch);
   void ensure(Buffer& buffer, std::uint64_t bytes, const char* what);
