@@ -3,6 +3,7 @@
 #include <mutex>
 
 #include "core/embedded.hpp"
+#include "core/error.hpp"
 #include "core/signals.hpp"
 #include "engine/journal.hpp"
 #include "stages/compress/compress_stages.hpp"
@@ -30,6 +31,20 @@ Commit agreed_commit(const KernelContext& ctx, std::uint64_t done, std::uint64_t
   if (ctx.comm && ctx.comm->size() > 1)
     decision = static_cast<Commit>(ctx.comm->broadcast(static_cast<std::uint64_t>(decision)));
   return decision;
+}
+
+void carry_out(const KernelContext& ctx, Commit decision, const std::function<void()>& commit) {
+  if (decision == Commit::none) return;
+  if (!ctx.checkpoints) {  // (not rank 0)
+    if (decision == Commit::and_stop) throw StopRequested("stopped with rank 0");
+    return;
+  }
+  try {
+    commit();
+  } catch (const StopRequested&) {
+    if (decision == Commit::and_stop || !ctx.comm || ctx.comm->size() == 1) throw;
+  }
+  if (decision == Commit::and_stop) throw StopRequested("stopped");  // (commit() has thrown it already)
 }
 
 std::unique_ptr<engine::PassKernel> no_pass_kernel() { return std::make_unique<NoPass>(); }

@@ -9,6 +9,7 @@
 // transfers, checkpoints, resume, MPI distribution, output files and provenance. The stage's
 // kernel only computes one batch (docs/writing-a-stage.md).
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -105,6 +106,11 @@ struct KernelContext;
 // a stage's own interval; never after the last unit) and whether a stop was requested; every rank
 // gets its decision (collective where ctx.comm has several ranks).
 Commit agreed_commit(const KernelContext& ctx, std::uint64_t done, std::uint64_t total, const std::string& unit, bool forced);
+// Carries out such a decision on every rank: rank 0 runs `commit` (its files, then
+// ctx.checkpoints->commit), and every rank throws StopRequested after it where the decision says
+// stop. (A stop requested after the decision was sent stops the next unit, with every rank; a
+// single rank stops at once.)
+void carry_out(const KernelContext& ctx, Commit decision, const std::function<void()>& commit);
 
 // Handed to make_kernel and compute: the step's parameters and its opened input datasets.
 struct KernelContext {

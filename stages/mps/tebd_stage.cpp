@@ -430,18 +430,7 @@ class TebdStage final : public ComputedStage {
       const Commit decision = agreed_commit(ctx, static_cast<std::uint64_t>(step), static_cast<std::uint64_t>(ev.steps),
                                             ev.terms.empty() ? "beam splitters" : "time steps",
                                             p.checkpoint_every > 0 && step % p.checkpoint_every == 0);
-      if (decision == Commit::none) continue;
-      if (!root) {
-        if (decision == Commit::and_stop) throw StopRequested("stopped with rank 0");
-        continue;
-      }
-      try {
-        checkpoint(ctx, step, eps, kept, psi, m, sh);
-      } catch (const StopRequested&) {
-        // (a stop requested after the decision was sent: the next step stops, with every rank)
-        if (decision == Commit::and_stop || !ranks) throw;
-      }
-      if (decision == Commit::and_stop) throw StopRequested("stopped");  // (commit() has thrown it already)
+      carry_out(ctx, decision, [&] { checkpoint(ctx, step, eps, kept, psi, m, sh); });
     }
     const UpdateTimings tm = updater.timings();
     spdlog::info(

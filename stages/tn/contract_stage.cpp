@@ -408,18 +408,11 @@ json run_distributed(const KernelContext& ctx) {
     const std::uint64_t done = std::min(total, (round + 1) * groups);
     const Commit decision = agreed_commit(ctx, done, total, S > 1 ? "slices" : "amplitudes", false);
     if (decision == Commit::none) continue;
-    const json group_sums = gathered();
-    if (!root) {
-      if (decision == Commit::and_stop) throw StopRequested("stopped with rank 0");
-      continue;
-    }
-    try {
+    const json group_sums = gathered();  // (collective)
+    carry_out(ctx, decision, [&] {
       ctx.checkpoints->commit({{"distributed", {{"groups", groups}, {"rounds", round + 1}, {"group_sums", group_sums},
                                                 {"timed", timed}}}}, done);
-    } catch (const StopRequested&) {
-      if (decision == Commit::and_stop) throw;  // (a stop after the decision was sent: the next round stops, with every rank)
-    }
-    if (decision == Commit::and_stop) throw StopRequested("stopped");
+    });
   }
   const json group_sums = gathered();
   std::vector<double> result(2 * R * B, 0.0);
