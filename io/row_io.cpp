@@ -247,7 +247,7 @@ void RowReader::read(std::uint64_t row0, std::uint64_t n, void* buffer) {
   dataset_.read_rows(row0, n, buffer);
 }
 
-RowWriter::RowWriter(Dataset& d) : dataset_(d) {
+RowWriter::RowWriter(Dataset& d, std::uint64_t max_write_bytes) : dataset_(d), max_write_bytes_(max_write_bytes) {
   if (!d.parallel()) {
     locator_ = RowLocator::make(d);
     if (locator_) {
@@ -265,7 +265,8 @@ void RowWriter::refresh() {
   if (locator_) locator_ = RowLocator::make(dataset_);
 }
 
-void RowWriter::write(std::uint64_t row0, std::uint64_t n, const void* buffer) {
+void RowWriter::write(std::uint64_t row0, std::uint64_t n, const void* buffer, std::uint64_t most_rows) {
+  if (n > most_rows) throw std::logic_error("RowWriter::write: more rows than the most any rank writes");
   if (locator_) {
     if (n == 0) return;
     try {
@@ -276,7 +277,18 @@ void RowWriter::write(std::uint64_t row0, std::uint64_t n, const void* buffer) {
       // created without early allocation: let HDF5 allocate and write
     }
   }
-  dataset_.write_rows(row0, n, buffer);
+  if (!dataset_.parallel()) {
+    dataset_.write_rows(row0, n, buffer);
+    return;
+  }
+  // (every rank takes the same number of calls: the pieces of the largest write)
+  const std::uint64_t row_bytes = std::max<std::uint64_t>(dataset_.row_bytes(), 1);
+  const std::uint64_t piece = std::max<std::uint64_t>(1, max_write_bytes_ / row_bytes);
+  const std::uint64_t calls = std::max<std::uint64_t>(1, (most_rows + piece - 1) / piece);
+  for (std::uint64_t i = 0; i < calls; ++i) {
+    const std::uint64_t first = std::min(n, i * piece), rows = std::min(piece, n - first);
+    dataset_.write_rows(row0 + first, rows, rows ? static_cast<const char*>(buffer) + first * row_bytes : nullptr);
+  }
 }
 
 // ------------------------------------------------------------------------------ StoredChunkReader

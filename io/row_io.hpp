@@ -81,11 +81,18 @@ class RowReader {
 // Writes rows of a dataset: in parallel for files without MPI-IO whose storage is allocated
 // (create them with DatasetCreate::early_allocation), else with HDF5 (collective under MPI-IO).
 // Call refresh() after the dataset's extent changed.
+inline constexpr std::uint64_t kMaxCollectiveWriteBytes = std::uint64_t{1} << 30;
+
 class RowWriter {
  public:
-  explicit RowWriter(Dataset& d);
+  // max_write_bytes: the most bytes of one collective HDF5 write (smaller in tests).
+  explicit RowWriter(Dataset& d, std::uint64_t max_write_bytes = kMaxCollectiveWriteBytes);
   ~RowWriter();
-  void write(std::uint64_t row0, std::uint64_t n, const void* buffer);
+  // Collective under MPI-IO: every rank calls it, with the same `most_rows`, the largest n any
+  // rank passes in this call (0 rows where a rank has none). The rows go in HDF5 writes of at
+  // most kMaxCollectiveWriteBytes each, as many on every rank: OpenMPI's MPI-IO keeps byte counts
+  // in int, and its two_phase component crashed on a 2-rank write of more than 2 GiB.
+  void write(std::uint64_t row0, std::uint64_t n, const void* buffer, std::uint64_t most_rows);
   void refresh();
   bool parallel() const { return locator_.has_value(); }
 
@@ -93,6 +100,7 @@ class RowWriter {
   Dataset& dataset_;
   std::optional<RowLocator> locator_;
   int fd_ = -1;
+  std::uint64_t max_write_bytes_;
 };
 
 // One chunk as it is stored, in a slot of a reader's buffer: this header, then `bytes` bytes.

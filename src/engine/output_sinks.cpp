@@ -89,9 +89,10 @@ class RowsSink final : public OutputSink {
     }
     dataset_->set_rows(at - segment_first_);
     writer_->refresh();
+    const std::uint64_t most = counts.empty() ? 0 : *std::max_element(counts.begin(), counts.end());
     if (mine) {
       const std::uint64_t n = counts[static_cast<std::size_t>(round.mine)];
-      writer_->write(mine_at - segment_first_, n, mine->host.data());
+      writer_->write(mine_at - segment_first_, n, mine->host.data(), most);
       std::uint64_t sum = 0;
       if (appended()) {  // its place is known only now: the checksum is the host's
         const unsigned w = word_bytes(decl_.layout.dtype);
@@ -101,7 +102,7 @@ class RowsSink final : public OutputSink {
       }
       record.append(reinterpret_cast<const char*>(&sum), 8);
     } else {
-      writer_->write(0, 0, nullptr);
+      writer_->write(0, 0, nullptr, most);
     }
     if (appended()) batch_counts_.insert(batch_counts_.end(), counts.begin(), counts.end());
     written_ = at;
@@ -148,9 +149,9 @@ class RowsSink final : public OutputSink {
       if (p < pieces) {
         const std::uint64_t first = p * piece, n = std::min(piece, rows.size() - first);
         reader.read(first, n, buffer.data());
-        writer_->write(rows.begin + first, n, buffer.data());
+        writer_->write(rows.begin + first, n, buffer.data(), piece);
       } else {
-        writer_->write(0, 0, nullptr);
+        writer_->write(0, 0, nullptr, piece);
       }
     }
   }
@@ -415,12 +416,12 @@ class ExchangedSink final : public OutputSink {
     std::uint64_t sum = 0;
     for (std::size_t r = 0; r < rounds; ++r) {
       if (r >= my.size()) {
-        writer.write(0, 0, nullptr);
+        writer.write(0, 0, nullptr, piece);
         continue;
       }
       const Piece& p = my[r];
       read_bucket(p.bucket, p.first * row_bytes, p.rows * row_bytes, buffer.data());
-      writer.write(p.at, p.rows, buffer.data());
+      writer.write(p.at, p.rows, buffer.data(), piece);
       std::uint64_t part = 0;
       kernels::checksum_cpu({buffer.data(), p.rows * row_bytes, w, p.at * row_bytes / w, &part});
       sum += part;

@@ -77,7 +77,7 @@ TEST(RowIo, ParallelWritesIntoEarlyAllocatedExtendibleDatasets) {
       const std::uint64_t n = std::min<std::uint64_t>(300, 777 - r);
       d.set_rows(r + n);
       writer.refresh();
-      writer.write(r, n, data.data() + r * cols);
+      writer.write(r, n, data.data() + r * cols, n);
     }
     f.close();
   }
@@ -94,7 +94,7 @@ TEST(RowIo, WritesWithoutEarlyAllocationFallBackToHdf5) {
     h5::File f = h5::File::create(dir.path / "late.h5");
     h5::Dataset d = f.create_dataset("y", {h5::DType::float32, {50, 2}, {10, 2}, false, false});
     h5::RowWriter writer(d);
-    writer.write(0, 50, data.data());  // chunks not allocated yet: HDF5 writes them
+    writer.write(0, 50, data.data(), 50);  // chunks not allocated yet: HDF5 writes them
     f.close();
   }
   h5::File f = h5::File::open(dir.path / "late.h5", h5::Mode::read_only);
