@@ -75,19 +75,22 @@ std::uint64_t physical_memory() {
 }  // namespace
 
 std::unique_ptr<Backend> make_backend(const BackendOptions& o) {
-  // Host default: a quarter of RAM (several ranks may share a node); cpu "device" default: the same.
-  const std::uint64_t host = o.host_memory ? o.host_memory : physical_memory() / 4;
-  if (o.device == "cpu") return detail::make_cpu_backend(o.device_memory ? o.device_memory : physical_memory() / 4, host);
+  // Host default: a quarter of RAM for one or two ranks on the host, half of it shared evenly by
+  // more (eight ranks that each took a quarter were killed for memory on a 512 GiB host); the cpu
+  // "device" default: the same share.
+  const std::uint64_t share = physical_memory() / static_cast<std::uint64_t>(std::max(4, 2 * o.local_size));
+  const std::uint64_t host = o.host_memory ? o.host_memory : share;
+  if (o.device == "cpu") return detail::make_cpu_backend(o.device_memory ? o.device_memory : share, host);
   if (o.device != "auto" && o.device != "cuda")
     throw InputError(fmt::format("--device: unknown device '{}'; expected auto, cuda or cpu", o.device));
 #ifdef QSTAGE_HAVE_CUDA
-  if (detail::cuda_device_count() > 0) return detail::make_cuda_backend(o.device_memory, host, o.local_rank);
+  if (detail::cuda_device_count() > 0) return detail::make_cuda_backend(o.device_memory, host, o.local_rank, o.local_size);
   if (o.device == "cuda") throw InputError("--device cuda: no CUDA GPU is visible to this process; use --device cpu");
 #else
   if (o.device == "cuda")
     throw InputError("--device cuda: this qstage was built without CUDA (-DQSTAGE_CUDA=OFF or no nvcc); use --device cpu");
 #endif
-  return detail::make_cpu_backend(o.device_memory ? o.device_memory : physical_memory() / 4, host);
+  return detail::make_cpu_backend(o.device_memory ? o.device_memory : share, host);
 }
 
 }  // namespace qstage

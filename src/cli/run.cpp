@@ -50,8 +50,8 @@ po::options_description engine_options() {
   po::options_description o("options");
   o.add_options()
       ("device", po::value<std::string>()->default_value("auto"), "auto | cuda | cpu")
-      ("device-memory", po::value<std::string>(), "device memory budget, e.g. 8GiB (default: 90% of free GPU memory; cpu: a quarter of RAM)")
-      ("host-memory", po::value<std::string>(), "host (pinned) memory budget, e.g. 16GiB (default: a quarter of RAM)")
+      ("device-memory", po::value<std::string>(), "device memory budget per rank, e.g. 8GiB (default: 90% of free GPU memory, split between ranks sharing a GPU; cpu: as --host-memory)")
+      ("host-memory", po::value<std::string>(), "host (pinned) memory budget per rank, e.g. 16GiB (default: a quarter of RAM; with more than 2 ranks on a host, half of it shared evenly)")
       ("checkpoint-interval", po::value<std::string>(), "commit progress inside a step this often: 30s, 5m, 0 (every batch), never (default 2m)")
       ("progress-interval", po::value<std::string>()->default_value("10s"), "seconds between progress lines in a log file")
       ("log-level", po::value<std::string>()->default_value("info"), "trace | debug | info | warn | error | off")

@@ -152,6 +152,7 @@ class WorkflowRun {
   void setup(std::vector<PlannedStep>& planned) {
     BackendOptions bo = options_.backend;
     bo.local_rank = comm_.local_rank();
+    bo.local_size = comm_.local_size();
     const auto device_memory = options_.device_memory ? options_.device_memory : wf_.options.device_memory;
     const auto host_memory = options_.host_memory ? options_.host_memory : wf_.options.host_memory;
     if (device_memory) bo.device_memory = parse_size(*device_memory, "device memory budget");
