@@ -16,6 +16,7 @@ MOLECULES = {
     # name: (atoms in Angstrom, basis, frozen core orbitals)
     "h2o-ccpvdz-fc": ("O 0 0 0.1173; H 0 0.7572 -0.4692; H 0 -0.7572 -0.4692", "cc-pvdz", 1),
     "n2-631g-fc": ("N 0 0 0; N 0 0 1.0977", "6-31g", 2),
+    "n2-ccpvdz": ("N 0 0 0; N 0 0 1.0977", "cc-pvdz", 0),
     "h2o-631g": ("O 0 0 0.1173; H 0 0.7572 -0.4692; H 0 -0.7572 -0.4692", "6-31g", 0),
 }
 

@@ -492,6 +492,7 @@ class SolveStage final : public Stage {
     if (!spent.is_object()) spent = json::object();
     const std::string timed = phase.starts_with("pt2_") ? "pt2" : phase;
     spent[timed] = spent.value(timed, 0.0) + seconds;
+    if (phase == "pt2_dedup") spent[phase] = spent.value(phase, 0.0) + seconds;  // (also inside "pt2")
     // The iteration's peak memory, the largest over ranks (every rank runs this).
     const auto peaks = ctx.comm->max({static_cast<std::int64_t>(ctx.backend->device_budget().take_interval_peak()),
                                       static_cast<std::int64_t>(ctx.backend->host_budget().take_interval_peak())});
@@ -535,6 +536,9 @@ class SolveStage final : public Stage {
       dedup_of(ctx, d).after(ctx, pass, d["dedup"]);
       if (keys::DedupPasses::done(d["dedup"])) {
         now[final_pt2 ? "pt2_unique" : "unique"] = keys::DedupPasses::result(d["dedup"]).unique;
+        // How evenly the sample sort spread the merge over the ranks (seed 004's Table 1).
+        now[final_pt2 ? "pt2_merge_records_per_rank" : "merge_records_per_rank"] =
+            keys::DedupPasses::merge_rows_per_rank(d["dedup"], ctx.comm->size());
         d["phase"] = final_pt2 ? "pt2_score" : "score";
       }
       return;
@@ -614,6 +618,13 @@ class SolveStage final : public Stage {
     }
     out.set_attribute("peak_device_bytes", device_peaks);
     out.set_attribute("peak_host_bytes", host_peaks);
+    // The dedup's merged records per rank (they depend on the rank count: attributes).
+    for (std::size_t k = 0; k < hist.size(); ++k)
+      if (hist[k].contains("merge_records_per_rank"))
+        out.set_attribute(fmt::format("merge_records_per_rank_{}", k),
+                          hist[k].at("merge_records_per_rank").get<std::vector<std::uint64_t>>());
+    if (last.contains("pt2_merge_records_per_rank"))
+      out.set_attribute("pt2_merge_records_per_rank", last.at("pt2_merge_records_per_rank").get<std::vector<std::uint64_t>>());
   }
 
   std::string describe_results(const StagePlan&, const StepResults& r) const override {

@@ -149,13 +149,24 @@ STOPPED = (DATA / "h10_sto6g_FCIDUMP", "eps_var: 2.0e-3, eps_pt2: 1.0e-5, max_ne
 @pytest.fixture(scope="module")
 def n2_clean(tmp_path_factory):
     run_dir = solve(tmp_path_factory.mktemp("clean"), DATA / "N2_sto6g_FCIDUMP", N2_FAST, SMALL_BATCHES)
-    return digests(run_dir), checksums(run_dir)
+    return digests(run_dir), checksums(run_dir), result(run_dir)["attrs"]
+
+
+def merge_loads(attrs):
+    """The per-rank merge loads of every de-duplication, by attribute name."""
+    return {k: [int(x) for x in v] for k, v in attrs.items() if "merge_records_per_rank" in k}
 
 
 def test_three_ranks_give_the_same_bits(n2_clean, tmp):
     run_dir = solve(tmp, DATA / "N2_sto6g_FCIDUMP", N2_FAST, SMALL_BATCHES, mpi=3)
     assert digests(run_dir) == n2_clean[0]
     assert checksums(run_dir) == n2_clean[1]
+    # The merge's load per rank: one value a rank, summing to the one-rank run's records.
+    one, three = merge_loads(n2_clean[2]), merge_loads(result(run_dir)["attrs"])
+    assert "pt2_merge_records_per_rank" in one and set(one) == set(three) and len(one) >= 2
+    for name, load in three.items():
+        assert len(load) == 3 and len(one[name]) == 1 and sum(load) == one[name][0] > 0, name
+        assert min(load) > 0, (name, load)
 
 
 def test_batch_size_does_not_change_the_bits(n2_clean, tmp):
