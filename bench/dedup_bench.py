@@ -67,7 +67,8 @@ steps:
 """)
     cmd = [a.qstage, "run", str(d / "spec.yaml"), "--run-dir", str(d / "run"), "--device", a.device]
     if ranks > 1:
-        cmd = ["mpirun", "--oversubscribe", "--allow-run-as-root", "-np", str(ranks)] + cmd
+        # (--bind-to none: OpenMPI binds each rank to one core when -np is 1 or 2)
+        cmd = ["mpirun", "--oversubscribe", "--allow-run-as-root", "--bind-to", "none", "-np", str(ranks)] + cmd
     t = time.time()
     p = subprocess.run(cmd, capture_output=True, text=True)
     wall = time.time() - t

@@ -111,7 +111,8 @@ def main():
     d.mkdir(parents=True, exist_ok=True)
     run_dir = d / "run"
     log = []
-    mpi = [args.mpirun, "--oversubscribe", "-np", str(args.ranks)]
+    # (--bind-to none: OpenMPI binds each rank to one core when -np is 1 or 2)
+    mpi = [args.mpirun, "--oversubscribe", "--bind-to", "none", "-np", str(args.ranks)]
     (d / "p.yaml").write_text(spec(args, False))
     (d / "one.yaml").write_text(spec(args, True))
     # The P-rank runs first (net, path, plans and both P-rank contractions), then the one-rank

@@ -137,4 +137,41 @@ std::string bind_near(const DevicePlacement& placement, bool cores) {
                      memory ? ", memory preferred there" : " (the memory policy was refused)");
 }
 
+std::size_t cgroup_cpu_count(const std::filesystem::path& root) {
+  auto count = [](const std::filesystem::path& file) -> std::size_t {
+    std::ifstream in(file);
+    std::string text;
+    if (!in || !std::getline(in, text) || text.empty()) return 0;
+    try {
+      return parse_cpu_list(text).size();
+    } catch (const InputError&) {
+      return 0;
+    }
+  };
+  std::ifstream groups(root / "proc/self/cgroup");
+  std::string line;
+  while (std::getline(groups, line)) {
+    // "0::/path" (v2) or "3:cpuset:/path" (v1)
+    const auto first = line.find(':'), second = line.find(':', first + 1);
+    if (first == std::string::npos || second == std::string::npos) continue;
+    const std::string controllers = line.substr(first + 1, second - first - 1), path = line.substr(second + 1);
+    const std::filesystem::path rel = std::filesystem::path(path).relative_path();
+    std::size_t n = 0;
+    if (controllers.empty()) n = count(root / "sys/fs/cgroup" / rel / "cpuset.cpus.effective");
+    else if (controllers == "cpuset") n = count(root / "sys/fs/cgroup/cpuset" / rel / "cpuset.effective_cpus");
+    if (n > 0) return n;
+  }
+  const long online = sysconf(_SC_NPROCESSORS_ONLN);
+  return online > 0 ? static_cast<std::size_t>(online) : 1;
+}
+
+std::string starved_binding_warning(std::size_t allowed, int local_ranks, std::size_t job_cores) {
+  const auto used = allowed * static_cast<std::size_t>(std::max(local_ranks, 1));
+  if (job_cores <= 1 || allowed == 0 || 2 * used >= job_cores) return {};
+  return fmt::format("the launcher allows this rank {} of the job's {} cores ({} ranks on this host use {}): its OpenMP "
+                     "and I/O threads share them; OpenMPI binds each rank to one core when -np is 1 or 2: run mpirun "
+                     "with --bind-to none, or --map-by slot:PE=<cores a rank>",
+                     allowed, job_cores, std::max(local_ranks, 1), used);
+}
+
 }  // namespace qstage::affinity

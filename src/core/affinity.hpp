@@ -34,4 +34,15 @@ std::vector<int> allowed_cpus();
 // line saying what it did.
 std::string bind_near(const DevicePlacement& placement, bool cores = true);
 
+// The cores this process's cpuset cgroup gives it (what SLURM allocated the job; cgroup v2 or
+// v1), or every online core where there is no such cgroup.
+std::size_t cgroup_cpu_count(const std::filesystem::path& root = "/");
+
+// A warning when the launcher left this rank a small share of what the job has: the
+// `local_ranks` ranks on the host, each allowed `allowed` cores, use fewer than half of the
+// `job_cores` its cgroup gives it. OpenMPI binds every rank to one core when -np is 1 or 2 (a
+// 2-rank sci.solve ran 3x slower than one rank on a 64-core host: 16 OpenMP threads and the I/O
+// pool on one core). Empty where the share is fair.
+std::string starved_binding_warning(std::size_t allowed, int local_ranks, std::size_t job_cores);
+
 }  // namespace qstage::affinity

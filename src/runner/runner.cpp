@@ -821,6 +821,9 @@ class WorkflowRun {
   // Binds this rank to the cores and memory nearest its GPU (before the OpenMP and I/O threads
   // start), and logs where: every rank in its own log, rank 0's on the console.
   void bind_near_device(bool bind) {
+    const std::string starved =
+        affinity::starved_binding_warning(affinity::allowed_cpus().size(), comm_.local_size(), affinity::cgroup_cpu_count());
+    if (!starved.empty()) spdlog::warn("rank {}: {}", comm_.rank(), starved);
     const std::string bus = backend_->pci_bus_id();
     if (bus.empty()) return;
     if (!bind) {

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <sched.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -64,4 +65,37 @@ TEST(Affinity, BindingKeepsToTheAllowedCoresOfTheNode) {
   EXPECT_EQ(affinity::allowed_cpus(), std::vector<int>{allowed.front()});
   ASSERT_EQ(sched_setaffinity(0, sizeof(saved), &saved), 0);
   EXPECT_EQ(affinity::allowed_cpus(), allowed);
+}
+
+TEST(Affinity, TheJobsCoresComeFromItsCpusetCgroup) {
+  const fs::path root = fs::temp_directory_path() / "qstage-affinity-cgroup";
+  fs::remove_all(root);
+  fs::create_directories(root / "proc" / "self");
+  // cgroup v2: the job's group gives 16 cores
+  fs::create_directories(root / "sys/fs/cgroup/slurm/job_7");
+  std::ofstream(root / "proc/self/cgroup") << "0::/slurm/job_7\n";
+  std::ofstream(root / "sys/fs/cgroup/slurm/job_7/cpuset.cpus.effective") << "0-7,32-39\n";
+  EXPECT_EQ(affinity::cgroup_cpu_count(root), 16u);
+  // cgroup v1: the cpuset controller's line
+  fs::create_directories(root / "sys/fs/cgroup/cpuset/job_8");
+  std::ofstream(root / "proc/self/cgroup") << "4:memory:/x\n3:cpuset:/job_8\n0::/\n";
+  std::ofstream(root / "sys/fs/cgroup/cpuset/job_8/cpuset.effective_cpus") << "4-5\n";
+  EXPECT_EQ(affinity::cgroup_cpu_count(root), 2u);
+  // no cpuset files: every online core
+  std::ofstream(root / "proc/self/cgroup") << "0::/nowhere\n";
+  EXPECT_EQ(affinity::cgroup_cpu_count(root), static_cast<std::size_t>(sysconf(_SC_NPROCESSORS_ONLN)));
+  fs::remove_all(root);
+}
+
+TEST(Affinity, ARankLeftOneCoreOfManyIsWarnedAbout) {
+  // OpenMPI's -np 2 on a 64-core host: one core a rank
+  const std::string w = affinity::starved_binding_warning(1, 2, 64);
+  EXPECT_NE(w.find("1 of the job's 64 cores"), std::string::npos) << w;
+  EXPECT_NE(w.find("--bind-to none"), std::string::npos) << w;
+  // fair shares: 2 ranks of 32 cores, 8 ranks of 4 (half the job), a 2-core machine, one core alone
+  EXPECT_EQ(affinity::starved_binding_warning(32, 2, 64), "");
+  EXPECT_EQ(affinity::starved_binding_warning(4, 8, 64), "");
+  EXPECT_EQ(affinity::starved_binding_warning(1, 2, 2), "");
+  EXPECT_EQ(affinity::starved_binding_warning(1, 1, 1), "");
+  EXPECT_NE(affinity::starved_binding_warning(3, 8, 64), "");
 }
