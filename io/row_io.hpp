@@ -90,8 +90,8 @@ class RowWriter {
   ~RowWriter();
   // Collective under MPI-IO: every rank calls it, with the same `most_rows`, the largest n any
   // rank passes in this call (0 rows where a rank has none). The rows go in HDF5 writes of at
-  // most kMaxCollectiveWriteBytes each, as many on every rank: OpenMPI's MPI-IO keeps byte counts
-  // in int, and its two_phase component crashed on a 2-rank write of more than 2 GiB.
+  // most max_write_bytes each, as many on every rank: OpenMPI's two_phase component crashed on
+  // 2- and 4-rank writes of more than 2 GiB a rank (an int byte count, we take it).
   void write(std::uint64_t row0, std::uint64_t n, const void* buffer, std::uint64_t most_rows);
   void refresh();
   bool parallel() const { return locator_.has_value(); }

@@ -25,8 +25,9 @@ def mpirun_prefix(n):
     exe = shutil.which("mpirun")
     if exe is None:
         pytest.skip("mpirun not found")
-    # --oversubscribe: CI machines have 2 cores; root is allowed because containers run as root.
-    return [exe, "--oversubscribe", "--allow-run-as-root", "-np", str(n)]
+    # --oversubscribe: CI machines have 2 cores; root is allowed because containers run as root;
+    # --bind-to none: OpenMPI binds each rank to one core when -np is 1 or 2 (qstage warns).
+    return [exe, "--oversubscribe", "--allow-run-as-root", "--bind-to", "none", "-np", str(n)]
 
 
 class Result:

@@ -15,7 +15,7 @@ import h5py
 import numpy as np
 import pytest
 
-from conftest import DEVICE, QSTAGE, checksums, kill_and_resume, manifest, run, write_spec
+from conftest import DEVICE, QSTAGE, checksums, kill_and_resume, manifest, mpirun_prefix, run, write_spec
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "fcidump"
 
@@ -175,7 +175,7 @@ def test_batch_size_does_not_change_the_bits(n2_clean, tmp):
 
 
 def start(args, cwd, mpi=0):
-    prefix = ([shutil.which("mpirun"), "--oversubscribe", "--allow-run-as-root", "-np", str(mpi)] if mpi else [])
+    prefix = mpirun_prefix(mpi) if mpi else []
     return subprocess.Popen(prefix + [QSTAGE] + [str(a) for a in args], cwd=cwd, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=dict(os.environ, OMP_NUM_THREADS="2"))
 
