@@ -84,7 +84,7 @@ std::unique_ptr<Backend> make_backend(const BackendOptions& o) {
   if (o.device != "auto" && o.device != "cuda")
     throw InputError(fmt::format("--device: unknown device '{}'; expected auto, cuda or cpu", o.device));
 #ifdef QSTAGE_HAVE_CUDA
-  if (detail::cuda_device_count() > 0) return detail::make_cuda_backend(o.device_memory, host, o.local_rank, o.local_size);
+  if (detail::cuda_device_count() > 0) return detail::make_cuda_backend(o.device_memory, host, o.local_rank, o.gpu_sharing);
   if (o.device == "cuda") throw InputError("--device cuda: no CUDA GPU is visible to this process; use --device cpu");
 #else
   if (o.device == "cuda")

@@ -139,7 +139,8 @@ struct BackendOptions {
   std::uint64_t device_memory = 0;  // 0: the default for the backend
   std::uint64_t host_memory = 0;    // 0: the default
   int local_rank = 0;               // picks the GPU: local_rank % number of GPUs
-  int local_size = 1;               // ranks on this host: the default budgets are shares of it
+  int local_size = 1;               // ranks on this host: the default host budget is a share of it
+  int gpu_sharing = 1;              // ranks using this rank's GPU: its default device budget is a share of it
   bool bind = true;                 // bind the rank to the cores and memory nearest its GPU (core/affinity.hpp)
 };
 
@@ -153,9 +154,9 @@ bool cuda_available();
 namespace detail {
 std::unique_ptr<Backend> make_cpu_backend(std::uint64_t device_limit, std::uint64_t host_limit);
 #ifdef QSTAGE_HAVE_CUDA
-// device_limit 0: 90 % of the GPU's free memory, split evenly between the local ranks that share it.
+// device_limit 0: 90 % of the GPU's free memory, split evenly between the `gpu_sharing` ranks using it.
 std::unique_ptr<Backend> make_cuda_backend(std::uint64_t device_limit, std::uint64_t host_limit, int local_rank,
-                                           int local_size);
+                                           int gpu_sharing);
 int cuda_device_count();
 #endif
 }  // namespace detail

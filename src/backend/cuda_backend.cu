@@ -187,16 +187,15 @@ int cuda_device_count() {
 }
 
 std::unique_ptr<Backend> make_cuda_backend(std::uint64_t device_limit, std::uint64_t host_limit, int local_rank,
-                                           int local_size) {
+                                           int gpu_sharing) {
   const int gpus = cuda_device_count(), device = local_rank % gpus;
   QSTAGE_CUDA_CHECK(cudaSetDevice(device));
   if (device_limit == 0) {
     // Default: 90% of what is free now (the CUDA context and other processes keep the rest),
-    // shared by the local ranks on this GPU (every rank sees the whole of it free at start).
+    // shared by the ranks on this GPU (every rank sees the whole of it free at start).
     std::size_t free = 0, total = 0;
     QSTAGE_CUDA_CHECK(cudaMemGetInfo(&free, &total));
-    const int sharing = std::max(1, (std::max(local_size, 1) - device + gpus - 1) / gpus);
-    device_limit = free / 10 * 9 / static_cast<std::uint64_t>(sharing);
+    device_limit = free / 10 * 9 / static_cast<std::uint64_t>(std::max(gpu_sharing, 1));
   }
   return std::make_unique<CudaBackend>(device_limit, host_limit, device);
 }

@@ -4,7 +4,9 @@
 #include <fmt/ranges.h>
 #include <omp.h>
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <map>
@@ -158,6 +160,20 @@ class WorkflowRun {
     if (device_memory) bo.device_memory = parse_size(*device_memory, "device memory budget");
     if (host_memory) bo.host_memory = parse_size(*host_memory, "host memory budget");
     backend_ = make_backend(bo);
+    if (!device_memory) {
+      // Ranks that landed on the same GPU (more ranks than GPUs on a host; not where the launcher
+      // gives each rank its own GPU through CUDA_VISIBLE_DEVICES) share its default budget.
+      char host[256] = {};
+      gethostname(host, sizeof(host) - 1);
+      const std::string bus = backend_->pci_bus_id(), mine = std::string(host) + "/" + bus;
+      const auto all = comm_.allgather(mine);
+      const auto sharing = static_cast<int>(std::count(all.begin(), all.end(), mine));
+      if (!bus.empty() && sharing > 1) {
+        bo.gpu_sharing = sharing;
+        backend_.reset();
+        backend_ = make_backend(bo);
+      }
+    }
     device_text_ = comm_.broadcast(backend_->description());
     bind_near_device(bo.bind);
     engine::EngineOptions eo;
