@@ -17,6 +17,11 @@ and the plan's predicted compute and communication seconds beside the measured o
 
   python3 bench/tn_distributed_bench.py --lattice 6,7,5 --budget 2GiB --ranks 2 --device cuda --dir /tmp/tdb
 
+Out of core per rank: --out-of-core plans both with out_of_core (intermediates spilled before
+slicing; the P-rank plan's slots at most an eighth of the budget), and --rank-device-memory gives
+the P-rank runs a device budget (e.g. the plan's), under which a rank holds the shards that do not
+fit in host memory and streams them through the device a slot at a time (`step_shard_on_host`).
+
 Prints one JSON object (and the commands it ran) on stdout.
 """
 import argparse
@@ -34,7 +39,7 @@ def spec(args, with_one):
     rows, cols, steps = args.lattice.split(",")
     source = f"lattice: {{rows: {rows}, cols: {cols}, steps: {steps}, seed: 1, disorder: 0.3}}, " \
              f"random_bitstrings: {{count: 1, seed: 1}}"
-    plan = f"precision: {args.precision}, budget: {args.budget}"
+    plan = f"precision: {args.precision}, budget: {args.budget}" + (", out_of_core: true" if args.out_of_core else "")
     large = f", large_bytes: {args.large_bytes}" if args.large_bytes else ""
     text = f"""name: tndist
 steps:
@@ -82,7 +87,7 @@ def attrs(run_dir, step):
     with h5py.File(Path(run_dir) / "outputs" / f"{step}.h5") as f:
         out = {k: (v.item() if hasattr(v, "item") else v) for k, v in f.attrs.items()}
         for name in ("amplitudes", "value", "step_compute_seconds", "step_comm_seconds", "step_sent_bytes",
-                     "sent_bytes_per_rank", "step_seconds"):
+                     "sent_bytes_per_rank", "step_seconds", "step_shard_on_host"):
             if name in f:
                 out[name] = f[name][()]
     return out
@@ -101,6 +106,8 @@ def main():
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--large-bytes", default="", help="tn.plan's large_bytes for the P-rank plan (default: a quarter of the budget)")
     ap.add_argument("--tries", type=int, default=256)
+    ap.add_argument("--out-of-core", action="store_true", help="both plans with tn.plan's out_of_core")
+    ap.add_argument("--rank-device-memory", default="", help="--device-memory of the P-rank runs (default: qstage's)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dir", default="/tmp/tn_distributed_bench")
     ap.add_argument("--qstage", default="qstage")
@@ -117,7 +124,8 @@ def main():
     (d / "one.yaml").write_text(spec(args, True))
     # The P-rank runs first (net, path, plans and both P-rank contractions), then the one-rank
     # contraction in the same run directory (the other steps are done and kept).
-    sh(mpi + [args.qstage, "run", d / "p.yaml", "--run-dir", run_dir, "--device", args.device], log)
+    budget = ["--device-memory", args.rank_device_memory] if args.rank_device_memory else []
+    sh(mpi + [args.qstage, "run", d / "p.yaml", "--run-dir", run_dir, "--device", args.device] + budget, log)
     sh([args.qstage, "run", d / "one.yaml", "--run-dir", run_dir, "--device", args.device], log)
     p1, pp = plan_json(run_dir, "plan1"), plan_json(run_dir, "planP")
     dist = pp["distribution"]
@@ -161,8 +169,12 @@ def main():
         "redistribution_GBps_rank0": sent / comm_s / 1e9 if comm_s else None,
         "alltoall_alone": nccl,
         "relative_difference_dist_vs_one": rel,
+        "out_of_core": {"planned": args.out_of_core, "rank_device_memory": args.rank_device_memory or "qstage's default",
+                        "steps_with_shards_on_host": int(np.sum(distr.get("step_shard_on_host", [0]))),
+                        "spilled_in_one_rank_plan": p1.get("spilled", 0), "spilled_in_P_rank_plan": wide.get("spilled", 0)},
         "peak_device_bytes": {"one": one["qstage.peak_device_bytes"], "sliced": sliced["qstage.peak_device_bytes"],
                               "distributed": distr["qstage.peak_device_bytes"]},
+        "peak_host_bytes_distributed": distr.get("qstage.peak_host_bytes"),
         "commands": log,
     }
     print(json.dumps(out, indent=2, default=float))

@@ -400,7 +400,7 @@ json run_distributed(const KernelContext& ctx) {
       if (time_it) {
         const auto sent = comm.allgather(std::accumulate(times.sent_bytes.begin(), times.sent_bytes.end(), std::uint64_t{0}));
         timed = {{"compute_seconds", times.compute}, {"comm_seconds", times.comm}, {"sent_bytes", times.sent_bytes},
-                 {"sent_bytes_per_rank", sent}};
+                 {"sent_bytes_per_rank", sent}, {"on_host", times.on_host}};
       }
       double* at = sums.data() + 2 * R * (item / S);
       for (std::uint64_t i = 0; i < R; ++i) at[2 * i] += v[i].real(), at[2 * i + 1] += v[i].imag();
@@ -610,6 +610,13 @@ class ContractStage final : public Stage {
     std::vector<double> per_rank;
     for (const auto& b : t.at("sent_bytes_per_rank")) per_rank.push_back(b.get<double>());
     column("sent_bytes_per_rank", per_rank, "bytes each rank sent to the others in the timed work item");
+    if (t.contains("on_host")) {  // (a run resumed from a checkpoint of an earlier version has none)
+      std::vector<double> on_host;
+      for (const auto& b : t.at("on_host")) on_host.push_back(b.get<double>());
+      column("step_shard_on_host", on_host,
+             "1 where rank 0 held the step's result shard in host memory and streamed it through the device a slot at a time "
+             "(out of core: a plan made with out_of_core whose shard did not fit the device budget), else 0");
+    }
   }
 };
 

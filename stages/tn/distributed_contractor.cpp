@@ -1,6 +1,8 @@
 #include "stages/tn/distributed_contractor.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <chrono>
@@ -52,6 +54,7 @@ Range held_range(const Sharding& s, int rank, int ranks) {
 DistributedSchedule DistributedSchedule::from_json(const nlohmann::json& d) {
   DistributedSchedule s;
   s.ranks = d.at("ranks").get<int>();
+  s.slot_bytes = d.value("slot_bytes", ~std::uint64_t{0});
   for (const auto& st : d.at("steps")) {
     s.transition.push_back(transition_of(st.at("transition").get<std::string>()));
     s.distributed.push_back(st.at("distributed_modes").get<std::vector<Mode>>());
@@ -78,10 +81,6 @@ DistributedContractor::DistributedContractor(const Network& net, Plan plan, Dist
                                  schedule_.transition.size(), plan_.steps.size()));
   if (plan_.steps.empty())
     throw InputError("the network is a single tensor: nothing to distribute; expected a plan without ranks");
-  if (plan_.spilled)
-    throw InputError(fmt::format("the plan for {} ranks spills {} intermediates to host memory, which the distributed "
-                                 "contraction does not run; expected tn.plan without out_of_core (or a larger budget)",
-                                 ranks_, plan_.spilled));
   // The contractor only holds the inputs and runs single steps: no prologue or persistent region
   // of its own (this class keeps the invariant results itself).
   std::map<int, std::size_t> consumer;
@@ -98,11 +97,24 @@ DistributedContractor::DistributedContractor(const Network& net, Plan plan, Dist
   contractor_ = std::make_unique<Contractor>(net_, plan_, dtype, tf32);
 }
 
-Buffer DistributedContractor::BufferCache::take(Backend& backend, std::uint64_t bytes, const char* what) {
+std::uint64_t DistributedContractor::BufferCache::rounded(std::uint64_t bytes) {
   std::uint64_t size = 256;
   while (size < bytes) size *= 2;
+  return size;
+}
+
+Buffer DistributedContractor::BufferCache::take(Backend& backend, std::uint64_t bytes, const char* what) {
+  const std::uint64_t size = rounded(bytes);
   auto it = free_.find(size);
-  if (it == free_.end()) return backend.alloc_device(size, what);
+  if (it == free_.end()) {
+    try {
+      return backend.alloc_device(size, what);
+    } catch (const BudgetExceeded&) {
+      if (free_.empty()) throw;
+      free_.clear();  // (buffers of other sizes, free but charged to the budget)
+      return backend.alloc_device(size, what);
+    }
+  }
   Buffer b = std::move(it->second);
   free_.erase(it);
   return b;
@@ -110,6 +122,42 @@ Buffer DistributedContractor::BufferCache::take(Backend& backend, std::uint64_t 
 
 void DistributedContractor::BufferCache::give(Buffer buffer) {
   if (buffer.size()) free_.emplace(buffer.size(), std::move(buffer));
+}
+
+std::uint64_t DistributedContractor::BufferCache::bytes() const {
+  std::uint64_t n = 0;
+  for (const auto& [size, b] : free_) n += size;
+  return n;
+}
+
+double DistributedContractor::slot_elements() const {
+  if (schedule_.slot_bytes == ~std::uint64_t{0}) return std::numeric_limits<double>::infinity();
+  return static_cast<double>(schedule_.slot_bytes) / static_cast<double>(element_bytes());
+}
+
+// On the device while the shard and room for four slots (an operand's, a result's on its way
+// out, the all-to-all's send and receive) fit what the budget leaves; the cache's free buffers
+// are let go first where that makes it fit.
+Buffer DistributedContractor::hold(std::int64_t slots, std::uint64_t slot, bool may_spill, const char* what, bool& on_host) {
+  const std::uint64_t bytes = static_cast<std::uint64_t>(std::max<std::int64_t>(slots, 0)) * slot;
+  on_host = false;
+  if (may_spill && schedule_.slot_bytes != ~std::uint64_t{0}) {
+    const MemoryBudget& b = backend_->device_budget();
+    const std::uint64_t need = BufferCache::rounded(bytes) + 4 * BufferCache::rounded(slot), used = b.in_use();
+    auto fits = [&](std::uint64_t in_use) { return in_use <= b.limit() && need <= b.limit() - in_use; };
+    if (!fits(used) && fits(used - std::min(used, cache_.bytes()))) cache_.clear();
+    if (!fits(b.in_use())) {
+      on_host = true;
+      return backend_->alloc_host(std::max<std::uint64_t>(bytes, 1), what);
+    }
+  }
+  return cache_.take(*backend_, bytes, what);
+}
+
+void DistributedContractor::release(Held& t, Stream& stream) {
+  if (!t.on_host) return cache_.give(std::move(t.buffer));  // (later launches on the stream may reuse it)
+  stream.synchronize();  // (copies from or into it may still be queued)
+  t.buffer.reset();
 }
 
 // Grows `buffer` (through the cache) to at least `bytes`.
@@ -155,7 +203,12 @@ const char* DistributedContractor::operand_for(Stream& stream, const Held& t, co
   if (!t.sharding.replicated()) {
     if (t.sharding.modes != s.modes) throw std::logic_error("tn: a step's distributed operand is sharded over other modes");
     const Range r = held_range(t.sharding, rank_, ranks_);
-    return t.data + static_cast<std::uint64_t>(combo - r.begin) * bytes_of(without(t.layout, t.sharding.modes));
+    const std::uint64_t slot = bytes_of(without(t.layout, t.sharding.modes));
+    const char* at = t.data + static_cast<std::uint64_t>(combo - r.begin) * slot;
+    if (!t.on_host) return at;
+    ensure(scratch, slot, "tn: distributed operand's slot (out of core)");  // (in stream order after its last reader)
+    backend_->copy_to_device(scratch.data(), at, slot, stream);
+    return static_cast<const char*>(scratch.data());
   }
   const std::map<Mode, std::int64_t> value = values_of(s, combo);
   std::int64_t base = 0;
@@ -208,7 +261,7 @@ DistributedContractor::Held DistributedContractor::reshard(Stream& stream, Held 
   out.layout = from.layout;
   out.sharding = to;
   const Range mine_old = held_range(old, rank_, ranks_), mine_new = held_range(to, rank_, ranks_);
-  out.buffer = cache_.take(*backend_, static_cast<std::uint64_t>(mine_new.size()) * new_slot, "tn: distributed intermediate (shard)");
+  out.buffer = hold(mine_new.size(), new_slot, !to.replicated(), "tn: distributed intermediate (shard)", out.on_host);
   out.data = static_cast<const char*>(out.buffer.data());
   std::int64_t rounds = 0;
   for (int r = 0; r < ranks_; ++r) rounds = std::max(rounds, held_range(to, r, ranks_).size());
@@ -238,11 +291,14 @@ DistributedContractor::Held DistributedContractor::reshard(Stream& stream, Held 
     for (int r = 0; r < ranks_; ++r) send_total += send_counts[static_cast<std::size_t>(r)], recv_total += recv_counts[static_cast<std::size_t>(r)];
     if (receives && recv_total != static_cast<std::uint64_t>(received_blocks) * block)
       throw std::logic_error("tn: a resharded slot does not receive all of its blocks");
+    spdlog::debug("tn: reshard over [{}] -> [{}], round {}: {} B sent, {} B received, slots of {} -> {} B{}", fmt::join(old.modes, ","),
+                  fmt::join(to.modes, ","), round, send_total, recv_total, old_slot, new_slot, out.on_host ? " (host)" : "");
     Buffer send = cache_.take(*backend_, send_total, "tn: all-to-all send buffer");
     Buffer recv = cache_.take(*backend_, recv_total, "tn: all-to-all receive buffer");
     std::uint64_t at = 0;
     for (const auto& [src, bytes] : pieces) {
-      backend_->copy_on_device(static_cast<char*>(send.data()) + at, src, bytes, stream);
+      if (from.on_host) backend_->copy_to_device(static_cast<char*>(send.data()) + at, src, bytes, stream);
+      else backend_->copy_on_device(static_cast<char*>(send.data()) + at, src, bytes, stream);
       at += bytes;
     }
     comm_.alltoallv(comm::DeviceSpan<const std::uint8_t>(send.as<const std::uint8_t>(), send_total), send_counts,
@@ -252,13 +308,16 @@ DistributedContractor::Held DistributedContractor::reshard(Stream& stream, Held 
       // The received blocks, in sender order, are [spread (old order) | kept]: gather the slot.
       std::vector<Mode> received = spread;
       received.insert(received.end(), kept.begin(), kept.end());
+      char* slot = static_cast<char*>(out.buffer.data()) + static_cast<std::uint64_t>(round) * new_slot;
+      if (out.on_host) ensure(stage_, new_slot, "tn: distributed slot on its way to host memory (out of core)");
       contractor_->relayout(stream, received, static_cast<const char*>(recv.data()), slot_layout,
-                            static_cast<char*>(out.buffer.data()) + static_cast<std::uint64_t>(round) * new_slot);
+                            out.on_host ? static_cast<char*>(stage_.data()) : slot);
+      if (out.on_host) backend_->copy_to_host(slot, stage_.data(), new_slot, stream);
     }
     cache_.give(std::move(send));  // (later work on the stream may reuse them: it runs after this)
     cache_.give(std::move(recv));
   }
-  cache_.give(std::move(from.buffer));
+  release(from, stream);
   return out;
 }
 
@@ -270,11 +329,12 @@ std::vector<cd> DistributedContractor::contract(Stream& stream, std::uint64_t sl
     times->compute.assign(plan_.steps.size(), 0.0);
     times->comm.assign(plan_.steps.size(), 0.0);
     times->sent_bytes.assign(plan_.steps.size(), 0);
+    times->on_host.assign(plan_.steps.size(), 0);
   }
   // The invariant steps' kept results serve every slice of the same bitstring.
   const bool reuse = kept_bits_ && *kept_bits_ == bits;
   if (!reuse) {
-    for (auto& [id, held] : kept_results_) cache_.give(std::move(held.buffer));
+    for (auto& [id, held] : kept_results_) release(held, stream);
     kept_results_.clear();
     kept_bits_.reset();
   }
@@ -291,6 +351,7 @@ std::vector<cd> DistributedContractor::contract(Stream& stream, std::uint64_t sl
       view.data = kept->second.data;
       view.layout = kept->second.layout;
       view.sharding = kept->second.sharding;
+      view.on_host = kept->second.on_host;
       return view;
     }
     auto it = made.find(id);
@@ -307,7 +368,7 @@ std::vector<cd> DistributedContractor::contract(Stream& stream, std::uint64_t sl
     Held a = take(st.a), b = take(st.b);
     Sharding in;  // the sharding this step computes in
     if (tr == Transition::activate) {
-      in = sharded_over(leading_prefix(net_, st.c_modes, ranks_));
+      in = sharded_over(leading_prefix(net_, st.c_modes, ranks_, slot_elements()));
     } else if (tr != Transition::local) {  // (a chain activated over no modes, a scalar's, stays replicated)
       if (!a.sharding.replicated() && !b.sharding.replicated())
         throw std::logic_error("tn: a chain step reads two distributed operands");
@@ -323,9 +384,10 @@ std::vector<cd> DistributedContractor::contract(Stream& stream, std::uint64_t sl
     c.sharding = in;
     const Range mine = held_range(in, rank_, ranks_);
     const std::uint64_t slot = bytes_of(without(st.c_modes, in.modes));
-    c.buffer = cache_.take(*backend_, static_cast<std::uint64_t>(mine.size()) * slot,
-                           in.replicated() ? "tn: intermediate" : "tn: distributed intermediate (shard)");
+    c.buffer = hold(mine.size(), slot, !in.replicated(), in.replicated() ? "tn: intermediate" : "tn: distributed intermediate (shard)",
+                    c.on_host);
     c.data = static_cast<const char*>(c.buffer.data());
+    if (c.on_host) ensure(stage_, slot, "tn: distributed slot on its way to host memory (out of core)");
     if (!local_[s]) {
       std::uint64_t workspace_bytes = 0;
       PlanStep view = local_step(net_, st, in.modes, e, workspace_bytes);
@@ -333,17 +395,19 @@ std::vector<cd> DistributedContractor::contract(Stream& stream, std::uint64_t sl
     }
     const PlanStep& step = local_[s]->first;
     ensure(workspace_, local_[s]->second, "tn: packing workspace");
-    for (std::int64_t k = mine.begin; k < mine.end; ++k)
+    for (std::int64_t k = mine.begin; k < mine.end; ++k) {
+      char* at = static_cast<char*>(c.buffer.data()) + static_cast<std::uint64_t>(k - mine.begin) * slot;
       contractor_->run_local_step(stream, step, operand_for(stream, a, in, k, scratch_a_), operand_for(stream, b, in, k, scratch_b_),
-                                  static_cast<char*>(c.buffer.data()) + static_cast<std::uint64_t>(k - mine.begin) * slot,
-                                  static_cast<char*>(workspace_.data()));
-    cache_.give(std::move(a.buffer));  // (the operands' buffers: later launches on the stream may reuse them)
-    cache_.give(std::move(b.buffer));
+                                  c.on_host ? static_cast<char*>(stage_.data()) : at, static_cast<char*>(workspace_.data()));
+      if (c.on_host) backend_->copy_to_host(at, stage_.data(), slot, stream);
+    }
+    release(a, stream);
+    release(b, stream);
     if (times) stream.synchronize();
     const auto t1 = Clock::now();
     std::uint64_t sent = 0;
     if (tr == Transition::redistribute) {
-      c = reshard(stream, std::move(c), sharded_over(leading_prefix(net_, st.c_modes, ranks_)), sent);
+      c = reshard(stream, std::move(c), sharded_over(leading_prefix(net_, st.c_modes, ranks_, slot_elements())), sent);
       if (as_set(c.sharding.modes) != as_set(schedule_.distributed[s]))
         throw InputError(fmt::format("the plan's step {} redistributes over modes other than its layout gives; expected a "
                                      "plan file written by tn.plan", s));
@@ -355,6 +419,7 @@ std::vector<cd> DistributedContractor::contract(Stream& stream, std::uint64_t sl
       times->compute[s] = std::chrono::duration<double>(t1 - t0).count();
       times->comm[s] = std::chrono::duration<double>(t2 - t1).count();
       times->sent_bytes[s] = sent;
+      times->on_host[s] = c.on_host;
     }
     if (kept_[s]) kept_results_[st.c] = std::move(c);
     else made[st.c] = std::move(c);
@@ -365,7 +430,7 @@ std::vector<cd> DistributedContractor::contract(Stream& stream, std::uint64_t sl
   std::vector<char> host(result_elements() * e);
   backend_->copy_to_host(host.data(), root.data, host.size(), stream);
   stream.synchronize();
-  cache_.give(std::move(root.buffer));
+  release(root, stream);
   std::vector<cd> value(result_elements());
   for (std::size_t i = 0; i < value.size(); ++i) {
     if (e == 16) {

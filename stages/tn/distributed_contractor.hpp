@@ -30,7 +30,15 @@
 // the next launch without waiting; cudaMalloc per tensor made a slice 10x slower). The device
 // budget counts what the cache holds: the peak is the live shards and replicated tensors, each
 // rounded up to a power of two, and the buffers of sizes not live at that moment.
-// Plans with spilled steps are refused.
+//
+// Out of core (a plan made with out_of_core: its distribution has a slot limit, so each rank holds
+// several slots of a large tensor, each at most that size): a shard that does not fit what the
+// device budget leaves (beside room for a few slots) is held in pinned host memory, and the ranks
+// stream it through the device a slot at a time: a step copies the operand's slot in and its
+// result's slot out; resharding copies the blocks it sends in and each received slot out. The
+// copies are queued on the one stream, in order with the work (not overlapped with it). The
+// plan's own host arena (tn.plan's spilling of the plan for P) is not used: the shards are what
+// spills.
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -59,6 +67,7 @@ struct Sharding {
 // distributed modes, and the last step of each chain (after which the result is gathered).
 struct DistributedSchedule {
   int ranks = 1;
+  std::uint64_t slot_bytes = ~std::uint64_t{0};  // DistributionOptions::slot_bytes (out of core)
   std::vector<Transition> transition;            // per step
   std::vector<std::vector<Mode>> distributed;    // per step: the result's distributed modes after it
   std::vector<bool> gathered;                    // per step: the last of a chain
@@ -70,12 +79,13 @@ struct DistributedSchedule {
 struct StepTimes {
   std::vector<double> compute, comm;
   std::vector<std::uint64_t> sent_bytes;
+  std::vector<std::uint8_t> on_host;  // per step: its result's shard held in host memory (out of core)
 };
 
 class DistributedContractor {
  public:
   // `plan`: the plan for P ranks (its steps and slices); `comm`: P ranks, this one among them.
-  // Throws InputError for plans it cannot run (spilled steps, no steps).
+  // Throws InputError for plans it cannot run (no steps, another rank count).
   DistributedContractor(const Network& net, Plan plan, DistributedSchedule schedule, h5::DType dtype, bool tf32,
                         comm::Communicator& comm);
 
@@ -95,6 +105,9 @@ class DistributedContractor {
    public:
     Buffer take(Backend& backend, std::uint64_t bytes, const char* what);
     void give(Buffer buffer);
+    std::uint64_t bytes() const;  // held (free) buffers' bytes
+    static std::uint64_t rounded(std::uint64_t bytes);  // the size of the buffer take() gives for `bytes`
+    void clear() { free_.clear(); }
    private:
     std::multimap<std::uint64_t, Buffer> free_;
   };
@@ -103,12 +116,18 @@ class DistributedContractor {
     const char* data = nullptr;
     std::vector<Mode> layout;  // the whole tensor's layout
     Sharding sharding;
+    bool on_host = false;      // a shard in pinned host memory (out of core)
   };
   Sharding sharded_over(const std::vector<Mode>& modes) const;
   std::map<Mode, std::int64_t> values_of(const Sharding& s, std::int64_t combo) const;
   Held reshard(Stream& stream, Held from, const Sharding& to, std::uint64_t& sent);
   const char* operand_for(Stream& stream, const Held& t, const Sharding& s, std::int64_t combo, Buffer& scratch);
   void ensure(Buffer& buffer, std::uint64_t bytes, const char* what);
+  // Memory for `slots` slots of `slot` bytes: on the device, or (out of core, a shard that does
+  // not fit what the device budget leaves) in pinned host memory; sets `on_host`.
+  Buffer hold(std::int64_t slots, std::uint64_t slot, bool may_spill, const char* what, bool& on_host);
+  void release(Held& t, Stream& stream);  // a tensor's memory: device buffers back to the cache, host memory freed
+  double slot_elements() const;
   std::uint64_t bytes_of(const std::vector<Mode>& modes) const;
 
   const Network& net_;
@@ -126,6 +145,7 @@ class DistributedContractor {
   std::optional<std::vector<std::uint8_t>> kept_bits_;
   std::vector<std::optional<std::pair<PlanStep, std::uint64_t>>> local_;  // per step: local_step and its workspace bytes
   Buffer scratch_a_, scratch_b_, workspace_;  // gathered operands, packing workspace (grown as needed)
+  Buffer stage_;  // a host-held result slot on its way out (out of core)
 };
 
 }  // namespace qstage::tn

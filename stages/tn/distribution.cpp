@@ -55,6 +55,13 @@ double gemm_seconds(const Network& net, const PlanStep& st, int ranks, const Dis
   return std::max(rw / ranks / o.device_bandwidth, st.flops / ranks / o.device_rate);
 }
 
+// Whether the chain's step i may keep `d` (inherited) as its result's distributed modes: out of
+// core, only where the result's slots fit (else it redistributes, or the chain ends).
+bool slots_fit(const Network& net, const PlanStep& st, const std::vector<Mode>& d, const DistributionOptions& o) {
+  const double limit = slot_elements(o);
+  return std::isinf(limit) || elements(net, st.c_modes) / elements(net, d) <= limit;
+}
+
 // Whether the chain's step i may leave `d` distributed: the next step contracts none of it.
 bool survives_next(const std::vector<PlanStep>& steps, const std::vector<int>& chain, std::size_t i, const std::vector<Mode>& d) {
   if (i + 1 >= chain.size()) return true;
@@ -72,15 +79,21 @@ struct State {
 
 }  // namespace
 
-std::vector<Mode> leading_prefix(const Network& net, const std::vector<Mode>& layout, int ranks) {
+std::vector<Mode> leading_prefix(const Network& net, const std::vector<Mode>& layout, int ranks, double slot_elements) {
+  const double total = elements(net, layout);
   std::vector<Mode> d;
   double product = 1;
   for (Mode m : layout) {
-    if (product >= ranks) break;
+    if (product >= ranks && total / product <= slot_elements) break;
     d.push_back(m);
     product *= static_cast<double>(net.extent.at(m));
   }
   return d;
+}
+
+double slot_elements(const DistributionOptions& o) {
+  if (o.slot_bytes == ~std::uint64_t{0}) return std::numeric_limits<double>::infinity();
+  return static_cast<double>(o.slot_bytes) / static_cast<double>(o.element_bytes);
 }
 
 const char* transition_name(Transition t) {
@@ -127,10 +140,12 @@ double chain_cost(const Network& net, const std::vector<PlanStep>& steps, const 
     const PlanStep& st = steps[static_cast<std::size_t>(chain[i])];
     cost += gemm_seconds(net, st, o.ranks, o);
     if (i == 0) {
-      d = leading_prefix(net, st.c_modes, o.ranks);
+      d = leading_prefix(net, st.c_modes, o.ranks, slot_elements(o));
     } else if (redistribute[i]) {
       cost += move_seconds(net, st.c_modes, d, o);
-      d = leading_prefix(net, st.c_modes, o.ranks);
+      d = leading_prefix(net, st.c_modes, o.ranks, slot_elements(o));
+    } else if (!slots_fit(net, st, d, o)) {
+      return kInfinity;
     }
     if (!survives_next(steps, chain, i, d)) return kInfinity;
   }
@@ -149,7 +164,7 @@ std::size_t solve_chain(const Network& net, const std::vector<PlanStep>& steps, 
   for (std::size_t i = 0; i < chain.size(); ++i) {
     const PlanStep& st = steps[static_cast<std::size_t>(chain[i])];
     const double gemm = gemm_seconds(net, st, o.ranks, o);
-    const std::vector<Mode> fresh = leading_prefix(net, st.c_modes, o.ranks);
+    const std::vector<Mode> fresh = leading_prefix(net, st.c_modes, o.ranks, slot_elements(o));
     auto offer = [&](State s) {
       if (!survives_next(steps, chain, i, s.d)) return;
       for (State& t : states[i])
@@ -164,8 +179,8 @@ std::size_t solve_chain(const Network& net, const std::vector<PlanStep>& steps, 
     } else {
       for (std::size_t k = 0; k < states[i - 1].size(); ++k) {
         const State& prev = states[i - 1][k];
-        const bool keep_ok = survives_next(steps, chain, i, prev.d);
-        offer({prev.d, prev.cost + gemm, static_cast<int>(k), false, false});
+        const bool keep_ok = survives_next(steps, chain, i, prev.d) && slots_fit(net, st, prev.d, o);
+        if (slots_fit(net, st, prev.d, o)) offer({prev.d, prev.cost + gemm, static_cast<int>(k), false, false});
         offer({fresh, prev.cost + gemm + move_seconds(net, st.c_modes, prev.d, o), static_cast<int>(k), true, !keep_ok});
       }
     }
@@ -208,6 +223,7 @@ std::size_t solve_chain(const Network& net, const std::vector<PlanStep>& steps, 
 DistributionPlan plan_distribution(const Network& net, const std::vector<PlanStep>& steps, const DistributionOptions& o) {
   DistributionPlan plan;
   plan.ranks = o.ranks;
+  plan.slot_bytes = o.slot_bytes;
   plan.steps.resize(steps.size());
   for (std::size_t s = 0; s < steps.size(); ++s) plan.steps[s].compute_seconds = gemm_seconds(net, steps[s], 1, o);
   std::vector<std::vector<int>> work;
@@ -242,6 +258,7 @@ nlohmann::json DistributionPlan::to_json() const {
                     {"compute_seconds", s.compute_seconds}, {"comm_seconds", s.comm_seconds}, {"moved_bytes", s.moved_bytes},
                     {"blocks", s.blocks}});
   j["steps"] = list;
+  if (slot_bytes != ~std::uint64_t{0}) j["slot_bytes"] = slot_bytes;
   return j;
 }
 

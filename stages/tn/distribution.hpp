@@ -13,7 +13,8 @@
 //                 modes whose extents reach P (eq. 4); each rank computes its shard;
 //   keep          the result inherits the distributed modes (no communication);
 //   redistribute  the result is reshuffled to the leading prefix of its own modes (all-to-all);
-//                 forced where the next step contracts a distributed mode, elective otherwise;
+//                 forced where the next step contracts a distributed mode (or, out of core,
+//                 where keeping would make the result's slots too large), elective otherwise;
 //   gather        after the chain's last step the result is replicated. Where neither keeping
 //                 nor reshuffling leaves modes the next step does not contract, the chain ends
 //                 there (gathered) and the rest of it is a chain of its own.
@@ -24,6 +25,7 @@
 // distributed ones) and s_blk their size. Deferring a reshuffle lets the distributed modes drift
 // right and the blocks shrink; the programme redistributes where the tensor is small instead.
 #include <cstdint>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -44,6 +46,12 @@ struct DistributionOptions {
   double device_rate = 5e13;               // F_dev (real flop/s)
   double net_bandwidth = 1.5e11;           // B_net (bytes/s a rank)
   double latency = 1e-5;                   // lambda (s a message)
+  // Out of core per rank: the largest slot (one combo of a sharded tensor) a rank computes at
+  // once. Sharding then spreads over as many leading modes as make every slot fit, so a rank
+  // holds several slots, streamed one at a time through its device (its shard may lie in host
+  // memory); keeping distributed modes whose result's slots would be larger is not allowed. The
+  // default (no limit) is eq. 4 as written.
+  std::uint64_t slot_bytes = ~std::uint64_t{0};
 };
 
 struct DistributedStep {
@@ -58,6 +66,7 @@ struct DistributedStep {
 
 struct DistributionPlan {
   int ranks = 1;
+  std::uint64_t slot_bytes = ~std::uint64_t{0};  // DistributionOptions::slot_bytes (written only when limited)
   std::vector<DistributedStep> steps;       // one per plan step
   std::vector<std::vector<int>> chains;     // use-chains: plan step indices, in order
   double compute_seconds = 0, comm_seconds = 0;  // summed over the steps (one slice)
@@ -66,8 +75,13 @@ struct DistributionPlan {
 };
 
 // Eq. 4: the distributed modes of a tensor with layout `layout` sharded afresh (activate,
-// redistribute): the shortest leading prefix whose extents reach P (all of it if none does).
-std::vector<Mode> leading_prefix(const Network& net, const std::vector<Mode>& layout, int ranks);
+// redistribute): the shortest leading prefix whose extents reach P (all of it if none does) and,
+// out of core, whose slots (the tensor's elements over the prefix's combos) hold at most
+// `slot_elements` each.
+std::vector<Mode> leading_prefix(const Network& net, const std::vector<Mode>& layout, int ranks,
+                                 double slot_elements = std::numeric_limits<double>::infinity());
+// The slot limit of `o` in elements (infinite without out of core).
+double slot_elements(const DistributionOptions& o);
 
 // The cost of one chain under given decisions (redistribute[i] for step i of the chain; entry 0
 // is the activation and ignored), or +inf when a decision leaves a distributed mode that the next

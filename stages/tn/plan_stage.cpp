@@ -141,15 +141,26 @@ struct Params {
 // eq. 5-7, and the what-if figures of seed 000 section V-A against this plan (one rank): R_P
 // (eq. 11, the flops of every slice of one plan over the other's), the projected speed-up S_P
 // (eq. 9, predicted seconds per slice times slices) and E_P = S_P / P (eq. 10). No GPUs needed.
+// Out of core, the P-rank plan spills as the one-rank plan does (against P host budgets) and its
+// slots are limited, so that tn.contract can stream a rank's shard through its device.
+constexpr std::uint64_t kSlotsPerBudget = 8;
+
 json distributed(const tn::Network& net, const tn::Path& path, const tn::PlanOptions& one_rank, const tn::Plan& plan, const Params& p) {
   tn::PlanOptions o = one_rank;
   const double ranks = p.ranks;
-  o.budget_bytes = one_rank.budget_bytes > ~std::uint64_t{0} / static_cast<std::uint64_t>(p.ranks)
-                       ? ~std::uint64_t{0}
-                       : one_rank.budget_bytes * static_cast<std::uint64_t>(p.ranks);
+  const auto times_ranks = [&](std::uint64_t bytes) {  // (saturating)
+    const auto P = static_cast<std::uint64_t>(p.ranks);
+    return bytes > ~std::uint64_t{0} / P ? ~std::uint64_t{0} : bytes * P;
+  };
+  o.budget_bytes = times_ranks(one_rank.budget_bytes);
+  o.host_budget_bytes = times_ranks(one_rank.host_budget_bytes);  // (out of core: the shards' host memory)
   const tn::Plan wide = tn::make_plan(net, path, o);
   tn::DistributionOptions d;
   d.ranks = p.ranks;
+  // Out of core, a rank streams its shard through the device a slot at a time: a slot, the next
+  // one's operand, the all-to-all's send and receive buffers and the packing workspace are on the
+  // device together, so a slot takes at most an eighth of the rank's budget.
+  if (o.out_of_core) d.slot_bytes = std::max<std::uint64_t>(1, one_rank.budget_bytes / kSlotsPerBudget);
   d.element_bytes = o.element_bytes;
   d.device_bandwidth = o.bandwidth, d.device_rate = o.gemm_rate;
   // (an all-to-all over several nodes runs at the slower links' rate)

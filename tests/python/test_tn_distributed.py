@@ -102,6 +102,56 @@ def test_generic_network_with_open_modes_distributed_over_two_ranks(tmp):
     assert np.linalg.norm(got.reshape(-1) - want) <= 1e-12 * np.linalg.norm(want)
 
 
+OUT_OF_CORE = 'einsum: {expression: "ab,cd,ae,bd,ce->", sizes: {a: 16, b: 16, c: 16, d: 16, e: 16}, seed: 5}'
+
+
+def out_of_core_spec(tmp, ranks):
+    """The path that makes two 1 MiB intermediates from 4 KiB inputs (ab cd -> abcd, then with ae
+    -> bcde, with bd -> ce, with ce), planned for `ranks` out of core at 128 KiB a rank: slots of
+    at most 16 KiB, so abcd is sharded over two modes (256 combos), one of which the step after
+    next contracts (a forced redistribution)."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    (tmp / "path.json").write_text("[[0, 1], [0, 3], [0, 2], [0, 1]]")
+    text = spec_text(OUT_OF_CORE, "complex128", ranks, budget="128KiB", large="32KiB")
+    text = text.replace("params: {max_seconds: 600, max_tries: 64, seed: 0}", f"params: {{import: {tmp / 'path.json'}}}")
+    text = text.replace("gemm_rate: 1.0e11", "gemm_rate: 1.0e11, reconfigure: false, out_of_core: true, "
+                        "host_budget: 64MiB, pcie_bandwidth: 1.0e10")
+    return write_spec(tmp / "spec.yaml", text)
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_out_of_core_shards_stream_through_the_device_a_slot_at_a_time(tmp, ranks):
+    """Out of core per rank (issue 20): with tn.plan's out_of_core the plan for P ranks limits a
+    slot to an eighth of a rank's budget, so a large tensor is sharded over more combos than ranks.
+    Under a device budget that cannot hold a rank's shard (256 KiB against 512 KiB at P = 2), the
+    shards live in host memory and pass through the device a slot at a time, through the steps and
+    the forced redistribution: the same bits as the same plan with its shards on the device, the
+    value numpy.einsum gives, and a device peak below one shard."""
+    spec = out_of_core_spec(tmp, ranks)
+    runs = {}
+    for name, budget in [("in_core", []), ("spilled", ["--device-memory", "256KiB"])]:
+        r = run(["run", spec, "--run-dir", tmp / name, "--device", DEVICE] + budget, mpi=ranks, timeout=600,
+                env={"OMP_NUM_THREADS": "1"})
+        assert r.code == 0, r
+        runs[name] = tmp / name
+    d = plan_of(runs["spilled"])["distribution"]
+    assert d["slot_bytes"] == 16 << 10 and d["slices"] == 1
+    steps = d["steps"]
+    assert [s["transition"] for s in steps] == ["activate", "redistribute", "gather", "local"], steps
+    assert steps[1]["forced"] and len(steps[0]["distributed_modes"]) == 2, steps
+    with h5py.File(runs["spilled"] / "outputs" / "value.h5") as f:
+        on_host, got, attrs = f["step_shard_on_host"][()], f["value"][()], dict(f.attrs)
+    with h5py.File(runs["in_core"] / "outputs" / "value.h5") as f:
+        on_device, want, in_core_attrs = f["step_shard_on_host"][()], f["value"][()], dict(f.attrs)
+    assert list(on_host) == [1, 1, 0, 0] and not on_device.any(), (on_host, on_device)
+    assert got.tobytes() == want.tobytes()
+    exact = network_einsum(runs["spilled"] / "outputs" / "net.h5")
+    assert np.linalg.norm(got.reshape(-1) - exact) <= 1e-12 * np.linalg.norm(exact)
+    shard = (1 << 20) // ranks
+    assert attrs["qstage.peak_device_bytes"] < shard < in_core_attrs["qstage.peak_device_bytes"], attrs
+    assert attrs["qstage.peak_host_bytes"] >= shard
+
+
 def digest(run_dir, name):
     return hashlib.sha256(result_of(run_dir, name)[0].tobytes()).hexdigest()
 

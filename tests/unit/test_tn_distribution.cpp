@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <limits>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "stages/tn/distribution.hpp"
@@ -79,8 +80,9 @@ TEST(TnDistribution, TheProgrammeEqualsBruteForceOnRandomChains) {
       result = cur;
       c.step(reduced, result);
     }
-    for (int ranks : {2, 4, 8}) {
-      const DistributionOptions o = options(ranks);
+    for (const auto& [ranks, slot_elements] : std::vector<std::pair<int, std::uint64_t>>{{2, 0}, {4, 0}, {8, 0}, {2, 64}, {4, 128}}) {
+      DistributionOptions o = options(ranks);
+      if (slot_elements) o.slot_bytes = slot_elements * o.element_bytes;  // out of core: longer prefixes, some keeps not allowed
       const DistributionPlan plan = plan_distribution(c.net, c.steps, o);
       // the chains cover the sequence in order (split where no distribution survives)
       std::vector<int> covered;
@@ -104,7 +106,7 @@ TEST(TnDistribution, TheProgrammeEqualsBruteForceOnRandomChains) {
           chosen[i] = i > 0 && s.transition == Transition::redistribute;
           forced += s.forced;
         }
-        EXPECT_NEAR(planned, best, 1e-12 * best) << "trial " << trial << ", " << ranks << " ranks";
+        EXPECT_NEAR(planned, best, 1e-12 * best) << "trial " << trial << ", " << ranks << " ranks, slots " << slot_elements;
         // and the plan's own decisions cost what it says
         EXPECT_NEAR(chain_cost(c.net, c.steps, chain, chosen, o), planned, 1e-12 * best);
         ++checked;
@@ -114,7 +116,7 @@ TEST(TnDistribution, TheProgrammeEqualsBruteForceOnRandomChains) {
     }
   }
   std::printf("%d chains checked, %d with a redistribution, %d forced ones, %d splits\n", checked, redistributing, forced, splits);
-  EXPECT_GT(checked, 120);
+  EXPECT_GT(checked, 200);
   EXPECT_GT(splits, 10);
   EXPECT_GT(redistributing, 15);
   EXPECT_GT(forced, 5);
@@ -186,4 +188,34 @@ TEST(TnDistribution, SmallStepsStayLocalAndTheChainEndsWithAGather) {
   EXPECT_TRUE(one.chains.empty());
   for (const auto& s : one.steps) EXPECT_EQ(s.transition, Transition::local);
   EXPECT_EQ(one.comm_seconds, 0);
+}
+
+TEST(TnDistribution, OutOfCoreSlotsLengthenThePrefixAndForceARedistributionWhereAKeptSlotWouldGrow) {
+  // 64 elements sharded over 2 ranks: eq. 4 takes one mode; with slots of at most 16 elements, two
+  // (4 combos). Step 1 adds a mode without contracting any: keeping {0, 1} would make 32-element
+  // slots, so it reshuffles onto the prefix of its own layout that makes 16 again.
+  Chain c({0, 1, 2, 3, 4, 5});
+  for (Mode m = 0; m < 20; ++m) c.net.extent[m] = 2;
+  c.step({5}, {0, 1, 2, 3, 4, 6});
+  c.step({}, {0, 1, 2, 3, 4, 6, 7});
+  c.step({4}, {0, 1, 2, 3, 6, 7});
+  EXPECT_EQ(leading_prefix(c.net, c.steps[0].c_modes, 2), std::vector<Mode>{0});
+  EXPECT_EQ(leading_prefix(c.net, c.steps[0].c_modes, 2, 16), (std::vector<Mode>{0, 1}));
+  EXPECT_EQ(leading_prefix(c.net, c.steps[0].c_modes, 8, 16), (std::vector<Mode>{0, 1, 2}));  // P decides where it is larger
+  EXPECT_EQ(leading_prefix(c.net, {0, 1}, 2, 0.5), (std::vector<Mode>{0, 1}));             // a limit no prefix meets: all
+  DistributionOptions o = options(2);
+  const DistributionPlan in_core = plan_distribution(c.net, c.steps, o);
+  EXPECT_EQ(in_core.steps[0].distributed, std::vector<Mode>{0});
+  EXPECT_EQ(in_core.steps[1].transition, Transition::keep);
+  EXPECT_EQ(in_core.to_json().count("slot_bytes"), 0u);  // (plans without the limit are written as before)
+  o.slot_bytes = 16 * o.element_bytes;
+  const DistributionPlan out = plan_distribution(c.net, c.steps, o);
+  ASSERT_EQ(out.chains.size(), 1u);
+  EXPECT_EQ(out.steps[0].distributed, (std::vector<Mode>{0, 1}));
+  EXPECT_EQ(out.steps[1].transition, Transition::redistribute);
+  EXPECT_TRUE(out.steps[1].forced);
+  EXPECT_EQ(out.steps[1].distributed, (std::vector<Mode>{0, 1, 2}));
+  EXPECT_EQ(out.to_json().at("slot_bytes").get<std::uint64_t>(), 16 * o.element_bytes);
+  // keeping {0, 1} through step 1 is not a plan at all
+  EXPECT_TRUE(std::isinf(chain_cost(c.net, c.steps, out.chains[0], {false, false, false}, o)));
 }
