@@ -17,10 +17,14 @@ and the plan's predicted compute and communication seconds beside the measured o
 
   python3 bench/tn_distributed_bench.py --lattice 6,7,5 --budget 2GiB --ranks 2 --device cuda --dir /tmp/tdb
 
-Out of core per rank: --out-of-core plans both with out_of_core (intermediates spilled before
-slicing; the P-rank plan's slots at most an eighth of the budget), and --rank-device-memory gives
-the P-rank runs a device budget (e.g. the plan's), under which a rank holds the shards that do not
-fit in host memory and streams them through the device a slot at a time (`step_shard_on_host`).
+With --out-of-core, a fourth run in the same call:
+
+  dist_ooc  a P-rank plan made with out_of_core (intermediates spilled before slicing, so fewer
+            slices; slots at most an eighth of the budget) over P ranks, each with
+            --device-memory --ooc-device-memory: the shards that do not fit are held in host
+            memory and stream through the device a slot at a time (`step_shard_on_host`)
+
+reported beside the others (its speed-up over `one` and over `dist`).
 
 Prints one JSON object (and the commands it ran) on stdout.
 """
@@ -39,7 +43,7 @@ def spec(args, with_one):
     rows, cols, steps = args.lattice.split(",")
     source = f"lattice: {{rows: {rows}, cols: {cols}, steps: {steps}, seed: 1, disorder: 0.3}}, " \
              f"random_bitstrings: {{count: 1, seed: 1}}"
-    plan = f"precision: {args.precision}, budget: {args.budget}" + (", out_of_core: true" if args.out_of_core else "")
+    plan = f"precision: {args.precision}, budget: {args.budget}"
     large = f", large_bytes: {args.large_bytes}" if args.large_bytes else ""
     text = f"""name: tndist
 steps:
@@ -73,6 +77,18 @@ steps:
     return text
 
 
+def ooc_spec(args):
+    """p.yaml's steps (done by then) and the out-of-core P-rank plan and its run."""
+    return spec(args, False) + f"""  - id: planPo
+    stage: tn.plan
+    inputs: {{network: net, path: path}}
+    params: {{precision: {args.precision}, budget: {args.budget}, ranks: {args.ranks}, out_of_core: true}}
+  - id: dist_ooc
+    stage: tn.contract
+    inputs: {{network: net, plan: planPo}}
+"""
+
+
 def sh(cmd, log):
     log.append(" ".join(shlex.quote(str(c)) for c in cmd))
     t = time.time()
@@ -98,6 +114,26 @@ def plan_json(run_dir, step):
         return json.loads(bytes(f["plan"][()]).decode())
 
 
+def ooc_report(args, run_dir, t1, tp, one_values, key):
+    import numpy as np
+    po = plan_json(run_dir, "planPo")["distribution"]
+    r = attrs(run_dir, "dist_ooc")
+    t = r["qstage.wall_seconds"]
+    wide = po["plan"]
+    flops = wide["invariant_flops"] + wide["slice_flops"] * wide["slices"]
+    got = np.asarray(r[key]).ravel()
+    return {"device_memory_per_rank": args.ooc_device_memory or args.budget, "slot_bytes": po.get("slot_bytes"),
+            "slices": wide["slices"], "flops": flops, "moved_bytes": po["moved_bytes"],
+            "redistributions": sum(s["transition"] == "redistribute" for s in po["steps"]),
+            "seconds": t, "speedup_over_one": t1 / t, "speedup_over_dist": tp / t,
+            "steps_with_shards_on_host": int(np.sum(r.get("step_shard_on_host", [0]))),
+            "measured_first_slice": {"compute_seconds": float(np.sum(r.get("step_compute_seconds", [0]))),
+                                     "comm_seconds": float(np.sum(r.get("step_comm_seconds", [0])))},
+            "predicted_seconds_total": po["predicted_seconds_total"],
+            "peak_device_bytes": r["qstage.peak_device_bytes"], "peak_host_bytes": r.get("qstage.peak_host_bytes"),
+            "relative_difference_vs_one": float(np.linalg.norm(one_values - got) / np.linalg.norm(one_values))}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lattice", default="6,7,5", help="rows,cols,Trotter steps of tn.build's rectangular lattice")
@@ -106,8 +142,8 @@ def main():
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--large-bytes", default="", help="tn.plan's large_bytes for the P-rank plan (default: a quarter of the budget)")
     ap.add_argument("--tries", type=int, default=256)
-    ap.add_argument("--out-of-core", action="store_true", help="both plans with tn.plan's out_of_core")
-    ap.add_argument("--rank-device-memory", default="", help="--device-memory of the P-rank runs (default: qstage's)")
+    ap.add_argument("--out-of-core", action="store_true", help="also run the P-rank plan made with out_of_core (dist_ooc)")
+    ap.add_argument("--ooc-device-memory", default="", help="--device-memory of each rank in dist_ooc (default: --budget)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dir", default="/tmp/tn_distributed_bench")
     ap.add_argument("--qstage", default="qstage")
@@ -124,9 +160,12 @@ def main():
     (d / "one.yaml").write_text(spec(args, True))
     # The P-rank runs first (net, path, plans and both P-rank contractions), then the one-rank
     # contraction in the same run directory (the other steps are done and kept).
-    budget = ["--device-memory", args.rank_device_memory] if args.rank_device_memory else []
-    sh(mpi + [args.qstage, "run", d / "p.yaml", "--run-dir", run_dir, "--device", args.device] + budget, log)
+    sh(mpi + [args.qstage, "run", d / "p.yaml", "--run-dir", run_dir, "--device", args.device], log)
     sh([args.qstage, "run", d / "one.yaml", "--run-dir", run_dir, "--device", args.device], log)
+    if args.out_of_core:
+        (d / "ooc.yaml").write_text(ooc_spec(args))
+        sh(mpi + [args.qstage, "run", d / "ooc.yaml", "--run-dir", run_dir, "--device", args.device,
+                  "--device-memory", args.ooc_device_memory or args.budget], log)
     p1, pp = plan_json(run_dir, "plan1"), plan_json(run_dir, "planP")
     dist = pp["distribution"]
     one, sliced, distr = attrs(run_dir, "one"), attrs(run_dir, "sliced"), attrs(run_dir, "dist")
@@ -169,9 +208,7 @@ def main():
         "redistribution_GBps_rank0": sent / comm_s / 1e9 if comm_s else None,
         "alltoall_alone": nccl,
         "relative_difference_dist_vs_one": rel,
-        "out_of_core": {"planned": args.out_of_core, "rank_device_memory": args.rank_device_memory or "qstage's default",
-                        "steps_with_shards_on_host": int(np.sum(distr.get("step_shard_on_host", [0]))),
-                        "spilled_in_one_rank_plan": p1.get("spilled", 0), "spilled_in_P_rank_plan": wide.get("spilled", 0)},
+        "out_of_core": ooc_report(args, run_dir, t1, tp, a, key) if args.out_of_core else None,
         "peak_device_bytes": {"one": one["qstage.peak_device_bytes"], "sliced": sliced["qstage.peak_device_bytes"],
                               "distributed": distr["qstage.peak_device_bytes"]},
         "peak_host_bytes_distributed": distr.get("qstage.peak_host_bytes"),

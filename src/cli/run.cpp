@@ -107,15 +107,15 @@ int execute(const std::function<spec::Workflow()>& load, runner::RunOptions opti
   } catch (const StopRequested& e) {
     if (comm.root()) spdlog::warn("{}", e.what());
     return kExitStopped;
-  } catch (const RankInputError& e) {  // (CorruptInput, a rank's budget in a distributed contraction)
-    std::fprintf(stderr, "qstage: error: %s\n", e.what());
-    spdlog::default_logger()->flush();
-    if (comm.size() > 1) MPI_Abort(MPI_COMM_WORLD, kExitBadInput);
+  } catch (const RankInputError& e) {  // (CorruptInput)
+    const std::string line = fmt::format("qstage: error: {}", e.what());
+    if (comm.size() > 1) mpi::abort_job(line, kExitBadInput);
+    std::fprintf(stderr, "%s\n", line.c_str());
     return kExitBadInput;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "qstage: internal error on rank %d: %s\n", comm.rank(), e.what());
-    spdlog::default_logger()->flush();
-    if (comm.size() > 1) MPI_Abort(MPI_COMM_WORLD, kExitInternal);
+    const std::string line = fmt::format("qstage: internal error on rank {}: {}", comm.rank(), e.what());
+    if (comm.size() > 1) mpi::abort_job(line, kExitInternal);
+    std::fprintf(stderr, "%s\n", line.c_str());
     return kExitInternal;
   }
 }

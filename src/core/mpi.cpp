@@ -1,6 +1,9 @@
 #include "core/mpi.hpp"
 
+#include <spdlog/spdlog.h>
+
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
 
@@ -39,6 +42,13 @@ bool initialized() {
   int flag = 0;
   MPI_Initialized(&flag);
   return flag != 0;
+}
+
+void abort_job(const std::string& line, int exit_code) {
+  std::fprintf(stderr, "%s\n", line.c_str());
+  spdlog::default_logger()->flush();
+  MPI_Abort(MPI_COMM_WORLD, exit_code);
+  std::_Exit(exit_code);  // (MPI_Abort does not return; this is for the compiler)
 }
 
 Comm::Comm(MPI_Comm comm) : comm_(comm) {

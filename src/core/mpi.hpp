@@ -20,6 +20,12 @@ class Session {
   Session& operator=(const Session&) = delete;
 };
 
+// Ends the whole job from this rank: `line` on stderr, the log flushed, then MPI_Abort with
+// `exit_code`. For errors only this rank meets while the others wait in a collective: throwing
+// would not reach them either, and unwinding can hang in a collective itself (an MPI-IO file's
+// close is one).
+[[noreturn]] void abort_job(const std::string& line, int exit_code);
+
 // A communicator handle with the rank facts the runner needs. Does not own the MPI_Comm.
 class Comm {
  public:

@@ -351,14 +351,16 @@ json run_distributed(const KernelContext& ctx) {
   comm::Communicator comm(group.comm(), ctx.backend);
   tn::DistributedContractor dc(l.net, plan, tn::DistributedSchedule::from_json(*l.distribution), dtype_of_plan(plan),
                                p.tf32, comm);
-  // A rank whose budget cannot hold its part ends the job (the others would wait for it in an
-  // all-to-all), with exit 2 and the rank's message.
+  // A rank whose budget cannot hold its part ends the job at once (the others wait for it in an
+  // all-to-all, and unwinding would close the MPI-IO files collectively), with exit 2 and the
+  // rank's message.
   auto within_budget = [&](auto&& work) {
     try {
       work();
     } catch (const BudgetExceeded& e) {
-      throw RankInputError(fmt::format("the distributed contraction on rank {}: {}; expected a larger --device-memory, "
-                                       "or a plan for more ranks", ctx.comm->rank(), e.what()));
+      mpi::abort_job(fmt::format("qstage: error: the distributed contraction on rank {}: {}; expected a larger "
+                                 "--device-memory, or a plan for more ranks", ctx.comm->rank(), e.what()),
+                     kExitBadInput);
     }
   };
   std::unique_ptr<Stream> stream;  // (its cuBLAS workspace is in the budget too)
