@@ -152,6 +152,23 @@ def test_out_of_core_shards_stream_through_the_device_a_slot_at_a_time(tmp, rank
     assert attrs["qstage.peak_host_bytes"] >= shard
 
 
+def test_a_rank_out_of_its_budget_alone_ends_the_job_instead_of_hanging(tmp):
+    """An out-of-core plan for a 4 x 4 lattice (4 Trotter steps) at 128 KiB a rank, run with
+    128 KiB: rank 0 runs out in an all-to-all round the other rank reaches later. Thrown, its error
+    unwound into a collective close of the MPI-IO files while the other rank waited in the
+    all-to-all (the job hung); now the rank aborts the job at once: exit 2 and its one line."""
+    source = "lattice: {rows: 4, cols: 4, steps: 4, seed: 1, disorder: 0.3}, random_bitstrings: {count: 1, seed: 1}"
+    text = spec_text(source, "complex64", 2, budget="128KiB", large="8KiB").replace(
+        "max_tries: 64", "max_tries: 16").replace("gemm_rate: 1.0e11", "gemm_rate: 1.0e11, out_of_core: true, "
+                                                   "host_budget: 64MiB, pcie_bandwidth: 1.0e10")
+    tmp.mkdir(parents=True, exist_ok=True)
+    spec = write_spec(tmp / "spec.yaml", text)
+    r = run(["run", spec, "--run-dir", tmp / "run", "--device", DEVICE, "--device-memory", "128KiB"], mpi=2, timeout=120)
+    assert r.code == 2, r
+    errors = [l for l in r.err.splitlines() if l.startswith("qstage: error: ")]
+    assert errors and all("device memory budget" in l and "expected a larger --device-memory" in l for l in errors), r
+
+
 def digest(run_dir, name):
     return hashlib.sha256(result_of(run_dir, name)[0].tobytes()).hexdigest()
 
