@@ -107,12 +107,13 @@ Buffer DistributedContractor::BufferCache::take(Backend& backend, std::uint64_t 
   const std::uint64_t size = rounded(bytes);
   auto it = free_.find(size);
   if (it == free_.end()) {
+    auto alloc = [&] { return host_ ? backend.alloc_host(size, what) : backend.alloc_device(size, what); };
     try {
-      return backend.alloc_device(size, what);
+      return alloc();
     } catch (const BudgetExceeded&) {
       if (free_.empty()) throw;
       free_.clear();  // (buffers of other sizes, free but charged to the budget)
-      return backend.alloc_device(size, what);
+      return alloc();
     }
   }
   Buffer b = std::move(it->second);
@@ -148,7 +149,7 @@ Buffer DistributedContractor::hold(std::int64_t slots, std::uint64_t slot, bool 
     if (!fits(used) && fits(used - std::min(used, cache_.bytes()))) cache_.clear();
     if (!fits(b.in_use())) {
       on_host = true;
-      return backend_->alloc_host(std::max<std::uint64_t>(bytes, 1), what);
+      return host_cache_.take(*backend_, bytes, what);
     }
   }
   return cache_.take(*backend_, bytes, what);
@@ -156,8 +157,8 @@ Buffer DistributedContractor::hold(std::int64_t slots, std::uint64_t slot, bool 
 
 void DistributedContractor::release(Held& t, Stream& stream) {
   if (!t.on_host) return cache_.give(std::move(t.buffer));  // (later launches on the stream may reuse it)
-  stream.synchronize();  // (copies from or into it may still be queued)
-  t.buffer.reset();
+  stream.synchronize();  // (copies from or into it may still be queued, and the cache may free it)
+  host_cache_.give(std::move(t.buffer));
 }
 
 // Grows `buffer` (through the cache) to at least `bytes`.

@@ -103,12 +103,14 @@ class DistributedContractor {
   // Device buffers by power-of-two size, reused (above).
   class BufferCache {
    public:
+    explicit BufferCache(bool host = false) : host_(host) {}  // host: pinned host memory (pinning per tensor cost seconds)
     Buffer take(Backend& backend, std::uint64_t bytes, const char* what);
     void give(Buffer buffer);
     std::uint64_t bytes() const;  // held (free) buffers' bytes
     static std::uint64_t rounded(std::uint64_t bytes);  // the size of the buffer take() gives for `bytes`
     void clear() { free_.clear(); }
    private:
+    bool host_;
     std::multimap<std::uint64_t, Buffer> free_;
   };
   struct Held {               // a tensor as this rank holds it
@@ -126,7 +128,7 @@ class DistributedContractor {
   // Memory for `slots` slots of `slot` bytes: on the device, or (out of core, a shard that does
   // not fit what the device budget leaves) in pinned host memory; sets `on_host`.
   Buffer hold(std::int64_t slots, std::uint64_t slot, bool may_spill, const char* what, bool& on_host);
-  void release(Held& t, Stream& stream);  // a tensor's memory: device buffers back to the cache, host memory freed
+  void release(Held& t, Stream& stream);  // a tensor's memory back to its cache
   double slot_elements() const;
   std::uint64_t bytes_of(const std::vector<Mode>& modes) const;
 
@@ -138,7 +140,7 @@ class DistributedContractor {
   int rank_ = 0, ranks_ = 1;
   std::unique_ptr<Contractor> contractor_;
   Backend* backend_ = nullptr;
-  BufferCache cache_;
+  BufferCache cache_, host_cache_{true};  // device buffers; pinned host memory of the shards held there
   std::vector<bool> invariant_;  // per step: the plan's invariant flag
   std::vector<bool> kept_;       // per step: invariant, and a variant step reads its result
   std::map<int, Held> kept_results_;  // those results (by tensor id), for the bitstring kept_bits_

@@ -55,6 +55,33 @@ double gemm_seconds(const Network& net, const PlanStep& st, int ranks, const Dis
   return std::max(rw / ranks / o.device_bandwidth, st.flops / ranks / o.device_rate);
 }
 
+// Out of core: the seconds a rank's shard of a tensor of `elements` takes to cross once between
+// host and device memory where the executor holds it on the host (a shard it cannot hold beside
+// the rest of its budget: counted from half of it), else 0.
+double host_crossing(double elements, const DistributionOptions& o) {
+  if (o.host_bandwidth <= 0) return 0;
+  const double shard = elements * static_cast<double>(o.element_bytes) / o.ranks;
+  return shard > static_cast<double>(o.device_bytes) / 2 ? shard / o.host_bandwidth : 0;
+}
+
+// Eq. 6 for the chain's step i, and out of core its shards' crossings: the result's out, the
+// chain operand's (the previous chain step's result) in.
+double chain_step_seconds(const Network& net, const std::vector<PlanStep>& steps, const std::vector<int>& chain, std::size_t i,
+                          const DistributionOptions& o) {
+  const PlanStep& st = steps[static_cast<std::size_t>(chain[i])];
+  double t = gemm_seconds(net, st, o.ranks, o) + host_crossing(elements(net, st.c_modes), o);
+  if (i > 0) t += host_crossing(elements(net, steps[static_cast<std::size_t>(chain[i - 1])].c_modes), o);
+  return t;
+}
+
+// Eq. 7 for resharding `layout` from `d`, and out of core its shard's crossings: in to be sent,
+// and out again where the new shard is held on the host too (not for a gather: replicated
+// tensors stay on the device).
+double reshard_seconds(const Network& net, const std::vector<Mode>& layout, const std::vector<Mode>& d, bool gather,
+                       const DistributionOptions& o, std::int64_t* blocks = nullptr) {
+  return move_seconds(net, layout, d, o, blocks) + (gather ? 1 : 2) * host_crossing(elements(net, layout), o);
+}
+
 // Whether the chain's step i may keep `d` (inherited) as its result's distributed modes: out of
 // core, only where the result's slots fit (else it redistributes, or the chain ends).
 bool slots_fit(const Network& net, const PlanStep& st, const std::vector<Mode>& d, const DistributionOptions& o) {
@@ -138,18 +165,18 @@ double chain_cost(const Network& net, const std::vector<PlanStep>& steps, const 
   std::vector<Mode> d;
   for (std::size_t i = 0; i < chain.size(); ++i) {
     const PlanStep& st = steps[static_cast<std::size_t>(chain[i])];
-    cost += gemm_seconds(net, st, o.ranks, o);
+    cost += chain_step_seconds(net, steps, chain, i, o);
     if (i == 0) {
       d = leading_prefix(net, st.c_modes, o.ranks, slot_elements(o));
     } else if (redistribute[i]) {
-      cost += move_seconds(net, st.c_modes, d, o);
+      cost += reshard_seconds(net, st.c_modes, d, false, o);
       d = leading_prefix(net, st.c_modes, o.ranks, slot_elements(o));
     } else if (!slots_fit(net, st, d, o)) {
       return kInfinity;
     }
     if (!survives_next(steps, chain, i, d)) return kInfinity;
   }
-  return cost + move_seconds(net, steps[static_cast<std::size_t>(chain.back())].c_modes, d, o);
+  return cost + reshard_seconds(net, steps[static_cast<std::size_t>(chain.back())].c_modes, d, true, o);
 }
 
 namespace {
@@ -163,7 +190,7 @@ std::size_t solve_chain(const Network& net, const std::vector<PlanStep>& steps, 
   std::vector<std::vector<State>> states(chain.size());
   for (std::size_t i = 0; i < chain.size(); ++i) {
     const PlanStep& st = steps[static_cast<std::size_t>(chain[i])];
-    const double gemm = gemm_seconds(net, st, o.ranks, o);
+    const double gemm = chain_step_seconds(net, steps, chain, i, o);
     const std::vector<Mode> fresh = leading_prefix(net, st.c_modes, o.ranks, slot_elements(o));
     auto offer = [&](State s) {
       if (!survives_next(steps, chain, i, s.d)) return;
@@ -181,7 +208,7 @@ std::size_t solve_chain(const Network& net, const std::vector<PlanStep>& steps, 
         const State& prev = states[i - 1][k];
         const bool keep_ok = survives_next(steps, chain, i, prev.d) && slots_fit(net, st, prev.d, o);
         if (slots_fit(net, st, prev.d, o)) offer({prev.d, prev.cost + gemm, static_cast<int>(k), false, false});
-        offer({fresh, prev.cost + gemm + move_seconds(net, st.c_modes, prev.d, o), static_cast<int>(k), true, !keep_ok});
+        offer({fresh, prev.cost + gemm + reshard_seconds(net, st.c_modes, prev.d, false, o), static_cast<int>(k), true, !keep_ok});
       }
     }
     if (states[i].empty()) return i + 1;
@@ -191,7 +218,7 @@ std::size_t solve_chain(const Network& net, const std::vector<PlanStep>& steps, 
   int best = -1;
   double best_cost = kInfinity;
   for (std::size_t k = 0; k < states.back().size(); ++k) {
-    const double c = states.back()[k].cost + move_seconds(net, last_layout, states.back()[k].d, o);
+    const double c = states.back()[k].cost + reshard_seconds(net, last_layout, states.back()[k].d, true, o);
     if (c < best_cost) best_cost = c, best = static_cast<int>(k);
   }
   for (int i = static_cast<int>(chain.size()) - 1, k = best; i >= 0; k = states[static_cast<std::size_t>(i)][static_cast<std::size_t>(k)].from, --i) {
@@ -199,19 +226,19 @@ std::size_t solve_chain(const Network& net, const std::vector<PlanStep>& steps, 
     const PlanStep& st = steps[static_cast<std::size_t>(chain[static_cast<std::size_t>(i)])];
     DistributedStep& out = plan.steps[static_cast<std::size_t>(chain[static_cast<std::size_t>(i)])];
     out.distributed = s.d;
-    out.compute_seconds = gemm_seconds(net, st, o.ranks, o);
+    out.compute_seconds = chain_step_seconds(net, steps, chain, static_cast<std::size_t>(i), o);
     out.transition = i == 0 ? Transition::activate : s.redistributed ? Transition::redistribute : Transition::keep;
     out.forced = s.forced;
     if (s.redistributed) {
       const State& prev = states[static_cast<std::size_t>(i - 1)][static_cast<std::size_t>(s.from)];
-      out.comm_seconds = move_seconds(net, st.c_modes, prev.d, o, &out.blocks);
+      out.comm_seconds = reshard_seconds(net, st.c_modes, prev.d, false, o, &out.blocks);
       out.moved_bytes = static_cast<std::uint64_t>(elements(net, st.c_modes)) * o.element_bytes;
     }
   }
   // The gather after the chain is the last step's (a step that also redistributed carries both).
   DistributedStep& last = plan.steps[static_cast<std::size_t>(chain.back())];
   std::int64_t gather_blocks = 0;
-  last.comm_seconds += move_seconds(net, last_layout, last.distributed, o, &gather_blocks);
+  last.comm_seconds += reshard_seconds(net, last_layout, last.distributed, true, o, &gather_blocks);
   last.moved_bytes += static_cast<std::uint64_t>(elements(net, last_layout)) * o.element_bytes;
   last.blocks += gather_blocks;
   if (last.transition == Transition::keep) last.transition = Transition::gather;

@@ -24,6 +24,8 @@
 // blocks a rank sends (the modes left of the last distributed one in C's layout, except the
 // distributed ones) and s_blk their size. Deferring a reshuffle lets the distributed modes drift
 // right and the blocks shrink; the programme redistributes where the tensor is small instead.
+// Out of core, a step's and a reshuffle's cost also carries the host-device crossings of the
+// shards held in host memory (DistributionOptions::host_bandwidth).
 #include <cstdint>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -52,6 +54,12 @@ struct DistributionOptions {
   // memory); keeping distributed modes whose result's slots would be larger is not allowed. The
   // default (no limit) is eq. 4 as written.
   std::uint64_t slot_bytes = ~std::uint64_t{0};
+  // Out of core: a rank's device budget and its host-device bandwidth (bytes/s). A shard larger
+  // than half the budget is counted as held in host memory: each step that writes it, reads it
+  // or reshards it pays its crossing (the executor's copies are not overlapped with the work).
+  // 0: none counted.
+  std::uint64_t device_bytes = 0;
+  double host_bandwidth = 0;
 };
 
 struct DistributedStep {

@@ -160,7 +160,11 @@ json distributed(const tn::Network& net, const tn::Path& path, const tn::PlanOpt
   // Out of core, a rank streams its shard through the device a slot at a time: a slot, the next
   // one's operand, the all-to-all's send and receive buffers and the packing workspace are on the
   // device together, so a slot takes at most an eighth of the rank's budget.
-  if (o.out_of_core) d.slot_bytes = std::max<std::uint64_t>(1, one_rank.budget_bytes / kSlotsPerBudget);
+  if (o.out_of_core) {
+    d.slot_bytes = std::max<std::uint64_t>(1, one_rank.budget_bytes / kSlotsPerBudget);
+    d.device_bytes = one_rank.budget_bytes;
+    d.host_bandwidth = o.pcie_bandwidth;
+  }
   d.element_bytes = o.element_bytes;
   d.device_bandwidth = o.bandwidth, d.device_rate = o.gemm_rate;
   // (an all-to-all over several nodes runs at the slower links' rate)

@@ -80,9 +80,14 @@ TEST(TnDistribution, TheProgrammeEqualsBruteForceOnRandomChains) {
       result = cur;
       c.step(reduced, result);
     }
-    for (const auto& [ranks, slot_elements] : std::vector<std::pair<int, std::uint64_t>>{{2, 0}, {4, 0}, {8, 0}, {2, 64}, {4, 128}}) {
+    struct Case {
+      int ranks;
+      std::uint64_t slot_elements, device_elements;  // 0: in core
+    };
+    for (const auto& [ranks, slot_elements, device_elements] : std::vector<Case>{{2, 0, 0}, {4, 0, 0}, {8, 0, 0}, {2, 64, 0}, {4, 128, 2048}}) {
       DistributionOptions o = options(ranks);
       if (slot_elements) o.slot_bytes = slot_elements * o.element_bytes;  // out of core: longer prefixes, some keeps not allowed
+      if (device_elements) o.device_bytes = device_elements * o.element_bytes, o.host_bandwidth = 1e9;  // and host crossings
       const DistributionPlan plan = plan_distribution(c.net, c.steps, o);
       // the chains cover the sequence in order (split where no distribution survives)
       std::vector<int> covered;
@@ -218,4 +223,13 @@ TEST(TnDistribution, OutOfCoreSlotsLengthenThePrefixAndForceARedistributionWhere
   EXPECT_EQ(out.to_json().at("slot_bytes").get<std::uint64_t>(), 16 * o.element_bytes);
   // keeping {0, 1} through step 1 is not a plan at all
   EXPECT_TRUE(std::isinf(chain_cost(c.net, c.steps, out.chains[0], {false, false, false}, o)));
+  // A rank's budget of 32 elements: shards above 16 (step 0's 32, step 1's 64, step 2's 32 at
+  // P = 2) are held on the host and cross at 1e9 B/s: step 1 reads step 0's shard and writes its
+  // own, and its reshuffle copies its shard in and out again.
+  o.device_bytes = 32 * o.element_bytes, o.host_bandwidth = 1e9;
+  const DistributionPlan host = plan_distribution(c.net, c.steps, o);
+  auto crossing = [&](double elements) { return elements * 8 / 2 / 1e9; };
+  EXPECT_NEAR(host.steps[1].compute_seconds - out.steps[1].compute_seconds, crossing(64) + crossing(128), 1e-15);
+  EXPECT_NEAR(host.steps[1].comm_seconds - out.steps[1].comm_seconds, 2 * crossing(128), 1e-15);
+  EXPECT_NEAR(host.steps[0].compute_seconds - out.steps[0].compute_seconds, crossing(64), 1e-15);
 }
