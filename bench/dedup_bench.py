@@ -13,13 +13,14 @@ Prints one JSON object per run on stdout.
 """
 import argparse
 import json
-import statistics
 import subprocess
 import time
 from pathlib import Path
 
 import h5py
 import numpy as np
+
+from rank_balance import balance
 
 
 def fmix64(x):
@@ -86,8 +87,7 @@ steps:
          "wall_seconds": wall, "step_seconds": m["wall_seconds"], "items_per_second": a.rows / wall,  # (the whole process: start, CUDA and files included)
          "bytes_to_device": metrics["bytes_to_device"], "bytes_to_host": metrics["bytes_to_host"],
          "peak_device_bytes": metrics["peak_device_bytes"], "merge_records_per_rank": load,
-         "merge_max_over_min": max(load) / max(min(load), 1),
-         "merge_cv": statistics.pstdev(load) / statistics.mean(load) if len(load) > 1 else 0.0,
+         "merge_max_over_min": balance(load)["max_over_min"], "merge_cv": balance(load)["cv"],
          "pass_lines": [l[l.find("pass "):][:160] for l in (p.stderr + p.stdout).splitlines() if "to the device and" in l]}
     if a.pcie_GBps:
         r["bus_bound_seconds"] = bus / (a.pcie_GBps * 1e9)

@@ -16,13 +16,14 @@ import argparse
 import hashlib
 import json
 import shutil
-import statistics
 import subprocess
 import time
 from pathlib import Path
 
 import h5py
 import numpy as np
+
+from rank_balance import balance
 
 
 def digest(path):
@@ -35,13 +36,6 @@ def digest(path):
             h.update(n.encode())
             h.update(np.ascontiguousarray(f[n][()]).tobytes())
     return h.hexdigest()
-
-
-def balance(load):
-    load = [int(x) for x in load]
-    mean = statistics.fmean(load)
-    return {"records_per_rank": load, "max_over_min": max(load) / min(load) if min(load) else None,
-            "cv": statistics.pstdev(load) / mean if mean else None}
 
 
 def run_once(a, ranks):
