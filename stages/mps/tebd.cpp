@@ -394,6 +394,8 @@ BondUpdater::BondUpdater(Backend& backend, std::int64_t gpu_svd_from, Precision 
       gpu_svd_from_(gpu_svd_from) {}
 BondUpdater::~BondUpdater() = default;
 
+void BondUpdater::release_device() { work_->release_device(); }
+
 double BondUpdater::update(U1Mps& psi, int j, const GateTable& gate, const TruncParams& trunc) {
   return precision_ == Precision::complex64 ? update_in<kernels::cplx64>(psi, j, gate, trunc)
                                             : update_in<kernels::cplx128>(psi, j, gate, trunc);
@@ -688,7 +690,8 @@ std::vector<std::int64_t> owned_updates(std::int64_t count, int rank, int ranks,
 
 LayerUpdater::LayerUpdater(Backend& backend, std::int64_t gpu_svd_from, Precision precision, RankExchange* ranks)
     : backend_(backend), gpu_svd_from_(gpu_svd_from), precision_(precision), ranks_(ranks && ranks->size() > 1 ? ranks : nullptr),
-      updaters_(static_cast<std::size_t>(std::max(1, omp_get_max_threads()))), concurrency_(std::max(1, omp_get_max_threads())) {}
+      updaters_(static_cast<std::size_t>(std::max(1, omp_get_max_threads()))), concurrency_(std::max(1, omp_get_max_threads())),
+      fewest_(concurrency_) {}
 LayerUpdater::~LayerUpdater() = default;
 
 void LayerUpdater::apply(U1Mps& psi, const std::vector<BondGate>& updates, const TruncParams& trunc, double& eps) {
@@ -699,28 +702,38 @@ void LayerUpdater::apply(U1Mps& psi, const std::vector<BondGate>& updates, const
   const std::vector<std::int64_t> mine = owned_updates(static_cast<std::int64_t>(updates.size()), ranks_ ? ranks_->rank() : 0,
                                                        P, static_cast<int>(exchange_.exchanges % P));
   std::exception_ptr failure;
-  // Updates whose workspace did not fit the device budget beside the others' are rerun with half
-  // as many at a time (the others' workspaces released), down to one at a time, where a budget
-  // too small for one update is a bad input. Each update computes what it would alone: the same bits.
-  std::vector<std::int64_t> deferred = run_concurrently(psi, updates, mine, trunc, discarded, norms, failure);
-  while (!deferred.empty() && !failure) {
-    retired_.serialized += static_cast<std::int64_t>(deferred.size());
-    concurrency_ = std::max(1, concurrency_ / 2);
-    for (std::size_t t = static_cast<std::size_t>(concurrency_); t < updaters_.size(); ++t)
-      if (updaters_[t]) {
-        retired_ += updaters_[t]->timings();
-        updaters_[t].reset();
+  // Level by level (level_): updates whose workspace did not fit the device budget beside the
+  // others' are rerun at the next level, half as many at a time, down to one at a time, where a
+  // budget too small for one update is a bad input. Each update computes what it would alone:
+  // the same bits in any order.
+  const int threads = static_cast<int>(updaters_.size());
+  // A bond met for the first time starts at the first level whose streams alone (on cuda each
+  // holds a cuBLAS workspace) fit the device budget: below it every update would fail.
+  int first_level = 0;
+  const std::uint64_t limit = backend_.device_budget().limit(), stream_bytes = backend_.blas_stream_bytes();
+  while ((threads >> first_level) > 1 && static_cast<std::uint64_t>(threads >> first_level) * stream_bytes >= limit) ++first_level;
+  std::map<int, std::vector<std::int64_t>> by_level;
+  for (std::int64_t i : mine) by_level[level_.try_emplace(updates[static_cast<std::size_t>(i)].bond, first_level).first->second].push_back(i);
+  fewest_ = std::min(fewest_, std::max(1, threads >> first_level));
+  while (!by_level.empty() && !failure) {
+    const auto [level, indices] = *by_level.begin();
+    by_level.erase(by_level.begin());
+    set_concurrency(std::max(1, threads >> level));
+    if (concurrency_ == 1) {
+      try {
+        run_alone(psi, updates, indices, trunc, discarded, norms);
+      } catch (...) {
+        failure = std::current_exception();
       }
-    if (concurrency_ > 1) {
-      deferred = run_concurrently(psi, updates, deferred, trunc, discarded, norms, failure);
       continue;
     }
-    try {
-      run_alone(psi, updates, deferred, trunc, discarded, norms);
-    } catch (...) {
-      failure = std::current_exception();
+    const std::vector<std::int64_t> deferred = run_concurrently(psi, updates, indices, trunc, discarded, norms, failure);
+    retired_.serialized += static_cast<std::int64_t>(deferred.size());
+    for (std::int64_t i : deferred) {
+      level_[updates[static_cast<std::size_t>(i)].bond] = level + 1;
+      by_level[level + 1].push_back(i);
     }
-    break;
+    if (!deferred.empty()) fewest_ = std::min(fewest_, std::max(1, threads >> (level + 1)));
   }
   if (ranks_) exchange(psi, updates, mine, failure, discarded, norms);
   else if (failure) std::rethrow_exception(failure);
@@ -763,6 +776,20 @@ std::vector<std::int64_t> LayerUpdater::run_concurrently(U1Mps& psi, const std::
   omp_set_max_active_levels(saved_levels);
   std::sort(deferred.begin(), deferred.end());
   return deferred;
+}
+
+void LayerUpdater::set_concurrency(int count) {
+  if (count < concurrency_) {
+    for (std::size_t t = static_cast<std::size_t>(count); t < updaters_.size(); ++t)
+      if (updaters_[t]) {
+        retired_ += updaters_[t]->timings();
+        updaters_[t].reset();
+      }
+  } else if (count > concurrency_) {
+    for (auto& u : updaters_)
+      if (u) u->release_device();
+  }
+  concurrency_ = count;
 }
 
 BondUpdater& LayerUpdater::updater_of(int thread) {

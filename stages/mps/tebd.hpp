@@ -71,6 +71,8 @@ class BondUpdater {
   // Whether a charge block whose GPU SVD workspace does not fit the share is decomposed on the
   // host (its bits then those of the host's LAPACK) rather than refused with BudgetExceeded.
   void set_host_svd_when_short(bool on) { host_svd_when_short_ = on; }
+  // Frees its device workspace (the next update grows it anew).
+  void release_device();
   // The last update's kept norm: ||Theta|| after the gate and the truncation, in units of the
   // state's norm before it (1 in B form), before the update renormalised it to 1. n_pair states
   // multiply their weight by it (LayerUpdater, update_bond).
@@ -148,7 +150,8 @@ class LayerUpdater {
   // The updaters' timings summed (thread-seconds), and the layers' wall seconds.
   UpdateTimings timings() const;
   double wall_seconds() const { return wall_; }
-  int concurrency() const { return concurrency_; }
+  // The fewest updates at a time that some bond's update has needed (the threads if none was short).
+  int concurrency() const { return fewest_; }
   const ExchangeStats& exchange_stats() const { return exchange_; }
 
  private:
@@ -161,9 +164,17 @@ class LayerUpdater {
   RankExchange* ranks_ = nullptr;
   ExchangeStats exchange_;
   std::vector<std::unique_ptr<BondUpdater>> updaters_;  // one per OpenMP thread, made on first use
-  // How many updates run at once: the threads, halved each time an update's workspace does not fit
-  // the device budget beside the others' (for the rest of the evolution).
-  int concurrency_ = 1;
+  // How many updates run at once now. Per bond, the level its update needs: its updates run
+  // threads >> level at a time, each with that share of the device budget; an update whose
+  // workspace does not fit beside the others' moves its bond one level up (half as many at a
+  // time) for the rest of the evolution. A layer runs its updates level by level, so small bonds
+  // keep running many at a time while the largest run alone (unequal shares of the budget). New
+  // bonds start at the first level whose streams alone fit the budget.
+  int concurrency_ = 1, fewest_ = 1;
+  std::map<int, int> level_;
+  // Makes `count` updates run at once: updaters beyond it released, and where it grows, the
+  // others' device workspaces too (they were grown for larger shares).
+  void set_concurrency(int count);
   UpdateTimings retired_;  // the timings of updaters released to make room
   // Runs `indices` of `updates`, concurrency_ at a time; returns those that did not fit the budget
   // (ascending) and records another failure in `failure`.

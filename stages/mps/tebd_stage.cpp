@@ -445,8 +445,9 @@ class TebdStage final : public ComputedStage {
                                            tm.canonicalizations, tm.canonical)
                              : std::string(),
         tm.serialized ? fmt::format("; {} update{} did not fit the device budget beside the others' and {} rerun with half as many "
-                                    "at a time, {} at a time from then on", tm.serialized, tm.serialized == 1 ? "" : "s",
-                                    tm.serialized == 1 ? "was" : "were", updater.concurrency())
+                                    "at a time (their bonds from then on; the largest {} at a time, the others as before)",
+                                    tm.serialized, tm.serialized == 1 ? "" : "s", tm.serialized == 1 ? "was" : "were",
+                                    updater.concurrency())
                       : std::string(),
         tm.grouped ? fmt::format("; {} update{} larger than {} device share went in groups of centre charges ({} groups, C and Vh "
                                  "parked in host memory between the passes)", tm.grouped, tm.grouped == 1 ? "" : "s",
