@@ -131,11 +131,6 @@ std::uint64_t DistributedContractor::BufferCache::bytes() const {
   return n;
 }
 
-double DistributedContractor::slot_elements() const {
-  if (schedule_.slot_bytes == ~std::uint64_t{0}) return std::numeric_limits<double>::infinity();
-  return static_cast<double>(schedule_.slot_bytes) / static_cast<double>(element_bytes());
-}
-
 // On the device while the shard and room for four slots (an operand's, a result's on its way
 // out, the all-to-all's send and receive) fit what the budget leaves; the cache's free buffers
 // are let go first where that makes it fit.
@@ -369,7 +364,7 @@ std::vector<cd> DistributedContractor::contract(Stream& stream, std::uint64_t sl
     Held a = take(st.a), b = take(st.b);
     Sharding in;  // the sharding this step computes in
     if (tr == Transition::activate) {
-      in = sharded_over(leading_prefix(net_, st.c_modes, ranks_, slot_elements()));
+      in = sharded_over(leading_prefix(net_, st.c_modes, ranks_, slot_elements(schedule_.slot_bytes, e)));
     } else if (tr != Transition::local) {  // (a chain activated over no modes, a scalar's, stays replicated)
       if (!a.sharding.replicated() && !b.sharding.replicated())
         throw std::logic_error("tn: a chain step reads two distributed operands");
@@ -408,7 +403,7 @@ std::vector<cd> DistributedContractor::contract(Stream& stream, std::uint64_t sl
     const auto t1 = Clock::now();
     std::uint64_t sent = 0;
     if (tr == Transition::redistribute) {
-      c = reshard(stream, std::move(c), sharded_over(leading_prefix(net_, st.c_modes, ranks_, slot_elements())), sent);
+      c = reshard(stream, std::move(c), sharded_over(leading_prefix(net_, st.c_modes, ranks_, slot_elements(schedule_.slot_bytes, e))), sent);
       if (as_set(c.sharding.modes) != as_set(schedule_.distributed[s]))
         throw InputError(fmt::format("the plan's step {} redistributes over modes other than its layout gives; expected a "
                                      "plan file written by tn.plan", s));

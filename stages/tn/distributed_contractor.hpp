@@ -129,7 +129,6 @@ class DistributedContractor {
   // not fit what the device budget leaves) in pinned host memory; sets `on_host`.
   Buffer hold(std::int64_t slots, std::uint64_t slot, bool may_spill, const char* what, bool& on_host);
   void release(Held& t, Stream& stream);  // a tensor's memory back to its cache
-  double slot_elements() const;
   std::uint64_t bytes_of(const std::vector<Mode>& modes) const;
 
   const Network& net_;

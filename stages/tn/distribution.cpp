@@ -118,9 +118,9 @@ std::vector<Mode> leading_prefix(const Network& net, const std::vector<Mode>& la
   return d;
 }
 
-double slot_elements(const DistributionOptions& o) {
-  if (o.slot_bytes == ~std::uint64_t{0}) return std::numeric_limits<double>::infinity();
-  return static_cast<double>(o.slot_bytes) / static_cast<double>(o.element_bytes);
+double slot_elements(std::uint64_t slot_bytes, std::uint64_t element_bytes) {
+  if (slot_bytes == ~std::uint64_t{0}) return std::numeric_limits<double>::infinity();
+  return static_cast<double>(slot_bytes) / static_cast<double>(element_bytes);
 }
 
 const char* transition_name(Transition t) {

@@ -88,8 +88,9 @@ struct DistributionPlan {
 // `slot_elements` each.
 std::vector<Mode> leading_prefix(const Network& net, const std::vector<Mode>& layout, int ranks,
                                  double slot_elements = std::numeric_limits<double>::infinity());
-// The slot limit of `o` in elements (infinite without out of core).
-double slot_elements(const DistributionOptions& o);
+// A slot limit of `slot_bytes` in elements of `element_bytes` (infinite without a limit, ~0).
+double slot_elements(std::uint64_t slot_bytes, std::uint64_t element_bytes);
+inline double slot_elements(const DistributionOptions& o) { return slot_elements(o.slot_bytes, o.element_bytes); }
 
 // The cost of one chain under given decisions (redistribute[i] for step i of the chain; entry 0
 // is the activation and ignored), or +inf when a decision leaves a distributed mode that the next
