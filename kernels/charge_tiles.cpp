@@ -41,25 +41,49 @@ void pair_tiles(const T* sites, const T* gate, const TileTables& t, const TilePa
   }
 }
 
-// Pairs write disjoint tiles: any thread count gives the same bits.
+// Pairs write disjoint tiles: any thread count gives the same bits. Wide pairs are pairs as any
+// other here (no rounds: each thread holds one pair's products).
 template <typename T>
 void tiles_on_host(const T* sites, const T* gate, const TileTables& tables, T* c) {
   single_threaded_blas();
+  const std::int64_t count = tables.pair_count + tables.wide_count;
 #pragma omp parallel
   {
     std::vector<T> products, u;
-#pragma omp for schedule(dynamic, 256)
-    for (std::int64_t i = 0; i < tables.pair_count; ++i) pair_tiles(sites, gate, tables, tables.pairs[i], products, u, c);
+#pragma omp for schedule(dynamic, 64)
+    for (std::int64_t i = 0; i < count; ++i) {
+      const TilePair& p = i < tables.pair_count ? tables.pairs[i] : tables.wide[i - tables.pair_count];
+      pair_tiles(sites, gate, tables, p, products, u, c);
+    }
   }
 }
 
 }  // namespace
 
-template <typename T>
-void charge_tiles(Stream& stream, const T* sites, const T* gate, const TileTables& tables, T* c) {
-  QSTAGE_DISPATCH(stream, tiles_on_host(sites, gate, tables, c), detail::charge_tiles_cuda(stream, sites, gate, tables, c));
+std::vector<TileRound> plan_tile_rounds(std::vector<TilePair>& wide, int local_dim, std::int64_t limit) {
+  std::vector<TileRound> rounds;
+  for (std::size_t i = 0; i < wide.size(); ++i) {
+    TilePair& p = wide[i];
+    const std::int64_t products = p.terms * p.m * p.n;
+    if (rounds.empty() || (rounds.back().count > 0 && rounds.back().products + products > limit))
+      rounds.push_back({static_cast<std::int64_t>(i), 0, 0, 0});
+    TileRound& r = rounds.back();
+    p.work = r.products, p.mix = r.mixes;
+    r.products += products, r.mixes += local_dim * p.m * p.n;
+    ++r.count;
+  }
+  return rounds;
 }
-template void charge_tiles(Stream&, const cplx128*, const cplx128*, const TileTables&, cplx128*);
-template void charge_tiles(Stream&, const cplx64*, const cplx64*, const TileTables&, cplx64*);
+
+template <typename T>
+void charge_tiles(Stream& stream, const T* sites, const T* gate, const TileTables& tables,
+                  const std::vector<TileRound>& rounds, T* c, T* workspace) {
+  QSTAGE_DISPATCH(stream, tiles_on_host(sites, gate, tables, c),
+                  detail::charge_tiles_cuda(stream, sites, gate, tables, rounds, c, workspace));
+}
+template void charge_tiles(Stream&, const cplx128*, const cplx128*, const TileTables&, const std::vector<TileRound>&,
+                           cplx128*, cplx128*);
+template void charge_tiles(Stream&, const cplx64*, const cplx64*, const TileTables&, const std::vector<TileRound>&,
+                           cplx64*, cplx64*);
 
 }  // namespace qstage::kernels

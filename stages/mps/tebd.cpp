@@ -39,18 +39,24 @@ struct ChargeBlock {
 // What one two-site update computes, planned on the host: the charge blocks of C(c) = gate (B B),
 // the products of sector blocks that fill them (seed 001 eq. 16: the gate entry looked up by
 // the charges) and where each site block sits in the packed input.
-// Pairs of outer sectors whose products are small (terms m n <= kernels::kTileMaxTermsMn) take
-// the gather form of kernels/charge_tiles (no scatter list: with a density matrix's thousands of
-// 1 x 1 sectors that list ran out of memory); the others the products and scatters of
-// kernels/charge_blocks. Either way each Theta element sums the same terms in the same order.
+// Pairs of outer sectors whose products are below kernels::kTileMaxProduct take the gather form of
+// kernels/charge_tiles (no scatter list: with a density matrix's thousands of 1 x 1 sectors that
+// list ran out of memory, and its launches, one a product, made Theta's time at chi 8192): in
+// shared memory when their products are small (terms m n <= kernels::kTileMaxTermsMn), else as
+// wide pairs in rounds through the product workspace. The others take the products and scatters
+// of kernels/charge_blocks (one cuBLAS GEMM a product). Either way each Theta element sums the
+// same terms in the same order.
 struct BondPlan {
   std::vector<ChargeBlock> blocks;
   std::vector<kernels::ChargeProduct> products;
   std::vector<kernels::ChargeScatter> scatters;
   std::vector<std::pair<const Block*, std::int64_t>> inputs;  // site blocks and their packed offsets
+  // scratch_size: the product workspace, for the largest cuBLAS product or round of wide pairs
   std::int64_t input_size = 0, c_size = 0, scratch_size = 0;
-  // The gather form's pairs, terms and tables (kernels::TileTables without its pointers).
-  std::vector<kernels::TilePair> tile_pairs;
+  // The gather form's pairs (in shared memory, and wide), terms and tables (kernels::TileTables
+  // without its pointers), and the wide pairs' rounds.
+  std::vector<kernels::TilePair> tile_pairs, wide_pairs;
+  std::vector<kernels::TileRound> rounds;
   std::vector<kernels::TileTerm> tile_terms;
   std::vector<std::int64_t> block_offset, block_cols;
   std::vector<std::int32_t> rows_of, cols_of, block_at;
@@ -67,7 +73,7 @@ struct TileBlob {
       size += (bytes + 63) / 64 * 64;
     };
     add(gate, gate_bytes);
-    add(pairs, p.tile_pairs.size() * sizeof(kernels::TilePair));
+    add(pairs, (p.tile_pairs.size() + p.wide_pairs.size()) * sizeof(kernels::TilePair));
     add(terms, p.tile_terms.size() * sizeof(kernels::TileTerm));
     add(block_offset, p.block_offset.size() * sizeof(std::int64_t));
     add(block_cols, p.block_cols.size() * sizeof(std::int64_t));
@@ -81,12 +87,14 @@ struct TileBlob {
       if (!v.empty()) std::memcpy(out + at, v.data(), v.size() * sizeof(v[0]));
     };
     put(gate, std::vector<T>(g.u.begin(), g.u.end())), put(pairs, p.tile_pairs), put(terms, p.tile_terms), put(block_offset, p.block_offset);
+    put(pairs + p.tile_pairs.size() * sizeof(kernels::TilePair), p.wide_pairs);
     put(block_cols, p.block_cols), put(rows_of, p.rows_of), put(cols_of, p.cols_of), put(block_at, p.block_at);
   }
   // The tables, pointing into a packed blob at `base` (host or backend memory).
   kernels::TileTables tables(const BondPlan& p, const char* base) const {
     kernels::TileTables t = p.grid;
     t.pairs = reinterpret_cast<const kernels::TilePair*>(base + pairs);
+    t.wide = t.pairs + t.pair_count;
     t.terms = reinterpret_cast<const kernels::TileTerm*>(base + terms);
     t.block_offset = reinterpret_cast<const std::int64_t*>(base + block_offset);
     t.block_cols = reinterpret_cast<const std::int64_t*>(base + block_cols);
@@ -249,9 +257,13 @@ BondPlan plan_bond(const U1Mps& psi, int j, const GateTable& gate, std::vector<C
         reaches_a_block = lookup.tile_at(l.charge, r.charge, local, c, ld) >= 0;
       }
       if (!reaches_a_block) continue;
-      if (l.size * r.size * count <= kernels::kTileMaxTermsMn) {
-        plan.tile_pairs.push_back({l.charge, r.charge, l.size, r.size, static_cast<std::int64_t>(plan.tile_terms.size()), count});
-        plan.grid.max_terms_mn = std::max(plan.grid.max_terms_mn, l.size * r.size * count);
+      std::int64_t k_max = 0;
+      for (std::size_t t = first; t < last; ++t) k_max = std::max(k_max, terms[t].mid.size);
+      if (l.size * k_max * r.size < kernels::kTileMaxProduct) {
+        const bool shared = l.size * r.size * count <= kernels::kTileMaxTermsMn;
+        (shared ? plan.tile_pairs : plan.wide_pairs)
+            .push_back({l.charge, r.charge, l.size, r.size, static_cast<std::int64_t>(plan.tile_terms.size()), count});
+        if (shared) plan.grid.max_terms_mn = std::max(plan.grid.max_terms_mn, l.size * r.size * count);
         for (std::size_t t = first; t < last; ++t)
           plan.tile_terms.push_back({input(a, packed_a, terms[t].x), input(b, packed_b, terms[t].y), terms[t].mid.size, terms[t].mid.charge});
         continue;
@@ -278,6 +290,13 @@ BondPlan plan_bond(const U1Mps& psi, int j, const GateTable& gate, std::vector<C
     }
   }
   plan.grid.pair_count = static_cast<std::int64_t>(plan.tile_pairs.size());
+  plan.grid.wide_count = static_cast<std::int64_t>(plan.wide_pairs.size());
+  // A round's products as many as the largest block's values (update_bytes' estimate of the
+  // workspace), or one wide pair's.
+  std::int64_t largest_block = 0;
+  for (const ChargeBlock& cb : plan.blocks) largest_block = std::max(largest_block, cb.m * cb.n);
+  plan.rounds = kernels::plan_tile_rounds(plan.wide_pairs, rule.local_dim(), largest_block);
+  for (const kernels::TileRound& r : plan.rounds) plan.scratch_size = std::max(plan.scratch_size, r.products);
   return plan;
 }
 
@@ -293,19 +312,21 @@ std::vector<double> row_lambdas(const BondPlan& plan, const Bond& left, std::vec
   return scale;
 }
 
-// C(c) of the plan on the backend: the products and their scatters, then the gather form's pairs.
+// C(c) of the plan on the backend: the products and their scatters, then the gather form's pairs
+// (`scratch`: the product workspace of either).
 // `buffers(bytes)` gives the gather form's blob a host staging buffer and one on the backend (the
 // tables and the gate go over in one copy).
 template <typename T, class Buffers>
 void fill_c(Backend& be, Stream& st, const BondPlan& plan, const GateTable& gate, const T* sites, T* c, T* scratch,
             Buffers&& buffers) {
   kernels::charge_products(st, sites, plan.products, plan.scatters, c, plan.c_size, scratch);
-  if (plan.tile_pairs.empty()) return;
+  if (plan.tile_pairs.empty() && plan.wide_pairs.empty()) return;
   const TileBlob blob(plan, gate.u.size() * sizeof(T));
   const auto [staged, on_backend] = buffers(blob.size);
   blob.pack<T>(plan, gate, staged);
   if (on_backend != staged) be.copy_to_device(on_backend, staged, blob.size, st);
-  kernels::charge_tiles(st, sites, reinterpret_cast<const T*>(on_backend + blob.gate), blob.tables(plan, on_backend), c);
+  kernels::charge_tiles(st, sites, reinterpret_cast<const T*>(on_backend + blob.gate), blob.tables(plan, on_backend), plan.rounds,
+                        c, scratch);
 }
 
 std::unique_ptr<Backend> host_backend() {
@@ -403,8 +424,8 @@ double BondUpdater::update(U1Mps& psi, int j, const GateTable& gate, const Trunc
 
 // The device bytes an update (or one group of it: blocks [first, last)) is estimated to take: the
 // two sites (bounded by the blocks' size), C, Theta when it has its own buffer (`separate_theta`),
-// Vh, the new left blocks (at most m min(m, n) a block), the product scratch (at most the largest
-// block), the largest SVD workspace (`svd_bytes`, a block's), with the margin by which
+// Vh, the new left blocks (at most m min(m, n) a block), the product workspace (the largest block:
+// plan_bond sizes the gather form's rounds so), the largest SVD workspace (`svd_bytes`, a block's), with the margin by which
 // Workspace's buffers grow when the update is in one piece (`separate_theta`).
 std::uint64_t update_bytes(const std::vector<ChargeBlock>& blocks, const std::vector<std::size_t>& svd_bytes, std::size_t first,
                            std::size_t last, std::size_t element, bool separate_theta) {
@@ -521,7 +542,7 @@ double BondUpdater::update_in(U1Mps& psi, int j, const GateTable& gate, const Tr
 
     // C(c) and Theta(c) = diag(lambda[j]) C(c) (in place once C is parked).
     c = w.c.get<T>(be, plan.c_size, true, "mps: C blocks");
-    T* scratch = w.scratch.get<T>(be, plan.scratch_size, true, "mps: product scratch");
+    T* scratch = w.scratch.get<T>(be, plan.scratch_size, true, "mps: product workspace");
     fill_c(be, st, plan, gate, sites, c, scratch, [&](std::size_t bytes) {
       const auto n = static_cast<std::int64_t>(bytes);
       return std::pair{w.host_tiles.get<char>(be, n, false, "mps: staged tile tables"), w.tiles.get<char>(be, n, true, "mps: tile tables")};
@@ -536,7 +557,9 @@ double BondUpdater::update_in(U1Mps& psi, int j, const GateTable& gate, const Tr
     st.synchronize();
     timings_.theta += seconds_since(clock);
     timings_.products += static_cast<std::int64_t>(plan.products.size());
-    timings_.gathered_pairs += static_cast<std::int64_t>(plan.tile_pairs.size());
+    timings_.gathered_pairs += static_cast<std::int64_t>(plan.tile_pairs.size() + plan.wide_pairs.size());
+    timings_.wide_pairs += static_cast<std::int64_t>(plan.wide_pairs.size());
+    timings_.rounds += static_cast<std::int64_t>(plan.rounds.size());
 
     // One SVD per charge block.
     R* s = w.s.get<R>(be, gr.s_size, true, "mps: singular values");
@@ -662,19 +685,21 @@ double BondUpdater::update_in(U1Mps& psi, int j, const GateTable& gate, const Tr
   timings_.grouped += parked ? 1 : 0;
   timings_.groups += static_cast<std::int64_t>(groups);
   if (spdlog::should_log(spdlog::level::debug)) {
-    std::int64_t m_max = 0, n_max = 0, products = 0, scatters = 0, pairs = 0, terms = 0;
+    std::int64_t m_max = 0, n_max = 0, products = 0, scatters = 0, pairs = 0, terms = 0, wide = 0, rounds = 0;
     for (const ChargeBlock* cb : all)
       if (std::min(cb->m, cb->n) > std::min(m_max, n_max)) m_max = cb->m, n_max = cb->n;
     for (const Group& gr : gs) {
       products += static_cast<std::int64_t>(gr.plan.products.size()), scatters += static_cast<std::int64_t>(gr.plan.scatters.size());
-      pairs += static_cast<std::int64_t>(gr.plan.tile_pairs.size()), terms += static_cast<std::int64_t>(gr.plan.tile_terms.size());
+      pairs += static_cast<std::int64_t>(gr.plan.tile_pairs.size() + gr.plan.wide_pairs.size());
+      terms += static_cast<std::int64_t>(gr.plan.tile_terms.size());
+      wide += static_cast<std::int64_t>(gr.plan.wide_pairs.size()), rounds += static_cast<std::int64_t>(gr.plan.rounds.size());
     }
     const UpdateTimings& a = timings_;
     spdlog::debug("mps.tebd: bond {}: {} charge blocks ({} values) in {} group(s), the largest {} x {}; planning {:.3f} s, Theta "
-                  "{:.3f} s ({} GEMM products, {} scatters, {} sector pairs gathered with {} terms), SVD "
+                  "{:.3f} s ({} GEMM products, {} scatters, {} sector pairs gathered with {} terms, {} of them wide in {} rounds), SVD "
                   "{:.3f} s ({} host, {} Jacobi, {} gesvdp), truncation {:.3f} s, C Y^dagger {:.3f} s, transfers {:.3f} s; kept {}",
                   j + 1, all.size(), c_total, groups, m_max, n_max, a.planning - before.planning, a.theta - before.theta, products,
-                  scatters, pairs, terms, a.svd - before.svd, a.svd_paths.host - before.svd_paths.host,
+                  scatters, pairs, terms, wide, rounds, a.svd - before.svd, a.svd_paths.host - before.svd_paths.host,
                   a.svd_paths.jacobi - before.svd_paths.jacobi, a.svd_paths.polar - before.svd_paths.polar,
                   a.truncation - before.truncation, a.finish - before.finish, a.transfers - before.transfers, psi.bonds[j + 1].size());
   }

@@ -26,6 +26,7 @@ struct UpdateTimings {
   double finish = 0;      // B'[j] = C Y^dagger / norm
   std::int64_t updates = 0;
   std::int64_t products = 0, gathered_pairs = 0;  // Theta's GEMM products, and its pairs in gather form
+  std::int64_t wide_pairs = 0, rounds = 0;        // of those, pairs whose products went through the workspace, in rounds
   std::int64_t serialized = 0;  // updates rerun with fewer at a time: their workspace did not fit the budget beside the others'
   std::int64_t grouped = 0, groups = 0;  // updates split into groups of centre charges (to fit their device share); groups of all updates
   std::int64_t svd_for_memory = 0;       // charge blocks decomposed on the host because their GPU SVD workspace did not fit
@@ -35,6 +36,7 @@ struct UpdateTimings {
   UpdateTimings& operator+=(const UpdateTimings& o) {
     planning += o.planning, theta += o.theta, svd += o.svd, truncation += o.truncation, transfers += o.transfers, finish += o.finish;
     updates += o.updates, products += o.products, gathered_pairs += o.gathered_pairs, serialized += o.serialized;
+    wide_pairs += o.wide_pairs, rounds += o.rounds;
     grouped += o.grouped, groups += o.groups, svd_for_memory += o.svd_for_memory;
     canonical += o.canonical, canonicalizations += o.canonicalizations;
     svd_paths += o.svd_paths;

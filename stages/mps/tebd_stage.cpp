@@ -435,9 +435,9 @@ class TebdStage final : public ComputedStage {
     const UpdateTimings tm = updater.timings();
     spdlog::info(
         "mps.tebd: {} two-site updates on {} in {:.3f} s, bonds of a layer at once; summed over the threads: planning {:.3f} s, Theta "
-        "{:.3f} s ({} GEMM products, {} sector pairs gathered), SVD {:.3f} s ({} blocks on the host, {} by Jacobi, {} by gesvdp{}, {} fallbacks to the host), truncation {:.3f} s, "
+        "{:.3f} s ({} GEMM products, {} sector pairs gathered, {} of them wide in {} rounds), SVD {:.3f} s ({} blocks on the host, {} by Jacobi, {} by gesvdp{}, {} fallbacks to the host), truncation {:.3f} s, "
         "C Y^dagger {:.3f} s, transfers and packing {:.3f} s; measurements {:.3f} s{}{}{}{}{}",
-        tm.updates, backend_name(ctx.backend->kind()), updater.wall_seconds(), tm.planning, tm.theta, tm.products, tm.gathered_pairs, tm.svd, tm.svd_paths.host,
+        tm.updates, backend_name(ctx.backend->kind()), updater.wall_seconds(), tm.planning, tm.theta, tm.products, tm.gathered_pairs, tm.wide_pairs, tm.rounds, tm.svd, tm.svd_paths.host,
         tm.svd_paths.jacobi, tm.svd_paths.polar,
         tm.svd_paths.polar ? fmt::format(" with a perturbation of at most {:.1e}", tm.svd_paths.polar_shift) : std::string(),
         tm.svd_paths.host_fallbacks, tm.truncation, tm.finish, tm.transfers, m.seconds + (sh ? sh->m.seconds : 0.0),

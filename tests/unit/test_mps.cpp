@@ -6,12 +6,14 @@
 
 #include <cmath>
 #include <complex>
+#include <map>
 #include <random>
 #include <tuple>
 #include <type_traits>
 #include <vector>
 
 #include "core/error.hpp"
+#include "kernels/charge_tiles.hpp"
 #include "kernels/u1_math.hpp"
 #include "stages/mps/gates.hpp"
 #include "stages/mps/linalg.hpp"
@@ -775,4 +777,173 @@ TEST(MpsUpdate, UpdatesInGroupsOfCentreChargesEqualThemInOnePieceOnTheGpu) {
   EXPECT_GT(short_of_memory.timings().svd_for_memory, 0);
   const auto a = dense(on_gpu), b = dense(on_host);
   for (std::size_t i = 0; i < a.size(); ++i) EXPECT_LT(std::abs(a[i] - b[i]), 1e-12) << i;
+}
+
+namespace {
+
+// A hand-made gather-form problem (particle numbers, d = 2): left sectors 2 and 3, old centre
+// sectors 1 to 3, right sectors 1 and 2, the new centre blocks 1 to 3, every pair of outer
+// sectors with its old centres as terms, random site blocks and gate table.
+struct TileProblem {
+  kernels::ChargeRule rule{kernels::ChargeKind::n, 2};
+  std::vector<std::pair<int, std::int64_t>> left{{2, 9}, {3, 14}}, mid{{1, 5}, {2, 11}, {3, 7}}, right{{1, 12}, {2, 6}};
+  std::vector<kernels::TilePair> pairs;
+  std::vector<kernels::TileTerm> terms;
+  std::vector<std::int64_t> block_offset, block_cols;
+  std::vector<std::int32_t> rows_of, cols_of, block_at;
+  std::vector<std::int64_t> block_rows;
+  std::vector<cplx> sites, gate;
+  std::int64_t c_size = 0;
+  std::map<std::pair<int, int>, std::int64_t> x_at, y_at;  // packed site blocks (l, mid) and (mid, r)
+
+  TileProblem() {
+    std::mt19937_64 rng(17);
+    std::normal_distribution<double> g;
+    const int D = rule.local_dim();
+    for (int c = 1; c <= 3; ++c) {
+      std::int64_t m = 0, n = 0;
+      std::vector<std::int32_t> r0(D, -1), c0(D, -1);
+      for (auto [l, size] : left)
+        if (rule.allowed(l, c)) r0[rule.local(l, c)] = static_cast<std::int32_t>(m), m += size;
+      for (auto [r, size] : right)
+        if (rule.allowed(c, r)) c0[rule.local(c, r)] = static_cast<std::int32_t>(n), n += size;
+      block_at.push_back(static_cast<std::int32_t>(block_offset.size()));
+      block_offset.push_back(c_size), block_cols.push_back(n), block_rows.push_back(m);
+      rows_of.insert(rows_of.end(), r0.begin(), r0.end()), cols_of.insert(cols_of.end(), c0.begin(), c0.end());
+      c_size += m * n;
+    }
+    auto pack = [&](std::int64_t count) {
+      const auto at = static_cast<std::int64_t>(sites.size());
+      for (std::int64_t e = 0; e < count; ++e) sites.emplace_back(g(rng), g(rng));
+      return at;
+    };
+    for (auto [l, m] : left)
+      for (auto [q, k] : mid)
+        if (rule.allowed(l, q)) x_at[{l, q}] = pack(m * k);
+    for (auto [q, k] : mid)
+      for (auto [r, n] : right)
+        if (rule.allowed(q, r)) y_at[{q, r}] = pack(k * n);
+    for (auto [l, m] : left)
+      for (auto [r, n] : right) {
+        kernels::TilePair p{l, r, m, n, static_cast<std::int64_t>(terms.size()), 0};
+        for (auto [q, k] : mid)
+          if (rule.allowed(l, q) && rule.allowed(q, r)) terms.push_back({x_at[{l, q}], y_at[{q, r}], k, q}), ++p.terms;
+        if (p.terms > 0) pairs.push_back(p);
+      }
+    for (int e = 0; e < D * D * D; ++e) gate.emplace_back(g(rng), g(rng));
+  }
+  kernels::TileTables tables() const {
+    kernels::TileTables t;
+    t.rule = rule, t.ket0 = 1, t.kets = 3;
+    t.block_offset = block_offset.data(), t.block_cols = block_cols.data();
+    t.rows_of = rows_of.data(), t.cols_of = cols_of.data(), t.block_at = block_at.data();
+    return t;
+  }
+  // Theta's blocks by plain loops: C(c)[l, r] = sum over old centres of the gate entry times X Y.
+  std::vector<cplx> reference() const {
+    std::vector<cplx> c(static_cast<std::size_t>(c_size));
+    for (int b = 0; b < 3; ++b) {
+      const int centre = b + 1;
+      for (auto [l, m] : left)
+        for (auto [r, n] : right) {
+          if (!rule.allowed(l, centre) || !rule.allowed(centre, r)) continue;
+          const std::int64_t r0 = rows_of[b * 2 + rule.local(l, centre)], c0 = cols_of[b * 2 + rule.local(centre, r)];
+          for (auto [q, k] : mid) {
+            if (!rule.allowed(l, q) || !rule.allowed(q, r)) continue;
+            const cplx u = rule.gate_value(gate.data(), l, q, centre, r);
+            for (std::int64_t i = 0; i < m; ++i)
+              for (std::int64_t j = 0; j < n; ++j) {
+                cplx sum{};
+                for (std::int64_t z = 0; z < k; ++z) sum += sites[x_at.at({l, q}) + i * k + z] * sites[y_at.at({q, r}) + z * n + j];
+                c[block_offset[b] + (r0 + i) * block_cols[b] + c0 + j] += u * sum;
+              }
+          }
+        }
+    }
+    return c;
+  }
+};
+
+}  // namespace
+
+// Rounds take consecutive wide pairs up to the limit (a pair larger than it alone), and each
+// pair's products and mixing items start where the previous pair's end.
+TEST(ChargeTiles, RoundsTakeConsecutivePairsUpToTheLimit) {
+  std::vector<kernels::TilePair> wide{{0, 0, 4, 5, 0, 3}, {0, 0, 2, 2, 0, 1}, {0, 0, 10, 10, 0, 2}, {0, 0, 1, 3, 0, 2}};
+  const auto rounds = kernels::plan_tile_rounds(wide, 4, 70);
+  ASSERT_EQ(rounds.size(), 3u);  // 60 + 4 | 200 alone | 6
+  EXPECT_EQ(rounds[0].first, 0);
+  EXPECT_EQ(rounds[0].count, 2);
+  EXPECT_EQ(rounds[0].products, 64);
+  EXPECT_EQ(rounds[0].mixes, 96);
+  EXPECT_EQ(rounds[1].first, 2);
+  EXPECT_EQ(rounds[1].count, 1);
+  EXPECT_EQ(rounds[1].products, 200);
+  EXPECT_EQ(rounds[2].first, 3);
+  EXPECT_EQ(rounds[2].count, 1);
+  EXPECT_EQ(rounds[2].products, 6);
+  EXPECT_EQ(wide[1].work, 60);
+  EXPECT_EQ(wide[1].mix, 80);
+  EXPECT_EQ(wide[2].work, 0);
+  EXPECT_EQ(wide[3].mix, 0);
+}
+
+// The CPU twin against plain loops, every pair alike (shared-memory or wide).
+TEST(ChargeTiles, TheCpuTwinSumsTheGateWeightedProducts) {
+  TileProblem pr;
+  const auto want = pr.reference();
+  const auto cpu = qstage::detail::make_cpu_backend(std::uint64_t(1) << 30, std::uint64_t(1) << 30);
+  const auto stream = cpu->make_stream();
+  for (const bool wide : {false, true}) {
+    kernels::TileTables t = pr.tables();
+    std::vector<kernels::TilePair> pairs = pr.pairs;
+    const auto rounds = wide ? kernels::plan_tile_rounds(pairs, 2, 1) : std::vector<kernels::TileRound>{};
+    (wide ? t.wide : t.pairs) = pairs.data();
+    (wide ? t.wide_count : t.pair_count) = static_cast<std::int64_t>(pairs.size());
+    t.terms = pr.terms.data();
+    std::vector<cplx> c(static_cast<std::size_t>(pr.c_size));
+    kernels::charge_tiles(*stream, pr.sites.data(), pr.gate.data(), t, rounds, c.data(), static_cast<cplx*>(nullptr));
+    for (std::size_t e = 0; e < c.size(); ++e) EXPECT_LT(std::abs(c[e] - want[e]), 1e-12) << (wide ? "wide " : "") << e;
+  }
+}
+
+// On the GPU a pair gives the same bits in shared memory as wide, in one round or in a round
+// each, and the CPU's values to rounding.
+TEST(ChargeTiles, AWidePairGivesTheBitsOfASharedMemoryPairInAnyRounds) {
+  REQUIRE_GPU();
+  TileProblem pr;
+  const auto want = pr.reference();
+  test::GpuRun gpu;
+  Buffer sites = gpu.upload(pr.sites.data(), pr.sites.size() * sizeof(cplx)), gate = gpu.upload(pr.gate.data(), pr.gate.size() * sizeof(cplx));
+  Buffer terms = gpu.upload(pr.terms.data(), pr.terms.size() * sizeof(kernels::TileTerm));
+  Buffer offsets = gpu.upload(pr.block_offset.data(), pr.block_offset.size() * 8), cols = gpu.upload(pr.block_cols.data(), pr.block_cols.size() * 8);
+  Buffer rows_of = gpu.upload(pr.rows_of.data(), pr.rows_of.size() * 4), cols_of = gpu.upload(pr.cols_of.data(), pr.cols_of.size() * 4);
+  Buffer block_at = gpu.upload(pr.block_at.data(), pr.block_at.size() * 4);
+  std::vector<std::vector<cplx>> results;
+  for (const std::int64_t limit : {std::int64_t{0}, std::int64_t{1} << 30, std::int64_t{1}}) {  // 0: in shared memory
+    std::vector<kernels::TilePair> pairs = pr.pairs;
+    kernels::TileTables t = pr.tables();
+    std::vector<kernels::TileRound> rounds;
+    if (limit > 0) rounds = kernels::plan_tile_rounds(pairs, 2, limit);
+    std::int64_t largest = 0, products = 0;
+    for (const auto& p : pairs) largest = std::max(largest, p.terms * p.m * p.n);
+    for (const auto& r : rounds) products = std::max(products, r.products);
+    Buffer dpairs = gpu.upload(pairs.data(), pairs.size() * sizeof(kernels::TilePair));
+    t.terms = terms.as<kernels::TileTerm>(), t.block_offset = offsets.as<std::int64_t>(), t.block_cols = cols.as<std::int64_t>();
+    t.rows_of = rows_of.as<std::int32_t>(), t.cols_of = cols_of.as<std::int32_t>(), t.block_at = block_at.as<std::int32_t>();
+    (limit > 0 ? t.wide : t.pairs) = dpairs.as<kernels::TilePair>();
+    (limit > 0 ? t.wide_count : t.pair_count) = static_cast<std::int64_t>(pairs.size());
+    t.max_terms_mn = limit > 0 ? 0 : largest;
+    const std::vector<cplx> zeros(static_cast<std::size_t>(pr.c_size));
+    Buffer c = gpu.upload(zeros.data(), zeros.size() * sizeof(cplx));
+    Buffer work = gpu.backend->alloc_device(std::max<std::int64_t>(products, 1) * sizeof(cplx), "test workspace");
+    kernels::charge_tiles(*gpu.stream, sites.as<cplx>(), gate.as<cplx>(), t, rounds, c.as<cplx>(), work.as<cplx>());
+    if (limit == 1) EXPECT_EQ(rounds.size(), pairs.size());
+    results.push_back(gpu.download<cplx>(c, zeros.size()));
+  }
+  for (std::size_t e = 0; e < want.size(); ++e) {
+    EXPECT_LT(std::abs(results[0][e] - want[e]), 1e-12) << e;
+    EXPECT_EQ(results[1][e], results[0][e]) << e;
+    EXPECT_EQ(results[2][e], results[0][e]) << e;
+  }
 }
