@@ -17,7 +17,8 @@ void MemoryBudget::charge(std::uint64_t bytes, std::string_view what) {
     throw BudgetExceeded(fmt::format("{} memory budget exceeded by {}: {} needs {}, {} of {} already in use", name_,
                                      what, format_bytes(static_cast<double>(now - limit_)), format_bytes(bytes),
                                      format_bytes(static_cast<double>(in_use_.load())),
-                                     format_bytes(static_cast<double>(limit_))));
+                                     format_bytes(static_cast<double>(limit_))),
+                         name_);
   in_use_ = now;
   if (now > peak_) peak_ = now;
   if (now > interval_peak_) interval_peak_ = now;

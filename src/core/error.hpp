@@ -60,7 +60,12 @@ class RuntimeFailure : public std::runtime_error {
 // or tell the user which budget the work needs (InputError).
 class BudgetExceeded : public RuntimeFailure {
  public:
-  using RuntimeFailure::RuntimeFailure;
+  // budget: the MemoryBudget that refused ("device" or "host"), empty where a caller's estimate did
+  explicit BudgetExceeded(const std::string& what, std::string budget = {}) : RuntimeFailure(what), budget_(std::move(budget)) {}
+  const std::string& budget() const { return budget_; }
+
+ private:
+  std::string budget_;
 };
 
 }  // namespace qstage

@@ -854,6 +854,11 @@ void LayerUpdater::run_alone(U1Mps& psi, const std::vector<BondGate>& updates, s
         discarded[static_cast<std::size_t>(i)] = updater.update(psi, u.bond, *u.gate, trunc);
         break;
       } catch (const BudgetExceeded& e) {
+        // (parking C and Vh takes the whole update's values in host memory: a smaller device
+        // share does not make that less)
+        if (e.budget() == "host")
+          throw InputError(fmt::format("the host budget is too small for one two-site update (sites {} and {}): {}; expected a larger "
+                                       "--host-memory", u.bond, u.bond + 1, e.what()));
         if (attempt == 8)
           throw InputError(fmt::format("the device budget is too small for one two-site update (sites {} and {}): {}; expected a larger "
                                        "--device-memory", u.bond, u.bond + 1, e.what()));

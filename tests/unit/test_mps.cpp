@@ -743,6 +743,24 @@ TEST(MpsUpdate, UpdatesInGroupsOfCentreChargesEqualThemInOnePiece) {
   check_grouped_updates(*cpu, rho, boson, TruncParams{1000, 0, 0});
 }
 
+// A host budget too small for one update's staging and parked blocks is named as such (the
+// device share halved eight times used to take the blame, with the device budget's message).
+TEST(MpsUpdate, AHostBudgetTooSmallForOneUpdateIsReportedAsTheHostBudget) {
+  auto cpu = detail::make_cpu_backend(1ull << 20, 1ull << 12);
+  const auto xx = gate_table(exp_minus_i(random_conserving_hamiltonian(2, 5), 4, 0.3), 2, "test gate");
+  U1Mps psi = random_state(10, 2, 5, 32, 3);
+  LayerUpdater layer(*cpu);
+  double eps = 0;
+  try {
+    layer.apply(psi, {{4, &xx}}, TruncParams{1000, 0, 0}, eps);
+    FAIL() << "no error";
+  } catch (const InputError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("host budget is too small for one two-site update (sites 4 and 5)"), std::string::npos) << what;
+    EXPECT_NE(what.find("--host-memory"), std::string::npos) << what;
+  }
+}
+
 TEST(MpsUpdate, UpdatesInGroupsOfCentreChargesEqualThemInOnePieceOnTheGpu) {
   REQUIRE_GPU();
   auto gpu = make_backend({"cuda", 1ull << 32, 1ull << 32, 0});
