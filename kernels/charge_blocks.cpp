@@ -1,5 +1,7 @@
 #include "kernels/charge_blocks.hpp"
 
+#include <omp.h>
+
 #include <algorithm>
 
 #include "kernels/dense_linalg.hpp"
@@ -56,6 +58,14 @@ void svd_on_host(T* a, const std::vector<SvdProblem>& problems, Real<T>* s, T* v
     std::copy(f.s.begin(), f.s.end(), s + p.s_offset);
     std::copy(f.vh.begin(), f.vh.end(), vh + p.vh_offset);
   }
+}
+
+std::future<void> run_beside(std::function<void()> work) {
+  const int threads = std::max(1, omp_get_max_threads() - 1);
+  return std::async(std::launch::async, [threads, work = std::move(work)] {
+    omp_set_num_threads(threads);
+    work();
+  });
 }
 
 }  // namespace detail

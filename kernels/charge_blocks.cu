@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <future>
 #include <limits>
 #include <type_traits>
 
@@ -199,34 +200,53 @@ Layout layout(Solver& s, const std::vector<SvdProblem>& problems, SvdRouting rou
   return l;
 }
 
+// Problems solved on the host: their blocks copied out (download), solved (solve: LAPACK, no
+// device work, so it may run beside the GPU's problems) and S and Vh copied back (upload).
+template <typename T>
+struct HostShare {
+  std::vector<SvdProblem> problems, local;  // where they are on the device; in the host copies
+  std::vector<T> a, vh;
+  std::vector<Real<T>> s;
+
+  HostShare(Stream& stream, const T* da, std::vector<SvdProblem> ps) : problems(std::move(ps)) {
+    if (problems.empty()) return;
+    auto st = static_cast<cudaStream_t>(stream.native());
+    std::int64_t a_size = 0, s_size = 0, vh_size = 0;
+    for (const auto& p : problems) {
+      const std::int64_t r = std::min(p.m, p.n);
+      local.push_back({p.m, p.n, a_size, s_size, vh_size});
+      a_size += p.m * p.n, s_size += r, vh_size += r * p.n;
+    }
+    a.resize(a_size), vh.resize(vh_size), s.resize(s_size);
+    for (std::size_t i = 0; i < problems.size(); ++i)
+      QSTAGE_CUDA_CHECK(cudaMemcpyAsync(a.data() + local[i].offset, da + problems[i].offset, problems[i].m * problems[i].n * sizeof(T),
+                                        cudaMemcpyDeviceToHost, st));
+    QSTAGE_CUDA_CHECK(cudaStreamSynchronize(st));
+  }
+  void solve() {
+    if (!problems.empty()) svd_on_host(a.data(), local, s.data(), vh.data());
+  }
+  void upload(Stream& stream, Real<T>* ds, T* dvh) {
+    if (problems.empty()) return;
+    auto st = static_cast<cudaStream_t>(stream.native());
+    for (std::size_t i = 0; i < problems.size(); ++i) {
+      const std::int64_t r = std::min(problems[i].m, problems[i].n);
+      QSTAGE_CUDA_CHECK(cudaMemcpyAsync(ds + problems[i].s_offset, s.data() + local[i].s_offset, r * sizeof(Real<T>),
+                                        cudaMemcpyHostToDevice, st));
+      QSTAGE_CUDA_CHECK(cudaMemcpyAsync(dvh + problems[i].vh_offset, vh.data() + local[i].vh_offset, r * problems[i].n * sizeof(T),
+                                        cudaMemcpyHostToDevice, st));
+    }
+    // (the host vectors must outlive the copies)
+    QSTAGE_CUDA_CHECK(cudaStreamSynchronize(st));
+  }
+};
+
 // Copies problems to the host, solves them there, and copies S and Vh back.
 template <typename T>
 void solve_on_host(Stream& stream, const T* a, const std::vector<SvdProblem>& problems, Real<T>* s, T* vh) {
-  if (problems.empty()) return;
-  auto st = static_cast<cudaStream_t>(stream.native());
-  std::vector<SvdProblem> local;
-  std::int64_t a_size = 0, s_size = 0, vh_size = 0;
-  for (const auto& p : problems) {
-    const std::int64_t r = std::min(p.m, p.n);
-    local.push_back({p.m, p.n, a_size, s_size, vh_size});
-    a_size += p.m * p.n, s_size += r, vh_size += r * p.n;
-  }
-  std::vector<T> ha(a_size), hvh(vh_size);
-  std::vector<Real<T>> hs(s_size);
-  for (std::size_t i = 0; i < problems.size(); ++i)
-    QSTAGE_CUDA_CHECK(cudaMemcpyAsync(ha.data() + local[i].offset, a + problems[i].offset,
-                                      problems[i].m * problems[i].n * sizeof(T), cudaMemcpyDeviceToHost, st));
-  QSTAGE_CUDA_CHECK(cudaStreamSynchronize(st));
-  svd_on_host(ha.data(), local, hs.data(), hvh.data());
-  for (std::size_t i = 0; i < problems.size(); ++i) {
-    const std::int64_t r = std::min(problems[i].m, problems[i].n);
-    QSTAGE_CUDA_CHECK(cudaMemcpyAsync(s + problems[i].s_offset, hs.data() + local[i].s_offset, r * sizeof(Real<T>),
-                                      cudaMemcpyHostToDevice, st));
-    QSTAGE_CUDA_CHECK(cudaMemcpyAsync(vh + problems[i].vh_offset, hvh.data() + local[i].vh_offset,
-                                      r * problems[i].n * sizeof(T), cudaMemcpyHostToDevice, st));
-  }
-  // (the host vectors must outlive the copies)
-  QSTAGE_CUDA_CHECK(cudaStreamSynchronize(st));
+  HostShare<T> share(stream, a, problems);
+  share.solve();
+  share.upload(stream, s, vh);
 }
 
 }  // namespace
@@ -302,39 +322,49 @@ SvdReport batched_svd_cuda(Stream& stream, T* a, const std::vector<SvdProblem>& 
       paths.push_back(path);
     }
   }
-  // Jacobi's calls queue on the stream and the host's share runs meanwhile; gesvdp returns its
-  // perturbation to the host, so each of its calls waits: the host's share goes first then.
-  const bool any_polar = std::find(paths.begin(), paths.end(), Path::polar) != paths.end();
-  if (any_polar) solve_on_host(stream, a, host, s, vh);
-  std::vector<char> host_work(l.host_work);
-  for (std::size_t i = 0; i < gpu.size(); ++i) {
-    const SvdProblem& p = gpu[i];
-    QSTAGE_CUDA_CHECK(cudaMemcpyAsync(a_copy, a + p.offset, p.m * p.n * sizeof(T), cudaMemcpyDeviceToDevice, st));
-    if (paths[i] == Path::jacobi) {
-      const int rows = static_cast<int>(p.n), cols = static_cast<int>(p.m);
-      const int lwork = jacobi_lwork<T>(sv, p);
-      QSTAGE_CUSOLVER_CHECK(Cu<T>::gesvdj(sv.handle, CUSOLVER_EIG_MODE_VECTOR, 1, rows, cols, a_copy, rows,
-                                          s + p.s_offset, z(vh + p.vh_offset), rows, v, cols,
-                                          reinterpret_cast<C*>(work), lwork, info + i, sv.jacobi));
-      continue;
+  // The host's share runs on a thread of its own beside the GPU's problems (gesvdp returns its
+  // perturbation to the host, so each of its calls waits for the GPU): its blocks are copied out
+  // first (the GPU paths leave A as it is), its S and Vh copied back once both are done. The same
+  // calls on the same values as one after the other: the same bits.
+  HostShare<T> share(stream, a, std::move(host));
+  std::future<void> host_done;
+  if (gpu.empty()) share.solve();
+  else if (!share.problems.empty()) host_done = run_beside([&share] { share.solve(); });
+  try {
+    std::vector<char> host_work(l.host_work);
+    for (std::size_t i = 0; i < gpu.size(); ++i) {
+      const SvdProblem& p = gpu[i];
+      QSTAGE_CUDA_CHECK(cudaMemcpyAsync(a_copy, a + p.offset, p.m * p.n * sizeof(T), cudaMemcpyDeviceToDevice, st));
+      if (paths[i] == Path::jacobi) {
+        const int rows = static_cast<int>(p.n), cols = static_cast<int>(p.m);
+        const int lwork = jacobi_lwork<T>(sv, p);
+        QSTAGE_CUSOLVER_CHECK(Cu<T>::gesvdj(sv.handle, CUSOLVER_EIG_MODE_VECTOR, 1, rows, cols, a_copy, rows,
+                                            s + p.s_offset, z(vh + p.vh_offset), rows, v, cols,
+                                            reinterpret_cast<C*>(work), lwork, info + i, sv.jacobi));
+        continue;
+      }
+      const auto [device_bytes, host_bytes] = polar_work<T>(sv, p);
+      double shift = 0;
+      const cusolverStatus_t rc = cusolverDnXgesvdp(
+          sv.handle, sv.params, CUSOLVER_EIG_MODE_VECTOR, 1, p.n, p.m, Cu<T>::data, a_copy, p.n, Cu<T>::real, s + p.s_offset,
+          Cu<T>::data, z(vh + p.vh_offset), p.n, Cu<T>::data, v, p.m, Cu<T>::data, work, device_bytes,
+          host_bytes ? host_work.data() : nullptr, host_bytes, info + i, &shift);
+      if (rc != CUSOLVER_STATUS_SUCCESS) {
+        // (a shape or size gesvdp refuses: the host solves it, counted as a fallback)
+        const int failed = 1;
+        QSTAGE_CUDA_CHECK(cudaMemcpyAsync(info + i, &failed, sizeof(int), cudaMemcpyHostToDevice, st));
+        QSTAGE_CUDA_CHECK(cudaStreamSynchronize(st));
+        continue;
+      }
+      report.polar_shift = std::max(report.polar_shift, shift);
     }
-    const auto [device_bytes, host_bytes] = polar_work<T>(sv, p);
-    double shift = 0;
-    const cusolverStatus_t rc = cusolverDnXgesvdp(
-        sv.handle, sv.params, CUSOLVER_EIG_MODE_VECTOR, 1, p.n, p.m, Cu<T>::data, a_copy, p.n, Cu<T>::real, s + p.s_offset,
-        Cu<T>::data, z(vh + p.vh_offset), p.n, Cu<T>::data, v, p.m, Cu<T>::data, work, device_bytes,
-        host_bytes ? host_work.data() : nullptr, host_bytes, info + i, &shift);
-    if (rc != CUSOLVER_STATUS_SUCCESS) {
-      // (a shape or size gesvdp refuses: the host solves it, counted as a fallback)
-      const int failed = 1;
-      QSTAGE_CUDA_CHECK(cudaMemcpyAsync(info + i, &failed, sizeof(int), cudaMemcpyHostToDevice, st));
-      QSTAGE_CUDA_CHECK(cudaStreamSynchronize(st));
-      continue;
-    }
-    report.polar_shift = std::max(report.polar_shift, shift);
+  } catch (...) {
+    if (host_done.valid()) host_done.wait();  // (its thread uses `share`)
+    throw;
   }
-  if (!any_polar) solve_on_host(stream, a, host, s, vh);
-  report.host = static_cast<std::int64_t>(host.size());
+  if (host_done.valid()) host_done.get();
+  share.upload(stream, s, vh);
+  report.host = static_cast<std::int64_t>(share.problems.size());
   std::vector<int> infos(gpu.size());
   if (!gpu.empty()) {
     QSTAGE_CUDA_CHECK(cudaMemcpyAsync(infos.data(), info, gpu.size() * sizeof(int), cudaMemcpyDeviceToHost, st));

@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <complex>
 #include <cstdint>
+#include <functional>
+#include <future>
 #include <vector>
 
 #include "backend/backend.hpp"
@@ -107,6 +109,10 @@ namespace detail {
 // as its last fallback.
 template <typename T>
 void svd_on_host(T* a, const std::vector<SvdProblem>& problems, Real<T>* s, T* vh);
+// Runs `work` on a thread of its own with one OpenMP thread fewer than the caller has (at least
+// one; the caller keeps driving the GPU), so that the host's share of the SVDs runs beside the
+// GPU's; the future rethrows what `work` threw.
+std::future<void> run_beside(std::function<void()> work);
 template <typename T>
 void charge_products_cuda(Stream& stream, const T* sites, const std::vector<ChargeProduct>& products,
                           const std::vector<ChargeScatter>& scatters, T* c, std::int64_t c_size, T* scratch);
