@@ -83,6 +83,14 @@ runner::RunOptions run_options(const po::variables_map& vm) {
   return o;
 }
 
+// An error one rank met alone: under MPI it ends the job at once (the other ranks may be waiting
+// in a collective call), in a single process it is printed and its exit code returned.
+int fail_alone(const mpi::Comm& comm, const std::string& line, int code) {
+  if (comm.size() > 1) mpi::abort_job(line, code);
+  std::fprintf(stderr, "%s\n", line.c_str());
+  return code;
+}
+
 // Runs under MPI with the error policy of a collective program: input errors and stops are
 // reached by every rank together (rank 0 reports them); anything else aborts the job, since the
 // other ranks may be waiting in a collective call.
@@ -108,15 +116,9 @@ int execute(const std::function<spec::Workflow()>& load, runner::RunOptions opti
     if (comm.root()) spdlog::warn("{}", e.what());
     return kExitStopped;
   } catch (const RankInputError& e) {  // (CorruptInput)
-    const std::string line = fmt::format("qstage: error: {}", e.what());
-    if (comm.size() > 1) mpi::abort_job(line, kExitBadInput);
-    std::fprintf(stderr, "%s\n", line.c_str());
-    return kExitBadInput;
+    return fail_alone(comm, fmt::format("qstage: error: {}", e.what()), kExitBadInput);
   } catch (const std::exception& e) {
-    const std::string line = fmt::format("qstage: internal error on rank {}: {}", comm.rank(), e.what());
-    if (comm.size() > 1) mpi::abort_job(line, kExitInternal);
-    std::fprintf(stderr, "%s\n", line.c_str());
-    return kExitInternal;
+    return fail_alone(comm, fmt::format("qstage: internal error on rank {}: {}", comm.rank(), e.what()), kExitInternal);
   }
 }
 
