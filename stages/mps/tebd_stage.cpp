@@ -24,6 +24,7 @@
 #include "core/hash.hpp"
 #include "core/parallel.hpp"
 #include "core/signals.hpp"
+#include "core/units.hpp"
 #include "stages/mps/density_matrix.hpp"
 #include "stages/mps/gates.hpp"
 #include "stages/mps/models.hpp"
@@ -221,6 +222,7 @@ struct Shadow {
 // then the pass state naming it. Throws StopRequested once committed if a stop was requested.
 void checkpoint(const KernelContext& ctx, int step, double eps, double kept, const U1Mps& psi, Measurements& m,
                 Shadow* shadow) {
+  const auto start = std::chrono::steady_clock::now();
   Packer out;
   out.put(step), out.put(eps), out.put(kept);
   out.put_mps(psi);
@@ -229,6 +231,9 @@ void checkpoint(const KernelContext& ctx, int step, double eps, double kept, con
   const std::string bytes = out.take(), name = fmt::format("{}{}.bin", kCheckpointPrefix, step);
   fsutil::write_file_atomic(ctx.work_dir / name, bytes);
   const json data = {{"tebd", {{"step", step}, {"file", name}, {"bytes", bytes.size()}, {"hash", hash_bytes(bytes)}}}};
+  // (the state is written whole each time: at chi 8192 that is gigabytes, on the step's clock)
+  spdlog::debug("mps.tebd: checkpoint after step {}: {} written in {:.3f} s", step, format_bytes(static_cast<double>(bytes.size())),
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   try {
     ctx.checkpoints->commit(data, static_cast<std::uint64_t>(step));
   } catch (const StopRequested&) {
