@@ -425,8 +425,9 @@ double BondUpdater::update(U1Mps& psi, int j, const GateTable& gate, const Trunc
 // The device bytes an update (or one group of it: blocks [first, last)) is estimated to take: the
 // two sites (bounded by the blocks' size), C, Theta when it has its own buffer (`separate_theta`),
 // Vh, the new left blocks (at most m min(m, n) a block), the product workspace (the largest block:
-// plan_bond sizes the gather form's rounds so), the largest SVD workspace (`svd_bytes`, a block's), with the margin by which
-// Workspace's buffers grow when the update is in one piece (`separate_theta`).
+// plan_bond sizes the gather form's rounds so), the largest SVD workspace (`svd_bytes`, a
+// block's), with the margin by which Workspace's buffers grow when the update is in one piece
+// (`separate_theta`).
 std::uint64_t update_bytes(const std::vector<ChargeBlock>& blocks, const std::vector<std::size_t>& svd_bytes, std::size_t first,
                            std::size_t last, std::size_t element, bool separate_theta) {
   std::uint64_t mn = 0, rn = 0, mr = 0, largest = 0, work = 0;
