@@ -1,5 +1,6 @@
 #include "engine/stream_engine.hpp"
 
+#include "engine/checkpoint_pace.hpp"
 #include "engine/output_sinks.hpp"
 #include "engine/partition.hpp"
 #include "engine/tree_fold.hpp"
@@ -274,7 +275,7 @@ class PassRun {
 
   PassOutcome run(const BatchPlan& plan, const fs::path& output, const ProgressFn& progress) {
     start_ = Clock::now();
-    last_commit_ = start_;
+    pace_ = CheckpointPace(options_.checkpoint_seconds, start_);
     outcome_.plan = plan;
     journal_ = work_.load(spec_);
     outcome_.resumed_from = journal_.committed_rows;
@@ -350,7 +351,7 @@ class PassRun {
       outcome_.rows_run += round.rows.size();
 
       // Agree at the batch boundary: stop (a signal on any rank) or checkpoint (rank 0's clock).
-      const bool due = comm_.root() && options_.checkpoint_seconds && since(last_commit_) >= *options_.checkpoint_seconds;
+      const bool due = comm_.root() && pace_.due();
       const auto flags = comm_.max({signals::stop_requested() != 0 ? 1 : 0, due ? 1 : 0});
       if (progress && comm_.root()) progress(round.rows.end, spec_.rows);
       if (j + 1 == rounds) break;
@@ -456,7 +457,7 @@ class PassRun {
     record_state();
     if (comm_.root()) work_.save(journal_);
     comm_.barrier();
-    last_commit_ = Clock::now();
+    pace_.committed(t);
     outcome_.times.commit += since(t);
     spdlog::debug("committed rows [0, {}) in {:.3f}s", upto, since(t));
   }
@@ -589,7 +590,8 @@ class PassRun {
   std::vector<std::unique_ptr<h5::RowReader>> readers_;
   std::vector<std::unique_ptr<h5::StoredChunkReader>> chunk_readers_;
   PassOutcome outcome_;
-  Clock::time_point start_, last_commit_;
+  Clock::time_point start_;
+  CheckpointPace pace_{std::nullopt};
   double base_wall_ = 0, base_compute_ = 0;
 };
 

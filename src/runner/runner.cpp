@@ -20,6 +20,7 @@
 #include "core/log.hpp"
 #include "core/signals.hpp"
 #include "core/units.hpp"
+#include "engine/checkpoint_pace.hpp"
 #include "engine/stream_engine.hpp"
 #include "io/filter/h5z_qstage.hpp"
 #include "io/h5.hpp"
@@ -526,12 +527,14 @@ class WorkflowRun {
 
   // How a long compute() (rank 0) reports progress and commits its state (stages::ComputeCheckpoints):
   // the progress line as a pass's, the state into the step's pass-state file as after a pass, a
-  // commit due every checkpoint interval of the run, and at once when a stop is requested.
+  // commit due every checkpoint interval of the run (engine::CheckpointPace: further apart where
+  // commits are costly), and at once when a stop is requested. A commit's cost runs from the due()
+  // that called for it to the end of commit() (the stage writes its files in between).
   class ComputeCommits final : public stages::ComputeCheckpoints {
    public:
     ComputeCommits(WorkflowRun& run, const spec::Step& step, const std::string& key, const stages::PassState& state)
         : run_(run), step_(step), key_(key), state_(state), work_(run.dir_.work(step.id), key, run.comm_),
-          last_(Clock::now()) {
+          pace_(run.checkpoint_seconds_), called_(Clock::now()) {
       fs::create_directories(run.dir_.work(step.id));  // (the stage's stage-* files go there)
     }
     bool due(std::uint64_t done, std::uint64_t total, const std::string& unit) override {
@@ -542,15 +545,14 @@ class WorkflowRun {
             fmt::format("{} {}", step_.id, step_.stage), total, 0, unit, 0, run_.options_.progress_seconds,
             [this](const std::string& j) { work_.save_progress(json::parse(j)); });
       reporter_->update(done);
-      if (signals::stop_requested()) return true;
-      const auto& every = run_.checkpoint_seconds_;
-      return every && std::chrono::duration<double>(Clock::now() - last_).count() >= *every;
+      called_ = Clock::now();  // (a commit, due or the stage's own, follows this call)
+      return signals::stop_requested() || pace_.due(called_);
     }
     void commit(const json& data, std::uint64_t done) override {
       stages::PassState state = state_;
       state.data = data;
       run_.write_pass_state(step_.id, key_, state);
-      last_ = Clock::now();
+      pace_.committed(called_);
       committed_ = done;
       if (signals::stop_requested()) throw StopRequested("stopped in compute()");
     }
@@ -567,7 +569,8 @@ class WorkflowRun {
     const stages::PassState& state_;
     engine::StepWork work_;  // (its progress file, for `qstage status`)
     std::unique_ptr<ProgressReporter> reporter_;
-    Clock::time_point last_;
+    engine::CheckpointPace pace_;
+    Clock::time_point called_;  // when due() was last asked
     std::uint64_t committed_ = 0, total_ = 0;
     std::string unit_ = "row";
   };

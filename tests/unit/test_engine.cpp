@@ -14,6 +14,7 @@
 #include "core/fsutil.hpp"
 #include "core/mpi.hpp"
 #include "core/signals.hpp"
+#include "engine/checkpoint_pace.hpp"
 #include "engine/partition.hpp"
 #include "engine/stream_engine.hpp"
 #include "io/h5.hpp"
@@ -777,4 +778,33 @@ TEST(Engine, PlanChargesAnExchangedOutputsCountPerBucket) {
     EXPECT_NE(what.find("device memory budget"), std::string::npos) << what;
     EXPECT_NE(what.find("one batch of 100 rows needs"), std::string::npos) << what;
   }
+}
+
+// Commits come every interval, but never sooner than 9x what the last one took (checkpoints at
+// most a tenth of the run); an interval of 0 is a commit at every chance, costly or not.
+TEST(CheckpointPace, CommitsComeEveryIntervalOrNineTimesTheirCostApart) {
+  using engine::CheckpointPace;
+  using std::chrono::seconds;
+  const auto t0 = CheckpointPace::Clock::time_point{} + seconds(1000);
+  CheckpointPace pace(120.0, t0);
+  EXPECT_FALSE(pace.due(t0 + seconds(119)));
+  EXPECT_TRUE(pace.due(t0 + seconds(120)));
+  // a 30 s commit: the next one 270 s after it ended
+  const auto began = t0 + seconds(120), ended = began + seconds(30);
+  pace.committed(began, ended);
+  EXPECT_DOUBLE_EQ(pace.last_commit_seconds(), 30);
+  EXPECT_DOUBLE_EQ(pace.gap(), 270);
+  EXPECT_FALSE(pace.due(ended + seconds(269)));
+  EXPECT_TRUE(pace.due(ended + seconds(270)));
+  // a cheap one: back to the interval
+  const auto later = ended + seconds(270);
+  pace.committed(later, later + seconds(1));
+  EXPECT_DOUBLE_EQ(pace.gap(), 120);
+  EXPECT_TRUE(pace.due(later + seconds(121)));
+
+  CheckpointPace every(0.0, t0);
+  every.committed(t0, t0 + seconds(60));
+  EXPECT_TRUE(every.due(t0 + seconds(60)));
+  CheckpointPace never(std::nullopt, t0);
+  EXPECT_FALSE(never.due(t0 + seconds(100000)));
 }
