@@ -4,6 +4,7 @@
 
 #include "backend/cuda_check.hpp"
 #include "kernels/charge_tiles.hpp"
+#include "kernels/warp.cuh"
 
 namespace qstage::kernels::detail {
 namespace {
@@ -110,9 +111,8 @@ __global__ void wide_mix_kernel(const Z<R>* gate, TileTables t, TileRound round,
   }
 }
 
-unsigned blocks_for(std::int64_t items) {
-  return static_cast<unsigned>(std::min<std::int64_t>((items + kThreads - 1) / kThreads, std::int64_t{1} << 22));
-}
+// A round's grid: a thread an item, at most 2^22 CTAs (the kernels stride over the rest).
+unsigned round_grid(std::int64_t items) { return std::min(grid_for(static_cast<std::uint64_t>(items), kThreads), 1u << 22); }
 
 }  // namespace
 
@@ -132,9 +132,9 @@ void charge_tiles_cuda(Stream& stream, const T* sites, const T* gate, const Tile
   }
   auto* work = reinterpret_cast<Z<R>*>(workspace);
   for (const TileRound& round : rounds) {
-    wide_products_kernel<R><<<blocks_for(round.products), kThreads, 0, st>>>(zs, tables, round, work);
+    wide_products_kernel<R><<<round_grid(round.products), kThreads, 0, st>>>(zs, tables, round, work);
     QSTAGE_CUDA_CHECK_LAUNCH();
-    wide_mix_kernel<R><<<blocks_for(round.mixes), kThreads, 0, st>>>(zg, tables, round, work, zc);
+    wide_mix_kernel<R><<<round_grid(round.mixes), kThreads, 0, st>>>(zg, tables, round, work, zc);
     QSTAGE_CUDA_CHECK_LAUNCH();
   }
 }

@@ -9,8 +9,7 @@ namespace qstage::engine {
 CheckpointPace::CheckpointPace(std::optional<double> interval, Clock::time_point start) : interval_(interval), last_(start) {}
 
 double CheckpointPace::gap() const {
-  if (!interval_) return 0;
-  if (*interval_ <= 0) return 0;
+  if (!interval_ || *interval_ <= 0) return 0;
   return std::max(*interval_, kCommitCostFactor * last_cost_);
 }
 
