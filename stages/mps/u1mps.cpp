@@ -286,20 +286,17 @@ double left_to_right_sweep(U1Mps& psi, const TruncParams* trunc) {
   const int L = psi.L;
   double discarded = 0;
   // Left to right: X_j (per sector of bond j, the left part's gauge) times B[j], grouped by right
-  // charge, is U S V; lambda[j+1] = S, B[j+1] <- V B[j+1], B[j] <- B[j] V^dagger.
-  // Bond 0's gauge is diag(lambda[0]): with a mixed boundary the left part is the record of N.
-  std::map<int, std::vector<cplx>> x;  // per charge of bond j: rows x size of the sector
-  std::map<int, std::int64_t> x_rows;
-  for (std::int64_t i = 0; i < psi.bonds[0].size(); ++i) {
-    x[psi.bonds[0].charges[i]] = {cplx{psi.bonds[0].lambda[i], 0.0}};
-    x_rows[psi.bonds[0].charges[i]] = 1;
-  }
+  // charge, is U S V; lambda[j+1] = S, B[j+1] <- V B[j+1], B[j] <- B[j] V^dagger. X_j is diagonal
+  // (the previous step's S; bond 0's is lambda[0]: with a mixed boundary the left part is the
+  // record of N), so X_j B[j] scales B[j]'s rows; each product is the one a dense diagonal X gave
+  // (its other terms are exact zeros), at a row's cost instead of a sector's.
+  std::map<int, std::vector<double>> x;  // per charge of bond j: the diagonal, one per row of its blocks
+  for (std::int64_t i = 0; i < psi.bonds[0].size(); ++i) x[psi.bonds[0].charges[i]] = {psi.bonds[0].lambda[i]};
   for (int j = 0; j < L - 1; ++j) {
     Site& s = psi.sites[j];
     std::map<int, std::vector<double>> lam;
     std::map<int, std::vector<cplx>> rot;  // per right charge: V, keep x old size
-    std::map<int, std::vector<cplx>> next_x;
-    std::map<int, std::int64_t> next_rows;
+    std::map<int, std::vector<double>> next_x;  // per right charge: its kept S, the next bond's X
     // Per right charge c: X(c_L) B(c_L, c) stacked over c_L, and its SVD.
     // (the groups on the OpenMP threads, as in the sweep right to left)
     const std::map<int, RowGroup> by_right = groups_by_right(s);
@@ -310,14 +307,15 @@ double left_to_right_sweep(U1Mps& psi, const TruncParams* trunc) {
     parallel_for(count, [&](std::int64_t gi) {
       const auto& [c, g] = groups[gi];
       std::int64_t rows = 0;
-      for (std::size_t bi : g.blocks) rows += x_rows.at(s.blocks[bi].c_left);
+      for (std::size_t bi : g.blocks) rows += static_cast<std::int64_t>(x.at(s.blocks[bi].c_left).size());
       std::vector<cplx> m(static_cast<std::size_t>(rows * g.cols));
       std::int64_t row0 = 0;
       for (std::size_t bi : g.blocks) {
         const Block& b = s.blocks[bi];
-        const std::int64_t xr = x_rows.at(b.c_left);
-        matmul(x.at(b.c_left).data(), b.values.data(), &m[row0 * g.cols], xr, b.rows, b.cols);
-        row0 += xr;
+        const std::vector<double>& xd = x.at(b.c_left);
+        for (std::int64_t r = 0; r < b.rows; ++r)
+          for (std::int64_t q = 0; q < b.cols; ++q) m[(row0 + r) * g.cols + q] = b.values[r * b.cols + q] * xd[r] + cplx{};
+        row0 += b.rows;
       }
       factors[gi] = {c, svd(m.data(), rows, g.cols)};
       cols[gi] = g.cols;
@@ -340,20 +338,28 @@ double left_to_right_sweep(U1Mps& psi, const TruncParams* trunc) {
       while (keep < std::min(f.rank, limit[i]) && f.s[keep] > 1e-14) ++keep;
       lam[c].assign(f.s.begin(), f.s.begin() + keep);
       rot[c].assign(f.vh.begin(), f.vh.begin() + keep * n_cols);
-      std::vector<cplx> sx(static_cast<std::size_t>(keep * keep));
-      for (std::int64_t p = 0; p < keep; ++p) sx[p * keep + p] = f.s[p];
-      next_x[c] = std::move(sx);
-      next_rows[c] = keep;
+      next_x[c].assign(f.s.begin(), f.s.begin() + keep);
     }
-    // B[j](c_L, c) <- B[j](c_L, c) V^dagger; B[j+1](c, c_R) <- V B[j+1](c, c_R).
+    // B[j](c_L, c) <- B[j](c_L, c) V^dagger; B[j+1](c, c_R) <- V B[j+1](c, c_R). V^dagger once per
+    // charge (the blocks of a right charge share it).
+    std::vector<std::vector<cplx>> adjoint(factors.size());
+    std::map<int, const std::vector<cplx>*> adjoint_of;
+    parallel_for(static_cast<std::int64_t>(factors.size()), [&](std::int64_t i) {
+      const int c = factors[i].first;
+      const std::vector<cplx>& v = rot.at(c);
+      const auto keep = static_cast<std::int64_t>(next_x.at(c).size());
+      const std::int64_t n_cols = cols[i];
+      std::vector<cplx>& vd = adjoint[i];
+      vd.resize(static_cast<std::size_t>(n_cols * keep));
+      for (std::int64_t p = 0; p < keep; ++p)
+        for (std::int64_t q = 0; q < n_cols; ++q) vd[q * keep + p] = std::conj(v[p * n_cols + q]);
+    });
+    for (std::size_t i = 0; i < factors.size(); ++i) adjoint_of[factors[i].first] = &adjoint[i];
     const auto here = static_cast<std::int64_t>(s.blocks.size());
     parallel_for(here, [&](std::int64_t bi) {
       Block& b = s.blocks[bi];
-      const auto& v = rot.at(b.c_right);
-      const std::int64_t keep = next_rows.at(b.c_right);
-      std::vector<cplx> vd(static_cast<std::size_t>(b.cols * keep));
-      for (std::int64_t p = 0; p < keep; ++p)
-        for (std::int64_t q = 0; q < b.cols; ++q) vd[q * keep + p] = std::conj(v[p * b.cols + q]);
+      const std::vector<cplx>& vd = *adjoint_of.at(b.c_right);
+      const auto keep = static_cast<std::int64_t>(next_x.at(b.c_right).size());
       std::vector<cplx> out(static_cast<std::size_t>(b.rows * keep));
       matmul(b.values.data(), vd.data(), out.data(), b.rows, b.cols, keep);
       b.cols = keep;
@@ -364,7 +370,7 @@ double left_to_right_sweep(U1Mps& psi, const TruncParams* trunc) {
     parallel_for(next, [&](std::int64_t bi) {
       Block& b = right[bi];
       const auto it = rot.find(b.c_left);
-      const std::int64_t keep = it == rot.end() ? 0 : next_rows.at(b.c_left);
+      const auto keep = it == rot.end() ? std::int64_t{0} : static_cast<std::int64_t>(next_x.at(b.c_left).size());
       std::vector<cplx> out(static_cast<std::size_t>(keep * b.cols));
       if (keep > 0) matmul(it->second.data(), b.values.data(), out.data(), keep, b.rows, b.cols);
       b.rows = keep;
@@ -374,7 +380,6 @@ double left_to_right_sweep(U1Mps& psi, const TruncParams* trunc) {
     drop_empty_blocks(psi.sites[j + 1]);
     psi.bonds[j + 1] = make_bond(lam);
     x = std::move(next_x);
-    x_rows = std::move(next_rows);
   }
   psi.bonds[L] = {{0}, {1.0}};
   return discarded;
