@@ -110,19 +110,30 @@ void gemm_cpu(const Gemm& g) {
   }
   const std::int64_t rb = g.row_block > 0 ? g.row_block : kDefaultRows;
   const std::int64_t row_blocks = (g.m + rb - 1) / rb, col_blocks = (g.n + kCols - 1) / kCols;
-#pragma omp parallel for schedule(dynamic) collapse(2) if (row_blocks * col_blocks > 1 && g.m * g.n * g.k > kParallelWork)
+  auto block = [&](std::int64_t r, std::int64_t c) {
+    Gemm part = g;
+    part.m = std::min(rb, g.m - r * rb);
+    part.n = std::min(kCols, g.n - c * kCols);
+    part.a = static_cast<const char*>(g.a) + static_cast<std::size_t>(r * rb * g.lda) * element;
+    // A column block of C is a row block of a transposed B.
+    part.b = static_cast<const char*>(g.b) + static_cast<std::size_t>(g.b_transposed ? c * kCols * g.ldb : c * kCols) * element;
+    part.c = static_cast<char*>(g.c) + static_cast<std::size_t>(r * rb * g.ldc + c * kCols) * element;
+    gemm_cpu_call(part);
+  };
+  // The same blocks in the same calls either way (the bits do not change); without threads to
+  // spread them over (one, or a nested region that would run on one) no OpenMP region is opened:
+  // the sweeps' and the tiles' many small products made those regions' setup a large share of
+  // their time.
+  const bool spread = row_blocks * col_blocks > 1 && g.m * g.n * g.k > kParallelWork && omp_get_max_threads() > 1 &&
+                      omp_get_active_level() < omp_get_max_active_levels();
+  if (!spread) {
+    for (std::int64_t r = 0; r < row_blocks; ++r)
+      for (std::int64_t c = 0; c < col_blocks; ++c) block(r, c);
+    return;
+  }
+#pragma omp parallel for schedule(dynamic) collapse(2)
   for (std::int64_t r = 0; r < row_blocks; ++r)
-    for (std::int64_t c = 0; c < col_blocks; ++c) {
-      Gemm part = g;
-      part.m = std::min(rb, g.m - r * rb);
-      part.n = std::min(kCols, g.n - c * kCols);
-      part.a = static_cast<const char*>(g.a) + static_cast<std::size_t>(r * rb * g.lda) * element;
-      // A column block of C is a row block of a transposed B.
-      part.b = static_cast<const char*>(g.b) +
-               static_cast<std::size_t>(g.b_transposed ? c * kCols * g.ldb : c * kCols) * element;
-      part.c = static_cast<char*>(g.c) + static_cast<std::size_t>(r * rb * g.ldc + c * kCols) * element;
-      gemm_cpu_call(part);
-    }
+    for (std::int64_t c = 0; c < col_blocks; ++c) block(r, c);
 }
 
 void gemm(Stream& stream, const Gemm& args) {
