@@ -12,6 +12,8 @@
 #include <limits>
 #include <random>
 
+#include <omp.h>
+
 #include "backend/backend.hpp"
 #include "kernels/checksum.hpp"
 #include "kernels/gemm.hpp"
@@ -270,6 +272,33 @@ TEST(GemmKernel, CpuRealMatchesReference) {
       for (std::int64_t p = 0; p < k; ++p) want += double(a[i * k + p]) * b[p * n + j];
       EXPECT_NEAR(c[i * n + j], want, 1e-5);
     }
+}
+
+// gemm_cpu spreads its row and column blocks over the threads where it can and runs the same
+// blocks in turn where it cannot (one thread, or inside a parallel region): the same bits.
+TEST(GemmKernel, CpuBitsDoNotDependOnWhetherTheBlocksAreSpread) {
+  const std::int64_t m = 600, n = 1100, k = 40;  // 3 x 2 blocks, above the parallel threshold
+  auto a32 = random_complex(m * k, 11), b32 = random_complex(k * n, 12);
+  std::vector<cd> a(a32.begin(), a32.end()), b(b32.begin(), b32.end());
+  auto run = [&] {
+    std::vector<cd> c(static_cast<std::size_t>(m * n));
+    kernels::gemm_cpu({DType::complex128, m, n, k, a.data(), k, b.data(), n, c.data(), n});
+    return c;
+  };
+  const std::vector<cd> spread = run();
+  EXPECT_LT(relative_error(spread, reference_gemm(a32, b32, m, n, k)), 1e-12);
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(1);
+  const std::vector<cd> one_thread = run();
+  omp_set_num_threads(threads);
+  std::vector<cd> nested;
+#pragma omp parallel num_threads(2)
+  {
+#pragma omp single
+    nested = run();
+  }
+  EXPECT_EQ(std::memcmp(spread.data(), one_thread.data(), spread.size() * sizeof(cd)), 0);
+  EXPECT_EQ(std::memcmp(spread.data(), nested.data(), spread.size() * sizeof(cd)), 0);
 }
 
 TEST(GemmKernel, GpuMatchesReferenceAndCpu) {
