@@ -307,7 +307,7 @@ double left_to_right_sweep(U1Mps& psi, const TruncParams* trunc) {
     parallel_for(count, [&](std::int64_t gi) {
       const auto& [c, g] = groups[gi];
       std::int64_t rows = 0;
-      for (std::size_t bi : g.blocks) rows += static_cast<std::int64_t>(x.at(s.blocks[bi].c_left).size());
+      for (std::size_t bi : g.blocks) rows += s.blocks[bi].rows;  // (each block's rows: its left sector's kept S)
       std::vector<cplx> m(static_cast<std::size_t>(rows * g.cols));
       std::int64_t row0 = 0;
       for (std::size_t bi : g.blocks) {
