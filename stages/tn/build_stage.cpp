@@ -6,6 +6,7 @@
 #include "core/fsutil.hpp"
 #include "io/npy.hpp"
 #include "stages/tn/network.hpp"
+#include "stages/tn/problems.hpp"
 #include "stages/tn/sources.hpp"
 #include "stages/tn/tn_stages.hpp"
 
@@ -63,13 +64,33 @@ struct Params {
   bool network;                 // a JSON network (Files "/network"), tensors from Files "/tensors" or random
   std::optional<Einsum> einsum;
   std::uint64_t seed;           // of a JSON network's random tensors
-  int sources() const { return source.has_circuit() + network + einsum.has_value(); }
+  std::optional<tn::IndependentSetOptions> independent_sets;  // seed 000's Fig. 1 (c)
+  std::optional<tn::SurfaceCodeOptions> surface_code;         // seed 000's Fig. 1 (b)
+  int sources() const {
+    return source.has_circuit() + network + einsum.has_value() + independent_sets.has_value() + surface_code.has_value();
+  }
   static Params from_json(const json& p) {
-    Params r{tn::SourceParams::from_json(p), p.contains("network"), std::nullopt, p.value("seed", std::uint64_t{0})};
+    Params r{tn::SourceParams::from_json(p), p.contains("network"), std::nullopt, p.value("seed", std::uint64_t{0}), {}, {}};
     if (p.contains("einsum")) {
       const json& e = p["einsum"];
       r.einsum = Einsum{e.at("expression").get<std::string>(), e.at("sizes").get<std::map<std::string, std::int64_t>>(),
                         e.value("seed", std::uint64_t{0})};
+    }
+    if (p.contains("independent_sets")) {
+      const json& k = p["independent_sets"];
+      tn::IndependentSetOptions o;
+      o.rows = k.value("rows", o.rows), o.cols = k.value("cols", o.cols), o.fill = k.value("fill", o.fill);
+      o.seed = k.value("seed", o.seed), o.fugacity = k.value("fugacity", o.fugacity);
+      r.independent_sets = o;
+    }
+    if (p.contains("surface_code")) {
+      const json& k = p["surface_code"];
+      tn::SurfaceCodeOptions o;
+      o.distance = k.value("distance", o.distance), o.rounds = k.value("rounds", o.rounds), o.p = k.value("p", o.p);
+      if (k.contains("q")) o.q = k["q"].get<double>();
+      o.seed = k.value("seed", o.seed);
+      if (k.contains("syndrome")) o.syndrome = k["syndrome"].get<std::string>();
+      r.surface_code = o;
     }
     return r;
   }
@@ -105,7 +126,8 @@ class BuildStage final : public ComputedStage {
   const StageInfo& info() const override {
     static const StageInfo info{
         "tn.build", 1,
-        "a tensor network from a circuit (qsim, OpenQASM 2.0, random or QAOA) or a generic network (JSON, einsum)",
+        "a tensor network from a circuit (qsim, OpenQASM 2.0, random, QAOA or lattice dynamics), a generic network (JSON, "
+        "einsum), or a problem of seed 000's Fig. 1 (independent sets on a King's subgraph, surface-code decoding)",
         {},
         "- id: net\n  stage: tn.build\n  params:\n    random: {rows: 4, cols: 5, cycles: 12, seed: 1}\n"
         "    random_bitstrings: {count: 4, seed: 2}\n"};
@@ -120,8 +142,8 @@ class BuildStage final : public ComputedStage {
   StagePlan plan(const json& params, const std::map<std::string, DatasetInfo>&) const override {
     const int sources = Params::from_json(params).sources();
     if (sources != 1)
-      throw InputError(fmt::format("{} sources given; expected exactly one of circuit, random, qaoa, lattice, network or einsum",
-                                   sources));
+      throw InputError(fmt::format("{} sources given; expected exactly one of circuit, random, qaoa, lattice, network, einsum, "
+                                   "independent_sets or surface_code", sources));
     return computed_plan({{"network", {{h5::DType::uint8, {}, {}}}}, {"bitstrings", {{h5::DType::uint8, {}, {}}}}});
   }
   std::string compute(const KernelContext& ctx) const override {
@@ -138,6 +160,11 @@ class BuildStage final : public ComputedStage {
         net = tn::amplitude_network(c, tn::open_qubits_from_params(p.source, c.qubits));
         extra["bitstrings"] = tn::bitstrings_from_params(p.source, ctx.files, c.qubits);
       }
+    } else if (p.independent_sets || p.surface_code) {
+      tn::Problem problem = p.independent_sets ? tn::king_independent_sets(*p.independent_sets)
+                                               : tn::surface_code_decoding(*p.surface_code);
+      net = std::move(problem.network);
+      extra["problem"] = std::move(problem.about);
     } else {
       net = generic_network(p, ctx.files);
     }
@@ -155,6 +182,7 @@ class BuildStage final : public ComputedStage {
     out.set_attribute("network_description", net.description);
     out.set_attribute("tensors", static_cast<std::int64_t>(net.tensors.size()));
     if (extra.contains("circuit")) out.set_attribute("circuit", extra["circuit"].dump());
+    if (extra.contains("problem")) out.set_attribute("problem", extra["problem"].dump());
   }
   std::string describe_results(const StagePlan&, const StepResults& r) const override {
     const auto newline = r.computed->find('\n');

@@ -1,0 +1,56 @@
+#pragma once
+// Networks of seed 000's Fig. 1 beyond circuits and lattice dynamics, built from parameters:
+//
+//   (b) exact maximum-likelihood decoding of the rotated surface code: the probability of the
+//       observed syndrome jointly with each logical class, as a contraction over every error
+//       configuration (bit flips on the data qubits and, over several rounds, measurement flips);
+//   (c) independent sets on a King's subgraph: the independence polynomial at a fugacity
+//       (the number of independent sets at fugacity 1).
+//
+// Both are generic networks of extent-2 modes. Each comes with a JSON description of the instance
+// (the graph, the detectors and the syndrome), written by tn.build as the attribute "problem".
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+#include "stages/tn/network.hpp"
+
+namespace qstage::tn {
+
+struct Problem {
+  Network network;
+  nlohmann::json about;  // the instance, for the user and for tests' independent oracles
+};
+
+// Sites (r, c) of a rows x cols grid, each kept with probability `fill` (seeded), edges between
+// kept sites a king's move apart. Vertex v: a copy tensor over its edges' modes, 1 for "out" and
+// `fugacity` for "in"; edge (u, v): [[1, 1], [1, 0]] (not both in). A kept site without
+// neighbours: [1, fugacity] joined to [1, 1]. The contraction is sum over independent sets S of
+// fugacity^|S|.
+struct IndependentSetOptions {
+  int rows = 4, cols = 4;
+  double fill = 0.8;
+  std::uint64_t seed = 0;
+  double fugacity = 1.0;
+};
+Problem king_independent_sets(const IndependentSetOptions& o);
+
+// Rotated surface code of odd distance d (data qubit (r, c) is r * d + c; Z checks detect the
+// bit flips), `rounds` rounds of Z-check measurement, the last one perfect (the data's readout):
+// each data qubit flips with probability p each round, each earlier measurement with probability
+// q (phenomenological noise; rounds 1 is code capacity). Detectors: a check's change from one
+// round to the next. The output mode is the logical class (the flips' parity on Z_L = Z on row
+// 0), so the result is [P(syndrome, class 0), P(syndrome, class 1)]: the larger is the maximum-
+// likelihood decision. The syndrome is given (one 0/1 character per detector, check-major within
+// a round, rounds in order) or sampled from `seed`, whose true class is then recorded.
+struct SurfaceCodeOptions {
+  int distance = 3, rounds = 1;
+  double p = 0.05;
+  std::optional<double> q;  // default: p
+  std::uint64_t seed = 0;
+  std::optional<std::string> syndrome;
+};
+Problem surface_code_decoding(const SurfaceCodeOptions& o);
+
+}  // namespace qstage::tn

@@ -1,0 +1,216 @@
+"""The networks of seed 000's Fig. 1 beyond circuits (issue 20): tn.build's independent_sets (Fig. 1
+(c), a King's subgraph) and surface_code (Fig. 1 (b), maximum-likelihood decoding), contracted by
+tn.contract on one rank and distributed over two, against independent oracles: OEIS A063443 (non-
+attacking kings on an n x n board) and a row-by-row transfer matrix for the independent sets;
+enumeration of every error configuration for the decoding probabilities, with the code's checks
+and logical operator rebuilt here and checked algebraically. Exact in complex128 to 1e-12."""
+import itertools
+import json
+
+import h5py
+import numpy as np
+import pytest
+
+from conftest import DEVICE, committed_run, one_line_error, run, write_spec
+from test_tn_distributed import distributed_run, spec_text
+
+
+def contracted(tmp, source):
+    _, run_dir = committed_run(tmp, spec_text(source, "complex128", 1, budget="64MiB"))
+    with h5py.File(run_dir / "outputs" / "value.h5") as f:
+        value = f["value"][()].reshape(-1)
+    with h5py.File(run_dir / "outputs" / "net.h5") as f:
+        about = json.loads(f.attrs["problem"])
+    return value, about
+
+
+# ----------------------------------------------------------------------------- independent sets
+
+def king_transfer_matrix(rows, cols, kept, fugacity):
+    """sum over the independent sets S of the King's subgraph of fugacity^|S|, row by row: a
+    row's state is the set of its occupied kept sites; consecutive rows may not touch (vertically
+    or diagonally)."""
+    def row_states(r):
+        for bits in range(1 << cols):
+            occupied = [c for c in range(cols) if bits >> c & 1]
+            if any((r, c) not in kept for c in occupied):
+                continue
+            if any(bits >> c & 1 and bits >> (c + 1) & 1 for c in range(cols - 1)):
+                continue
+            yield bits, len(occupied)
+    weights = {0: 1.0}
+    for r in range(rows):
+        nxt = {}
+        for bits, n in row_states(r):
+            spread = bits | bits << 1 | bits >> 1
+            total = sum(w for prev, w in weights.items() if not prev & spread)
+            if total:
+                nxt[bits] = total * fugacity ** n
+        weights = nxt
+    return sum(weights.values())
+
+
+@pytest.mark.parametrize("n,count", [(2, 5), (3, 35), (4, 314), (5, 6427)])
+def test_independent_sets_of_full_king_graphs_match_oeis_a063443(tmp, n, count):
+    value, about = contracted(tmp, f"independent_sets: {{rows: {n}, cols: {n}, fill: 1.0}}")
+    assert about["vertices"] == n * n
+    assert abs(value[0] - count) <= 1e-12 * count
+
+
+@pytest.mark.parametrize("rows,cols,fill,seed,fugacity", [(4, 5, 0.7, 3, 0.5), (6, 5, 0.8, 11, 1.3), (3, 7, 0.4, 2, 2.0)])
+def test_independent_sets_of_king_subgraphs_match_a_transfer_matrix(tmp, rows, cols, fill, seed, fugacity):
+    value, about = contracted(tmp, f"independent_sets: {{rows: {rows}, cols: {cols}, fill: {fill}, seed: {seed}, "
+                                   f"fugacity: {fugacity}}}")
+    kept = {tuple(s) for s in about["sites"]}
+    assert 0 < len(kept) < rows * cols  # (a subgraph, not the full grid)
+    # The edges the network was built from are exactly the king's moves between kept sites.
+    sites = [tuple(s) for s in about["sites"]]
+    edges = {frozenset((sites[u], sites[v])) for u, v in about["edges"]}
+    expected_edges = {frozenset((a, b)) for a, b in itertools.combinations(sites, 2)
+                      if max(abs(a[0] - b[0]), abs(a[1] - b[1])) == 1}
+    assert edges == expected_edges
+    expected = king_transfer_matrix(rows, cols, kept, fugacity)
+    assert abs(value[0] - expected) <= 1e-12 * expected
+
+
+def test_independent_sets_distributed_over_two_ranks_equal_the_transfer_matrix(tmp):
+    source = "independent_sets: {rows: 6, cols: 6, fill: 0.9, seed: 5}"
+    run_dir = distributed_run(tmp, spec_text(source, "complex128", 2, budget="128KiB", large="16KiB"), 2)
+    with h5py.File(run_dir / "outputs" / "plan.h5") as f:
+        plan = json.loads(bytes(f["plan"][()]).decode())
+    assert len(plan["distribution"]["chains"]) >= 1  # (something was sharded)
+    with h5py.File(run_dir / "outputs" / "value.h5") as f:
+        value = f["value"][()].reshape(-1)
+    with h5py.File(run_dir / "outputs" / "net.h5") as f:
+        about = json.loads(f.attrs["problem"])
+    expected = king_transfer_matrix(6, 6, {tuple(s) for s in about["sites"]}, 1.0)
+    assert abs(value[0] - expected) <= 1e-12 * expected
+
+
+# ----------------------------------------------------------------------------- surface code
+
+def rotated_surface_code(d):
+    """Z and X checks of the distance-d rotated surface code (data qubit (r, c) = r d + c), built
+    from the plaquettes of the dual lattice: weight 4 inside; weight-2 Z checks on the left and
+    right edges, X checks on the top and bottom ones."""
+    z, x = [], []
+    for i in range(d + 1):
+        for j in range(d + 1):
+            qubits = [r * d + c for r, c in ((i - 1, j - 1), (i - 1, j), (i, j - 1), (i, j)) if 0 <= r < d and 0 <= c < d]
+            inside = 0 < i < d and 0 < j < d
+            if (i + j) % 2:
+                if inside or (0 < i < d and j in (0, d)):
+                    z.append(sorted(qubits))
+            elif inside or (0 < j < d and i in (0, d)):
+                x.append(sorted(qubits))
+    return z, x
+
+
+def gf2_rank(rows):
+    m = np.array(rows, dtype=np.uint8) % 2
+    rank = 0
+    for col in range(m.shape[1]):
+        pivot = next((r for r in range(rank, m.shape[0]) if m[r, col]), None)
+        if pivot is None:
+            continue
+        m[[rank, pivot]] = m[[pivot, rank]]
+        for r in range(m.shape[0]):
+            if r != rank and m[r, col]:
+                m[r] ^= m[rank]
+        rank += 1
+    return rank
+
+
+def decoding_by_enumeration(d, rounds, p, q, syndrome, z_checks, logical):
+    """[P(syndrome, class 0), P(syndrome, class 1)] summed over every configuration of the
+    data flips (rounds x d^2) and the misreadings (every round but the last)."""
+    S, n_data = len(z_checks), rounds * d * d
+    n = n_data + (rounds - 1) * S
+    configs = np.arange(1 << n, dtype=np.uint64)
+    bit = [(configs >> np.uint64(k)) & np.uint64(1) for k in range(n)]
+    detectors = [np.zeros(1 << n, dtype=np.uint64) for _ in range(S * rounds)]
+    cls = np.zeros(1 << n, dtype=np.uint64)
+    data_flips = np.zeros(1 << n, dtype=np.uint64)
+    for t in range(rounds):
+        for qb in range(d * d):
+            b = bit[t * d * d + qb]
+            data_flips += b
+            for s, check in enumerate(z_checks):
+                if qb in check:
+                    detectors[t * S + s] ^= b
+            if qb in logical:
+                cls ^= b
+    misreads = np.zeros(1 << n, dtype=np.uint64)
+    for t in range(rounds - 1):
+        for s in range(S):
+            b = bit[n_data + t * S + s]
+            misreads += b
+            detectors[t * S + s] ^= b
+            detectors[(t + 1) * S + s] ^= b
+    match = np.ones(1 << n, dtype=bool)
+    for k, det in enumerate(detectors):
+        match &= det == np.uint64(int(syndrome[k]))
+    weight = p ** data_flips * (1 - p) ** (n_data - data_flips.astype(np.int64))
+    if rounds > 1:
+        n_meas = (rounds - 1) * S
+        weight = weight * q ** misreads * (1 - q) ** (n_meas - misreads.astype(np.int64))
+    return np.array([weight[match & (cls == 0)].sum(), weight[match & (cls == 1)].sum()])
+
+
+def test_the_surface_code_checks_and_logical_are_a_distance_d_code():
+    for d in (3, 5, 7):
+        z, x = rotated_surface_code(d)
+        assert len(z) == len(x) == (d * d - 1) // 2
+        dense = lambda rows: [[int(qb in r) for qb in range(d * d)] for r in rows]
+        assert all(len(set(a) & set(b)) % 2 == 0 for a in z for b in x)  # the checks commute
+        z_logical = [list(range(d))]  # Z on row 0: commutes with every X check, not a product of Z checks
+        assert all(len(set(range(d)) & set(b)) % 2 == 0 for b in x)
+        assert gf2_rank(dense(z) + dense(z_logical)) == gf2_rank(dense(z)) + 1
+        assert gf2_rank(dense(z)) + gf2_rank(dense(x)) == d * d - 1  # one logical qubit
+
+
+@pytest.mark.parametrize("source,rounds", [
+    ("surface_code: {distance: 3, p: 0.1, seed: 3}", 1),
+    ("surface_code: {distance: 3, p: 0.2, seed: 8}", 1),
+    ("surface_code: {distance: 3, rounds: 2, p: 0.08, q: 0.03, seed: 1}", 2),
+    ("surface_code: {distance: 3, rounds: 2, p: 0.1, q: 0.2, syndrome: '01101001'}", 2),
+])
+def test_surface_code_decoding_matches_enumeration(tmp, source, rounds):
+    value, about = contracted(tmp, source)
+    d, p, q = about["distance"], about["p"], about["q"]
+    z, _ = rotated_surface_code(d)
+    assert sorted(map(sorted, about["checks"])) == sorted(z)
+    assert about["logical"] == list(range(d)) and about["rounds"] == rounds
+    assert len(about["syndrome"]) == about["detectors"] == len(z) * rounds
+    expected = decoding_by_enumeration(d, rounds, p, q, about["syndrome"], z, set(range(d)))
+    assert expected.sum() > 0
+    assert np.max(np.abs(value - expected)) <= 1e-12 * expected.sum()
+    if about["sampled"]:
+        assert about["true_class"] in (0, 1)
+
+
+def test_surface_code_probabilities_of_all_syndromes_sum_to_one(tmp):
+    """Code capacity at d = 3: the 16 syndromes' [P(s, 0), P(s, 1)] add up to 1."""
+    total = 0.0
+    for k in range(16):
+        value, _ = contracted(tmp / f"s{k}", f"surface_code: {{distance: 3, p: 0.15, syndrome: '{k:04b}'}}")
+        total += value.sum().real
+    assert abs(total - 1) < 1e-12
+
+
+@pytest.mark.parametrize("source,message", [
+    ("surface_code: {distance: 4}", "surface_code: distance = 4; expected an odd number from 3 to 51"),
+    ("surface_code: {distance: 3, rounds: 2, syndrome: '0101'}", "surface_code: syndrome has 4 characters; expected 8"),
+    ("independent_sets: {rows: 3, cols: 3, fill: 0.0}", "independent_sets: no site of the 3 x 3 grid kept"),
+    ("independent_sets: {rows: 2, cols: 2}, surface_code: {distance: 3}", "2 sources given"),
+])
+def test_bad_problem_parameters_exit_2_with_one_line(tmp, source, message):
+    spec = write_spec(tmp / "spec.yaml", f"""name: bad
+steps:
+  - id: net
+    stage: tn.build
+    params: {{{source}}}
+""")
+    r = run(["run", spec, "--run-dir", tmp / "run", "--device", DEVICE])
+    one_line_error(r, message)
+    assert not (tmp / "run" / "outputs" / "net.h5").exists()
