@@ -11,7 +11,7 @@ import h5py
 import numpy as np
 import pytest
 
-from conftest import DEVICE, committed_run, one_line_error, run, write_spec
+from conftest import DEVICE, ROOT, committed_run, one_line_error, run, write_spec
 from test_tn_distributed import distributed_run, spec_text
 
 
@@ -214,3 +214,24 @@ steps:
     r = run(["run", spec, "--run-dir", tmp / "run", "--device", DEVICE])
     one_line_error(r, message)
     assert not (tmp / "run" / "outputs" / "net.h5").exists()
+
+
+def test_the_fig1_workflow(tmp):
+    """workflows/tn-fig1.yaml: the King's subgraph's count equals the transfer matrix's; the
+    decoding probabilities are those of a syndrome that occurred (positive, at most 1 together)
+    and the larger one names the sampled error's class."""
+    r = run(["run", ROOT / "workflows" / "tn-fig1.yaml", "--run-dir", tmp / "run", "--device", DEVICE])
+    assert r.code == 0, r
+    out = tmp / "run" / "outputs"
+    with h5py.File(out / "king.h5") as f:
+        about = json.loads(f.attrs["problem"])
+    with h5py.File(out / "count.h5") as f:
+        count = f["value"][()].reshape(-1)[0]
+    expected = king_transfer_matrix(8, 8, {tuple(s) for s in about["sites"]}, 1.0)
+    assert abs(count - expected) <= 1e-12 * expected
+    with h5py.File(out / "code.h5") as f:
+        code = json.loads(f.attrs["problem"])
+    with h5py.File(out / "decode.h5") as f:
+        p = f["value"][()].reshape(-1).real
+    assert p.shape == (2,) and (p > 0).all() and p.sum() <= 1
+    assert int(np.argmax(p)) == code["true_class"]
