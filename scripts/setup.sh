@@ -2,7 +2,7 @@
 # Installs what a fresh Debian 12 machine lacks to build and test qstage, then builds it into
 # ./build. Both README commands and CI (.ci/run) start with it.
 #   QSTAGE_CMAKE_ARGS="-DQSTAGE_CUDA=OFF" scripts/setup.sh    # extra CMake arguments
-#   scripts/setup.sh --test-oracles   # also the PyPI test oracles (opt_einsum, cotengra, pyscf, tenpy) in
+#   scripts/setup.sh --test-oracles   # also the PyPI test oracles (opt_einsum, cotengra, pyscf, tenpy, stim) in
 #                                     # build/oracles, a venv the tests then run with
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -58,6 +58,7 @@ if [ $oracles -eq 1 ]; then
   oracle "opt_einsum or cotengra" opt_einsum==3.4.0 cotengra==0.8.3 autoray==0.11.0
   oracle "pyscf (sci.integrals against its FCIDUMP reader and writer)" pyscf==2.14.0
   oracle "tenpy (mps.tebd against TeNPy's TEBDEngine, bench/mps_tebd_bench.py)" physics-tenpy==1.1.1
+  oracle "stim (tn.build's detector_error_model against stim's circuit-level models)" stim==1.14.0
   python_arg=(-DQSTAGE_PYTHON="$PWD/build/oracles/bin/python")
 fi
 

@@ -66,11 +66,19 @@ struct Params {
   std::uint64_t seed;           // of a JSON network's random tensors
   std::optional<tn::IndependentSetOptions> independent_sets;  // seed 000's Fig. 1 (c)
   std::optional<tn::SurfaceCodeOptions> surface_code;         // seed 000's Fig. 1 (b)
+  std::optional<tn::Syndrome> detector_error_model;           // its model from Files "/detector_error_model/file"
   int sources() const {
-    return source.has_circuit() + network + einsum.has_value() + independent_sets.has_value() + surface_code.has_value();
+    return source.has_circuit() + network + einsum.has_value() + independent_sets.has_value() + surface_code.has_value() +
+           detector_error_model.has_value();
+  }
+  static tn::Syndrome syndrome_of(const json& k) {
+    tn::Syndrome s;
+    if (k.contains("syndrome")) s.given = k["syndrome"].get<std::string>();
+    s.seed = k.value("seed", s.seed);
+    return s;
   }
   static Params from_json(const json& p) {
-    Params r{tn::SourceParams::from_json(p), p.contains("network"), std::nullopt, p.value("seed", std::uint64_t{0}), {}, {}};
+    Params r{tn::SourceParams::from_json(p), p.contains("network"), std::nullopt, p.value("seed", std::uint64_t{0}), {}, {}, {}};
     if (p.contains("einsum")) {
       const json& e = p["einsum"];
       r.einsum = Einsum{e.at("expression").get<std::string>(), e.at("sizes").get<std::map<std::string, std::int64_t>>(),
@@ -88,10 +96,10 @@ struct Params {
       tn::SurfaceCodeOptions o;
       o.distance = k.value("distance", o.distance), o.rounds = k.value("rounds", o.rounds), o.p = k.value("p", o.p);
       if (k.contains("q")) o.q = k["q"].get<double>();
-      o.seed = k.value("seed", o.seed);
-      if (k.contains("syndrome")) o.syndrome = k["syndrome"].get<std::string>();
+      o.syndrome = syndrome_of(k);
       r.surface_code = o;
     }
+    if (p.contains("detector_error_model")) r.detector_error_model = syndrome_of(p["detector_error_model"]);
     return r;
   }
 };
@@ -127,7 +135,8 @@ class BuildStage final : public ComputedStage {
     static const StageInfo info{
         "tn.build", 1,
         "a tensor network from a circuit (qsim, OpenQASM 2.0, random, QAOA or lattice dynamics), a generic network (JSON, "
-        "einsum), or a problem of seed 000's Fig. 1 (independent sets on a King's subgraph, surface-code decoding)",
+        "einsum), or a problem of seed 000's Fig. 1 (independent sets on a King's subgraph, surface-code or detector-error-model "
+        "decoding)",
         {},
         "- id: net\n  stage: tn.build\n  params:\n    random: {rows: 4, cols: 5, cycles: 12, seed: 1}\n"
         "    random_bitstrings: {count: 4, seed: 2}\n"};
@@ -137,13 +146,14 @@ class BuildStage final : public ComputedStage {
     auto f = tn::source_file_parameters();
     f.push_back("/network");
     f.push_back("/tensors");
+    f.push_back("/detector_error_model/file");
     return f;
   }
   StagePlan plan(const json& params, const std::map<std::string, DatasetInfo>&) const override {
     const int sources = Params::from_json(params).sources();
     if (sources != 1)
       throw InputError(fmt::format("{} sources given; expected exactly one of circuit, random, qaoa, lattice, network, einsum, "
-                                   "independent_sets or surface_code", sources));
+                                   "independent_sets, surface_code or detector_error_model", sources));
     return computed_plan({{"network", {{h5::DType::uint8, {}, {}}}}, {"bitstrings", {{h5::DType::uint8, {}, {}}}}});
   }
   std::string compute(const KernelContext& ctx) const override {
@@ -160,9 +170,13 @@ class BuildStage final : public ComputedStage {
         net = tn::amplitude_network(c, tn::open_qubits_from_params(p.source, c.qubits));
         extra["bitstrings"] = tn::bitstrings_from_params(p.source, ctx.files, c.qubits);
       }
-    } else if (p.independent_sets || p.surface_code) {
-      tn::Problem problem = p.independent_sets ? tn::king_independent_sets(*p.independent_sets)
-                                               : tn::surface_code_decoding(*p.surface_code);
+    } else if (p.independent_sets || p.surface_code || p.detector_error_model) {
+      tn::Problem problem =
+          p.independent_sets ? tn::king_independent_sets(*p.independent_sets)
+          : p.surface_code   ? tn::surface_code_decoding(*p.surface_code)
+                             : tn::detector_error_model_decoding({fsutil::read_file(ctx.files.at("/detector_error_model/file")),
+                                                                  ctx.files.at("/detector_error_model/file").filename().string(),
+                                                                  *p.detector_error_model});
       net = std::move(problem.network);
       extra["problem"] = std::move(problem.about);
     } else {

@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <bit>
+#include <set>
+#include <sstream>
 #include <cmath>
 #include <vector>
 
@@ -112,6 +114,225 @@ Problem king_independent_sets(const IndependentSetOptions& o) {
   return p;
 }
 
+namespace {
+
+// A parity constraint over `legs` (their XOR equals `parity`): one tensor up to 4 legs, else a
+// chain of 3-leg XORs through new carry modes. No legs: a factor 1, or 0 for parity 1.
+void add_parity(Builder& b, const std::vector<Mode>& legs, int parity, const std::string& tag) {
+  if (legs.empty()) {
+    if (parity == 0) return;
+    const Mode m = b.mode();
+    b.add({m}, {0.0, 0.0}, tag + " (no error reaches it)");
+    b.add({m}, {1.0, 1.0}, tag);
+    return;
+  }
+  if (legs.size() <= 4) return b.add(legs, parity_tensor(legs.size(), parity), tag);
+  Mode carry = b.mode();
+  b.add({legs[0], legs[1], carry}, parity_tensor(3, 0), tag);
+  for (std::size_t k = 2; k + 1 < legs.size(); ++k) {
+    const Mode next = b.mode();
+    b.add({legs[k], carry, next}, parity_tensor(3, 0), tag);
+    carry = next;
+  }
+  b.add({legs.back(), carry}, parity_tensor(2, parity), tag);
+}
+
+// A variable shared by `legs` with weights (zero, one): one copy tensor up to 4 legs, else a
+// chain of 3-leg copies (the weights on the first).
+void add_copy(Builder& b, const std::vector<Mode>& legs, double zero, double one, const std::string& tag) {
+  if (legs.empty()) return;  // (summed over, a variable that reaches nothing is a factor zero + one)
+  if (legs.size() <= 4) return b.add(legs, copy_tensor(legs.size(), zero, one), tag);
+  Mode carry = b.mode();
+  b.add({legs[0], legs[1], carry}, copy_tensor(3, zero, one), tag);
+  for (std::size_t k = 2; k + 1 < legs.size(); ++k) {
+    const Mode next = b.mode();
+    b.add({legs[k], carry, next}, copy_tensor(3, 1.0, 1.0), tag);
+    carry = next;
+  }
+  b.add({legs.back(), carry}, copy_tensor(2, 1.0, 1.0), tag);
+}
+
+std::string trim(const std::string& s) {
+  const auto first = s.find_first_not_of(" \t\r");
+  if (first == std::string::npos) return {};
+  return s.substr(first, s.find_last_not_of(" \t\r") - first + 1);
+}
+
+struct DemLine {
+  int number;        // 1-based, for messages
+  std::string text;  // without comment and surrounding blanks
+};
+
+struct DemReader {
+  const std::vector<DemLine>& lines;
+  const std::string& what;
+  DecodingModel model;
+  std::int64_t offset = 0;  // shift_detectors so far
+
+  [[noreturn]] void fail(const DemLine& l, const std::string& why) const {
+    throw InputError(fmt::format("{} line {}: {}", what, l.number, why));
+  }
+  std::int64_t index(const DemLine& l, const std::string& token, std::size_t from) const {
+    std::size_t used = 0;
+    std::int64_t k = -1;
+    try {
+      k = std::stoll(token.substr(from), &used);
+    } catch (const std::exception&) {
+    }
+    if (k < 0 || used != token.size() - from || k > (1 << 30)) fail(l, fmt::format("target '{}'; expected D<k>, L<k> or ^ with k >= 0", token));
+    return k;
+  }
+  // The lines [begin, end) once; a repeat block's body as many times as it says.
+  void run(std::size_t begin, std::size_t end) {
+    for (std::size_t i = begin; i < end; ++i) {
+      const DemLine& l = lines[i];
+      std::string name = l.text.substr(0, l.text.find_first_of(" (\t{"));
+      if (name == "}") fail(l, "'}' without its repeat block");
+      std::string rest = l.text.substr(name.size());
+      std::vector<double> args;
+      if (const auto open = rest.find('('); open != std::string::npos && trim(rest.substr(0, open)).empty()) {
+        const auto close = rest.find(')', open);
+        if (close == std::string::npos) fail(l, "'(' without ')'");
+        std::string inner = rest.substr(open + 1, close - open - 1);
+        for (std::size_t at = 0; at <= inner.size();) {
+          const auto comma = std::min(inner.find(',', at), inner.size());
+          const std::string a = trim(inner.substr(at, comma - at));
+          if (!a.empty()) {
+            try {
+              args.push_back(std::stod(a));
+            } catch (const std::exception&) {
+              fail(l, fmt::format("argument '{}'; expected a number", a));
+            }
+          }
+          at = comma + 1;
+        }
+        rest = rest.substr(close + 1);
+      }
+      std::vector<std::string> targets;
+      {
+        std::istringstream in(rest);
+        for (std::string t; in >> t;) targets.push_back(t);
+      }
+      if (name == "repeat") {
+        if (targets.size() != 2 || targets[1] != "{") fail(l, "expected 'repeat N {'");
+        const std::int64_t times = index(l, targets[0], 0);
+        std::size_t close = i + 1;
+        for (int depth = 1; close < end; ++close) {
+          if (lines[close].text.ends_with("{")) ++depth;
+          if (lines[close].text == "}" && --depth == 0) break;
+        }
+        if (close >= end) fail(l, "repeat block without its '}'");
+        for (std::int64_t r = 0; r < times; ++r) run(i + 1, close);
+        i = close;
+      } else if (name == "error") {
+        if (args.size() != 1 || !(args[0] >= 0 && args[0] <= 1)) fail(l, "expected error(p) with p a probability from 0 to 1");
+        std::set<int> detectors, observables;  // (a target twice cancels: the components of ^ are XORed)
+        for (const std::string& t : targets) {
+          if (t == "^") continue;
+          if (t.starts_with("D")) {
+            const auto d = static_cast<int>(offset + index(l, t, 1));
+            if (!detectors.erase(d)) detectors.insert(d);
+            model.detectors = std::max(model.detectors, d + 1);
+          } else if (t.starts_with("L")) {
+            const auto o = static_cast<int>(index(l, t, 1));
+            if (!observables.erase(o)) observables.insert(o);
+            model.observables = std::max(model.observables, o + 1);
+          } else {
+            fail(l, fmt::format("target '{}'; expected D<k>, L<k> or ^", t));
+          }
+        }
+        if (args[0] > 0 && !(detectors.empty() && observables.empty()))
+          model.mechanisms.push_back({args[0], {detectors.begin(), detectors.end()}, {observables.begin(), observables.end()}});
+      } else if (name == "detector" || name == "logical_observable") {
+        for (const std::string& t : targets) {
+          if (name == "detector" && t.starts_with("D")) model.detectors = std::max(model.detectors, static_cast<int>(offset + index(l, t, 1)) + 1);
+          else if (name == "logical_observable" && t.starts_with("L")) model.observables = std::max(model.observables, static_cast<int>(index(l, t, 1)) + 1);
+          else fail(l, fmt::format("target '{}' of {}", t, name));
+        }
+      } else if (name == "shift_detectors") {
+        if (targets.size() != 1) fail(l, "expected shift_detectors N");
+        offset += index(l, targets[0], 0);
+      } else {
+        fail(l, fmt::format("instruction '{}'; expected error, detector, logical_observable, shift_detectors or repeat", name));
+      }
+    }
+  }
+};
+
+}  // namespace
+
+DecodingModel read_detector_error_model(const std::string& text, const std::string& what) {
+  std::vector<DemLine> lines;
+  std::istringstream in(text);
+  int number = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++number;
+    std::string t = trim(line.substr(0, line.find('#')));
+    if (!t.empty()) lines.push_back({number, std::move(t)});
+  }
+  DemReader reader{lines, what, {}, 0};
+  reader.run(0, lines.size());
+  if (reader.model.detectors == 0) throw InputError(fmt::format("{}: no detector; expected a detector error model", what));
+  if (reader.model.observables == 0)
+    throw InputError(fmt::format("{}: no logical observable; expected an error or logical_observable naming L0", what));
+  return std::move(reader.model);
+}
+
+Problem decoding_network(const DecodingModel& model, const Syndrome& syndrome, std::string description, nlohmann::json about) {
+  const int D = model.detectors, K = model.observables;
+  std::string bits;
+  std::optional<std::string> true_observables;
+  if (syndrome.given) {
+    bits = *syndrome.given;
+    const bool binary = bits.find_first_not_of("01") == std::string::npos;
+    if (static_cast<int>(bits.size()) != D || !binary)
+      throw InputError(fmt::format("{}: syndrome has {} characters{}; expected {} characters 0 or 1 (one a detector)",
+                                   about.value("problem", "decoding"), bits.size(), binary ? "" : " other than 0 and 1", D));
+  } else {
+    const std::uint64_t key = kernels::splitmix64(syndrome.seed ^ 0x5c0deULL);
+    std::vector<int> flipped(static_cast<std::size_t>(D), 0), observed(static_cast<std::size_t>(K), 0);
+    std::uint64_t j = 0;
+    for (const ErrorMechanism& m : model.mechanisms)
+      if (uniform01(key, j++) < m.p) {
+        for (int d : m.detectors) flipped[static_cast<std::size_t>(d)] ^= 1;
+        for (int o : m.observables) observed[static_cast<std::size_t>(o)] ^= 1;
+      }
+    for (int f : flipped) bits.push_back(static_cast<char>('0' + f));
+    true_observables.emplace();
+    for (int f : observed) true_observables->push_back(static_cast<char>('0' + f));
+  }
+  Builder b;
+  std::vector<std::vector<Mode>> detector_legs(static_cast<std::size_t>(D)), observable_legs(static_cast<std::size_t>(K));
+  for (std::size_t i = 0; i < model.mechanisms.size(); ++i) {
+    const ErrorMechanism& m = model.mechanisms[i];
+    std::vector<Mode> legs;
+    for (int d : m.detectors) detector_legs[static_cast<std::size_t>(d)].push_back(legs.emplace_back(b.mode()));
+    for (int o : m.observables) observable_legs[static_cast<std::size_t>(o)].push_back(legs.emplace_back(b.mode()));
+    add_copy(b, legs, 1 - m.p, m.p, fmt::format("error {}", i));
+  }
+  for (int d = 0; d < D; ++d) add_parity(b, detector_legs[static_cast<std::size_t>(d)], bits[static_cast<std::size_t>(d)] - '0', fmt::format("D{}", d));
+  for (int o = 0; o < K; ++o) {
+    auto& legs = observable_legs[static_cast<std::size_t>(o)];
+    b.net.output.push_back(legs.emplace_back(b.mode()));
+    add_parity(b, legs, 0, fmt::format("L{}", o));
+  }
+  b.net.description = std::move(description);
+  about["detectors"] = D, about["observables"] = K, about["mechanisms"] = model.mechanisms.size();
+  about["syndrome"] = bits, about["sampled"] = !syndrome.given.has_value();
+  if (true_observables) about["seed"] = syndrome.seed, about["true_observables"] = *true_observables;
+  about["value"] = "P(syndrome, observables): one value per assignment of L0, L1, ... (row-major, L0 slowest)";
+  return Problem{std::move(b.net), std::move(about)};
+}
+
+Problem detector_error_model_decoding(const DetectorErrorModelOptions& o) {
+  const DecodingModel model = read_detector_error_model(o.text, fmt::format("detector_error_model: '{}'", o.file));
+  return decoding_network(model, o.syndrome,
+                          fmt::format("maximum-likelihood decoding from the detector error model '{}': {} detectors, {} "
+                                      "observables, {} error mechanisms", o.file, model.detectors, model.observables,
+                                      model.mechanisms.size()),
+                          {{"problem", "detector_error_model"}, {"file", o.file}});
+}
+
 Problem surface_code_decoding(const SurfaceCodeOptions& o) {
   const int d = o.distance, T = o.rounds;
   if (d < 3 || d > 51 || d % 2 == 0) throw InputError(fmt::format("surface_code: distance = {}; expected an odd number from 3 to 51", d));
@@ -131,86 +352,29 @@ Problem surface_code_decoding(const SurfaceCodeOptions& o) {
       checks.push_back(std::move(qubits));
     }
   const auto S = static_cast<int>(checks.size());  // (d^2 - 1) / 2
-  const int detectors = S * T;
   std::vector<std::vector<int>> checks_of(static_cast<std::size_t>(d) * d);
   for (int s = 0; s < S; ++s)
     for (int qb : checks[static_cast<std::size_t>(s)]) checks_of[static_cast<std::size_t>(qb)].push_back(s);
-
-  // The syndrome: given, or from a sampled error (data flips round by round, then the
-  // measurement flips of every round but the last).
-  std::string syndrome;
-  std::optional<int> true_class;
-  if (o.syndrome) {
-    syndrome = *o.syndrome;
-    if (static_cast<int>(syndrome.size()) != detectors || syndrome.find_first_not_of("01") != std::string::npos)
-      throw InputError(fmt::format("surface_code: syndrome has {} characters{}; expected {} characters 0 or 1 ({} checks x {} "
-                                   "rounds)", syndrome.size(), syndrome.find_first_not_of("01") != std::string::npos ? " other than 0 and 1" : "",
-                                   detectors, S, T));
-  } else {
-    const std::uint64_t key = kernels::splitmix64(o.seed ^ 0x5c0deULL);
-    std::uint64_t j = 0;
-    std::vector<int> bits(static_cast<std::size_t>(detectors), 0);
-    int cls = 0;
-    for (int t = 0; t < T; ++t)
-      for (int qb = 0; qb < d * d; ++qb)
-        if (uniform01(key, j++) < o.p) {
-          for (int s : checks_of[static_cast<std::size_t>(qb)]) bits[static_cast<std::size_t>(t * S + s)] ^= 1;
-          if (qb < d) cls ^= 1;
-        }
-    for (int t = 0; t + 1 < T; ++t)
-      for (int s = 0; s < S; ++s)
-        if (uniform01(key, j++) < q) bits[static_cast<std::size_t>(t * S + s)] ^= 1, bits[static_cast<std::size_t>((t + 1) * S + s)] ^= 1;
-    for (int bit : bits) syndrome.push_back(static_cast<char>('0' + bit));
-    true_class = cls;
-  }
-
-  Builder b;
-  std::vector<std::vector<Mode>> detector_legs(static_cast<std::size_t>(detectors));
-  std::vector<Mode> logical_legs;
+  // The mechanisms: each data qubit's flip in each round (its checks' detectors of that round;
+  // L0 on row 0), then each check's misreading in every round but the last (this round's
+  // detector and the next's).
+  DecodingModel model{S * T, 1, {}};
   for (int t = 0; t < T; ++t)
     for (int qb = 0; qb < d * d; ++qb) {
-      std::vector<Mode> legs;
-      for (int s : checks_of[static_cast<std::size_t>(qb)]) {
-        legs.push_back(b.mode());
-        detector_legs[static_cast<std::size_t>(t * S + s)].push_back(legs.back());
-      }
-      if (qb < d) {
-        legs.push_back(b.mode());
-        logical_legs.push_back(legs.back());
-      }
-      if (!legs.empty()) b.add(legs, copy_tensor(legs.size(), 1 - o.p, o.p), fmt::format("flip q{} r{}", qb, t));
+      ErrorMechanism m{o.p, {}, {}};
+      for (int s : checks_of[static_cast<std::size_t>(qb)]) m.detectors.push_back(t * S + s);
+      if (qb < d) m.observables.push_back(0);
+      model.mechanisms.push_back(std::move(m));
     }
   for (int t = 0; t + 1 < T; ++t)
-    for (int s = 0; s < S; ++s) {
-      const Mode now = b.mode(), after = b.mode();
-      detector_legs[static_cast<std::size_t>(t * S + s)].push_back(now);
-      detector_legs[static_cast<std::size_t>((t + 1) * S + s)].push_back(after);
-      b.add({now, after}, copy_tensor(2, 1 - q, q), fmt::format("misread check {} r{}", s, t));
-    }
-  for (int k = 0; k < detectors; ++k)
-    b.add(detector_legs[static_cast<std::size_t>(k)], parity_tensor(detector_legs[static_cast<std::size_t>(k)].size(), syndrome[static_cast<std::size_t>(k)] - '0'),
-          fmt::format("detector {} r{}", k % S, k / S));
-  // The class: the flips' parity on Z_L, summed along a chain of XORs (one tensor of d T legs
-  // would hold 2^(d T) values); the chain's last carry is the output.
-  Mode carry = logical_legs.front();
-  for (std::size_t k = 1; k < logical_legs.size(); ++k) {
-    const Mode next = b.mode();
-    b.add({logical_legs[k], carry, next}, parity_tensor(3, 0), fmt::format("class parity {}", k));
-    carry = next;
-  }
-  b.net.output = {carry};
-  b.net.description = fmt::format("maximum-likelihood decoding of the distance-{} rotated surface code, {} round{} (p = {}, q = {}): "
-                                  "[P(syndrome, class 0), P(syndrome, class 1)]", d, T, T == 1 ? "" : "s", o.p, q);
+    for (int s = 0; s < S; ++s) model.mechanisms.push_back({q, {t * S + s, (t + 1) * S + s}, {}});
   std::vector<int> row_zero(static_cast<std::size_t>(d));
   for (int c = 0; c < d; ++c) row_zero[static_cast<std::size_t>(c)] = c;
-  Problem p{std::move(b.net), json::object()};
-  p.about = {{"problem", "surface_code"}, {"distance", d}, {"rounds", T}, {"p", o.p}, {"q", q}, {"checks", checks},
-             {"logical", row_zero},
-             {"detectors", detectors}, {"syndrome", syndrome}, {"sampled", !o.syndrome.has_value()},
-             {"value", "[P(syndrome, class 0), P(syndrome, class 1)]: the class is the bit flips' parity on the data qubits of 'logical'"}};
-  if (!o.syndrome) p.about["seed"] = o.seed;
-  if (true_class) p.about["true_class"] = *true_class;
-  return p;
+  return decoding_network(model, o.syndrome,
+                          fmt::format("maximum-likelihood decoding of the distance-{} rotated surface code, {} round{} (p = {}, "
+                                      "q = {}): [P(syndrome, class 0), P(syndrome, class 1)]", d, T, T == 1 ? "" : "s", o.p, q),
+                          {{"problem", "surface_code"}, {"distance", d}, {"rounds", T}, {"p", o.p}, {"q", q}, {"checks", checks},
+                           {"logical", row_zero}});
 }
 
 }  // namespace qstage::tn

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "stages/tn/network.hpp"
 
@@ -36,20 +37,56 @@ struct IndependentSetOptions {
 };
 Problem king_independent_sets(const IndependentSetOptions& o);
 
+// Decoding from a detector error model: independent error mechanisms, each flipping a set of
+// detectors and of logical observables with its probability (stim's .dem files describe these).
+struct ErrorMechanism {
+  double p = 0;
+  std::vector<int> detectors, observables;
+};
+struct DecodingModel {
+  int detectors = 0, observables = 0;
+  std::vector<ErrorMechanism> mechanisms;
+};
+
+// A detector error model in stim's text format: error(p) with D<k>, L<k> and ^ targets,
+// detector, logical_observable, shift_detectors and (nested) repeat N { ... } blocks, # comments.
+// InputError naming `what` and the line for anything else.
+DecodingModel read_detector_error_model(const std::string& text, const std::string& what);
+
+// The syndrome (one 0/1 character per detector) given, or sampled from `seed` (each mechanism
+// fires with its probability, in order); a sampled error's observables are recorded.
+struct Syndrome {
+  std::optional<std::string> given;
+  std::uint64_t seed = 0;
+};
+
+// Every mechanism a copy tensor with its weights, joined to the detectors and observables it
+// flips; every detector a parity tensor fixed to its syndrome bit; every observable a parity
+// tensor with an open mode (parities over many legs as chains of 3-leg tensors). The result,
+// over the open modes L0, L1, ... (row-major), is P(syndrome, observables): maximum-likelihood
+// decoding picks the largest. `about` gains detectors, observables, mechanisms, the syndrome and
+// a sampled error's true_observables (L0 first).
+Problem decoding_network(const DecodingModel& model, const Syndrome& syndrome, std::string description, nlohmann::json about);
+struct DetectorErrorModelOptions {
+  std::string text, file;  // the model, and where it came from (for messages)
+  Syndrome syndrome;
+};
+Problem detector_error_model_decoding(const DetectorErrorModelOptions& o);
+
 // Rotated surface code of odd distance d (data qubit (r, c) is r * d + c; Z checks detect the
 // bit flips), `rounds` rounds of Z-check measurement, the last one perfect (the data's readout):
 // each data qubit flips with probability p each round, each earlier measurement with probability
 // q (phenomenological noise; rounds 1 is code capacity). Detectors: a check's change from one
 // round to the next. The output mode is the logical class (the flips' parity on Z_L = Z on row
 // 0), so the result is [P(syndrome, class 0), P(syndrome, class 1)]: the larger is the maximum-
-// likelihood decision. The syndrome is given (one 0/1 character per detector, check-major within
-// a round, rounds in order) or sampled from `seed`, whose true class is then recorded.
+// likelihood decision. Detectors are numbered check-major within a round, rounds in order; the
+// network is decoding_network's for the mechanisms (the data flips round by round, then the
+// misreadings), observable L0 the class.
 struct SurfaceCodeOptions {
   int distance = 3, rounds = 1;
   double p = 0.05;
   std::optional<double> q;  // default: p
-  std::uint64_t seed = 0;
-  std::optional<std::string> syndrome;
+  Syndrome syndrome;
 };
 Problem surface_code_decoding(const SurfaceCodeOptions& o);
 
