@@ -243,6 +243,15 @@ def test_the_fig1_workflow(tmp):
     assert (circuit["detectors"], circuit["mechanisms"]) == (24, 219) and "1" in circuit["syndrome"]
     assert p.shape == (2,) and (p > 0).all() and p.sum() <= 1
     assert int(np.argmax(p)) == int(circuit["true_observables"], 2)
+    # The built networks' files (with the attribute 'problem') match tn.build's output schema.
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = json.loads((ROOT / "schemas" / "outputs" / "tn.build.json").read_text())
+    for step in ("king", "code", "circuit"):
+        r = run(["inspect", out / f"{step}.h5", "--json"])
+        assert r.code == 0, r
+        layout = json.loads(r.out)
+        assert "problem" in layout["attributes"]
+        jsonschema.validate(layout, schema)
 
 
 # ----------------------------------------------------------------------------- detector error models
