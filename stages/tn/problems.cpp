@@ -3,9 +3,9 @@
 #include <fmt/format.h>
 
 #include <bit>
+#include <cmath>
 #include <set>
 #include <sstream>
-#include <cmath>
 #include <vector>
 
 #include "core/error.hpp"
@@ -37,7 +37,7 @@ struct Builder {
 std::vector<cd> copy_tensor(std::size_t k, cd zero, cd one) {
   std::vector<cd> t(std::size_t{1} << k);
   t.front() = zero;
-  t.back() += one;  // (k = 0 would be one value; callers never ask for it)
+  t.back() += one;  // (k = 0: one value, zero + one; add_copy never asks for it)
   return t;
 }
 
