@@ -25,6 +25,8 @@ struct RandomFill {
 QSTAGE_HD std::uint64_t random_bits(std::uint64_t key, std::uint64_t j) { return splitmix64(key + (j + 1) * kGolden); }
 QSTAGE_HD float random_float(std::uint64_t bits) { return static_cast<float>(bits >> 40) * 0x1p-23f - 1.0f; }
 QSTAGE_HD double random_double(std::uint64_t bits) { return static_cast<double>(bits >> 11) * 0x1p-52 - 1.0; }
+// Uniform on [0, 1) (53 bits): probabilities drawn from the same stream (tn.build's sampled instances).
+QSTAGE_HD double random_unit(std::uint64_t bits) { return static_cast<double>(bits >> 11) * 0x1p-53; }
 
 // Enqueues the fill on `stream` (cpu: runs now).
 void random_fill(Stream& stream, const RandomFill& args);

@@ -171,12 +171,13 @@ class BuildStage final : public ComputedStage {
         extra["bitstrings"] = tn::bitstrings_from_params(p.source, ctx.files, c.qubits);
       }
     } else if (p.independent_sets || p.surface_code || p.detector_error_model) {
-      tn::Problem problem =
-          p.independent_sets ? tn::king_independent_sets(*p.independent_sets)
-          : p.surface_code   ? tn::surface_code_decoding(*p.surface_code)
-                             : tn::detector_error_model_decoding({fsutil::read_file(ctx.files.at("/detector_error_model/file")),
-                                                                  ctx.files.at("/detector_error_model/file").filename().string(),
-                                                                  *p.detector_error_model});
+      auto from_model = [&] {
+        const auto& file = ctx.files.at("/detector_error_model/file");
+        return tn::detector_error_model_decoding({fsutil::read_file(file), file.filename().string(), *p.detector_error_model});
+      };
+      tn::Problem problem = p.independent_sets ? tn::king_independent_sets(*p.independent_sets)
+                            : p.surface_code   ? tn::surface_code_decoding(*p.surface_code)
+                                               : from_model();
       net = std::move(problem.network);
       extra["problem"] = std::move(problem.about);
     } else {

@@ -17,7 +17,7 @@ namespace {
 using nlohmann::json;
 
 // The j-th number of the seeded stream, uniform on [0, 1).
-double uniform01(std::uint64_t key, std::uint64_t j) { return static_cast<double>(kernels::random_bits(key, j) >> 11) * 0x1p-53; }
+double uniform01(std::uint64_t key, std::uint64_t j) { return kernels::random_unit(kernels::random_bits(key, j)); }
 
 // Builds a network of extent-2 modes tensor by tensor.
 struct Builder {
@@ -53,68 +53,6 @@ void check_probability(double v, const char* name, bool zero_allowed) {
   if (!std::isfinite(v) || v > 0.5 || v < 0 || (!zero_allowed && v == 0))
     throw InputError(fmt::format("surface_code: {} = {}; expected a probability in {}0, 0.5]", name, v, zero_allowed ? "[" : "("));
 }
-
-}  // namespace
-
-Problem king_independent_sets(const IndependentSetOptions& o) {
-  if (o.rows < 1 || o.cols < 1 || static_cast<std::int64_t>(o.rows) * o.cols > (1 << 20))
-    throw InputError(fmt::format("independent_sets: {} x {} sites; expected 1 to 2^20 sites", o.rows, o.cols));
-  if (!(o.fill >= 0 && o.fill <= 1)) throw InputError(fmt::format("independent_sets: fill = {}; expected 0 to 1", o.fill));
-  if (!std::isfinite(o.fugacity)) throw InputError(fmt::format("independent_sets: fugacity = {}; expected a finite number", o.fugacity));
-  const std::uint64_t key = kernels::splitmix64(o.seed ^ 0x4b696e6773ULL);
-  std::vector<int> index(static_cast<std::size_t>(o.rows) * o.cols, -1);  // site -> vertex, -1 where removed
-  json sites = json::array();
-  int vertices = 0;
-  for (int r = 0; r < o.rows; ++r)
-    for (int c = 0; c < o.cols; ++c)
-      if (uniform01(key, static_cast<std::uint64_t>(r) * o.cols + c) < o.fill) {
-        index[static_cast<std::size_t>(r) * o.cols + c] = vertices++;
-        sites.push_back({r, c});
-      }
-  if (vertices == 0)
-    throw InputError(fmt::format("independent_sets: no site of the {} x {} grid kept at fill {} (seed {}); expected a larger "
-                                 "fill or grid", o.rows, o.cols, o.fill, o.seed));
-  auto at = [&](int r, int c) { return r < 0 || c < 0 || r >= o.rows || c >= o.cols ? -1 : index[static_cast<std::size_t>(r) * o.cols + c]; };
-  Builder b;
-  std::vector<std::vector<Mode>> legs(static_cast<std::size_t>(vertices));
-  json edges = json::array();
-  for (int r = 0; r < o.rows; ++r)
-    for (int c = 0; c < o.cols; ++c) {
-      const int u = at(r, c);
-      if (u < 0) continue;
-      // (each edge once: the neighbours right, below left, below and below right)
-      for (const auto& [dr, dc] : {std::pair{0, 1}, {1, -1}, {1, 0}, {1, 1}}) {
-        const int v = at(r + dr, c + dc);
-        if (v < 0) continue;
-        const Mode mu = b.mode(), mv = b.mode();
-        legs[static_cast<std::size_t>(u)].push_back(mu);
-        legs[static_cast<std::size_t>(v)].push_back(mv);
-        b.add({mu, mv}, {1.0, 1.0, 1.0, 0.0}, fmt::format("edge {} {}", u, v));
-        edges.push_back({u, v});
-      }
-    }
-  for (int v = 0; v < vertices; ++v) {
-    auto& l = legs[static_cast<std::size_t>(v)];
-    const std::string tag = fmt::format("vertex {} ({}, {})", v, sites[static_cast<std::size_t>(v)][0].get<int>(),
-                                        sites[static_cast<std::size_t>(v)][1].get<int>());
-    if (l.empty()) {  // (a mode must join two tensors: the vertex's weights and a sum over it)
-      const Mode m = b.mode();
-      b.add({m}, {1.0, o.fugacity}, tag);
-      b.add({m}, {1.0, 1.0}, fmt::format("sum over vertex {}", v));
-      continue;
-    }
-    b.add(l, copy_tensor(l.size(), 1.0, o.fugacity), tag);
-  }
-  b.net.description = fmt::format("independent sets of a King's subgraph: {} of {} x {} sites (fill {}, seed {}), {} edges, "
-                                  "fugacity {}", vertices, o.rows, o.cols, o.fill, o.seed, edges.size(), o.fugacity);
-  Problem p{std::move(b.net), json::object()};
-  p.about = {{"problem", "independent_sets"}, {"graph", "king"}, {"rows", o.rows}, {"cols", o.cols}, {"fill", o.fill},
-             {"seed", o.seed}, {"fugacity", o.fugacity}, {"vertices", vertices}, {"sites", sites}, {"edges", edges},
-             {"value", "sum over the independent sets S of fugacity^|S|"}};
-  return p;
-}
-
-namespace {
 
 // A parity constraint over `legs` (their XOR equals `parity`): one tensor up to 4 legs, else a
 // chain of 3-leg XORs through new carry modes. No legs: a factor 1, or 0 for parity 1.
@@ -259,7 +197,66 @@ struct DemReader {
   }
 };
 
+
 }  // namespace
+
+Problem king_independent_sets(const IndependentSetOptions& o) {
+  if (o.rows < 1 || o.cols < 1 || static_cast<std::int64_t>(o.rows) * o.cols > (1 << 20))
+    throw InputError(fmt::format("independent_sets: {} x {} sites; expected 1 to 2^20 sites", o.rows, o.cols));
+  if (!(o.fill >= 0 && o.fill <= 1)) throw InputError(fmt::format("independent_sets: fill = {}; expected 0 to 1", o.fill));
+  if (!std::isfinite(o.fugacity)) throw InputError(fmt::format("independent_sets: fugacity = {}; expected a finite number", o.fugacity));
+  const std::uint64_t key = kernels::splitmix64(o.seed ^ 0x4b696e6773ULL);
+  std::vector<int> index(static_cast<std::size_t>(o.rows) * o.cols, -1);  // site -> vertex, -1 where removed
+  json sites = json::array();
+  int vertices = 0;
+  for (int r = 0; r < o.rows; ++r)
+    for (int c = 0; c < o.cols; ++c)
+      if (uniform01(key, static_cast<std::uint64_t>(r) * o.cols + c) < o.fill) {
+        index[static_cast<std::size_t>(r) * o.cols + c] = vertices++;
+        sites.push_back({r, c});
+      }
+  if (vertices == 0)
+    throw InputError(fmt::format("independent_sets: no site of the {} x {} grid kept at fill {} (seed {}); expected a larger "
+                                 "fill or grid", o.rows, o.cols, o.fill, o.seed));
+  auto at = [&](int r, int c) { return r < 0 || c < 0 || r >= o.rows || c >= o.cols ? -1 : index[static_cast<std::size_t>(r) * o.cols + c]; };
+  Builder b;
+  std::vector<std::vector<Mode>> legs(static_cast<std::size_t>(vertices));
+  json edges = json::array();
+  for (int r = 0; r < o.rows; ++r)
+    for (int c = 0; c < o.cols; ++c) {
+      const int u = at(r, c);
+      if (u < 0) continue;
+      // (each edge once: the neighbours right, below left, below and below right)
+      for (const auto& [dr, dc] : {std::pair{0, 1}, {1, -1}, {1, 0}, {1, 1}}) {
+        const int v = at(r + dr, c + dc);
+        if (v < 0) continue;
+        const Mode mu = b.mode(), mv = b.mode();
+        legs[static_cast<std::size_t>(u)].push_back(mu);
+        legs[static_cast<std::size_t>(v)].push_back(mv);
+        b.add({mu, mv}, {1.0, 1.0, 1.0, 0.0}, fmt::format("edge {} {}", u, v));
+        edges.push_back({u, v});
+      }
+    }
+  for (int v = 0; v < vertices; ++v) {
+    auto& l = legs[static_cast<std::size_t>(v)];
+    const std::string tag = fmt::format("vertex {} ({}, {})", v, sites[static_cast<std::size_t>(v)][0].get<int>(),
+                                        sites[static_cast<std::size_t>(v)][1].get<int>());
+    if (l.empty()) {  // (a mode must join two tensors: the vertex's weights and a sum over it)
+      const Mode m = b.mode();
+      b.add({m}, {1.0, o.fugacity}, tag);
+      b.add({m}, {1.0, 1.0}, fmt::format("sum over vertex {}", v));
+      continue;
+    }
+    b.add(l, copy_tensor(l.size(), 1.0, o.fugacity), tag);
+  }
+  b.net.description = fmt::format("independent sets of a King's subgraph: {} of {} x {} sites (fill {}, seed {}), {} edges, "
+                                  "fugacity {}", vertices, o.rows, o.cols, o.fill, o.seed, edges.size(), o.fugacity);
+  Problem p{std::move(b.net), json::object()};
+  p.about = {{"problem", "independent_sets"}, {"graph", "king"}, {"rows", o.rows}, {"cols", o.cols}, {"fill", o.fill},
+             {"seed", o.seed}, {"fugacity", o.fugacity}, {"vertices", vertices}, {"sites", sites}, {"edges", edges},
+             {"value", "sum over the independent sets S of fugacity^|S|"}};
+  return p;
+}
 
 DecodingModel read_detector_error_model(const std::string& text, const std::string& what) {
   std::vector<DemLine> lines;
