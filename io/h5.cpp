@@ -568,6 +568,18 @@ void Dataset::write_stored_chunk(std::uint64_t index, const void* data, std::uin
   check(H5Dwrite_chunk(id(), H5P_DEFAULT, 0, offset.data(), bytes, data), "H5Dwrite_chunk", where_);
 }
 
+std::vector<std::uint8_t> Dataset::read_stored_chunk(std::uint64_t index) const {
+  const Shape s = shape();
+  std::vector<hsize_t> offset(s.size(), 0);
+  if (!s.empty()) offset[0] = index * chunk().at(0);
+  hsize_t bytes = 0;
+  check(H5Dget_chunk_storage_size(id(), offset.data(), &bytes), "H5Dget_chunk_storage_size", where_);
+  std::vector<std::uint8_t> out(bytes);
+  std::uint32_t mask = 0;
+  check(H5Dread_chunk(id(), H5P_DEFAULT, offset.data(), &mask, out.data()), "H5Dread_chunk", where_);
+  return out;
+}
+
 Dataset File::open_dataset(std::string_view name) const {
   std::string n(name);
   Where w{where_.file, n};

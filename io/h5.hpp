@@ -154,6 +154,8 @@ class Dataset : public Object {
   // filtered, bypassing the pipeline (H5Dwrite_chunk). Serial files only: parallel HDF5 1.10
   // does not coordinate direct chunk writes of several ranks.
   void write_stored_chunk(std::uint64_t index, const void* data, std::uint64_t bytes);
+  // Chunk `index` (along axis 0) as it is stored, still filtered (H5Dread_chunk).
+  std::vector<std::uint8_t> read_stored_chunk(std::uint64_t index) const;
   bool parallel() const { return parallel_; }  // the file is open with MPI-IO
 
  private:

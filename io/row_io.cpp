@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <condition_variable>
@@ -10,9 +11,12 @@
 #include <cstring>
 #include <exception>
 #include <fmt/format.h>
+#include <xxhash.h>
 #include <mutex>
 
 #include "core/error.hpp"
+#include "core/hash.hpp"
+#include "kernels/checksum.hpp"
 
 namespace qstage::h5 {
 
@@ -340,6 +344,58 @@ void StoredChunkReader::read(std::uint64_t first, std::uint64_t n, void* buffer,
     if (size) pieces.push_back({addr, size, k * slot_bytes + sizeof head});
   }
   transfer(fd_, pieces, out, false, dataset_.where().file);
+}
+
+std::uint64_t qsum64_of_rows(const Dataset& d, std::uint64_t rows, std::uint64_t at) {
+  const auto dtype = d.dtype();
+  if (!dtype) throw InputError(fmt::format("dataset has element type {}; expected one qstage writes", d.type_description()));
+  const unsigned word = dtype_size(*dtype) % 4 == 0 ? 4 : 1;
+  const h5::Shape shape = d.shape();
+  std::uint64_t sum = 0;
+  if (shape.empty()) {  // a scalar
+    std::vector<char> value(dtype_size(*dtype));
+    d.read_all(value.data());
+    kernels::checksum_cpu({value.data(), value.size(), word, at * value.size() / word, &sum});
+    return sum;
+  }
+  const std::uint64_t row_bytes = d.row_bytes();
+  if (row_bytes == 0 || rows == 0) return 0;
+  const std::uint64_t piece = std::max<std::uint64_t>(1, (std::uint64_t{8} << 20) / row_bytes);
+  std::vector<char> buffer(std::min(piece, rows) * row_bytes);
+  for (std::uint64_t r = 0; r < rows; r += piece) {
+    const std::uint64_t n = std::min(piece, rows - r);
+    d.read_rows(r, n, buffer.data());
+    std::uint64_t part = 0;
+    kernels::checksum_cpu({buffer.data(), n * row_bytes, word, (at + r) * row_bytes / word, &part});
+    sum += part;  // wraps modulo 2^64
+  }
+  return sum;
+}
+
+std::uint64_t qsum64_of(const Dataset& d) {
+  const h5::Shape shape = d.shape();
+  return qsum64_of_rows(d, shape.empty() ? 1 : shape[0]);
+}
+
+std::optional<ChecksumCheck> recompute_checksum(const Dataset& d) {
+  if (d.has_attribute("qsum64")) return ChecksumCheck{"qsum64", d.string_attribute("qsum64"), hex64(qsum64_of(d))};
+  if (!d.has_attribute("stored_xxh64")) return std::nullopt;
+  const Shape shape = d.shape(), chunk = d.chunk();
+  const std::uint64_t chunks = shape.empty() || chunk.empty() ? 0 : (shape[0] + chunk[0] - 1) / chunk[0];
+  XXH64_state_t* hash = XXH64_createState();
+  XXH64_reset(hash, 0);
+  try {
+    for (std::uint64_t k = 0; k < chunks; ++k) {
+      const std::vector<std::uint8_t> stored = d.read_stored_chunk(k);
+      XXH64_update(hash, stored.data(), stored.size());
+    }
+  } catch (...) {
+    XXH64_freeState(hash);
+    throw;
+  }
+  const std::string digest = hex64(XXH64_digest(hash));
+  XXH64_freeState(hash);
+  return ChecksumCheck{"stored_xxh64", d.string_attribute("stored_xxh64"), digest};
 }
 
 }  // namespace qstage::h5

@@ -128,4 +128,21 @@ class StoredChunkReader {
   int fd_ = -1;
 };
 
+// The qsum64 (kernels/checksum.hpp) of a dataset's rows [0, rows), taken as rows [at, at + rows)
+// of an output (a word's place in the sum is its place in the output: a segment's rows are
+// summed where the merge puts them). Read in pieces of about 8 MiB. The words are 4 bytes wide,
+// or 1 where the element size is not a multiple of 4, as every qsum64 qstage stores. A dataset of
+// rank 0 is one row.
+std::uint64_t qsum64_of_rows(const Dataset& d, std::uint64_t rows, std::uint64_t at = 0);
+// The same over all its rows.
+std::uint64_t qsum64_of(const Dataset& d);
+
+// A dataset's checksum attribute against its data: qsum64 over its values, or stored_xxh64 (coded
+// chunks) over its stored chunks in order; nullopt if it has neither (`qstage inspect --verify`).
+struct ChecksumCheck {
+  std::string attribute, recorded, computed;
+  bool ok() const { return recorded == computed; }
+};
+std::optional<ChecksumCheck> recompute_checksum(const Dataset& d);
+
 }  // namespace qstage::h5

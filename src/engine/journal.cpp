@@ -3,10 +3,14 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+#include <numeric>
 #include <set>
 
 #include "core/fsutil.hpp"
 #include "core/hash.hpp"
+#include "io/h5.hpp"
+#include "io/row_io.hpp"
 
 namespace qstage::engine {
 
@@ -29,20 +33,106 @@ std::string from_hex(const std::string& hex) {
   return out;
 }
 
+// Journals since the format of 2026-12 carry a hash of their own text and per-segment checksums.
+constexpr const char* kFormat = "qstage-journal-2";
+
+// The hash a journal file records of itself: over its JSON without the "hash" member.
+std::string self_hash(json j) {
+  j.erase("hash");
+  return hash_bytes(j.dump());
+}
+
+// Outputs whose rows the segments hold (engine/output_sinks.cpp's RowsSink); coded chunks go to
+// spools, exchanged ones to bucket files.
+bool in_segments(const OutputDecl& out) {
+  return out.kind == OutputKind::rows || (out.kind == OutputKind::appended && out.buckets == 0);
+}
+
 }  // namespace
+
+std::string journal_problem(const Journal& j, const PassSpec& spec) {
+  if (j.committed_rows > j.rows) return fmt::format("committed_rows {} is beyond the pass's {} rows", j.committed_rows, j.rows);
+  const bool segmented = std::any_of(spec.outputs.begin(), spec.outputs.end(), in_segments);
+  if (!segmented || j.committed_rows == 0) {
+    if (!j.segments.empty() && !segmented) return "it names segments, but the pass writes none";
+    if (j.committed_rows == 0 && !j.segments.empty()) return "it names segments, but no rows are committed";
+    return "";
+  }
+  // The segments cover [0, committed_rows) in order, and each output's rows follow on.
+  std::uint64_t row = 0;
+  std::vector<std::uint64_t> out_row(spec.outputs.size(), 0);
+  for (const auto& seg : j.segments) {
+    if (seg.rows.begin != row || seg.rows.end < seg.rows.begin)
+      return fmt::format("segment {} holds rows [{}, {}), after rows up to {}", seg.file, seg.rows.begin, seg.rows.end, row);
+    for (std::size_t o = 0; o < spec.outputs.size(); ++o) {
+      if (!in_segments(spec.outputs[o])) continue;
+      const RowRange r = seg.output_rows.at(o);
+      if (r.begin != out_row[o] || r.end < r.begin ||
+          (spec.outputs[o].kind == OutputKind::rows && (r.begin != seg.rows.begin || r.end != seg.rows.end)))
+        return fmt::format("segment {} places rows [{}, {}) of '{}' out of order", seg.file, r.begin, r.end,
+                           spec.outputs[o].name);
+      out_row[o] = r.end;
+    }
+    row = seg.rows.end;
+  }
+  if (row != j.committed_rows)
+    return fmt::format("committed_rows is {}, but its segments hold rows up to {}", j.committed_rows, row);
+  for (std::size_t o = 0; o < spec.outputs.size(); ++o) {
+    if (spec.outputs[o].kind == OutputKind::appended &&
+        std::accumulate(j.appended[o].begin(), j.appended[o].end(), std::uint64_t{0}) != out_row[o])
+      return fmt::format("its batches appended other rows of '{}' than its segments hold", spec.outputs[o].name);
+    if (!in_segments(spec.outputs[o]) ||
+        std::any_of(j.segments.begin(), j.segments.end(), [](const Segment& s) { return s.checksums.empty(); }))
+      continue;
+    std::uint64_t sum = 0;
+    for (const auto& seg : j.segments) sum += seg.checksums.at(o);  // wraps modulo 2^64
+    if (sum != j.checksums.at(o))
+      return fmt::format("the checksum of '{}' is not the sum of its segments'", spec.outputs[o].name);
+  }
+  return "";
+}
+
+std::optional<BadSegment> first_bad_segment(const Journal& j, const PassSpec& spec, const fs::path& dir) {
+  for (std::size_t k = 0; k < j.segments.size(); ++k) {
+    const Segment& seg = j.segments[k];
+    try {
+      const h5::File file = h5::File::open(dir / seg.file, h5::Mode::read_only);
+      for (std::size_t o = 0; o < spec.outputs.size(); ++o) {
+        if (!in_segments(spec.outputs[o])) continue;
+        const RowRange r = seg.output_rows.at(o);
+        const h5::Dataset d = file.open_dataset(spec.outputs[o].name);
+        const h5::Shape shape = d.shape();
+        if (shape.empty() || shape[0] != r.size())
+          return BadSegment{k, fmt::format("holds {} rows of '{}'; its journal recorded {}", shape.empty() ? 0 : shape[0],
+                                           spec.outputs[o].name, r.size())};
+        if (!seg.checksums.empty() && h5::qsum64_of_rows(d, r.size(), r.begin) != seg.checksums.at(o))
+          return BadSegment{k, fmt::format("rows [{}, {}) of '{}' do not match their checksum", r.begin, r.end,
+                                           spec.outputs[o].name)};
+      }
+    } catch (const std::exception& e) {
+      return BadSegment{k, fmt::format("cannot be read ({})", e.what())};
+    }
+  }
+  return std::nullopt;
+}
 
 json Journal::to_json() const {
   json segs = json::array();
   for (const auto& s : segments) {
     json outputs = json::array();
     for (const auto& r : s.output_rows) outputs.push_back({r.begin, r.end});
-    segs.push_back({{"file", s.file}, {"rows", {s.rows.begin, s.rows.end}}, {"outputs", outputs}});
+    json seg = {{"file", s.file}, {"rows", {s.rows.begin, s.rows.end}}, {"outputs", outputs}};
+    if (!s.checksums.empty()) {
+      seg["sums"] = json::array();
+      for (auto c : s.checksums) seg["sums"].push_back(hex64(c));
+    }
+    segs.push_back(std::move(seg));
   }
   json sums = json::array();
   for (auto c : checksums) sums.push_back(hex64(c));
   json spool_list = json::array();
   for (const auto& sp : spools) spool_list.push_back({{"output", sp.output}, {"file", sp.file}, {"state", to_hex(sp.state)}});
-  return {{"spools", spool_list}, {"format", "qstage-journal-1"}, {"key", key}, {"rows", rows}, {"tile_rows", tile_rows},
+  return {{"spools", spool_list}, {"format", kFormat}, {"key", key}, {"rows", rows}, {"tile_rows", tile_rows},
           {"committed_rows", committed_rows}, {"segments", segs}, {"checksums", sums},
           {"reduction", to_hex(reduction)}, {"appended", appended}, {"buckets", buckets}, {"attempts", attempts}, {"wall_seconds", wall_seconds},
           {"compute_seconds", compute_seconds}};
@@ -58,6 +148,7 @@ Journal Journal::from_json(const json& j) {
     Segment seg{s.at("file").get<std::string>(), {s.at("rows")[0].get<std::uint64_t>(), s.at("rows")[1].get<std::uint64_t>()}, {}};
     for (const auto& r : s.value("outputs", json::array()))
       seg.output_rows.push_back({r[0].get<std::uint64_t>(), r[1].get<std::uint64_t>()});
+    for (const auto& c : s.value("sums", json::array())) seg.checksums.push_back(parse_hex64(c.get<std::string>()));
     out.segments.push_back(std::move(seg));
   }
   for (const auto& c : j.at("checksums")) out.checksums.push_back(parse_hex64(c.get<std::string>()));
@@ -97,11 +188,14 @@ Journal StepWork::load(const PassSpec& spec) {
           reduction_file = text.at("reduction_file").get<std::string>();
           j.reduction = read_reduction(text);
         }
-        for (const auto& s : j.segments) usable = usable && fs::exists(dir_ / s.file);
         for (const auto& s : j.segments) usable = usable && s.output_rows.size() == spec.outputs.size();
-        for (const auto& sp : j.spools) usable = usable && fs::exists(dir_ / sp.file);
+        for (const auto& s : j.segments) usable = usable && (s.checksums.empty() || s.checksums.size() == spec.outputs.size());
         if (!usable) spdlog::info("discarding earlier progress in {}: it belongs to other parameters or inputs",
                                   dir_.string());
+        else if (const std::string problem = verify(text, j, spec); !problem.empty()) {
+          spdlog::warn("discarding the earlier progress in {}: {}; the pass starts again", dir_.string(), problem);
+          usable = false;
+        }
       } catch (const std::exception& e) {
         usable = false;
         spdlog::warn("discarding unreadable journal {}: {}", path.string(), e.what());
@@ -142,6 +236,39 @@ Journal StepWork::load(const PassSpec& spec) {
 // The fold's state is binary and may be large (a partial per output row): it goes to a side file
 // named by the committed rows, written (atomically) before the journal that names it, so a kill
 // between the two leaves the old journal with its old file. Its size and hash are checked on load.
+// A journal is trusted as far as it and its files agree: its own hash (an edited or damaged
+// journal), its segments against its rows and checksums, every spool it names present, and every
+// segment's rows against their checksums. A segment that fails takes the rows from it on with it
+// where nothing else depends on them (plain row outputs, no fold), else the whole pass. Returns
+// why the journal cannot be used (empty: it can, possibly cut back to its good segments).
+std::string StepWork::verify(const json& text, Journal& j, const PassSpec& spec) const {
+  if (text.contains("hash") ? text.at("hash").get<std::string>() != self_hash(text)
+                            : text.value("format", "") != "qstage-journal-1")
+    return "journal.json does not match its own hash (edited or damaged)";
+  if (std::string problem = journal_problem(j, spec); !problem.empty()) return "journal.json is inconsistent: " + problem;
+  for (const auto& s : j.segments)
+    if (!fs::exists(dir_ / s.file)) return fmt::format("its segment {} is missing", s.file);
+  for (const auto& sp : j.spools)
+    if (!fs::exists(dir_ / sp.file)) return fmt::format("its chunk spool {} is missing", sp.file);
+  const auto bad = first_bad_segment(j, spec, dir_);
+  if (!bad) return "";
+  const Segment& seg = j.segments[bad->index];
+  const bool cut_back_possible =
+      j.reduction.empty() && j.spools.empty() && !seg.checksums.empty() &&
+      std::all_of(spec.outputs.begin(), spec.outputs.end(), [](const OutputDecl& o) { return o.kind == OutputKind::rows; });
+  if (!cut_back_possible) return fmt::format("its segment {} {}", seg.file, bad->why);
+  spdlog::warn("segment {} of {} {}: recomputing rows [{}, {})", seg.file, dir_.string(), bad->why, seg.rows.begin,
+               j.committed_rows);
+  j.committed_rows = seg.rows.begin;
+  j.segments.resize(bad->index);
+  for (std::size_t o = 0; o < spec.outputs.size(); ++o) {
+    j.checksums[o] = 0;
+    for (const auto& kept : j.segments) j.checksums[o] += kept.checksums.at(o);
+  }
+  save(j);
+  return "";
+}
+
 void StepWork::save(const Journal& journal) const {
   json j = journal.to_json();
   j.erase("reduction");
@@ -153,6 +280,7 @@ void StepWork::save(const Journal& journal) const {
     j["reduction_bytes"] = journal.reduction.size();
     j["reduction_hash"] = hash_bytes(journal.reduction);
   }
+  j["hash"] = self_hash(j);
   fsutil::write_file_atomic(dir_ / "journal.json", j.dump(1));
   // The journal now names `current`: earlier side files are not needed any more.
   std::error_code ec;

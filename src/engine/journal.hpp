@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,9 @@ struct Segment {
   std::string file;  // name inside the work directory
   RowRange rows;     // pass rows
   std::vector<RowRange> output_rows;  // per output: its rows in this segment (appended outputs' own)
+  // Per output in segments: the qsum64 of its rows here, at their places in the output (what the
+  // segment must hold; checked before a resumed run trusts it). Empty in journals of older runs.
+  std::vector<std::uint64_t> checksums = {};
 };
 
 // The chunk spool of a compressed output (OutputDecl::codec): its file in the work directory and
@@ -49,6 +53,17 @@ struct Journal {
   static Journal from_json(const nlohmann::json& j);
 };
 
+// Why a journal's progress cannot be trusted as it stands, found by checking it against itself
+// and against the segment files it names (empty: it can). `spec` is the pass it belongs to.
+std::string journal_problem(const Journal& journal, const PassSpec& spec);
+// The first segment whose files do not hold the rows its journal recorded (a segment file cut
+// short, or bytes changed), with why; nullopt if every segment does. Reads every segment.
+struct BadSegment {
+  std::size_t index = 0;
+  std::string why;
+};
+std::optional<BadSegment> first_bad_segment(const Journal& journal, const PassSpec& spec, const std::filesystem::path& dir);
+
 // The work directory of one step.
 class StepWork {
  public:
@@ -77,6 +92,7 @@ class StepWork {
 
  private:
   std::string read_reduction(const nlohmann::json& journal) const;  // the side file's bytes, checked
+  std::string verify(const nlohmann::json& text, Journal& journal, const PassSpec& spec) const;
   std::filesystem::path dir_;
   std::string key_;
   const mpi::Comm& comm_;

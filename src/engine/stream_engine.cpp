@@ -415,8 +415,11 @@ class PassRun {
     if (segments && !segment_.open()) {
       segment_.create(work_.segment_path(journal_.segments.size()));
       segment_first_row_ = round.rows.begin;
-      for (auto& sink : sinks_)
+      segment_first_sums_.clear();
+      for (auto& sink : sinks_) {
+        segment_first_sums_.push_back(sink->checksum());
         if (sink->in_segments()) sink->open_segment(segment_.file());
+      }
     }
     std::string record;  // what rank 0 needs: each output's piece, then the partials
     for (size_t o = 0; o < sinks_.size(); ++o) sinks_[o]->write_round(round, counts[o], slot ? &slot->out[o] : nullptr, record);
@@ -445,9 +448,10 @@ class PassRun {
     if (segment_.open()) {
       const fs::path final_path = work_.segment_path(journal_.segments.size());
       Segment seg{final_path.filename().string(), {segment_first_row_, upto}, {}};
-      for (auto& sink : sinks_) {
-        seg.output_rows.push_back(sink->segment_rows());
-        sink->close_datasets();
+      for (std::size_t o = 0; o < sinks_.size(); ++o) {
+        seg.output_rows.push_back(sinks_[o]->segment_rows());
+        seg.checksums.push_back(sinks_[o]->checksum() - segment_first_sums_[o]);  // (rank 0's; wraps modulo 2^64)
+        sinks_[o]->close_datasets();
       }
       segment_.close();
       if (comm_.root()) fsutil::commit_rename(segment_.temp(), final_path);
@@ -585,6 +589,7 @@ class PassRun {
   std::vector<std::unique_ptr<detail::OutputSink>> sinks_;
   detail::SegmentFile segment_;
   std::uint64_t segment_first_row_ = 0;  // pass row where the open segment starts
+  std::vector<std::uint64_t> segment_first_sums_;  // rank 0: each output's qsum64 where it starts
   Journal journal_;
   Batches batches_;
   std::vector<std::unique_ptr<h5::RowReader>> readers_;

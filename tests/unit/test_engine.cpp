@@ -15,6 +15,7 @@
 #include "core/mpi.hpp"
 #include "core/signals.hpp"
 #include "engine/checkpoint_pace.hpp"
+#include "engine/journal.hpp"
 #include "engine/partition.hpp"
 #include "engine/stream_engine.hpp"
 #include "io/h5.hpp"
@@ -256,6 +257,57 @@ TEST(Engine, ForeignJournalIsDiscarded) {
   EXPECT_EQ(r.outcome.resumed_from, 0u);
   EXPECT_EQ(r.y, fx.expected());
   EXPECT_FALSE(fs::exists(work / "seg-000007.h5.tmp"));
+}
+
+// A stopped pass's journal and segments, checked the way a resumed run checks them before it
+// trusts them: the journal against itself, then every segment's rows against their checksums.
+TEST(Engine, JournalAndSegmentsAreCheckedBeforeTheyAreTrusted) {
+  Fixture fx(30000);
+  signals::request_stop(0);
+  Result first = run_pass(fx, 700u << 10, 0.0, "checked", /*stop_at=*/3);
+  signals::request_stop(0);
+  ASSERT_FALSE(first.outcome.complete);
+  const engine::Journal& j = first.outcome.journal;
+  ASSERT_GE(j.segments.size(), 2u);
+  const auto spec = fx.spec();
+  const fs::path work = fx.dir.path / "work-checked";
+  EXPECT_EQ(engine::journal_problem(j, spec), "");
+  EXPECT_FALSE(engine::first_bad_segment(j, spec, work).has_value());
+  // Each segment records the qsum64 of its rows; they add up to the journal's.
+  std::uint64_t sum = 0;
+  for (const auto& seg : j.segments) sum += seg.checksums.at(0);
+  EXPECT_EQ(sum, j.checksums.at(0));
+
+  engine::Journal more = j;
+  more.committed_rows += 256;
+  EXPECT_NE(engine::journal_problem(more, spec).find("committed_rows"), std::string::npos);
+  engine::Journal gap = j;
+  gap.segments[1].rows.begin += 1;
+  EXPECT_NE(engine::journal_problem(gap, spec), "");
+  engine::Journal sums = j;
+  sums.segments[0].checksums[0] ^= 1;
+  EXPECT_NE(engine::journal_problem(sums, spec).find("checksum"), std::string::npos);
+
+  // A value changed inside a segment: found by its checksum, in that segment.
+  {
+    h5::File f = h5::File::open(work / j.segments[1].file, h5::Mode::read_write);
+    h5::Dataset d = f.open_dataset(spec.outputs[0].name);
+    std::vector<float> row(kCols);
+    d.read_rows(5, 1, row.data());
+    row[3] += 1.0f;
+    d.write_rows(5, 1, row.data());
+    f.close();
+  }
+  const auto bad = engine::first_bad_segment(j, spec, work);
+  ASSERT_TRUE(bad.has_value());
+  EXPECT_EQ(bad->index, 1u);
+  EXPECT_NE(bad->why.find("do not match their checksum"), std::string::npos);
+  // The resumed pass (with its fold, it cannot keep the good segments) starts again and gives
+  // the uninterrupted pass's rows and value.
+  Result resumed = run_pass(fx, 700u << 10, 0.0, "checked", -1, /*fresh=*/false);
+  ASSERT_TRUE(resumed.outcome.complete);
+  EXPECT_EQ(resumed.outcome.resumed_from, 0u);
+  EXPECT_EQ(resumed.y, fx.expected());
 }
 
 TEST(Engine, BudgetTooSmallForOneBatchIsInputError) {
