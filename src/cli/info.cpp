@@ -13,6 +13,7 @@
 #include "engine/stream_engine.hpp"
 #include "io/h5.hpp"
 #include "io/h5_describe.hpp"
+#include "io/row_io.hpp"
 #include "runner/manifest.hpp"
 #include "runner/planner.hpp"
 #include "spec/workflow.hpp"
@@ -41,7 +42,15 @@ json step_status(const runner::RunDir& dir, const std::string& id, const json& r
   std::uint64_t total = rec.value("rows_total", std::uint64_t{0});
   double fraction = s["state"] == "done" ? 1.0 : 0.0;
   std::string detail;
-  if (s["state"] != "done") {
+  if (s["state"] == "done") {
+    // (what `qstage run` checks before it skips the step: a damaged output is recomputed)
+    if (const std::string problem = runner::output_problem(dir.output(id), rec); !problem.empty()) {
+      s["state"] = "damaged";
+      s["problem"] = "its output " + problem;
+      fraction = 0;
+      detail = "output " + problem;
+    }
+  } else {
     // Committed progress from the journal, live progress from the last progress report.
     const fs::path journal = dir.work(id) / "journal.json";
     const fs::path progress = dir.work(id) / "progress.json";
@@ -142,6 +151,52 @@ int status(const Args& args) {
 }
 
 // ---------------------------------------------------------------------------------- inspect
+namespace {
+
+// `inspect --verify`: every dataset's checksum recomputed from its data.
+int verify_file(const fs::path& path, bool as_json) {
+  const h5::File f = h5::File::open(path, h5::Mode::read_only);
+  json rows = json::array();
+  int bad = 0;
+  for (const auto& name : f.dataset_paths()) {
+    json row = {{"dataset", name}};
+    try {
+      const auto check = h5::recompute_checksum(f.open_dataset(name));
+      if (!check) {
+        row["status"] = "no checksum";
+      } else {
+        row.update({{"attribute", check->attribute}, {"recorded", check->recorded}, {"computed", check->computed},
+                    {"status", check->ok() ? "ok" : "MISMATCH"}});
+        bad += check->ok() ? 0 : 1;
+      }
+    } catch (const std::exception& e) {
+      row["status"] = fmt::format("unreadable ({})", e.what());
+      ++bad;
+    }
+    rows.push_back(row);
+  }
+  if (as_json) {
+    std::cout << json{{"file", path.string()}, {"datasets", rows}, {"ok", bad == 0}}.dump(2) << "\n";
+  } else {
+    std::cout << "file " << path.string() << "\n";
+    for (const auto& r : rows) {
+      std::cout << fmt::format("  {:<24} {}", r["dataset"].get<std::string>(), r["status"].get<std::string>());
+      if (r.contains("attribute"))
+        std::cout << fmt::format("  {} {}", r["attribute"].get<std::string>(),
+                                 r["status"] == "ok" ? r["recorded"].get<std::string>()
+                                                     : fmt::format("recorded {}, the data give {}",
+                                                                   r["recorded"].get<std::string>(),
+                                                                   r["computed"].get<std::string>()));
+      std::cout << "\n";
+    }
+    std::cout << (bad ? fmt::format("{} of {} datasets do not match their checksums\n", bad, rows.size())
+                      : std::string("every checksum matches the data\n"));
+  }
+  return bad ? kExitCheckFailed : kExitDone;
+}
+
+}  // namespace
+
 int inspect(const Args& args) {
   // --plot: each stage family's views of its outputs (stages/views.hpp).
   std::vector<std::string> plot_stages, plot_draws;
@@ -155,16 +210,19 @@ int inspect(const Args& args) {
       fmt::format("{} outputs: draw {} into this PNG", fmt::join(plot_stages, ", "), fmt::join(plot_draws, "; "));
   po::options_description o("options");
   o.add_options()("file", po::value<std::string>(), "the HDF5 file (positional)")("json", "print JSON")(
-      "plot", po::value<std::string>(), plot_option.c_str());
+      "plot", po::value<std::string>(), plot_option.c_str())(
+      "verify", "recompute every dataset's checksum (qsum64, or stored_xxh64 of compressed chunks) from its data; "
+                "exit 3 if one differs");
   po::positional_options_description pos;
   pos.add("file", 1);
-  const std::string usage = "usage: qstage inspect FILE.h5 [--json] [--plot OUT.png]\n\nLists a file's provenance "
+  const std::string usage = "usage: qstage inspect FILE.h5 [--json] [--plot OUT.png] [--verify]\n\nLists a file's provenance "
                             "attributes and datasets (dtype, shape, chunk, checksum)." + plot_help + "\n";
   auto vm = parse(args, o, pos, usage.c_str(),
                   "examples:\n  qstage inspect qstage-runs/quickstart/outputs/amplitudes.h5\n"
                   "  qstage inspect out.h5 --json | python3 -m json.tool\n"
                   "  qstage inspect qstage-runs/quickstart/outputs/plan.h5 --plot plan.png\n"
-                  "  qstage inspect qstage-runs/mps-xx/outputs/xx.h5 --plot xx.png   # densities, entropies vs time\n");
+                  "  qstage inspect qstage-runs/mps-xx/outputs/xx.h5 --plot xx.png   # densities, entropies vs time\n"
+                  "  qstage inspect qstage-runs/quickstart/outputs/amplitudes.h5 --verify   # data against checksums\n");
   if (!vm) return kExitDone;
   if (!vm->count("file")) throw InputError("inspect: missing the file; expected `qstage inspect FILE.h5`");
   const fs::path path = (*vm)["file"].as<std::string>();
@@ -177,6 +235,7 @@ int inspect(const Args& args) {
   } catch (const h5::Error& e) {
     throw InputError(fmt::format("cannot read '{}': {}", path.string(), e.reason()));
   }
+  if (vm->count("verify")) return verify_file(path, vm->count("json") > 0);
   if (vm->count("plot")) {
     const fs::path png = (*vm)["plot"].as<std::string>();
     const h5::File f = h5::File::open(path, h5::Mode::read_only);

@@ -7,6 +7,7 @@
 
 #include "core/error.hpp"
 #include "core/fsutil.hpp"
+#include "io/h5.hpp"
 
 namespace qstage::runner {
 
@@ -44,6 +45,33 @@ Manifest Manifest::create(std::string workflow) {
 void Manifest::save(const fs::path& run_dir) {
   data_["updated"] = utc_now();
   fsutil::write_file_atomic(run_dir / "manifest.json", data_.dump(1));
+}
+
+std::string output_problem(const fs::path& output, const json& record) {
+  std::error_code ec;
+  if (!fs::exists(output, ec)) return "is missing";
+  const auto size = fs::file_size(output, ec);
+  if (ec) return fmt::format("cannot be read ({})", ec.message());
+  if (record.contains("output_bytes") && record["output_bytes"].get<std::uintmax_t>() != size)
+    return fmt::format("has {} bytes; {} were committed", size, record["output_bytes"].get<std::uintmax_t>());
+  if (!h5::File::is_hdf5(output)) return "is not an HDF5 file";
+  try {
+    const h5::File f = h5::File::open(output, h5::Mode::read_only);
+    if (!f.has_attribute("qstage.step_key") || f.string_attribute("qstage.step_key") != record.value("key", ""))
+      return "is not the one its step committed (another step key)";
+    const json sums = record.value("checksums", json::object());
+    for (auto it = sums.begin(); it != sums.end(); ++it) {
+      const std::string name = "/" + it.key();
+      if (!f.exists(name)) return fmt::format("has no dataset '{}'", name);
+      const h5::Dataset d = f.open_dataset(name);
+      const char* attribute = d.has_attribute("qsum64") ? "qsum64" : "stored_xxh64";
+      if (!d.has_attribute(attribute) || d.string_attribute(attribute) != it.value().get<std::string>())
+        return fmt::format("has another checksum of '{}' than was committed", name);
+    }
+  } catch (const std::exception& e) {
+    return fmt::format("cannot be opened ({})", e.what());
+  }
+  return "";
 }
 
 json& Manifest::step(const std::string& id) {

@@ -32,6 +32,12 @@ class Manifest {
   nlohmann::json data_;
 };
 
+// Why the committed output of a step whose record says it is done cannot be trusted (empty: it
+// can): it must open as HDF5, carry the record's step key, have the size recorded when it was
+// committed, and each dataset the checksum attribute recorded for it. Reads metadata only;
+// `qstage inspect --verify` recomputes the checksums from the data.
+std::string output_problem(const std::filesystem::path& output, const nlohmann::json& record);
+
 // Current UTC time as ISO 8601 ("2026-11-21T14:03:07Z").
 std::string utc_now();
 

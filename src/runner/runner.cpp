@@ -24,10 +24,11 @@
 #include "engine/stream_engine.hpp"
 #include "io/filter/h5z_qstage.hpp"
 #include "io/h5.hpp"
-#include "kernels/checksum.hpp"
+#include "io/row_io.hpp"
 #include "runner/manifest.hpp"
 #include "runner/planner.hpp"
 #include "runner/progress.hpp"
+#include "runner/run_lock.hpp"
 #include "stages/stage.hpp"
 
 namespace qstage::runner {
@@ -62,15 +63,27 @@ bool only_our_skeleton(const fs::path& dir) {
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
-    if (name == "logs" || name == "manifest.json.tmp" || name == "spec.yaml" || name == "spec.yaml.tmp") continue;
+    if (name == "logs" || name == "manifest.json.tmp" || name == "spec.yaml" || name == "spec.yaml.tmp" ||
+        name == RunDirLock::kFile)
+      continue;
     if ((name == "outputs" || name == "steps") && fs::is_empty(entry.path(), ec)) continue;
     return false;
   }
   return true;
 }
 
-// Creates or checks the run directory. Nothing in it is changed if it belongs to another spec.
-void prepare_run_dir(const spec::Workflow& wf, const RunDir& dir, const mpi::Comm& comm) {
+// What a run replaces in the run directory as it starts: kept so that a step whose input turns
+// out to be bad while it runs can put it back, and `resume` then replays the spec that was
+// accepted rather than the rejected one.
+struct RunDirBefore {
+  std::optional<std::string> spec_text;  // spec.yaml's bytes (none: a new directory)
+  json manifest = nullptr;               // the manifest as it was (null: none)
+};
+
+// Creates or checks the run directory and takes its lock (rank 0 holds it for the whole run).
+// Nothing in it is changed if it belongs to another spec, or if another run holds it.
+void prepare_run_dir(const spec::Workflow& wf, const RunDir& dir, const mpi::Comm& comm,
+                     std::optional<RunDirLock>& lock, RunDirBefore& before) {
   collective_check(comm, [&]() -> std::string {
     std::error_code ec;
     if (fs::exists(dir.root, ec) && !fs::is_directory(dir.root, ec))
@@ -86,9 +99,24 @@ void prepare_run_dir(const spec::Workflow& wf, const RunDir& dir, const mpi::Com
                          "directory, or one made by qstage",
                          dir.root.string());
     }
-    fs::create_directories(dir.root / "outputs");
-    fs::create_directories(dir.root / "steps");
-    fs::create_directories(dir.logs());
+    try {
+      fs::create_directories(dir.root);
+      std::string holder;
+      lock = RunDirLock::acquire(dir.root, holder);
+      if (!lock)
+        return fmt::format("run directory '{}' is in use by {}; expected one run at a time in a directory (wait for "
+                           "it to end, or stop it with SIGTERM first)",
+                           dir.root.string(), holder);
+      manifest = Manifest::load(dir.root);  // (as the lock's holder left it, if one just ended)
+      before.manifest = manifest ? manifest->data() : json(nullptr);
+      if (fs::exists(dir.spec())) before.spec_text = fsutil::read_file(dir.spec());
+      fs::create_directories(dir.root / "outputs");
+      fs::create_directories(dir.root / "steps");
+      fs::create_directories(dir.logs());
+    } catch (const fs::filesystem_error& e) {
+      return fmt::format("cannot create run directory '{}': {}; expected a directory qstage may write (--run-dir)",
+                         dir.root.string(), e.code().message());
+    }
     Manifest m = manifest ? *manifest : Manifest::create(wf.name);
     m.data()["spec_source"] = wf.source;
     m.data()["spec_dir"] = wf.base_dir.string();
@@ -291,15 +319,24 @@ class WorkflowRun {
                          {"inputs", key_inputs}};
       if (!step.compress_output.is_null()) key_fields["compress_output"] = step.compress_output;  // (older keys stay)
       key = hash_bytes(key_fields.dump());
-      const std::string reason =
+      std::string reason =
           rerun_reason(m.find_step(step.id), key, step.params, step.compress_output, hashes, fs::exists(output));
-      std::optional<json> adopted = reason.empty() ? std::nullopt : adoptable(output, key);
+      // Verified before it is trusted: a damaged output is recomputed, never adopted.
+      bool damaged = false;
+      if (reason.empty()) {
+        if (const std::string problem = output_problem(output, *m.find_step(step.id)); !problem.empty()) {
+          spdlog::warn("step '{}': its output {} {}; recomputing it", step.id, output.string(), problem);
+          reason = "its committed output " + problem;
+          damaged = true;
+        }
+      }
+      std::optional<json> adopted = reason.empty() || damaged ? std::nullopt : adoptable(output, key);
       decision = {{"key", key}, {"hashes", hashes}, {"reason", reason}, {"adopt", adopted ? *adopted : json(nullptr)}};
       if (adopted) {
         json& rec = m.step(step.id);
         rec.update({{"stage", step.stage}, {"version", step.impl->info().version}, {"state", "done"}, {"key", key},
                     {"params", step.params}, {"inputs", hashes}, {"output", fs::relative(output, dir_.root).string()},
-                    {"checksums", *adopted}, {"finished", utc_now()}});
+                    {"checksums", *adopted}, {"output_bytes", fs::file_size(output)}, {"finished", utc_now()}});
       } else if (!reason.empty()) {
         json& rec = m.step(step.id);
         rec.update({{"stage", step.stage}, {"version", step.impl->info().version}, {"state", "running"}, {"key", key},
@@ -395,7 +432,11 @@ class WorkflowRun {
       stages::PassState state;
       std::error_code ec;
       if (fs::exists(file, ec)) try {
-          const json j = json::parse(fsutil::read_file(file));
+          json j = json::parse(fsutil::read_file(file));
+          const std::string recorded = j.value("hash", "");
+          j.erase("hash");
+          if (!recorded.empty() && recorded != hash_bytes(j.dump()))
+            throw std::runtime_error("it does not match its own hash (edited or damaged)");
           if (j.at("key").get<std::string>() == key) {
             state.done = j.at("done").get<int>();
             state.data = j.at("data");
@@ -421,8 +462,9 @@ class WorkflowRun {
   // Rank 0: replaces the step's pass-state file atomically (after a pass, or from compute()).
   void write_pass_state(const std::string& id, const std::string& key, const stages::PassState& state) {
     fs::create_directories(dir_.work(id));
-    fsutil::write_file_atomic(dir_.work(id) / engine::StepWork::kPassState,
-                              json{{"key", key}, {"done", state.done}, {"data", state.data}}.dump());
+    json j = {{"key", key}, {"done", state.done}, {"data", state.data}};
+    j["hash"] = hash_bytes(j.dump());  // (checked when it is read back)
+    fsutil::write_file_atomic(dir_.work(id) / engine::StepWork::kPassState, j.dump());
   }
 
   // Runs the passes a stage of several passes asks for before its output pass, each in its own
@@ -472,6 +514,9 @@ class WorkflowRun {
                      format_duration(std::chrono::duration<double>(Clock::now() - started).count()), prior->pass.rows,
                      format_bytes(static_cast<double>(bus[0])), format_bytes(static_cast<double>(bus[1])),
                      elide_arrays(state.data).dump());
+      // A pass of one batch never stops inside the engine: the boundary between passes is the
+      // stage's safe point (its state is committed), agreed by every rank.
+      if (comm_.any(signals::stop_requested() != 0)) stopped(step.id, "", state.done, 0, json::object(), "passes");
     }
   }
 
@@ -492,8 +537,9 @@ class WorkflowRun {
 
   // A stop request ended a pass of the step, its progress committed: records where, and ends
   // the run (StopRequested).
+  // (unit: compute()'s, plural, or a stage's own words for where it stopped: "after gate 7 of 9 ...")
   [[noreturn]] void stopped(const std::string& id, const std::string& pass, std::uint64_t committed, std::uint64_t rows,
-                            const json& metrics, const std::string& unit = "row") {  // (unit: compute()'s, plural)
+                            const json& metrics, const std::string& unit = "row") {
     if (comm_.root()) {
       Manifest m = *Manifest::load(dir_.root);
       json& rec = m.step(id);
@@ -505,11 +551,15 @@ class WorkflowRun {
       if (!metrics.empty()) rec["metrics"] = metrics;
       m.save(dir_.root);
     }
-    const std::string where = unit == "row" ? fmt::format("at row {} of {}", committed, rows)
-                                            : fmt::format("after {} of {} {}", committed, rows, unit);
-    throw StopRequested(fmt::format("stopped by {} in step '{}'{} {} (committed); run `qstage resume {}` to continue",
+    const std::string where = unit == "row"                ? fmt::format("at row {} of {}", committed, rows)
+                              : unit.rfind("after ", 0) == 0 || unit.rfind("during ", 0) == 0 ? unit
+                              : rows == 0                    ? fmt::format("after {} {}", committed, unit)  // (a loop of passes)
+                                                             : fmt::format("after {} of {} {}", committed, rows, unit);
+    const bool nothing_kept = unit.rfind("during ", 0) == 0;  // (a stage that keeps no progress: it starts again)
+    throw StopRequested(fmt::format("stopped by {} in step '{}'{} {} ({}); run `qstage resume {}` to continue",
                                     signals::signal_name(signals::stop_requested()), id,
-                                    pass.empty() ? "" : ", " + pass, where, dir_.root.string()));
+                                    pass.empty() ? "" : ", " + pass, where,
+                                    nothing_kept ? "the step starts again" : "committed", dir_.root.string()));
   }
 
   // refine_plan and the checks that need it; an InputError names the step.
@@ -600,9 +650,11 @@ class WorkflowRun {
         error = e.what();
       } catch (const CheckFailed& e) {
         check_failure = e.what();
-      } catch (const StopRequested&) {
+      } catch (const StopRequested& e) {
         stopped_here = true;
         if (commits) stop = commits->stop();
+        // (a stage that stopped before it reported any progress says where, in its own words)
+        if (commits && stop[1].get<std::uint64_t>() == 0) stop[2] = e.what();
       } catch (...) {
         if (commits) commits->finish();
         throw;
@@ -702,6 +754,9 @@ class WorkflowRun {
         outcome.staged.commit();
         outcome.times.finalize += std::chrono::duration<double>(Clock::now() - t).count();
       }
+    } catch (const StopRequested& e) {  // a stage's own safe point inside the pass (its state committed)
+      if (reporter) reporter->finish();
+      stopped(step.id, "", 0, pass.rows, json::object(), e.what());
     } catch (...) {
       if (reporter) reporter->finish();
       record_failure(step.id);
@@ -741,6 +796,7 @@ class WorkflowRun {
       Manifest m = *Manifest::load(dir_.root);
       json& rec = m.step(step.id);
       rec.update({{"state", "done"}, {"output", fs::relative(output, dir_.root).string()}, {"checksums", sums},
+                  {"output_bytes", fs::file_size(output)},
                   {"wall_seconds", outcome.journal.wall_seconds + compute_seconds}, {"attempts", outcome.journal.attempts},
                   {"finished", utc_now()}, {"device", device_text_}, {"ranks", comm_.size()}, {"metrics", metrics},
                   {"rows_total", pass.rows}, {"results", step.impl->describe_results(p.plan, results)}});
@@ -796,15 +852,8 @@ class WorkflowRun {
     for (const auto& path : out.dataset_paths()) {
       h5::Dataset d = out.open_dataset(path);
       if (d.has_attribute("qsum64") || d.has_attribute("stored_xxh64")) continue;  // (compressed: their stored bytes')
-      auto dtype = d.dtype();
-      if (!dtype) continue;
-      std::uint64_t elements = 1;
-      for (auto s : d.shape()) elements *= s;
-      std::vector<char> bytes(elements * h5::dtype_size(*dtype));
-      d.read_all(bytes.data());
-      std::uint64_t q = 0;
-      const unsigned word = h5::dtype_size(*dtype) % 4 == 0 ? 4 : 1;
-      kernels::checksum_cpu({bytes.data(), bytes.size(), word, 0, &q});
+      if (!d.dtype()) continue;
+      const std::uint64_t q = h5::qsum64_of(d);
       d.set_attribute("qsum64", hex64(q));
       sums[path.substr(1)] = hex64(q);
       all += path + ":" + hex64(q) + ";";
@@ -819,7 +868,35 @@ class WorkflowRun {
     fs::remove(fsutil::temp_path(output), ec);
   }
 
+ public:
+  // A step's bad input, found while it ran (its parameters and inputs had passed every check
+  // before it started): the run directory gets back the spec and the step's record it had, so
+  // that `resume` replays the accepted spec; what other steps committed stays recorded (rank 0).
+  void restore_accepted_spec(const RunDirBefore& before) {
+    if (!comm_.root() || before.manifest.is_null()) return;
+    try {
+      Manifest m = *Manifest::load(dir_.root);
+      for (const char* field : {"spec_source", "spec_dir", "qstage_version"}) {
+        if (before.manifest.contains(field)) m.data()[field] = before.manifest[field];
+        else m.data().erase(field);
+      }
+      if (!failed_step_.empty()) {
+        const json steps = before.manifest.value("steps", json::object());
+        if (steps.contains(failed_step_)) m.step(failed_step_) = steps[failed_step_];
+        else m.data()["steps"].erase(failed_step_);
+      }
+      if (before.spec_text) fsutil::write_file_atomic(dir_.spec(), *before.spec_text);
+      m.save(dir_.root);
+      spdlog::info("run directory {} keeps the spec it was last run with ({}); `qstage resume` replays that one",
+                   dir_.root.string(), before.manifest.value("spec_source", "?"));
+    } catch (const std::exception& e) {
+      spdlog::warn("could not restore the run directory's earlier spec: {}", e.what());
+    }
+  }
+
+ private:
   void record_failure(const std::string& id) {
+    failed_step_ = id;
     if (!comm_.root()) return;
     try {
       Manifest m = *Manifest::load(dir_.root);
@@ -857,6 +934,7 @@ class WorkflowRun {
     spdlog::info("rank {}: {}", comm_.rank(), line);
   }
   std::optional<double> checkpoint_seconds_;
+  std::string failed_step_;  // the step whose failure ended the run, if one did
 };
 
 }  // namespace
@@ -870,9 +948,16 @@ void run_workflow(const spec::Workflow& wf, const RunOptions& options, const mpi
   check_outputs_fit(planned, dir.root);
   WorkflowRun run(wf, options, comm, dir);
   run.setup(planned);
-  prepare_run_dir(wf, dir, comm);
+  std::optional<RunDirLock> lock;  // (rank 0's, until the run ends)
+  RunDirBefore before;
+  prepare_run_dir(wf, dir, comm, lock, before);
   log::add_run_file(dir.root, comm.rank());
-  run.run(planned);
+  try {
+    run.run(planned);
+  } catch (const InputError&) {
+    run.restore_accepted_spec(before);
+    throw;
+  }
   if (comm.root()) spdlog::info("workflow '{}' done; outputs in {}", wf.name, (dir.root / "outputs").string());
 }
 
