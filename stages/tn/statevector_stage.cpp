@@ -3,10 +3,16 @@
 // bitstring (2^k per bitstring with open qubits), or the expectation value of a Pauli string.
 #include <fmt/format.h>
 
+#include <spdlog/spdlog.h>
+
 #include <complex>
 #include <cstring>
+#include <fstream>
 
 #include "core/error.hpp"
+#include "core/fsutil.hpp"
+#include "core/hash.hpp"
+#include "core/signals.hpp"
 #include "core/units.hpp"
 #include "kernels/dot.hpp"
 #include "kernels/statevector.hpp"
@@ -62,9 +68,73 @@ kernels::GateOperands operands(const tn::Gate& g) {
   return o;
 }
 
+// The state after some of the circuit's gates, kept in the step's work directory when a stop is
+// requested between gates: the raw amplitudes (stage-statevector.bin) and what they are
+// (stage-statevector.json: the step key, the gates applied, the size and hash of the .bin,
+// written after it). A resumed run of the same step starts from there, with the same bits.
+class GateCheckpoint {
+ public:
+  GateCheckpoint(const KernelContext& ctx)
+      : bin_(ctx.work_dir / "stage-statevector.bin"), meta_(ctx.work_dir / "stage-statevector.json"),
+        key_(ctx.step_key) {}
+
+  // The gates the saved state has had, if a saved state of this step is there and whole.
+  std::optional<std::size_t> saved_gates(std::uint64_t bytes) const {
+    std::error_code ec;
+    if (!std::filesystem::exists(meta_, ec)) return std::nullopt;
+    try {
+      const json j = json::parse(fsutil::read_file(meta_));
+      if (j.at("key").get<std::string>() != key_ || j.at("bytes").get<std::uint64_t>() != bytes ||
+          std::filesystem::file_size(bin_) != bytes || hash_file(bin_) != j.at("hash").get<std::string>()) {
+        spdlog::warn("discarding {}: it does not hold the state it records", bin_.string());
+        return std::nullopt;
+      }
+      return j.at("gates").get<std::size_t>();
+    } catch (const std::exception& e) {
+      spdlog::warn("discarding {}: {}", meta_.string(), e.what());
+      return std::nullopt;
+    }
+  }
+
+  void load(Backend& backend, Stream& stream, Buffer& state, std::uint64_t bytes) const {
+    std::ifstream in(bin_, std::ios::binary);
+    std::vector<char> piece(std::min<std::uint64_t>(bytes, kPiece));
+    for (std::uint64_t at = 0; at < bytes; at += piece.size()) {
+      const std::uint64_t n = std::min<std::uint64_t>(piece.size(), bytes - at);
+      if (!in.read(piece.data(), static_cast<std::streamsize>(n)))
+        throw RuntimeFailure(fmt::format("could not read {}", bin_.string()));
+      backend.copy_to_device(state.as<char>() + at, piece.data(), n, stream);
+      stream.synchronize();
+    }
+  }
+
+  // Rank 0: the state after `gates` gates, committed (the .bin, then the .json naming it).
+  void save(Backend& backend, Stream& stream, const Buffer& state, std::uint64_t bytes, std::size_t gates) const {
+    const auto temp = fsutil::temp_path(bin_);
+    {
+      std::ofstream out(temp, std::ios::binary | std::ios::trunc);
+      std::vector<char> piece(std::min<std::uint64_t>(bytes, kPiece));
+      for (std::uint64_t at = 0; at < bytes; at += piece.size()) {
+        const std::uint64_t n = std::min<std::uint64_t>(piece.size(), bytes - at);
+        backend.copy_to_host(piece.data(), state.as<const char>() + at, n, stream);
+        stream.synchronize();
+        out.write(piece.data(), static_cast<std::streamsize>(n));
+      }
+      if (!out.flush()) throw RuntimeFailure(fmt::format("could not write {}", temp.string()));
+    }
+    fsutil::commit_rename(temp, bin_);
+    fsutil::write_file_atomic(meta_, json{{"key", key_}, {"gates", gates}, {"bytes", bytes}, {"hash", hash_file(bin_)}}.dump());
+  }
+
+ private:
+  static constexpr std::uint64_t kPiece = std::uint64_t{8} << 20;  // host staging, not budgeted: small
+  std::filesystem::path bin_, meta_;
+  std::string key_;
+};
+
 class StateVectorKernel final : public engine::PassKernel {
  public:
-  explicit StateVectorKernel(Job job) : job_(std::move(job)) {}
+  StateVectorKernel(Job job, const KernelContext& ctx) : job_(std::move(job)), checkpoint_(ctx), comm_(ctx.comm) {}
 
   void prepare(Backend& backend, Stream& stream) override {
     backend_ = &backend;
@@ -75,8 +145,7 @@ class StateVectorKernel final : public engine::PassKernel {
     const float one_f[2] = {1, 0};
     backend.copy_to_device(state_.data(), job_.dtype == h5::DType::complex64 ? static_cast<const void*>(one_f) : one_d, e, stream);
     stream.synchronize();
-    for (const auto& g : job_.circuit.gates)
-      kernels::apply_gate(stream, {job_.dtype, state_.data(), job_.circuit.qubits, operands(g)});
+    apply_gates(backend, stream, n * e);
     if (job_.pauli) {
       Buffer phi = backend.alloc_device(n * e, "statevector: P|psi>");
       backend.copy_on_device(phi.data(), state_.data(), n * e, stream);
@@ -102,6 +171,35 @@ class StateVectorKernel final : public engine::PassKernel {
     indices_ = backend.alloc_device(idx.size() * 8, "statevector: indices");
     backend.copy_to_device(indices_.data(), idx.data(), idx.size() * 8, stream);
     stream.synchronize();
+  }
+
+  // The circuit's gates on the state, from where a stopped run left it. Between gates every rank
+  // asks whether a stop was requested on any (each rank simulates the whole state, so all reach
+  // the same gate); on a stop, rank 0 commits the state and every rank stops there.
+  void apply_gates(Backend& backend, Stream& stream, std::uint64_t bytes) {
+    const std::size_t total = job_.circuit.gates.size();
+    std::size_t first = 0;
+    if (const auto saved = checkpoint_.saved_gates(bytes); saved && *saved <= total) {
+      checkpoint_.load(backend, stream, state_, bytes);
+      first = *saved;
+      if (!comm_ || comm_->root()) spdlog::info("state vector: resuming after gate {} of {}", first, total);
+    }
+    for (std::size_t g = first; g < total; ++g) {
+      kernels::apply_gate(stream, {job_.dtype, state_.data(), job_.circuit.qubits, operands(job_.circuit.gates[g])});
+      const bool stop = signals::stop_requested() != 0;
+      if (g + 1 < total && (comm_ ? comm_->any(stop) : stop)) {
+        stream.synchronize();
+        std::string error;
+        if (!comm_ || comm_->root()) try {
+            checkpoint_.save(backend, stream, state_, bytes, g + 1);
+          } catch (const std::exception& e) {
+            error = e.what();
+          }
+        if (comm_) error = comm_->broadcast(error);
+        if (!error.empty()) throw RuntimeFailure(fmt::format("could not commit the state vector: {}", error));
+        throw StopRequested(fmt::format("after gate {} of {}", g + 1, total));
+      }
+    }
   }
 
   // Basis indices of every requested amplitude, row by row: the row's bitstring with its open
@@ -166,6 +264,8 @@ class StateVectorKernel final : public engine::PassKernel {
   }
 
   Job job_;
+  GateCheckpoint checkpoint_;
+  const mpi::Comm* comm_;
   Backend* backend_ = nullptr;
   Buffer state_, indices_;
   cd value_ = 0;
@@ -228,7 +328,7 @@ class StateVectorStage final : public Stage {
                     {"bitstrings", job.bitstrings.size()}};
   }
   std::unique_ptr<engine::PassKernel> make_kernel(const KernelContext& ctx) const override {
-    return std::make_unique<StateVectorKernel>(job_of(ctx));
+    return std::make_unique<StateVectorKernel>(job_of(ctx), ctx);
   }
   void write_results(const StagePlan& plan, const StepResults& r, h5::File& out) const override {
     const Job job = job_of(*r.context);

@@ -10,6 +10,7 @@
 #include <optional>
 
 #include "core/error.hpp"
+#include "core/signals.hpp"
 #include "kernels/common.hpp"
 #include "stages/tn/paths/greedy.hpp"
 #include "stages/tn/paths/partition.hpp"
@@ -295,6 +296,9 @@ HyperResult hyper_optimize(const SearchNetwork& net, const HyperOptions& o) {
     }
     trials += round;
     if (o.progress) o.progress(trials, kept.front().score.score, elapsed());
+    // A stop is taken between rounds; the search is reproducible from its seed, so a resumed
+    // run repeats it rather than keeping its trees.
+    if (signals::stop_requested()) throw StopRequested(fmt::format("during the path search, after {} trials", trials));
     if (elapsed() >= search_share * budget_seconds(o, kept.front().score.score) ||
         (o.max_trials > 0 && trials >= o.max_trials))
       break;
