@@ -28,6 +28,7 @@ packages=(
   libmetis-dev                                 # tn.path: graph bisection of the network (METIS)
   libgtest-dev                                 # unit tests
   python3 python3-numpy python3-h5py python3-pytest python3-jsonschema  # end-to-end tests, oracles
+  strace                                       # tests: kills injected at the N-th rename or fsync
 )
 [ $oracles -eq 0 ] || packages+=(python3-venv python3-pip)  # the oracles' venv
 missing=()
