@@ -88,6 +88,11 @@ struct Problem {
     na = ints.nalpha();
     nb = ints.nbeta();
     max_per_source = sci::max_candidates_per_source(tables, na, nb);
+    // Selection needs determinants that couple to others (NELEC=0 ended in an internal error).
+    if (max_per_source == 0)
+      throw InputError(fmt::format("FCIDUMP '{}': NELEC={}, MS2={} in NORB={} orbitals couple no determinant to another "
+                                   "(no electron, or no integral that moves one); expected at least one electron that an "
+                                   "integral can excite", fcidump.filename().string(), ints.nelec, ints.ms2, ints.norb));
   }
 };
 
