@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "core/parallel.hpp"
 #include "kernels/dense_linalg.hpp"
 #include "kernels/dispatch.hpp"
 
@@ -51,13 +52,16 @@ void svd_on_host(T* a, const std::vector<SvdProblem>& problems, Real<T>* s, T* v
   double work = 0;
   for (const auto& p : problems) work += static_cast<double>(p.m) * p.n * std::min(p.m, p.n);
   const auto count = static_cast<std::int64_t>(problems.size());
+  FirstFailure failure;  // (LAPACK fails on a matrix with NaN or inf entries)
 #pragma omp parallel for schedule(dynamic) if (count > 1 && work > 2e5)
-  for (std::int64_t i = 0; i < count; ++i) {
-    const SvdProblem& p = problems[i];
-    const BasicSvd<T> f = svd(a + p.offset, p.m, p.n);
-    std::copy(f.s.begin(), f.s.end(), s + p.s_offset);
-    std::copy(f.vh.begin(), f.vh.end(), vh + p.vh_offset);
-  }
+  for (std::int64_t i = 0; i < count; ++i)
+    failure.run([&] {
+      const SvdProblem& p = problems[i];
+      const BasicSvd<T> f = svd(a + p.offset, p.m, p.n);
+      std::copy(f.s.begin(), f.s.end(), s + p.s_offset);
+      std::copy(f.vh.begin(), f.vh.end(), vh + p.vh_offset);
+    });
+  failure.rethrow();
 }
 
 std::future<void> run_beside(std::function<void()> work) {

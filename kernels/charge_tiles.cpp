@@ -4,6 +4,7 @@
 
 #include "kernels/charge_blocks.hpp"
 #include "kernels/dense_linalg.hpp"
+#include "core/parallel.hpp"
 #include "kernels/dispatch.hpp"
 
 namespace qstage::kernels {
@@ -47,15 +48,18 @@ template <typename T>
 void tiles_on_host(const T* sites, const T* gate, const TileTables& tables, T* c) {
   single_threaded_blas();
   const std::int64_t count = tables.pair_count + tables.wide_count;
+  FirstFailure failure;  // (growing the buffers can throw std::bad_alloc)
 #pragma omp parallel
   {
     std::vector<T> products, u;
 #pragma omp for schedule(dynamic, 64)
-    for (std::int64_t i = 0; i < count; ++i) {
-      const TilePair& p = i < tables.pair_count ? tables.pairs[i] : tables.wide[i - tables.pair_count];
-      pair_tiles(sites, gate, tables, p, products, u, c);
-    }
+    for (std::int64_t i = 0; i < count; ++i)
+      failure.run([&] {
+        const TilePair& p = i < tables.pair_count ? tables.pairs[i] : tables.wide[i - tables.pair_count];
+        pair_tiles(sites, gate, tables, p, products, u, c);
+      });
   }
+  failure.rethrow();
 }
 
 }  // namespace

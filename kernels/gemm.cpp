@@ -8,6 +8,7 @@
 #include <mutex>
 #include <stdexcept>
 
+#include "core/parallel.hpp"
 #include "kernels/dispatch.hpp"
 
 namespace qstage::kernels {
@@ -97,15 +98,18 @@ void gemm_cpu(const Gemm& g) {
   constexpr std::int64_t kParallelWork = std::int64_t{1} << 20;
   if (g.batch > 1) {
     // One single-threaded call per batch entry, spread over the threads.
+    FirstFailure failure;  // (gemm_cpu_call refuses a dtype it does not know)
 #pragma omp parallel for schedule(dynamic) if (g.batch * g.m * g.n * g.k > kParallelWork)
-    for (std::int64_t i = 0; i < g.batch; ++i) {
-      Gemm one = g;
-      one.batch = 1;
-      one.a = static_cast<const char*>(g.a) + static_cast<std::size_t>(i * g.stride_a) * element;
-      one.b = static_cast<const char*>(g.b) + static_cast<std::size_t>(i * g.stride_b) * element;
-      one.c = static_cast<char*>(g.c) + static_cast<std::size_t>(i * g.stride_c) * element;
-      gemm_cpu_call(one);
-    }
+    for (std::int64_t i = 0; i < g.batch; ++i)
+      failure.run([&] {
+        Gemm one = g;
+        one.batch = 1;
+        one.a = static_cast<const char*>(g.a) + static_cast<std::size_t>(i * g.stride_a) * element;
+        one.b = static_cast<const char*>(g.b) + static_cast<std::size_t>(i * g.stride_b) * element;
+        one.c = static_cast<char*>(g.c) + static_cast<std::size_t>(i * g.stride_c) * element;
+        gemm_cpu_call(one);
+      });
+    failure.rethrow();
     return;
   }
   const std::int64_t rb = g.row_block > 0 ? g.row_block : kDefaultRows;
@@ -131,9 +135,11 @@ void gemm_cpu(const Gemm& g) {
       for (std::int64_t c = 0; c < col_blocks; ++c) block(r, c);
     return;
   }
+  FirstFailure failure;
 #pragma omp parallel for schedule(dynamic) collapse(2)
   for (std::int64_t r = 0; r < row_blocks; ++r)
-    for (std::int64_t c = 0; c < col_blocks; ++c) block(r, c);
+    for (std::int64_t c = 0; c < col_blocks; ++c) failure.run([&] { block(r, c); });
+  failure.rethrow();
 }
 
 void gemm(Stream& stream, const Gemm& args) {

@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "core/parallel.hpp"
 #include "kernels/dispatch.hpp"
 
 namespace qstage::kernels {
@@ -66,8 +67,8 @@ void tile_unique(const TileUnique& a) {
   const RecordLayout L = a.layout;
   const std::uint32_t cols = L.cols();
   const auto tiles = static_cast<std::int64_t>(tiles_of(in.rows, a.tile_rows));
-#pragma omp parallel for schedule(dynamic, 1)
-  for (std::int64_t t = 0; t < tiles; ++t) {
+  // (a tile's sort allocates: parallel_for lets its std::bad_alloc out)
+  parallel_for(tiles, [&](std::int64_t t) {
     const std::uint64_t begin = static_cast<std::uint64_t>(t) * a.tile_rows;
     const std::uint64_t n = std::min(a.tile_rows, in.rows - begin);
     const std::vector<std::uint64_t> order = stable_order(in.keys + begin * in.stride, n, in.stride, in.words);
@@ -89,7 +90,7 @@ void tile_unique(const TileUnique& a) {
       i = j;
     }
     a.tile_unique[t] = u;
-  }
+  });
 }
 
 void tile_samples(const TileSamples& a) {

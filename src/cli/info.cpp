@@ -295,10 +295,13 @@ int validate(const Args& args) {
   const auto planned = runner::plan_workflow(wf);
   BackendOptions bo;
   bo.device = (*vm)["device"].as<std::string>();
-  auto dm = vm->count("device-memory") ? std::optional<std::string>((*vm)["device-memory"].as<std::string>()) : wf.options.device_memory;
-  auto hm = vm->count("host-memory") ? std::optional<std::string>((*vm)["host-memory"].as<std::string>()) : wf.options.host_memory;
-  if (dm) bo.device_memory = parse_size(*dm, "device memory budget");
-  if (hm) bo.host_memory = parse_size(*hm, "host memory budget");
+  // A budget on the command line overrides the spec's; an error names the one that was used.
+  auto budget = [&](const std::string& option, const std::optional<std::string>& in_spec, const std::string& spec_key) {
+    if (vm->count(option)) return parse_budget((*vm)[option].as<std::string>(), "--" + option);
+    return in_spec ? parse_budget(*in_spec, "options." + spec_key) : std::uint64_t{0};  // 0: the backend's default
+  };
+  bo.device_memory = budget("device-memory", wf.options.device_memory, "device_memory");
+  bo.host_memory = budget("host-memory", wf.options.host_memory, "host_memory");
   auto backend = make_backend(bo);
   mpi::Comm comm;  // MPI is not initialised here: a single rank
   engine::StreamEngine engine(*backend, comm, {});

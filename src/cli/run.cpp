@@ -77,8 +77,8 @@ runner::RunOptions run_options(const po::variables_map& vm) {
   o.backend.bind = bind == "gpu";
   if (o.slots < 2) throw InputError(fmt::format("--slots {}: expected at least 2 (double buffering)", o.slots));
   // Validate sizes now, so a typo is an error before MPI starts.
-  if (o.device_memory) parse_size(*o.device_memory, "--device-memory");
-  if (o.host_memory) parse_size(*o.host_memory, "--host-memory");
+  if (o.device_memory) parse_budget(*o.device_memory, "--device-memory");
+  if (o.host_memory) parse_budget(*o.host_memory, "--host-memory");
   if (o.checkpoint_interval) parse_duration(*o.checkpoint_interval, "--checkpoint-interval");
   return o;
 }

@@ -1,27 +1,45 @@
 #pragma once
-// A loop over independent items on the OpenMP threads that lets exceptions out: an exception
-// escaping an OpenMP region ends the program, so each item's is caught and the first one is
-// rethrown after the loop (the other items still run).
+// Exceptions out of OpenMP regions. An exception that escapes an OpenMP region ends the program
+// (std::terminate: SIGABRT and a backtrace instead of the error's message and exit code), so
+// every region whose iterations can throw (an InputError, a failed LAPACK call, std::bad_alloc)
+// runs them through a FirstFailure, which keeps the first exception and rethrows it once the
+// region is over (the other iterations still run).
 #include <cstdint>
 #include <exception>
 #include <mutex>
 
 namespace qstage {
 
-template <typename Body>
-void parallel_for(std::int64_t count, Body&& body) {
-  std::exception_ptr failure;
-  std::mutex failure_mutex;
-#pragma omp parallel for schedule(dynamic)
-  for (std::int64_t i = 0; i < count; ++i) {
+class FirstFailure {
+ public:
+  // Inside the region: runs body(), keeping what it throws if nothing was kept before.
+  template <typename Body>
+  void run(Body&& body) noexcept {
     try {
-      body(i);
+      body();
     } catch (...) {
-      const std::lock_guard lock(failure_mutex);
-      if (!failure) failure = std::current_exception();
+      const std::lock_guard lock(mutex_);
+      if (!first_) first_ = std::current_exception();
     }
   }
-  if (failure) std::rethrow_exception(failure);
+  // After the region: the first exception kept (null if none), or rethrow it.
+  std::exception_ptr first() const { return first_; }
+  void rethrow() const {
+    if (first_) std::rethrow_exception(first_);
+  }
+
+ private:
+  std::mutex mutex_;
+  std::exception_ptr first_;
+};
+
+// A loop over independent items on the OpenMP threads that lets exceptions out.
+template <typename Body>
+void parallel_for(std::int64_t count, Body&& body) {
+  FirstFailure failure;
+#pragma omp parallel for schedule(dynamic)
+  for (std::int64_t i = 0; i < count; ++i) failure.run([&] { body(i); });
+  failure.rethrow();
 }
 
 }  // namespace qstage

@@ -47,6 +47,14 @@ std::uint64_t parse_size(std::string_view text, std::string_view what) {
                                what, unit, text));
 }
 
+std::uint64_t parse_budget(std::string_view text, std::string_view what) {
+  const std::uint64_t bytes = parse_size(text, what);
+  if (bytes == 0)
+    throw InputError(fmt::format("{}: '{}' is a budget of 0 bytes; expected a positive size such as 512MiB or 4GB "
+                                 "(leave the option out for the default)", what, text));
+  return bytes;
+}
+
 std::string format_bytes(double bytes) {
   static const char* names[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
   int i = 0;

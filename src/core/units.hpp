@@ -13,6 +13,11 @@ namespace qstage {
 // Throws InputError naming `what` if the text is not a size.
 std::uint64_t parse_size(std::string_view text, std::string_view what);
 
+// Parses a memory budget (--device-memory, options.host_memory, ...): a size as parse_size, and
+// more than zero bytes. A budget of 0 is refused rather than taken as "the default" (that is
+// what leaving the option out means), so that a typo cannot silently lift a limit.
+std::uint64_t parse_budget(std::string_view text, std::string_view what);
+
 // Formats bytes with a binary unit and three significant digits: "1.50 GiB".
 std::string format_bytes(double bytes);
 

@@ -186,8 +186,8 @@ class WorkflowRun {
     bo.local_size = comm_.local_size();
     const auto device_memory = options_.device_memory ? options_.device_memory : wf_.options.device_memory;
     const auto host_memory = options_.host_memory ? options_.host_memory : wf_.options.host_memory;
-    if (device_memory) bo.device_memory = parse_size(*device_memory, "device memory budget");
-    if (host_memory) bo.host_memory = parse_size(*host_memory, "host memory budget");
+    if (device_memory) bo.device_memory = parse_budget(*device_memory, "device memory budget");
+    if (host_memory) bo.host_memory = parse_budget(*host_memory, "host memory budget");
     backend_ = make_backend(bo);
     if (!device_memory) {
       // Ranks that landed on the same GPU (more ranks than GPUs on a host; not where the launcher

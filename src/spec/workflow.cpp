@@ -8,6 +8,7 @@
 #include "core/embedded.hpp"
 #include "core/error.hpp"
 #include "core/fsutil.hpp"
+#include "core/units.hpp"
 #include "io/compressed_chunks.hpp"
 #include "spec/schema.hpp"
 #include "stages/stage.hpp"
@@ -148,8 +149,15 @@ Workflow load_workflow(std::string text, std::string source, fs::path base_dir) 
     const json& o = v["options"];
     auto text_of = [](const json& x) { return x.is_string() ? x.get<std::string>() : x.dump(); };
     if (o.contains("checkpoint_interval")) wf.options.checkpoint_interval = text_of(o["checkpoint_interval"]);
-    if (o.contains("device_memory")) wf.options.device_memory = text_of(o["device_memory"]);
-    if (o.contains("host_memory")) wf.options.host_memory = text_of(o["host_memory"]);
+    // Budgets are checked now, so that `qstage validate` and a run refuse a bad one before any work.
+    auto budget = [&](const char* key) -> std::optional<std::string> {
+      if (!o.contains(key)) return std::nullopt;
+      const std::string text = text_of(o[key]), pointer = std::string("/options/") + key;
+      parse_budget(text, fmt::format("{}: {}", wf.doc.where(pointer), pointer_to_path(pointer)));
+      return text;
+    };
+    wf.options.device_memory = budget("device_memory");
+    wf.options.host_memory = budget("host_memory");
     if (o.contains("max_batch_rows")) wf.options.max_batch_rows = o["max_batch_rows"].get<std::uint64_t>();
   }
   for (size_t i = 0; i < v["steps"].size(); ++i) wf.steps.push_back(parse_step(wf, v["steps"][i], i));

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <limits>
 
 #include "core/error.hpp"
 #include "kernels/u1_math.hpp"
@@ -47,6 +48,20 @@ std::vector<cplx> exp_minus_i(const std::vector<cplx>& h, int n, double t) {
   }
   for (int i = 0; i < s; ++i) sum = multiply(sum, sum, n);
   return sum;
+}
+
+void require_unitary(const std::vector<cplx>& u, int n, const std::string& what, const std::string& remedy) {
+  double defect = 0;
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < n; ++j) {
+      cplx entry = i == j ? -1.0 : 0.0;  // (U^dagger U - 1)[i, j]
+      for (int k = 0; k < n; ++k) entry += std::conj(u[k * n + i]) * u[k * n + j];
+      const double e = std::abs(entry);
+      defect = std::isnan(e) || std::isnan(defect) ? std::numeric_limits<double>::quiet_NaN() : std::max(defect, e);
+    }
+  if (!(defect <= kUnitarityTolerance))
+    throw InputError(fmt::format("{} is not unitary in double precision: max |U^dagger U - 1| = {:.1e}; expected at most "
+                                 "{:.0e}: {}", what, defect, kUnitarityTolerance, remedy));
 }
 
 GateTable gate_table(const std::vector<cplx>& g, int d, const std::string& what) {

@@ -139,6 +139,8 @@ std::vector<cplx> beam_splitter_gate(const BeamSplitter& b, int d) {
       h[k * (n + 1) + k + 1] = amp * std::polar(1.0, -b.phi);
     }
     const std::vector<cplx> u = exp_minus_i(h, n + 1, 1.0);
+    require_unitary(u, n + 1, fmt::format("with theta = {}, the beam splitter on modes ({}, {})", b.theta, b.mode, b.mode + 1),
+                    "a smaller 'theta' (the beam splitter repeats with period 2 pi)");
     for (int l = std::max(0, n - d + 1); l <= std::min(n, d - 1); ++l)
       for (int k = std::max(0, n - d + 1); k <= std::min(n, d - 1); ++k)
         g[(l * d + n - l) * dd + k * d + n - k] = u[l * (n + 1) + k] * std::polar(1.0, b.phase_left * k + b.phase_right * (n - k));
@@ -196,7 +198,9 @@ namespace {
 // The Trotter circuit of bond terms term(j): a step is Strang steps of weights w (1 for order 2;
 // Suzuki's a, a, 1-4a, a, a for order 4, as TeNPy's suzuki_trotter_decomposition): the even
 // bonds (0,1), (2,3), ... by w dt/2, the odd ones by w dt, the even ones again by w dt/2.
-Evolution trotter(const ModelParams& p, int L, int d, const std::string& name, const std::function<std::vector<cplx>(int)>& term) {
+// `couplings` names the parameters of the bond terms, for messages.
+Evolution trotter(const ModelParams& p, int L, int d, const std::string& name, const std::string& couplings,
+                  const std::function<std::vector<cplx>(int)>& term) {
   Evolution ev;
   ev.steps = p.steps;
   for (int s = 0; s <= p.steps; ++s) ev.times.push_back(s * p.dt);
@@ -207,7 +211,10 @@ Evolution trotter(const ModelParams& p, int L, int d, const std::string& name, c
   };
   std::map<double, Gates> gates;  // per weight
   auto gate = [&](int j, double tau) {
-    ev.tables.push_back(gate_table(exp_minus_i(term(j), d * d, tau), d, fmt::format("the {} gate of bond ({}, {})", name, j, j + 1)));
+    const std::string what = fmt::format("the {} gate of bond ({}, {})", name, j, j + 1);
+    const std::vector<cplx> g = exp_minus_i(term(j), d * d, tau);
+    require_unitary(g, d * d, fmt::format("with dt = {} ({}), {}", p.dt, couplings, what), "a smaller 'dt' or smaller couplings");
+    ev.tables.push_back(gate_table(g, d, what));
   };
   for (double w : weights) {
     if (gates.count(w)) continue;
@@ -295,12 +302,12 @@ Evolution make_evolution(const ModelParams& p, int L, int d) {
     throw InputError(fmt::format("model '{}' needs a state vector; the input is a density matrix (charge_kind n_pair), which only "
                                  "model 'interferometer' evolves", p.model));
   if (p.model == "bose_hubbard")
-    return trotter(p, L, d, "Bose-Hubbard", [&](int j) {
+    return trotter(p, L, d, "Bose-Hubbard", fmt::format("J = {}, U = {}, mu = {}", p.J, p.U, p.mu), [&](int j) {
       const auto [wl, wr] = onsite_weights(L, j);
       return bose_hubbard_bond_hamiltonian(d, p.J, p.U, p.mu, wl, wr);
     });
   if (d != 2) throw InputError(fmt::format("the XXZ model needs spin-1/2 sites; the state has d = {}, expected 2", d));
-  return trotter(p, L, d, "XXZ", [&](int j) {
+  return trotter(p, L, d, "XXZ", fmt::format("J = {}, delta = {}, h = {}", p.J, p.delta, p.h), [&](int j) {
     const auto [wl, wr] = onsite_weights(L, j);
     return xxz_bond_hamiltonian(p.J, p.delta, wl * p.h, wr * p.h);
   });

@@ -17,6 +17,7 @@
 #include <omp.h>
 
 #include "core/error.hpp"
+#include "core/parallel.hpp"
 #include "core/units.hpp"
 #include "kernels/charge_tiles.hpp"
 #include "kernels/u1_math.hpp"
@@ -774,7 +775,7 @@ std::vector<std::int64_t> LayerUpdater::run_concurrently(U1Mps& psi, const std::
                                                          std::vector<double>& discarded, std::vector<double>& norms,
                                                          std::exception_ptr& failure) {
   const auto count = static_cast<std::int64_t>(indices.size());
-  std::mutex failure_mutex;
+  std::mutex deferred_mutex;
   std::vector<std::int64_t> deferred;
   // With fewer updates at a time than threads, each update's host SVDs (kernels::batched_svd's
   // OpenMP loop over blocks, nested here) get the threads left over; each SVD still runs on one.
@@ -782,23 +783,23 @@ std::vector<std::int64_t> LayerUpdater::run_concurrently(U1Mps& psi, const std::
   const int threads = omp_get_max_threads(), inner = std::max(1, threads / std::max(1, team));
   const int saved_levels = omp_get_max_active_levels();
   if (team > 1 && inner > 1) omp_set_max_active_levels(2);
+  FirstFailure thrown;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(team) if (team > 1)
-  for (std::int64_t k = 0; k < count; ++k) {
-    const auto i = static_cast<std::size_t>(indices[static_cast<std::size_t>(k)]);
-    omp_set_num_threads(inner);
-    try {
-      BondUpdater& updater = updater_of(omp_get_thread_num());
-      discarded[i] = updater.update(psi, updates[i].bond, *updates[i].gate, trunc);
-      norms[i] = updater.last_norm();
-    } catch (const BudgetExceeded&) {
-      // (update() changes psi only once it has computed: rerun, it gives the same bits)
-      const std::lock_guard lock(failure_mutex);
-      deferred.push_back(static_cast<std::int64_t>(i));
-    } catch (...) {
-      const std::lock_guard lock(failure_mutex);
-      if (!failure) failure = std::current_exception();
-    }
-  }
+  for (std::int64_t k = 0; k < count; ++k)
+    thrown.run([&] {
+      const auto i = static_cast<std::size_t>(indices[static_cast<std::size_t>(k)]);
+      omp_set_num_threads(inner);
+      try {
+        BondUpdater& updater = updater_of(omp_get_thread_num());
+        discarded[i] = updater.update(psi, updates[i].bond, *updates[i].gate, trunc);
+        norms[i] = updater.last_norm();
+      } catch (const BudgetExceeded&) {
+        // (update() changes psi only once it has computed: rerun, it gives the same bits)
+        const std::lock_guard lock(deferred_mutex);
+        deferred.push_back(static_cast<std::int64_t>(i));
+      }
+    });
+  if (!failure) failure = thrown.first();
   omp_set_max_active_levels(saved_levels);
   std::sort(deferred.begin(), deferred.end());
   return deferred;

@@ -34,6 +34,7 @@
 
 #include "core/error.hpp"
 #include "core/fsutil.hpp"
+#include "core/parallel.hpp"
 #include "kernels/sci_generate.hpp"
 #include "stages/keys/dedup_passes.hpp"
 #include "stages/sci/amplitude_model.hpp"
@@ -88,6 +89,11 @@ struct Problem {
     na = ints.nalpha();
     nb = ints.nbeta();
     max_per_source = sci::max_candidates_per_source(tables, na, nb);
+    // Selection needs determinants that couple to others (NELEC=0 ended in an internal error).
+    if (max_per_source == 0)
+      throw InputError(fmt::format("FCIDUMP '{}': NELEC={}, MS2={} in NORB={} orbitals couple no determinant to another "
+                                   "(no electron, or no integral that moves one); expected at least one electron that an "
+                                   "integral can excite", fcidump.filename().string(), ints.nelec, ints.ms2, ints.norb));
   }
 };
 
@@ -336,8 +342,8 @@ class ScoreKernel final : public engine::PassKernel {
     const std::uint64_t rows = b.rows.size(), tiles = (rows + tile_rows_ - 1) / tile_rows_;
     const std::size_t partial_bytes = sizeof(ScoreHeader) + k_ * sizeof(Scored);
     const auto& space = m_.space.dets;
-#pragma omp parallel for schedule(dynamic, 1)
-    for (std::int64_t t = 0; t < static_cast<std::int64_t>(tiles); ++t) {
+    // (a tile's list of candidates grows: parallel_for lets its std::bad_alloc out)
+    parallel_for(static_cast<std::int64_t>(tiles), [&](std::int64_t t) {
       ScoreHeader h;
       std::vector<Scored> top;
       const std::uint64_t begin = t * tile_rows_, end = std::min(rows, begin + tile_rows_);
@@ -361,7 +367,7 @@ class ScoreKernel final : public engine::PassKernel {
       auto* out = static_cast<std::byte*>(b.partials) + t * partial_bytes;
       std::memcpy(out, &h, sizeof h);
       std::memcpy(out + sizeof h, top.data(), top.size() * sizeof(Scored));
-    }
+    });
   }
 
  private:

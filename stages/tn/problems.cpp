@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "core/signals.hpp"
 #include "kernels/random.hpp"
 
 namespace qstage::tn {
@@ -96,9 +97,21 @@ std::string trim(const std::string& s) {
   return s.substr(first, s.find_last_not_of(" \t\r") - first + 1);
 }
 
+// The most instructions (every repetition of a repeat block counted) and detectors a detector
+// error model may have, checked before it is expanded: past a million, its network is beyond
+// exact contraction anyway, and the expansion alone would take minutes and gigabytes.
+constexpr std::int64_t kMaxDemSize = std::int64_t{1} << 20;
+// The shift measure() carries on: beyond it only matters that a later detector is past the limit
+// (a message's count of detectors is exact below it).
+constexpr std::int64_t kMaxDemShift = std::int64_t{1} << 32;
+
+// A line of a detector error model, split once into its instruction, (arguments) and targets.
 struct DemLine {
   int number;        // 1-based, for messages
   std::string text;  // without comment and surrounding blanks
+  std::string name;  // error, detector, ..., repeat, or "}"
+  std::vector<double> args;
+  std::vector<std::string> targets;
 };
 
 struct DemReader {
@@ -120,47 +133,98 @@ struct DemReader {
     if (k < 0 || used != token.size() - from || k > (1 << 30)) fail(l, fmt::format("target '{}'; expected D<k>, L<k> or ^ with k >= 0", token));
     return k;
   }
+  // Splits a line's text into its name, (arguments) and targets.
+  void split(DemLine& l) const {
+    l.name = l.text.substr(0, l.text.find_first_of(" (\t{"));
+    std::string rest = l.text.substr(l.name.size());
+    if (const auto open = rest.find('('); open != std::string::npos && trim(rest.substr(0, open)).empty()) {
+      const auto close = rest.find(')', open);
+      if (close == std::string::npos) fail(l, "'(' without ')'");
+      std::string inner = rest.substr(open + 1, close - open - 1);
+      for (std::size_t at = 0; at <= inner.size();) {
+        const auto comma = std::min(inner.find(',', at), inner.size());
+        const std::string a = trim(inner.substr(at, comma - at));
+        if (!a.empty()) {
+          try {
+            l.args.push_back(std::stod(a));
+          } catch (const std::exception&) {
+            fail(l, fmt::format("argument '{}'; expected a number", a));
+          }
+        }
+        at = comma + 1;
+      }
+      rest = rest.substr(close + 1);
+    }
+    std::istringstream in(rest);
+    for (std::string t; in >> t;) l.targets.push_back(t);
+  }
+  // A repeat line's count; the index of its block's '}' (before `end`).
+  std::int64_t repeat_count(const DemLine& l) const {
+    if (l.targets.size() != 2 || l.targets[1] != "{") fail(l, "expected 'repeat N {'");
+    return index(l, l.targets[0], 0);
+  }
+  std::size_t block_end(std::size_t i, std::size_t end) const {
+    std::size_t close = i + 1;
+    for (int depth = 1; close < end; ++close) {
+      if (lines[close].text.ends_with("{")) ++depth;
+      if (lines[close].text == "}" && --depth == 0) break;
+    }
+    if (close >= end) fail(lines[i], "repeat block without its '}'");
+    return close;
+  }
+
+  // The size of lines [begin, end) once their repeat blocks are expanded, counted without
+  // expanding them (a `repeat 1000000000` grew the model until the OOM killer ended the run).
+  struct Extent {
+    std::int64_t instructions = 0;  // run, every repetition counted
+    std::int64_t shift = 0;         // shift_detectors in total, at most kMaxDemShift
+    std::int64_t detectors = 0;     // 1 + the largest detector index reached, from the shift at `begin`
+  };
+  Extent measure(std::size_t begin, std::size_t end) const {
+    Extent x;
+    for (std::size_t i = begin; i < end; ++i) {
+      const DemLine& l = lines[i];
+      ++x.instructions;
+      if (l.name == "repeat") {
+        const std::int64_t times = repeat_count(l);
+        const std::size_t close = block_end(i, end);
+        // (body's counts are at most kMaxDemShift + 2^30 and times at most 2^30: no overflow)
+        const Extent body = measure(i + 1, close);
+        x.instructions += times * body.instructions;
+        if (times > 0 && body.detectors > 0) x.detectors = std::max(x.detectors, x.shift + (times - 1) * body.shift + body.detectors);
+        x.shift += times * body.shift;
+        i = close;
+      } else if (l.name == "shift_detectors" && l.targets.size() == 1) {
+        x.shift += index(l, l.targets[0], 0);
+      } else if (l.name == "error" || l.name == "detector") {
+        for (const std::string& t : l.targets)
+          if (t.starts_with("D")) x.detectors = std::max(x.detectors, x.shift + index(l, t, 1) + 1);
+      }
+      x.shift = std::min(x.shift, kMaxDemShift);
+      const bool too_many_instructions = x.instructions > kMaxDemSize;
+      if (too_many_instructions || x.detectors > kMaxDemSize)
+        fail(l, fmt::format("'{}' takes the model to {} {} (repeat blocks expanded); expected at most {} (2^20)", l.text,
+                            too_many_instructions ? x.instructions : x.detectors, too_many_instructions ? "instructions" : "detectors",
+                            kMaxDemSize));
+    }
+    return x;
+  }
+
   // The lines [begin, end) once; a repeat block's body as many times as it says.
   void run(std::size_t begin, std::size_t end) {
     for (std::size_t i = begin; i < end; ++i) {
       const DemLine& l = lines[i];
-      std::string name = l.text.substr(0, l.text.find_first_of(" (\t{"));
+      const std::string& name = l.name;
+      const std::vector<double>& args = l.args;
+      const std::vector<std::string>& targets = l.targets;
       if (name == "}") fail(l, "'}' without its repeat block");
-      std::string rest = l.text.substr(name.size());
-      std::vector<double> args;
-      if (const auto open = rest.find('('); open != std::string::npos && trim(rest.substr(0, open)).empty()) {
-        const auto close = rest.find(')', open);
-        if (close == std::string::npos) fail(l, "'(' without ')'");
-        std::string inner = rest.substr(open + 1, close - open - 1);
-        for (std::size_t at = 0; at <= inner.size();) {
-          const auto comma = std::min(inner.find(',', at), inner.size());
-          const std::string a = trim(inner.substr(at, comma - at));
-          if (!a.empty()) {
-            try {
-              args.push_back(std::stod(a));
-            } catch (const std::exception&) {
-              fail(l, fmt::format("argument '{}'; expected a number", a));
-            }
-          }
-          at = comma + 1;
-        }
-        rest = rest.substr(close + 1);
-      }
-      std::vector<std::string> targets;
-      {
-        std::istringstream in(rest);
-        for (std::string t; in >> t;) targets.push_back(t);
-      }
       if (name == "repeat") {
-        if (targets.size() != 2 || targets[1] != "{") fail(l, "expected 'repeat N {'");
-        const std::int64_t times = index(l, targets[0], 0);
-        std::size_t close = i + 1;
-        for (int depth = 1; close < end; ++close) {
-          if (lines[close].text.ends_with("{")) ++depth;
-          if (lines[close].text == "}" && --depth == 0) break;
+        const std::int64_t times = repeat_count(l);
+        const std::size_t close = block_end(i, end);
+        for (std::int64_t r = 0; r < times; ++r) {
+          if (signals::stop_requested()) throw StopRequested("stopped while expanding the detector error model");
+          run(i + 1, close);
         }
-        if (close >= end) fail(l, "repeat block without its '}'");
-        for (std::int64_t r = 0; r < times; ++r) run(i + 1, close);
         i = close;
       } else if (name == "error") {
         if (args.size() != 1 || !(args[0] >= 0 && args[0] <= 1)) fail(l, "expected error(p) with p a probability from 0 to 1");
@@ -265,9 +329,11 @@ DecodingModel read_detector_error_model(const std::string& text, const std::stri
   for (std::string line; std::getline(in, line);) {
     ++number;
     std::string t = trim(line.substr(0, line.find('#')));
-    if (!t.empty()) lines.push_back({number, std::move(t)});
+    if (!t.empty()) lines.push_back({number, std::move(t), {}, {}, {}});
   }
   DemReader reader{lines, what, {}, 0};
+  for (DemLine& l : lines) reader.split(l);
+  reader.measure(0, lines.size());
   reader.run(0, lines.size());
   if (reader.model.detectors == 0) throw InputError(fmt::format("{}: no detector; expected a detector error model", what));
   if (reader.model.observables == 0)

@@ -50,7 +50,9 @@ struct DecodingModel {
 
 // A detector error model in stim's text format: error(p) with D<k>, L<k> and ^ targets,
 // detector, logical_observable, shift_detectors and (nested) repeat N { ... } blocks, # comments.
-// InputError naming `what` and the line for anything else.
+// InputError naming `what` and the line for anything else, and for a model of more than 2^20
+// instructions or detectors once expanded (counted before expanding). Throws StopRequested if a
+// stop is requested while it expands the repeat blocks.
 DecodingModel read_detector_error_model(const std::string& text, const std::string& what);
 
 // The syndrome (one 0/1 character per detector) given, or sampled from `seed` (each mechanism

@@ -107,9 +107,24 @@ struct Expr {
   }
 };
 
+// A gate parameter as written: its expression and its text (for messages).
+struct Angle {
+  Expr expr;
+  std::string text;
+
+  // Its value; an angle such as 0/0 or 1/0 (NaN or inf) would make every amplitude NaN.
+  double eval(const std::map<std::string, double>& env, const std::string& where) const {
+    const double value = expr.eval(env, where);
+    if (!std::isfinite(value))
+      throw InputError(fmt::format("{}: angle '{}' evaluates to {}; expected a finite angle", where, text,
+                                   std::isnan(value) ? "nan" : fmt::format("{}", value)));  // (0/0 is -nan on x86)
+    return value;
+  }
+};
+
 struct Call {  // a gate application inside a gate definition
   std::string name;
-  std::vector<Expr> params;
+  std::vector<Angle> params;
   std::vector<std::string> args;
   int line = 0;
 };
@@ -229,7 +244,11 @@ class Parser {
       return e;
     }
     const Token t = next();
-    if (t.kind == Token::number) return number(std::stod(t.text));
+    if (t.kind == Token::number) {
+      const double value = std::strtod(t.text.c_str(), nullptr);  // (std::stod throws on 1e999)
+      if (!std::isfinite(value)) fail(t, fmt::format("number '{}' is out of range; expected a finite number", t.text));
+      return number(value);
+    }
     if (t.kind == Token::id) {
       if (t.text == "pi") return number(M_PI);
       static const char* functions[] = {"sin", "cos", "tan", "exp", "ln", "sqrt"};
@@ -247,12 +266,17 @@ class Parser {
 
   static Expr number(double v) { return Expr{Expr::number, v, "", 0, {}}; }
 
-  std::vector<Expr> parameter_list() {
-    std::vector<Expr> ps;
+  std::vector<Angle> parameter_list() {
+    std::vector<Angle> ps;
     if (accept_symbol("(")) {
       if (!accept_symbol(")")) {
-        do ps.push_back(expression());
-        while (accept_symbol(","));
+        do {
+          const std::size_t first = pos_;
+          Expr e = expression();
+          std::string text;
+          for (std::size_t k = first; k < pos_; ++k) text += tokens_[k].text;
+          ps.push_back({std::move(e), std::move(text)});
+        } while (accept_symbol(","));
         expect_symbol(")");
       }
     }
@@ -303,9 +327,9 @@ class Parser {
   }
 
   void application(const Token& name) {
-    const auto exprs = parameter_list();
+    const auto angles = parameter_list();
     std::vector<double> params;
-    for (const auto& e : exprs) params.push_back(e.eval({}, fmt::format("{}:{}", source_, name.line)));
+    for (const auto& a : angles) params.push_back(a.eval({}, fmt::format("{}:{}", source_, name.line)));
     std::vector<Arg> args;
     do args.push_back(argument());
     while (accept_symbol(","));
@@ -343,7 +367,7 @@ class Parser {
       for (size_t i = 0; i < qubits.size(); ++i) bind[d.args[i]] = qubits[i];
       for (const auto& call : d.body) {
         std::vector<double> ps;
-        for (const auto& e : call.params) ps.push_back(e.eval(env, fmt::format("{}:{}", source_, call.line)));
+        for (const auto& a : call.params) ps.push_back(a.eval(env, fmt::format("{}:{}", source_, call.line)));
         std::vector<int> qs;
         for (const auto& a : call.args) {
           auto it = bind.find(a);

@@ -66,6 +66,9 @@ SPEC_CASES = {
                               ["input 'x' has the filter pipeline []; expected qstage's codec alone ([32881])"]),
     "decompress contiguous": (GOOD + "  - id: d\n    stage: decompress\n    inputs: {x: {file: ints.h5, dataset: /cube}}\n",
                               ["input 'x' is not chunked; expected a chunked dataset of compressed chunks"]),
+    # A budget of 0 was taken as "the default" (no limit asked for is not what 0 says).
+    "zero budget": (GOOD.replace("device_memory: 32MiB", "device_memory: 0B"),
+                    ["options.device_memory: '0B' is a budget of 0 bytes", "expected a positive size"]),
     "budget too small": (GOOD.replace("device_memory: 32MiB", "device_memory: 1KiB"),
                          ["device memory budget 1.00 KiB is too small", "needs", "--device-memory"]),
     # Absurd sizes: a size that overflows, and an output no file system holds (these ended in
@@ -115,6 +118,8 @@ def test_foreign_directory_is_refused(committed):
 @pytest.mark.parametrize("args,fragments", [
     (["--device", "tpu"], ["--device: unknown device 'tpu'"]),
     (["--device-memory", "lots"], ["--device-memory: 'lots' is not a size"]),
+    (["--device-memory", "0"], ["--device-memory: '0' is a budget of 0 bytes", "expected a positive size"]),
+    (["--host-memory", "0GiB"], ["--host-memory: '0GiB' is a budget of 0 bytes", "expected a positive size"]),
     (["--checkpoint-interval", "soon"], ["'soon' is not a duration"]),
     (["--slots", "1"], ["--slots 1: expected at least 2"]),
     (["--bind", "socket"], ["--bind socket: expected gpu or none"]),
@@ -127,6 +132,12 @@ def test_bad_options(committed, args, fragments):
     r = run(base + (args if args[0] == "--device" else ["--device", DEVICE] + args))
     one_line_error(r, *fragments)
     assert tree_digest(committed / "run") == before
+
+
+def test_validate_refuses_a_zero_budget(committed):
+    for option in ["--device-memory", "--host-memory"]:
+        one_line_error(run(["validate", committed / "good.yaml", option, "0"]),
+                       f"{option}: '0' is a budget of 0 bytes", "expected a positive size")
 
 
 def test_cuda_without_gpu_is_bad_input(committed):

@@ -521,6 +521,25 @@ def test_bad_tebd_inputs_exit_2(tmp):
     one_line_error(r, "is not an MPS")
 
 
+@pytest.mark.parametrize("init,params,fragments", [
+    # dt = 1e16 ended with norm 1.86 and exit 0; at 1e20 the gates were NaN, and LAPACK's failure on
+    # them escaped an OpenMP region: SIGABRT and a backtrace.
+    ("{L: 6, state: neel}", "{dt: 1.0e16, steps: 2}",
+     ["with dt = 1e+16 (J = 1, delta = 0, h = 0), the XXZ gate of bond (0, 1) is not unitary in double precision",
+      "expected at most 1e-10: a smaller 'dt' or smaller couplings"]),
+    ("{L: 6, state: neel}", "{dt: 1.0e20, steps: 2}", ["max |U^dagger U - 1| = nan"]),
+    ("{L: 6, state: neel}", "{J: 1.0e20, h: 3, dt: 0.1, steps: 2}", ["(J = 1e+20, delta = 0, h = 3)"]),
+    ("{L: 4, d: 3, state: fock, occupations: [1, 1, 1, 1]}", "{model: bose_hubbard, U: 1.0e18, dt: 0.1, steps: 2}",
+     ["(J = 1, U = 1e+18, mu = 0), the Bose-Hubbard gate of bond (0, 1) is not unitary"]),
+    ("{L: 4, d: 3, state: fock, occupations: [1, 1, 0, 0]}",
+     "{model: interferometer, beam_splitters: [{mode: 0, theta: 1.0e20}]}",
+     ["with theta = 1e+20, the beam splitter on modes (0, 1) is not unitary", "a smaller 'theta'"]),
+])
+def test_gates_that_are_not_unitary_in_floating_point_are_refused(tmp, init, params, fragments):
+    r, _ = run_steps(tmp, init_step(init) + tebd_step(params))
+    one_line_error(r, *fragments)
+
+
 def test_output_layouts_match_their_schemas(tmp):
     jsonschema = pytest.importorskip("jsonschema")
     import json

@@ -15,7 +15,7 @@ import h5py
 import numpy as np
 import pytest
 
-from conftest import DEVICE, QSTAGE, checksums, kill_and_resume, manifest, mpirun_prefix, run, write_spec
+from conftest import DEVICE, QSTAGE, checksums, kill_and_resume, manifest, mpirun_prefix, one_line_error, run, write_spec
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "fcidump"
 
@@ -243,6 +243,22 @@ def test_a_bad_fcidump_exits_2_with_its_line(tmp):
     r = run(["run", spec, "--run-dir", tmp / "run", "--device", DEVICE])
     assert r.code == 2, r
     assert "bad.fcidump:3:" in r.err and "finite" in r.err, r.err
+
+
+@pytest.mark.parametrize("header", ["NORB=6 ,NELEC=0 ,MS2=0", "NORB=1 ,NELEC=1 ,MS2=1"])
+def test_a_problem_without_excitations_exits_2(tmp, header):
+    """No determinant couples to another (no electron, or one orbital): there is nothing to select
+    (this ended in an internal error, exit 1)."""
+    text = (DATA / "H2H2_FCIDUMP_nosym").read_text().replace("NORB=6 ,NELEC=4 ,MS2=0", header)
+    if header.startswith("NORB=1"):  # the integrals of orbital 1 alone
+        text = "\n".join(l for l in text.splitlines()
+                         if "&" in l or "=" in l or all(int(i) <= 1 for i in l.split()[1:]))
+        text = text.replace("ORBSYM=1,1,1,1,1,1,", "ORBSYM=1,")
+    (tmp / "few.fcidump").write_text(text)
+    r = run(["run", sci_spec(tmp, tmp / "few.fcidump"), "--run-dir", tmp / "run", "--device", DEVICE])
+    nelec, ms2, norb = (header.split(",")[i].split("=")[1].strip() for i in (1, 2, 0))
+    one_line_error(r, f"FCIDUMP 'few.fcidump': NELEC={nelec}, MS2={ms2} in NORB={norb} orbitals couple no determinant",
+                   "expected at least one electron that an integral can excite")
 
 
 def test_a_missing_fcidump_and_bad_parameters_exit_2(tmp):

@@ -8,7 +8,7 @@ import h5py
 import numpy as np
 import pytest
 
-from conftest import DEVICE, ROOT, committed_run, read_png_rgb, run, write_spec
+from conftest import DEVICE, ROOT, committed_run, one_line_error, read_png_rgb, run, write_spec
 from oracle import network_einsum
 
 DATA = ROOT / "tests" / "data" / "circuits"
@@ -417,6 +417,16 @@ def test_bad_circuits_fail_with_the_line(tmp, name, text, expected):
     r = run(["run", spec, "--run-dir", tmp / "run", "--device", DEVICE])
     assert r.code == 2, r
     assert expected in r.err, r
+    assert not (tmp / "run" / "outputs" / "net.h5").exists()
+
+
+@pytest.mark.parametrize("angle,value", [("0/0", "nan"), ("pi/0", "inf"), ("ln(0)", "-inf")])
+def test_an_angle_that_is_not_a_number_is_bad_input(tmp, angle, value):
+    """NaN or inf angles made every amplitude NaN, with exit 0."""
+    (tmp / "c.qasm").write_text(f"OPENQASM 2.0;\ninclude \"qelib1.inc\";\nqreg q[2];\nh q[0];\nrz({angle}) q[1];\n")
+    spec = write_spec(tmp / "spec.yaml", "name: bad\nsteps:\n  - id: net\n    stage: tn.build\n    params: {circuit: c.qasm}\n")
+    one_line_error(run(["run", spec, "--run-dir", tmp / "run", "--device", DEVICE]),
+                   f"c.qasm:5: angle '{angle}' evaluates to {value}; expected a finite angle")
     assert not (tmp / "run" / "outputs" / "net.h5").exists()
 
 

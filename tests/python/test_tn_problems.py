@@ -343,6 +343,13 @@ def test_stim_circuit_level_surface_code_decoding_matches_the_convolution(tmp):
     ("error(0.1) D0 X3 L0\n", "line 1: target 'X3'; expected D<k>, L<k> or ^"),
     ("repeat 2 {\nerror(0.1) D0 L0\n", "line 1: repeat block without its '}'"),
     ("error(0.1) D0\n", "no logical observable"),
+    # Sizes are counted before expanding (a repeat of 10^9 grew the model until the OOM killer came).
+    ("repeat 1000000000 {\n  error(0.1) D0 L0\n  shift_detectors 1\n}\n",
+     "line 1: 'repeat 1000000000 {' takes the model to 2000000001 instructions (repeat blocks expanded); "
+     "expected at most 1048576 (2^20)"),
+    ("error(0.1) D0 L0\nrepeat 2 {\n  repeat 600000 {\n    error(0.1) D0 L0\n  }\n}\n",
+     "line 2: 'repeat 2 {' takes the model to 1200004 instructions"),
+    ("shift_detectors 2000000\nerror(0.1) D0 L0\n", "line 2: 'error(0.1) D0 L0' takes the model to 2000001 detectors"),
 ])
 def test_bad_detector_error_models_exit_2_naming_the_line(tmp, text, message):
     (tmp / "bad.dem").write_text(text)

@@ -155,6 +155,13 @@ measure a[0] -> m[0];
   EXPECT_NE(parse("OPENQASM 2.0;\nqreg q[2];\ncx q[0];\n").find("acts on 2 qubit(s)"), std::string::npos);
   EXPECT_NE(parse("OPENQASM 3.0;\n").find("expected OPENQASM 2.0"), std::string::npos);
   EXPECT_NE(parse("OPENQASM 2.0;\nqreg q[1];\nreset q[0];\n").find("t.qasm:3: 'reset' is not supported"), std::string::npos);
+  // Angles that are not numbers: at the call, inside a definition (named by the body's line), a literal.
+  EXPECT_NE(parse("OPENQASM 2.0;\nqreg q[1];\nrz(0/0) q[0];\n").find("t.qasm:3: angle '0/0' evaluates to nan; expected a finite angle"),
+            std::string::npos);
+  EXPECT_NE(parse("OPENQASM 2.0;\nqreg q[1];\ngate g(a) x {\n  rx(-a/0) x;\n}\ng(pi) q[0];\n")
+                .find("t.qasm:4: angle '-a/0' evaluates to -inf; expected a finite angle"),
+            std::string::npos);
+  EXPECT_NE(parse("OPENQASM 2.0;\nqreg q[1];\nrz(1e999) q[0];\n").find("t.qasm:3: number '1e999' is out of range"), std::string::npos);
 }
 
 TEST(StateVector, KernelMatchesDenseMatricesOnEveryConvention) {

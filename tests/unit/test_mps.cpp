@@ -284,6 +284,20 @@ TEST(ChargeBlocks, Complex64BatchedSvdAgreesWithComplex128) {
   EXPECT_GT(diff, 0);
 }
 
+// A block with a NaN entry fails LAPACK inside batched_svd's OpenMP loop over the blocks: the
+// RuntimeFailure comes out of the loop (escaping it, it ended the program with SIGABRT).
+TEST(ChargeBlocks, AnSvdThatFailsInsideTheThreadedLoopIsThrown) {
+  const auto backend = qstage::detail::make_cpu_backend(std::uint64_t(1) << 40, std::uint64_t(1) << 40);
+  const auto stream = backend->make_stream();
+  std::vector<kernels::SvdProblem> problems;
+  const std::int64_t n = 40;  // 8 blocks of 40 x 40: enough work for the threaded loop
+  for (std::int64_t b = 0; b < 8; ++b) problems.push_back({n, n, b * n * n, b * n, b * n * n});
+  std::vector<kernels::cplx128> a(8 * n * n, 1.0), vh(8 * n * n);
+  std::vector<double> s(8 * n);
+  a[problems[5].offset + 7] = std::nan("");
+  EXPECT_THROW(kernels::batched_svd(*stream, a.data(), problems, s.data(), vh.data(), nullptr, 0), RuntimeFailure);
+}
+
 // The GPU's SVD paths (Jacobi, gesvdp) against the host's ?gesdd on the same blocks, full rank and
 // rank deficient (an MPS's Theta blocks often are): singular values to `tol` of the largest, Vh's
 // kept rows orthonormal and spanning the row space (A Vh^dagger Vh = A); complex128 to 1e-9 (the

@@ -3,12 +3,14 @@
 #include <gtest/gtest.h>
 
 #include <complex>
+#include <csignal>
 #include <cstring>
 #include <map>
 #include <random>
 
 #include "backend/backend.hpp"
 #include "core/error.hpp"
+#include "core/signals.hpp"
 #include "kernels/statevector.hpp"
 #include "stages/tn/circuit.hpp"
 #include "stages/tn/contractor.hpp"
@@ -16,6 +18,7 @@
 #include "stages/tn/path.hpp"
 #include "stages/tn/paths/hyper.hpp"
 #include "stages/tn/plan.hpp"
+#include "stages/tn/problems.hpp"
 #include "circuit_util.hpp"
 
 using namespace qstage;
@@ -469,4 +472,33 @@ TEST(TensorNetwork, StepsTouchingSpilledIntermediatesRunPerSlice) {
   EXPECT_LE(plan.arena_bytes + plan.persistent_bytes, ooc.budget_bytes);
   expect_sound_invariance(net, plan);
   expect_amplitude_matches_statevector(circuit, net, plan, 2);
+}
+
+TEST(DetectorErrorModel, ItsSizeIsBoundedBeforeExpansionAndTheExpansionStopsOnRequest) {
+  auto error_of = [](const std::string& text) -> std::string {
+    try {
+      tn::read_detector_error_model(text, "t.dem");
+    } catch (const InputError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  // 1 + 2^20 + 2^20 instructions, 2^20 + 1 detectors: one past the limit each, refused before expanding.
+  EXPECT_EQ(error_of("repeat 1048576 {\n  error(0.1) D0 L0\n}\n"),
+            "t.dem line 1: 'repeat 1048576 {' takes the model to 1048577 instructions (repeat blocks expanded); expected at "
+            "most 1048576 (2^20)");
+  EXPECT_EQ(error_of("repeat 1024 {\n  repeat 1023 {\n    error(0.1) D0 L0\n  }\n}\n"),
+            "t.dem line 1: 'repeat 1024 {' takes the model to 1048577 instructions (repeat blocks expanded); expected at "
+            "most 1048576 (2^20)");
+  EXPECT_EQ(error_of("shift_detectors 1048576\nerror(0.1) D0 L0\n"),
+            "t.dem line 2: 'error(0.1) D0 L0' takes the model to 1048577 detectors (repeat blocks expanded); expected at "
+            "most 1048576 (2^20)");
+  // At the limit: 3 * 349525 shifted, then D0 is detector 2^20 - 1.
+  EXPECT_EQ(tn::read_detector_error_model("repeat 3 {\n  detector D2\n  shift_detectors 349525\n}\nerror(0.1) D0 L0\n", "t.dem").detectors,
+            1048576);
+  // Within the limit, a stop request ends the expansion (as SIGTERM does a long one).
+  signals::request_stop(SIGTERM);
+  EXPECT_THROW(tn::read_detector_error_model("repeat 4 {\n  error(0.1) D0 L0\n}\n", "t.dem"), StopRequested);
+  signals::request_stop(0);
+  EXPECT_EQ(tn::read_detector_error_model("repeat 4 {\n  error(0.1) D0 L0\n  shift_detectors 1\n}\n", "t.dem").detectors, 4);
 }

@@ -26,6 +26,21 @@ TEST(Units, RejectsBadSizes) {
   }
 }
 
+TEST(Units, BudgetsArePositiveSizes) {
+  EXPECT_EQ(parse_budget("512MiB", "x"), 512ull << 20);
+  // 0 (or a size that rounds to 0 bytes) is a mistake, not "the default"
+  for (const char* zero : {"0", "0B", "0GiB", "0.1B"}) {
+    try {
+      parse_budget(zero, "--device-memory");
+      ADD_FAILURE() << zero << " was taken as a budget";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("--device-memory"), std::string::npos);
+      EXPECT_NE(std::string(e.what()).find("expected a positive size"), std::string::npos);
+    }
+  }
+  EXPECT_THROW(parse_budget("lots", "--host-memory"), InputError);
+}
+
 TEST(Units, ParsesDurations) {
   EXPECT_DOUBLE_EQ(parse_duration("30s", "x")->count(), 30);
   EXPECT_DOUBLE_EQ(parse_duration("5m", "x")->count(), 300);

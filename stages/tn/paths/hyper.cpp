@@ -5,11 +5,10 @@
 
 #include <algorithm>
 #include <cmath>
-#include <exception>
-#include <mutex>
 #include <optional>
 
 #include "core/error.hpp"
+#include "core/parallel.hpp"
 #include "core/signals.hpp"
 #include "kernels/common.hpp"
 #include "stages/tn/paths/greedy.hpp"
@@ -274,22 +273,17 @@ HyperResult hyper_optimize(const SearchNetwork& net, const HyperOptions& o) {
     std::vector<Trial> batch;
     for (int i = 0; i < round; ++i) batch.push_back(next_trial(trials + i, o.seed, methods, records));
     std::vector<std::optional<Kept>> done(batch.size());
-    std::exception_ptr failure;
-    std::mutex failure_mutex;
+    FirstFailure failure;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
-    for (int i = 0; i < round; ++i) {
-      try {
+    for (int i = 0; i < round; ++i)
+      failure.run([&] {
         const Trial& t = batch[static_cast<size_t>(i)];
         const Method& m = all_methods()[static_cast<size_t>(methods[static_cast<size_t>(t.method)])];
         ContractionTree tree = build_tree(net, m, t.x, t.seed);
         const Scored s = score_tree(tree, o.max_log2_size, t.index);
         done[static_cast<size_t>(i)] = Kept{s, std::move(tree), t.method, t.x};
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(failure_mutex);
-        if (!failure) failure = std::current_exception();
-      }
-    }
-    if (failure) std::rethrow_exception(failure);
+      });
+    failure.rethrow();
     for (auto& d : done) {  // in trial order
       remember(records[static_cast<size_t>(d->method)], d->score, d->x);
       keep(kept, std::move(*d));
@@ -320,11 +314,10 @@ HyperResult hyper_optimize(const SearchNetwork& net, const HyperOptions& o) {
     const auto deadline = std::max(
         start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(result.budget_seconds)),
         Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(refine_share)));
-    std::exception_ptr failure;
-    std::mutex failure_mutex;
+    FirstFailure failure;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(std::min<int>(threads, static_cast<int>(kept.size())))
-    for (int i = 0; i < static_cast<int>(kept.size()); ++i) {
-      try {
+    for (int i = 0; i < static_cast<int>(kept.size()); ++i)
+      failure.run([&] {
         ContractionTree& t = refined[static_cast<size_t>(i)];
         if (std::isfinite(o.max_log2_size) && o.reconfigure) {
           // Reconfigured unsliced first: the slicing overhead is then measured against the best
@@ -350,12 +343,8 @@ HyperResult hyper_optimize(const SearchNetwork& net, const HyperOptions& o) {
           ro.deadline = deadline;
           reconfigure(t, ro, &reconf_reports[static_cast<size_t>(i)]);
         }
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(failure_mutex);
-        if (!failure) failure = std::current_exception();
-      }
-    }
-    if (failure) std::rethrow_exception(failure);
+      });
+    failure.rethrow();
   }
   size_t best = 0;
   std::vector<Scored> final_scores;
