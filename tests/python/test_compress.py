@@ -322,6 +322,12 @@ def test_three_ranks_store_the_same_bytes_as_one(clean_big, tmp):
     r = run(["run", spec, "--run-dir", tmp / "run3", "--device", DEVICE], mpi=3)
     assert r.code == 0, r
     assert stored(tmp / "run3") == clean_big
+    # The step's totals are the whole output's, though rank 0 alone holds the coded chunks.
+    with outputs(tmp / "run3", "packed") as f:
+        d = f["data"]
+        chunk_bytes = sum(d.id.get_chunk_info(i).size for i in range(d.id.get_num_chunks()))
+        assert f.attrs["compress.stored_bytes"] == chunk_bytes > 0
+        assert f.attrs["compress.ratio"] == pytest.approx(f.attrs["compress.input_bytes"] / chunk_bytes)
 
 
 def test_a_corrupted_chunk_fails_with_its_number_and_writes_nothing(tmp):
