@@ -105,7 +105,7 @@ __device__ void assemble_block(const Held<V>& h, const Choice<V>& c, const Block
       break;
     case kSparse: {
       int nonzero = 0;
-      for (int j = 0; j < V; ++j) nonzero += h.has(j) && (float_bits(h.y[j]) & 0x7fffffffu) != 0;
+      for (int j = 0; j < V; ++j) nonzero += h.has(j) && stored_in_sparse(h.y[j]);
       const int count = __reduce_add_sync(kFull, nonzero);
       int bits = 0;
       sparse_size(h, count, r, bits);
@@ -117,7 +117,7 @@ __device__ void assemble_block(const Held<V>& h, const Choice<V>& c, const Block
         out[1] = static_cast<std::uint8_t>(bits);
       }
       for (int j = 0; j < V; ++j) {
-        if (!h.has(j) || (float_bits(h.y[j]) & 0x7fffffffu) == 0) continue;
+        if (!h.has(j) || !stored_in_sparse(h.y[j])) continue;
         out[2 + rank] = static_cast<std::uint8_t>(h.base + j);
         const unsigned w = float_bits(h.y[j]) & mask;
         for (int k = 0; k < bytes; ++k) out[2 + count + rank * bytes + k] = word_byte(w, k);

@@ -63,6 +63,10 @@ struct PassState {
   int done = 0;
   nlohmann::json data = nlohmann::json::object();
   int done_before = 0;  // of `done`, the passes earlier runs of the step finished (not committed)
+  // Wall seconds of the step's finished passes before the output pass, and of compute()'s work up
+  // to its last commit, summed over every run that did them: with the output pass's journal they
+  // make the step's wall time when the step ran in several passes or several runs.
+  double wall_seconds = 0;
 };
 
 // One pass of a stage before its output pass: what it streams, its kernel and its reduction.

@@ -102,7 +102,7 @@ int write_sparse(const float* y, int m, int count, const BlockRules& r, std::uin
   out[1] = static_cast<std::uint8_t>(bits);
   int p = 2, v = 2 + count;
   for (int i = 0; i < m; ++i) {
-    if ((float_bits(y[i]) & 0x7fffffffu) == 0) continue;
+    if (!stored_in_sparse(y[i])) continue;
     out[p++] = static_cast<std::uint8_t>(i);
     const std::uint32_t wi = float_bits(y[i]) & mask;
     for (int j = 0; j < bytes; ++j) out[v++] = word_byte(wi, j);
@@ -150,7 +150,7 @@ BlockState encode_block(const float* x, int m, const BlockRules& r, std::uint8_t
   for (int i = 0; i < m; ++i) {
     finite = finite && is_finite(x[i]);
     y[i] = thresholded(x[i], r.t);
-    nonzero += (float_bits(y[i]) & 0x7fffffffu) != 0;
+    nonzero += stored_in_sparse(y[i]);
   }
   if (!finite) {
     bytes = write_raw(x, m, out);

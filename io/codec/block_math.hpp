@@ -39,19 +39,25 @@ QSTAGE_HD float bits_float(std::uint32_t w) {
 QSTAGE_HD bool is_finite(float x) { return ((float_bits(x) >> 23) & 0xffu) != 0xffu; }
 QSTAGE_HD double magnitude(float x) { return x < 0 ? -static_cast<double>(x) : static_cast<double>(x); }
 
-// The value a component becomes before coding: 0 at or below the threshold t (NaN stays NaN:
-// the comparison is false).
-QSTAGE_HD float thresholded(float x, double t) { return magnitude(x) <= t ? 0.0f : x; }
+// Whether the threshold t replaces a component by 0: at or below t (NaN never: the comparison is
+// false), except that a threshold of 0 changes no bits (it keeps -0, which is at or below 0 but
+// is not +0's bits: with e = 0 too, the coding is lossless).
+QSTAGE_HD bool zeroed(float x, double t) { return magnitude(x) <= t && (t > 0 || float_bits(x) == 0); }
+
+// The value a component becomes before coding.
+QSTAGE_HD float thresholded(float x, double t) { return zeroed(x, t) ? 0.0f : x; }
 
 // Whether group and group2l keep a component (the complement of thresholding: NaN is kept).
-QSTAGE_HD bool significant(float x, double t) { return !(magnitude(x) <= t); }
+QSTAGE_HD bool significant(float x, double t) { return !zeroed(x, t); }
 
 // How far a decoded component may be from the original: max(t, e) where thresholding zeroes
 // it, e elsewhere (the codec's guarantee).
 QSTAGE_HD double allowed_error(float x, double t, double e) {
   return magnitude(x) <= t ? (t > e ? t : e) : e;
 }
+// A bound of 0 asks for the original's bits: -0 and +0 are equal numbers, not equal bits.
 QSTAGE_HD bool within(float decoded, float original, double bound) {
+  if (!(bound > 0)) return float_bits(decoded) == float_bits(original);
   const double d = static_cast<double>(decoded) - static_cast<double>(original);
   return (d < 0 ? -d : d) <= bound;
 }
@@ -60,6 +66,10 @@ QSTAGE_HD bool within(float decoded, float original, double bound) {
 QSTAGE_HD float midpoint(float lo, float hi) {
   return static_cast<float>((static_cast<double>(lo) + static_cast<double>(hi)) * 0.5);
 }
+
+// Whether a sparse block stores a value: every value but +0 (which is what the others decode
+// to), so -0 is stored as it is.
+QSTAGE_HD bool stored_in_sparse(float y) { return float_bits(y) != 0; }
 
 // Bits kept of a float32 (sign, exponent and the leading mantissa bits) so that truncating a
 // value of the block loses less than 2^q: a value whose biased exponent is b (b = 0 for zeros and

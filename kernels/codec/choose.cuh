@@ -18,8 +18,18 @@ __device__ inline float unordered(int k) { return bits_float(static_cast<unsigne
 __device__ inline float warp_min(float v) { return unordered(__reduce_min_sync(kFull, ordered(v))); }
 __device__ inline float warp_max(float v) { return unordered(__reduce_max_sync(kFull, ordered(v))); }
 
-// thresholded(x, t) in floats: |x| <= t exactly when |x| <= t_below (NaN stays NaN).
-__device__ inline float thresholded_f(float x, const BlockRules& r) { return fabsf(x) <= r.t_below ? 0.0f : x; }
+// thresholded(x, t) in floats: |x| <= t exactly when |x| <= t_below (NaN stays NaN; a
+// threshold of 0 keeps -0, as zeroed does).
+__device__ inline float thresholded_f(float x, const BlockRules& r) {
+  return fabsf(x) <= r.t_below && (r.t > 0 || float_bits(x) == 0) ? 0.0f : x;
+}
+
+// Whether x decodes within its bound as +0 (the zero block's test), in floats: |x| <= max(t, e)
+// exactly when |x| <= te_below; where max(t, e) is 0 (e = 0, no threshold above 0) within()
+// asks for x's bits, so a -0 is not.
+__device__ inline bool zero_fits(float x, const BlockRules& r) {
+  return fabsf(x) <= r.te_below && (r.t > 0 || r.e > 0 || float_bits(x) == 0);
+}
 
 template <int V>
 struct Held {
@@ -166,7 +176,10 @@ struct Choice {
 //    (the same sign and exponent), and y is x or, at or below t, 0;
 //  - dense around the midpoint is checked only where it would be chosen, as the CPU does.
 // (warp_min and warp_max put -0 before +0, where the CPU may take either zero as an extreme: the
-// midpoint is the same unless every thresholded value is a zero, and such a block is a zero block.)
+// midpoint is the same unless every thresholded value is a zero. Such a block is a zero block,
+// or, where -0 must be kept (bound 0), all -0 (the same midpoint, -0) or of both zeros, where
+// neither the constant nor a dense block around a zero midpoint keeps both signs: both sides
+// reject those, whichever zero their midpoint is.)
 template <int V>
 __device__ Choice<V> choose(const Held<V>& h, const BlockRules& r) {
   bool finite = true, zero_ok = true;
@@ -175,8 +188,8 @@ __device__ Choice<V> choose(const Held<V>& h, const BlockRules& r) {
   for (int j = 0; j < V; ++j) {
     if (!h.has(j)) continue;
     finite = finite && is_finite(h.x[j]);
-    nonzero += (float_bits(h.y[j]) & 0x7fffffffu) != 0;
-    zero_ok = zero_ok && fabsf(h.x[j]) <= r.te_below;
+    nonzero += stored_in_sparse(h.y[j]);
+    zero_ok = zero_ok && zero_fits(h.x[j], r);
     lo = fminf(lo, h.y[j]);
     hi = fmaxf(hi, h.y[j]);
   }

@@ -440,17 +440,18 @@ class WorkflowRun {
           if (j.at("key").get<std::string>() == key) {
             state.done = j.at("done").get<int>();
             state.data = j.at("data");
+            state.wall_seconds = j.value("wall_seconds", 0.0);
           }
         } catch (const std::exception& e) {
           spdlog::warn("discarding unreadable {}: {}", file.string(), e.what());
         }
-      text = json{{"done", state.done}, {"data", state.data}}.dump();
+      text = json{{"done", state.done}, {"data", state.data}, {"wall_seconds", state.wall_seconds}}.dump();
     }
     const json j = json::parse(comm_.broadcast(text));
     const int done = j.at("done").get<int>();
     if (done > 0 && comm_.root())
       spdlog::info("step '{}': {} of its passes done by an earlier run", id, done);
-    return {done, j.at("data"), done};
+    return {done, j.at("data"), done, j.at("wall_seconds").get<double>()};
   }
 
   // Rank 0: commits the state after a pass (atomically), before the next pass starts.
@@ -462,7 +463,7 @@ class WorkflowRun {
   // Rank 0: replaces the step's pass-state file atomically (after a pass, or from compute()).
   void write_pass_state(const std::string& id, const std::string& key, const stages::PassState& state) {
     fs::create_directories(dir_.work(id));
-    json j = {{"key", key}, {"done", state.done}, {"data", state.data}};
+    json j = {{"key", key}, {"done", state.done}, {"data", state.data}, {"wall_seconds", state.wall_seconds}};
     j["hash"] = hash_bytes(j.dump());  // (checked when it is read back)
     fsutil::write_file_atomic(dir_.work(id) / engine::StepWork::kPassState, j.dump());
   }
@@ -474,6 +475,7 @@ class WorkflowRun {
                         EarlierPassOutputs& earlier, const std::string& key, stages::PassState& state) {
     const spec::Step& step = *p.step;
     while (true) {
+      const auto pass_started = Clock::now();
       std::optional<stages::PriorPass> prior;
       try {
         prior = step.impl->prior_pass(context, state);
@@ -489,9 +491,12 @@ class WorkflowRun {
       const std::vector<std::uint64_t> bus_before{backend_->bytes_to_device(), backend_->bytes_to_host()};
       auto reporter = progress_reporter(fmt::format("{} {} {}", step.id, step.stage, label), prior->pass, 0, work);
       engine::PassOutcome outcome;
+      double streaming_seconds = 0;  // (this run's part of the pass journal's wall_seconds)
       try {
+        const auto streaming_started = Clock::now();
         outcome = engine_->run(prior->pass, *prior->kernel, prior->reduction.get(), work,
                                stages::prior_pass_output(context, state.done), progress_of(reporter));
+        streaming_seconds = std::chrono::duration<double>(Clock::now() - streaming_started).count();
         if (outcome.complete) outcome.staged.commit();
       } catch (const InputError& e) {
         if (reporter) reporter->finish();
@@ -507,6 +512,10 @@ class WorkflowRun {
       prior->outputs = std::move(outcome.outputs);
       step.impl->after_prior_pass(context, *prior, state);
       state.done += 1;
+      // The pass's time into the step's: its streaming over every run (its journal, rank 0's on
+      // every rank) and this run's host work around it (prior_pass, after_prior_pass).
+      state.wall_seconds += outcome.journal.wall_seconds +
+                            comm_.max(std::chrono::duration<double>(Clock::now() - pass_started).count() - streaming_seconds);
       save_pass_state(step.id, key, state);
       const auto bus = comm_.sum_wrapping({backend_->bytes_to_device() - bus_before[0], backend_->bytes_to_host() - bus_before[1]});
       if (comm_.root())
@@ -584,7 +593,7 @@ class WorkflowRun {
    public:
     ComputeCommits(WorkflowRun& run, const spec::Step& step, const std::string& key, const stages::PassState& state)
         : run_(run), step_(step), key_(key), state_(state), work_(run.dir_.work(step.id), key, run.comm_),
-          pace_(run.checkpoint_seconds_), called_(Clock::now()) {
+          pace_(run.checkpoint_seconds_), started_(Clock::now()), called_(started_) {
       fs::create_directories(run.dir_.work(step.id));  // (the stage's stage-* files go there)
     }
     bool due(std::uint64_t done, std::uint64_t total, const std::string& unit) override {
@@ -601,6 +610,8 @@ class WorkflowRun {
     void commit(const json& data, std::uint64_t done) override {
       stages::PassState state = state_;
       state.data = data;
+      // (a resumed run's step wall time then includes compute()'s work up to here)
+      state.wall_seconds += std::chrono::duration<double>(Clock::now() - started_).count();
       run_.write_pass_state(step_.id, key_, state);
       pace_.committed(called_);
       committed_ = done;
@@ -620,7 +631,8 @@ class WorkflowRun {
     engine::StepWork work_;  // (its progress file, for `qstage status`)
     std::unique_ptr<ProgressReporter> reporter_;
     engine::CheckpointPace pace_;
-    Clock::time_point called_;  // when due() was last asked
+    Clock::time_point started_;  // when compute() started (this object is made just before)
+    Clock::time_point called_;   // when due() was last asked
     std::uint64_t committed_ = 0, total_ = 0;
     std::string unit_ = "row";
   };
@@ -714,6 +726,9 @@ class WorkflowRun {
 
     engine::PassOutcome outcome;
     const StepResults results{reduction.get(), step.impl->computes(p.plan) ? &computed : nullptr, &context, &outcome.outputs};
+    // The whole step's wall time: its earlier passes and committed compute() work (every run's),
+    // this run's compute(), and the output pass (every run's, its journal).
+    auto step_wall_seconds = [&] { return passes.wall_seconds + compute_seconds + outcome.journal.wall_seconds; };
     // Collective: provenance, checksums and the stage's small results into the staged output.
     auto annotate = [&](h5::File& out) {
       const engine::Journal& j = outcome.journal;
@@ -730,7 +745,7 @@ class WorkflowRun {
       out.set_attribute("qstage.backend", std::string(backend_name(backend_->kind())));
       out.set_attribute("qstage.device", device_text_);
       out.set_attribute("qstage.ranks", static_cast<std::int64_t>(comm_.size()));
-      out.set_attribute("qstage.wall_seconds", j.wall_seconds + compute_seconds);
+      out.set_attribute("qstage.wall_seconds", step_wall_seconds());
       out.set_attribute("qstage.attempts", static_cast<std::int64_t>(j.attempts));
       out.set_attribute("qstage.peak_device_bytes", static_cast<std::int64_t>(peaks[0]));
       out.set_attribute("qstage.peak_host_bytes", static_cast<std::int64_t>(peaks[1]));
@@ -797,7 +812,7 @@ class WorkflowRun {
       json& rec = m.step(step.id);
       rec.update({{"state", "done"}, {"output", fs::relative(output, dir_.root).string()}, {"checksums", sums},
                   {"output_bytes", fs::file_size(output)},
-                  {"wall_seconds", outcome.journal.wall_seconds + compute_seconds}, {"attempts", outcome.journal.attempts},
+                  {"wall_seconds", step_wall_seconds()}, {"attempts", outcome.journal.attempts},
                   {"finished", utc_now()}, {"device", device_text_}, {"ranks", comm_.size()}, {"metrics", metrics},
                   {"rows_total", pass.rows}, {"results", step.impl->describe_results(p.plan, results)}});
       rec.erase("error");

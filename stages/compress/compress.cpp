@@ -78,14 +78,17 @@ class CompressStage final : public RelativeBoundsStage {
   }
 
   void write_results(const StagePlan& plan, const StepResults& r, h5::File& out) const override {
-    const std::uint64_t input = plan.pass.rows * plan.pass.inputs[0].row_bytes, stored = stored_bytes(r);
+    // Rank 0 holds the coded chunks (the other ranks' reports say 0 bytes), and attribute writes
+    // are collective: every rank writes the total over the ranks.
+    const std::uint64_t input = plan.pass.rows * plan.pass.inputs[0].row_bytes,
+                        stored = r.context->comm->sum_wrapping({stored_bytes(r)}).at(0);
     out.set_attribute("compress.input_bytes", input);
     out.set_attribute("compress.stored_bytes", stored);
     out.set_attribute("compress.ratio", stored ? static_cast<double>(input) / static_cast<double>(stored) : 0.0);
     out.set_attribute("compress.codec", plan.summary.at("codec").dump());
   }
 
-  // (rank 0's: the spool is there)
+  // (this rank's: rank 0 has them all)
   static std::uint64_t stored_bytes(const StepResults& r) { return r.outputs->at(0).stored_bytes; }
 
   std::string describe_results(const StagePlan& plan, const StepResults& r) const override {

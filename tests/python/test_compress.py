@@ -150,6 +150,34 @@ def test_nan_and_inf_come_back_bit_for_bit(tmp):
     assert np.max(np.abs(y[~special].astype(np.float64) - x[~special])) <= 1e-3 * (finite.max() - finite.min())
 
 
+def bit_sensitive(rng, rows, cols):
+    """float32 rows x cols holding what only a bitwise comparison tells apart: -0 (rows of it, beside
+    +0, among other values), NaN with payloads and of both signs, infinities and denormals."""
+    x = rng.standard_normal((rows, cols)).astype(np.float32)
+    x[: rows // 4] = -0.0
+    x[rows // 4: rows // 2: 2] = 0.0
+    x[rows // 4 + 1: rows // 2: 2] = np.where(np.arange(cols) % 3 == 0, np.float32(-0.0), np.float32(0.0))
+    x[rows // 2:][rng.random((rows - rows // 2, cols)) < 0.1] = -0.0
+    special = np.array([0x7fc00000, 0x7fc00001, 0xffc12345, 0x7f800001, 0x7f800000, 0xff800000, 0x00000001,
+                        0x80000001, 0x807fffff, 0x7f7fffff, 0x80000000], np.uint32).view(np.float32)
+    x.reshape(-1)[-len(special):] = special
+    return x
+
+
+@pytest.mark.parametrize("pipeline", PIPELINES)
+@pytest.mark.parametrize("dtype", [np.float32, np.complex64])
+def test_lossless_coding_keeps_every_bit(tmp, pipeline, dtype):
+    """docs/compression.md: e = 0 (t = 0) keeps every bit, -0 and NaN payloads included."""
+    x = bit_sensitive(np.random.default_rng(31), 700, 16)
+    if dtype == np.complex64:
+        x = x.view(np.complex64)  # (pairs of the same values: -0 in both parts, in one, in none)
+    write_input(tmp / "in.h5", x)
+    run_dir = run_ok(tmp, spec_for(compress_steps(f"{{pipeline: {pipeline}, error: 0, threshold: 0, chunk_rows: 128}}")))
+    with outputs(run_dir, "packed") as f, outputs(run_dir, "unpacked") as g:
+        np.testing.assert_array_equal(g["data"][...].view(np.uint32), x.view(np.uint32))
+        np.testing.assert_array_equal(f["data"][...].view(np.uint32), x.view(np.uint32))  # (the filter plugin)
+
+
 def test_evaluate_reports_what_numpy_measures(tmp):
     x = circuit_like(np.random.default_rng(9), (1500, 32), np.complex64)
     write_input(tmp / "in.h5", x)
@@ -294,6 +322,12 @@ def test_three_ranks_store_the_same_bytes_as_one(clean_big, tmp):
     r = run(["run", spec, "--run-dir", tmp / "run3", "--device", DEVICE], mpi=3)
     assert r.code == 0, r
     assert stored(tmp / "run3") == clean_big
+    # The step's totals are the whole output's, though rank 0 alone holds the coded chunks.
+    with outputs(tmp / "run3", "packed") as f:
+        d = f["data"]
+        chunk_bytes = sum(d.id.get_chunk_info(i).size for i in range(d.id.get_num_chunks()))
+        assert f.attrs["compress.stored_bytes"] == chunk_bytes > 0
+        assert f.attrs["compress.ratio"] == pytest.approx(f.attrs["compress.input_bytes"] / chunk_bytes)
 
 
 def test_a_corrupted_chunk_fails_with_its_number_and_writes_nothing(tmp):

@@ -5,6 +5,7 @@ are the same bits for any rank count and after stops and kills; bad inputs exit 
 import hashlib
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -232,6 +233,37 @@ def test_random_sigkills_then_resume_match_a_clean_run(stopped_clean, tmp):
     assert digests(run_dir) == stopped_clean
     log = (run_dir / "logs" / "rank-0.log").read_text()
     assert "passes done by an earlier run" in log, "no kill ever landed after a committed pass"
+
+
+def test_wall_time_is_the_whole_step_across_its_passes_and_a_stop(tmp):
+    """qstage.wall_seconds (and the manifest's wall_seconds) is the whole step's: every pass before
+    the output pass, in the run that was stopped (SIGTERM once a pass is committed) and in the one
+    that resumed it, not the output pass's alone."""
+    spec = sci_spec(tmp, *STOPPED, SMALL_BATCHES)
+    run_dir = tmp / "run"
+    t0 = time.monotonic()
+    p = start(["run", spec, "--run-dir", run_dir, "--device", DEVICE], tmp)
+    end = time.time() + 120
+    while time.time() < end and not (run_dir / "steps" / "sci" / "passes.json").exists() and p.poll() is None:
+        time.sleep(0.01)
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=600)
+    if p.returncode == 0:
+        pytest.skip("the run finished before SIGTERM arrived")
+    assert p.returncode == 75, err
+    r = run(["resume", run_dir, "--device", DEVICE])
+    elapsed = time.monotonic() - t0
+    assert r.code == 0, r
+    assert "passes done by an earlier run" in r.err, r
+    with h5py.File(run_dir / "outputs" / "sci.h5") as f:
+        wall = float(f.attrs["qstage.wall_seconds"])
+    assert manifest(run_dir)["steps"]["sci"]["wall_seconds"] == wall
+    # The passes' own times, as both runs logged them ("... pass 3 (sigma) done in 0.4s: ...").
+    log = (run_dir / "logs" / "rank-0.log").read_text()
+    passes = [float(s) for s in re.findall(r"step 'sci' pass \d+ \(\w+\) done in ([0-9.]+)s:", log)]
+    assert len(passes) >= 4, log
+    assert wall >= sum(passes) - 0.05 * len(passes) > 0.5, (wall, passes)
+    assert wall <= elapsed, (wall, elapsed)
 
 
 # ---------------------------------------------------------------- bad input

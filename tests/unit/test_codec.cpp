@@ -111,6 +111,53 @@ TEST(Codec, EveryPipelineKeepsTheBoundOnEveryKindOfInput) {
         }
 }
 
+// Values whose bits a lossless coding must keep although they compare equal to others or are
+// not numbers: -0 alone, in whole blocks, beside +0 and among other values (at block edges too),
+// NaN with payloads and of both signs, infinities, denormals and the extremes.
+std::vector<float> bit_sensitive_values() {
+  using detail::bits_float;
+  const float nz = -0.0f;
+  std::mt19937 rng(29);
+  std::normal_distribution<float> normal;
+  std::vector<float> x;
+  x.insert(x.end(), 256, nz);                              // a block of -0 only
+  for (int i = 0; i < 256; ++i) x.push_back(i % 3 ? 0.0f : nz);  // both zeros
+  for (int i = 0; i < 256; ++i) x.push_back(i % 17 == 0 ? nz : (i % 5 ? 0.0f : normal(rng)));  // sparse with -0
+  for (int i = 0; i < 256; ++i) x.push_back(i % 64 == 63 || i % 64 == 0 ? nz : normal(rng));  // -0 at block edges
+  for (int i = 0; i < 256; ++i) x.push_back(i % 2 ? nz : 0.5f);  // -0 and a constant
+  for (std::uint32_t w : {0x7fc00000u, 0x7fc00001u, 0xffc12345u, 0x7f800001u, 0xff800001u, 0x7f800000u, 0xff800000u,
+                          0x00000001u, 0x80000001u, 0x007fffffu, 0x807fffffu, 0x7f7fffffu, 0xff7fffffu, 0x80000000u})
+    x.push_back(bits_float(w));
+  for (int i = 0; i < 100; ++i) x.push_back(i % 2 ? bits_float(0x80000000u | static_cast<std::uint32_t>(i)) : nz);
+  return x;
+}
+
+void expect_same_bits(const std::vector<float>& x, const std::vector<float>& y, const std::string& what) {
+  ASSERT_EQ(x.size(), y.size()) << what;
+  int reported = 0;
+  for (size_t i = 0; i < x.size(); ++i)
+    if (detail::float_bits(x[i]) != detail::float_bits(y[i]) && reported++ < 5)
+      ADD_FAILURE() << what << ": value " << i << " had bits " << std::hex << detail::float_bits(x[i])
+                    << ", decoded " << detail::float_bits(y[i]) << std::dec;
+}
+
+// docs/compression.md: e = 0 keeps every bit (with t = 0 for the pipelines that threshold), for
+// float32 and complex64 data.
+TEST(Codec, LosslessCodingKeepsEveryBitOfNegativeZerosNansAndDenormals) {
+  const std::vector<float> x = bit_sensitive_values();
+  for (Pipeline p : kAll)
+    for (std::uint32_t block : {64u, 128u, 256u}) {
+      const Settings s{p, block, 0.0, 0.0, true};
+      const std::string what = std::string(pipeline_name(p)) + " / block " + std::to_string(block);
+      StreamInfo info;
+      expect_same_bits(x, round_trip(x, s, info), what);
+      const auto stream = encode(x.data(), ElementType::complex64, {x.size() / 2}, s);
+      std::vector<float> y(x.size());
+      decode(stream.data(), stream.size(), y.data(), y.size());
+      expect_same_bits(x, y, what + " / complex");
+    }
+}
+
 TEST(Codec, AbsoluteBoundsAndThresholdLargerThanError) {
   const auto in = inputs();
   for (const auto& x : in)
@@ -412,6 +459,38 @@ TEST(CodecGpu, SameBytesAsTheCpuAndEachDecodesTheOther) {
         const auto by_gpu = gpu.download<float>(out, in.values.size());
         ASSERT_EQ(0, std::memcmp(by_cpu.data(), by_gpu.data(), 4 * by_cpu.size())) << what;
       }
+}
+
+// Where -0 must be kept (e = 0 and t = 0) and where it need not (e > 0, or t > 0), the GPU codes
+// the bit-sensitive values as the CPU does, and decodes them to the same bits.
+TEST(CodecGpu, NegativeZerosAndNansSameBytesAsTheCpu) {
+  REQUIRE_GPU();
+  test::GpuRun gpu;
+  const std::vector<float> x = bit_sensitive_values();
+  Buffer data = gpu.upload(x.data(), 4 * x.size());
+  Buffer out = gpu.backend->alloc_device(4 * x.size() + 4, "test");
+  for (auto [t, e] : {std::pair{0.0, 0.0}, std::pair{0.0, 1e-3}, std::pair{1e-3, 0.0}, std::pair{1e-3, 1e-3}})
+    for (Pipeline p : kAll)
+      for (std::uint32_t block : {64u, 256u})
+        for (bool complex : {false, true}) {
+          if (p == Pipeline::szx && t > 0) continue;  // (szx has no threshold)
+          const Settings s{p, block, t, e, false};
+          const ElementType type = complex ? ElementType::complex64 : ElementType::float32;
+          const std::vector<std::uint64_t> shape{x.size() / (complex ? 2 : 1)};
+          const std::string what = std::string(pipeline_name(p)) + " t " + std::to_string(t) + " e " +
+                                   std::to_string(e) + " / " + std::to_string(block) + (complex ? " / complex" : "");
+          const auto cpu = encode(x.data(), type, shape, s);
+          const auto on_gpu =
+              kernels::codec_encode(*gpu.backend, *gpu.stream, static_cast<const float*>(data.data()), type, shape, s);
+          ASSERT_EQ(on_gpu, cpu) << what;
+          std::vector<float> by_cpu(x.size());
+          decode(cpu.data(), cpu.size(), by_cpu.data(), by_cpu.size());
+          Buffer stream = gpu.upload(cpu.data(), cpu.size());
+          kernels::codec_decode(*gpu.backend, *gpu.stream, cpu.data(), cpu.size(),
+                                static_cast<const std::uint8_t*>(stream.data()), static_cast<float*>(out.data()), x.size());
+          expect_same_bits(by_cpu, gpu.download<float>(out, x.size()), what);
+          if (t == 0 && e == 0) expect_same_bits(x, by_cpu, what);
+        }
 }
 
 // The GPU finds its blocks' offsets by a look-back over tiles of 8 blocks, in the pass that
