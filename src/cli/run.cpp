@@ -21,9 +21,11 @@ constexpr const char* kRunUsage = R"(usage: qstage run [SPEC] [options]
 
 Runs the workflow in SPEC (a YAML file; without SPEC, the embedded quickstart) in a run
 directory. Steps whose key (stage, version, parameters, input content) matches a committed
-output are skipped; a changed parameter reruns that step and what depends on it. On SIGTERM or
-SIGINT all ranks stop at the next batch boundary, commit, and exit with code 75; `qstage resume`
-continues from the last commit, also after a SIGKILL.
+output are skipped (a committed output is checked first: a damaged one is recomputed); a changed
+parameter reruns that step and what depends on it. On SIGTERM or SIGINT all ranks stop at the
+next safe point (a batch boundary, the end of a pass, a time step), commit, and exit with code
+75; `qstage resume` continues from the last commit, also after a SIGKILL. One run at a time
+holds a run directory: a second one exits 2 naming the process that holds it.
 )";
 
 constexpr const char* kRunExamples = R"(examples:
@@ -38,7 +40,8 @@ constexpr const char* kResumeUsage = R"(usage: qstage resume DIR [options]
 
 Continues the run in DIR with the spec it was last run with (DIR/spec.yaml). Work committed
 before a stop or a kill is kept: a step continues from its last checkpoint, not its start.
-Half-written files are never trusted: only what the journal names is read.
+Half-written files are never trusted: only what the journal names is read, and only once its
+rows match their checksums (what does not is recomputed, with a warning).
 )";
 
 constexpr const char* kResumeExamples = R"(examples:

@@ -370,7 +370,14 @@ class WorkflowRun {
       fs::remove(fsutil::temp_path(output), ec);  // an interrupted merge's file is never reused
     }
     comm_.barrier();
-    execute(p, key, hashes, output);
+    try {
+      execute(p, key, hashes, output);
+    } catch (const StopRequested& e) {
+      // A stop a stage took at a safe point of its own before any pass (reading its inputs,
+      // building its problem) says where; one the runner recorded already goes on as it is.
+      if (std::string_view(e.what()).rfind("stopped by ", 0) == 0) throw;
+      stopped(step.id, "", 0, 0, json::object(), e.what());
+    }
   }
 
   // A step's opened inputs, on every rank.

@@ -262,7 +262,10 @@ def test_wall_time_is_the_whole_step_across_its_passes_and_a_stop(tmp):
     log = (run_dir / "logs" / "rank-0.log").read_text()
     passes = [float(s) for s in re.findall(r"step 'sci' pass \d+ \(\w+\) done in ([0-9.]+)s:", log)]
     assert len(passes) >= 4, log
-    assert wall >= sum(passes) - 0.05 * len(passes) > 0.5, (wall, passes)
+    # The step is nearly all of both processes' time (one step; start-up and MPI take under a
+    # second each); the output pass alone, what was recorded before, is milliseconds.
+    assert wall >= sum(passes) - 0.05 * len(passes), (wall, passes)
+    assert wall >= 0.6 * elapsed - 1.0, (wall, elapsed)
     assert wall <= elapsed, (wall, elapsed)
 
 
