@@ -545,6 +545,7 @@ class ContractStage final : public Stage {
     t.set_attribute("description", "measured seconds of each plan step (mean over the timed work items), to set "
                                    "beside the plan's steps/predicted_seconds; NaN where no item was timed "
                                    "(time_steps: false, or a run resumed after its timed item)");
+    mark_measured(t);
     out.set_attribute("slices", static_cast<std::int64_t>(s.at("slices").get<std::uint64_t>()));
     out.set_attribute("invariant_steps", static_cast<std::int64_t>(s.at("invariant_steps").get<int>()));
     out.set_attribute("prologue_runs", static_cast<std::int64_t>(result.counts.prologues));
@@ -599,13 +600,16 @@ class ContractStage final : public Stage {
       h5::Dataset c = out.create_dataset(name, {{h5::DType::float64, {v.size()}, {}}, false});
       if (!v.empty()) c.write_all(v.data());
       c.set_attribute("description", doc);
+      return c;
     };
-    column("step_compute_seconds", t.at("compute_seconds").get<std::vector<double>>(),
+    h5::Dataset compute = column("step_compute_seconds", t.at("compute_seconds").get<std::vector<double>>(),
            "rank 0's measured seconds of each step's GEMMs on its shard (the run's second work item, or its only one), beside the plan's "
            "distribution/steps/compute_seconds");
-    column("step_comm_seconds", t.at("comm_seconds").get<std::vector<double>>(),
+    h5::Dataset comm = column("step_comm_seconds", t.at("comm_seconds").get<std::vector<double>>(),
            "rank 0's measured seconds of each step's all-to-alls (redistribution, gather), beside the plan's "
            "distribution/steps/comm_seconds");
+    mark_measured(compute);
+    mark_measured(comm);
     std::vector<double> sent;
     for (const auto& b : t.at("sent_bytes")) sent.push_back(b.get<double>());
     column("step_sent_bytes", sent, "bytes rank 0 sent to other ranks in each step's all-to-alls");

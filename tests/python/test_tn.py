@@ -776,6 +776,7 @@ steps:
         steps = len(json.loads(bytes(f["plan"][()]).decode())["steps"])
     with h5py.File(run_dir / "outputs" / "amps.h5") as f:
         seconds = f["step_seconds"][()]
+        assert f["step_seconds"].attrs["qstage.measured"] == 1  # (out of the step's content identity)
     assert seconds.shape == (steps,) and np.all(np.isfinite(seconds)) and np.all(seconds >= 0)
     with h5py.File(run_dir / "outputs" / "quiet.h5") as f:
         assert f["step_seconds"].shape == (steps,) and np.all(np.isnan(f["step_seconds"][()]))

@@ -83,6 +83,8 @@ def test_distributed_amplitudes_equal_one_rank(tmp, ranks, precision, tol):
         steps = len(d["steps"])
         for name in ("step_compute_seconds", "step_comm_seconds", "step_sent_bytes"):
             assert f[name].shape == (steps,)
+            # the timings are measurements (out of the step's content identity); the bytes are not
+            assert (f[name].attrs.get("qstage.measured") == 1) == name.endswith("_seconds"), name
         sent = f["step_sent_bytes"][()]
         # every redistribution and gather sends; local steps send nothing
         for s, t in enumerate(transitions):
