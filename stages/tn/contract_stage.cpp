@@ -266,9 +266,7 @@ Reference reference_contraction(const Loaded& l, Backend& be) {
   for (const auto& st : l.plan.steps) path.ssa.push_back({st.a, st.b});
   path.sliced = l.plan.sliced;
   tn::PlanOptions o;
-  o.element_bytes = 16;
-  o.bandwidth = l.plan.bandwidth;
-  o.gemm_rate = l.plan.gemm_rate;
+  o.element_bytes = 16;  // (in core: the predictions' rates change nothing of the plan)
   const tn::Contractor probe(l.net, l.plan, h5::DType::complex128, false);
   const std::uint64_t result_bytes = probe.result_elements() * 16;
   const std::uint64_t fixed = probe.resident_bytes() + be.blas_stream_bytes() + result_bytes;
@@ -590,7 +588,7 @@ class ContractStage final : public Stage {
                     {"compress_spilled", nullptr}, {"distributed_ranks", l.distribution->at("ranks").get<int>()},
                     {"distributed_groups", ranks / l.distribution->at("ranks").get<int>()}};
   }
-  // Its measurements beside the plan's predictions (the plan file's distribution).
+  // Its measurements beside the plan's predictions (the plan file's prediction, its distribution).
   static void write_distributed(const json& d, h5::File& out) {
     out.set_attribute("distributed_ranks", static_cast<std::int64_t>(d.at("ranks").get<int>()));
     out.set_attribute("distributed_groups", static_cast<std::int64_t>(d.at("groups").get<int>()));
@@ -603,11 +601,11 @@ class ContractStage final : public Stage {
       return c;
     };
     h5::Dataset compute = column("step_compute_seconds", t.at("compute_seconds").get<std::vector<double>>(),
-           "rank 0's measured seconds of each step's GEMMs on its shard (the run's second work item, or its only one), beside the plan's "
-           "distribution/steps/compute_seconds");
+           "rank 0's measured seconds of each step's GEMMs on its shard (the run's second work item, or its only one), beside the "
+           "plan's prediction (distribution/steps/compute_seconds)");
     h5::Dataset comm = column("step_comm_seconds", t.at("comm_seconds").get<std::vector<double>>(),
            "rank 0's measured seconds of each step's all-to-alls (redistribution, gather), beside the plan's "
-           "distribution/steps/comm_seconds");
+           "prediction (distribution/steps/comm_seconds)");
     mark_measured(compute);
     mark_measured(comm);
     std::vector<double> sent;
