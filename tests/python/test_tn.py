@@ -8,7 +8,7 @@ import h5py
 import numpy as np
 import pytest
 
-from conftest import DEVICE, ROOT, committed_run, read_png_rgb, run, write_spec
+from conftest import DEVICE, ROOT, committed_run, manifest, read_png_rgb, run, write_spec
 from oracle import network_einsum
 
 DATA = ROOT / "tests" / "data" / "circuits"
@@ -755,6 +755,72 @@ steps:
     expected = np.einsum(expr, *shaped).reshape(-1)
     assert np.linalg.norm(values[""].reshape(-1) - expected) <= 1e-12 * np.linalg.norm(expected)
     assert values[""].tobytes() == values["_plain"].tobytes()
+
+
+def test_measured_rates_are_kept_apart_from_the_plan_and_still_verified(tmp):
+    """Without bandwidth and gemm_rate, tn.plan measures them on the device: the rates and the
+    seconds predicted from them go to the dataset `prediction` and the column
+    steps/predicted_seconds, both marked as measurements (qstage.measured), and the schedule in
+    `plan` holds none of them. The step's record lists them apart from its content; their
+    checksums are still recorded, and `inspect --verify` checks them. Rates given as parameters
+    are inputs: that prediction is no measurement."""
+    spec = """
+name: measured
+steps:
+  - id: net
+    stage: tn.build
+    params: {random: {rows: 3, cols: 4, cycles: 8, seed: 1}, random_bitstrings: {count: 2, seed: 2}}
+  - id: path
+    stage: tn.path
+    inputs: {network: net}
+    params: {max_seconds: 600, max_tries: 16}
+  - id: plan
+    stage: tn.plan
+    inputs: {network: net, path: path}
+    params: {precision: complex64, budget: 8KiB}
+  - id: given
+    stage: tn.plan
+    inputs: {network: net, path: path}
+    params: {precision: complex64, budget: 8KiB, bandwidth: 1.0e10, gemm_rate: 1.0e11}
+  - id: amps
+    stage: tn.contract
+    inputs: {network: net, plan: plan}
+"""
+    _, run_dir = committed_run(tmp, spec)
+    out = run_dir / "outputs"
+    with h5py.File(out / "plan.h5") as f:
+        plan = json.loads(bytes(f["plan"][()]).decode())
+        prediction = json.loads(bytes(f["prediction"][()]).decode())
+        for name in ("prediction", "steps/predicted_seconds"):
+            assert f[name].attrs["qstage.measured"] == 1 and "qsum64" in f[name].attrs, name
+        assert "qstage.measured" not in f["plan"].attrs and "qstage.measured" not in f["steps/flops"].attrs
+        predicted = f["steps/predicted_seconds"][()]
+    assert prediction["measured"] and prediction["rates"]["source"].startswith("measured by tn.plan")
+    assert prediction["bandwidth"] > 0 and prediction["gemm_rate"] > 0 and prediction["predicted_seconds_total"] > 0
+    assert len(prediction["steps"]) == len(plan["steps"]) == len(predicted)
+    assert [st["predicted_seconds"] for st in prediction["steps"]] == list(predicted)
+    for rate in ("bandwidth", "gemm_rate", "pcie_bandwidth", "rates", "predicted_seconds_per_slice",
+                 "predicted_prologue_seconds"):
+        assert rate not in plan, rate
+    assert all("predicted_seconds" not in st for st in plan["steps"])
+    records = manifest(run_dir)["steps"]
+    assert records["plan"]["measured"] == ["prediction", "steps/predicted_seconds"]
+    assert records["amps"]["measured"] == ["step_seconds"]
+    assert "prediction" in records["plan"]["checksums"] and "step_seconds" in records["amps"]["checksums"]
+    with h5py.File(out / "given.h5") as f:
+        assert "qstage.measured" not in f["prediction"].attrs and "qstage.measured" not in f["steps/predicted_seconds"].attrs
+        given = json.loads(bytes(f["prediction"][()]).decode())
+    assert not given["measured"] and given["rates"]["source"] == "params" and given["gemm_rate"] == 1.0e11
+    assert "measured" not in records["given"]
+    for step in ("plan", "amps"):
+        r = run(["inspect", out / f"{step}.h5", "--verify"])
+        assert r.code == 0 and "every checksum matches the data" in r.out, r
+    with h5py.File(out / "plan.h5", "r+") as f:  # a measurement changed behind qstage's back
+        f["steps/predicted_seconds"][0] = 2 * predicted[0] + 1
+    r = run(["inspect", out / "plan.h5", "--verify", "--json"])
+    assert r.code == 3, r
+    bad = [d["dataset"] for d in json.loads(r.out)["datasets"] if d["status"] != "ok"]
+    assert bad == ["/steps/predicted_seconds"], bad
 
 
 def test_step_timing_off_leaves_the_amplitudes_and_writes_nan(tmp):
