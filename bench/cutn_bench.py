@@ -314,18 +314,19 @@ def step_profile(out, contraction):
         measured = [float(x) for x in f["step_seconds"][()]] if "step_seconds" in f else []
     with h5py.File(out / "plan.h5") as f:
         steps = json.loads(bytes(f["plan"][()]).decode())["steps"]
+        predicted = [float(st["predicted_seconds"]) for st in json.loads(bytes(f["prediction"][()]).decode())["steps"]]
     if len(measured) != len(steps):
         return None
     kinds = {}
-    for st, t in zip(steps, measured):
+    for st, t, p in zip(steps, measured, predicted):
         kind = "looped" if st["looped"] else "packed" if st["packed"] else "in place"
         k = kinds.setdefault(kind, {"steps": 0, "measured_seconds": 0.0, "predicted_seconds": 0.0})
         k["steps"] += 1
         k["measured_seconds"] += t
-        k["predicted_seconds"] += float(st["predicted_seconds"])
-    looped = sorted(((t, st) for st, t in zip(steps, measured) if st["looped"]), key=lambda x: -x[0])[:8]
+        k["predicted_seconds"] += p
+    looped = sorted(((t, st, p) for st, t, p in zip(steps, measured, predicted) if st["looped"]), key=lambda x: -x[0])[:8]
     slowest = [{"m": st["m"], "n": st["n"], "k": st["k"], "loops": st["loops"], "measured_seconds": t,
-                "predicted_seconds": float(st["predicted_seconds"])} for t, st in looped]
+                "predicted_seconds": p} for t, st, p in looped]
     return {"by_kind": kinds, "slowest_looped": slowest}
 
 

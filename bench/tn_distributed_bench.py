@@ -109,9 +109,10 @@ def attrs(run_dir, step):
     return out
 
 
-def plan_json(run_dir, step):
+def plan_json(run_dir, step, dataset="plan"):
+    """tn.plan's schedule ("plan") or its rates and predicted seconds ("prediction")."""
     with h5py.File(Path(run_dir) / "outputs" / f"{step}.h5") as f:
-        return json.loads(bytes(f["plan"][()]).decode())
+        return json.loads(bytes(f[dataset][()]).decode())
 
 
 def ooc_report(args, run_dir, t1, tp, one_values, key):
@@ -129,7 +130,7 @@ def ooc_report(args, run_dir, t1, tp, one_values, key):
             "steps_with_shards_on_host": int(np.sum(r.get("step_shard_on_host", [0]))),
             "measured_first_slice": {"compute_seconds": float(np.sum(r.get("step_compute_seconds", [0]))),
                                      "comm_seconds": float(np.sum(r.get("step_comm_seconds", [0])))},
-            "predicted_seconds_total": po["predicted_seconds_total"],
+            "predicted_seconds_total": plan_json(run_dir, "planPo", "prediction")["distribution"]["predicted_seconds_total"],
             "peak_device_bytes": r["qstage.peak_device_bytes"], "peak_host_bytes": r.get("qstage.peak_host_bytes"),
             "relative_difference_vs_one": float(np.linalg.norm(one_values - got) / np.linalg.norm(one_values))}
 
@@ -167,6 +168,7 @@ def main():
         sh(mpi + [args.qstage, "run", d / "ooc.yaml", "--run-dir", run_dir, "--device", args.device,
                   "--device-memory", args.ooc_device_memory or args.budget], log)
     p1, pp = plan_json(run_dir, "plan1"), plan_json(run_dir, "planP")
+    e1, projected = plan_json(run_dir, "plan1", "prediction"), plan_json(run_dir, "planP", "prediction")["distribution"]
     dist = pp["distribution"]
     one, sliced, distr = attrs(run_dir, "one"), attrs(run_dir, "sliced"), attrs(run_dir, "dist")
     t1, ts, tp = one["qstage.wall_seconds"], sliced["qstage.wall_seconds"], distr["qstage.wall_seconds"]
@@ -185,7 +187,7 @@ def main():
     if largest:
         r, _ = sh(mpi + [args.qstage_bench, "alltoall", "--bytes", f"{largest * P // (P - 1)}B", "--device", args.device], log)
         nccl = json.loads(r.stdout[r.stdout.index("{"):])
-    rates = p1.get("gemm_rate")
+    rates = e1.get("gemm_rate")
     out = {
         "network": f"lattice {args.lattice}", "precision": args.precision, "budget_per_rank": args.budget, "ranks": P,
         "large_bytes": args.large_bytes or "chosen by tn.plan's cost model",
@@ -196,11 +198,11 @@ def main():
         "seconds": {"one": t1, "sliced_over_P": ts, "distributed": tp},
         "S_P": t1 / tp, "E_P": t1 / tp / P, "gain_over_measured_slicing": ts / tp,
         "R_P": flops_one / flops_dist, "share_of_R_P": (t1 / tp / P) / (flops_one / flops_dist),
-        "predicted": {"E_P": dist["E_P"], "R_P": dist["R_P"], "S_P": dist["S_P"],
-                      "one_seconds": p1["predicted_prologue_seconds"] + p1["predicted_seconds_per_slice"] * p1["slices"],
-                      "distributed_seconds": dist["predicted_seconds_total"],
-                      "compute_seconds_per_slice": dist["predicted_compute_seconds"],
-                      "comm_seconds_per_slice": dist["predicted_comm_seconds"]},
+        "predicted": {"E_P": projected["E_P"], "R_P": dist["R_P"], "S_P": projected["S_P"],
+                      "one_seconds": e1["predicted_seconds_total"],
+                      "distributed_seconds": projected["predicted_seconds_total"],
+                      "compute_seconds_per_slice": projected["predicted_compute_seconds"],
+                      "comm_seconds_per_slice": projected["predicted_comm_seconds"]},
         "measured_first_slice": {"compute_seconds": float(np.sum(distr.get("step_compute_seconds", [0]))),
                                  "comm_seconds": comm_s, "sent_bytes_rank0": sent},
         "TFLOPs_per_rank": {"distributed": flops_dist / P / tp / 1e12, "one": flops_one / t1 / 1e12,

@@ -40,7 +40,8 @@ STAGES = {
                 {"cost": JSON_TEXT, "method": STRING, "C_t_multiply_adds": NUMBER, "C_s_elements": NUMBER,
                  "C_m_elements": NUMBER, "flops_total": NUMBER},
                 [("/path", "int64", 2), ("/sliced", "int64", 1)]),
-    "tn.plan": ("an executable contraction plan (JSON in /plan) and per-step columns for plotting",
+    "tn.plan": ("an executable contraction plan (JSON in /plan), its rates and predicted seconds (JSON in "
+                "/prediction, a measurement where tn.plan measured the rates) and per-step columns for plotting",
                 {"slices": INT, "arena_bytes": INT, "input_transposes": INT, "packed_steps": INT,
                  "step_transposes": INT, "transposed_bytes": INT, "spilled": INT, "host_arena_bytes": INT,
                  "host_copy_bytes": INT, "scratch": INT,
@@ -63,7 +64,8 @@ STAGES = {
                  "prologue_arena_bytes": {"type": "integer", "description": "of arena_bytes, what the prologue "
                                           "uses"},
                  "bandwidth_bytes_per_second": NUMBER, "gemm_flops_per_second": NUMBER},
-                [("/plan", "uint8", 1), ("/steps/flops", "float64", 1), ("/steps/live_bytes", "uint64", 1),
+                [("/plan", "uint8", 1), ("/prediction", "uint8", 1), ("/steps/flops", "float64", 1),
+                 ("/steps/live_bytes", "uint64", 1),
                  ("/steps/output_bytes", "uint64", 1), ("/steps/predicted_seconds", "float64", 1),
                  ("/steps/invariant", "uint8", 1)]),
     "tn.contract": ("amplitudes per bitstring (or the network's value) and the measured seconds "

@@ -47,6 +47,12 @@ void carry_out(const KernelContext& ctx, Commit decision, const std::function<vo
   if (decision == Commit::and_stop) throw StopRequested("stopped");  // (commit() has thrown it already)
 }
 
+void mark_measured(h5::Dataset& dataset) { dataset.set_attribute(kMeasuredAttribute, std::int64_t{1}); }
+
+bool is_measured(const h5::Dataset& dataset) {
+  return dataset.has_attribute(kMeasuredAttribute) && dataset.int_attribute(kMeasuredAttribute) == 1;
+}
+
 std::unique_ptr<engine::PassKernel> no_pass_kernel() { return std::make_unique<NoPass>(); }
 
 std::unique_ptr<engine::PassKernel> ComputedStage::make_kernel(const KernelContext&) const { return no_pass_kernel(); }

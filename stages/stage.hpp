@@ -202,6 +202,17 @@ class Stage {
   virtual std::string describe_results(const StagePlan& plan, const StepResults& results) const { return ""; }
 };
 
+// A measurement: a dataset write_results fills with what was measured while the step ran
+// (seconds, rates, or values computed from them), so two runs of the same step write other
+// values. write_results marks it (the attribute `qstage.measured` = 1): its qsum64 is recorded
+// and verified like any dataset's, but it stays out of the step's content identity, the hash
+// later steps' keys are made of, so that they keep their keys from run to run (docs/design.md,
+// "Measurements"). A choice a measurement decided (a slicing, a placement) is content, not a
+// measurement.
+inline constexpr const char* kMeasuredAttribute = "qstage.measured";
+void mark_measured(h5::Dataset& dataset);
+bool is_measured(const h5::Dataset& dataset);
+
 // Base of stages whose work is compute() alone (building a network, finding a path): no pass.
 class ComputedStage : public Stage {
  public:

@@ -249,9 +249,16 @@ class WorkflowRun {
       json entry;
       if (!in.ref.step.empty()) {
         const json* rec = m.find_step(in.ref.step);
-        // A computed output (a network, a plan) is one thing: its whole content decides.
+        // A computed output (a network, a plan) is one thing: its whole content decides. Else the
+        // dataset's checksum, but a measurement's (stages::is_measured), which differs from run
+        // to run: it is identified by the key of the step that measured it.
         std::string sum = rec ? rec->value("content", "") : "";
-        if (sum.empty() && rec) sum = rec->value("checksums", json::object()).value(in.dataset, "");
+        if (sum.empty() && rec) {
+          const json measured = rec->value("measured", json::array());
+          sum = std::find(measured.begin(), measured.end(), in.dataset) != measured.end()
+                    ? "measured by step key " + rec->value("key", "")
+                    : rec->value("checksums", json::object()).value(in.dataset, "");
+        }
         entry = {{"source", fmt::format("step {}:{}", in.ref.step, in.dataset)},
                  {"hash", hash_bytes(json{{"qsum64", sum}, {"dtype", h5::dtype_name(in.info.layout.dtype)}, {"shape", in.info.layout.shape}}.dump())}};
       } else {
@@ -285,18 +292,22 @@ class WorkflowRun {
 
   // A committed output whose key matches (e.g. written just before a kill, before the manifest
   // was updated) is complete - it only ever appears by an atomic rename - so it is adopted.
+  // Its record's checksums and measurements.
   static std::optional<json> adoptable(const fs::path& output, const std::string& key) {
     if (!h5::File::is_hdf5(output)) return std::nullopt;
     try {
       h5::File f = h5::File::open(output, h5::Mode::read_only);
       if (!f.has_attribute("qstage.step_key") || f.string_attribute("qstage.step_key") != key) return std::nullopt;
-      json sums = json::object();
+      json sums = json::object(), measured = json::array();
       for (const auto& path : f.dataset_paths()) {
         h5::Dataset d = f.open_dataset(path);
         if (d.has_attribute("qsum64")) sums[path.substr(1)] = d.string_attribute("qsum64");
         else if (d.has_attribute("stored_xxh64")) sums[path.substr(1)] = d.string_attribute("stored_xxh64");
+        if (stages::is_measured(d)) measured.push_back(path.substr(1));
       }
-      return sums;
+      json found = {{"checksums", sums}};
+      if (!measured.empty()) found["measured"] = measured;
+      return found;
     } catch (const std::exception&) {
       return std::nullopt;
     }
@@ -336,7 +347,10 @@ class WorkflowRun {
         json& rec = m.step(step.id);
         rec.update({{"stage", step.stage}, {"version", step.impl->info().version}, {"state", "done"}, {"key", key},
                     {"params", step.params}, {"inputs", hashes}, {"output", fs::relative(output, dir_.root).string()},
-                    {"checksums", *adopted}, {"output_bytes", fs::file_size(output)}, {"finished", utc_now()}});
+                    {"checksums", adopted->at("checksums")}, {"output_bytes", fs::file_size(output)},
+                    {"finished", utc_now()}});
+        if (adopted->contains("measured")) rec["measured"] = adopted->at("measured");
+        else rec.erase("measured");
       } else if (!reason.empty()) {
         json& rec = m.step(step.id);
         rec.update({{"stage", step.stage}, {"version", step.impl->info().version}, {"state", "running"}, {"key", key},
@@ -824,8 +838,10 @@ class WorkflowRun {
                   {"rows_total", pass.rows}, {"results", step.impl->describe_results(p.plan, results)}});
       rec.erase("error");
       rec.erase("pass");
-      if (result_checksums.contains("content")) rec["content"] = result_checksums["content"];
-      else rec.erase("content");
+      for (const char* field : {"content", "measured"}) {
+        if (result_checksums.contains(field)) rec[field] = result_checksums[field];
+        else rec.erase(field);
+      }
       m.save(dir_.root);
       work.remove();
       log_summary(step, metrics, results, p);
@@ -867,9 +883,11 @@ class WorkflowRun {
   }
 
   // qsum64 of every dataset the stage wrote itself (streamed ones already have theirs), and a
-  // content hash over all of them. Every rank computes the same (attributes are collective).
+  // content hash over all of them but its measurements (stages::is_measured: listed apart, so
+  // that two runs of the step give the same content; none without another dataset, so that the
+  // streamed ones' checksums decide). Every rank computes the same (attributes are collective).
   static json checksum_results(h5::File& out) {
-    json sums = json::object();
+    json sums = json::object(), measured = json::array();
     std::string all;
     for (const auto& path : out.dataset_paths()) {
       h5::Dataset d = out.open_dataset(path);
@@ -878,10 +896,14 @@ class WorkflowRun {
       const std::uint64_t q = h5::qsum64_of(d);
       d.set_attribute("qsum64", hex64(q));
       sums[path.substr(1)] = hex64(q);
-      all += path + ":" + hex64(q) + ";";
+      if (stages::is_measured(d)) measured.push_back(path.substr(1));
+      else all += path + ":" + hex64(q) + ";";
     }
-    if (sums.empty()) return json::object();
-    return {{"datasets", sums}, {"content", hash_bytes(all)}};
+    json result = json::object();
+    if (!sums.empty()) result["datasets"] = sums;
+    if (!all.empty()) result["content"] = hash_bytes(all);
+    if (!measured.empty()) result["measured"] = measured;
+    return result;
   }
 
   void remove_leftovers(const std::string& id, const fs::path& output) {

@@ -39,8 +39,8 @@ inline h5::Dataset write_array(h5::File& out, const char* name, h5::DType t, con
 }
 
 // A scalar result dataset with its description.
-inline void write_scalar(h5::File& out, const char* name, h5::DType t, const void* value, const char* doc) {
-  write_array(out, name, t, {}, value, doc);
+inline h5::Dataset write_scalar(h5::File& out, const char* name, h5::DType t, const void* value, const char* doc) {
+  return write_array(out, name, t, {}, value, doc);
 }
 
 }  // namespace qstage::stages::detail

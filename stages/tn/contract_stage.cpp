@@ -266,9 +266,7 @@ Reference reference_contraction(const Loaded& l, Backend& be) {
   for (const auto& st : l.plan.steps) path.ssa.push_back({st.a, st.b});
   path.sliced = l.plan.sliced;
   tn::PlanOptions o;
-  o.element_bytes = 16;
-  o.bandwidth = l.plan.bandwidth;
-  o.gemm_rate = l.plan.gemm_rate;
+  o.element_bytes = 16;  // (in core: the predictions' rates change nothing of the plan)
   const tn::Contractor probe(l.net, l.plan, h5::DType::complex128, false);
   const std::uint64_t result_bytes = probe.result_elements() * 16;
   const std::uint64_t fixed = probe.resident_bytes() + be.blas_stream_bytes() + result_bytes;
@@ -545,6 +543,7 @@ class ContractStage final : public Stage {
     t.set_attribute("description", "measured seconds of each plan step (mean over the timed work items), to set "
                                    "beside the plan's steps/predicted_seconds; NaN where no item was timed "
                                    "(time_steps: false, or a run resumed after its timed item)");
+    mark_measured(t);
     out.set_attribute("slices", static_cast<std::int64_t>(s.at("slices").get<std::uint64_t>()));
     out.set_attribute("invariant_steps", static_cast<std::int64_t>(s.at("invariant_steps").get<int>()));
     out.set_attribute("prologue_runs", static_cast<std::int64_t>(result.counts.prologues));
@@ -589,7 +588,7 @@ class ContractStage final : public Stage {
                     {"compress_spilled", nullptr}, {"distributed_ranks", l.distribution->at("ranks").get<int>()},
                     {"distributed_groups", ranks / l.distribution->at("ranks").get<int>()}};
   }
-  // Its measurements beside the plan's predictions (the plan file's distribution).
+  // Its measurements beside the plan's predictions (the plan file's prediction, its distribution).
   static void write_distributed(const json& d, h5::File& out) {
     out.set_attribute("distributed_ranks", static_cast<std::int64_t>(d.at("ranks").get<int>()));
     out.set_attribute("distributed_groups", static_cast<std::int64_t>(d.at("groups").get<int>()));
@@ -599,13 +598,16 @@ class ContractStage final : public Stage {
       h5::Dataset c = out.create_dataset(name, {{h5::DType::float64, {v.size()}, {}}, false});
       if (!v.empty()) c.write_all(v.data());
       c.set_attribute("description", doc);
+      return c;
     };
-    column("step_compute_seconds", t.at("compute_seconds").get<std::vector<double>>(),
-           "rank 0's measured seconds of each step's GEMMs on its shard (the run's second work item, or its only one), beside the plan's "
-           "distribution/steps/compute_seconds");
-    column("step_comm_seconds", t.at("comm_seconds").get<std::vector<double>>(),
+    h5::Dataset compute = column("step_compute_seconds", t.at("compute_seconds").get<std::vector<double>>(),
+           "rank 0's measured seconds of each step's GEMMs on its shard (the run's second work item, or its only one), beside the "
+           "plan's prediction (distribution/steps/compute_seconds)");
+    h5::Dataset comm = column("step_comm_seconds", t.at("comm_seconds").get<std::vector<double>>(),
            "rank 0's measured seconds of each step's all-to-alls (redistribution, gather), beside the plan's "
-           "distribution/steps/comm_seconds");
+           "prediction (distribution/steps/comm_seconds)");
+    mark_measured(compute);
+    mark_measured(comm);
     std::vector<double> sent;
     for (const auto& b : t.at("sent_bytes")) sent.push_back(b.get<double>());
     column("step_sent_bytes", sent, "bytes rank 0 sent to other ranks in each step's all-to-alls");

@@ -277,15 +277,21 @@ DistributionPlan plan_distribution(const Network& net, const std::vector<PlanSte
 }
 
 nlohmann::json DistributionPlan::to_json() const {
-  nlohmann::json j = {{"ranks", ranks}, {"chains", chains}, {"predicted_compute_seconds", compute_seconds},
-                      {"predicted_comm_seconds", comm_seconds}, {"moved_bytes", moved_bytes}};
+  nlohmann::json j = {{"ranks", ranks}, {"chains", chains}, {"moved_bytes", moved_bytes}};
   nlohmann::json list = nlohmann::json::array();
   for (const DistributedStep& s : steps)
     list.push_back({{"transition", transition_name(s.transition)}, {"forced", s.forced}, {"distributed_modes", s.distributed},
-                    {"compute_seconds", s.compute_seconds}, {"comm_seconds", s.comm_seconds}, {"moved_bytes", s.moved_bytes},
-                    {"blocks", s.blocks}});
+                    {"moved_bytes", s.moved_bytes}, {"blocks", s.blocks}});
   j["steps"] = list;
   if (slot_bytes != ~std::uint64_t{0}) j["slot_bytes"] = slot_bytes;
+  return j;
+}
+
+nlohmann::json DistributionPlan::prediction_json() const {
+  nlohmann::json j = {{"predicted_compute_seconds", compute_seconds}, {"predicted_comm_seconds", comm_seconds}};
+  nlohmann::json list = nlohmann::json::array();
+  for (const DistributedStep& s : steps) list.push_back({{"compute_seconds", s.compute_seconds}, {"comm_seconds", s.comm_seconds}});
+  j["steps"] = list;
   return j;
 }
 

@@ -79,7 +79,10 @@ struct DistributionPlan {
   std::vector<std::vector<int>> chains;     // use-chains: plan step indices, in order
   double compute_seconds = 0, comm_seconds = 0;  // summed over the steps (one slice)
   std::uint64_t moved_bytes = 0;
+  // The schedule (what tn.contract runs) and apart from it the predicted seconds (they come
+  // from rates tn.plan may have measured: Plan::prediction_json).
   nlohmann::json to_json() const;
+  nlohmann::json prediction_json() const;
 };
 
 // Eq. 4: the distributed modes of a tensor with layout `layout` sharded afresh (activate,

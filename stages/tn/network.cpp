@@ -391,11 +391,12 @@ Network deserialize_network(const std::string& bytes) {
   return n;
 }
 
-void write_json_dataset(h5::File& file, const std::string& name, const json& j) {
+h5::Dataset write_json_dataset(h5::File& file, const std::string& name, const json& j) {
   const std::string text = j.dump();
   h5::Dataset d = file.create_dataset(name, {{h5::DType::uint8, {text.size()}, {}}, false});
   d.write_all(text.data());
   d.set_attribute("format", "JSON text as bytes: json.loads(bytes(f[name][()]))");
+  return d;
 }
 
 json read_json_dataset(const h5::File& file, const std::string& name) {

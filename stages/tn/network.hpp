@@ -84,7 +84,7 @@ Network deserialize_network(const std::string& bytes);
 
 // JSON stored as a uint8 dataset (h5py: bytes(f[name][()]).decode()), for the computed outputs
 // other steps name (network, path, plan).
-void write_json_dataset(h5::File& file, const std::string& name, const nlohmann::json& j);
+h5::Dataset write_json_dataset(h5::File& file, const std::string& name, const nlohmann::json& j);
 nlohmann::json read_json_dataset(const h5::File& file, const std::string& name);
 
 }  // namespace qstage::tn

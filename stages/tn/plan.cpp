@@ -21,8 +21,9 @@ using nlohmann::json;
 
 namespace {
 // 2: packed steps copy C too; 3: out of core; 4: scratch; 5: block order; 6: invariant steps, persistent
-// region, slicing by cost; 7: inputs read where they are resident (no arena space)
-constexpr const char* kPlanFormat = "qstage-plan-7";
+// region, slicing by cost; 7: inputs read where they are resident (no arena space); 8: the rates and
+// predicted seconds apart (Plan::prediction_json)
+constexpr const char* kPlanFormat = "qstage-plan-8";
 }
 
 namespace {
@@ -856,7 +857,8 @@ Plan make_plan(const Network& net, const Path& path, const PlanOptions& o) {
 namespace {
 
 // The plan's JSON fields, one list for writing and reading so the two cannot drift apart.
-// io(key, field) is one JSON value; io(key, x, y, z) a JSON array of three.
+// io(key, field) is one JSON value; io(key, x, y, z) a JSON array of three; io.prediction(key,
+// field) one value of the prediction (Plan::prediction_json), kept apart from the schedule.
 template <typename Step, typename Io>
 void step_fields(Step& s, Io&& io) {
   io("a", s.a);
@@ -874,7 +876,7 @@ void step_fields(Step& s, Io&& io) {
   io("offsets", s.a_offset, s.b_offset, s.c_offset);
   io("bytes", s.a_bytes, s.b_bytes, s.c_bytes);
   io("flops", s.flops);
-  io("predicted_seconds", s.predicted_seconds);
+  io.prediction("predicted_seconds", s.predicted_seconds);
   io("live_bytes", s.live_bytes);
   io.flag("packed", s.execution, Execution::packed);
   io("pack", s.pack_l, s.pack_r, s.pack_c);
@@ -902,16 +904,16 @@ void plan_fields(P& p, Io&& io) {
   io("spilled", p.spilled);
   io("host_copy_bytes", p.host_copy_bytes);
   io("scratch", p.scratch);
-  io("pcie_bandwidth", p.pcie_bandwidth);
+  io.prediction("pcie_bandwidth", p.pcie_bandwidth);
   io("sliced", p.sliced);
   io("slices", p.slices);
   io("output", p.output);
   io("element_bytes", p.element_bytes);
   io("arena_bytes", p.arena_bytes);
   io("input_bytes", p.input_bytes);
-  io("bandwidth", p.bandwidth);
-  io("gemm_rate", p.gemm_rate);
-  io("predicted_seconds_per_slice", p.predicted_seconds);
+  io.prediction("bandwidth", p.bandwidth);
+  io.prediction("gemm_rate", p.gemm_rate);
+  io.prediction("predicted_seconds_per_slice", p.predicted_seconds);
   io("slicing_overhead", p.slicing_overhead);
   io("path_reconfigured", p.path_reconfigured);
   io("prologue_arena_bytes", p.prologue_arena_bytes);
@@ -919,25 +921,35 @@ void plan_fields(P& p, Io&& io) {
   io("invariant_steps", p.invariant_steps);
   io("invariant_flops", p.invariant_flops);
   io("slice_flops", p.slice_flops);
-  io("predicted_prologue_seconds", p.predicted_prologue_seconds);
+  io.prediction("predicted_prologue_seconds", p.predicted_prologue_seconds);
 }
 
+// Writes the schedule's fields (to_json) or the prediction's (prediction_json).
 struct JsonWriter {
   json& j;
+  bool of_prediction = false;  // the prediction's fields, else the schedule's
   template <typename T>
   void operator()(const char* key, const T& v) const {
-    j[key] = v;
+    if (!of_prediction) j[key] = v;
   }
   template <typename T>
   void operator()(const char* key, const T& x, const T& y, const T& z) const {
-    j[key] = json::array({x, y, z});
+    if (!of_prediction) j[key] = json::array({x, y, z});
   }
   // The execution is stored as one bool per choice other than in place ("packed", "looped").
-  void flag(const char* key, Execution e, Execution choice) const { j[key] = e == choice; }
+  void flag(const char* key, Execution e, Execution choice) const {
+    if (!of_prediction) j[key] = e == choice;
+  }
+  template <typename T>
+  void prediction(const char* key, const T& v) const {
+    if (of_prediction) j[key] = v;
+  }
 };
 
+// Reads the schedule's fields from `j`, the prediction's from `predicted` (none: left 0).
 struct JsonReader {
   const json& j;
+  const json* predicted = nullptr;
   template <typename T>
   void operator()(const char* key, T& v) const {
     j.at(key).get_to(v);
@@ -951,6 +963,10 @@ struct JsonReader {
   }
   void flag(const char* key, Execution& e, Execution choice) const {
     if (j.at(key).get<bool>()) e = choice;
+  }
+  template <typename T>
+  void prediction(const char* key, T& v) const {
+    if (predicted) predicted->at(key).get_to(v);
   }
 };
 
@@ -967,7 +983,18 @@ json Plan::to_json() const {
   return out;
 }
 
-Plan Plan::from_json(const json& j) {
+json Plan::prediction_json() const {
+  json out = {{"steps", json::array()}};
+  plan_fields(*this, JsonWriter{out, true});
+  for (const auto& s : steps) {
+    json step = json::object();
+    step_fields(s, JsonWriter{step, true});
+    out["steps"].push_back(std::move(step));
+  }
+  return out;
+}
+
+Plan Plan::from_json(const json& j, const json& prediction) {
   const std::string format = j.value("format", "");
   if (format != kPlanFormat)
     throw InputError(format.rfind("qstage-plan-", 0) == 0
@@ -975,10 +1002,14 @@ Plan Plan::from_json(const json& j) {
                                        format, kPlanFormat)
                          : fmt::format("not a qstage plan (format {} expected)", kPlanFormat));
   Plan p;
-  plan_fields(p, JsonReader{j});
-  for (const auto& s : j.at("steps")) {
+  const bool predicted = !prediction.is_null();
+  if (predicted && prediction.at("steps").size() != j.at("steps").size())
+    throw InputError(fmt::format("the plan's prediction has {} steps and the plan {}; expected the two of one tn.plan output",
+                                 prediction.at("steps").size(), j.at("steps").size()));
+  plan_fields(p, JsonReader{j, predicted ? &prediction : nullptr});
+  for (std::size_t s = 0; s < j.at("steps").size(); ++s) {
     PlanStep st;
-    step_fields(st, JsonReader{s});
+    step_fields(st, JsonReader{j.at("steps")[s], predicted ? &prediction.at("steps")[s] : nullptr});
     p.steps.push_back(std::move(st));
   }
   return p;

@@ -169,6 +169,7 @@ struct Plan {
   bool scratch = false;                          // the host arena is an HDF5 scratch file instead (beyond host_budget)
   int spilled = 0;                               // intermediates in the host arena
   std::uint64_t host_copy_bytes = 0;             // host <-> device copies per slice
+  // The prediction (eq. 6 per step; its JSON apart from the schedule's: prediction_json).
   double bandwidth = 0, gemm_rate = 0;           // what the prediction used (bytes/s, flop/s)
   double pcie_bandwidth = 0;                     // for host copies (bytes/s)
   double predicted_seconds = 0;                  // per slice (the variant steps)
@@ -191,8 +192,14 @@ struct Plan {
   // reconfigured the tree) with its sliced modes.
   Path path() const;
 
+  // The schedule (what tn.contract runs) and the prediction (the rates and the predicted seconds
+  // of every step: PlanStep::predicted_seconds and the fields above) as two JSON documents, so
+  // that rates measured on the device at hand stay out of the schedule (tn.plan writes them to
+  // its datasets `plan` and `prediction`). Read without a prediction, a plan's rates and
+  // predicted seconds are 0.
   nlohmann::json to_json() const;
-  static Plan from_json(const nlohmann::json& j);
+  nlohmann::json prediction_json() const;
+  static Plan from_json(const nlohmann::json& schedule, const nlohmann::json& prediction = nullptr);
 };
 
 struct PlanOptions {

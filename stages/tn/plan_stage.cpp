@@ -1,7 +1,10 @@
 // tn.plan: a path made executable - GEMM-ready layouts (seed 000's backward lifetime pass),
 // slicing to fit one contraction's arena in the device budget, the steps that need not run per
 // slice (reuse_invariant), the memory plan, and predicted times from the bandwidth and GEMM rate
-// measured on the device at hand (eq. 6).
+// measured on the device at hand (eq. 6). The schedule (dataset `plan`) and the prediction
+// (dataset `prediction`: the rates and the seconds predicted from them) are written apart: where
+// a rate was measured, the prediction is a measurement (stages::mark_measured), which differs
+// from run to run, and the schedule is what the steps reading the plan are keyed on.
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
@@ -145,7 +148,13 @@ struct Params {
 // slots are limited, so that tn.contract can stream a rank's shard through its device.
 constexpr std::uint64_t kSlotsPerBudget = 8;
 
-json distributed(const tn::Network& net, const tn::Path& path, const tn::PlanOptions& one_rank, const tn::Plan& plan, const Params& p) {
+struct Distributed {
+  json schedule;    // what tn.contract runs under mpirun -np P, and the what-if figures of flops
+  json prediction;  // the projected seconds, S_P and E_P
+};
+
+Distributed distributed(const tn::Network& net, const tn::Path& path, const tn::PlanOptions& one_rank, const tn::Plan& plan,
+                        const Params& p) {
   tn::PlanOptions o = one_rank;
   const double ranks = p.ranks;
   const auto times_ranks = [&](std::uint64_t bytes) {  // (saturating)
@@ -201,8 +210,8 @@ json distributed(const tn::Network& net, const tn::Path& path, const tn::PlanOpt
     if (tried.size() == 1 || seconds < tp) dist = std::move(made), tp = seconds, d.large_bytes = t;
   }
   const double t1 = plan.predicted_seconds_per_bitstring();
-  json j = dist.to_json();
-  if (!p.large_bytes) j["large_bytes_tried"] = tried;
+  Distributed out{dist.to_json(), dist.prediction_json()};
+  json& j = out.schedule;
   j["large_bytes"] = d.large_bytes;
   j["net_bandwidth"] = d.net_bandwidth;
   j["latency"] = d.latency;
@@ -211,26 +220,29 @@ json distributed(const tn::Network& net, const tn::Path& path, const tn::PlanOpt
   j["sliced"] = wide.sliced;
   j["flops_total"] = wide.flops_per_bitstring();
   j["node_ranks"] = p.node_ranks;
-  j["predicted_seconds_total"] = tp;
   j["R_P"] = plan.flops_per_bitstring() / wide.flops_per_bitstring();
-  j["S_P"] = t1 / tp;
-  j["E_P"] = t1 / tp / ranks;
   j["plan"] = wide.to_json();  // what tn.contract runs under mpirun -np P (its steps, layouts and slices)
-  return j;
+  json& e = out.prediction;
+  if (!p.large_bytes) e["large_bytes_tried"] = tried;
+  e["predicted_seconds_total"] = tp;
+  e["S_P"] = t1 / tp;
+  e["E_P"] = t1 / tp / ranks;
+  e["plan"] = wide.prediction_json();
+  return out;
 }
 
 class PlanStage final : public ComputedStage {
  public:
   const StageInfo& info() const override {
     static const StageInfo info{
-        "tn.plan", 8,  // 8: the plan for P ranks is in the distribution
+        "tn.plan", 9,  // 8: the plan for P ranks is in the distribution; 9: the prediction apart from the plan
         "an executable schedule: GEMM-ready mode orders, slicing to fit the device budget, memory plan, predicted times",
         {{"network", "a tn.build output"}, {"path", "a tn.path output"}},
         "- id: plan\n  stage: tn.plan\n  inputs: {network: net, path: path}\n  params: {precision: complex64}\n"};
     return info;
   }
   StagePlan plan(const json&, const std::map<std::string, DatasetInfo>&) const override {
-    return computed_plan({{"plan", {{h5::DType::uint8, {}, {}}}}});
+    return computed_plan({{"plan", {{h5::DType::uint8, {}, {}}}}, {"prediction", {{h5::DType::uint8, {}, {}}}}});
   }
   std::string compute(const KernelContext& ctx) const override {
     h5::File nf = h5::File::open(ctx.inputs.at("network")->where().file, h5::Mode::read_only);
@@ -270,14 +282,16 @@ class PlanStage final : public ComputedStage {
       o.arenas = 3;
     }
     o.reuse_invariant = p.reuse_invariant;
-    json measured = json::object();
+    json rates = json::object();  // where they came from
+    bool measured = false;        // (then the prediction is a measurement)
     if (p.bandwidth && p.gemm_rate) {
       o.bandwidth = *p.bandwidth;
       o.gemm_rate = *p.gemm_rate;
-      measured["source"] = "params";
+      rates["source"] = "params";
     } else if (ctx.backend) {
       std::tie(o.bandwidth, o.gemm_rate) = measure(*ctx.backend, dtype);
-      measured["source"] = "measured by tn.plan on " + std::string(backend_name(ctx.backend->kind()));
+      rates["source"] = "measured by tn.plan on " + std::string(backend_name(ctx.backend->kind()));
+      measured = true;
     }
     o.out_of_core = p.out_of_core;
     o.scratch = p.scratch;
@@ -290,24 +304,38 @@ class PlanStage final : public ComputedStage {
       }
       if (p.pcie_bandwidth) {
         o.pcie_bandwidth = *p.pcie_bandwidth;
-        measured["pcie_source"] = "params";
+        rates["pcie_source"] = "params";
       } else if (ctx.backend) {
         o.pcie_bandwidth = measure_pcie(*ctx.backend);
-        measured["pcie_source"] = "measured by tn.plan";
+        rates["pcie_source"] = "measured by tn.plan";
+        measured = true;
       }
     }
+    // (Out of core, how many intermediates spill, and over P ranks, the large-step threshold and
+    // where to redistribute, are chosen by predicted seconds: a measured rate can change them.)
     const tn::Plan plan = tn::make_plan(net, path, o);
-    json j = plan.to_json();
-    j["rates"] = measured;
-    j["budget_bytes"] = o.budget_bytes;
-    if (o.out_of_core) j["host_budget_bytes"] = o.host_budget_bytes;
-    if (p.ranks > 1) j["distribution"] = distributed(net, path, o, plan, p);
-    return j.dump();
+    json schedule = plan.to_json();
+    schedule["budget_bytes"] = o.budget_bytes;
+    if (o.out_of_core) schedule["host_budget_bytes"] = o.host_budget_bytes;
+    json prediction = plan.prediction_json();
+    prediction["rates"] = rates;
+    prediction["measured"] = measured;
+    prediction["predicted_seconds_total"] = plan.predicted_seconds_per_bitstring();
+    if (p.ranks > 1) {
+      Distributed d = distributed(net, path, o, plan, p);
+      schedule["distribution"] = std::move(d.schedule);
+      prediction["distribution"] = std::move(d.prediction);
+    }
+    return json{{"plan", schedule}, {"prediction", prediction}}.dump();
   }
   void write_results(const StagePlan&, const StepResults& r, h5::File& out) const override {
-    const json j = json::parse(*r.computed);
+    const json computed = json::parse(*r.computed);
+    const json &j = computed.at("plan"), &prediction = computed.at("prediction");
+    const bool measured = prediction.at("measured").get<bool>();
     tn::write_json_dataset(out, "plan", j);
-    const tn::Plan plan = tn::Plan::from_json(j);
+    h5::Dataset prediction_dataset = tn::write_json_dataset(out, "prediction", prediction);
+    if (measured) mark_measured(prediction_dataset);
+    const tn::Plan plan = tn::Plan::from_json(j, prediction);
     // Per step, for plots of tensor size along the path (qstage inspect --plot).
     const std::uint64_t n = plan.steps.size();
     std::vector<std::uint64_t> out_bytes, live;
@@ -322,11 +350,14 @@ class PlanStage final : public ComputedStage {
       h5::Dataset d = out.create_dataset(name, {{t, {n}, {}}, false});
       if (n) d.write_all(data);
       d.set_attribute("description", doc);
+      return d;
     };
     column("steps/output_bytes", h5::DType::uint64, out_bytes.data(), "bytes of each step's result (per slice)");
     column("steps/live_bytes", h5::DType::uint64, live.data(), "arena bytes in use during each step");
     column("steps/flops", h5::DType::float64, flops.data(), "real flops of each step (8 per complex multiply-add)");
-    column("steps/predicted_seconds", h5::DType::float64, predicted.data(), "seed 000 eq. 6: max(bytes/bandwidth, flops/rate)");
+    h5::Dataset predicted_column =
+        column("steps/predicted_seconds", h5::DType::float64, predicted.data(), "seed 000 eq. 6: max(bytes/bandwidth, flops/rate)");
+    if (measured) mark_measured(predicted_column);
     std::vector<std::uint8_t> invariant;
     for (const auto& s : plan.steps) invariant.push_back(s.invariant ? 1 : 0);
     column("steps/invariant", h5::DType::uint8, invariant.data(),
@@ -362,14 +393,17 @@ class PlanStage final : public ComputedStage {
                    plan.slicing_overhead);
     out.set_attribute("path_reconfigured", static_cast<std::int64_t>(plan.path_reconfigured));
     if (j.contains("distribution")) {
-      const json& d = j.at("distribution");
+      const json &d = j.at("distribution"), &e = prediction.at("distribution");
       out.set_attribute("distribution_ranks", d.at("ranks").get<std::int64_t>());
       out.set_attribute("distribution_slices", d.at("slices").get<std::int64_t>());
-      for (const char* k : {"R_P", "S_P", "E_P"}) out.set_attribute(std::string("distribution_") + k, d.at(k).get<double>());
+      out.set_attribute("distribution_R_P", d.at("R_P").get<double>());
+      for (const char* k : {"S_P", "E_P"}) out.set_attribute(std::string("distribution_") + k, e.at(k).get<double>());
     }
   }
   std::string describe_results(const StagePlan&, const StepResults& r) const override {
-    const tn::Plan plan = tn::Plan::from_json(json::parse(*r.computed));
+    const json computed = json::parse(*r.computed);
+    const json &j = computed.at("plan"), &prediction = computed.at("prediction");
+    const tn::Plan plan = tn::Plan::from_json(j, prediction);
     const std::string spill =
         plan.spilled ? fmt::format(", {} intermediates spilled to a {} {} ({} copied per slice)", plan.spilled,
                                    format_bytes(static_cast<double>(plan.host_arena_bytes)),
@@ -389,10 +423,9 @@ class PlanStage final : public ComputedStage {
                           format_duration(plan.predicted_prologue_seconds), plan.flops_per_bitstring(),
                           plan.flops_per_bitstring_without_reuse())
             : "";
-    const json j = json::parse(*r.computed);
     std::string ranks;
     if (j.contains("distribution")) {
-      const json& d = j.at("distribution");
+      const json &d = j.at("distribution"), &e = prediction.at("distribution");
       int redistributions = 0, forced = 0, chained = 0;
       for (const json& s : d.at("steps")) {
         const std::string t = s.at("transition").get<std::string>();
@@ -404,7 +437,7 @@ class PlanStage final : public ComputedStage {
                           "{} moved, R_P {:.3g}, predicted S_P {:.3g}, E_P {:.3g}",
                           d.at("ranks").get<int>(), d.at("slices").get<std::int64_t>(), chained, d.at("chains").size(), redistributions,
                           forced, format_bytes(d.at("moved_bytes").get<double>()), d.at("R_P").get<double>(),
-                          d.at("S_P").get<double>(), d.at("E_P").get<double>());
+                          e.at("S_P").get<double>(), e.at("E_P").get<double>());
     }
     return fmt::format("{} steps ({} packed, {} copies of {}), {} slice(s) over {} sliced mode(s){}, arena {} per slice{}, "
                        "{} input transposes, predicted {} per slice{}{}",

@@ -8,7 +8,7 @@ import h5py
 import numpy as np
 import pytest
 
-from conftest import DEVICE, ROOT, committed_run, one_line_error, read_png_rgb, run, write_spec
+from conftest import DEVICE, ROOT, committed_run, manifest, one_line_error, read_png_rgb, run, write_spec
 from oracle import network_einsum
 
 DATA = ROOT / "tests" / "data" / "circuits"
@@ -142,6 +142,9 @@ def test_out_of_core_spills_instead_of_slicing(tmp, host_budget, scratch, sliced
     _, run_dir = committed_run(tmp, spec)
     with h5py.File(run_dir / "outputs" / "plan.h5") as f:
         plan = json.loads(bytes(f["plan"][()]).decode())
+        prediction = json.loads(bytes(f["prediction"][()]).decode())
+        # pcie_bandwidth measured: the prediction is a measurement
+        assert f["prediction"].attrs["qstage.measured"] == 1 and prediction["measured"]
         assert (f.attrs["spilled"] > 0) != sliced and f.attrs["arena_bytes"] <= 256 * 1024
         slices = f.attrs["slices"]
     with h5py.File(run_dir / "outputs" / "plan_host_unlimited.h5") as f:
@@ -156,7 +159,8 @@ def test_out_of_core_spills_instead_of_slicing(tmp, host_budget, scratch, sliced
     assert sliced or any(st["blocks"] > 1 for st in plan["steps"]), "some step should run in blocks"
     if not sliced:
         check_block_copies(plan, network_of(run_dir), element_bytes=16)
-    assert "pcie_source" in plan["rates"] and plan["pcie_bandwidth"] > 0
+    assert prediction["rates"]["pcie_source"] == "measured by tn.plan" and prediction["pcie_bandwidth"] > 0
+    assert "pcie_bandwidth" not in plan and "rates" not in plan
     with h5py.File(run_dir / "outputs" / "plan_incore.h5") as f:
         assert f.attrs["spilled"] == 0 and f.attrs["slices"] == 1 and f.attrs["arena_bytes"] > 8 * 256 * 1024
     a, _ = amplitudes(run_dir, "amps")
@@ -763,6 +767,72 @@ steps:
     assert values[""].tobytes() == values["_plain"].tobytes()
 
 
+def test_measured_rates_are_kept_apart_from_the_plan_and_still_verified(tmp):
+    """Without bandwidth and gemm_rate, tn.plan measures them on the device: the rates and the
+    seconds predicted from them go to the dataset `prediction` and the column
+    steps/predicted_seconds, both marked as measurements (qstage.measured), and the schedule in
+    `plan` holds none of them. The step's record lists them apart from its content; their
+    checksums are still recorded, and `inspect --verify` checks them. Rates given as parameters
+    are inputs: that prediction is no measurement."""
+    spec = """
+name: measured
+steps:
+  - id: net
+    stage: tn.build
+    params: {random: {rows: 3, cols: 4, cycles: 8, seed: 1}, random_bitstrings: {count: 2, seed: 2}}
+  - id: path
+    stage: tn.path
+    inputs: {network: net}
+    params: {max_seconds: 600, max_tries: 16}
+  - id: plan
+    stage: tn.plan
+    inputs: {network: net, path: path}
+    params: {precision: complex64, budget: 8KiB}
+  - id: given
+    stage: tn.plan
+    inputs: {network: net, path: path}
+    params: {precision: complex64, budget: 8KiB, bandwidth: 1.0e10, gemm_rate: 1.0e11}
+  - id: amps
+    stage: tn.contract
+    inputs: {network: net, plan: plan}
+"""
+    _, run_dir = committed_run(tmp, spec)
+    out = run_dir / "outputs"
+    with h5py.File(out / "plan.h5") as f:
+        plan = json.loads(bytes(f["plan"][()]).decode())
+        prediction = json.loads(bytes(f["prediction"][()]).decode())
+        for name in ("prediction", "steps/predicted_seconds"):
+            assert f[name].attrs["qstage.measured"] == 1 and "qsum64" in f[name].attrs, name
+        assert "qstage.measured" not in f["plan"].attrs and "qstage.measured" not in f["steps/flops"].attrs
+        predicted = f["steps/predicted_seconds"][()]
+    assert prediction["measured"] and prediction["rates"]["source"].startswith("measured by tn.plan")
+    assert prediction["bandwidth"] > 0 and prediction["gemm_rate"] > 0 and prediction["predicted_seconds_total"] > 0
+    assert len(prediction["steps"]) == len(plan["steps"]) == len(predicted)
+    assert [st["predicted_seconds"] for st in prediction["steps"]] == list(predicted)
+    for rate in ("bandwidth", "gemm_rate", "pcie_bandwidth", "rates", "predicted_seconds_per_slice",
+                 "predicted_prologue_seconds"):
+        assert rate not in plan, rate
+    assert all("predicted_seconds" not in st for st in plan["steps"])
+    records = manifest(run_dir)["steps"]
+    assert records["plan"]["measured"] == ["prediction", "steps/predicted_seconds"]
+    assert records["amps"]["measured"] == ["step_seconds"]
+    assert "prediction" in records["plan"]["checksums"] and "step_seconds" in records["amps"]["checksums"]
+    with h5py.File(out / "given.h5") as f:
+        assert "qstage.measured" not in f["prediction"].attrs and "qstage.measured" not in f["steps/predicted_seconds"].attrs
+        given = json.loads(bytes(f["prediction"][()]).decode())
+    assert not given["measured"] and given["rates"]["source"] == "params" and given["gemm_rate"] == 1.0e11
+    assert "measured" not in records["given"]
+    for step in ("plan", "amps"):
+        r = run(["inspect", out / f"{step}.h5", "--verify"])
+        assert r.code == 0 and "every checksum matches the data" in r.out, r
+    with h5py.File(out / "plan.h5", "r+") as f:  # a measurement changed behind qstage's back
+        f["steps/predicted_seconds"][0] = 2 * predicted[0] + 1
+    r = run(["inspect", out / "plan.h5", "--verify", "--json"])
+    assert r.code == 3, r
+    bad = [d["dataset"] for d in json.loads(r.out)["datasets"] if d["status"] != "ok"]
+    assert bad == ["/steps/predicted_seconds"], bad
+
+
 def test_step_timing_off_leaves_the_amplitudes_and_writes_nan(tmp):
     """tn.contract times its first work item step by step (step_seconds, one per plan step);
     time_steps: false times none (NaN) and gives the same amplitudes, bit for bit."""
@@ -786,6 +856,7 @@ steps:
         steps = len(json.loads(bytes(f["plan"][()]).decode())["steps"])
     with h5py.File(run_dir / "outputs" / "amps.h5") as f:
         seconds = f["step_seconds"][()]
+        assert f["step_seconds"].attrs["qstage.measured"] == 1  # (out of the step's content identity)
     assert seconds.shape == (steps,) and np.all(np.isfinite(seconds)) and np.all(seconds >= 0)
     with h5py.File(run_dir / "outputs" / "quiet.h5") as f:
         assert f["step_seconds"].shape == (steps,) and np.all(np.isnan(f["step_seconds"][()]))
@@ -803,11 +874,13 @@ def test_a_plan_for_several_ranks_distributes_its_large_steps_and_predicts_the_g
     _, run_dir = committed_run(tmp / "eight", spec)
     with h5py.File(run_dir / "outputs" / "plan.h5") as f:
         plan = json.loads(bytes(f["plan"][()]).decode())
+        projected = json.loads(bytes(f["prediction"][()]).decode())["distribution"]
         attrs = dict(f.attrs)
     d = plan["distribution"]
     assert d["ranks"] == 8 and attrs["distribution_ranks"] == 8
     assert d["slices"] <= plan["slices"] and d["R_P"] >= 1 and attrs["distribution_R_P"] == d["R_P"]
-    assert abs(d["E_P"] - d["S_P"] / 8) < 1e-12 * d["S_P"]
+    assert abs(projected["E_P"] - projected["S_P"] / 8) < 1e-12 * projected["S_P"]
+    assert attrs["distribution_S_P"] == projected["S_P"] and "S_P" not in d
     assert d["chains"], "a 64 KiB budget with 8 KiB large steps has use-chains"
     # (every mode of a qubit circuit has extent 2: the distributed modes' extents multiply to 2^len)
     chained = {s for chain in d["chains"] for s in chain}
@@ -818,7 +891,7 @@ def test_a_plan_for_several_ranks_distributes_its_large_steps_and_predicts_the_g
         assert len(chain) == 1 or kinds[-1] in ("gather", "redistribute"), kinds
         for s in chain:
             assert 2 ** len(d["steps"][s]["distributed_modes"]) >= 8
-            assert d["steps"][s]["comm_seconds"] >= 0
+            assert projected["steps"][s]["comm_seconds"] >= 0
         assert d["steps"][chain[-1]]["moved_bytes"] > 0  # the gather
     for i, s in enumerate(d["steps"]):
         assert (s["transition"] == "local") == (i not in chained)

@@ -152,6 +152,46 @@ def test_embedded_quickstart_runs_in_the_current_directory(tmp):
         jsonschema.validate(json.loads(r.out), json.loads((ROOT / "schemas" / "outputs" / f"{stage}.json").read_text()))
 
 
+def test_two_runs_of_one_spec_give_every_step_the_same_key(tmp):
+    """The quickstart (smaller: 20 qubits, 64 path trials, a 1 MiB budget that still slices) with
+    a compress.evaluate step, run twice into two run directories: tn.plan measures the device's
+    rates, tn.contract times its steps and compress.evaluate its codec, differently each time, yet
+    every step gets the same key and the same content hash - measurements stay out of content
+    identity, so nothing after them is recomputed."""
+    text = (ROOT / "workflows" / "quickstart.yaml").read_text()
+    for old, new in (("max_tries: 512", "max_tries: 64"), ("rows: 4, cols: 6", "rows: 4, cols: 5"),
+                     ("budget: 16MiB", "budget: 1MiB")):
+        assert old in text, old
+        text = text.replace(old, new)
+    text += """\
+  - id: psi
+    stage: tensor.random
+    params: {shape: [4096, 64], dtype: complex64, seed: 7}
+  - id: try
+    stage: compress.evaluate
+    inputs: {x: psi}
+    params: {pipeline: quantized, error: 1.0e-3, threshold: 1.0e-3}
+"""
+    spec = write_spec(tmp / "quickstart.yaml", text)
+    records = []
+    for name in ("first", "second"):
+        r = run(["run", spec, "--run-dir", tmp / name, "--device", DEVICE])
+        assert r.code == 0, r
+        records.append(manifest(tmp / name)["steps"])
+    first, second = records
+    assert set(first) == {"circuit", "path", "plan", "amplitudes", "reference", "check", "psi", "try"}
+    for step in first:
+        assert first[step]["key"] == second[step]["key"], step
+        assert first[step].get("content") == second[step].get("content"), step
+    # (what made the keys differ before: measured anew, and recorded with their checksums)
+    assert first["plan"]["measured"] == ["prediction", "steps/predicted_seconds"]
+    assert first["amplitudes"]["measured"] == ["step_seconds"]
+    assert first["try"]["measured"] == ["compress_gbps", "decompress_gbps"]
+    assert first["plan"]["checksums"]["prediction"] != second["plan"]["checksums"]["prediction"]
+    with h5py.File(tmp / "first" / "outputs" / "plan.h5") as f:
+        assert f.attrs["slices"] > 1
+
+
 def test_streaming_matmul_example_respects_its_budget(tmp):
     r = run(["run", ROOT / "workflows" / "streaming-matmul.yaml", "--run-dir", tmp / "run", "--device", DEVICE])
     assert r.code == 0, r

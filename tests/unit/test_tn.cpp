@@ -353,6 +353,37 @@ TEST(TensorNetwork, InvariantStepsRunOncePerBitstringAndEverySliceIsBitwiseTheSa
   }
 }
 
+// The rates and the seconds predicted from them (tn.plan may have measured the rates) are kept
+// apart from the schedule: other rates give the same schedule's JSON, and the two documents read
+// back together give the prediction again.
+TEST(TensorNetwork, PlanScheduleIsApartFromItsPrediction) {
+  const auto circuit = grid_circuit(3, 4, 8, 5);
+  const auto net = tn::amplitude_network(circuit);
+  const auto path = find_path(net, 8, 1);
+  tn::PlanOptions slow{16}, fast{16};
+  slow.budget_bytes = fast.budget_bytes = tn::make_plan(net, path, slow).arena_bytes / 4;  // (sliced)
+  fast.bandwidth = 3 * slow.bandwidth;
+  fast.gemm_rate = 5 * slow.gemm_rate;
+  const auto a = tn::make_plan(net, path, slow), b = tn::make_plan(net, path, fast);
+  ASSERT_GT(a.slices, 1);
+  EXPECT_TRUE(a.to_json() == b.to_json());
+  EXPECT_TRUE(a.prediction_json() != b.prediction_json());
+  for (const char* rate : {"bandwidth", "gemm_rate", "pcie_bandwidth", "predicted_seconds_per_slice"})
+    EXPECT_EQ(b.to_json().count(rate), 0u) << rate;
+  const auto read = tn::Plan::from_json(b.to_json(), b.prediction_json());
+  EXPECT_EQ(read.gemm_rate, fast.gemm_rate);
+  EXPECT_EQ(read.predicted_seconds, b.predicted_seconds);
+  EXPECT_EQ(read.predicted_prologue_seconds, b.predicted_prologue_seconds);
+  ASSERT_EQ(read.steps.size(), b.steps.size());
+  for (size_t s = 0; s < b.steps.size(); ++s) EXPECT_EQ(read.steps[s].predicted_seconds, b.steps[s].predicted_seconds);
+  const auto schedule_only = tn::Plan::from_json(b.to_json());
+  EXPECT_EQ(schedule_only.predicted_seconds, 0);
+  EXPECT_TRUE(schedule_only.to_json().at("steps") == b.to_json().at("steps"));  // (the cost is not read back)
+  auto short_prediction = b.prediction_json();
+  short_prediction["steps"].erase(0);
+  EXPECT_THROW(tn::Plan::from_json(b.to_json(), short_prediction), InputError);
+}
+
 TEST(TensorNetwork, PrologueIsRedoneWhenTheBitstringChanges) {
   // Sliced over the first wires of qubits 0 and 1: most of the tree, projections included, is
   // invariant, so the prologue's results differ between bitstrings.
