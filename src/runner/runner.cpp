@@ -307,6 +307,7 @@ class WorkflowRun {
       }
       json found = {{"checksums", sums}};
       if (!measured.empty()) found["measured"] = measured;
+      if (f.has_attribute("qstage.content")) found["content"] = f.string_attribute("qstage.content");
       return found;
     } catch (const std::exception&) {
       return std::nullopt;
@@ -349,8 +350,10 @@ class WorkflowRun {
                     {"params", step.params}, {"inputs", hashes}, {"output", fs::relative(output, dir_.root).string()},
                     {"checksums", adopted->at("checksums")}, {"output_bytes", fs::file_size(output)},
                     {"finished", utc_now()}});
-        if (adopted->contains("measured")) rec["measured"] = adopted->at("measured");
-        else rec.erase("measured");
+        for (const char* field : {"content", "measured"}) {
+          if (adopted->contains(field)) rec[field] = adopted->at(field);
+          else rec.erase(field);
+        }
       } else if (!reason.empty()) {
         json& rec = m.step(step.id);
         rec.update({{"stage", step.stage}, {"version", step.impl->info().version}, {"state", "running"}, {"key", key},
@@ -777,6 +780,9 @@ class WorkflowRun {
           out.open_dataset(pass.outputs[o].name).set_attribute("qsum64", hex64(j.checksums[o]));
       step.impl->write_results(p.plan, results, out);
       result_checksums = checksum_results(out);
+      // (kept in the file too: a run that adopts the output after a kill records the same content)
+      if (result_checksums.contains("content"))
+        out.set_attribute("qstage.content", result_checksums["content"].get<std::string>());
     };
 
     try {
@@ -883,25 +889,34 @@ class WorkflowRun {
   }
 
   // qsum64 of every dataset the stage wrote itself (streamed ones already have theirs), and a
-  // content hash over all of them but its measurements (stages::is_measured: listed apart, so
-  // that two runs of the step give the same content; none without another dataset, so that the
-  // streamed ones' checksums decide). Every rank computes the same (attributes are collective).
+  // content hash over every dataset in the output, streamed ones included (a later step that reads
+  // the streamed rows must see them change even where the stage's own datasets, such as the
+  // bitstrings a contraction copies along, stay the same), but its measurements
+  // (stages::is_measured: listed apart, so that two runs of the step give the same content). No
+  // content where the stage wrote nothing itself: the streamed datasets' checksums then decide.
+  // Every rank computes the same (attributes are collective).
   static json checksum_results(h5::File& out) {
     json sums = json::object(), measured = json::array();
     std::string all;
     for (const auto& path : out.dataset_paths()) {
       h5::Dataset d = out.open_dataset(path);
-      if (d.has_attribute("qsum64") || d.has_attribute("stored_xxh64")) continue;  // (compressed: their stored bytes')
-      if (!d.dtype()) continue;
-      const std::uint64_t q = h5::qsum64_of(d);
-      d.set_attribute("qsum64", hex64(q));
-      sums[path.substr(1)] = hex64(q);
+      std::string sum;
+      if (d.has_attribute("qsum64")) {
+        sum = d.string_attribute("qsum64");
+      } else if (d.has_attribute("stored_xxh64")) {  // (compressed: their stored bytes')
+        sum = d.string_attribute("stored_xxh64");
+      } else {
+        if (!d.dtype()) continue;
+        sum = hex64(h5::qsum64_of(d));
+        d.set_attribute("qsum64", sum);
+        sums[path.substr(1)] = sum;
+      }
       if (stages::is_measured(d)) measured.push_back(path.substr(1));
-      else all += path + ":" + hex64(q) + ";";
+      else all += path + ":" + sum + ";";
     }
     json result = json::object();
     if (!sums.empty()) result["datasets"] = sums;
-    if (!all.empty()) result["content"] = hash_bytes(all);
+    if (!sums.empty() && !all.empty()) result["content"] = hash_bytes(all);
     if (!measured.empty()) result["measured"] = measured;
     return result;
   }

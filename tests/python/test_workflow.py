@@ -192,6 +192,38 @@ def test_two_runs_of_one_spec_give_every_step_the_same_key(tmp):
         assert f.attrs["slices"] > 1
 
 
+def test_a_later_step_sees_streamed_rows_change_when_the_stages_own_datasets_do_not(tmp):
+    """tn.statevector streams its amplitudes and writes the bitstrings itself; another circuit
+    with the same bitstrings changes only the streamed rows, and the step that reads them must
+    run again (its input's content covers every dataset, not only those the stage wrote)."""
+    spec_text = """
+name: stale
+steps:
+  - id: sv
+    stage: tn.statevector
+    params:
+      random: {rows: 3, cols: 3, cycles: 8, seed: SEED}
+      bitstrings: ['000000000', '101010101', '111111111']
+  - id: stats
+    stage: tensor.stats
+    inputs: {x: sv}
+"""
+    run_dir = tmp / "run"
+    stats = []
+    for seed in (1, 2):
+        spec = write_spec(tmp / "spec.yaml", spec_text.replace("SEED", str(seed)))
+        r = run(["run", spec, "--run-dir", run_dir, "--device", DEVICE])
+        assert r.code == 0, r
+        with h5py.File(run_dir / "outputs" / "sv.h5") as f:
+            amplitudes = f["amplitudes"][()]
+        with h5py.File(run_dir / "outputs" / "stats.h5") as f:
+            stats.append({k: f[k][()] for k in f})
+        # the stats are of the amplitudes the run directory holds now
+        norm = next(v for k, v in stats[-1].items() if "norm" in k)
+        assert np.isclose(float(np.ravel(norm)[0]), np.linalg.norm(amplitudes), rtol=1e-6), (stats[-1], amplitudes)
+    assert "step 'stats' (tensor.stats): running (inputs changed" in r.err, r.err
+
+
 def test_streaming_matmul_example_respects_its_budget(tmp):
     r = run(["run", ROOT / "workflows" / "streaming-matmul.yaml", "--run-dir", tmp / "run", "--device", DEVICE])
     assert r.code == 0, r
