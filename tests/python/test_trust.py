@@ -270,12 +270,15 @@ def test_a_second_run_on_a_busy_directory_exits_2_naming_the_holder(clean_chain,
     p = start(["run", spec, "--run-dir", run_dir, "--device", DEVICE])
     try:
         assert wait_for(lambda: (run_dir / "steps" / "applied" / "journal.json").exists(), p)
+        p.send_signal(signal.SIGSTOP)  # (held still, lock and all, however fast the machine)
         before = (run_dir / "manifest.json").read_bytes(), (run_dir / "spec.yaml").read_bytes()
         for command in (["run", spec, "--run-dir", run_dir], ["resume", run_dir]):
             line = one_line_error(run(command + ["--device", DEVICE]), "is in use by pid", f"pid {p.pid} on host")
             assert "one run at a time" in line
+        assert ((run_dir / "manifest.json").read_bytes(), (run_dir / "spec.yaml").read_bytes()) == before
         assert p.poll() is None, "the first run must go on"
     finally:
+        p.send_signal(signal.SIGCONT)
         p.send_signal(signal.SIGTERM)
         _, err = p.communicate(timeout=120)
     assert p.returncode in (0, 75), err
