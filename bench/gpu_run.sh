@@ -2,7 +2,7 @@
 # Runs qstage's GPU tests and benchmarks on a lent GPU machine, from the checkout root, after
 # ../shared/gpu/pack.sh libopenblas0-openmp and a build installed into .gpu/install
 # (docs/benchmarks.md, "How to reproduce").
-#   (pack: ../shared/gpu/pack.sh libopenblas0-openmp libspdlog1.10 libfmt9 libxxhash0 libquadmath0 libpng16-16)
+#   (pack: ../shared/gpu/pack.sh libopenblas0-openmp libspdlog1.10 libfmt9 libxxhash0 libquadmath0 libpng16-16 libmetis5)
 #   bash bench/gpu_run.sh tests [PYTEST ARGS]   unit tests (GPU kernels included) and the pytest suite on cuda
 #   bash bench/gpu_run.sh bench ARGS   bench/matmul_bench.py with ARGS
 #   bash bench/gpu_run.sh tn ARGS      bench/tn_bench.py with ARGS
