@@ -46,8 +46,9 @@ class CompressKernel final : public engine::PassKernel {
 class CompressStage final : public RelativeBoundsStage {
  public:
   const StageInfo& info() const override {
+    // (2: at e = 0 a -0 is kept; version 1 stored +0, so outputs of data with -0 are redone)
     static const StageInfo info{
-        "compress", 1,
+        "compress", 2,
         "error-bounded lossy compression of a float32/complex64 dataset into chunks h5py reads through filter 32881",
         {{"x", "the dataset to compress (float32 or complex64)"}},
         "- id: packed\n  stage: compress\n  inputs: {x: amplitudes}\n  params: {pipeline: quantized, error: 1.0e-3, "
