@@ -280,6 +280,7 @@ class PassRun {
     journal_ = work_.load(spec_);
     outcome_.resumed_from = journal_.committed_rows;
     base_wall_ = journal_.wall_seconds;
+    outcome_.earlier_wall_seconds = base_wall_;
     base_compute_ = journal_.compute_seconds;
     journal_.attempts += 1;
     if (reduction_) fold_ = std::make_unique<FoldStack>(*reduction_);

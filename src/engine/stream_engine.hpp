@@ -72,6 +72,7 @@ struct PassOutcome {
   BatchPlan plan;
   std::uint64_t rows_run = 0;     // rows processed in this run (all ranks)
   std::uint64_t resumed_from = 0; // committed rows found at the start
+  double earlier_wall_seconds = 0;  // the pass's wall time in earlier runs (its journal's, at the start)
   StagedOutput staged;            // complete: the output, to annotate and commit
   std::vector<OutputReport> outputs;  // complete: per output (rank 0's checksums of coded ones)
 };

@@ -499,7 +499,6 @@ class WorkflowRun {
                         EarlierPassOutputs& earlier, const std::string& key, stages::PassState& state) {
     const spec::Step& step = *p.step;
     while (true) {
-      const auto pass_started = Clock::now();
       std::optional<stages::PriorPass> prior;
       try {
         prior = step.impl->prior_pass(context, state);
@@ -515,12 +514,10 @@ class WorkflowRun {
       const std::vector<std::uint64_t> bus_before{backend_->bytes_to_device(), backend_->bytes_to_host()};
       auto reporter = progress_reporter(fmt::format("{} {} {}", step.id, step.stage, label), prior->pass, 0, work);
       engine::PassOutcome outcome;
-      double streaming_seconds = 0;  // (this run's part of the pass journal's wall_seconds)
       try {
-        const auto streaming_started = Clock::now();
         outcome = engine_->run(prior->pass, *prior->kernel, prior->reduction.get(), work,
                                stages::prior_pass_output(context, state.done), progress_of(reporter));
-        streaming_seconds = std::chrono::duration<double>(Clock::now() - streaming_started).count();
+        step_clock_.earlier_seconds += outcome.earlier_wall_seconds;
         if (outcome.complete) outcome.staged.commit();
       } catch (const InputError& e) {
         if (reporter) reporter->finish();
@@ -536,10 +533,7 @@ class WorkflowRun {
       prior->outputs = std::move(outcome.outputs);
       step.impl->after_prior_pass(context, *prior, state);
       state.done += 1;
-      // The pass's time into the step's: its streaming over every run (its journal, rank 0's on
-      // every rank) and this run's host work around it (prior_pass, after_prior_pass).
-      state.wall_seconds += outcome.journal.wall_seconds +
-                            comm_.max(std::chrono::duration<double>(Clock::now() - pass_started).count() - streaming_seconds);
+      state.wall_seconds = step_clock_.seconds(&comm_);  // (committed with the pass)
       save_pass_state(step.id, key, state);
       const auto bus = comm_.sum_wrapping({backend_->bytes_to_device() - bus_before[0], backend_->bytes_to_host() - bus_before[1]});
       if (comm_.root())
@@ -617,7 +611,7 @@ class WorkflowRun {
    public:
     ComputeCommits(WorkflowRun& run, const spec::Step& step, const std::string& key, const stages::PassState& state)
         : run_(run), step_(step), key_(key), state_(state), work_(run.dir_.work(step.id), key, run.comm_),
-          pace_(run.checkpoint_seconds_), started_(Clock::now()), called_(started_) {
+          pace_(run.checkpoint_seconds_), called_(Clock::now()) {
       fs::create_directories(run.dir_.work(step.id));  // (the stage's stage-* files go there)
     }
     bool due(std::uint64_t done, std::uint64_t total, const std::string& unit) override {
@@ -634,8 +628,8 @@ class WorkflowRun {
     void commit(const json& data, std::uint64_t done) override {
       stages::PassState state = state_;
       state.data = data;
-      // (a resumed run's step wall time then includes compute()'s work up to here)
-      state.wall_seconds += std::chrono::duration<double>(Clock::now() - started_).count();
+      // (a resumed run's step wall time then includes compute()'s work up to here; rank 0's clock)
+      state.wall_seconds = run_.step_clock_.seconds(nullptr);
       run_.write_pass_state(step_.id, key_, state);
       pace_.committed(called_);
       committed_ = done;
@@ -655,33 +649,28 @@ class WorkflowRun {
     engine::StepWork work_;  // (its progress file, for `qstage status`)
     std::unique_ptr<ProgressReporter> reporter_;
     engine::CheckpointPace pace_;
-    Clock::time_point started_;  // when compute() started (this object is made just before)
-    Clock::time_point called_;   // when due() was last asked
+    Clock::time_point called_;  // when due() was last asked
     std::uint64_t committed_ = 0, total_ = 0;
     std::string unit_ = "row";
   };
 
   // A stage that computes on the host: compute() on rank 0, or on every rank at once for a stage
   // that computes_on_every_rank (stages/stage.hpp has the rules); rank 0's result on every rank;
-  // returns the result and the longest seconds it took. A stop that compute() commits to
+  // returns the result (its time is the step's: step_clock_). A stop that compute() commits to
   // (ComputeCheckpoints, rank 0's) ends the step (StopRequested) like a stopped pass. InputError
   // and CheckFailed are agreed on every rank: the step fails on all with the first rank's message.
-  std::pair<std::string, double> compute_step(const spec::Step& step, const stages::KernelContext& context,
-                                              const std::string& key) {
+  std::string compute_step(const spec::Step& step, const stages::KernelContext& context, const std::string& key) {
     const bool everywhere = step.impl->computes_on_every_rank(context.plan);
     std::string computed, error, check_failure;
     json stop;
     bool stopped_here = false;
-    double seconds = 0;
     if (comm_.root() || everywhere) {
       std::optional<ComputeCommits> commits;
       if (comm_.root()) commits.emplace(*this, step, key, *context.passes);
       stages::KernelContext ctx = context;
       ctx.checkpoints = commits ? &*commits : nullptr;
       try {
-        const auto t0 = Clock::now();
         computed = step.impl->compute(ctx);
-        seconds = std::chrono::duration<double>(Clock::now() - t0).count();
       } catch (const InputError& e) {
         error = e.what();
       } catch (const CheckFailed& e) {
@@ -716,7 +705,7 @@ class WorkflowRun {
     if (!error.empty() || !check_failure.empty()) record_failure(step.id);
     if (!error.empty()) throw InputError(fmt::format("step '{}' ({}): {}", step.id, step.stage, error));
     if (!check_failure.empty()) throw CheckFailed(fmt::format("step '{}' ({}): {}", step.id, step.stage, check_failure));
-    return {comm_.broadcast(computed), comm_.max(seconds)};
+    return comm_.broadcast(computed);
   }
 
   void execute(PlannedStep& p, const std::string& key, const json& hashes, const fs::path& output) {
@@ -728,6 +717,7 @@ class WorkflowRun {
 
     const OpenInputs in = open_inputs(p);
     stages::PassState passes = load_pass_state(step.id, key);
+    step_clock_ = {passes.wall_seconds, started};
     const stages::KernelContext context{step.params, in.by_slot, p.plan,     step.files, backend_.get(),
                                         &comm_,      dir_.work(step.id), key, &passes};
     EarlierPassOutputs earlier;
@@ -741,8 +731,7 @@ class WorkflowRun {
     // Host computations run on rank 0 (or on every rank: computes_on_every_rank) before the
     // (empty) pass; every rank gets rank 0's result. They are part of the step's wall time.
     std::string computed;
-    double compute_seconds = 0;
-    if (step.impl->computes(p.plan)) std::tie(computed, compute_seconds) = compute_step(step, context, key);
+    if (step.impl->computes(p.plan)) computed = compute_step(step, context, key);
     engine::StepWork work(dir_.work(step.id), key, comm_);
     const std::string created = comm_.broadcast(utc_now());
     json result_checksums = json::object();
@@ -750,9 +739,7 @@ class WorkflowRun {
 
     engine::PassOutcome outcome;
     const StepResults results{reduction.get(), step.impl->computes(p.plan) ? &computed : nullptr, &context, &outcome.outputs};
-    // The whole step's wall time: its earlier passes and committed compute() work (every run's),
-    // this run's compute(), and the output pass (every run's, its journal).
-    auto step_wall_seconds = [&] { return passes.wall_seconds + compute_seconds + outcome.journal.wall_seconds; };
+    double step_wall_seconds = 0;  // (the whole step's, taken as the output is annotated)
     // Collective: provenance, checksums and the stage's small results into the staged output.
     auto annotate = [&](h5::File& out) {
       const engine::Journal& j = outcome.journal;
@@ -769,7 +756,8 @@ class WorkflowRun {
       out.set_attribute("qstage.backend", std::string(backend_name(backend_->kind())));
       out.set_attribute("qstage.device", device_text_);
       out.set_attribute("qstage.ranks", static_cast<std::int64_t>(comm_.size()));
-      out.set_attribute("qstage.wall_seconds", step_wall_seconds());
+      step_wall_seconds = step_clock_.seconds(&comm_);
+      out.set_attribute("qstage.wall_seconds", step_wall_seconds);
       out.set_attribute("qstage.attempts", static_cast<std::int64_t>(j.attempts));
       out.set_attribute("qstage.peak_device_bytes", static_cast<std::int64_t>(peaks[0]));
       out.set_attribute("qstage.peak_host_bytes", static_cast<std::int64_t>(peaks[1]));
@@ -787,6 +775,7 @@ class WorkflowRun {
 
     try {
       outcome = engine_->run(pass, *kernel, reduction.get(), work, output, progress_of(reporter));
+      step_clock_.earlier_seconds += outcome.earlier_wall_seconds;
       if (outcome.complete) {  // (part of the output's finalization, and timed as such)
         const auto t = Clock::now();
         h5::File out = outcome.staged.open();
@@ -839,7 +828,7 @@ class WorkflowRun {
       json& rec = m.step(step.id);
       rec.update({{"state", "done"}, {"output", fs::relative(output, dir_.root).string()}, {"checksums", sums},
                   {"output_bytes", fs::file_size(output)},
-                  {"wall_seconds", step_wall_seconds()}, {"attempts", outcome.journal.attempts},
+                  {"wall_seconds", step_wall_seconds}, {"attempts", outcome.journal.attempts},
                   {"finished", utc_now()}, {"device", device_text_}, {"ranks", comm_.size()}, {"metrics", metrics},
                   {"rows_total", pass.rows}, {"results", step.impl->describe_results(p.plan, results)}});
       rec.erase("error");
@@ -994,6 +983,18 @@ class WorkflowRun {
   }
   std::optional<double> checkpoint_seconds_;
   std::string failed_step_;  // the step whose failure ended the run, if one did
+  // The wall time of the step being executed: what earlier runs committed of it (its passes',
+  // compute()'s commits, its passes' earlier attempts, from their journals) and this run's time
+  // since it took the step up. Committed with every pass state; the step's wall time at its end.
+  struct StepClock {
+    double earlier_seconds = 0;
+    Clock::time_point started = Clock::now();
+    // Rank 0's reading where comm is null (compute() on rank 0), else the ranks' longest (collective).
+    double seconds(const mpi::Comm* comm) const {
+      const double mine = std::chrono::duration<double>(Clock::now() - started).count();
+      return earlier_seconds + (comm ? comm->max(mine) : mine);
+    }
+  } step_clock_;
 };
 
 }  // namespace
