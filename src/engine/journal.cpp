@@ -36,12 +36,6 @@ std::string from_hex(const std::string& hex) {
 // Journals since the format of 2026-12 carry a hash of their own text and per-segment checksums.
 constexpr const char* kFormat = "qstage-journal-2";
 
-// The hash a journal file records of itself: over its JSON without the "hash" member.
-std::string self_hash(json j) {
-  j.erase("hash");
-  return hash_bytes(j.dump());
-}
-
 // Outputs whose rows the segments hold (engine/output_sinks.cpp's RowsSink); coded chunks go to
 // spools, exchanged ones to bucket files.
 bool in_segments(const OutputDecl& out) {
@@ -49,6 +43,11 @@ bool in_segments(const OutputDecl& out) {
 }
 
 }  // namespace
+
+std::string self_hash(json j) {
+  j.erase("hash");
+  return hash_bytes(j.dump());
+}
 
 std::string journal_problem(const Journal& j, const PassSpec& spec) {
   if (j.committed_rows > j.rows) return fmt::format("committed_rows {} is beyond the pass's {} rows", j.committed_rows, j.rows);

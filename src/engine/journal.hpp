@@ -53,6 +53,10 @@ struct Journal {
   static Journal from_json(const nlohmann::json& j);
 };
 
+// The hash a state file (a journal, a step's passes.json) records of itself, in its member
+// "hash": XXH3-128 of its JSON without that member. Checked when it is read back.
+std::string self_hash(nlohmann::json j);
+
 // Why a journal's progress cannot be trusted as it stands, found by checking it against itself
 // and against the segment files it names (empty: it can). `spec` is the pass it belongs to.
 std::string journal_problem(const Journal& journal, const PassSpec& spec);

@@ -456,10 +456,8 @@ class WorkflowRun {
       stages::PassState state;
       std::error_code ec;
       if (fs::exists(file, ec)) try {
-          json j = json::parse(fsutil::read_file(file));
-          const std::string recorded = j.value("hash", "");
-          j.erase("hash");
-          if (!recorded.empty() && recorded != hash_bytes(j.dump()))
+          const json j = json::parse(fsutil::read_file(file));
+          if (j.contains("hash") && j.at("hash").get<std::string>() != engine::self_hash(j))
             throw std::runtime_error("it does not match its own hash (edited or damaged)");
           if (j.at("key").get<std::string>() == key) {
             state.done = j.at("done").get<int>();
@@ -488,7 +486,7 @@ class WorkflowRun {
   void write_pass_state(const std::string& id, const std::string& key, const stages::PassState& state) {
     fs::create_directories(dir_.work(id));
     json j = {{"key", key}, {"done", state.done}, {"data", state.data}, {"wall_seconds", state.wall_seconds}};
-    j["hash"] = hash_bytes(j.dump());  // (checked when it is read back)
+    j["hash"] = engine::self_hash(j);
     fsutil::write_file_atomic(dir_.work(id) / engine::StepWork::kPassState, j.dump());
   }
 
