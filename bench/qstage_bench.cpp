@@ -32,6 +32,10 @@
 //       device buffers: NCCL's grouped sends and receives on cuda, MPI on cpu), each rank sending
 //       SIZE / P bytes to every rank from one GPU a rank: seconds (median) and GB/s a rank sent to
 //       the others (rank 0 prints)
+//   qstage_bench pass-overhead [--passes 50] [--rows 4096] [--resident 16MiB] [--slots 3] [--device cuda]
+//       what a pass costs beyond its kernel, as a stage of several passes pays it once per pass: a
+//       tiny copy pass with resident data, its work directory, output file, commit and pass state,
+//       repeated: the median pass and its parts (bench/pass_overhead_bench.cpp)
 // Output: one JSON object on stdout. Timings are medians of repeats after a warm-up.
 #include <cblas.h>
 #include <omp.h>
@@ -63,6 +67,7 @@
 #include "kernels/gemm.hpp"
 #include "kernels/looped_gemm.hpp"
 #include "kernels/random.hpp"
+#include "pass_overhead_bench.hpp"
 #include "sci_generate_bench.hpp"
 #include "kernels/sort_unique.hpp"
 
@@ -588,6 +593,7 @@ int main(int argc, char** argv) {
                  "       qstage_bench sci-generate --fcidump FILE [--sources N] [--batch N] [--eps E] [--device cuda]\n"
                  "       qstage_bench dedup --rows N [--words W] [--distinct D] [--device cuda]\n"
                  "       qstage_bench svd [--sizes 16,32,...] [--aspect 1] [--rank R] [--host-max 2048] [--batch 16] [--device cuda]\n"
+                 "       qstage_bench pass-overhead [--passes 50] [--rows 4096] [--resident 16MiB] [--device cuda]\n"
                  "       mpirun -np P qstage_bench alltoall --bytes SIZE [--device cuda] [--repeats 10]\n";
     return 2;
   }
@@ -605,6 +611,11 @@ int main(int argc, char** argv) {
     }
     if (cmd == "dedup") return dedup_bench(args);
     if (cmd == "svd") return svd_bench(args);
+    if (cmd == "pass-overhead") {
+      mpi::Session session(&argc, &argv);
+      std::cout << bench::pass_overhead_bench(args, mpi::Comm()).dump(2) << "\n";
+      return 0;
+    }
     if (cmd == "alltoall") {
       mpi::Session session(&argc, &argv);
       return alltoall_bench(args, mpi::Comm());

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include "backend/memory_pool.hpp"
 #include "core/error.hpp"
 #include "core/units.hpp"
 
@@ -12,16 +13,39 @@ std::string_view backend_name(BackendKind kind) { return kind == BackendKind::cu
 
 void MemoryBudget::charge(std::uint64_t bytes, std::string_view what) {
   std::lock_guard lock(mutex_);
-  const std::uint64_t now = in_use_.load() + bytes;
-  if (now > limit_)
+  const std::uint64_t held = in_use_.load() + idle_.load() + bytes;
+  if (held > limit_)
     throw BudgetExceeded(fmt::format("{} memory budget exceeded by {}: {} needs {}, {} of {} already in use", name_,
-                                     what, format_bytes(static_cast<double>(now - limit_)), format_bytes(bytes),
-                                     format_bytes(static_cast<double>(in_use_.load())),
+                                     what, format_bytes(static_cast<double>(held - limit_)), format_bytes(bytes),
+                                     format_bytes(static_cast<double>(in_use_.load() + idle_.load())),
                                      format_bytes(static_cast<double>(limit_))),
                          name_);
-  in_use_ = now;
+  in_use_ += bytes;
+  note_peak();
+}
+
+void MemoryBudget::note_peak() {
+  const std::uint64_t now = in_use_.load();
   if (now > peak_) peak_ = now;
   if (now > interval_peak_) interval_peak_ = now;
+}
+
+void MemoryBudget::use_to_idle(std::uint64_t bytes) {
+  std::lock_guard lock(mutex_);
+  in_use_ -= bytes;
+  idle_ += bytes;
+}
+
+void MemoryBudget::idle_to_use(std::uint64_t bytes) {
+  std::lock_guard lock(mutex_);
+  idle_ -= bytes;
+  in_use_ += bytes;
+  note_peak();
+}
+
+void MemoryBudget::idle_to_none(std::uint64_t bytes) {
+  std::lock_guard lock(mutex_);
+  idle_ -= bytes;
 }
 
 std::uint64_t MemoryBudget::take_interval_peak() {
@@ -56,6 +80,65 @@ void Buffer::reset() {
   data_ = nullptr;
   bytes_ = 0;
   budget_ = nullptr;
+}
+
+Backend::Backend(std::uint64_t device_limit, std::uint64_t host_limit)
+    : device_budget_("device", device_limit), host_budget_("host", host_limit) {}
+
+Backend::~Backend() = default;
+
+void Backend::make_pools() {
+  std::call_once(pools_made_, [this] {
+    device_pool_ = std::make_unique<detail::MemoryPool>(
+        device_budget_, [this](std::size_t bytes, std::string_view what) { return allocate_device(bytes, what); },
+        [this] { quiesce(); });
+    host_pool_ = std::make_unique<detail::MemoryPool>(
+        host_budget_, [this](std::size_t bytes, std::string_view what) { return allocate_host(bytes, what); },
+        [this] { quiesce(); });
+    stream_pool_ = std::make_unique<detail::StreamPool>(
+        [this](bool blas) { return new_stream(blas); }, [this](Stream& s, bool blas) { lend_stream(s, blas); },
+        [this](Stream& s, bool blas) { keep_stream(s, blas); });
+  });
+}
+
+detail::MemoryPool& Backend::device_pool() {
+  make_pools();
+  return *device_pool_;
+}
+
+detail::MemoryPool& Backend::host_pool() {
+  make_pools();
+  return *host_pool_;
+}
+
+detail::StreamPool& Backend::stream_pool() {
+  make_pools();
+  return *stream_pool_;
+}
+
+Buffer Backend::alloc_device(std::size_t bytes, std::string_view what) { return device_pool().take(bytes, what); }
+Buffer Backend::alloc_host(std::size_t bytes, std::string_view what) { return host_pool().take(bytes, what); }
+std::unique_ptr<Stream> Backend::make_stream(bool with_blas) { return stream_pool().take(with_blas); }
+
+void Backend::release_unused() {
+  stream_pool().release_unused();  // (first: a stream's workspace goes back to the device pool)
+  device_pool().release_unused();
+  host_pool().release_unused();
+}
+
+void Backend::release_idle() {
+  stream_pool().release_idle();
+  device_pool().release_idle();
+  host_pool().release_idle();
+}
+
+Backend::PoolCounts Backend::pool_counts() const {
+  PoolCounts c;
+  if (device_pool_) {
+    const auto d = device_pool_->counters(), h = host_pool_->counters();
+    c = {d.taken, d.reused, h.taken, h.reused};
+  }
+  return c;
 }
 
 bool cuda_available() {

@@ -20,12 +20,20 @@ enum class BackendKind { cpu, cuda };
 std::string_view backend_name(BackendKind kind);
 
 // A byte budget with a running total and a high-water mark. Thread-safe.
+// Memory is in use (charged by its user) or idle (kept by a backend's pool for the next user,
+// backend/memory_pool.hpp): both count against the limit; the peak is of memory in use.
 class MemoryBudget {
  public:
   MemoryBudget(std::string name, std::uint64_t limit) : name_(std::move(name)), limit_(limit) {}
-  // Charges `bytes` for `what`; throws RuntimeFailure (the planner should have prevented it).
+  // Charges `bytes` for `what`; throws BudgetExceeded (the planner should have prevented it).
   void charge(std::uint64_t bytes, std::string_view what);
   void release(std::uint64_t bytes);
+  // A pool's block changing hands: given back (in use -> idle), handed out again (idle -> in use),
+  // or freed (idle -> gone).
+  void use_to_idle(std::uint64_t bytes);
+  void idle_to_use(std::uint64_t bytes);
+  void idle_to_none(std::uint64_t bytes);
+  std::uint64_t idle() const { return idle_.load(); }
   void reset_peak() { peak_ = in_use_.load(); }
   std::uint64_t limit() const { return limit_; }
   std::uint64_t in_use() const { return in_use_.load(); }
@@ -38,7 +46,8 @@ class MemoryBudget {
  private:
   std::string name_;
   std::uint64_t limit_;
-  std::atomic<std::uint64_t> in_use_{0}, peak_{0}, interval_peak_{0};
+  void note_peak();  // (mutex held)
+  std::atomic<std::uint64_t> in_use_{0}, idle_{0}, peak_{0}, interval_peak_{0};
   std::mutex mutex_;
 };
 
@@ -90,19 +99,36 @@ class Stream {
   virtual void* blas_handle() { return nullptr; }
 };
 
+namespace detail {
+class MemoryPool;
+class StreamPool;
+}  // namespace detail
+
 class Backend {
  public:
-  Backend(std::uint64_t device_limit, std::uint64_t host_limit)
-      : device_budget_("device", device_limit), host_budget_("host", host_limit) {}
-  virtual ~Backend() = default;
+  Backend(std::uint64_t device_limit, std::uint64_t host_limit);
+  virtual ~Backend();
   virtual BackendKind kind() const = 0;
   // One line saying what runs the work, e.g. "NVIDIA H100 80GB HBM3 (GPU 0 of 1, sm_90)".
   virtual std::string description() const = 0;
-  virtual Buffer alloc_device(std::size_t bytes, std::string_view what) = 0;
-  // Host memory for streaming (pinned on cuda, so copies overlap with compute).
-  virtual Buffer alloc_host(std::size_t bytes, std::string_view what) = 0;
+  // Device memory, and host memory for streaming (pinned on cuda, so copies overlap with
+  // compute), from the backend's pools (backend/memory_pool.hpp): what an earlier pass gave back
+  // is handed out again, charged to the budget like new memory.
+  Buffer alloc_device(std::size_t bytes, std::string_view what);
+  Buffer alloc_host(std::size_t bytes, std::string_view what);
   // A stream; with_blas also gives it a BLAS handle (and, on cuda, a budgeted cuBLAS workspace).
-  virtual std::unique_ptr<Stream> make_stream(bool with_blas = false) = 0;
+  // Pooled like memory.
+  std::unique_ptr<Stream> make_stream(bool with_blas = false);
+  // Frees the pools' memory and streams that no one took since the last call (the engine, after
+  // each pass: the pools keep what two passes in a row use), or all that is idle (the runner,
+  // after each step).
+  void release_unused();
+  void release_idle();
+  // How many device and host allocations the pools served, and how many from idle memory.
+  struct PoolCounts {
+    std::uint64_t device_taken = 0, device_reused = 0, host_taken = 0, host_reused = 0;
+  };
+  PoolCounts pool_counts() const;
   // Copies between host and device memory, queued on `stream`; each counts its bytes (what
   // crossed the bus: a stage or pass reports it against the bus's rate).
   void copy_to_device(void* dst, const void* src, std::size_t bytes, Stream& stream) {
@@ -126,12 +152,31 @@ class Backend {
   MemoryBudget& host_budget() { return host_budget_; }
 
  protected:
+  // The driver's allocations: Buffers charged to no budget (the pools charge them) that free
+  // themselves without the backend (a pool may outlive it). Throw RuntimeFailure when the driver
+  // refuses.
+  virtual Buffer allocate_device(std::size_t bytes, std::string_view what) = 0;
+  virtual Buffer allocate_host(std::size_t bytes, std::string_view what) = 0;
+  virtual std::unique_ptr<Stream> new_stream(bool with_blas) = 0;
+  // Runs on a stream as the pool lends it out and as it comes back (cuda: a BLAS stream's workspace).
+  virtual void lend_stream(Stream& stream, bool with_blas) {}
+  virtual void keep_stream(Stream& stream, bool with_blas) {}
+  // Waits until the device has finished the work queued so far (before reused memory is handed out).
+  virtual void quiesce() {}
   virtual void copy_to_device_impl(void* dst, const void* src, std::size_t bytes, Stream& stream) = 0;
   virtual void copy_to_host_impl(void* dst, const void* src, std::size_t bytes, Stream& stream) = 0;
   MemoryBudget device_budget_, host_budget_;
 
  private:
   std::atomic<std::uint64_t> bytes_to_device_{0}, bytes_to_host_{0};
+  // Made on first use (the raw allocations are virtual: not callable from the constructor).
+  detail::MemoryPool& device_pool();
+  detail::MemoryPool& host_pool();
+  detail::StreamPool& stream_pool();
+  std::once_flag pools_made_;
+  std::unique_ptr<detail::MemoryPool> device_pool_, host_pool_;
+  std::unique_ptr<detail::StreamPool> stream_pool_;
+  void make_pools();
 };
 
 struct BackendOptions {

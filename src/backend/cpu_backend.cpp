@@ -29,15 +29,13 @@ class CpuStream final : public Stream {
   std::chrono::steady_clock::time_point marks_[kMarks]{};
 };
 
-Buffer aligned(std::size_t bytes, MemoryBudget& budget, std::string_view what) {
-  budget.charge(bytes, what);
+// (Charged by the backend's pools, not here.)
+Buffer aligned(std::size_t bytes, std::string_view what) {
   const std::size_t rounded = ((bytes + 63) / 64) * 64;
   void* p = rounded ? std::aligned_alloc(64, rounded) : nullptr;
-  if (rounded && !p) {
-    budget.release(bytes);
+  if (rounded && !p)
     throw RuntimeFailure(fmt::format("out of host memory allocating {} for {}", format_bytes(bytes), what));
-  }
-  return Buffer(p, bytes, &budget, [](void* q) { std::free(q); });
+  return Buffer(p, bytes, nullptr, [](void* q) { std::free(q); });
 }
 
 class CpuBackend final : public Backend {
@@ -47,12 +45,14 @@ class CpuBackend final : public Backend {
   std::string description() const override {
     return fmt::format("CPU ({} threads, {})", omp_get_max_threads(), openblas_get_config());
   }
-  Buffer alloc_device(std::size_t bytes, std::string_view what) override { return aligned(bytes, device_budget_, what); }
-  Buffer alloc_host(std::size_t bytes, std::string_view what) override { return aligned(bytes, host_budget_, what); }
-  std::unique_ptr<Stream> make_stream(bool) override { return std::make_unique<CpuStream>(); }
+  void copy_on_device(void* dst, const void* src, std::size_t bytes, Stream&) override { copy(dst, src, bytes); }
+
+ protected:
+  Buffer allocate_device(std::size_t bytes, std::string_view what) override { return aligned(bytes, what); }
+  Buffer allocate_host(std::size_t bytes, std::string_view what) override { return aligned(bytes, what); }
+  std::unique_ptr<Stream> new_stream(bool) override { return std::make_unique<CpuStream>(); }
   void copy_to_device_impl(void* dst, const void* src, std::size_t bytes, Stream&) override { copy(dst, src, bytes); }
   void copy_to_host_impl(void* dst, const void* src, std::size_t bytes, Stream&) override { copy(dst, src, bytes); }
-  void copy_on_device(void* dst, const void* src, std::size_t bytes, Stream&) override { copy(dst, src, bytes); }
 
  private:
   // Large copies in parallel pieces: one thread's memcpy reaches only a fraction of memory bandwidth.

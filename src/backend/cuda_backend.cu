@@ -27,15 +27,20 @@ constexpr std::size_t kCublasWorkspace = 8u << 20;
 
 class CudaStream final : public Stream {
  public:
-  // Without a workspace the stream has no cuBLAS handle (blas_handle() returns nullptr).
-  explicit CudaStream(Buffer workspace) : workspace_(std::move(workspace)) {
+  // Without BLAS the stream has no cuBLAS handle (blas_handle() returns nullptr).
+  explicit CudaStream(bool with_blas) {
     QSTAGE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    if (workspace_.data()) {
+    if (with_blas) {
       QSTAGE_CUDA_CHECK(cublasCreate(&blas_));
       QSTAGE_CUDA_CHECK(cublasSetStream(blas_, stream_));
-      QSTAGE_CUDA_CHECK(cublasSetWorkspace(blas_, workspace_.data(), workspace_.size()));
     }
     for (auto& e : marks_) QSTAGE_CUDA_CHECK(cudaEventCreate(&e));
+  }
+  // The cuBLAS handle's workspace (set before the stream is used for BLAS; an empty Buffer
+  // while the stream is idle in the pool, which then runs nothing).
+  void set_workspace(Buffer workspace) {
+    if (workspace.data()) QSTAGE_CUDA_CHECK(cublasSetWorkspace(blas_, workspace.data(), workspace.size()));
+    workspace_ = std::move(workspace);
   }
   ~CudaStream() override {
     for (auto& e : marks_) cudaEventDestroy(e);
@@ -121,38 +126,6 @@ class CudaBackend final : public Backend {
     return fmt::format("{} (GPU {} of {}, sm_{}{}, {})", props_.name, device_, count_, props_.major, props_.minor,
                        format_bytes(static_cast<double>(props_.totalGlobalMem)));
   }
-  Buffer alloc_device(std::size_t bytes, std::string_view what) override {
-    device_budget_.charge(bytes, what);
-    void* p = nullptr;
-    cudaError_t rc = cudaMalloc(&p, std::max<std::size_t>(bytes, 1));
-    if (rc != cudaSuccess) {
-      device_budget_.release(bytes);
-      cudaGetLastError();
-      throw RuntimeFailure(fmt::format("cudaMalloc of {} for {} failed: {} (lower --device-memory?)",
-                                       format_bytes(bytes), what, cudaGetErrorString(rc)));
-    }
-    return Buffer(p, bytes, &device_budget_, [](void* q) { cudaFree(q); });
-  }
-  Buffer alloc_host(std::size_t bytes, std::string_view what) override {
-    host_budget_.charge(bytes, what);
-    if (bytes >= kHugePinnedBytes)
-      if (void* p = pinned_huge_pages(bytes)) return Buffer(p, bytes, &host_budget_, [bytes](void* q) {
-          cudaHostUnregister(q);
-          munmap(q, bytes);
-        });
-    void* p = nullptr;
-    cudaError_t rc = cudaHostAlloc(&p, std::max<std::size_t>(bytes, 1), cudaHostAllocDefault);
-    if (rc != cudaSuccess) {
-      host_budget_.release(bytes);
-      cudaGetLastError();
-      throw RuntimeFailure(fmt::format("cudaHostAlloc of {} for {} failed: {}", format_bytes(bytes), what,
-                                       cudaGetErrorString(rc)));
-    }
-    return Buffer(p, bytes, &host_budget_, [](void* q) { cudaFreeHost(q); });
-  }
-  std::unique_ptr<Stream> make_stream(bool with_blas) override {
-    return std::make_unique<CudaStream>(with_blas ? alloc_device(kCublasWorkspace, "cuBLAS workspace") : Buffer());
-  }
   std::uint64_t blas_stream_bytes() const override { return kCublasWorkspace; }
   void bind_thread() override { QSTAGE_CUDA_CHECK(cudaSetDevice(device_)); }
   std::string pci_bus_id() const override {
@@ -160,6 +133,44 @@ class CudaBackend final : public Backend {
     QSTAGE_CUDA_CHECK(cudaDeviceGetPCIBusId(id, sizeof(id), device_));
     return id;
   }
+
+ protected:
+  // (Charged by the backend's pools, not here.)
+  Buffer allocate_device(std::size_t bytes, std::string_view what) override {
+    void* p = nullptr;
+    cudaError_t rc = cudaMalloc(&p, std::max<std::size_t>(bytes, 1));
+    if (rc != cudaSuccess) {
+      cudaGetLastError();
+      throw RuntimeFailure(fmt::format("cudaMalloc of {} for {} failed: {} (lower --device-memory?)",
+                                       format_bytes(bytes), what, cudaGetErrorString(rc)));
+    }
+    return Buffer(p, bytes, nullptr, [](void* q) { cudaFree(q); });
+  }
+  Buffer allocate_host(std::size_t bytes, std::string_view what) override {
+    if (bytes >= kHugePinnedBytes)
+      if (void* p = pinned_huge_pages(bytes)) return Buffer(p, bytes, nullptr, [bytes](void* q) {
+          cudaHostUnregister(q);
+          munmap(q, bytes);
+        });
+    void* p = nullptr;
+    cudaError_t rc = cudaHostAlloc(&p, std::max<std::size_t>(bytes, 1), cudaHostAllocDefault);
+    if (rc != cudaSuccess) {
+      cudaGetLastError();
+      throw RuntimeFailure(fmt::format("cudaHostAlloc of {} for {} failed: {}", format_bytes(bytes), what,
+                                       cudaGetErrorString(rc)));
+    }
+    return Buffer(p, bytes, nullptr, [](void* q) { cudaFreeHost(q); });
+  }
+  std::unique_ptr<Stream> new_stream(bool with_blas) override { return std::make_unique<CudaStream>(with_blas); }
+  // A BLAS stream's workspace is its user's: taken from the device pool as the stream is lent,
+  // given back with it (an idle stream holds no budgeted memory).
+  void lend_stream(Stream& s, bool with_blas) override {
+    if (with_blas) static_cast<CudaStream&>(s).set_workspace(alloc_device(kCublasWorkspace, "cuBLAS workspace"));
+  }
+  void keep_stream(Stream& s, bool with_blas) override {
+    if (with_blas) static_cast<CudaStream&>(s).set_workspace(Buffer());
+  }
+  void quiesce() override { QSTAGE_CUDA_CHECK(cudaDeviceSynchronize()); }
   void copy_to_device_impl(void* dst, const void* src, std::size_t bytes, Stream& s) override {
     QSTAGE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, static_cast<cudaStream_t>(s.native())));
   }

@@ -683,8 +683,11 @@ BatchPlan StreamEngine::plan(const PassSpec& spec) const {
 PassOutcome StreamEngine::run(const PassSpec& spec, PassKernel& kernel, Reduction* reduction, StepWork& work,
                               const fs::path& output, const ProgressFn& progress) {
   const BatchPlan plan = this->plan(spec);
-  PassRun run(backend_, comm_, options_, spec, kernel, reduction, work);
-  return run.run(plan, output, progress);
+  PassOutcome outcome = PassRun(backend_, comm_, options_, spec, kernel, reduction, work).run(plan, output, progress);
+  // The next pass of a stage of several passes takes what this one gave back; what neither
+  // took goes back to the driver.
+  backend_.release_unused();
+  return outcome;
 }
 
 h5::File StagedOutput::open() const { return h5::File::open(temp_, h5::Mode::read_write, comm_->get()); }

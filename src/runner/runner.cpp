@@ -709,6 +709,9 @@ class WorkflowRun {
   void execute(PlannedStep& p, const std::string& key, const json& hashes, const fs::path& output) {
     const spec::Step& step = *p.step;
     const auto started = Clock::now();
+    // The memory and streams earlier steps' passes left idle go back to the driver: a step's
+    // passes share the pools, steps do not.
+    backend_->release_idle();
     backend_->device_budget().reset_peak();
     backend_->host_budget().reset_peak();
     const std::vector<std::uint64_t> bus_before{backend_->bytes_to_device(), backend_->bytes_to_host()};

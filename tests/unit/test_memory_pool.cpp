@@ -1,0 +1,88 @@
+// The backends' pools (backend/memory_pool.hpp): what a pass gives back is handed to the next one,
+// idle memory counts against the budget and is freed to make room, the peak is of memory in use.
+#include <gtest/gtest.h>
+
+#include "backend/backend.hpp"
+#include "core/error.hpp"
+#include "test_util.hpp"
+
+using namespace qstage;
+
+namespace {
+
+void pools_reuse_and_respect_the_budget(Backend& be) {
+  MemoryBudget& budget = be.device_budget();
+  const std::uint64_t limit = budget.limit();
+  be.release_idle();
+  const auto before = be.pool_counts();
+  void* first = nullptr;
+  {
+    Buffer a = be.alloc_device(limit / 2, "a");
+    first = a.data();
+    EXPECT_EQ(budget.in_use(), limit / 2);
+  }
+  // Given back: idle, still held, not in use.
+  EXPECT_EQ(budget.in_use(), 0u);
+  EXPECT_EQ(budget.idle(), limit / 2);
+  {
+    // About as much again (within a quarter more): the same memory.
+    Buffer b = be.alloc_device(limit / 2 - 1000, "b");
+    EXPECT_EQ(b.data(), first);
+    EXPECT_EQ(b.size(), limit / 2 - 1000);
+    EXPECT_EQ(budget.in_use(), limit / 2);  // (charged as held: the whole block)
+    EXPECT_EQ(budget.idle(), 0u);
+  }
+  const auto after = be.pool_counts();
+  EXPECT_EQ(after.device_taken - before.device_taken, 2u);
+  EXPECT_EQ(after.device_reused - before.device_reused, 1u);
+  {
+    // Much less: new memory, while the idle block stays for a later user of its size.
+    Buffer c = be.alloc_device(limit / 8, "c");
+    EXPECT_NE(c.data(), first);
+    EXPECT_EQ(budget.idle(), limit / 2);
+    // More than fits beside the idle block: the idle block is freed to make room.
+    Buffer d = be.alloc_device(limit / 2 + limit / 4, "d");
+    EXPECT_EQ(budget.idle(), 0u);
+    EXPECT_LE(budget.in_use(), limit);
+    // More than the budget at all: refused as before.
+    EXPECT_THROW(be.alloc_device(limit / 2, "e"), BudgetExceeded);
+  }
+  budget.reset_peak();
+  EXPECT_GT(budget.idle(), 0u);
+  EXPECT_EQ(budget.peak(), 0u);  // idle memory is not in the peak
+  // A pass that took none of it: release_unused frees it one pass later.
+  be.release_unused();
+  EXPECT_GT(budget.idle(), 0u);  // (given back during the pass that just ended: kept for the next)
+  be.release_unused();
+  EXPECT_EQ(budget.idle(), 0u);
+  // Streams: a stream given back is lent again.
+  Stream* s1 = nullptr;
+  void* native1 = nullptr;
+  {
+    auto s = be.make_stream(true);
+    s1 = s.get();
+    native1 = s->native();
+  }
+  {
+    auto s = be.make_stream(true);
+    EXPECT_EQ(s->native(), native1);  // (cpu: both null; cuda: the same cudaStream_t)
+    if (be.kind() == BackendKind::cuda) EXPECT_NE(s->blas_handle(), nullptr);
+  }
+  (void)s1;
+  be.release_idle();
+  EXPECT_EQ(budget.idle(), 0u);
+  EXPECT_EQ(be.host_budget().idle(), 0u);
+}
+
+}  // namespace
+
+TEST(MemoryPool, ReusesWhatWasGivenBackWithinTheBudget) {
+  auto be = detail::make_cpu_backend(64u << 20, 64u << 20);
+  pools_reuse_and_respect_the_budget(*be);
+}
+
+TEST(MemoryPool, ReusesWhatWasGivenBackWithinTheBudgetOnTheGpu) {
+  REQUIRE_GPU();
+  auto be = make_backend({"cuda", 256u << 20, 256u << 20});
+  pools_reuse_and_respect_the_budget(*be);
+}
