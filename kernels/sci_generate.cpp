@@ -70,6 +70,67 @@ void sci_sigma_cpu(const SciSigma& a) {
   }
 }
 
+// A row's entries, in the order sci_sigma_cpu sums them (list order).
+template <typename Visit>
+void for_each_coupling(const SciCouplings& a, std::uint64_t r, Visit&& visit) {
+  for_each_excitation(a.h, a.nalpha, a.nbeta, a.space[a.first + r], 1.0, 0.0, [&](const sci::Det& t, double element) {
+    const std::uint64_t i = sci::find_sorted(a.space, a.space_size, t);
+    if (i < a.space_size) visit(i, element);
+  });
+}
+
+void sci_couplings_count_cpu(const SciCouplings& a) {
+  const auto n = static_cast<std::int64_t>(a.n);
+#pragma omp parallel for schedule(dynamic, 16)
+  for (std::int64_t r = 0; r < n; ++r) {
+    std::uint64_t count = 0;
+    for_each_coupling(a, static_cast<std::uint64_t>(r), [&](std::uint64_t, double) { ++count; });
+    a.counts[r] = count;
+  }
+}
+
+void sci_couplings_write_cpu(const SciCouplings& a) {
+  const auto n = static_cast<std::int64_t>(a.n);
+#pragma omp parallel for schedule(dynamic, 16)
+  for (std::int64_t r = 0; r < n; ++r) {
+    std::uint64_t at = a.offsets[r];
+    for_each_coupling(a, static_cast<std::uint64_t>(r), [&](std::uint64_t i, double element) {
+      a.columns[at] = static_cast<std::uint32_t>(i);
+      a.elements[at] = element;
+      ++at;
+    });
+    a.diagonal[r] = sci::diagonal(a.h, a.space[a.first + static_cast<std::uint64_t>(r)]);
+  }
+}
+
+// sci_sigma_cpu's sum, term by term, from the stored entries.
+void sci_sigma_stored_cpu(const SciStoredSigma& a) {
+  const auto n = static_cast<std::int64_t>(a.n);
+#pragma omp parallel for schedule(dynamic, 64)
+  for (std::int64_t r = 0; r < n; ++r) {
+    const std::uint64_t j = a.first + static_cast<std::uint64_t>(r);
+    const double diag = a.diagonal[j];
+    double s = 0;
+    for (std::uint64_t k = a.offsets[j]; k < a.offsets[j + 1]; ++k) s += a.elements[k] * a.x[a.columns[k]];
+    a.sigma[r] = diag * a.x[j] + s;
+    a.diagonal_out[r] = diag;
+  }
+}
+
+std::uint64_t sci_lane_ends_per_row(BackendKind kind) { return kind == BackendKind::cuda ? kSciLanes : 0; }
+
+void sci_couplings_count(Stream& stream, const SciCouplings& args) {
+  QSTAGE_DISPATCH(stream, sci_couplings_count_cpu(args), detail::sci_couplings_count_cuda(stream.native(), args));
+}
+
+void sci_couplings_write(Stream& stream, const SciCouplings& args) {
+  QSTAGE_DISPATCH(stream, sci_couplings_write_cpu(args), detail::sci_couplings_write_cuda(stream.native(), args));
+}
+
+void sci_sigma_stored(Stream& stream, const SciStoredSigma& args) {
+  QSTAGE_DISPATCH(stream, sci_sigma_stored_cpu(args), detail::sci_sigma_stored_cuda(stream.native(), args));
+}
+
 void sci_generate(Stream& stream, const SciGenerate& args) {
   QSTAGE_DISPATCH(stream, sci_generate_cpu(args), detail::sci_generate_cuda(stream.native(), args));
 }

@@ -132,6 +132,92 @@ __global__ void __launch_bounds__(kThreads) sigma_kernel(HamiltonianView h, int 
   }
 }
 
+static_assert(kThreads == static_cast<int>(kSciLanes), "a row's lanes are the sigma kernel's threads");
+
+// A row's entries as sigma_kernel's threads find them: thread t, excitations t, t + kThreads, ...
+template <typename Visit>
+__device__ void for_each_lane_coupling(const HamiltonianView& h, int na, int nb, const Det* space, std::uint64_t size,
+                                       const Det& d, SharedSource& s, unsigned* end, Visit&& visit) {
+  const unsigned lists = sci::list_count(na, nb);
+  const unsigned total = lay_out_lists(h, na, nb, d, 1.0, 0.0, s, end);
+  for (unsigned v = threadIdx.x; v < total; v += kThreads) {
+    Det t;
+    double e;
+    if (excitation_at(h, na, nb, d, 1.0, 0.0, s, end, lists, v, &t, &e)) {
+      const std::uint64_t i = sci::find_sorted(space, size, t);
+      if (i < size) visit(i, e);
+    }
+  }
+}
+
+// Per row: each lane's entries, their inclusive prefix over the lanes (lane_ends) and the total.
+__global__ void __launch_bounds__(kThreads) couplings_count_kernel(HamiltonianView h, int na, int nb, const Det* space,
+                                                                   std::uint64_t size, std::uint64_t first,
+                                                                   std::uint64_t n, std::uint64_t* counts,
+                                                                   std::uint32_t* lane_ends) {
+  __shared__ SharedSource s;
+  extern __shared__ unsigned end[];
+  for (std::uint64_t r = blockIdx.x; r < n; r += gridDim.x) {
+    unsigned mine = 0;
+    for_each_lane_coupling(h, na, nb, space, size, space[first + r], s, end, [&](std::uint64_t, double) { ++mine; });
+    __syncthreads();  // (lay_out_lists' scan storage is reused)
+    unsigned upto, all;
+    BlockScan(s.scan).InclusiveSum(mine, upto, all);
+    lane_ends[r * kThreads + threadIdx.x] = upto;
+    if (threadIdx.x == 0) counts[r] = all;
+    __syncthreads();
+  }
+}
+
+// Per row: each lane's entries at its place (lane t after lane t - 1), in the order it finds them.
+__global__ void __launch_bounds__(kThreads) couplings_write_kernel(HamiltonianView h, int na, int nb, const Det* space,
+                                                                   std::uint64_t size, std::uint64_t first,
+                                                                   std::uint64_t n, const std::uint64_t* offsets,
+                                                                   const std::uint32_t* lane_ends,
+                                                                   std::uint32_t* columns, double* elements,
+                                                                   double* diagonal) {
+  __shared__ SharedSource s;
+  extern __shared__ unsigned end[];
+  for (std::uint64_t r = blockIdx.x; r < n; r += gridDim.x) {
+    const Det d = space[first + r];
+    std::uint64_t at = offsets[r] + (threadIdx.x ? lane_ends[r * kThreads + threadIdx.x - 1] : 0);
+    for_each_lane_coupling(h, na, nb, space, size, d, s, end, [&](std::uint64_t i, double e) {
+      columns[at] = static_cast<std::uint32_t>(i);
+      elements[at] = e;
+      ++at;
+    });
+    if (threadIdx.x == 0) diagonal[r] = sci::diagonal(h, d);
+    __syncthreads();
+  }
+}
+
+// sigma_kernel's arithmetic from stored entries: each thread its lane's terms in order, the
+// same tree, the same last step, so the same bits.
+__global__ void __launch_bounds__(kThreads) sigma_stored_kernel(const std::uint64_t* offsets,
+                                                                const std::uint32_t* lane_ends,
+                                                                const std::uint32_t* columns, const double* elements,
+                                                                const double* diagonal, const double* x,
+                                                                std::uint64_t first, std::uint64_t n, double* sigma,
+                                                                double* diagonal_out) {
+  __shared__ double partial[kThreads];
+  for (std::uint64_t r = blockIdx.x; r < n; r += gridDim.x) {
+    const std::uint64_t j = first + r;
+    const std::uint64_t row = offsets[j];
+    const std::uint64_t b = row + (threadIdx.x ? lane_ends[j * kThreads + threadIdx.x - 1] : 0),
+                        e = row + lane_ends[j * kThreads + threadIdx.x];
+    double acc = 0;
+    for (std::uint64_t k = b; k < e; ++k) acc += elements[k] * x[columns[k]];
+    partial[threadIdx.x] = acc;
+    block_tree<kThreads>([&](unsigned to, unsigned from) { partial[to] += partial[from]; });
+    if (threadIdx.x == 0) {
+      const double diag = diagonal[j];
+      sigma[r] = diag * x[j] + partial[0];
+      diagonal_out[r] = diag;
+    }
+    __syncthreads();
+  }
+}
+
 unsigned grid_for(std::uint64_t n) { return static_cast<unsigned>(std::min<std::uint64_t>(n, 1u << 20)); }
 
 std::size_t list_bytes(int na, int nb) { return sci::list_count(na, nb) * sizeof(unsigned); }
@@ -169,6 +255,28 @@ void sci_sigma_cuda(void* cuda_stream, const SciSigma& a) {
   auto stream = static_cast<cudaStream_t>(cuda_stream);
   sigma_kernel<<<grid_for(a.n), kThreads, list_bytes(a.nalpha, a.nbeta), stream>>>(
       a.h, a.nalpha, a.nbeta, a.space, a.space_size, a.x, a.first, a.n, a.sigma, a.diagonal);
+  QSTAGE_CUDA_CHECK_LAUNCH();
+}
+
+void sci_couplings_count_cuda(void* cuda_stream, const SciCouplings& a) {
+  if (a.n == 0) return;
+  couplings_count_kernel<<<grid_for(a.n), kThreads, list_bytes(a.nalpha, a.nbeta), static_cast<cudaStream_t>(cuda_stream)>>>(
+      a.h, a.nalpha, a.nbeta, a.space, a.space_size, a.first, a.n, a.counts, a.lane_ends);
+  QSTAGE_CUDA_CHECK_LAUNCH();
+}
+
+void sci_couplings_write_cuda(void* cuda_stream, const SciCouplings& a) {
+  if (a.n == 0) return;
+  couplings_write_kernel<<<grid_for(a.n), kThreads, list_bytes(a.nalpha, a.nbeta), static_cast<cudaStream_t>(cuda_stream)>>>(
+      a.h, a.nalpha, a.nbeta, a.space, a.space_size, a.first, a.n, a.offsets, a.lane_ends, a.columns, a.elements,
+      a.diagonal);
+  QSTAGE_CUDA_CHECK_LAUNCH();
+}
+
+void sci_sigma_stored_cuda(void* cuda_stream, const SciStoredSigma& a) {
+  if (a.n == 0) return;
+  sigma_stored_kernel<<<grid_for(a.n), kThreads, 0, static_cast<cudaStream_t>(cuda_stream)>>>(
+      a.offsets, a.lane_ends, a.columns, a.elements, a.diagonal, a.x, a.first, a.n, a.sigma, a.diagonal_out);
   QSTAGE_CUDA_CHECK_LAUNCH();
 }
 

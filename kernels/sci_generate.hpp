@@ -11,6 +11,13 @@
 //   determinants i in S connected to j of H_ji x_i, the column i found by binary search in S
 //   (seed 004's just-in-time reverse index): a matrix-free product for Davidson. Each row is one
 //   block's fixed-order sum (the CPU sums in list order; the two agree to rounding).
+// - couplings: sigma's matrix within S, stored: for each row j, the columns i and elements H_ji
+//   sigma finds, in the order its backend sums them (cpu: list order; cuda: by the thread lane
+//   that sums them, each lane's in list order, with each lane's end). A product from them
+//   (sci_sigma_stored) gives sigma's bits for the cost of reading them, so Davidson's products
+//   within an iteration need no enumeration and no search (seed 004's resident Hamiltonian).
+//   Built by two launches over the same rows: count (entries per row), then, at offsets the
+//   caller scanned from the counts, write.
 #include <cstdint>
 
 #include "backend/backend.hpp"
@@ -50,9 +57,51 @@ struct SciSigma {
 void sci_sigma(Stream& stream, const SciSigma& args);
 void sci_sigma_cpu(const SciSigma& args);
 
+// Lanes of a row in the cuda layout: lane_ends holds this many values a row (the cpu needs none).
+constexpr std::uint32_t kSciLanes = 256;
+std::uint64_t sci_lane_ends_per_row(BackendKind kind);
+
+struct SciCouplings {
+  sci::HamiltonianView h;
+  int nalpha = 0, nbeta = 0;
+  const sci::Det* space = nullptr;  // the sorted space S (fewer than 2^32 determinants)
+  std::uint64_t space_size = 0;
+  std::uint64_t first = 0, n = 0;   // the rows S[first, first + n)
+  std::uint64_t* counts = nullptr;  // count: n values, each row's entries
+  // cuda: sci_lane_ends_per_row values a row, each lane's end within the row (count writes
+  // them, write reads them); cpu: unused.
+  std::uint32_t* lane_ends = nullptr;
+  const std::uint64_t* offsets = nullptr;  // write: n values, where each row's entries start
+  std::uint32_t* columns = nullptr;         // write: the entries' columns i and elements H_ji
+  double* elements = nullptr;
+  double* diagonal = nullptr;               // write: n values, H_jj
+};
+void sci_couplings_count(Stream& stream, const SciCouplings& args);
+void sci_couplings_write(Stream& stream, const SciCouplings& args);
+void sci_couplings_count_cpu(const SciCouplings& args);
+void sci_couplings_write_cpu(const SciCouplings& args);
+
+// sigma from stored couplings (of every row of S): the rows S[first, first + n).
+struct SciStoredSigma {
+  const std::uint64_t* offsets = nullptr;    // size(S) + 1 values: each row's first entry, then the total
+  const std::uint32_t* lane_ends = nullptr;  // cuda
+  const std::uint32_t* columns = nullptr;
+  const double* elements = nullptr;
+  const double* diagonal = nullptr;          // size(S) values
+  const double* x = nullptr;                 // size(S) values
+  std::uint64_t first = 0, n = 0;
+  double* sigma = nullptr;                   // n values
+  double* diagonal_out = nullptr;            // n values
+};
+void sci_sigma_stored(Stream& stream, const SciStoredSigma& args);
+void sci_sigma_stored_cpu(const SciStoredSigma& args);
+
 namespace detail {
 void sci_generate_cuda(void* cuda_stream, const SciGenerate& args);
 void sci_sigma_cuda(void* cuda_stream, const SciSigma& args);
+void sci_couplings_count_cuda(void* cuda_stream, const SciCouplings& args);
+void sci_couplings_write_cuda(void* cuda_stream, const SciCouplings& args);
+void sci_sigma_stored_cuda(void* cuda_stream, const SciStoredSigma& args);
 }  // namespace detail
 
 }  // namespace qstage::kernels

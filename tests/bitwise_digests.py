@@ -42,9 +42,9 @@ VOLATILE = {"qstage.wall_seconds", "qstage.attempts", "qstage.peak_device_bytes"
             # a hash of the inputs' content, which for a step after tn.plan includes the rates the
             # plan measured (its datasets are compared without them)
             "qstage.step_key"}
-# Names of measurements (times, rates and what is predicted from measured rates): attributes,
+# Names of measurements (times, rates, memory peaks and what is predicted from measured rates): attributes,
 # datasets and keys of JSON documents with such names are left out.
-MEASURED = re.compile(r"seconds|per_second|gbps|bandwidth|gemm_flops|gemm_rate|slicing_overhead|measured")
+MEASURED = re.compile(r"seconds|per_second|gbps|bandwidth|gemm_flops|gemm_rate|slicing_overhead|measured|peak_")
 
 
 def stable_json(value):

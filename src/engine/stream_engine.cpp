@@ -56,7 +56,7 @@ std::uint64_t input_rows(const StreamedInput& in, std::uint64_t batch_rows) {
 }
 
 struct PerBatchBytes {
-  std::uint64_t in_per_row = 0, out_per_row = 0, device_per_tile = 0, host_per_tile = 0, fixed_per_slot = 0;
+  std::uint64_t in_per_row = 0, device_per_tile = 0, host_per_tile = 0, fixed_per_slot = 0;
   std::uint64_t fixed_device = 0;  // coded outputs' codecs
 };
 
@@ -71,7 +71,6 @@ PerBatchBytes per_batch_bytes(const PassSpec& s, const std::vector<std::unique_p
     in_bytes += input_rows(in, unit_rows) * in.row_bytes;
     if (in.place == StreamedInput::Place::device) device_in += input_rows(in, unit_rows) * in.row_bytes;
   }
-  for (const auto& out : s.outputs) b.out_per_row += out.row_bytes();
   for (const auto& sink : sinks) {
     device_out += sink->device_bytes(unit_rows);
     host_out += sink->host_bytes(unit_rows);
@@ -665,7 +664,11 @@ BatchPlan StreamEngine::plan(const PassSpec& spec) const {
                                  format_bytes(static_cast<double>(spec.prepare_host_bytes))));
   std::uint64_t tiles = std::min((dev_limit - fixed_device) / (S * std::max<std::uint64_t>(b.device_per_tile, 1)),
                                  (host_limit - fixed_host) / (S * std::max<std::uint64_t>(b.host_per_tile, 1)));
-  const std::uint64_t row = b.in_per_row + b.out_per_row;
+  // The cap counts what a batch's buffers hold: an appended output's room for the most rows a
+  // pass row may append (sci.solve's generation: some 30,000 candidates a source), not one row,
+  // else a batch of sources reserved tens of GB of pinned memory per slot to fill a few MB.
+  std::uint64_t row = b.in_per_row;
+  for (const auto& o : spec.outputs) row += o.row_bytes() * std::max<std::uint64_t>(1, o.max_rows_per_row);
   if (row) tiles = std::min(tiles, std::max<std::uint64_t>(1, options_.max_batch_bytes / (row * spec.tile_rows)));
   if (options_.max_batch_rows)
     tiles = std::min(tiles, std::max<std::uint64_t>(1, options_.max_batch_rows / spec.tile_rows));

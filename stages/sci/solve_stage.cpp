@@ -35,12 +35,14 @@
 #include "core/error.hpp"
 #include "core/fsutil.hpp"
 #include "core/parallel.hpp"
+#include "core/units.hpp"
 #include "kernels/sci_generate.hpp"
 #include "stages/keys/dedup_passes.hpp"
 #include "stages/sci/amplitude_model.hpp"
 #include "stages/sci/davidson.hpp"
 #include "stages/sci/excitation_tables.hpp"
 #include "stages/sci/fcidump.hpp"
+#include "stages/sci/resident_space.hpp"
 #include "stages/sci/sci_stages.hpp"
 #include "stages/tensor/common.hpp"
 
@@ -188,6 +190,9 @@ struct Memory {
   int iteration = -1;
   Space space;
   std::unique_ptr<sci::Davidson> davidson;
+  // The device data this iteration's Davidson products share (made by its first sigma pass,
+  // gone when its Davidson is done).
+  std::unique_ptr<sci::ResidentSpace> resident;
   std::unique_ptr<sci::AmplitudeModel> amplitude_model;  // ranks the candidates (the parameter's)
   std::size_t products = 0;  // sigma passes taken
   std::chrono::steady_clock::time_point pass_started;
@@ -224,15 +229,24 @@ class SpaceKernel : public engine::PassKernel {
   Buffer space_, vector_buffer_;
 };
 
-class SigmaKernel final : public SpaceKernel {
+// A Davidson product over the iteration's resident space: only the vector goes to the device.
+class SigmaKernel final : public engine::PassKernel {
  public:
-  using SpaceKernel::SpaceKernel;
-  void process(const engine::BatchView& b) override {
-    const Problem& p = *m_.problem;
-    kernels::SciSigma s{h_->view(), p.na, p.nb, space_.as<Det>(), m_.space.dets.size(), vector_buffer_.as<double>(),
-                        b.rows.begin, b.rows.size(), static_cast<double*>(b.outputs[0]), static_cast<double*>(b.outputs[1])};
-    kernels::sci_sigma(*b.stream, s);
+  SigmaKernel(const Memory& m, const std::vector<double>& x) : m_(m), x_(x) {}
+  void prepare(Backend& backend, Stream& stream) override {
+    x_buffer_ = backend.alloc_device(std::max<std::size_t>(x_.size(), 1) * 8, "selected-CI vector");
+    backend.copy_to_device(x_buffer_.data(), x_.data(), x_.size() * 8, stream);
+    stream.synchronize();
   }
+  void process(const engine::BatchView& b) override {
+    m_.resident->sigma(*b.stream, x_buffer_.as<double>(), b.rows.begin, b.rows.size(), static_cast<double*>(b.outputs[0]),
+                       static_cast<double*>(b.outputs[1]));
+  }
+
+ private:
+  const Memory& m_;
+  const std::vector<double>& x_;
+  Buffer x_buffer_;
 };
 
 class GenerateKernel final : public SpaceKernel {
@@ -438,9 +452,10 @@ class SolveStage final : public Stage {
       p.pass.tile_rows = row_chunk(n, 256);
       p.pass.outputs.push_back(row_output("sigma", n));
       p.pass.outputs.push_back(row_output("diagonal", n));
-      p.pass.resident_device_bytes = SpaceKernel::resident_bytes(m, true);
+      if (!m.resident) make_resident_space(ctx, m);
+      p.pass.resident_device_bytes = m.resident->bytes() + std::max<std::uint64_t>(n, 1) * 8;
       p.pass.progress_unit = "determinants";
-      p.kernel = std::make_unique<SigmaKernel>(m, &m.davidson->next());
+      p.kernel = std::make_unique<SigmaKernel>(m, m.davidson->next());
       return p;
     }
     if (phase == "generate" || phase == "pt2_generate") {
@@ -513,6 +528,7 @@ class SolveStage final : public Stage {
         now["davidson_products"] = m.davidson->products();
         now["davidson_converged"] = m.davidson->converged();
         d["phase"] = "generate";
+        m.resident.reset();
         if (ctx.comm->root())
           spdlog::info("sci.solve iteration {}: {} determinants, E_var {:.10f} ({} products)", m.iteration,
                        m.space.dets.size(), m.davidson->eigenvalue(), m.davidson->products());
@@ -670,6 +686,25 @@ class SolveStage final : public Stage {
   }
 
   // Davidson takes the committed product of sigma pass `index` (the first also gives the diagonal).
+  // The iteration's resident space for its Davidson products: H within the space is stored when
+  // it takes at most half of the device memory the budget has left (the passes' buffers, and the
+  // generation after Davidson, need the rest); otherwise products enumerate.
+  static void make_resident_space(const KernelContext& ctx, Memory& m) {
+    // (idle pooled memory counts as free: the pool gives it up to make room)
+    MemoryBudget& budget = ctx.backend->device_budget();
+    const std::uint64_t left = budget.limit() > budget.in_use() ? budget.limit() - budget.in_use() : 0;
+    const Problem& p = *m.problem;
+    m.resident = std::make_unique<sci::ResidentSpace>(*ctx.backend, p.ints, p.tables, p.na, p.nb, m.space.dets, left / 2);
+    if (ctx.comm->root())
+      spdlog::info("sci.solve iteration {}: {} ({} determinants, {:.2f} s)", m.iteration,
+                   m.resident->stored() ? fmt::format("H within the space stored on the device, {} entries, {}",
+                                                      m.resident->entries(),
+                                                      format_bytes(static_cast<double>(m.resident->bytes())))
+                                        : std::string("H within the space does not fit half the device budget left; "
+                                                      "each product enumerates"),
+                   m.space.dets.size(), m.resident->build_seconds());
+  }
+
   static void take_product(const KernelContext& ctx, Memory& m, int index) {
     if (m.products == 0) m.davidson->set_diagonal(read_pass_doubles(ctx, index, "diagonal"));
     m.davidson->take(read_pass_doubles(ctx, index, "sigma"));
@@ -740,6 +775,7 @@ class SolveStage final : public Stage {
         m.space = decode(fsutil::read_file(f), f);
       }
       m.iteration = k;
+      m.resident.reset();
       const SolveParams params = SolveParams::from_json(ctx.params);
       m.davidson = std::make_unique<sci::Davidson>(m.space.guess, sci::DavidsonOptions{params.davidson_tolerance, 24, 400});
       m.products = 0;

@@ -15,6 +15,7 @@
 #include "stages/sci/davidson.hpp"
 #include "stages/sci/excitation_tables.hpp"
 #include "stages/sci/fcidump.hpp"
+#include "stages/sci/resident_space.hpp"
 #include "test_util.hpp"
 
 using namespace qstage;
@@ -300,4 +301,67 @@ TEST(SciGpu, GenerateAndSigmaMatchTheCpuTwins) {
     ASSERT_NEAR(gs[r], sigma[r + 100], 1e-11 * (1 + std::fabs(sigma[r + 100]))) << r;
     ASSERT_NEAR(gd[r], diag[r + 100], 1e-11 * (1 + std::fabs(diag[r + 100]))) << r;
   }
+}
+
+// sci.solve's resident space: H within the space stored gives the enumerating sigma's bits (on
+// each backend, against that backend's sci_sigma), over any rows; with no room, it enumerates.
+namespace {
+
+void stored_sigma_matches_enumeration(Backend& be) {
+  Hamiltonian h(sci::read_fcidump(data_file("N2_sto6g_FCIDUMP")));
+  const int na = h.ints.nalpha(), nb = h.ints.nbeta();
+  const auto all = all_dets(h.ints.norb, na, nb);
+  std::vector<Det> space;  // a sorted subspace: some excitations fall outside it
+  for (std::size_t i = 0; i < all.size(); ++i)
+    if (i % 3 != 1) space.push_back(all[i]);
+  std::sort(space.begin(), space.end());
+  const std::size_t n = space.size();
+  std::vector<double> x(n);
+  for (std::size_t i = 0; i < n; ++i) x[i] = std::sin(0.37 * i) / (1.0 + i % 97);
+  auto stream = be.make_stream();
+  auto upload = [&](const void* data, std::size_t bytes) {
+    Buffer b = be.alloc_device(bytes, "test");
+    be.copy_to_device(b.data(), data, bytes, *stream);
+    return b;
+  };
+  auto download = [&](const Buffer& b, std::size_t count) {
+    std::vector<double> out(count);
+    be.copy_to_host(out.data(), b.data(), count * 8, *stream);
+    stream->synchronize();
+    return out;
+  };
+  const Buffer d_x = upload(x.data(), n * 8);
+  sci::ResidentHamiltonian rh(be, *stream, h.ints, h.tables);
+  const Buffer d_space = upload(space.data(), n * sizeof(Det));
+  const std::uint64_t first = 37, rows = n - 100;
+  Buffer want_sigma = be.alloc_device(rows * 8, "test"), want_diag = be.alloc_device(rows * 8, "test");
+  kernels::SciSigma s{rh.view(), na, nb, d_space.as<Det>(), n, d_x.as<double>(), first, rows, want_sigma.as<double>(),
+                      want_diag.as<double>()};
+  kernels::sci_sigma(*stream, s);
+  const auto ws = download(want_sigma, rows), wd = download(want_diag, rows);
+  for (const std::uint64_t limit : {std::uint64_t{1} << 30, std::uint64_t{0}}) {
+    sci::ResidentSpace resident(be, h.ints, h.tables, na, nb, space, limit);
+    EXPECT_EQ(resident.stored(), limit > 0);
+    if (resident.stored()) EXPECT_GT(resident.entries(), n);
+    Buffer got_sigma = be.alloc_device(rows * 8, "test"), got_diag = be.alloc_device(rows * 8, "test");
+    resident.sigma(*stream, d_x.as<double>(), first, rows, got_sigma.as<double>(), got_diag.as<double>());
+    const auto gs = download(got_sigma, rows), gd = download(got_diag, rows);
+    for (std::uint64_t r = 0; r < rows; ++r) {
+      ASSERT_EQ(gs[r], ws[r]) << "row " << first + r << ", stored " << resident.stored();
+      ASSERT_EQ(gd[r], wd[r]) << "row " << first + r;
+    }
+  }
+}
+
+}  // namespace
+
+TEST(SciResidentSpace, StoredHamiltonianGivesTheEnumeratingSigmasBits) {
+  auto be = detail::make_cpu_backend(2ull << 30, 1ull << 30);
+  stored_sigma_matches_enumeration(*be);
+}
+
+TEST(SciResidentSpace, StoredHamiltonianGivesTheEnumeratingSigmasBitsOnTheGpu) {
+  REQUIRE_GPU();
+  auto be = make_backend({"cuda", 2ull << 30, 1ull << 30});
+  stored_sigma_matches_enumeration(*be);
 }
