@@ -133,7 +133,7 @@ json Journal::to_json() const {
   for (const auto& sp : spools) spool_list.push_back({{"output", sp.output}, {"file", sp.file}, {"state", to_hex(sp.state)}});
   return {{"spools", spool_list}, {"format", kFormat}, {"key", key}, {"rows", rows}, {"tile_rows", tile_rows},
           {"committed_rows", committed_rows}, {"segments", segs}, {"checksums", sums},
-          {"reduction", to_hex(reduction)}, {"appended", appended}, {"buckets", buckets}, {"attempts", attempts}, {"wall_seconds", wall_seconds},
+          {"appended", appended}, {"buckets", buckets}, {"attempts", attempts}, {"wall_seconds", wall_seconds},
           {"compute_seconds", compute_seconds}};
 }
 
@@ -151,9 +151,8 @@ Journal Journal::from_json(const json& j) {
     out.segments.push_back(std::move(seg));
   }
   for (const auto& c : j.at("checksums")) out.checksums.push_back(parse_hex64(c.get<std::string>()));
-  // (In a journal file the state is in its side file, which StepWork::load reads; a journal
-  // broadcast between ranks carries it inline.)
-  out.reduction = from_hex(j.value("reduction", std::string()));
+  // (The fold's state is not in the JSON: in a journal file it is in its side file, which
+  // StepWork::load reads; between ranks it stays on rank 0, the only rank that folds.)
   out.appended = j.value("appended", std::vector<std::vector<std::uint64_t>>{});
   out.buckets = j.value("buckets", std::vector<std::vector<std::uint64_t>>{});
   for (const auto& sp : j.value("spools", json::array()))
@@ -169,7 +168,7 @@ StepWork::StepWork(fs::path dir, std::string key, const mpi::Comm& comm)
     : dir_(std::move(dir)), key_(std::move(key)), comm_(comm) {}
 
 Journal StepWork::load(const PassSpec& spec) {
-  std::string text;
+  std::string text, reduction;
   if (comm_.root()) {
     fs::create_directories(dir_);
     Journal j;
@@ -228,8 +227,11 @@ Journal StepWork::load(const PassSpec& spec) {
         fs::remove_all(entry.path());
     fsutil::fsync_dir(dir_);
     text = j.to_json().dump();
+    reduction = std::move(j.reduction);
   }
-  return Journal::from_json(json::parse(comm_.broadcast(text)));
+  Journal out = Journal::from_json(json::parse(comm_.broadcast(text)));
+  out.reduction = std::move(reduction);  // (rank 0's; empty elsewhere)
+  return out;
 }
 
 // The fold's state is binary and may be large (a partial per output row): it goes to a side file
@@ -270,7 +272,6 @@ std::string StepWork::verify(const json& text, Journal& j, const PassSpec& spec)
 
 void StepWork::save(const Journal& journal) const {
   json j = journal.to_json();
-  j.erase("reduction");
   std::string current;
   if (!journal.reduction.empty()) {
     current = fmt::format("reduction-{}.bin", journal.committed_rows);

@@ -479,7 +479,9 @@ class PassRun {
   void share_final_state() {
     journal_.committed_rows = spec_.rows;
     record_state();
+    std::string reduction = std::move(journal_.reduction);  // (rank 0's: it alone folds; not broadcast)
     journal_ = Journal::from_json(nlohmann::json::parse(comm_.broadcast(journal_.to_json().dump())));
+    journal_.reduction = std::move(reduction);
     if (reduction_) {  // the tree's value, everywhere
       const std::string value = comm_.broadcast(comm_.root() ? fold_->result()->save() : std::string());
       reduction_->load(value);
