@@ -356,20 +356,33 @@ class ScoreKernel final : public engine::PassKernel {
     const std::uint64_t rows = b.rows.size(), tiles = (rows + tile_rows_ - 1) / tile_rows_;
     const std::size_t partial_bytes = sizeof(ScoreHeader) + k_ * sizeof(Scored);
     const auto& space = m_.space.dets;
-    // (a tile's list of candidates grows: parallel_for lets its std::bad_alloc out)
-    parallel_for(static_cast<std::int64_t>(tiles), [&](std::int64_t t) {
-      ScoreHeader h;
-      std::vector<Scored> top;
+    // Per tile: first each candidate's denominator E - H_aa and whether it is in the space, on every
+    // thread; then, in row order on one, E_PT2's sum and the top-K, as a tile always summed them
+    // (the same bits). (A tile of k = max_new_dets holds millions of rows: one thread a tile left
+    // the others idle.)
+    constexpr std::uint64_t kChunk = 4096;
+    std::vector<double> denominator(std::min(rows, tile_rows_));
+    std::vector<unsigned char> in_space(denominator.size());
+    for (std::uint64_t t = 0; t < tiles; ++t) {
       const std::uint64_t begin = t * tile_rows_, end = std::min(rows, begin + tile_rows_);
+      parallel_for(static_cast<std::int64_t>((end - begin + kChunk - 1) / kChunk), [&](std::int64_t c) {
+        const std::uint64_t from = begin + static_cast<std::uint64_t>(c) * kChunk, to = std::min(end, from + kChunk);
+        for (std::uint64_t r = from; r < to; ++r) {
+          const Det d{keys[2 * r], keys[2 * r + 1]};
+          in_space[r - begin] = kernels::sci::find_sorted(space.data(), space.size(), d) < space.size();
+          if (!in_space[r - begin]) denominator[r - begin] = floored(energy_ - kernels::sci::diagonal(m_.problem->host, d));
+        }
+      });
+      ScoreHeader h;
+      std::vector<Scored> top;  // (grows: a std::bad_alloc leaves the pass as an error)
       for (std::uint64_t r = begin; r < end; ++r) {
-        const Det d{keys[2 * r], keys[2 * r + 1]};
-        if (kernels::sci::find_sorted(space.data(), space.size(), d) < space.size()) continue;
-        const double denominator = floored(energy_ - kernels::sci::diagonal(m_.problem->host, d));
+        if (in_space[r - begin]) continue;
+        const double den = denominator[r - begin];
         const double v = values[r];
-        h.pt2 += v * v / denominator;
+        h.pt2 += v * v / den;
         if (k_) {
-          const double amplitude = model_.amplitude({d, v, denominator});
-          top.push_back({std::fabs(amplitude), d.alpha, d.beta, amplitude});
+          const double amplitude = model_.amplitude({Det{keys[2 * r], keys[2 * r + 1]}, v, den});
+          top.push_back({std::fabs(amplitude), keys[2 * r], keys[2 * r + 1], amplitude});
         }
       }
       if (top.size() > k_) {
@@ -381,7 +394,7 @@ class ScoreKernel final : public engine::PassKernel {
       auto* out = static_cast<std::byte*>(b.partials) + t * partial_bytes;
       std::memcpy(out, &h, sizeof h);
       std::memcpy(out + sizeof h, top.data(), top.size() * sizeof(Scored));
-    });
+    }
   }
 
  private:
