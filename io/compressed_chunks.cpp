@@ -1,5 +1,7 @@
 #include "io/compressed_chunks.hpp"
 
+#include "core/fsutil.hpp"
+
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <unistd.h>
@@ -100,7 +102,7 @@ void ChunkSpool::append(const std::byte* p, std::uint64_t n) {
 
 ChunkSpool::State ChunkSpool::commit() const {
   open_for_append();  // the file exists even before the first chunk
-  if (::fdatasync(fd_) != 0) fail("fdatasync");
+  if (!fsutil::durability_deferred() && ::fdatasync(fd_) != 0) fail("fdatasync");
   return state_;
 }
 

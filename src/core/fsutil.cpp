@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <fmt/format.h>
@@ -14,20 +15,27 @@
 namespace qstage::fsutil {
 namespace {
 
+std::atomic<int> deferred_depth{0};
+
 [[noreturn]] void fail(std::string_view what, const fs::path& path) {
   throw RuntimeFailure(fmt::format("{} '{}': {}", what, path.string(), std::strerror(errno)));
 }
 
-void fsync_fd_of(const fs::path& path, int flags) {
+// Opens `path` and runs `call` (fsync, syncfs) on it; throws naming `what` on failure.
+void call_on_fd_of(const fs::path& path, int flags, int (*call)(int), std::string_view what) {
   int fd = ::open(path.c_str(), flags | O_CLOEXEC);
-  if (fd < 0) fail("cannot open for fsync", path);
-  if (::fsync(fd) != 0) {
+  if (fd < 0) fail(fmt::format("cannot open for {}", what), path);
+  if (call(fd) != 0) {
     int saved = errno;
     ::close(fd);
     errno = saved;
-    fail("fsync failed for", path);
+    fail(fmt::format("{} failed for", what), path);
   }
   ::close(fd);
+}
+
+void fsync_fd_of(const fs::path& path, int flags) {
+  if (!durability_deferred()) call_on_fd_of(path, flags, ::fsync, "fsync");
 }
 
 }  // namespace
@@ -41,6 +49,14 @@ void commit_rename(const fs::path& from, const fs::path& to) {
   if (::rename(from.c_str(), to.c_str()) != 0) fail(fmt::format("cannot rename '{}' to", from.string()), to);
   fsync_dir(to.parent_path());
 }
+
+DeferredDurability::DeferredDurability() { deferred_depth += 1; }
+DeferredDurability::~DeferredDurability() { deferred_depth -= 1; }
+DurableNow::DurableNow() : deferred_(deferred_depth.exchange(0)) {}
+DurableNow::~DurableNow() { deferred_depth += deferred_; }
+bool durability_deferred() { return deferred_depth.load() > 0; }
+
+void sync_file_system(const fs::path& path) { call_on_fd_of(path, O_RDONLY, ::syncfs, "syncfs"); }
 
 fs::path temp_path(const fs::path& path) { return fs::path(path.string() + ".tmp"); }
 
@@ -62,7 +78,7 @@ void write_file_atomic(const fs::path& path, std::string_view content) {
     p += n;
     left -= static_cast<size_t>(n);
   }
-  if (::fsync(fd) != 0) {
+  if (!durability_deferred() && ::fsync(fd) != 0) {
     int saved = errno;
     ::close(fd);
     errno = saved;

@@ -21,6 +21,33 @@ void commit_rename(const fs::path& from, const fs::path& to);
 // also after a crash at any instant.
 void write_file_atomic(const fs::path& path, std::string_view content);
 
+// Durability at commits, not per pass. While a DeferredDurability is alive, the functions above
+// write, rename and replace as always but do not wait for the disk (no fsync): a killed process
+// loses nothing by it (its writes are in the kernel's page cache, which the resumed run reads),
+// only an operating-system crash can. A commit point then calls sync_file_system (every write so
+// far durable) and writes the state that names those files under a DurableNow, which waits for
+// the disk again. (Process-wide: the runner and the engine do their file work on one thread.)
+class DeferredDurability {
+ public:
+  DeferredDurability();
+  ~DeferredDurability();
+  DeferredDurability(const DeferredDurability&) = delete;
+  DeferredDurability& operator=(const DeferredDurability&) = delete;
+};
+class DurableNow {
+ public:
+  DurableNow();
+  ~DurableNow();
+  DurableNow(const DurableNow&) = delete;
+  DurableNow& operator=(const DurableNow&) = delete;
+
+ private:
+  int deferred_;
+};
+bool durability_deferred();
+// Makes every write so far to the file system holding `path` durable (syncfs). Throws RuntimeFailure.
+void sync_file_system(const fs::path& path);
+
 // Reads a whole file; throws InputError naming it if it cannot be read.
 std::string read_file(const fs::path& path);
 

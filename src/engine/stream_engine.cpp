@@ -355,7 +355,10 @@ class PassRun {
       const auto flags = comm_.max({signals::stop_requested() != 0 ? 1 : 0, due ? 1 : 0});
       if (progress && comm_.root()) progress(round.rows.end, spec_.rows);
       if (j + 1 == rounds) break;
-      if (flags[0] || flags[1]) commit(round.rows.end);
+      if (flags[0] || flags[1]) {  // a checkpoint inside a pass is always durable
+        const fsutil::DurableNow durable;
+        commit(round.rows.end);
+      }
       if (flags[0]) {
         pipe.stop();
         outcome_.times.loop = since(loop_start);

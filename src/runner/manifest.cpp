@@ -44,6 +44,7 @@ Manifest Manifest::create(std::string workflow) {
 
 void Manifest::save(const fs::path& run_dir) {
   data_["updated"] = utc_now();
+  const fsutil::DurableNow durable;  // (what the run directory says of its steps is always durable)
   fsutil::write_file_atomic(run_dir / "manifest.json", data_.dump(1));
 }
 

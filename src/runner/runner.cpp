@@ -496,6 +496,22 @@ class WorkflowRun {
   void run_prior_passes(const PlannedStep& p, const stages::KernelContext& context, const OpenInputs& in,
                         EarlierPassOutputs& earlier, const std::string& key, stages::PassState& state) {
     const spec::Step& step = *p.step;
+    // Durability at commits, not per pass: a pass's end (its output, its journal, the stage's
+    // files, the pass state) is written without waiting for the disk, and made durable at a
+    // commit point: at the run's checkpoint interval, at a stop, and before the output pass. A
+    // killed process loses nothing by it; an operating-system crash loses the passes since the
+    // last commit point, which a resumed run computes again (the same bits).
+    const fsutil::DeferredDurability deferred;
+    engine::CheckpointPace pace(checkpoint_seconds_, Clock::now());
+    auto commit_point = [&](const stages::PassState& state) {
+      const auto t = Clock::now();
+      fsutil::sync_file_system(dir_.root);
+      comm_.barrier();  // (every rank's files, e.g. exchanged buckets, before the state naming them)
+      const fsutil::DurableNow durable;
+      save_pass_state(step.id, key, state);
+      pace.committed(t);
+    };
+    bool ran = false;  // (a pass, in this run)
     while (true) {
       std::optional<stages::PriorPass> prior;
       try {
@@ -504,7 +520,10 @@ class WorkflowRun {
         record_failure(step.id);
         throw InputError(fmt::format("step '{}' ({}): {}", step.id, step.stage, e.what()));
       }
-      if (!prior) return;
+      if (!prior) {
+        if (ran) commit_point(state);
+        return;
+      }
       bind_inputs(prior->pass, prior->streamed_inputs, in, context, earlier);
       const std::string label = fmt::format("pass {} ({})", state.done + 1, prior->name);
       engine::StepWork work(dir_.work(step.id) / engine::StepWork::pass_folder(state.done), key, comm_);
@@ -531,8 +550,12 @@ class WorkflowRun {
       prior->outputs = std::move(outcome.outputs);
       step.impl->after_prior_pass(context, *prior, state);
       state.done += 1;
+      ran = true;
       state.wall_seconds = step_clock_.seconds(&comm_);  // (committed with the pass)
-      save_pass_state(step.id, key, state);
+      // Rank 0's clock decides a commit point, any rank's stop request too (both at once).
+      const auto flags = comm_.max({std::int64_t{signals::stop_requested() != 0}, std::int64_t{comm_.root() && pace.due()}});
+      if (flags[0] || flags[1]) commit_point(state);
+      else save_pass_state(step.id, key, state);  // (a resumed run after a kill reads it)
       const auto bus = comm_.sum_wrapping({backend_->bytes_to_device() - bus_before[0], backend_->bytes_to_host() - bus_before[1]});
       if (comm_.root())
         spdlog::info("step '{}' {} done in {}: {} rows, {} to the device and {} back (all ranks), {}", step.id, label,
@@ -541,7 +564,7 @@ class WorkflowRun {
                      elide_arrays(state.data).dump());
       // A pass of one batch never stops inside the engine: the boundary between passes is the
       // stage's safe point (its state is committed), agreed by every rank.
-      if (comm_.any(signals::stop_requested() != 0)) stopped(step.id, "", state.done, 0, json::object(), "passes");
+      if (flags[0]) stopped(step.id, "", state.done, 0, json::object(), "passes");
     }
   }
 
