@@ -76,7 +76,6 @@ void MemoryPool::free_block(std::multimap<std::size_t, Block>::iterator it) {
   State& s = *state_;
   s.budget->idle_to_none(it->first);
   s.idle.erase(it);  // (its Buffer frees the memory)
-  s.counters.freed += 1;
 }
 
 void MemoryPool::release_unused() {

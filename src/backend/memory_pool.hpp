@@ -29,7 +29,7 @@ namespace qstage::detail {
 
 // Counters for a benchmark or a test: how often a request was served from idle memory.
 struct PoolCounters {
-  std::uint64_t taken = 0, reused = 0, freed = 0;
+  std::uint64_t taken = 0, reused = 0;
 };
 
 // One kind of memory: blocks from `allocate` (a backend's raw allocation: a Buffer charged to no

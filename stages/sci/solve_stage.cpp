@@ -200,7 +200,9 @@ struct Memory {
 
 // ---------------------------------------------------------------- kernels
 
-// Resident data every SCI pass kernel uploads in prepare(): the Hamiltonian, the space and a vector.
+// The generation's resident data, uploaded in prepare(): the Hamiltonian, the space and the
+// coefficients. (Davidson's products share sci::ResidentSpace instead; it is gone by then, so
+// the Hamiltonian and the space go up again once an iteration.)
 class SpaceKernel : public engine::PassKernel {
  public:
   SpaceKernel(const Memory& m, const std::vector<double>* vector) : m_(m), vector_(vector) {}
