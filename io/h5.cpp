@@ -278,6 +278,19 @@ void Object::set_attribute(std::string_view name, const std::vector<std::uint64_
   if (n) check(H5Awrite(attr.get(), H5T_NATIVE_UINT64, values.data()), "write attribute", where_);
 }
 
+std::vector<std::uint64_t> Object::uint64s_attribute(std::string_view name) const {
+  Id attr = open_attribute(name);
+  Where w{where_.file, where_.object + "@" + std::string(name)};
+  Id ftype(check(H5Aget_type(attr.get()), "H5Aget_type", w), H5Tclose);
+  if (H5Tget_class(ftype.get()) != H5T_INTEGER) throw Error("read attribute", w.file, w.object, "attribute is not integers");
+  Id space(check(H5Aget_space(attr.get()), "H5Aget_space", w), H5Sclose);
+  const hssize_t n = H5Sget_simple_extent_npoints(space.get());
+  if (n < 0) throw Error("read attribute", w.file, w.object, "no extent");
+  std::vector<std::uint64_t> values(static_cast<std::size_t>(n));
+  if (n) check(H5Aread(attr.get(), H5T_NATIVE_UINT64, values.data()), "read attribute", w);
+  return values;
+}
+
 std::string Object::string_attribute(std::string_view name) const {
   Id attr = open_attribute(name);
   Where w{where_.file, where_.object + "@" + std::string(name)};

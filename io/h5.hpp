@@ -103,6 +103,7 @@ class Object {
   std::string string_attribute(std::string_view name) const;  // variable or fixed length strings
   double double_attribute(std::string_view name) const;
   std::int64_t int_attribute(std::string_view name) const;
+  std::vector<std::uint64_t> uint64s_attribute(std::string_view name) const;  // 1-D integers (or one)
   std::vector<std::string> attribute_names() const;
   // The attribute rendered as text (strings as they are, numbers in full precision).
   std::string attribute_as_text(std::string_view name) const;

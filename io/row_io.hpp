@@ -11,6 +11,7 @@
 // which must stay collective) goes through HDF5 as before. Each call returns when its I/O is
 // done, so HDF5 never runs while raw I/O to the same file is in flight.
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -101,6 +102,33 @@ class RowWriter {
   std::optional<RowLocator> locator_;
   int fd_ = -1;
   std::uint64_t max_write_bytes_;
+};
+
+// Rows kept in plain files outside HDF5, the files' rows one after the other in file order:
+// the buckets an exchanged output leaves (engine/output_sinks.hpp), each file its bucket's rows
+// as raw bytes. A later pass reads them in place instead of from a copy in HDF5.
+struct RowFiles {
+  std::vector<std::filesystem::path> paths;
+  std::vector<std::uint64_t> rows;  // per file
+  std::uint64_t row_bytes = 0;
+  std::uint64_t total_rows() const;
+};
+
+// Reads rows of RowFiles with pread from the I/O pool.
+class RowFilesReader {
+ public:
+  // Opens every file; throws CorruptInput naming a file whose size is not its rows' bytes.
+  explicit RowFilesReader(const RowFiles& files);
+  ~RowFilesReader();
+  RowFilesReader(const RowFilesReader&) = delete;
+  RowFilesReader& operator=(const RowFilesReader&) = delete;
+  // Rows [row0, row0 + n) of the files taken as one table.
+  void read(std::uint64_t row0, std::uint64_t n, void* buffer) const;
+
+ private:
+  const RowFiles& files_;
+  std::vector<int> fds_;
+  std::vector<std::uint64_t> first_row_;  // per file, and the total at the end
 };
 
 // One chunk as it is stored, in a slot of a reader's buffer: this header, then `bytes` bytes.

@@ -1,4 +1,5 @@
 #include "engine/output_sinks.hpp"
+#include "engine/stream_engine.hpp"
 
 #include <fmt/format.h>
 
@@ -19,6 +20,12 @@
 namespace qstage::engine::detail {
 
 namespace fs = std::filesystem;
+
+// The attributes by which a complete pass's output file names an exchanged output's buckets.
+constexpr const char* kBucketRows = ".bucket_rows";      // rows per bucket, in bucket order
+constexpr const char* kRowBytes = ".row_bytes";
+constexpr const char* kOutputIndex = ".output_index";    // the files' names: StepWork::bucket_file
+constexpr const char* kBucketFolder = ".bucket_folder";  // relative to the output file's folder
 
 namespace {
 
@@ -317,6 +324,7 @@ class ExchangedSink final : public OutputSink {
     bucket_rows_ = journal.buckets.at(index_);
     bucket_rows_.resize(buckets_, 0);
     batch_counts_ = journal.appended.at(index_);
+    dir_ = work_dir;
     files_.clear();
     files_.resize(buckets_);
     for (std::size_t b = 0; b < buckets_; ++b) {
@@ -326,48 +334,58 @@ class ExchangedSink final : public OutputSink {
     }
   }
 
-  // Collective: the round's per-bucket counts everywhere, then the rows to their owners.
+  // Collective: the round's per-bucket counts everywhere, then the rows to their owners. A
+  // rank's own buckets take its batch's rows straight from the slot; only the others' travel.
   void write_round(const Round& round, const std::vector<std::uint64_t>&, const SlotOutput* mine_slot,
                    std::string&) override {
     const std::size_t B = buckets_, n = round.batches.size();
-    const auto P = static_cast<std::size_t>(comm_.size());
+    const auto P = static_cast<std::size_t>(comm_.size()), me = static_cast<std::size_t>(comm_.rank());
     const std::uint64_t row_bytes = decl_.row_bytes();
     std::vector<std::uint64_t> counts(n * B, 0);  // [batch][bucket], a one-hot sum = a gather
     if (mine_slot)
       std::memcpy(counts.data() + static_cast<std::size_t>(round.mine) * B, mine_slot->host_count.data(), 8 * B);
     counts = comm_.sum_wrapping(counts);
 
-    // My batch's rows, bucket-major, regrouped by owner (each owner's buckets in order).
-    comm::Counts send_counts(P, 0), recv_counts(P, 0);
-    std::vector<std::uint8_t> send;
+    // Where each bucket's rows start in my batch (bucket-major).
+    std::vector<std::uint64_t> first(B + 1, 0);
     if (mine_slot) {
       const std::uint64_t* mine_counts = counts.data() + static_cast<std::size_t>(round.mine) * B;
-      std::vector<std::uint64_t> first(B + 1, 0);
       for (std::size_t b = 0; b < B; ++b) first[b + 1] = first[b] + mine_counts[b];
-      send.reserve(first[B] * row_bytes);
-      for (std::size_t p = 0; p < P; ++p)
-        for (std::size_t b = p; b < B; b += P) {
-          const auto* at = mine_slot->host.as<std::uint8_t>() + first[b] * row_bytes;
-          send.insert(send.end(), at, at + mine_counts[b] * row_bytes);
-          send_counts[p] += mine_counts[b] * row_bytes;
-        }
     }
-    // What each batch (its rank) sends me: the rows of my buckets.
-    for (std::size_t i = 0; i < n; ++i)
-      for (std::size_t b = static_cast<std::size_t>(comm_.rank()); b < B; b += P) recv_counts[i] += counts[i * B + b] * row_bytes;
-    std::vector<std::uint8_t> recv(std::accumulate(recv_counts.begin(), recv_counts.end(), std::uint64_t{0}));
-    if (!exchange_) throw std::logic_error("an exchanged output needs the pass's communicator");
-    exchange_->alltoallv(comm::HostSpan<const std::uint8_t>(send.data(), send.size()), send_counts,
-                        comm::HostSpan<std::uint8_t>(recv.data(), recv.size()), recv_counts);
+    const auto* my_rows = mine_slot ? mine_slot->host.as<std::uint8_t>() : nullptr;
+    // The others' rows, sent and received in reused buffers (on one rank, nothing travels).
+    comm::Counts send_counts(P, 0), recv_counts(P, 0);
+    if (P > 1) {
+      send_.clear();
+      if (mine_slot)
+        for (std::size_t p = 0; p < P; ++p) {
+          if (p == me) continue;
+          for (std::size_t b = p; b < B; b += P) {
+            const std::uint64_t bytes = (first[b + 1] - first[b]) * row_bytes;
+            send_.insert(send_.end(), my_rows + first[b] * row_bytes, my_rows + first[b] * row_bytes + bytes);
+            send_counts[p] += bytes;
+          }
+        }
+      for (std::size_t i = 0; i < n; ++i) {
+        if (static_cast<int>(i) == round.mine) continue;
+        for (std::size_t b = me; b < B; b += P) recv_counts[i] += counts[i * B + b] * row_bytes;
+      }
+      recv_.resize(std::accumulate(recv_counts.begin(), recv_counts.end(), std::uint64_t{0}));
+      if (!exchange_) throw std::logic_error("an exchanged output needs the pass's communicator");
+      exchange_->alltoallv(comm::HostSpan<const std::uint8_t>(send_.data(), send_.size()), send_counts,
+                          comm::HostSpan<std::uint8_t>(recv_.data(), recv_.size()), recv_counts);
+    }
 
     // Each of my buckets takes its rows in batch order (the senders' order).
     const comm::Counts from = comm::displacements(recv_counts);
     std::vector<std::uint64_t> offset(from.begin(), from.end());
-    for (std::size_t b = static_cast<std::size_t>(comm_.rank()); b < B; b += P)
+    for (std::size_t b = me; b < B; b += P)
       for (std::size_t i = 0; i < n; ++i) {
         const std::uint64_t bytes = counts[i * B + b] * row_bytes;
-        if (bytes) files_[b]->append(reinterpret_cast<const std::byte*>(recv.data() + offset[i]), bytes);
-        offset[i] += bytes;
+        if (!bytes) continue;
+        const std::uint8_t* rows = static_cast<int>(i) == round.mine ? my_rows + first[b] * row_bytes : recv_.data() + offset[i];
+        files_[b]->append(reinterpret_cast<const std::byte*>(rows), bytes);
+        if (static_cast<int>(i) != round.mine) offset[i] += bytes;
       }
     for (std::size_t i = 0; i < n; ++i) {
       std::uint64_t total = 0;
@@ -390,43 +408,14 @@ class ExchangedSink final : public OutputSink {
     return std::accumulate(bucket_rows_.begin(), bucket_rows_.end(), std::uint64_t{0});
   }
 
-  // Collective: the dataset, each owner writing its buckets at their places in pieces, in rounds
-  // every rank takes part in; the checksum summed over the ranks.
-  void write_final(h5::File& out, Buffer& buffer) override {
-    const std::uint64_t row_bytes = decl_.row_bytes(), piece = std::max<std::uint64_t>(1, buffer.size() / row_bytes);
-    h5::Shape shape = decl_.layout.shape;
-    shape[0] = rows_written();
-    h5::Dataset d = out.create_dataset(decl_.name, {{decl_.layout.dtype, shape, decl_.layout.chunk}, true, !out.parallel()});
-    h5::RowWriter writer(d);
-    struct Piece {
-      std::size_t bucket;
-      std::uint64_t first, rows, at;  // rows [first, first + rows) of the bucket, at output row `at`
-    };
-    std::vector<std::vector<Piece>> pieces(static_cast<std::size_t>(comm_.size()));
-    std::uint64_t at = 0;
-    for (std::size_t b = 0; b < buckets_; ++b) {
-      for (std::uint64_t first = 0; first < bucket_rows_[b]; first += piece)
-        pieces[static_cast<std::size_t>(owner(b))].push_back({b, first, std::min(piece, bucket_rows_[b] - first), at + first});
-      at += bucket_rows_[b];
-    }
-    std::size_t rounds = 0;
-    for (const auto& p : pieces) rounds = std::max(rounds, p.size());
-    const auto& my = pieces[static_cast<std::size_t>(comm_.rank())];
-    const unsigned w = word_bytes(decl_.layout.dtype);
-    std::uint64_t sum = 0;
-    for (std::size_t r = 0; r < rounds; ++r) {
-      if (r >= my.size()) {
-        writer.write(0, 0, nullptr, piece);
-        continue;
-      }
-      const Piece& p = my[r];
-      read_bucket(p.bucket, p.first * row_bytes, p.rows * row_bytes, buffer.data());
-      writer.write(p.at, p.rows, buffer.data(), piece);
-      std::uint64_t part = 0;
-      kernels::checksum_cpu({buffer.data(), p.rows * row_bytes, w, p.at * row_bytes / w, &part});
-      sum += part;
-    }
-    sum_ = comm_.sum_wrapping({sum})[0];
+  // Collective: the buckets stay in the files the exchange wrote, and the output names them (a
+  // later pass of the step reads them in place: exchanged_output()). Nothing is copied into HDF5.
+  void write_final(h5::File& out, Buffer&) override {
+    out.set_attribute(decl_.name + kBucketRows, bucket_rows_);
+    out.set_attribute(decl_.name + kRowBytes, decl_.row_bytes());
+    out.set_attribute(decl_.name + kOutputIndex, static_cast<std::uint64_t>(index_));
+    out.set_attribute(decl_.name + kBucketFolder,
+                      fs::relative(fs::absolute(dir_), fs::absolute(out.path()).parent_path()).string());
   }
   bool writes_final() const override { return true; }
 
@@ -434,25 +423,17 @@ class ExchangedSink final : public OutputSink {
     r.rows = rows_written();
     r.batch_rows = batch_counts_;
     r.bucket_rows = bucket_rows_;
-    r.checksum = hex64(sum_);
   }
 
  private:
-  void read_bucket(std::size_t bucket, std::uint64_t offset, std::uint64_t bytes, void* out) const {
-    const fs::path path = files_[bucket]->path();
-    std::ifstream in(path, std::ios::binary);
-    in.seekg(static_cast<std::streamoff>(offset));
-    in.read(static_cast<char*>(out), static_cast<std::streamsize>(bytes));
-    if (!in) throw std::runtime_error(fmt::format("could not read {} bytes at {} of {}", bytes, offset, path.string()));
-  }
-
   const mpi::Comm& comm_;
   comm::Communicator* exchange_;
   std::size_t buckets_;
   std::vector<std::uint64_t> bucket_rows_;  // every rank: committed and placed rows per bucket
   std::vector<std::uint64_t> batch_counts_;
   std::vector<std::unique_ptr<h5::ChunkSpool>> files_;  // the buckets this rank owns
-  std::uint64_t sum_ = 0;
+  fs::path dir_;                                        // where they are (the pass's work folder)
+  std::vector<std::uint8_t> send_, recv_;               // the exchange's buffers, reused every round
 };
 
 }  // namespace
@@ -528,3 +509,20 @@ std::vector<std::unique_ptr<OutputSink>> make_sinks(const PassSpec& spec, const 
 }
 
 }  // namespace qstage::engine::detail
+
+namespace qstage::engine {
+
+std::optional<h5::RowFiles> exchanged_output(const h5::File& output, const std::string& name) {
+  namespace fs = std::filesystem;
+  using namespace detail;
+  if (!output.has_attribute(name + kBucketRows)) return std::nullopt;
+  h5::RowFiles files;
+  files.rows = output.uint64s_attribute(name + kBucketRows);
+  files.row_bytes = output.uint64s_attribute(name + kRowBytes).at(0);
+  const std::size_t index = output.uint64s_attribute(name + kOutputIndex).at(0);
+  const fs::path folder = fs::absolute(output.path()).parent_path() / output.string_attribute(name + kBucketFolder);
+  for (std::size_t b = 0; b < files.rows.size(); ++b) files.paths.push_back(folder / StepWork::bucket_file(index, b));
+  return files;
+}
+
+}  // namespace qstage::engine

@@ -32,7 +32,7 @@ void check_batches(const PassSpec& spec) {
     if (in.ranges.size() != spec.batches.size() || spec.batches.empty())
       throw std::invalid_argument(fmt::format("row_ranges input '{}' has {} ranges for {} explicit batches", in.name,
                                               in.ranges.size(), spec.batches.size()));
-    const std::uint64_t rows = in.dataset ? in.dataset->shape().at(0) : ~std::uint64_t{0};
+    const std::uint64_t rows = in.rows();
     for (const auto& r : in.ranges)
       if (r.begin > r.end || r.end > rows)
         throw std::invalid_argument(fmt::format("row_ranges input '{}': range [{}, {}) is not inside its {} rows", in.name,

@@ -23,6 +23,7 @@
 #include "core/layout.hpp"
 #include "io/codec/codec.hpp"
 #include "io/h5.hpp"
+#include "io/row_io.hpp"
 
 namespace qstage::engine {
 
@@ -54,6 +55,10 @@ struct StreamedInput {
   // (BatchView::host_inputs; inputs[i] is null): a scan the host does as it reads, such as a
   // value range, copies nothing to the device and takes no device memory.
   enum class Place { device, host } place = Place::device;
+  // Instead of `dataset`: rows kept in plain files (an earlier pass's exchanged output, read in
+  // place; kind rows or row_ranges).
+  const h5::RowFiles* files = nullptr;
+  std::uint64_t rows() const;  // of the dataset or the files
 };
 
 // Where a pass's output goes, chosen per output (the engine's OutputSinks).

@@ -29,6 +29,10 @@ namespace qstage::engine {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
+std::uint64_t StreamedInput::rows() const {
+  return files ? files->total_rows() : dataset ? dataset->shape().at(0) : ~std::uint64_t{0};
+}
+
 std::uint64_t PassSpec::progress_bytes_per_row() const {
   std::uint64_t n = 0;
   for (const auto& in : inputs) n += in.row_bytes;
@@ -302,7 +306,12 @@ class PassRun {
  private:
   void open_readers() {
     for (const auto& in : spec_.inputs) {
-      if (in.kind == InputKind::stored_chunks) {
+      file_readers_.push_back(in.files ? std::make_unique<h5::RowFilesReader>(*in.files) : nullptr);
+      if (in.files) {
+        if (in.kind == InputKind::stored_chunks) throw std::logic_error("stored chunks are read from HDF5 datasets only");
+        chunk_readers_.push_back(nullptr);
+        readers_.push_back(nullptr);
+      } else if (in.kind == InputKind::stored_chunks) {
         chunk_readers_.push_back(std::make_unique<h5::StoredChunkReader>(*in.dataset));
         if (chunk_readers_.back()->chunk_rows() != spec_.tile_rows)
           throw std::logic_error("a stored-chunks input's chunk rows must equal the pass's tile_rows");
@@ -380,7 +389,9 @@ class PassRun {
     for (size_t i = 0; i < spec_.inputs.size(); ++i) {
       const StreamedInput& in = spec_.inputs[i];
       s.input_rows.push_back(in.kind == InputKind::row_ranges ? in.ranges[batches_.pass_index(s.index)] : s.rows);
-      if (readers_[i]) {
+      if (file_readers_[i]) {
+        file_readers_[i]->read(s.input_rows[i].begin, s.input_rows[i].size(), s.host_in[i].data());
+      } else if (readers_[i]) {
         readers_[i]->read(s.input_rows[i].begin, s.input_rows[i].size(), s.host_in[i].data());
       } else {  // one slot of tile_rows rows per tile (chunk)
         const std::uint64_t slot = spec_.tile_rows * in.row_bytes;
@@ -599,6 +610,7 @@ class PassRun {
   Batches batches_;
   std::vector<std::unique_ptr<h5::RowReader>> readers_;
   std::vector<std::unique_ptr<h5::StoredChunkReader>> chunk_readers_;
+  std::vector<std::unique_ptr<h5::RowFilesReader>> file_readers_;  // inputs kept in plain files
   PassOutcome outcome_;
   Clock::time_point start_;
   CheckpointPace pace_{std::nullopt};

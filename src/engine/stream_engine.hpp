@@ -16,12 +16,14 @@
 #include <filesystem>
 #include <functional>
 #include <optional>
+#include <string>
 
 #include "backend/backend.hpp"
 #include "core/mpi.hpp"
 #include "engine/journal.hpp"
 #include "engine/pass.hpp"
 #include "io/h5.hpp"
+#include "io/row_io.hpp"
 
 namespace qstage::engine {
 
@@ -79,6 +81,13 @@ struct PassOutcome {
 
 // Receives progress on rank 0 after every round.
 using ProgressFn = std::function<void(std::uint64_t rows_done, std::uint64_t rows_total)>;
+
+// An exchanged output (OutputDecl::buckets) of a complete pass is not copied into the pass's
+// HDF5 file: its buckets stay in the files the exchange wrote, in the pass's work folder, and the
+// file names them in attributes ("<name>.bucket_rows", ".row_bytes", ".output_index",
+// ".bucket_folder"). A later pass streams them in place (StreamedInput::files). nullopt if the
+// file holds no such output of that name.
+std::optional<h5::RowFiles> exchanged_output(const h5::File& output, const std::string& name);
 
 class StreamEngine {
  public:

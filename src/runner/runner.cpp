@@ -419,7 +419,8 @@ class WorkflowRun {
   // long as the step runs (a pass's output file is complete once the pass is).
   struct EarlierPassOutputs {
     std::map<int, h5::File> files;
-    std::map<std::string, h5::Dataset> datasets;  // by streamed-input name
+    std::map<std::string, h5::Dataset> datasets;   // by streamed-input name
+    std::map<std::string, h5::RowFiles> exchanged;  // the same, for exchanged outputs (read in place)
   };
 
   // Binds a pass's streamed inputs: a step input's slot name, or an earlier pass's output
@@ -429,6 +430,10 @@ class WorkflowRun {
     for (size_t i = 0; i < pass.inputs.size(); ++i) {
       const std::string& source = sources.at(i);
       if (const auto ref = stages::parse_earlier_pass_input(source)) {
+        if (const auto x = earlier.exchanged.find(source); x != earlier.exchanged.end()) {
+          pass.inputs[i].files = &x->second;
+          continue;
+        }
         auto d = earlier.datasets.find(source);
         if (d == earlier.datasets.end()) {
           auto f = earlier.files.find(ref->pass);
@@ -437,6 +442,10 @@ class WorkflowRun {
                     .emplace(ref->pass, h5::File::open(stages::prior_pass_output(context, ref->pass), h5::Mode::read_only,
                                                        comm_.get()))
                     .first;
+          if (auto files = engine::exchanged_output(f->second, ref->dataset)) {
+            pass.inputs[i].files = &earlier.exchanged.emplace(source, std::move(*files)).first->second;
+            continue;
+          }
           d = earlier.datasets.emplace(source, f->second.open_dataset(ref->dataset)).first;
         }
         pass.inputs[i].dataset = &d->second;
@@ -557,6 +566,12 @@ class WorkflowRun {
       if (flags[0] || flags[1]) commit_point(state);
       else save_pass_state(step.id, key, state);  // (a resumed run after a kill reads it)
       const auto bus = comm_.sum_wrapping({backend_->bytes_to_device() - bus_before[0], backend_->bytes_to_host() - bus_before[1]});
+      if (comm_.root()) {
+        const engine::PhaseTimes& t = outcome.times;
+        spdlog::debug("step '{}' {}: setup {:.2f}s, batch loop {:.2f}s (busy: read {:.2f}s, to device {:.2f}s, compute {:.2f}s, "
+                      "from device {:.2f}s, write {:.2f}s; commits {:.2f}s), finalize {:.2f}s (rank 0)",
+                      step.id, label, t.setup, t.loop, t.read, t.h2d, t.compute, t.d2h, t.write, t.commit, t.finalize);
+      }
       if (comm_.root())
         spdlog::info("step '{}' {} done in {}: {} rows, {} to the device and {} back (all ranks), {}", step.id, label,
                      format_duration(std::chrono::duration<double>(Clock::now() - started).count()), prior->pass.rows,
@@ -797,6 +812,10 @@ class WorkflowRun {
         out.set_attribute("qstage.content", result_checksums["content"].get<std::string>());
     };
 
+    for (const auto& o : pass.outputs)  // (its buckets would stay in the work folder, not in the step's file)
+      if (o.buckets > 0)
+        throw std::logic_error(fmt::format("step '{}': the output pass exchanges '{}' by bucket; only an earlier pass may",
+                                           step.id, o.name));
     try {
       outcome = engine_->run(pass, *kernel, reduction.get(), work, output, progress_of(reporter));
       step_clock_.earlier_seconds += outcome.earlier_wall_seconds;

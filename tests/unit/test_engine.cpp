@@ -699,6 +699,20 @@ class DeviceAppendKernel final : public engine::PassKernel {
   Backend* backend_ = nullptr;
 };
 
+// An exchanged output's rows, read in place from the bucket files its pass's file names (as a
+// later pass streams them); the file holds no dataset of that name.
+std::vector<std::uint64_t> read_exchanged(const h5::File& f, const std::string& name) {
+  EXPECT_FALSE(f.exists(name)) << name << " was copied into HDF5";
+  const auto files = engine::exchanged_output(f, name);
+  if (!files) {
+    ADD_FAILURE() << "no exchanged output " << name;
+    return {};
+  }
+  std::vector<std::uint64_t> v(files->total_rows() * files->row_bytes / 8);
+  h5::RowFilesReader(*files).read(0, files->total_rows(), v.data());
+  return v;
+}
+
 std::pair<std::vector<std::uint64_t>, std::vector<std::uint64_t>> run_device_append(Fixture& fx, Backend& backend,
                                                                                   const std::string& name) {
   mpi::Comm comm;
@@ -722,13 +736,10 @@ std::pair<std::vector<std::uint64_t>, std::vector<std::uint64_t>> run_device_app
   EXPECT_TRUE(outcome.complete);
   outcome.staged.commit();
   h5::File f = h5::File::open(fx.dir.path / (name + ".h5"), h5::Mode::read_only);
-  auto read = [&](const char* d) {
-    h5::Dataset ds = f.open_dataset(d);
-    std::vector<std::uint64_t> v(ds.shape()[0] * 3);
-    ds.read_all(v.data());
-    return v;
-  };
-  return {read("pairs"), read("bucketed")};
+  h5::Dataset ds = f.open_dataset("pairs");
+  std::vector<std::uint64_t> pairs(ds.shape()[0] * 3);
+  ds.read_all(pairs.data());
+  return {pairs, read_exchanged(f, "bucketed")};
 }
 
 }  // namespace
@@ -778,6 +789,21 @@ class BucketKernel final : public engine::PassKernel {
 
 }  // namespace
 
+// A pass over the fixture's rows with one exchanged output, "bucketed", of one u64 a row
+// (BucketKernel's).
+engine::PassSpec bucketed_pass(Fixture& fx, std::uint32_t buckets) {
+  engine::PassSpec spec;
+  spec.rows = fx.rows;
+  spec.tile_rows = 100;
+  spec.inputs.push_back({"x", &fx.input, kCols * 4});
+  engine::OutputDecl out{"bucketed", {h5::DType::uint64, {fx.rows}, {100}}};
+  out.kind = engine::OutputKind::appended;
+  out.max_rows_per_row = 1;
+  out.buckets = buckets;
+  spec.outputs.push_back(out);
+  return spec;
+}
+
 // An exchanged output's kernel stores a count per bucket in every slot, on the device and on the
 // host: with many buckets that is a good part of a slot, and the plan must charge it. A device
 // budget of exactly the planned peak runs and peaks there; a byte less is refused when planning
@@ -789,15 +815,7 @@ TEST(Engine, PlanChargesAnExchangedOutputsCountPerBucket) {
   engine::EngineOptions options;
   options.max_batch_rows = 100;
   options.checkpoint_seconds = std::nullopt;
-  engine::PassSpec spec;
-  spec.rows = fx.rows;
-  spec.tile_rows = 100;
-  spec.inputs.push_back({"x", &fx.input, kCols * 4});
-  engine::OutputDecl out{"bucketed", {h5::DType::uint64, {fx.rows}, {100}}};
-  out.kind = engine::OutputKind::appended;
-  out.max_rows_per_row = 1;
-  out.buckets = kBuckets;
-  spec.outputs.push_back(out);
+  const engine::PassSpec spec = bucketed_pass(fx, kBuckets);
 
   auto roomy = detail::make_cpu_backend(1ull << 30, 1ull << 30);
   const engine::BatchPlan plan = engine::StreamEngine(*roomy, comm, options).plan(spec);
@@ -814,9 +832,9 @@ TEST(Engine, PlanChargesAnExchangedOutputsCountPerBucket) {
   ASSERT_TRUE(outcome.complete);
   outcome.staged.commit();
   EXPECT_EQ(exact->device_budget().peak(), plan.device_bytes);
-  std::vector<std::uint64_t> got(fx.rows), want(fx.rows);
+  std::vector<std::uint64_t> want(fx.rows);
   h5::File f = h5::File::open(fx.dir.path / "buckets.h5", h5::Mode::read_only);
-  f.open_dataset("bucketed").read_all(got.data());
+  const std::vector<std::uint64_t> got = read_exchanged(f, "bucketed");
   std::iota(want.begin(), want.end(), std::uint64_t{0});
   std::stable_sort(want.begin(), want.end(), [](auto a, auto b) { return a % kBuckets < b % kBuckets; });
   EXPECT_EQ(got, want);
@@ -829,6 +847,73 @@ TEST(Engine, PlanChargesAnExchangedOutputsCountPerBucket) {
     const std::string what = e.what();
     EXPECT_NE(what.find("device memory budget"), std::string::npos) << what;
     EXPECT_NE(what.find("one batch of 100 rows needs"), std::string::npos) << what;
+  }
+}
+
+// Copies its batch's rows of input 0 (u64) to output 0.
+class CopyKernel final : public engine::PassKernel {
+ public:
+  void process(const engine::BatchView& b) override {  // (cpu: host memory)
+    std::memcpy(b.outputs[0], b.inputs[0], b.input_rows[0].size() * 8);
+  }
+};
+
+// An exchanged output stays in the bucket files the exchange wrote (its pass's file names them and
+// holds no copy), and a later pass streams them in place, in bucket order. A bucket file cut short
+// is refused by name, not read.
+TEST(Engine, AnExchangedOutputStaysInItsBucketFilesAndALaterPassReadsThemInPlace) {
+  constexpr std::uint32_t kBuckets = 7;
+  Fixture fx(1000);
+  mpi::Comm comm;
+  engine::EngineOptions options;
+  options.max_batch_rows = 100;
+  options.checkpoint_seconds = std::nullopt;
+  auto backend = detail::make_cpu_backend(1ull << 30, 1ull << 30);
+  engine::StreamEngine engine(*backend, comm, options);
+
+  const engine::PassSpec spec = bucketed_pass(fx, kBuckets);
+  engine::StepWork work(fx.dir.path / "pass-0", "key", comm);
+  BucketKernel bucket(kBuckets);
+  auto first = engine.run(spec, bucket, nullptr, work, fx.dir.path / "pass-0" / "output.h5", nullptr);
+  ASSERT_TRUE(first.complete);
+  first.staged.commit();
+
+  std::vector<std::uint64_t> want(fx.rows);
+  std::iota(want.begin(), want.end(), std::uint64_t{0});
+  std::stable_sort(want.begin(), want.end(), [](auto a, auto b) { return a % kBuckets < b % kBuckets; });
+  h5::File f = h5::File::open(fx.dir.path / "pass-0" / "output.h5", h5::Mode::read_only);
+  const auto files = engine::exchanged_output(f, "bucketed");
+  ASSERT_TRUE(files.has_value());
+  EXPECT_FALSE(f.exists("bucketed"));
+  EXPECT_FALSE(engine::exchanged_output(f, "other").has_value());
+  ASSERT_EQ(files->rows.size(), kBuckets);
+  EXPECT_EQ(files->rows, first.outputs.at(0).bucket_rows);
+  EXPECT_EQ(files->total_rows(), fx.rows);
+
+  engine::PassSpec next;
+  next.rows = files->total_rows();
+  next.tile_rows = 50;
+  engine::StreamedInput in{"bucketed", nullptr, 8};
+  in.files = &*files;
+  next.inputs.push_back(in);
+  next.outputs.push_back({"copy", {h5::DType::uint64, {next.rows}, {50}}});
+  engine::StepWork work1(fx.dir.path / "pass-1", "key", comm);
+  CopyKernel copy;
+  auto second = engine.run(next, copy, nullptr, work1, fx.dir.path / "pass-1.h5", nullptr);
+  ASSERT_TRUE(second.complete);
+  second.staged.commit();
+  std::vector<std::uint64_t> got(fx.rows);
+  h5::File::open(fx.dir.path / "pass-1.h5", h5::Mode::read_only).open_dataset("copy").read_all(got.data());
+  EXPECT_EQ(got, want);
+
+  fs::resize_file(files->paths[3], fs::file_size(files->paths[3]) - 8);
+  try {
+    h5::RowFilesReader reader(*files);
+    FAIL() << "expected CorruptInput";
+  } catch (const CorruptInput& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find(files->paths[3].filename().string()), std::string::npos) << what;
+    EXPECT_NE(what.find("expected"), std::string::npos) << what;
   }
 }
 
