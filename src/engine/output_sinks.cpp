@@ -410,12 +410,12 @@ class ExchangedSink final : public OutputSink {
 
   // Collective: the buckets stay in the files the exchange wrote, and the output names them (a
   // later pass of the step reads them in place: exchanged_output()). Nothing is copied into HDF5.
-  void write_final(h5::File& out, Buffer&) override {
+  void write_final(h5::File& out, const fs::path& final_path, Buffer&) override {
     out.set_attribute(decl_.name + kBucketRows, bucket_rows_);
     out.set_attribute(decl_.name + kRowBytes, decl_.row_bytes());
     out.set_attribute(decl_.name + kOutputIndex, static_cast<std::uint64_t>(index_));
     out.set_attribute(decl_.name + kBucketFolder,
-                      fs::relative(fs::absolute(dir_), fs::absolute(out.path()).parent_path()).string());
+                      fs::relative(fs::absolute(dir_), fs::absolute(final_path).parent_path()).string());
   }
   bool writes_final() const override { return true; }
 

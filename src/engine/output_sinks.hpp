@@ -125,7 +125,8 @@ class OutputSink {
   // Collective, at the end, with the output open on every rank: outputs not in segments that
   // every rank writes (exchanged ones, from their owners' bucket files).
   virtual bool writes_final() const { return false; }
-  virtual void write_final(h5::File& out, Buffer& buffer) {}
+  // (`final_path`: where `out` will be once committed; it is still under its temporary name.)
+  virtual void write_final(h5::File& out, const std::filesystem::path& final_path, Buffer& buffer) {}
   virtual void report(OutputReport& r) const = 0;
 
  protected:

@@ -533,7 +533,7 @@ class PassRun {
       Buffer buffer = backend_.alloc_host(std::max<std::uint64_t>(outcome_.plan.batch_rows, spec_.tile_rows) *
                                               max_row_bytes(), "final output buffer");
       for (auto& sink : sinks_)
-        if (sink->writes_final()) sink->write_final(out, buffer);
+        if (sink->writes_final()) sink->write_final(out, output, buffer);
       out.flush();
       out.close();
     }

@@ -874,14 +874,15 @@ TEST(Engine, AnExchangedOutputStaysInItsBucketFilesAndALaterPassReadsThemInPlace
   const engine::PassSpec spec = bucketed_pass(fx, kBuckets);
   engine::StepWork work(fx.dir.path / "pass-0", "key", comm);
   BucketKernel bucket(kBuckets);
-  auto first = engine.run(spec, bucket, nullptr, work, fx.dir.path / "pass-0" / "output.h5", nullptr);
+  // (the output outside the work folder, where the runner's are inside: the file finds them either way)
+  auto first = engine.run(spec, bucket, nullptr, work, fx.dir.path / "pass-0.h5", nullptr);
   ASSERT_TRUE(first.complete);
   first.staged.commit();
 
   std::vector<std::uint64_t> want(fx.rows);
   std::iota(want.begin(), want.end(), std::uint64_t{0});
   std::stable_sort(want.begin(), want.end(), [](auto a, auto b) { return a % kBuckets < b % kBuckets; });
-  h5::File f = h5::File::open(fx.dir.path / "pass-0" / "output.h5", h5::Mode::read_only);
+  h5::File f = h5::File::open(fx.dir.path / "pass-0.h5", h5::Mode::read_only);
   const auto files = engine::exchanged_output(f, "bucketed");
   ASSERT_TRUE(files.has_value());
   EXPECT_FALSE(f.exists("bucketed"));
@@ -899,11 +900,11 @@ TEST(Engine, AnExchangedOutputStaysInItsBucketFilesAndALaterPassReadsThemInPlace
   next.outputs.push_back({"copy", {h5::DType::uint64, {next.rows}, {50}}});
   engine::StepWork work1(fx.dir.path / "pass-1", "key", comm);
   CopyKernel copy;
-  auto second = engine.run(next, copy, nullptr, work1, fx.dir.path / "pass-1.h5", nullptr);
+  auto second = engine.run(next, copy, nullptr, work1, fx.dir.path / "pass-1" / "output.h5", nullptr);
   ASSERT_TRUE(second.complete);
   second.staged.commit();
   std::vector<std::uint64_t> got(fx.rows);
-  h5::File::open(fx.dir.path / "pass-1.h5", h5::Mode::read_only).open_dataset("copy").read_all(got.data());
+  h5::File::open(fx.dir.path / "pass-1" / "output.h5", h5::Mode::read_only).open_dataset("copy").read_all(got.data());
   EXPECT_EQ(got, want);
 
   fs::resize_file(files->paths[3], fs::file_size(files->paths[3]) - 8);
