@@ -100,7 +100,7 @@ void Communicator::alltoallv_bytes(const void* send, const Counts& send_bytes, v
   }
   // Host memory, or the cpu backend's "device" memory (host memory too; its stream has already
   // run everything enqueued on it).
-  mpi_alltoallv(static_cast<const char*>(send), send_bytes, static_cast<char*>(recv), recv_bytes);
+  mpi_alltoallv(static_cast<const char*>(send), send_bytes, displacements(send_bytes), static_cast<char*>(recv), recv_bytes);
 }
 
 // Whether two ranks of this communicator drive the same GPU (more ranks than GPUs on a host):
@@ -124,14 +124,15 @@ void Communicator::staged_alltoallv(const void* send, const Counts& send_bytes, 
   Buffer host_recv = backend_->alloc_host(std::max<std::uint64_t>(in, 1), "all-to-all staging (ranks share a GPU)");
   if (out) backend_->copy_to_host(host_send.data(), send, out, stream);
   stream.synchronize();
-  mpi_alltoallv(static_cast<const char*>(host_send.data()), send_bytes, static_cast<char*>(host_recv.data()), recv_bytes);
+  mpi_alltoallv(static_cast<const char*>(host_send.data()), send_bytes, displacements(send_bytes),
+                static_cast<char*>(host_recv.data()), recv_bytes);
   if (in) backend_->copy_to_device(recv, host_recv.data(), in, stream);
   stream.synchronize();  // (the staging goes now)
 }
 
-void Communicator::mpi_alltoallv(const char* send, const Counts& send_bytes, char* recv,
+void Communicator::mpi_alltoallv(const char* send, const Counts& send_bytes, const Counts& send_at, char* recv,
                                  const Counts& recv_bytes) const {
-  const Counts send_at = displacements(send_bytes), recv_at = displacements(recv_bytes);
+  const Counts recv_at = displacements(recv_bytes);
   const auto self = static_cast<std::size_t>(rank_);
   if (send_bytes[self] > 0) std::memcpy(recv + recv_at[self], send + send_at[self], send_bytes[self]);
   // Pairwise rounds: in round r every rank sends to rank + r and receives from rank - r, so each
@@ -163,6 +164,13 @@ void Communicator::mpi_alltoallv(const char* send, const Counts& send_bytes, cha
                                            in.size(i), from, i, got));
     }
   }
+}
+
+// An all-to-all whose every block is this rank's bytes: the same pairwise rounds and pieces.
+void Communicator::allgatherv_bytes(const void* mine, const Counts& bytes, void* out) const {
+  const auto self = static_cast<std::size_t>(rank_);
+  mpi_alltoallv(static_cast<const char*>(mine), Counts(bytes.size(), bytes[self]), Counts(bytes.size(), 0),
+                static_cast<char*>(out), bytes);
 }
 
 void Communicator::allgather_bytes(const void* value, void* out, std::size_t bytes) const {

@@ -148,6 +148,20 @@ class Communicator {
     return exchange(HostSpan<const T>(send.data(), send.size()), send_counts);
   }
 
+  // Every rank's elements on every rank, in rank order, any number from each (the messages cut
+  // into pieces as alltoallv's: no 2 GiB limit). Collective.
+  template <typename T>
+  Received<T> allgatherv(HostSpan<const T> mine) const {
+    check_type<T>();
+    Received<T> out;
+    out.counts = allgather<std::uint64_t>(mine.size());
+    std::uint64_t total = 0;
+    for (const std::uint64_t c : out.counts) total += c;
+    out.data.resize(total);
+    allgatherv_bytes(mine.data(), in_bytes<T>(out.counts), out.data.data());
+    return out;
+  }
+
   // Every rank's value, in rank order.
   template <typename T>
   std::vector<T> allgather(const T& value) const {
@@ -191,7 +205,10 @@ class Communicator {
 
   void alltoallv_bytes(const void* send, const Counts& send_bytes, void* recv, const Counts& recv_bytes,
                        std::uint64_t send_capacity, std::uint64_t recv_capacity, Where where, Stream* stream);
-  void mpi_alltoallv(const char* send, const Counts& send_bytes, char* recv, const Counts& recv_bytes) const;
+  // (send_at[p]: where peer p's block starts in `send`)
+  void mpi_alltoallv(const char* send, const Counts& send_bytes, const Counts& send_at, char* recv,
+                     const Counts& recv_bytes) const;
+  void allgatherv_bytes(const void* mine, const Counts& bytes, void* out) const;
   bool gpus_shared() const;
   void staged_alltoallv(const void* send, const Counts& send_bytes, void* recv, const Counts& recv_bytes, Stream& stream);
   void allgather_bytes(const void* value, void* out, std::size_t bytes) const;

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "stages/mps/u1mps.hpp"
@@ -45,7 +46,7 @@ class Packer {
 
 class Unpacker {
  public:
-  explicit Unpacker(const std::string& in) : in_(in) {}
+  explicit Unpacker(std::string_view in) : in_(in) {}
   template <class T>
   T get() {
     T v;
@@ -96,7 +97,7 @@ class Unpacker {
     if (bytes) std::memcpy(dst, in_.data() + at_, bytes);
     at_ += bytes;
   }
-  const std::string& in_;
+  std::string_view in_;  // (the caller keeps the bytes)
   std::size_t at_ = 0;
 };
 

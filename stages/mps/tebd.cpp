@@ -12,6 +12,7 @@
 #include <map>
 #include <mutex>
 #include <numeric>
+#include <optional>
 #include <tuple>
 
 #include <omp.h>
@@ -19,6 +20,7 @@
 #include "core/error.hpp"
 #include "core/parallel.hpp"
 #include "core/units.hpp"
+#include "engine/spill_store.hpp"
 #include "kernels/charge_tiles.hpp"
 #include "kernels/u1_math.hpp"
 #include "stages/mps/serial.hpp"
@@ -392,7 +394,7 @@ struct BondUpdater::Workspace {
       return buffer.as<T>();
     }
   };
-  Grown sites, c, theta, scale, s, vh, out, scratch, svd, tiles, host_in, host_scale, host_s, host_out, host_tiles, host_c, host_vh;
+  Grown sites, c, theta, scale, s, vh, out, scratch, svd, tiles, host_in, host_scale, host_s, host_out, host_tiles;
   Workspace() {
     for (Grown* g : device()) g->exact = &exact;
   }
@@ -417,11 +419,6 @@ BondUpdater::BondUpdater(Backend& backend, std::int64_t gpu_svd_from, Precision 
 BondUpdater::~BondUpdater() = default;
 
 void BondUpdater::release_device() { work_->release_device(); }
-
-double BondUpdater::update(U1Mps& psi, int j, const GateTable& gate, const TruncParams& trunc) {
-  return precision_ == Precision::complex64 ? update_in<kernels::cplx64>(psi, j, gate, trunc)
-                                            : update_in<kernels::cplx128>(psi, j, gate, trunc);
-}
 
 // The device bytes an update (or one group of it: blocks [first, last)) is estimated to take: the
 // two sites (bounded by the blocks' size), C, Theta when it has its own buffer (`separate_theta`),
@@ -459,238 +456,296 @@ std::vector<std::size_t> group_cuts(const std::vector<ChargeBlock>& blocks, cons
   return cuts;
 }
 
-// T: the arithmetic's element type. The sites are rounded to it as they are packed and widened
-// back to complex128 as the new blocks are cut out; S reaches the truncation as doubles.
+// One update() of a BondUpdater in element type T, a step a function: the update's groups of
+// centre charges (plan_groups), each group's Theta and SVDs (decompose), the global truncation on the
+// host (truncate), each group's B'[j] = C Y^dagger / norm (finish), and the new bond and sites cut
+// back into blocks (assemble). T: the arithmetic's element type. The sites are rounded to it as
+// they are packed and widened back to complex128 as the new blocks are cut out; S reaches the
+// truncation as doubles.
 //
 // An update whose blocks do not fit the device share goes in groups of consecutive centre
 // charges: each group's Theta and SVDs in turn, its C (before the row scaling, which then runs in
-// place) and its Vh parked in pinned host memory; after the global truncation each group's C and
-// kept rows come back for C Y^dagger. Every block meets the same arithmetic as in one piece.
+// place) and its Vh parked in a spill store (engine/spill_store.hpp: pinned host memory charged to
+// the host budget); after the global truncation each group's C and kept rows come back for
+// C Y^dagger. Every block meets the same arithmetic as in one piece.
 template <typename T>
-double BondUpdater::update_in(U1Mps& psi, int j, const GateTable& gate, const TruncParams& trunc) {
-  using R = kernels::Real<T>;
-  Backend& be = backend_;
-  Stream& st = *stream_;
-  Workspace& w = *work_;
-  const UpdateTimings before = timings_;
-  auto clock = std::chrono::steady_clock::now();
-  std::vector<ChargeBlock> blocks = centre_blocks(psi, j);
-  std::vector<std::size_t> svd_bytes(blocks.size(), 0);
-  std::vector<bool> svd_on_host(blocks.size(), false);
-  std::int64_t svd_for_memory = 0;  // (counted once the update succeeds: a retried one would count twice)
-  if (device_share_ != std::numeric_limits<std::uint64_t>::max())
-    for (std::size_t i = 0; i < blocks.size(); ++i) {
-      svd_bytes[i] = kernels::svd_workspace_bytes<T>(st, {{blocks[i].m, blocks[i].n, 0, 0, 0}}, kernels::SvdRouting{gpu_svd_from_});
-      // (the last resort before a budget too small: the block's SVD without its GPU workspace)
-      if (host_svd_when_short_ && svd_bytes[i] > 0 && update_bytes(blocks, svd_bytes, i, i + 1, sizeof(T), false) > device_share_) {
-        svd_bytes[i] = 0, svd_on_host[i] = true;
-        ++svd_for_memory;
-      }
-    }
-  const bool parked = update_bytes(blocks, svd_bytes, 0, blocks.size(), sizeof(T), true) > device_share_;
-  const std::vector<std::size_t> cuts =
-      parked ? group_cuts(blocks, svd_bytes, sizeof(T), device_share_) : std::vector<std::size_t>{0, blocks.size()};
-  const std::size_t groups = cuts.size() - 1;
-  w.exact = parked;
-  timings_.planning += seconds_since(clock);
+class BondUpdate {
+ public:
+  BondUpdate(BondUpdater& updater, U1Mps& psi, int j, const GateTable& gate)
+      : u_(updater), be_(updater.backend_), st_(*updater.stream_), w_(*updater.work_), timings_(updater.timings_),
+        before_(updater.timings_), psi_(psi), j_(j), gate_(gate) {}
 
-  // Per group: its plan, SVD problems (offsets inside the group) and where its values start in
-  // the update's flat C, S and Vh (the host's copies).
+  // Returns the discarded weight.
+  double run(const TruncParams& trunc) {
+    plan_groups();
+    for (std::size_t g = 0; g < gs_.size(); ++g) decompose(g);
+    truncate(trunc);
+    for (std::size_t g = 0, first = 0; g < gs_.size(); first += gs_[g].problems.size(), ++g) finish(g, first);
+    assemble();
+    ++timings_.updates;
+    timings_.grouped += parked_ ? 1 : 0;
+    timings_.groups += static_cast<std::int64_t>(gs_.size());
+    log();
+    timings_.svd_for_memory += svd_for_memory_;
+    return t_.discarded;
+  }
+
+ private:
+  using R = kernels::Real<T>;
+  // A group's plan, SVD problems (offsets inside the group) and where its values start in the
+  // update's flat C, S and Vh (the host's copies).
   struct Group {
     BondPlan plan;
     std::vector<kernels::SvdProblem> problems;
     std::int64_t c_base = 0, s_base = 0, vh_base = 0, s_size = 0, vh_size = 0;
   };
-  std::vector<Group> gs(groups);
-  std::int64_t c_total = 0, s_total = 0, vh_total = 0;
-  for (std::size_t g = 0; g < groups; ++g) {
-    std::int64_t c_size = 0, s_size = 0, vh_size = 0;
-    for (std::size_t i = cuts[g]; i < cuts[g + 1]; ++i) {
-      const std::int64_t r = std::min(blocks[i].m, blocks[i].n);
-      gs[g].problems.push_back({blocks[i].m, blocks[i].n, c_size, s_size, vh_size, svd_on_host[i]});
-      c_size += blocks[i].m * blocks[i].n, s_size += r, vh_size += r * blocks[i].n;
-    }
-    gs[g].c_base = c_total, gs[g].s_base = s_total, gs[g].vh_base = vh_total, gs[g].s_size = s_size, gs[g].vh_size = vh_size;
-    c_total += c_size, s_total += s_size, vh_total += vh_size;
-  }
-  R* host_s = w.host_s.get<R>(be, s_total, false, "mps: staged singular values");
-  T* host_c = parked ? w.host_c.get<T>(be, c_total, false, "mps: parked C blocks") : nullptr;
-  T* host_vh = parked ? w.host_vh.get<T>(be, vh_total, false, "mps: parked right singular vectors") : nullptr;
 
-  T *c = nullptr, *vh = nullptr;
-  for (std::size_t g = 0; g < groups; ++g) {
-    Group& gr = gs[g];
+  // The centre blocks, whether C and Vh are parked on the host, the groups and the host buffers.
+  void plan_groups() {
+    blocks_ = centre_blocks(psi_, j_);
+    const std::int64_t gpu_from = u_.gpu_svd_from_;
+    svd_bytes_.assign(blocks_.size(), 0);
+    std::vector<bool> svd_on_host(blocks_.size(), false);
+    if (u_.device_share_ != std::numeric_limits<std::uint64_t>::max())
+      for (std::size_t i = 0; i < blocks_.size(); ++i) {
+        svd_bytes_[i] = kernels::svd_workspace_bytes<T>(st_, {{blocks_[i].m, blocks_[i].n, 0, 0, 0}}, kernels::SvdRouting{gpu_from});
+        // (the last resort before a budget too small: the block's SVD without its GPU workspace)
+        if (u_.host_svd_when_short_ && svd_bytes_[i] > 0 &&
+            update_bytes(blocks_, svd_bytes_, i, i + 1, sizeof(T), false) > u_.device_share_) {
+          svd_bytes_[i] = 0, svd_on_host[i] = true;
+          ++svd_for_memory_;
+        }
+      }
+    parked_ = update_bytes(blocks_, svd_bytes_, 0, blocks_.size(), sizeof(T), true) > u_.device_share_;
+    cuts_ = parked_ ? group_cuts(blocks_, svd_bytes_, sizeof(T), u_.device_share_) : std::vector<std::size_t>{0, blocks_.size()};
+    const std::size_t groups = cuts_.size() - 1;
+    w_.exact = parked_;
+    timings_.planning += seconds_since(clock_);
+
+    gs_.resize(groups);
+    std::int64_t c_total = 0, s_total = 0, vh_total = 0;
+    for (std::size_t g = 0; g < groups; ++g) {
+      std::int64_t c_size = 0, s_size = 0, vh_size = 0;
+      for (std::size_t i = cuts_[g]; i < cuts_[g + 1]; ++i) {
+        const std::int64_t r = std::min(blocks_[i].m, blocks_[i].n);
+        gs_[g].problems.push_back({blocks_[i].m, blocks_[i].n, c_size, s_size, vh_size, svd_on_host[i]});
+        c_size += blocks_[i].m * blocks_[i].n, s_size += r, vh_size += r * blocks_[i].n;
+      }
+      gs_[g].c_base = c_total, gs_[g].s_base = s_total, gs_[g].vh_base = vh_total, gs_[g].s_size = s_size, gs_[g].vh_size = vh_size;
+      c_total += c_size, s_total += s_size, vh_total += vh_size;
+    }
+    c_total_ = c_total;
+    host_s_ = w_.host_s.template get<R>(be_, s_total, false, "mps: staged singular values");
+    if (parked_) {  // every group's C, then every group's Vh
+      engine::SpillStore::Options o;
+      o.owner = "mps: parked C and Vh blocks";
+      o.space_bytes = static_cast<std::uint64_t>(c_total + vh_total) * sizeof(T);
+      for (std::size_t g = 0; g < groups; ++g) {
+        std::int64_t c_size = 0;
+        for (const auto& p : gs_[g].problems) c_size += p.m * p.n;
+        o.largest_store_bytes = std::max<std::uint64_t>({o.largest_store_bytes, static_cast<std::uint64_t>(c_size) * sizeof(T),
+                                                         static_cast<std::uint64_t>(gs_[g].vh_size) * sizeof(T)});
+      }
+      o.largest_fetch_bytes = o.largest_store_bytes;
+      // The host budget alone decides (its BudgetExceeded defers an update in flight, and names
+      // --host-memory for one that runs alone), not the memory free when the store is made.
+      o.host_share = std::numeric_limits<std::uint64_t>::max();
+      parked_blocks_.emplace(be_, std::move(o));
+      vh_at_ = c_total;
+    }
+  }
+
+  // Parks `count` elements of device memory at element `at` of the store, on st_'s order: st_'s
+  // later work waits for the copy (C is then scaled in place, buffers are freed).
+  void park(std::int64_t at, const T* device, std::int64_t count) {
+    parked_blocks_->stores_wait(st_.record());
+    parked_blocks_->store(static_cast<std::uint64_t>(at) * sizeof(T), device, static_cast<std::uint64_t>(count) * sizeof(T));
+    st_.wait(parked_blocks_->stored());
+  }
+  // Brings them back into device memory at `device`, before st_'s later work.
+  void unpark(T* device, std::int64_t at, std::int64_t count) {
+    parked_blocks_->fetches_wait(st_.record());
+    parked_blocks_->fetch(device, static_cast<std::uint64_t>(at) * sizeof(T), static_cast<std::uint64_t>(count) * sizeof(T));
+    st_.wait(parked_blocks_->fetched());
+  }
+
+  // Group g: its two sites' blocks to the device, C and Theta = diag(lambda[j]) C (in place once C
+  // is parked), one SVD per charge block, and S (and when parked, C and Vh) back to the host.
+  void decompose(std::size_t g) {
+    Group& gr = gs_[g];
+    const std::size_t groups = gs_.size();
     // (buffers grown by other updates or groups would crowd this one's out of its share)
-    if (parked || w.device_bytes() + update_bytes(blocks, svd_bytes, cuts[g], cuts[g + 1], sizeof(T), true) > device_share_)
-      w.release_device();
-    gr.plan = groups == 1 ? plan_bond(psi, j, gate, std::move(blocks))
-                          : plan_bond(psi, j, gate, {blocks.begin() + cuts[g], blocks.begin() + cuts[g + 1]});
+    if (parked_ || w_.device_bytes() + update_bytes(blocks_, svd_bytes_, cuts_[g], cuts_[g + 1], sizeof(T), true) > u_.device_share_)
+      w_.release_device();
+    gr.plan = groups == 1 ? plan_bond(psi_, j_, gate_, std::move(blocks_))
+                          : plan_bond(psi_, j_, gate_, {blocks_.begin() + cuts_[g], blocks_.begin() + cuts_[g + 1]});
     const BondPlan& plan = gr.plan;
-    timings_.planning += seconds_since(clock);
+    timings_.planning += seconds_since(clock_);
 
     // The two sites' blocks this group reads, packed in the plan's order.
-    T* host_in = w.host_in.get<T>(be, plan.input_size, false, "mps: staged site blocks");
+    T* host_in = w_.host_in.template get<T>(be_, plan.input_size, false, "mps: staged site blocks");
     for (const auto& [x, offset] : plan.inputs) std::copy(x->values.begin(), x->values.end(), host_in + offset);
-    T* sites = w.sites.get<T>(be, plan.input_size, true, "mps: site blocks");
-    be.copy_to_device(sites, host_in, plan.input_size * sizeof(T), st);
+    T* sites = w_.sites.template get<T>(be_, plan.input_size, true, "mps: site blocks");
+    be_.copy_to_device(sites, host_in, plan.input_size * sizeof(T), st_);
     std::vector<kernels::ScaledRows> rows;
-    const std::vector<double> lambdas = row_lambdas(plan, psi.bonds[j], rows);
-    double* host_scale = w.host_scale.get<double>(be, static_cast<std::int64_t>(lambdas.size()), false, "mps: staged lambda");
+    const std::vector<double> lambdas = row_lambdas(plan, psi_.bonds[j_], rows);
+    double* host_scale = w_.host_scale.template get<double>(be_, static_cast<std::int64_t>(lambdas.size()), false, "mps: staged lambda");
     std::copy(lambdas.begin(), lambdas.end(), host_scale);
-    double* scale = w.scale.get<double>(be, static_cast<std::int64_t>(lambdas.size()), true, "mps: lambda");
-    be.copy_to_device(scale, host_scale, lambdas.size() * sizeof(double), st);
-    st.synchronize();
-    timings_.transfers += seconds_since(clock);
+    double* scale = w_.scale.template get<double>(be_, static_cast<std::int64_t>(lambdas.size()), true, "mps: lambda");
+    be_.copy_to_device(scale, host_scale, lambdas.size() * sizeof(double), st_);
+    st_.synchronize();
+    timings_.transfers += seconds_since(clock_);
 
-    // C(c) and Theta(c) = diag(lambda[j]) C(c) (in place once C is parked).
-    c = w.c.get<T>(be, plan.c_size, true, "mps: C blocks");
-    T* scratch = w.scratch.get<T>(be, plan.scratch_size, true, "mps: product workspace");
-    fill_c(be, st, plan, gate, sites, c, scratch, [&](std::size_t bytes) {
+    c_ = w_.c.template get<T>(be_, plan.c_size, true, "mps: C blocks");
+    T* scratch = w_.scratch.template get<T>(be_, plan.scratch_size, true, "mps: product workspace");
+    fill_c(be_, st_, plan, gate_, sites, c_, scratch, [&](std::size_t bytes) {
       const auto n = static_cast<std::int64_t>(bytes);
-      return std::pair{w.host_tiles.get<char>(be, n, false, "mps: staged tile tables"), w.tiles.get<char>(be, n, true, "mps: tile tables")};
+      return std::pair{w_.host_tiles.template get<char>(be_, n, false, "mps: staged tile tables"),
+                       w_.tiles.template get<char>(be_, n, true, "mps: tile tables")};
     });
-    T* theta = c;
-    if (parked) {
-      be.copy_to_host(host_c + gr.c_base, c, plan.c_size * sizeof(T), st);
+    T* theta = c_;
+    if (parked_) {
+      park(gr.c_base, c_, plan.c_size);
     } else {
-      theta = w.theta.get<T>(be, plan.c_size, true, "mps: Theta blocks");
+      theta = w_.theta.template get<T>(be_, plan.c_size, true, "mps: Theta blocks");
     }
-    kernels::scale_rows(st, c, scale, rows, theta);
-    st.synchronize();
-    timings_.theta += seconds_since(clock);
+    kernels::scale_rows(st_, c_, scale, rows, theta);
+    st_.synchronize();
+    timings_.theta += seconds_since(clock_);
     timings_.products += static_cast<std::int64_t>(plan.products.size());
     timings_.gathered_pairs += static_cast<std::int64_t>(plan.tile_pairs.size() + plan.wide_pairs.size());
     timings_.wide_pairs += static_cast<std::int64_t>(plan.wide_pairs.size());
     timings_.rounds += static_cast<std::int64_t>(plan.rounds.size());
 
     // One SVD per charge block.
-    R* s = w.s.get<R>(be, gr.s_size, true, "mps: singular values");
-    vh = w.vh.get<T>(be, gr.vh_size, true, "mps: right singular vectors");
-    const std::size_t work_bytes = kernels::svd_workspace_bytes<T>(st, gr.problems, kernels::SvdRouting{gpu_svd_from_});
-    void* svd_work = work_bytes ? w.svd.get<char>(be, static_cast<std::int64_t>(work_bytes), true, "mps: SVD workspace") : nullptr;
-    timings_.svd_paths += kernels::batched_svd(st, theta, gr.problems, s, vh, svd_work, work_bytes, kernels::SvdRouting{gpu_svd_from_});
-    st.synchronize();
-    timings_.svd += seconds_since(clock);
-    be.copy_to_host(host_s + gr.s_base, s, gr.s_size * sizeof(R), st);
-    if (parked) be.copy_to_host(host_vh + gr.vh_base, vh, gr.vh_size * sizeof(T), st);
-    st.synchronize();
-    timings_.transfers += seconds_since(clock);
+    const kernels::SvdRouting routing{u_.gpu_svd_from_};
+    R* s = w_.s.template get<R>(be_, gr.s_size, true, "mps: singular values");
+    vh_ = w_.vh.template get<T>(be_, gr.vh_size, true, "mps: right singular vectors");
+    const std::size_t work_bytes = kernels::svd_workspace_bytes<T>(st_, gr.problems, routing);
+    void* svd_work = work_bytes ? w_.svd.template get<char>(be_, static_cast<std::int64_t>(work_bytes), true, "mps: SVD workspace") : nullptr;
+    timings_.svd_paths += kernels::batched_svd(st_, theta, gr.problems, s, vh_, svd_work, work_bytes, routing);
+    st_.synchronize();
+    timings_.svd += seconds_since(clock_);
+    be_.copy_to_host(host_s_ + gr.s_base, s, gr.s_size * sizeof(R), st_);
+    if (parked_) park(vh_at_ + gr.vh_base, vh_, gr.vh_size);
+    st_.synchronize();
+    timings_.transfers += seconds_since(clock_);
   }
 
-  // Global truncation on the host.
-  std::vector<std::vector<double>> values;
-  std::vector<const ChargeBlock*> all;  // the update's blocks in charge order, across the groups
-  for (const Group& gr : gs)
-    for (std::size_t i = 0; i < gr.problems.size(); ++i) {
-      const auto& p = gr.problems[i];
-      values.emplace_back(host_s + gr.s_base + p.s_offset, host_s + gr.s_base + p.s_offset + std::min(p.m, p.n));
-      all.push_back(&gr.plan.blocks[i]);
-    }
-  const Truncation t = truncate(values, trunc);
-  // The kept norm, in the units of the SVD (not relative): new lambda = S / that.
-  double kept2 = 0;
-  for (std::size_t i = 0; i < values.size(); ++i)
-    for (std::int64_t q = 0; q < t.kept[i]; ++q) kept2 += values[i][q] * values[i][q];
-  const double kept_norm = std::sqrt(kept2);
-  last_norm_ = kept_norm;
-  timings_.truncation += seconds_since(clock);
-
-  // B'[j](c_L, c) = C(c) Y^dagger / kept_norm, Y the kept rows of Vh, a group at a time; C Y^dagger
-  // of every block into host_out, then (in one piece) each kept Y after them.
-  std::int64_t out_total = 0, y_total = 0;
-  for (std::size_t i = 0; i < all.size(); ++i) out_total += all[i]->m * t.kept[i], y_total += t.kept[i] * all[i]->n;
-  T* host_out = w.host_out.get<T>(be, out_total + (parked ? 0 : y_total), false, "mps: staged new blocks");
-  std::vector<const T*> cy_of(all.size()), y_of(all.size());
-  std::int64_t out_at = 0, y_at = out_total;
-  for (std::size_t g = 0, first = 0; g < groups; first += gs[g].problems.size(), ++g) {
-    const Group& gr = gs[g];
-    if (parked) {
-      w.release_device();
-      c = w.c.get<T>(be, gr.plan.c_size, true, "mps: C blocks");
-      vh = w.vh.get<T>(be, gr.vh_size, true, "mps: right singular vectors");
-      be.copy_to_device(c, host_c + gr.c_base, gr.plan.c_size * sizeof(T), st);
+  // The global truncation on the host, over every group's singular values in charge order; the
+  // kept norm, in the units of the SVD (not relative): new lambda = S / that.
+  void truncate(const TruncParams& trunc) {
+    for (const Group& gr : gs_)
       for (std::size_t i = 0; i < gr.problems.size(); ++i) {
         const auto& p = gr.problems[i];
-        const std::int64_t kept_values = t.kept[first + i] * p.n;
-        if (kept_values > 0) be.copy_to_device(vh + p.vh_offset, host_vh + gr.vh_base + p.vh_offset, kept_values * sizeof(T), st);
+        values_.emplace_back(host_s_ + gr.s_base + p.s_offset, host_s_ + gr.s_base + p.s_offset + std::min(p.m, p.n));
+        all_.push_back(&gr.plan.blocks[i]);
+      }
+    t_ = mps::truncate(values_, trunc);
+    double kept2 = 0;
+    for (std::size_t i = 0; i < values_.size(); ++i)
+      for (std::int64_t q = 0; q < t_.kept[i]; ++q) kept2 += values_[i][q] * values_[i][q];
+    kept_norm_ = std::sqrt(kept2);
+    u_.last_norm_ = kept_norm_;
+    timings_.truncation += seconds_since(clock_);
+
+    // Where each block's C Y^dagger goes in host_out, then (in one piece) each kept Y after them.
+    std::int64_t out_total = 0, y_total = 0;
+    for (std::size_t i = 0; i < all_.size(); ++i) out_total += all_[i]->m * t_.kept[i], y_total += t_.kept[i] * all_[i]->n;
+    host_out_ = w_.host_out.template get<T>(be_, out_total + y_total, false, "mps: staged new blocks");
+    cy_of_.assign(all_.size(), nullptr);
+    y_of_.assign(all_.size(), nullptr);
+    out_at_ = 0, y_at_ = out_total;
+  }
+
+  // Group g (its blocks from `first` in the update's order): B'[j](c_L, c) = C(c) Y^dagger /
+  // kept norm on the device, and both new sites back: the left blocks, then each kept Y.
+  void finish(std::size_t g, std::size_t first) {
+    const Group& gr = gs_[g];
+    if (parked_) {
+      w_.release_device();
+      c_ = w_.c.template get<T>(be_, gr.plan.c_size, true, "mps: C blocks");
+      vh_ = w_.vh.template get<T>(be_, gr.vh_size, true, "mps: right singular vectors");
+      unpark(c_, gr.c_base, gr.plan.c_size);
+      for (std::size_t i = 0; i < gr.problems.size(); ++i) {
+        const auto& p = gr.problems[i];
+        const std::int64_t kept_values = t_.kept[first + i] * p.n;
+        if (kept_values > 0) unpark(vh_ + p.vh_offset, vh_at_ + gr.vh_base + p.vh_offset, kept_values);
       }
     }
-    std::vector<kernels::AdjointProduct> finish;
+    std::vector<kernels::AdjointProduct> products;
     std::int64_t out_size = 0;
     for (std::size_t i = 0; i < gr.problems.size(); ++i) {
       const auto& p = gr.problems[i];
-      const std::int64_t k = t.kept[first + i];
+      const std::int64_t k = t_.kept[first + i];
       if (k == 0) continue;
-      finish.push_back({p.offset, p.m, p.n, p.vh_offset, k, out_size, kept_norm});
-      cy_of[first + i] = host_out + out_at + out_size;
+      products.push_back({p.offset, p.m, p.n, p.vh_offset, k, out_size, kept_norm_});
+      cy_of_[first + i] = host_out_ + out_at_ + out_size;
       out_size += p.m * k;
     }
-    T* out = w.out.get<T>(be, out_size, true, "mps: new left blocks");
-    kernels::times_adjoint(st, c, vh, finish, out);
-    st.synchronize();
-    timings_.finish += seconds_since(clock);
+    T* out = w_.out.template get<T>(be_, out_size, true, "mps: new left blocks");
+    kernels::times_adjoint(st_, c_, vh_, products, out);
+    st_.synchronize();
+    timings_.finish += seconds_since(clock_);
 
-    // Both new sites back: the left blocks, then (when Vh is not parked) each kept Y.
-    be.copy_to_host(host_out + out_at, out, out_size * sizeof(T), st);
-    out_at += out_size;
+    be_.copy_to_host(host_out_ + out_at_, out, out_size * sizeof(T), st_);
+    out_at_ += out_size;
     for (std::size_t i = 0; i < gr.problems.size(); ++i) {
       const auto& p = gr.problems[i];
-      const std::int64_t k = t.kept[first + i];
+      const std::int64_t k = t_.kept[first + i];
       if (k == 0) continue;
-      if (parked) {
-        y_of[first + i] = host_vh + gr.vh_base + p.vh_offset;
-        continue;
-      }
-      be.copy_to_host(host_out + y_at, vh + p.vh_offset, k * p.n * sizeof(T), st);
-      y_of[first + i] = host_out + y_at;
-      y_at += k * p.n;
+      be_.copy_to_host(host_out_ + y_at_, vh_ + p.vh_offset, k * p.n * sizeof(T), st_);
+      y_of_[first + i] = host_out_ + y_at_;
+      y_at_ += k * p.n;
     }
-    st.synchronize();
+    st_.synchronize();
   }
 
-  Bond new_centre;
-  Site new_a, new_b;
-  for (std::size_t i = 0; i < all.size(); ++i) {
-    const ChargeBlock& cb = *all[i];
-    const std::int64_t k = t.kept[i];
-    if (k == 0) continue;
-    for (std::int64_t q = 0; q < k; ++q) {
-      new_centre.charges.push_back(cb.charge);
-      new_centre.lambda.push_back(values[i][q] / kept_norm);
+  // The new centre bond j+1 and sites j, j+1 into psi: B'[j+1](c, c_R) = the kept rows of Y cut
+  // by right sector, B'[j](c_L, c) = C Y^dagger / norm cut by left sector.
+  void assemble() {
+    Bond new_centre;
+    Site new_a, new_b;
+    for (std::size_t i = 0; i < all_.size(); ++i) {
+      const ChargeBlock& cb = *all_[i];
+      const std::int64_t k = t_.kept[i];
+      if (k == 0) continue;
+      for (std::int64_t q = 0; q < k; ++q) {
+        new_centre.charges.push_back(cb.charge);
+        new_centre.lambda.push_back(values_[i][q] / kept_norm_);
+      }
+      const T* y = y_of_[i];
+      for (std::size_t sct = 0; sct < cb.cols.size(); ++sct) {
+        Block blk{cb.charge, cb.cols[sct].charge, k, cb.cols[sct].size, {}};
+        blk.values.resize(static_cast<std::size_t>(k * blk.cols));
+        for (std::int64_t q = 0; q < k; ++q) std::copy_n(&y[q * cb.n + cb.col0[sct]], blk.cols, &blk.values[q * blk.cols]);
+        new_b.blocks.push_back(std::move(blk));
+      }
+      const T* cy = cy_of_[i];
+      for (std::size_t sct = 0; sct < cb.rows.size(); ++sct) {
+        Block blk{cb.rows[sct].charge, cb.charge, cb.rows[sct].size, k, {}};
+        blk.values.assign(cy + cb.row0[sct] * k, cy + (cb.row0[sct] + blk.rows) * k);
+        new_a.blocks.push_back(std::move(blk));
+      }
     }
-    // B'[j+1](c, c_R) = the kept rows of Y, cut by right sector.
-    const T* y = y_of[i];
-    for (std::size_t sct = 0; sct < cb.cols.size(); ++sct) {
-      Block blk{cb.charge, cb.cols[sct].charge, k, cb.cols[sct].size, {}};
-      blk.values.resize(static_cast<std::size_t>(k * blk.cols));
-      for (std::int64_t q = 0; q < k; ++q) std::copy_n(&y[q * cb.n + cb.col0[sct]], blk.cols, &blk.values[q * blk.cols]);
-      new_b.blocks.push_back(std::move(blk));
-    }
-    // B'[j](c_L, c), cut by left sector.
-    const T* cy = cy_of[i];
-    for (std::size_t sct = 0; sct < cb.rows.size(); ++sct) {
-      Block blk{cb.rows[sct].charge, cb.charge, cb.rows[sct].size, k, {}};
-      blk.values.assign(cy + cb.row0[sct] * k, cy + (cb.row0[sct] + blk.rows) * k);
-      new_a.blocks.push_back(std::move(blk));
-    }
+    auto by_charges = [](const Block& x, const Block& y) {
+      return std::pair{x.c_left, x.c_right} < std::pair{y.c_left, y.c_right};
+    };
+    std::sort(new_a.blocks.begin(), new_a.blocks.end(), by_charges);
+    std::sort(new_b.blocks.begin(), new_b.blocks.end(), by_charges);
+    psi_.bonds[j_ + 1] = std::move(new_centre);
+    psi_.sites[j_] = std::move(new_a);
+    psi_.sites[j_ + 1] = std::move(new_b);
+    timings_.transfers += seconds_since(clock_);
   }
-  auto by_charges = [](const Block& x, const Block& y) {
-    return std::pair{x.c_left, x.c_right} < std::pair{y.c_left, y.c_right};
-  };
-  std::sort(new_a.blocks.begin(), new_a.blocks.end(), by_charges);
-  std::sort(new_b.blocks.begin(), new_b.blocks.end(), by_charges);
-  psi.bonds[j + 1] = std::move(new_centre);
-  psi.sites[j] = std::move(new_a);
-  psi.sites[j + 1] = std::move(new_b);
-  timings_.transfers += seconds_since(clock);
-  ++timings_.updates;
-  timings_.grouped += parked ? 1 : 0;
-  timings_.groups += static_cast<std::int64_t>(groups);
-  if (spdlog::should_log(spdlog::level::debug)) {
+
+  // The update's blocks, products and times (debug).
+  void log() const {
+    if (!spdlog::should_log(spdlog::level::debug)) return;
     std::int64_t m_max = 0, n_max = 0, products = 0, scatters = 0, pairs = 0, terms = 0, wide = 0, rounds = 0;
-    for (const ChargeBlock* cb : all)
+    for (const ChargeBlock* cb : all_)
       if (std::min(cb->m, cb->n) > std::min(m_max, n_max)) m_max = cb->m, n_max = cb->n;
-    for (const Group& gr : gs) {
+    for (const Group& gr : gs_) {
       products += static_cast<std::int64_t>(gr.plan.products.size()), scatters += static_cast<std::int64_t>(gr.plan.scatters.size());
       pairs += static_cast<std::int64_t>(gr.plan.tile_pairs.size() + gr.plan.wide_pairs.size());
       terms += static_cast<std::int64_t>(gr.plan.tile_terms.size());
@@ -700,13 +755,49 @@ double BondUpdater::update_in(U1Mps& psi, int j, const GateTable& gate, const Tr
     spdlog::debug("mps.tebd: bond {}: {} charge blocks ({} values) in {} group(s), the largest {} x {}; planning {:.3f} s, Theta "
                   "{:.3f} s ({} GEMM products, {} scatters, {} sector pairs gathered with {} terms, {} of them wide in {} rounds), SVD "
                   "{:.3f} s ({} host, {} Jacobi, {} gesvdp), truncation {:.3f} s, C Y^dagger {:.3f} s, transfers {:.3f} s; kept {}",
-                  j + 1, all.size(), c_total, groups, m_max, n_max, a.planning - before.planning, a.theta - before.theta, products,
-                  scatters, pairs, terms, wide, rounds, a.svd - before.svd, a.svd_paths.host - before.svd_paths.host,
-                  a.svd_paths.jacobi - before.svd_paths.jacobi, a.svd_paths.polar - before.svd_paths.polar,
-                  a.truncation - before.truncation, a.finish - before.finish, a.transfers - before.transfers, psi.bonds[j + 1].size());
+                  j_ + 1, all_.size(), c_total_, gs_.size(), m_max, n_max, a.planning - before_.planning, a.theta - before_.theta,
+                  products, scatters, pairs, terms, wide, rounds, a.svd - before_.svd, a.svd_paths.host - before_.svd_paths.host,
+                  a.svd_paths.jacobi - before_.svd_paths.jacobi, a.svd_paths.polar - before_.svd_paths.polar,
+                  a.truncation - before_.truncation, a.finish - before_.finish, a.transfers - before_.transfers,
+                  psi_.bonds[j_ + 1].size());
   }
-  timings_.svd_for_memory += svd_for_memory;
-  return t.discarded;
+
+  BondUpdater& u_;
+  Backend& be_;
+  Stream& st_;
+  BondUpdater::Workspace& w_;
+  UpdateTimings& timings_;
+  const UpdateTimings before_;
+  std::chrono::steady_clock::time_point clock_ = std::chrono::steady_clock::now();
+  U1Mps& psi_;
+  const int j_;
+  const GateTable& gate_;
+  // plan_groups
+  std::vector<ChargeBlock> blocks_;
+  std::vector<std::size_t> svd_bytes_;
+  std::int64_t svd_for_memory_ = 0;  // (counted once the update succeeds: a retried one would count twice)
+  bool parked_ = false;
+  std::vector<std::size_t> cuts_;
+  std::vector<Group> gs_;
+  std::int64_t c_total_ = 0;
+  R* host_s_ = nullptr;
+  std::optional<engine::SpillStore> parked_blocks_;  // parked: every group's C, then every group's Vh (at vh_at_)
+  std::int64_t vh_at_ = 0;
+  // decompose (the last group's device C and Vh, which finish reuses when nothing is parked)
+  T *c_ = nullptr, *vh_ = nullptr;
+  // truncate
+  std::vector<std::vector<double>> values_;
+  std::vector<const ChargeBlock*> all_;  // the update's blocks in charge order, across the groups
+  Truncation t_;
+  double kept_norm_ = 0;
+  T* host_out_ = nullptr;
+  std::vector<const T*> cy_of_, y_of_;
+  std::int64_t out_at_ = 0, y_at_ = 0;
+};
+
+double BondUpdater::update(U1Mps& psi, int j, const GateTable& gate, const TruncParams& trunc) {
+  return precision_ == Precision::complex64 ? BondUpdate<kernels::cplx64>(*this, psi, j, gate).run(trunc)
+                                            : BondUpdate<kernels::cplx128>(*this, psi, j, gate).run(trunc);
 }
 
 std::vector<std::int64_t> owned_updates(std::int64_t count, int rank, int ranks, int first) {
@@ -715,7 +806,7 @@ std::vector<std::int64_t> owned_updates(std::int64_t count, int rank, int ranks,
   return mine;
 }
 
-LayerUpdater::LayerUpdater(Backend& backend, std::int64_t gpu_svd_from, Precision precision, RankExchange* ranks)
+LayerUpdater::LayerUpdater(Backend& backend, std::int64_t gpu_svd_from, Precision precision, comm::Communicator* ranks)
     : backend_(backend), gpu_svd_from_(gpu_svd_from), precision_(precision), ranks_(ranks && ranks->size() > 1 ? ranks : nullptr),
       updaters_(static_cast<std::size_t>(std::max(1, omp_get_max_threads()))), concurrency_(std::max(1, omp_get_max_threads())),
       fewest_(concurrency_) {}
@@ -904,9 +995,11 @@ void LayerUpdater::exchange(U1Mps& psi, const std::vector<BondGate>& updates, co
     }
   }
   const std::string packet = out.take();
-  const std::vector<std::string> all = ranks_->allgather(packet);
+  const comm::Received<char> received_bytes = ranks_->allgatherv(comm::HostSpan<const char>(packet.data(), packet.size()));
   const int me = ranks_->rank(), P = ranks_->size(), first = static_cast<int>(exchange_.exchanges % P);
-  if (all.size() != static_cast<std::size_t>(P)) throw std::logic_error("mps: the exchange returned a packet count other than the ranks'");
+  std::vector<std::string_view> all;  // each rank's packet
+  for (std::size_t q = 0, at = 0; q < received_bytes.counts.size(); at += received_bytes.counts[q++])
+    all.emplace_back(received_bytes.data.data() + at, received_bytes.counts[q]);
   // Every rank sees every packet, so every rank throws the same (the lowest failed rank's).
   for (int q = 0; q < P; ++q) {
     Unpacker in(all[static_cast<std::size_t>(q)]);
@@ -919,7 +1012,7 @@ void LayerUpdater::exchange(U1Mps& psi, const std::vector<BondGate>& updates, co
   }
   std::size_t received = mine.size();
   for (int q = 0; q < P; ++q) {
-    const std::string& bytes = all[static_cast<std::size_t>(q)];
+    const std::string_view bytes = all[static_cast<std::size_t>(q)];
     exchange_.bytes_received += q == me ? 0 : bytes.size();
     if (q == me) continue;
     Unpacker in(bytes);

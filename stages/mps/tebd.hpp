@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backend/backend.hpp"
+#include "comm/communicator.hpp"
 #include "kernels/charge_blocks.hpp"
 #include "stages/mps/gates.hpp"
 #include "stages/mps/truncation.hpp"
@@ -54,7 +55,10 @@ enum class Precision { complex128, complex64 };
 // Applies two-site gates on a backend: the MPS stays in host memory and each update streams the
 // two sites it touches through the backend (docs/mps.md). Workspaces grow to the largest update
 // and are charged to the backend's budgets. An update larger than the device share goes through
-// the backend in groups of centre charges (update_in), with the same arithmetic per block.
+// the backend in groups of centre charges (BondUpdate), with the same arithmetic per block.
+template <typename T>
+class BondUpdate;
+
 class BondUpdater {
  public:
   // gpu_svd_from: kernels::batched_svd's gpu_from (cuda: which charge blocks the GPU decomposes).
@@ -83,7 +87,7 @@ class BondUpdater {
  private:
   struct Workspace;
   template <typename T>
-  double update_in(U1Mps& psi, int j, const GateTable& gate, const TruncParams& trunc);
+  friend class BondUpdate;  // one update, step by step (tebd.cpp)
   double last_norm_ = 1;
   Precision precision_;
   Backend& backend_;
@@ -93,18 +97,6 @@ class BondUpdater {
   std::uint64_t device_share_ = std::numeric_limits<std::uint64_t>::max();
   bool host_svd_when_short_ = false;
   UpdateTimings timings_;
-};
-
-// How the ranks of a run share the updates of a layer (mps.tebd over MPI, or a unit test's
-// stand-in): every rank holds the whole MPS and calls allgather from one thread only, the same
-// number of times on every rank.
-class RankExchange {
- public:
-  virtual ~RankExchange() = default;
-  virtual int rank() const = 0;
-  virtual int size() const = 0;
-  // Every rank's bytes on every rank, in rank order.
-  virtual std::vector<std::string> allgather(const std::string& mine) = 0;
 };
 
 // What the ranks' exchanges did on this rank (for the log).
@@ -127,7 +119,8 @@ std::vector<std::int64_t> owned_updates(std::int64_t count, int rank, int ranks,
 // weights are summed in bond order, so the result does not depend on the thread count.
 //
 // With `ranks` (several MPI ranks, each holding the whole MPS), each rank computes its
-// owned_updates with its threads (starting each layer one rank further), then the ranks allgather what they computed (per update: its
+// owned_updates with its threads (starting each layer one rank further), then the ranks allgather
+// what they computed through the communicator (comm::Communicator::allgatherv; per update: its
 // index, discarded weight and kept norm, the new centre bond j+1 and sites j, j+1, packed as
 // serial.hpp does) so that every rank holds the same new MPS, bit for bit; eps and the weight are
 // then combined in list order on every rank, as with one rank. An exception in a rank's updates
@@ -136,7 +129,7 @@ std::vector<std::int64_t> owned_updates(std::int64_t count, int rank, int ranks,
 class LayerUpdater {
  public:
   LayerUpdater(Backend& backend, std::int64_t gpu_svd_from = kernels::kGpuSvdFrom,
-               Precision precision = Precision::complex128, RankExchange* ranks = nullptr);
+               Precision precision = Precision::complex128, comm::Communicator* ranks = nullptr);
   ~LayerUpdater();
   struct BondGate {
     int bond = 0;  // sites (bond, bond + 1)
@@ -163,7 +156,7 @@ class LayerUpdater {
   Backend& backend_;
   std::int64_t gpu_svd_from_;
   Precision precision_;
-  RankExchange* ranks_ = nullptr;
+  comm::Communicator* ranks_ = nullptr;
   ExchangeStats exchange_;
   std::vector<std::unique_ptr<BondUpdater>> updaters_;  // one per OpenMP thread, made on first use
   // How many updates run at once now. Per bond, the level its update needs: its updates run

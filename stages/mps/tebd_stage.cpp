@@ -19,6 +19,7 @@
 #include <map>
 #include <optional>
 
+#include "comm/communicator.hpp"
 #include "core/error.hpp"
 #include "core/fsutil.hpp"
 #include "core/hash.hpp"
@@ -292,18 +293,6 @@ double input_truncation_error(const h5::File& in) {
 
 // ------------------------------------------------------------------ ranks
 
-// The run's MPI ranks as LayerUpdater's exchange.
-class MpiRanks final : public RankExchange {
- public:
-  explicit MpiRanks(const mpi::Comm& comm) : comm_(comm) {}
-  int rank() const override { return comm_.rank(); }
-  int size() const override { return comm_.size(); }
-  std::vector<std::string> allgather(const std::string& mine) override { return comm_.allgather(mine); }
-
- private:
-  const mpi::Comm& comm_;
-};
-
 // What rank 0 tells the others after each time step.
 // Rank 0's restored step (0: none) to every rank, and with a step, its psi, eps and kept.
 int share_restored(const mpi::Comm& comm, int done, U1Mps& psi, double& eps, double& kept) {
@@ -399,8 +388,8 @@ class TebdStage final : public ComputedStage {
     const TruncParams trunc = trunc_params_from_json(ctx.params.at("trunc"), "trunc", psi.pair());
     const Evolution ev = make_evolution(model, psi.L, psi.d);
     const bool root = !ctx.comm || ctx.comm->root();
-    std::optional<MpiRanks> ranks;
-    if (ctx.comm && ctx.comm->size() > 1) ranks.emplace(*ctx.comm);
+    std::optional<comm::Communicator> ranks;  // (LayerUpdater's exchange of the updates each rank computed)
+    if (ctx.comm && ctx.comm->size() > 1) ranks.emplace(*ctx.comm, ctx.backend);
     Measurements m;
     double eps = input_truncation_error(in), kept = 1;
     std::optional<Shadow> shadow;

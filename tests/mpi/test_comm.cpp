@@ -217,6 +217,31 @@ TEST_F(CommTest, WrongCountsAreRefusedBeforeAnythingIsSent) {
   EXPECT_THROW(comm.alltoall_counts(too_few), std::logic_error);
 }
 
+// Every rank's elements everywhere, in rank order, whatever each sends (rank 1 none), in pieces
+// that cut through the elements.
+TEST_F(CommTest, AllgathervGivesEveryRanksElementsInRankOrder) {
+  const int size = comm.size(), rank = comm.rank();
+  auto elements_of = [](int r) {
+    std::vector<std::uint64_t> v(r == 1 ? 0 : static_cast<std::size_t>(3 + 5 * r));
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<std::uint64_t>(r) * 1000 + i;
+    return v;
+  };
+  for (const std::uint64_t piece : {std::uint64_t{13}, Communicator::kDefaultPieceBytes}) {
+    comm.set_piece_bytes(piece);
+    const std::vector<std::uint64_t> mine = elements_of(rank);
+    const auto got = comm.allgatherv(HostSpan<const std::uint64_t>(mine.data(), mine.size()));
+    std::vector<std::uint64_t> want;
+    Counts counts;
+    for (int p = 0; p < size; ++p) {
+      const auto theirs = elements_of(p);
+      want.insert(want.end(), theirs.begin(), theirs.end());
+      counts.push_back(theirs.size());
+    }
+    EXPECT_EQ(got.counts, counts) << "rank " << rank << ", pieces of " << piece;
+    EXPECT_EQ(got.data, want) << "rank " << rank << ", pieces of " << piece;
+  }
+}
+
 TEST_F(CommTest, AllgatherAndBroadcast) {
   const int size = comm.size(), rank = comm.rank();
   const std::vector<std::int64_t> all = comm.allgather(std::int64_t{7} * rank - 3);
