@@ -31,6 +31,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <numeric>
 
 #include "core/error.hpp"
 #include "core/fsutil.hpp"
@@ -44,6 +45,7 @@
 #include "stages/sci/fcidump.hpp"
 #include "stages/sci/resident_space.hpp"
 #include "stages/sci/sci_stages.hpp"
+#include "stages/sci/target_state.hpp"
 #include "stages/tensor/common.hpp"
 
 namespace qstage::stages {
@@ -61,6 +63,9 @@ struct SolveParams {
   double energy_tolerance = 1e-6, davidson_tolerance = 1e-5;
   std::optional<double> reference_energy;
   std::string amplitude_model = "first_order";
+  // The state (sci/target_state.hpp): the FCIDUMP's ISYM and MS2 unless these say otherwise.
+  std::optional<int> irrep, ms2;
+  std::optional<std::vector<int>> occupation;
 
   static SolveParams from_json(const json& p) {
     SolveParams s;
@@ -73,11 +78,27 @@ struct SolveParams {
     s.energy_tolerance = p.value("energy_tolerance", s.energy_tolerance);
     s.davidson_tolerance = p.value("davidson_tolerance", s.davidson_tolerance);
     if (p.contains("reference_energy")) s.reference_energy = p.at("reference_energy").get<double>();
+    if (p.contains("irrep")) s.irrep = p.at("irrep").get<int>();
+    if (p.contains("ms2")) s.ms2 = p.at("ms2").get<int>();
+    if (p.contains("occupation")) s.occupation = p.at("occupation").get<std::vector<int>>();
     return s;
   }
 };
 
 // ---------------------------------------------------------------- the problem and the space
+
+// The FCIDUMP with the MS2 the step asked for.
+sci::Integrals integrals_of(const fs::path& fcidump, std::optional<int> ms2) {
+  sci::Integrals ints = sci::read_fcidump(fcidump);
+  if (ms2) {
+    if ((ints.nelec + *ms2) % 2 != 0 || (ints.nelec + *ms2) / 2 > ints.norb || (ints.nelec - *ms2) / 2 > ints.norb ||
+        std::abs(*ms2) > ints.nelec)
+      throw InputError(fmt::format("parameter 'ms2' is {}, which NELEC={} in NORB={} orbitals cannot have; expected "
+                                   "NELEC + MS2 even and at most NORB electrons of each spin", *ms2, ints.nelec, ints.norb));
+    ints.ms2 = *ms2;
+  }
+  return ints;
+}
 
 struct Problem {
   sci::Integrals ints;
@@ -85,8 +106,10 @@ struct Problem {
   kernels::sci::HamiltonianView host;
   int na = 0, nb = 0;
   std::uint64_t max_per_source = 0;
-  explicit Problem(const fs::path& fcidump)
-      : ints(sci::read_fcidump(fcidump)), tables(sci::build_excitation_tables(ints)) {
+  sci::OrbitalSymmetry symmetry;
+  sci::TargetState target;  // the state looked for, and the determinant the space grows from
+  Problem(const fs::path& fcidump, const SolveParams& params)
+      : ints(integrals_of(fcidump, params.ms2)), tables(sci::build_excitation_tables(ints)), symmetry(ints.orbsym) {
     host = sci::host_view(ints, tables);
     na = ints.nalpha();
     nb = ints.nbeta();
@@ -96,7 +119,11 @@ struct Problem {
       throw InputError(fmt::format("FCIDUMP '{}': NELEC={}, MS2={} in NORB={} orbitals couple no determinant to another "
                                    "(no electron, or no integral that moves one); expected at least one electron that an "
                                    "integral can excite", fcidump.filename().string(), ints.nelec, ints.ms2, ints.norb));
+    target = sci::find_target(host, ints, params.irrep, params.occupation);
   }
+  // A candidate of another irrep than the target's never joins the space nor counts in E_PT2 (with
+  // integrals that respect the symmetry none is generated: this guards against those that do not).
+  bool in_target(const Det& d) const { return symmetry.irrep(d) == target.irrep; }
 };
 
 // A space: sorted determinants, a start vector for Davidson, and the iteration each joined in.
@@ -105,42 +132,6 @@ struct Space {
   std::vector<double> guess;
   std::vector<std::int32_t> joined;
 };
-
-// The lowest-diagonal determinant reached from aufbau by moves that lower it: an electron of one
-// spin, or a pair of both spins, from orbital i to a (a deterministic Hartree–Fock-like start
-// that does not trust the orbital order; pair moves keep a closed shell closed, where single
-// moves would stop half-way in a degenerate shell).
-Det reference_determinant(const Problem& p) {
-  auto low = [](int k) { return k >= 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << k) - 1; };
-  Det d{low(p.na), low(p.nb)};
-  double e = kernels::sci::diagonal(p.host, d);
-  const std::uint64_t all = low(p.ints.norb);
-  for (bool improved = true; improved;) {
-    improved = false;
-    for (int i = 0; i < p.ints.norb; ++i)
-      for (int a = 0; a < p.ints.norb; ++a) {
-        if (a == i) continue;
-        const std::uint64_t move = kernels::sci::bit(i) | kernels::sci::bit(a);
-        // alpha only, beta only, both
-        for (int which = 1; which <= 3; ++which) {
-          Det t = d;
-          if (which & 1) t.alpha ^= move;
-          if (which & 2) t.beta ^= move;
-          const auto fits = [&](std::uint64_t before, std::uint64_t after, bool moved) {
-            return !moved || (((before >> i) & 1) && !((before >> a) & 1) && (after & ~all) == 0);
-          };
-          if (!fits(d.alpha, t.alpha, which & 1) || !fits(d.beta, t.beta, which & 2)) continue;
-          const double et = kernels::sci::diagonal(p.host, t);
-          if (et < e - 1e-12) {
-            d = t;
-            e = et;
-            improved = true;
-          }
-        }
-      }
-  }
-  return d;
-}
 
 fs::path space_file(const KernelContext& ctx, int iteration) { return ctx.work_dir / fmt::format("stage-space-{}.bin", iteration); }
 
@@ -196,7 +187,28 @@ struct Memory {
   std::unique_ptr<sci::AmplitudeModel> amplitude_model;  // ranks the candidates (the parameter's)
   std::size_t products = 0;  // sigma passes taken
   std::chrono::steady_clock::time_point pass_started;
+  std::optional<double> s_squared;  // of the final state, once asked
 };
+
+// What the log says of the state a run looks for (rank 0), and of a lower determinant elsewhere.
+void log_target(const Problem& p) {
+  const sci::TargetState& t = p.target;
+  if (!t.symmetry_known)
+    spdlog::warn("sci.solve: ORBSYM's labels are not Molpro's irreps 1-8: the space is not kept to one irrep");
+  spdlog::info("sci.solve: looking for the lowest state of irrep {} ({}), MS2 {}, from {} (diagonal {:.10f})", t.irrep,
+               t.irrep_from, t.ms2, sci::describe(t.reference, p.ints.norb), t.reference_diagonal);
+  if (t.lower_elsewhere)
+    spdlog::warn("sci.solve: a lower determinant is of irrep {} ({}, diagonal {:.10f}, {:.1f} mHa below the reference): the "
+                 "lowest state may be of another irrep than {}; set 'irrep' (or 'occupation') to look there",
+                 t.lower_elsewhere_irrep, sci::describe(*t.lower_elsewhere, p.ints.norb), t.lower_elsewhere_diagonal,
+                 1e3 * (t.reference_diagonal - t.lower_elsewhere_diagonal), t.irrep);
+}
+
+// <S^2> of the final state (computed once).
+double final_spin_squared(Memory& m) {
+  if (!m.s_squared) m.s_squared = sci::spin_squared(m.space.dets, m.davidson->eigenvector());
+  return *m.s_squared;
+}
 
 // ---------------------------------------------------------------- kernels
 
@@ -358,27 +370,29 @@ class ScoreKernel final : public engine::PassKernel {
     const std::uint64_t rows = b.rows.size(), tiles = (rows + tile_rows_ - 1) / tile_rows_;
     const std::size_t partial_bytes = sizeof(ScoreHeader) + k_ * sizeof(Scored);
     const auto& space = m_.space.dets;
-    // Per tile: first each candidate's denominator E - H_aa and whether it is in the space, on every
+    // Per tile: first each candidate's denominator E - H_aa and whether it is skipped (in the space,
+    // or of another irrep), on every
     // thread; then, in row order on one, E_PT2's sum and the top-K, as a tile always summed them
     // (the same bits). (A tile of k = max_new_dets holds millions of rows: one thread a tile left
     // the others idle.)
     constexpr std::uint64_t kChunk = 4096;
     std::vector<double> denominator(std::min(rows, tile_rows_));
-    std::vector<unsigned char> in_space(denominator.size());
+    std::vector<unsigned char> skipped(denominator.size());
     for (std::uint64_t t = 0; t < tiles; ++t) {
       const std::uint64_t begin = t * tile_rows_, end = std::min(rows, begin + tile_rows_);
       parallel_for(static_cast<std::int64_t>((end - begin + kChunk - 1) / kChunk), [&](std::int64_t c) {
         const std::uint64_t from = begin + static_cast<std::uint64_t>(c) * kChunk, to = std::min(end, from + kChunk);
         for (std::uint64_t r = from; r < to; ++r) {
           const Det d{keys[2 * r], keys[2 * r + 1]};
-          in_space[r - begin] = kernels::sci::find_sorted(space.data(), space.size(), d) < space.size();
-          if (!in_space[r - begin]) denominator[r - begin] = floored(energy_ - kernels::sci::diagonal(m_.problem->host, d));
+          skipped[r - begin] = kernels::sci::find_sorted(space.data(), space.size(), d) < space.size() ||
+                                !m_.problem->in_target(d);  // (skipped alike)
+          if (!skipped[r - begin]) denominator[r - begin] = floored(energy_ - kernels::sci::diagonal(m_.problem->host, d));
         }
       });
       ScoreHeader h;
       std::vector<Scored> top;  // (grows: a std::bad_alloc leaves the pass as an error)
       for (std::uint64_t r = begin; r < end; ++r) {
-        if (in_space[r - begin]) continue;
+        if (skipped[r - begin]) continue;
         const double den = denominator[r - begin];
         const double v = values[r];
         h.pt2 += v * v / den;
@@ -609,7 +623,7 @@ class SolveStage final : public Stage {
   void write_results(const StagePlan&, const StepResults& r, h5::File& out) const override {
     const json& d = r.context->passes->data;
     const json& hist = d.at("history");
-    const Memory& m = memory(*r.context, *r.context->passes);
+    Memory& m = memory(*r.context, *r.context->passes);
     // One value per iteration from the history (`missing` where an iteration has none).
     auto column = [&](const char* key, h5::DType type, auto missing, const char* doc) {
       std::vector<decltype(missing)> v;
@@ -640,6 +654,31 @@ class SolveStage final : public Stage {
     detail::write_scalar(out, "pt2_unique", h5::DType::uint64, &pt2_unique, "unique candidates of the final PT2");
     detail::write_array(out, "joined_iteration", h5::DType::int32, {m.space.joined.size()}, m.space.joined.data(),
                         "iteration each determinant joined the space (dets[joined <= k] is iteration k's space)");
+    // Which state this is: its irrep and spin, where it started, and its largest determinants.
+    const sci::TargetState& t = m.problem->target;
+    out.set_attribute("irrep", static_cast<std::int64_t>(t.irrep));
+    out.set_attribute("irrep_from", t.irrep_from);
+    out.set_attribute("ms2", static_cast<std::int64_t>(t.ms2));
+    out.set_attribute("s_squared", final_spin_squared(m));
+    out.set_attribute("reference_determinant", sci::describe(t.reference, m.problem->ints.norb));
+    out.set_attribute("reference_diagonal", t.reference_diagonal);
+    if (t.lower_elsewhere)
+      out.set_attribute("warning", fmt::format("a determinant of irrep {} ({}) has a lower diagonal ({:.10f}) than this "
+                                               "state's reference: the lowest state may be of another irrep",
+                                               t.lower_elsewhere_irrep, sci::describe(*t.lower_elsewhere, m.problem->ints.norb),
+                                               t.lower_elsewhere_diagonal));
+    {
+      const auto& c = m.davidson->eigenvector();
+      std::vector<std::size_t> order(c.size());
+      std::iota(order.begin(), order.end(), std::size_t{0});
+      const std::size_t shown = std::min<std::size_t>(5, order.size());
+      std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(shown), order.end(),
+                        [&](std::size_t a, std::size_t b) { return std::fabs(c[a]) > std::fabs(c[b]) || (std::fabs(c[a]) == std::fabs(c[b]) && a < b); });
+      std::string leading;
+      for (std::size_t i = 0; i < shown; ++i)
+        leading += fmt::format("{}{:+.6f} {}", i ? "\n" : "", c[order[i]], sci::describe(m.space.dets[order[i]], m.problem->ints.norb));
+      out.set_attribute("leading_determinants", leading);
+    }
     out.set_attribute("converged", static_cast<std::int64_t>(d.value("converged", false)));
     out.set_attribute("stop_reason", d.value("stop_reason", std::string()));
     const SolveParams params = SolveParams::from_json(r.context->params);
@@ -668,9 +707,12 @@ class SolveStage final : public Stage {
     const json& d = r.context->passes->data;
     const json& last = d.at("history").back();
     const double e_pt2 = d.contains("final_pt2") ? d.at("final_pt2").get<double>() : last.value("e_pt2", 0.0);
-    return fmt::format("{} determinants, E_var {:.10f}, E_PT2 {:.10f}, total {:.10f} ({})", last.at("dets").get<std::uint64_t>(),
-                       last.at("e_var").get<double>(), e_pt2, last.at("e_var").get<double>() + e_pt2,
-                       d.value("stop_reason", std::string()));
+    Memory& m = memory(*r.context, *r.context->passes);
+    return fmt::format("{} determinants, E_var {:.10f}, E_PT2 {:.10f}, total {:.10f} ({}); irrep {}, MS2 {}, <S^2> {:.4f}{}",
+                       last.at("dets").get<std::uint64_t>(), last.at("e_var").get<double>(), e_pt2,
+                       last.at("e_var").get<double>() + e_pt2, d.value("stop_reason", std::string()), m.problem->target.irrep,
+                       m.problem->target.ms2, final_spin_squared(m),
+                       m.problem->target.lower_elsewhere ? " (a lower determinant is of another irrep: see the log)" : "");
   }
 
  private:
@@ -779,12 +821,15 @@ class SolveStage final : public Stage {
   Memory& memory(const KernelContext& ctx, const PassState& state) const {
     std::lock_guard lock(mutex_);
     Memory& m = memories_[ctx.step_key];
-    if (!m.problem) m.problem = std::make_unique<Problem>(ctx.files.at("/fcidump"));
+    if (!m.problem) {
+      m.problem = std::make_unique<Problem>(ctx.files.at("/fcidump"), SolveParams::from_json(ctx.params));
+      if (!ctx.comm || ctx.comm->root()) log_target(*m.problem);
+    }
     if (!m.amplitude_model) m.amplitude_model = sci::make_amplitude_model(SolveParams::from_json(ctx.params).amplitude_model);
     const int k = state.data.value("iteration", 0);
     if (m.iteration != k) {
       if (k == 0) {
-        m.space = Space{{reference_determinant(*m.problem)}, {1.0}, {0}};
+        m.space = Space{{m.problem->target.reference}, {1.0}, {0}};
       } else {
         const fs::path f = space_file(ctx, k);
         m.space = decode(fsutil::read_file(f), f);
