@@ -410,7 +410,7 @@ class ExchangedSink final : public OutputSink {
 
   // Collective: the buckets stay in the files the exchange wrote, and the output names them (a
   // later pass of the step reads them in place: exchanged_output()). Nothing is copied into HDF5.
-  void write_final(h5::File& out, const fs::path& final_path, Buffer&) override {
+  void write_final(h5::File& out, const fs::path& final_path) override {
     out.set_attribute(decl_.name + kBucketRows, bucket_rows_);
     out.set_attribute(decl_.name + kRowBytes, decl_.row_bytes());
     out.set_attribute(decl_.name + kOutputIndex, static_cast<std::uint64_t>(index_));
@@ -462,7 +462,9 @@ void SegmentFile::create(const fs::path& final_path) {
 }
 
 void SegmentFile::close() {
-  file_.flush();
+  // (under MPI-IO a flush is an MPI_File_sync: paid at a commit, not at a pass's end between them,
+  // where the runner's commit point syncs the file system instead; fsutil::DeferredDurability)
+  if (!fsutil::durability_deferred()) file_.flush();
   file_.close();
 }
 

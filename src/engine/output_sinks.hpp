@@ -63,7 +63,7 @@ class SegmentFile {
   void create(const std::filesystem::path& final_path);  // collective
   h5::File& file() { return file_; }
   const std::filesystem::path& temp() const { return temp_; }
-  void close();  // collective: flushes (MPI_File_sync under MPI-IO) and closes
+  void close();  // collective: flushes (MPI_File_sync under MPI-IO; not while durability is deferred) and closes
 
  private:
   const mpi::Comm& comm_;
@@ -122,11 +122,11 @@ class OutputSink {
   virtual void create_final(h5::File& out) {}
   virtual void copy_segment(h5::File& segment, const Segment& seg, Buffer& buffer, const mpi::Comm& comm) {}
   virtual void write_serial(const std::filesystem::path& file) {}
-  // Collective, at the end, with the output open on every rank: outputs not in segments that
-  // every rank writes (exchanged ones, from their owners' bucket files).
-  virtual bool writes_final() const { return false; }
+  // Collective, at the end, with the output open on every rank: what outputs not in segments
+  // write into it on every rank (exchanged ones: the attributes naming their bucket files).
   // (`final_path`: where `out` will be once committed; it is still under its temporary name.)
-  virtual void write_final(h5::File& out, const std::filesystem::path& final_path, Buffer& buffer) {}
+  virtual bool writes_final() const { return false; }
+  virtual void write_final(h5::File& out, const std::filesystem::path& final_path) {}
   virtual void report(OutputReport& r) const = 0;
 
  protected:

@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""sci.solve against Dice (Sharma's SHCI, github sanshar/Dice), the selected-CI code chemists
+use, on the same FCIDUMP, thresholds and state, one after the other on the same machine.
+
+    python3 bench/sci_dice_bench.py --fcidump FILE --eps-var 2e-4 [--eps-pt2 1e-6] \\
+        --qstage build/qstage --device cuda --dice /path/to/Dice --dice-ranks 16 [--irrep 1] [--dir /tmp/sd]
+
+qstage runs first; Dice then starts from qstage's reference determinant (the output's
+`reference_determinant`: the same irrep and S_z, as Dice's `nocc` line fixes them), with
+`schedule 0 eps_var`, `davidsonTol 1e-5`, `dE 1e-6` and, with --eps-pt2, deterministic
+Epstein-Nesbet PT2 at `epsilon2 eps_pt2` (qstage's final PT2 is deterministic too). Without
+--eps-pt2 neither runs a PT2. Dice gets the FCIDUMP with a one-line `&FCI NORB=..,NELEC=..,MS2=..,`
+header, the only form its reader takes. Dice is a benchmark peer, never part of qstage: build it
+with bench/build_dice.sh.
+
+Prints one JSON object: each tool's wall seconds (the whole process), E_var, E_var + E_PT2 and
+determinants (Dice's from its log), the ratio of the wall times, and the energy differences.
+"""
+import argparse
+import json
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import h5py
+
+
+def one_line_header(src, dst):
+    """The FCIDUMP with its namelist rewritten as Dice reads it."""
+    text = Path(src).read_text()
+    end = re.search(r"(&END|/|\$END)", text, re.IGNORECASE)
+    header, body = text[:end.start()], text[end.end():]
+    values = {}
+    for key in ("NORB", "NELEC", "MS2", "ISYM"):
+        m = re.search(rf"\b{key}\s*=\s*(-?\d+)", header, re.IGNORECASE)
+        if m:
+            values[key] = int(m.group(1))
+    orbsym = re.search(r"ORBSYM\s*=\s*([\d,\s]+)", header, re.IGNORECASE)
+    labels = [x for x in re.split(r"[,\s]+", orbsym.group(1)) if x] if orbsym else ["1"] * values["NORB"]
+    head = f"&FCI NORB={values['NORB']},NELEC={values['NELEC']},MS2={values.get('MS2', 0)},\n"
+    head += " ORBSYM=" + ",".join(labels) + ",\n" + f" ISYM={values.get('ISYM', 1)},\n&END\n"
+    Path(dst).write_text(head + body.lstrip("\n"))
+    return values
+
+
+def spin_orbitals(described):
+    """qstage's "alpha 0-5, 7; beta 0-5" as Dice's occupied spin orbitals (2p alpha, 2p + 1 beta)."""
+    out = []
+    for part in described.split(";"):
+        spin, _, orbitals = part.strip().partition(" ")
+        for item in orbitals.split(","):
+            item = item.strip()
+            if not item or item == "none":
+                continue
+            lo, _, hi = item.partition("-")
+            for p in range(int(lo), int(hi or lo) + 1):
+                out.append(2 * p + (spin == "beta"))
+    return sorted(out)
+
+
+def run_qstage(a, d):
+    params = f"fcidump: {Path(a.fcidump).resolve()}, eps_var: {a.eps_var}, max_new_dets: {a.max_new_dets}"
+    params += f", eps_pt2: {a.eps_pt2 if a.eps_pt2 else a.eps_var}"
+    if a.irrep:
+        params += f", irrep: {a.irrep}"
+    (d / "sci.yaml").write_text(f"name: sci-dice-bench\nsteps:\n  - id: sci\n    stage: sci.solve\n    params: {{{params}}}\n")
+    t = time.time()
+    p = subprocess.run([a.qstage, "run", str(d / "sci.yaml"), "--run-dir", str(d / "qstage"), "--device", a.device],
+                       capture_output=True, text=True)
+    wall = time.time() - t
+    if p.returncode:
+        raise SystemExit(f"qstage failed (exit {p.returncode}):\n{p.stderr[-2000:]}")
+    with h5py.File(d / "qstage" / "outputs" / "sci.h5") as f:
+        return {"wall_seconds": wall, "e_var": float(f["energy"][()]), "e_total": float(f["e_total"][()]),
+                "dets": int(f["dets"].shape[0]), "step_seconds": float(f.attrs["qstage.wall_seconds"]),
+                "irrep": int(f.attrs["irrep"]), "s_squared": float(f.attrs["s_squared"]),
+                "reference": f.attrs["reference_determinant"]}
+
+
+def run_dice(a, d, reference):
+    work = d / "dice"
+    work.mkdir(exist_ok=True)
+    one_line_header(a.fcidump, work / "FCIDUMP")
+    occ = spin_orbitals(reference)
+    pt = (f"deterministic\nepsilon2 {a.eps_pt2}\n" if a.eps_pt2
+          else "#no PT: stochastic PT with nPTiter 0 is skipped\nsampleN 200\nnPTiter 0\n")
+    (work / "input.dat").write_text(
+        f"#system\nnocc {len(occ)}\n{' '.join(map(str, occ))}\nend\norbitals FCIDUMP\nnroots 1\n\n"
+        f"#variational\nschedule\n0 {a.eps_var}\nend\ndavidsonTol 1e-5\ndE 1e-6\nmaxiter {a.max_iterations}\nnoio\n\n"
+        f"#pt\n{pt}")
+    for shm in Path("/dev/shm").glob("SHCI*"):  # (its ranks' shared segments: a crashed run leaves them)
+        shm.unlink()
+    cmd = ["mpirun", "--allow-run-as-root", "--bind-to", "none", "-np", str(a.dice_ranks), a.dice, "input.dat"]
+    t = time.time()
+    p = subprocess.run(cmd, cwd=work, capture_output=True, text=True)
+    wall = time.time() - t
+    (work / "dice.log").write_text(p.stdout + p.stderr)
+    if p.returncode:
+        raise SystemExit(f"Dice failed (exit {p.returncode}):\n{(p.stdout + p.stderr)[-2000:]}")
+    log = p.stdout
+    e_var = None
+    after = log.split("Variational calculation result", 1)[-1]
+    m = re.search(r"^\s*0\s+(-?\d+\.\d+)", after, re.MULTILINE)
+    if m:
+        e_var = float(m.group(1))
+    pt = re.search(r"PTEnergy:\s+(-?\d+\.\d+)", log)
+    dets = re.findall(r"^\s*\d+\s+\d+\s+[-\d.eE]+\s+(\d+)\s+", log, re.MULTILINE)  # (the iteration table's column)
+    return {"wall_seconds": wall, "e_var": e_var, "e_total": float(pt.group(1)) if pt else e_var,
+            "dets": int(dets[-1]) if dets else None, "occupation": occ, "ranks": a.dice_ranks}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--fcidump", required=True)
+    p.add_argument("--eps-var", type=float, default=2e-4)
+    p.add_argument("--eps-pt2", type=float, default=None, help="deterministic EN-PT2 threshold (none: no PT2)")
+    p.add_argument("--max-new-dets", type=int, default=1000000)
+    p.add_argument("--max-iterations", type=int, default=20)
+    p.add_argument("--irrep", type=int, default=None, help="the state's irrep (default: the FCIDUMP's ISYM)")
+    p.add_argument("--qstage", default="build/qstage")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--dice", default=None, help="the Dice binary (bench/build_dice.sh); none: qstage alone")
+    p.add_argument("--dice-ranks", type=int, default=os.cpu_count())
+    p.add_argument("--dir", default="/tmp/sci-dice-bench")
+    a = p.parse_args()
+    d = Path(a.dir)
+    subprocess.run(["rm", "-rf", str(d)], check=True)
+    d.mkdir(parents=True)
+    out = {"fcidump": str(a.fcidump), "eps_var": a.eps_var, "eps_pt2": a.eps_pt2, "device": a.device,
+           "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "qstage": run_qstage(a, d)}
+    if a.dice:
+        out["dice"] = run_dice(a, d, out["qstage"]["reference"])
+        q, x = out["qstage"], out["dice"]
+        out["dice_over_qstage_wall"] = x["wall_seconds"] / q["wall_seconds"]
+        if x["e_var"] is not None:
+            out["e_var_difference_mha"] = 1e3 * (q["e_var"] - x["e_var"])
+        if x["e_total"] is not None:
+            out["e_total_difference_mha"] = 1e3 * (q["e_total"] - x["e_total"])
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
