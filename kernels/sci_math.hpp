@@ -307,4 +307,32 @@ QSTAGE_HD std::uint64_t find_sorted(const Det* keys, std::uint64_t n, const Det&
   return lo < n && keys[lo] == key ? lo : n;
 }
 
+// A determinant's irrep in D2h or a subgroup: the product of its electrons' orbitals' irreps,
+// labels 0-7 (the FCIDUMP's minus one) whose products are XORs. mask[g]: the orbitals of label g.
+struct IrrepMasks {
+  std::uint64_t mask[8] = {};
+  int target = 0;      // the label looked for
+  bool known = false;  // false: every determinant counts as the target's
+};
+QSTAGE_HD int irrep_of(const IrrepMasks& m, const Det& d) {
+  int g = 0;
+  for (int k = 1; k < 8; ++k)  // (label 0's electrons change nothing)
+    if ((popcount(d.alpha & m.mask[k]) + popcount(d.beta & m.mask[k])) & 1) g ^= k;
+  return g;
+}
+
+// Whether scoring skips a candidate: it is in the sorted space, or of another irrep.
+QSTAGE_HD unsigned char score_skips(const Det* space, std::uint64_t space_size, const IrrepMasks& m, const Det& d) {
+  return find_sorted(space, space_size, d) < space_size || (m.known && irrep_of(m, d) != m.target);
+}
+
+// E - H_aa kept at least kDenominatorFloor from zero: a candidate degenerate with the space's
+// energy (a shell the space fills only in part) would otherwise give an infinite PT2 term and
+// amplitude; with the floor it scores first, joins the space, and no longer counts in PT2.
+constexpr double kDenominatorFloor = 1e-6;
+QSTAGE_HD double floored_denominator(double denominator) {
+  if (denominator >= kDenominatorFloor || denominator <= -kDenominatorFloor) return denominator;
+  return denominator < 0 ? -kDenominatorFloor : kDenominatorFloor;
+}
+
 }  // namespace qstage::kernels::sci

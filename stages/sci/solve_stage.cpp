@@ -38,6 +38,7 @@
 #include "core/parallel.hpp"
 #include "core/units.hpp"
 #include "kernels/sci_generate.hpp"
+#include "kernels/sci_score.hpp"
 #include "stages/keys/dedup_passes.hpp"
 #include "stages/sci/amplitude_model.hpp"
 #include "stages/sci/davidson.hpp"
@@ -121,9 +122,6 @@ struct Problem {
                                    "integral can excite", fcidump.filename().string(), ints.nelec, ints.ms2, ints.norb));
     target = sci::find_target(host, ints, params.irrep, params.occupation);
   }
-  // A candidate of another irrep than the target's never joins the space nor counts in E_PT2 (with
-  // integrals that respect the symmetry none is generated: this guards against those that do not).
-  bool in_target(const Det& d) const { return symmetry.irrep(d) == target.irrep; }
 };
 
 // A space: sorted determinants, a start vector for Davidson, and the iteration each joined in.
@@ -349,51 +347,41 @@ class ScoreReduction final : public engine::Reduction {
   std::vector<Scored> top_;
 };
 
-// E - H_aa kept at least kDenominatorFloor from zero: a candidate degenerate with the space's
-// energy (a shell the space fills only in part) would otherwise give an infinite PT2 term and
-// amplitude; with the floor it scores first, joins the space, and no longer counts in PT2.
-constexpr double kDenominatorFloor = 1e-6;
-double floored(double denominator) {
-  if (std::fabs(denominator) >= kDenominatorFloor) return denominator;
-  return denominator < 0 ? -kDenominatorFloor : kDenominatorFloor;
-}
-
-// On the host (its inputs' pinned copies): per unique candidate outside the space, the EN-PT2
-// term and the model's amplitude; each tile's partial keeps its K best.
-class ScoreKernel final : public engine::PassKernel {
+// Per unique candidate outside the space (and of the target's irrep), the EN-PT2 term and the
+// model's amplitude; each tile's partial keeps its K best. Whether a candidate counts and its
+// denominator E - H_aa come from the backend (kernels/sci_score.hpp: on the GPU, the space and
+// the integrals resident for the pass); the sums and the top-K are the host's, per tile in row
+// order, so E_PT2 and the top-K have the same bits on every backend and for any batch.
+class ScoreKernel final : public SpaceKernel {
  public:
   ScoreKernel(const Memory& m, const sci::AmplitudeModel& model, double energy, std::uint64_t k, std::uint64_t tile_rows)
-      : m_(m), model_(model), energy_(energy), k_(k), tile_rows_(tile_rows) {}
+      : SpaceKernel(m, nullptr), model_(model), energy_(energy), k_(k), tile_rows_(tile_rows) {}
+  // Device scratch a row: its denominator and whether it is skipped.
+  static constexpr std::uint64_t kScratchPerRow = sizeof(double) + 1;
+
   void process(const engine::BatchView& b) override {
     const auto* keys = static_cast<const std::uint64_t*>(b.host_inputs[0]);
     const auto* values = static_cast<const double*>(b.host_inputs[1]);
     const std::uint64_t rows = b.rows.size(), tiles = (rows + tile_rows_ - 1) / tile_rows_;
     const std::size_t partial_bytes = sizeof(ScoreHeader) + k_ * sizeof(Scored);
-    const auto& space = m_.space.dets;
-    // Per tile: first each candidate's denominator E - H_aa and whether it is skipped (in the space,
-    // or of another irrep), on every
-    // thread; then, in row order on one, E_PT2's sum and the top-K, as a tile always summed them
-    // (the same bits). (A tile of k = max_new_dets holds millions of rows: one thread a tile left
-    // the others idle.)
-    constexpr std::uint64_t kChunk = 4096;
-    std::vector<double> denominator(std::min(rows, tile_rows_));
-    std::vector<unsigned char> skipped(denominator.size());
+    const Problem& p = *m_.problem;
+    auto* device_denominator = static_cast<double*>(b.scratch);
+    auto* device_skipped = reinterpret_cast<unsigned char*>(device_denominator + rows);
+    kernels::sci_score_rows(*b.stream, {h_->view(), space_.as<Det>(), m_.space.dets.size(),
+                                        p.symmetry.masks(p.target.irrep), static_cast<const Det*>(b.inputs[0]), rows,
+                                        energy_, device_denominator, device_skipped});
+    denominator_.resize(rows);
+    skipped_.resize(rows);
+    backend_->copy_to_host(denominator_.data(), device_denominator, rows * sizeof(double), *b.stream);
+    backend_->copy_to_host(skipped_.data(), device_skipped, rows, *b.stream);
+    b.stream->synchronize();
     for (std::uint64_t t = 0; t < tiles; ++t) {
       const std::uint64_t begin = t * tile_rows_, end = std::min(rows, begin + tile_rows_);
-      parallel_for(static_cast<std::int64_t>((end - begin + kChunk - 1) / kChunk), [&](std::int64_t c) {
-        const std::uint64_t from = begin + static_cast<std::uint64_t>(c) * kChunk, to = std::min(end, from + kChunk);
-        for (std::uint64_t r = from; r < to; ++r) {
-          const Det d{keys[2 * r], keys[2 * r + 1]};
-          skipped[r - begin] = kernels::sci::find_sorted(space.data(), space.size(), d) < space.size() ||
-                                !m_.problem->in_target(d);  // (skipped alike)
-          if (!skipped[r - begin]) denominator[r - begin] = floored(energy_ - kernels::sci::diagonal(m_.problem->host, d));
-        }
-      });
       ScoreHeader h;
       std::vector<Scored> top;  // (grows: a std::bad_alloc leaves the pass as an error)
       for (std::uint64_t r = begin; r < end; ++r) {
-        if (skipped[r - begin]) continue;
-        const double den = denominator[r - begin];
+        if (skipped_[r]) continue;
+        const double den = denominator_[r];
         const double v = values[r];
         h.pt2 += v * v / den;
         if (k_) {
@@ -414,10 +402,11 @@ class ScoreKernel final : public engine::PassKernel {
   }
 
  private:
-  const Memory& m_;
   const sci::AmplitudeModel& model_;
   double energy_;
   std::uint64_t k_, tile_rows_;
+  std::vector<double> denominator_;
+  std::vector<unsigned char> skipped_;
 };
 
 // The output pass: the final space and coefficients, copied from the host.
@@ -517,9 +506,13 @@ class SolveStage final : public Stage {
       p.name = fmt::format("score {}", m.iteration);
       p.pass.rows = r.unique;
       p.pass.tile_rows = std::max<std::uint64_t>(kScoreTileMin, std::bit_ceil(4 * std::max<std::uint64_t>(k, 1)));
+      // (the keys on the device for the kernel, and in pinned memory for the host's sums; the
+      // values only there)
       p.pass.inputs.push_back({"unique keys", nullptr, 16});
       p.pass.inputs.push_back({"summed H c", nullptr, 8});
-      for (auto& in : p.pass.inputs) in.place = engine::StreamedInput::Place::host;
+      p.pass.inputs[1].place = engine::StreamedInput::Place::host;
+      p.pass.resident_device_bytes = SpaceKernel::resident_bytes(m, false);
+      p.pass.scratch_device_bytes_per_row = ScoreKernel::kScratchPerRow;
       p.streamed_inputs = {earlier_pass_input(r.pass, r.keys), earlier_pass_input(r.pass, r.values)};
       p.pass.tile_partial_bytes = sizeof(ScoreHeader) + k * sizeof(Scored);
       p.pass.partials_on_host = true;

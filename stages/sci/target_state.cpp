@@ -16,31 +16,24 @@ using kernels::sci::bit;
 using kernels::sci::diagonal;
 using kernels::sci::HamiltonianView;
 
-OrbitalSymmetry::OrbitalSymmetry(const std::vector<int>& orbsym) : orbsym_(orbsym) {
-  for (const int g : orbsym) known_ = known_ && g >= 1 && g <= 8;
-  if (!known_) return;
-  for (std::size_t p = 0; p < orbsym.size(); ++p) mask_[orbsym[p] - 1] |= bit(static_cast<int>(p));
-}
-
-int OrbitalSymmetry::irrep(const Det& d) const {
-  if (!known_) return 1;
-  int g = 0;
-  for (int k = 1; k < 8; ++k)  // (label 1's electrons change nothing)
-    if ((std::popcount(d.alpha & mask_[k]) + std::popcount(d.beta & mask_[k])) & 1) g ^= k;
-  return g + 1;
+OrbitalSymmetry::OrbitalSymmetry(const std::vector<int>& orbsym) {
+  masks_.known = true;
+  for (const int g : orbsym) masks_.known = masks_.known && g >= 1 && g <= 8;
+  if (!masks_.known) return;
+  for (std::size_t p = 0; p < orbsym.size(); ++p) masks_.mask[orbsym[p] - 1] |= bit(static_cast<int>(p));
 }
 
 std::vector<int> OrbitalSymmetry::reachable() const {
   std::set<int> span{0};
   for (int k = 0; k < 8; ++k) {
-    if (!mask_[k]) continue;
+    if (!masks_.mask[k]) continue;
     std::set<int> more = span;
     for (const int s : span) more.insert(s ^ k);
     span = std::move(more);
   }
   std::vector<int> labels;
   for (const int s : span) labels.push_back(s + 1);
-  return known_ ? labels : std::vector<int>{1};
+  return masks_.known ? labels : std::vector<int>{1};
 }
 
 namespace {

@@ -30,17 +30,20 @@ using kernels::sci::Det;
 class OrbitalSymmetry {
  public:
   explicit OrbitalSymmetry(const std::vector<int>& orbsym);
-  bool known() const { return known_; }
-  // Label (1..8) of a determinant, of one orbital.
-  int irrep(const Det& d) const;
-  int orbital(int p) const { return known_ ? orbsym_[static_cast<std::size_t>(p)] : 1; }
+  bool known() const { return masks_.known; }
+  // Label (1..8) of a determinant.
+  int irrep(const Det& d) const { return masks_.known ? kernels::sci::irrep_of(masks_, d) + 1 : 1; }
   // The labels a determinant can have: the products of the orbitals' labels.
   std::vector<int> reachable() const;
+  // For the kernels, with the target's label (1..8).
+  kernels::sci::IrrepMasks masks(int target) const {
+    kernels::sci::IrrepMasks m = masks_;
+    m.target = target - 1;
+    return m;
+  }
 
  private:
-  bool known_ = true;
-  std::vector<int> orbsym_;
-  std::uint64_t mask_[8] = {};  // orbitals of label g + 1
+  kernels::sci::IrrepMasks masks_;  // mask[g]: the orbitals of label g + 1
 };
 
 struct TargetState {

@@ -6,12 +6,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <random>
 #include <set>
 #include <vector>
 
 #include "kernels/sci_generate.hpp"
+#include "kernels/sci_score.hpp"
 #include "stages/sci/davidson.hpp"
 #include "stages/sci/excitation_tables.hpp"
 #include "stages/sci/fcidump.hpp"
@@ -300,6 +302,100 @@ TEST(SciGpu, GenerateAndSigmaMatchTheCpuTwins) {
   for (std::size_t r = 0; r + 100 < n; ++r) {
     ASSERT_NEAR(gs[r], sigma[r + 100], 1e-11 * (1 + std::fabs(sigma[r + 100]))) << r;
     ASSERT_NEAR(gd[r], diag[r + 100], 1e-11 * (1 + std::fabs(diag[r + 100]))) << r;
+  }
+}
+
+// Scoring's per-candidate part (kernels/sci_score.hpp): candidates in the space or of another irrep
+// are skipped, the others get E - H_aa floored away from zero; the GPU gives the CPU twin's bits
+// (its file is compiled without fused multiply-adds, so E_PT2 is the same on both).
+namespace {
+
+struct ScoreCase {
+  Hamiltonian h{sci::read_fcidump(data_file("h2o_FCIDUMP_symm"))};  // (ORBSYM 2, 1, 3, 1)
+  std::vector<Det> space, candidates;
+  kernels::sci::IrrepMasks irreps;
+  double energy = 0;
+  ScoreCase() {
+    const auto all = all_dets(h.ints.norb, h.ints.nalpha(), h.ints.nbeta());
+    for (std::size_t i = 0; i < all.size(); ++i) (i % 3 == 0 ? space : candidates).push_back(all[i]);
+    candidates.insert(candidates.end(), space.begin(), space.begin() + 2);  // (two in the space)
+    irreps.known = true;
+    for (int p = 0; p < h.ints.norb; ++p) irreps.mask[h.ints.orbsym[p] - 1] |= std::uint64_t{1} << p;
+    irreps.target = 0;
+    // E equal to one candidate's H_aa: its denominator is floored
+    energy = kernels::sci::diagonal(h.view, candidates[1]);
+  }
+};
+
+}  // namespace
+
+TEST(SciScore, CandidatesInTheSpaceOrOfAnotherIrrepAreSkippedTheOthersGetFlooredDenominators) {
+  ScoreCase c;
+  const std::size_t n = c.candidates.size();
+  std::vector<double> den(n, -7);
+  std::vector<unsigned char> skipped(n, 9);
+  kernels::sci_score_rows_cpu({c.h.view, c.space.data(), c.space.size(), c.irreps, c.candidates.data(), n, c.energy,
+                               den.data(), skipped.data()});
+  int other_irrep = 0, counted = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const Det& d = c.candidates[i];
+    int g = 0;  // (the product of the electrons' labels, computed here orbital by orbital)
+    for (int p = 0; p < c.h.ints.norb; ++p)
+      if (((d.alpha >> p) & 1) != ((d.beta >> p) & 1)) g ^= c.h.ints.orbsym[p] - 1;
+    const bool in_space = std::binary_search(c.space.begin(), c.space.end(), d);
+    const bool skip = in_space || g != 0;
+    other_irrep += !in_space && g != 0;
+    ASSERT_EQ(skipped[i], skip ? 1 : 0) << i;
+    if (skip) {
+      EXPECT_EQ(den[i], -7) << i;  // (left alone)
+      continue;
+    }
+    ++counted;
+    const double want = c.energy - kernels::sci::diagonal(c.h.view, d);
+    const double floor = kernels::sci::kDenominatorFloor;
+    EXPECT_EQ(den[i], std::fabs(want) >= floor ? want : (want < 0 ? -floor : floor)) << i;
+  }
+  EXPECT_GT(other_irrep, 0);
+  EXPECT_GT(counted, 0);
+  EXPECT_EQ(skipped[n - 1], 1);  // (in the space)
+  // unknown symmetry: only the space's are skipped
+  c.irreps.known = false;
+  kernels::sci_score_rows_cpu({c.h.view, c.space.data(), c.space.size(), c.irreps, c.candidates.data(), n, c.energy,
+                               den.data(), skipped.data()});
+  for (std::size_t i = 0; i < n; ++i)
+    EXPECT_EQ(skipped[i], std::binary_search(c.space.begin(), c.space.end(), c.candidates[i]) ? 1 : 0) << i;
+}
+
+TEST(SciGpu, ScoreRowsAreTheCpusBits) {
+  REQUIRE_GPU();
+  test::GpuRun gpu;
+  for (const char* file : {"h2o_FCIDUMP_symm", "N2_sto6g_FCIDUMP"}) {
+    Hamiltonian h(sci::read_fcidump(data_file(file)));
+    const auto all = all_dets(h.ints.norb, h.ints.nalpha(), h.ints.nbeta());
+    std::vector<Det> space, candidates;
+    for (std::size_t i = 0; i < all.size(); ++i) (i % 5 == 0 ? space : candidates).push_back(all[i]);
+    kernels::sci::IrrepMasks irreps;
+    irreps.known = true;
+    for (int p = 0; p < h.ints.norb; ++p) irreps.mask[h.ints.orbsym[p] - 1] |= std::uint64_t{1} << p;
+    const std::size_t n = candidates.size();
+    const double energy = kernels::sci::diagonal(h.view, space[0]) - 0.25;
+    std::vector<double> den(n, 0);
+    std::vector<unsigned char> skipped(n, 0);
+    kernels::sci_score_rows_cpu({h.view, space.data(), space.size(), irreps, candidates.data(), n, energy, den.data(),
+                                 skipped.data()});
+    sci::ResidentHamiltonian resident(*gpu.backend, *gpu.stream, h.ints, h.tables);
+    Buffer d_space = gpu.upload(space.data(), space.size() * sizeof(Det));
+    Buffer d_candidates = gpu.upload(candidates.data(), n * sizeof(Det));
+    Buffer d_den = gpu.upload(den.data(), n * 8);  // (the CPU's where skipped: left alone)
+    Buffer d_skipped = gpu.backend->alloc_device(n, "test");
+    kernels::sci_score_rows(*gpu.stream, {resident.view(), d_space.as<Det>(), space.size(), irreps, d_candidates.as<Det>(), n,
+                                          energy, d_den.as<double>(), d_skipped.as<unsigned char>()});
+    const auto got_den = gpu.download<double>(d_den, n);
+    const auto got_skipped = gpu.download<unsigned char>(d_skipped, n);
+    for (std::size_t i = 0; i < n; ++i) {
+      ASSERT_EQ(got_skipped[i], skipped[i]) << file << " " << i;
+      ASSERT_EQ(std::memcmp(&got_den[i], &den[i], 8), 0) << file << " " << i << ": " << got_den[i] << " vs " << den[i];
+    }
   }
 }
 
