@@ -511,10 +511,11 @@ class PassRun {
   void finish(const fs::path& output) {
     const auto t = Clock::now();
     fs::path temp;
-    double shared_seconds = 0;  // (of which sharing the final state, for the log)
+    double datasets_seconds = 0, shared_seconds = 0;  // (of which, for the log)
     if (segment_.open() && segment_first_row_ == 0 && journal_.segments.empty()) {
       // The whole pass is in the open segment: it becomes the output, no copy needed.
       for (auto& sink : sinks_) sink->close_datasets();
+      datasets_seconds = since(t);
       const auto shared = Clock::now();
       share_final_state();
       shared_seconds = since(shared);
@@ -547,8 +548,9 @@ class PassRun {
     comm_.barrier();
     outcome_.staged = StagedOutput(temp, output, comm_);
     outcome_.times.finalize += since(t);
-    spdlog::debug("finalize {:.3f}s: segments and state {:.3f}s (the state shared {:.3f}s), exchanged outputs named {:.3f}s, the "
-                  "rest {:.3f}s", since(t), state_seconds, shared_seconds, final_seconds, since(t) - state_seconds - final_seconds);
+    spdlog::debug("finalize {:.3f}s: segments and state {:.3f}s (datasets closed {:.3f}s, the state shared {:.3f}s), exchanged "
+                  "outputs named {:.3f}s, the rest {:.3f}s", since(t), state_seconds, datasets_seconds, shared_seconds, final_seconds,
+                  since(t) - state_seconds - final_seconds);
   }
 
   // Collective: `work` on rank 0 alone; its failure reaches every rank (the others would
