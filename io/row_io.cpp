@@ -277,21 +277,28 @@ std::uint64_t RowFiles::total_rows() const {
 RowFilesReader::RowFilesReader(const RowFiles& files) : files_(files) {
   if (files.rows.size() != files.paths.size()) throw std::logic_error("RowFiles: a row count per file");
   first_row_.push_back(0);
-  for (std::size_t f = 0; f < files.paths.size(); ++f) {
-    const std::string path = files.paths[f].string();
-    const int fd = files.rows[f] ? ::open(path.c_str(), O_RDONLY | O_CLOEXEC) : -1;
-    if (files.rows[f] && fd < 0)
-      throw CorruptInput(fmt::format("cannot open '{}', which holds {} rows of an earlier pass: {}", path, files.rows[f],
-                                     std::strerror(errno)));
-    fds_.push_back(fd);
-    if (fd >= 0) {
-      struct stat st {};
-      const std::uint64_t want = files.rows[f] * files.row_bytes;
-      if (::fstat(fd, &st) != 0 || static_cast<std::uint64_t>(st.st_size) != want)
-        throw CorruptInput(fmt::format("'{}' has {} bytes; expected {} ({} rows of {} bytes, as its pass recorded)", path,
-                                       static_cast<std::uint64_t>(st.st_size), want, files.rows[f], files.row_bytes));
+  try {
+    for (std::size_t f = 0; f < files.paths.size(); ++f) {
+      names_.push_back(files.paths[f].string());
+      const std::string& path = names_.back();
+      const int fd = files.rows[f] ? ::open(path.c_str(), O_RDONLY | O_CLOEXEC) : -1;
+      if (files.rows[f] && fd < 0)
+        throw CorruptInput(fmt::format("cannot open '{}', which holds {} rows of an earlier pass: {}", path, files.rows[f],
+                                       std::strerror(errno)));
+      fds_.push_back(fd);
+      if (fd >= 0) {
+        struct stat st {};
+        const std::uint64_t want = files.rows[f] * files.row_bytes;
+        if (::fstat(fd, &st) != 0 || static_cast<std::uint64_t>(st.st_size) != want)
+          throw CorruptInput(fmt::format("'{}' has {} bytes; expected {} ({} rows of {} bytes, as its pass recorded)", path,
+                                         static_cast<std::uint64_t>(st.st_size), want, files.rows[f], files.row_bytes));
+      }
+      first_row_.push_back(first_row_.back() + files.rows[f]);
     }
-    first_row_.push_back(first_row_.back() + files.rows[f]);
+  } catch (...) {  // (the files opened so far: no destructor runs)
+    for (const int fd : fds_)
+      if (fd >= 0) ::close(fd);
+    throw;
   }
 }
 
@@ -306,15 +313,13 @@ void RowFilesReader::read(std::uint64_t row0, std::uint64_t n, void* buffer) con
     throw std::logic_error(fmt::format("rows [{}, {}) of files holding {}", row0, row0 + n, first_row_.back()));
   const std::uint64_t B = files_.row_bytes;
   std::vector<FilePiece> pieces;
-  std::vector<std::string> names(fds_.size());
   // The first file holding row0, then each file's share, in pieces of at most kMaxPiece bytes.
   auto f = static_cast<std::size_t>(std::upper_bound(first_row_.begin(), first_row_.end(), row0) - first_row_.begin()) - 1;
   for (std::uint64_t r = row0; r < row0 + n; ++f) {
     const std::uint64_t take = std::min(first_row_[f + 1], row0 + n) - r;
     if (take == 0) continue;
-    names[f] = files_.paths[f].string();
     for (std::uint64_t done = 0; done < take * B; done += kMaxPiece)
-      pieces.push_back({fds_[f], &names[f], {(r - first_row_[f]) * B + done, std::min(kMaxPiece, take * B - done), (r - row0) * B + done}});
+      pieces.push_back({fds_[f], &names_[f], {(r - first_row_[f]) * B + done, std::min(kMaxPiece, take * B - done), (r - row0) * B + done}});
     r += take;
   }
   transfer(pieces, static_cast<char*>(buffer), false);

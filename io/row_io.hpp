@@ -127,6 +127,7 @@ class RowFilesReader {
 
  private:
   const RowFiles& files_;
+  std::vector<std::string> names_;  // the paths, for messages
   std::vector<int> fds_;
   std::vector<std::uint64_t> first_row_;  // per file, and the total at the end
 };

@@ -102,7 +102,7 @@ def test_an_occupation_gives_the_state_of_its_irrep(c2, tmp):
     assert (r["attrs"]["irrep"], r["attrs"]["irrep_from"]) == (1, "occupation")
     # alpha from the highest occupied orbital to the lowest empty one of another irrep
     labels = [MOLPRO_D2H[int(g)] for g in c2.orbsym]
-    top = max(c2.rhf_occupied, key=lambda p: p)  # (any occupied orbital does)
+    top = max(c2.rhf_occupied)  # (any occupied orbital does)
     empty = next(p for p in range(len(labels)) if p not in c2.rhf_occupied and labels[p] != labels[top])
     moved = sorted([2 * p for p in c2.rhf_occupied if p != top] + [2 * empty] + [2 * p + 1 for p in c2.rhf_occupied])
     label = 1 + ((labels[top] - 1) ^ (labels[empty] - 1))
