@@ -1,5 +1,6 @@
 #include "core/mpi.hpp"
 
+#include <algorithm>
 #include <spdlog/spdlog.h>
 
 #include <cstdint>
@@ -89,7 +90,10 @@ std::string Comm::broadcast(const std::string& value) const {
   if (size_ == 1) return value;
   std::uint64_t n = broadcast(static_cast<std::uint64_t>(value.size()));
   std::string out = rank_ == 0 ? value : std::string(n, '\0');
-  check(MPI_Bcast(out.data(), static_cast<int>(n), MPI_CHAR, 0, comm_), "MPI_Bcast");
+  // (in pieces: MPI counts are ints, and a run's state, an MPS, may pass 2 GiB)
+  constexpr std::uint64_t kPiece = std::uint64_t{1} << 30;
+  for (std::uint64_t at = 0; at < n; at += kPiece)
+    check(MPI_Bcast(out.data() + at, static_cast<int>(std::min(kPiece, n - at)), MPI_CHAR, 0, comm_), "MPI_Bcast");
   return out;
 }
 
