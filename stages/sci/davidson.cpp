@@ -81,15 +81,43 @@ void Davidson::add_direction(std::vector<double> t) {
   for (int pass = 0; pass < 2; ++pass)  // twice: Gram-Schmidt keeps the basis orthonormal to rounding
     for (const auto& b : basis_) {
       const double d = dot(b, t);
+#pragma omp parallel for schedule(static)
       for (std::size_t i = 0; i < t.size(); ++i) t[i] -= d * b[i];
     }
   const double norm = std::sqrt(dot(t, t));
   if (!(norm > 1e-12)) {  // no new direction: the space is exhausted, the Ritz pair is exact
-    done_ = converged_ = true;
+    finish(true);
     return;
   }
   scale(t, 1 / norm);
   basis_.push_back(std::move(t));
+}
+
+void Davidson::finish(bool converged) {
+  done_ = true;
+  converged_ = converged;
+  basis_.clear(), products_of_basis_.clear(), projected_.clear();  // (only the Ritz pair is needed now)
+}
+
+void Davidson::save(Packer& out) const {
+  out.put(options_), out.put(theta_), out.put(residual_), out.put(products_);
+  out.put<std::uint8_t>(done_), out.put<std::uint8_t>(converged_);
+  out.put_vector(diagonal_), out.put_vector(projected_), out.put_vector(ritz_);
+  out.put<std::uint64_t>(basis_.size());
+  for (std::size_t j = 0; j < basis_.size(); ++j) out.put_vector(basis_[j]);
+  out.put<std::uint64_t>(products_of_basis_.size());
+  for (std::size_t j = 0; j < products_of_basis_.size(); ++j) out.put_vector(products_of_basis_[j]);
+}
+
+void Davidson::load(Unpacker& in) {
+  options_ = in.get<DavidsonOptions>(), theta_ = in.get<double>(), residual_ = in.get<double>(), products_ = in.get<int>();
+  done_ = in.get<std::uint8_t>() != 0, converged_ = in.get<std::uint8_t>() != 0;
+  diagonal_ = in.get_vector<double>(), projected_ = in.get_vector<double>(), ritz_ = in.get_vector<double>();
+  basis_.resize(in.get<std::uint64_t>());
+  for (auto& b : basis_) b = in.get_vector<double>();
+  products_of_basis_.resize(in.get<std::uint64_t>());
+  for (auto& p : products_of_basis_) p = in.get_vector<double>();
+  if (!done_ && basis_.empty()) throw std::runtime_error("Davidson: a saved state without a basis");
 }
 
 bool Davidson::take(std::vector<double> product) {
@@ -113,25 +141,29 @@ bool Davidson::take(std::vector<double> product) {
   theta_ = values[0];
   const std::size_t n = diagonal_.size();
   ritz_.assign(n, 0.0);
-  std::vector<double> ax(n, 0.0);
-  for (int j = 0; j < m; ++j) {
-    const double y = vectors[j * m + 0];
-    for (std::size_t i = 0; i < n; ++i) {
-      ritz_[i] += y * basis_[j][i];
-      ax[i] += y * products_of_basis_[j][i];
+  std::vector<double> ax(n, 0.0), r(n);
+  // (per entry, the basis vectors in order: the same bits on any number of threads)
+#pragma omp parallel for schedule(static)
+  for (std::size_t i = 0; i < n; ++i) {
+    double x = 0, a = 0;
+    for (int j = 0; j < m; ++j) {
+      const double y = vectors[j * m + 0];
+      x += y * basis_[j][i];
+      a += y * products_of_basis_[j][i];
     }
+    ritz_[i] = x, ax[i] = a;
+    r[i] = a - theta_ * x;
   }
-  std::vector<double> r(n);
-  for (std::size_t i = 0; i < n; ++i) r[i] = ax[i] - theta_ * ritz_[i];
   residual_ = std::sqrt(dot(r, r));
   if (residual_ < options_.residual_tolerance || static_cast<std::size_t>(m) == n) {
-    done_ = converged_ = true;
+    finish(true);
     return true;
   }
   if (products_ >= options_.max_products) {
-    done_ = true;
+    finish(false);
     return true;
   }
+#pragma omp parallel for schedule(static)
   for (std::size_t i = 0; i < n; ++i) {  // diagonal preconditioner, kept away from zero
     double d = theta_ - diagonal_[i];
     if (std::fabs(d) < 1e-4) d = d < 0 ? -1e-4 : 1e-4;

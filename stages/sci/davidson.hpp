@@ -1,11 +1,14 @@
 #pragma once
 // The lowest eigenpair of a real symmetric operator known only through products A v (Davidson's
 // method with the diagonal preconditioner), as a state machine: next() is the vector to multiply,
-// take(A next()) advances. Selected CI runs each product as a streamed pass; because every step
-// here is deterministic host arithmetic, replaying the recorded products rebuilds the exact state,
-// so a resumed run continues bitwise where it stopped without saving the basis.
+// take(A next()) advances. Every step is deterministic host arithmetic (the loops over the
+// vector's entries run on OpenMP threads, each entry summed in the same order, so the bits do not
+// depend on the thread count); save() and load() carry the whole state bit for bit, so a resumed
+// run continues where it stopped.
 #include <cstdint>
 #include <vector>
+
+#include "core/serial.hpp"
 
 namespace qstage::sci {
 
@@ -31,8 +34,13 @@ class Davidson {
   double residual_norm() const { return residual_; }
   int products() const { return products_; }
 
+  // The state, packed; once done() only what the results need (the basis is gone by then).
+  void save(Packer& out) const;
+  void load(Unpacker& in);
+
  private:
   void add_direction(std::vector<double> t);
+  void finish(bool converged);
   std::vector<double> diagonal_;
   DavidsonOptions options_;
   std::vector<std::vector<double>> basis_, products_of_basis_;
