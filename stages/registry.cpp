@@ -4,7 +4,6 @@
 
 #include "core/embedded.hpp"
 #include "core/error.hpp"
-#include "core/signals.hpp"
 #include "engine/journal.hpp"
 #include "stages/compress/compress_stages.hpp"
 #include "stages/keys/keys_stages.hpp"
@@ -22,31 +21,6 @@ class NoPass final : public engine::PassKernel {
 };
 }  // namespace
 
-Commit agreed_commit(const KernelContext& ctx, std::uint64_t done, std::uint64_t total, const std::string& unit, bool forced) {
-  Commit decision = Commit::none;
-  if (ctx.checkpoints) {  // (due() also draws the progress line: asked after every unit)
-    const bool due = ctx.checkpoints->due(done, total, unit);
-    if (done < total && (due || forced)) decision = signals::stop_requested() ? Commit::and_stop : Commit::go_on;
-  }
-  if (ctx.comm && ctx.comm->size() > 1)
-    decision = static_cast<Commit>(ctx.comm->broadcast(static_cast<std::uint64_t>(decision)));
-  return decision;
-}
-
-void carry_out(const KernelContext& ctx, Commit decision, const std::function<void()>& commit) {
-  if (decision == Commit::none) return;
-  if (!ctx.checkpoints) {  // (not rank 0)
-    if (decision == Commit::and_stop) throw StopRequested("stopped with rank 0");
-    return;
-  }
-  try {
-    commit();
-  } catch (const StopRequested&) {
-    if (decision == Commit::and_stop || !ctx.comm || ctx.comm->size() == 1) throw;
-  }
-  if (decision == Commit::and_stop) throw StopRequested("stopped");  // (commit() has thrown it already)
-}
-
 void mark_measured(h5::Dataset& dataset) { dataset.set_attribute(kMeasuredAttribute, std::int64_t{1}); }
 
 bool is_measured(const h5::Dataset& dataset) {
@@ -55,11 +29,32 @@ bool is_measured(const h5::Dataset& dataset) {
 
 std::unique_ptr<engine::PassKernel> no_pass_kernel() { return std::make_unique<NoPass>(); }
 
-std::unique_ptr<engine::PassKernel> ComputedStage::make_kernel(const KernelContext&) const { return no_pass_kernel(); }
+StepPass planned_pass(const StagePlan& plan, std::unique_ptr<engine::PassKernel> kernel,
+                      std::unique_ptr<engine::Reduction> reduction) {
+  return {"", plan.pass, plan.streamed_inputs, std::move(kernel), std::move(reduction)};
+}
+
+std::optional<StepPass> ComputedRun::next() {
+  if (!ctx_.comm || ctx_.comm->root()) compute();
+  computed_ = true;
+  return std::nullopt;
+}
+
+StepPass ComputedRun::output(StagePlan& plan) {
+  copy_from_root(*this, ctx_.comm);
+  return planned_pass(plan, no_pass_kernel());
+}
+
+void copy_from_root(StepRun& run, const mpi::Comm* comm) {
+  if (!comm || comm->size() == 1) return;
+  const std::string state = comm->broadcast(comm->root() ? run.save() : std::string());
+  if (!comm->root()) run.load(state);
+}
 
 StagePlan ComputedStage::computed_plan(std::vector<std::pair<std::string, DatasetInfo>> results) {
   StagePlan plan;
   plan.pass.rows = 0;
+  plan.computed = true;
   plan.primary_output = results.at(0).first;
   plan.results = std::move(results);
   return plan;
@@ -99,7 +94,7 @@ std::uint64_t default_chunk_rows(std::uint64_t row_bytes) {
   return std::max<std::uint64_t>(1, target / std::max<std::uint64_t>(row_bytes, 1));
 }
 
-std::filesystem::path prior_pass_output(const KernelContext& ctx, int index) {
+std::filesystem::path prior_pass_output(const StepContext& ctx, int index) {
   return ctx.work_dir / engine::StepWork::pass_folder(index) / "output.h5";
 }
 

@@ -1,5 +1,5 @@
 #pragma once
-// When the next checkpoint of a step is due, for the row streamer's commits and a long compute()'s
+// When the next checkpoint of a step is due, for the row streamer's commits and a step run's
 // alike: the run's interval (--checkpoint-interval) after the last commit, and never sooner than
 // kCommitCostFactor times what the last commit took, so that checkpoints take at most a tenth of
 // the run's time. (mps.tebd writes its whole state each time: gigabytes at chi 8192, where a

@@ -217,10 +217,10 @@ Journal StepWork::load(const PassSpec& spec) {
     for (std::size_t o = 0; o < j.buckets.size(); ++o)
       for (std::size_t b = 0; b < j.buckets[o].size(); ++b) keep.insert(bucket_file(o, b));
     auto planned = [](const std::string& name) {
-      // refine_plan's measurements, the earlier passes of the step (they record their key), and
+      // a run's measurements (plan-*), the earlier passes of the step (they record their key), and
       // what a stage of several passes keeps between them (stage-*: sci.solve's spaces)
       return (name.rfind("plan-", 0) == 0 && name.size() > 10 && name.substr(name.size() - 5) == ".json") ||
-             name == kPassState || name.rfind("pass-", 0) == 0 || name.rfind("stage-", 0) == 0;
+             name == kRunState || name.rfind("pass-", 0) == 0 || name.rfind("stage-", 0) == 0;
     };
     for (const auto& entry : fs::directory_iterator(dir_))
       if (!keep.count(entry.path().filename().string()) && !planned(entry.path().filename().string()))

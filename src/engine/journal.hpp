@@ -53,7 +53,7 @@ struct Journal {
   static Journal from_json(const nlohmann::json& j);
 };
 
-// The hash a state file (a journal, a step's passes.json) records of itself, in its member
+// The hash a state file (a journal, a step's run-state header) records of itself, in its member
 // "hash": XXH3-128 of its JSON without that member. Checked when it is read back.
 std::string self_hash(nlohmann::json j);
 
@@ -90,7 +90,7 @@ class StepWork {
   // the step's directory, and the file of the state between passes. The output pass's load
   // keeps both; they go with the directory when the step is done.
   static std::string pass_folder(int index);
-  static constexpr const char* kPassState = "passes.json";
+  static constexpr const char* kRunState = "run-state.bin";  // the step run's committed state
   // Last reported progress of a running step, for `qstage status` (rank 0, best effort).
   void save_progress(const nlohmann::json& progress) const;
 

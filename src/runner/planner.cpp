@@ -94,7 +94,7 @@ void apply_compress_output(stages::StagePlan& plan, const spec::Step& step, bool
   if (step.compress_output.is_null()) return;
   auto& outputs = plan.pass.outputs;
   // Computed stages and sized passes without outputs have none; others may add them at run time.
-  const bool final = at_run_time || step.impl->computes(plan) || plan.pass.rows > 0 || !outputs.empty();
+  const bool final = at_run_time || plan.computed || plan.pass.rows > 0 || !outputs.empty();
   if (!final) return;
   std::vector<std::string> names;
   for (const auto& o : outputs) names.push_back(o.name);

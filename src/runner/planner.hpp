@@ -28,7 +28,7 @@ struct PlannedStep {
 std::vector<PlannedStep> plan_workflow(const spec::Workflow& wf);
 
 // Marks the streamed outputs a step's compress_output names (all by default) as compressed.
-// Outputs that a stage declares only at run time (refine_plan) are checked then: `at_run_time`
+// Outputs that a stage declares only at run time (its run's output()) are checked then: `at_run_time`
 // false leaves a plan without outputs alone unless it certainly has none. Throws InputError for
 // a name that is not a streamed output, or an output that is not float32 or complex64.
 void apply_compress_output(stages::StagePlan& plan, const spec::Step& step, bool at_run_time);

@@ -36,7 +36,6 @@ namespace qstage::runner {
 namespace fs = std::filesystem;
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
-using stages::StepResults;
 
 fs::path default_run_dir(const std::string& workflow) { return fs::path("qstage-runs") / workflow; }
 
@@ -128,21 +127,6 @@ void prepare_run_dir(const spec::Workflow& wf, const RunDir& dir, const mpi::Com
 }
 
 std::string plural(std::uint64_t n, const char* word) { return fmt::format("{} {}{}", n, word, n == 1 ? "" : "s"); }
-
-// A pass state for the log: every array of more than `keep` items (a sample sort's splitters,
-// rows per bucket) cut to its first `keep` and a note of how many there are.
-json elide_arrays(const json& j, std::size_t keep = 4) {
-  if (j.is_array() && j.size() > keep) {
-    json out = json::array();
-    for (std::size_t i = 0; i < keep; ++i) out.push_back(elide_arrays(j[i], keep));
-    out.push_back(fmt::format("... {} items in all", j.size()));
-    return out;
-  }
-  json out = j;
-  if (out.is_structured())
-    for (auto& v : out) v = elide_arrays(v, keep);
-  return out;
-}
 
 // Why a step must run, from its previous record; empty if the record says it is done with this key.
 std::string rerun_reason(const json* record, const std::string& key, const json& params, const json& compress_output,
@@ -426,7 +410,7 @@ class WorkflowRun {
   // Binds a pass's streamed inputs: a step input's slot name, or an earlier pass's output
   // (stages::earlier_pass_input), which is opened here on every rank.
   void bind_inputs(engine::PassSpec& pass, const std::vector<std::string>& sources, const OpenInputs& in,
-                   const stages::KernelContext& context, EarlierPassOutputs& earlier) {
+                   const stages::StepContext& context, EarlierPassOutputs& earlier) {
     for (size_t i = 0; i < pass.inputs.size(); ++i) {
       const std::string& source = sources.at(i);
       if (const auto ref = stages::parse_earlier_pass_input(source)) {
@@ -455,131 +439,249 @@ class WorkflowRun {
     }
   }
 
-  // The state a stage of several passes committed (rank 0 reads it, every rank gets it); a state
-  // of another key (parameters or inputs changed) is not used. (Each pass's folder checks its
-  // journal's key itself, as the output pass's does.)
-  stages::PassState load_pass_state(const std::string& id, const std::string& key) {
-    std::string text;
+  // What a step's earlier runs committed of its run (rank 0 reads it, every rank gets it): the
+  // passes done, the wall seconds and the run's state (StepRun::save). A state of another key
+  // (parameters or inputs changed) is not used. (Each pass's folder checks its journal's key
+  // itself, as the output pass's does.)
+  struct CommittedRun {
+    int passes_done = 0;
+    double wall_seconds = 0;
+    std::string state;  // StepRun::save()'s bytes; empty: nothing committed
+    bool found = false;
+  };
+
+  // The file: a magic line, a JSON header (key, passes done, wall seconds, the state's size and
+  // hash, and the header's own hash), then the state's bytes. Written atomically by rank 0.
+  static constexpr std::string_view kRunStateMagic = "qstage-run-state-1\n";
+
+  CommittedRun load_committed_run(const std::string& id, const std::string& key) {
+    CommittedRun c;
+    std::string header;
     if (comm_.root()) {
-      const fs::path file = dir_.work(id) / engine::StepWork::kPassState;
-      stages::PassState state;
+      const fs::path file = dir_.work(id) / engine::StepWork::kRunState;
       std::error_code ec;
       if (fs::exists(file, ec)) try {
-          const json j = json::parse(fsutil::read_file(file));
-          if (j.contains("hash") && j.at("hash").get<std::string>() != engine::self_hash(j))
-            throw std::runtime_error("it does not match its own hash (edited or damaged)");
+          const std::string bytes = fsutil::read_file(file);
+          if (!bytes.starts_with(kRunStateMagic)) throw std::runtime_error("it is not a qstage run state");
+          const std::size_t newline = bytes.find('\n', kRunStateMagic.size());
+          if (newline == std::string::npos) throw std::runtime_error("its header is cut short");
+          const json j = json::parse(bytes.substr(kRunStateMagic.size(), newline - kRunStateMagic.size()));
+          if (j.at("hash").get<std::string>() != engine::self_hash(j))
+            throw std::runtime_error("its header does not match its own hash (edited or damaged)");
+          std::string state = bytes.substr(newline + 1);
+          if (state.size() != j.at("state_bytes").get<std::uint64_t>() || hash_bytes(state) != j.at("state_hash").get<std::string>())
+            throw std::runtime_error("its state does not match its header (cut short or damaged)");
           if (j.at("key").get<std::string>() == key) {
-            state.done = j.at("done").get<int>();
-            state.data = j.at("data");
-            state.wall_seconds = j.value("wall_seconds", 0.0);
+            c = {j.at("passes_done").get<int>(), j.at("wall_seconds").get<double>(), std::move(state), true};
           }
         } catch (const std::exception& e) {
           spdlog::warn("discarding unreadable {}: {}", file.string(), e.what());
         }
-      text = json{{"done", state.done}, {"data", state.data}, {"wall_seconds", state.wall_seconds}}.dump();
+      header = json{{"passes_done", c.passes_done}, {"wall_seconds", c.wall_seconds}, {"found", c.found}}.dump();
     }
-    const json j = json::parse(comm_.broadcast(text));
-    const int done = j.at("done").get<int>();
-    if (done > 0 && comm_.root())
-      spdlog::info("step '{}': {} of its passes done by an earlier run", id, done);
-    return {done, j.at("data"), done, j.at("wall_seconds").get<double>()};
+    const json j = json::parse(comm_.broadcast(header));
+    c.passes_done = j.at("passes_done").get<int>();
+    c.wall_seconds = j.at("wall_seconds").get<double>();
+    c.found = j.at("found").get<bool>();
+    c.state = comm_.broadcast(c.state);
+    if (c.passes_done > 0 && comm_.root())
+      spdlog::info("step '{}': {} of its passes done by an earlier run", id, c.passes_done);
+    return c;
   }
 
-  // Rank 0: commits the state after a pass (atomically), before the next pass starts.
-  void save_pass_state(const std::string& id, const std::string& key, const stages::PassState& state) {
-    if (comm_.root()) write_pass_state(id, key, state);
-    comm_.barrier();
-  }
-
-  // Rank 0: replaces the step's pass-state file atomically (after a pass, or from compute()).
-  void write_pass_state(const std::string& id, const std::string& key, const stages::PassState& state) {
+  // Rank 0: replaces the step's run-state file atomically (after a pass, or a commit of host work).
+  void write_committed_run(const std::string& id, const std::string& key, int passes_done, double wall_seconds,
+                           const std::string& state) {
     fs::create_directories(dir_.work(id));
-    json j = {{"key", key}, {"done", state.done}, {"data", state.data}, {"wall_seconds", state.wall_seconds}};
+    json j = {{"key", key}, {"passes_done", passes_done}, {"wall_seconds", wall_seconds},
+              {"state_bytes", state.size()}, {"state_hash", hash_bytes(state)}};
     j["hash"] = engine::self_hash(j);
-    fsutil::write_file_atomic(dir_.work(id) / engine::StepWork::kPassState, j.dump());
+    fsutil::write_file_atomic(dir_.work(id) / engine::StepWork::kRunState,
+                              std::string(kRunStateMagic) + j.dump() + "\n" + state);
   }
 
-  // Runs the passes a stage of several passes asks for before its output pass, each in its own
-  // folder of the step's work directory, checkpointed and resumed as the output pass is. The
-  // state is committed after each; a stop ends the step (StopRequested) with the pass committed.
-  void run_prior_passes(const PlannedStep& p, const stages::KernelContext& context, const OpenInputs& in,
-                        EarlierPassOutputs& earlier, const std::string& key, stages::PassState& state) {
-    const spec::Step& step = *p.step;
+  // An InputError, CheckFailed or StopRequested that a unit of a run met on some ranks, agreed
+  // over all (the lowest rank's message); any other exception goes on (and aborts the job).
+  struct UnitOutcome {
+    std::string input_error, check_failure, stop;
+  };
+  template <typename F>
+  UnitOutcome agreed(F&& unit) {
+    UnitOutcome o;
+    try {
+      unit();
+    } catch (const InputError& e) {
+      o.input_error = e.what();
+    } catch (const CheckFailed& e) {
+      o.check_failure = e.what();
+    } catch (const StopRequested& e) {
+      o.stop = e.what();
+    }
+    if (comm_.size() == 1) return o;
+    auto first = [&](const std::string& mine) {
+      for (std::string& s : comm_.allgather(mine))
+        if (!s.empty()) return s;
+      return std::string();
+    };
+    return {first(o.input_error), first(o.check_failure), first(o.stop)};
+  }
+  // Ends the step with an agreed error, naming it (and `where`, a pass, if any).
+  void fail_on(const UnitOutcome& o, const spec::Step& step, const std::string& where = "") {
+    if (o.input_error.empty() && o.check_failure.empty()) return;
+    record_failure(step.id);
+    const std::string at = fmt::format("step '{}' ({}){}", step.id, step.stage, where.empty() ? "" : ", " + where);
+    if (!o.input_error.empty()) throw InputError(fmt::format("{}: {}", at, o.input_error));
+    throw CheckFailed(fmt::format("{}: {}", at, o.check_failure));
+  }
+
+  // The step's run, started on every rank and brought to the state its earlier runs committed.
+  // (A state the run cannot load is discarded: `committed` then says nothing was committed.)
+  std::unique_ptr<stages::StepRun> start_run(const spec::Step& step, const stages::StepContext& context,
+                                             CommittedRun& committed) {
+    std::unique_ptr<stages::StepRun> run;
+    fail_on(agreed([&] { run = step.impl->start(context); }), step);
+    if (!committed.found) return run;
+    std::string unusable;
+    const UnitOutcome o = agreed([&] {
+      try {
+        run->load(committed.state);
+      } catch (const InputError&) {
+        throw;
+      } catch (const std::exception& e) {
+        unusable = e.what();
+      }
+    });
+    fail_on(o, step);
+    if (comm_.any(!unusable.empty())) {  // (every rank loads the same bytes, but be sure all agree)
+      if (comm_.root())
+        spdlog::warn("step '{}': discarding the state an earlier run committed ({}); the step starts again", step.id,
+                     unusable.empty() ? "another rank could not load it" : unusable);
+      fail_on(agreed([&] { run = step.impl->start(context); }), step);
+      committed = CommittedRun{};
+    }
+    return run;
+  }
+
+  // Drives a run through the units before its output pass: each pass streamed in its own folder
+  // of the step's work directory, checkpointed and resumed as the output pass is; host work done
+  // by the run itself. The run's state is saved after each pass, and after host work at commit
+  // points; a stop ends the step (StopRequested) with the state committed.
+  void run_units(const spec::Step& step, stages::StepRun& run, const stages::StepContext& context, const OpenInputs& in,
+                 EarlierPassOutputs& earlier, const std::string& key, int& passes_done) {
     // Durability at commits, not per pass: a pass's end (its output, its journal, the stage's
-    // files, the pass state) is written without waiting for the disk, and made durable at a
+    // files, the run's state) is written without waiting for the disk, and made durable at a
     // commit point: at the run's checkpoint interval, at a stop, and before the output pass. A
     // killed process loses nothing by it; an operating-system crash loses the passes since the
     // last commit point, which a resumed run computes again (the same bits).
     const fsutil::DeferredDurability deferred;
     engine::CheckpointPace pace(checkpoint_seconds_, Clock::now());
-    auto commit_point = [&](const stages::PassState& state) {
+    // (collective: save() may gather what the ranks hold; the wall time is the ranks' longest)
+    auto save = [&]() {
+      const std::string state = run.save();
+      const double wall = step_clock_.seconds(&comm_);
+      if (comm_.root()) write_committed_run(step.id, key, passes_done, wall, state);
+      comm_.barrier();
+    };
+    auto commit_point = [&]() {
       const auto t = Clock::now();
       fsutil::sync_file_system(dir_.root);
       comm_.barrier();  // (every rank's files, e.g. exchanged buckets, before the state naming them)
       const fsutil::DurableNow durable;
-      save_pass_state(step.id, key, state);
+      save();
       pace.committed(t);
     };
+    engine::StepWork step_work(dir_.work(step.id), key, comm_);  // (host work's progress file)
+    std::unique_ptr<ProgressReporter> host_reporter;
+    std::uint64_t host_committed = 0;
     bool ran = false;  // (a pass, in this run)
-    while (true) {
-      std::optional<stages::PriorPass> prior;
-      try {
-        prior = step.impl->prior_pass(context, state);
-      } catch (const InputError& e) {
-        record_failure(step.id);
-        throw InputError(fmt::format("step '{}' ({}): {}", step.id, step.stage, e.what()));
+    while (!run.done()) {
+      std::optional<stages::StepPass> pass;
+      const UnitOutcome o = agreed([&] { pass = run.next(); });
+      if (!o.input_error.empty() || !o.check_failure.empty()) {
+        if (host_reporter) host_reporter->finish();
+        fail_on(o, step);
       }
-      if (!prior) {
-        if (ran) commit_point(state);
-        return;
+      if (!o.stop.empty()) {  // (a run's own safe point inside its host work: it keeps no progress)
+        if (host_reporter) host_reporter->finish();
+        stopped(step.id, "", 0, 0, json::object(), o.stop);
       }
-      bind_inputs(prior->pass, prior->streamed_inputs, in, context, earlier);
-      const std::string label = fmt::format("pass {} ({})", state.done + 1, prior->name);
-      engine::StepWork work(dir_.work(step.id) / engine::StepWork::pass_folder(state.done), key, comm_);
-      const auto started = Clock::now();
-      const std::vector<std::uint64_t> bus_before{backend_->bytes_to_device(), backend_->bytes_to_host()};
-      auto reporter = progress_reporter(fmt::format("{} {} {}", step.id, step.stage, label), prior->pass, 0, work);
-      engine::PassOutcome outcome;
-      try {
-        outcome = engine_->run(prior->pass, *prior->kernel, prior->reduction.get(), work,
-                               stages::prior_pass_output(context, state.done), progress_of(reporter));
-        step_clock_.earlier_seconds += outcome.earlier_wall_seconds;
-        if (outcome.complete) outcome.staged.commit();
-      } catch (const InputError& e) {
-        if (reporter) reporter->finish();
-        record_failure(step.id);
-        throw InputError(fmt::format("step '{}' ({}), {}: {}", step.id, step.stage, label, e.what()));
-      } catch (...) {
-        if (reporter) reporter->finish();
-        record_failure(step.id);
-        throw;
+      if (!pass) {  // a unit of host work
+        const stages::HostProgress p = run.progress();
+        if (p.total == 0) continue;
+        if (comm_.root()) {
+          if (!host_reporter) {
+            fs::create_directories(dir_.work(step.id));
+            host_reporter = std::make_unique<ProgressReporter>(
+                fmt::format("{} {}", step.id, step.stage), p.total, 0, p.unit, 0, options_.progress_seconds,
+                [&step_work](const std::string& j) { step_work.save_progress(json::parse(j)); });
+          }
+          host_reporter->update(p.done);
+        }
+        // Rank 0's clock and the run's own interval decide a commit, any rank's stop request too;
+        // never after the last unit (the output pass follows).
+        const auto flags = comm_.max({std::int64_t{signals::stop_requested() != 0},
+                                      std::int64_t{comm_.root() && (pace.due() || p.commit)}});
+        if (p.done >= p.total || (!flags[0] && !flags[1])) continue;
+        commit_point();
+        host_committed = p.done;
+        if (flags[0]) {
+          if (host_reporter) host_reporter->finish();
+          stopped(step.id, "", host_committed, p.total, json::object(), p.unit);
+        }
+        continue;
       }
-      if (reporter) reporter->finish();
-      if (!outcome.complete) stopped(step.id, label, outcome.journal.committed_rows, prior->pass.rows, json::object());
-      prior->outputs = std::move(outcome.outputs);
-      step.impl->after_prior_pass(context, *prior, state);
-      state.done += 1;
+      run_pass(step, *pass, in, context, earlier, key, passes_done);
+      run.finished(*pass);
+      passes_done += 1;
       ran = true;
-      state.wall_seconds = step_clock_.seconds(&comm_);  // (committed with the pass)
       // Rank 0's clock decides a commit point, any rank's stop request too (both at once).
       const auto flags = comm_.max({std::int64_t{signals::stop_requested() != 0}, std::int64_t{comm_.root() && pace.due()}});
-      if (flags[0] || flags[1]) commit_point(state);
-      else save_pass_state(step.id, key, state);  // (a resumed run after a kill reads it)
-      const auto bus = comm_.sum_wrapping({backend_->bytes_to_device() - bus_before[0], backend_->bytes_to_host() - bus_before[1]});
-      if (comm_.root()) {
-        const engine::PhaseTimes& t = outcome.times;
-        spdlog::debug("step '{}' {}: setup {:.2f}s, batch loop {:.2f}s (busy: read {:.2f}s, to device {:.2f}s, compute {:.2f}s, "
-                      "from device {:.2f}s, write {:.2f}s; commits {:.2f}s), finalize {:.2f}s (rank 0)",
-                      step.id, label, t.setup, t.loop, t.read, t.h2d, t.compute, t.d2h, t.write, t.commit, t.finalize);
-      }
-      if (comm_.root())
-        spdlog::info("step '{}' {} done in {}: {} rows, {} to the device and {} back (all ranks), {}", step.id, label,
-                     format_duration(std::chrono::duration<double>(Clock::now() - started).count()), prior->pass.rows,
-                     format_bytes(static_cast<double>(bus[0])), format_bytes(static_cast<double>(bus[1])),
-                     elide_arrays(state.data).dump());
+      if (flags[0] || flags[1]) commit_point();
+      else save();  // (a resumed run after a kill reads it)
       // A pass of one batch never stops inside the engine: the boundary between passes is the
       // stage's safe point (its state is committed), agreed by every rank.
-      if (flags[0]) stopped(step.id, "", state.done, 0, json::object(), "passes");
+      if (flags[0]) stopped(step.id, "", passes_done, 0, json::object(), "passes");
+    }
+    if (host_reporter) host_reporter->finish();
+    if (ran) commit_point();
+  }
+
+  // Streams pass number `passes_done` of the step (before its output pass) in its own folder.
+  void run_pass(const spec::Step& step, stages::StepPass& pass, const OpenInputs& in, const stages::StepContext& context,
+                EarlierPassOutputs& earlier, const std::string& key, int passes_done) {
+    bind_inputs(pass.pass, pass.streamed_inputs, in, context, earlier);
+    const std::string label = fmt::format("pass {} ({})", passes_done + 1, pass.name);
+    engine::StepWork work(dir_.work(step.id) / engine::StepWork::pass_folder(passes_done), key, comm_);
+    const auto started = Clock::now();
+    const std::vector<std::uint64_t> bus_before{backend_->bytes_to_device(), backend_->bytes_to_host()};
+    auto reporter = progress_reporter(fmt::format("{} {} {}", step.id, step.stage, label), pass.pass, 0, work);
+    engine::PassOutcome outcome;
+    try {
+      outcome = engine_->run(pass.pass, *pass.kernel, pass.reduction.get(), work,
+                             stages::prior_pass_output(context, passes_done), progress_of(reporter));
+      step_clock_.earlier_seconds += outcome.earlier_wall_seconds;
+      if (outcome.complete) outcome.staged.commit();
+    } catch (const InputError& e) {
+      if (reporter) reporter->finish();
+      record_failure(step.id);
+      throw InputError(fmt::format("step '{}' ({}), {}: {}", step.id, step.stage, label, e.what()));
+    } catch (...) {
+      if (reporter) reporter->finish();
+      record_failure(step.id);
+      throw;
+    }
+    if (reporter) reporter->finish();
+    if (!outcome.complete) stopped(step.id, label, outcome.journal.committed_rows, pass.pass.rows, json::object());
+    pass.outputs = std::move(outcome.outputs);
+    const auto bus = comm_.sum_wrapping({backend_->bytes_to_device() - bus_before[0], backend_->bytes_to_host() - bus_before[1]});
+    if (comm_.root()) {
+      const engine::PhaseTimes& t = outcome.times;
+      spdlog::debug("step '{}' {}: setup {:.2f}s, batch loop {:.2f}s (busy: read {:.2f}s, to device {:.2f}s, compute {:.2f}s, "
+                    "from device {:.2f}s, write {:.2f}s; commits {:.2f}s), finalize {:.2f}s (rank 0)",
+                    step.id, label, t.setup, t.loop, t.read, t.h2d, t.compute, t.d2h, t.write, t.commit, t.finalize);
+      spdlog::info("step '{}' {} done in {}: {} rows, {} to the device and {} back (all ranks)", step.id, label,
+                   format_duration(std::chrono::duration<double>(Clock::now() - started).count()), pass.pass.rows,
+                   format_bytes(static_cast<double>(bus[0])), format_bytes(static_cast<double>(bus[1])));
     }
   }
 
@@ -600,7 +702,7 @@ class WorkflowRun {
 
   // A stop request ended a pass of the step, its progress committed: records where, and ends
   // the run (StopRequested).
-  // (unit: compute()'s, plural, or a stage's own words for where it stopped: "after gate 7 of 9 ...")
+  // (unit: host work's, plural, or a stage's own words for where it stopped: "after gate 7 of 9 ...")
   [[noreturn]] void stopped(const std::string& id, const std::string& pass, std::uint64_t committed, std::uint64_t rows,
                             const json& metrics, const std::string& unit = "row") {
     if (comm_.root()) {
@@ -625,123 +727,21 @@ class WorkflowRun {
                                     nothing_kept ? "the step starts again" : "committed", dir_.root.string()));
   }
 
-  // refine_plan and the checks that need it; an InputError names the step.
-  void refine(PlannedStep& p, const stages::KernelContext& context) {
+  // The run's output pass, into the step's plan (its spec becomes plan.pass), and the checks
+  // that need it; an InputError names the step.
+  stages::StepPass output_pass(PlannedStep& p, stages::StepRun& run) {
     const spec::Step& step = *p.step;
-    try {
-      step.impl->refine_plan(p.plan, context);
-      check_output_sizes(p.plan);
-      apply_compress_output(p.plan, step, true);
-    } catch (const InputError& e) {
-      record_failure(step.id);
-      throw InputError(fmt::format("step '{}' ({}): {}", step.id, step.stage, e.what()));
-    }
-  }
-
-  // How a long compute() (rank 0) reports progress and commits its state (stages::ComputeCheckpoints):
-  // the progress line as a pass's, the state into the step's pass-state file as after a pass, a
-  // commit due every checkpoint interval of the run (engine::CheckpointPace: further apart where
-  // commits are costly), and at once when a stop is requested. A commit's cost runs from the due()
-  // that called for it to the end of commit() (the stage writes its files in between).
-  class ComputeCommits final : public stages::ComputeCheckpoints {
-   public:
-    ComputeCommits(WorkflowRun& run, const spec::Step& step, const std::string& key, const stages::PassState& state)
-        : run_(run), step_(step), key_(key), state_(state), work_(run.dir_.work(step.id), key, run.comm_),
-          pace_(run.checkpoint_seconds_), called_(Clock::now()) {
-      fs::create_directories(run.dir_.work(step.id));  // (the stage's stage-* files go there)
-    }
-    bool due(std::uint64_t done, std::uint64_t total, const std::string& unit) override {
-      total_ = total;
-      unit_ = unit;
-      if (!reporter_)
-        reporter_ = std::make_unique<ProgressReporter>(
-            fmt::format("{} {}", step_.id, step_.stage), total, 0, unit, 0, run_.options_.progress_seconds,
-            [this](const std::string& j) { work_.save_progress(json::parse(j)); });
-      reporter_->update(done);
-      called_ = Clock::now();  // (a commit, due or the stage's own, follows this call)
-      return signals::stop_requested() || pace_.due(called_);
-    }
-    void commit(const json& data, std::uint64_t done) override {
-      stages::PassState state = state_;
-      state.data = data;
-      // (a resumed run's step wall time then includes compute()'s work up to here; rank 0's clock)
-      state.wall_seconds = run_.step_clock_.seconds(nullptr);
-      run_.write_pass_state(step_.id, key_, state);
-      pace_.committed(called_);
-      committed_ = done;
-      if (signals::stop_requested()) throw StopRequested("stopped in compute()");
-    }
-    void finish() {
-      if (reporter_) reporter_->finish();
-    }
-    // Where a stop ended compute(): [committed, total, unit].
-    json stop() const { return json::array({committed_, total_, unit_}); }
-
-   private:
-    WorkflowRun& run_;
-    const spec::Step& step_;
-    const std::string& key_;
-    const stages::PassState& state_;
-    engine::StepWork work_;  // (its progress file, for `qstage status`)
-    std::unique_ptr<ProgressReporter> reporter_;
-    engine::CheckpointPace pace_;
-    Clock::time_point called_;  // when due() was last asked
-    std::uint64_t committed_ = 0, total_ = 0;
-    std::string unit_ = "row";
-  };
-
-  // A stage that computes on the host: compute() on rank 0, or on every rank at once for a stage
-  // that computes_on_every_rank (stages/stage.hpp has the rules); rank 0's result on every rank;
-  // returns the result (its time is the step's: step_clock_). A stop that compute() commits to
-  // (ComputeCheckpoints, rank 0's) ends the step (StopRequested) like a stopped pass. InputError
-  // and CheckFailed are agreed on every rank: the step fails on all with the first rank's message.
-  std::string compute_step(const spec::Step& step, const stages::KernelContext& context, const std::string& key) {
-    const bool everywhere = step.impl->computes_on_every_rank(context.plan);
-    std::string computed, error, check_failure;
-    json stop;
-    bool stopped_here = false;
-    if (comm_.root() || everywhere) {
-      std::optional<ComputeCommits> commits;
-      if (comm_.root()) commits.emplace(*this, step, key, *context.passes);
-      stages::KernelContext ctx = context;
-      ctx.checkpoints = commits ? &*commits : nullptr;
-      try {
-        computed = step.impl->compute(ctx);
-      } catch (const InputError& e) {
-        error = e.what();
-      } catch (const CheckFailed& e) {
-        check_failure = e.what();
-      } catch (const StopRequested& e) {
-        stopped_here = true;
-        if (commits) stop = commits->stop();
-        // (a stage that stopped before it reported any progress says where, in its own words)
-        if (commits && stop[1].get<std::uint64_t>() == 0) stop[2] = e.what();
-      } catch (...) {
-        if (commits) commits->finish();
-        throw;
-      }
-      if (commits) commits->finish();
-    }
-    // Rank 0 decides a stop (it alone commits); under computes_on_every_rank the others must
-    // have stopped with it (the stage broadcasts the decision), else the stage broke the rules.
-    stop = json::parse(comm_.broadcast(stop.dump()));
-    if (everywhere && comm_.any(stopped_here != !stop.is_null()))
-      throw RuntimeFailure(fmt::format("step '{}' ({}): compute() stopped on some ranks only", step.id, step.stage));
-    if (!stop.is_null())
-      stopped(step.id, "", stop[0].get<std::uint64_t>(), stop[1].get<std::uint64_t>(), json::object(),
-              stop[2].get<std::string>());
-    auto agree = [&](const std::string& mine) {
-      if (!everywhere) return comm_.broadcast(mine);
-      for (std::string& s : comm_.allgather(mine))
-        if (!s.empty()) return s;
-      return std::string();
-    };
-    error = agree(error);
-    check_failure = agree(check_failure);
-    if (!error.empty() || !check_failure.empty()) record_failure(step.id);
-    if (!error.empty()) throw InputError(fmt::format("step '{}' ({}): {}", step.id, step.stage, error));
-    if (!check_failure.empty()) throw CheckFailed(fmt::format("step '{}' ({}): {}", step.id, step.stage, check_failure));
-    return comm_.broadcast(computed);
+    stages::StepPass pass;
+    fail_on(agreed([&] {
+              pass = run.output(p.plan);
+              p.plan.pass = pass.pass;
+              p.plan.streamed_inputs = pass.streamed_inputs;
+              check_output_sizes(p.plan);
+              apply_compress_output(p.plan, step, true);
+              pass.pass = p.plan.pass;
+            }),
+            step);
+    return pass;
   }
 
   void execute(PlannedStep& p, const std::string& key, const json& hashes, const fs::path& output) {
@@ -755,29 +755,24 @@ class WorkflowRun {
     const std::vector<std::uint64_t> bus_before{backend_->bytes_to_device(), backend_->bytes_to_host()};
 
     const OpenInputs in = open_inputs(p);
-    stages::PassState passes = load_pass_state(step.id, key);
-    step_clock_ = {passes.wall_seconds, started};
-    const stages::KernelContext context{step.params, in.by_slot, p.plan,     step.files, backend_.get(),
-                                        &comm_,      dir_.work(step.id), key, &passes};
+    CommittedRun committed = load_committed_run(step.id, key);
+    int passes_done = 0;
+    step_clock_ = {committed.wall_seconds, started};
+    const stages::StepContext context{step.params, in.by_slot, p.plan,     step.files,         backend_.get(),
+                                      &comm_,      dir_.work(step.id), key, &passes_done};
+    std::unique_ptr<stages::StepRun> run = start_run(step, context, committed);
+    passes_done = committed.passes_done;
     EarlierPassOutputs earlier;
-    run_prior_passes(p, context, in, earlier, key, passes);
-    refine(p, context);
-    engine::PassSpec pass = p.plan.pass;
-    bind_inputs(pass, p.plan.streamed_inputs, in, context, earlier);
-
-    auto kernel = step.impl->make_kernel(context);
-    auto reduction = step.impl->make_reduction(p.plan);
-    // Host computations run on rank 0 (or on every rank: computes_on_every_rank) before the
-    // (empty) pass; every rank gets rank 0's result. They are part of the step's wall time.
-    std::string computed;
-    if (step.impl->computes(p.plan)) computed = compute_step(step, context, key);
+    run_units(step, *run, context, in, earlier, key, passes_done);
+    stages::StepPass final_pass = output_pass(p, *run);
+    engine::PassSpec& pass = final_pass.pass;
+    bind_inputs(pass, final_pass.streamed_inputs, in, context, earlier);
     engine::StepWork work(dir_.work(step.id), key, comm_);
     const std::string created = comm_.broadcast(utc_now());
     json result_checksums = json::object();
     auto reporter = progress_reporter(fmt::format("{} {}", step.id, step.stage), pass, p.plan.flops, work);
 
     engine::PassOutcome outcome;
-    const StepResults results{reduction.get(), step.impl->computes(p.plan) ? &computed : nullptr, &context, &outcome.outputs};
     double step_wall_seconds = 0;  // (the whole step's, taken as the output is annotated)
     // Collective: provenance, checksums and the stage's small results into the staged output.
     auto annotate = [&](h5::File& out) {
@@ -805,7 +800,8 @@ class WorkflowRun {
       for (size_t o = 0; o < pass.outputs.size(); ++o)  // (coded ones have their stored_xxh64)
         if (!pass.outputs[o].compressed())
           out.open_dataset(pass.outputs[o].name).set_attribute("qsum64", hex64(j.checksums[o]));
-      step.impl->write_results(p.plan, results, out);
+      final_pass.outputs = outcome.outputs;
+      run->write(p.plan, final_pass, out);
       result_checksums = checksum_results(out);
       // (kept in the file too: a run that adopts the output after a kill records the same content)
       if (result_checksums.contains("content"))
@@ -817,7 +813,7 @@ class WorkflowRun {
         throw std::logic_error(fmt::format("step '{}': the output pass exchanges '{}' by bucket; only an earlier pass may",
                                            step.id, o.name));
     try {
-      outcome = engine_->run(pass, *kernel, reduction.get(), work, output, progress_of(reporter));
+      outcome = engine_->run(pass, *final_pass.kernel, final_pass.reduction.get(), work, output, progress_of(reporter));
       step_clock_.earlier_seconds += outcome.earlier_wall_seconds;
       if (outcome.complete) {  // (part of the output's finalization, and timed as such)
         const auto t = Clock::now();
@@ -873,7 +869,7 @@ class WorkflowRun {
                   {"output_bytes", fs::file_size(output)},
                   {"wall_seconds", step_wall_seconds}, {"attempts", outcome.journal.attempts},
                   {"finished", utc_now()}, {"device", device_text_}, {"ranks", comm_.size()}, {"metrics", metrics},
-                  {"rows_total", pass.rows}, {"results", step.impl->describe_results(p.plan, results)}});
+                  {"rows_total", pass.rows}, {"results", run->describe(p.plan, final_pass)}});
       rec.erase("error");
       rec.erase("pass");
       for (const char* field : {"content", "measured"}) {
@@ -882,18 +878,19 @@ class WorkflowRun {
       }
       m.save(dir_.root);
       work.remove();
-      log_summary(step, metrics, results, p);
+      log_summary(step, metrics, *run, final_pass, p);
     }
     comm_.barrier();
   }
 
-  void log_summary(const spec::Step& step, const json& mt, const StepResults& results, const PlannedStep& p) {
+  void log_summary(const spec::Step& step, const json& mt, const stages::StepRun& run, const stages::StepPass& final_pass,
+                   const PlannedStep& p) {
     const double s = mt["seconds"].get<double>();
     if (mt["bytes"].get<double>() == 0 && p.plan.pass.rows == 0) {
       // A step that computes on its own (a path search, a state vector): no engine figures to give.
       spdlog::info("step '{}' done in {}; peak device {}, host {}", step.id, format_duration(s),
                    format_bytes(mt["peak_device_bytes"].get<double>()), format_bytes(mt["peak_host_bytes"].get<double>()));
-      const std::string line = step.impl->describe_results(p.plan, results);
+      const std::string line = run.describe(p.plan, final_pass);
       if (!line.empty()) spdlog::info("step '{}' result: {}", step.id, line);
       return;
     }
@@ -916,7 +913,7 @@ class WorkflowRun {
                  mt["d2h_seconds"].get<double>(), mt["write_seconds"].get<double>(), mt["commit_seconds"].get<double>(),
                  mt["finalize_seconds"].get<double>(), format_bytes(mt["peak_device_bytes"].get<double>()),
                  format_bytes(mt["planned_device_bytes"].get<double>()), format_bytes(mt["peak_host_bytes"].get<double>()));
-    const std::string line = step.impl->describe_results(p.plan, results);
+    const std::string line = run.describe(p.plan, final_pass);
     if (!line.empty()) spdlog::info("step '{}' result: {}", step.id, line);
   }
 
@@ -1027,12 +1024,12 @@ class WorkflowRun {
   std::optional<double> checkpoint_seconds_;
   std::string failed_step_;  // the step whose failure ended the run, if one did
   // The wall time of the step being executed: what earlier runs committed of it (its passes',
-  // compute()'s commits, its passes' earlier attempts, from their journals) and this run's time
+  // its host work's commits, its passes' earlier attempts, from their journals) and this run's time
   // since it took the step up. Committed with every pass state; the step's wall time at its end.
   struct StepClock {
     double earlier_seconds = 0;
     Clock::time_point started = Clock::now();
-    // Rank 0's reading where comm is null (compute() on rank 0), else the ranks' longest (collective).
+    // This rank's reading where comm is null, else the ranks' longest (collective).
     double seconds(const mpi::Comm* comm) const {
       const double mine = std::chrono::duration<double>(Clock::now() - started).count();
       return earlier_seconds + (comm ? comm->max(mine) : mine);

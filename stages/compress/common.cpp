@@ -96,13 +96,14 @@ double range_of(const RangePartial& r) {
 
 }  // namespace
 
-std::optional<PriorPass> RelativeBoundsStage::prior_pass(const KernelContext& ctx, const PassState& state) const {
-  if (!CodingParams::from_json(ctx.params).range_to_measure() || state.data.contains("range")) return std::nullopt;
-  const h5::Dataset& x = *ctx.inputs.at("x");
-  PriorPass p;
+RangeRun::RangeRun(const StepContext& ctx) : ctx_(ctx), params_(CodingParams::from_json(ctx.params)) {}
+
+std::optional<StepPass> RangeRun::next() {
+  const h5::Dataset& x = *ctx_.inputs.at("x");
+  StepPass p;
   p.name = "range";
-  p.pass.rows = ctx.plan.pass.rows;
-  p.pass.tile_rows = ctx.plan.pass.tile_rows;
+  p.pass.rows = ctx_.plan.pass.rows;
+  p.pass.tile_rows = ctx_.plan.pass.tile_rows;
   p.pass.inputs.push_back({"x", nullptr, x.row_bytes()});
   p.pass.inputs.back().place = engine::StreamedInput::Place::host;  // the host scans its copy
   p.pass.tile_partial_bytes = sizeof(RangePartial);
@@ -113,24 +114,34 @@ std::optional<PriorPass> RelativeBoundsStage::prior_pass(const KernelContext& ct
   return p;
 }
 
-void RelativeBoundsStage::after_prior_pass(const KernelContext& ctx, PriorPass& pass, PassState& state) const {
-  // (nlohmann's doubles round-trip exactly, so a resumed run codes with the same range)
-  state.data["range"] = range_of(static_cast<const RangeReduction&>(*pass.reduction).result());
-  if (ctx.comm->root())
-    spdlog::info("value range {:.6g}, measured in the range pass (give the parameter 'range' to skip it)",
-                 state.data["range"].get<double>());
+void RangeRun::finished(StepPass& pass) {
+  measured_ = range_of(static_cast<const RangeReduction&>(*pass.reduction).result());
+  if (ctx_.comm->root())
+    spdlog::info("value range {:.6g}, measured in the range pass (give the parameter 'range' to skip it)", *measured_);
 }
 
-std::optional<double> range_for(const KernelContext& ctx) {
-  const CodingParams params = CodingParams::from_json(ctx.params);
-  if (!params.settings.relative) return std::nullopt;
-  if (params.range) return params.range;
-  if (!ctx.passes || !ctx.passes->data.contains("range"))
-    throw std::logic_error("relative bounds without a range: the range pass did not run");
-  const double range = ctx.passes->data.at("range").get<double>();
-  if (ctx.passes->done_before > 0 && ctx.comm->root())
-    spdlog::info("value range {:.6g}, measured by an earlier run of this step", range);
-  return range;
+std::string RangeRun::save() const {
+  Packer out;
+  out.put<std::uint8_t>(measured_.has_value());
+  out.put(measured_.value_or(0.0));
+  return out.take();
+}
+
+void RangeRun::load(std::string_view state) {
+  Unpacker in(state);
+  const bool has = in.get<std::uint8_t>() != 0;
+  const double range = in.get<double>();
+  in.finish();
+  if (has) measured_ = range, measured_earlier_ = true;
+}
+
+std::optional<double> RangeRun::range() const {
+  if (!params_.settings.relative) return std::nullopt;
+  if (params_.range) return params_.range;
+  if (!measured_) throw std::logic_error("relative bounds without a range: the range pass did not run");
+  if (measured_earlier_ && ctx_.comm->root())
+    spdlog::info("value range {:.6g}, measured by an earlier run of this step", *measured_);
+  return measured_;
 }
 
 StagePlan chunk_pass(const CodingParams& params, const Layout& x) {
@@ -150,9 +161,8 @@ StagePlan chunk_pass(const CodingParams& params, const Layout& x) {
   return plan;
 }
 
-std::optional<double> refine_chunk_pass(StagePlan& plan, const KernelContext& ctx) {
+std::optional<double> refine_chunk_pass(StagePlan& plan, const StepContext& ctx, std::optional<double> range) {
   const codec::ElementType type = element_type(*ctx.inputs.at("x")->dtype(), "x");
-  const auto range = range_for(ctx);
   plan.summary["codec"] = h5::codec_summary(CodingParams::from_json(ctx.params).settings, range, type);
   return range;
 }

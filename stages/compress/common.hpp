@@ -10,6 +10,7 @@
 
 #include "io/codec/codec.hpp"
 #include "kernels/chunk_codec.hpp"
+#include "core/serial.hpp"
 #include "stages/stage.hpp"
 
 namespace qstage::stages::compress_detail {
@@ -34,17 +35,30 @@ codec::Settings settings_from(const nlohmann::json& params);
 std::uint64_t chunk_rows_for(const CodingParams& params, const Layout& x);
 h5::Shape chunk_shape(const h5::Shape& shape, std::uint64_t chunk_rows);
 
-// Stages that code a dataset with bounds relative to its value range (max - min over the finite
-// real and imaginary parts): unless the `range` parameter gives it, a first pass over `x`
-// measures it, and the coding pass reads it from the state that pass left.
-class RelativeBoundsStage : public Stage {
+// The run of a stage that codes a dataset with bounds relative to its value range (max - min
+// over the finite real and imaginary parts): unless the `range` parameter gives it, a first pass
+// over `x` measures it, and the coding pass (the stage's output(), in a class derived from this)
+// takes it from range().
+class RangeRun : public StepRun {
  public:
-  std::optional<PriorPass> prior_pass(const KernelContext& ctx, const PassState& state) const final;
-  void after_prior_pass(const KernelContext& ctx, PriorPass& pass, PassState& state) const final;
+  explicit RangeRun(const StepContext& ctx);
+  bool done() const override { return !params_.range_to_measure() || measured_; }
+  std::optional<StepPass> next() override;  // the range pass
+  void finished(StepPass& pass) override;
+  std::string save() const override;
+  void load(std::string_view state) override;
+
+ protected:
+  // The range relative bounds refer to: the `range` parameter, else what the range pass measured;
+  // nullopt for absolute bounds.
+  std::optional<double> range() const;
+  const StepContext& ctx_;
+  const CodingParams params_;
+
+ private:
+  std::optional<double> measured_;
+  bool measured_earlier_ = false;  // (by an earlier run of the step: load())
 };
-// The range relative bounds refer to: the `range` parameter, else what the range pass measured;
-// nullopt for absolute bounds.
-std::optional<double> range_for(const KernelContext& ctx);
 
 using kernels::ChunkCodec;
 
@@ -54,7 +68,7 @@ using kernels::ChunkCodec;
 StagePlan chunk_pass(const CodingParams& params, const Layout& x);
 // At run time: the range (relative bounds: the range pass's, or the parameter) into the summary.
 // Returns it (nullopt for absolute bounds).
-std::optional<double> refine_chunk_pass(StagePlan& plan, const KernelContext& ctx);
+std::optional<double> refine_chunk_pass(StagePlan& plan, const StepContext& ctx, std::optional<double> range);
 // The range refine_chunk_pass recorded (nullopt for absolute bounds).
 std::optional<double> planned_range(const StagePlan& plan);
 

@@ -43,7 +43,7 @@ class CompressKernel final : public engine::PassKernel {
   std::uint64_t row_bytes_;
 };
 
-class CompressStage final : public RelativeBoundsStage {
+class CompressStage final : public Stage {
  public:
   const StageInfo& info() const override {
     // (2: at e = 0 a -0 is kept; version 1 stored +0, so outputs of data with -0 are redone)
@@ -69,37 +69,37 @@ class CompressStage final : public RelativeBoundsStage {
     return plan;
   }
 
-  // Relative bounds are fractions of the whole dataset's range (measured by the range pass).
-  void refine_plan(StagePlan& plan, const KernelContext& ctx) const override {
-    plan.pass.outputs.at(0).codec_range = refine_chunk_pass(plan, ctx);
-  }
+  std::unique_ptr<StepRun> start(const StepContext& ctx) const override { return std::make_unique<Run>(ctx); }
 
-  std::unique_ptr<engine::PassKernel> make_kernel(const KernelContext& ctx) const override {
-    return std::make_unique<CompressKernel>(ctx.inputs.at("x")->row_bytes());
-  }
-
-  void write_results(const StagePlan& plan, const StepResults& r, h5::File& out) const override {
-    // Rank 0 holds the coded chunks (the other ranks' reports say 0 bytes), and attribute writes
-    // are collective: every rank writes the total over the ranks.
-    const std::uint64_t input = plan.pass.rows * plan.pass.inputs[0].row_bytes,
-                        stored = r.context->comm->sum_wrapping({stored_bytes(r)}).at(0);
-    out.set_attribute("compress.input_bytes", input);
-    out.set_attribute("compress.stored_bytes", stored);
-    out.set_attribute("compress.ratio", stored ? static_cast<double>(input) / static_cast<double>(stored) : 0.0);
-    out.set_attribute("compress.codec", plan.summary.at("codec").dump());
-  }
-
-  // (this rank's: rank 0 has them all)
-  static std::uint64_t stored_bytes(const StepResults& r) { return r.outputs->at(0).stored_bytes; }
-
-  std::string describe_results(const StagePlan& plan, const StepResults& r) const override {
-    const double input = static_cast<double>(plan.pass.rows * plan.pass.inputs[0].row_bytes);
-    const double stored = static_cast<double>(stored_bytes(r));
-    const json& c = plan.summary.at("codec");
-    return fmt::format("{} chunks, {} -> {} (ratio {:.2f}), {} bound {:.3g} (threshold {:.3g})", r.outputs->at(0).chunks,
-                       format_bytes(input), format_bytes(stored), stored > 0 ? input / stored : 0.0,
-                       c.at("pipeline").get<std::string>(), c.at("error").get<double>(), c.at("threshold").get<double>());
-  }
+ private:
+  class Run final : public RangeRun {
+   public:
+    using RangeRun::RangeRun;
+    // Relative bounds are fractions of the whole dataset's range (measured by the range pass).
+    StepPass output(StagePlan& plan) override {
+      plan.pass.outputs.at(0).codec_range = refine_chunk_pass(plan, ctx_, range());
+      return planned_pass(plan, std::make_unique<CompressKernel>(ctx_.inputs.at("x")->row_bytes()));
+    }
+    void write(const StagePlan& plan, const StepPass& pass, h5::File& out) const override {
+      // Rank 0 holds the coded chunks (the other ranks' reports say 0 bytes), and attribute writes
+      // are collective: every rank writes the total over the ranks.
+      const std::uint64_t input = plan.pass.rows * plan.pass.inputs[0].row_bytes,
+                          stored = ctx_.comm->sum_wrapping({pass.outputs.at(0).stored_bytes}).at(0);
+      out.set_attribute("compress.input_bytes", input);
+      out.set_attribute("compress.stored_bytes", stored);
+      out.set_attribute("compress.ratio", stored ? static_cast<double>(input) / static_cast<double>(stored) : 0.0);
+      out.set_attribute("compress.codec", plan.summary.at("codec").dump());
+    }
+    // (this rank's stored bytes: rank 0 has them all)
+    std::string describe(const StagePlan& plan, const StepPass& pass) const override {
+      const double input = static_cast<double>(plan.pass.rows * plan.pass.inputs[0].row_bytes);
+      const double stored = static_cast<double>(pass.outputs.at(0).stored_bytes);
+      const json& c = plan.summary.at("codec");
+      return fmt::format("{} chunks, {} -> {} (ratio {:.2f}), {} bound {:.3g} (threshold {:.3g})", pass.outputs.at(0).chunks,
+                         format_bytes(input), format_bytes(stored), stored > 0 ? input / stored : 0.0,
+                         c.at("pipeline").get<std::string>(), c.at("error").get<double>(), c.at("threshold").get<double>());
+    }
+  };
 };
 
 }  // namespace

@@ -115,20 +115,21 @@ class DecompressStage final : public Stage {
     return plan;
   }
 
-  void refine_plan(StagePlan& plan, const KernelContext& ctx) const override {
-    const h5::Dataset& x = *ctx.inputs.at("x");
-    const codec::ElementType type = element_type(*x.dtype(), "x");
-    plan.pass.resident_device_bytes =
-        ChunkCodec::device_bytes(ctx.backend->kind(), type, plan.pass.tile_rows * x.row_bytes());
-  }
+  std::unique_ptr<StepRun> start(const StepContext& ctx) const override { return std::make_unique<Run>(ctx); }
 
-  std::unique_ptr<engine::PassKernel> make_kernel(const KernelContext& ctx) const override {
-    const h5::Dataset& x = *ctx.inputs.at("x");
-    const codec::ElementType type = element_type(*x.dtype(), "x");
-    return std::make_unique<DecompressKernel>(type, x.chunk(), x.row_bytes(),
-                                              ctx.plan.pass.tile_rows * ctx.plan.pass.inputs[0].row_bytes,
-                                              fmt::format("dataset '{}' in '{}'", x.where().object, x.where().file));
-  }
+ private:
+  class Run final : public OutputPassRun {
+   public:
+    using OutputPassRun::OutputPassRun;
+    StepPass output(StagePlan& plan) override {
+      const h5::Dataset& x = *ctx_.inputs.at("x");
+      const codec::ElementType type = element_type(*x.dtype(), "x");
+      plan.pass.resident_device_bytes = ChunkCodec::device_bytes(ctx_.backend->kind(), type, plan.pass.tile_rows * x.row_bytes());
+      return planned_pass(plan, std::make_unique<DecompressKernel>(
+                                    type, x.chunk(), x.row_bytes(), plan.pass.tile_rows * plan.pass.inputs[0].row_bytes,
+                                    fmt::format("dataset '{}' in '{}'", x.where().object, x.where().file)));
+    }
+  };
 };
 
 }  // namespace

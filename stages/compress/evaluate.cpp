@@ -199,7 +199,7 @@ Figures figures(const StagePlan& plan, const EvaluatePartial& r) {
   return f;
 }
 
-class EvaluateStage final : public RelativeBoundsStage {
+class EvaluateStage final : public Stage {
  public:
   const StageInfo& info() const override {
     static const StageInfo info{
@@ -257,87 +257,94 @@ class EvaluateStage final : public RelativeBoundsStage {
     return m;
   }
 
-  void refine_plan(StagePlan& plan, const KernelContext& ctx) const override {
-    // The decoded chunk, a device copy of its stream (grown if needed) and a host copy.
-    const h5::Dataset& x = *ctx.inputs.at("x");
-    const std::uint64_t chunk = plan.pass.tile_rows * x.row_bytes();
-    refine_chunk_pass(plan, ctx);
-    plan.pass.resident_device_bytes =
-        ChunkCodec::device_bytes(ctx.backend->kind(), element_type(*x.dtype(), "x"), chunk) + 3 * chunk + (1u << 20);
-  }
+  std::unique_ptr<StepRun> start(const StepContext& ctx) const override { return std::make_unique<Run>(ctx); }
 
-  std::unique_ptr<engine::PassKernel> make_kernel(const KernelContext& ctx) const override {
-    const h5::Dataset& x = *ctx.inputs.at("x");
-    const json& c = ctx.plan.summary.at("codec");
-    const double bound = std::max(c.at("error").get<double>(), c.at("threshold").get<double>());
-    std::optional<MaxCut> maxcut;
-    if (ctx.plan.summary.contains("maxcut")) {
-      const json& m = ctx.plan.summary.at("maxcut");
-      maxcut = MaxCut{m.at("qubits").get<int>(), m.at("edges").get<std::vector<std::pair<int, int>>>()};
+ private:
+  class Run final : public RangeRun {
+   public:
+    using RangeRun::RangeRun;
+    StepPass output(StagePlan& plan) override {
+      // The decoded chunk, a device copy of its stream (grown if needed) and a host copy.
+      const h5::Dataset& x = *ctx_.inputs.at("x");
+      const std::uint64_t chunk = plan.pass.tile_rows * x.row_bytes();
+      refine_chunk_pass(plan, ctx_, range());
+      plan.pass.resident_device_bytes =
+          ChunkCodec::device_bytes(ctx_.backend->kind(), element_type(*x.dtype(), "x"), chunk) + 3 * chunk + (1u << 20);
+      const json& c = plan.summary.at("codec");
+      const double bound = std::max(c.at("error").get<double>(), c.at("threshold").get<double>());
+      std::optional<MaxCut> maxcut;
+      if (plan.summary.contains("maxcut")) {
+        const json& m = plan.summary.at("maxcut");
+        maxcut = MaxCut{m.at("qubits").get<int>(), m.at("edges").get<std::vector<std::pair<int, int>>>()};
+      }
+      return planned_pass(plan,
+                          std::make_unique<EvaluateKernel>(element_type(*x.dtype(), "x"), chunk_shape(x.shape(), plan.pass.tile_rows),
+                                                           x.row_bytes(), params_.settings, planned_range(plan), bound,
+                                                           std::move(maxcut)),
+                          std::make_unique<EvaluateReduction>());
     }
-    return std::make_unique<EvaluateKernel>(element_type(*x.dtype(), "x"), chunk_shape(x.shape(), ctx.plan.pass.tile_rows),
-                                            x.row_bytes(), CodingParams::from_json(ctx.params).settings, planned_range(ctx.plan), bound,
-                                            std::move(maxcut));
-  }
-
-  std::unique_ptr<engine::Reduction> make_reduction(const StagePlan&) const override {
-    return std::make_unique<EvaluateReduction>();
-  }
-
-  void write_results(const StagePlan& plan, const StepResults& r, h5::File& out) const override {
-    const EvaluatePartial& e = static_cast<EvaluateReduction*>(r.reduction)->result();
-    const Figures f = figures(plan, e);
-    const json& c = plan.summary.at("codec");
-    const double bound = std::max(c.at("error").get<double>(), c.at("threshold").get<double>());
-    detail::write_scalar(out, "ratio", h5::DType::float64, &f.ratio,
-                         "input bytes / compressed bytes (streams of whole chunks)");
-    detail::write_scalar(out, "max_error", h5::DType::float64, &e.max_error,
-                         "largest |x - y| of a real or imaginary part");
-    detail::write_scalar(out, "bound", h5::DType::float64, &bound,
-                         "the guaranteed bound on that error: max(threshold, error), absolute");
-    detail::write_scalar(out, "beyond_bound", h5::DType::uint64, &e.beyond_bound,
-                         "parts beyond the bound, or non-finite parts changed (0)");
-    detail::write_scalar(out, "relative_error", h5::DType::float64, &f.relative_error,
-                         "|x - y| / |x| over all finite elements");
-    detail::write_scalar(out, "fidelity", h5::DType::float64, &f.fidelity,
-                         "|<x|y>| / (|x| |y|) over all finite elements");
-    h5::Dataset compress_rate = detail::write_scalar(out, "compress_gbps", h5::DType::float64, &f.compress_gbps,
-           "input GB per second of compressing chunk by chunk on this backend (framing on the host included)");
-    h5::Dataset decompress_rate = detail::write_scalar(out, "decompress_gbps", h5::DType::float64, &f.decompress_gbps,
-           "input GB per second of decompressing chunk by chunk on this backend (framing on the host included)");
-    mark_measured(compress_rate);  // (timed: they differ from run to run)
-    mark_measured(decompress_rate);
-    detail::write_scalar(out, "stored_bytes", h5::DType::uint64, &e.stored_bytes, "bytes of the compressed streams");
-    if (plan.summary.contains("maxcut")) {
-      detail::write_scalar(out, "energy_original", h5::DType::float64, &f.energy_original,
-                           "the MaxCut graph's energy sum over edges of <Z_a Z_b> in the original state (normalized)");
-      detail::write_scalar(out, "energy_decoded", h5::DType::float64, &f.energy_decoded,
-                           "the same energy in the decoded state (normalized)");
-      detail::write_scalar(out, "energy_relative_error", h5::DType::float64, &f.energy_relative_error,
-                           "|energy_decoded - energy_original| / |energy_original|: the change of the circuit's "
-                           "result (seed 003 Fig. 11 allows 5 %)");
-      out.set_attribute("maxcut", plan.summary.at("maxcut").dump());
-    }
-    out.set_attribute("compress.codec", c.dump());
-    out.set_attribute("compress.max_abs_error", e.max_abs_error);
-    if (e.beyond_bound)
-      throw CheckFailed(fmt::format("{} of {} values came back beyond the bound {:.6g} (largest error {:.6g}): the "
-                                    "codec broke its guarantee; please report it with this input",
-                                    e.beyond_bound, e.values, bound, e.max_error));
-  }
-
-  std::string describe_results(const StagePlan& plan, const StepResults& r) const override {
-    const EvaluatePartial& e = static_cast<EvaluateReduction*>(r.reduction)->result();
-    const Figures f = figures(plan, e);
-    std::string energy;
-    if (plan.summary.contains("maxcut"))
-      energy = fmt::format(", energy {:.9g} -> {:.9g} (relative change {:.3g})", f.energy_original, f.energy_decoded,
-                           f.energy_relative_error);
-    return fmt::format("ratio {:.2f}, max error {:.3g}, relative error {:.3g}, fidelity {:.9f}, compress {:.2f} GB/s, "
-                       "decompress {:.2f} GB/s{}",
-                       f.ratio, e.max_error, f.relative_error, f.fidelity, f.compress_gbps, f.decompress_gbps, energy);
-  }
+    void write(const StagePlan& plan, const StepPass& pass, h5::File& out) const override;
+    std::string describe(const StagePlan& plan, const StepPass& pass) const override;
+  };
 };
+
+void EvaluateStage::Run::write(const StagePlan& plan, const StepPass& pass, h5::File& out) const {
+  const EvaluatePartial& e = static_cast<const EvaluateReduction&>(*pass.reduction).result();
+  const Figures f = figures(plan, e);
+  const json& c = plan.summary.at("codec");
+  const double bound = std::max(c.at("error").get<double>(), c.at("threshold").get<double>());
+  detail::write_scalar(out, "ratio", h5::DType::float64, &f.ratio,
+                       "input bytes / compressed bytes (streams of whole chunks)");
+  detail::write_scalar(out, "max_error", h5::DType::float64, &e.max_error,
+                       "largest |x - y| of a real or imaginary part");
+  detail::write_scalar(out, "bound", h5::DType::float64, &bound,
+                       "the guaranteed bound on that error: max(threshold, error), absolute");
+  detail::write_scalar(out, "beyond_bound", h5::DType::uint64, &e.beyond_bound,
+                       "parts beyond the bound, or non-finite parts changed (0)");
+  detail::write_scalar(out, "relative_error", h5::DType::float64, &f.relative_error,
+                       "|x - y| / |x| over all finite elements");
+  detail::write_scalar(out, "fidelity", h5::DType::float64, &f.fidelity,
+                       "|<x|y>| / (|x| |y|) over all finite elements");
+  h5::Dataset compress_rate = detail::write_scalar(
+      out, "compress_gbps", h5::DType::float64, &f.compress_gbps,
+      "input GB per second of compressing chunk by chunk on this backend (framing on the host included)");
+  h5::Dataset decompress_rate = detail::write_scalar(
+      out, "decompress_gbps", h5::DType::float64, &f.decompress_gbps,
+      "input GB per second of decompressing chunk by chunk on this backend (framing on the host included)");
+  mark_measured(compress_rate);  // (timed: they differ from run to run)
+  mark_measured(decompress_rate);
+  detail::write_scalar(out, "stored_bytes", h5::DType::uint64, &e.stored_bytes, "bytes of the compressed streams");
+  if (plan.summary.contains("maxcut")) {
+    detail::write_scalar(out, "energy_original", h5::DType::float64, &f.energy_original,
+                         "the MaxCut graph's energy sum over edges of <Z_a Z_b> in the original state (normalized)");
+    detail::write_scalar(out, "energy_decoded", h5::DType::float64, &f.energy_decoded,
+                         "the same energy in the decoded state (normalized)");
+    detail::write_scalar(out, "energy_relative_error", h5::DType::float64, &f.energy_relative_error,
+                         "|energy_decoded - energy_original| / |energy_original|: the change of the circuit's "
+                         "result (seed 003 Fig. 11 allows 5 %)");
+    out.set_attribute("maxcut", plan.summary.at("maxcut").dump());
+  }
+  out.set_attribute("compress.codec", c.dump());
+  out.set_attribute("compress.max_abs_error", e.max_abs_error);
+  if (e.beyond_bound)
+    throw CheckFailed(
+        fmt::format("{} of {} values came back beyond the bound {:.6g} (largest error {:.6g}): the "
+                    "codec broke its guarantee; please report it with this input",
+                    e.beyond_bound, e.values, bound, e.max_error));
+}
+
+std::string EvaluateStage::Run::describe(const StagePlan& plan, const StepPass& pass) const {
+  const EvaluatePartial& e = static_cast<const EvaluateReduction&>(*pass.reduction).result();
+  const Figures f = figures(plan, e);
+  std::string energy;
+  if (plan.summary.contains("maxcut"))
+    energy = fmt::format(", energy {:.9g} -> {:.9g} (relative change {:.3g})", f.energy_original, f.energy_decoded,
+                         f.energy_relative_error);
+  return fmt::format(
+      "ratio {:.2f}, max error {:.3g}, relative error {:.3g}, fidelity {:.9f}, compress {:.2f} GB/s, "
+      "decompress {:.2f} GB/s{}",
+      f.ratio, e.max_error, f.relative_error, f.fidelity, f.compress_gbps, f.decompress_gbps, energy);
+}
 
 }  // namespace
 

@@ -1,7 +1,7 @@
 // keys.dedup: the unique rows of a uint64 key dataset (1-4 words per key, word 0 most
 // significant), globally sorted, with their counts, the sums of an optional float64 value per
 // key, and the reverse index, out of core and the same bytes on any rank count and budget. The
-// work is DedupPasses' (sample, partition, merge) plus its finish pass as the output pass, which
+// work is keys::DedupRun's (sample, partition, merge) plus its finish pass as the output pass, which
 // writes the index and copies the unique keys into the step's output.
 #include <algorithm>
 #include <fmt/format.h>
@@ -15,7 +15,6 @@ namespace qstage::stages {
 namespace {
 
 using json = nlohmann::json;
-using keys::DedupPasses;
 using keys::DedupSource;
 
 struct Params {
@@ -58,18 +57,12 @@ DedupSource source_of(const json& params, const Layout& keys, const Layout* valu
   return s;
 }
 
-DedupPasses passes_of(const KernelContext& ctx) {
+DedupSource source_of(const StepContext& ctx) {
   const auto v = ctx.inputs.find("values");
   Layout values;
   if (v != ctx.inputs.end()) values = {*v->second->dtype(), v->second->shape(), {}};
   const h5::Dataset& k = *ctx.inputs.at("keys");
-  return DedupPasses(source_of(ctx.params, {*k.dtype(), k.shape(), {}}, v != ctx.inputs.end() ? &values : nullptr));
-}
-
-const json& dedup_state(const KernelContext& ctx) {
-  static const json none;
-  if (!ctx.passes || !ctx.passes->data.contains("dedup")) return none;
-  return ctx.passes->data.at("dedup");
+  return source_of(ctx.params, {*k.dtype(), k.shape(), {}}, v != ctx.inputs.end() ? &values : nullptr);
 }
 
 class DedupStage final : public Stage {
@@ -87,9 +80,8 @@ class DedupStage final : public Stage {
   StagePlan plan(const json& params, const std::map<std::string, DatasetInfo>& in) const override {
     const auto v = in.find("values");
     const DedupSource s = source_of(params, in.at("keys").layout, v != in.end() ? &v->second.layout : nullptr);
-    // The output pass (the finish pass) is known once the merge is done (refine_plan); until
-    // then this plan names its outputs, at their largest.
-    DedupPasses passes(s);
+    // The output pass (the finish pass) is known once the merge is done (the run's output());
+    // until then this plan names its outputs, at their largest.
     StagePlan plan;
     plan.pass.rows = s.rows;
     plan.pass.tile_rows = s.tile_rows;
@@ -113,46 +105,53 @@ class DedupStage final : public Stage {
     return plan;
   }
 
-  std::optional<PriorPass> prior_pass(const KernelContext& ctx, const PassState& state) const override {
-    return passes_of(ctx).next(ctx, state.data.contains("dedup") ? state.data.at("dedup") : json(), 0);
-  }
-  void after_prior_pass(const KernelContext& ctx, PriorPass& pass, PassState& state) const override {
-    passes_of(ctx).after(ctx, pass, state.data["dedup"]);
-  }
+  std::unique_ptr<StepRun> start(const StepContext& ctx) const override { return std::make_unique<Run>(ctx); }
 
-  void refine_plan(StagePlan& plan, const KernelContext& ctx) const override {
-    PriorPass finish = passes_of(ctx).finish_pass(ctx, dedup_state(ctx), true);
-    plan.pass = std::move(finish.pass);
-    plan.streamed_inputs = std::move(finish.streamed_inputs);
-    const json& st = dedup_state(ctx);
-    plan.summary["unique"] = st.at("unique");
-    plan.summary["buckets"] = st.at("bucket_rows").size();
-    plan.summary["row_buckets"] = st.at("row_buckets");
-  }
+ private:
+  // The sub-run's passes, then its finish pass as the output pass.
+  class Run final : public StepRun {
+   public:
+    explicit Run(const StepContext& ctx) : ctx_(ctx), dedup_(ctx, source_of(ctx)) {}
+    bool done() const override { return dedup_.done(); }
+    std::optional<StepPass> next() override { return dedup_.next(); }
+    void finished(StepPass& pass) override { dedup_.finished(pass); }
+    std::string save() const override {
+      Packer out;
+      dedup_.save(out);
+      return out.take();
+    }
+    void load(std::string_view state) override {
+      Unpacker in(state);
+      dedup_.load(in);
+      in.finish();
+    }
+    StepPass output(StagePlan& plan) override {
+      StepPass finish = dedup_.finish_pass(true);
+      plan.summary["unique"] = dedup_.result().unique;
+      plan.summary["buckets"] = dedup_.buckets();
+      plan.summary["row_buckets"] = dedup_.row_buckets();
+      return finish;
+    }
+    void write(const StagePlan& plan, const StepPass&, h5::File& out) const override {
+      // (the summary, not the number of buckets, which the bytes of the datasets do not depend on)
+      out.set_attribute("tile_rows", static_cast<std::int64_t>(plan.summary.at("tile_rows").get<std::uint64_t>()));
+      // How evenly the sample sort spread the merge (it depends on the rank count: an attribute).
+      out.set_attribute("merge_records_per_rank", merge_load());
+    }
+    std::string describe(const StagePlan& plan, const StepPass&) const override {
+      const auto load = merge_load();
+      const auto [least, most] = std::minmax_element(load.begin(), load.end());
+      return fmt::format("{} unique keys of {} rows ({} buckets; merged records per rank max/min {:.3f})",
+                         plan.summary.at("unique").get<std::uint64_t>(), plan.summary.at("rows").get<std::uint64_t>(),
+                         plan.summary.at("buckets").get<std::uint64_t>(),
+                         *least ? static_cast<double>(*most) / static_cast<double>(*least) : 0.0);
+    }
 
-  std::unique_ptr<engine::PassKernel> make_kernel(const KernelContext& ctx) const override {
-    return std::move(passes_of(ctx).finish_pass(ctx, dedup_state(ctx), true).kernel);
-  }
-
-  void write_results(const StagePlan& plan, const StepResults& r, h5::File& out) const override {
-    // (the summary, not the number of buckets, which the bytes of the datasets do not depend on)
-    out.set_attribute("tile_rows", static_cast<std::int64_t>(plan.summary.at("tile_rows").get<std::uint64_t>()));
-    // How evenly the sample sort spread the merge (it depends on the rank count: an attribute).
-    out.set_attribute("merge_records_per_rank", merge_load(*r.context));
-  }
-
-  std::string describe_results(const StagePlan& plan, const StepResults& r) const override {
-    const auto load = merge_load(*r.context);
-    const auto [least, most] = std::minmax_element(load.begin(), load.end());
-    return fmt::format("{} unique keys of {} rows ({} buckets; merged records per rank max/min {:.3f})",
-                       plan.summary.at("unique").get<std::uint64_t>(), plan.summary.at("rows").get<std::uint64_t>(),
-                       plan.summary.at("buckets").get<std::uint64_t>(),
-                       *least ? static_cast<double>(*most) / static_cast<double>(*least) : 0.0);
-  }
-
-  static std::vector<std::uint64_t> merge_load(const KernelContext& ctx) {
-    return keys::DedupPasses::merge_rows_per_rank(dedup_state(ctx), ctx.comm ? ctx.comm->size() : 1);
-  }
+   private:
+    std::vector<std::uint64_t> merge_load() const { return dedup_.merge_rows_per_rank(ctx_.comm ? ctx_.comm->size() : 1); }
+    const StepContext& ctx_;
+    keys::DedupRun dedup_;
+  };
 };
 
 }  // namespace

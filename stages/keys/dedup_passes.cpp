@@ -299,37 +299,29 @@ engine::OutputDecl appended(std::string name, Layout layout, std::uint32_t bucke
   return o;
 }
 
-std::uint64_t device_budget(const KernelContext& ctx) { return ctx.backend->device_budget().limit(); }
-std::uint32_t ranks(const KernelContext& ctx) { return ctx.comm ? static_cast<std::uint32_t>(ctx.comm->size()) : 1; }
+std::uint64_t device_budget(const StepContext& ctx) { return ctx.backend->device_budget().limit(); }
+std::uint32_t ranks(const StepContext& ctx) { return ctx.comm ? static_cast<std::uint32_t>(ctx.comm->size()) : 1; }
 
 }  // namespace
 
-DedupPasses::DedupPasses(DedupSource source) : source_(std::move(source)) {
+DedupRun::DedupRun(const StepContext& ctx, DedupSource source) : ctx_(ctx), source_(std::move(source)) {
   if (source_.words < 1 || source_.words > kernels::kMaxKeyWords)
-    throw std::logic_error("DedupPasses: keys of 1 to 4 words");
-  if (source_.rows == 0) throw std::logic_error("DedupPasses: no rows");
-  if (source_.interleaved_value && source_.values) throw std::logic_error("DedupPasses: two values");
-  if (source_.keys_1d && source_.words != 1) throw std::logic_error("DedupPasses: 1-D keys of several words");
+    throw std::logic_error("DedupRun: keys of 1 to 4 words");
+  if (source_.rows == 0) throw std::logic_error("DedupRun: no rows");
+  if (source_.interleaved_value && source_.values) throw std::logic_error("DedupRun: two values");
+  if (source_.keys_1d && source_.words != 1) throw std::logic_error("DedupRun: 1-D keys of several words");
 }
 
-bool DedupPasses::done(const json& state) { return state.is_object() && state.value("phase", "") == "done"; }
-
-DedupResult DedupPasses::result(const json& state) {
-  if (!done(state)) throw std::logic_error("DedupPasses::result before the merge is done");
-  return {state.at("merge_pass").get<int>(), "keys", "counts", "values", state.at("unique").get<std::uint64_t>()};
+DedupResult DedupRun::result() const {
+  if (!done()) throw std::logic_error("DedupRun::result before the merge is done");
+  return {merge_pass_, "keys", "counts", "values", unique_};
 }
 
-std::optional<PriorPass> DedupPasses::next(const KernelContext& ctx, const json& state, int first_pass) const {
+StepPass DedupRun::next() const {
   const DedupSource& s = source_;
-  const std::string phase = state.is_object() ? state.value("phase", "sample") : "sample";
-  // The passes are first_pass, first_pass + 1, first_pass + 2 of the caller's step.
-  const int expected = first_pass + (phase == "sample" ? 0 : phase == "partition" ? 1 : 2);
-  if (phase != "done" && ctx.passes && ctx.passes->done != expected)
-    throw std::logic_error(fmt::format("DedupPasses: its {} pass would be pass {} of the step, not {}", phase,
-                                       ctx.passes->done, expected));
-  const bool cuda = ctx.backend && ctx.backend->kind() == BackendKind::cuda;
-  PriorPass p;
-  if (phase == "sample") {
+  const bool cuda = ctx_.backend && ctx_.backend->kind() == BackendKind::cuda;
+  StepPass p;
+  if (phase_ == Phase::sample) {
     p.name = "sample";
     p.pass.rows = s.rows;
     p.pass.tile_rows = s.tile_rows;
@@ -342,10 +334,9 @@ std::optional<PriorPass> DedupPasses::next(const KernelContext& ctx, const json&
     p.reduction = std::make_unique<SampleReduction>(s.samples, s.words);
     return p;
   }
-  if (phase == "partition") {
+  if (phase_ == Phase::partition) {
     DedupSource t = s;
-    t.buckets = state.at("buckets").get<std::uint32_t>();
-    const auto splitters = state.at("splitters").get<std::vector<std::uint64_t>>();
+    t.buckets = buckets_;
     const RecordLayout L = t.record_layout();
     p.name = "partition";
     p.pass.rows = s.rows;
@@ -361,16 +352,15 @@ std::optional<PriorPass> DedupPasses::next(const KernelContext& ctx, const json&
     if (s.index) p.pass.outputs.push_back({"local", {DType::uint64, {s.rows}, {s.tile_rows}}});
     const std::uint64_t per_row = scratch_per_row(s.tile_rows, [&](std::uint64_t r) { return partition_scratch(t, r, cuda); });
     p.pass.scratch_device_bytes_per_row = per_row;
-    p.pass.resident_device_bytes = aligned(splitters.size() * 8);
-    p.kernel = std::make_unique<PartitionKernel>(t, per_row, splitters, cuda);
+    p.pass.resident_device_bytes = aligned(splitters_.size() * 8);
+    p.kernel = std::make_unique<PartitionKernel>(t, per_row, splitters_, cuda);
     return p;
   }
-  if (phase == "merge") {
+  if (phase_ == Phase::merge) {
     const RecordLayout L = s.record_layout();
-    const auto bucket_rows = state.at("bucket_rows").get<std::vector<std::uint64_t>>();
     std::uint64_t rows = 0, largest = 1;
     std::vector<std::uint64_t> begins;
-    for (const std::uint64_t r : bucket_rows) {
+    for (const std::uint64_t r : bucket_rows_) {
       if (r == 0) continue;  // explicit batches are non-empty: an empty bucket has nothing to merge
       p.pass.batches.push_back({rows, rows + r});
       begins.push_back(rows);
@@ -381,28 +371,25 @@ std::optional<PriorPass> DedupPasses::next(const KernelContext& ctx, const json&
     p.pass.rows = rows;
     p.pass.tile_rows = 1;
     p.pass.inputs.push_back({"records", nullptr, L.cols() * 8ull});
-    p.streamed_inputs = {earlier_pass_input(state.at("partition_pass").get<int>(), "records")};
+    p.streamed_inputs = {earlier_pass_input(partition_pass_, "records")};
     p.pass.outputs.push_back(appended("keys", keys_layout(s, rows)));
     p.pass.outputs.push_back(appended("counts", column_layout(DType::uint64, rows)));
     if (L.value) p.pass.outputs.push_back(appended("values", column_layout(DType::float64, rows)));
-    const auto row_buckets = state.at("row_buckets").get<std::uint32_t>();
     if (L.origin)
       p.pass.outputs.push_back(appended("pairs", {DType::uint64, {rows, 3}, {std::min<std::uint64_t>(rows, 1 << 16), 3}},
-                                        row_buckets));
+                                        row_buckets_));
     const std::uint64_t per_row = ceil_div(gpu_only(cuda, kernels::bucket_merge_scratch_bytes(largest, s.words)), largest);
     p.pass.scratch_device_bytes_per_row = per_row;
-    p.kernel = std::make_unique<MergeKernel>(s, per_row, largest, begins, row_buckets,
-                                             state.at("rows_per_row_bucket").get<std::uint64_t>());
+    p.kernel = std::make_unique<MergeKernel>(s, per_row, largest, begins, row_buckets_, rows_per_row_bucket_);
     return p;
   }
-  return std::nullopt;
+  throw std::logic_error("DedupRun::next after the merge");
 }
 
-void DedupPasses::after(const KernelContext& ctx, PriorPass& pass, json& state) const {
+void DedupRun::finished(const StepPass& pass) {
   const DedupSource& s = source_;
-  if (!state.is_object()) state = json::object();
-  const int done_index = ctx.passes ? ctx.passes->done : 0;  // this pass's number in the step
-  if (pass.name == "sample") {
+  const int done_index = *ctx_.passes_done;  // this pass's number in the step
+  if (phase_ == Phase::sample) {
     // Weighted samples: each stands for weight / taken of its tile's distinct keys.
     const auto& d = static_cast<const SampleReduction&>(*pass.reduction).data();
     struct Sample {
@@ -424,13 +411,13 @@ void DedupPasses::after(const KernelContext& ctx, PriorPass& pass, json& state) 
     // Buckets: each merge batch (its records, the merge's outputs and scratch) at a quarter of
     // what one of the engine's slots may take, and at least one per rank.
     const RecordLayout L = s.record_layout();
-    const std::uint64_t budget = device_budget(ctx);
+    const std::uint64_t budget = device_budget(ctx_);
     const double merge_bytes_per_record = L.cols() * 8.0 + s.words * 8.0 + 16 + (L.origin ? 24 : 0) +
-                                          (ctx.backend->kind() == BackendKind::cuda ? 44.0 : 0.0);  // (the GPU sort's arrays and CUB's share)
+                                          (ctx_.backend->kind() == BackendKind::cuda ? 44.0 : 0.0);  // (the GPU sort's arrays and CUB's share)
     std::uint64_t buckets = s.buckets;
     if (buckets == 0) {
       const double want = kMargin * kSlots * merge_bytes_per_record * static_cast<double>(records) / static_cast<double>(budget);
-      buckets = std::max<std::uint64_t>(ranks(ctx), static_cast<std::uint64_t>(std::ceil(want)));
+      buckets = std::max<std::uint64_t>(ranks(ctx_), static_cast<std::uint64_t>(std::ceil(want)));
     }
     buckets = std::clamp<std::uint64_t>(buckets, 1, std::min<std::uint64_t>(kMaxBuckets, std::max<std::uint64_t>(1, records)));
     // B-1 splitters at equal quantiles of the weight, distinct and ascending (a key that spans
@@ -454,14 +441,15 @@ void DedupPasses::after(const KernelContext& ctx, PriorPass& pass, json& state) 
     const double finish_bytes_per_row = 8 + 8 + 24 + 2 * (s.words * 8.0 + 16) + 12;
     const double want_rows = static_cast<double>(budget) / (kMargin * kSlots * finish_bytes_per_row);
     std::uint64_t tiles_per = std::max<std::uint64_t>(1, static_cast<std::uint64_t>(want_rows / static_cast<double>(s.tile_rows)));
-    tiles_per = std::min(tiles_per, std::max<std::uint64_t>(1, tiles / std::min<std::uint64_t>(tiles, ranks(ctx))));
-    state["phase"] = "partition";
-    state["sample_pass"] = done_index;
-    state["records_estimate"] = records;
-    state["buckets"] = splitters.size() / s.words + 1;
-    state["splitters"] = splitters;
-    state["rows_per_row_bucket"] = tiles_per * s.tile_rows;
-    state["row_buckets"] = ceil_div(tiles, tiles_per);
+    tiles_per = std::min(tiles_per, std::max<std::uint64_t>(1, tiles / std::min<std::uint64_t>(tiles, ranks(ctx_))));
+    phase_ = Phase::partition;
+    buckets_ = static_cast<std::uint32_t>(splitters.size() / s.words + 1);
+    if (!ctx_.comm || ctx_.comm->root())
+      spdlog::debug("keys.dedup: the sample stands for about {} records: {} buckets, {} row buckets of {} tiles", records,
+                    buckets_, ceil_div(tiles, tiles_per), tiles_per);
+    splitters_ = std::move(splitters);
+    rows_per_row_bucket_ = tiles_per * s.tile_rows;
+    row_buckets_ = static_cast<std::uint32_t>(ceil_div(tiles, tiles_per));
     return;
   }
   const auto report = [&](const std::string& name) -> const engine::OutputReport& {
@@ -469,43 +457,67 @@ void DedupPasses::after(const KernelContext& ctx, PriorPass& pass, json& state) 
       if (r.name == name) return r;
     throw std::logic_error("keys.dedup: pass " + pass.name + " reported no output '" + name + "'");
   };
-  if (pass.name == "partition") {
-    state["phase"] = "merge";
-    state["partition_pass"] = done_index;
-    state["bucket_rows"] = report("records").bucket_rows;
+  if (phase_ == Phase::partition) {
+    phase_ = Phase::merge;
+    partition_pass_ = done_index;
+    bucket_rows_ = report("records").bucket_rows;
     return;
   }
-  if (pass.name == "merge") {
+  if (phase_ == Phase::merge) {
     const engine::OutputReport& keys = report("keys");
     std::vector<std::uint64_t> prefix{0};
     for (const std::uint64_t u : keys.batch_rows) prefix.push_back(prefix.back() + u);
-    state["phase"] = "done";
-    state["merge_pass"] = done_index;
-    state["unique"] = keys.rows;
-    state["unique_prefix"] = prefix;
-    if (s.index) state["pair_rows"] = report("pairs").bucket_rows;
+    phase_ = Phase::done;
+    merge_pass_ = done_index;
+    unique_ = keys.rows;
+    unique_prefix_ = std::move(prefix);
+    if (s.index) pair_rows_ = report("pairs").bucket_rows;
     return;
   }
-  throw std::logic_error("DedupPasses::after: a pass it did not give: " + pass.name);
+  throw std::logic_error("DedupRun::finished: a pass it did not give: " + pass.name);
 }
 
-std::vector<std::uint64_t> DedupPasses::merge_rows_per_rank(const json& state, int ranks) {
+std::vector<std::uint64_t> DedupRun::merge_rows_per_rank(int ranks) const {
   std::vector<std::uint64_t> load(static_cast<std::size_t>(std::max(ranks, 1)), 0);
   std::size_t batch = 0;
-  for (const std::uint64_t r : state.at("bucket_rows").get<std::vector<std::uint64_t>>())
+  for (const std::uint64_t r : bucket_rows_)
     if (r > 0) load[batch++ % load.size()] += r;  // (as the merge pass lists its batches)
   return load;
 }
 
-PriorPass DedupPasses::finish_pass(const KernelContext& ctx, const json& state, bool copy_unique) const {
-  const bool cuda = ctx.backend && ctx.backend->kind() == BackendKind::cuda;
+void DedupRun::save(Packer& out) const {
+  out.put(phase_);
+  out.put(partition_pass_), out.put(merge_pass_), out.put(buckets_), out.put(row_buckets_);
+  out.put_vector(splitters_);
+  out.put(rows_per_row_bucket_);
+  out.put_vector(bucket_rows_);
+  out.put(unique_);
+  out.put_vector(unique_prefix_);
+  out.put_vector(pair_rows_);
+}
+
+void DedupRun::load(Unpacker& in) {
+  phase_ = in.get<Phase>();
+  if (phase_ > Phase::done) throw std::runtime_error("keys.dedup: a saved state of another layout");
+  partition_pass_ = in.get<int>(), merge_pass_ = in.get<int>();
+  buckets_ = in.get<std::uint32_t>(), row_buckets_ = in.get<std::uint32_t>();
+  splitters_ = in.get_vector<std::uint64_t>();
+  rows_per_row_bucket_ = in.get<std::uint64_t>();
+  bucket_rows_ = in.get_vector<std::uint64_t>();
+  unique_ = in.get<std::uint64_t>();
+  unique_prefix_ = in.get_vector<std::uint64_t>();
+  pair_rows_ = in.get_vector<std::uint64_t>();
+}
+
+StepPass DedupRun::finish_pass(bool copy_unique) const {
+  const bool cuda = ctx_.backend && ctx_.backend->kind() == BackendKind::cuda;
   const DedupSource& s = source_;
-  if (!done(state)) throw std::logic_error("DedupPasses::finish_pass before the merge is done");
-  if (!s.index && !copy_unique) throw std::logic_error("DedupPasses::finish_pass with nothing to do");
-  const int merge = state.at("merge_pass").get<int>();
-  const std::uint64_t unique = state.at("unique").get<std::uint64_t>();
-  const std::uint64_t per_bucket = state.at("rows_per_row_bucket").get<std::uint64_t>();
-  PriorPass p;
+  if (!done()) throw std::logic_error("DedupRun::finish_pass before the merge is done");
+  if (!s.index && !copy_unique) throw std::logic_error("DedupRun::finish_pass with nothing to do");
+  const int merge = merge_pass_;
+  const std::uint64_t unique = unique_;
+  const std::uint64_t per_bucket = rows_per_row_bucket_;
+  StepPass p;
   p.name = "finish";
   p.pass.rows = s.rows;
   p.pass.tile_rows = s.tile_rows;
@@ -527,14 +539,13 @@ PriorPass DedupPasses::finish_pass(const KernelContext& ctx, const json& state, 
   std::uint64_t per_row = 0;
   if (s.index) {
     p.pass.inputs.push_back({"local", nullptr, 8});
-    p.streamed_inputs.push_back(earlier_pass_input(state.at("partition_pass").get<int>(), "local"));
-    engine::StreamedInput pairs{"pairs", nullptr, 24, engine::InputKind::row_ranges,
-                                ranges_of(state.at("pair_rows").get<std::vector<std::uint64_t>>())};
+    p.streamed_inputs.push_back(earlier_pass_input(partition_pass_, "local"));
+    engine::StreamedInput pairs{"pairs", nullptr, 24, engine::InputKind::row_ranges, ranges_of(pair_rows_)};
     p.pass.inputs.push_back(pairs);
     p.streamed_inputs.push_back(earlier_pass_input(merge, "pairs"));
     p.pass.outputs.push_back({"index", {DType::uint64, {s.rows}, {s.tile_rows}}});
     per_row = ceil_div(gpu_only(cuda, kernels::index_gather_scratch_bytes(largest)), largest);
-    p.pass.resident_device_bytes = aligned(state.at("unique_prefix").size() * 8);
+    p.pass.resident_device_bytes = aligned(unique_prefix_.size() * 8);
   }
   if (copy_unique) {
     auto copy = [&](const std::string& name, Layout layout) {
@@ -550,9 +561,8 @@ PriorPass DedupPasses::finish_pass(const KernelContext& ctx, const json& state, 
   }
   p.pass.scratch_device_bytes_per_row = per_row;
   p.kernel = std::make_unique<FinishKernel>(s.index, s.tile_rows, per_row, largest,
-                                            s.index ? state.at("unique_prefix").get<std::vector<std::uint64_t>>()
-                                                    : std::vector<std::uint64_t>{},
-                                            std::move(copies), std::move(begins), std::move(shares));
+                                            s.index ? unique_prefix_ : std::vector<std::uint64_t>{}, std::move(copies),
+                                            std::move(begins), std::move(shares));
   return p;
 }
 

@@ -3,7 +3,7 @@
 // regular sampling). keys.dedup is these passes and a finish pass; a stage that generates keys in
 // an earlier pass (sci.solve's candidate determinants) runs the same passes on that pass's output.
 //
-// The passes, each a PriorPass run by the engine (batched, spread over ranks, checkpointed):
+// The passes, each a StepPass run by the engine (batched, spread over ranks, checkpointed):
 //   sample     streams the keys; each fixed tile of tile_rows rows is sorted and made unique, and
 //              gives `samples` keys at regular positions, jittered per tile (and how many distinct keys they stand
 //              for); the reduction (a tree fold, so rank- and batch-independent) gathers them.
@@ -38,6 +38,7 @@
 #include <string>
 #include <vector>
 
+#include "core/serial.hpp"
 #include "kernels/sort_unique.hpp"
 #include "stages/stage.hpp"
 
@@ -69,33 +70,50 @@ struct DedupResult {
   std::uint64_t unique = 0;
 };
 
-class DedupPasses {
+// The sample, partition and merge passes as a sub-run: the step's run that owns it (keys.dedup's,
+// sci.solve's) asks next() for its passes while !done(), hands each back to finished() once
+// complete, and saves and loads its state with its own. Its passes are numbered in the owner's
+// step (StepContext::passes_done).
+class DedupRun {
  public:
-  explicit DedupPasses(DedupSource source);
+  DedupRun(const StepContext& ctx, DedupSource source);
   const DedupSource& source() const { return source_; }
 
-  // The next pass, given `state` (a JSON object this class owns; the caller keeps it in its
-  // PassState::data, e.g. under "dedup", starting as {} or null), with `first_pass` the
-  // PassState::done index of the sample pass; nullopt once the merge is done.
-  std::optional<PriorPass> next(const KernelContext& ctx, const nlohmann::json& state, int first_pass) const;
-  // After a pass that next() gave completed: what it found, into `state` (same on every rank).
-  void after(const KernelContext& ctx, PriorPass& pass, nlohmann::json& state) const;
+  bool done() const { return phase_ == Phase::done; }
+  StepPass next() const;  // while !done()
+  void finished(const StepPass& pass);
 
-  // Once next() gave nullopt.
-  static bool done(const nlohmann::json& state);
-  static DedupResult result(const nlohmann::json& state);
+  // Once done().
+  DedupResult result() const;
   // Records each of `ranks` ranks merged (the engine deals the non-empty buckets' batches round
   // robin): the load balance of the sample sort (seed 004's Table 1), once the partition is done.
-  static std::vector<std::uint64_t> merge_rows_per_rank(const nlohmann::json& state, int ranks);
+  std::vector<std::uint64_t> merge_rows_per_rank(int ranks) const;
+  std::uint64_t buckets() const { return bucket_rows_.size(); }
+  std::uint32_t row_buckets() const { return row_buckets_; }
 
   // With source().index: the pass over the input rows that writes `index` (uint64, (rows,),
   // chunks of tile_rows: each row's position in the unique keys) and, with `copy_unique`, also
   // the unique keys/counts/values, as appended outputs of the same names (keys.dedup's output
   // pass, which must hold them all). Without the index, copy_unique must be set.
-  PriorPass finish_pass(const KernelContext& ctx, const nlohmann::json& state, bool copy_unique) const;
+  StepPass finish_pass(bool copy_unique) const;
+
+  void save(Packer& out) const;
+  void load(Unpacker& in);
 
  private:
+  enum class Phase : std::uint8_t { sample, partition, merge, done };
+  const StepContext& ctx_;
   DedupSource source_;
+  Phase phase_ = Phase::sample;
+  // What the passes found: the sample's splitters and row buckets, the partition's buckets, the
+  // merge's unique keys (and each merge batch's first), and the pass numbers in the owner's step.
+  int partition_pass_ = -1, merge_pass_ = -1;
+  std::uint32_t buckets_ = 0, row_buckets_ = 0;
+  std::vector<std::uint64_t> splitters_;
+  std::uint64_t rows_per_row_bucket_ = 0;
+  std::vector<std::uint64_t> bucket_rows_;
+  std::uint64_t unique_ = 0;
+  std::vector<std::uint64_t> unique_prefix_, pair_rows_;
 };
 
 }  // namespace qstage::stages::keys

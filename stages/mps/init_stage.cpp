@@ -169,60 +169,82 @@ class InitStage final : public ComputedStage {
     plan.summary = {{"L", p.at("L")}, {"d", p.at("d")}, {"state", p.at("state")}};
     return plan;
   }
-  std::string compute(const KernelContext& ctx) const override {
-    const json& p = ctx.params;
-    const int L = p.at("L").get<int>(), d = p.at("d").get<int>();
-    const std::string state = p.at("state").get<std::string>();
-    double lost = 0;
-    U1Mps psi;
-    if (state == "random")
-      psi = random_state(L, d, p.at("total_charge").get<int>(), p.value("chi", 16), p.value("seed", std::uint64_t{0}));
-    else if (state == "squeezed" && density_matrix(p)) {
-      psi = product_superposition(d, lossy_modes(p, lost), kernels::ChargeKind::n_pair);
-    } else if (state == "squeezed") {
-      const auto modes = squeezed_modes(p);
-      psi = product_superposition(d, modes);
-      lost = cut_loss(modes);
-    } else
-      psi = product_state(d, occupations(p));
-    // (the compression sweep: bonds cut on their exact Schmidt values, so that mps.tebd starts at chi_max)
-    const double discarded = p.contains("trunc") ? compress(psi, trunc_params_from_json(p.at("trunc"), "trunc", psi.pair())) : 0.0;
-    psi.check_structure();
-    Packer out;
-    out.put_mps(psi);
-    out.put(lost);
-    out.put(discarded);
-    return out.take();
-  }
-  void write_results(const StagePlan&, const StepResults& r, h5::File& out) const override {
-    Unpacker in(*r.computed);
-    const U1Mps psi = in.get_mps();
-    const double lost = in.get<double>(), discarded = in.get<double>();
-    write_mps(out, psi);
-    // (mps.tebd's accumulated truncation_error starts from it)
-    out.set_attribute("truncation_error", discarded);
-    if (psi.bonds[0].size() == 1) return;
-    // A mixed boundary: its P(N), and what the Fock cut took from the input.
-    const auto pn = psi.pair() ? trace_measurements(psi, psi.L / 2).totals : total_charge_distribution(psi);
-    detail::write_array(out, "total_charge_distribution", DType::float64, {pn.size()}, pn.data(),
-                        psi.pair() ? "P(N), N = 0..total_charge: the total photon number distribution Tr(rho Pi_N), "
-                                     "renormalised inside the Fock cut"
-                                   : "P(N), N = 0..total_charge: the total particle (photon) number distribution, bond 0's lambda^2, "
-                                     "renormalised inside the Fock cut");
-    out.set_attribute("cut_loss", lost);
-  }
-  std::string describe_results(const StagePlan&, const StepResults& r) const override {
-    Unpacker in(*r.computed);
-    const U1Mps psi = in.get_mps();
-    in.get<double>();
-    const double discarded = in.get<double>();
-    std::size_t chi = 0, blocks = 0;
-    for (const Bond& b : psi.bonds) chi = std::max(chi, b.charges.size());
-    for (const Site& s : psi.sites) blocks += s.blocks.size();
-    return fmt::format("L {}, d {}, N {}{}, max chi {}, {} blocks, truncation error {:.3e}", psi.L, psi.d,
-                       psi.bonds[0].size() > 1 ? "<= " : "", psi.total_charge, chi, blocks, discarded);
-  }
+  std::unique_ptr<StepRun> start(const StepContext& ctx) const override { return std::make_unique<Run>(ctx); }
+
+ private:
+  class Run final : public ComputedRun {
+   public:
+    using ComputedRun::ComputedRun;
+    void compute() override;
+    std::string save() const override {
+      Packer out;
+      out.put_mps(psi_);
+      out.put(lost_);
+      out.put(discarded_);
+      return out.take();
+    }
+    void load(std::string_view state) override {
+      Unpacker in(state);
+      psi_ = in.get_mps();
+      lost_ = in.get<double>(), discarded_ = in.get<double>();
+      in.finish();
+    }
+    void write(const StagePlan&, const StepPass&, h5::File& out) const override;
+    std::string describe(const StagePlan&, const StepPass&) const override;
+
+   private:
+    U1Mps psi_;
+    double lost_ = 0, discarded_ = 0;  // the Fock cut's loss, the compression's discarded weight
+  };
 };
+
+void InitStage::Run::compute() {
+  const json& p = ctx_.params;
+  const int L = p.at("L").get<int>(), d = p.at("d").get<int>();
+  const std::string state = p.at("state").get<std::string>();
+  double& lost = lost_;
+  U1Mps& psi = psi_;
+  if (state == "random")
+    psi = random_state(L, d, p.at("total_charge").get<int>(), p.value("chi", 16), p.value("seed", std::uint64_t{0}));
+  else if (state == "squeezed" && density_matrix(p)) {
+    psi = product_superposition(d, lossy_modes(p, lost), kernels::ChargeKind::n_pair);
+  } else if (state == "squeezed") {
+    const auto modes = squeezed_modes(p);
+    psi = product_superposition(d, modes);
+    lost = cut_loss(modes);
+  } else
+    psi = product_state(d, occupations(p));
+  // (the compression sweep: bonds cut on their exact Schmidt values, so that mps.tebd starts at chi_max)
+  discarded_ = p.contains("trunc") ? compress(psi, trunc_params_from_json(p.at("trunc"), "trunc", psi.pair())) : 0.0;
+  psi.check_structure();
+}
+
+void InitStage::Run::write(const StagePlan&, const StepPass&, h5::File& out) const {
+  const U1Mps& psi = psi_;
+  const double lost = lost_, discarded = discarded_;
+  write_mps(out, psi);
+  // (mps.tebd's accumulated truncation_error starts from it)
+  out.set_attribute("truncation_error", discarded);
+  if (psi.bonds[0].size() == 1) return;
+  // A mixed boundary: its P(N), and what the Fock cut took from the input.
+  const auto pn = psi.pair() ? trace_measurements(psi, psi.L / 2).totals : total_charge_distribution(psi);
+  detail::write_array(
+      out, "total_charge_distribution", DType::float64, {pn.size()}, pn.data(),
+      psi.pair() ? "P(N), N = 0..total_charge: the total photon number distribution Tr(rho Pi_N), "
+                   "renormalised inside the Fock cut"
+                 : "P(N), N = 0..total_charge: the total particle (photon) number distribution, bond 0's lambda^2, "
+                   "renormalised inside the Fock cut");
+  out.set_attribute("cut_loss", lost);
+}
+std::string InitStage::Run::describe(const StagePlan&, const StepPass&) const {
+  const U1Mps& psi = psi_;
+  const double discarded = discarded_;
+  std::size_t chi = 0, blocks = 0;
+  for (const Bond& b : psi.bonds) chi = std::max(chi, b.charges.size());
+  for (const Site& s : psi.sites) blocks += s.blocks.size();
+  return fmt::format("L {}, d {}, N {}{}, max chi {}, {} blocks, truncation error {:.3e}", psi.L, psi.d,
+                     psi.bonds[0].size() > 1 ? "<= " : "", psi.total_charge, chi, blocks, discarded);
+}
 
 }  // namespace
 

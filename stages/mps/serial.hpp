@@ -1,7 +1,7 @@
 #pragma once
-// compute() runs on rank 0 and hands write_results one string: the MPS stages pack their state
-// and measurements into it as raw little-endian values (bit for bit, NaN included). mps.tebd's
-// ranks exchange the sites they updated the same way (LayerUpdater).
+// The MPS stages' runs save their state and measurements as raw little-endian values (bit for
+// bit, NaN included; core/serial.hpp); mps.tebd's ranks exchange the sites they updated the same
+// way (LayerUpdater).
 #include <cstdint>
 #include <cstring>
 #include <stdexcept>
@@ -9,21 +9,14 @@
 #include <string_view>
 #include <vector>
 
+#include "core/serial.hpp"
 #include "stages/mps/u1mps.hpp"
 
 namespace qstage::stages::mps {
 
-class Packer {
+// The MPS's own parts on top of the common packing.
+class Packer : public qstage::Packer {
  public:
-  template <class T>
-  void put(const T& v) {
-    out_.append(reinterpret_cast<const char*>(&v), sizeof(T));
-  }
-  template <class T>
-  void put_vector(const std::vector<T>& v) {
-    put<std::uint64_t>(v.size());
-    out_.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
-  }
   void put_mps(const U1Mps& psi) {
     put(psi.L), put(psi.d), put(psi.total_charge), put(static_cast<int>(psi.kind)), put(psi.weight);
     for (const Bond& b : psi.bonds) put_bond(b);
@@ -34,31 +27,11 @@ class Packer {
     put<std::uint64_t>(s.blocks.size());
     for (const Block& b : s.blocks) put(b.c_left), put(b.c_right), put(b.rows), put(b.cols), put_vector(b.values);
   }
-  void put_string(const std::string& v) {
-    put<std::uint64_t>(v.size());
-    out_.append(v);
-  }
-  std::string take() { return std::move(out_); }
-
- private:
-  std::string out_;
 };
 
-class Unpacker {
+class Unpacker : public qstage::Unpacker {
  public:
-  explicit Unpacker(std::string_view in) : in_(in) {}
-  template <class T>
-  T get() {
-    T v;
-    take(&v, sizeof(T));
-    return v;
-  }
-  template <class T>
-  std::vector<T> get_vector() {
-    std::vector<T> v(get<std::uint64_t>());
-    take(v.data(), v.size() * sizeof(T));
-    return v;
-  }
+  using qstage::Unpacker::Unpacker;
   U1Mps get_mps() {
     U1Mps psi;
     psi.L = get<int>(), psi.d = get<int>(), psi.total_charge = get<int>();
@@ -84,21 +57,6 @@ class Unpacker {
     }
     return s;
   }
-  std::string get_string() {
-    std::string v(get<std::uint64_t>(), '\0');
-    take(v.data(), v.size());
-    return v;
-  }
-  bool done() const { return at_ == in_.size(); }
-
- private:
-  void take(void* dst, std::size_t bytes) {
-    if (at_ + bytes > in_.size()) throw std::logic_error("mps: the computed result is cut short");
-    if (bytes) std::memcpy(dst, in_.data() + at_, bytes);
-    at_ += bytes;
-  }
-  std::string_view in_;  // (the caller keeps the bytes)
-  std::size_t at_ = 0;
 };
 
 }  // namespace qstage::stages::mps

@@ -3,16 +3,16 @@
 // (stages/mps/models.hpp), with charge-blocked two-site updates (stages/mps/tebd.hpp), TeNPy's
 // truncation parameters and measurements every measure_every steps.
 //
-// Checkpoints: after a time step, when the run's checkpoint interval has passed, a stop was
-// requested, or every checkpoint_every steps, rank 0 writes the state (step counter, accumulated
-// truncation error, MPS, measurements so far) atomically to stage-tebd-<step>.bin in the step's
-// work directory and commits a pass state naming it (KernelContext::checkpoints); a resumed run
-// of the same step key goes on from there with the same bits.
+// Checkpoints: a time step is a unit of the step's run (TebdStage::Run); after one, when the
+// run's checkpoint interval has passed, a stop was requested, or every checkpoint_every steps,
+// the runner commits the run's state (step counter, accumulated truncation error, MPS,
+// measurements so far); a resumed run of the same step key goes on from there with the same bits.
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -177,37 +177,26 @@ struct Measurements {
       chi.push_back(static_cast<double>(psi.bonds[k].size()));
     }
   }
-  // All of them, in the order they are packed (compute()'s result and the checkpoints).
-  std::vector<std::vector<double>*> all() {
-    return {&times, &density, &entropy_vn, &entropy_2, &charges, &norm, &truncation_error, &chi, &energy, &cut_loss, &totals};
+  // All of them, in the order they are packed (the run's saved state).
+  template <class Self>
+  static auto all(Self& m) {
+    return std::array{&m.times, &m.density, &m.entropy_vn, &m.entropy_2, &m.charges, &m.norm, &m.truncation_error,
+                      &m.chi, &m.energy, &m.cut_loss, &m.totals};
   }
-  void put(Packer& out) {
-    for (const auto* v : all()) out.put_vector(*v);
+  void put(Packer& out) const {
+    for (const auto* v : all(*this)) out.put_vector(*v);
   }
   void get(Unpacker& in) {
-    for (auto* v : all()) *v = in.get_vector<double>();
+    for (auto* v : all(*this)) *v = in.get_vector<double>();
   }
 };
-
-// ------------------------------------------------------------------------------ checkpoints
-
-constexpr const char* kCheckpointPrefix = "stage-tebd-";
-
-// Removes the step's checkpoint files other than `keep` (those an earlier commit named).
-void remove_other_checkpoints(const std::filesystem::path& dir, const std::string& keep) {
-  std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (name.starts_with(kCheckpointPrefix) && name != keep) std::filesystem::remove(entry.path(), ec);
-  }
-}
 
 // precision_check's complex128 evolution of the same circuit, measured at the same times.
 struct Shadow {
   U1Mps psi;
   Measurements m;
   double eps = 0, kept = 1;
-  void put(Packer& out) {
+  void put(Packer& out) const {
     out.put(eps), out.put(kept);
     out.put_mps(psi);
     m.put(out);
@@ -218,66 +207,6 @@ struct Shadow {
     m.get(in);
   }
 };
-
-// Rank 0, after time step `step`: the state (and the shadow's, if any) into a file (atomically),
-// then the pass state naming it. Throws StopRequested once committed if a stop was requested.
-void checkpoint(const KernelContext& ctx, int step, double eps, double kept, const U1Mps& psi, Measurements& m,
-                Shadow* shadow) {
-  const auto start = std::chrono::steady_clock::now();
-  Packer out;
-  out.put(step), out.put(eps), out.put(kept);
-  out.put_mps(psi);
-  m.put(out);
-  if (shadow) shadow->put(out);
-  const std::string bytes = out.take(), name = fmt::format("{}{}.bin", kCheckpointPrefix, step);
-  fsutil::write_file_atomic(ctx.work_dir / name, bytes);
-  const json data = {{"tebd", {{"step", step}, {"file", name}, {"bytes", bytes.size()}, {"hash", hash_bytes(bytes)}}}};
-  // (the state is written whole each time: at chi 8192 that is gigabytes, on the step's clock)
-  spdlog::debug("mps.tebd: checkpoint after step {}: {} written in {:.3f} s", step, format_bytes(static_cast<double>(bytes.size())),
-                std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-  try {
-    ctx.checkpoints->commit(data, static_cast<std::uint64_t>(step));
-  } catch (const StopRequested&) {
-    remove_other_checkpoints(ctx.work_dir, name);
-    throw;
-  }
-  remove_other_checkpoints(ctx.work_dir, name);
-}
-
-// The state the last checkpoint of this step key committed, into psi, m, eps and kept; its step, or 0
-// if there is none (or it cannot be used: then the evolution starts again, nothing is lost).
-int restore(const KernelContext& ctx, const Evolution& ev, U1Mps& psi, Measurements& m, double& eps, double& kept,
-            Shadow* shadow) {
-  if (!ctx.passes || !ctx.passes->data.contains("tebd")) return 0;
-  const json& c = ctx.passes->data["tebd"];
-  const std::filesystem::path file = ctx.work_dir / c.at("file").get<std::string>();
-  try {
-    const std::string bytes = fsutil::read_file(file);
-    if (bytes.size() != c.at("bytes").get<std::size_t>() || hash_bytes(bytes) != c.at("hash").get<std::string>())
-      throw std::runtime_error("it does not hold the state its commit recorded");
-    Unpacker in(bytes);
-    const int step = in.get<int>();
-    const double e = in.get<double>(), k = in.get<double>();
-    U1Mps saved = in.get_mps();
-    Measurements saved_m;
-    saved_m.get(in);
-    Shadow saved_shadow;
-    if (shadow) saved_shadow.get(in);
-    if (!in.done() || step != c.at("step").get<int>() || step < 1 || step > ev.steps)
-      throw std::runtime_error("its content does not match its commit");
-    psi = std::move(saved);
-    m = std::move(saved_m);
-    eps = e;
-    kept = k;
-    if (shadow) *shadow = std::move(saved_shadow);
-    spdlog::info("mps.tebd: resuming after {} {} of {} (t = {:.6g}) from {}", ev.terms.empty() ? "beam splitter" : "time step", step, ev.steps, ev.times[step],
-                 file.filename().string());
-    return step;
-  } catch (const std::exception& e) {
-    spdlog::warn("mps.tebd: discarding checkpoint {}: {}; starting from t = 0", file.string(), e.what());
-    return 0;
-  }
-}
 
 // The truncation error the input state carries: mps.init's compression (its attribute), or the
 // last accumulated value of an mps.tebd output; 0 if neither is there.
@@ -292,27 +221,6 @@ double input_truncation_error(const h5::File& in) {
 }
 
 // ------------------------------------------------------------------ ranks
-
-// What rank 0 tells the others after each time step.
-// Rank 0's restored step (0: none) to every rank, and with a step, its psi, eps and kept.
-int share_restored(const mpi::Comm& comm, int done, U1Mps& psi, double& eps, double& kept) {
-  done = static_cast<int>(comm.broadcast(static_cast<std::uint64_t>(done)));
-  if (done == 0) return 0;
-  std::string bytes;
-  if (comm.root()) {
-    Packer out;
-    out.put(eps), out.put(kept);
-    out.put_mps(psi);
-    bytes = out.take();
-  }
-  bytes = comm.broadcast(bytes);
-  if (!comm.root()) {
-    Unpacker in(bytes);
-    eps = in.get<double>(), kept = in.get<double>();
-    psi = in.get_mps();
-  }
-  return done;
-}
 
 // This rank's part of the log line: the bonds it updated and what its exchanges cost.
 std::string describe_exchange(const mpi::Comm& comm, const ExchangeStats& x) {
@@ -375,146 +283,50 @@ class TebdStage final : public ComputedStage {
     }
     return plan;
   }
+  std::unique_ptr<StepRun> start(const StepContext& ctx) const override { return std::make_unique<Run>(ctx); }
+
+ private:
   // Every rank evolves the whole MPS and computes its share of each layer's updates (LayerUpdater,
-  // docs/mps.md "Ranks"); rank 0 alone measures, commits checkpoints and returns the result.
-  bool computes_on_every_rank(const StagePlan&) const override { return true; }
-  std::string compute(const KernelContext& ctx) const override {
-    const Params p = Params::from_json(ctx.params);
-    const std::string file = ctx.inputs.at("state")->where().file;
-    h5::File in = h5::File::open(file, h5::Mode::read_only);
-    U1Mps psi = read_mps(in);
-    ModelParams model = p.model;
-    model.density_matrix = psi.pair();
-    const TruncParams trunc = trunc_params_from_json(ctx.params.at("trunc"), "trunc", psi.pair());
-    const Evolution ev = make_evolution(model, psi.L, psi.d);
-    const bool root = !ctx.comm || ctx.comm->root();
-    std::optional<comm::Communicator> ranks;  // (LayerUpdater's exchange of the updates each rank computed)
-    if (ctx.comm && ctx.comm->size() > 1) ranks.emplace(*ctx.comm, ctx.backend);
-    Measurements m;
-    double eps = input_truncation_error(in), kept = 1;
-    std::optional<Shadow> shadow;
-    if (p.precision_check) shadow.emplace(Shadow{psi, {}, eps, 1});
-    Shadow* sh = shadow ? &*shadow : nullptr;
-    // (a resumed run: the committed state replaces psi, m, eps, kept and the shadow; rank 0 reads
-    // it and sends the others the states)
-    int done = root ? restore(ctx, ev, psi, m, eps, kept, sh) : 0;
-    if (ranks) {
-      const int restored = share_restored(*ctx.comm, done, psi, eps, kept);
-      if (sh) share_restored(*ctx.comm, done, sh->psi, sh->eps, sh->kept);
-      done = restored;
+  // docs/mps.md "Ranks"); rank 0 alone measures and saves. A unit of host work is one time step
+  // (one beam splitter of an interferometer); the runner commits the state (the step, the
+  // accumulated truncation error, the MPS, the measurements so far, and the complex128 shadow's)
+  // at its checkpoint interval, every checkpoint_every steps and at a stop, and a resumed run of
+  // the same step key goes on from there with the same bits, on any rank count.
+  class Run final : public StepRun {
+   public:
+    explicit Run(const StepContext& ctx);
+    bool done() const override { return step_ >= ev_.steps; }
+    std::optional<StepPass> next() override;
+    HostProgress progress() const override {
+      return {static_cast<std::uint64_t>(step_), static_cast<std::uint64_t>(ev_.steps),
+              ev_.terms.empty() ? "beam splitters" : "time steps", p_.checkpoint_every > 0 && step_ % p_.checkpoint_every == 0};
     }
-    m.width = static_cast<std::size_t>(psi.total_charge + 1);
-    if (sh) sh->m.width = m.width;
-    LayerUpdater updater(*ctx.backend, p.gpu_svd_from, p.precision, ranks ? &*ranks : nullptr);
-    std::optional<LayerUpdater> shadow_updater;
-    if (sh) shadow_updater.emplace(*ctx.backend, p.gpu_svd_from, Precision::complex128, ranks ? &*ranks : nullptr);
-    if (done == 0 && root) {
-      m.take(psi, ev.times[0], eps, 1 - kept, ev.terms);
-      if (sh) sh->m.take(sh->psi, ev.times[0], sh->eps, 1 - sh->kept, ev.terms);
+    StepPass output(StagePlan& plan) override;
+    void write(const StagePlan& plan, const StepPass&, h5::File& out) const override;
+    std::string describe(const StagePlan& plan, const StepPass&) const override;
+    std::string save() const override;
+    void load(std::string_view state) override;
+
+   private:
+    void measure(int step) {
+      m_.take(psi_, ev_.times[step], eps_, 1 - kept_, ev_.terms);
+      if (shadow_) shadow_->m.take(shadow_->psi, ev_.times[step], shadow_->eps, 1 - shadow_->kept, ev_.terms);
     }
-    for (int step = done + 1; step <= ev.steps; ++step) {
-      apply_step(psi, ev, step, trunc, eps, kept, updater);
-      if (sh) apply_step(sh->psi, ev, step, trunc, sh->eps, sh->kept, *shadow_updater);
-      if (root && (step % p.measure_every == 0 || step == ev.steps)) {
-        m.take(psi, ev.times[step], eps, 1 - kept, ev.terms);
-        if (sh) sh->m.take(sh->psi, ev.times[step], sh->eps, 1 - sh->kept, ev.terms);
-      }
-      // Rank 0 decides whether to commit and whether to stop, and tells the other ranks, so that
-      // all stop after the same step.
-      const Commit decision = agreed_commit(ctx, static_cast<std::uint64_t>(step), static_cast<std::uint64_t>(ev.steps),
-                                            ev.terms.empty() ? "beam splitters" : "time steps",
-                                            p.checkpoint_every > 0 && step % p.checkpoint_every == 0);
-      carry_out(ctx, decision, [&] { checkpoint(ctx, step, eps, kept, psi, m, sh); });
-    }
-    const UpdateTimings tm = updater.timings();
-    spdlog::info(
-        "mps.tebd: {} two-site updates on {} in {:.3f} s, bonds of a layer at once; summed over the threads: planning {:.3f} s, Theta "
-        "{:.3f} s ({} GEMM products, {} sector pairs gathered, {} of them wide in {} rounds), SVD {:.3f} s ({} blocks on the host, {} by Jacobi, {} by gesvdp{}, {} fallbacks to the host), truncation {:.3f} s, "
-        "C Y^dagger {:.3f} s, transfers and packing {:.3f} s; measurements {:.3f} s{}{}{}{}{}",
-        tm.updates, backend_name(ctx.backend->kind()), updater.wall_seconds(), tm.planning, tm.theta, tm.products, tm.gathered_pairs, tm.wide_pairs, tm.rounds, tm.svd, tm.svd_paths.host,
-        tm.svd_paths.jacobi, tm.svd_paths.polar,
-        tm.svd_paths.polar ? fmt::format(" with a perturbation of at most {:.1e}", tm.svd_paths.polar_shift) : std::string(),
-        tm.svd_paths.host_fallbacks, tm.truncation, tm.finish, tm.transfers, m.seconds + (sh ? sh->m.seconds : 0.0),
-        tm.canonicalizations ? fmt::format("; the chain brought back to canonical form after {} gates that were not unitary, in {:.3f} s",
-                                           tm.canonicalizations, tm.canonical)
-                             : std::string(),
-        tm.serialized ? fmt::format("; {} update{} did not fit the device budget beside the others' and {} rerun with half as many "
-                                    "at a time (their bonds from then on; the largest {} at a time, the others as before)",
-                                    tm.serialized, tm.serialized == 1 ? "" : "s", tm.serialized == 1 ? "was" : "were",
-                                    updater.concurrency())
-                      : std::string(),
-        tm.grouped ? fmt::format("; {} update{} larger than {} device share went in groups of centre charges ({} groups, C and Vh "
-                                 "parked in host memory between the passes)", tm.grouped, tm.grouped == 1 ? "" : "s",
-                                 tm.grouped == 1 ? "its" : "their", tm.groups - (tm.updates - tm.grouped))
-                   : std::string(),
-        tm.svd_for_memory ? fmt::format("; {} charge block{} decomposed on the host: {} GPU SVD workspace did not fit the device "
-                                        "budget", tm.svd_for_memory, tm.svd_for_memory == 1 ? "" : "s", tm.svd_for_memory == 1 ? "its" : "their")
-                          : std::string(),
-        ranks ? "; " + describe_exchange(*ctx.comm, updater.exchange_stats()) : std::string());
-    if (!root) return {};
-    Packer out;
-    out.put_mps(psi);
-    m.put(out);
-    out.put_vector(ev.unitary);
-    std::vector<double> circuit;
-    for (const BeamSplitter& b : ev.circuit) circuit.insert(circuit.end(), {double(b.mode), b.theta, b.phi, b.phase_left, b.phase_right});
-    out.put_vector(circuit);
-    if (sh) sh->m.put(out);
-    return out.take();
-  }
-  void write_results(const StagePlan& plan, const StepResults& r, h5::File& out) const override {
-    Unpacker in(*r.computed);
-    const U1Mps psi = in.get_mps();
-    write_mps(out, psi);
-    Measurements m;
-    m.get(in);
-    const auto &times = m.times, &density = m.density, &svn = m.entropy_vn, &s2 = m.entropy_2, &charges = m.charges,
-               &norm = m.norm, &eps = m.truncation_error, &chi_d = m.chi, &energy = m.energy, &cut = m.cut_loss,
-               &totals = m.totals;
-    const auto unitary = in.get_vector<cplx>();
-    const auto beam_splitters = in.get_vector<double>();
-    const std::string model = plan.summary.at("model").get<std::string>();
-    const bool circuit = model == "interferometer";
-    const std::uint64_t T = times.size(), L = psi.L, N = charges.size() / T - 1;
-    const std::vector<std::int64_t> chi(chi_d.begin(), chi_d.end());
-    detail::write_array(out, "times", DType::float64, {T}, times.data(),
-                        circuit ? "beam splitters applied at each measurement" : "time of each measurement (step * dt)");
-    const bool rho = psi.pair();
-    detail::write_array(out, "density", DType::float64, {T, L}, density.data(),
-                        rho ? "Tr(rho n_j) / Tr rho at each time (photons per mode; rho the density matrix)"
-                        : model == "xxz" ? "<n_j> at each time, n = S^z + 1/2" : "<n_j> at each time (bosons: mean occupation, photons per mode)");
-    detail::write_array(out, "entropy_vN", DType::float64, {T, L - 1}, svn.data(),
-                        rho ? "operator entanglement of the density matrix: -sum l^2 ln l^2 (natural log) of the Schmidt values of "
-                              "rho vectorised and normalised to Frobenius norm 1, bonds 1..L-1 (not a von Neumann entropy of rho)"
-                            : "von Neumann entropy -sum l^2 ln l^2 (natural log) of bonds 1..L-1 (bond k cuts sites 0..k-1 "
-                              "from the rest)");
-    detail::write_array(out, "entropy_2", DType::float64, {T, L - 1}, s2.data(),
-                        rho ? "Renyi-2 operator entanglement -ln sum l^4 of rho vectorised, bonds 1..L-1" : "Renyi-2 entropy -ln sum l^4 of bonds 1..L-1");
-    detail::write_array(out, "charge_distribution", DType::float64, {T, N + 1}, charges.data(),
-                        rho ? "P(N_left = n) = Tr(rho Pi_n) / Tr rho, n = 0..N: the probability of n photons left of bond L/2 (sites 0..L/2-1)"
-                            : "P(N_left = n), n = 0..N: the probability of n particles left of bond L/2 (sites 0..L/2-1)")
-        .set_attribute("bond", static_cast<std::int64_t>(L / 2));
-    detail::write_array(out, "norm", DType::float64, {T}, norm.data(),
-                        rho ? "Tr rho: 1 at the input (renormalised inside mps.init's cut), less what the Fock cut of the beam splitters "
-                              "(and any truncation) took"
-                            : "<psi|psi>^(1/2), contracted without assuming canonical form");
-    detail::write_array(out, "truncation_error", DType::float64, {T}, eps.data(),
-                        "accumulated discarded weight: the input's own (mps.init's compression, or an earlier mps.tebd's) plus the "
-                        "sum over this step's two-site updates so far of eps = sum of the discarded squared Schmidt values "
-                        "(normalised to 1 before the cut), as TeNPy's TruncationError.eps");
-    if (!circuit)
-      detail::write_array(out, "energy", DType::float64, {T}, energy.data(),
-                          "<H>: the sum of the bond terms' expectations (B form), the field included");
-    detail::write_array(out, "chi", DType::int64, {T, L - 1}, chi.data(), "bond dimension of bonds 1..L-1");
-    write_optics(out, psi, T, N, totals, cut, unitary, beam_splitters);
-    const std::string precision = plan.summary.value("precision", std::string("complex128"));
-    out.set_attribute("precision", precision);
-    if (plan.summary.value("precision_check", false)) {
-      Measurements reference;
-      reference.get(in);
-      write_precision_error(out, m, reference, circuit);
-    }
-  }
+    const StepContext& ctx_;
+    const Params p_;
+    const bool root_;
+    U1Mps psi_;
+    TruncParams trunc_;
+    Evolution ev_;
+    std::optional<comm::Communicator> ranks_;  // (LayerUpdater's exchange of the updates each rank computed)
+    Measurements m_;
+    double eps_ = 0, kept_ = 1;
+    std::optional<Shadow> shadow_;
+    std::unique_ptr<LayerUpdater> updater_, shadow_updater_;
+    int step_ = 0;  // time steps done
+    bool copied_ = false;  // (load() from copy_from_root, not a resume)
+  };
+
   // |complex64 - complex128| of the measurements at each time (max over sites or bonds).
   static void write_precision_error(h5::File& out, const Measurements& m, const Measurements& ref, bool circuit) {
     const std::size_t T = m.times.size();
@@ -562,29 +374,192 @@ class TebdStage final : public ComputedStage {
                         "exp(-i theta (e^{i phi} a+ b + e^{-i phi} a b+)) on modes (mode, mode + 1) after exp(i phase_left n_a) "
                         "exp(i phase_right n_b); U is the product of their mode matrices");
   }
-  std::string describe_results(const StagePlan& plan, const StepResults& r) const override {
-    Unpacker in(*r.computed);
-    const U1Mps psi = in.get_mps();
-    Measurements m;
-    m.get(in);
-    std::size_t chi = 0;
-    for (const Bond& b : psi.bonds) chi = std::max(chi, b.charges.size());
-    const std::string energy =
-        m.energy.empty() ? fmt::format("cut loss {:.3e}", m.cut_loss.back()) : fmt::format("energy {:.12f}", m.energy.back());
-    std::string check;
-    if (plan.summary.value("precision_check", false)) {
-      (void)in.get_vector<cplx>();  // the unitary and the beam splitters
-      (void)in.get_vector<double>();
-      Measurements reference;
-      reference.get(in);
-      double worst = 0;
-      for (std::size_t i = 0; i < m.density.size(); ++i) worst = std::max(worst, std::abs(m.density[i] - reference.density[i]));
-      check = fmt::format(", complex64's largest density error {:.3e}", worst);
-    }
-    return fmt::format("t = {:.6g}, {} measurements, max chi {}, truncation error {:.3e}, norm {:.12f}, {}{}", m.times.back(),
-                       m.times.size(), chi, m.truncation_error.back(), m.norm.back(), energy, check);
-  }
 };
+
+TebdStage::Run::Run(const StepContext& ctx)
+    : ctx_(ctx), p_(Params::from_json(ctx.params)), root_(!ctx.comm || ctx.comm->root()) {
+  const std::string file = ctx.inputs.at("state")->where().file;
+  h5::File in = h5::File::open(file, h5::Mode::read_only);
+  psi_ = read_mps(in);
+  ModelParams model = p_.model;
+  model.density_matrix = psi_.pair();
+  trunc_ = trunc_params_from_json(ctx.params.at("trunc"), "trunc", psi_.pair());
+  ev_ = make_evolution(model, psi_.L, psi_.d);
+  if (ctx.comm && ctx.comm->size() > 1) ranks_.emplace(*ctx.comm, ctx.backend);
+  eps_ = input_truncation_error(in);
+  if (p_.precision_check) shadow_.emplace(Shadow{psi_, {}, eps_, 1});
+  m_.width = static_cast<std::size_t>(psi_.total_charge + 1);
+  if (shadow_) shadow_->m.width = m_.width;
+  updater_ = std::make_unique<LayerUpdater>(*ctx.backend, p_.gpu_svd_from, p_.precision, ranks_ ? &*ranks_ : nullptr);
+  if (shadow_)
+    shadow_updater_ = std::make_unique<LayerUpdater>(*ctx.backend, p_.gpu_svd_from, Precision::complex128, ranks_ ? &*ranks_ : nullptr);
+}
+
+std::optional<StepPass> TebdStage::Run::next() {
+  if (step_ == 0 && root_ && m_.times.empty()) measure(0);
+  const int step = step_ + 1;
+  apply_step(psi_, ev_, step, trunc_, eps_, kept_, *updater_);
+  if (shadow_) apply_step(shadow_->psi, ev_, step, trunc_, shadow_->eps, shadow_->kept, *shadow_updater_);
+  if (root_ && (step % p_.measure_every == 0 || step == ev_.steps)) measure(step);
+  step_ = step;
+  return std::nullopt;
+}
+
+std::string TebdStage::Run::save() const {
+  if (!root_) return {};  // (rank 0's is committed; every rank has the same MPS, rank 0 alone the measurements)
+  Packer out;
+  out.put(step_), out.put(eps_), out.put(kept_);
+  out.put_mps(psi_);
+  m_.put(out);
+  if (shadow_) shadow_->put(out);
+  return out.take();
+}
+
+void TebdStage::Run::load(std::string_view state) {
+  Unpacker in(state);
+  const int step = in.get<int>();
+  const double eps = in.get<double>(), kept = in.get<double>();
+  U1Mps psi = in.get_mps();
+  Measurements m;
+  m.get(in);
+  Shadow shadow;
+  if (shadow_) shadow.get(in);
+  in.finish();
+  if (step < 1 || step > ev_.steps)
+    throw std::runtime_error(fmt::format("its step {} is not one of 1..{}", step, ev_.steps));
+  psi_ = std::move(psi), eps_ = eps, kept_ = kept, step_ = step;
+  const std::size_t width = m_.width;
+  m_ = std::move(m);
+  m_.width = width;
+  if (shadow_) {
+    shadow.m.width = width;
+    *shadow_ = std::move(shadow);
+  }
+  if (root_ && !copied_)
+    spdlog::info("mps.tebd: resuming after {} {} of {} (t = {:.6g}) from the committed state",
+                 ev_.terms.empty() ? "beam splitter" : "time step", step, ev_.steps, ev_.times[step]);
+}
+
+StepPass TebdStage::Run::output(StagePlan& plan) {
+  const UpdateTimings tm = updater_->timings();
+  const LayerUpdater& updater = *updater_;
+  const Measurements& m = m_;
+  const Shadow* sh = shadow_ ? &*shadow_ : nullptr;
+  const StepContext& ctx = ctx_;
+  const std::optional<comm::Communicator>& ranks = ranks_;
+  spdlog::info(
+      "mps.tebd: {} two-site updates on {} in {:.3f} s, bonds of a layer at once; summed over the threads: planning "
+      "{:.3f} s, Theta "
+      "{:.3f} s ({} GEMM products, {} sector pairs gathered, {} of them wide in {} rounds), SVD {:.3f} s ({} blocks on "
+      "the host, {} by Jacobi, {} by gesvdp{}, {} fallbacks to the host), truncation {:.3f} s, "
+      "C Y^dagger {:.3f} s, transfers and packing {:.3f} s; measurements {:.3f} s{}{}{}{}{}",
+      tm.updates, backend_name(ctx.backend->kind()), updater.wall_seconds(), tm.planning, tm.theta, tm.products,
+      tm.gathered_pairs, tm.wide_pairs, tm.rounds, tm.svd, tm.svd_paths.host, tm.svd_paths.jacobi, tm.svd_paths.polar,
+      tm.svd_paths.polar ? fmt::format(" with a perturbation of at most {:.1e}", tm.svd_paths.polar_shift)
+                         : std::string(),
+      tm.svd_paths.host_fallbacks, tm.truncation, tm.finish, tm.transfers, m.seconds + (sh ? sh->m.seconds : 0.0),
+      tm.canonicalizations
+          ? fmt::format("; the chain brought back to canonical form after {} gates that were not unitary, in {:.3f} s",
+                        tm.canonicalizations, tm.canonical)
+          : std::string(),
+      tm.serialized
+          ? fmt::format("; {} update{} did not fit the device budget beside the others' and {} rerun with half as many "
+                        "at a time (their bonds from then on; the largest {} at a time, the others as before)",
+                        tm.serialized, tm.serialized == 1 ? "" : "s", tm.serialized == 1 ? "was" : "were",
+                        updater.concurrency())
+          : std::string(),
+      tm.grouped
+          ? fmt::format(
+                "; {} update{} larger than {} device share went in groups of centre charges ({} groups, C and Vh "
+                "parked in host memory between the passes)",
+                tm.grouped, tm.grouped == 1 ? "" : "s", tm.grouped == 1 ? "its" : "their",
+                tm.groups - (tm.updates - tm.grouped))
+          : std::string(),
+      tm.svd_for_memory
+          ? fmt::format("; {} charge block{} decomposed on the host: {} GPU SVD workspace did not fit the device "
+                        "budget",
+                        tm.svd_for_memory, tm.svd_for_memory == 1 ? "" : "s", tm.svd_for_memory == 1 ? "its" : "their")
+          : std::string(),
+      ranks ? "; " + describe_exchange(*ctx.comm, updater.exchange_stats()) : std::string());
+  copied_ = true;  // (rank 0's measurements to the others, for write())
+  copy_from_root(*this, ctx_.comm);
+  return planned_pass(plan, no_pass_kernel());
+}
+
+void TebdStage::Run::write(const StagePlan& plan, const StepPass&, h5::File& out) const {
+  const U1Mps& psi = psi_;
+  write_mps(out, psi);
+  const Measurements& m = m_;
+  const auto &times = m.times, &density = m.density, &svn = m.entropy_vn, &s2 = m.entropy_2, &charges = m.charges,
+             &norm = m.norm, &eps = m.truncation_error, &chi_d = m.chi, &energy = m.energy, &cut = m.cut_loss,
+             &totals = m.totals;
+  const auto& unitary = ev_.unitary;
+  std::vector<double> beam_splitters;
+  for (const BeamSplitter& b : ev_.circuit)
+    beam_splitters.insert(beam_splitters.end(), {double(b.mode), b.theta, b.phi, b.phase_left, b.phase_right});
+  const std::string model = plan.summary.at("model").get<std::string>();
+  const bool circuit = model == "interferometer";
+  const std::uint64_t T = times.size(), L = psi.L, N = charges.size() / T - 1;
+  const std::vector<std::int64_t> chi(chi_d.begin(), chi_d.end());
+  detail::write_array(out, "times", DType::float64, {T}, times.data(),
+                      circuit ? "beam splitters applied at each measurement" : "time of each measurement (step * dt)");
+  const bool rho = psi.pair();
+  detail::write_array(out, "density", DType::float64, {T, L}, density.data(),
+                      rho              ? "Tr(rho n_j) / Tr rho at each time (photons per mode; rho the density matrix)"
+                      : model == "xxz" ? "<n_j> at each time, n = S^z + 1/2"
+                                       : "<n_j> at each time (bosons: mean occupation, photons per mode)");
+  detail::write_array(
+      out, "entropy_vN", DType::float64, {T, L - 1}, svn.data(),
+      rho ? "operator entanglement of the density matrix: -sum l^2 ln l^2 (natural log) of the Schmidt values of "
+            "rho vectorised and normalised to Frobenius norm 1, bonds 1..L-1 (not a von Neumann entropy of rho)"
+          : "von Neumann entropy -sum l^2 ln l^2 (natural log) of bonds 1..L-1 (bond k cuts sites 0..k-1 "
+            "from the rest)");
+  detail::write_array(out, "entropy_2", DType::float64, {T, L - 1}, s2.data(),
+                      rho ? "Renyi-2 operator entanglement -ln sum l^4 of rho vectorised, bonds 1..L-1"
+                          : "Renyi-2 entropy -ln sum l^4 of bonds 1..L-1");
+  detail::write_array(out, "charge_distribution", DType::float64, {T, N + 1}, charges.data(),
+                      rho ? "P(N_left = n) = Tr(rho Pi_n) / Tr rho, n = 0..N: the probability of n photons left of "
+                            "bond L/2 (sites 0..L/2-1)"
+                          : "P(N_left = n), n = 0..N: the probability of n particles left of bond L/2 (sites 0..L/2-1)")
+      .set_attribute("bond", static_cast<std::int64_t>(L / 2));
+  detail::write_array(
+      out, "norm", DType::float64, {T}, norm.data(),
+      rho ? "Tr rho: 1 at the input (renormalised inside mps.init's cut), less what the Fock cut of the beam splitters "
+            "(and any truncation) took"
+          : "<psi|psi>^(1/2), contracted without assuming canonical form");
+  detail::write_array(
+      out, "truncation_error", DType::float64, {T}, eps.data(),
+      "accumulated discarded weight: the input's own (mps.init's compression, or an earlier mps.tebd's) plus the "
+      "sum over this step's two-site updates so far of eps = sum of the discarded squared Schmidt values "
+      "(normalised to 1 before the cut), as TeNPy's TruncationError.eps");
+  if (!circuit)
+    detail::write_array(out, "energy", DType::float64, {T}, energy.data(),
+                        "<H>: the sum of the bond terms' expectations (B form), the field included");
+  detail::write_array(out, "chi", DType::int64, {T, L - 1}, chi.data(), "bond dimension of bonds 1..L-1");
+  write_optics(out, psi, T, N, totals, cut, unitary, beam_splitters);
+  const std::string precision = plan.summary.value("precision", std::string("complex128"));
+  out.set_attribute("precision", precision);
+  if (shadow_) TebdStage::write_precision_error(out, m, shadow_->m, circuit);
+}
+
+std::string TebdStage::Run::describe(const StagePlan& plan, const StepPass&) const {
+  const U1Mps& psi = psi_;
+  const Measurements& m = m_;
+  std::size_t chi = 0;
+  for (const Bond& b : psi.bonds) chi = std::max(chi, b.charges.size());
+  const std::string energy = m.energy.empty() ? fmt::format("cut loss {:.3e}", m.cut_loss.back())
+                                              : fmt::format("energy {:.12f}", m.energy.back());
+  std::string check;
+  if (shadow_) {
+    const Measurements& reference = shadow_->m;
+    double worst = 0;
+    for (std::size_t i = 0; i < m.density.size(); ++i)
+      worst = std::max(worst, std::abs(m.density[i] - reference.density[i]));
+    check = fmt::format(", complex64's largest density error {:.3e}", worst);
+  }
+  return fmt::format("t = {:.6g}, {} measurements, max chi {}, truncation error {:.3e}, norm {:.12f}, {}{}",
+                     m.times.back(), m.times.size(), chi, m.truncation_error.back(), m.norm.back(), energy, check);
+}
 
 }  // namespace
 

@@ -20,8 +20,8 @@ using nlohmann::json;
 constexpr const char* kEriLayout =
     "s8: pair(i,j)=i(i+1)/2+j, i>=j, 0-based; eri[pair(pair(i,j),pair(k,l))] = (ij|kl)";
 
-// compute() reads the file on rank 0; write_results gets the integrals on every rank as one
-// string: a JSON line (the header's numbers, the core energy, the counts), then h1, eri and
+// The run reads the file on rank 0; the other ranks get the integrals for write() as one
+// string (its saved state): a JSON line (the header's numbers, the core energy, the counts), then h1, eri and
 // orbital_energies as raw float64 (bit for bit, NaN included).
 std::string serialize(const sci::Integrals& in) {
   const json head{{"norb", in.norb},     {"nelec", in.nelec},
@@ -96,11 +96,29 @@ class IntegralsStage final : public ComputedStage {
                           {"integral_lines", result(DType::uint64)},
                           {"repeated_lines", result(DType::uint64)}});
   }
-  std::string compute(const KernelContext& ctx) const override {
-    return serialize(sci::read_fcidump(ctx.files.at("/fcidump")));
-  }
-  void write_results(const StagePlan&, const StepResults& r, h5::File& out) const override {
-    const sci::Integrals in = deserialize(*r.computed);
+  std::unique_ptr<StepRun> start(const StepContext& ctx) const override { return std::make_unique<Run>(ctx); }
+
+ private:
+  class Run final : public ComputedRun {
+   public:
+    using ComputedRun::ComputedRun;
+    void compute() override { ints_ = sci::read_fcidump(ctx_.files.at("/fcidump")); }
+    std::string save() const override { return serialize(ints_); }
+    void load(std::string_view state) override { ints_ = deserialize(std::string(state)); }
+    void write(const StagePlan&, const StepPass&, h5::File& out) const override { write_integrals(ints_, out); }
+    std::string describe(const StagePlan&, const StepPass&) const override {
+      const sci::Integrals& in = ints_;
+      return fmt::format("norb {}, nelec {}, ms2 {} ({} alpha, {} beta), {} integral lines ({} repeated), core energy "
+                         "{:.12f}",
+                         in.norb, in.nelec, in.ms2, in.nalpha(), in.nbeta(), in.integral_lines, in.repeated_lines,
+                         in.core);
+    }
+
+   private:
+    sci::Integrals ints_;
+  };
+
+  static void write_integrals(const sci::Integrals& in, h5::File& out) {
     const auto n = static_cast<std::uint64_t>(in.norb);
     detail::write_array(out, "h1", DType::float64, {n, n}, in.h1.data(),
                         "one-electron integrals h_ij (hartree), symmetric, 0-based orbitals");
@@ -164,14 +182,6 @@ class IntegralsStage final : public ComputedStage {
     table("same", t.same_width, t.same_length, "row q(q-1)/2 + p: the same-spin pair p < q",
           "targets r | s << 8 (r < s, both outside {p, q})", DType::int32, same.data(), "value", t.same_value,
           "(pr|qs) - (ps|qr), each row sorted by |value| descending (ties: (r, s) ascending); zeros left out");
-  }
-
-  std::string describe_results(const StagePlan&, const StepResults& r) const override {
-    const sci::Integrals in = deserialize(*r.computed);
-    return fmt::format("norb {}, nelec {}, ms2 {} ({} alpha, {} beta), {} integral lines ({} repeated), core energy "
-                       "{:.12f}",
-                       in.norb, in.nelec, in.ms2, in.nalpha(), in.nbeta(), in.integral_lines, in.repeated_lines,
-                       in.core);
   }
 };
 

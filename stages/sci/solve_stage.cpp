@@ -3,8 +3,10 @@
 // Iteration k holds a sorted space S_k (k = 0: the determinant of lowest diagonal energy reached
 // from aufbau by single moves) and runs these passes, each batched, checkpointed and resumed by
 // the engine like any other:
-//   sigma     (several)  H x over the rows of S_k for Davidson (kernels::sci_sigma: the column
-//                        of each coupled determinant found by binary search in S_k);
+//   Davidson  (host work) H x over the rows of S_k, on the iteration's resident space (H within
+//                        S_k stored on the device when it fits, else kernels::sci_sigma: the
+//                        column of each coupled determinant found by binary search in S_k), each
+//                        rank its share of the rows; no pass, no file: a product costs its kernel;
 //   generate             from each determinant i of S_k, every excitation a with |H_ai c_i| >
 //                        eps_var (kernels::sci_generate), appended as {a, H_ai c_i};
 //   dedup    (several)   keys.dedup's passes on those candidates: unique, sorted, H_ai c_i summed;
@@ -17,10 +19,9 @@
 // final generate/dedup/score at eps_pt2 gives E_PT2 when eps_pt2 < eps_var. The output pass
 // writes the final space and coefficients; the history goes into `iterations/`.
 //
-// Resume: the pass state records which passes made what; a new space is written (atomically, by
-// rank 0) into the work directory before the state saying so is committed. Davidson's basis is
-// not saved: it is replayed from the committed sigma outputs (sci/davidson.hpp), so a resumed run
-// continues with the same bits, for any rank count.
+// Resume: the run's state records which passes made what and Davidson's whole state (bit for bit);
+// a new space is written (atomically, by rank 0) into the work directory before the state saying
+// so is committed, so a resumed run continues with the same bits, for any rank count.
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
@@ -33,9 +34,11 @@
 #include <mutex>
 #include <numeric>
 
+#include "comm/communicator.hpp"
 #include "core/error.hpp"
 #include "core/fsutil.hpp"
 #include "core/parallel.hpp"
+#include "core/serial.hpp"
 #include "core/units.hpp"
 #include "kernels/sci_generate.hpp"
 #include "kernels/sci_score.hpp"
@@ -131,7 +134,7 @@ struct Space {
   std::vector<std::int32_t> joined;
 };
 
-fs::path space_file(const KernelContext& ctx, int iteration) { return ctx.work_dir / fmt::format("stage-space-{}.bin", iteration); }
+fs::path space_file(const StepContext& ctx, int iteration) { return ctx.work_dir / fmt::format("stage-space-{}.bin", iteration); }
 
 std::string encode(const Space& s) {
   std::string out;
@@ -158,34 +161,17 @@ Space decode(const std::string& bytes, const fs::path& file) {
   return s;
 }
 
-// Reads a float64 dataset of an earlier pass's output (every rank reads it whole).
-std::vector<double> read_pass_doubles(const KernelContext& ctx, int pass, const std::string& name) {
-  h5::File f = h5::File::open(prior_pass_output(ctx, pass), h5::Mode::read_only);
-  h5::Dataset d = f.open_dataset(name);
-  std::vector<double> v(d.shape().empty() ? 1 : d.shape()[0]);
-  if (!v.empty()) d.read_all(v.data());
-  return v;
-}
-
-std::uint64_t pass_rows(const KernelContext& ctx, int pass, const std::string& name) {
-  h5::File f = h5::File::open(prior_pass_output(ctx, pass), h5::Mode::read_only);
-  return f.open_dataset(name).shape().at(0);
-}
-
-// What a step keeps in memory between its passes (per step key): the problem, the current
-// space, and Davidson replayed up to the committed sigma passes.
+// What a run keeps in memory besides its saved state (rebuilt from it by load()): the problem,
+// the current space, and the device data the iteration's Davidson products share (made by its
+// first product, gone when Davidson is done: the vector multiplied, and this rank's rows of the
+// product and of H's diagonal).
 struct Memory {
   std::unique_ptr<Problem> problem;
-  int iteration = -1;
   Space space;
   std::unique_ptr<sci::Davidson> davidson;
-  // The device data this iteration's Davidson products share (made by its first sigma pass,
-  // gone when its Davidson is done).
   std::unique_ptr<sci::ResidentSpace> resident;
+  Buffer x, sigma, diagonal;
   std::unique_ptr<sci::AmplitudeModel> amplitude_model;  // ranks the candidates (the parameter's)
-  std::size_t products = 0;  // sigma passes taken
-  std::chrono::steady_clock::time_point pass_started;
-  std::optional<double> s_squared;  // of the final state, once asked
 };
 
 // What the log says of the state a run looks for (rank 0), and of a lower determinant elsewhere.
@@ -200,12 +186,6 @@ void log_target(const Problem& p) {
                  "lowest state may be of another irrep than {}; set 'irrep' (or 'occupation') to look there",
                  t.lower_elsewhere_irrep, sci::describe(*t.lower_elsewhere, p.ints.norb), t.lower_elsewhere_diagonal,
                  1e3 * (t.reference_diagonal - t.lower_elsewhere_diagonal), t.irrep);
-}
-
-// <S^2> of the final state (computed once).
-double final_spin_squared(Memory& m) {
-  if (!m.s_squared) m.s_squared = sci::spin_squared(m.space.dets, m.davidson->eigenvector());
-  return *m.s_squared;
 }
 
 // ---------------------------------------------------------------- kernels
@@ -239,26 +219,6 @@ class SpaceKernel : public engine::PassKernel {
   Backend* backend_ = nullptr;
   std::unique_ptr<sci::ResidentHamiltonian> h_;
   Buffer space_, vector_buffer_;
-};
-
-// A Davidson product over the iteration's resident space: only the vector goes to the device.
-class SigmaKernel final : public engine::PassKernel {
- public:
-  SigmaKernel(const Memory& m, const std::vector<double>& x) : m_(m), x_(x) {}
-  void prepare(Backend& backend, Stream& stream) override {
-    x_buffer_ = backend.alloc_device(std::max<std::size_t>(x_.size(), 1) * 8, "selected-CI vector");
-    backend.copy_to_device(x_buffer_.data(), x_.data(), x_.size() * 8, stream);
-    stream.synchronize();
-  }
-  void process(const engine::BatchView& b) override {
-    m_.resident->sigma(*b.stream, x_buffer_.as<double>(), b.rows.begin, b.rows.size(), static_cast<double*>(b.outputs[0]),
-                       static_cast<double*>(b.outputs[1]));
-  }
-
- private:
-  const Memory& m_;
-  const std::vector<double>& x_;
-  Buffer x_buffer_;
 };
 
 class GenerateKernel final : public SpaceKernel {
@@ -426,9 +386,486 @@ class WriteSpaceKernel final : public engine::PassKernel {
   Backend* backend_ = nullptr;
 };
 
-// ---------------------------------------------------------------- the stage
+// ---------------------------------------------------------------- the run
 
 constexpr std::uint64_t kScoreTileMin = 1 << 16;
+
+// Chunk rows (and tile rows) for n rows: `most`, or n when fewer, so a chunk divides a tile.
+std::uint64_t row_chunk(std::uint64_t n, std::uint64_t most) { return std::min<std::uint64_t>(std::max<std::uint64_t>(n, 1), most); }
+
+// What an iteration found (the history written under iterations/). Absent values stay NaN (or 0
+// for counts), as the datasets say.
+struct Iteration {
+  std::uint64_t dets = 0, generated = 0, unique = 0, selected = 0, davidson_products = 0, pt2_generated = 0, pt2_unique = 0;
+  double e_var = std::nan(""), e_pt2 = std::nan("");
+  std::int64_t peak_device_bytes = 0, peak_host_bytes = 0;
+  std::map<std::string, double> seconds;  // per phase
+  std::vector<std::uint64_t> merge_records_per_rank, pt2_merge_records_per_rank;
+
+  void put(Packer& out) const {
+    out.put(dets), out.put(generated), out.put(unique), out.put(selected), out.put(davidson_products);
+    out.put(pt2_generated), out.put(pt2_unique), out.put(e_var), out.put(e_pt2), out.put(peak_device_bytes), out.put(peak_host_bytes);
+    out.put<std::uint64_t>(seconds.size());
+    for (const auto& [phase, s] : seconds) out.put_string(phase), out.put(s);
+    out.put_vector(merge_records_per_rank), out.put_vector(pt2_merge_records_per_rank);
+  }
+  void get(Unpacker& in) {
+    dets = in.get<std::uint64_t>(), generated = in.get<std::uint64_t>(), unique = in.get<std::uint64_t>();
+    selected = in.get<std::uint64_t>(), davidson_products = in.get<std::uint64_t>();
+    pt2_generated = in.get<std::uint64_t>(), pt2_unique = in.get<std::uint64_t>();
+    e_var = in.get<double>(), e_pt2 = in.get<double>();
+    peak_device_bytes = in.get<std::int64_t>(), peak_host_bytes = in.get<std::int64_t>();
+    for (auto n = in.get<std::uint64_t>(); n > 0; --n) {
+      std::string phase = in.get_string();
+      seconds[phase] = in.get<double>();
+    }
+    merge_records_per_rank = in.get_vector<std::uint64_t>();
+    pt2_merge_records_per_rank = in.get_vector<std::uint64_t>();
+  }
+};
+
+// The phases of an iteration, and of the final PT2 at eps_pt2.
+enum class Phase : std::uint8_t { davidson, generate, dedup, score, pt2_generate, pt2_dedup, pt2_score, done };
+bool final_pt2(Phase p) { return p == Phase::pt2_generate || p == Phase::pt2_dedup || p == Phase::pt2_score; }
+// The name an iteration's seconds are kept under.
+std::string timed_phase(Phase p) {
+  switch (p) {
+    case Phase::davidson: return "davidson";
+    case Phase::generate: return "generate";
+    case Phase::dedup: return "dedup";
+    case Phase::score: return "score";
+    default: return "pt2";
+  }
+}
+
+class SolveRun final : public StepRun {
+ public:
+  explicit SolveRun(const StepContext& ctx) : ctx_(ctx), params_(SolveParams::from_json(ctx.params)) {
+    m_.problem = std::make_unique<Problem>(ctx.files.at("/fcidump"), params_);
+    if (ctx.comm->root()) log_target(*m_.problem);
+    m_.amplitude_model = sci::make_amplitude_model(params_.amplitude_model);
+    begin_iteration(Space{{m_.problem->target.reference}, {1.0}, {0}});
+  }
+
+  bool done() const override { return phase_ == Phase::done; }
+  std::optional<StepPass> next() override;
+  void finished(StepPass& pass) override;
+  // (after a Davidson product: the iterations done, the commits' points)
+  HostProgress progress() const override {
+    return {static_cast<std::uint64_t>(iteration_), static_cast<std::uint64_t>(params_.max_iterations), "iterations"};
+  }
+  StepPass output(StagePlan& plan) override {
+    const std::uint64_t n = m_.space.dets.size();
+    const std::uint64_t chunk = row_chunk(n, 1 << 14);
+    plan.pass.rows = n;
+    plan.pass.tile_rows = chunk;
+    plan.pass.outputs = {engine::OutputDecl{"dets", Layout{DType::uint64, {n, 2}, {chunk, 2}}},
+                         engine::OutputDecl{"coefficients", Layout{DType::float64, {n}, {chunk}}}};
+    plan.pass.progress_unit = "determinants";
+    s_squared_ = sci::spin_squared(m_.space.dets, m_.davidson->eigenvector());
+    return planned_pass(plan, std::make_unique<WriteSpaceKernel>(m_));
+  }
+  void write(const StagePlan& plan, const StepPass& pass, h5::File& out) const override;
+  std::string describe(const StagePlan& plan, const StepPass& pass) const override;
+  std::string save() const override;
+  void load(std::string_view state) override;
+
+ private:
+  Iteration& now() {
+    while (history_.size() <= static_cast<std::size_t>(iteration_)) history_.emplace_back();
+    return history_[static_cast<std::size_t>(iteration_)];
+  }
+  double final_e_pt2() const { return final_pt2_ ? *final_pt2_ : history_.back().e_pt2; }
+  // Iteration iteration_'s space, a fresh Davidson from its guess.
+  void begin_iteration(Space space) {
+    m_.space = std::move(space);
+    release_resident_space();
+    m_.davidson = std::make_unique<sci::Davidson>(m_.space.guess, sci::DavidsonOptions{params_.davidson_tolerance, 24, 400});
+  }
+  void product();
+  void make_resident_space();
+  void release_resident_space() {
+    m_.resident.reset();
+    m_.x.reset(), m_.sigma.reset(), m_.diagonal.reset();
+  }
+  // Adds to the iteration's seconds of `phase` and its peak memory (the largest over ranks).
+  void account(const std::string& phase, double seconds);
+  void finish_iteration(double pt2, const std::vector<Scored>& top);
+  keys::DedupSource dedup_source() const {
+    keys::DedupSource src;
+    src.keys = earlier_pass_input(generated_pass_, "candidates");
+    src.rows = generated_rows_;
+    src.words = 2;
+    src.interleaved_value = true;
+    return src;
+  }
+
+  const StepContext& ctx_;
+  const SolveParams params_;
+  Memory m_;
+  // The state (saved): where the iteration is, what its passes made, and the history.
+  Phase phase_ = Phase::davidson;
+  int iteration_ = 0;
+  double e_var_ = 0;               // this iteration's, once Davidson is done
+  int generated_pass_ = -1;
+  std::uint64_t generated_rows_ = 0;
+  std::optional<keys::DedupRun> dedup_;
+  std::vector<Iteration> history_;
+  std::optional<double> final_pt2_;
+  std::string stop_reason_;
+  bool converged_ = false;
+  // (not saved)
+  std::optional<comm::Communicator> ranks_;  // (the products' rows, gathered on every rank)
+  std::unique_ptr<Stream> stream_;           // (the products')
+  std::chrono::steady_clock::time_point pass_started_;
+  double s_squared_ = 0;  // of the final state (output())
+};
+
+std::optional<StepPass> SolveRun::next() {
+  pass_started_ = std::chrono::steady_clock::now();
+  const Memory& m = m_;
+  const std::uint64_t n = m.space.dets.size();
+  if (phase_ == Phase::davidson) {
+    product();
+    return std::nullopt;
+  }
+  if (phase_ == Phase::generate || phase_ == Phase::pt2_generate) {
+    const double eps = phase_ == Phase::generate ? params_.eps_var : params_.eps_pt2;
+    StepPass p;
+    p.name = fmt::format("generate {}", iteration_);
+    p.pass.rows = n;
+    p.pass.tile_rows = 16;
+    engine::OutputDecl out;
+    out.name = "candidates";
+    out.kind = engine::OutputKind::appended;
+    out.layout = Layout{DType::uint64, {n * m.problem->max_per_source, 3}, {1 << 16, 3}};
+    out.max_rows_per_row = m.problem->max_per_source;
+    p.pass.outputs.push_back(out);
+    p.pass.resident_device_bytes = SpaceKernel::resident_bytes(m, true) + kernels::kSciScanWorkspaceBytes;
+    p.pass.scratch_device_bytes_per_row = 16;
+    p.pass.progress_unit = "determinants";
+    p.kernel = std::make_unique<GenerateKernel>(m, &m.davidson->eigenvector(), eps);
+    return p;
+  }
+  if (phase_ == Phase::dedup || phase_ == Phase::pt2_dedup) return dedup_->next();
+  if (phase_ == Phase::score || phase_ == Phase::pt2_score) {
+    const keys::DedupResult r = dedup_->result();
+    const std::uint64_t k = phase_ == Phase::score ? params_.max_new_dets : 0;
+    StepPass p;
+    p.name = fmt::format("score {}", iteration_);
+    p.pass.rows = r.unique;
+    p.pass.tile_rows = std::max<std::uint64_t>(kScoreTileMin, std::bit_ceil(4 * std::max<std::uint64_t>(k, 1)));
+    // (the keys on the device for the kernel, and in pinned memory for the host's sums; the
+    // values only there)
+    p.pass.inputs.push_back({"unique keys", nullptr, 16});
+    p.pass.inputs.push_back({"summed H c", nullptr, 8});
+    p.pass.inputs[1].place = engine::StreamedInput::Place::host;
+    p.pass.resident_device_bytes = SpaceKernel::resident_bytes(m, false);
+    p.pass.scratch_device_bytes_per_row = ScoreKernel::kScratchPerRow;
+    p.streamed_inputs = {earlier_pass_input(r.pass, r.keys), earlier_pass_input(r.pass, r.values)};
+    p.pass.tile_partial_bytes = sizeof(ScoreHeader) + k * sizeof(Scored);
+    p.pass.partials_on_host = true;
+    p.kernel = std::make_unique<ScoreKernel>(m, *m.amplitude_model, e_var_, k, p.pass.tile_rows);
+    p.reduction = std::make_unique<ScoreReduction>(k);
+    return p;
+  }
+  throw std::logic_error("sci.solve: next() after the last pass");
+}
+
+void SolveRun::finished(StepPass& pass) {
+  const int index = *ctx_.passes_done;  // this pass's
+  account(timed_phase(phase_), std::chrono::duration<double>(std::chrono::steady_clock::now() - pass_started_).count());
+  Iteration& now = this->now();
+  const bool pt2 = final_pt2(phase_);
+  if (phase_ == Phase::generate || phase_ == Phase::pt2_generate) {
+    generated_pass_ = index;
+    generated_rows_ = pass.outputs.at(0).rows;
+    (pt2 ? now.pt2_generated : now.generated) = generated_rows_;
+    if (generated_rows_ == 0) {  // nothing to de-duplicate: no candidate passed the screening
+      if (pt2) {
+        final_pt2_ = 0.0;
+        phase_ = Phase::done;
+      } else {
+        finish_iteration(0.0, {});
+      }
+      return;
+    }
+    dedup_.emplace(ctx_, dedup_source());
+    phase_ = pt2 ? Phase::pt2_dedup : Phase::dedup;
+    return;
+  }
+  if (phase_ == Phase::dedup || phase_ == Phase::pt2_dedup) {
+    dedup_->finished(pass);
+    if (dedup_->done()) {
+      (pt2 ? now.pt2_unique : now.unique) = dedup_->result().unique;
+      // How evenly the sample sort spread the merge over the ranks (seed 004's Table 1).
+      (pt2 ? now.pt2_merge_records_per_rank : now.merge_records_per_rank) = dedup_->merge_rows_per_rank(ctx_.comm->size());
+      phase_ = pt2 ? Phase::pt2_score : Phase::score;
+    }
+    return;
+  }
+  const auto& r = static_cast<const ScoreReduction&>(*pass.reduction);
+  if (pt2) {
+    final_pt2_ = r.pt2();
+    phase_ = Phase::done;
+    return;
+  }
+  finish_iteration(r.pt2(), r.top());
+}
+
+void SolveRun::account(const std::string& phase, double seconds) {
+  Iteration& now = this->now();
+  now.seconds[phase] += seconds;
+  if (phase_ == Phase::pt2_dedup) now.seconds["pt2_dedup"] += seconds;  // (also inside "pt2")
+  // The iteration's peak memory, the largest over ranks (every rank runs this).
+  const auto peaks = ctx_.comm->max({static_cast<std::int64_t>(ctx_.backend->device_budget().take_interval_peak()),
+                                     static_cast<std::int64_t>(ctx_.backend->host_budget().take_interval_peak())});
+  now.peak_device_bytes = std::max(now.peak_device_bytes, peaks[0]);
+  now.peak_host_bytes = std::max(now.peak_host_bytes, peaks[1]);
+}
+
+// One Davidson product H x on the iteration's resident space: this rank's share of the rows on
+// the backend, every rank's gathered on all (each row's value does not depend on who computes
+// it: the same bits on any rank count), then Davidson's step. (With the first product comes H's
+// diagonal, Davidson's preconditioner.)
+void SolveRun::product() {
+  const auto started = std::chrono::steady_clock::now();
+  Backend& backend = *ctx_.backend;
+  const std::uint64_t n = m_.space.dets.size();
+  const auto ranks = static_cast<std::uint64_t>(ctx_.comm->size()), rank = static_cast<std::uint64_t>(ctx_.comm->rank());
+  const std::uint64_t first = n * rank / ranks, rows = n * (rank + 1) / ranks - first;
+  if (!stream_) stream_ = backend.make_stream(false);
+  if (ranks > 1 && !ranks_) ranks_.emplace(*ctx_.comm, ctx_.backend);
+  if (!m_.resident) {
+    make_resident_space();
+    m_.x = backend.alloc_device(std::max<std::uint64_t>(n, 1) * 8, "selected-CI Davidson vector");
+    m_.sigma = backend.alloc_device(std::max<std::uint64_t>(rows, 1) * 8, "selected-CI Davidson product");
+    m_.diagonal = backend.alloc_device(std::max<std::uint64_t>(rows, 1) * 8, "selected-CI Davidson diagonal");
+  }
+  const std::vector<double>& x = m_.davidson->next();
+  backend.copy_to_device(m_.x.data(), x.data(), n * 8, *stream_);
+  m_.resident->sigma(*stream_, m_.x.as<double>(), first, rows, m_.sigma.as<double>(), m_.diagonal.as<double>());
+  const bool first_product = m_.davidson->products() == 0;
+  std::vector<double> sigma(rows), diagonal(first_product ? rows : 0);
+  backend.copy_to_host(sigma.data(), m_.sigma.data(), rows * 8, *stream_);
+  if (first_product) backend.copy_to_host(diagonal.data(), m_.diagonal.data(), rows * 8, *stream_);
+  stream_->synchronize();
+  auto everyone = [&](std::vector<double>& mine) {
+    if (ranks_) mine = ranks_->allgatherv(comm::HostSpan<const double>(mine.data(), mine.size())).data;
+  };
+  everyone(sigma);
+  if (first_product) {
+    everyone(diagonal);
+    m_.davidson->set_diagonal(std::move(diagonal));
+  }
+  m_.davidson->take(std::move(sigma));
+  account("davidson", std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+  if (!m_.davidson->done()) return;
+  Iteration& now = this->now();
+  e_var_ = m_.davidson->eigenvalue();
+  now.e_var = e_var_;
+  now.davidson_products = static_cast<std::uint64_t>(m_.davidson->products());
+  phase_ = Phase::generate;
+  release_resident_space();
+  if (ctx_.comm->root())
+    spdlog::info("sci.solve iteration {}: {} determinants, E_var {:.10f} ({} products)", iteration_, m_.space.dets.size(),
+                 m_.davidson->eigenvalue(), m_.davidson->products());
+}
+
+// The iteration's resident space for its Davidson products: H within the space is stored when
+// it takes at most half of the device memory the budget has left (the passes' buffers, and the
+// generation after Davidson, need the rest); otherwise products enumerate.
+void SolveRun::make_resident_space() {
+  // (idle pooled memory counts as free: the pool gives it up to make room)
+  MemoryBudget& budget = ctx_.backend->device_budget();
+  const std::uint64_t left = budget.limit() > budget.in_use() ? budget.limit() - budget.in_use() : 0;
+  const Problem& p = *m_.problem;
+  m_.resident = std::make_unique<sci::ResidentSpace>(*ctx_.backend, p.ints, p.tables, p.na, p.nb, m_.space.dets, left / 2);
+  if (ctx_.comm->root())
+    spdlog::info("sci.solve iteration {}: {} ({} determinants, {:.2f} s)", iteration_,
+                 m_.resident->stored() ? fmt::format("H within the space stored on the device, {} entries, {}",
+                                                     m_.resident->entries(),
+                                                     format_bytes(static_cast<double>(m_.resident->bytes())))
+                                       : std::string("H within the space does not fit half the device budget left; "
+                                                     "each product enumerates"),
+                 m_.space.dets.size(), m_.resident->build_seconds());
+}
+
+// Ends iteration k: history, convergence, and (unless converged) the next space.
+void SolveRun::finish_iteration(double pt2, const std::vector<Scored>& top) {
+  Iteration& now = this->now();
+  now.dets = m_.space.dets.size();
+  now.e_pt2 = pt2;
+  now.selected = top.size();
+  const int k = iteration_;
+  std::string reason;
+  const double e = now.e_var;
+  if (k > 0 && std::fabs(e - history_[static_cast<std::size_t>(k - 1)].e_var) < params_.energy_tolerance) reason = "energy converged";
+  else if (top.empty()) reason = "no new determinant";
+  else if (m_.space.dets.size() >= params_.max_dets) reason = "max_dets reached";
+  else if (k + 1 >= params_.max_iterations) reason = "max_iterations reached";
+  if (!reason.empty()) {
+    stop_reason_ = reason;
+    converged_ = reason == "energy converged" || reason == "no new determinant";
+    phase_ = params_.eps_pt2 < params_.eps_var ? Phase::pt2_generate : Phase::done;
+    dedup_.reset();
+    if (ctx_.comm->root()) spdlog::info("sci.solve: {} after iteration {}", reason, k);
+    return;
+  }
+  // S_{k+1}: S_k (its coefficients as the start) and the selected (their first-order amplitudes).
+  Space next;
+  const auto& c = m_.davidson->eigenvector();
+  std::vector<std::pair<Det, std::pair<double, std::int32_t>>> all;
+  all.reserve(m_.space.dets.size() + top.size());
+  for (std::size_t i = 0; i < m_.space.dets.size(); ++i) all.push_back({m_.space.dets[i], {c[i], m_.space.joined[i]}});
+  std::uint64_t room = params_.max_dets - std::min<std::uint64_t>(params_.max_dets, m_.space.dets.size());
+  for (const Scored& s : top) {
+    if (room == 0) break;
+    all.push_back({Det{s.alpha, s.beta}, {s.amplitude, k + 1}});
+    --room;
+  }
+  std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (const auto& [det, v] : all) {
+    next.dets.push_back(det);
+    next.guess.push_back(v.first);
+    next.joined.push_back(v.second);
+  }
+  // (written before the state that names it is committed: a resumed run reads it from there)
+  if (ctx_.comm->root()) fsutil::write_file_atomic(space_file(ctx_, k + 1), encode(next));
+  ctx_.comm->barrier();
+  iteration_ = k + 1;
+  phase_ = Phase::davidson;
+  dedup_.reset();
+  begin_iteration(std::move(next));
+}
+
+std::string SolveRun::save() const {
+  Packer out;
+  out.put(phase_), out.put(iteration_);
+  m_.davidson->save(out);
+  out.put(e_var_), out.put(generated_pass_), out.put(generated_rows_);
+  out.put<std::uint8_t>(dedup_.has_value());
+  if (dedup_) dedup_->save(out);
+  out.put<std::uint64_t>(history_.size());
+  for (const Iteration& h : history_) h.put(out);
+  out.put<std::uint8_t>(final_pt2_.has_value()), out.put(final_pt2_.value_or(0.0));
+  out.put_string(stop_reason_);
+  out.put<std::uint8_t>(converged_);
+  return out.take();
+}
+
+void SolveRun::load(std::string_view state) {
+  Unpacker in(state);
+  phase_ = in.get<Phase>();
+  if (phase_ > Phase::done) throw std::runtime_error("a saved state of another layout");
+  iteration_ = in.get<int>();
+  // The memory of that state: iteration k's space (written before the state naming it) and
+  // Davidson's state.
+  if (iteration_ > 0) {
+    const fs::path f = space_file(ctx_, iteration_);
+    begin_iteration(decode(fsutil::read_file(f), f));
+  } else {
+    begin_iteration(Space{{m_.problem->target.reference}, {1.0}, {0}});
+  }
+  m_.davidson->load(in);
+  e_var_ = in.get<double>(), generated_pass_ = in.get<int>(), generated_rows_ = in.get<std::uint64_t>();
+  dedup_.reset();
+  if (in.get<std::uint8_t>()) {
+    dedup_.emplace(ctx_, dedup_source());
+    dedup_->load(in);
+  }
+  history_.resize(in.get<std::uint64_t>());
+  for (Iteration& h : history_) h.get(in);
+  const bool has_pt2 = in.get<std::uint8_t>() != 0;
+  const double pt2 = in.get<double>();
+  final_pt2_ = has_pt2 ? std::optional(pt2) : std::nullopt;
+  stop_reason_ = in.get_string();
+  converged_ = in.get<std::uint8_t>() != 0;
+  in.finish();
+}
+
+void SolveRun::write(const StagePlan&, const StepPass&, h5::File& out) const {
+  const std::vector<Iteration>& hist = history_;
+  // One value per iteration from the history.
+  auto column = [&](const char* key, h5::DType type, auto field, const char* doc) {
+    std::vector<std::decay_t<decltype(hist.front().*field)>> v;
+    for (const Iteration& h : hist) v.push_back(h.*field);
+    detail::write_array(out, fmt::format("iterations/{}", key).c_str(), type, {v.size()}, v.data(), doc);
+  };
+  column("dets", h5::DType::uint64, &Iteration::dets, "determinants in the variational space of each iteration");
+  column("e_var", h5::DType::float64, &Iteration::e_var, "variational energy (Ha) of each iteration's space");
+  column("e_pt2", h5::DType::float64, &Iteration::e_pt2, "Epstein-Nesbet PT2 (Ha) over the candidates generated at eps_var");
+  column("generated", h5::DType::uint64, &Iteration::generated, "candidates generated (|H_ai c_i| > eps_var), duplicates included");
+  column("unique", h5::DType::uint64, &Iteration::unique, "unique candidates after de-duplication");
+  column("selected", h5::DType::uint64, &Iteration::selected, "candidates added to the space");
+  column("davidson_products", h5::DType::uint64, &Iteration::davidson_products, "H x products Davidson took");
+  const Iteration& last = hist.back();
+  const double e_var = last.e_var;
+  const double e_pt2 = final_e_pt2();
+  detail::write_scalar(out, "energy", h5::DType::float64, &e_var, "final variational energy E_var (Ha)");
+  detail::write_scalar(out, "e_pt2", h5::DType::float64, &e_pt2, "final Epstein-Nesbet PT2 correction (Ha)");
+  const double total = e_var + e_pt2;
+  detail::write_scalar(out, "e_total", h5::DType::float64, &total, "E_var + E_PT2 (Ha)");
+  // The final PT2's candidates (at eps_pt2; 0 when it did not run): the largest set a run streams.
+  detail::write_scalar(out, "pt2_generated", h5::DType::uint64, &last.pt2_generated,
+                       "candidates the final PT2 generated at eps_pt2, duplicates included (0: no final PT2)");
+  detail::write_scalar(out, "pt2_unique", h5::DType::uint64, &last.pt2_unique, "unique candidates of the final PT2");
+  detail::write_array(out, "joined_iteration", h5::DType::int32, {m_.space.joined.size()}, m_.space.joined.data(),
+                      "iteration each determinant joined the space (dets[joined <= k] is iteration k's space)");
+  // Which state this is: its irrep and spin, where it started, and its largest determinants.
+  const sci::TargetState& t = m_.problem->target;
+  out.set_attribute("irrep", static_cast<std::int64_t>(t.irrep));
+  out.set_attribute("irrep_from", t.irrep_from);
+  out.set_attribute("ms2", static_cast<std::int64_t>(t.ms2));
+  out.set_attribute("s_squared", s_squared_);
+  out.set_attribute("reference_determinant", sci::describe(t.reference, m_.problem->ints.norb));
+  out.set_attribute("reference_diagonal", t.reference_diagonal);
+  if (t.lower_elsewhere)
+    out.set_attribute("warning", fmt::format("a determinant of irrep {} ({}) has a lower diagonal ({:.10f}) than this "
+                                             "state's reference: the lowest state may be of another irrep",
+                                             t.lower_elsewhere_irrep, sci::describe(*t.lower_elsewhere, m_.problem->ints.norb),
+                                             t.lower_elsewhere_diagonal));
+  {
+    const auto& c = m_.davidson->eigenvector();
+    std::vector<std::size_t> order(c.size());
+    std::iota(order.begin(), order.end(), std::size_t{0});
+    const std::size_t shown = std::min<std::size_t>(5, order.size());
+    std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(shown), order.end(), [&](std::size_t a, std::size_t b) {
+      return std::fabs(c[a]) > std::fabs(c[b]) || (std::fabs(c[a]) == std::fabs(c[b]) && a < b);
+    });
+    std::string leading;
+    for (std::size_t i = 0; i < shown; ++i)
+      leading += fmt::format("{}{:+.6f} {}", i ? "\n" : "", c[order[i]], sci::describe(m_.space.dets[order[i]], m_.problem->ints.norb));
+    out.set_attribute("leading_determinants", leading);
+  }
+  out.set_attribute("converged", static_cast<std::int64_t>(converged_));
+  out.set_attribute("stop_reason", stop_reason_);
+  if (params_.reference_energy) out.set_attribute("reference_energy", *params_.reference_energy);
+  // Seconds per phase and peak memory per iteration, as attributes (they differ between runs;
+  // the datasets do not).
+  std::vector<std::uint64_t> device_peaks, host_peaks;
+  for (std::size_t k = 0; k < hist.size(); ++k) {
+    for (const auto& [phase, s] : hist[k].seconds) out.set_attribute(fmt::format("seconds_{}_{}", k, phase), s);
+    device_peaks.push_back(static_cast<std::uint64_t>(hist[k].peak_device_bytes));
+    host_peaks.push_back(static_cast<std::uint64_t>(hist[k].peak_host_bytes));
+  }
+  out.set_attribute("peak_device_bytes", device_peaks);
+  out.set_attribute("peak_host_bytes", host_peaks);
+  // The dedup's merged records per rank (they depend on the rank count: attributes).
+  for (std::size_t k = 0; k < hist.size(); ++k)
+    if (!hist[k].merge_records_per_rank.empty())
+      out.set_attribute(fmt::format("merge_records_per_rank_{}", k), hist[k].merge_records_per_rank);
+  if (!last.pt2_merge_records_per_rank.empty()) out.set_attribute("pt2_merge_records_per_rank", last.pt2_merge_records_per_rank);
+}
+
+std::string SolveRun::describe(const StagePlan&, const StepPass&) const {
+  const Iteration& last = history_.back();
+  const double e_pt2 = final_e_pt2();
+  const sci::TargetState& t = m_.problem->target;
+  return fmt::format("{} determinants, E_var {:.10f}, E_PT2 {:.10f}, total {:.10f} ({}); irrep {}, MS2 {}, <S^2> {:.4f}{}", last.dets,
+                     last.e_var, e_pt2, last.e_var + e_pt2, stop_reason_, t.irrep, t.ms2, s_squared_,
+                     t.lower_elsewhere ? " (a lower determinant is of another irrep: see the log)" : "");
+}
 
 class SolveStage final : public Stage {
  public:
@@ -448,7 +885,7 @@ class SolveStage final : public Stage {
     sci::make_amplitude_model(p.amplitude_model);  // (an unknown model is refused before any work)
     if (p.eps_pt2 < 0) throw InputError("parameter 'eps_pt2' must be >= 0");
     StagePlan plan;
-    plan.pass.rows = 0;  // refine_plan: the final space
+    plan.pass.rows = 0;  // the run's output(): the final space
     plan.pass.tile_rows = 1 << 14;
     plan.primary_output = "energy";
     plan.results = {{"energy", DatasetInfo{Layout{DType::float64, {}, {}}}}};
@@ -456,390 +893,7 @@ class SolveStage final : public Stage {
     return plan;
   }
 
-  std::optional<PriorPass> prior_pass(const KernelContext& ctx, const PassState& state) const override {
-    Memory& m = memory(ctx, state);
-    const SolveParams params = SolveParams::from_json(ctx.params);
-    const json& d = state.data;
-    const std::string phase = d.value("phase", "davidson");
-    m.pass_started = std::chrono::steady_clock::now();
-    const std::uint64_t n = m.space.dets.size();
-    if (phase == "davidson") {
-      PriorPass p;
-      p.name = fmt::format("sigma {}.{}", m.iteration, m.products + 1);
-      p.pass.rows = n;
-      p.pass.tile_rows = row_chunk(n, 256);
-      p.pass.outputs.push_back(row_output("sigma", n));
-      p.pass.outputs.push_back(row_output("diagonal", n));
-      if (!m.resident) make_resident_space(ctx, m);
-      p.pass.resident_device_bytes = m.resident->bytes() + std::max<std::uint64_t>(n, 1) * 8;
-      p.pass.progress_unit = "determinants";
-      p.kernel = std::make_unique<SigmaKernel>(m, m.davidson->next());
-      return p;
-    }
-    if (phase == "generate" || phase == "pt2_generate") {
-      const double eps = phase == "generate" ? params.eps_var : params.eps_pt2;
-      PriorPass p;
-      p.name = fmt::format("generate {}", m.iteration);
-      p.pass.rows = n;
-      p.pass.tile_rows = 16;
-      engine::OutputDecl out;
-      out.name = "candidates";
-      out.kind = engine::OutputKind::appended;
-      out.layout = Layout{DType::uint64, {n * m.problem->max_per_source, 3}, {1 << 16, 3}};
-      out.max_rows_per_row = m.problem->max_per_source;
-      p.pass.outputs.push_back(out);
-      p.pass.resident_device_bytes = SpaceKernel::resident_bytes(m, true) + kernels::kSciScanWorkspaceBytes;
-      p.pass.scratch_device_bytes_per_row = 16;
-      p.pass.progress_unit = "determinants";
-      p.kernel = std::make_unique<GenerateKernel>(m, &m.davidson->eigenvector(), eps);
-      return p;
-    }
-    if (phase == "dedup" || phase == "pt2_dedup") {
-      auto next = dedup_of(ctx, d).next(ctx, d.at("dedup"), d.at("dedup_first").get<int>());
-      if (!next) throw std::logic_error("sci.solve: dedup finished without saying so");
-      return next;
-    }
-    if (phase == "score" || phase == "pt2_score") {
-      const keys::DedupResult r = keys::DedupPasses::result(d.at("dedup"));
-      const std::uint64_t k = phase == "score" ? params.max_new_dets : 0;
-      PriorPass p;
-      p.name = fmt::format("score {}", m.iteration);
-      p.pass.rows = r.unique;
-      p.pass.tile_rows = std::max<std::uint64_t>(kScoreTileMin, std::bit_ceil(4 * std::max<std::uint64_t>(k, 1)));
-      // (the keys on the device for the kernel, and in pinned memory for the host's sums; the
-      // values only there)
-      p.pass.inputs.push_back({"unique keys", nullptr, 16});
-      p.pass.inputs.push_back({"summed H c", nullptr, 8});
-      p.pass.inputs[1].place = engine::StreamedInput::Place::host;
-      p.pass.resident_device_bytes = SpaceKernel::resident_bytes(m, false);
-      p.pass.scratch_device_bytes_per_row = ScoreKernel::kScratchPerRow;
-      p.streamed_inputs = {earlier_pass_input(r.pass, r.keys), earlier_pass_input(r.pass, r.values)};
-      p.pass.tile_partial_bytes = sizeof(ScoreHeader) + k * sizeof(Scored);
-      p.pass.partials_on_host = true;
-      p.kernel = std::make_unique<ScoreKernel>(m, *m.amplitude_model, d.at("e_var").get<double>(), k, p.pass.tile_rows);
-      p.reduction = std::make_unique<ScoreReduction>(k);
-      return p;
-    }
-    return std::nullopt;  // "done"
-  }
-
-  void after_prior_pass(const KernelContext& ctx, PriorPass& pass, PassState& state) const override {
-    Memory& m = memory(ctx, state);
-    const SolveParams params = SolveParams::from_json(ctx.params);
-    json& d = state.data;
-    const std::string phase = d.value("phase", "davidson");
-    const int index = state.done;  // this pass's
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - m.pass_started).count();
-    json& now = current(d);
-    json& spent = now["seconds"];
-    if (!spent.is_object()) spent = json::object();
-    const std::string timed = phase.starts_with("pt2_") ? "pt2" : phase;
-    spent[timed] = spent.value(timed, 0.0) + seconds;
-    if (phase == "pt2_dedup") spent[phase] = spent.value(phase, 0.0) + seconds;  // (also inside "pt2")
-    // The iteration's peak memory, the largest over ranks (every rank runs this).
-    const auto peaks = ctx.comm->max({static_cast<std::int64_t>(ctx.backend->device_budget().take_interval_peak()),
-                                      static_cast<std::int64_t>(ctx.backend->host_budget().take_interval_peak())});
-    now["peak_device_bytes"] = std::max<std::int64_t>(now.value("peak_device_bytes", std::int64_t{0}), peaks[0]);
-    now["peak_host_bytes"] = std::max<std::int64_t>(now.value("peak_host_bytes", std::int64_t{0}), peaks[1]);
-    if (phase == "davidson") {
-      d["sigma"].push_back(index);
-      take_product(ctx, m, index);
-      if (m.davidson->done()) {
-        d["e_var"] = m.davidson->eigenvalue();
-        now["e_var"] = m.davidson->eigenvalue();
-        now["davidson_products"] = m.davidson->products();
-        now["davidson_converged"] = m.davidson->converged();
-        d["phase"] = "generate";
-        m.resident.reset();
-        if (ctx.comm->root())
-          spdlog::info("sci.solve iteration {}: {} determinants, E_var {:.10f} ({} products)", m.iteration,
-                       m.space.dets.size(), m.davidson->eigenvalue(), m.davidson->products());
-      }
-      return;
-    }
-    const bool final_pt2 = phase.starts_with("pt2_");
-    if (phase == "generate" || phase == "pt2_generate") {
-      d["generated_pass"] = index;
-      const std::uint64_t generated = pass_rows(ctx, index, "candidates");
-      d["generated_rows"] = generated;
-      now[final_pt2 ? "pt2_generated" : "generated"] = generated;
-      d["dedup"] = json::object();
-      d["dedup_first"] = index + 1;
-      d["phase"] = final_pt2 ? "pt2_dedup" : "dedup";
-      if (generated == 0) {  // nothing to de-duplicate: no candidate passed the screening
-        if (final_pt2) {
-          d["final_pt2"] = 0.0;
-          d["phase"] = "done";
-        } else {
-          finish_iteration(ctx, m, d, params, 0.0, {});
-        }
-      }
-      return;
-    }
-    if (phase == "dedup" || phase == "pt2_dedup") {
-      dedup_of(ctx, d).after(ctx, pass, d["dedup"]);
-      if (keys::DedupPasses::done(d["dedup"])) {
-        now[final_pt2 ? "pt2_unique" : "unique"] = keys::DedupPasses::result(d["dedup"]).unique;
-        // How evenly the sample sort spread the merge over the ranks (seed 004's Table 1).
-        now[final_pt2 ? "pt2_merge_records_per_rank" : "merge_records_per_rank"] =
-            keys::DedupPasses::merge_rows_per_rank(d["dedup"], ctx.comm->size());
-        d["phase"] = final_pt2 ? "pt2_score" : "score";
-      }
-      return;
-    }
-    if (phase == "score" || phase == "pt2_score") {
-      const auto& r = static_cast<const ScoreReduction&>(*pass.reduction);
-      if (final_pt2) {
-        d["final_pt2"] = r.pt2();
-        d["phase"] = "done";
-        return;
-      }
-      finish_iteration(ctx, m, d, params, r.pt2(), r.top());
-    }
-  }
-
-  void refine_plan(StagePlan& plan, const KernelContext& ctx) const override {
-    Memory& m = memory(ctx, *ctx.passes);
-    const std::uint64_t n = m.space.dets.size();
-    const std::uint64_t chunk = row_chunk(n, 1 << 14);
-    plan.pass.rows = n;
-    plan.pass.tile_rows = chunk;
-    plan.pass.outputs = {engine::OutputDecl{"dets", Layout{DType::uint64, {n, 2}, {chunk, 2}}},
-                         engine::OutputDecl{"coefficients", Layout{DType::float64, {n}, {chunk}}}};
-    plan.pass.progress_unit = "determinants";
-  }
-
-  std::unique_ptr<engine::PassKernel> make_kernel(const KernelContext& ctx) const override {
-    return std::make_unique<WriteSpaceKernel>(memory(ctx, *ctx.passes));
-  }
-
-  void write_results(const StagePlan&, const StepResults& r, h5::File& out) const override {
-    const json& d = r.context->passes->data;
-    const json& hist = d.at("history");
-    Memory& m = memory(*r.context, *r.context->passes);
-    // One value per iteration from the history (`missing` where an iteration has none).
-    auto column = [&](const char* key, h5::DType type, auto missing, const char* doc) {
-      std::vector<decltype(missing)> v;
-      for (const auto& h : hist) v.push_back(h.value(key, missing));
-      detail::write_array(out, fmt::format("iterations/{}", key).c_str(), type, {v.size()}, v.data(), doc);
-    };
-    auto series = [&](const char* key, const char* doc) { column(key, h5::DType::float64, std::nan(""), doc); };
-    auto counts = [&](const char* key, const char* doc) { column(key, h5::DType::uint64, std::uint64_t{0}, doc); };
-    counts("dets", "determinants in the variational space of each iteration");
-    series("e_var", "variational energy (Ha) of each iteration's space");
-    series("e_pt2", "Epstein-Nesbet PT2 (Ha) over the candidates generated at eps_var");
-    counts("generated", "candidates generated (|H_ai c_i| > eps_var), duplicates included");
-    counts("unique", "unique candidates after de-duplication");
-    counts("selected", "candidates added to the space");
-    counts("davidson_products", "H x products Davidson took");
-    const json& last = hist.back();
-    const double e_var = last.at("e_var").get<double>();
-    const double e_pt2 = d.contains("final_pt2") ? d.at("final_pt2").get<double>() : last.value("e_pt2", 0.0);
-    detail::write_scalar(out, "energy", h5::DType::float64, &e_var, "final variational energy E_var (Ha)");
-    detail::write_scalar(out, "e_pt2", h5::DType::float64, &e_pt2, "final Epstein-Nesbet PT2 correction (Ha)");
-    const double total = e_var + e_pt2;
-    detail::write_scalar(out, "e_total", h5::DType::float64, &total, "E_var + E_PT2 (Ha)");
-    // The final PT2's candidates (at eps_pt2; 0 when it did not run): the largest set a run streams.
-    const std::uint64_t pt2_generated = last.value("pt2_generated", std::uint64_t{0}),
-                        pt2_unique = last.value("pt2_unique", std::uint64_t{0});
-    detail::write_scalar(out, "pt2_generated", h5::DType::uint64, &pt2_generated,
-                         "candidates the final PT2 generated at eps_pt2, duplicates included (0: no final PT2)");
-    detail::write_scalar(out, "pt2_unique", h5::DType::uint64, &pt2_unique, "unique candidates of the final PT2");
-    detail::write_array(out, "joined_iteration", h5::DType::int32, {m.space.joined.size()}, m.space.joined.data(),
-                        "iteration each determinant joined the space (dets[joined <= k] is iteration k's space)");
-    // Which state this is: its irrep and spin, where it started, and its largest determinants.
-    const sci::TargetState& t = m.problem->target;
-    out.set_attribute("irrep", static_cast<std::int64_t>(t.irrep));
-    out.set_attribute("irrep_from", t.irrep_from);
-    out.set_attribute("ms2", static_cast<std::int64_t>(t.ms2));
-    out.set_attribute("s_squared", final_spin_squared(m));
-    out.set_attribute("reference_determinant", sci::describe(t.reference, m.problem->ints.norb));
-    out.set_attribute("reference_diagonal", t.reference_diagonal);
-    if (t.lower_elsewhere)
-      out.set_attribute("warning", fmt::format("a determinant of irrep {} ({}) has a lower diagonal ({:.10f}) than this "
-                                               "state's reference: the lowest state may be of another irrep",
-                                               t.lower_elsewhere_irrep, sci::describe(*t.lower_elsewhere, m.problem->ints.norb),
-                                               t.lower_elsewhere_diagonal));
-    {
-      const auto& c = m.davidson->eigenvector();
-      std::vector<std::size_t> order(c.size());
-      std::iota(order.begin(), order.end(), std::size_t{0});
-      const std::size_t shown = std::min<std::size_t>(5, order.size());
-      std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(shown), order.end(),
-                        [&](std::size_t a, std::size_t b) { return std::fabs(c[a]) > std::fabs(c[b]) || (std::fabs(c[a]) == std::fabs(c[b]) && a < b); });
-      std::string leading;
-      for (std::size_t i = 0; i < shown; ++i)
-        leading += fmt::format("{}{:+.6f} {}", i ? "\n" : "", c[order[i]], sci::describe(m.space.dets[order[i]], m.problem->ints.norb));
-      out.set_attribute("leading_determinants", leading);
-    }
-    out.set_attribute("converged", static_cast<std::int64_t>(d.value("converged", false)));
-    out.set_attribute("stop_reason", d.value("stop_reason", std::string()));
-    const SolveParams params = SolveParams::from_json(r.context->params);
-    if (params.reference_energy) out.set_attribute("reference_energy", *params.reference_energy);
-    // Seconds per phase and peak memory per iteration, as attributes (they differ between runs;
-    // the datasets do not).
-    std::vector<std::uint64_t> device_peaks, host_peaks;
-    for (std::size_t k = 0; k < hist.size(); ++k) {
-      const json spent = hist[k].value("seconds", json::object());
-      for (const auto& [phase, s] : spent.items()) out.set_attribute(fmt::format("seconds_{}_{}", k, phase), s.get<double>());
-      device_peaks.push_back(hist[k].value("peak_device_bytes", std::uint64_t{0}));
-      host_peaks.push_back(hist[k].value("peak_host_bytes", std::uint64_t{0}));
-    }
-    out.set_attribute("peak_device_bytes", device_peaks);
-    out.set_attribute("peak_host_bytes", host_peaks);
-    // The dedup's merged records per rank (they depend on the rank count: attributes).
-    for (std::size_t k = 0; k < hist.size(); ++k)
-      if (hist[k].contains("merge_records_per_rank"))
-        out.set_attribute(fmt::format("merge_records_per_rank_{}", k),
-                          hist[k].at("merge_records_per_rank").get<std::vector<std::uint64_t>>());
-    if (last.contains("pt2_merge_records_per_rank"))
-      out.set_attribute("pt2_merge_records_per_rank", last.at("pt2_merge_records_per_rank").get<std::vector<std::uint64_t>>());
-  }
-
-  std::string describe_results(const StagePlan&, const StepResults& r) const override {
-    const json& d = r.context->passes->data;
-    const json& last = d.at("history").back();
-    const double e_pt2 = d.contains("final_pt2") ? d.at("final_pt2").get<double>() : last.value("e_pt2", 0.0);
-    Memory& m = memory(*r.context, *r.context->passes);
-    return fmt::format("{} determinants, E_var {:.10f}, E_PT2 {:.10f}, total {:.10f} ({}); irrep {}, MS2 {}, <S^2> {:.4f}{}",
-                       last.at("dets").get<std::uint64_t>(), last.at("e_var").get<double>(), e_pt2,
-                       last.at("e_var").get<double>() + e_pt2, d.value("stop_reason", std::string()), m.problem->target.irrep,
-                       m.problem->target.ms2, final_spin_squared(m),
-                       m.problem->target.lower_elsewhere ? " (a lower determinant is of another irrep: see the log)" : "");
-  }
-
- private:
-  // Chunk rows (and tile rows) for n rows: `most`, or n when fewer, so a chunk divides a tile.
-  static std::uint64_t row_chunk(std::uint64_t n, std::uint64_t most) {
-    return std::min<std::uint64_t>(std::max<std::uint64_t>(n, 1), most);
-  }
-  static engine::OutputDecl row_output(const std::string& name, std::uint64_t n) {
-    return {name, Layout{DType::float64, {n}, {row_chunk(n, 256)}}};
-  }
-
-  static json& current(json& d) {
-    json& h = d["history"];
-    if (!h.is_array()) h = json::array();
-    const int it = d.value("iteration", 0);
-    while (static_cast<int>(h.size()) <= it) h.push_back(json::object());
-    return h[it];
-  }
-
-  keys::DedupPasses dedup_of(const KernelContext& ctx, const json& d) const {
-    const int gen = d.at("generated_pass").get<int>();
-    keys::DedupSource src;
-    src.keys = earlier_pass_input(gen, "candidates");
-    src.rows = d.at("generated_rows").get<std::uint64_t>();
-    src.words = 2;
-    src.interleaved_value = true;
-    return keys::DedupPasses(src);
-  }
-
-  // Davidson takes the committed product of sigma pass `index` (the first also gives the diagonal).
-  // The iteration's resident space for its Davidson products: H within the space is stored when
-  // it takes at most half of the device memory the budget has left (the passes' buffers, and the
-  // generation after Davidson, need the rest); otherwise products enumerate.
-  static void make_resident_space(const KernelContext& ctx, Memory& m) {
-    // (idle pooled memory counts as free: the pool gives it up to make room)
-    MemoryBudget& budget = ctx.backend->device_budget();
-    const std::uint64_t left = budget.limit() > budget.in_use() ? budget.limit() - budget.in_use() : 0;
-    const Problem& p = *m.problem;
-    m.resident = std::make_unique<sci::ResidentSpace>(*ctx.backend, p.ints, p.tables, p.na, p.nb, m.space.dets, left / 2);
-    if (ctx.comm->root())
-      spdlog::info("sci.solve iteration {}: {} ({} determinants, {:.2f} s)", m.iteration,
-                   m.resident->stored() ? fmt::format("H within the space stored on the device, {} entries, {}",
-                                                      m.resident->entries(),
-                                                      format_bytes(static_cast<double>(m.resident->bytes())))
-                                        : std::string("H within the space does not fit half the device budget left; "
-                                                      "each product enumerates"),
-                   m.space.dets.size(), m.resident->build_seconds());
-  }
-
-  static void take_product(const KernelContext& ctx, Memory& m, int index) {
-    if (m.products == 0) m.davidson->set_diagonal(read_pass_doubles(ctx, index, "diagonal"));
-    m.davidson->take(read_pass_doubles(ctx, index, "sigma"));
-    ++m.products;
-  }
-
-  // Ends iteration k: history, convergence, and (unless converged) the next space.
-  void finish_iteration(const KernelContext& ctx, Memory& m, json& d, const SolveParams& params, double pt2,
-                        const std::vector<Scored>& top) const {
-    json& now = current(d);
-    now["dets"] = m.space.dets.size();
-    now["e_pt2"] = pt2;
-    now["selected"] = top.size();
-    const json& hist = d["history"];
-    const int k = m.iteration;
-    std::string reason;
-    const double e = now.at("e_var").get<double>();
-    if (k > 0 && std::fabs(e - hist[k - 1].at("e_var").get<double>()) < params.energy_tolerance) reason = "energy converged";
-    else if (top.empty()) reason = "no new determinant";
-    else if (m.space.dets.size() >= params.max_dets) reason = "max_dets reached";
-    else if (k + 1 >= params.max_iterations) reason = "max_iterations reached";
-    if (!reason.empty()) {
-      d["stop_reason"] = reason;
-      d["converged"] = reason == "energy converged" || reason == "no new determinant";
-      d["phase"] = params.eps_pt2 < params.eps_var ? "pt2_generate" : "done";
-      if (ctx.comm->root()) spdlog::info("sci.solve: {} after iteration {}", reason, k);
-      return;
-    }
-    // S_{k+1}: S_k (its coefficients as the start) and the selected (their first-order amplitudes).
-    Space next;
-    const auto& c = m.davidson->eigenvector();
-    std::vector<std::pair<Det, std::pair<double, std::int32_t>>> all;
-    all.reserve(m.space.dets.size() + top.size());
-    for (std::size_t i = 0; i < m.space.dets.size(); ++i) all.push_back({m.space.dets[i], {c[i], m.space.joined[i]}});
-    std::uint64_t room = params.max_dets - std::min<std::uint64_t>(params.max_dets, m.space.dets.size());
-    for (const Scored& s : top) {
-      if (room == 0) break;
-      all.push_back({Det{s.alpha, s.beta}, {s.amplitude, k + 1}});
-      --room;
-    }
-    std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-    for (const auto& [det, v] : all) {
-      next.dets.push_back(det);
-      next.guess.push_back(v.first);
-      next.joined.push_back(v.second);
-    }
-    if (ctx.comm->root()) fsutil::write_file_atomic(space_file(ctx, k + 1), encode(next));
-    ctx.comm->barrier();
-    d["iteration"] = k + 1;
-    d["phase"] = "davidson";
-    d["sigma"] = json::array();
-    d.erase("dedup");
-    m.iteration = -1;  // memory() loads S_{k+1} when next asked
-  }
-
-  // The step's memory, brought in line with the committed state (loaded or replayed on resume).
-  Memory& memory(const KernelContext& ctx, const PassState& state) const {
-    std::lock_guard lock(mutex_);
-    Memory& m = memories_[ctx.step_key];
-    if (!m.problem) {
-      m.problem = std::make_unique<Problem>(ctx.files.at("/fcidump"), SolveParams::from_json(ctx.params));
-      if (!ctx.comm || ctx.comm->root()) log_target(*m.problem);
-    }
-    if (!m.amplitude_model) m.amplitude_model = sci::make_amplitude_model(SolveParams::from_json(ctx.params).amplitude_model);
-    const int k = state.data.value("iteration", 0);
-    if (m.iteration != k) {
-      if (k == 0) {
-        m.space = Space{{m.problem->target.reference}, {1.0}, {0}};
-      } else {
-        const fs::path f = space_file(ctx, k);
-        m.space = decode(fsutil::read_file(f), f);
-      }
-      m.iteration = k;
-      m.resident.reset();
-      const SolveParams params = SolveParams::from_json(ctx.params);
-      m.davidson = std::make_unique<sci::Davidson>(m.space.guess, sci::DavidsonOptions{params.davidson_tolerance, 24, 400});
-      m.products = 0;
-    }
-    const json sigma = state.data.value("sigma", json::array());
-    while (m.products < sigma.size()) take_product(ctx, m, sigma[m.products].get<int>());
-    return m;
-  }
-
-  mutable std::mutex mutex_;
-  mutable std::map<std::string, Memory> memories_;
+  std::unique_ptr<StepRun> start(const StepContext& ctx) const override { return std::make_unique<SolveRun>(ctx); }
 };
 
 }  // namespace

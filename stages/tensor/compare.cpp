@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "stages/params.hpp"
+#include "core/serial.hpp"
 #include "stages/tensor/common.hpp"
 #include "stages/tensor/tensor_stages.hpp"
 
@@ -22,10 +23,6 @@ struct Comparison {
   double diff_sq = 0, a_sq = 0, b_sq = 0, max_abs_diff = 0;
   std::uint64_t count = 0, nonfinite = 0;
   double relative_error() const { return b_sq > 0 ? std::sqrt(diff_sq / b_sq) : std::sqrt(diff_sq); }
-  json to_json() const {
-    return {{"relative_error", relative_error()}, {"max_abs_difference", max_abs_diff}, {"norm_a", std::sqrt(a_sq)},
-            {"norm_b", std::sqrt(b_sq)}, {"count", count}, {"nonfinite", nonfinite}};
-  }
 };
 
 Comparison compare(const h5::Dataset& a, const h5::Dataset& b) {
@@ -87,53 +84,65 @@ class CompareStage final : public ComputedStage {
       if (!detail::is_float_type(d.layout.dtype))
         throw InputError(fmt::format("input '{}' has dtype {}; expected float32, float64, complex64 or complex128", slot,
                                      h5::dtype_name(d.layout.dtype)));
-    // (An empty shape is one an earlier step learns only when it runs: compute() checks it then.)
+    // (An empty shape is one an earlier step learns only when it runs: the run checks it then.)
     if (!a.shape.empty() && !b.shape.empty() && a.shape != b.shape)
       throw InputError(fmt::format("input 'a' has shape {} and 'b' {}; expected the same shape",
                                    shape_text(a.shape), shape_text(b.shape)));
     return computed_plan({{"relative_error", {{h5::DType::float64, {}, {}}}}});
   }
-  std::string compute(const KernelContext& ctx) const override {
-    const h5::Dataset &a = *ctx.inputs.at("a"), &b = *ctx.inputs.at("b");
-    if (a.shape() != b.shape())  // outputs of computed steps get their shapes only when they run
-      throw InputError(fmt::format("input 'a' has shape {} and 'b' {}; expected the same shape",
-                                   shape_text(a.shape()), shape_text(b.shape())));
-    const Comparison c = compare(a, b);
-    const Params p = Params::from_json(ctx.params);
-    std::string broken;
-    if (c.nonfinite) broken = fmt::format("{} of {} elements are NaN or infinite", c.nonfinite, c.count);
-    if (p.rtol && !(c.relative_error() <= *p.rtol))
-      broken = fmt::format("relative error {:.3e} exceeds rtol {:.3e}", c.relative_error(), *p.rtol);
-    if (p.atol && !(c.max_abs_diff <= *p.atol))
-      broken = fmt::format("largest difference {:.3e} exceeds atol {:.3e}", c.max_abs_diff, *p.atol);
-    if (!broken.empty())
-      throw CheckFailed(fmt::format("{} (|a| {:.9g}, |b| {:.9g}, {} elements)", broken, std::sqrt(c.a_sq),
-                                    std::sqrt(c.b_sq), c.count));
-    return c.to_json().dump();
-  }
-  void write_results(const StagePlan&, const StepResults& r, h5::File& out) const override {
-    const json j = json::parse(*r.computed);
-    auto scalar = [&](const char* name, const char* doc) {
-      const double v = j.at(name).get<double>();
-      detail::write_scalar(out, name, h5::DType::float64, &v, doc);
-    };
-    scalar("relative_error", "||a - b|| / ||b|| (2-norms over all elements, float64)");
-    scalar("max_abs_difference", "largest |a - b| over all elements");
-    scalar("norm_a", "||a||");
-    scalar("norm_b", "||b||");
-    out.set_attribute("count", static_cast<std::int64_t>(j.at("count").get<std::uint64_t>()));
-    const Params p = Params::from_json(r.context->params);
-    if (p.rtol) out.set_attribute("rtol", *p.rtol);
-    if (p.atol) out.set_attribute("atol", *p.atol);
-  }
-  std::string describe_results(const StagePlan&, const StepResults& r) const override {
-    const json j = json::parse(*r.computed);
-    const auto rtol = Params::from_json(r.context->params).rtol;
-    return fmt::format("relative error {:.3e}, largest difference {:.3e} over {} elements{}",
-                       j["relative_error"].get<double>(), j["max_abs_difference"].get<double>(),
-                       j["count"].get<std::uint64_t>(),
-                       rtol ? fmt::format(" (within rtol {:.1e})", *rtol) : "");
-  }
+  std::unique_ptr<StepRun> start(const StepContext& ctx) const override { return std::make_unique<Run>(ctx); }
+
+ private:
+  class Run final : public ComputedRun {
+   public:
+    using ComputedRun::ComputedRun;
+    void compute() override {
+      const h5::Dataset &a = *ctx_.inputs.at("a"), &b = *ctx_.inputs.at("b");
+      if (a.shape() != b.shape())  // outputs of computed steps get their shapes only when they run
+        throw InputError(fmt::format("input 'a' has shape {} and 'b' {}; expected the same shape",
+                                     shape_text(a.shape()), shape_text(b.shape())));
+      c_ = compare(a, b);
+      const Params p = Params::from_json(ctx_.params);
+      std::string broken;
+      if (c_.nonfinite) broken = fmt::format("{} of {} elements are NaN or infinite", c_.nonfinite, c_.count);
+      if (p.rtol && !(c_.relative_error() <= *p.rtol))
+        broken = fmt::format("relative error {:.3e} exceeds rtol {:.3e}", c_.relative_error(), *p.rtol);
+      if (p.atol && !(c_.max_abs_diff <= *p.atol))
+        broken = fmt::format("largest difference {:.3e} exceeds atol {:.3e}", c_.max_abs_diff, *p.atol);
+      if (!broken.empty())
+        throw CheckFailed(fmt::format("{} (|a| {:.9g}, |b| {:.9g}, {} elements)", broken, std::sqrt(c_.a_sq),
+                                      std::sqrt(c_.b_sq), c_.count));
+    }
+    std::string save() const override {
+      Packer out;
+      out.put(c_);
+      return out.take();
+    }
+    void load(std::string_view state) override {
+      Unpacker in(state);
+      c_ = in.get<Comparison>();
+      in.finish();
+    }
+    void write(const StagePlan&, const StepPass&, h5::File& out) const override {
+      auto scalar = [&](const char* name, double v, const char* doc) { detail::write_scalar(out, name, h5::DType::float64, &v, doc); };
+      scalar("relative_error", c_.relative_error(), "||a - b|| / ||b|| (2-norms over all elements, float64)");
+      scalar("max_abs_difference", c_.max_abs_diff, "largest |a - b| over all elements");
+      scalar("norm_a", std::sqrt(c_.a_sq), "||a||");
+      scalar("norm_b", std::sqrt(c_.b_sq), "||b||");
+      out.set_attribute("count", static_cast<std::int64_t>(c_.count));
+      const Params p = Params::from_json(ctx_.params);
+      if (p.rtol) out.set_attribute("rtol", *p.rtol);
+      if (p.atol) out.set_attribute("atol", *p.atol);
+    }
+    std::string describe(const StagePlan&, const StepPass&) const override {
+      const auto rtol = Params::from_json(ctx_.params).rtol;
+      return fmt::format("relative error {:.3e}, largest difference {:.3e} over {} elements{}", c_.relative_error(),
+                         c_.max_abs_diff, c_.count, rtol ? fmt::format(" (within rtol {:.1e})", *rtol) : "");
+    }
+
+   private:
+    Comparison c_;
+  };
 };
 
 }  // namespace

@@ -130,12 +130,19 @@ class MatmulStage final : public Stage {
     return plan;
   }
 
-  std::unique_ptr<engine::PassKernel> make_kernel(const KernelContext& ctx) const override {
-    const auto& out = ctx.plan.pass.outputs[0];
-    const h5::Dataset& b = *ctx.inputs.at("b");
-    return std::make_unique<MatmulKernel>(b, out.layout.dtype, b.shape()[0], out.layout.shape[1], Params::from_json(ctx.params).tf32,
-                                          ctx.plan.pass.tile_rows);
-  }
+  std::unique_ptr<StepRun> start(const StepContext& ctx) const override { return std::make_unique<Run>(ctx); }
+
+ private:
+  class Run final : public OutputPassRun {
+   public:
+    using OutputPassRun::OutputPassRun;
+    StepPass output(StagePlan& plan) override {
+      const auto& out = plan.pass.outputs[0];
+      const h5::Dataset& b = *ctx_.inputs.at("b");
+      return planned_pass(plan, std::make_unique<MatmulKernel>(b, out.layout.dtype, b.shape()[0], out.layout.shape[1],
+                                                               Params::from_json(ctx_.params).tf32, plan.pass.tile_rows));
+    }
+  };
 };
 
 }  // namespace

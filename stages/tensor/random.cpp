@@ -67,13 +67,20 @@ class RandomStage final : public Stage {
     return plan;
   }
 
-  std::unique_ptr<engine::PassKernel> make_kernel(const KernelContext& ctx) const override {
-    const auto& out = ctx.plan.pass.outputs[0];
-    const h5::DType dtype = out.layout.dtype;
-    const std::uint64_t components =
-        out.row_bytes() / (h5::dtype_is_complex(dtype) ? h5::dtype_size(dtype) / 2 : h5::dtype_size(dtype));
-    return std::make_unique<RandomKernel>(dtype, Params::from_json(ctx.params).seed, components);
-  }
+  std::unique_ptr<StepRun> start(const StepContext& ctx) const override { return std::make_unique<Run>(ctx); }
+
+ private:
+  class Run final : public OutputPassRun {
+   public:
+    using OutputPassRun::OutputPassRun;
+    StepPass output(StagePlan& plan) override {
+      const auto& out = plan.pass.outputs[0];
+      const h5::DType dtype = out.layout.dtype;
+      const std::uint64_t components =
+          out.row_bytes() / (h5::dtype_is_complex(dtype) ? h5::dtype_size(dtype) / 2 : h5::dtype_size(dtype));
+      return planned_pass(plan, std::make_unique<RandomKernel>(dtype, Params::from_json(ctx_.params).seed, components));
+    }
+  };
 };
 
 }  // namespace

@@ -57,42 +57,47 @@ class StatsStage final : public Stage {
     return plan;
   }
 
-  std::unique_ptr<engine::PassKernel> make_kernel(const KernelContext& ctx) const override {
-    const h5::Dataset& x = *ctx.inputs.at("x");
-    const auto dtype = *x.dtype();
-    const std::uint64_t row_bytes = x.row_bytes();
-    return std::make_unique<StatsKernel>(dtype, row_bytes / h5::dtype_size(dtype), row_bytes, ctx.plan.pass.tile_rows);
-  }
+  std::unique_ptr<StepRun> start(const StepContext& ctx) const override { return std::make_unique<Run>(ctx); }
 
-  std::unique_ptr<engine::Reduction> make_reduction(const StagePlan&) const override {
-    return std::make_unique<StatsReduction>();
-  }
-
-  void write_results(const StagePlan&, const StepResults& r, h5::File& out) const override {
-    const StatsPartial& s = static_cast<StatsReduction*>(r.reduction)->result();
-    const double norm = std::sqrt(s.sum_sq);
-    const double nan = std::nan("");
-    const double mn = s.finite_components ? s.min : nan, mx = s.finite_components ? s.max : nan;
-    detail::write_scalar(out, "norm", h5::DType::float64, &norm,
-                         "2-norm over finite elements (sum of |x|^2 in float64, tiles summed pairwise in a fixed tree)");
-    detail::write_scalar(out, "sum_sq", h5::DType::float64, &s.sum_sq, "sum of |x|^2 over finite elements");
-    detail::write_scalar(out, "min", h5::DType::float64, &mn,
-                         "smallest finite real component (both parts of complex values)");
-    detail::write_scalar(out, "max", h5::DType::float64, &mx,
-                         "largest finite real component (both parts of complex values)");
-    detail::write_scalar(out, "max_abs", h5::DType::float64, &s.max_abs, "largest |x| over finite elements");
-    detail::write_scalar(out, "nonfinite", h5::DType::uint64, &s.nonfinite,
-                         "elements with a NaN or infinite component");
-    detail::write_scalar(out, "count", h5::DType::uint64, &s.count, "elements");
-    out.set_attribute("input_checksum", hex64(s.qsum));
-  }
-
-  std::string describe_results(const StagePlan&, const StepResults& r) const override {
-    const StatsPartial& s = static_cast<StatsReduction*>(r.reduction)->result();
-    return fmt::format("norm {:.9g}, min {:.6g}, max {:.6g}, max |x| {:.6g}, {} non-finite of {}, checksum {}",
-                       std::sqrt(s.sum_sq), s.min, s.max, s.max_abs, s.nonfinite, s.count, hex64(s.qsum));
-  }
+ private:
+  class Run final : public OutputPassRun {
+   public:
+    using OutputPassRun::OutputPassRun;
+    StepPass output(StagePlan& plan) override {
+      const h5::Dataset& x = *ctx_.inputs.at("x");
+      const auto dtype = *x.dtype();
+      const std::uint64_t row_bytes = x.row_bytes();
+      return planned_pass(plan, std::make_unique<StatsKernel>(dtype, row_bytes / h5::dtype_size(dtype), row_bytes, plan.pass.tile_rows),
+                          std::make_unique<StatsReduction>());
+    }
+    void write(const StagePlan&, const StepPass& pass, h5::File& out) const override;
+    std::string describe(const StagePlan&, const StepPass& pass) const override;
+  };
 };
+
+void StatsStage::Run::write(const StagePlan&, const StepPass& pass, h5::File& out) const {
+  const StatsPartial& s = static_cast<const StatsReduction&>(*pass.reduction).result();
+  const double norm = std::sqrt(s.sum_sq);
+  const double nan = std::nan("");
+  const double mn = s.finite_components ? s.min : nan, mx = s.finite_components ? s.max : nan;
+  detail::write_scalar(out, "norm", h5::DType::float64, &norm,
+                       "2-norm over finite elements (sum of |x|^2 in float64, tiles summed pairwise in a fixed tree)");
+  detail::write_scalar(out, "sum_sq", h5::DType::float64, &s.sum_sq, "sum of |x|^2 over finite elements");
+  detail::write_scalar(out, "min", h5::DType::float64, &mn,
+                       "smallest finite real component (both parts of complex values)");
+  detail::write_scalar(out, "max", h5::DType::float64, &mx,
+                       "largest finite real component (both parts of complex values)");
+  detail::write_scalar(out, "max_abs", h5::DType::float64, &s.max_abs, "largest |x| over finite elements");
+  detail::write_scalar(out, "nonfinite", h5::DType::uint64, &s.nonfinite, "elements with a NaN or infinite component");
+  detail::write_scalar(out, "count", h5::DType::uint64, &s.count, "elements");
+  out.set_attribute("input_checksum", hex64(s.qsum));
+}
+
+std::string StatsStage::Run::describe(const StagePlan&, const StepPass& pass) const {
+  const StatsPartial& s = static_cast<const StatsReduction&>(*pass.reduction).result();
+  return fmt::format("norm {:.9g}, min {:.6g}, max {:.6g}, max |x| {:.6g}, {} non-finite of {}, checksum {}",
+                     std::sqrt(s.sum_sq), s.min, s.max, s.max_abs, s.nonfinite, s.count, hex64(s.qsum));
+}
 
 }  // namespace
 

@@ -156,56 +156,75 @@ class BuildStage final : public ComputedStage {
                                    "independent_sets, surface_code or detector_error_model", sources));
     return computed_plan({{"network", {{h5::DType::uint8, {}, {}}}}, {"bitstrings", {{h5::DType::uint8, {}, {}}}}});
   }
-  std::string compute(const KernelContext& ctx) const override {
-    const Params p = Params::from_json(ctx.params);
-    tn::Network net;
-    json extra = json::object();
-    if (p.source.has_circuit()) {
-      const tn::Circuit c = tn::circuit_from_params(p.source, ctx.files);
-      extra["circuit"] = {{"source", c.source}, {"qubits", c.qubits}, {"gates", c.gates.size()}};
-      if (!c.graph.empty()) extra["circuit"]["graph_edges"] = c.graph;
-      if (auto pauli = tn::pauli_from_params(p.source, c.qubits)) {
-        net = tn::expectation_network(c, *pauli);
-      } else {
-        net = tn::amplitude_network(c, tn::open_qubits_from_params(p.source, c.qubits));
-        extra["bitstrings"] = tn::bitstrings_from_params(p.source, ctx.files, c.qubits);
-      }
-    } else if (p.independent_sets || p.surface_code || p.detector_error_model) {
-      auto from_model = [&] {
-        const auto& file = ctx.files.at("/detector_error_model/file");
-        return tn::detector_error_model_decoding({fsutil::read_file(file), file.filename().string(), *p.detector_error_model});
-      };
-      tn::Problem problem = p.independent_sets ? tn::king_independent_sets(*p.independent_sets)
-                            : p.surface_code   ? tn::surface_code_decoding(*p.surface_code)
-                                               : from_model();
-      net = std::move(problem.network);
-      extra["problem"] = std::move(problem.about);
-    } else {
-      net = generic_network(p, ctx.files);
+  std::unique_ptr<StepRun> start(const StepContext& ctx) const override { return std::make_unique<Run>(ctx); }
+
+ private:
+  class Run final : public ComputedRun {
+   public:
+    using ComputedRun::ComputedRun;
+    void compute() override;
+    std::string save() const override { return extra_.dump() + '\n' + tn::serialize_network(net_); }
+    void load(std::string_view state) override {
+      const auto newline = state.find('\n');
+      extra_ = json::parse(state.substr(0, newline));
+      net_ = tn::deserialize_network(std::string(state.substr(newline + 1)));
     }
-    net.validate("the built network");
-    return extra.dump() + '\n' + tn::serialize_network(net);
-  }
-  void write_results(const StagePlan&, const StepResults& r, h5::File& out) const override {
-    const auto newline = r.computed->find('\n');
-    const json extra = json::parse(r.computed->substr(0, newline));
-    const tn::Network net = tn::deserialize_network(r.computed->substr(newline + 1));
-    tn::save_network(net, out);
-    if (extra.contains("bitstrings"))
-      tn::write_bitstrings(out, extra["bitstrings"].get<std::vector<std::vector<std::uint8_t>>>(), net.qubits);
-    out.set_attribute("network_kind", net.kind);
-    out.set_attribute("network_description", net.description);
-    out.set_attribute("tensors", static_cast<std::int64_t>(net.tensors.size()));
-    if (extra.contains("circuit")) out.set_attribute("circuit", extra["circuit"].dump());
-    if (extra.contains("problem")) out.set_attribute("problem", extra["problem"].dump());
-  }
-  std::string describe_results(const StagePlan&, const StepResults& r) const override {
-    const auto newline = r.computed->find('\n');
-    const tn::Network net = tn::deserialize_network(r.computed->substr(newline + 1));
-    return fmt::format("{} network: {} tensors, {} modes, {} open", net.kind, net.tensors.size(), net.extent.size(),
-                       net.output.size());
-  }
+    void write(const StagePlan&, const StepPass&, h5::File& out) const override;
+    std::string describe(const StagePlan&, const StepPass&) const override {
+      return fmt::format("{} network: {} tensors, {} modes, {} open", net_.kind, net_.tensors.size(), net_.extent.size(),
+                         net_.output.size());
+    }
+
+   private:
+    tn::Network net_;
+    json extra_ = json::object();
+  };
 };
+
+void BuildStage::Run::compute() {
+  const StepContext& ctx = ctx_;
+  const Params p = Params::from_json(ctx.params);
+  tn::Network& net = net_;
+  json& extra = extra_;
+  if (p.source.has_circuit()) {
+    const tn::Circuit c = tn::circuit_from_params(p.source, ctx.files);
+    extra["circuit"] = {{"source", c.source}, {"qubits", c.qubits}, {"gates", c.gates.size()}};
+    if (!c.graph.empty()) extra["circuit"]["graph_edges"] = c.graph;
+    if (auto pauli = tn::pauli_from_params(p.source, c.qubits)) {
+      net = tn::expectation_network(c, *pauli);
+    } else {
+      net = tn::amplitude_network(c, tn::open_qubits_from_params(p.source, c.qubits));
+      extra["bitstrings"] = tn::bitstrings_from_params(p.source, ctx.files, c.qubits);
+    }
+  } else if (p.independent_sets || p.surface_code || p.detector_error_model) {
+    auto from_model = [&] {
+      const auto& file = ctx.files.at("/detector_error_model/file");
+      return tn::detector_error_model_decoding(
+          {fsutil::read_file(file), file.filename().string(), *p.detector_error_model});
+    };
+    tn::Problem problem = p.independent_sets ? tn::king_independent_sets(*p.independent_sets)
+                          : p.surface_code   ? tn::surface_code_decoding(*p.surface_code)
+                                             : from_model();
+    net = std::move(problem.network);
+    extra["problem"] = std::move(problem.about);
+  } else {
+    net = generic_network(p, ctx.files);
+  }
+  net.validate("the built network");
+}
+
+void BuildStage::Run::write(const StagePlan&, const StepPass&, h5::File& out) const {
+  const tn::Network& net = net_;
+  const json& extra = extra_;
+  tn::save_network(net, out);
+  if (extra.contains("bitstrings"))
+    tn::write_bitstrings(out, extra["bitstrings"].get<std::vector<std::vector<std::uint8_t>>>(), net.qubits);
+  out.set_attribute("network_kind", net.kind);
+  out.set_attribute("network_description", net.description);
+  out.set_attribute("tensors", static_cast<std::int64_t>(net.tensors.size()));
+  if (extra.contains("circuit")) out.set_attribute("circuit", extra["circuit"].dump());
+  if (extra.contains("problem")) out.set_attribute("problem", extra["problem"].dump());
+}
 
 }  // namespace
 

@@ -44,7 +44,7 @@ struct Loaded {
   std::vector<std::vector<std::uint8_t>> bitstrings;  // amplitude networks (else one empty)
 };
 
-Loaded load(const KernelContext& ctx) {
+Loaded load_inputs(const StepContext& ctx) {
   Loaded l;
   h5::File nf = h5::File::open(ctx.inputs.at("network")->where().file, h5::Mode::read_only);
   l.net = tn::load_network(nf);
@@ -323,7 +323,7 @@ void write_reference_check(const Loaded& l, Backend& be, const std::vector<cd>& 
 // and the run has a multiple of P (G = ranks / P groups of P ranks, each contracting its share
 // of the slices distributed over its P). A plan for P run on one rank runs its one-rank plan
 // (the plan file holds both); on any other count it is refused.
-bool distributed_run(const Loaded& l, const KernelContext& ctx) {
+bool distributed_run(const Loaded& l, const StepContext& ctx) {
   const int ranks = ctx.comm ? ctx.comm->size() : 1;
   if (!l.distribution || ranks == 1) return false;
   const int planned = l.distribution->at("ranks").get<int>();
@@ -335,93 +335,147 @@ bool distributed_run(const Loaded& l, const KernelContext& ctx) {
   return true;
 }
 
-// What a distributed run returns from compute(): per bitstring the result's values (re, im
-// interleaved), and one work item's measured seconds and bytes per step (group 0's). Work items
-// (slices of bitstrings) go round by round, item r G + g to group g; each group's first rank
-// sums its items, and the groups' sums are added in group order at the end (and at commits,
-// gathered on rank 0 to be committed).
-json run_distributed(const KernelContext& ctx) {
-  const Loaded l = load(ctx);
-  const Params p = Params::from_json(ctx.params);
-  const tn::Plan plan = tn::Plan::from_json(l.distribution->at("plan"));
-  const int P = l.distribution->at("ranks").get<int>(), G = ctx.comm->size() / P, g = ctx.comm->rank() / P;
-  const mpi::SubComm group(*ctx.comm, g);
-  comm::Communicator comm(group.comm(), ctx.backend);
-  tn::DistributedContractor dc(l.net, plan, tn::DistributedSchedule::from_json(*l.distribution), dtype_of_plan(plan),
-                               p.tf32, comm);
+// A distributed run: every rank takes part in every work item (a slice of a bitstring's network,
+// contracted over a group of P ranks). Work items go round by round, item r G + g to group g;
+// each group's first rank sums its items, and the groups' sums are added in group order at the
+// end. A round is a unit of the step's run; a commit gathers the groups' sums on rank 0.
+class DistributedContraction {
+ public:
+  DistributedContraction(const StepContext& ctx, const Loaded& l, const Params& p)
+      : ctx_(ctx), l_(l), p_(p), plan_(tn::Plan::from_json(l.distribution->at("plan"))),
+        P_(l.distribution->at("ranks").get<int>()), G_(ctx.comm->size() / P_), g_(ctx.comm->rank() / P_),
+        group_(*ctx.comm, g_), S_(static_cast<std::uint64_t>(plan_.slices)), B_(l.bitstrings.size()), total_(B_ * S_),
+        groups_(static_cast<std::uint64_t>(G_)), rounds_((total_ + groups_ - 1) / groups_), leader_(group_.comm().root()) {}
+
+  bool done() const { return round_ >= rounds_; }
+  // The next round: this group's work item, added to its sums.
+  void next() {
+    if (!dc_) set_up();
+    const std::uint64_t item = round_ * groups_ + static_cast<std::uint64_t>(g_);
+    if (item < total_) {
+      tn::StepTimes times;
+      // Group 0's second work item of the run is timed (the first sets up NCCL and the buffers),
+      // or its only one.
+      const bool time_it = g_ == 0 && p_.time_steps && timed_.is_null() && (round_ > first_round_ || round_ + 1 == rounds_);
+      std::vector<cd> v;
+      within_budget([&] { v = dc_->contract(*stream_, item % S_, l_.bitstrings.at(item / S_), time_it ? &times : nullptr); });
+      if (time_it) {
+        const auto sent = comm_->allgather(std::accumulate(times.sent_bytes.begin(), times.sent_bytes.end(), std::uint64_t{0}));
+        timed_ = {{"compute_seconds", times.compute}, {"comm_seconds", times.comm}, {"sent_bytes", times.sent_bytes},
+                  {"sent_bytes_per_rank", sent}, {"on_host", times.on_host}};
+      }
+      double* at = sums_.data() + 2 * R_ * (item / S_);
+      for (std::uint64_t i = 0; i < R_; ++i) at[2 * i] += v[i].real(), at[2 * i + 1] += v[i].imag();
+    }
+    ++round_;
+  }
+  HostProgress progress() const { return {std::min(total_, round_ * groups_), total_, S_ > 1 ? "slices" : "amplitudes"}; }
+
+  // Collective: the groups' sums on rank 0 (with the rounds and rank 0's timing), packed.
+  std::string save() const {
+    const std::vector<std::string> parts = gathered();
+    Packer out;
+    out.put(groups_), out.put(round_);
+    out.put_string(timed_.dump());
+    out.put<std::uint64_t>(parts.size());
+    for (const std::string& part : parts) out.put_string(part);
+    return out.take();
+  }
+  void load(std::string_view state) {
+    Unpacker in(state);
+    const auto groups = in.get<std::uint64_t>(), rounds = in.get<std::uint64_t>();
+    if (groups != groups_)
+      throw InputError(fmt::format("the stopped run shared the slices over {} groups of {} ranks and this one has {}; "
+                                   "expected qstage resume under mpirun -np {}",
+                                   groups, P_, groups_, groups * static_cast<std::uint64_t>(P_)));
+    const json timed = json::parse(in.get_string());
+    std::vector<std::string> parts(in.get<std::uint64_t>());
+    for (std::string& part : parts) part = in.get_string();
+    in.finish();
+    if (parts.size() != groups_ || rounds > rounds_) throw std::runtime_error("a saved state of another contraction");
+    round_ = first_round_ = rounds;
+    timed_ = timed;
+    if (leader_) sums_ = unpacked(parts.at(static_cast<std::size_t>(g_)));
+  }
+  // Collective, after the last round: every group's sums added in group order, and rank 0's
+  // timing, on every rank.
+  std::vector<double> finish() {
+    Packer out;
+    if (ctx_.comm->root()) {
+      std::vector<double> total(2 * R_ * B_, 0.0);
+      for (const std::string& part : gathered()) {
+        const std::vector<double> v = unpacked(part);
+        for (std::size_t i = 0; i < total.size(); ++i) total[i] += v[i];
+      }
+      out.put_vector(total);
+      out.put_string(timed_.dump());
+    } else {
+      gathered();
+    }
+    const std::string bytes = ctx_.comm->broadcast(out.take());
+    Unpacker in(bytes);
+    std::vector<double> total = in.get_vector<double>();
+    timed_ = json::parse(in.get_string());
+    return total;
+  }
+  const json& timed() const { return timed_; }
+  int ranks() const { return P_; }
+  std::uint64_t groups() const { return groups_; }
+
+ private:
+  void set_up() {
+    comm_.emplace(group_.comm(), ctx_.backend);
+    dc_.emplace(l_.net, plan_, tn::DistributedSchedule::from_json(*l_.distribution), dtype_of_plan(plan_), p_.tf32, *comm_);
+    within_budget([&] {
+      stream_ = ctx_.backend->make_stream(true);  // (its cuBLAS workspace is in the budget too)
+      dc_->upload(*ctx_.backend, *stream_);
+    });
+    R_ = dc_->result_elements();
+    if (sums_.empty()) sums_.assign(2 * R_ * B_, 0.0);
+  }
   // A rank whose budget cannot hold its part ends the job at once (the others wait for it in an
   // all-to-all, and unwinding would close the MPI-IO files collectively), with exit 2 and the
   // rank's message.
-  auto within_budget = [&](auto&& work) {
+  template <typename F>
+  void within_budget(F&& work) {
     try {
       work();
     } catch (const BudgetExceeded& e) {
       mpi::abort_job(fmt::format("qstage: error: the distributed contraction on rank {}: {}; expected a larger "
-                                 "--device-memory, or a plan for more ranks", ctx.comm->rank(), e.what()),
+                                 "--device-memory, or a plan for more ranks", ctx_.comm->rank(), e.what()),
                      kExitBadInput);
     }
-  };
-  std::unique_ptr<Stream> stream;  // (its cuBLAS workspace is in the budget too)
-  within_budget([&] {
-    stream = ctx.backend->make_stream(true);
-    dc.upload(*ctx.backend, *stream);
-  });
-  const std::uint64_t S = static_cast<std::uint64_t>(plan.slices), B = l.bitstrings.size(), total = B * S,
-                      R = dc.result_elements(), groups = static_cast<std::uint64_t>(G);
-  const bool root = ctx.comm->root(), leader = group.comm().root();
-  // A resumed run: rank 0's committed state (each group's sums and the rounds they cover).
-  json state = root && ctx.passes ? ctx.passes->data.value("distributed", json()) : json();
-  state = json::parse(ctx.comm->broadcast(state.dump()));
-  if (!state.is_null() && state.at("groups").get<std::uint64_t>() != groups)
-    throw InputError(fmt::format("the stopped run shared the slices over {} groups of {} ranks and this one has {}; "
-                                 "expected qstage resume under mpirun -np {}", state.at("groups").get<std::uint64_t>(), P,
-                                 groups, state.at("groups").get<std::uint64_t>() * static_cast<std::uint64_t>(P)));
-  std::uint64_t rounds_done = state.is_null() ? 0 : state.at("rounds").get<std::uint64_t>();
-  std::vector<double> sums(2 * R * B, 0.0);
-  if (!state.is_null() && leader) sums = state.at("group_sums").at(static_cast<std::size_t>(g)).get<std::vector<double>>();
-  json timed = state.is_null() ? json() : state.at("timed");
-  const std::uint64_t rounds = (total + groups - 1) / groups, first = rounds_done;
-  auto gathered = [&] {  // every group's sums on rank 0, in group order
-    const auto all = ctx.comm->gather(leader ? json(sums).dump() : std::string());
-    json out = json::array();
-    for (const std::string& part : all)
-      if (!part.empty()) out.push_back(json::parse(part));
-    return out;
-  };
-  for (std::uint64_t round = rounds_done; round < rounds; ++round) {
-    const std::uint64_t item = round * groups + static_cast<std::uint64_t>(g);
-    if (item < total) {
-      tn::StepTimes times;
-      // Group 0's second work item of the run is timed (the first sets up NCCL and the buffers),
-      // or its only one.
-      const bool time_it = g == 0 && p.time_steps && timed.is_null() && (round > first || round + 1 == rounds);
-      std::vector<cd> v;
-      within_budget([&] { v = dc.contract(*stream, item % S, l.bitstrings.at(item / S), time_it ? &times : nullptr); });
-      if (time_it) {
-        const auto sent = comm.allgather(std::accumulate(times.sent_bytes.begin(), times.sent_bytes.end(), std::uint64_t{0}));
-        timed = {{"compute_seconds", times.compute}, {"comm_seconds", times.comm}, {"sent_bytes", times.sent_bytes},
-                 {"sent_bytes_per_rank", sent}, {"on_host", times.on_host}};
-      }
-      double* at = sums.data() + 2 * R * (item / S);
-      for (std::uint64_t i = 0; i < R; ++i) at[2 * i] += v[i].real(), at[2 * i + 1] += v[i].imag();
-    }
-    const std::uint64_t done = std::min(total, (round + 1) * groups);
-    const Commit decision = agreed_commit(ctx, done, total, S > 1 ? "slices" : "amplitudes", false);
-    if (decision == Commit::none) continue;
-    const json group_sums = gathered();  // (collective)
-    carry_out(ctx, decision, [&] {
-      ctx.checkpoints->commit({{"distributed", {{"groups", groups}, {"rounds", round + 1}, {"group_sums", group_sums},
-                                                {"timed", timed}}}}, done);
-    });
   }
-  const json group_sums = gathered();
-  std::vector<double> result(2 * R * B, 0.0);
-  for (const json& part : group_sums) {
-    const auto v = part.get<std::vector<double>>();
-    for (std::size_t i = 0; i < result.size(); ++i) result[i] += v[i];
+  // Every group's sums on rank 0, in group order (collective; empty elsewhere).
+  std::vector<std::string> gathered() const {
+    const std::string mine =
+        leader_ ? std::string(reinterpret_cast<const char*>(sums_.data()), sums_.size() * sizeof(double)) : std::string();
+    std::vector<std::string> parts;
+    for (std::string& part : ctx_.comm->gather(mine))
+      if (!part.empty()) parts.push_back(std::move(part));
+    return parts;
   }
-  return {{"sums", result}, {"timed", timed}, {"ranks", P}, {"groups", groups}, {"slices", S}};
-}
+  static std::vector<double> unpacked(const std::string& bytes) {
+    std::vector<double> v(bytes.size() / sizeof(double));
+    if (!v.empty()) std::memcpy(v.data(), bytes.data(), v.size() * sizeof(double));
+    return v;
+  }
+
+  const StepContext& ctx_;
+  const Loaded& l_;
+  const Params& p_;
+  const tn::Plan plan_;
+  const int P_, G_, g_;
+  const mpi::SubComm group_;
+  const std::uint64_t S_, B_, total_, groups_, rounds_;
+  const bool leader_;
+  std::optional<comm::Communicator> comm_;
+  std::optional<tn::DistributedContractor> dc_;
+  std::unique_ptr<Stream> stream_;
+  std::uint64_t R_ = 0, round_ = 0, first_round_ = 0;
+  std::vector<double> sums_;  // (the group leader's: per bitstring, re and im interleaved)
+  json timed_;                // group 0's measured work item, once timed
+};
 
 class ContractStage final : public Stage {
  public:
@@ -434,144 +488,54 @@ class ContractStage final : public Stage {
     return info;
   }
   StagePlan plan(const json&, const std::map<std::string, DatasetInfo>&) const override {
-    StagePlan plan;  // rows and sizes come from the inputs' content: refine_plan
+    StagePlan plan;  // rows and sizes come from the inputs' content: the run's output()
     plan.pass.rows = 0;
     plan.primary_output = "amplitudes";
     plan.results = {{"amplitudes", {{h5::DType::complex128, {}, {}}}}, {"value", {{h5::DType::complex128, {}, {}}}}};
     return plan;
   }
-  void refine_plan(StagePlan& plan, const KernelContext& ctx) const override {
-    const Loaded l = load(ctx);
-    const Params p = Params::from_json(ctx.params);
-    if (distributed_run(l, ctx)) return refine_distributed(plan, l, p, ctx.comm->size());
-    const auto dtype = dtype_of_plan(l.plan);
-    const auto& spill = p.compress_spilled;
-    std::optional<tn::Contractor> probe;
-    try {
-      probe.emplace(l.net, l.plan, dtype, false, std::filesystem::temp_directory_path(), spill);
-    } catch (const InputError& e) {
-      throw InputError(fmt::format("parameter 'compress_spilled': {}", e.what()));
-    }
-    const tn::Contractor& c = *probe;
-    const std::uint64_t B = l.bitstrings.size(), S = static_cast<std::uint64_t>(l.plan.slices);
-    auto& pass = plan.pass;
-    pass.rows = B * S;
-    pass.progress_unit = S > 1 ? "slices" : "amplitudes";  // a row: one slice of one amplitude
-    pass.tile_rows = 1;
-    pass.batches.clear();
-    for (std::uint64_t r = 0; r < pass.rows; ++r) pass.batches.push_back({r, r + 1});
-    pass.tile_partial_bytes =
-        c.result_elements() * c.element_bytes() + l.plan.steps.size() * sizeof(double) + sizeof(RowCounts);
-    pass.partials_on_host = true;
-    pass.scratch_device_bytes_per_row = ContractKernel::result_offset(l.plan) + c.result_elements() * c.element_bytes();
-    pass.resident_device_bytes = c.resident_bytes() + c.persistent_bytes() + c.spill_device_bytes(ctx.backend->kind());
-    pass.uses_blas = true;
-    plan.flops = l.plan.flops_per_bitstring() * static_cast<double>(B);
-    plan.summary = {{"bitstrings", B}, {"slices", S}, {"result_elements", c.result_elements()},
-                    {"steps", l.plan.steps.size()}, {"invariant_steps", l.plan.invariant_steps},
-                    {"persistent_bytes", l.plan.persistent_bytes}, {"precision", h5::dtype_name(dtype)}, {"kind", l.net.kind},
-                    {"tf32", p.tf32}, {"reference_check", p.reference_check.value_or(p.tf32 || spill)},
-                    {"compress_spilled", spill ? h5::codec_summary(*spill, std::nullopt, codec::ElementType::complex64)
-                                               : json(nullptr)}};
-  }
-  // A distributed run is compute() on every rank (no pass): every rank takes part in every work item.
-  bool computes(const StagePlan& plan) const override { return plan.summary.contains("distributed_ranks"); }
-  bool computes_on_every_rank(const StagePlan& plan) const override { return computes(plan); }
-  std::string compute(const KernelContext& ctx) const override {
-    const json j = run_distributed(ctx);
-    return ctx.comm->root() ? j.dump() : std::string();
-  }
-  std::unique_ptr<engine::PassKernel> make_kernel(const KernelContext& ctx) const override {
-    if (computes(ctx.plan)) return no_pass_kernel();
-    const Params p = Params::from_json(ctx.params);
-    return std::make_unique<ContractKernel>(load(ctx), p.tf32, p.scratch_dir, p.compress_spilled, p.time_steps);
-  }
-  std::unique_ptr<engine::Reduction> make_reduction(const StagePlan& plan) const override {
-    if (computes(plan)) return nullptr;
-    const auto& s = plan.summary;
-    return std::make_unique<ContractReduction>(s.at("bitstrings"), s.at("slices"), s.at("result_elements"), s.at("steps"),
-                                               s.at("precision") == "complex64");
-  }
-  // The sums per bitstring, the measured seconds per step and the prologues run: the pass's
-  // reduction, or a distributed run's compute() result.
-  struct Outcome {
-    std::vector<cd> values;
-    std::vector<double> seconds;
-    RowCounts counts;
-    json distributed;  // (a distributed run) its measurements
-  };
-  static Outcome outcome_of(const StagePlan& plan, const StepResults& r) {
-    Outcome o;
-    if (r.reduction) {
-      const auto& red = static_cast<ContractReduction&>(*r.reduction);
-      o.values = red.result();
-      o.seconds = red.mean_seconds();
-      o.counts = red.counts();
-      return o;
-    }
-    o.distributed = json::parse(*r.computed);
-    const auto sums = o.distributed.at("sums").get<std::vector<double>>();
-    for (std::size_t i = 0; i + 1 < sums.size(); i += 2) o.values.emplace_back(sums[i], sums[i + 1]);
-    const json& t = o.distributed.at("timed");
-    o.seconds.assign(plan.summary.at("steps").get<std::size_t>(), std::nan(""));
-    if (!t.is_null())
-      for (std::size_t i = 0; i < o.seconds.size(); ++i)
-        o.seconds[i] = t.at("compute_seconds")[i].get<double>() + t.at("comm_seconds")[i].get<double>();
-    return o;
-  }
-  void write_results(const StagePlan& plan, const StepResults& r, h5::File& out) const override {
-    const Outcome result = outcome_of(plan, r);
-    const auto& s = plan.summary;
-    const std::uint64_t B = s.at("bitstrings"), R = s.at("result_elements");
-    const std::string name = s.at("kind") == "amplitude" ? "amplitudes" : "value";
-    h5::Shape shape = R == 1 ? h5::Shape{B} : h5::Shape{B, R};
-    if (name == "value") shape = {R};
-    h5::Dataset d = out.create_dataset(name, {{h5::DType::complex128, shape, {}}, false});
-    d.write_all(result.values.data());
-    const bool circuit = s.at("kind") != "generic", check = s.at("reference_check");
-    std::optional<Loaded> l;  // the network and plan, read once if needed
-    if (circuit || check) l = load(*r.context);
-    if (circuit) {  // the layout tn.statevector writes too
-      tn::write_result_layout(out, l->bitstrings, l->net.qubits, l->net.open_qubits, l->net.pauli, s.at("precision"));
-    } else {
-      d.set_attribute("description", "the contracted network: its output modes in order, flattened row-major");
-    }
-    if (check) write_reference_check(*l, *r.context->backend, result.values, out);
-    const auto& seconds = result.seconds;
-    h5::Dataset t = out.create_dataset("step_seconds", {{h5::DType::float64, {seconds.size()}, {}}, false});
-    if (!seconds.empty()) t.write_all(seconds.data());
-    t.set_attribute("description", "measured seconds of each plan step (mean over the timed work items), to set "
-                                   "beside the plan's steps/predicted_seconds; NaN where no item was timed "
-                                   "(time_steps: false, or a run resumed after its timed item)");
-    mark_measured(t);
-    out.set_attribute("slices", static_cast<std::int64_t>(s.at("slices").get<std::uint64_t>()));
-    out.set_attribute("invariant_steps", static_cast<std::int64_t>(s.at("invariant_steps").get<int>()));
-    out.set_attribute("prologue_runs", static_cast<std::int64_t>(result.counts.prologues));
-    if (!result.distributed.is_null()) write_distributed(result.distributed, out);
-    if (s.at("kind") == "generic") out.set_attribute("precision", s.at("precision").get<std::string>());
-    out.set_attribute("tf32", static_cast<std::int64_t>(s.at("tf32").get<bool>()));
-    if (!s.at("compress_spilled").is_null()) {
-      const RowCounts& c = result.counts;
-      out.set_attribute("compress_spilled", s.at("compress_spilled").dump());
-      out.set_attribute("spilled_raw_bytes", c.raw);
-      out.set_attribute("spilled_stored_bytes", c.stored);
-      out.set_attribute("spilled_ratio", c.stored ? static_cast<double>(c.raw) / static_cast<double>(c.stored) : 0.0);
-    }
-  }
-  std::string describe_results(const StagePlan& plan, const StepResults& r) const override {
-    const std::vector<cd> v = outcome_of(plan, r).values;
-    if (v.empty()) return "";
-    const std::string over = plan.summary.contains("distributed_ranks")
-                                 ? fmt::format(", distributed over {} ranks ({} group(s) sharing the slices)",
-                                               plan.summary.at("distributed_ranks").get<int>(),
-                                               plan.summary.at("distributed_groups").get<int>())
-                                 : std::string();
-    return fmt::format("{} value(s) over {} slice(s){}; first ({:.9g}{:+.9g}i)", v.size(),
-                       plan.summary.at("slices").get<std::uint64_t>(), over, v[0].real(), v[0].imag());
-  }
+  std::unique_ptr<StepRun> start(const StepContext& ctx) const override { return std::make_unique<Run>(ctx); }
 
  private:
-  // A distributed run's plan: no pass (compute() on every rank); the summary of the plan for P.
+  // Streams slices through the engine (the output pass), or, with a plan distributed over the
+  // run's P ranks, contracts them round by round on every rank (units of host work).
+  class Run final : public StepRun {
+   public:
+    explicit Run(const StepContext& ctx) : ctx_(ctx), l_(load_inputs(ctx)), p_(Params::from_json(ctx.params)) {
+      if (distributed_run(l_, ctx)) distributed_.emplace(ctx, l_, p_);
+    }
+    bool done() const override { return !distributed_ || distributed_->done(); }
+    std::optional<StepPass> next() override {
+      distributed_->next();
+      return std::nullopt;
+    }
+    HostProgress progress() const override { return distributed_->progress(); }
+    std::string save() const override { return distributed_ ? distributed_->save() : std::string(); }
+    void load(std::string_view state) override {
+      if (distributed_) distributed_->load(state);
+    }
+    StepPass output(StagePlan& plan) override;
+    void write(const StagePlan& plan, const StepPass& pass, h5::File& out) const override;
+    std::string describe(const StagePlan& plan, const StepPass& pass) const override;
+
+   private:
+    // The sums per bitstring, the measured seconds per step and the prologues run: the pass's
+    // reduction, or the distributed rounds'.
+    struct Outcome {
+      std::vector<cd> values;
+      std::vector<double> seconds;
+      RowCounts counts;
+    };
+    Outcome outcome(const StagePlan& plan, const StepPass& pass) const;
+
+    const StepContext& ctx_;
+    const Loaded l_;
+    const Params p_;
+    std::optional<DistributedContraction> distributed_;
+    std::vector<double> distributed_sums_;  // (after the last round, on every rank)
+  };
+
+  // A distributed run's plan: no pass (host work on every rank); the summary of the plan for P.
   static void refine_distributed(StagePlan& plan, const Loaded& l, const Params& p, int ranks) {
     if (p.compress_spilled)
       throw InputError("parameter 'compress_spilled': a distributed contraction spills nothing; expected it left out "
@@ -589,10 +553,10 @@ class ContractStage final : public Stage {
                     {"distributed_groups", ranks / l.distribution->at("ranks").get<int>()}};
   }
   // Its measurements beside the plan's predictions (the plan file's prediction, its distribution).
-  static void write_distributed(const json& d, h5::File& out) {
-    out.set_attribute("distributed_ranks", static_cast<std::int64_t>(d.at("ranks").get<int>()));
-    out.set_attribute("distributed_groups", static_cast<std::int64_t>(d.at("groups").get<int>()));
-    const json& t = d.at("timed");
+  static void write_distributed(const DistributedContraction& d, h5::File& out) {
+    out.set_attribute("distributed_ranks", static_cast<std::int64_t>(d.ranks()));
+    out.set_attribute("distributed_groups", static_cast<std::int64_t>(d.groups()));
+    const json& t = d.timed();
     if (t.is_null()) return;
     auto column = [&](const char* name, const std::vector<double>& v, const char* doc) {
       h5::Dataset c = out.create_dataset(name, {{h5::DType::float64, {v.size()}, {}}, false});
@@ -623,6 +587,129 @@ class ContractStage final : public Stage {
     }
   }
 };
+
+StepPass ContractStage::Run::output(StagePlan& plan) {
+  if (distributed_) {
+    refine_distributed(plan, l_, p_, ctx_.comm->size());
+    distributed_sums_ = distributed_->finish();
+    return planned_pass(plan, no_pass_kernel());
+  }
+  const Loaded& l = l_;
+  const Params& p = p_;
+  const StepContext& ctx = ctx_;
+  const auto dtype = dtype_of_plan(l.plan);
+  const auto& spill = p.compress_spilled;
+  std::optional<tn::Contractor> probe;
+  try {
+    probe.emplace(l.net, l.plan, dtype, false, std::filesystem::temp_directory_path(), spill);
+  } catch (const InputError& e) {
+    throw InputError(fmt::format("parameter 'compress_spilled': {}", e.what()));
+  }
+  const tn::Contractor& c = *probe;
+  const std::uint64_t B = l.bitstrings.size(), S = static_cast<std::uint64_t>(l.plan.slices);
+  auto& pass = plan.pass;
+  pass.rows = B * S;
+  pass.progress_unit = S > 1 ? "slices" : "amplitudes";  // a row: one slice of one amplitude
+  pass.tile_rows = 1;
+  pass.batches.clear();
+  for (std::uint64_t r = 0; r < pass.rows; ++r) pass.batches.push_back({r, r + 1});
+  pass.tile_partial_bytes =
+      c.result_elements() * c.element_bytes() + l.plan.steps.size() * sizeof(double) + sizeof(RowCounts);
+  pass.partials_on_host = true;
+  pass.scratch_device_bytes_per_row = ContractKernel::result_offset(l.plan) + c.result_elements() * c.element_bytes();
+  pass.resident_device_bytes = c.resident_bytes() + c.persistent_bytes() + c.spill_device_bytes(ctx.backend->kind());
+  pass.uses_blas = true;
+  plan.flops = l.plan.flops_per_bitstring() * static_cast<double>(B);
+  plan.summary = {{"bitstrings", B},
+                  {"slices", S},
+                  {"result_elements", c.result_elements()},
+                  {"steps", l.plan.steps.size()},
+                  {"invariant_steps", l.plan.invariant_steps},
+                  {"persistent_bytes", l.plan.persistent_bytes},
+                  {"precision", h5::dtype_name(dtype)},
+                  {"kind", l.net.kind},
+                  {"tf32", p.tf32},
+                  {"reference_check", p.reference_check.value_or(p.tf32 || spill)},
+                  {"compress_spilled",
+                   spill ? h5::codec_summary(*spill, std::nullopt, codec::ElementType::complex64) : json(nullptr)}};
+  const auto& summary = plan.summary;
+  return planned_pass(
+      plan, std::make_unique<ContractKernel>(l_, p_.tf32, p_.scratch_dir, p_.compress_spilled, p_.time_steps),
+      std::make_unique<ContractReduction>(summary.at("bitstrings"), summary.at("slices"), summary.at("result_elements"),
+                                          summary.at("steps"), summary.at("precision") == "complex64"));
+}
+
+ContractStage::Run::Outcome ContractStage::Run::outcome(const StagePlan& plan, const StepPass& pass) const {
+  Outcome o;
+  if (!distributed_) {
+    const auto& red = static_cast<const ContractReduction&>(*pass.reduction);
+    o.values = red.result();
+    o.seconds = red.mean_seconds();
+    o.counts = red.counts();
+    return o;
+  }
+  for (std::size_t i = 0; i + 1 < distributed_sums_.size(); i += 2)
+    o.values.emplace_back(distributed_sums_[i], distributed_sums_[i + 1]);
+  const json& t = distributed_->timed();
+  o.seconds.assign(plan.summary.at("steps").get<std::size_t>(), std::nan(""));
+  if (!t.is_null())
+    for (std::size_t i = 0; i < o.seconds.size(); ++i)
+      o.seconds[i] = t.at("compute_seconds")[i].get<double>() + t.at("comm_seconds")[i].get<double>();
+  return o;
+}
+
+void ContractStage::Run::write(const StagePlan& plan, const StepPass& pass, h5::File& out) const {
+  const Outcome result = outcome(plan, pass);
+  const auto& s = plan.summary;
+  const std::uint64_t B = s.at("bitstrings"), R = s.at("result_elements");
+  const std::string name = s.at("kind") == "amplitude" ? "amplitudes" : "value";
+  h5::Shape shape = R == 1 ? h5::Shape{B} : h5::Shape{B, R};
+  if (name == "value") shape = {R};
+  h5::Dataset d = out.create_dataset(name, {{h5::DType::complex128, shape, {}}, false});
+  d.write_all(result.values.data());
+  const bool circuit = s.at("kind") != "generic", check = s.at("reference_check");
+  std::optional<Loaded> l;  // the network and plan, read once if needed
+  if (circuit || check) l = load_inputs(ctx_);
+  if (circuit) {  // the layout tn.statevector writes too
+    tn::write_result_layout(out, l->bitstrings, l->net.qubits, l->net.open_qubits, l->net.pauli, s.at("precision"));
+  } else {
+    d.set_attribute("description", "the contracted network: its output modes in order, flattened row-major");
+  }
+  if (check) write_reference_check(*l, *ctx_.backend, result.values, out);
+  const auto& seconds = result.seconds;
+  h5::Dataset t = out.create_dataset("step_seconds", {{h5::DType::float64, {seconds.size()}, {}}, false});
+  if (!seconds.empty()) t.write_all(seconds.data());
+  t.set_attribute("description",
+                  "measured seconds of each plan step (mean over the timed work items), to set "
+                  "beside the plan's steps/predicted_seconds; NaN where no item was timed "
+                  "(time_steps: false, or a run resumed after its timed item)");
+  mark_measured(t);
+  out.set_attribute("slices", static_cast<std::int64_t>(s.at("slices").get<std::uint64_t>()));
+  out.set_attribute("invariant_steps", static_cast<std::int64_t>(s.at("invariant_steps").get<int>()));
+  out.set_attribute("prologue_runs", static_cast<std::int64_t>(result.counts.prologues));
+  if (distributed_) write_distributed(*distributed_, out);
+  if (s.at("kind") == "generic") out.set_attribute("precision", s.at("precision").get<std::string>());
+  out.set_attribute("tf32", static_cast<std::int64_t>(s.at("tf32").get<bool>()));
+  if (!s.at("compress_spilled").is_null()) {
+    const RowCounts& c = result.counts;
+    out.set_attribute("compress_spilled", s.at("compress_spilled").dump());
+    out.set_attribute("spilled_raw_bytes", c.raw);
+    out.set_attribute("spilled_stored_bytes", c.stored);
+    out.set_attribute("spilled_ratio", c.stored ? static_cast<double>(c.raw) / static_cast<double>(c.stored) : 0.0);
+  }
+}
+
+std::string ContractStage::Run::describe(const StagePlan& plan, const StepPass& pass) const {
+  const std::vector<cd> v = outcome(plan, pass).values;
+  if (v.empty()) return "";
+  const std::string over = plan.summary.contains("distributed_ranks")
+                               ? fmt::format(", distributed over {} ranks ({} group(s) sharing the slices)",
+                                             plan.summary.at("distributed_ranks").get<int>(),
+                                             plan.summary.at("distributed_groups").get<int>())
+                               : std::string();
+  return fmt::format("{} value(s) over {} slice(s){}; first ({:.9g}{:+.9g}i)", v.size(),
+                     plan.summary.at("slices").get<std::uint64_t>(), over, v[0].real(), v[0].imag());
+}
 
 }  // namespace
 

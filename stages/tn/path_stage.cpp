@@ -29,7 +29,7 @@ struct Input {
   std::size_t contractions = 1;
 };
 
-Input open_network(const KernelContext& ctx) {
+Input open_network(const StepContext& ctx) {
   h5::File f = h5::File::open(ctx.inputs.at("network")->where().file, h5::Mode::read_only);
   Input in{tn::load_network(f)};
   in.contractions = std::max<std::size_t>(tn::read_bitstrings(f).size(), 1);
@@ -151,93 +151,108 @@ class PathStage final : public ComputedStage {
   StagePlan plan(const json&, const std::map<std::string, DatasetInfo>&) const override {
     return computed_plan({{"path", {{h5::DType::int64, {}, {}}}}});
   }
-  std::string compute(const KernelContext& ctx) const override {
-    const Input input = open_network(ctx);
-    const Params p = Params::from_json(ctx.params);
-    const tn::Network& net = input.net;
-    const bool complex = true;
-    json result;
-    tn::Path path;
-    if (p.import) {
-      path = imported(p, ctx.files, net);
-      result["method"] = fmt::format("imported {} path from {}", p.format, ctx.files.at("/import").string());
-    } else {
-      const tn::SearchNetwork search = tn::SearchNetwork::from(net);
-      tn::HyperOptions o = search_options(p, net, input.contractions);
-      double last_log = 0;
-      o.progress = [&](int trials, double best, double seconds) {
-        if (seconds - last_log < 5) return;
-        last_log = seconds;
-        spdlog::info("tn.path: {} trials in {:.1f}s, best log10 C_t {:.2f}", trials, seconds, best);
-      };
-      const tn::HyperResult found = tn::hyper_optimize(search, o);
-      path = found.path;
-      result["method"] = "hyper-optimizer";
-      result["search"] = found.to_json();
-      result["search"]["threads"] = o.threads > 0 ? o.threads : omp_get_max_threads();
-      result["tries"] = found.trials;
-      result["seconds"] = found.seconds;
-      result["within_cap"] = !std::isfinite(o.max_log2_size) || found.cost.log2_largest() <= o.max_log2_size + 1e-9;
-      spdlog::info("tn.path: {} trials ({}) in {:.2f}s of a {:.2f}s budget{}; best from {} {}; refined in {:.2f}s ({} "
-                   "subtrees reconfigured){}",
-                   found.trials, found.methods.dump(), found.search_seconds, found.budget_seconds,
-                   o.multiply_add_rate > 0 ? " (fitted to the predicted contraction time)" : "", found.best_method,
-                   found.best_params.dump(),
-                   found.refine_seconds, found.reconfiguring.subtrees_improved,
-                   found.slicing.sliced_modes ? fmt::format(", {} modes sliced (overhead {:.3g}, {:.3g} without reuse)",
-                                                            found.slicing.sliced_modes, found.slicing.overhead,
-                                                            found.slicing.overhead_without_reuse)
-                                              : "");
-    }
-    tn::PathCost cost;
-    try {
-      cost = tn::path_cost(net, path);  // also checks that the path fits the network
-    } catch (const InputError& e) {
-      if (!p.import) throw;
-      throw InputError(fmt::format("params.import: '{}': {}", ctx.files.at("/import").string(), e.what()));
-    }
-    result["ssa"] = path.ssa;
-    result["sliced"] = path.sliced;
-    result["cost"] = cost.to_json(complex);
-    // Sliced paths: what the whole contraction costs when slice-invariant steps run once.
-    const tn::SearchNetwork search = tn::SearchNetwork::from(net);
-    const tn::TreeCost tree_cost = tn::ContractionTree::from_path(search, path).cost();
-    result["cost"]["C_t_total_with_reuse"] = tree_cost.total_with_reuse();
-    result["cost"]["log10_C_t_total"] = tree_cost.log10_total();
-    return result.dump();
-  }
-  void write_results(const StagePlan&, const StepResults& r, h5::File& out) const override {
-    const json j = json::parse(*r.computed);
-    const auto ssa = j["ssa"].get<std::vector<std::pair<int, int>>>();
-    std::vector<std::int64_t> flat;
-    for (auto [a, b] : ssa) flat.insert(flat.end(), {a, b});
-    h5::Dataset d = out.create_dataset("path", {{h5::DType::int64, {ssa.size(), 2}, {}}, false});
-    if (!flat.empty()) d.write_all(flat.data());
-    d.set_attribute("description", "SSA path: step s contracts ids (row[0], row[1]) into id N+s; inputs are 0..N-1");
-    const auto sliced = j["sliced"].get<std::vector<std::int64_t>>();
-    h5::Dataset s = out.create_dataset("sliced", {{h5::DType::int64, {sliced.size()}, {}}, false});
-    if (!sliced.empty()) s.write_all(sliced.data());
-    out.set_attribute("cost", j["cost"].dump());
-    out.set_attribute("method", j["method"].get<std::string>());
-    if (j.contains("search")) out.set_attribute("search", j["search"].dump());
-    for (const char* key : {"C_t_multiply_adds", "C_s_elements", "C_m_elements", "flops_total"})
-      out.set_attribute(key, j["cost"][key].get<double>());
-  }
-  std::string describe_results(const StagePlan&, const StepResults& r) const override {
-    const json j = json::parse(*r.computed);
-    const json& c = j["cost"];
-    const double slices = c["slices"].get<double>();
-    const std::string sliced =
-        slices > 1 ? fmt::format(" per slice, {:.2f} over {:.0f} slices ({:.2f} with slice-invariant steps once)",
-                                 c["log10_C_t_total"].get<double>(), slices,
-                                 std::log10(std::max(c["C_t_total_with_reuse"].get<double>(), 1.0)))
-                   : "";
-    return fmt::format("{}: log10 C_t {:.2f}{}, log2 C_s {:.1f}, {:.3g} flops ({}){}", j["method"].get<std::string>(),
-                       c["log10_C_t"].get<double>(), sliced, c["log2_C_s"].get<double>(), c["flops_total"].get<double>(),
-                       c["flop_convention"].get<std::string>(),
-                       j.contains("tries") ? fmt::format(", {} tries in {:.1f}s", j["tries"].get<int>(), j["seconds"].get<double>()) : "");
-  }
+  std::unique_ptr<StepRun> start(const StepContext& ctx) const override { return std::make_unique<Run>(ctx); }
+
+ private:
+  // (result_: the path, its cost and how it was found)
+  class Run final : public JsonComputedRun {
+   public:
+    using JsonComputedRun::JsonComputedRun;
+    void compute() override;
+    void write(const StagePlan&, const StepPass&, h5::File& out) const override;
+    std::string describe(const StagePlan&, const StepPass&) const override;
+  };
 };
+
+void PathStage::Run::compute() {
+  const StepContext& ctx = ctx_;
+  const Input input = open_network(ctx);
+  const Params p = Params::from_json(ctx.params);
+  const tn::Network& net = input.net;
+  const bool complex = true;
+  json result;
+  tn::Path path;
+  if (p.import) {
+    path = imported(p, ctx.files, net);
+    result["method"] = fmt::format("imported {} path from {}", p.format, ctx.files.at("/import").string());
+  } else {
+    const tn::SearchNetwork search = tn::SearchNetwork::from(net);
+    tn::HyperOptions o = search_options(p, net, input.contractions);
+    double last_log = 0;
+    o.progress = [&](int trials, double best, double seconds) {
+      if (seconds - last_log < 5) return;
+      last_log = seconds;
+      spdlog::info("tn.path: {} trials in {:.1f}s, best log10 C_t {:.2f}", trials, seconds, best);
+    };
+    const tn::HyperResult found = tn::hyper_optimize(search, o);
+    path = found.path;
+    result["method"] = "hyper-optimizer";
+    result["search"] = found.to_json();
+    result["search"]["threads"] = o.threads > 0 ? o.threads : omp_get_max_threads();
+    result["tries"] = found.trials;
+    result["seconds"] = found.seconds;
+    result["within_cap"] = !std::isfinite(o.max_log2_size) || found.cost.log2_largest() <= o.max_log2_size + 1e-9;
+    spdlog::info(
+        "tn.path: {} trials ({}) in {:.2f}s of a {:.2f}s budget{}; best from {} {}; refined in {:.2f}s ({} "
+        "subtrees reconfigured){}",
+        found.trials, found.methods.dump(), found.search_seconds, found.budget_seconds,
+        o.multiply_add_rate > 0 ? " (fitted to the predicted contraction time)" : "", found.best_method,
+        found.best_params.dump(), found.refine_seconds, found.reconfiguring.subtrees_improved,
+        found.slicing.sliced_modes
+            ? fmt::format(", {} modes sliced (overhead {:.3g}, {:.3g} without reuse)", found.slicing.sliced_modes,
+                          found.slicing.overhead, found.slicing.overhead_without_reuse)
+            : "");
+  }
+  tn::PathCost cost;
+  try {
+    cost = tn::path_cost(net, path);  // also checks that the path fits the network
+  } catch (const InputError& e) {
+    if (!p.import) throw;
+    throw InputError(fmt::format("params.import: '{}': {}", ctx.files.at("/import").string(), e.what()));
+  }
+  result["ssa"] = path.ssa;
+  result["sliced"] = path.sliced;
+  result["cost"] = cost.to_json(complex);
+  // Sliced paths: what the whole contraction costs when slice-invariant steps run once.
+  const tn::SearchNetwork search = tn::SearchNetwork::from(net);
+  const tn::TreeCost tree_cost = tn::ContractionTree::from_path(search, path).cost();
+  result["cost"]["C_t_total_with_reuse"] = tree_cost.total_with_reuse();
+  result["cost"]["log10_C_t_total"] = tree_cost.log10_total();
+  result_ = std::move(result);
+}
+void PathStage::Run::write(const StagePlan&, const StepPass&, h5::File& out) const {
+  const json& j = result_;
+  const auto ssa = j["ssa"].get<std::vector<std::pair<int, int>>>();
+  std::vector<std::int64_t> flat;
+  for (auto [a, b] : ssa) flat.insert(flat.end(), {a, b});
+  h5::Dataset d = out.create_dataset("path", {{h5::DType::int64, {ssa.size(), 2}, {}}, false});
+  if (!flat.empty()) d.write_all(flat.data());
+  d.set_attribute("description", "SSA path: step s contracts ids (row[0], row[1]) into id N+s; inputs are 0..N-1");
+  const auto sliced = j["sliced"].get<std::vector<std::int64_t>>();
+  h5::Dataset s = out.create_dataset("sliced", {{h5::DType::int64, {sliced.size()}, {}}, false});
+  if (!sliced.empty()) s.write_all(sliced.data());
+  out.set_attribute("cost", j["cost"].dump());
+  out.set_attribute("method", j["method"].get<std::string>());
+  if (j.contains("search")) out.set_attribute("search", j["search"].dump());
+  for (const char* key : {"C_t_multiply_adds", "C_s_elements", "C_m_elements", "flops_total"})
+    out.set_attribute(key, j["cost"][key].get<double>());
+}
+std::string PathStage::Run::describe(const StagePlan&, const StepPass&) const {
+  const json& j = result_;
+  const json& c = j["cost"];
+  const double slices = c["slices"].get<double>();
+  const std::string sliced =
+      slices > 1 ? fmt::format(" per slice, {:.2f} over {:.0f} slices ({:.2f} with slice-invariant steps once)",
+                               c["log10_C_t_total"].get<double>(), slices,
+                               std::log10(std::max(c["C_t_total_with_reuse"].get<double>(), 1.0)))
+                 : "";
+  return fmt::format("{}: log10 C_t {:.2f}{}, log2 C_s {:.1f}, {:.3g} flops ({}){}", j["method"].get<std::string>(),
+                     c["log10_C_t"].get<double>(), sliced, c["log2_C_s"].get<double>(), c["flops_total"].get<double>(),
+                     c["flop_convention"].get<std::string>(),
+                     j.contains("tries")
+                         ? fmt::format(", {} tries in {:.1f}s", j["tries"].get<int>(), j["seconds"].get<double>())
+                         : "");
+}
 
 }  // namespace
 

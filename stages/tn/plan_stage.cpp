@@ -244,209 +244,226 @@ class PlanStage final : public ComputedStage {
   StagePlan plan(const json&, const std::map<std::string, DatasetInfo>&) const override {
     return computed_plan({{"plan", {{h5::DType::uint8, {}, {}}}}, {"prediction", {{h5::DType::uint8, {}, {}}}}});
   }
-  std::string compute(const KernelContext& ctx) const override {
-    h5::File nf = h5::File::open(ctx.inputs.at("network")->where().file, h5::Mode::read_only);
-    const tn::Network net = tn::load_network(nf);
-    h5::File pf = h5::File::open(ctx.inputs.at("path")->where().file, h5::Mode::read_only);
-    tn::Path path;
-    {
-      h5::Dataset d = pf.open_dataset("path");
-      std::vector<std::int64_t> flat(d.shape().at(0) * 2);
-      if (!flat.empty()) d.read_all(flat.data());
-      for (size_t i = 0; i < flat.size(); i += 2) path.ssa.push_back({static_cast<int>(flat[i]), static_cast<int>(flat[i + 1])});
-      h5::Dataset s = pf.open_dataset("sliced");
-      path.sliced.resize(s.shape().at(0));
-      if (!path.sliced.empty()) s.read_all(path.sliced.data());
+  std::unique_ptr<StepRun> start(const StepContext& ctx) const override { return std::make_unique<Run>(ctx); }
+
+ private:
+  // (result_: {plan: the schedule, prediction})
+  class Run final : public JsonComputedRun {
+   public:
+    using JsonComputedRun::JsonComputedRun;
+    void compute() override;
+    void write(const StagePlan&, const StepPass&, h5::File& out) const override;
+    std::string describe(const StagePlan&, const StepPass&) const override;
+  };
+};
+
+void PlanStage::Run::compute() {
+  const StepContext& ctx = ctx_;
+  h5::File nf = h5::File::open(ctx.inputs.at("network")->where().file, h5::Mode::read_only);
+  const tn::Network net = tn::load_network(nf);
+  h5::File pf = h5::File::open(ctx.inputs.at("path")->where().file, h5::Mode::read_only);
+  tn::Path path;
+  {
+    h5::Dataset d = pf.open_dataset("path");
+    std::vector<std::int64_t> flat(d.shape().at(0) * 2);
+    if (!flat.empty()) d.read_all(flat.data());
+    for (size_t i = 0; i < flat.size(); i += 2)
+      path.ssa.push_back({static_cast<int>(flat[i]), static_cast<int>(flat[i + 1])});
+    h5::Dataset s = pf.open_dataset("sliced");
+    path.sliced.resize(s.shape().at(0));
+    if (!path.sliced.empty()) s.read_all(path.sliced.data());
+  }
+  const Params p = Params::from_json(ctx.params);
+  const auto dtype = p.precision;
+  tn::PlanOptions o;
+  o.element_bytes = h5::dtype_size(dtype);
+  o.max_slices = p.max_slices;
+  o.reconfigure = p.reconfigure;
+  o.subtree_size = p.subtree_size;
+  std::uint64_t inputs = 0;
+  for (const auto& t : net.tensors) inputs += static_cast<std::uint64_t>(net.size_of(t.modes)) * o.element_bytes * 2;
+  if (p.budget) {
+    o.budget_bytes = *p.budget;
+  } else if (ctx.backend) {
+    // tn.contract keeps the inputs resident and runs one arena in each of its 3 slots; the 3
+    // share one persistent region.
+    auto& be = *ctx.backend;
+    const std::uint64_t fixed = inputs + 3 * be.blas_stream_bytes();
+    const std::uint64_t limit = be.device_budget().limit();
+    if (limit <= fixed)
+      throw InputError(fmt::format("the device memory budget {} does not even hold the network's inputs ({})",
+                                   format_bytes(static_cast<double>(limit)), format_bytes(static_cast<double>(fixed))));
+    o.budget_bytes = (limit - fixed) / 3;
+    o.arenas = 3;
+  }
+  o.reuse_invariant = p.reuse_invariant;
+  json rates = json::object();  // where they came from
+  bool measured = false;        // (then the prediction is a measurement)
+  if (p.bandwidth && p.gemm_rate) {
+    o.bandwidth = *p.bandwidth;
+    o.gemm_rate = *p.gemm_rate;
+    rates["source"] = "params";
+  } else if (ctx.backend) {
+    std::tie(o.bandwidth, o.gemm_rate) = measure(*ctx.backend, dtype);
+    rates["source"] = "measured by tn.plan on " + std::string(backend_name(ctx.backend->kind()));
+    measured = true;
+  }
+  o.out_of_core = p.out_of_core;
+  o.scratch = p.scratch;
+  if (o.out_of_core) {
+    if (p.host_budget) {
+      o.host_budget_bytes = *p.host_budget;
+    } else if (ctx.backend) {  // half of what --host-memory leaves (tn.contract's slots need the rest)
+      auto& hb = ctx.backend->host_budget();
+      o.host_budget_bytes = (hb.limit() - hb.in_use()) / 2;
     }
-    const Params p = Params::from_json(ctx.params);
-    const auto dtype = p.precision;
-    tn::PlanOptions o;
-    o.element_bytes = h5::dtype_size(dtype);
-    o.max_slices = p.max_slices;
-    o.reconfigure = p.reconfigure;
-    o.subtree_size = p.subtree_size;
-    std::uint64_t inputs = 0;
-    for (const auto& t : net.tensors) inputs += static_cast<std::uint64_t>(net.size_of(t.modes)) * o.element_bytes * 2;
-    if (p.budget) {
-      o.budget_bytes = *p.budget;
+    if (p.pcie_bandwidth) {
+      o.pcie_bandwidth = *p.pcie_bandwidth;
+      rates["pcie_source"] = "params";
     } else if (ctx.backend) {
-      // tn.contract keeps the inputs resident and runs one arena in each of its 3 slots; the 3
-      // share one persistent region.
-      auto& be = *ctx.backend;
-      const std::uint64_t fixed = inputs + 3 * be.blas_stream_bytes();
-      const std::uint64_t limit = be.device_budget().limit();
-      if (limit <= fixed)
-        throw InputError(fmt::format("the device memory budget {} does not even hold the network's inputs ({})",
-                                     format_bytes(static_cast<double>(limit)), format_bytes(static_cast<double>(fixed))));
-      o.budget_bytes = (limit - fixed) / 3;
-      o.arenas = 3;
-    }
-    o.reuse_invariant = p.reuse_invariant;
-    json rates = json::object();  // where they came from
-    bool measured = false;        // (then the prediction is a measurement)
-    if (p.bandwidth && p.gemm_rate) {
-      o.bandwidth = *p.bandwidth;
-      o.gemm_rate = *p.gemm_rate;
-      rates["source"] = "params";
-    } else if (ctx.backend) {
-      std::tie(o.bandwidth, o.gemm_rate) = measure(*ctx.backend, dtype);
-      rates["source"] = "measured by tn.plan on " + std::string(backend_name(ctx.backend->kind()));
+      o.pcie_bandwidth = measure_pcie(*ctx.backend);
+      rates["pcie_source"] = "measured by tn.plan";
       measured = true;
     }
-    o.out_of_core = p.out_of_core;
-    o.scratch = p.scratch;
-    if (o.out_of_core) {
-      if (p.host_budget) {
-        o.host_budget_bytes = *p.host_budget;
-      } else if (ctx.backend) {  // half of what --host-memory leaves (tn.contract's slots need the rest)
-        auto& hb = ctx.backend->host_budget();
-        o.host_budget_bytes = (hb.limit() - hb.in_use()) / 2;
-      }
-      if (p.pcie_bandwidth) {
-        o.pcie_bandwidth = *p.pcie_bandwidth;
-        rates["pcie_source"] = "params";
-      } else if (ctx.backend) {
-        o.pcie_bandwidth = measure_pcie(*ctx.backend);
-        rates["pcie_source"] = "measured by tn.plan";
-        measured = true;
-      }
-    }
-    // (Out of core, how many intermediates spill, and over P ranks, the large-step threshold and
-    // where to redistribute, are chosen by predicted seconds: a measured rate can change them.)
-    const tn::Plan plan = tn::make_plan(net, path, o);
-    json schedule = plan.to_json();
-    schedule["budget_bytes"] = o.budget_bytes;
-    if (o.out_of_core) schedule["host_budget_bytes"] = o.host_budget_bytes;
-    json prediction = plan.prediction_json();
-    prediction["rates"] = rates;
-    prediction["measured"] = measured;
-    prediction["predicted_seconds_total"] = plan.predicted_seconds_per_bitstring();
-    if (p.ranks > 1) {
-      Distributed d = distributed(net, path, o, plan, p);
-      schedule["distribution"] = std::move(d.schedule);
-      prediction["distribution"] = std::move(d.prediction);
-    }
-    return json{{"plan", schedule}, {"prediction", prediction}}.dump();
   }
-  void write_results(const StagePlan&, const StepResults& r, h5::File& out) const override {
-    const json computed = json::parse(*r.computed);
-    const json &j = computed.at("plan"), &prediction = computed.at("prediction");
-    const bool measured = prediction.at("measured").get<bool>();
-    tn::write_json_dataset(out, "plan", j);
-    h5::Dataset prediction_dataset = tn::write_json_dataset(out, "prediction", prediction);
-    if (measured) mark_measured(prediction_dataset);
-    const tn::Plan plan = tn::Plan::from_json(j, prediction);
-    // Per step, for plots of tensor size along the path (qstage inspect --plot).
-    const std::uint64_t n = plan.steps.size();
-    std::vector<std::uint64_t> out_bytes, live;
-    std::vector<double> flops, predicted;
-    for (const auto& s : plan.steps) {
-      out_bytes.push_back(s.c_bytes);
-      live.push_back(s.live_bytes);
-      flops.push_back(s.flops);
-      predicted.push_back(s.predicted_seconds);
-    }
-    auto column = [&](const char* name, h5::DType t, const void* data, const char* doc) {
-      h5::Dataset d = out.create_dataset(name, {{t, {n}, {}}, false});
-      if (n) d.write_all(data);
-      d.set_attribute("description", doc);
-      return d;
-    };
-    column("steps/output_bytes", h5::DType::uint64, out_bytes.data(), "bytes of each step's result (per slice)");
-    column("steps/live_bytes", h5::DType::uint64, live.data(), "arena bytes in use during each step");
-    column("steps/flops", h5::DType::float64, flops.data(), "real flops of each step (8 per complex multiply-add)");
-    h5::Dataset predicted_column =
-        column("steps/predicted_seconds", h5::DType::float64, predicted.data(), "seed 000 eq. 6: max(bytes/bandwidth, flops/rate)");
-    if (measured) mark_measured(predicted_column);
-    std::vector<std::uint8_t> invariant;
-    for (const auto& s : plan.steps) invariant.push_back(s.invariant ? 1 : 0);
-    column("steps/invariant", h5::DType::uint8, invariant.data(),
-           "1 for steps that run once per bitstring (the prologue), 0 for those that run in every slice");
-    out.set_attribute("slices", static_cast<std::int64_t>(plan.slices));
-    out.set_attribute("arena_bytes", static_cast<std::int64_t>(plan.arena_bytes));
-    out.set_attribute("input_transposes", static_cast<std::int64_t>(plan.input_transposes));
-    out.set_attribute("packed_steps", static_cast<std::int64_t>(plan.packed_steps));
-    out.set_attribute("step_transposes", static_cast<std::int64_t>(plan.step_transposes));
-    out.set_attribute("transposed_bytes", static_cast<std::int64_t>(plan.transposed_bytes));
-    out.set_attribute("spilled", static_cast<std::int64_t>(plan.spilled));
-    out.set_attribute("host_arena_bytes", static_cast<std::int64_t>(plan.host_arena_bytes));
-    out.set_attribute("host_copy_bytes", static_cast<std::int64_t>(plan.host_copy_bytes));
-    out.set_attribute("scratch", static_cast<std::int64_t>(plan.scratch));
-    out.set_attribute("predicted_seconds_per_slice", plan.predicted_seconds);
-    out.set_attribute("predicted_prologue_seconds", plan.predicted_prologue_seconds);
-    out.set_attribute("predicted_seconds_total", plan.predicted_seconds_per_bitstring());
-    out.set_attribute("invariant_steps", static_cast<std::int64_t>(plan.invariant_steps));
-    out.set_attribute("invariant_flops", plan.invariant_flops);
-    out.set_attribute("flops_per_slice", plan.slice_flops);
-    out.set_attribute("flops_per_slice_without_reuse", plan.invariant_flops + plan.slice_flops);
-    out.set_attribute("flops_total", plan.flops_per_bitstring());
-    out.set_attribute("flops_total_without_reuse", plan.flops_per_bitstring_without_reuse());
-    out.set_attribute("persistent_bytes", static_cast<std::int64_t>(plan.persistent_bytes));
-    out.set_attribute("prologue_arena_bytes", static_cast<std::int64_t>(plan.prologue_arena_bytes));
-    out.set_attribute("bandwidth_bytes_per_second", plan.bandwidth);
-    out.set_attribute("gemm_flops_per_second", plan.gemm_rate);
-    out.set_attribute("slicing_overhead", plan.slicing_overhead);
-    if (plan.path_reconfigured && plan.slicing_overhead > 10)  // tn.plan sliced the path itself
-      spdlog::warn("tn.plan: slicing to the budget multiplied the flops by {:.3g}: paths found without a cap slice "
-                   "badly (their largest tensors change modes at every step); give tn.path max_intermediate (about "
-                   "a quarter of the budget) so that the search weighs the slicing",
-                   plan.slicing_overhead);
-    out.set_attribute("path_reconfigured", static_cast<std::int64_t>(plan.path_reconfigured));
-    if (j.contains("distribution")) {
-      const json &d = j.at("distribution"), &e = prediction.at("distribution");
-      out.set_attribute("distribution_ranks", d.at("ranks").get<std::int64_t>());
-      out.set_attribute("distribution_slices", d.at("slices").get<std::int64_t>());
-      out.set_attribute("distribution_R_P", d.at("R_P").get<double>());
-      for (const char* k : {"S_P", "E_P"}) out.set_attribute(std::string("distribution_") + k, e.at(k).get<double>());
-    }
+  // (Out of core, how many intermediates spill, and over P ranks, the large-step threshold and
+  // where to redistribute, are chosen by predicted seconds: a measured rate can change them.)
+  const tn::Plan plan = tn::make_plan(net, path, o);
+  json schedule = plan.to_json();
+  schedule["budget_bytes"] = o.budget_bytes;
+  if (o.out_of_core) schedule["host_budget_bytes"] = o.host_budget_bytes;
+  json prediction = plan.prediction_json();
+  prediction["rates"] = rates;
+  prediction["measured"] = measured;
+  prediction["predicted_seconds_total"] = plan.predicted_seconds_per_bitstring();
+  if (p.ranks > 1) {
+    Distributed d = distributed(net, path, o, plan, p);
+    schedule["distribution"] = std::move(d.schedule);
+    prediction["distribution"] = std::move(d.prediction);
   }
-  std::string describe_results(const StagePlan&, const StepResults& r) const override {
-    const json computed = json::parse(*r.computed);
-    const json &j = computed.at("plan"), &prediction = computed.at("prediction");
-    const tn::Plan plan = tn::Plan::from_json(j, prediction);
-    const std::string spill =
-        plan.spilled ? fmt::format(", {} intermediates spilled to a {} {} ({} copied per slice)", plan.spilled,
-                                   format_bytes(static_cast<double>(plan.host_arena_bytes)),
-                                   plan.scratch ? "HDF5 scratch file" : "host arena",
-                                   format_bytes(static_cast<double>(plan.host_copy_bytes)))
-                     : "";
-    const std::string sliced =
-        plan.slicing_overhead != 1 ? fmt::format(" (sliced here: {:.3g}x the flops{})", plan.slicing_overhead,
-                                                 plan.path_reconfigured ? ", path reconfigured" : "")
-                                   : "";
-    const std::string reuse =
-        plan.invariant_steps
-            ? fmt::format("; {} invariant step(s) once per bitstring ({:.3g} flops, {} persistent, predicted {}): "
-                          "{:.3g} flops per bitstring instead of {:.3g}",
-                          plan.invariant_steps, plan.invariant_flops,
-                          format_bytes(static_cast<double>(plan.persistent_bytes)),
-                          format_duration(plan.predicted_prologue_seconds), plan.flops_per_bitstring(),
-                          plan.flops_per_bitstring_without_reuse())
-            : "";
-    std::string ranks;
-    if (j.contains("distribution")) {
-      const json &d = j.at("distribution"), &e = prediction.at("distribution");
-      int redistributions = 0, forced = 0, chained = 0;
-      for (const json& s : d.at("steps")) {
-        const std::string t = s.at("transition").get<std::string>();
-        chained += t != "local";
-        redistributions += t == "redistribute";
-        forced += s.at("forced").get<bool>();
-      }
-      ranks = fmt::format("; over {} ranks: {} slice(s), {} distributed step(s) in {} use-chain(s), {} redistribution(s) ({} forced), "
-                          "{} moved, R_P {:.3g}, predicted S_P {:.3g}, E_P {:.3g}",
-                          d.at("ranks").get<int>(), d.at("slices").get<std::int64_t>(), chained, d.at("chains").size(), redistributions,
-                          forced, format_bytes(d.at("moved_bytes").get<double>()), d.at("R_P").get<double>(),
-                          e.at("S_P").get<double>(), e.at("E_P").get<double>());
-    }
-    return fmt::format("{} steps ({} packed, {} copies of {}), {} slice(s) over {} sliced mode(s){}, arena {} per slice{}, "
-                       "{} input transposes, predicted {} per slice{}{}",
-                       plan.steps.size(), plan.packed_steps, plan.step_transposes,
-                       format_bytes(static_cast<double>(plan.transposed_bytes)), plan.slices, plan.sliced.size(), sliced,
-                       format_bytes(static_cast<double>(plan.arena_bytes)), spill, plan.input_transposes,
-                       format_duration(plan.predicted_seconds), reuse, ranks);
+  result_ = {{"plan", schedule}, {"prediction", prediction}};
+}
+void PlanStage::Run::write(const StagePlan&, const StepPass&, h5::File& out) const {
+  const json& computed = result_;
+  const json &j = computed.at("plan"), &prediction = computed.at("prediction");
+  const bool measured = prediction.at("measured").get<bool>();
+  tn::write_json_dataset(out, "plan", j);
+  h5::Dataset prediction_dataset = tn::write_json_dataset(out, "prediction", prediction);
+  if (measured) mark_measured(prediction_dataset);
+  const tn::Plan plan = tn::Plan::from_json(j, prediction);
+  // Per step, for plots of tensor size along the path (qstage inspect --plot).
+  const std::uint64_t n = plan.steps.size();
+  std::vector<std::uint64_t> out_bytes, live;
+  std::vector<double> flops, predicted;
+  for (const auto& s : plan.steps) {
+    out_bytes.push_back(s.c_bytes);
+    live.push_back(s.live_bytes);
+    flops.push_back(s.flops);
+    predicted.push_back(s.predicted_seconds);
   }
-};
+  auto column = [&](const char* name, h5::DType t, const void* data, const char* doc) {
+    h5::Dataset d = out.create_dataset(name, {{t, {n}, {}}, false});
+    if (n) d.write_all(data);
+    d.set_attribute("description", doc);
+    return d;
+  };
+  column("steps/output_bytes", h5::DType::uint64, out_bytes.data(), "bytes of each step's result (per slice)");
+  column("steps/live_bytes", h5::DType::uint64, live.data(), "arena bytes in use during each step");
+  column("steps/flops", h5::DType::float64, flops.data(), "real flops of each step (8 per complex multiply-add)");
+  h5::Dataset predicted_column = column("steps/predicted_seconds", h5::DType::float64, predicted.data(),
+                                        "seed 000 eq. 6: max(bytes/bandwidth, flops/rate)");
+  if (measured) mark_measured(predicted_column);
+  std::vector<std::uint8_t> invariant;
+  for (const auto& s : plan.steps) invariant.push_back(s.invariant ? 1 : 0);
+  column("steps/invariant", h5::DType::uint8, invariant.data(),
+         "1 for steps that run once per bitstring (the prologue), 0 for those that run in every slice");
+  out.set_attribute("slices", static_cast<std::int64_t>(plan.slices));
+  out.set_attribute("arena_bytes", static_cast<std::int64_t>(plan.arena_bytes));
+  out.set_attribute("input_transposes", static_cast<std::int64_t>(plan.input_transposes));
+  out.set_attribute("packed_steps", static_cast<std::int64_t>(plan.packed_steps));
+  out.set_attribute("step_transposes", static_cast<std::int64_t>(plan.step_transposes));
+  out.set_attribute("transposed_bytes", static_cast<std::int64_t>(plan.transposed_bytes));
+  out.set_attribute("spilled", static_cast<std::int64_t>(plan.spilled));
+  out.set_attribute("host_arena_bytes", static_cast<std::int64_t>(plan.host_arena_bytes));
+  out.set_attribute("host_copy_bytes", static_cast<std::int64_t>(plan.host_copy_bytes));
+  out.set_attribute("scratch", static_cast<std::int64_t>(plan.scratch));
+  out.set_attribute("predicted_seconds_per_slice", plan.predicted_seconds);
+  out.set_attribute("predicted_prologue_seconds", plan.predicted_prologue_seconds);
+  out.set_attribute("predicted_seconds_total", plan.predicted_seconds_per_bitstring());
+  out.set_attribute("invariant_steps", static_cast<std::int64_t>(plan.invariant_steps));
+  out.set_attribute("invariant_flops", plan.invariant_flops);
+  out.set_attribute("flops_per_slice", plan.slice_flops);
+  out.set_attribute("flops_per_slice_without_reuse", plan.invariant_flops + plan.slice_flops);
+  out.set_attribute("flops_total", plan.flops_per_bitstring());
+  out.set_attribute("flops_total_without_reuse", plan.flops_per_bitstring_without_reuse());
+  out.set_attribute("persistent_bytes", static_cast<std::int64_t>(plan.persistent_bytes));
+  out.set_attribute("prologue_arena_bytes", static_cast<std::int64_t>(plan.prologue_arena_bytes));
+  out.set_attribute("bandwidth_bytes_per_second", plan.bandwidth);
+  out.set_attribute("gemm_flops_per_second", plan.gemm_rate);
+  out.set_attribute("slicing_overhead", plan.slicing_overhead);
+  if (plan.path_reconfigured && plan.slicing_overhead > 10)  // tn.plan sliced the path itself
+    spdlog::warn(
+        "tn.plan: slicing to the budget multiplied the flops by {:.3g}: paths found without a cap slice "
+        "badly (their largest tensors change modes at every step); give tn.path max_intermediate (about "
+        "a quarter of the budget) so that the search weighs the slicing",
+        plan.slicing_overhead);
+  out.set_attribute("path_reconfigured", static_cast<std::int64_t>(plan.path_reconfigured));
+  if (j.contains("distribution")) {
+    const json &d = j.at("distribution"), &e = prediction.at("distribution");
+    out.set_attribute("distribution_ranks", d.at("ranks").get<std::int64_t>());
+    out.set_attribute("distribution_slices", d.at("slices").get<std::int64_t>());
+    out.set_attribute("distribution_R_P", d.at("R_P").get<double>());
+    for (const char* k : {"S_P", "E_P"}) out.set_attribute(std::string("distribution_") + k, e.at(k).get<double>());
+  }
+}
+std::string PlanStage::Run::describe(const StagePlan&, const StepPass&) const {
+  const json& computed = result_;
+  const json &j = computed.at("plan"), &prediction = computed.at("prediction");
+  const tn::Plan plan = tn::Plan::from_json(j, prediction);
+  const std::string spill = plan.spilled
+                                ? fmt::format(", {} intermediates spilled to a {} {} ({} copied per slice)",
+                                              plan.spilled, format_bytes(static_cast<double>(plan.host_arena_bytes)),
+                                              plan.scratch ? "HDF5 scratch file" : "host arena",
+                                              format_bytes(static_cast<double>(plan.host_copy_bytes)))
+                                : "";
+  const std::string sliced = plan.slicing_overhead != 1
+                                 ? fmt::format(" (sliced here: {:.3g}x the flops{})", plan.slicing_overhead,
+                                               plan.path_reconfigured ? ", path reconfigured" : "")
+                                 : "";
+  const std::string reuse =
+      plan.invariant_steps
+          ? fmt::format(
+                "; {} invariant step(s) once per bitstring ({:.3g} flops, {} persistent, predicted {}): "
+                "{:.3g} flops per bitstring instead of {:.3g}",
+                plan.invariant_steps, plan.invariant_flops, format_bytes(static_cast<double>(plan.persistent_bytes)),
+                format_duration(plan.predicted_prologue_seconds), plan.flops_per_bitstring(),
+                plan.flops_per_bitstring_without_reuse())
+          : "";
+  std::string ranks;
+  if (j.contains("distribution")) {
+    const json &d = j.at("distribution"), &e = prediction.at("distribution");
+    int redistributions = 0, forced = 0, chained = 0;
+    for (const json& s : d.at("steps")) {
+      const std::string t = s.at("transition").get<std::string>();
+      chained += t != "local";
+      redistributions += t == "redistribute";
+      forced += s.at("forced").get<bool>();
+    }
+    ranks = fmt::format(
+        "; over {} ranks: {} slice(s), {} distributed step(s) in {} use-chain(s), {} redistribution(s) ({} forced), "
+        "{} moved, R_P {:.3g}, predicted S_P {:.3g}, E_P {:.3g}",
+        d.at("ranks").get<int>(), d.at("slices").get<std::int64_t>(), chained, d.at("chains").size(), redistributions,
+        forced, format_bytes(d.at("moved_bytes").get<double>()), d.at("R_P").get<double>(), e.at("S_P").get<double>(),
+        e.at("E_P").get<double>());
+  }
+  return fmt::format(
+      "{} steps ({} packed, {} copies of {}), {} slice(s) over {} sliced mode(s){}, arena {} per slice{}, "
+      "{} input transposes, predicted {} per slice{}{}",
+      plan.steps.size(), plan.packed_steps, plan.step_transposes,
+      format_bytes(static_cast<double>(plan.transposed_bytes)), plan.slices, plan.sliced.size(), sliced,
+      format_bytes(static_cast<double>(plan.arena_bytes)), spill, plan.input_transposes,
+      format_duration(plan.predicted_seconds), reuse, ranks);
+}
 
 }  // namespace
 

@@ -41,7 +41,7 @@ struct Params {
   static Params from_json(const json& p) { return {tn::SourceParams::from_json(p), params::precision(p)}; }
 };
 
-Job job_of(const KernelContext& ctx) {
+Job job_of(const StepContext& ctx) {
   const Params p = Params::from_json(ctx.params);
   Job j;
   j.circuit = tn::circuit_from_params(p.source, ctx.files);
@@ -74,7 +74,7 @@ kernels::GateOperands operands(const tn::Gate& g) {
 // written after it). A resumed run of the same step starts from there, with the same bits.
 class GateCheckpoint {
  public:
-  GateCheckpoint(const KernelContext& ctx)
+  GateCheckpoint(const StepContext& ctx)
       : bin_(ctx.work_dir / "stage-statevector.bin"), meta_(ctx.work_dir / "stage-statevector.json"),
         key_(ctx.step_key) {}
 
@@ -134,7 +134,7 @@ class GateCheckpoint {
 
 class StateVectorKernel final : public engine::PassKernel {
  public:
-  StateVectorKernel(Job job, const KernelContext& ctx) : job_(std::move(job)), checkpoint_(ctx), comm_(ctx.comm) {}
+  StateVectorKernel(Job job, const StepContext& ctx) : job_(std::move(job)), checkpoint_(ctx), comm_(ctx.comm) {}
 
   void prepare(Backend& backend, Stream& stream) override {
     backend_ = &backend;
@@ -287,7 +287,7 @@ class StateVectorStage final : public Stage {
     const Params p = Params::from_json(params);
     if (!p.source.has_circuit())
       throw InputError("no circuit; expected one of circuit (a file), random, qaoa or lattice");
-    StagePlan plan;  // sizes come from the circuit: refine_plan
+    StagePlan plan;  // sizes come from the circuit: the run's output()
     plan.pass.rows = 0;
     plan.primary_output = p.source.pauli ? "value" : "amplitudes";
     plan.results = {{plan.primary_output, {{p.precision, planned_shape(p.source), {}}}}};
@@ -306,37 +306,46 @@ class StateVectorStage final : public Stage {
     if (rows == 0 || open > 34) return {};
     return open == 0 ? h5::Shape{rows} : h5::Shape{rows, std::uint64_t{1} << open};
   }
-  void refine_plan(StagePlan& plan, const KernelContext& ctx) const override {
-    const Job job = job_of(ctx);
-    const std::uint64_t n = std::uint64_t{1} << job.circuit.qubits, e = h5::dtype_size(job.dtype);
-    const std::uint64_t rows = job.pauli ? 1 : job.bitstrings.size(), per_row = job.per_row();
-    engine::OutputDecl out;
-    out.name = job.pauli ? "value" : "amplitudes";
-    out.layout.dtype = job.dtype;
-    out.layout.shape = per_row == 1 ? h5::Shape{rows} : h5::Shape{rows, per_row};
-    out.layout.chunk = out.layout.shape;
-    out.layout.chunk[0] = std::min<std::uint64_t>(rows, default_chunk_rows(per_row * e));
-    plan.pass.rows = rows;
-    plan.pass.progress_unit = job.pauli ? "values" : "amplitudes";
-    plan.pass.tile_rows = out.layout.chunk[0];
-    plan.pass.outputs = {out};
-    plan.pass.resident_device_bytes = n * e * (job.pauli ? 2 : 1) + rows * per_row * 8 + (n / (1 << 16) + 1) * 16;
-    plan.pass.prepare_host_bytes = job.pauli ? 0 : rows * per_row * 8;  // the amplitudes' basis indices
-    plan.primary_output = out.name;
-    plan.summary = {{"qubits", job.circuit.qubits}, {"gates", job.circuit.gates.size()},
-                    {"precision", h5::dtype_name(job.dtype)}, {"state_bytes", n * e},
-                    {"bitstrings", job.bitstrings.size()}};
-  }
-  std::unique_ptr<engine::PassKernel> make_kernel(const KernelContext& ctx) const override {
-    return std::make_unique<StateVectorKernel>(job_of(ctx), ctx);
-  }
-  void write_results(const StagePlan& plan, const StepResults& r, h5::File& out) const override {
-    const Job job = job_of(*r.context);
-    tn::write_result_layout(out, job.bitstrings, job.circuit.qubits, job.open,
-                            Params::from_json(r.context->params).source.pauli.value_or(""),
-                            plan.summary.at("precision").get<std::string>());
-  }
+  std::unique_ptr<StepRun> start(const StepContext& ctx) const override { return std::make_unique<Run>(ctx); }
+
+ private:
+  class Run final : public OutputPassRun {
+   public:
+    using OutputPassRun::OutputPassRun;
+    StepPass output(StagePlan& plan) override;
+    void write(const StagePlan& plan, const StepPass&, h5::File& out) const override {
+      const Job job = job_of(ctx_);
+      tn::write_result_layout(out, job.bitstrings, job.circuit.qubits, job.open,
+                              Params::from_json(ctx_.params).source.pauli.value_or(""),
+                              plan.summary.at("precision").get<std::string>());
+    }
+  };
 };
+
+StepPass StateVectorStage::Run::output(StagePlan& plan) {
+  const Job job = job_of(ctx_);
+  const std::uint64_t n = std::uint64_t{1} << job.circuit.qubits, e = h5::dtype_size(job.dtype);
+  const std::uint64_t rows = job.pauli ? 1 : job.bitstrings.size(), per_row = job.per_row();
+  engine::OutputDecl out;
+  out.name = job.pauli ? "value" : "amplitudes";
+  out.layout.dtype = job.dtype;
+  out.layout.shape = per_row == 1 ? h5::Shape{rows} : h5::Shape{rows, per_row};
+  out.layout.chunk = out.layout.shape;
+  out.layout.chunk[0] = std::min<std::uint64_t>(rows, default_chunk_rows(per_row * e));
+  plan.pass.rows = rows;
+  plan.pass.progress_unit = job.pauli ? "values" : "amplitudes";
+  plan.pass.tile_rows = out.layout.chunk[0];
+  plan.pass.outputs = {out};
+  plan.pass.resident_device_bytes = n * e * (job.pauli ? 2 : 1) + rows * per_row * 8 + (n / (1 << 16) + 1) * 16;
+  plan.pass.prepare_host_bytes = job.pauli ? 0 : rows * per_row * 8;  // the amplitudes' basis indices
+  plan.primary_output = out.name;
+  plan.summary = {{"qubits", job.circuit.qubits},
+                  {"gates", job.circuit.gates.size()},
+                  {"precision", h5::dtype_name(job.dtype)},
+                  {"state_bytes", n * e},
+                  {"bitstrings", job.bitstrings.size()}};
+  return planned_pass(plan, std::make_unique<StateVectorKernel>(job, ctx_));
+}
 
 }  // namespace
 

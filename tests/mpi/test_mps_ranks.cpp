@@ -35,7 +35,7 @@ Outcome evolve(U1Mps psi, const Evolution& ev, const TruncParams& trunc, comm::C
   LayerUpdater updater(*backend, kernels::kGpuSvdFrom, Precision::complex128, ranks);
   Outcome o;
   for (int step = 1; step <= ev.steps; ++step) apply_step(psi, ev, step, trunc, o.eps, o.kept, updater);
-  Packer out;
+  stages::mps::Packer out;
   out.put_mps(psi);
   o.state = out.take();
   o.stats = updater.exchange_stats();

@@ -295,7 +295,7 @@ def test_a_run_stopped_in_each_of_its_passes_stores_the_same_bytes(clean_big, tm
     p = start_until(["run", spec, "--run-dir", run_dir, "--device", DEVICE], work / "pass-0" / "journal.json")
     p.send_signal(signal.SIGTERM)
     _, err = p.communicate(timeout=120)
-    if p.returncode == 0 or (work / "passes.json").exists():
+    if p.returncode == 0 or (work / "run-state.bin").exists():
         pytest.skip("the range pass finished before SIGTERM arrived")
     assert p.returncode == 75, err
     assert "pass 1 (range)" in err, err
@@ -308,7 +308,7 @@ def test_a_run_stopped_in_each_of_its_passes_stores_the_same_bytes(clean_big, tm
     assert "resuming at row" in err, err  # (the range pass went on from its commit)
     if p.returncode == 0:
         pytest.skip("the coding pass finished before SIGKILL arrived")
-    assert (work / "passes.json").exists(), "the range pass's result was not committed"
+    assert (work / "run-state.bin").exists(), "the range pass's result was not committed"
 
     r = run(["resume", run_dir, "--device", DEVICE])
     assert r.code == 0, r

@@ -152,9 +152,9 @@ def test_small_budget_and_three_ranks_store_the_same_bytes(clean, tmp_path, word
         assert r.code == 0, r
         got, _ = outputs(tmp / "run")
         same(got, want)
-        if options == small:  # the pass state's log line, its long arrays (the splitters) elided
+        if options == small:  # a pass's log line says what it streamed, not the run's state
             line = next(l for l in r.err.splitlines() if "pass 1 (sample) done" in l)
-            assert '"splitters":[' in line and " items in all" in line and len(line) < 600, line
+            assert " rows, " in line and "to the device" in line and len(line) < 300, line
 
 
 def test_forced_buckets_too_large_for_the_budget_are_refused(tmp_path):

@@ -83,7 +83,7 @@ def test_a_stopped_two_rank_run_resumes_on_three_ranks_with_the_bits_of_one(tmp)
     assert r.code == 0, r
     s = spec(tmp / "s", LONG, ", checkpoint_every: 5")
     run_dir = tmp / "run"
-    state = run_dir / "steps" / "evo" / "passes.json"
+    state = run_dir / "steps" / "evo" / "run-state.bin"
     code, err = sigterm_mpi_run(2, ["run", s, "--run-dir", run_dir, "--device", DEVICE], state)
     if code == 0:
         pytest.skip("the run finished before SIGTERM arrived")

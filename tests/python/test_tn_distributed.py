@@ -190,7 +190,7 @@ def test_distributed_runs_are_reproducible_and_resume_after_a_stop(tmp):
     assert digest(a, "amplitudes") == digest(b, "amplitudes")
     spec = write_spec(tmp / "s.yaml", text)
     run_dir = tmp / "run"
-    state = run_dir / "steps" / "amps" / "passes.json"
+    state = run_dir / "steps" / "amps" / "run-state.bin"
     code, err = sigterm_mpi_run(2, ["run", spec, "--run-dir", run_dir, "--device", DEVICE], state)
     if code == 0:
         pytest.skip("the run finished before SIGTERM arrived")

@@ -103,7 +103,7 @@ def test_sci_solve_stops_between_passes_and_resumes_to_the_same_bits(tmp):
     spec = write_spec(tmp / "spec.yaml", sci_text(tmp, params))
     run_dir = tmp / "run"
     p = start(["run", spec, "--run-dir", run_dir, "--device", DEVICE])
-    code, err = stop_when(p, lambda: (run_dir / "steps" / "sci" / "passes.json").exists())
+    code, err = stop_when(p, lambda: (run_dir / "steps" / "sci" / "run-state.bin").exists())
     assert code == 75, err
     assert "stopped by SIGTERM in step 'sci' after" in err and "qstage resume" in err, err
     assert manifest(run_dir)["steps"]["sci"]["state"] == "stopped"
@@ -120,7 +120,7 @@ def test_sci_solve_stops_on_three_ranks(tmp):
     spec = write_spec(tmp / "spec.yaml", sci_text(tmp, params))
     run_dir = tmp / "run"
     p = start(["run", spec, "--run-dir", run_dir, "--device", DEVICE], mpi=3, env={"OMP_NUM_THREADS": "1"})
-    code, err = stop_when(p, lambda: (run_dir / "steps" / "sci" / "passes.json").exists(), mpi=3)
+    code, err = stop_when(p, lambda: (run_dir / "steps" / "sci" / "run-state.bin").exists(), mpi=3)
     # mpirun answers 1 for a SIGTERM it saw; the run directory says how the run ended
     if code == 1:
         code = run(["status", run_dir, "--exit-code"]).code
