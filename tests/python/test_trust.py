@@ -112,6 +112,34 @@ def test_sci_solve_stops_between_passes_and_resumes_to_the_same_bits(tmp):
     assert data_digests(run_dir) == data_digests(clean)
 
 
+@pytest.mark.parametrize("damage", ["a flipped byte of the state", "the state cut short", "a flipped byte of the header"])
+def test_a_damaged_run_state_is_discarded_and_the_step_starts_again(tmp, damage):
+    """The step's committed run state (steps/<id>/run-state.bin: a header with its own hash, the
+    state's size and hash, then the state) damaged while the run was stopped: one warning line,
+    the step's run starts again, and the output has the bits of a clean run."""
+    params = "eps_var: 5.0e-4, eps_pt2: 1.0e-5, max_new_dets: 600, max_iterations: 8, davidson_tolerance: 1.0e-7"
+    clean = committed_run(tmp / "clean", sci_text(tmp / "clean", params))[1]
+    spec = write_spec(tmp / "spec.yaml", sci_text(tmp, params))
+    run_dir = tmp / "run"
+    state = run_dir / "steps" / "sci" / "run-state.bin"
+    p = start(["run", spec, "--run-dir", run_dir, "--device", DEVICE])
+    code, err = stop_when(p, lambda: state.exists())
+    assert code == 75, err
+    data = bytearray(state.read_bytes())
+    header_end = data.index(b"\n", data.index(b"\n") + 1) + 1
+    if damage == "a flipped byte of the state":
+        data[-1] ^= 0x40
+    elif damage == "the state cut short":
+        data = data[:header_end + (len(data) - header_end) // 2]
+    else:
+        data[header_end - 10] ^= 0x01
+    state.write_bytes(bytes(data))
+    r = resume(run_dir)
+    assert "discarding unreadable" in r.err and "run-state.bin" in r.err, r.err
+    assert "passes done by an earlier run" not in r.err, r.err
+    assert data_digests(run_dir) == data_digests(clean)
+
+
 def test_sci_solve_stops_on_three_ranks(tmp):
     if shutil.which("mpirun") is None:
         pytest.skip("mpirun not found")
