@@ -6,6 +6,7 @@
 // depend on the thread count); save() and load() carry the whole state bit for bit, so a resumed
 // run continues where it stopped.
 #include <cstdint>
+#include <stdexcept>
 #include <vector>
 
 #include "core/serial.hpp"
@@ -24,7 +25,10 @@ class Davidson {
   // first take(): it can come with the first product.
   explicit Davidson(std::vector<double> guess, DavidsonOptions options = {});
   void set_diagonal(std::vector<double> diagonal);
-  const std::vector<double>& next() const { return basis_.back(); }
+  const std::vector<double>& next() const {
+    if (done_) throw std::logic_error("Davidson::next after it finished");
+    return basis_.back();
+  }
   // Hands A next(); returns true once converged (or out of products: see converged()).
   bool take(std::vector<double> product);
   bool done() const { return done_; }
