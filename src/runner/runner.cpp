@@ -18,6 +18,7 @@
 #include "core/fsutil.hpp"
 #include "core/hash.hpp"
 #include "core/log.hpp"
+#include "core/serial.hpp"
 #include "core/signals.hpp"
 #include "core/units.hpp"
 #include "engine/checkpoint_pace.hpp"
@@ -518,12 +519,18 @@ class WorkflowRun {
       o.stop = e.what();
     }
     if (comm_.size() == 1) return o;
-    auto first = [&](const std::string& mine) {
-      for (std::string& s : comm_.allgather(mine))
-        if (!s.empty()) return s;
-      return std::string();
-    };
-    return {first(o.input_error), first(o.check_failure), first(o.stop)};
+    // (one collective: each rank's three messages, the lowest rank's non-empty one of each kind)
+    Packer mine;
+    mine.put_string(o.input_error), mine.put_string(o.check_failure), mine.put_string(o.stop);
+    UnitOutcome agreed;
+    for (const std::string& bytes : comm_.allgather(mine.take())) {
+      Unpacker in(bytes);
+      for (std::string* kind : {&agreed.input_error, &agreed.check_failure, &agreed.stop}) {
+        std::string message = in.get_string();
+        if (kind->empty()) *kind = std::move(message);
+      }
+    }
+    return agreed;
   }
   // Ends the step with an agreed error, naming it (and `where`, a pass, if any).
   void fail_on(const UnitOutcome& o, const spec::Step& step, const std::string& where = "") {
@@ -592,7 +599,6 @@ class WorkflowRun {
     };
     engine::StepWork step_work(dir_.work(step.id), key, comm_);  // (host work's progress file)
     std::unique_ptr<ProgressReporter> host_reporter;
-    std::uint64_t host_committed = 0;
     bool ran = false;  // (a pass, in this run)
     while (!run.done()) {
       std::optional<stages::StepPass> pass;
@@ -623,10 +629,9 @@ class WorkflowRun {
                                       std::int64_t{comm_.root() && (pace.due() || p.commit)}});
         if (p.done >= p.total || (!flags[0] && !flags[1])) continue;
         commit_point();
-        host_committed = p.done;
         if (flags[0]) {
           if (host_reporter) host_reporter->finish();
-          stopped(step.id, "", host_committed, p.total, json::object(), p.unit);
+          stopped(step.id, "", p.done, p.total, json::object(), p.unit);
         }
         continue;
       }

@@ -15,16 +15,12 @@
 #include <array>
 #include <chrono>
 #include <cmath>
-#include <filesystem>
 #include <map>
 #include <optional>
 
 #include "comm/communicator.hpp"
 #include "core/error.hpp"
-#include "core/fsutil.hpp"
-#include "core/hash.hpp"
 #include "core/parallel.hpp"
-#include "core/signals.hpp"
 #include "core/units.hpp"
 #include "stages/mps/density_matrix.hpp"
 #include "stages/mps/gates.hpp"
@@ -324,7 +320,6 @@ class TebdStage final : public ComputedStage {
     std::optional<Shadow> shadow_;
     std::unique_ptr<LayerUpdater> updater_, shadow_updater_;
     int step_ = 0;  // time steps done
-    bool copied_ = false;  // (load() from copy_from_root, not a resume)
   };
 
   // |complex64 - complex128| of the measurements at each time (max over sites or bonds).
@@ -435,7 +430,7 @@ void TebdStage::Run::load(std::string_view state) {
     shadow.m.width = width;
     *shadow_ = std::move(shadow);
   }
-  if (root_ && !copied_)
+  if (root_)  // (copy_from_root loads on the other ranks only)
     spdlog::info("mps.tebd: resuming after {} {} of {} (t = {:.6g}) from the committed state",
                  ev_.terms.empty() ? "beam splitter" : "time step", step, ev_.steps, ev_.times[step]);
 }
@@ -481,8 +476,7 @@ StepPass TebdStage::Run::output(StagePlan& plan) {
                         tm.svd_for_memory, tm.svd_for_memory == 1 ? "" : "s", tm.svd_for_memory == 1 ? "its" : "their")
           : std::string(),
       ranks ? "; " + describe_exchange(*ctx.comm, updater.exchange_stats()) : std::string());
-  copied_ = true;  // (rank 0's measurements to the others, for write())
-  copy_from_root(*this, ctx_.comm);
+  copy_from_root(*this, ctx_.comm);  // (rank 0's measurements to the others, for write())
   return planned_pass(plan, no_pass_kernel());
 }
 

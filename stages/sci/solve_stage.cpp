@@ -31,7 +31,6 @@
 #include <cmath>
 #include <cstring>
 #include <map>
-#include <mutex>
 #include <numeric>
 
 #include "comm/communicator.hpp"
