@@ -120,12 +120,6 @@ Buffer Backend::alloc_device(std::size_t bytes, std::string_view what) { return 
 Buffer Backend::alloc_host(std::size_t bytes, std::string_view what) { return host_pool().take(bytes, what); }
 std::unique_ptr<Stream> Backend::make_stream(bool with_blas) { return stream_pool().take(with_blas); }
 
-void Backend::release_unused() {
-  stream_pool().release_unused();  // (first: a stream's workspace goes back to the device pool)
-  device_pool().release_unused();
-  host_pool().release_unused();
-}
-
 void Backend::release_idle() {
   stream_pool().release_idle();
   device_pool().release_idle();

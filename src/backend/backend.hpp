@@ -119,10 +119,8 @@ class Backend {
   // A stream; with_blas also gives it a BLAS handle (and, on cuda, a budgeted cuBLAS workspace).
   // Pooled like memory.
   std::unique_ptr<Stream> make_stream(bool with_blas = false);
-  // Frees the pools' memory and streams that no one took since the last call (the engine, after
-  // each pass: the pools keep what two passes in a row use), or all that is idle (the runner,
-  // after each step).
-  void release_unused();
+  // Frees the pools' idle memory and streams (the runner, before each step: a step's passes
+  // share what the pools keep, steps do not).
   void release_idle();
   // How many device and host allocations the pools served, and how many from idle memory.
   struct PoolCounts {

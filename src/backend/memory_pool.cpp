@@ -12,7 +12,6 @@ struct MemoryPool::State {
   std::function<void()> quiesce;
   std::mutex mutex;
   std::multimap<std::size_t, Block> idle;  // by size
-  std::uint64_t generation = 0;
   bool given_back_since_quiesce = false;
   PoolCounters counters;
   ~State() {
@@ -58,7 +57,7 @@ Buffer MemoryPool::take(std::size_t bytes, std::string_view what) {
       std::lock_guard guard(pool->mutex);
       const std::size_t held = memory->size();
       pool->budget->use_to_idle(held);
-      pool->idle.emplace(held, Block{std::move(memory), pool->generation});
+      pool->idle.emplace(held, Block{std::move(memory)});
       pool->given_back_since_quiesce = true;
     } else {  // the pool went with its backend (and its budget): back to the driver
       memory.reset();
@@ -76,17 +75,6 @@ void MemoryPool::free_block(std::multimap<std::size_t, Block>::iterator it) {
   State& s = *state_;
   s.budget->idle_to_none(it->first);
   s.idle.erase(it);  // (its Buffer frees the memory)
-}
-
-void MemoryPool::release_unused() {
-  std::lock_guard lock(state_->mutex);
-  State& s = *state_;
-  for (auto it = s.idle.begin(); it != s.idle.end();) {
-    auto next = std::next(it);
-    if (it->second.generation < s.generation) free_block(it);
-    it = next;
-  }
-  s.generation += 1;
 }
 
 void MemoryPool::release_idle() {
@@ -108,10 +96,8 @@ struct StreamPool::State {
   struct Idle {
     std::unique_ptr<Stream> stream;
     bool with_blas = false;
-    std::uint64_t generation = 0;
   };
   std::vector<Idle> idle;
-  std::uint64_t generation = 0;
 };
 
 namespace {
@@ -167,21 +153,9 @@ std::unique_ptr<Stream> StreamPool::take(bool with_blas) {
                                           if (auto pool = owner.lock()) {
                                             if (pool->keep) pool->keep(*s, blas);
                                             std::lock_guard lock(pool->mutex);
-                                            pool->idle.push_back({std::move(s), blas, pool->generation});
+                                            pool->idle.push_back({std::move(s), blas});
                                           }  // (else the stream goes with it)
                                         });
-}
-
-void StreamPool::release_unused() {
-  std::vector<std::unique_ptr<Stream>> gone;  // destroyed outside the lock
-  {
-    std::lock_guard lock(state_->mutex);
-    auto& idle = state_->idle;
-    for (auto& i : idle)
-      if (i.generation < state_->generation) gone.push_back(std::move(i.stream));
-    idle.erase(std::remove_if(idle.begin(), idle.end(), [](const State::Idle& i) { return !i.stream; }), idle.end());
-    state_->generation += 1;
-  }
 }
 
 void StreamPool::release_idle() {

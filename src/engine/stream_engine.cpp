@@ -337,7 +337,11 @@ class PassRun {
       kernel_.prepare(backend_, *setup);
       setup->synchronize();
     }
-    Pipeline pipe(backend_, spec_, sinks_, plan.batch_rows, options_.slots, kernel_);
+    outcome_.times.prepare = since(setup_start);
+    // No more slots than this rank has batches: a pass of one batch (most of sci.solve's, a merge
+    // of few buckets) pins one set of buffers, not three.
+    const int slots = static_cast<int>(std::clamp<std::uint64_t>(mine, 1, static_cast<std::uint64_t>(options_.slots)));
+    Pipeline pipe(backend_, spec_, sinks_, plan.batch_rows, slots, kernel_);
     outcome_.times.setup = since(setup_start);
     // The baseline, after the setup, so that rates are of the batches (a setup that simulates a
     // state vector for 30 s is not 30 s of streaming).
@@ -704,11 +708,8 @@ BatchPlan StreamEngine::plan(const PassSpec& spec) const {
 PassOutcome StreamEngine::run(const PassSpec& spec, PassKernel& kernel, Reduction* reduction, StepWork& work,
                               const fs::path& output, const ProgressFn& progress) {
   const BatchPlan plan = this->plan(spec);
-  PassOutcome outcome = PassRun(backend_, comm_, options_, spec, kernel, reduction, work).run(plan, output, progress);
-  // The next pass of a stage of several passes takes what this one gave back; what neither
-  // took goes back to the driver.
-  backend_.release_unused();
-  return outcome;
+  // (What the pass gave back stays in the backend's pools for the step's next passes.)
+  return PassRun(backend_, comm_, options_, spec, kernel, reduction, work).run(plan, output, progress);
 }
 
 h5::File StagedOutput::open() const { return h5::File::open(temp_, h5::Mode::read_write, comm_->get()); }

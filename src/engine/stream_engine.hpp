@@ -43,6 +43,7 @@ struct BatchPlan {
 struct PhaseTimes {
   double read = 0, h2d = 0, compute = 0, d2h = 0, write = 0;  // summed over this rank's batches
   double setup = 0;  // resident data (prepare) and the slots' buffers (pinning is slow)
+  double prepare = 0;  // of setup: the kernel's resident data
   double loop = 0;   // the batch loop: reads, compute, writes, checkpoints
   double commit = 0, finalize = 0, wall = 0;
 };

@@ -659,6 +659,7 @@ class WorkflowRun {
     engine::StepWork work(dir_.work(step.id) / engine::StepWork::pass_folder(passes_done), key, comm_);
     const auto started = Clock::now();
     const std::vector<std::uint64_t> bus_before{backend_->bytes_to_device(), backend_->bytes_to_host()};
+    const Backend::PoolCounts pools_before = backend_->pool_counts();
     auto reporter = progress_reporter(fmt::format("{} {} {}", step.id, step.stage, label), pass.pass, 0, work);
     engine::PassOutcome outcome;
     try {
@@ -681,9 +682,14 @@ class WorkflowRun {
     const auto bus = comm_.sum_wrapping({backend_->bytes_to_device() - bus_before[0], backend_->bytes_to_host() - bus_before[1]});
     if (comm_.root()) {
       const engine::PhaseTimes& t = outcome.times;
-      spdlog::debug("step '{}' {}: setup {:.2f}s, batch loop {:.2f}s (busy: read {:.2f}s, to device {:.2f}s, compute {:.2f}s, "
-                    "from device {:.2f}s, write {:.2f}s; commits {:.2f}s), finalize {:.2f}s (rank 0)",
-                    step.id, label, t.setup, t.loop, t.read, t.h2d, t.compute, t.d2h, t.write, t.commit, t.finalize);
+      const Backend::PoolCounts pools = backend_->pool_counts();
+      spdlog::debug("step '{}' {}: setup {:.3f}s (resident data {:.3f}s; device memory {} taken, {} reused; host {} taken, {} "
+                    "reused), batch loop {:.3f}s (busy: read {:.3f}s, to device {:.3f}s, compute {:.3f}s, from device {:.3f}s, "
+                    "write {:.3f}s; commits {:.3f}s), finalize {:.3f}s, pass {:.3f}s (rank 0)",
+                    step.id, label, t.setup, t.prepare, pools.device_taken - pools_before.device_taken,
+                    pools.device_reused - pools_before.device_reused, pools.host_taken - pools_before.host_taken,
+                    pools.host_reused - pools_before.host_reused, t.loop, t.read, t.h2d, t.compute, t.d2h, t.write, t.commit,
+                    t.finalize, std::chrono::duration<double>(Clock::now() - started).count());
       spdlog::info("step '{}' {} done in {}: {} rows, {} to the device and {} back (all ranks)", step.id, label,
                    format_duration(std::chrono::duration<double>(Clock::now() - started).count()), pass.pass.rows,
                    format_bytes(static_cast<double>(bus[0])), format_bytes(static_cast<double>(bus[1])));

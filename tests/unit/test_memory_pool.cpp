@@ -50,10 +50,8 @@ void pools_reuse_and_respect_the_budget(Backend& be) {
   budget.reset_peak();
   EXPECT_GT(budget.idle(), 0u);
   EXPECT_EQ(budget.peak(), 0u);  // idle memory is not in the peak
-  // A pass that took none of it: release_unused frees it one pass later.
-  be.release_unused();
-  EXPECT_GT(budget.idle(), 0u);  // (given back during the pass that just ended: kept for the next)
-  be.release_unused();
+  // Kept until the step is over.
+  be.release_idle();
   EXPECT_EQ(budget.idle(), 0u);
   // Streams: a stream given back is lent again.
   Stream* s1 = nullptr;
