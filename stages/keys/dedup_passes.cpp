@@ -23,6 +23,10 @@ constexpr std::uint64_t kAlign = 256;
 constexpr std::uint64_t kSlots = 3;       // the engine's buffer sets per rank, each holding one batch
 constexpr double kMargin = 4;             // a batch plans at a quarter of the budget: samples only estimate
 constexpr std::uint32_t kMaxBuckets = 1u << 16;
+// A merge batch (one bucket's records and what it writes) about this much on average: the engine's slots
+// then overlap one bucket's read with another's sort and write, and pin a few hundred MB of host
+// memory, not the whole of it (2 buckets of 3 GB each took 3.9 s to pin on an H200).
+constexpr double kMergeBatchBytes = 256.0 * (1 << 20);
 
 std::uint64_t ceil_div(std::uint64_t a, std::uint64_t b) { return (a + b - 1) / b; }
 
@@ -409,14 +413,17 @@ void DedupRun::finished(const StepPass& pass) {
       return kernels::compare_keys(a.key, b.key, s.words) < 0;
     });
     // Buckets: each merge batch (its records, the merge's outputs and scratch) at a quarter of
-    // what one of the engine's slots may take, and at least one per rank.
+    // what one of the engine's slots may take, about kMergeBatchBytes, and at least one per rank.
     const RecordLayout L = s.record_layout();
     const std::uint64_t budget = device_budget(ctx_);
     const double merge_bytes_per_record = L.cols() * 8.0 + s.words * 8.0 + 16 + (L.origin ? 24 : 0) +
                                           (ctx_.backend->kind() == BackendKind::cuda ? 44.0 : 0.0);  // (the GPU sort's arrays and CUB's share)
+    const double merge_batch_bytes_per_record = L.cols() * 8.0 + s.words * 8.0 + 16 + (L.origin ? 24 : 0);  // (in and out)
     std::uint64_t buckets = s.buckets;
     if (buckets == 0) {
-      const double want = kMargin * kSlots * merge_bytes_per_record * static_cast<double>(records) / static_cast<double>(budget);
+      const double want = std::max(
+          kMargin * kSlots * merge_bytes_per_record * static_cast<double>(records) / static_cast<double>(budget),
+          merge_batch_bytes_per_record * static_cast<double>(records) / kMergeBatchBytes);
       buckets = std::max<std::uint64_t>(ranks(ctx_), static_cast<std::uint64_t>(std::ceil(want)));
     }
     buckets = std::clamp<std::uint64_t>(buckets, 1, std::min<std::uint64_t>(kMaxBuckets, std::max<std::uint64_t>(1, records)));
