@@ -139,6 +139,12 @@ class StepRun {
   virtual void finished(StepPass& pass) {}
   // Where the host work stands, after a unit of it (the progress line and the commit points).
   virtual HostProgress progress() const { return {}; }
+  // The lowest number of an earlier pass (StepContext::passes_done) whose output the run will
+  // still read, this unit or a later one, the output pass included; *passes_done when it needs
+  // none. The runner deletes the folders of the passes before it as soon as the state that says
+  // so is saved, so that a commit point does not make the disk write what resume would never
+  // read (keys.dedup's partition leaves gigabytes of buckets that only its merge reads).
+  virtual int first_live_pass() const { return 0; }
   // The output pass, once done(): `plan` is the step's, which the run completes where earlier
   // units decided its size (rows, outputs, summary, flops); the runner streams the returned pass
   // (its spec becomes plan.pass) and writes it to the step's output file.

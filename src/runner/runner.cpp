@@ -558,6 +558,14 @@ class WorkflowRun {
         unusable = e.what();
       }
     });
+    // A state whose passes' outputs are gone (an operating-system crash between a pass's end and
+    // the next commit point may keep an older state than the deletions it allowed).
+    if (unusable.empty() && o.input_error.empty() && comm_.root())
+      for (int k = std::max(0, run->first_live_pass()); k < committed.passes_done; ++k)
+        if (!fs::exists(stages::prior_pass_output(context, k))) {
+          unusable = fmt::format("the output of its pass {}, which it reads, is gone", k + 1);
+          break;
+        }
     fail_on(o, step);
     if (comm_.any(!unusable.empty())) {  // (every rank loads the same bytes, but be sure all agree)
       if (comm_.root())
@@ -583,11 +591,14 @@ class WorkflowRun {
     const fsutil::DeferredDurability deferred;
     engine::CheckpointPace pace(checkpoint_seconds_, Clock::now());
     // (collective: save() may gather what the ranks hold; the wall time is the ranks' longest)
+    // Once saved, the state needs no pass before run.first_live_pass(): those go at once.
+    int dropped = 0;  // (passes before it are gone)
     auto save = [&]() {
       const std::string state = run.save();
       const double wall = step_clock_.seconds(&comm_);
       if (comm_.root()) write_committed_run(step.id, key, passes_done, wall, state);
       comm_.barrier();
+      dropped = drop_passes(step, earlier, dropped, std::min(run.first_live_pass(), passes_done));
     };
     auto commit_point = [&]() {
       const auto t = Clock::now();
@@ -639,16 +650,39 @@ class WorkflowRun {
       run.finished(*pass);
       passes_done += 1;
       ran = true;
-      // Rank 0's clock decides a commit point, any rank's stop request too (both at once).
+      // Saved at once (a resumed run after a kill reads it; the passes it no longer needs go
+      // before a commit point would write them). Rank 0's clock decides a commit point, any
+      // rank's stop request too (both at once).
+      save();
       const auto flags = comm_.max({std::int64_t{signals::stop_requested() != 0}, std::int64_t{comm_.root() && pace.due()}});
       if (flags[0] || flags[1]) commit_point();
-      else save();  // (a resumed run after a kill reads it)
       // A pass of one batch never stops inside the engine: the boundary between passes is the
       // stage's safe point (its state is committed), agreed by every rank.
       if (flags[0]) stopped(step.id, "", passes_done, 0, json::object(), "passes");
     }
     if (host_reporter) host_reporter->finish();
     if (ran) commit_point();
+  }
+
+  // Deletes the folders of the step's passes [from, upto) that are still there, once no rank
+  // holds their files open; returns where the passes still kept begin. (Deleted files' pages
+  // are dropped, not written: a commit point after it syncs only what resume reads.) Collective.
+  int drop_passes(const spec::Step& step, EarlierPassOutputs& earlier, int from, int upto) {
+    if (upto <= from) return from;
+    for (auto it = earlier.datasets.begin(); it != earlier.datasets.end();)
+      it = stages::parse_earlier_pass_input(it->first)->pass < upto ? earlier.datasets.erase(it) : std::next(it);
+    for (auto it = earlier.exchanged.begin(); it != earlier.exchanged.end();)
+      it = stages::parse_earlier_pass_input(it->first)->pass < upto ? earlier.exchanged.erase(it) : std::next(it);
+    earlier.files.erase(earlier.files.begin(), earlier.files.lower_bound(upto));
+    comm_.barrier();
+    if (comm_.root())
+      for (int k = from; k < upto; ++k) {
+        std::error_code ec;
+        fs::remove_all(dir_.work(step.id) / engine::StepWork::pass_folder(k), ec);
+        if (ec) spdlog::warn("step '{}': could not delete the files of its pass {} ({}), which it no longer needs", step.id,
+                             k + 1, ec.message());
+      }
+    return upto;
   }
 
   // Streams pass number `passes_done` of the step (before its output pass) in its own folder.
@@ -767,7 +801,7 @@ class WorkflowRun {
 
     const OpenInputs in = open_inputs(p);
     CommittedRun committed = load_committed_run(step.id, key);
-    int passes_done = 0;
+    int passes_done = committed.passes_done;  // (0 again if start_run discards the state)
     step_clock_ = {committed.wall_seconds, started};
     const stages::StepContext context{step.params, in.by_slot, p.plan,     step.files,         backend_.get(),
                                       &comm_,      dir_.work(step.id), key, &passes_done};

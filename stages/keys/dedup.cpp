@@ -115,6 +115,7 @@ class DedupStage final : public Stage {
     bool done() const override { return dedup_.done(); }
     std::optional<StepPass> next() override { return dedup_.next(); }
     void finished(StepPass& pass) override { dedup_.finished(pass); }
+    int first_live_pass() const override { return dedup_.first_live_pass(*ctx_.passes_done); }
     std::string save() const override {
       Packer out;
       dedup_.save(out);

@@ -484,6 +484,22 @@ void DedupRun::finished(const StepPass& pass) {
   throw std::logic_error("DedupRun::finished: a pass it did not give: " + pass.name);
 }
 
+int DedupRun::first_live_pass(int none) const {
+  switch (phase_) {
+    case Phase::sample:
+    case Phase::partition: {
+      int first = none;
+      for (const std::optional<std::string>& input : {std::optional<std::string>(source_.keys), source_.values})
+        if (input)
+          if (const auto ref = parse_earlier_pass_input(*input)) first = std::min(first, ref->pass);
+      return first;
+    }
+    case Phase::merge: return partition_pass_;
+    case Phase::done: return source_.index ? partition_pass_ : merge_pass_;
+  }
+  return 0;
+}
+
 std::vector<std::uint64_t> DedupRun::merge_rows_per_rank(int ranks) const {
   std::vector<std::uint64_t> load(static_cast<std::size_t>(std::max(ranks, 1)), 0);
   std::size_t batch = 0;

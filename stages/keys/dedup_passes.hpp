@@ -97,6 +97,11 @@ class DedupRun {
   // pass, which must hold them all). Without the index, copy_unique must be set.
   StepPass finish_pass(bool copy_unique) const;
 
+  // The lowest of the owner's earlier passes its later passes and finish_pass still read (the
+  // source's pass while sampling and partitioning, then the partition's buckets, then the merge's
+  // output and, with the index, the partition's `local`); `none` when it reads none of them.
+  int first_live_pass(int none) const;
+
   void save(Packer& out) const;
   void load(Unpacker& in);
 

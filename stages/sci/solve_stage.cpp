@@ -447,6 +447,9 @@ class SolveRun final : public StepRun {
   }
 
   bool done() const override { return phase_ == Phase::done; }
+  // An iteration's passes read only that iteration's: the candidates, the sample sort's buckets,
+  // the merged candidates (the output pass reads none of them).
+  int first_live_pass() const override { return dedup_ ? dedup_->first_live_pass(*ctx_.passes_done) : *ctx_.passes_done; }
   std::optional<StepPass> next() override;
   void finished(StepPass& pass) override;
   // (after a Davidson product: the iterations done, the commits' points)

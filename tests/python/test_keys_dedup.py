@@ -8,6 +8,7 @@ rounds differently, so against it the check is to 1e-12 (relative to the sum of 
 exact check is against a numpy reimplementation of that order (tile_sums below), and every run
 of the same input must give the same bytes whatever the ranks, budget and stops."""
 import re
+import shutil
 
 import h5py
 import numpy as np
@@ -196,6 +197,42 @@ def test_stopped_and_resumed_on_any_rank_count(clean, tmp_path, resume_ranks):
     assert "passes done by an earlier run" in r.err, r
     got, _ = outputs(run_dir)
     same(got, want)
+
+
+def stopped_in_the_merge(tmp_path):
+    """keys.dedup stopped at the merge pass's first checkpoint (or just after the merge)."""
+    keys, values = make_input(tmp_path, 2)
+    spec = write_spec(tmp_path / "spec.yaml",
+                      spec_text(options=f"{{device_memory: {(keys.nbytes + values.nbytes) // 8 // 1024}KiB, max_batch_rows: 1024, "
+                                        "checkpoint_interval: 0}"))
+    run_dir = tmp_path / "run"
+    stop_once_checkpointed(spec, run_dir, run_dir / "steps" / "unique" / "pass-2" / "journal.json")
+    return run_dir, run_dir / "steps" / "unique"
+
+
+def test_passes_no_longer_read_are_deleted_at_once(clean, tmp_path):
+    """Stopped in (or just after) the merge: the sample pass's folder is gone (its result is in
+    the run's state), the merge's is there; the resumed run gives the clean run's bytes."""
+    run_dir, step = stopped_in_the_merge(tmp_path)
+    assert not (step / "pass-0").exists()
+    assert (step / "pass-2").exists()
+    r = run(["resume", run_dir, "--device", DEVICE])
+    assert r.code == 0, r
+    assert "passes done by an earlier run" in r.err, r
+    same(outputs(run_dir)[0], clean[2][2])
+
+
+def test_a_state_whose_pass_outputs_are_gone_starts_the_step_again(clean, tmp_path):
+    """The pass folders a committed state reads, deleted while the run was stopped (as an
+    operating-system crash between a pass and the next commit point could leave them): one
+    warning, the step's run starts again, the same bytes."""
+    run_dir, step = stopped_in_the_merge(tmp_path)
+    for d in step.glob("pass-*"):
+        shutil.rmtree(d)
+    r = run(["resume", run_dir, "--device", DEVICE])
+    assert r.code == 0, r
+    assert "which it reads, is gone" in r.err and "the step starts again" in r.err, r.err
+    same(outputs(run_dir)[0], clean[2][2])
 
 
 @pytest.mark.parametrize("make, message", [
