@@ -12,6 +12,7 @@
 #include "core/fsutil.hpp"
 #include "core/hash.hpp"
 #include "comm/communicator.hpp"
+#include "core/parallel.hpp"
 #include "io/compressed_chunks.hpp"
 #include "io/row_io.hpp"
 #include "kernels/checksum.hpp"
@@ -376,17 +377,27 @@ class ExchangedSink final : public OutputSink {
                           comm::HostSpan<std::uint8_t>(recv_.data(), recv_.size()), recv_counts);
     }
 
-    // Each of my buckets takes its rows in batch order (the senders' order).
+    // Each of my buckets takes its rows in batch order (the senders' order). Where each batch's
+    // rows of each bucket are, first; then the buckets' files take them on the host's threads
+    // (one thread appended 5.8 GB of a sample sort's records at 3 GB/s, most of its pass).
     const comm::Counts from = comm::displacements(recv_counts);
     std::vector<std::uint64_t> offset(from.begin(), from.end());
-    for (std::size_t b = me; b < B; b += P)
+    std::vector<std::size_t> mine;
+    std::vector<const std::uint8_t*> rows_of;  // [my bucket][batch]
+    for (std::size_t b = me; b < B; b += P) {
+      mine.push_back(b);
       for (std::size_t i = 0; i < n; ++i) {
-        const std::uint64_t bytes = counts[i * B + b] * row_bytes;
-        if (!bytes) continue;
-        const std::uint8_t* rows = static_cast<int>(i) == round.mine ? my_rows + first[b] * row_bytes : recv_.data() + offset[i];
-        files_[b]->append(reinterpret_cast<const std::byte*>(rows), bytes);
-        if (static_cast<int>(i) != round.mine) offset[i] += bytes;
+        const bool own = static_cast<int>(i) == round.mine;
+        rows_of.push_back(own ? my_rows + first[b] * row_bytes : recv_.data() + offset[i]);
+        if (!own) offset[i] += counts[i * B + b] * row_bytes;
       }
+    }
+    parallel_for(static_cast<std::int64_t>(mine.size()), [&](std::int64_t k) {
+      const std::size_t b = mine[static_cast<std::size_t>(k)];
+      for (std::size_t i = 0; i < n; ++i)
+        if (const std::uint64_t bytes = counts[i * B + b] * row_bytes)
+          files_[b]->append(reinterpret_cast<const std::byte*>(rows_of[static_cast<std::size_t>(k) * n + i]), bytes);
+    });
     for (std::size_t i = 0; i < n; ++i) {
       std::uint64_t total = 0;
       for (std::size_t b = 0; b < B; ++b) {
