@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <fstream>
 #include <sstream>
+#include <vector>
 
 #include "core/error.hpp"
 
@@ -56,7 +57,36 @@ DurableNow::DurableNow() : deferred_(deferred_depth.exchange(0)) {}
 DurableNow::~DurableNow() { deferred_depth += deferred_; }
 bool durability_deferred() { return deferred_depth.load() > 0; }
 
-void sync_file_system(const fs::path& path) { call_on_fd_of(path, O_RDONLY, ::syncfs, "syncfs"); }
+void sync_tree(const fs::path& root) {
+  std::error_code ec;
+  if (!fs::exists(root, ec)) return;
+  auto sync = [](const fs::path& path, int flags) {
+    const int fd = ::open(path.c_str(), flags | O_CLOEXEC);
+    if (fd < 0) {
+      if (errno == ENOENT) return;  // (gone while we walked)
+      fail("cannot open for fsync", path);
+    }
+    if (::fsync(fd) != 0) {
+      const int saved = errno;
+      ::close(fd);
+      errno = saved;
+      fail("fsync failed for", path);
+    }
+    ::close(fd);
+  };
+  // Files first, then their directories (their entries name the files), the root last.
+  std::vector<fs::path> dirs;
+  for (auto it = fs::recursive_directory_iterator(root, fs::directory_options::skip_permission_denied, ec);
+       !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    std::error_code type_ec;
+    const auto status = it->symlink_status(type_ec);
+    if (type_ec) continue;
+    if (fs::is_directory(status)) dirs.push_back(it->path());
+    else if (fs::is_regular_file(status)) sync(it->path(), O_RDONLY);
+  }
+  for (auto d = dirs.rbegin(); d != dirs.rend(); ++d) sync(*d, O_RDONLY | O_DIRECTORY);
+  sync(root, O_RDONLY | O_DIRECTORY);
+}
 
 fs::path temp_path(const fs::path& path) { return fs::path(path.string() + ".tmp"); }
 

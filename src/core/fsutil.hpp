@@ -24,9 +24,9 @@ void write_file_atomic(const fs::path& path, std::string_view content);
 // Durability at commits, not per pass. While a DeferredDurability is alive, the functions above
 // write, rename and replace as always but do not wait for the disk (no fsync): a killed process
 // loses nothing by it (its writes are in the kernel's page cache, which the resumed run reads),
-// only an operating-system crash can. A commit point then calls sync_file_system (every write so
-// far durable) and writes the state that names those files under a DurableNow, which waits for
-// the disk again. (Process-wide: the runner and the engine do their file work on one thread.)
+// only an operating-system crash can. A commit point then calls sync_tree on the step's work
+// directory (every write there durable) and writes the state that names those files under a
+// DurableNow, which waits for the disk again. (Process-wide: the runner and the engine do their file work on one thread.)
 class DeferredDurability {
  public:
   DeferredDurability();
@@ -45,8 +45,11 @@ class DurableNow {
   int deferred_;
 };
 bool durability_deferred();
-// Makes every write so far to the file system holding `path` durable (syncfs). Throws RuntimeFailure.
-void sync_file_system(const fs::path& path);
+// Makes every file and directory below `root` (and `root`) durable, whatever wrote them: what a
+// commit point needs of a step's work directory. Unlike syncfs, it does not wait for the other
+// writes on that file system (an input file just written, another job's output). An entry that
+// goes while it walks is skipped. Throws RuntimeFailure.
+void sync_tree(const fs::path& root);
 
 // Reads a whole file; throws InputError naming it if it cannot be read.
 std::string read_file(const fs::path& path);

@@ -602,7 +602,7 @@ class WorkflowRun {
     };
     auto commit_point = [&]() {
       const auto t = Clock::now();
-      fsutil::sync_file_system(dir_.root);
+      fsutil::sync_tree(dir_.work(step.id));
       comm_.barrier();  // (every rank's files, e.g. exchanged buckets, before the state naming them)
       const fsutil::DurableNow durable;
       save();
@@ -682,6 +682,7 @@ class WorkflowRun {
         if (ec) spdlog::warn("step '{}': could not delete the files of its pass {} ({}), which it no longer needs", step.id,
                              k + 1, ec.message());
       }
+    comm_.barrier();  // (gone before any rank walks the work directory again)
     return upto;
   }
 
