@@ -160,6 +160,86 @@ Space decode(const std::string& bytes, const fs::path& file) {
   return s;
 }
 
+// A restart's inputs, as far as their layouts say (an earlier step's output has no shape until
+// it ran: then only the dtypes, and the shapes once the step starts).
+void check_restart_inputs(const Layout* space, const Layout* guess) {
+  if (guess && !space)
+    throw InputError("input 'guess' is given without input 'space'; expected both (an earlier run's `dets` and "
+                     "`coefficients`) or only 'space'");
+  if (!space) return;
+  const bool known = !space->shape.empty();
+  if (space->dtype != DType::uint64 || (known && (space->shape.size() != 2 || space->shape[1] != 2 || space->shape[0] == 0)))
+    throw InputError(fmt::format("input 'space' is {} of shape {}; expected uint64 (n, 2) with n >= 1, an earlier "
+                                 "sci.solve's `dets` (alpha and beta occupations as bit strings)",
+                                 h5::dtype_name(space->dtype), shape_text(space->shape)));
+  if (guess && (guess->dtype != DType::float64 ||
+                (known && !guess->shape.empty() && (guess->shape.size() != 1 || guess->shape[0] != space->shape[0]))))
+    throw InputError(fmt::format("input 'guess' is {} of shape {}; expected float64 ({},), a coefficient per row of input "
+                                 "'space'", h5::dtype_name(guess->dtype), shape_text(guess->shape),
+                                 known ? std::to_string(space->shape[0]) : "n"));
+}
+
+// The first iteration's space: the reference determinant alone, or, for a restart, the
+// determinants of input `space` (an earlier run's `dets`, with the reference if it lacks it) and
+// Davidson's start from input `guess` (its `coefficients`; else the reference). Every
+// determinant must be one of the state looked for: its electrons of each spin, its irrep, its
+// orbitals within NORB. Throws InputError naming the first row that is not.
+Space initial_space(const StepContext& ctx, const Problem& p) {
+  const auto space_input = ctx.inputs.find("space");
+  if (space_input == ctx.inputs.end()) return Space{{p.target.reference}, {1.0}, {0}};
+  const auto guess_input = ctx.inputs.find("guess");
+  const auto layout = [](const h5::Dataset* d) {
+    return Layout{d->dtype().value_or(DType::uint8), d->shape(), {}};
+  };
+  const Layout space_layout = layout(space_input->second);
+  const std::optional<Layout> guess_layout =
+      guess_input != ctx.inputs.end() ? std::optional<Layout>(layout(guess_input->second)) : std::nullopt;
+  check_restart_inputs(&space_layout, guess_layout ? &*guess_layout : nullptr);
+  const std::uint64_t n = space_layout.shape.at(0);
+  std::vector<Det> dets(n);
+  space_input->second->read_all(dets.data());
+  std::vector<double> guess(n, 0.0);
+  if (guess_input != ctx.inputs.end()) guess_input->second->read_all(guess.data());
+  const int norb = p.ints.norb;
+  const std::uint64_t outside = norb >= 64 ? 0 : ~std::uint64_t{0} << norb;
+  for (std::uint64_t r = 0; r < n; ++r) {
+    const Det& d = dets[r];
+    const auto where = [&](const std::string& what) {
+      return InputError(fmt::format("input 'space' row {} ({}) {}; expected determinants of the state looked for ({} alpha and "
+                                    "{} beta electrons in NORB={} orbitals, irrep {}): an earlier sci.solve's `dets` of "
+                                    "the same FCIDUMP and state", r, sci::describe(d, norb), what, p.na, p.nb, norb,
+                                    p.target.irrep));
+    };
+    if ((d.alpha | d.beta) & outside) throw where(fmt::format("occupies an orbital beyond NORB={}", norb));
+    if (std::popcount(d.alpha) != p.na || std::popcount(d.beta) != p.nb)
+      throw where(fmt::format("has {} alpha and {} beta electrons", std::popcount(d.alpha), std::popcount(d.beta)));
+    if (p.symmetry.known() && p.symmetry.irrep(d) != p.target.irrep)
+      throw where(fmt::format("is of irrep {}", p.symmetry.irrep(d)));
+  }
+  // Sorted and unique (a repeated determinant keeps its first coefficient), with the reference.
+  std::vector<std::uint64_t> order(n);
+  std::iota(order.begin(), order.end(), std::uint64_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](std::uint64_t a, std::uint64_t b) { return dets[a] < dets[b]; });
+  Space s;
+  for (const std::uint64_t r : order) {
+    if (!s.dets.empty() && s.dets.back() == dets[r]) continue;
+    s.dets.push_back(dets[r]);
+    s.guess.push_back(guess[r]);
+  }
+  const auto at = std::lower_bound(s.dets.begin(), s.dets.end(), p.target.reference);
+  const auto k = at - s.dets.begin();
+  if (at == s.dets.end() || !(*at == p.target.reference)) {
+    s.dets.insert(at, p.target.reference);
+    s.guess.insert(s.guess.begin() + k, 0.0);
+  }
+  if (guess_input == ctx.inputs.end()) s.guess[static_cast<std::size_t>(k)] = 1.0;
+  if (std::none_of(s.guess.begin(), s.guess.end(), [](double c) { return c != 0; }))
+    throw InputError("input 'guess' is zero on every determinant of input 'space'; expected the coefficients of an earlier "
+                     "sci.solve's state (its `coefficients`)");
+  s.joined.assign(s.dets.size(), 0);
+  return s;
+}
+
 // What a run keeps in memory besides its saved state (rebuilt from it by load()): the problem,
 // the current space, and the device data the iteration's Davidson products share (made by its
 // first product, gone when Davidson is done: the vector multiplied, and this rank's rows of the
@@ -443,7 +523,7 @@ class SolveRun final : public StepRun {
     m_.problem = std::make_unique<Problem>(ctx.files.at("/fcidump"), params_);
     if (ctx.comm->root()) log_target(*m_.problem);
     m_.amplitude_model = sci::make_amplitude_model(params_.amplitude_model);
-    begin_iteration(Space{{m_.problem->target.reference}, {1.0}, {0}});
+    begin_iteration(initial_space(ctx, *m_.problem));
   }
 
   bool done() const override { return phase_ == Phase::done; }
@@ -875,14 +955,19 @@ class SolveStage final : public Stage {
     static const StageInfo info{
         "sci.solve", 1,
         "heat-bath selected CI from an FCIDUMP: Davidson energies, EN-PT2, iterated to convergence, every phase streamed",
-        {},
+        {{"space", "optional uint64 (n, 2): the determinants to start from (an earlier run's `dets`: a restart, e.g. at a "
+                   "tighter eps_var)", true},
+         {"guess", "optional float64 (n,): Davidson's start on input `space` (that run's `coefficients`)", true}},
         "- id: sci\n  stage: sci.solve\n  params: {fcidump: N2_sto6g_FCIDUMP, eps_var: 1.0e-3, eps_pt2: 1.0e-5}\n"};
     return info;
   }
   std::vector<std::string> file_parameters() const override { return {"/fcidump"}; }
 
-  StagePlan plan(const json& params, const std::map<std::string, DatasetInfo>&) const override {
+  StagePlan plan(const json& params, const std::map<std::string, DatasetInfo>& in) const override {
     const SolveParams p = SolveParams::from_json(params);
+    const auto space = in.find("space"), guess = in.find("guess");
+    check_restart_inputs(space != in.end() ? &space->second.layout : nullptr,
+                         guess != in.end() ? &guess->second.layout : nullptr);
     if (!(p.eps_var > 0)) throw InputError("parameter 'eps_var' must be > 0");
     sci::make_amplitude_model(p.amplitude_model);  // (an unknown model is refused before any work)
     if (p.eps_pt2 < 0) throw InputError("parameter 'eps_pt2' must be >= 0");
@@ -890,7 +975,9 @@ class SolveStage final : public Stage {
     plan.pass.rows = 0;  // the run's output(): the final space
     plan.pass.tile_rows = 1 << 14;
     plan.primary_output = "energy";
-    plan.results = {{"energy", DatasetInfo{Layout{DType::float64, {}, {}}}}};
+    plan.results = {{"energy", DatasetInfo{Layout{DType::float64, {}, {}}}},
+                    {"dets", DatasetInfo{Layout{DType::uint64, {}, {}}}},  // (shapes known once it ran)
+                    {"coefficients", DatasetInfo{Layout{DType::float64, {}, {}}}}};
     plan.summary = {{"eps_var", p.eps_var}, {"eps_pt2", p.eps_pt2}, {"max_new_dets", p.max_new_dets}};
     return plan;
   }

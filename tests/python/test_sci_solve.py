@@ -358,6 +358,86 @@ def test_a_missing_fcidump_and_bad_parameters_exit_2(tmp):
     assert r.code == 2 and "amplitude_model" in r.err and "first_order" in r.err, r
 
 
+# ---------------------------------------------------------------- restarts from an earlier space
+
+N2_LOOSE = "eps_var: 5.0e-3, eps_pt2: 5.0e-3, max_new_dets: 300, max_iterations: 3"
+N2_TIGHT = "eps_var: 5.0e-4, eps_pt2: 1.0e-6, max_new_dets: 600, max_iterations: 8"
+
+
+def restart_spec(tmp, inputs, loose=N2_LOOSE, tight=N2_TIGHT):
+    shutil.copy(DATA / "N2_sto6g_FCIDUMP", tmp / "N2_sto6g_FCIDUMP")
+    return write_spec(tmp / "spec.yaml", f"""
+        name: restart
+        steps:
+          - id: loose
+            stage: sci.solve
+            params: {{fcidump: N2_sto6g_FCIDUMP, {loose}}}
+          - id: sci
+            stage: sci.solve
+            inputs: {{{inputs}}}
+            params: {{fcidump: N2_sto6g_FCIDUMP, {tight}}}
+        """)
+
+
+@pytest.mark.parametrize("inputs", ["space: 'loose:dets', guess: 'loose:coefficients'", "space: 'loose:dets'"])
+def test_a_restart_goes_on_from_an_earlier_space(tmp, inputs):
+    """A tighter run started from an earlier run's determinants (and, optionally, coefficients):
+    its first Davidson gives the earlier E_var again (the same space), its space only grows, and
+    it reaches FCI within 0.1 mHa (E_var + E_PT2) with E_var below the earlier one."""
+    spec = restart_spec(tmp, inputs)
+    r = run(["run", spec, "--run-dir", tmp / "run", "--device", DEVICE])
+    assert r.code == 0, r
+    with h5py.File(tmp / "run" / "outputs" / "loose.h5") as f:
+        loose_energy, loose_dets = f["energy"][()], f["dets"][()]
+    got = result(tmp / "run")
+    assert got["iterations"]["dets"][0] == len(loose_dets)
+    assert abs(got["iterations"]["e_var"][0] - loose_energy) < 1e-8, (got["iterations"]["e_var"][0], loose_energy)
+    as_set = lambda d: set(map(tuple, d.tolist()))
+    assert as_set(loose_dets) <= as_set(got["dets"])
+    assert got["energy"] < loose_energy - 1e-4
+    assert abs(got["e_total"] - FCI["N2_sto6g_FCIDUMP"]) < 1e-4, got["e_total"]
+
+
+def bad_space(tmp, dets, guess=None):
+    with h5py.File(tmp / "space.h5", "w") as f:
+        f["dets"] = dets
+        if guess is not None:
+            f["guess"] = guess
+    return tmp / "space.h5"
+
+
+@pytest.mark.parametrize("case, fragments", [
+    ("electrons", ["input 'space' row 1", "has 3 alpha and 7 beta electrons", "7 alpha and 7 beta"]),
+    ("orbital", ["input 'space' row 0", "beyond NORB=10"]),
+    ("dtype", ["input 'space' is float64 of shape [2, 2]", "expected uint64 (n, 2)"]),
+    ("guess length", ["input 'guess' is float64 of shape [3]", "expected float64 (2,)"]),
+    ("guess alone", ["input 'guess' is given without input 'space'"]),
+])
+def test_a_bad_restart_space_exits_2_with_one_line(tmp, case, fragments):
+    ref = (1 << 7) - 1  # 7 electrons in the lowest orbitals: N2/STO-6G's reference for each spin
+    dets = np.array([[ref, ref], [0b111, ref]], np.uint64)
+    guess = None
+    if case == "orbital":
+        dets = np.array([[ref | (1 << 12), ref]], np.uint64)
+    elif case == "dtype":
+        dets = dets.astype(np.float64)
+    elif case in ("guess length", "guess alone"):
+        dets, guess = dets[:1].repeat(2, axis=0), np.ones(3)
+    path = bad_space(tmp, dets, guess)
+    inputs = {"guess alone": f"guess: {{file: {path}, dataset: guess}}"}.get(
+        case, f"space: {{file: {path}, dataset: dets}}" + (f", guess: {{file: {path}, dataset: guess}}" if guess is not None else ""))
+    shutil.copy(DATA / "N2_sto6g_FCIDUMP", tmp / "N2_sto6g_FCIDUMP")
+    spec = write_spec(tmp / "spec.yaml", f"""
+        name: restart
+        steps:
+          - id: sci
+            stage: sci.solve
+            inputs: {{{inputs}}}
+            params: {{fcidump: N2_sto6g_FCIDUMP, {N2_TIGHT}}}
+        """)
+    one_line_error(run(["run", spec, "--run-dir", tmp / "run", "--device", DEVICE]), *fragments)
+
+
 def test_the_first_order_model_named_gives_the_default_bits(tmp):
     """amplitude_model: first_order is the default: naming it changes nothing in the output."""
     a = result(solve(tmp / "a", DATA / "N2_sto6g_FCIDUMP", N2_FAST))
