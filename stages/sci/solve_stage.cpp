@@ -847,7 +847,7 @@ void SolveRun::load(std::string_view state) {
     const fs::path f = space_file(ctx_, iteration_);
     begin_iteration(decode(fsutil::read_file(f), f));
   } else {
-    begin_iteration(Space{{m_.problem->target.reference}, {1.0}, {0}});
+    begin_iteration(initial_space(ctx_, *m_.problem));
   }
   m_.davidson->load(in);
   e_var_ = in.get<double>(), generated_pass_ = in.get<int>(), generated_rows_ = in.get<std::uint64_t>();

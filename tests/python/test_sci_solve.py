@@ -364,10 +364,12 @@ N2_LOOSE = "eps_var: 5.0e-3, eps_pt2: 5.0e-3, max_new_dets: 300, max_iterations:
 N2_TIGHT = "eps_var: 5.0e-4, eps_pt2: 1.0e-6, max_new_dets: 600, max_iterations: 8"
 
 
-def restart_spec(tmp, inputs, loose=N2_LOOSE, tight=N2_TIGHT):
+def restart_spec(tmp, inputs, loose=N2_LOOSE, tight=N2_TIGHT, options="{}"):
+    tmp.mkdir(parents=True, exist_ok=True)
     shutil.copy(DATA / "N2_sto6g_FCIDUMP", tmp / "N2_sto6g_FCIDUMP")
     return write_spec(tmp / "spec.yaml", f"""
         name: restart
+        options: {options}
         steps:
           - id: loose
             stage: sci.solve
@@ -396,6 +398,22 @@ def test_a_restart_goes_on_from_an_earlier_space(tmp, inputs):
     assert as_set(loose_dets) <= as_set(got["dets"])
     assert got["energy"] < loose_energy - 1e-4
     assert abs(got["e_total"] - FCI["N2_sto6g_FCIDUMP"]) < 1e-4, got["e_total"]
+
+
+def test_a_restart_stopped_in_its_first_iteration_resumes_from_its_input_space(tmp):
+    """Stopped while Davidson runs on the input space (a commit after every product), then
+    resumed: the resumed run rebuilds that space from the input, and ends with the clean bits."""
+    inputs = "space: 'loose:dets', guess: 'loose:coefficients'"
+    clean = tmp / "clean"
+    r = run(["run", restart_spec(clean, inputs), "--run-dir", clean / "run", "--device", DEVICE])
+    assert r.code == 0, r
+    spec = restart_spec(tmp / "stopped", inputs, options="{checkpoint_interval: 0}")
+    run_dir = tmp / "stopped" / "run"
+    stop_once_checkpointed(spec, run_dir, run_dir / "steps" / "sci" / "run-state.bin")
+    assert manifest(run_dir)["steps"]["sci"]["state"] == "stopped"
+    r = run(["resume", run_dir, "--device", DEVICE])
+    assert r.code == 0, r
+    assert digests(run_dir) == digests(clean / "run")
 
 
 def bad_space(tmp, dets, guess=None):
