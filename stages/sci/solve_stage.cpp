@@ -60,6 +60,9 @@ using kernels::sci::Det;
 using nlohmann::json;
 
 struct SolveParams {
+  // eps_var: one threshold, or a schedule of decreasing ones (each iterated to convergence, with
+  // its PT2, from the space the one before left); eps_var is the last.
+  std::vector<double> eps_schedule{1e-4};
   double eps_var = 1e-4, eps_pt2 = 1e-6;
   std::uint64_t max_new_dets = 100000, max_dets = 10000000;
   int max_iterations = 20;
@@ -73,7 +76,10 @@ struct SolveParams {
   static SolveParams from_json(const json& p) {
     SolveParams s;
     s.amplitude_model = p.value("amplitude_model", s.amplitude_model);
-    s.eps_var = p.value("eps_var", s.eps_var);
+    if (p.contains("eps_var"))
+      s.eps_schedule = p.at("eps_var").is_array() ? p.at("eps_var").get<std::vector<double>>()
+                                                  : std::vector<double>{p.at("eps_var").get<double>()};
+    s.eps_var = s.eps_schedule.empty() ? 0.0 : s.eps_schedule.back();
     s.eps_pt2 = p.value("eps_pt2", s.eps_pt2);
     s.max_new_dets = p.value("max_new_dets", s.max_new_dets);
     s.max_dets = p.value("max_dets", s.max_dets);
@@ -474,6 +480,39 @@ std::uint64_t row_chunk(std::uint64_t n, std::uint64_t most) { return std::min<s
 
 // What an iteration found (the history written under iterations/). Absent values stay NaN (or 0
 // for counts), as the datasets say.
+// A point of the eps_var schedule, once iterated to convergence (and its PT2, if any).
+struct SchedulePoint {
+  double eps_var = 0, e_var = 0, e_pt2 = std::nan("");  // (NaN: no PT2 at this point)
+  std::uint64_t dets = 0;
+  std::int32_t iteration = 0;  // its last
+  void put(Packer& out) const { out.put(eps_var), out.put(e_var), out.put(e_pt2), out.put(dets), out.put(iteration); }
+  void get(Unpacker& in) {
+    eps_var = in.get<double>(), e_var = in.get<double>(), e_pt2 = in.get<double>();
+    dets = in.get<std::uint64_t>(), iteration = in.get<std::int32_t>();
+  }
+};
+
+// E_var against E_PT2 over the schedule's points that have a PT2, fitted to a line (least squares):
+// its value at E_PT2 = 0 is the extrapolated energy, as SHCI codes report it. nullopt below 2 points.
+struct Extrapolation {
+  double energy = 0, slope = 0;
+  std::size_t points = 0;
+};
+std::optional<Extrapolation> extrapolate(const std::vector<SchedulePoint>& points) {
+  std::vector<std::pair<double, double>> xy;
+  for (const SchedulePoint& p : points)
+    if (std::isfinite(p.e_pt2)) xy.push_back({p.e_pt2, p.e_var});
+  if (xy.size() < 2) return std::nullopt;
+  double mx = 0, my = 0;
+  for (const auto& [x, y] : xy) mx += x, my += y;
+  mx /= static_cast<double>(xy.size()), my /= static_cast<double>(xy.size());
+  double sxx = 0, sxy = 0;
+  for (const auto& [x, y] : xy) sxx += (x - mx) * (x - mx), sxy += (x - mx) * (y - my);
+  if (!(sxx > 0)) return std::nullopt;  // (every point the same E_PT2: no line)
+  const double slope = sxy / sxx;
+  return Extrapolation{my - slope * mx, slope, xy.size()};
+}
+
 struct Iteration {
   std::uint64_t dets = 0, generated = 0, unique = 0, selected = 0, davidson_products = 0, pt2_generated = 0, pt2_unique = 0;
   double e_var = std::nan(""), e_pt2 = std::nan("");
@@ -558,6 +597,8 @@ class SolveRun final : public StepRun {
     return history_[static_cast<std::size_t>(iteration_)];
   }
   double final_e_pt2() const { return final_pt2_ ? *final_pt2_ : history_.back().e_pt2; }
+  double eps_var() const { return params_.eps_schedule[static_cast<std::size_t>(point_)]; }
+  void end_point();
   // Iteration iteration_'s space, a fresh Davidson from its guess.
   void begin_iteration(Space space) {
     m_.space = std::move(space);
@@ -596,6 +637,8 @@ class SolveRun final : public StepRun {
   std::optional<double> final_pt2_;
   std::string stop_reason_;
   bool converged_ = false;
+  int point_ = 0, point_first_iteration_ = 0;  // where the eps_var schedule is, and its first iteration
+  std::vector<SchedulePoint> points_;           // the schedule's points done
   // (not saved)
   std::optional<comm::Communicator> ranks_;  // (the products' rows, gathered on every rank)
   std::unique_ptr<Stream> stream_;           // (the products')
@@ -612,7 +655,7 @@ std::optional<StepPass> SolveRun::next() {
     return std::nullopt;
   }
   if (phase_ == Phase::generate || phase_ == Phase::pt2_generate) {
-    const double eps = phase_ == Phase::generate ? params_.eps_var : params_.eps_pt2;
+    const double eps = phase_ == Phase::generate ? eps_var() : params_.eps_pt2;
     StepPass p;
     p.name = fmt::format("generate {}", iteration_);
     p.pass.rows = n;
@@ -666,7 +709,7 @@ void SolveRun::finished(StepPass& pass) {
     if (generated_rows_ == 0) {  // nothing to de-duplicate: no candidate passed the screening
       if (pt2) {
         final_pt2_ = 0.0;
-        phase_ = Phase::done;
+        end_point();
       } else {
         finish_iteration(0.0, {});
       }
@@ -689,7 +732,7 @@ void SolveRun::finished(StepPass& pass) {
   const auto& r = static_cast<const ScoreReduction&>(*pass.reduction);
   if (pt2) {
     final_pt2_ = r.pt2();
-    phase_ = Phase::done;
+    end_point();
     return;
   }
   finish_iteration(r.pt2(), r.top());
@@ -782,16 +825,19 @@ void SolveRun::finish_iteration(double pt2, const std::vector<Scored>& top) {
   const int k = iteration_;
   std::string reason;
   const double e = now.e_var;
-  if (k > 0 && std::fabs(e - history_[static_cast<std::size_t>(k - 1)].e_var) < params_.energy_tolerance) reason = "energy converged";
+  // (within the schedule's point: its first iteration is the space the one before converged to)
+  if (k > point_first_iteration_ && std::fabs(e - history_[static_cast<std::size_t>(k - 1)].e_var) < params_.energy_tolerance)
+    reason = "energy converged";
   else if (top.empty()) reason = "no new determinant";
   else if (m_.space.dets.size() >= params_.max_dets) reason = "max_dets reached";
-  else if (k + 1 >= params_.max_iterations) reason = "max_iterations reached";
+  else if (k + 1 - point_first_iteration_ >= params_.max_iterations) reason = "max_iterations reached";
   if (!reason.empty()) {
     stop_reason_ = reason;
     converged_ = reason == "energy converged" || reason == "no new determinant";
-    phase_ = params_.eps_pt2 < params_.eps_var ? Phase::pt2_generate : Phase::done;
     dedup_.reset();
-    if (ctx_.comm->root()) spdlog::info("sci.solve: {} after iteration {}", reason, k);
+    if (ctx_.comm->root()) spdlog::info("sci.solve: {} after iteration {} (eps_var {:g})", reason, k, eps_var());
+    if (params_.eps_pt2 < eps_var()) phase_ = Phase::pt2_generate;
+    else end_point();
     return;
   }
   // S_{k+1}: S_k (its coefficients as the start) and the selected (their first-order amplitudes).
@@ -821,6 +867,33 @@ void SolveRun::finish_iteration(double pt2, const std::vector<Scored>& top) {
   begin_iteration(std::move(next));
 }
 
+// A point of the schedule is done: recorded, then the next one starts from this space (its
+// coefficients as Davidson's start), or the run's work is done.
+void SolveRun::end_point() {
+  const Iteration& last = history_.back();
+  points_.push_back({eps_var(), last.e_var, final_pt2_ ? *final_pt2_ : std::nan(""), m_.space.dets.size(), iteration_});
+  if (ctx_.comm->root() && params_.eps_schedule.size() > 1)
+    spdlog::info("sci.solve: eps_var {:g} done: {} determinants, E_var {:.10f}{}", eps_var(), last.dets, last.e_var,
+                 final_pt2_ ? fmt::format(", E_PT2 {:.10f}, total {:.10f}", *final_pt2_, last.e_var + *final_pt2_) : "");
+  if (static_cast<std::size_t>(point_ + 1) >= params_.eps_schedule.size()) {
+    phase_ = Phase::done;
+    return;
+  }
+  Space next{m_.space.dets, m_.davidson->eigenvector(), m_.space.joined};
+  const int k = iteration_;
+  if (ctx_.comm->root()) fsutil::write_file_atomic(space_file(ctx_, k + 1), encode(next));
+  ctx_.comm->barrier();
+  point_ += 1;
+  point_first_iteration_ = k + 1;
+  final_pt2_.reset();
+  stop_reason_.clear();
+  converged_ = false;
+  iteration_ = k + 1;
+  phase_ = Phase::davidson;
+  dedup_.reset();
+  begin_iteration(std::move(next));
+}
+
 std::string SolveRun::save() const {
   Packer out;
   out.put(phase_), out.put(iteration_);
@@ -833,6 +906,9 @@ std::string SolveRun::save() const {
   out.put<std::uint8_t>(final_pt2_.has_value()), out.put(final_pt2_.value_or(0.0));
   out.put_string(stop_reason_);
   out.put<std::uint8_t>(converged_);
+  out.put(point_), out.put(point_first_iteration_);
+  out.put<std::uint64_t>(points_.size());
+  for (const SchedulePoint& p : points_) p.put(out);
   return out.take();
 }
 
@@ -863,16 +939,28 @@ void SolveRun::load(std::string_view state) {
   final_pt2_ = has_pt2 ? std::optional(pt2) : std::nullopt;
   stop_reason_ = in.get_string();
   converged_ = in.get<std::uint8_t>() != 0;
+  point_ = in.get<int>(), point_first_iteration_ = in.get<int>();
+  if (point_ < 0 || static_cast<std::size_t>(point_) >= params_.eps_schedule.size())
+    throw std::runtime_error("a saved state of another eps_var schedule");
+  points_.resize(in.get<std::uint64_t>());
+  for (SchedulePoint& p : points_) p.get(in);
   in.finish();
+}
+
+// Dataset `group/key`: `field` of each of `rows` (an iteration, a schedule point), in order.
+template <typename Row, typename Field>
+void write_column(h5::File& out, const char* group, const std::vector<Row>& rows, const char* key, h5::DType type,
+                  Field Row::*field, const char* doc) {
+  std::vector<Field> v;
+  for (const Row& r : rows) v.push_back(r.*field);
+  detail::write_array(out, fmt::format("{}/{}", group, key).c_str(), type, {v.size()}, v.data(), doc);
 }
 
 void SolveRun::write(const StagePlan&, const StepPass&, h5::File& out) const {
   const std::vector<Iteration>& hist = history_;
   // One value per iteration from the history.
   auto column = [&](const char* key, h5::DType type, auto field, const char* doc) {
-    std::vector<std::decay_t<decltype(hist.front().*field)>> v;
-    for (const Iteration& h : hist) v.push_back(h.*field);
-    detail::write_array(out, fmt::format("iterations/{}", key).c_str(), type, {v.size()}, v.data(), doc);
+    write_column(out, "iterations", hist, key, type, field, doc);
   };
   column("dets", h5::DType::uint64, &Iteration::dets, "determinants in the variational space of each iteration");
   column("e_var", h5::DType::float64, &Iteration::e_var, "variational energy (Ha) of each iteration's space");
@@ -881,6 +969,23 @@ void SolveRun::write(const StagePlan&, const StepPass&, h5::File& out) const {
   column("unique", h5::DType::uint64, &Iteration::unique, "unique candidates after de-duplication");
   column("selected", h5::DType::uint64, &Iteration::selected, "candidates added to the space");
   column("davidson_products", h5::DType::uint64, &Iteration::davidson_products, "H x products Davidson took");
+  // The eps_var schedule's points and the extrapolation over them (a schedule of two or more).
+  if (params_.eps_schedule.size() > 1) {
+    auto point_column = [&](const char* key, h5::DType type, auto field, const char* doc) {
+      write_column(out, "schedule", points_, key, type, field, doc);
+    };
+    point_column("eps_var", h5::DType::float64, &SchedulePoint::eps_var, "the schedule's thresholds, in the order run");
+    point_column("e_var", h5::DType::float64, &SchedulePoint::e_var, "E_var (Ha) converged at each threshold");
+    point_column("e_pt2", h5::DType::float64, &SchedulePoint::e_pt2,
+                 "E_PT2 (Ha) at eps_pt2 from each threshold's space (NaN: no PT2, eps_pt2 >= that eps_var)");
+    point_column("dets", h5::DType::uint64, &SchedulePoint::dets, "determinants at each threshold");
+    point_column("iteration", h5::DType::int32, &SchedulePoint::iteration, "each threshold's last iteration");
+    if (const auto x = extrapolate(points_)) {
+      out.set_attribute("e_extrapolated", x->energy);
+      out.set_attribute("extrapolation_slope", x->slope);
+      out.set_attribute("extrapolation_points", static_cast<std::int64_t>(x->points));
+    }
+  }
   const Iteration& last = hist.back();
   const double e_var = last.e_var;
   const double e_pt2 = final_e_pt2();
@@ -944,9 +1049,11 @@ std::string SolveRun::describe(const StagePlan&, const StepPass&) const {
   const Iteration& last = history_.back();
   const double e_pt2 = final_e_pt2();
   const sci::TargetState& t = m_.problem->target;
-  return fmt::format("{} determinants, E_var {:.10f}, E_PT2 {:.10f}, total {:.10f} ({}); irrep {}, MS2 {}, <S^2> {:.4f}{}", last.dets,
-                     last.e_var, e_pt2, last.e_var + e_pt2, stop_reason_, t.irrep, t.ms2, s_squared_,
-                     t.lower_elsewhere ? " (a lower determinant is of another irrep: see the log)" : "");
+  const auto x = params_.eps_schedule.size() > 1 ? extrapolate(points_) : std::nullopt;
+  return fmt::format("{} determinants, E_var {:.10f}, E_PT2 {:.10f}, total {:.10f} ({}){}; irrep {}, MS2 {}, <S^2> {:.4f}{}", last.dets,
+                     last.e_var, e_pt2, last.e_var + e_pt2, stop_reason_,
+                     x ? fmt::format("; extrapolated to E_PT2 = 0 over {} thresholds: {:.10f}", x->points, x->energy) : "",
+                     t.irrep, t.ms2, s_squared_, t.lower_elsewhere ? " (a lower determinant is of another irrep: see the log)" : "");
 }
 
 class SolveStage final : public Stage {
@@ -968,7 +1075,10 @@ class SolveStage final : public Stage {
     const auto space = in.find("space"), guess = in.find("guess");
     check_restart_inputs(space != in.end() ? &space->second.layout : nullptr,
                          guess != in.end() ? &guess->second.layout : nullptr);
-    if (!(p.eps_var > 0)) throw InputError("parameter 'eps_var' must be > 0");
+    for (std::size_t i = 0; i < p.eps_schedule.size(); ++i)
+      if (!(p.eps_schedule[i] > 0) || (i > 0 && !(p.eps_schedule[i] < p.eps_schedule[i - 1])))
+        throw InputError(fmt::format("parameter 'eps_var' is {}; expected a threshold > 0, or a schedule of decreasing "
+                                     "thresholds > 0 (each iterated to convergence in turn)", params.at("eps_var").dump()));
     sci::make_amplitude_model(p.amplitude_model);  // (an unknown model is refused before any work)
     if (p.eps_pt2 < 0) throw InputError("parameter 'eps_pt2' must be >= 0");
     StagePlan plan;
@@ -979,6 +1089,7 @@ class SolveStage final : public Stage {
                     {"dets", DatasetInfo{Layout{DType::uint64, {}, {}}}},  // (shapes known once it ran)
                     {"coefficients", DatasetInfo{Layout{DType::float64, {}, {}}}}};
     plan.summary = {{"eps_var", p.eps_var}, {"eps_pt2", p.eps_pt2}, {"max_new_dets", p.max_new_dets}};
+    if (p.eps_schedule.size() > 1) plan.summary["eps_var_schedule"] = p.eps_schedule;
     return plan;
   }
 

@@ -456,6 +456,59 @@ def test_a_bad_restart_space_exits_2_with_one_line(tmp, case, fragments):
     one_line_error(run(["run", spec, "--run-dir", tmp / "run", "--device", DEVICE]), *fragments)
 
 
+# ---------------------------------------------------------------- an eps_var schedule
+
+N2_SCHEDULE = "eps_var: [5.0e-3, 2.0e-3, 1.0e-3], eps_pt2: 1.0e-7, max_new_dets: 600"
+
+
+def test_an_eps_schedule_goes_on_from_each_threshold_and_extrapolates(tmp):
+    """eps_var as a decreasing schedule: its first threshold gives the bits of a run at that
+    threshold alone (E_var and its PT2); each later one starts from the space the one before
+    converged to (its first E_var is that one's again) and goes lower; the extrapolation is the
+    least-squares line of E_var against E_PT2 at E_PT2 = 0 (numpy's polyfit on the written points),
+    near FCI."""
+    run_dir = solve(tmp / "schedule", DATA / "N2_sto6g_FCIDUMP", N2_SCHEDULE)
+    first = result(solve(tmp / "first", DATA / "N2_sto6g_FCIDUMP", "eps_var: 5.0e-3, eps_pt2: 1.0e-7, max_new_dets: 600"))
+    got = result(run_dir)
+    with h5py.File(run_dir / "outputs" / "sci.h5") as f:
+        sched = {k: f["schedule"][k][()] for k in f["schedule"]}
+    np.testing.assert_array_equal(sched["eps_var"], [5e-3, 2e-3, 1e-3])
+    assert sched["e_var"][0] == first["energy"] and sched["e_pt2"][0] == first["e_pt2"]
+    assert sched["dets"][0] == len(first["dets"])
+    e_var = got["iterations"]["e_var"]
+    for k in (1, 2):
+        start = sched["iteration"][k - 1] + 1
+        assert abs(e_var[start] - sched["e_var"][k - 1]) < 1e-8, (k, e_var[start], sched["e_var"][k - 1])
+        assert sched["e_var"][k] < sched["e_var"][k - 1] and sched["dets"][k] >= sched["dets"][k - 1]
+    assert got["energy"] == sched["e_var"][-1] and got["e_pt2"] == sched["e_pt2"][-1]
+    slope, intercept = np.polyfit(sched["e_pt2"], sched["e_var"], 1)
+    attrs = got["attrs"]
+    assert attrs["extrapolation_points"] == 3
+    assert abs(attrs["e_extrapolated"] - intercept) < 1e-9 and abs(attrs["extrapolation_slope"] - slope) < 1e-6
+    assert abs(attrs["e_extrapolated"] - FCI["N2_sto6g_FCIDUMP"]) < 5e-4, attrs["e_extrapolated"]
+
+
+def test_an_eps_schedule_killed_and_resumed_matches_a_clean_run(tmp):
+    """SIGKILLs at random instants of a schedule (in any threshold, its PT2, between them), each
+    time resumed: the clean run's bits."""
+    clean = digests(solve(tmp / "clean", DATA / "N2_sto6g_FCIDUMP", N2_SCHEDULE))
+    (tmp / "killed").mkdir()
+    spec = sci_spec(tmp / "killed", DATA / "N2_sto6g_FCIDUMP", N2_SCHEDULE, "{checkpoint_interval: 0}")
+    rng = random.Random(20261202)
+    scale = 3.0 if DEVICE == "cuda" else 1.0
+    run_dir = tmp / "killed" / "run"
+    kills = kill_and_resume(["run", spec, "--run-dir", run_dir, "--device", DEVICE], run_dir, 8,
+                            lambda: rng.uniform(0.15, 0.6) * scale, cwd=tmp / "killed")
+    assert kills >= 1
+    assert digests(run_dir) == clean
+
+
+def test_an_eps_schedule_that_does_not_decrease_exits_2(tmp):
+    spec = sci_spec(tmp, DATA / "N2_sto6g_FCIDUMP", "eps_var: [1.0e-3, 2.0e-3]")
+    one_line_error(run(["run", spec, "--run-dir", tmp / "run", "--device", DEVICE]),
+                   "parameter 'eps_var' is [0.001,0.002]", "a schedule of decreasing thresholds")
+
+
 def test_the_first_order_model_named_gives_the_default_bits(tmp):
     """amplitude_model: first_order is the default: naming it changes nothing in the output."""
     a = result(solve(tmp / "a", DATA / "N2_sto6g_FCIDUMP", N2_FAST))
