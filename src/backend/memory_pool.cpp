@@ -33,8 +33,10 @@ Buffer MemoryPool::take(std::size_t bytes, std::string_view what) {
   State& s = *state_;
   s.counters.taken += 1;
   std::shared_ptr<Buffer> memory;
-  const std::size_t most = std::max(bytes + bytes / 4, bytes + 4096);
-  if (auto it = s.idle.lower_bound(bytes); it != s.idle.end() && it->first <= most) {
+  // Only a block of exactly that size: a larger one would be charged whole, and a pass planned to
+  // fill its budget to the byte would then not fit (the engine sizes its buffers by size class,
+  // so passes of about the same size ask for the same bytes).
+  if (auto it = s.idle.find(bytes); it != s.idle.end()) {
     memory = std::move(it->second.memory);
     s.idle.erase(it);
     s.budget->idle_to_use(memory->size());

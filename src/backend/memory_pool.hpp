@@ -47,8 +47,9 @@ class MemoryPool {
   MemoryPool(const MemoryPool&) = delete;
   MemoryPool& operator=(const MemoryPool&) = delete;
 
-  // `bytes` for `what`: an idle block of at least that size and at most a quarter more (or 4 KiB
-  // more), else a new one. Throws BudgetExceeded (idle memory freed first) or RuntimeFailure.
+  // `bytes` for `what`: an idle block of exactly that size, else a new one (charged exactly, so a
+  // plan that fills its budget fits). Throws BudgetExceeded (idle memory freed first) or
+  // RuntimeFailure.
   Buffer take(std::size_t bytes, std::string_view what);
   void release_idle();
   PoolCounters counters() const;

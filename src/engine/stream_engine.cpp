@@ -9,6 +9,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -33,6 +34,12 @@ std::uint64_t StreamedInput::rows() const {
   return files ? files->total_rows() : dataset ? dataset->shape().at(0) : ~std::uint64_t{0};
 }
 
+std::uint64_t size_class(std::uint64_t n) {
+  if (n <= 16) return n;
+  const std::uint64_t step = std::bit_floor(n) / 8;
+  return (n + step - 1) / step * step;
+}
+
 std::uint64_t PassSpec::progress_bytes_per_row() const {
   std::uint64_t n = 0;
   for (const auto& in : inputs) n += in.row_bytes;
@@ -51,12 +58,12 @@ std::uint64_t device_partial_bytes(const PassSpec& s) { return s.partials_on_hos
 
 // The rows an input's buffers hold in a slot: a row_ranges input its own longest range (its
 // ranges need not follow the batches: a small share of each batch, or more rows than it has),
-// any other input the batch's rows.
-std::uint64_t input_rows(const StreamedInput& in, std::uint64_t batch_rows) {
-  if (in.kind != InputKind::row_ranges) return batch_rows;
+// any other input the buffers' rows; `classes`: the longest range's size class.
+std::uint64_t input_rows(const StreamedInput& in, std::uint64_t buffer_rows, bool classes) {
+  if (in.kind != InputKind::row_ranges) return buffer_rows;
   std::uint64_t n = 1;  // (a buffer even where every range is empty)
   for (const auto& r : in.ranges) n = std::max(n, r.size());
-  return n;
+  return classes ? size_class(n) : n;
 }
 
 struct PerBatchBytes {
@@ -67,13 +74,13 @@ struct PerBatchBytes {
 // Per unit (a tile, or the largest explicit batch): the device holds every input's and output's
 // rows, the host what the sinks bring back.
 PerBatchBytes per_batch_bytes(const PassSpec& s, const std::vector<std::unique_ptr<detail::OutputSink>>& sinks,
-                              std::uint64_t unit_rows, BackendKind kind) {
+                              std::uint64_t unit_rows, BackendKind kind, bool classes = false) {
   PerBatchBytes b;
   std::uint64_t device_out = 0, host_out = 0, in_bytes = 0, device_in = 0;
   for (const auto& in : s.inputs) {
     b.in_per_row += in.row_bytes;
-    in_bytes += input_rows(in, unit_rows) * in.row_bytes;
-    if (in.place == StreamedInput::Place::device) device_in += input_rows(in, unit_rows) * in.row_bytes;
+    in_bytes += input_rows(in, unit_rows, classes) * in.row_bytes;
+    if (in.place == StreamedInput::Place::device) device_in += input_rows(in, unit_rows, classes) * in.row_bytes;
   }
   for (const auto& sink : sinks) {
     device_out += sink->device_bytes(unit_rows);
@@ -103,15 +110,17 @@ class Pipeline {
     std::unique_ptr<Stream> stream;
   };
 
+  // Each slot's buffers hold `plan.buffer_rows` rows (at least a batch's).
   Pipeline(Backend& backend, const PassSpec& spec, const std::vector<std::unique_ptr<detail::OutputSink>>& sinks,
-           std::uint64_t batch_rows, int slots, PassKernel& kernel)
+           const BatchPlan& plan, int slots, PassKernel& kernel)
       : backend_(backend), spec_(spec), sinks_(sinks), kernel_(kernel), slots_(static_cast<size_t>(slots)) {
+    const std::uint64_t batch_rows = plan.buffer_rows;
     const std::uint64_t tiles = spec.batches.empty() ? ceil_div(batch_rows, spec.tile_rows) : 1;
     int n = 0;
     for (auto& s : slots_) {
       const std::string tag = fmt::format("slot {}", n++);
       for (const auto& in : spec.inputs) {
-        const std::uint64_t bytes = in.row_bytes * input_rows(in, batch_rows);
+        const std::uint64_t bytes = in.row_bytes * input_rows(in, batch_rows, plan.size_classes);
         s.host_in.push_back(backend.alloc_host(bytes, tag + " input " + in.name));
         s.dev_in.push_back(in.place == StreamedInput::Place::device
                                ? backend.alloc_device(bytes, tag + " input " + in.name)
@@ -341,7 +350,7 @@ class PassRun {
     // No more slots than this rank has batches: a pass of one batch (most of sci.solve's, a merge
     // of few buckets) pins one set of buffers, not three.
     const int slots = static_cast<int>(std::clamp<std::uint64_t>(mine, 1, static_cast<std::uint64_t>(options_.slots)));
-    Pipeline pipe(backend_, spec_, sinks_, plan.batch_rows, slots, kernel_);
+    Pipeline pipe(backend_, spec_, sinks_, plan, slots, kernel_);
     outcome_.times.setup = since(setup_start);
     // The baseline, after the setup, so that rates are of the batches (a setup that simulates a
     // state vector for 30 s is not 30 s of streaming).
@@ -699,9 +708,22 @@ BatchPlan StreamEngine::plan(const PassSpec& spec) const {
   tiles = std::clamp<std::uint64_t>(tiles, 1, std::max<std::uint64_t>(1, ceil_div(spec.rows, spec.tile_rows)));
   BatchPlan plan;
   if (!spec.batches.empty()) tiles = 1;  // the explicit batches are the batches
-  plan.batch_rows = tiles * unit_rows;
+  plan.batch_rows = plan.buffer_rows = tiles * unit_rows;
   plan.device_bytes = need(tiles, fixed_device, b.device_per_tile);
   plan.host_bytes = need(tiles, fixed_host, b.host_per_tile);
+  // The buffers sized for the batch's size class, where both budgets allow it.
+  const bool explicit_batches = !spec.batches.empty();
+  const std::uint64_t class_unit = explicit_batches ? size_class(unit_rows) : unit_rows;
+  const std::uint64_t class_tiles = explicit_batches ? 1 : size_class(tiles);
+  const PerBatchBytes c = per_batch_bytes(spec, sinks, class_unit, backend_.kind(), true);
+  const std::uint64_t class_device = need(class_tiles, fixed_device, c.device_per_tile);
+  const std::uint64_t class_host = need(class_tiles, fixed_host, c.host_per_tile);
+  if (class_device <= dev_limit && class_host <= host_limit) {
+    plan.buffer_rows = class_tiles * class_unit;
+    plan.size_classes = true;
+    plan.device_bytes = class_device;
+    plan.host_bytes = class_host;
+  }
   return plan;
 }
 

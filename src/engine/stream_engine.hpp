@@ -34,8 +34,18 @@ struct EngineOptions {
   std::uint64_t max_batch_rows = 0;                   // 0: no cap (tests use it to force many batches)
 };
 
+// A size class: n rounded up to one of 8 steps per power of two (at most 1/8 more). A slot's
+// buffers are sized for the class of their rows when the budgets allow it, so that passes of
+// about the same size (sci.solve's, a few percent larger each iteration) ask the backend's
+// pools for the same bytes, which the pools then hand back without pinning anew.
+std::uint64_t size_class(std::uint64_t n);
+
 struct BatchPlan {
   std::uint64_t batch_rows = 0;
+  // Rows each slot's buffers hold: the batch's size class where the budgets allow it (passes of
+  // about the same size then take the same bytes, which the pools hand back), else batch_rows.
+  std::uint64_t buffer_rows = 0;
+  bool size_classes = false;  // (row_ranges inputs' buffers too)
   std::uint64_t device_bytes = 0;  // predicted peak device memory of the pass
   std::uint64_t host_bytes = 0;    // predicted peak host (pinned) memory of the pass
 };

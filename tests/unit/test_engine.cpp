@@ -180,6 +180,44 @@ TEST(Engine, StreamsTenTimesTheDeviceBudget) {
   EXPECT_EQ(r.reduction.tiles, fx.rows / 512);
 }
 
+TEST(Engine, PassesOfAboutTheSameSizeTakeTheSameBuffersFromThePools) {
+  // Two passes a few percent apart in rows, as sci.solve's iterations are: the slots' buffers are
+  // sized for the batch's size class, so the second pass asks the pools for the bytes the first
+  // gave back and takes every buffer from idle memory (the pools hand out exact sizes only).
+  EXPECT_EQ(engine::size_class(41), 44u);
+  EXPECT_EQ(engine::size_class(43), 44u);
+  EXPECT_EQ(engine::size_class(44), 44u);
+  EXPECT_EQ(engine::size_class(16), 16u);
+  auto backend = detail::make_cpu_backend(64u << 20, 64u << 20);
+  mpi::Comm comm;
+  engine::EngineOptions options;
+  options.checkpoint_seconds = std::nullopt;
+  engine::StreamEngine engine(*backend, comm, options);
+  Fixture first(41 * 512), second(43 * 512 - 100);  // 41 and 43 tiles: one batch each, class 44
+  auto run = [&](Fixture& fx, const std::string& name) {
+    engine::StepWork work(fx.dir.path / "work", "key", comm);
+    auto spec = fx.spec();
+    AffineKernel kernel(spec.tile_rows);
+    SumReduction reduction;
+    engine::PassOutcome o = engine.run(spec, kernel, &reduction, work, fx.dir.path / (name + ".h5"), nullptr);
+    EXPECT_TRUE(o.complete);
+    EXPECT_EQ(o.plan.buffer_rows, 44u * 512);
+    EXPECT_TRUE(o.plan.size_classes);
+    o.staged.commit();
+    h5::File f = h5::File::open(fx.dir.path / (name + ".h5"), h5::Mode::read_only);
+    std::vector<float> y(fx.x.size());
+    f.open_dataset("y").read_all(y.data());
+    EXPECT_EQ(y, fx.expected());
+  };
+  run(first, "first");
+  const Backend::PoolCounts before = backend->pool_counts();
+  run(second, "second");
+  const Backend::PoolCounts after = backend->pool_counts();
+  EXPECT_GT(after.host_taken, before.host_taken);
+  EXPECT_EQ(after.host_taken - before.host_taken, after.host_reused - before.host_reused);
+  EXPECT_EQ(after.device_taken - before.device_taken, after.device_reused - before.device_reused);
+}
+
 TEST(Engine, ResultsDoNotDependOnBatchSize) {
   Fixture fx(20000);  // not a multiple of the tile: the last batch is short
   Result small = run_pass(fx, 700u << 10, std::nullopt, "small");
@@ -640,12 +678,12 @@ TEST(Engine, PerInputRowRangesMergeSortedRunsByKeyRange) {
   ASSERT_EQ(g.open_dataset("merged").shape(), h5::Shape{want.size()});
   g.open_dataset("merged").read_all(got.data());
   EXPECT_EQ(got, want);
-  // Each input's buffers hold its own longest range (not the longest of all inputs), and the
-  // plan is what the 3 slots took: those, the output's rows and its count.
+  // Each input's buffers hold its own longest range's size class (not the longest of all
+  // inputs), and the plan is what the 3 slots took: those, the output's rows and its count.
   auto longest = [](const std::vector<engine::RowRange>& r) {
     std::uint64_t n = 0;
     for (const auto& x : r) n = std::max(n, x.size());
-    return n;
+    return engine::size_class(n);
   };
   ASSERT_NE(longest(per_key_range(run_a)), longest(per_key_range(run_b)));
   EXPECT_EQ(outcome.plan.device_bytes,
