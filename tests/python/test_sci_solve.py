@@ -488,6 +488,19 @@ def test_an_eps_schedule_goes_on_from_each_threshold_and_extrapolates(tmp):
     assert abs(attrs["e_extrapolated"] - FCI["N2_sto6g_FCIDUMP"]) < 5e-4, attrs["e_extrapolated"]
 
 
+def test_the_schedule_workflow_runs_and_extrapolates_near_fci(tmp):
+    """workflows/sci-schedule.yaml as shipped: a loose run, then three thresholds restarted from its
+    space; the last E_var + E_PT2 and the extrapolation are within 10 µHa of FCI."""
+    root = Path(__file__).resolve().parents[2]
+    r = run(["run", root / "workflows" / "sci-schedule.yaml", "--run-dir", tmp / "run", "--device", DEVICE])
+    assert r.code == 0, r
+    with h5py.File(tmp / "run" / "outputs" / "tight.h5") as f:
+        np.testing.assert_array_equal(f["schedule/eps_var"][()], [2e-3, 1e-3, 5e-4])
+        assert abs(f["e_total"][()] - FCI["N2_sto6g_FCIDUMP"]) < 1e-5
+        assert f.attrs["extrapolation_points"] == 3
+        assert abs(f.attrs["e_extrapolated"] - FCI["N2_sto6g_FCIDUMP"]) < 1e-5
+
+
 def test_an_eps_schedule_killed_and_resumed_matches_a_clean_run(tmp):
     """SIGKILLs at random instants of a schedule (in any threshold, its PT2, between them), each
     time resumed: the clean run's bits."""
