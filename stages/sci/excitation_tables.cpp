@@ -56,8 +56,13 @@ ExcitationTables build_excitation_tables(const Integrals& ints) {
   for (int p = 0; p < n; ++p)
     for (int r = 0; r < n; ++r) {
       if (r == p) continue;
+      // Orbital k adds J = (pr|kk) - K, K = (pk|kr), with an electron of the same spin, J with one of
+      // the other, 2J - K with both: the bound takes the largest of the three for every k.
       double bound = std::fabs(ints.h1_at(p, r));
-      for (int k = 0; k < n; ++k) bound += std::max(std::fabs(e(p, r, k, k)), std::fabs(e(p, r, k, k) - e(p, k, k, r)));
+      for (int k = 0; k < n; ++k) {
+        const double j = e(p, r, k, k), same = j - e(p, k, k, r);
+        bound += std::max({std::fabs(j), std::fabs(same), std::fabs(j + same)});
+      }
       if (bound > 0) singles[p].push_back({r, 0, bound});
     }
   for (const auto& l : singles) t.single_width = std::max<std::uint32_t>(t.single_width, static_cast<std::uint32_t>(l.size()));

@@ -4,7 +4,8 @@
 // lists padded to one width so a GPU thread finds entry k of list l at l * width + k.
 //
 // - singles: per orbital p, the targets r != p with an upper bound of |<D'|H|D>| over every
-//   determinant (|h_pr| + sum_k max(|(pr|kk)|, |(pr|kk) - (pk|kr)|)), sorted by the bound
+//   determinant (|h_pr| + sum_k max(|J|, |J - K|, |2J - K|), J = (pr|kk), K = (pk|kr): orbital k
+//   holding an electron of the other spin, of the same spin, or both), sorted by the bound
 //   descending: a source with coefficient c skips the rest of p's list once bound * |c| <= eps.
 // - opposite-spin doubles: per pair (p alpha, q beta), index p * norb + q, the targets (r alpha,
 //   s beta), r != p and s != q, with value (pr|qs);
