@@ -3,13 +3,18 @@
 use, on the same FCIDUMP, thresholds and state, one after the other on the same machine.
 
     python3 bench/sci_dice_bench.py --fcidump FILE --eps-var 2e-4 [--eps-pt2 1e-6] \\
+        [--eps-pt2-large 1e-5 --pt2-samples 200 --pt2-target-error 1e-5] \\
         --qstage build/qstage --device cuda --dice /path/to/Dice --dice-ranks 16 [--irrep 1] [--dir /tmp/sd]
 
 qstage runs first; Dice then starts from qstage's reference determinant (the output's
 `reference_determinant`: the same irrep and S_z, as Dice's `nocc` line fixes them), with
 `schedule 0 eps_var`, `davidsonTol 1e-5`, `dE 1e-6` and, with --eps-pt2, deterministic
 Epstein-Nesbet PT2 at `epsilon2 eps_pt2` (qstage's final PT2 is deterministic too). Without
---eps-pt2 neither runs a PT2. Dice gets the FCIDUMP with a one-line `&FCI NORB=..,NELEC=..,MS2=..,`
+--eps-pt2 neither runs a PT2. With --eps-pt2-large both run semistochastic PT2s: deterministic at
+eps_pt2_large, stochastic at eps_pt2, until the error bar is below --pt2-target-error. qstage draws
+--pt2-samples determinants a batch and looks at its error bar every 10 batches; Dice draws sampleN
+on each rank (sampleN = pt2_samples / ranks, so about as many a batch) and looks after every batch
+from the fifth. Dice gets the FCIDUMP with a one-line `&FCI NORB=..,NELEC=..,MS2=..,`
 header, the only form its reader takes. Dice is a benchmark peer, never part of qstage: build it
 with bench/build_dice.sh.
 
@@ -63,6 +68,9 @@ def spin_orbitals(described):
 def run_qstage(a, d):
     params = f"fcidump: {Path(a.fcidump).resolve()}, eps_var: {a.eps_var}, max_new_dets: {a.max_new_dets}"
     params += f", eps_pt2: {a.eps_pt2 if a.eps_pt2 else a.eps_var}"
+    if a.eps_pt2_large:
+        params += (f", eps_pt2_large: {a.eps_pt2_large}, pt2_samples: {a.pt2_samples}, "
+                   f"pt2_target_error: {a.pt2_target_error}, pt2_batches: 1000")
     if a.irrep:
         params += f", irrep: {a.irrep}"
     (d / "sci.yaml").write_text(f"name: sci-dice-bench\nsteps:\n  - id: sci\n    stage: sci.solve\n    params: {{{params}}}\n")
@@ -74,6 +82,8 @@ def run_qstage(a, d):
         raise SystemExit(f"qstage failed (exit {p.returncode}):\n{p.stderr[-2000:]}")
     with h5py.File(d / "qstage" / "outputs" / "sci.h5") as f:
         return {"wall_seconds": wall, "e_var": float(f["energy"][()]), "e_total": float(f["e_total"][()]),
+                "e_pt2_error": float(f["e_pt2_error"][()]) if "e_pt2_error" in f else 0.0,
+                "pt2_batches": len(f["pt2_stochastic/batch_e_pt2"]) if "pt2_stochastic" in f else 0,
                 "dets": int(f["dets"].shape[0]), "step_seconds": float(f.attrs["qstage.wall_seconds"]),
                 "irrep": int(f.attrs["irrep"]), "s_squared": float(f.attrs["s_squared"]),
                 "reference": f.attrs["reference_determinant"]}
@@ -84,8 +94,13 @@ def run_dice(a, d, reference):
     work.mkdir(exist_ok=True)
     one_line_header(a.fcidump, work / "FCIDUMP")
     occ = spin_orbitals(reference)
-    pt = (f"deterministic\nepsilon2 {a.eps_pt2}\n" if a.eps_pt2
-          else "#no PT: stochastic PT with nPTiter 0 is skipped\nsampleN 200\nnPTiter 0\n")
+    if a.eps_pt2 and a.eps_pt2_large:
+        pt = (f"epsilon2 {a.eps_pt2}\nepsilon2Large {a.eps_pt2_large}\n"
+              f"sampleN {max(1, a.pt2_samples // a.dice_ranks)}\ntargetError {a.pt2_target_error}\nseed 1\n")
+    elif a.eps_pt2:
+        pt = f"deterministic\nepsilon2 {a.eps_pt2}\n"
+    else:
+        pt = "#no PT: stochastic PT with nPTiter 0 is skipped\nsampleN 200\nnPTiter 0\n"
     (work / "input.dat").write_text(
         f"#system\nnocc {len(occ)}\n{' '.join(map(str, occ))}\nend\norbitals FCIDUMP\nnroots 1\n\n"
         f"#variational\nschedule\n0 {a.eps_var}\nend\ndavidsonTol 1e-5\ndE 1e-6\nmaxiter {a.max_iterations}\nnoio\n\n"
@@ -105,9 +120,11 @@ def run_dice(a, d, reference):
     m = re.search(r"^\s*0\s+(-?\d+\.\d+)", after, re.MULTILINE)
     if m:
         e_var = float(m.group(1))
-    pt = re.search(r"PTEnergy:\s+(-?\d+\.\d+)", log)
+    # (the last: a semistochastic PT2 prints its deterministic part's first)
+    pt = ([None] + list(re.finditer(r"PTEnergy:\s+(-?\d+\.\d+)(?:\s*\+/-\s*([\d.eE+-]+))?", log)))[-1]
     dets = re.findall(r"^\s*\d+\s+\d+\s+[-\d.eE]+\s+(\d+)\s+", log, re.MULTILINE)  # (the iteration table's column)
     return {"wall_seconds": wall, "e_var": e_var, "e_total": float(pt.group(1)) if pt else e_var,
+            "e_pt2_error": float(pt.group(2)) if pt and pt.group(2) else 0.0,
             "dets": int(dets[-1]) if dets else None, "occupation": occ, "ranks": a.dice_ranks}
 
 
@@ -116,6 +133,10 @@ def main():
     p.add_argument("--fcidump", required=True)
     p.add_argument("--eps-var", type=float, default=2e-4)
     p.add_argument("--eps-pt2", type=float, default=None, help="deterministic EN-PT2 threshold (none: no PT2)")
+    p.add_argument("--eps-pt2-large", type=float, default=None,
+                   help="semistochastic PT2: its deterministic threshold (eps_pt2 is the stochastic one)")
+    p.add_argument("--pt2-samples", type=int, default=200, help="semistochastic PT2: draws a batch")
+    p.add_argument("--pt2-target-error", type=float, default=1e-5, help="semistochastic PT2: the error bar to stop at (Ha)")
     p.add_argument("--max-new-dets", type=int, default=1000000)
     p.add_argument("--max-iterations", type=int, default=20)
     p.add_argument("--irrep", type=int, default=None, help="the state's irrep (default: the FCIDUMP's ISYM)")
@@ -128,7 +149,8 @@ def main():
     d = Path(a.dir)
     subprocess.run(["rm", "-rf", str(d)], check=True)
     d.mkdir(parents=True)
-    out = {"fcidump": str(a.fcidump), "eps_var": a.eps_var, "eps_pt2": a.eps_pt2, "device": a.device,
+    out = {"fcidump": str(a.fcidump), "eps_var": a.eps_var, "eps_pt2": a.eps_pt2, "eps_pt2_large": a.eps_pt2_large,
+           "pt2_samples": a.pt2_samples, "pt2_target_error": a.pt2_target_error, "device": a.device,
            "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "qstage": run_qstage(a, d)}
     if a.dice:
         out["dice"] = run_dice(a, d, out["qstage"]["reference"])

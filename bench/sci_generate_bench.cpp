@@ -67,7 +67,7 @@ nlohmann::json sci_generate_bench(const std::map<std::string, std::string>& args
     for (std::uint64_t first = 0; first < sources; first += batch, ++b) {
       const std::uint64_t n = std::min(batch, sources - first);
       kernels::SciGenerate g{h.view(), na, nb, d_dets.as<Det>() + first, d_c.as<double>() + first, n, eps,
-                             out.as<Candidate>(), counts.as<std::uint64_t>() + b, work.as<std::uint64_t>(), scan.data()};
+                             out.as<Candidate>(), counts.as<std::uint64_t>() + b, work.as<std::uint64_t>(), scan.data(), {}};
       kernels::sci_generate(*stream, g);
     }
     stream->synchronize();

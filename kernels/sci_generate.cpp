@@ -44,13 +44,21 @@ void sci_generate_cpu(const SciGenerate& a) {
   for (std::uint64_t i = 0; i < a.n; ++i) offset[i + 1] += offset[i];
 #pragma omp parallel for schedule(dynamic, 16)
   for (std::int64_t i = 0; i < n; ++i) {
-    sci::Candidate* out = a.out + offset[i];
     const double c = a.coefficients[i];
+    if (a.sampled.batch) {
+      sci::TaggedCandidate* out = a.sampled.out + 2 * offset[i];
+      for_each_excitation(a.h, a.nalpha, a.nbeta, a.sources[i], c, a.eps, [&](const sci::Det& t, double element) {
+        write_sampled(a.sampled, static_cast<std::uint64_t>(i), t, element, c, out);
+        out += 2;
+      });
+      continue;
+    }
+    sci::Candidate* out = a.out + offset[i];
     for_each_excitation(a.h, a.nalpha, a.nbeta, a.sources[i], c, a.eps, [&](const sci::Det& t, double element) {
       *out++ = sci::Candidate{t.alpha, t.beta, element * c};
     });
   }
-  *a.count = offset[a.n];
+  *a.count = offset[a.n] * a.records_per_candidate();
 }
 
 void sci_sigma_cpu(const SciSigma& a) {

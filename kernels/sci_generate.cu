@@ -71,7 +71,7 @@ template <bool Write>
 __global__ void __launch_bounds__(kThreads) generate_kernel(HamiltonianView h, int na, int nb, const Det* sources,
                                                             const double* coefficients, std::uint64_t n, double eps,
                                                             const std::uint64_t* offsets, std::uint64_t* counts,
-                                                            Candidate* out) {
+                                                            Candidate* out, SciSampled sampled) {
   __shared__ SharedSource s;
   extern __shared__ unsigned end[];
   const unsigned lists = sci::list_count(na, nb);
@@ -87,7 +87,10 @@ __global__ void __launch_bounds__(kThreads) generate_kernel(HamiltonianView h, i
       const bool valid = v < total && excitation_at(h, na, nb, d, abs_c, eps, s, end, lists, v, &t, &e);
       unsigned pos, all;
       BlockScan(s.scan).ExclusiveSum(valid ? 1u : 0u, pos, all);
-      if (Write && valid) out[offsets[i] + written + pos] = Candidate{t.alpha, t.beta, e * c};
+      if (Write && valid) {
+        if (sampled.batch) write_sampled(sampled, i, t, e, c, sampled.out + 2 * (offsets[i] + written + pos));
+        else out[offsets[i] + written + pos] = Candidate{t.alpha, t.beta, e * c};
+      }
       written += all;
       __syncthreads();
     }
@@ -97,8 +100,8 @@ __global__ void __launch_bounds__(kThreads) generate_kernel(HamiltonianView h, i
 }
 
 __global__ void total_kernel(const std::uint64_t* offsets, const std::uint64_t* counts, std::uint64_t n,
-                             std::uint64_t* total) {
-  *total = n ? offsets[n - 1] + counts[n - 1] : 0;
+                             std::uint64_t records_per_candidate, std::uint64_t* total) {
+  *total = n ? (offsets[n - 1] + counts[n - 1]) * records_per_candidate : 0;
 }
 
 // (H x)_j: one block per row, partial sums per thread combined in a fixed tree.
@@ -240,13 +243,13 @@ void sci_generate_cuda(void* cuda_stream, const SciGenerate& a) {
   }
   const std::size_t shared = list_bytes(a.nalpha, a.nbeta);
   generate_kernel<false><<<grid_for(a.n), kThreads, shared, stream>>>(a.h, a.nalpha, a.nbeta, a.sources, a.coefficients,
-                                                                        a.n, a.eps, nullptr, counts, nullptr);
+                                                                        a.n, a.eps, nullptr, counts, nullptr, a.sampled);
   QSTAGE_CUDA_CHECK_LAUNCH();
   QSTAGE_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(temp, temp_bytes, counts, offsets, static_cast<std::int64_t>(a.n), stream));
   generate_kernel<true><<<grid_for(a.n), kThreads, shared, stream>>>(a.h, a.nalpha, a.nbeta, a.sources, a.coefficients,
-                                                                       a.n, a.eps, offsets, nullptr, a.out);
+                                                                       a.n, a.eps, offsets, nullptr, a.out, a.sampled);
   QSTAGE_CUDA_CHECK_LAUNCH();
-  total_kernel<<<1, 1, 0, stream>>>(offsets, counts, a.n, a.count);
+  total_kernel<<<1, 1, 0, stream>>>(offsets, counts, a.n, a.records_per_candidate(), a.count);
   QSTAGE_CUDA_CHECK_LAUNCH();
 }
 

@@ -32,6 +32,14 @@ struct Candidate {
 };
 static_assert(sizeof(Candidate) == 24);
 
+// A generated determinant with a tag and a value: the semistochastic PT2's records (32 bytes),
+// which keys.dedup reads as a three-word key (alpha, beta, tag) and a float64 summed per key.
+struct TaggedCandidate {
+  std::uint64_t alpha = 0, beta = 0, tag = 0;
+  double value = 0;
+};
+static_assert(sizeof(TaggedCandidate) == 32);
+
 // The Hamiltonian and its excitation tables as the kernels read them (device memory on cuda).
 // Built on the host by stages/sci/excitation_tables.hpp, which documents the tables.
 struct HamiltonianView {

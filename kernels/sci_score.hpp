@@ -17,11 +17,16 @@ struct SciScoreRows {
   const sci::Det* space = nullptr;   // the sorted space S
   std::uint64_t space_size = 0;
   sci::IrrepMasks irreps;            // the target's irrep and the orbitals' (known = false: no check)
-  const sci::Det* candidates = nullptr;
+  const std::uint64_t* candidates = nullptr;  // n rows of candidate_words: alpha, beta (, a tag)
+  std::uint32_t candidate_words = 2;
   std::uint64_t n = 0;
   double energy = 0;                 // E (the space's E_var)
   double* denominator = nullptr;     // n values, written where not skipped
   unsigned char* skipped = nullptr;  // n values: 1 in the space or of another irrep, else 0
+  QSTAGE_HD sci::Det candidate(std::uint64_t r) const {
+    const std::uint64_t* row = candidates + r * candidate_words;
+    return sci::Det{row[0], row[1]};
+  }
 };
 
 void sci_score_rows(Stream& stream, const SciScoreRows& args);

@@ -16,7 +16,11 @@
 //                        max_new_dets of which (a two-level top-K: per tile, then merged) join S_k
 //                        to make S_{k+1}.
 // Once converged (|dE| < energy_tolerance, no new determinant, max_dets or max_iterations), a
-// final generate/dedup/score at eps_pt2 gives E_PT2 when eps_pt2 < eps_var. The output pass
+// final generate/dedup/score at eps_pt2 gives E_PT2 when eps_pt2 < eps_var. With eps_pt2_large,
+// that PT2 is semistochastic (Sharma et al., JCTC 13, 1595 (2017)): the same passes at
+// eps_pt2_large give its deterministic part, then groups of sampled batches (generate from the
+// sampled determinants, dedup, score) estimate the rest, E_PT2(eps_pt2) - E_PT2(eps_pt2_large),
+// until its error bar is below pt2_target_error or pt2_batches are done. The output pass
 // writes the final space and coefficients; the history goes into `iterations/`.
 //
 // Resume: the run's state records which passes made what and Davidson's whole state (bit for bit);
@@ -64,6 +68,13 @@ struct SolveParams {
   // its PT2, from the space the one before left); eps_var is the last.
   std::vector<double> eps_schedule{1e-4};
   double eps_var = 1e-4, eps_pt2 = 1e-6;
+  // Semistochastic PT2 (when eps_pt2_large is set): draws a batch, most batches, the error bar to
+  // stop at, and the seed of the draws.
+  std::optional<double> eps_pt2_large;
+  std::uint64_t pt2_samples = 200, pt2_batches = 200;
+  double pt2_target_error = 1e-5;
+  std::uint64_t pt2_seed = 0;
+  bool semistochastic() const { return eps_pt2_large.has_value(); }
   std::uint64_t max_new_dets = 100000, max_dets = 10000000;
   int max_iterations = 20;
   double energy_tolerance = 1e-6, davidson_tolerance = 1e-5;
@@ -81,6 +92,11 @@ struct SolveParams {
                                                   : std::vector<double>{p.at("eps_var").get<double>()};
     s.eps_var = s.eps_schedule.empty() ? 0.0 : s.eps_schedule.back();
     s.eps_pt2 = p.value("eps_pt2", s.eps_pt2);
+    if (p.contains("eps_pt2_large")) s.eps_pt2_large = p.at("eps_pt2_large").get<double>();
+    s.pt2_samples = p.value("pt2_samples", s.pt2_samples);
+    s.pt2_batches = p.value("pt2_batches", s.pt2_batches);
+    s.pt2_target_error = p.value("pt2_target_error", s.pt2_target_error);
+    s.pt2_seed = p.value("pt2_seed", s.pt2_seed);
     s.max_new_dets = p.value("max_new_dets", s.max_new_dets);
     s.max_dets = p.value("max_dets", s.max_dets);
     s.max_iterations = p.value("max_iterations", s.max_iterations);
@@ -273,65 +289,176 @@ void log_target(const Problem& p) {
                  1e3 * (t.reference_diagonal - t.lower_elsewhere_diagonal), t.irrep);
 }
 
+// ---------------------------------------------------------------- the semistochastic PT2's draws
+
+// The stochastic part's sources for batches [first, first + count): each batch draws `draws`
+// determinants of the space with probability p_i = |c_i| / sum |c| (with replacement), and each
+// determinant drawn goes in once, with its weights (kernels::SciSampled), ordered by batch, then
+// by index. The draws come from a counter-based generator of (seed, batch, draw), so every rank,
+// every resume and every backend draws the same determinants.
+struct SampledSources {
+  std::vector<Det> dets;
+  std::vector<double> coefficients, scale, fold;
+  std::vector<std::uint64_t> batch;
+};
+
+std::uint64_t mix64(std::uint64_t x) {  // (splitmix64's finalizer)
+  x ^= x >> 30;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 27;
+  x *= 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+double uniform01(std::uint64_t seed, std::uint64_t batch, std::uint64_t draw) {
+  const std::uint64_t x = mix64(mix64(mix64(seed + 0x9E3779B97F4A7C15ull) + batch) + draw);
+  return static_cast<double>(x >> 11) * 0x1.0p-53;
+}
+
+SampledSources sample_sources(const std::vector<Det>& space, const std::vector<double>& c, std::uint64_t seed,
+                              std::uint64_t first, std::uint64_t count, std::uint64_t draws) {
+  std::vector<double> cumulative(c.size());
+  double total = 0;
+  for (std::size_t i = 0; i < c.size(); ++i) cumulative[i] = total += std::fabs(c[i]);
+  SampledSources out;
+  std::vector<std::uint64_t> picked(draws);
+  const auto n = static_cast<double>(draws);
+  for (std::uint64_t b = first; b < first + count; ++b) {
+    for (std::uint64_t d = 0; d < draws; ++d) {
+      const double target = uniform01(seed, b, d) * total;
+      const auto at = std::upper_bound(cumulative.begin(), cumulative.end(), target) - cumulative.begin();
+      picked[d] = std::min<std::uint64_t>(static_cast<std::uint64_t>(at), c.size() - 1);
+    }
+    std::sort(picked.begin(), picked.end());
+    for (std::uint64_t d = 0; d < draws;) {
+      const std::uint64_t i = picked[d];
+      std::uint64_t e = d;
+      while (e < draws && picked[e] == i) ++e;
+      const double w = static_cast<double>(e - d), p = std::fabs(c[i]) / total;
+      out.dets.push_back(space[i]);
+      out.coefficients.push_back(c[i]);
+      out.scale.push_back(w / p);
+      out.fold.push_back(w * (n - 1) / p - w * w / (p * p));
+      out.batch.push_back(b);
+      d = e;
+    }
+  }
+  return out;
+}
+
 // ---------------------------------------------------------------- kernels
 
-// The generation's resident data, uploaded in prepare(): the Hamiltonian, the space and the
-// coefficients. (Davidson's products share sci::ResidentSpace instead; it is gone by then, so
-// the Hamiltonian and the space go up again once an iteration.)
+template <typename T>
+Buffer upload(Backend& backend, Stream& stream, const std::vector<T>& v, const char* what) {
+  Buffer b = backend.alloc_device(std::max<std::size_t>(v.size(), 1) * sizeof(T), what);
+  backend.copy_to_device(b.data(), v.data(), v.size() * sizeof(T), stream);
+  return b;
+}
+
+// The scoring's resident data, uploaded in prepare(): the Hamiltonian and the space. (Davidson's
+// products share sci::ResidentSpace instead; it is gone by then, so the Hamiltonian and the space
+// go up again once an iteration.)
 class SpaceKernel : public engine::PassKernel {
  public:
-  SpaceKernel(const Memory& m, const std::vector<double>* vector) : m_(m), vector_(vector) {}
+  explicit SpaceKernel(const Memory& m) : m_(m) {}
   void prepare(Backend& backend, Stream& stream) override {
     backend_ = &backend;
     h_ = std::make_unique<sci::ResidentHamiltonian>(backend, stream, m_.problem->ints, m_.problem->tables);
-    const auto n = m_.space.dets.size();
-    space_ = backend.alloc_device(std::max<std::size_t>(n, 1) * sizeof(Det), "selected-CI space");
-    backend.copy_to_device(space_.data(), m_.space.dets.data(), n * sizeof(Det), stream);
-    if (vector_) {
-      vector_buffer_ = backend.alloc_device(std::max<std::size_t>(n, 1) * 8, "selected-CI vector");
-      backend.copy_to_device(vector_buffer_.data(), vector_->data(), n * 8, stream);
-    }
+    space_ = upload(backend, stream, m_.space.dets, "selected-CI space");
     stream.synchronize();
   }
-  static std::uint64_t resident_bytes(const Memory& m, bool vector) {
+  static std::uint64_t resident_bytes(const Memory& m) {
     const std::uint64_t n = std::max<std::uint64_t>(m.space.dets.size(), 1);
-    return sci::ResidentHamiltonian::bytes(m.problem->ints, m.problem->tables) + n * sizeof(Det) + (vector ? n * 8 : 0);
+    return sci::ResidentHamiltonian::bytes(m.problem->ints, m.problem->tables) + n * sizeof(Det);
   }
+  // Device scratch a row: its denominator and whether it is skipped.
+  static constexpr std::uint64_t kScratchPerRow = sizeof(double) + 1;
 
  protected:
+  // The batch's candidates (input 0: rows of `words` uint64, the determinant first) scored on the
+  // backend: into denominator_ and skipped_ on the host, a value a row.
+  void score_rows(const engine::BatchView& b, std::uint32_t words, double energy) {
+    const std::uint64_t rows = b.rows.size();
+    const Problem& p = *m_.problem;
+    auto* device_denominator = static_cast<double*>(b.scratch);
+    auto* device_skipped = reinterpret_cast<unsigned char*>(device_denominator + rows);
+    kernels::sci_score_rows(*b.stream, {h_->view(), space_.as<Det>(), m_.space.dets.size(),
+                                        p.symmetry.masks(p.target.irrep), static_cast<const std::uint64_t*>(b.inputs[0]),
+                                        words, rows, energy, device_denominator, device_skipped});
+    denominator_.resize(rows);
+    skipped_.resize(rows);
+    backend_->copy_to_host(denominator_.data(), device_denominator, rows * sizeof(double), *b.stream);
+    backend_->copy_to_host(skipped_.data(), device_skipped, rows, *b.stream);
+    b.stream->synchronize();
+  }
+
   const Memory& m_;
-  const std::vector<double>* vector_;
   Backend* backend_ = nullptr;
   std::unique_ptr<sci::ResidentHamiltonian> h_;
-  Buffer space_, vector_buffer_;
+  Buffer space_;
+  std::vector<double> denominator_;
+  std::vector<unsigned char> skipped_;
 };
 
-class GenerateKernel final : public SpaceKernel {
+// What a generation pass generates from: the space with its eigenvector (Candidate records), or
+// the semistochastic PT2's sampled determinants (two TaggedCandidate records a candidate).
+struct GenerationSources {
+  const std::vector<Det>* dets = nullptr;
+  const std::vector<double>* coefficients = nullptr;
+  const SampledSources* sampled = nullptr;
+  double eps_large = 0;
+  std::uint64_t size() const { return dets->size(); }
+  std::uint64_t records_per_candidate() const { return sampled ? 2 : 1; }
+};
+
+class GenerateKernel final : public engine::PassKernel {
  public:
-  GenerateKernel(const Memory& m, const std::vector<double>* c, double eps) : SpaceKernel(m, c), eps_(eps) {}
+  GenerateKernel(const Problem& p, GenerationSources sources, double eps) : p_(p), sources_(sources), eps_(eps) {}
   void prepare(Backend& backend, Stream& stream) override {
-    SpaceKernel::prepare(backend, stream);
+    h_ = std::make_unique<sci::ResidentHamiltonian>(backend, stream, p_.ints, p_.tables);
+    dets_ = upload(backend, stream, *sources_.dets, "selected-CI sources");
+    coefficients_ = upload(backend, stream, *sources_.coefficients, "selected-CI coefficients");
+    if (const SampledSources* s = sources_.sampled) {
+      batch_ = upload(backend, stream, s->batch, "selected-CI sampled batches");
+      scale_ = upload(backend, stream, s->scale, "selected-CI sampled scales");
+      fold_ = upload(backend, stream, s->fold, "selected-CI sampled folds");
+    }
     scan_ = backend.alloc_device(kernels::kSciScanWorkspaceBytes, "selected-CI scan workspace");
+    stream.synchronize();
+  }
+  // (the sources, their coefficients and, sampled, their batches and weights)
+  static std::uint64_t resident_bytes(const Problem& p, const GenerationSources& s) {
+    const std::uint64_t n = std::max<std::uint64_t>(s.size(), 1);
+    return sci::ResidentHamiltonian::bytes(p.ints, p.tables) + n * (sizeof(Det) + 8) + (s.sampled ? n * 24 : 0) +
+           kernels::kSciScanWorkspaceBytes;
   }
   void process(const engine::BatchView& b) override {
-    const Problem& p = *m_.problem;
+    const std::uint64_t first = b.rows.begin;
     kernels::SciGenerate g{h_->view(),
-                           p.na,
-                           p.nb,
-                           space_.as<Det>() + b.rows.begin,
-                           vector_buffer_.as<double>() + b.rows.begin,
+                           p_.na,
+                           p_.nb,
+                           dets_.as<Det>() + first,
+                           coefficients_.as<double>() + first,
                            b.rows.size(),
                            eps_,
                            static_cast<Candidate*>(b.outputs[0]),
                            b.appended[0],
                            static_cast<std::uint64_t*>(b.scratch),
-                           scan_.data()};
+                           scan_.data(),
+                           {}};
+    if (sources_.sampled) {
+      g.out = nullptr;
+      g.sampled = {batch_.as<std::uint64_t>() + first, scale_.as<double>() + first, fold_.as<double>() + first,
+                   sources_.eps_large, static_cast<kernels::sci::TaggedCandidate*>(b.outputs[0])};
+    }
     kernels::sci_generate(*b.stream, g);
   }
 
  private:
+  const Problem& p_;
+  GenerationSources sources_;
   double eps_;
-  Buffer scan_;
+  std::unique_ptr<sci::ResidentHamiltonian> h_;
+  Buffer dets_, coefficients_, batch_, scale_, fold_, scan_;
 };
 
 // ---------------------------------------------------------------- scoring: E_PT2 and the top-K
@@ -400,26 +527,13 @@ class ScoreReduction final : public engine::Reduction {
 class ScoreKernel final : public SpaceKernel {
  public:
   ScoreKernel(const Memory& m, const sci::AmplitudeModel& model, double energy, std::uint64_t k, std::uint64_t tile_rows)
-      : SpaceKernel(m, nullptr), model_(model), energy_(energy), k_(k), tile_rows_(tile_rows) {}
-  // Device scratch a row: its denominator and whether it is skipped.
-  static constexpr std::uint64_t kScratchPerRow = sizeof(double) + 1;
-
+      : SpaceKernel(m), model_(model), energy_(energy), k_(k), tile_rows_(tile_rows) {}
   void process(const engine::BatchView& b) override {
     const auto* keys = static_cast<const std::uint64_t*>(b.host_inputs[0]);
     const auto* values = static_cast<const double*>(b.host_inputs[1]);
     const std::uint64_t rows = b.rows.size(), tiles = (rows + tile_rows_ - 1) / tile_rows_;
     const std::size_t partial_bytes = sizeof(ScoreHeader) + k_ * sizeof(Scored);
-    const Problem& p = *m_.problem;
-    auto* device_denominator = static_cast<double*>(b.scratch);
-    auto* device_skipped = reinterpret_cast<unsigned char*>(device_denominator + rows);
-    kernels::sci_score_rows(*b.stream, {h_->view(), space_.as<Det>(), m_.space.dets.size(),
-                                        p.symmetry.masks(p.target.irrep), static_cast<const Det*>(b.inputs[0]), rows,
-                                        energy_, device_denominator, device_skipped});
-    denominator_.resize(rows);
-    skipped_.resize(rows);
-    backend_->copy_to_host(denominator_.data(), device_denominator, rows * sizeof(double), *b.stream);
-    backend_->copy_to_host(skipped_.data(), device_skipped, rows, *b.stream);
-    b.stream->synchronize();
+    score_rows(b, 2, energy_);
     for (std::uint64_t t = 0; t < tiles; ++t) {
       const std::uint64_t begin = t * tile_rows_, end = std::min(rows, begin + tile_rows_);
       ScoreHeader h;
@@ -450,8 +564,59 @@ class ScoreKernel final : public SpaceKernel {
   const sci::AmplitudeModel& model_;
   double energy_;
   std::uint64_t k_, tile_rows_;
-  std::vector<double> denominator_;
-  std::vector<unsigned char> skipped_;
+};
+
+// Sums of doubles, one a batch of the semistochastic PT2's group, folded element-wise.
+class BatchSums final : public engine::Reduction {
+ public:
+  explicit BatchSums(std::size_t batches) : sums_(batches, 0.0) {}
+  std::unique_ptr<Reduction> empty() const override { return std::make_unique<BatchSums>(sums_.size()); }
+  void fold(std::uint64_t, const std::byte* partial) override { std::memcpy(sums_.data(), partial, sums_.size() * 8); }
+  void merge(const Reduction& right) override {
+    const auto& r = static_cast<const BatchSums&>(right);
+    for (std::size_t b = 0; b < sums_.size(); ++b) sums_[b] += r.sums_[b];
+  }
+  std::string save() const override { return std::string(reinterpret_cast<const char*>(sums_.data()), sums_.size() * 8); }
+  void load(const std::string& state) override {
+    if (state.size() != sums_.size() * 8) throw std::runtime_error("a reduction's saved state has the wrong size");
+    std::memcpy(sums_.data(), state.data(), state.size());
+  }
+  const std::vector<double>& sums() const { return sums_; }
+
+ private:
+  std::vector<double> sums_;
+};
+
+// The semistochastic PT2's score of a group of batches [first, first + count): per unique
+// (candidate, tag) outside the space, its term over E - H_aa, summed per batch (kernels::SciSampled
+// says what the tags hold): A^2 for tag 3b, -A_large^2 for 3b + 1, B - B_large for 3b + 2. Sums
+// per tile in row order, then the engine's tree: the same bits on every backend and rank count.
+class SampledScoreKernel final : public SpaceKernel {
+ public:
+  SampledScoreKernel(const Memory& m, double energy, std::uint64_t first, std::uint64_t count, std::uint64_t tile_rows)
+      : SpaceKernel(m), energy_(energy), first_(first), count_(count), tile_rows_(tile_rows) {}
+  void process(const engine::BatchView& b) override {
+    const auto* keys = static_cast<const std::uint64_t*>(b.host_inputs[0]);
+    const auto* values = static_cast<const double*>(b.host_inputs[1]);
+    const std::uint64_t rows = b.rows.size(), tiles = (rows + tile_rows_ - 1) / tile_rows_;
+    score_rows(b, 3, energy_);
+    std::vector<double> sums(count_);
+    for (std::uint64_t t = 0; t < tiles; ++t) {
+      std::fill(sums.begin(), sums.end(), 0.0);
+      for (std::uint64_t r = t * tile_rows_; r < std::min(rows, (t + 1) * tile_rows_); ++r) {
+        if (skipped_[r]) continue;
+        const std::uint64_t tag = keys[3 * r + 2], batch = tag / 3 - first_;
+        const double v = values[r], den = denominator_[r];
+        const double term = tag % 3 == 0 ? v * v / den : tag % 3 == 1 ? -(v * v) / den : v / den;
+        sums.at(batch) += term;
+      }
+      std::memcpy(static_cast<std::byte*>(b.partials) + t * count_ * 8, sums.data(), count_ * 8);
+    }
+  }
+
+ private:
+  double energy_;
+  std::uint64_t first_, count_, tile_rows_;
 };
 
 // The output pass: the final space and coefficients, copied from the host.
@@ -483,14 +648,52 @@ std::uint64_t row_chunk(std::uint64_t n, std::uint64_t most) { return std::min<s
 // A point of the eps_var schedule, once iterated to convergence (and its PT2, if any).
 struct SchedulePoint {
   double eps_var = 0, e_var = 0, e_pt2 = std::nan("");  // (NaN: no PT2 at this point)
+  double e_pt2_error = 0;                                 // (semistochastic: E_PT2's error bar)
   std::uint64_t dets = 0;
   std::int32_t iteration = 0;  // its last
-  void put(Packer& out) const { out.put(eps_var), out.put(e_var), out.put(e_pt2), out.put(dets), out.put(iteration); }
+  void put(Packer& out) const {
+    out.put(eps_var), out.put(e_var), out.put(e_pt2), out.put(e_pt2_error), out.put(dets), out.put(iteration);
+  }
   void get(Unpacker& in) {
-    eps_var = in.get<double>(), e_var = in.get<double>(), e_pt2 = in.get<double>();
+    eps_var = in.get<double>(), e_var = in.get<double>(), e_pt2 = in.get<double>(), e_pt2_error = in.get<double>();
     dets = in.get<std::uint64_t>(), iteration = in.get<std::int32_t>();
   }
 };
+
+// A semistochastic PT2 (eps_pt2_large set): its deterministic part, each batch's estimate of
+// E_PT2 so far (the deterministic part plus that batch's stochastic part), the records its
+// groups made, and the group of batches in flight.
+struct StochasticPT2 {
+  double deterministic = 0;
+  std::vector<double> estimates;
+  std::uint64_t generated = 0, unique = 0;  // (tagged records, two a candidate; unique (candidate, tag) keys)
+  std::uint64_t first = 0, count = 0;
+  double mean() const {
+    double sum = 0;
+    for (const double e : estimates) sum += e;
+    return sum / static_cast<double>(estimates.size());
+  }
+  // The standard error of the mean (0 below two batches).
+  double error() const {
+    const std::size_t n = estimates.size();
+    if (n < 2) return 0;
+    const double m = mean();
+    double ss = 0;
+    for (const double e : estimates) ss += (e - m) * (e - m);
+    return std::sqrt(ss / static_cast<double>(n * (n - 1)));
+  }
+  void put(Packer& out) const {
+    out.put(deterministic), out.put_vector(estimates), out.put(generated), out.put(unique), out.put(first), out.put(count);
+  }
+  void get(Unpacker& in) {
+    deterministic = in.get<double>(), estimates = in.get_vector<double>();
+    generated = in.get<std::uint64_t>(), unique = in.get<std::uint64_t>();
+    first = in.get<std::uint64_t>(), count = in.get<std::uint64_t>();
+  }
+};
+// Batches a group of the stochastic part runs as one generate/dedup/score (its error bar is
+// looked at after each group).
+constexpr std::uint64_t kBatchesPerGroup = 10;
 
 // E_var against E_PT2 over the schedule's points that have a PT2, fitted to a line (least squares):
 // its value at E_PT2 = 0 is the extrapolated energy, as SHCI codes report it. nullopt below 2 points.
@@ -543,8 +746,12 @@ struct Iteration {
 };
 
 // The phases of an iteration, and of the final PT2 at eps_pt2.
-enum class Phase : std::uint8_t { davidson, generate, dedup, score, pt2_generate, pt2_dedup, pt2_score, done };
+// (sampled_*: the semistochastic PT2's stochastic part, a group of batches at a time)
+enum class Phase : std::uint8_t {
+  davidson, generate, dedup, score, pt2_generate, pt2_dedup, pt2_score, sampled_generate, sampled_dedup, sampled_score, done
+};
 bool final_pt2(Phase p) { return p == Phase::pt2_generate || p == Phase::pt2_dedup || p == Phase::pt2_score; }
+bool sampled(Phase p) { return p == Phase::sampled_generate || p == Phase::sampled_dedup || p == Phase::sampled_score; }
 // The name an iteration's seconds are kept under.
 std::string timed_phase(Phase p) {
   switch (p) {
@@ -597,6 +804,11 @@ class SolveRun final : public StepRun {
     return history_[static_cast<std::size_t>(iteration_)];
   }
   double final_e_pt2() const { return final_pt2_ ? *final_pt2_ : history_.back().e_pt2; }
+  // The final PT2 at eps_pt2 is done (deterministically, or the deterministic part at eps_pt2_large
+  // of a semistochastic one, which then goes on with its stochastic part).
+  void deterministic_pt2_done(double pt2);
+  void start_group();
+  void end_group(const std::vector<double>& sums);
   double eps_var() const { return params_.eps_schedule[static_cast<std::size_t>(point_)]; }
   void end_point();
   // Iteration iteration_'s space, a fresh Davidson from its guess.
@@ -618,7 +830,7 @@ class SolveRun final : public StepRun {
     keys::DedupSource src;
     src.keys = earlier_pass_input(generated_pass_, "candidates");
     src.rows = generated_rows_;
-    src.words = 2;
+    src.words = sampled(phase_) ? 3 : 2;  // (the sampled records' key: the determinant and a tag)
     src.interleaved_value = true;
     return src;
   }
@@ -639,6 +851,8 @@ class SolveRun final : public StepRun {
   bool converged_ = false;
   int point_ = 0, point_first_iteration_ = 0;  // where the eps_var schedule is, and its first iteration
   std::vector<SchedulePoint> points_;           // the schedule's points done
+  std::optional<StochasticPT2> stochastic_;     // the semistochastic PT2's, once its deterministic part is done
+  SampledSources sampled_;                      // (not saved: its group's draws, drawn again by load())
   // (not saved)
   std::optional<comm::Communicator> ranks_;  // (the products' rows, gathered on every rank)
   std::unique_ptr<Stream> stream_;           // (the products')
@@ -646,52 +860,84 @@ class SolveRun final : public StepRun {
   double s_squared_ = 0;  // of the final state (output())
 };
 
+// A generation pass over `sources`: its candidates appended, Candidate records (three words) or,
+// sampled, TaggedCandidate records (four), as many as the sources could make at most.
+StepPass generation_pass(const Problem& problem, std::string name, const GenerationSources& sources, double eps,
+                         const char* unit) {
+  const std::uint64_t rows = sources.size(), most = sources.records_per_candidate() * problem.max_per_source;
+  const std::uint64_t columns = sources.sampled ? 4 : 3;
+  StepPass p;
+  p.name = std::move(name);
+  p.pass.rows = rows;
+  p.pass.tile_rows = 16;
+  engine::OutputDecl out;
+  out.name = "candidates";
+  out.kind = engine::OutputKind::appended;
+  out.layout = Layout{DType::uint64, {rows * most, columns}, {1 << 16, columns}};
+  out.max_rows_per_row = most;
+  p.pass.outputs.push_back(out);
+  p.pass.scratch_device_bytes_per_row = 16;
+  p.pass.progress_unit = unit;
+  p.pass.resident_device_bytes = GenerateKernel::resident_bytes(problem, sources);
+  p.kernel = std::make_unique<GenerateKernel>(problem, sources, eps);
+  return p;
+}
+
+// A scoring pass over a de-duplication's result (keys of `words` words and their summed values):
+// the keys on the device for the kernel and in pinned memory for the host's sums, the values only
+// there; the kernel and the reduction are the caller's.
+StepPass score_pass(const Memory& m, std::string name, const keys::DedupResult& r, std::uint32_t words,
+                    std::uint64_t tile_rows, std::size_t tile_partial_bytes) {
+  StepPass p;
+  p.name = std::move(name);
+  p.pass.rows = r.unique;
+  p.pass.tile_rows = tile_rows;
+  p.pass.inputs.push_back({"unique keys", nullptr, words * 8ull});
+  p.pass.inputs.push_back({"summed values", nullptr, 8});
+  p.pass.inputs[1].place = engine::StreamedInput::Place::host;
+  p.pass.resident_device_bytes = SpaceKernel::resident_bytes(m);
+  p.pass.scratch_device_bytes_per_row = SpaceKernel::kScratchPerRow;
+  p.streamed_inputs = {earlier_pass_input(r.pass, r.keys), earlier_pass_input(r.pass, r.values)};
+  p.pass.tile_partial_bytes = tile_partial_bytes;
+  p.pass.partials_on_host = true;
+  return p;
+}
+
 std::optional<StepPass> SolveRun::next() {
   pass_started_ = std::chrono::steady_clock::now();
   const Memory& m = m_;
-  const std::uint64_t n = m.space.dets.size();
   if (phase_ == Phase::davidson) {
     product();
     return std::nullopt;
   }
   if (phase_ == Phase::generate || phase_ == Phase::pt2_generate) {
-    const double eps = phase_ == Phase::generate ? eps_var() : params_.eps_pt2;
-    StepPass p;
-    p.name = fmt::format("generate {}", iteration_);
-    p.pass.rows = n;
-    p.pass.tile_rows = 16;
-    engine::OutputDecl out;
-    out.name = "candidates";
-    out.kind = engine::OutputKind::appended;
-    out.layout = Layout{DType::uint64, {n * m.problem->max_per_source, 3}, {1 << 16, 3}};
-    out.max_rows_per_row = m.problem->max_per_source;
-    p.pass.outputs.push_back(out);
-    p.pass.resident_device_bytes = SpaceKernel::resident_bytes(m, true) + kernels::kSciScanWorkspaceBytes;
-    p.pass.scratch_device_bytes_per_row = 16;
-    p.pass.progress_unit = "determinants";
-    p.kernel = std::make_unique<GenerateKernel>(m, &m.davidson->eigenvector(), eps);
+    // (a semistochastic PT2's deterministic part: at eps_pt2_large)
+    const double eps = phase_ == Phase::generate ? eps_var() : params_.eps_pt2_large.value_or(params_.eps_pt2);
+    return generation_pass(*m.problem, fmt::format("generate {}", iteration_), {&m.space.dets, &m.davidson->eigenvector()},
+                           eps, "determinants");
+  }
+  if (phase_ == Phase::sampled_generate) {
+    const StochasticPT2& st = *stochastic_;
+    return generation_pass(*m.problem, fmt::format("sampled generate {}-{}", st.first, st.first + st.count - 1),
+                           {&sampled_.dets, &sampled_.coefficients, &sampled_, *params_.eps_pt2_large}, params_.eps_pt2,
+                           "sampled determinants");
+  }
+  if (phase_ == Phase::dedup || phase_ == Phase::pt2_dedup || phase_ == Phase::sampled_dedup) return dedup_->next();
+  if (phase_ == Phase::score || phase_ == Phase::pt2_score) {
+    const std::uint64_t k = phase_ == Phase::score ? params_.max_new_dets : 0;
+    const std::uint64_t tile_rows = std::max<std::uint64_t>(kScoreTileMin, std::bit_ceil(4 * std::max<std::uint64_t>(k, 1)));
+    StepPass p = score_pass(m, fmt::format("score {}", iteration_), dedup_->result(), 2, tile_rows,
+                            sizeof(ScoreHeader) + k * sizeof(Scored));
+    p.kernel = std::make_unique<ScoreKernel>(m, *m.amplitude_model, e_var_, k, tile_rows);
+    p.reduction = std::make_unique<ScoreReduction>(k);
     return p;
   }
-  if (phase_ == Phase::dedup || phase_ == Phase::pt2_dedup) return dedup_->next();
-  if (phase_ == Phase::score || phase_ == Phase::pt2_score) {
-    const keys::DedupResult r = dedup_->result();
-    const std::uint64_t k = phase_ == Phase::score ? params_.max_new_dets : 0;
-    StepPass p;
-    p.name = fmt::format("score {}", iteration_);
-    p.pass.rows = r.unique;
-    p.pass.tile_rows = std::max<std::uint64_t>(kScoreTileMin, std::bit_ceil(4 * std::max<std::uint64_t>(k, 1)));
-    // (the keys on the device for the kernel, and in pinned memory for the host's sums; the
-    // values only there)
-    p.pass.inputs.push_back({"unique keys", nullptr, 16});
-    p.pass.inputs.push_back({"summed H c", nullptr, 8});
-    p.pass.inputs[1].place = engine::StreamedInput::Place::host;
-    p.pass.resident_device_bytes = SpaceKernel::resident_bytes(m, false);
-    p.pass.scratch_device_bytes_per_row = ScoreKernel::kScratchPerRow;
-    p.streamed_inputs = {earlier_pass_input(r.pass, r.keys), earlier_pass_input(r.pass, r.values)};
-    p.pass.tile_partial_bytes = sizeof(ScoreHeader) + k * sizeof(Scored);
-    p.pass.partials_on_host = true;
-    p.kernel = std::make_unique<ScoreKernel>(m, *m.amplitude_model, e_var_, k, p.pass.tile_rows);
-    p.reduction = std::make_unique<ScoreReduction>(k);
+  if (phase_ == Phase::sampled_score) {
+    const StochasticPT2& st = *stochastic_;
+    StepPass p = score_pass(m, fmt::format("sampled score {}-{}", st.first, st.first + st.count - 1), dedup_->result(), 3,
+                            kScoreTileMin, st.count * 8);
+    p.kernel = std::make_unique<SampledScoreKernel>(m, e_var_, st.first, st.count, kScoreTileMin);
+    p.reduction = std::make_unique<BatchSums>(st.count);
     return p;
   }
   throw std::logic_error("sci.solve: next() after the last pass");
@@ -701,6 +947,24 @@ void SolveRun::finished(StepPass& pass) {
   const int index = *ctx_.passes_done;  // this pass's
   account(timed_phase(phase_), std::chrono::duration<double>(std::chrono::steady_clock::now() - pass_started_).count());
   Iteration& now = this->now();
+  if (phase_ == Phase::sampled_generate) {
+    generated_pass_ = index;
+    generated_rows_ = pass.outputs.at(0).rows;
+    stochastic_->generated += generated_rows_;
+    if (generated_rows_ == 0) return end_group(std::vector<double>(stochastic_->count, 0.0));
+    dedup_.emplace(ctx_, dedup_source());
+    phase_ = Phase::sampled_dedup;
+    return;
+  }
+  if (phase_ == Phase::sampled_dedup) {
+    dedup_->finished(pass);
+    if (dedup_->done()) {
+      stochastic_->unique += dedup_->result().unique;
+      phase_ = Phase::sampled_score;
+    }
+    return;
+  }
+  if (phase_ == Phase::sampled_score) return end_group(static_cast<const BatchSums&>(*pass.reduction).sums());
   const bool pt2 = final_pt2(phase_);
   if (phase_ == Phase::generate || phase_ == Phase::pt2_generate) {
     generated_pass_ = index;
@@ -708,8 +972,7 @@ void SolveRun::finished(StepPass& pass) {
     (pt2 ? now.pt2_generated : now.generated) = generated_rows_;
     if (generated_rows_ == 0) {  // nothing to de-duplicate: no candidate passed the screening
       if (pt2) {
-        final_pt2_ = 0.0;
-        end_point();
+        deterministic_pt2_done(0.0);
       } else {
         finish_iteration(0.0, {});
       }
@@ -730,12 +993,52 @@ void SolveRun::finished(StepPass& pass) {
     return;
   }
   const auto& r = static_cast<const ScoreReduction&>(*pass.reduction);
-  if (pt2) {
-    final_pt2_ = r.pt2();
-    end_point();
-    return;
-  }
+  if (pt2) return deterministic_pt2_done(r.pt2());
   finish_iteration(r.pt2(), r.top());
+}
+
+void SolveRun::deterministic_pt2_done(double pt2) {
+  if (!params_.semistochastic()) {
+    final_pt2_ = pt2;
+    return end_point();
+  }
+  stochastic_.emplace();
+  stochastic_->deterministic = pt2;
+  if (ctx_.comm->root())
+    spdlog::info("sci.solve: semistochastic PT2: deterministic part at eps_pt2_large {:g}: {:.10f}; the stochastic part at "
+                 "eps_pt2 {:g}, {} draws a batch", *params_.eps_pt2_large, pt2, params_.eps_pt2, params_.pt2_samples);
+  start_group();
+}
+
+// The next group of batches of the stochastic part: its draws, then its passes.
+void SolveRun::start_group() {
+  StochasticPT2& st = *stochastic_;
+  st.first = st.estimates.size();
+  st.count = std::min<std::uint64_t>(kBatchesPerGroup, params_.pt2_batches - st.first);
+  sampled_ = sample_sources(m_.space.dets, m_.davidson->eigenvector(), params_.pt2_seed, st.first, st.count,
+                            params_.pt2_samples);
+  dedup_.reset();
+  phase_ = Phase::sampled_generate;
+}
+
+// A group's per-batch sums become its batches' estimates; the PT2 is done once the error bar is
+// below pt2_target_error (two batches at least) or pt2_batches are done.
+void SolveRun::end_group(const std::vector<double>& sums) {
+  StochasticPT2& st = *stochastic_;
+  const auto n = static_cast<double>(params_.pt2_samples);
+  for (const double sum : sums) st.estimates.push_back(st.deterministic + sum / (n * (n - 1)));
+  dedup_.reset();
+  const bool met = st.estimates.size() >= 2 && st.error() < params_.pt2_target_error;
+  if (ctx_.comm->root())
+    spdlog::info("sci.solve: semistochastic PT2, {} batches: E_PT2 {:.10f} +- {:.2e}", st.estimates.size(), st.mean(),
+                 st.error());
+  if (!met && st.estimates.size() < params_.pt2_batches) return start_group();
+  if (!met && ctx_.comm->root())
+    spdlog::warn("sci.solve: semistochastic PT2: its error bar {:.2e} is above pt2_target_error {:.2e} after pt2_batches = {} "
+                 "batches; raise pt2_batches or pt2_samples for a tighter one", st.error(), params_.pt2_target_error,
+                 st.estimates.size());
+  final_pt2_ = st.mean();
+  end_point();
 }
 
 void SolveRun::account(const std::string& phase, double seconds) {
@@ -871,10 +1174,13 @@ void SolveRun::finish_iteration(double pt2, const std::vector<Scored>& top) {
 // coefficients as Davidson's start), or the run's work is done.
 void SolveRun::end_point() {
   const Iteration& last = history_.back();
-  points_.push_back({eps_var(), last.e_var, final_pt2_ ? *final_pt2_ : std::nan(""), m_.space.dets.size(), iteration_});
+  const double error = stochastic_ ? stochastic_->error() : 0.0;
+  points_.push_back({eps_var(), last.e_var, final_pt2_ ? *final_pt2_ : std::nan(""), error, m_.space.dets.size(), iteration_});
   if (ctx_.comm->root() && params_.eps_schedule.size() > 1)
     spdlog::info("sci.solve: eps_var {:g} done: {} determinants, E_var {:.10f}{}", eps_var(), last.dets, last.e_var,
-                 final_pt2_ ? fmt::format(", E_PT2 {:.10f}, total {:.10f}", *final_pt2_, last.e_var + *final_pt2_) : "");
+                 final_pt2_ ? fmt::format(", E_PT2 {:.10f}{}, total {:.10f}", *final_pt2_,
+                                          stochastic_ ? fmt::format(" +- {:.2e}", error) : "", last.e_var + *final_pt2_)
+                            : "");
   if (static_cast<std::size_t>(point_ + 1) >= params_.eps_schedule.size()) {
     phase_ = Phase::done;
     return;
@@ -886,6 +1192,7 @@ void SolveRun::end_point() {
   point_ += 1;
   point_first_iteration_ = k + 1;
   final_pt2_.reset();
+  stochastic_.reset();
   stop_reason_.clear();
   converged_ = false;
   iteration_ = k + 1;
@@ -909,6 +1216,8 @@ std::string SolveRun::save() const {
   out.put(point_), out.put(point_first_iteration_);
   out.put<std::uint64_t>(points_.size());
   for (const SchedulePoint& p : points_) p.put(out);
+  out.put<std::uint8_t>(stochastic_.has_value());
+  if (stochastic_) stochastic_->put(out);
   return out.take();
 }
 
@@ -944,7 +1253,14 @@ void SolveRun::load(std::string_view state) {
     throw std::runtime_error("a saved state of another eps_var schedule");
   points_.resize(in.get<std::uint64_t>());
   for (SchedulePoint& p : points_) p.get(in);
+  stochastic_.reset();
+  if (in.get<std::uint8_t>()) stochastic_.emplace().get(in);
   in.finish();
+  if (sampled(phase_)) {  // (the group's draws, as start_group() drew them)
+    if (!stochastic_) throw std::runtime_error("a saved state of another layout");
+    sampled_ = sample_sources(m_.space.dets, m_.davidson->eigenvector(), params_.pt2_seed, stochastic_->first,
+                              stochastic_->count, params_.pt2_samples);
+  }
 }
 
 // Dataset `group/key`: `field` of each of `rows` (an iteration, a schedule point), in order.
@@ -978,6 +1294,8 @@ void SolveRun::write(const StagePlan&, const StepPass&, h5::File& out) const {
     point_column("e_var", h5::DType::float64, &SchedulePoint::e_var, "E_var (Ha) converged at each threshold");
     point_column("e_pt2", h5::DType::float64, &SchedulePoint::e_pt2,
                  "E_PT2 (Ha) at eps_pt2 from each threshold's space (NaN: no PT2, eps_pt2 >= that eps_var)");
+    if (params_.semistochastic())
+      point_column("e_pt2_error", h5::DType::float64, &SchedulePoint::e_pt2_error, "each semistochastic E_PT2's error bar (Ha)");
     point_column("dets", h5::DType::uint64, &SchedulePoint::dets, "determinants at each threshold");
     point_column("iteration", h5::DType::int32, &SchedulePoint::iteration, "each threshold's last iteration");
     if (const auto x = extrapolate(points_)) {
@@ -997,6 +1315,27 @@ void SolveRun::write(const StagePlan&, const StepPass&, h5::File& out) const {
   detail::write_scalar(out, "pt2_generated", h5::DType::uint64, &last.pt2_generated,
                        "candidates the final PT2 generated at eps_pt2, duplicates included (0: no final PT2)");
   detail::write_scalar(out, "pt2_unique", h5::DType::uint64, &last.pt2_unique, "unique candidates of the final PT2");
+  // A semistochastic PT2: its error bar, its parts and every batch's estimate.
+  if (stochastic_ && final_pt2_) {
+    const StochasticPT2& st = *stochastic_;
+    const double error = st.error();
+    detail::write_scalar(out, "e_pt2_error", h5::DType::float64, &error,
+                         "the semistochastic E_PT2's error bar (Ha): the standard error of the mean over its batches "
+                         "(also e_total's)");
+    detail::write_scalar(out, "pt2_stochastic/deterministic_e_pt2", h5::DType::float64, &st.deterministic,
+                         "the deterministic part: E_PT2 at eps_pt2_large (Ha)");
+    detail::write_array(out, "pt2_stochastic/batch_e_pt2", h5::DType::float64, {st.estimates.size()}, st.estimates.data(),
+                        "each batch's estimate of E_PT2 (Ha): the deterministic part plus that batch's unbiased estimate of "
+                        "E_PT2(eps_pt2) - E_PT2(eps_pt2_large); e_pt2 is their mean");
+    detail::write_scalar(out, "pt2_stochastic/generated", h5::DType::uint64, &st.generated,
+                         "the stochastic part's records (two a candidate generated from a sampled determinant)");
+    detail::write_scalar(out, "pt2_stochastic/unique", h5::DType::uint64, &st.unique,
+                         "the stochastic part's unique (candidate, batch, kind) records, over its groups");
+    out.set_attribute("pt2_samples", static_cast<std::int64_t>(params_.pt2_samples));
+    out.set_attribute("pt2_seed", static_cast<std::int64_t>(params_.pt2_seed));
+    out.set_attribute("eps_pt2_large", *params_.eps_pt2_large);
+    out.set_attribute("pt2_target_met", static_cast<std::int64_t>(st.estimates.size() >= 2 && error < params_.pt2_target_error));
+  }
   detail::write_array(out, "joined_iteration", h5::DType::int32, {m_.space.joined.size()}, m_.space.joined.data(),
                       "iteration each determinant joined the space (dets[joined <= k] is iteration k's space)");
   // Which state this is: its irrep and spin, where it started, and its largest determinants.
@@ -1050,8 +1389,9 @@ std::string SolveRun::describe(const StagePlan&, const StepPass&) const {
   const double e_pt2 = final_e_pt2();
   const sci::TargetState& t = m_.problem->target;
   const auto x = params_.eps_schedule.size() > 1 ? extrapolate(points_) : std::nullopt;
-  return fmt::format("{} determinants, E_var {:.10f}, E_PT2 {:.10f}, total {:.10f} ({}){}; irrep {}, MS2 {}, <S^2> {:.4f}{}", last.dets,
-                     last.e_var, e_pt2, last.e_var + e_pt2, stop_reason_,
+  const std::string error = stochastic_ && final_pt2_ ? fmt::format(" +- {:.1e}", stochastic_->error()) : "";
+  return fmt::format("{} determinants, E_var {:.10f}, E_PT2 {:.10f}{}, total {:.10f}{} ({}){}; irrep {}, MS2 {}, <S^2> {:.4f}{}",
+                     last.dets, last.e_var, e_pt2, error, last.e_var + e_pt2, error, stop_reason_,
                      x ? fmt::format("; extrapolated to E_PT2 = 0 over {} thresholds: {:.10f}", x->points, x->energy) : "",
                      t.irrep, t.ms2, s_squared_, t.lower_elsewhere ? " (a lower determinant is of another irrep: see the log)" : "");
 }
@@ -1081,6 +1421,14 @@ class SolveStage final : public Stage {
                                      "thresholds > 0 (each iterated to convergence in turn)", params.at("eps_var").dump()));
     sci::make_amplitude_model(p.amplitude_model);  // (an unknown model is refused before any work)
     if (p.eps_pt2 < 0) throw InputError("parameter 'eps_pt2' must be >= 0");
+    if (p.eps_pt2_large && !(*p.eps_pt2_large > p.eps_pt2))
+      throw InputError(fmt::format("parameter 'eps_pt2_large' is {:g}, not above eps_pt2 {:g}; expected the semistochastic "
+                                   "PT2's deterministic threshold, larger than eps_pt2 (e.g. 1e-5 with eps_pt2 1e-7)",
+                                   *p.eps_pt2_large, p.eps_pt2));
+    if (p.pt2_samples < 2 || p.pt2_batches < 2)
+      throw InputError(fmt::format("parameters 'pt2_samples' {} and 'pt2_batches' {}; expected at least 2 of each (the "
+                                   "estimate needs two draws a batch, the error bar two batches)", p.pt2_samples, p.pt2_batches));
+    if (!(p.pt2_target_error >= 0)) throw InputError("parameter 'pt2_target_error' must be >= 0 (Ha)");
     StagePlan plan;
     plan.pass.rows = 0;  // the run's output(): the final space
     plan.pass.tile_rows = 1 << 14;
@@ -1090,6 +1438,7 @@ class SolveStage final : public Stage {
                     {"coefficients", DatasetInfo{Layout{DType::float64, {}, {}}}}};
     plan.summary = {{"eps_var", p.eps_var}, {"eps_pt2", p.eps_pt2}, {"max_new_dets", p.max_new_dets}};
     if (p.eps_schedule.size() > 1) plan.summary["eps_var_schedule"] = p.eps_schedule;
+    if (p.eps_pt2_large) plan.summary["eps_pt2_large"] = *p.eps_pt2_large;
     return plan;
   }
 

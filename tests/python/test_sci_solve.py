@@ -522,6 +522,143 @@ def test_an_eps_schedule_that_does_not_decrease_exits_2(tmp):
                    "parameter 'eps_var' is [0.001,0.002]", "a schedule of decreasing thresholds")
 
 
+# ---------------------------------------------------------------- semistochastic PT2
+
+# Deterministic at eps_pt2_large, the rest from sampled batches (Sharma et al., JCTC 13, 1595 (2017)).
+N2_SEMI = ("eps_var: 2.0e-2, eps_pt2: 1.0e-7, max_new_dets: 600, eps_pt2_large: 5.0e-4, pt2_samples: 100, "
+           "pt2_batches: 40, pt2_target_error: 0, pt2_seed: 7")
+# Long enough to be killed in its stochastic part (about 3 s on two cores, 2.5 s of it sampled batches).
+N2_SEMI_LONG = ("eps_var: 2.0e-3, eps_pt2: 1.0e-7, max_new_dets: 600, eps_pt2_large: 1.0e-4, pt2_samples: 400, "
+                "pt2_batches: 200, pt2_target_error: 0, pt2_seed: 3")
+
+M64 = (1 << 64) - 1
+
+
+def mix64(x):
+    x ^= x >> 30
+    x = (x * 0xBF58476D1CE4E5B9) & M64
+    x ^= x >> 27
+    x = (x * 0x94D049BB133111EB) & M64
+    return x ^ (x >> 31)
+
+
+def uniform01(seed, batch, draw):
+    """The draws' counter-based generator (stages/sci/solve_stage.cpp), reimplemented."""
+    return (mix64((mix64((mix64((seed + 0x9E3779B97F4A7C15) & M64) + batch) & M64) + draw) & M64) >> 11) * 2.0**-53
+
+
+def semistochastic(run_dir, name="sci"):
+    with h5py.File(Path(run_dir) / "outputs" / f"{name}.h5") as f:
+        return {"e_pt2": f["e_pt2"][()], "error": f["e_pt2_error"][()], "batches": f["pt2_stochastic/batch_e_pt2"][()],
+                "deterministic": f["pt2_stochastic/deterministic_e_pt2"][()], "energy": f["energy"][()],
+                "dets": f["dets"][()], "coefficients": f["coefficients"][()], "attrs": dict(f.attrs)}
+
+
+def test_semistochastic_pt2_is_its_estimator_computed_independently(tmp):
+    """The deterministic part and every batch's estimate, recomputed here from PySCF's Hamiltonian
+    (its columns: H times unit vectors) and the same draws: a_i drawn w_i times with probability
+    p_i = |c_i| / sum |c|; per batch, sum over a outside the space of (A^2 - A_L^2 + B - B_L) /
+    (E - H_aa) / (N (N - 1)), A = sum w_i / p_i H_ai c_i over |H_ai c_i| > eps (A_L: > eps_large),
+    B = sum (w_i (N - 1) / p_i - w_i^2 / p_i^2) (H_ai c_i)^2. Then the mean is within its error bar
+    of the exact E_PT2 at eps_pt2."""
+    pyscf_or_skip()
+    from bisect import bisect_right
+
+    from pyscf.fci import cistring, direct_spin1
+    from pyscf.tools import fcidump
+    o = semistochastic(solve(tmp, DATA / "N2_sto6g_FCIDUMP", N2_SEMI))
+    eps, eps_large, draws, seed = 1e-7, 5e-4, 100, 7
+    d = fcidump.read(str(DATA / "N2_sto6g_FCIDUMP"))
+    norb, nelec = d["NORB"], (d["NELEC"] // 2, d["NELEC"] // 2)
+    la, lb = cistring.num_strings(norb, nelec[0]), cistring.num_strings(norb, nelec[1])
+    h2 = direct_spin1.absorb_h1e(d["H1"], d["H2"], norb, nelec, 0.5)
+    hdiag = direct_spin1.make_hdiag(d["H1"], d["H2"], norb, nelec) + d["ECORE"]
+    address = [cistring.str2addr(norb, nelec[0], int(a)) * lb + cistring.str2addr(norb, nelec[1], int(b))
+               for a, b in o["dets"]]
+    columns = []
+    for k in address:
+        unit = np.zeros(la * lb)
+        unit[k] = 1
+        columns.append(direct_spin1.contract_2e(h2, unit.reshape(la, lb), norb, nelec).ravel())
+    c = o["coefficients"]
+    h = np.array(columns).T
+    h[address, :] = 0  # (the space's own determinants are not perturbers)
+    x, size = h * c[None, :], np.abs(h) * np.abs(c)[None, :]
+    den = o["energy"] - hdiag
+
+    def deterministic(threshold):
+        v = np.where(size > threshold, x, 0).sum(1)
+        return np.sum(v * v / den)
+    assert o["deterministic"] == pytest.approx(deterministic(eps_large), abs=1e-13)
+    cumulative = np.cumsum(np.abs(c))  # (sequential, as the stage sums)
+    total = cumulative[-1]
+    for b, got in enumerate(o["batches"]):
+        drawn = [min(bisect_right(cumulative, uniform01(seed, b, k) * total), len(c) - 1) for k in range(draws)]
+        i, w = np.unique(drawn, return_counts=True)
+        p = np.abs(c[i]) / total
+        scale, fold = w / p, w * (draws - 1) / p - w * w / (p * p)
+        xi, si = x[:, i], size[:, i]
+        a = (np.where(si > eps, xi, 0) * scale).sum(1)
+        a_large = (np.where(si > eps_large, xi, 0) * scale).sum(1)
+        b_mid = (np.where((si > eps) & (si <= eps_large), xi * xi, 0) * fold).sum(1)
+        want = o["deterministic"] + np.sum((a * a - a_large * a_large + b_mid) / den) / (draws * (draws - 1))
+        assert got == pytest.approx(want, abs=1e-13), b
+    assert o["e_pt2"] == pytest.approx(np.mean(o["batches"]), abs=1e-15)
+    assert o["error"] == pytest.approx(np.std(o["batches"], ddof=1) / np.sqrt(len(o["batches"])), rel=1e-9)
+    assert abs(o["e_pt2"] - deterministic(eps)) < 3 * o["error"]
+    assert o["attrs"]["pt2_samples"] == 100 and o["attrs"]["pt2_seed"] == 7 and o["attrs"]["eps_pt2_large"] == 5e-4
+
+
+def test_semistochastic_pt2_agrees_with_the_deterministic_one_within_its_error_bars(tmp):
+    """Three seeds against the deterministic PT2 at eps_pt2 (the same space): each within 4 error
+    bars, their mean within 3 of its own; a seed gives the same bytes again; a target error stops
+    it early (at a whole group of 10 batches), and says so."""
+    base = "eps_var: 2.0e-3, eps_pt2: 1.0e-7, max_new_dets: 600"
+    exact = result(solve(tmp / "det", DATA / "N2_sto6g_FCIDUMP", base))["e_pt2"]
+    semi = base + ", eps_pt2_large: 1.0e-4, pt2_samples: 500, pt2_batches: 60, pt2_target_error: 0"
+    runs = [semistochastic(solve(tmp / f"seed{s}", DATA / "N2_sto6g_FCIDUMP", semi + f", pt2_seed: {s}")) for s in (1, 2, 3)]
+    for o in runs:
+        assert len(o["batches"]) == 60 and 0 < o["error"] < 1e-5
+        assert abs(o["e_pt2"] - exact) < 4 * o["error"], (o["e_pt2"], exact, o["error"])
+        assert o["attrs"]["pt2_target_met"] == 0
+    mean = np.mean([o["e_pt2"] for o in runs])
+    assert abs(mean - exact) < 3 * np.sqrt(sum(o["error"] ** 2 for o in runs)) / 3
+    assert len({o["e_pt2"] for o in runs}) == 3  # (other seeds, other draws)
+    again = semistochastic(solve(tmp / "again", DATA / "N2_sto6g_FCIDUMP", semi + ", pt2_seed: 2"))
+    assert again["batches"].tobytes() == runs[1]["batches"].tobytes()
+    early = semistochastic(solve(tmp / "early", DATA / "N2_sto6g_FCIDUMP",
+                                 semi.replace("pt2_target_error: 0", "pt2_target_error: 6.0e-6") + ", pt2_seed: 2"))
+    assert len(early["batches"]) % 10 == 0 and len(early["batches"]) < 60 and early["error"] < 6e-6
+    assert early["attrs"]["pt2_target_met"] == 1
+    assert early["batches"].tobytes() == runs[1]["batches"][:len(early["batches"])].tobytes()
+
+
+def test_semistochastic_pt2_gives_the_same_bits_on_three_ranks_and_after_kills(tmp):
+    clean = digests(solve(tmp / "clean", DATA / "N2_sto6g_FCIDUMP", N2_SEMI_LONG))
+    assert "pt2_stochastic/batch_e_pt2" in clean and "e_pt2_error" in clean
+    three = solve(tmp / "three", DATA / "N2_sto6g_FCIDUMP", N2_SEMI_LONG, SMALL_BATCHES, mpi=3)
+    assert digests(three) == clean
+    (tmp / "killed").mkdir()
+    spec = sci_spec(tmp / "killed", DATA / "N2_sto6g_FCIDUMP", N2_SEMI_LONG, "{checkpoint_interval: 0}")
+    rng = random.Random(20261203)
+    scale = 3.0 if DEVICE == "cuda" else 1.0
+    run_dir = tmp / "killed" / "run"
+    kills = kill_and_resume(["run", spec, "--run-dir", run_dir, "--device", DEVICE], run_dir, 6,
+                            lambda: rng.uniform(0.3, 0.8) * scale, cwd=tmp / "killed")
+    assert kills >= 2
+    assert digests(run_dir) == clean
+
+
+@pytest.mark.parametrize("params, fragments", [
+    ("eps_pt2: 1.0e-5, eps_pt2_large: 1.0e-6", ["parameter 'eps_pt2_large' is 1e-06", "larger than eps_pt2"]),
+    ("eps_pt2_large: 1.0e-4, pt2_samples: 1", ["pt2_samples: got 1", "expected an integer >= 2"]),
+    ("eps_pt2_large: 1.0e-4, pt2_target_error: -1.0", ["pt2_target_error", ">= 0"]),
+])
+def test_bad_semistochastic_parameters_exit_2_with_one_line(tmp, params, fragments):
+    spec = sci_spec(tmp, DATA / "N2_sto6g_FCIDUMP", "eps_var: 2.0e-3, " + params)
+    one_line_error(run(["run", spec, "--run-dir", tmp / "run", "--device", DEVICE]), *fragments)
+
+
 def test_the_first_order_model_named_gives_the_default_bits(tmp):
     """amplitude_model: first_order is the default: naming it changes nothing in the output."""
     a = result(solve(tmp / "a", DATA / "N2_sto6g_FCIDUMP", N2_FAST))
@@ -541,8 +678,10 @@ def test_inspect_plots_the_convergence(tmp):
 def test_output_layout_matches_its_schema(tmp):
     jsonschema = pytest.importorskip("jsonschema")
     import json
-    run_dir = solve(tmp, DATA / "H2H2_FCIDUMP_nosym", "eps_var: 1.0e-3, reference_energy: -4.021386898742")
-    r = run(["inspect", run_dir / "outputs" / "sci.h5", "--json"])
-    assert r.code == 0, r
     schema = json.loads((Path(__file__).resolve().parents[2] / "schemas" / "outputs" / "sci.solve.json").read_text())
-    jsonschema.validate(json.loads(r.out), schema)
+    for name, fcidump, params in [("plain", "H2H2_FCIDUMP_nosym", "eps_var: 1.0e-3, reference_energy: -4.021386898742"),
+                                  ("semistochastic", "N2_sto6g_FCIDUMP", N2_SEMI)]:
+        run_dir = solve(tmp / name, DATA / fcidump, params)
+        r = run(["inspect", run_dir / "outputs" / "sci.h5", "--json"])
+        assert r.code == 0, r
+        jsonschema.validate(json.loads(r.out), schema)

@@ -128,7 +128,23 @@ std::vector<Candidate> generate(const Hamiltonian& h, int na, int nb, const std:
   const std::uint64_t cap = sci::max_candidates_per_source(h.tables, na, nb) * src.size();
   std::vector<Candidate> out(cap);
   std::uint64_t count = 0;
-  kernels::SciGenerate g{h.view, na, nb, src.data(), c.data(), src.size(), eps, out.data(), &count, nullptr, nullptr};
+  kernels::SciGenerate g{h.view, na, nb, src.data(), c.data(), src.size(), eps, out.data(), &count, nullptr, nullptr, {}};
+  kernels::sci_generate_cpu(g);
+  out.resize(count);
+  return out;
+}
+
+// The semistochastic PT2's generation of src (kernels::SciSampled) on the host.
+std::vector<kernels::sci::TaggedCandidate> generate_sampled(const Hamiltonian& h, int na, int nb, const std::vector<Det>& src,
+                                                            const std::vector<double>& c, double eps,
+                                                            const std::vector<std::uint64_t>& batch,
+                                                            const std::vector<double>& scale, const std::vector<double>& fold,
+                                                            double eps_large) {
+  const std::uint64_t cap = sci::max_candidates_per_source(h.tables, na, nb) * src.size();
+  std::vector<kernels::sci::TaggedCandidate> out(2 * cap);
+  std::uint64_t count = 0;
+  kernels::SciGenerate g{h.view, na, nb, src.data(), c.data(), src.size(), eps, nullptr, &count, nullptr, nullptr, {}};
+  g.sampled = {batch.data(), scale.data(), fold.data(), eps_large, out.data()};
   kernels::sci_generate_cpu(g);
   out.resize(count);
   return out;
@@ -156,6 +172,8 @@ double fci_energy(const Hamiltonian& h, int na, int nb, int* products = nullptr)
 }
 
 std::string data_file(const std::string& name) { return std::string(QSTAGE_TEST_DATA) + "/fcidump/" + name; }
+// Determinants as the score kernel reads its rows (two words a row).
+const std::uint64_t* rows_of(const std::vector<Det>& dets) { return reinterpret_cast<const std::uint64_t*>(dets.data()); }
 
 }  // namespace
 
@@ -227,6 +245,49 @@ TEST(SciGenerate, HeatBathScreeningKeepsExactlyTheLargeOnes) {
     EXPECT_EQ(have, want) << "source " << i;
   }
   EXPECT_EQ(k, got.size());
+}
+
+// Sampled sources give two tagged records a candidate, in the plain generation's order: the
+// scaled value under tag 3b, then the scaled value again under 3b + 1 when it passes eps_large,
+// else fold * v^2 under 3b + 2.
+TEST(SciGenerate, SampledSourcesGiveTwoTaggedRecordsACandidate) {
+  Hamiltonian h(sci::read_fcidump(data_file("N2_sto6g_FCIDUMP")));
+  const int na = h.ints.nalpha(), nb = h.ints.nbeta();
+  const auto dets = all_dets(h.ints.norb, na, nb);
+  const std::vector<Det> src(dets.begin() + 100, dets.begin() + 160);
+  std::vector<double> c(src.size()), scale(src.size()), fold(src.size());
+  std::vector<std::uint64_t> batch(src.size());
+  for (std::size_t i = 0; i < src.size(); ++i)
+    c[i] = std::sin(0.7 * i + 0.1), scale[i] = 1.5 + i, fold[i] = -0.25 * i, batch[i] = i / 20;
+  const double eps = 1e-4, eps_large = 3e-3;
+  const auto plain = generate(h, na, nb, src, c, eps);
+  const auto got = generate_sampled(h, na, nb, src, c, eps, batch, scale, fold, eps_large);
+  ASSERT_EQ(got.size(), 2 * plain.size());
+  // (each source's candidates are consecutive in the plain output; its source from the element)
+  std::size_t k = 0, large = 0;
+  for (std::size_t i = 0; i < src.size(); ++i)
+    for (; k < plain.size(); ++k) {
+      const Det t{plain[k].alpha, plain[k].beta};
+      const double element = kernels::sci::element(h.view, t, src[i]);
+      if (element * c[i] != plain[k].value) break;  // (the next source's)
+      const auto& a = got[2 * k];
+      const auto& b = got[2 * k + 1];
+      EXPECT_EQ((Det{a.alpha, a.beta}), t);
+      EXPECT_EQ((Det{b.alpha, b.beta}), t);
+      EXPECT_EQ(a.tag, 3 * batch[i]);
+      EXPECT_EQ(a.value, plain[k].value * scale[i]);
+      if (std::fabs(element) * std::fabs(c[i]) > eps_large) {
+        ++large;
+        EXPECT_EQ(b.tag, 3 * batch[i] + 1);
+        EXPECT_EQ(b.value, a.value);
+      } else {
+        EXPECT_EQ(b.tag, 3 * batch[i] + 2);
+        EXPECT_EQ(b.value, fold[i] * (plain[k].value * plain[k].value));
+      }
+    }
+  EXPECT_EQ(k, plain.size());
+  EXPECT_GT(large, 0u);
+  EXPECT_LT(large, plain.size());
 }
 
 TEST(SciDavidson, FullSpaceReproducesFciEnergies) {
@@ -315,7 +376,7 @@ TEST(SciGpu, GenerateAndSigmaMatchTheCpuTwins) {
     Buffer d_work = gpu.backend->alloc_device(2 * src.size() * 8, "test");
     Buffer d_scan = gpu.backend->alloc_device(kernels::kSciScanWorkspaceBytes, "test");
     kernels::SciGenerate g{resident.view(), na, nb, d_src.as<Det>(), d_c.as<double>(), src.size(), eps,
-                           d_out.as<Candidate>(), d_count.as<std::uint64_t>(), d_work.as<std::uint64_t>(), d_scan.data()};
+                           d_out.as<Candidate>(), d_count.as<std::uint64_t>(), d_work.as<std::uint64_t>(), d_scan.data(), {}};
     kernels::sci_generate(*gpu.stream, g);
     const auto count = gpu.download<std::uint64_t>(d_count, 1)[0];
     ASSERT_EQ(count, want.size()) << "eps " << eps;
@@ -325,6 +386,24 @@ TEST(SciGpu, GenerateAndSigmaMatchTheCpuTwins) {
       ASSERT_EQ(got[k].beta, want[k].beta) << k;
       ASSERT_EQ(got[k].value, want[k].value) << k;
     }
+    // The semistochastic PT2's sampled sources: the CPU's tagged records, byte for byte.
+    std::vector<std::uint64_t> batch(src.size());
+    std::vector<double> scale(src.size()), fold(src.size());
+    for (std::size_t i = 0; i < src.size(); ++i) batch[i] = i / 300, scale[i] = 1.0 + 0.5 * (i % 5), fold[i] = 0.1 * (i % 9) - 0.3;
+    const auto want_tagged = generate_sampled(h, na, nb, src, std::vector<double>(c.begin(), c.begin() + 3000), eps, batch,
+                                              scale, fold, 2e-3);
+    Buffer d_batch = gpu.upload(batch.data(), src.size() * 8), d_scale = gpu.upload(scale.data(), src.size() * 8);
+    Buffer d_fold = gpu.upload(fold.data(), src.size() * 8);
+    Buffer d_tagged = gpu.backend->alloc_device(2 * cap * sizeof(kernels::sci::TaggedCandidate), "test");
+    g.out = nullptr;
+    g.sampled = {d_batch.as<std::uint64_t>(), d_scale.as<double>(), d_fold.as<double>(), 2e-3,
+                 d_tagged.as<kernels::sci::TaggedCandidate>()};
+    kernels::sci_generate(*gpu.stream, g);
+    const auto tagged_count = gpu.download<std::uint64_t>(d_count, 1)[0];
+    ASSERT_EQ(tagged_count, want_tagged.size()) << "eps " << eps;
+    const auto got_tagged = gpu.download<kernels::sci::TaggedCandidate>(d_tagged, tagged_count);
+    ASSERT_EQ(std::memcmp(got_tagged.data(), want_tagged.data(), tagged_count * sizeof(kernels::sci::TaggedCandidate)), 0)
+        << "eps " << eps;
   }
   const std::size_t n = dets.size();
   std::vector<double> sigma(n), diag(n), x(c.begin(), c.end());
@@ -372,7 +451,7 @@ TEST(SciScore, CandidatesInTheSpaceOrOfAnotherIrrepAreSkippedTheOthersGetFloored
   const std::size_t n = c.candidates.size();
   std::vector<double> den(n, -7);
   std::vector<unsigned char> skipped(n, 9);
-  kernels::sci_score_rows_cpu({c.h.view, c.space.data(), c.space.size(), c.irreps, c.candidates.data(), n, c.energy,
+  kernels::sci_score_rows_cpu({c.h.view, c.space.data(), c.space.size(), c.irreps, rows_of(c.candidates), 2, n, c.energy,
                                den.data(), skipped.data()});
   int other_irrep = 0, counted = 0;
   for (std::size_t i = 0; i < n; ++i) {
@@ -398,7 +477,7 @@ TEST(SciScore, CandidatesInTheSpaceOrOfAnotherIrrepAreSkippedTheOthersGetFloored
   EXPECT_EQ(skipped[n - 1], 1);  // (in the space)
   // unknown symmetry: only the space's are skipped
   c.irreps.known = false;
-  kernels::sci_score_rows_cpu({c.h.view, c.space.data(), c.space.size(), c.irreps, c.candidates.data(), n, c.energy,
+  kernels::sci_score_rows_cpu({c.h.view, c.space.data(), c.space.size(), c.irreps, rows_of(c.candidates), 2, n, c.energy,
                                den.data(), skipped.data()});
   for (std::size_t i = 0; i < n; ++i)
     EXPECT_EQ(skipped[i], std::binary_search(c.space.begin(), c.space.end(), c.candidates[i]) ? 1 : 0) << i;
@@ -419,15 +498,19 @@ TEST(SciGpu, ScoreRowsAreTheCpusBits) {
     const double energy = kernels::sci::diagonal(h.view, space[0]) - 0.25;
     std::vector<double> den(n, 0);
     std::vector<unsigned char> skipped(n, 0);
-    kernels::sci_score_rows_cpu({h.view, space.data(), space.size(), irreps, candidates.data(), n, energy, den.data(),
+    kernels::sci_score_rows_cpu({h.view, space.data(), space.size(), irreps, rows_of(candidates), 2, n, energy, den.data(),
                                  skipped.data()});
     sci::ResidentHamiltonian resident(*gpu.backend, *gpu.stream, h.ints, h.tables);
     Buffer d_space = gpu.upload(space.data(), space.size() * sizeof(Det));
-    Buffer d_candidates = gpu.upload(candidates.data(), n * sizeof(Det));
+    // (the rows as the semistochastic PT2 scores them: alpha, beta, a tag)
+    std::vector<std::uint64_t> tagged;
+    for (std::size_t i = 0; i < n; ++i) tagged.insert(tagged.end(), {candidates[i].alpha, candidates[i].beta, i % 7});
+    Buffer d_candidates = gpu.upload(tagged.data(), tagged.size() * 8);
     Buffer d_den = gpu.upload(den.data(), n * 8);  // (the CPU's where skipped: left alone)
     Buffer d_skipped = gpu.backend->alloc_device(n, "test");
-    kernels::sci_score_rows(*gpu.stream, {resident.view(), d_space.as<Det>(), space.size(), irreps, d_candidates.as<Det>(), n,
-                                          energy, d_den.as<double>(), d_skipped.as<unsigned char>()});
+    kernels::sci_score_rows(*gpu.stream, {resident.view(), d_space.as<Det>(), space.size(), irreps,
+                                          d_candidates.as<std::uint64_t>(), 3, n, energy, d_den.as<double>(),
+                                          d_skipped.as<unsigned char>()});
     const auto got_den = gpu.download<double>(d_den, n);
     const auto got_skipped = gpu.download<unsigned char>(d_skipped, n);
     for (std::size_t i = 0; i < n; ++i) {
