@@ -501,19 +501,26 @@ def test_the_schedule_workflow_runs_and_extrapolates_near_fci(tmp):
         assert abs(f.attrs["e_extrapolated"] - FCI["N2_sto6g_FCIDUMP"]) < 1e-5
 
 
+def killed_and_resumed(tmp, params, kills, seconds, seed):
+    """N2/STO-6G with `params` SIGKILLed up to `kills` times, after a random time in `seconds` (3x on
+    cuda), each time resumed: the kills and the finished run's digests."""
+    (tmp / "killed").mkdir()
+    spec = sci_spec(tmp / "killed", DATA / "N2_sto6g_FCIDUMP", params, "{checkpoint_interval: 0}")
+    rng = random.Random(seed)
+    scale = 3.0 if DEVICE == "cuda" else 1.0
+    run_dir = tmp / "killed" / "run"
+    done = kill_and_resume(["run", spec, "--run-dir", run_dir, "--device", DEVICE], run_dir, kills,
+                           lambda: rng.uniform(*seconds) * scale, cwd=tmp / "killed")
+    return done, digests(run_dir)
+
+
 def test_an_eps_schedule_killed_and_resumed_matches_a_clean_run(tmp):
     """SIGKILLs at random instants of a schedule (in any threshold, its PT2, between them), each
     time resumed: the clean run's bits."""
     clean = digests(solve(tmp / "clean", DATA / "N2_sto6g_FCIDUMP", N2_SCHEDULE))
-    (tmp / "killed").mkdir()
-    spec = sci_spec(tmp / "killed", DATA / "N2_sto6g_FCIDUMP", N2_SCHEDULE, "{checkpoint_interval: 0}")
-    rng = random.Random(20261202)
-    scale = 3.0 if DEVICE == "cuda" else 1.0
-    run_dir = tmp / "killed" / "run"
-    kills = kill_and_resume(["run", spec, "--run-dir", run_dir, "--device", DEVICE], run_dir, 8,
-                            lambda: rng.uniform(0.15, 0.6) * scale, cwd=tmp / "killed")
+    kills, killed = killed_and_resumed(tmp, N2_SCHEDULE, 8, (0.15, 0.6), 20261202)
     assert kills >= 1
-    assert digests(run_dir) == clean
+    assert killed == clean
 
 
 def test_an_eps_schedule_that_does_not_decrease_exits_2(tmp):
@@ -638,15 +645,9 @@ def test_semistochastic_pt2_gives_the_same_bits_on_three_ranks_and_after_kills(t
     assert "pt2_stochastic/batch_e_pt2" in clean and "e_pt2_error" in clean
     three = solve(tmp / "three", DATA / "N2_sto6g_FCIDUMP", N2_SEMI_LONG, SMALL_BATCHES, mpi=3)
     assert digests(three) == clean
-    (tmp / "killed").mkdir()
-    spec = sci_spec(tmp / "killed", DATA / "N2_sto6g_FCIDUMP", N2_SEMI_LONG, "{checkpoint_interval: 0}")
-    rng = random.Random(20261203)
-    scale = 3.0 if DEVICE == "cuda" else 1.0
-    run_dir = tmp / "killed" / "run"
-    kills = kill_and_resume(["run", spec, "--run-dir", run_dir, "--device", DEVICE], run_dir, 6,
-                            lambda: rng.uniform(0.3, 0.8) * scale, cwd=tmp / "killed")
+    kills, killed = killed_and_resumed(tmp, N2_SEMI_LONG, 6, (0.3, 0.8), 20261203)
     assert kills >= 2
-    assert digests(run_dir) == clean
+    assert killed == clean
 
 
 @pytest.mark.parametrize("params, fragments", [
