@@ -70,7 +70,7 @@ def run_qstage(a, d):
     params += f", eps_pt2: {a.eps_pt2 if a.eps_pt2 else a.eps_var}"
     if a.eps_pt2_large:
         params += (f", eps_pt2_large: {a.eps_pt2_large}, pt2_samples: {a.pt2_samples}, "
-                   f"pt2_target_error: {a.pt2_target_error}, pt2_batches: 1000")
+                   f"pt2_target_error: {a.pt2_target_error}, pt2_batches: {a.pt2_batches}")
     if a.irrep:
         params += f", irrep: {a.irrep}"
     (d / "sci.yaml").write_text(f"name: sci-dice-bench\nsteps:\n  - id: sci\n    stage: sci.solve\n    params: {{{params}}}\n")
@@ -109,12 +109,19 @@ def run_dice(a, d, reference):
         shm.unlink()
     cmd = ["mpirun", "--allow-run-as-root", "--bind-to", "none", "-np", str(a.dice_ranks), a.dice, "input.dat"]
     t = time.time()
-    p = subprocess.run(cmd, cwd=work, capture_output=True, text=True)
+    timed_out = False
+    with open(work / "dice.log", "w") as out:
+        p = subprocess.Popen(cmd, cwd=work, stdout=out, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        try:
+            p.wait(timeout=a.dice_timeout)
+        except subprocess.TimeoutExpired:  # (a semistochastic PT2 far from its target: its last average)
+            os.killpg(p.pid, 9)
+            p.wait()
+            timed_out = True
     wall = time.time() - t
-    (work / "dice.log").write_text(p.stdout + p.stderr)
-    if p.returncode:
-        raise SystemExit(f"Dice failed (exit {p.returncode}):\n{(p.stdout + p.stderr)[-2000:]}")
-    log = p.stdout
+    log = (work / "dice.log").read_text()
+    if p.returncode and not timed_out:
+        raise SystemExit(f"Dice failed (exit {p.returncode}):\n{log[-2000:]}")
     e_var = None
     after = log.split("Variational calculation result", 1)[-1]
     m = re.search(r"^\s*0\s+(-?\d+\.\d+)", after, re.MULTILINE)
@@ -123,8 +130,13 @@ def run_dice(a, d, reference):
     # (the last: a semistochastic PT2 prints its deterministic part's first)
     pt = ([None] + list(re.finditer(r"PTEnergy:\s+(-?\d+\.\d+)(?:\s*\+/-\s*([\d.eE+-]+))?", log)))[-1]
     dets = re.findall(r"^\s*\d+\s+\d+\s+[-\d.eE]+\s+(\d+)\s+", log, re.MULTILINE)  # (the iteration table's column)
-    return {"wall_seconds": wall, "e_var": e_var, "e_total": float(pt.group(1)) if pt else e_var,
-            "e_pt2_error": float(pt.group(2)) if pt and pt.group(2) else 0.0,
+    # The semistochastic table's rows: iteration, this batch's, root, the average, its error, seconds.
+    rows = re.findall(r"^\s*(\d+)\s+(-?\d+\.\d+)\s+0\s+(-?\d+\.\d+)\s+([\d.eE+-]+|--)\s+([\d.]+)\s*$", log, re.MULTILINE)
+    e_total, error = (float(pt.group(1)), float(pt.group(2)) if pt.group(2) else 0.0) if pt else (e_var, 0.0)
+    if timed_out and rows:
+        e_total, error = float(rows[-1][2]), float(rows[-1][3]) if rows[-1][3] != "--" else float("nan")
+    return {"wall_seconds": wall, "e_var": e_var, "e_total": e_total, "e_pt2_error": error, "timed_out": timed_out,
+            "pt2_batches": len(rows),
             "dets": int(dets[-1]) if dets else None, "occupation": occ, "ranks": a.dice_ranks}
 
 
@@ -137,6 +149,7 @@ def main():
                    help="semistochastic PT2: its deterministic threshold (eps_pt2 is the stochastic one)")
     p.add_argument("--pt2-samples", type=int, default=200, help="semistochastic PT2: draws a batch")
     p.add_argument("--pt2-target-error", type=float, default=1e-5, help="semistochastic PT2: the error bar to stop at (Ha)")
+    p.add_argument("--pt2-batches", type=int, default=1000, help="semistochastic PT2: qstage's most batches")
     p.add_argument("--max-new-dets", type=int, default=1000000)
     p.add_argument("--max-iterations", type=int, default=20)
     p.add_argument("--irrep", type=int, default=None, help="the state's irrep (default: the FCIDUMP's ISYM)")
@@ -144,6 +157,8 @@ def main():
     p.add_argument("--device", default="cuda")
     p.add_argument("--dice", default=None, help="the Dice binary (bench/build_dice.sh); none: qstage alone")
     p.add_argument("--dice-ranks", type=int, default=os.cpu_count())
+    p.add_argument("--dice-timeout", type=float, default=None,
+                   help="seconds Dice may run; then its last semistochastic average and error bar are reported")
     p.add_argument("--dir", default="/tmp/sci-dice-bench")
     a = p.parse_args()
     d = Path(a.dir)
