@@ -33,23 +33,35 @@ void for_each_excitation(const sci::HamiltonianView& h, int na, int nb, const sc
 
 void sci_generate_cpu(const SciGenerate& a) {
   const auto n = static_cast<std::int64_t>(a.n);
-  std::vector<std::uint64_t> offset(a.n + 1, 0);
-#pragma omp parallel for schedule(dynamic, 16)
-  for (std::int64_t i = 0; i < n; ++i) {
-    std::uint64_t count = 0;
-    for_each_excitation(a.h, a.nalpha, a.nbeta, a.sources[i], a.coefficients[i], a.eps,
-                        [&](const sci::Det&, double) { ++count; });
-    offset[i + 1] = count;
-  }
-  for (std::uint64_t i = 0; i < a.n; ++i) offset[i + 1] += offset[i];
+  const SciSampled& sampled = a.sampled;
+  // Per source: its records in out (sampled: in sampled.out) and, sampled, in diagonal_out.
+  std::vector<std::uint64_t> offset(a.n + 1, 0), diagonal_offset(sampled.batch ? a.n + 1 : 0, 0);
 #pragma omp parallel for schedule(dynamic, 16)
   for (std::int64_t i = 0; i < n; ++i) {
     const double c = a.coefficients[i];
-    if (a.sampled.batch) {
-      sci::TaggedCandidate* out = a.sampled.out + 2 * offset[i];
+    std::uint64_t count = 0, diagonal = 0;
+    for_each_excitation(a.h, a.nalpha, a.nbeta, a.sources[i], c, a.eps, [&](const sci::Det&, double element) {
+      if (!sampled.batch) return void(++count);
+      const bool large = sampled_large(sampled, element, c);
+      count += large ? 2 : 1;
+      diagonal += large ? 0 : 1;
+    });
+    offset[i + 1] = count;
+    if (sampled.batch) diagonal_offset[i + 1] = diagonal;
+  }
+  for (std::uint64_t i = 0; i < a.n; ++i) offset[i + 1] += offset[i];
+  for (std::uint64_t i = 0; sampled.batch && i < a.n; ++i) diagonal_offset[i + 1] += diagonal_offset[i];
+#pragma omp parallel for schedule(dynamic, 16)
+  for (std::int64_t i = 0; i < n; ++i) {
+    const double c = a.coefficients[i];
+    if (sampled.batch) {
+      sci::TaggedCandidate* out = sampled.out + offset[i];
+      sci::TaggedCandidate* diagonal = sampled.diagonal_out + diagonal_offset[i];
       for_each_excitation(a.h, a.nalpha, a.nbeta, a.sources[i], c, a.eps, [&](const sci::Det& t, double element) {
-        write_sampled(a.sampled, static_cast<std::uint64_t>(i), t, element, c, out);
-        out += 2;
+        const bool large = sampled_large(sampled, element, c);
+        write_sampled(sampled, static_cast<std::uint64_t>(i), t, element, c, out, diagonal);
+        out += large ? 2 : 1;
+        diagonal += large ? 0 : 1;
       });
       continue;
     }
@@ -58,7 +70,8 @@ void sci_generate_cpu(const SciGenerate& a) {
       *out++ = sci::Candidate{t.alpha, t.beta, element * c};
     });
   }
-  *a.count = offset[a.n] * a.records_per_candidate();
+  *a.count = offset[a.n];
+  if (sampled.batch) *sampled.diagonal_count = diagonal_offset[a.n];
 }
 
 void sci_sigma_cpu(const SciSigma& a) {

@@ -65,13 +65,19 @@ __device__ bool excitation_at(const HamiltonianView& h, int na, int nb, const De
   return sci::list_entry(h, d, sci::list_at(lo, na, nb, s.occ_a, s.occ_b), v - start, abs_c, eps, t, e);
 }
 
-// Count (Write = false: counts[i]) or write (Write = true: at offsets[i]) each source's valid
-// excitations, compacted in virtual-excitation order by a block-wide prefix sum.
+// Count (Write = false: counts[i]) or write (Write = true: at offsets[i]) each source's records,
+// compacted in virtual-excitation order by a block-wide prefix sum. A valid excitation makes one
+// record in out; sampled (kernels::SciSampled), one or two in sampled.out and none or one in
+// sampled.diagonal_out (counts and offsets of those: diagonal_counts, diagonal_offsets). The scan
+// runs over both counts packed in one word (out's in the low 16 bits, diagonal_out's in the high:
+// a block of 256 threads makes at most 512 of either).
 template <bool Write>
 __global__ void __launch_bounds__(kThreads) generate_kernel(HamiltonianView h, int na, int nb, const Det* sources,
                                                             const double* coefficients, std::uint64_t n, double eps,
                                                             const std::uint64_t* offsets, std::uint64_t* counts,
-                                                            Candidate* out, SciSampled sampled) {
+                                                            const std::uint64_t* diagonal_offsets,
+                                                            std::uint64_t* diagonal_counts, Candidate* out,
+                                                            SciSampled sampled) {
   __shared__ SharedSource s;
   extern __shared__ unsigned end[];
   const unsigned lists = sci::list_count(na, nb);
@@ -79,29 +85,37 @@ __global__ void __launch_bounds__(kThreads) generate_kernel(HamiltonianView h, i
     const Det d = sources[i];
     const double c = coefficients[i], abs_c = fabs(c);
     const unsigned total = lay_out_lists(h, na, nb, d, abs_c, eps, s, end);
-    std::uint64_t written = 0;
+    std::uint64_t written = 0, diagonal_written = 0;
     for (unsigned base = 0; base < total; base += kThreads) {
       const unsigned v = base + threadIdx.x;
       Det t;
       double e = 0;
       const bool valid = v < total && excitation_at(h, na, nb, d, abs_c, eps, s, end, lists, v, &t, &e);
+      const bool large = valid && sampled.batch && sampled_large(sampled, e, c);
+      const unsigned mine = !valid ? 0u : !sampled.batch ? 1u : large ? 2u : (1u | 1u << 16);
       unsigned pos, all;
-      BlockScan(s.scan).ExclusiveSum(valid ? 1u : 0u, pos, all);
+      BlockScan(s.scan).ExclusiveSum(mine, pos, all);
       if (Write && valid) {
-        if (sampled.batch) write_sampled(sampled, i, t, e, c, sampled.out + 2 * (offsets[i] + written + pos));
+        if (sampled.batch)
+          write_sampled(sampled, i, t, e, c, sampled.out + offsets[i] + written + (pos & 0xffffu),
+                        sampled.diagonal_out + diagonal_offsets[i] + diagonal_written + (pos >> 16));
         else out[offsets[i] + written + pos] = Candidate{t.alpha, t.beta, e * c};
       }
-      written += all;
+      written += all & 0xffffu;
+      diagonal_written += all >> 16;
       __syncthreads();
     }
-    if (!Write && threadIdx.x == 0) counts[i] = written;
+    if (!Write && threadIdx.x == 0) {
+      counts[i] = written;
+      if (sampled.batch) diagonal_counts[i] = diagonal_written;
+    }
     __syncthreads();
   }
 }
 
 __global__ void total_kernel(const std::uint64_t* offsets, const std::uint64_t* counts, std::uint64_t n,
-                             std::uint64_t records_per_candidate, std::uint64_t* total) {
-  *total = n ? (offsets[n - 1] + counts[n - 1]) * records_per_candidate : 0;
+                             std::uint64_t* total) {
+  *total = n ? offsets[n - 1] + counts[n - 1] : 0;
 }
 
 // (H x)_j: one block per row, partial sums per thread combined in a fixed tree.
@@ -229,8 +243,11 @@ std::size_t list_bytes(int na, int nb) { return sci::list_count(na, nb) * sizeof
 
 void sci_generate_cuda(void* cuda_stream, const SciGenerate& a) {
   auto stream = static_cast<cudaStream_t>(cuda_stream);
+  const bool sampled = a.sampled.batch != nullptr;
   std::uint64_t* counts = a.workspace;
   std::uint64_t* offsets = counts + a.n;
+  std::uint64_t* diagonal_counts = sampled ? offsets + a.n : nullptr;
+  std::uint64_t* diagonal_offsets = sampled ? diagonal_counts + a.n : nullptr;
   void* temp = a.scan_workspace;
   std::size_t temp_bytes = 0;
   QSTAGE_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(nullptr, temp_bytes, counts, offsets, static_cast<std::int64_t>(a.n)));
@@ -239,18 +256,28 @@ void sci_generate_cuda(void* cuda_stream, const SciGenerate& a) {
   temp_bytes = kSciScanWorkspaceBytes;
   if (a.n == 0) {
     QSTAGE_CUDA_CHECK(cudaMemsetAsync(a.count, 0, sizeof(std::uint64_t), stream));
+    if (sampled) QSTAGE_CUDA_CHECK(cudaMemsetAsync(a.sampled.diagonal_count, 0, sizeof(std::uint64_t), stream));
     return;
   }
   const std::size_t shared = list_bytes(a.nalpha, a.nbeta);
   generate_kernel<false><<<grid_for(a.n), kThreads, shared, stream>>>(a.h, a.nalpha, a.nbeta, a.sources, a.coefficients,
-                                                                        a.n, a.eps, nullptr, counts, nullptr, a.sampled);
+                                                                        a.n, a.eps, nullptr, counts, nullptr,
+                                                                        diagonal_counts, nullptr, a.sampled);
   QSTAGE_CUDA_CHECK_LAUNCH();
   QSTAGE_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(temp, temp_bytes, counts, offsets, static_cast<std::int64_t>(a.n), stream));
+  if (sampled)
+    QSTAGE_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(temp, temp_bytes, diagonal_counts, diagonal_offsets,
+                                                    static_cast<std::int64_t>(a.n), stream));
   generate_kernel<true><<<grid_for(a.n), kThreads, shared, stream>>>(a.h, a.nalpha, a.nbeta, a.sources, a.coefficients,
-                                                                       a.n, a.eps, offsets, nullptr, a.out, a.sampled);
+                                                                       a.n, a.eps, offsets, nullptr, diagonal_offsets,
+                                                                       nullptr, a.out, a.sampled);
   QSTAGE_CUDA_CHECK_LAUNCH();
-  total_kernel<<<1, 1, 0, stream>>>(offsets, counts, a.n, a.records_per_candidate(), a.count);
+  total_kernel<<<1, 1, 0, stream>>>(offsets, counts, a.n, a.count);
   QSTAGE_CUDA_CHECK_LAUNCH();
+  if (sampled) {
+    total_kernel<<<1, 1, 0, stream>>>(diagonal_offsets, diagonal_counts, a.n, a.sampled.diagonal_count);
+    QSTAGE_CUDA_CHECK_LAUNCH();
+  }
 }
 
 void sci_sigma_cuda(void* cuda_stream, const SciSigma& a) {

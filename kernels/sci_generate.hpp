@@ -28,30 +28,39 @@ namespace qstage::kernels {
 // The semistochastic PT2's sources (Sharma, Holmes, Jeanmairet, Alavi and Umrigar, JCTC 13, 1595
 // (2017)): determinants sampled with probability p_i, each drawn w_i times in its batch b_i, with
 // scale_i = w_i / p_i and fold_i = w_i (N - 1) / p_i - w_i^2 / p_i^2 (N draws a batch). Each valid
-// excitation a of source i (|H_ai| |c_i| > eps; v = H_ai c_i) gives two records:
+// excitation a of source i (|H_ai| |c_i| > eps; v = H_ai c_i) gives, in `out`,
 //   {a, 3 b_i,     scale_i v}                      (summed per a: the batch's A),
 //   {a, 3 b_i + 1, scale_i v}  if |H_ai| |c_i| > eps_large (the deterministic part's: A_large),
-//   {a, 3 b_i + 2, fold_i v^2} otherwise           (B - B_large: the diagonal terms that differ).
+// and otherwise, in `diagonal_out`,
+//   {a, 3 b_i + 2, fold_i v^2}                     (B - B_large: the diagonal terms that differ).
 // Per batch, sum over a of (A^2 - A_large^2 + (B - B_large)) / (E - H_aa), over N (N - 1), is an
-// unbiased estimate of PT2 at eps less PT2 at eps_large.
+// unbiased estimate of PT2 at eps less PT2 at eps_large. The diagonal terms are linear in the
+// records, so they are scored as they are, without de-duplication.
 struct SciSampled {
   const std::uint64_t* batch = nullptr;  // per source; null: not sampled (Candidate records)
   const double* scale = nullptr;         // per source
   const double* fold = nullptr;          // per source
   double eps_large = 0;
-  sci::TaggedCandidate* out = nullptr;   // room for 2 records per candidate
+  sci::TaggedCandidate* out = nullptr;           // room for 2 records per candidate
+  sci::TaggedCandidate* diagonal_out = nullptr;  // room for 1 record per candidate
+  std::uint64_t* diagonal_count = nullptr;       // one u64: how many diagonal_out holds
 };
 
-// Source i's two records for its excitation to t with element H_ti (both twins write these).
+// Whether source c's excitation with element H_ai passes eps_large (the generation's own test, as
+// the deterministic part at eps_large made it).
+QSTAGE_HD bool sampled_large(const SciSampled& s, double element, double c) {
+  return (element < 0 ? -element : element) * (c < 0 ? -c : c) > s.eps_large;
+}
+
+// Source i's records for its excitation to t with element H_ti (both twins write these): one or
+// two at a_out, none or one at diagonal_out.
 QSTAGE_HD void write_sampled(const SciSampled& s, std::uint64_t i, const sci::Det& t, double element, double c,
-                             sci::TaggedCandidate* out) {
+                             sci::TaggedCandidate* a_out, sci::TaggedCandidate* diagonal_out) {
   const double v = element * c, scaled = v * s.scale[i];
   const std::uint64_t tag = 3 * s.batch[i];
-  const double abs_element = element < 0 ? -element : element, abs_c = c < 0 ? -c : c;
-  out[0] = sci::TaggedCandidate{t.alpha, t.beta, tag, scaled};
-  // (the generation's own test, as the deterministic part at eps_large made it)
-  if (abs_element * abs_c > s.eps_large) out[1] = sci::TaggedCandidate{t.alpha, t.beta, tag + 1, scaled};
-  else out[1] = sci::TaggedCandidate{t.alpha, t.beta, tag + 2, s.fold[i] * (v * v)};
+  a_out[0] = sci::TaggedCandidate{t.alpha, t.beta, tag, scaled};
+  if (sampled_large(s, element, c)) a_out[1] = sci::TaggedCandidate{t.alpha, t.beta, tag + 1, scaled};
+  else diagonal_out[0] = sci::TaggedCandidate{t.alpha, t.beta, tag + 2, s.fold[i] * (v * v)};
 }
 
 struct SciGenerate {
@@ -63,10 +72,9 @@ struct SciGenerate {
   double eps = 0;
   sci::Candidate* out = nullptr;    // room for every candidate (max_candidates_per_source * n)
   std::uint64_t* count = nullptr;   // one u64: how many were written
-  std::uint64_t* workspace = nullptr;  // 2 n values (per-source counts and offsets)
+  std::uint64_t* workspace = nullptr;  // 2 n values (per-source counts and offsets), 4 n sampled
   void* scan_workspace = nullptr;      // kSciScanWorkspaceBytes (the scan's temporary storage)
-  SciSampled sampled;                  // sampled.batch set: two TaggedCandidates a candidate, in sampled.out
-  std::uint64_t records_per_candidate() const { return sampled.batch ? 2 : 1; }
+  SciSampled sampled;                  // sampled.batch set: TaggedCandidates in sampled.out and diagonal_out
 };
 
 // The scan's temporary storage for any batch up to 2^34 sources (checked at run time).

@@ -407,7 +407,6 @@ struct GenerationSources {
   const SampledSources* sampled = nullptr;
   double eps_large = 0;
   std::uint64_t size() const { return dets->size(); }
-  std::uint64_t records_per_candidate() const { return sampled ? 2 : 1; }
 };
 
 class GenerateKernel final : public engine::PassKernel {
@@ -447,8 +446,13 @@ class GenerateKernel final : public engine::PassKernel {
                            {}};
     if (sources_.sampled) {
       g.out = nullptr;
-      g.sampled = {batch_.as<std::uint64_t>() + first, scale_.as<double>() + first, fold_.as<double>() + first,
-                   sources_.eps_large, static_cast<kernels::sci::TaggedCandidate*>(b.outputs[0])};
+      g.sampled = {batch_.as<std::uint64_t>() + first,
+                   scale_.as<double>() + first,
+                   fold_.as<double>() + first,
+                   sources_.eps_large,
+                   static_cast<kernels::sci::TaggedCandidate*>(b.outputs[0]),
+                   static_cast<kernels::sci::TaggedCandidate*>(b.outputs[1]),
+                   b.appended[1]};
     }
     kernels::sci_generate(*b.stream, g);
   }
@@ -593,20 +597,26 @@ class BatchSums final : public engine::Reduction {
 // per tile in row order, then the engine's tree: the same bits on every backend and rank count.
 class SampledScoreKernel final : public SpaceKernel {
  public:
-  SampledScoreKernel(const Memory& m, double energy, std::uint64_t first, std::uint64_t count, std::uint64_t tile_rows)
-      : SpaceKernel(m), energy_(energy), first_(first), count_(count), tile_rows_(tile_rows) {}
+  // records: input 0 holds whole records (alpha, beta, tag, value: the diagonal terms, scored as
+  // generated); else the de-duplicated keys (alpha, beta, tag) and input 1 their summed values.
+  SampledScoreKernel(const Memory& m, double energy, std::uint64_t first, std::uint64_t count, std::uint64_t tile_rows,
+                     bool records)
+      : SpaceKernel(m), energy_(energy), first_(first), count_(count), tile_rows_(tile_rows), records_(records) {}
   void process(const engine::BatchView& b) override {
     const auto* keys = static_cast<const std::uint64_t*>(b.host_inputs[0]);
-    const auto* values = static_cast<const double*>(b.host_inputs[1]);
+    const std::uint64_t words = records_ ? 4 : 3;
+    const auto value = [&](std::uint64_t r) {
+      return records_ ? std::bit_cast<double>(keys[4 * r + 3]) : static_cast<const double*>(b.host_inputs[1])[r];
+    };
     const std::uint64_t rows = b.rows.size(), tiles = (rows + tile_rows_ - 1) / tile_rows_;
-    score_rows(b, 3, energy_);
+    score_rows(b, static_cast<std::uint32_t>(words), energy_);
     std::vector<double> sums(count_);
     for (std::uint64_t t = 0; t < tiles; ++t) {
       std::fill(sums.begin(), sums.end(), 0.0);
       for (std::uint64_t r = t * tile_rows_; r < std::min(rows, (t + 1) * tile_rows_); ++r) {
         if (skipped_[r]) continue;
-        const std::uint64_t tag = keys[3 * r + 2], batch = tag / 3 - first_;
-        const double v = values[r], den = denominator_[r];
+        const std::uint64_t tag = keys[words * r + 2], batch = tag / 3 - first_;
+        const double v = value(r), den = denominator_[r];
         const double term = tag % 3 == 0 ? v * v / den : tag % 3 == 1 ? -(v * v) / den : v / den;
         sums.at(batch) += term;
       }
@@ -617,6 +627,7 @@ class SampledScoreKernel final : public SpaceKernel {
  private:
   double energy_;
   std::uint64_t first_, count_, tile_rows_;
+  bool records_;
 };
 
 // The output pass: the final space and coefficients, copied from the host.
@@ -668,6 +679,8 @@ struct StochasticPT2 {
   std::vector<double> estimates;
   std::uint64_t generated = 0, unique = 0;  // (tagged records, two a candidate; unique (candidate, tag) keys)
   std::uint64_t first = 0, count = 0;
+  std::uint64_t diagonal_rows = 0;         // the group's diagonal terms,
+  std::vector<double> diagonal_sums;       // and their sums per batch once scored
   double mean() const {
     double sum = 0;
     for (const double e : estimates) sum += e;
@@ -684,11 +697,13 @@ struct StochasticPT2 {
   }
   void put(Packer& out) const {
     out.put(deterministic), out.put_vector(estimates), out.put(generated), out.put(unique), out.put(first), out.put(count);
+    out.put(diagonal_rows), out.put_vector(diagonal_sums);
   }
   void get(Unpacker& in) {
     deterministic = in.get<double>(), estimates = in.get_vector<double>();
     generated = in.get<std::uint64_t>(), unique = in.get<std::uint64_t>();
     first = in.get<std::uint64_t>(), count = in.get<std::uint64_t>();
+    diagonal_rows = in.get<std::uint64_t>(), diagonal_sums = in.get_vector<double>();
   }
 };
 // Batches a group of the stochastic part runs as one generate/dedup/score (its error bar is
@@ -748,10 +763,11 @@ struct Iteration {
 // The phases of an iteration, and of the final PT2 at eps_pt2.
 // (sampled_*: the semistochastic PT2's stochastic part, a group of batches at a time)
 enum class Phase : std::uint8_t {
-  davidson, generate, dedup, score, pt2_generate, pt2_dedup, pt2_score, sampled_generate, sampled_dedup, sampled_score, done
+  davidson, generate, dedup, score, pt2_generate, pt2_dedup, pt2_score, sampled_generate, sampled_diagonal, sampled_dedup,
+  sampled_score, done
 };
 bool final_pt2(Phase p) { return p == Phase::pt2_generate || p == Phase::pt2_dedup || p == Phase::pt2_score; }
-bool sampled(Phase p) { return p == Phase::sampled_generate || p == Phase::sampled_dedup || p == Phase::sampled_score; }
+bool sampled(Phase p) { return p >= Phase::sampled_generate && p <= Phase::sampled_score; }
 // The name an iteration's seconds are kept under.
 std::string timed_phase(Phase p) {
   switch (p) {
@@ -775,7 +791,11 @@ class SolveRun final : public StepRun {
   bool done() const override { return phase_ == Phase::done; }
   // An iteration's passes read only that iteration's: the candidates, the sample sort's buckets,
   // the merged candidates (the output pass reads none of them).
-  int first_live_pass() const override { return dedup_ ? dedup_->first_live_pass(*ctx_.passes_done) : *ctx_.passes_done; }
+  // (a group's diagonal terms are scored before its candidates are de-duplicated: the generation's)
+  int first_live_pass() const override {
+    if (phase_ == Phase::sampled_diagonal) return generated_pass_;
+    return dedup_ ? dedup_->first_live_pass(*ctx_.passes_done) : *ctx_.passes_done;
+  }
   std::optional<StepPass> next() override;
   void finished(StepPass& pass) override;
   // (after a Davidson product: the iterations done, the commits' points)
@@ -808,6 +828,7 @@ class SolveRun final : public StepRun {
   // of a semistochastic one, which then goes on with its stochastic part).
   void deterministic_pt2_done(double pt2);
   void start_group();
+  void dedup_group();
   void end_group(const std::vector<double>& sums);
   double eps_var() const { return params_.eps_schedule[static_cast<std::size_t>(point_)]; }
   void end_point();
@@ -860,23 +881,31 @@ class SolveRun final : public StepRun {
   double s_squared_ = 0;  // of the final state (output())
 };
 
-// A generation pass over `sources`: its candidates appended, Candidate records (three words) or,
-// sampled, TaggedCandidate records (four), as many as the sources could make at most.
+// A generation pass over `sources`: its candidates appended as Candidate records (three words) or,
+// sampled, as TaggedCandidate records (four words; kernels::SciSampled): in "candidates" (two a
+// candidate at most) and "diagonal terms" (one), as many as the sources could make at most.
 StepPass generation_pass(const Problem& problem, std::string name, const GenerationSources& sources, double eps,
                          const char* unit) {
-  const std::uint64_t rows = sources.size(), most = sources.records_per_candidate() * problem.max_per_source;
-  const std::uint64_t columns = sources.sampled ? 4 : 3;
+  const std::uint64_t rows = sources.size(), most = problem.max_per_source;
   StepPass p;
   p.name = std::move(name);
   p.pass.rows = rows;
   p.pass.tile_rows = 16;
-  engine::OutputDecl out;
-  out.name = "candidates";
-  out.kind = engine::OutputKind::appended;
-  out.layout = Layout{DType::uint64, {rows * most, columns}, {1 << 16, columns}};
-  out.max_rows_per_row = most;
-  p.pass.outputs.push_back(out);
-  p.pass.scratch_device_bytes_per_row = 16;
+  auto append = [&](const char* output, std::uint64_t per_candidate, std::uint64_t columns) {
+    engine::OutputDecl out;
+    out.name = output;
+    out.kind = engine::OutputKind::appended;
+    out.layout = Layout{DType::uint64, {rows * most * per_candidate, columns}, {1 << 16, columns}};
+    out.max_rows_per_row = most * per_candidate;
+    p.pass.outputs.push_back(out);
+  };
+  if (sources.sampled) {
+    append("candidates", 2, 4);
+    append("diagonal terms", 1, 4);
+  } else {
+    append("candidates", 1, 3);
+  }
+  p.pass.scratch_device_bytes_per_row = sources.sampled ? 32 : 16;  // (the kernel's counts and offsets)
   p.pass.progress_unit = unit;
   p.pass.resident_device_bytes = GenerateKernel::resident_bytes(problem, sources);
   p.kernel = std::make_unique<GenerateKernel>(problem, sources, eps);
@@ -936,7 +965,23 @@ std::optional<StepPass> SolveRun::next() {
     const StochasticPT2& st = *stochastic_;
     StepPass p = score_pass(m, fmt::format("sampled score {}-{}", st.first, st.first + st.count - 1), dedup_->result(), 3,
                             kScoreTileMin, st.count * 8);
-    p.kernel = std::make_unique<SampledScoreKernel>(m, e_var_, st.first, st.count, kScoreTileMin);
+    p.kernel = std::make_unique<SampledScoreKernel>(m, e_var_, st.first, st.count, kScoreTileMin, false);
+    p.reduction = std::make_unique<BatchSums>(st.count);
+    return p;
+  }
+  if (phase_ == Phase::sampled_diagonal) {  // (the generation's diagonal terms as they are: no de-duplication)
+    const StochasticPT2& st = *stochastic_;
+    StepPass p;
+    p.name = fmt::format("sampled diagonal terms {}-{}", st.first, st.first + st.count - 1);
+    p.pass.rows = st.diagonal_rows;
+    p.pass.tile_rows = kScoreTileMin;
+    p.pass.inputs.push_back({"diagonal terms", nullptr, 32});
+    p.pass.resident_device_bytes = SpaceKernel::resident_bytes(m);
+    p.pass.scratch_device_bytes_per_row = SpaceKernel::kScratchPerRow;
+    p.streamed_inputs = {earlier_pass_input(generated_pass_, "diagonal terms")};
+    p.pass.tile_partial_bytes = st.count * 8;
+    p.pass.partials_on_host = true;
+    p.kernel = std::make_unique<SampledScoreKernel>(m, e_var_, st.first, st.count, kScoreTileMin, true);
     p.reduction = std::make_unique<BatchSums>(st.count);
     return p;
   }
@@ -948,13 +993,19 @@ void SolveRun::finished(StepPass& pass) {
   account(timed_phase(phase_), std::chrono::duration<double>(std::chrono::steady_clock::now() - pass_started_).count());
   Iteration& now = this->now();
   if (phase_ == Phase::sampled_generate) {
+    StochasticPT2& st = *stochastic_;
     generated_pass_ = index;
     generated_rows_ = pass.outputs.at(0).rows;
-    stochastic_->generated += generated_rows_;
-    if (generated_rows_ == 0) return end_group(std::vector<double>(stochastic_->count, 0.0));
-    dedup_.emplace(ctx_, dedup_source());
-    phase_ = Phase::sampled_dedup;
+    st.diagonal_rows = pass.outputs.at(1).rows;
+    st.generated += generated_rows_ + st.diagonal_rows;
+    st.diagonal_sums.assign(st.count, 0.0);
+    if (st.diagonal_rows > 0) phase_ = Phase::sampled_diagonal;
+    else dedup_group();
     return;
+  }
+  if (phase_ == Phase::sampled_diagonal) {
+    stochastic_->diagonal_sums = static_cast<const BatchSums&>(*pass.reduction).sums();
+    return dedup_group();
   }
   if (phase_ == Phase::sampled_dedup) {
     dedup_->finished(pass);
@@ -1021,12 +1072,21 @@ void SolveRun::start_group() {
   phase_ = Phase::sampled_generate;
 }
 
-// A group's per-batch sums become its batches' estimates; the PT2 is done once the error bar is
-// below pt2_target_error (two batches at least) or pt2_batches are done.
+// The group's candidates (its diagonal terms scored) to de-duplicate, if any.
+void SolveRun::dedup_group() {
+  if (generated_rows_ == 0) return end_group(std::vector<double>(stochastic_->count, 0.0));
+  phase_ = Phase::sampled_dedup;
+  dedup_.emplace(ctx_, dedup_source());
+}
+
+// A group's per-batch sums (its candidates', then its diagonal terms') become its batches'
+// estimates; the PT2 is done once the error bar is below pt2_target_error (two batches at least)
+// or pt2_batches are done.
 void SolveRun::end_group(const std::vector<double>& sums) {
   StochasticPT2& st = *stochastic_;
   const auto n = static_cast<double>(params_.pt2_samples);
-  for (const double sum : sums) st.estimates.push_back(st.deterministic + sum / (n * (n - 1)));
+  for (std::size_t b = 0; b < sums.size(); ++b)
+    st.estimates.push_back(st.deterministic + (sums[b] + st.diagonal_sums.at(b)) / (n * (n - 1)));
   dedup_.reset();
   const bool met = st.estimates.size() >= 2 && st.error() < params_.pt2_target_error;
   if (ctx_.comm->root())

@@ -134,20 +134,22 @@ std::vector<Candidate> generate(const Hamiltonian& h, int na, int nb, const std:
   return out;
 }
 
-// The semistochastic PT2's generation of src (kernels::SciSampled) on the host.
-std::vector<kernels::sci::TaggedCandidate> generate_sampled(const Hamiltonian& h, int na, int nb, const std::vector<Det>& src,
-                                                            const std::vector<double>& c, double eps,
-                                                            const std::vector<std::uint64_t>& batch,
-                                                            const std::vector<double>& scale, const std::vector<double>& fold,
-                                                            double eps_large) {
+// The semistochastic PT2's generation of src (kernels::SciSampled) on the host: its candidates'
+// records and its diagonal terms.
+using Tagged = std::vector<kernels::sci::TaggedCandidate>;
+std::pair<Tagged, Tagged> generate_sampled(const Hamiltonian& h, int na, int nb, const std::vector<Det>& src,
+                                           const std::vector<double>& c, double eps, const std::vector<std::uint64_t>& batch,
+                                           const std::vector<double>& scale, const std::vector<double>& fold,
+                                           double eps_large) {
   const std::uint64_t cap = sci::max_candidates_per_source(h.tables, na, nb) * src.size();
-  std::vector<kernels::sci::TaggedCandidate> out(2 * cap);
-  std::uint64_t count = 0;
+  Tagged out(2 * cap), diagonal(cap);
+  std::uint64_t count = 0, diagonal_count = 0;
   kernels::SciGenerate g{h.view, na, nb, src.data(), c.data(), src.size(), eps, nullptr, &count, nullptr, nullptr, {}};
-  g.sampled = {batch.data(), scale.data(), fold.data(), eps_large, out.data()};
+  g.sampled = {batch.data(), scale.data(), fold.data(), eps_large, out.data(), diagonal.data(), &diagonal_count};
   kernels::sci_generate_cpu(g);
   out.resize(count);
-  return out;
+  diagonal.resize(diagonal_count);
+  return {out, diagonal};
 }
 
 double fci_energy(const Hamiltonian& h, int na, int nb, int* products = nullptr) {
@@ -247,10 +249,10 @@ TEST(SciGenerate, HeatBathScreeningKeepsExactlyTheLargeOnes) {
   EXPECT_EQ(k, got.size());
 }
 
-// Sampled sources give two tagged records a candidate, in the plain generation's order: the
-// scaled value under tag 3b, then the scaled value again under 3b + 1 when it passes eps_large,
-// else fold * v^2 under 3b + 2.
-TEST(SciGenerate, SampledSourcesGiveTwoTaggedRecordsACandidate) {
+// Sampled sources give tagged records in the plain generation's order: a candidate's scaled
+// value under tag 3b, then the scaled value again under 3b + 1 when it passes eps_large; else its
+// diagonal term fold * v^2 under 3b + 2, in the diagonal terms.
+TEST(SciGenerate, SampledSourcesGiveTaggedRecordsAndDiagonalTerms) {
   Hamiltonian h(sci::read_fcidump(data_file("N2_sto6g_FCIDUMP")));
   const int na = h.ints.nalpha(), nb = h.ints.nbeta();
   const auto dets = all_dets(h.ints.norb, na, nb);
@@ -261,31 +263,38 @@ TEST(SciGenerate, SampledSourcesGiveTwoTaggedRecordsACandidate) {
     c[i] = std::sin(0.7 * i + 0.1), scale[i] = 1.5 + i, fold[i] = -0.25 * i, batch[i] = i / 20;
   const double eps = 1e-4, eps_large = 3e-3;
   const auto plain = generate(h, na, nb, src, c, eps);
-  const auto got = generate_sampled(h, na, nb, src, c, eps, batch, scale, fold, eps_large);
-  ASSERT_EQ(got.size(), 2 * plain.size());
+  const auto [got, diagonal] = generate_sampled(h, na, nb, src, c, eps, batch, scale, fold, eps_large);
   // (each source's candidates are consecutive in the plain output; its source from the element)
-  std::size_t k = 0, large = 0;
+  std::size_t k = 0, at = 0, d = 0, large = 0;
   for (std::size_t i = 0; i < src.size(); ++i)
     for (; k < plain.size(); ++k) {
       const Det t{plain[k].alpha, plain[k].beta};
       const double element = kernels::sci::element(h.view, t, src[i]);
       if (element * c[i] != plain[k].value) break;  // (the next source's)
-      const auto& a = got[2 * k];
-      const auto& b = got[2 * k + 1];
+      ASSERT_LT(at, got.size());
+      const auto& a = got[at++];
       EXPECT_EQ((Det{a.alpha, a.beta}), t);
-      EXPECT_EQ((Det{b.alpha, b.beta}), t);
       EXPECT_EQ(a.tag, 3 * batch[i]);
       EXPECT_EQ(a.value, plain[k].value * scale[i]);
       if (std::fabs(element) * std::fabs(c[i]) > eps_large) {
         ++large;
+        ASSERT_LT(at, got.size());
+        const auto& b = got[at++];
+        EXPECT_EQ((Det{b.alpha, b.beta}), t);
         EXPECT_EQ(b.tag, 3 * batch[i] + 1);
         EXPECT_EQ(b.value, a.value);
       } else {
+        ASSERT_LT(d, diagonal.size());
+        const auto& b = diagonal[d++];
+        EXPECT_EQ((Det{b.alpha, b.beta}), t);
         EXPECT_EQ(b.tag, 3 * batch[i] + 2);
         EXPECT_EQ(b.value, fold[i] * (plain[k].value * plain[k].value));
       }
     }
   EXPECT_EQ(k, plain.size());
+  EXPECT_EQ(at, got.size());
+  EXPECT_EQ(d, diagonal.size());
+  EXPECT_EQ(got.size(), plain.size() + large);
   EXPECT_GT(large, 0u);
   EXPECT_LT(large, plain.size());
 }
@@ -390,19 +399,29 @@ TEST(SciGpu, GenerateAndSigmaMatchTheCpuTwins) {
     std::vector<std::uint64_t> batch(src.size());
     std::vector<double> scale(src.size()), fold(src.size());
     for (std::size_t i = 0; i < src.size(); ++i) batch[i] = i / 300, scale[i] = 1.0 + 0.5 * (i % 5), fold[i] = 0.1 * (i % 9) - 0.3;
-    const auto want_tagged = generate_sampled(h, na, nb, src, std::vector<double>(c.begin(), c.begin() + 3000), eps, batch,
-                                              scale, fold, 2e-3);
+    const auto [want_tagged, want_diagonal] = generate_sampled(
+        h, na, nb, src, std::vector<double>(c.begin(), c.begin() + 3000), eps, batch, scale, fold, 2e-3);
     Buffer d_batch = gpu.upload(batch.data(), src.size() * 8), d_scale = gpu.upload(scale.data(), src.size() * 8);
     Buffer d_fold = gpu.upload(fold.data(), src.size() * 8);
-    Buffer d_tagged = gpu.backend->alloc_device(2 * cap * sizeof(kernels::sci::TaggedCandidate), "test");
+    using kernels::sci::TaggedCandidate;
+    Buffer d_tagged = gpu.backend->alloc_device(2 * cap * sizeof(TaggedCandidate), "test");
+    Buffer d_diagonal = gpu.backend->alloc_device(cap * sizeof(TaggedCandidate), "test");
+    Buffer d_diagonal_count = gpu.backend->alloc_device(8, "test");
+    Buffer d_work4 = gpu.backend->alloc_device(4 * src.size() * 8, "test");
     g.out = nullptr;
-    g.sampled = {d_batch.as<std::uint64_t>(), d_scale.as<double>(), d_fold.as<double>(), 2e-3,
-                 d_tagged.as<kernels::sci::TaggedCandidate>()};
+    g.workspace = d_work4.as<std::uint64_t>();
+    g.sampled = {d_batch.as<std::uint64_t>(),     d_scale.as<double>(),         d_fold.as<double>(),
+                 2e-3,                            d_tagged.as<TaggedCandidate>(), d_diagonal.as<TaggedCandidate>(),
+                 d_diagonal_count.as<std::uint64_t>()};
     kernels::sci_generate(*gpu.stream, g);
     const auto tagged_count = gpu.download<std::uint64_t>(d_count, 1)[0];
+    const auto diagonal_count = gpu.download<std::uint64_t>(d_diagonal_count, 1)[0];
     ASSERT_EQ(tagged_count, want_tagged.size()) << "eps " << eps;
-    const auto got_tagged = gpu.download<kernels::sci::TaggedCandidate>(d_tagged, tagged_count);
-    ASSERT_EQ(std::memcmp(got_tagged.data(), want_tagged.data(), tagged_count * sizeof(kernels::sci::TaggedCandidate)), 0)
+    ASSERT_EQ(diagonal_count, want_diagonal.size()) << "eps " << eps;
+    const auto got_tagged = gpu.download<TaggedCandidate>(d_tagged, tagged_count);
+    const auto got_diagonal = gpu.download<TaggedCandidate>(d_diagonal, diagonal_count);
+    ASSERT_EQ(std::memcmp(got_tagged.data(), want_tagged.data(), tagged_count * sizeof(TaggedCandidate)), 0) << "eps " << eps;
+    ASSERT_EQ(std::memcmp(got_diagonal.data(), want_diagonal.data(), diagonal_count * sizeof(TaggedCandidate)), 0)
         << "eps " << eps;
   }
   const std::size_t n = dets.size();
