@@ -59,7 +59,7 @@ void sci_generate_cpu(const SciGenerate& a) {
       sci::TaggedCandidate* diagonal = sampled.diagonal_out + diagonal_offset[i];
       for_each_excitation(a.h, a.nalpha, a.nbeta, a.sources[i], c, a.eps, [&](const sci::Det& t, double element) {
         const bool large = sampled_large(sampled, element, c);
-        write_sampled(sampled, static_cast<std::uint64_t>(i), t, element, c, out, diagonal);
+        write_sampled(sampled, static_cast<std::uint64_t>(i), t, element, c, large, out, diagonal);
         out += large ? 2 : 1;
         diagonal += large ? 0 : 1;
       });

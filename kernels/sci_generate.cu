@@ -97,7 +97,7 @@ __global__ void __launch_bounds__(kThreads) generate_kernel(HamiltonianView h, i
       BlockScan(s.scan).ExclusiveSum(mine, pos, all);
       if (Write && valid) {
         if (sampled.batch)
-          write_sampled(sampled, i, t, e, c, sampled.out + offsets[i] + written + (pos & 0xffffu),
+          write_sampled(sampled, i, t, e, c, large, sampled.out + offsets[i] + written + (pos & 0xffffu),
                         sampled.diagonal_out + diagonal_offsets[i] + diagonal_written + (pos >> 16));
         else out[offsets[i] + written + pos] = Candidate{t.alpha, t.beta, e * c};
       }

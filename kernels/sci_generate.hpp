@@ -52,14 +52,15 @@ QSTAGE_HD bool sampled_large(const SciSampled& s, double element, double c) {
   return (element < 0 ? -element : element) * (c < 0 ? -c : c) > s.eps_large;
 }
 
-// Source i's records for its excitation to t with element H_ti (both twins write these): one or
-// two at a_out, none or one at diagonal_out.
-QSTAGE_HD void write_sampled(const SciSampled& s, std::uint64_t i, const sci::Det& t, double element, double c,
+// Source i's records for its excitation to t with element H_ti (both twins write these; large:
+// sampled_large's answer, which the caller needed to place them): one or two at a_out, none or
+// one at diagonal_out.
+QSTAGE_HD void write_sampled(const SciSampled& s, std::uint64_t i, const sci::Det& t, double element, double c, bool large,
                              sci::TaggedCandidate* a_out, sci::TaggedCandidate* diagonal_out) {
   const double v = element * c, scaled = v * s.scale[i];
   const std::uint64_t tag = 3 * s.batch[i];
   a_out[0] = sci::TaggedCandidate{t.alpha, t.beta, tag, scaled};
-  if (sampled_large(s, element, c)) a_out[1] = sci::TaggedCandidate{t.alpha, t.beta, tag + 1, scaled};
+  if (large) a_out[1] = sci::TaggedCandidate{t.alpha, t.beta, tag + 1, scaled};
   else diagonal_out[0] = sci::TaggedCandidate{t.alpha, t.beta, tag + 2, s.fold[i] * (v * v)};
 }
 

@@ -591,10 +591,11 @@ class BatchSums final : public engine::Reduction {
   std::vector<double> sums_;
 };
 
-// The semistochastic PT2's score of a group of batches [first, first + count): per unique
-// (candidate, tag) outside the space, its term over E - H_aa, summed per batch (kernels::SciSampled
-// says what the tags hold): A^2 for tag 3b, -A_large^2 for 3b + 1, B - B_large for 3b + 2. Sums
-// per tile in row order, then the engine's tree: the same bits on every backend and rank count.
+// The semistochastic PT2's score of a group of batches [first, first + count): per row outside the
+// space (a unique (candidate, tag) key with its summed value, or a diagonal term as generated),
+// its term over E - H_aa, summed per batch (kernels::SciSampled says what the tags hold): A^2 for
+// tag 3b, -A_large^2 for 3b + 1, B - B_large for 3b + 2. Sums per tile in row order, then the
+// engine's tree: the same bits on every backend and rank count.
 class SampledScoreKernel final : public SpaceKernel {
  public:
   // records: input 0 holds whole records (alpha, beta, tag, value: the diagonal terms, scored as
