@@ -1,9 +1,14 @@
 #include "kernels/sci_generate.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <exception>
+#include <stdexcept>
+#include <utility>
 #include <vector>
 
 #include "kernels/dispatch.hpp"
+#include "kernels/sci_space_pairs.hpp"
 
 namespace qstage::kernels {
 
@@ -91,76 +96,106 @@ void sci_sigma_cpu(const SciSigma& a) {
   }
 }
 
-// The space's determinants by value, for the host's lookups while it stores H: the index
-// find_sorted gives, by open addressing in a table of at least twice the space (one or two probes
-// where a binary search over 15,000 determinants took 14, most of the build's time on the CPU).
-class SpaceIndex {
+// A row's entries, in the order sci_sigma_cpu sums them (list order): the row's partners in the
+// space (SpacePairs), placed in that order (ListOrder), each element as list_entry computes it.
+class RowCouplings {
  public:
-  SpaceIndex(const sci::Det* space, std::uint64_t n) : space_(space), n_(n) {
-    std::uint64_t size = 16;
-    while (size < 2 * n) size *= 2;
-    mask_ = size - 1;
-    slots_.assign(size, 0);
-    for (std::uint64_t i = 0; i < n; ++i) {
-      std::uint64_t at = hash(space[i]) & mask_;
-      while (slots_[at]) at = (at + 1) & mask_;
-      slots_[at] = static_cast<std::uint32_t>(i + 1);
+  RowCouplings(const SciCouplings& a, const sci::SpacePairs& pairs, const sci::ListOrder& order)
+      : a_(a), pairs_(pairs), order_(order) {}
+  // The row's entries in list order, each as visit(column, element).
+  template <typename Visit>
+  void visit(std::uint64_t r, Visit&& visit) {
+    place(r);
+    std::sort(keyed_.begin(), keyed_.end());
+    for (const std::uint64_t keyed : keyed_) {
+      sci::Det target;
+      double element;
+      if (!entry(keyed, &target, &element)) continue;
+      const std::uint32_t i = static_cast<std::uint32_t>(keyed);
+      if (!(target == a_.space[i])) throw std::logic_error("sci couplings: an excitation list entry is not the partner found");
+      visit(i, element);
     }
   }
-  // The determinant's index in the space, or n when it is not there.
-  std::uint64_t find(const sci::Det& d) const {
-    for (std::uint64_t at = hash(d) & mask_;; at = (at + 1) & mask_) {
-      const std::uint32_t slot = slots_[at];
-      if (!slot) return n_;
-      if (space_[slot - 1] == d) return slot - 1;
+  // How many entries visit() gives: the listed partners less the singles whose element is zero
+  // (a double's list holds only nonzero integrals; a single's bound can be above a zero element).
+  std::uint64_t count(std::uint64_t r) {
+    place(r);
+    const std::uint32_t singles = static_cast<std::uint32_t>(a_.nalpha + a_.nbeta);
+    std::uint64_t count = 0;
+    for (const std::uint64_t keyed : keyed_) {
+      sci::Det target;
+      double element;
+      count += (keyed >> 48) >= singles || entry(keyed, &target, &element);
     }
+    return count;
   }
 
  private:
-  static std::uint64_t hash(const sci::Det& d) {
-    std::uint64_t x = d.alpha * 0x9E3779B97F4A7C15ull ^ (d.beta + 0x632BE59BD9B4E019ull) * 0xC2B2AE3D27D4EB4Full;
-    x ^= x >> 29;
-    x *= 0xBF58476D1CE4E5B9ull;
-    return x ^ (x >> 32);
+  // keyed_: the row's listed partners as (place << 32 | column), unsorted.
+  void place(std::uint64_t r) {
+    d_ = a_.space[a_.first + r];
+    sci::occupied(d_.alpha, occ_a_);
+    sci::occupied(d_.beta, occ_b_);
+    partners_.clear();
+    pairs_.coupled(a_.first + r, partners_);
+    keyed_.clear();
+    for (const std::uint32_t i : partners_) {
+      const std::uint32_t key = order_.key(d_, a_.space[i], a_.nalpha, a_.nbeta);
+      if (key != sci::ListOrder::kNotListed) keyed_.push_back(std::uint64_t{key} << 32 | i);
+    }
   }
-  const sci::Det* space_;
-  std::uint64_t n_, mask_ = 0;
-  std::vector<std::uint32_t> slots_;  // index + 1; 0: empty (the stored H's spaces are below 2^32)
+  bool entry(std::uint64_t keyed, sci::Det* target, double* element) const {
+    const sci::ListRef ref = sci::list_at(static_cast<std::uint32_t>(keyed >> 48), a_.nalpha, a_.nbeta, occ_a_, occ_b_);
+    return sci::list_entry(a_.h, d_, ref, static_cast<std::uint32_t>(keyed >> 32) & 0xffff, 1.0, 0.0, target, element);
+  }
+  const SciCouplings& a_;
+  const sci::SpacePairs& pairs_;
+  const sci::ListOrder& order_;
+  sci::Det d_;
+  int occ_a_[64], occ_b_[64];
+  std::vector<std::uint32_t> partners_;
+  std::vector<std::uint64_t> keyed_;
 };
 
-// A row's entries, in the order sci_sigma_cpu sums them (list order).
-template <typename Visit>
-void for_each_coupling(const SciCouplings& a, const SpaceIndex& index, std::uint64_t r, Visit&& visit) {
-  for_each_excitation(a.h, a.nalpha, a.nbeta, a.space[a.first + r], 1.0, 0.0, [&](const sci::Det& t, double element) {
-    const std::uint64_t i = index.find(t);
-    if (i < a.space_size) visit(i, element);
-  });
+// Each thread its own row scratch; the first exception (there should be none) is rethrown.
+template <typename Row>
+void for_each_row(const SciCouplings& a, Row&& row) {
+  const auto n = static_cast<std::int64_t>(a.n);
+  const sci::SpacePairs pairs(a.space, a.space_size);
+  const sci::ListOrder order(a.h);
+  std::exception_ptr failure;
+#pragma omp parallel
+  {
+    RowCouplings rows(a, pairs, order);
+#pragma omp for schedule(dynamic, 16)
+    for (std::int64_t r = 0; r < n; ++r) {
+      try {
+        row(rows, static_cast<std::uint64_t>(r));
+      } catch (...) {
+#pragma omp critical
+        if (!failure) failure = std::current_exception();
+      }
+    }
+  }
+  if (failure) std::rethrow_exception(failure);
 }
 
 void sci_couplings_count_cpu(const SciCouplings& a) {
-  const auto n = static_cast<std::int64_t>(a.n);
-  const SpaceIndex index(a.space, a.space_size);
-#pragma omp parallel for schedule(dynamic, 16)
-  for (std::int64_t r = 0; r < n; ++r) {
-    std::uint64_t count = 0;
-    for_each_coupling(a, index, static_cast<std::uint64_t>(r), [&](std::uint64_t, double) { ++count; });
-    a.counts[r] = count;
-  }
+  for_each_row(a, [&](RowCouplings& rows, std::uint64_t r) {
+    a.counts[r] = rows.count(r);
+  });
 }
 
 void sci_couplings_write_cpu(const SciCouplings& a) {
-  const auto n = static_cast<std::int64_t>(a.n);
-  const SpaceIndex index(a.space, a.space_size);
-#pragma omp parallel for schedule(dynamic, 16)
-  for (std::int64_t r = 0; r < n; ++r) {
+  for_each_row(a, [&](RowCouplings& rows, std::uint64_t r) {
     std::uint64_t at = a.offsets[r];
-    for_each_coupling(a, index, static_cast<std::uint64_t>(r), [&](std::uint64_t i, double element) {
+    rows.visit(r, [&](std::uint64_t i, double element) {
       a.columns[at] = static_cast<std::uint32_t>(i);
       a.elements[at] = element;
       ++at;
     });
-    a.diagonal[r] = sci::diagonal(a.h, a.space[a.first + static_cast<std::uint64_t>(r)]);
-  }
+    a.diagonal[r] = sci::diagonal(a.h, a.space[a.first + r]);
+  });
 }
 
 // sci_sigma_cpu's sum, term by term, from the stored entries.

@@ -17,7 +17,9 @@
 //   (sci_sigma_stored) gives sigma's bits for the cost of reading them, so Davidson's products
 //   within an iteration need no enumeration and no search (seed 004's resident Hamiltonian).
 //   Built by two launches over the same rows: count (entries per row), then, at offsets the
-//   caller scanned from the counts, write.
+//   caller scanned from the counts, write. The GPU enumerates each row's excitations and searches
+//   S for them; the CPU finds the row's partners through S's strings and sorts them into list
+//   order (sci_space_pairs.hpp): the same entries, at a small part of the cost on the host.
 #include <cstdint>
 
 #include "backend/backend.hpp"

@@ -601,3 +601,78 @@ TEST(SciResidentSpace, StoredHamiltonianGivesTheEnumeratingSigmasBitsOnTheGpu) {
   auto be = make_backend({"cuda", 2ull << 30, 1ull << 30});
   stored_sigma_matches_enumeration(*be);
 }
+
+// The host's stored H finds each row's partners through the space's strings and sorts them by
+// their place in the excitation lists: each row must hold exactly what the enumeration visits
+// (every listed excitation, kept when it is in the space), in its order, with its element bits.
+// Spaces: whole, and random subsets of several densities; closed and open shell; symmetry zeros.
+TEST(SciCouplings, StringPairsHoldTheEnumerationsEntriesInItsOrder) {
+  sci::Integrals open_shell = random_integrals(9, 7, 5);
+  open_shell.ms2 = 1;
+  std::vector<Hamiltonian> hs;
+  hs.emplace_back(sci::read_fcidump(data_file("N2_sto6g_FCIDUMP")));
+  hs.emplace_back(sci::read_fcidump(data_file("h2o_FCIDUMP_symm")));
+  hs.emplace_back(open_shell);
+  std::mt19937_64 rng(11);
+  for (const Hamiltonian& h : hs) {
+    const int na = h.ints.nalpha(), nb = h.ints.nbeta();
+    const auto all = all_dets(h.ints.norb, na, nb);
+    for (const double keep : {1.0, 0.5, 0.1, 0.02}) {
+      std::vector<Det> space;
+      std::bernoulli_distribution in(keep);
+      for (const Det& d : all)
+        if (in(rng)) space.push_back(d);
+      if (space.size() < 3) continue;
+      const std::uint64_t n = space.size(), first = n / 3, rows = n - first;
+      // The enumeration's rows.
+      std::vector<std::uint64_t> want_offsets{0};
+      std::vector<std::uint32_t> want_columns;
+      std::vector<double> want_elements;
+      for (std::uint64_t j = first; j < n; ++j) {
+        int occ_a[64], occ_b[64];
+        kernels::sci::occupied(space[j].alpha, occ_a);
+        kernels::sci::occupied(space[j].beta, occ_b);
+        for (std::uint32_t l = 0; l < kernels::sci::list_count(na, nb); ++l) {
+          const auto ref = kernels::sci::list_at(l, na, nb, occ_a, occ_b);
+          for (std::uint32_t k = 0; k < kernels::sci::cut_length(h.view, ref, 1.0, 0.0); ++k) {
+            Det t;
+            double element;
+            if (!kernels::sci::list_entry(h.view, space[j], ref, k, 1.0, 0.0, &t, &element)) continue;
+            const std::uint64_t i = kernels::sci::find_sorted(space.data(), n, t);
+            if (i == n) continue;
+            want_columns.push_back(static_cast<std::uint32_t>(i));
+            want_elements.push_back(element);
+          }
+        }
+        want_offsets.push_back(want_columns.size());
+      }
+      kernels::SciCouplings c;
+      c.h = h.view;
+      c.nalpha = na;
+      c.nbeta = nb;
+      c.space = space.data();
+      c.space_size = n;
+      c.first = first;
+      c.n = rows;
+      std::vector<std::uint64_t> counts(rows);
+      c.counts = counts.data();
+      kernels::sci_couplings_count_cpu(c);
+      std::vector<std::uint64_t> offsets(rows + 1, 0);
+      for (std::uint64_t r = 0; r < rows; ++r) {
+        ASSERT_EQ(counts[r], want_offsets[r + 1] - want_offsets[r]) << h.ints.norb << " orbitals, keep " << keep << ", row " << r;
+        offsets[r + 1] = offsets[r] + counts[r];
+      }
+      std::vector<std::uint32_t> columns(offsets[rows]);
+      std::vector<double> elements(offsets[rows]), diagonal(rows);
+      c.offsets = offsets.data();
+      c.columns = columns.data();
+      c.elements = elements.data();
+      c.diagonal = diagonal.data();
+      kernels::sci_couplings_write_cpu(c);
+      EXPECT_EQ(columns, want_columns) << h.ints.norb << " orbitals, keep " << keep;
+      ASSERT_EQ(elements.size(), want_elements.size());
+      EXPECT_EQ(std::memcmp(elements.data(), want_elements.data(), elements.size() * 8), 0);
+      for (std::uint64_t r = 0; r < rows; ++r) EXPECT_EQ(diagonal[r], kernels::sci::diagonal(h.view, space[first + r]));
+    }
+  }
+}

@@ -1,0 +1,211 @@
+#include "kernels/sci_space_pairs.hpp"
+
+#include <algorithm>
+#include <bit>
+#include <stdexcept>
+#include <utility>
+
+namespace qstage::kernels::sci {
+
+namespace {
+
+int rank_in(std::uint64_t s, int p) { return std::popcount(s & (bit(p) - 1)); }
+int lowest(std::uint64_t x) { return std::countr_zero(x); }
+
+// Compressed rows from (row, value) pairs by counting (the order within a row does not matter):
+// start gets rows + 1 entries.
+void compress(const std::vector<std::pair<std::uint32_t, std::uint32_t>>& pairs, std::size_t rows,
+              std::vector<std::uint32_t>& start, std::vector<std::uint32_t>& out) {
+  start.assign(rows + 1, 0);
+  for (const auto& [row, value] : pairs) ++start[row + 1];
+  for (std::size_t r = 0; r < rows; ++r) start[r + 1] += start[r];
+  std::vector<std::uint32_t> at(start.begin(), start.end() - 1);
+  out.resize(pairs.size());
+  for (const auto& [row, value] : pairs) out[at[row]++] = value;
+}
+
+}  // namespace
+
+// Two distinct strings `removed` electrons apart share exactly one string with `removed` of their
+// electrons taken out (one apart share several with two taken out: the popcount test drops those).
+void SpacePairs::Strings::link(int removed, std::vector<std::uint32_t>& start, std::vector<std::uint32_t>& out) const {
+  std::vector<std::pair<std::uint64_t, std::uint32_t>> keyed;
+  for (std::uint32_t i = 0; i < value.size(); ++i) {
+    int occ[64];
+    const int n = occupied(value[i], occ);
+    if (removed == 1)
+      for (int x = 0; x < n; ++x) keyed.emplace_back(value[i] & ~bit(occ[x]), i);
+    else
+      for (int x = 0; x < n; ++x)
+        for (int y = x + 1; y < n; ++y) keyed.emplace_back(value[i] & ~bit(occ[x]) & ~bit(occ[y]), i);
+  }
+  std::sort(keyed.begin(), keyed.end());
+  std::vector<std::pair<std::uint32_t, std::uint32_t>> pairs;
+  for (std::size_t first = 0, last; first < keyed.size(); first = last) {
+    for (last = first + 1; last < keyed.size() && keyed[last].first == keyed[first].first;) ++last;
+    for (std::size_t x = first; x < last; ++x)
+      for (std::size_t y = first; y < last; ++y) {
+        const std::uint32_t u = keyed[x].second, v = keyed[y].second;
+        if (u != v && popcount(value[u] ^ value[v]) == 2 * removed) pairs.emplace_back(u, v);
+      }
+  }
+  compress(pairs, value.size(), start, out);
+}
+
+SpacePairs::SpacePairs(const Det* space, std::uint64_t n) : space_(space), n_(n) {
+  det_alpha_.resize(n);
+  det_beta_.resize(n);
+  for (std::uint64_t j = 0; j < n; ++j) {
+    if (j == 0 || space[j].alpha != space[j - 1].alpha) {
+      alpha_first_.push_back(static_cast<std::uint32_t>(j));
+      alpha_.value.push_back(space[j].alpha);
+    }
+    det_alpha_[j] = static_cast<std::uint32_t>(alpha_.value.size() - 1);
+    beta_.value.push_back(space[j].beta);
+  }
+  alpha_first_.push_back(static_cast<std::uint32_t>(n));
+  std::sort(beta_.value.begin(), beta_.value.end());
+  beta_.value.erase(std::unique(beta_.value.begin(), beta_.value.end()), beta_.value.end());
+  std::vector<std::pair<std::uint32_t, std::uint32_t>> by_beta(n);
+  for (std::uint64_t j = 0; j < n; ++j) {
+    det_beta_[j] = static_cast<std::uint32_t>(std::lower_bound(beta_.value.begin(), beta_.value.end(), space[j].beta) -
+                                              beta_.value.begin());
+    by_beta[j] = {det_beta_[j], static_cast<std::uint32_t>(j)};
+  }
+  compress(by_beta, beta_.value.size(), by_beta_start_, by_beta_);
+  for (Strings* s : {&alpha_, &beta_}) {
+    s->link(1, s->singles_start, s->singles);
+    s->link(2, s->doubles_start, s->doubles);
+  }
+}
+
+std::uint64_t SpacePairs::find(std::uint32_t a, std::uint64_t beta) const {
+  std::uint64_t lo = alpha_first_[a], hi = alpha_first_[a + 1];
+  while (lo < hi) {
+    const std::uint64_t mid = (lo + hi) / 2;
+    if (space_[mid].beta < beta) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo < alpha_first_[a + 1] && space_[lo].beta == beta ? lo : n_;
+}
+
+// Each of the three kinds of partner is found by whichever is cheaper: scanning the determinants
+// that share a string, or looking up each string near the other one (a binary search).
+void SpacePairs::coupled(std::uint64_t j, std::vector<std::uint32_t>& out) const {
+  const Det d = space_[j];
+  const std::uint32_t a = det_alpha_[j], b = det_beta_[j];
+  const auto push = [&](std::uint64_t i) {
+    if (i < n_) out.push_back(static_cast<std::uint32_t>(i));
+  };
+  const auto cost_of_lookups = [](std::uint64_t lookups, std::uint64_t run) {
+    return lookups * static_cast<std::uint64_t>(std::bit_width(run) + 1);
+  };
+  const std::uint32_t a_singles = alpha_.singles_start[a + 1] - alpha_.singles_start[a];
+  const std::uint32_t a_near = a_singles + alpha_.doubles_start[a + 1] - alpha_.doubles_start[a];
+  const std::uint32_t b_singles = beta_.singles_start[b + 1] - beta_.singles_start[b];
+  const std::uint32_t b_near = b_singles + beta_.doubles_start[b + 1] - beta_.doubles_start[b];
+
+  // Same alpha string, beta one or two electrons away.
+  const std::uint32_t run = alpha_first_[a + 1] - alpha_first_[a];
+  if (run <= cost_of_lookups(b_near, run)) {
+    for (std::uint32_t i = alpha_first_[a]; i < alpha_first_[a + 1]; ++i) {
+      const int moved = popcount(space_[i].beta ^ d.beta);
+      if (moved == 2 || moved == 4) out.push_back(i);
+    }
+  } else {
+    for (std::uint32_t k = beta_.singles_start[b]; k < beta_.singles_start[b + 1]; ++k) push(find(a, beta_.value[beta_.singles[k]]));
+    for (std::uint32_t k = beta_.doubles_start[b]; k < beta_.doubles_start[b + 1]; ++k) push(find(a, beta_.value[beta_.doubles[k]]));
+  }
+  // Same beta string, alpha one or two electrons away.
+  const std::uint32_t shared_beta = by_beta_start_[b + 1] - by_beta_start_[b];
+  if (shared_beta <= cost_of_lookups(a_near, 16)) {
+    for (std::uint32_t k = by_beta_start_[b]; k < by_beta_start_[b + 1]; ++k) {
+      const std::uint32_t i = by_beta_[k];
+      const int moved = popcount(space_[i].alpha ^ d.alpha);
+      if (moved == 2 || moved == 4) out.push_back(i);
+    }
+  } else {
+    for (std::uint32_t k = alpha_.singles_start[a]; k < alpha_.singles_start[a + 1]; ++k) push(find(alpha_.singles[k], d.beta));
+    for (std::uint32_t k = alpha_.doubles_start[a]; k < alpha_.doubles_start[a + 1]; ++k) push(find(alpha_.doubles[k], d.beta));
+  }
+  // One electron of each spin moved.
+  for (std::uint32_t k = alpha_.singles_start[a]; k < alpha_.singles_start[a + 1]; ++k) {
+    const std::uint32_t near = alpha_.singles[k], near_run = alpha_first_[near + 1] - alpha_first_[near];
+    if (near_run <= cost_of_lookups(b_singles, near_run)) {
+      for (std::uint32_t i = alpha_first_[near]; i < alpha_first_[near + 1]; ++i)
+        if (popcount(space_[i].beta ^ d.beta) == 2) out.push_back(i);
+    } else {
+      for (std::uint32_t m = beta_.singles_start[b]; m < beta_.singles_start[b + 1]; ++m)
+        push(find(near, beta_.value[beta_.singles[m]]));
+    }
+  }
+}
+
+ListOrder::ListOrder(const HamiltonianView& h) : norb_(h.norb) {
+  const std::size_t n = static_cast<std::size_t>(h.norb), pairs = n * (n - 1) / 2;
+  // (list_count is at most 2,080 for 64 orbitals: lists fit 16 bits, as entries do)
+  if (h.single_width >= kAbsent || h.opposite_width >= kAbsent || h.same_width >= kAbsent)
+    throw std::invalid_argument("ListOrder: excitation lists longer than 65534 entries");
+  single_.assign(n * n, kAbsent);
+  opposite_.assign(n * n * n * n, kAbsent);
+  same_.assign(pairs * pairs, kAbsent);
+  // Only the entries that for_each_excitation visits at eps = 0: those before the list's cut.
+  for (int p = 0; p < h.norb; ++p) {
+    const ListRef l{ListKind::single_alpha, p, 0};
+    const std::uint32_t cut = cut_length(h, l, 1.0, 0.0);
+    for (std::uint32_t k = 0; k < cut; ++k) single_[p * n + h.single_target[list_slots(h, l).first + k]] = static_cast<std::uint16_t>(k);
+  }
+  for (int p = 0; p < h.norb; ++p)
+    for (int q = 0; q < h.norb; ++q) {
+      const ListRef l{ListKind::opposite, p, q};
+      const ListSlots s = list_slots(h, l);
+      const std::uint32_t cut = cut_length(h, l, 1.0, 0.0);
+      for (std::uint32_t k = 0; k < cut; ++k) {
+        const int r = h.opposite_target[s.first + k] & 0xff, t = h.opposite_target[s.first + k] >> 8;
+        opposite_[((p * n + q) * n + r) * n + t] = static_cast<std::uint16_t>(k);
+      }
+    }
+  for (int q = 1; q < h.norb; ++q)
+    for (int p = 0; p < q; ++p) {
+      const ListRef l{ListKind::same_alpha, p, q};
+      const ListSlots s = list_slots(h, l);
+      const std::uint32_t cut = cut_length(h, l, 1.0, 0.0);
+      for (std::uint32_t k = 0; k < cut; ++k) {
+        const int r = h.same_target[s.first + k] & 0xff, t = h.same_target[s.first + k] >> 8;
+        same_[same_pair(p, q) * pairs + same_pair(std::min(r, t), std::max(r, t))] = static_cast<std::uint16_t>(k);
+      }
+    }
+}
+
+std::uint32_t ListOrder::key(const Det& source, const Det& target, int na, int nb) const {
+  const std::size_t n = static_cast<std::size_t>(norb_), pairs = n * (n - 1) / 2;
+  const std::uint64_t da = source.alpha ^ target.alpha, db = source.beta ^ target.beta;
+  const int ea = popcount(da) / 2, eb = popcount(db) / 2;
+  const auto listed = [](std::uint64_t list, std::uint16_t entry) {
+    return entry == kAbsent ? kNotListed : static_cast<std::uint32_t>(list << 16 | entry);
+  };
+  if (ea + eb == 1) {
+    const bool alpha = ea == 1;
+    const std::uint64_t diff = alpha ? da : db, from = alpha ? source.alpha : source.beta;
+    const int p = lowest(diff & from), r = lowest(diff & ~from);
+    return listed((alpha ? 0 : na) + rank_in(from, p), single_[p * n + r]);
+  }
+  const std::uint64_t first_double = static_cast<std::uint64_t>(na + nb);
+  if (ea == 1 && eb == 1) {
+    const int p = lowest(da & source.alpha), r = lowest(da & ~source.alpha);
+    const int q = lowest(db & source.beta), s = lowest(db & ~source.beta);
+    const std::uint64_t list = first_double + static_cast<std::uint64_t>(rank_in(source.alpha, p)) * nb + rank_in(source.beta, q);
+    return listed(list, opposite_[((p * n + q) * n + r) * n + s]);
+  }
+  const bool alpha = ea == 2;
+  const std::uint64_t diff = alpha ? da : db, from = alpha ? source.alpha : source.beta;
+  const std::uint64_t holes = diff & from, parts = diff & ~from;
+  const int p = lowest(holes), q = lowest(holes & ~bit(p));
+  const int r = lowest(parts), s = lowest(parts & ~bit(r));
+  const int i = rank_in(from, p), k = rank_in(from, q);  // i < k
+  std::uint64_t list = first_double + static_cast<std::uint64_t>(na) * nb + static_cast<std::uint64_t>(k * (k - 1) / 2 + i);
+  if (!alpha) list += static_cast<std::uint64_t>(na) * (na - 1) / 2;
+  return listed(list, same_[same_pair(p, q) * pairs + same_pair(r, s)]);
+}
+
+}  // namespace qstage::kernels::sci
