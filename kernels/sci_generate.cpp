@@ -1,10 +1,6 @@
 #include "kernels/sci_generate.hpp"
 
-#include <algorithm>
 #include <cmath>
-#include <exception>
-#include <stdexcept>
-#include <utility>
 #include <vector>
 
 #include "kernels/dispatch.hpp"
@@ -98,100 +94,30 @@ void sci_sigma_cpu(const SciSigma& a) {
 
 // A row's entries, in the order sci_sigma_cpu sums them (list order): the row's partners in the
 // space (SpacePairs), placed in that order (ListOrder), each element as list_entry computes it.
-class RowCouplings {
- public:
-  RowCouplings(const SciCouplings& a, const sci::SpacePairs& pairs, const sci::ListOrder& order)
-      : a_(a), pairs_(pairs), order_(order) {}
-  // The row's entries in list order, each as visit(column, element).
-  template <typename Visit>
-  void visit(std::uint64_t r, Visit&& visit) {
-    place(r);
-    std::sort(keyed_.begin(), keyed_.end());
-    for (const std::uint64_t keyed : keyed_) {
-      sci::Det target;
-      double element;
-      if (!entry(keyed, &target, &element)) continue;
-      const std::uint32_t i = static_cast<std::uint32_t>(keyed);
-      if (!(target == a_.space[i])) throw std::logic_error("sci couplings: an excitation list entry is not the partner found");
-      visit(i, element);
-    }
-  }
-  // How many entries visit() gives: the listed partners less the singles whose element is zero
-  // (a double's list holds only nonzero integrals; a single's bound can be above a zero element).
-  std::uint64_t count(std::uint64_t r) {
-    place(r);
-    const std::uint32_t singles = static_cast<std::uint32_t>(a_.nalpha + a_.nbeta);
-    std::uint64_t count = 0;
-    for (const std::uint64_t keyed : keyed_) {
-      sci::Det target;
-      double element;
-      count += (keyed >> 48) >= singles || entry(keyed, &target, &element);
-    }
-    return count;
-  }
-
- private:
-  // keyed_: the row's listed partners as (place << 32 | column), unsorted.
-  void place(std::uint64_t r) {
-    d_ = a_.space[a_.first + r];
-    sci::occupied(d_.alpha, occ_a_);
-    sci::occupied(d_.beta, occ_b_);
-    partners_.clear();
-    pairs_.coupled(a_.first + r, partners_);
-    keyed_.clear();
-    for (const std::uint32_t i : partners_) {
-      const std::uint32_t key = order_.key(d_, a_.space[i], a_.nalpha, a_.nbeta);
-      if (key != sci::ListOrder::kNotListed) keyed_.push_back(std::uint64_t{key} << 32 | i);
-    }
-  }
-  bool entry(std::uint64_t keyed, sci::Det* target, double* element) const {
-    const sci::ListRef ref = sci::list_at(static_cast<std::uint32_t>(keyed >> 48), a_.nalpha, a_.nbeta, occ_a_, occ_b_);
-    return sci::list_entry(a_.h, d_, ref, static_cast<std::uint32_t>(keyed >> 32) & 0xffff, 1.0, 0.0, target, element);
-  }
-  const SciCouplings& a_;
-  const sci::SpacePairs& pairs_;
-  const sci::ListOrder& order_;
-  sci::Det d_;
-  int occ_a_[64], occ_b_[64];
-  std::vector<std::uint32_t> partners_;
-  std::vector<std::uint64_t> keyed_;
-};
-
-// Each thread its own row scratch; the first exception (there should be none) is rethrown.
 template <typename Row>
-void for_each_row(const SciCouplings& a, Row&& row) {
-  const auto n = static_cast<std::int64_t>(a.n);
+void for_each_coupling_row(const SciCouplings& a, Row&& row) {
   const sci::SpacePairs pairs(a.space, a.space_size);
   const sci::ListOrder order(a.h);
-  std::exception_ptr failure;
-#pragma omp parallel
-  {
-    RowCouplings rows(a, pairs, order);
-#pragma omp for schedule(dynamic, 16)
-    for (std::int64_t r = 0; r < n; ++r) {
-      try {
-        row(rows, static_cast<std::uint64_t>(r));
-      } catch (...) {
-#pragma omp critical
-        if (!failure) failure = std::current_exception();
-      }
-    }
-  }
-  if (failure) std::rethrow_exception(failure);
-}
-
-void sci_couplings_count_cpu(const SciCouplings& a) {
-  for_each_row(a, [&](RowCouplings& rows, std::uint64_t r) {
-    a.counts[r] = rows.count(r);
+  sci::for_each_coupling_row(a.h, a.nalpha, a.nbeta, a.space, order, a.n, [&](sci::CouplingRow& scratch, std::uint64_t r) {
+    thread_local std::vector<std::uint32_t> partners;
+    partners.clear();
+    pairs.coupled(a.first + r, partners);
+    scratch.load(a.first + r, partners.data(), partners.size());
+    row(scratch, r);
   });
 }
 
+void sci_couplings_count_cpu(const SciCouplings& a) {
+  for_each_coupling_row(a, [&](sci::CouplingRow& row, std::uint64_t r) { a.counts[r] = row.count(); });
+}
+
 void sci_couplings_write_cpu(const SciCouplings& a) {
-  for_each_row(a, [&](RowCouplings& rows, std::uint64_t r) {
+  for_each_coupling_row(a, [&](sci::CouplingRow& row, std::uint64_t r) {
     std::uint64_t at = a.offsets[r];
-    rows.visit(r, [&](std::uint64_t i, double element) {
-      a.columns[at] = static_cast<std::uint32_t>(i);
+    row.visit([&](std::uint32_t i, double element, std::uint32_t place) {
+      a.columns[at] = i;
       a.elements[at] = element;
+      if (a.places) a.places[at] = place;
       ++at;
     });
     a.diagonal[r] = sci::diagonal(a.h, a.space[a.first + r]);

@@ -117,6 +117,9 @@ struct SciCouplings {
   std::uint32_t* columns = nullptr;         // write: the entries' columns i and elements H_ji
   double* elements = nullptr;
   double* diagonal = nullptr;               // write: n values, H_jj
+  // write, cpu (optional): each entry's place in the excitation lists, which
+  // sci::CouplingsUpdate (sci_space_pairs.hpp) needs to grow the rows with the space; cuda: null.
+  std::uint32_t* places = nullptr;
 };
 void sci_couplings_count(Stream& stream, const SciCouplings& args);
 void sci_couplings_write(Stream& stream, const SciCouplings& args);

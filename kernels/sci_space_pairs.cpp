@@ -98,7 +98,7 @@ void SpacePairs::coupled(std::uint64_t j, std::vector<std::uint32_t>& out) const
     if (i < n_) out.push_back(static_cast<std::uint32_t>(i));
   };
   const auto cost_of_lookups = [](std::uint64_t lookups, std::uint64_t run) {
-    return lookups * static_cast<std::uint64_t>(std::bit_width(run) + 1);
+    return lookups * static_cast<std::uint64_t>(std::bit_width(run) + 1) * 4;  // (a search misses the cache; a scan streams)
   };
   const std::uint32_t a_singles = alpha_.singles_start[a + 1] - alpha_.singles_start[a];
   const std::uint32_t a_near = a_singles + alpha_.doubles_start[a + 1] - alpha_.doubles_start[a];
@@ -206,6 +206,124 @@ std::uint32_t ListOrder::key(const Det& source, const Det& target, int na, int n
   std::uint64_t list = first_double + static_cast<std::uint64_t>(na) * nb + static_cast<std::uint64_t>(k * (k - 1) / 2 + i);
   if (!alpha) list += static_cast<std::uint64_t>(na) * (na - 1) / 2;
   return listed(list, same_[same_pair(p, q) * pairs + same_pair(r, s)]);
+}
+
+}  // namespace qstage::kernels::sci
+
+namespace qstage::kernels::sci {
+
+void CouplingRow::load(std::uint64_t j, const std::uint32_t* partners, std::size_t count) {
+  d_ = space_[j];
+  occupied(d_.alpha, occ_a_);
+  occupied(d_.beta, occ_b_);
+  keyed_.clear();
+  for (std::size_t k = 0; k < count; ++k) {
+    const std::uint32_t key = order_.key(d_, space_[partners[k]], na_, nb_);
+    if (key != ListOrder::kNotListed) keyed_.push_back(std::uint64_t{key} << 32 | partners[k]);
+  }
+}
+
+std::uint64_t CouplingRow::count() const {
+  const auto singles = static_cast<std::uint64_t>(na_ + nb_);
+  std::uint64_t count = 0;
+  for (const std::uint64_t keyed : keyed_) {
+    Det target;
+    double element;
+    count += (keyed >> 48) >= singles || entry(keyed, &target, &element);
+  }
+  return count;
+}
+
+bool CouplingRow::entry(std::uint64_t keyed, Det* target, double* element) const {
+  const ListRef ref = list_at(static_cast<std::uint32_t>(keyed >> 48), na_, nb_, occ_a_, occ_b_);
+  return list_entry(h_, d_, ref, static_cast<std::uint32_t>(keyed >> 32) & 0xffff, 1.0, 0.0, target, element);
+}
+
+CouplingsUpdate::CouplingsUpdate(const HamiltonianView& h, int na, int nb, const Det* previous,
+                                 std::uint64_t previous_size, const Det* space, std::uint64_t size)
+    : h_(h), na_(na), nb_(nb), space_(space), size_(size), order_(h) {
+  // Which rows were there: previous and space are sorted, so one walk (previous must run out).
+  old_index_.assign(size, -1);
+  std::uint64_t i = 0;
+  for (std::uint64_t j = 0; j < size && i < previous_size; ++j) {
+    if (space[j] == previous[i]) old_index_[j] = static_cast<std::int64_t>(i++);
+    else if (previous[i] < space[j]) break;  // previous[i] is not in space
+  }
+  if (i < previous_size) {
+    contains_previous_ = false;
+    return;
+  }
+  new_index_.resize(previous_size);
+  for (std::uint64_t j = 0; j < size; ++j) {
+    if (old_index_[j] >= 0) new_index_[static_cast<std::uint64_t>(old_index_[j])] = static_cast<std::uint32_t>(j);
+    else old_index_[j] = -1 - static_cast<std::int64_t>(new_rows_.size()), new_rows_.push_back(static_cast<std::uint32_t>(j));
+  }
+  // The new rows' partners; each old partner gains the new row (coupling is symmetric).
+  const SpacePairs pairs(space, size);
+  std::vector<std::vector<std::uint32_t>> found(new_rows_.size());
+#pragma omp parallel for schedule(dynamic, 16)
+  for (std::int64_t k = 0; k < static_cast<std::int64_t>(new_rows_.size()); ++k) pairs.coupled(new_rows_[k], found[k]);
+  partners_start_.assign(new_rows_.size() + 1, 0);
+  gained_start_.assign(size + 1, 0);
+  for (std::size_t k = 0; k < found.size(); ++k) {
+    partners_start_[k + 1] = partners_start_[k] + static_cast<std::uint32_t>(found[k].size());
+    for (const std::uint32_t p : found[k])
+      if (old_index_[p] >= 0) ++gained_start_[p + 1];
+  }
+  for (std::uint64_t j = 0; j < size; ++j) gained_start_[j + 1] += gained_start_[j];
+  partners_.resize(partners_start_.back());
+  gained_.resize(gained_start_.back());
+  std::vector<std::uint32_t> at(gained_start_.begin(), gained_start_.end() - 1);
+  for (std::size_t k = 0; k < found.size(); ++k) {
+    std::copy(found[k].begin(), found[k].end(), partners_.begin() + partners_start_[k]);
+    for (const std::uint32_t p : found[k])
+      if (old_index_[p] >= 0) gained_[at[p]++] = new_rows_[k];
+  }
+}
+
+void CouplingsUpdate::count(const Stored& previous, std::uint64_t* counts) const {
+  for_each_coupling_row(h_, na_, nb_, space_, order_, size_, [&](CouplingRow& row, std::uint64_t r) {
+    const std::int64_t o = old_index_[r];
+    if (o < 0) {
+      const std::uint64_t k = static_cast<std::uint64_t>(-1 - o);
+      row.load(r, partners_.data() + partners_start_[k], partners_start_[k + 1] - partners_start_[k]);
+      counts[r] = row.count();
+      return;
+    }
+    row.load(r, gained_.data() + gained_start_[r], gained_start_[r + 1] - gained_start_[r]);
+    counts[r] = previous.offsets[o + 1] - previous.offsets[o] + row.count();
+  });
+}
+
+void CouplingsUpdate::write(const Stored& previous, const std::uint64_t* offsets, std::uint32_t* columns, double* elements,
+                            std::uint32_t* places, double* diagonal) const {
+  for_each_coupling_row(h_, na_, nb_, space_, order_, size_, [&](CouplingRow& row, std::uint64_t r) {
+    std::uint64_t at = offsets[r];
+    const auto put = [&](std::uint32_t column, double element, std::uint32_t place) {
+      columns[at] = column, elements[at] = element;
+      if (places) places[at] = place;
+      ++at;
+    };
+    const std::int64_t o = old_index_[r];
+    if (o < 0) {
+      const std::uint64_t k = static_cast<std::uint64_t>(-1 - o);
+      row.load(r, partners_.data() + partners_start_[k], partners_start_[k + 1] - partners_start_[k]);
+      row.visit(put);
+      diagonal[r] = sci::diagonal(h_, space_[r]);
+      return;
+    }
+    // The old entries (renumbered) and the gained ones, merged by place: both ascend.
+    std::uint64_t kept = previous.offsets[o];
+    const std::uint64_t kept_end = previous.offsets[o + 1];
+    row.load(r, gained_.data() + gained_start_[r], gained_start_[r + 1] - gained_start_[r]);
+    row.visit([&](std::uint32_t column, double element, std::uint32_t place) {
+      for (; kept < kept_end && previous.places[kept] < place; ++kept)
+        put(new_index_[previous.columns[kept]], previous.elements[kept], previous.places[kept]);
+      put(column, element, place);
+    });
+    for (; kept < kept_end; ++kept) put(new_index_[previous.columns[kept]], previous.elements[kept], previous.places[kept]);
+    diagonal[r] = previous.diagonal[o];
+  });
 }
 
 }  // namespace qstage::kernels::sci

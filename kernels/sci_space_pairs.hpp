@@ -11,8 +11,14 @@
 // JCTC 13, 1595 (2017), appendix). A determinant (a, b)'s partners are then (a, b') with b' near b,
 // (a', b) with a' near a, and (a', b') with a', b' one electron away: work in proportion to what
 // is found. ListOrder maps each partner to its place in the excitation lists (sci_math.hpp), so a
-// row sorted by it holds the entries, and sums them, exactly as the enumeration does.
+// row sorted by it holds the entries, and sums them, exactly as the enumeration does (CouplingRow).
+// CouplingsUpdate grows stored rows with a space: rows of determinants already there keep their
+// entries and gain the new determinants' (merged by place), the new determinants' rows are found
+// in full; the same entries, bit for bit, as a build from nothing.
+#include <algorithm>
 #include <cstdint>
+#include <exception>
+#include <stdexcept>
 #include <vector>
 
 #include "kernels/sci_math.hpp"
@@ -62,5 +68,99 @@ class ListOrder {
   int norb_;
   std::vector<std::uint16_t> single_, opposite_, same_;  // entry per (list, target); kAbsent where cut
 };
+
+// One row of H within a space, as sci_sigma_cpu sums it: host scratch, one per thread.
+class CouplingRow {
+ public:
+  CouplingRow(const HamiltonianView& h, int na, int nb, const Det* space, const ListOrder& order)
+      : h_(h), na_(na), nb_(nb), space_(space), order_(order) {}
+  // Row j, from candidate partners (any order; those not listed are dropped).
+  void load(std::uint64_t j, const std::uint32_t* partners, std::size_t count);
+  // How many entries visit() gives: the listed partners less the singles whose element is zero
+  // (a double's list holds only nonzero integrals; a single's bound can exceed a zero element).
+  std::uint64_t count() const;
+  // The entries in list order, as visit(column, element, place).
+  template <typename Visit>
+  void visit(Visit&& visit);
+
+ private:
+  bool entry(std::uint64_t keyed, Det* target, double* element) const;
+  const HamiltonianView& h_;
+  int na_, nb_;
+  const Det* space_;
+  const ListOrder& order_;
+  Det d_;
+  int occ_a_[64], occ_b_[64];
+  std::vector<std::uint64_t> keyed_;  // place << 32 | column
+};
+
+// H within `space` from H within `previous` (both sorted; every determinant of previous must be
+// in space, else contains_previous() is false and nothing else may be called). Like the CPU twins
+// of sci_couplings: count() first, then write() at offsets scanned from the counts. Rows [0, n).
+class CouplingsUpdate {
+ public:
+  struct Stored {  // the previous space's stored rows, with each entry's place
+    const std::uint64_t* offsets = nullptr;
+    const std::uint32_t* columns = nullptr;
+    const std::uint32_t* places = nullptr;
+    const double* elements = nullptr;
+    const double* diagonal = nullptr;
+  };
+  CouplingsUpdate(const HamiltonianView& h, int na, int nb, const Det* previous, std::uint64_t previous_size,
+                  const Det* space, std::uint64_t size);
+  bool contains_previous() const { return contains_previous_; }
+  std::uint64_t new_determinants() const { return new_rows_.size(); }
+  void count(const Stored& previous, std::uint64_t* counts) const;
+  void write(const Stored& previous, const std::uint64_t* offsets, std::uint32_t* columns, double* elements,
+             std::uint32_t* places, double* diagonal) const;
+
+ private:
+  const HamiltonianView& h_;
+  int na_, nb_;
+  const Det* space_;
+  std::uint64_t size_;
+  bool contains_previous_ = true;
+  ListOrder order_;
+  std::vector<std::int64_t> old_index_;   // per row: its index in previous, or -1 - its place in new_rows_
+  std::vector<std::uint32_t> new_index_;  // per previous row: its row now
+  std::vector<std::uint32_t> new_rows_;   // the new determinants' rows
+  std::vector<std::uint32_t> partners_start_, partners_;  // per new row (in new_rows_ order): its partners
+  std::vector<std::uint32_t> gained_start_, gained_;      // per row: the new partners of an old row
+};
+
+// row(scratch, r) for each r in [0, n) on OpenMP threads, each with its own CouplingRow; the
+// first exception (there should be none) is rethrown.
+template <typename Row>
+void for_each_coupling_row(const HamiltonianView& h, int na, int nb, const Det* space, const ListOrder& order,
+                           std::uint64_t n, Row&& row) {
+  std::exception_ptr failure;
+#pragma omp parallel
+  {
+    CouplingRow scratch(h, na, nb, space, order);
+#pragma omp for schedule(dynamic, 16)
+    for (std::int64_t r = 0; r < static_cast<std::int64_t>(n); ++r) {
+      try {
+        row(scratch, static_cast<std::uint64_t>(r));
+      } catch (...) {
+#pragma omp critical
+        if (!failure) failure = std::current_exception();
+      }
+    }
+  }
+  if (failure) std::rethrow_exception(failure);
+}
+
+template <typename Visit>
+void CouplingRow::visit(Visit&& visit) {
+  std::sort(keyed_.begin(), keyed_.end());
+  for (const std::uint64_t keyed : keyed_) {
+    Det target;
+    double element;
+    if (!entry(keyed, &target, &element)) continue;
+    const auto i = static_cast<std::uint32_t>(keyed);
+    if (!(target == space_[i])) throw std::logic_error("sci couplings: an excitation list entry is not the partner found");
+    visit(i, element, static_cast<std::uint32_t>(keyed >> 32));
+  }
+}
 
 }  // namespace qstage::kernels::sci

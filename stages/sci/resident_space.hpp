@@ -17,9 +17,17 @@ namespace qstage::sci {
 class ResidentSpace {
  public:
   // Uploads the Hamiltonian and the space, then counts H's entries within the space and stores
-  // them if that takes at most `stored_limit` device bytes.
+  // them if that takes at most `stored_limit` device bytes. On the host, given the resident space
+  // of a space this one grew from (previous iteration's, H stored), H is grown from its rows
+  // (kernels::sci::CouplingsUpdate: the same entries, for the cost of the new determinants).
   ResidentSpace(Backend& backend, const Integrals& ints, const ExcitationTables& tables, int nalpha, int nbeta,
-                const std::vector<kernels::sci::Det>& space, std::uint64_t stored_limit);
+                const std::vector<kernels::sci::Det>& space, std::uint64_t stored_limit,
+                std::unique_ptr<ResidentSpace> previous = nullptr);
+  // Whether H was grown from a previous space's (and from how many new determinants).
+  bool grown() const { return grown_; }
+  std::uint64_t grown_by() const { return grown_by_; }
+  // Whether a later space can grow from this one: the host's, with H stored.
+  bool can_seed_growth() const { return stored_ && places_.size() > 0; }
   // Device bytes held (declare them as the products' resident bytes).
   std::uint64_t bytes() const { return bytes_; }
   bool stored() const { return stored_; }
@@ -31,15 +39,17 @@ class ResidentSpace {
              double* diagonal) const;
 
  private:
-  void store(Backend& backend, Stream& stream, std::uint64_t stored_limit);
+  void store(Backend& backend, Stream& stream, std::uint64_t stored_limit, const ResidentSpace* previous);
   int nalpha_, nbeta_;
   std::uint64_t size_;
   std::unique_ptr<ResidentHamiltonian> hamiltonian_;
   Buffer space_;
-  bool stored_ = false;
+  bool stored_ = false, grown_ = false;
+  std::uint64_t grown_by_ = 0;
   std::uint64_t entries_ = 0, bytes_ = 0;
   double build_seconds_ = 0;
   Buffer offsets_, lane_ends_, columns_, elements_, diagonal_;
+  Buffer places_;  // host only: each entry's place in the excitation lists
 };
 
 }  // namespace qstage::sci

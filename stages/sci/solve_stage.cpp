@@ -271,6 +271,9 @@ struct Memory {
   Space space;
   std::unique_ptr<sci::Davidson> davidson;
   std::unique_ptr<sci::ResidentSpace> resident;
+  // The host's last resident space with H stored, kept from its Davidson to the next iteration's,
+  // whose H grows from it (gone at convergence: the PT2 needs the memory).
+  std::unique_ptr<sci::ResidentSpace> grown_from;
   Buffer x, sigma, diagonal;
   std::unique_ptr<sci::AmplitudeModel> amplitude_model;  // ranks the candidates (the parameter's)
 };
@@ -842,6 +845,7 @@ class SolveRun final : public StepRun {
   void product();
   void make_resident_space();
   void release_resident_space() {
+    if (m_.resident && m_.resident->can_seed_growth()) m_.grown_from = std::move(m_.resident);
     m_.resident.reset();
     m_.x.reset(), m_.sigma.reset(), m_.diagonal.reset();
   }
@@ -1169,15 +1173,20 @@ void SolveRun::make_resident_space() {
   MemoryBudget& budget = ctx_.backend->device_budget();
   const std::uint64_t left = budget.limit() > budget.in_use() ? budget.limit() - budget.in_use() : 0;
   const Problem& p = *m_.problem;
-  m_.resident = std::make_unique<sci::ResidentSpace>(*ctx_.backend, p.ints, p.tables, p.na, p.nb, m_.space.dets, left / 2);
+  m_.resident = std::make_unique<sci::ResidentSpace>(*ctx_.backend, p.ints, p.tables, p.na, p.nb, m_.space.dets, left / 2,
+                                                     std::move(m_.grown_from));
+  const sci::ResidentSpace& r = *m_.resident;
   if (ctx_.comm->root())
     spdlog::info("sci.solve iteration {}: {} ({} determinants, {:.2f} s)", iteration_,
-                 m_.resident->stored() ? fmt::format("H within the space stored on the device, {} entries, {}",
-                                                     m_.resident->entries(),
-                                                     format_bytes(static_cast<double>(m_.resident->bytes())))
-                                       : std::string("H within the space does not fit half the device budget left; "
-                                                     "each product enumerates"),
-                 m_.space.dets.size(), m_.resident->build_seconds());
+                 r.stored() ? fmt::format("H within the space stored {}, {} entries, {}{}",
+                                          ctx_.backend->kind() == BackendKind::cpu ? "in host memory" : "on the device",
+                                          r.entries(), format_bytes(static_cast<double>(r.bytes())),
+                                          r.grown() ? fmt::format(", grown from the last iteration's by {} determinants",
+                                                                  r.grown_by())
+                                                    : "")
+                            : std::string("H within the space does not fit half the device budget left; "
+                                          "each product enumerates"),
+                 m_.space.dets.size(), r.build_seconds());
 }
 
 // Ends iteration k: history, convergence, and (unless converged) the next space.
@@ -1199,6 +1208,7 @@ void SolveRun::finish_iteration(double pt2, const std::vector<Scored>& top) {
     stop_reason_ = reason;
     converged_ = reason == "energy converged" || reason == "no new determinant";
     dedup_.reset();
+    m_.grown_from.reset();
     if (ctx_.comm->root()) spdlog::info("sci.solve: {} after iteration {} (eps_var {:g})", reason, k, eps_var());
     if (params_.eps_pt2 < eps_var()) phase_ = Phase::pt2_generate;
     else end_point();

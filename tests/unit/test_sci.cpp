@@ -14,6 +14,7 @@
 
 #include "kernels/sci_generate.hpp"
 #include "kernels/sci_score.hpp"
+#include "kernels/sci_space_pairs.hpp"
 #include "stages/sci/davidson.hpp"
 #include "stages/sci/excitation_tables.hpp"
 #include "stages/sci/fcidump.hpp"
@@ -575,8 +576,18 @@ void stored_sigma_matches_enumeration(Backend& be) {
                       want_diag.as<double>()};
   kernels::sci_sigma(*stream, s);
   const auto ws = download(want_sigma, rows), wd = download(want_diag, rows);
-  for (const std::uint64_t limit : {std::uint64_t{1} << 30, std::uint64_t{0}}) {
-    sci::ResidentSpace resident(be, h.ints, h.tables, na, nb, space, limit);
+  // Stored from nothing, not stored (products enumerate), and (the host) grown from a part.
+  for (const std::uint64_t limit : {std::uint64_t{1} << 30, std::uint64_t{0}, std::uint64_t{1} << 31}) {
+    const bool grow = limit == std::uint64_t{1} << 31;
+    if (grow && be.kind() != BackendKind::cpu) continue;
+    std::unique_ptr<sci::ResidentSpace> part;
+    if (grow) {
+      std::vector<Det> half;
+      for (std::size_t i = 0; i < n; i += 2) half.push_back(space[i]);
+      part = std::make_unique<sci::ResidentSpace>(be, h.ints, h.tables, na, nb, half, limit);
+    }
+    sci::ResidentSpace resident(be, h.ints, h.tables, na, nb, space, limit, std::move(part));
+    EXPECT_EQ(resident.grown(), grow);
     EXPECT_EQ(resident.stored(), limit > 0);
     if (resident.stored()) EXPECT_GT(resident.entries(), n);
     Buffer got_sigma = be.alloc_device(rows * 8, "test"), got_diag = be.alloc_device(rows * 8, "test");
@@ -600,6 +611,89 @@ TEST(SciResidentSpace, StoredHamiltonianGivesTheEnumeratingSigmasBitsOnTheGpu) {
   REQUIRE_GPU();
   auto be = make_backend({"cuda", 2ull << 30, 1ull << 30});
   stored_sigma_matches_enumeration(*be);
+}
+
+namespace {
+
+// Stored rows of the host's H, as the CPU twins write them (with each entry's place).
+struct HostRows {
+  std::vector<std::uint64_t> offsets;
+  std::vector<std::uint32_t> columns, places;
+  std::vector<double> elements, diagonal;
+  bool operator==(const HostRows& o) const {
+    return offsets == o.offsets && columns == o.columns && places == o.places && diagonal == o.diagonal &&
+           elements.size() == o.elements.size() && std::memcmp(elements.data(), o.elements.data(), elements.size() * 8) == 0;
+  }
+};
+
+HostRows rows_from_counts(std::vector<std::uint64_t> counts) {
+  HostRows out;
+  out.offsets.assign(counts.size() + 1, 0);
+  for (std::size_t r = 0; r < counts.size(); ++r) out.offsets[r + 1] = out.offsets[r] + counts[r];
+  out.columns.resize(out.offsets.back());
+  out.places.resize(out.offsets.back());
+  out.elements.resize(out.offsets.back());
+  out.diagonal.resize(counts.size());
+  return out;
+}
+
+HostRows build_rows(const Hamiltonian& h, int na, int nb, const std::vector<Det>& space) {
+  kernels::SciCouplings c;
+  c.h = h.view, c.nalpha = na, c.nbeta = nb, c.space = space.data(), c.space_size = space.size(), c.n = space.size();
+  std::vector<std::uint64_t> counts(space.size());
+  c.counts = counts.data();
+  kernels::sci_couplings_count_cpu(c);
+  HostRows out = rows_from_counts(counts);
+  c.offsets = out.offsets.data(), c.columns = out.columns.data(), c.elements = out.elements.data();
+  c.places = out.places.data(), c.diagonal = out.diagonal.data();
+  kernels::sci_couplings_write_cpu(c);
+  return out;
+}
+
+HostRows grow_rows(const Hamiltonian& h, int na, int nb, const std::vector<Det>& previous, const HostRows& before,
+                   const std::vector<Det>& space) {
+  const kernels::sci::CouplingsUpdate update(h.view, na, nb, previous.data(), previous.size(), space.data(), space.size());
+  EXPECT_TRUE(update.contains_previous());
+  const kernels::sci::CouplingsUpdate::Stored stored{before.offsets.data(), before.columns.data(), before.places.data(),
+                                                     before.elements.data(), before.diagonal.data()};
+  std::vector<std::uint64_t> counts(space.size());
+  update.count(stored, counts.data());
+  HostRows out = rows_from_counts(counts);
+  update.write(stored, out.offsets.data(), out.columns.data(), out.elements.data(), out.places.data(), out.diagonal.data());
+  return out;
+}
+
+}  // namespace
+
+// H grown with the space (old rows kept and merged with their new partners, new rows found in
+// full) must be, byte for byte, H built from nothing: over a chain of spaces each within the
+// next, from one determinant to the whole space, closed and open shell.
+TEST(SciCouplings, GrownRowsAreTheRowsBuiltFromNothing) {
+  sci::Integrals open_shell = random_integrals(9, 7, 7);
+  open_shell.ms2 = 1;
+  std::vector<Hamiltonian> hs;
+  hs.emplace_back(sci::read_fcidump(data_file("N2_sto6g_FCIDUMP")));
+  hs.emplace_back(open_shell);
+  std::mt19937_64 rng(5);
+  for (const Hamiltonian& h : hs) {
+    const int na = h.ints.nalpha(), nb = h.ints.nbeta();
+    auto all = all_dets(h.ints.norb, na, nb);
+    std::shuffle(all.begin(), all.end(), rng);
+    std::vector<Det> previous;
+    HostRows before;
+    for (const std::size_t size : {std::size_t{1}, std::size_t{40}, all.size() / 9, all.size() / 9 + 1, all.size() / 2, all.size()}) {
+      std::vector<Det> space(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(size));
+      std::sort(space.begin(), space.end());
+      const HostRows built = build_rows(h, na, nb, space);
+      if (!previous.empty()) EXPECT_TRUE(grow_rows(h, na, nb, previous, before, space) == built) << h.ints.norb << " orbitals, " << size;
+      previous = space;
+      before = built;
+    }
+    // A space that lost a determinant cannot grow from the one that had it.
+    std::vector<Det> fewer(previous.begin() + 1, previous.end());
+    EXPECT_FALSE(kernels::sci::CouplingsUpdate(h.view, na, nb, previous.data(), previous.size(), fewer.data(), fewer.size())
+                     .contains_previous());
+  }
 }
 
 // The host's stored H finds each row's partners through the space's strings and sorts them by
