@@ -18,6 +18,12 @@ from the fifth. Dice gets the FCIDUMP with a one-line `&FCI NORB=..,NELEC=..,MS2
 header, the only form its reader takes. Dice is a benchmark peer, never part of qstage: build it
 with bench/build_dice.sh.
 
+--eps-var may be a decreasing list (`1e-3,7e-4,5e-4`): qstage runs it as one schedule (PT2 at each
+threshold, E_var against E_PT2 extrapolated to E_PT2 = 0); Dice runs each threshold on its own
+from the reference (deterministic PT2 each), and the same least-squares line through its points
+gives its extrapolated energy. Dice's wall is then the sum of its runs; its last run's is reported
+too.
+
 Prints one JSON object: each tool's wall seconds (the whole process), E_var, E_var + E_PT2 and
 determinants (Dice's from its log), the ratio of the wall times, and the energy differences.
 """
@@ -65,9 +71,19 @@ def spin_orbitals(described):
     return sorted(out)
 
 
+def extrapolated(e_var, e_pt2):
+    """E_var against E_PT2, a least-squares line, at E_PT2 = 0 (as sci.solve fits its schedule)."""
+    n = len(e_var)
+    mx, my = sum(e_pt2) / n, sum(e_var) / n
+    sxx = sum((x - mx) ** 2 for x in e_pt2)
+    slope = sum((x - mx) * (y - my) for x, y in zip(e_pt2, e_var)) / sxx
+    return my - slope * mx, slope
+
+
 def run_qstage(a, d):
-    params = f"fcidump: {Path(a.fcidump).resolve()}, eps_var: {a.eps_var}, max_new_dets: {a.max_new_dets}"
-    params += f", eps_pt2: {a.eps_pt2 if a.eps_pt2 else a.eps_var}"
+    eps_var = a.eps_var[0] if len(a.eps_var) == 1 else "[" + ", ".join(map(str, a.eps_var)) + "]"
+    params = f"fcidump: {Path(a.fcidump).resolve()}, eps_var: {eps_var}, max_new_dets: {a.max_new_dets}"
+    params += f", eps_pt2: {a.eps_pt2 if a.eps_pt2 else a.eps_var[-1]}"
     if a.eps_pt2_large:
         params += (f", eps_pt2_large: {a.eps_pt2_large}, pt2_samples: {a.pt2_samples}, "
                    f"pt2_target_error: {a.pt2_target_error}, pt2_batches: {a.pt2_batches}")
@@ -81,7 +97,12 @@ def run_qstage(a, d):
     if p.returncode:
         raise SystemExit(f"qstage failed (exit {p.returncode}):\n{p.stderr[-2000:]}")
     with h5py.File(d / "qstage" / "outputs" / "sci.h5") as f:
-        return {"wall_seconds": wall, "e_var": float(f["energy"][()]), "e_total": float(f["e_total"][()]),
+        schedule = {}
+        if "schedule" in f:
+            schedule = {k: f["schedule"][k][()].tolist() for k in ("eps_var", "e_var", "e_pt2", "dets")}
+        if "e_extrapolated" in f.attrs:
+            schedule["e_extrapolated"] = float(f.attrs["e_extrapolated"])
+        return {"schedule": schedule, "wall_seconds": wall, "e_var": float(f["energy"][()]), "e_total": float(f["e_total"][()]),
                 "e_pt2_error": float(f["e_pt2_error"][()]) if "e_pt2_error" in f else 0.0,
                 "pt2_batches": len(f["pt2_stochastic/batch_e_pt2"]) if "pt2_stochastic" in f else 0,
                 "dets": int(f["dets"].shape[0]), "step_seconds": float(f.attrs["qstage.wall_seconds"]),
@@ -90,7 +111,22 @@ def run_qstage(a, d):
 
 
 def run_dice(a, d, reference):
-    work = d / "dice"
+    if len(a.eps_var) == 1:
+        return run_dice_at(a, a.eps_var[0], d / "dice", reference)
+    runs = [run_dice_at(a, eps, d / f"dice-{eps}", reference) for eps in a.eps_var]
+    out = dict(runs[-1])
+    out["last_wall_seconds"] = runs[-1]["wall_seconds"]
+    out["wall_seconds"] = sum(r["wall_seconds"] for r in runs)
+    e_var = [r["e_var"] for r in runs]
+    e_pt2 = [r["e_total"] - r["e_var"] for r in runs]
+    out["schedule"] = {"eps_var": a.eps_var, "e_var": e_var, "e_pt2": e_pt2, "dets": [r["dets"] for r in runs],
+                       "wall_seconds": [r["wall_seconds"] for r in runs]}
+    if a.eps_pt2 and all(r["e_total"] is not None and r["e_var"] is not None for r in runs):
+        out["schedule"]["e_extrapolated"] = extrapolated(e_var, e_pt2)[0]
+    return out
+
+
+def run_dice_at(a, eps_var, work, reference):
     work.mkdir(exist_ok=True)
     one_line_header(a.fcidump, work / "FCIDUMP")
     occ = spin_orbitals(reference)
@@ -103,7 +139,7 @@ def run_dice(a, d, reference):
         pt = "#no PT: stochastic PT with nPTiter 0 is skipped\nsampleN 200\nnPTiter 0\n"
     (work / "input.dat").write_text(
         f"#system\nnocc {len(occ)}\n{' '.join(map(str, occ))}\nend\norbitals FCIDUMP\nnroots 1\n\n"
-        f"#variational\nschedule\n0 {a.eps_var}\nend\ndavidsonTol 1e-5\ndE 1e-6\nmaxiter {a.max_iterations}\nnoio\n\n"
+        f"#variational\nschedule\n0 {eps_var}\nend\ndavidsonTol 1e-5\ndE 1e-6\nmaxiter {a.max_iterations}\nnoio\n\n"
         f"#pt\n{pt}")
     for shm in Path("/dev/shm").glob("SHCI*"):  # (its ranks' shared segments: a crashed run leaves them)
         shm.unlink()
@@ -143,7 +179,8 @@ def run_dice(a, d, reference):
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--fcidump", required=True)
-    p.add_argument("--eps-var", type=float, default=2e-4)
+    p.add_argument("--eps-var", type=lambda v: [float(x) for x in v.split(",")], default=[2e-4],
+                   help="a threshold, or a decreasing comma-separated schedule (1e-3,7e-4,5e-4)")
     p.add_argument("--eps-pt2", type=float, default=None, help="deterministic EN-PT2 threshold (none: no PT2)")
     p.add_argument("--eps-pt2-large", type=float, default=None,
                    help="semistochastic PT2: its deterministic threshold (eps_pt2 is the stochastic one)")
@@ -175,6 +212,8 @@ def main():
             out["e_var_difference_mha"] = 1e3 * (q["e_var"] - x["e_var"])
         if x["e_total"] is not None:
             out["e_total_difference_mha"] = 1e3 * (q["e_total"] - x["e_total"])
+        if "e_extrapolated" in q["schedule"] and "e_extrapolated" in x.get("schedule", {}):
+            out["e_extrapolated_difference_mha"] = 1e3 * (q["schedule"]["e_extrapolated"] - x["schedule"]["e_extrapolated"])
     print(json.dumps(out))
 
 

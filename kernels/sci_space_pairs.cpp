@@ -1,6 +1,9 @@
 #include "kernels/sci_space_pairs.hpp"
 
+#include <omp.h>
+
 #include <algorithm>
+#include <parallel/algorithm>
 #include <bit>
 #include <stdexcept>
 #include <utility>
@@ -13,43 +16,65 @@ int rank_in(std::uint64_t s, int p) { return std::popcount(s & (bit(p) - 1)); }
 int lowest(std::uint64_t x) { return std::countr_zero(x); }
 
 // Compressed rows from (row, value) pairs by counting (the order within a row does not matter):
-// start gets rows + 1 entries.
-void compress(const std::vector<std::pair<std::uint32_t, std::uint32_t>>& pairs, std::size_t rows,
+// start gets rows + 1 entries. The pairs come in several lists (one per thread).
+void compress(const std::vector<std::vector<std::pair<std::uint32_t, std::uint32_t>>>& lists, std::size_t rows,
               std::vector<std::uint32_t>& start, std::vector<std::uint32_t>& out) {
   start.assign(rows + 1, 0);
-  for (const auto& [row, value] : pairs) ++start[row + 1];
+  std::uint64_t total = 0;
+  for (const auto& pairs : lists) {
+    for (const auto& [row, value] : pairs) ++start[row + 1];
+    total += pairs.size();
+  }
   for (std::size_t r = 0; r < rows; ++r) start[r + 1] += start[r];
   std::vector<std::uint32_t> at(start.begin(), start.end() - 1);
-  out.resize(pairs.size());
-  for (const auto& [row, value] : pairs) out[at[row]++] = value;
+  out.resize(total);
+  for (const auto& pairs : lists)
+    for (const auto& [row, value] : pairs) out[at[row]++] = value;
 }
 
 }  // namespace
 
 // Two distinct strings `removed` electrons apart share exactly one string with `removed` of their
 // electrons taken out (one apart share several with two taken out: the popcount test drops those).
+// On OpenMP threads: keys, their sort (libstdc++'s parallel mode) and the runs of equal keys.
 void SpacePairs::Strings::link(int removed, std::vector<std::uint32_t>& start, std::vector<std::uint32_t>& out) const {
-  std::vector<std::pair<std::uint64_t, std::uint32_t>> keyed;
-  for (std::uint32_t i = 0; i < value.size(); ++i) {
+  const std::size_t strings = value.size();
+  const int n = strings ? popcount(value[0]) : 0;  // (every string of a space has as many electrons)
+  const std::size_t per = removed == 1 ? static_cast<std::size_t>(n) : static_cast<std::size_t>(n) * (n - 1) / 2;
+  std::vector<std::pair<std::uint64_t, std::uint32_t>> keyed(strings * per);
+#pragma omp parallel for schedule(static)
+  for (std::int64_t i = 0; i < static_cast<std::int64_t>(strings); ++i) {
     int occ[64];
-    const int n = occupied(value[i], occ);
+    occupied(value[i], occ);
+    auto* to = keyed.data() + static_cast<std::size_t>(i) * per;
+    const auto id = static_cast<std::uint32_t>(i);
     if (removed == 1)
-      for (int x = 0; x < n; ++x) keyed.emplace_back(value[i] & ~bit(occ[x]), i);
+      for (int x = 0; x < n; ++x) *to++ = {value[i] & ~bit(occ[x]), id};
     else
       for (int x = 0; x < n; ++x)
-        for (int y = x + 1; y < n; ++y) keyed.emplace_back(value[i] & ~bit(occ[x]) & ~bit(occ[y]), i);
+        for (int y = x + 1; y < n; ++y) *to++ = {value[i] & ~bit(occ[x]) & ~bit(occ[y]), id};
   }
-  std::sort(keyed.begin(), keyed.end());
-  std::vector<std::pair<std::uint32_t, std::uint32_t>> pairs;
-  for (std::size_t first = 0, last; first < keyed.size(); first = last) {
-    for (last = first + 1; last < keyed.size() && keyed[last].first == keyed[first].first;) ++last;
-    for (std::size_t x = first; x < last; ++x)
-      for (std::size_t y = first; y < last; ++y) {
-        const std::uint32_t u = keyed[x].second, v = keyed[y].second;
-        if (u != v && popcount(value[u] ^ value[v]) == 2 * removed) pairs.emplace_back(u, v);
-      }
+  __gnu_parallel::sort(keyed.begin(), keyed.end());
+  std::vector<std::size_t> runs;  // where each run of equal keys starts
+  for (std::size_t k = 0; k < keyed.size(); ++k)
+    if (k == 0 || keyed[k].first != keyed[k - 1].first) runs.push_back(k);
+  runs.push_back(keyed.size());
+  const auto run_count = static_cast<std::int64_t>(runs.size()) - 1;
+  std::vector<std::vector<std::pair<std::uint32_t, std::uint32_t>>> lists;
+#pragma omp parallel
+  {
+#pragma omp single
+    lists.resize(static_cast<std::size_t>(omp_get_num_threads()));
+    auto& pairs = lists[static_cast<std::size_t>(omp_get_thread_num())];
+#pragma omp for schedule(dynamic, 256)
+    for (std::int64_t r = 0; r < run_count; ++r)
+      for (std::size_t x = runs[r]; x < runs[r + 1]; ++x)
+        for (std::size_t y = runs[r]; y < runs[r + 1]; ++y) {
+          const std::uint32_t u = keyed[x].second, v = keyed[y].second;
+          if (u != v && popcount(value[u] ^ value[v]) == 2 * removed) pairs.emplace_back(u, v);
+        }
   }
-  compress(pairs, value.size(), start, out);
+  compress(lists, strings, start, out);
 }
 
 SpacePairs::SpacePairs(const Det* space, std::uint64_t n) : space_(space), n_(n) {
@@ -72,7 +97,7 @@ SpacePairs::SpacePairs(const Det* space, std::uint64_t n) : space_(space), n_(n)
                                               beta_.value.begin());
     by_beta[j] = {det_beta_[j], static_cast<std::uint32_t>(j)};
   }
-  compress(by_beta, beta_.value.size(), by_beta_start_, by_beta_);
+  compress({by_beta}, beta_.value.size(), by_beta_start_, by_beta_);
   for (Strings* s : {&alpha_, &beta_}) {
     s->link(1, s->singles_start, s->singles);
     s->link(2, s->doubles_start, s->doubles);
@@ -149,17 +174,20 @@ ListOrder::ListOrder(const HamiltonianView& h) : norb_(h.norb) {
   single_.assign(n * n, kAbsent);
   opposite_.assign(n * n * n * n, kAbsent);
   same_.assign(pairs * pairs, kAbsent);
+  single_cut_.assign(n, 0);
+  opposite_cut_.assign(n * n, 0);
+  same_cut_.assign(pairs, 0);
   // Only the entries that for_each_excitation visits at eps = 0: those before the list's cut.
   for (int p = 0; p < h.norb; ++p) {
     const ListRef l{ListKind::single_alpha, p, 0};
-    const std::uint32_t cut = cut_length(h, l, 1.0, 0.0);
+    const std::uint32_t cut = single_cut_[p] = cut_length(h, l, 1.0, 0.0);
     for (std::uint32_t k = 0; k < cut; ++k) single_[p * n + h.single_target[list_slots(h, l).first + k]] = static_cast<std::uint16_t>(k);
   }
   for (int p = 0; p < h.norb; ++p)
     for (int q = 0; q < h.norb; ++q) {
       const ListRef l{ListKind::opposite, p, q};
       const ListSlots s = list_slots(h, l);
-      const std::uint32_t cut = cut_length(h, l, 1.0, 0.0);
+      const std::uint32_t cut = opposite_cut_[p * n + q] = cut_length(h, l, 1.0, 0.0);
       for (std::uint32_t k = 0; k < cut; ++k) {
         const int r = h.opposite_target[s.first + k] & 0xff, t = h.opposite_target[s.first + k] >> 8;
         opposite_[((p * n + q) * n + r) * n + t] = static_cast<std::uint16_t>(k);
@@ -169,12 +197,62 @@ ListOrder::ListOrder(const HamiltonianView& h) : norb_(h.norb) {
     for (int p = 0; p < q; ++p) {
       const ListRef l{ListKind::same_alpha, p, q};
       const ListSlots s = list_slots(h, l);
-      const std::uint32_t cut = cut_length(h, l, 1.0, 0.0);
+      const std::uint32_t cut = same_cut_[same_pair(p, q)] = cut_length(h, l, 1.0, 0.0);
       for (std::uint32_t k = 0; k < cut; ++k) {
         const int r = h.same_target[s.first + k] & 0xff, t = h.same_target[s.first + k] >> 8;
         same_[same_pair(p, q) * pairs + same_pair(std::min(r, t), std::max(r, t))] = static_cast<std::uint16_t>(k);
       }
     }
+}
+
+void ListOrder::list_starts(const Det& source, std::vector<std::uint32_t>& starts) const {
+  int occ_a[64], occ_b[64];
+  const int na = occupied(source.alpha, occ_a), nb = occupied(source.beta, occ_b);
+  const std::size_t n = static_cast<std::size_t>(norb_);
+  starts.clear();
+  std::uint32_t at = 0;
+  const auto next = [&](std::uint32_t length) { starts.push_back(at), at += length; };
+  for (int i = 0; i < na; ++i) next(single_cut_[occ_a[i]]);
+  for (int i = 0; i < nb; ++i) next(single_cut_[occ_b[i]]);
+  for (int i = 0; i < na; ++i)
+    for (int j = 0; j < nb; ++j) next(opposite_cut_[occ_a[i] * n + occ_b[j]]);
+  for (int j = 1; j < na; ++j)
+    for (int i = 0; i < j; ++i) next(same_cut_[same_pair(occ_a[i], occ_a[j])]);
+  for (int j = 1; j < nb; ++j)
+    for (int i = 0; i < j; ++i) next(same_cut_[same_pair(occ_b[i], occ_b[j])]);
+  starts.push_back(at);
+}
+
+void lane_layout(const ListOrder& order, const Det* space, std::uint64_t n, const std::uint64_t* offsets,
+                 const std::uint32_t* columns, const double* elements, const std::uint32_t* places, std::uint32_t lanes,
+                 std::uint32_t* lane_ends, std::uint32_t* lane_columns, double* lane_elements) {
+#pragma omp parallel
+  {
+    std::vector<std::uint32_t> starts, lane_of;
+#pragma omp for schedule(dynamic, 64)
+    for (std::int64_t r = 0; r < static_cast<std::int64_t>(n); ++r) {
+      order.list_starts(space[r], starts);
+      const std::uint64_t first = offsets[r], count = offsets[r + 1] - first;
+      std::uint32_t* ends = lane_ends + static_cast<std::uint64_t>(r) * lanes;
+      std::fill(ends, ends + lanes, 0u);
+      lane_of.resize(count);
+      for (std::uint64_t k = 0; k < count; ++k) {
+        const std::uint32_t place = places[first + k];
+        lane_of[k] = (starts[place >> 16] + (place & 0xffff)) % lanes;
+        ++ends[lane_of[k]];
+      }
+      for (std::uint32_t t = 1; t < lanes; ++t) ends[t] += ends[t - 1];
+      // (a lane's entries keep their order: places ascend, and so do the virtual excitations)
+      for (std::uint64_t k = count; k-- > 0;) {
+        const std::uint64_t to = first + --ends[lane_of[k]];
+        lane_columns[to] = columns[first + k];
+        lane_elements[to] = elements[first + k];
+      }
+      for (std::uint32_t t = 0; t < lanes; ++t) ends[t] = 0;
+      for (std::uint64_t k = 0; k < count; ++k) ++ends[lane_of[k]];
+      for (std::uint32_t t = 1; t < lanes; ++t) ends[t] += ends[t - 1];
+    }
+  }
 }
 
 std::uint32_t ListOrder::key(const Det& source, const Det& target, int na, int nb) const {

@@ -62,12 +62,25 @@ class ListOrder {
   explicit ListOrder(const HamiltonianView& h);
   // The excitation source -> target (one or two electrons apart).
   std::uint32_t key(const Det& source, const Det& target, int na, int nb) const;
+  // Where each of source's lists starts among its excitations at eps = 0 (the concatenated cut
+  // lists: sci_generate.cu's virtual excitations), in list order, then where the last ends (the
+  // count of its virtual excitations).
+  void list_starts(const Det& source, std::vector<std::uint32_t>& starts) const;
 
  private:
   static constexpr std::uint16_t kAbsent = 0xffff;
   int norb_;
   std::vector<std::uint16_t> single_, opposite_, same_;  // entry per (list, target); kAbsent where cut
+  std::vector<std::uint32_t> single_cut_, opposite_cut_, same_cut_;  // per list: its length at eps = 0
 };
+
+// Rows in list order (with each entry's place) laid out as the CUDA sigma kernel sums them
+// (sci_generate.hpp, "couplings"): entry v of a row's virtual excitations goes to lane v % lanes,
+// each lane's entries in order, lane after lane, with each lane's end (inclusive, within the row).
+// The same offsets; rows [0, n).
+void lane_layout(const ListOrder& order, const Det* space, std::uint64_t n, const std::uint64_t* offsets,
+                 const std::uint32_t* columns, const double* elements, const std::uint32_t* places, std::uint32_t lanes,
+                 std::uint32_t* lane_ends, std::uint32_t* lane_columns, double* lane_elements);
 
 // One row of H within a space, as sci_sigma_cpu sums it: host scratch, one per thread.
 class CouplingRow {

@@ -1,9 +1,19 @@
 #pragma once
 // What the Davidson products of one sci.solve iteration share on the device (seed 004: hot data
 // stays on the device): the integrals and tables, the space, and, where it fits, H within the
-// space stored (kernels::sci_couplings). With it stored, a product reads it once (the cost of
-// its bytes); without, each product enumerates every determinant's excitations and searches
-// the space for them. Either way the products give the same bits (kernels/sci_generate.hpp).
+// space stored. With it stored, a product reads it once (the cost of its bytes); without, each
+// product enumerates every determinant's excitations and searches the space for them. Either way
+// the products give the same bits (kernels/sci_generate.hpp).
+//
+// H's rows are found one of two ways (RowSource), the same entries either way:
+// - on the host (kernels/sci_space_pairs.hpp: each determinant's partners through the space's
+//   strings, in the enumeration's order), kept there in list order with each entry's place, so
+//   that the next iteration's space, which holds this one, grows them instead of finding them
+//   again. The cpu backend's products read those rows; on cuda they are laid out in the sigma
+//   kernel's lanes and uploaded.
+// - on the device (cuda only): every row's virtual excitations enumerated and searched in the
+//   space, from nothing each iteration. Its cost grows with the excitations a row has, the host's
+//   with the partners it finds, so cuda enumerates only where a row has few (rows_on_host).
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -14,42 +24,69 @@
 
 namespace qstage::sci {
 
+// Where a cuda run finds H's stored rows (the cpu backend finds them on the host in any case).
+enum class RowSource { chosen, device_enumeration, host_strings };
+
 class ResidentSpace {
  public:
   // Uploads the Hamiltonian and the space, then counts H's entries within the space and stores
-  // them if that takes at most `stored_limit` device bytes. On the host, given the resident space
-  // of a space this one grew from (previous iteration's, H stored), H is grown from its rows
-  // (kernels::sci::CouplingsUpdate: the same entries, for the cost of the new determinants).
+  // them if that takes at most `stored_limit` device bytes (and, for rows found on the host on
+  // cuda, they fit the host budget). Given the resident space of a space this one grew from (the
+  // last iteration's, its rows on the host), H grows from its rows (kernels::sci::CouplingsUpdate:
+  // the same entries, for the cost of the new determinants).
   ResidentSpace(Backend& backend, const Integrals& ints, const ExcitationTables& tables, int nalpha, int nbeta,
                 const std::vector<kernels::sci::Det>& space, std::uint64_t stored_limit,
-                std::unique_ptr<ResidentSpace> previous = nullptr);
-  // Whether H was grown from a previous space's (and from how many new determinants).
-  bool grown() const { return grown_; }
-  std::uint64_t grown_by() const { return grown_by_; }
-  // Whether a later space can grow from this one: the host's, with H stored.
-  bool can_seed_growth() const { return stored_ && places_.size() > 0; }
+                std::unique_ptr<ResidentSpace> previous = nullptr, RowSource source = RowSource::chosen);
+  // RowSource::chosen: whether `backend` finds the rows of the space of `reference` on the host.
+  static bool rows_on_host(BackendKind backend, const kernels::sci::HamiltonianView& host,
+                           const kernels::sci::Det& reference);
+  // The rows were found on the host (and so can seed the next space's).
+  bool rows_found_on_host() const { return static_cast<bool>(rows_.offsets); }
+  ~ResidentSpace();
   // Device bytes held (declare them as the products' resident bytes).
   std::uint64_t bytes() const { return bytes_; }
   bool stored() const { return stored_; }
   std::uint64_t entries() const { return entries_; }
   double build_seconds() const { return build_seconds_; }
+  // Whether H was grown from a previous space's (and by how many new determinants).
+  bool grown() const { return grown_; }
+  std::uint64_t grown_by() const { return grown_by_; }
+  // Whether a later space can grow its H from this one's (H stored, its rows on the host).
+  bool can_seed_growth() const { return stored_ && rows_found_on_host(); }
+  // Frees what only the products need (the device's copies), keeping what growth reads: between
+  // an iteration's last product and the next iteration's first, the passes have the device.
+  void keep_only_growth_seed();
   // (H x) and H_jj of the rows [first, first + n) of the space, enqueued on `stream`; x is a
   // device vector over the whole space.
   void sigma(Stream& stream, const double* x, std::uint64_t first, std::uint64_t n, double* sigma,
              double* diagonal) const;
 
  private:
-  void store(Backend& backend, Stream& stream, std::uint64_t stored_limit, const ResidentSpace* previous);
+  // H's rows on the host, in list order with each entry's place; charged to the budget of the
+  // memory they stand for (the device's on the cpu backend, the host's on cuda).
+  // (Arrays left uninitialized: the parallel loops that fill them touch their pages first.)
+  struct HostRows {
+    std::unique_ptr<std::uint64_t[]> offsets;
+    std::unique_ptr<std::uint32_t[]> columns, places;
+    std::unique_ptr<double[]> elements, diagonal;
+    MemoryBudget* budget = nullptr;
+    std::uint64_t charged = 0;
+    static std::uint64_t bytes(std::uint64_t rows, std::uint64_t entries) { return (2 * rows + 1) * 8 + entries * 16; }
+  };
+  bool store_from_host_strings(Backend& backend, Stream& stream, const kernels::sci::HamiltonianView& host,
+                               std::uint64_t stored_limit, const ResidentSpace* previous);
+  void store_by_device_enumeration(Backend& backend, Stream& stream, std::uint64_t stored_limit);
+  void upload_lanes(Backend& backend, Stream& stream, const kernels::sci::HamiltonianView& host);
   int nalpha_, nbeta_;
   std::uint64_t size_;
   std::unique_ptr<ResidentHamiltonian> hamiltonian_;
+  std::vector<kernels::sci::Det> host_space_;
   Buffer space_;
   bool stored_ = false, grown_ = false;
-  std::uint64_t grown_by_ = 0;
-  std::uint64_t entries_ = 0, bytes_ = 0;
+  std::uint64_t entries_ = 0, bytes_ = 0, grown_by_ = 0;
   double build_seconds_ = 0;
-  Buffer offsets_, lane_ends_, columns_, elements_, diagonal_;
-  Buffer places_;  // host only: each entry's place in the excitation lists
+  HostRows rows_;
+  Buffer offsets_, lane_ends_, columns_, elements_, diagonal_;  // cuda: the rows in the sigma kernel's lanes
 };
 
 }  // namespace qstage::sci

@@ -271,8 +271,8 @@ struct Memory {
   Space space;
   std::unique_ptr<sci::Davidson> davidson;
   std::unique_ptr<sci::ResidentSpace> resident;
-  // The host's last resident space with H stored, kept from its Davidson to the next iteration's,
-  // whose H grows from it (gone at convergence: the PT2 needs the memory).
+  // The last resident space with H stored (its host rows), kept from its Davidson to the next
+  // iteration's, whose H grows from it (gone at convergence: the PT2 needs the memory).
   std::unique_ptr<sci::ResidentSpace> grown_from;
   Buffer x, sigma, diagonal;
   std::unique_ptr<sci::AmplitudeModel> amplitude_model;  // ranks the candidates (the parameter's)
@@ -845,7 +845,10 @@ class SolveRun final : public StepRun {
   void product();
   void make_resident_space();
   void release_resident_space() {
-    if (m_.resident && m_.resident->can_seed_growth()) m_.grown_from = std::move(m_.resident);
+    if (m_.resident && m_.resident->can_seed_growth()) {
+      m_.resident->keep_only_growth_seed();
+      m_.grown_from = std::move(m_.resident);
+    }
     m_.resident.reset();
     m_.x.reset(), m_.sigma.reset(), m_.diagonal.reset();
   }
@@ -1179,7 +1182,9 @@ void SolveRun::make_resident_space() {
   if (ctx_.comm->root())
     spdlog::info("sci.solve iteration {}: {} ({} determinants, {:.2f} s)", iteration_,
                  r.stored() ? fmt::format("H within the space stored {}, {} entries, {}{}",
-                                          ctx_.backend->kind() == BackendKind::cpu ? "in host memory" : "on the device",
+                                          ctx_.backend->kind() == BackendKind::cpu ? "in host memory"
+                                          : r.rows_found_on_host() ? "on the device (rows found on the host)"
+                                                                   : "on the device (rows found by enumeration)",
                                           r.entries(), format_bytes(static_cast<double>(r.bytes())),
                                           r.grown() ? fmt::format(", grown from the last iteration's by {} determinants",
                                                                   r.grown_by())

@@ -541,7 +541,8 @@ TEST(SciGpu, ScoreRowsAreTheCpusBits) {
 }
 
 // sci.solve's resident space: H within the space stored gives the enumerating sigma's bits (on
-// each backend, against that backend's sci_sigma), over any rows; with no room, it enumerates.
+// each backend, against that backend's sci_sigma: on cuda the host's rows laid out in the sigma
+// kernel's lanes), over any rows, built from nothing or grown; with no room, it enumerates.
 namespace {
 
 void stored_sigma_matches_enumeration(Backend& be) {
@@ -576,26 +577,34 @@ void stored_sigma_matches_enumeration(Backend& be) {
                       want_diag.as<double>()};
   kernels::sci_sigma(*stream, s);
   const auto ws = download(want_sigma, rows), wd = download(want_diag, rows);
-  // Stored from nothing, not stored (products enumerate), and (the host) grown from a part.
-  for (const std::uint64_t limit : {std::uint64_t{1} << 30, std::uint64_t{0}, std::uint64_t{1} << 31}) {
-    const bool grow = limit == std::uint64_t{1} << 31;
-    if (grow && be.kind() != BackendKind::cpu) continue;
-    std::unique_ptr<sci::ResidentSpace> part;
-    if (grow) {
-      std::vector<Det> half;
-      for (std::size_t i = 0; i < n; i += 2) half.push_back(space[i]);
-      part = std::make_unique<sci::ResidentSpace>(be, h.ints, h.tables, na, nb, half, limit);
-    }
-    sci::ResidentSpace resident(be, h.ints, h.tables, na, nb, space, limit, std::move(part));
-    EXPECT_EQ(resident.grown(), grow);
-    EXPECT_EQ(resident.stored(), limit > 0);
-    if (resident.stored()) EXPECT_GT(resident.entries(), n);
-    Buffer got_sigma = be.alloc_device(rows * 8, "test"), got_diag = be.alloc_device(rows * 8, "test");
-    resident.sigma(*stream, d_x.as<double>(), first, rows, got_sigma.as<double>(), got_diag.as<double>());
-    const auto gs = download(got_sigma, rows), gd = download(got_diag, rows);
-    for (std::uint64_t r = 0; r < rows; ++r) {
-      ASSERT_EQ(gs[r], ws[r]) << "row " << first + r << ", stored " << resident.stored();
-      ASSERT_EQ(gd[r], wd[r]) << "row " << first + r;
+  // Stored from nothing, not stored (products enumerate), and grown from a part's; on cuda with
+  // the rows found either way (on the host they can grow; enumerated on the device they cannot).
+  for (const sci::RowSource source : {sci::RowSource::chosen, sci::RowSource::device_enumeration, sci::RowSource::host_strings}) {
+    if (be.kind() == BackendKind::cpu && source != sci::RowSource::chosen) continue;
+    for (const std::uint64_t limit : {std::uint64_t{1} << 30, std::uint64_t{0}, std::uint64_t{1} << 31}) {
+      const bool grow = limit == std::uint64_t{1} << 31;
+      std::unique_ptr<sci::ResidentSpace> part;
+      if (grow) {
+        std::vector<Det> half;
+        for (std::size_t i = 0; i < n; i += 2) half.push_back(space[i]);
+        part = std::make_unique<sci::ResidentSpace>(be, h.ints, h.tables, na, nb, half, limit, nullptr, source);
+      }
+      sci::ResidentSpace resident(be, h.ints, h.tables, na, nb, space, limit, std::move(part), source);
+      const bool on_host = be.kind() == BackendKind::cpu || source == sci::RowSource::host_strings ||
+                           (source == sci::RowSource::chosen &&
+                            sci::ResidentSpace::rows_on_host(be.kind(), h.view, space.front()));
+      EXPECT_EQ(resident.stored(), limit > 0);
+      EXPECT_EQ(resident.rows_found_on_host(), limit > 0 && on_host);
+      EXPECT_EQ(resident.grown(), grow && on_host);
+      if (resident.stored()) EXPECT_GT(resident.entries(), n);
+      Buffer got_sigma = be.alloc_device(rows * 8, "test"), got_diag = be.alloc_device(rows * 8, "test");
+      resident.sigma(*stream, d_x.as<double>(), first, rows, got_sigma.as<double>(), got_diag.as<double>());
+      const auto gs = download(got_sigma, rows), gd = download(got_diag, rows);
+      for (std::uint64_t r = 0; r < rows; ++r) {
+        ASSERT_EQ(gs[r], ws[r]) << "row " << first + r << ", stored " << resident.stored() << ", source "
+                                << static_cast<int>(source);
+        ASSERT_EQ(gd[r], wd[r]) << "row " << first + r;
+      }
     }
   }
 }
