@@ -118,6 +118,16 @@ detail::StreamPool& Backend::stream_pool() {
 
 Buffer Backend::alloc_device(std::size_t bytes, std::string_view what) { return device_pool().take(bytes, what); }
 Buffer Backend::alloc_host(std::size_t bytes, std::string_view what) { return host_pool().take(bytes, what); }
+
+void Backend::charge_device(std::size_t bytes, std::string_view what) {
+  device_pool().make_room(bytes);
+  device_budget_.charge(bytes, what);
+}
+
+void Backend::charge_host(std::size_t bytes, std::string_view what) {
+  host_pool().make_room(bytes);
+  host_budget_.charge(bytes, what);
+}
 std::unique_ptr<Stream> Backend::make_stream(bool with_blas) { return stream_pool().take(with_blas); }
 
 void Backend::release_idle() {

@@ -116,6 +116,11 @@ class Backend {
   // is handed out again, charged to the budget like new memory.
   Buffer alloc_device(std::size_t bytes, std::string_view what);
   Buffer alloc_host(std::size_t bytes, std::string_view what);
+  // Charges memory its user allocates itself (ordinary host memory standing for the device's on
+  // cpu, or for host memory on cuda) to a budget, the pool's idle memory freed first as alloc_*
+  // frees it; the user gives it back with the budget's release(). Throws BudgetExceeded.
+  void charge_device(std::size_t bytes, std::string_view what);
+  void charge_host(std::size_t bytes, std::string_view what);
   // A stream; with_blas also gives it a BLAS handle (and, on cuda, a budgeted cuBLAS workspace).
   // Pooled like memory.
   std::unique_ptr<Stream> make_stream(bool with_blas = false);

@@ -67,6 +67,11 @@ Buffer MemoryPool::take(std::size_t bytes, std::string_view what) {
   });
 }
 
+void MemoryPool::make_room(std::size_t bytes) {
+  std::lock_guard lock(state_->mutex);
+  free_idle_until_fits(bytes);
+}
+
 void MemoryPool::free_idle_until_fits(std::size_t bytes) {
   State& s = *state_;
   while (!s.idle.empty() && s.budget->in_use() + s.budget->idle() + bytes > s.budget->limit())

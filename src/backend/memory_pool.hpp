@@ -51,6 +51,9 @@ class MemoryPool {
   // plan that fills its budget fits). Throws BudgetExceeded (idle memory freed first) or
   // RuntimeFailure.
   Buffer take(std::size_t bytes, std::string_view what);
+  // Frees idle blocks (the largest first) until `bytes` more fit the budget: for memory charged
+  // to it outside the pool (Backend::charge_device, charge_host).
+  void make_room(std::size_t bytes);
   void release_idle();
   PoolCounters counters() const;
 

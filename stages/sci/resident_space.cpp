@@ -100,7 +100,8 @@ bool ResidentSpace::store_from_host_strings(Backend& backend, Stream& stream, co
   MemoryBudget& budget = cuda ? backend.host_budget() : backend.device_budget();
   const std::uint64_t host_bytes = HostRows::bytes(size_, total);
   if (cuda && budget.in_use() + host_bytes > budget.limit()) return false;
-  budget.charge(host_bytes, "selected-CI stored H: rows on the host");
+  if (cuda) backend.charge_host(host_bytes, "selected-CI stored H: rows on the host");
+  else backend.charge_device(host_bytes, "selected-CI stored H: rows");
   rows_.budget = &budget;
   rows_.charged = host_bytes;
   rows_.offsets = std::make_unique_for_overwrite<std::uint64_t[]>(size_ + 1);

@@ -60,6 +60,23 @@ void pools_reuse_and_respect_the_budget(Backend& be) {
     // More than the budget at all: refused as before.
     EXPECT_THROW(be.alloc_device(limit / 2, "e"), BudgetExceeded);
   }
+  {
+    // Memory a user allocates itself, charged to the budget: idle blocks make room for it too.
+    be.release_idle();
+    { Buffer f = be.alloc_device(limit / 2, "f"); }
+    EXPECT_EQ(budget.idle(), limit / 2);
+    const std::uint64_t in_use = budget.in_use();
+    be.charge_device(limit - in_use, "own");
+    EXPECT_EQ(budget.idle(), 0u);
+    EXPECT_EQ(budget.in_use(), limit);
+    EXPECT_THROW(be.charge_device(1, "more"), BudgetExceeded);
+    budget.release(limit - in_use);
+    { Buffer f = be.alloc_host(be.host_budget().limit() / 2, "f"); }
+    be.charge_host(be.host_budget().limit(), "own");
+    EXPECT_EQ(be.host_budget().idle(), 0u);
+    be.host_budget().release(be.host_budget().limit());
+    { Buffer f = be.alloc_device(limit / 4, "f"); }
+  }
   budget.reset_peak();
   EXPECT_GT(budget.idle(), 0u);
   EXPECT_EQ(budget.peak(), 0u);  // idle memory is not in the peak
