@@ -1,6 +1,7 @@
 #include "core/mpi.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <spdlog/spdlog.h>
 
 #include <cstdint>
@@ -21,7 +22,30 @@ void check(int rc, const char* what) {
   }
 }
 
+namespace {
+double init_seconds_ = 0;
+}  // namespace
+
+double Session::init_seconds() { return init_seconds_; }
+
+namespace {
+
+// Whether a launcher started this process as a rank of a job (OpenMPI's mpirun, PMIx or PMI
+// launchers such as srun and MPICH's hydra, any Slurm step): the variables they set.
+bool launched_as_rank() {
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE", "SLURM_PROCID"})
+    if (std::getenv(name)) return true;
+  return false;
+}
+
+}  // namespace
+
 Session::Session(int* argc, char*** argv) {
+  // A process started on its own is a job of one rank: MPI_Init would start OpenMPI's singleton
+  // runtime (0.3 s of a small run's 0.9 s here) for no communication. Without it every
+  // communicator is one of a single rank and HDF5 opens files without MPI-IO, as it does for
+  // one rank anyway: the same bytes.
+  if (!launched_as_rank()) return;
   // OpenMPI 4.1: OMPIO's default collective component (vulcan) has hung and corrupted chunked
   // HDF5 collective writes (HDFGroup/hdf5#1227, open-mpi/ompi#12718), and ROMIO 3.2.1 in 4.x
   // segfaults on some of them (ompi#7795). OMPIO with the two_phase component passes our
@@ -29,11 +53,14 @@ Session::Session(int* argc, char*** argv) {
   setenv("OMPI_MCA_io", "ompio", 0);
   setenv("OMPI_MCA_fcoll", "two_phase", 0);
   int provided = 0;
+  const auto started = std::chrono::steady_clock::now();
   check(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
+  init_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
 }
 
 Session::~Session() {
+  if (!initialized()) return;
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!finalized) MPI_Finalize();
@@ -48,7 +75,7 @@ bool initialized() {
 void abort_job(const std::string& line, int exit_code) {
   std::fprintf(stderr, "%s\n", line.c_str());
   spdlog::default_logger()->flush();
-  MPI_Abort(MPI_COMM_WORLD, exit_code);
+  if (initialized()) MPI_Abort(MPI_COMM_WORLD, exit_code);
   std::_Exit(exit_code);  // (MPI_Abort does not return; this is for the compiler)
 }
 
@@ -69,6 +96,7 @@ Comm::Comm(MPI_Comm comm) : comm_(comm) {
 namespace {
 MPI_Comm split(const Comm& parent, int color) {
   MPI_Comm out = MPI_COMM_NULL;
+  if (parent.get() == MPI_COMM_NULL) return out;  // (MPI not initialised: a group of one)
   check(MPI_Comm_split(parent.get(), color, parent.rank(), &out), "MPI_Comm_split");
   return out;
 }

@@ -9,15 +9,20 @@
 
 namespace qstage::mpi {
 
-// Initialises MPI for the process lifetime (finalises in the destructor). Before MPI_Init it
-// selects the MPI-IO component that works with chunked collective HDF5 writes on OpenMPI 4.1
-// (see docs/design.md, "MPI-IO"), unless the user set OMPI_MCA_io themselves.
+// Initialises MPI for the process lifetime (finalises in the destructor) when a launcher started
+// the process as a rank (mpirun, srun, any Slurm step); a process started on its own runs as one
+// rank without MPI. Before MPI_Init it selects the MPI-IO component that works with chunked
+// collective HDF5 writes on OpenMPI 4.1 (see docs/design.md, "MPI-IO"), unless the user set
+// OMPI_MCA_io themselves.
 class Session {
  public:
   Session(int* argc, char*** argv);
   ~Session();
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
+  // Seconds MPI_Init_thread took (the singleton start of a process launched without mpirun
+  // included): the run's log reports it with the rest of the start-up.
+  static double init_seconds();
 };
 
 // Ends the whole job from this rank: `line` on stderr, the log flushed, then MPI_Abort with

@@ -173,6 +173,7 @@ class WorkflowRun {
     const auto host_memory = options_.host_memory ? options_.host_memory : wf_.options.host_memory;
     if (device_memory) bo.device_memory = parse_budget(*device_memory, "device memory budget");
     if (host_memory) bo.host_memory = parse_budget(*host_memory, "host memory budget");
+    const auto backend_started = std::chrono::steady_clock::now();
     backend_ = make_backend(bo);
     if (!device_memory) {
       // Ranks that landed on the same GPU (more ranks than GPUs on a host; not where the launcher
@@ -188,6 +189,7 @@ class WorkflowRun {
         backend_ = make_backend(bo);
       }
     }
+    backend_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - backend_started).count();
     device_text_ = comm_.broadcast(backend_->description());
     bind_near_device(bo.bind);
     engine::EngineOptions eo;
@@ -216,6 +218,7 @@ class WorkflowRun {
                    comm_.size() == 1 ? "rank" : "ranks", format_bytes(static_cast<double>(backend_->device_budget().limit())),
                    format_bytes(static_cast<double>(backend_->host_budget().limit())),
                    eo_interval ? format_duration(*eo_interval) : std::string("never"));
+      spdlog::debug("start-up: MPI_Init {:.3f} s, backend {:.3f} s", mpi::Session::init_seconds(), backend_seconds_);
     }
     for (auto& p : planned) {
       // Collective: a signal may reach the ranks at different moments.
@@ -1048,6 +1051,7 @@ class WorkflowRun {
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<engine::StreamEngine> engine_;
   std::string device_text_;
+  double backend_seconds_ = 0;
   // Binds this rank to the cores and memory nearest its GPU (before the OpenMP and I/O threads
   // start), and logs where: every rank in its own log, rank 0's on the console.
   void bind_near_device(bool bind) {

@@ -115,14 +115,23 @@ def stop_then_resume(spec, run_dir, step):
 
 
 def kill_and_resume(args, run_dir, kills, delay, cwd=None):
-    """Runs `qstage ARGS` and SIGKILLs it after delay() seconds, up to `kills` times, going on with
-    `qstage resume RUN_DIR` once the run directory has a manifest; the attempt after the last
-    kill must finish (exit 0), and an attempt that finishes sooner ends it. Returns the kills."""
+    """Runs `qstage ARGS` and SIGKILLs it delay() seconds after it is under way (its log has grown:
+    start-up, which differs between machines and devices, is not part of the delay), up to `kills`
+    times, going on with `qstage resume RUN_DIR` once the run directory has a manifest; the attempt
+    after the last kill must finish (exit 0), and an attempt that finishes sooner ends it. Returns
+    the kills. Give delays as fractions of the work (run_seconds of a clean run), not as fixed
+    seconds, so that the kills land within the run on a fast machine and a slow one alike."""
     done = 0
+    log = Path(run_dir) / "logs" / "rank-0.log"
     while True:
+        logged = log.stat().st_size if log.exists() else 0
         p = subprocess.Popen([QSTAGE] + [str(a) for a in args], cwd=cwd, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, env=dict(os.environ, OMP_NUM_THREADS="2"))
         try:
+            if done < kills:
+                end = time.time() + 120
+                while time.time() < end and (not log.exists() or log.stat().st_size <= logged) and p.poll() is None:
+                    time.sleep(0.005)
             _, err = p.communicate(timeout=delay() if done < kills else 600)
             assert p.returncode == 0, err
             return done
@@ -132,6 +141,11 @@ def kill_and_resume(args, run_dir, kills, delay, cwd=None):
             done += 1
             if (Path(run_dir) / "manifest.json").exists():
                 args = ["resume", run_dir, "--device", DEVICE]
+
+
+def run_seconds(run_dir):
+    """The seconds a finished run's steps took (the manifest's wall_seconds, start-up excluded)."""
+    return sum(step["wall_seconds"] for step in manifest(run_dir)["steps"].values())
 
 
 def read_png_rgb(path):

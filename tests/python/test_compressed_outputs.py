@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from h5plugin import PLUGIN_DIR  # noqa: F401  (before h5py: it sets HDF5_PLUGIN_PATH)
-from conftest import DEVICE, kill_and_resume, manifest, run, stop_then_resume, write_spec
+from conftest import DEVICE, kill_and_resume, manifest, run, run_seconds, stop_then_resume, write_spec
 
 import h5py  # noqa: E402
 
@@ -130,9 +130,13 @@ def stored(run_dir):
 
 
 @pytest.fixture(scope="module")
-def clean_big(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("clean")
-    return stored(run_ok(tmp, BIG_SPEC))
+def clean_big_run(tmp_path_factory):
+    return run_ok(tmp_path_factory.mktemp("clean"), BIG_SPEC)
+
+
+@pytest.fixture(scope="module")
+def clean_big(clean_big_run):
+    return stored(clean_big_run)
 
 
 def test_stopped_and_resumed_run_stores_the_same_bytes(clean_big, tmp):
@@ -141,18 +145,18 @@ def test_stopped_and_resumed_run_stores_the_same_bytes(clean_big, tmp):
     assert stored(tmp / "run") == clean_big
 
 
-def test_random_sigkills_then_resume_store_the_same_bytes(clean_big, tmp):
+def test_random_sigkills_then_resume_store_the_same_bytes(clean_big, clean_big_run, tmp):
     """SIGKILL at random instants (mid-batch, mid-commit, mid-write of the chunks): the spool is cut
     back to its last commit on resume, so the stored bytes equal an uninterrupted run's."""
     spec = write_spec(tmp / "spec.yaml", BIG_SPEC)
     rng = random.Random(20261122)
-    scale = 3.0 if DEVICE == "cuda" else 1.0  # GPU context creation slows the start
+    seconds = run_seconds(clean_big_run)
     kills, resumed, runs, target = 0, 0, 0, 8
     while kills < target:
         run_dir = tmp / f"run{runs}"
         runs += 1
         kills += kill_and_resume(["run", spec, "--run-dir", run_dir, "--device", DEVICE], run_dir, target - kills,
-                                 lambda: rng.uniform(0.05, 1.0) * scale)
+                                 lambda: rng.uniform(0.05, 1.0) * seconds / 4)
         resumed += len(re.findall(r"resuming at row [1-9]", (run_dir / "logs" / "rank-0.log").read_text()))
         assert stored(run_dir) == clean_big, f"after {kills} kills"
         if resumed == 0 and target < 40:

@@ -17,7 +17,8 @@ import h5py
 import numpy as np
 import pytest
 
-from conftest import DEVICE, QSTAGE, kill_and_resume, manifest, one_line_error, read_png_rgb, run, write_spec
+from conftest import DEVICE, QSTAGE, kill_and_resume, manifest, one_line_error, read_png_rgb, run, run_seconds, \
+    write_spec
 
 # Long enough (a few seconds on 2 cores) to be stopped and killed in the middle.
 LONG = "{J: 1, delta: 0.5, h: 0.1, dt: 0.05, steps: 120, measure_every: 2, trunc: {chi_max: 64, svd_min: 1.0e-10}}"
@@ -67,11 +68,16 @@ def log(run_dir):
 
 
 @pytest.fixture(scope="module")
-def clean(tmp_path_factory):
+def clean_run(tmp_path_factory):
     run_dir, _ = run_clean(tmp_path_factory.mktemp("clean"))
     with h5py.File(run_dir / "outputs" / "evo.h5") as f:
         assert f["times"].shape == (61,) and f["density"].shape == (61, 32)
-    return digests(run_dir)
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def clean(clean_run):
+    return digests(clean_run)
 
 
 @pytest.mark.parametrize("extra", [", checkpoint_every: 1", ", checkpoint_every: 7", ""])
@@ -133,14 +139,16 @@ def test_sigterm_commits_the_step_and_resume_gives_the_same_bits(clean, tmp):
     assert digests(run_dir) == clean
 
 
-def test_random_sigkills_then_resume_match_a_clean_run(clean, tmp):
+def test_random_sigkills_then_resume_match_a_clean_run(clean, clean_run, tmp):
     """SIGKILL at random instants (mid-update, mid-commit, between steps), `qstage resume` each
     time; the outputs equal the clean run's bit for bit, and some resume went on from a commit."""
     s = spec(tmp, LONG, ", checkpoint_every: 3")
     rng = random.Random(int(os.environ.get("QSTAGE_KILL_SEED", "20261203")))
     run_dir = tmp / "run"
-    kills = kill_and_resume(["run", s, "--run-dir", run_dir, "--device", DEVICE], run_dir, 8, lambda: rng.uniform(0.3, 1.5))
-    # (up to 8: a machine fast enough finishes the 120 steps within fewer of the random delays)
+    seconds = run_seconds(clean_run)
+    # (up to 8 delays of up to a sixth of the work: the run ends after 3 of them at the soonest)
+    kills = kill_and_resume(["run", s, "--run-dir", run_dir, "--device", DEVICE], run_dir, 8,
+                            lambda: rng.uniform(0.1, 1.0) * seconds / 6)
     assert kills >= 3
     assert digests(run_dir) == clean
     assert re.search(r"resuming after time step [1-9]", log(run_dir)), "no kill ever landed after a commit"

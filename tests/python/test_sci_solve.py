@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from conftest import DEVICE, QSTAGE, checksums, kill_and_resume, manifest, mpirun_prefix, one_line_error, run, \
+    run_seconds, \
     stop_once_checkpointed, write_spec
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "fcidump"
@@ -263,20 +264,22 @@ def test_sigterm_then_resume_with_another_rank_count(stopped_clean, tmp):
 
 @pytest.fixture(scope="module")
 def killed_clean(tmp_path_factory):
-    return digests(solve(tmp_path_factory.mktemp("killed-clean"), *KILLED, SMALL_BATCHES))
+    run_dir = solve(tmp_path_factory.mktemp("killed-clean"), *KILLED, SMALL_BATCHES)
+    return digests(run_dir), run_seconds(run_dir)
 
 
 def test_random_sigkills_then_resume_match_a_clean_run(killed_clean, tmp):
     """20 SIGKILLs at random instants (in Davidson, generation, dedup, scoring, between passes);
     `qstage resume` each time; the output equals the clean run's bit for bit."""
+    clean, seconds = killed_clean
     spec = sci_spec(tmp, *KILLED, SMALL_BATCHES)
     rng = random.Random(int(os.environ.get("QSTAGE_KILL_SEED", "20261126")))
-    scale = 3.0 if DEVICE == "cuda" else 1.0
     run_dir = tmp / "run"
+    # (20 delays of about 1/30 of the work each: the run cannot finish before the last)
     kills = kill_and_resume(["run", spec, "--run-dir", run_dir, "--device", DEVICE], run_dir, 20,
-                            lambda: rng.uniform(0.1, 1.2) * scale, cwd=tmp)
+                            lambda: rng.uniform(0.1, 1.2) * seconds / 20, cwd=tmp)
     assert kills >= 20
-    assert digests(run_dir) == killed_clean
+    assert digests(run_dir) == clean
     log = (run_dir / "logs" / "rank-0.log").read_text()
     assert "passes done by an earlier run" in log, "no kill ever landed after a committed pass"
 
@@ -501,24 +504,25 @@ def test_the_schedule_workflow_runs_and_extrapolates_near_fci(tmp):
         assert abs(f.attrs["e_extrapolated"] - FCI["N2_sto6g_FCIDUMP"]) < 1e-5
 
 
-def killed_and_resumed(tmp, params, kills, seconds, seed):
-    """N2/STO-6G with `params` SIGKILLed up to `kills` times, after a random time in `seconds` (3x on
-    cuda), each time resumed: the kills and the finished run's digests."""
+def killed_and_resumed(tmp, params, kills, clean_run, seed):
+    """N2/STO-6G with `params` SIGKILLed up to `kills` times, each after a random part of up to
+    1/kills of the clean run's work, each time resumed: the kills and the finished run's digests."""
     (tmp / "killed").mkdir()
     spec = sci_spec(tmp / "killed", DATA / "N2_sto6g_FCIDUMP", params, "{checkpoint_interval: 0}")
     rng = random.Random(seed)
-    scale = 3.0 if DEVICE == "cuda" else 1.0
+    seconds = run_seconds(clean_run)
     run_dir = tmp / "killed" / "run"
     done = kill_and_resume(["run", spec, "--run-dir", run_dir, "--device", DEVICE], run_dir, kills,
-                           lambda: rng.uniform(*seconds) * scale, cwd=tmp / "killed")
+                           lambda: rng.uniform(0.1, 1.0) * seconds / kills, cwd=tmp / "killed")
     return done, digests(run_dir)
 
 
 def test_an_eps_schedule_killed_and_resumed_matches_a_clean_run(tmp):
     """SIGKILLs at random instants of a schedule (in any threshold, its PT2, between them), each
     time resumed: the clean run's bits."""
-    clean = digests(solve(tmp / "clean", DATA / "N2_sto6g_FCIDUMP", N2_SCHEDULE))
-    kills, killed = killed_and_resumed(tmp, N2_SCHEDULE, 8, (0.15, 0.6), 20261202)
+    clean_run = solve(tmp / "clean", DATA / "N2_sto6g_FCIDUMP", N2_SCHEDULE)
+    clean = digests(clean_run)
+    kills, killed = killed_and_resumed(tmp, N2_SCHEDULE, 8, clean_run, 20261202)
     assert kills >= 1
     assert killed == clean
 
@@ -641,11 +645,12 @@ def test_semistochastic_pt2_agrees_with_the_deterministic_one_within_its_error_b
 
 
 def test_semistochastic_pt2_gives_the_same_bits_on_three_ranks_and_after_kills(tmp):
-    clean = digests(solve(tmp / "clean", DATA / "N2_sto6g_FCIDUMP", N2_SEMI_LONG))
+    clean_run = solve(tmp / "clean", DATA / "N2_sto6g_FCIDUMP", N2_SEMI_LONG)
+    clean = digests(clean_run)
     assert "pt2_stochastic/batch_e_pt2" in clean and "e_pt2_error" in clean
     three = solve(tmp / "three", DATA / "N2_sto6g_FCIDUMP", N2_SEMI_LONG, SMALL_BATCHES, mpi=3)
     assert digests(three) == clean
-    kills, killed = killed_and_resumed(tmp, N2_SEMI_LONG, 6, (0.3, 0.8), 20261203)
+    kills, killed = killed_and_resumed(tmp, N2_SEMI_LONG, 6, clean_run, 20261203)
     assert kills >= 2
     assert killed == clean
 
