@@ -72,12 +72,24 @@ Davidson::Davidson(std::vector<double> guess, DavidsonOptions options) : options
   basis_.push_back(std::move(guess));
 }
 
+Davidson::Davidson(std::vector<std::vector<double>> guesses, DavidsonOptions options)
+    : Davidson(guesses.empty() ? std::vector<double>{} : guesses.front(), options) {
+  roots_ = static_cast<int>(guesses.size());
+  if (guesses.size() > basis_.front().size() || roots_ >= options.max_basis)
+    throw std::invalid_argument("Davidson: more roots than the dimension or the basis allows");
+  for (std::size_t g = 1; g < guesses.size(); ++g) {
+    if (guesses[g].size() != basis_.front().size()) throw std::invalid_argument("Davidson: guesses of different sizes");
+    if (!add_direction(std::move(guesses[g]))) throw std::invalid_argument("Davidson: the guesses are linearly dependent");
+  }
+}
+
 void Davidson::set_diagonal(std::vector<double> diagonal) {
   if (diagonal.size() != basis_.front().size()) throw std::invalid_argument("Davidson: the diagonal has the wrong size");
   diagonal_ = std::move(diagonal);
 }
 
-void Davidson::add_direction(std::vector<double> t) {
+// False (the basis unchanged) when t has no direction outside the basis.
+bool Davidson::add_direction(std::vector<double> t) {
   for (int pass = 0; pass < 2; ++pass)  // twice: Gram-Schmidt keeps the basis orthonormal to rounding
     for (const auto& b : basis_) {
       const double d = dot(b, t);
@@ -85,39 +97,54 @@ void Davidson::add_direction(std::vector<double> t) {
       for (std::size_t i = 0; i < t.size(); ++i) t[i] -= d * b[i];
     }
   const double norm = std::sqrt(dot(t, t));
-  if (!(norm > 1e-12)) {  // no new direction: the space is exhausted, the Ritz pair is exact
-    finish(true);
-    return;
-  }
+  if (!(norm > 1e-12)) return false;
   scale(t, 1 / norm);
   basis_.push_back(std::move(t));
+  return true;
 }
 
 void Davidson::finish(bool converged) {
   done_ = true;
   converged_ = converged;
-  basis_.clear(), products_of_basis_.clear(), projected_.clear();  // (only the Ritz pair is needed now)
+  basis_.clear(), products_of_basis_.clear(), projected_.clear();  // (only the Ritz pairs are needed now)
 }
 
 void Davidson::save(Packer& out) const {
-  out.put(options_), out.put(theta_), out.put(residual_), out.put(products_);
+  out.put(options_), out.put(roots_), out.put(products_);
   out.put<std::uint8_t>(done_), out.put<std::uint8_t>(converged_);
-  out.put_vector(diagonal_), out.put_vector(projected_), out.put_vector(ritz_);
-  out.put<std::uint64_t>(basis_.size());
-  for (std::size_t j = 0; j < basis_.size(); ++j) out.put_vector(basis_[j]);
-  out.put<std::uint64_t>(products_of_basis_.size());
-  for (std::size_t j = 0; j < products_of_basis_.size(); ++j) out.put_vector(products_of_basis_[j]);
+  out.put_vector(theta_), out.put_vector(residual_);
+  out.put_vector(diagonal_), out.put_vector(projected_);
+  for (const auto* vectors : {&ritz_, &basis_, &products_of_basis_}) {
+    out.put<std::uint64_t>(vectors->size());
+    for (const auto& v : *vectors) out.put_vector(v);
+  }
 }
 
 void Davidson::load(Unpacker& in) {
-  options_ = in.get<DavidsonOptions>(), theta_ = in.get<double>(), residual_ = in.get<double>(), products_ = in.get<int>();
+  options_ = in.get<DavidsonOptions>(), roots_ = in.get<int>(), products_ = in.get<int>();
   done_ = in.get<std::uint8_t>() != 0, converged_ = in.get<std::uint8_t>() != 0;
-  diagonal_ = in.get_vector<double>(), projected_ = in.get_vector<double>(), ritz_ = in.get_vector<double>();
-  basis_.resize(in.get<std::uint64_t>());
-  for (auto& b : basis_) b = in.get_vector<double>();
-  products_of_basis_.resize(in.get<std::uint64_t>());
-  for (auto& p : products_of_basis_) p = in.get_vector<double>();
-  if (!done_ && basis_.empty()) throw std::runtime_error("Davidson: a saved state without a basis");
+  theta_ = in.get_vector<double>(), residual_ = in.get_vector<double>();
+  diagonal_ = in.get_vector<double>(), projected_ = in.get_vector<double>();
+  for (auto* vectors : {&ritz_, &basis_, &products_of_basis_}) {
+    vectors->resize(in.get<std::uint64_t>());
+    for (auto& v : *vectors) v = in.get_vector<double>();
+  }
+  if (!done_ && (basis_.empty() || products_of_basis_.size() >= basis_.size()))
+    throw std::runtime_error("Davidson: a saved state without a vector to multiply");
+}
+
+// The projected matrix grows by the row and column of the basis vector whose product just came
+// (symmetrized).
+void Davidson::extend_projected() {
+  const int m = static_cast<int>(products_of_basis_.size());
+  std::vector<double> t(static_cast<std::size_t>(m) * m);
+  for (int i = 0; i < m - 1; ++i)
+    for (int j = 0; j < m - 1; ++j) t[i * m + j] = projected_[i * (m - 1) + j];
+  for (int i = 0; i < m; ++i) {
+    const double v = 0.5 * (dot(basis_[i], products_of_basis_[m - 1]) + dot(basis_[m - 1], products_of_basis_[i]));
+    t[i * m + (m - 1)] = t[(m - 1) * m + i] = v;
+  }
+  projected_ = std::move(t);
 }
 
 bool Davidson::take(std::vector<double> product) {
@@ -126,36 +153,38 @@ bool Davidson::take(std::vector<double> product) {
   if (product.size() != diagonal_.size()) throw std::invalid_argument("Davidson: product of the wrong size");
   ++products_;
   products_of_basis_.push_back(std::move(product));
+  extend_projected();
+  if (products_of_basis_.size() < basis_.size()) return false;  // (more directions to multiply first)
   const int m = static_cast<int>(basis_.size());
-  // The projected matrix grows by a row and a column (symmetrized).
-  std::vector<double> t(static_cast<std::size_t>(m) * m);
-  for (int i = 0; i < m - 1; ++i)
-    for (int j = 0; j < m - 1; ++j) t[i * m + j] = projected_[i * (m - 1) + j];
-  for (int i = 0; i < m; ++i) {
-    const double v = 0.5 * (dot(basis_[i], products_of_basis_[m - 1]) + dot(basis_[m - 1], products_of_basis_[i]));
-    t[i * m + (m - 1)] = t[(m - 1) * m + i] = v;
-  }
-  projected_ = t;
   std::vector<double> values, vectors;
-  symmetric_eigen(m, t, values, vectors);
-  theta_ = values[0];
+  symmetric_eigen(m, projected_, values, vectors);
+  const int k = std::min(roots_, m);
   const std::size_t n = diagonal_.size();
-  ritz_.assign(n, 0.0);
-  std::vector<double> ax(n, 0.0), r(n);
-  // (per entry, the basis vectors in order: the same bits on any number of threads)
+  theta_.assign(values.begin(), values.begin() + k);
+  ritz_.assign(static_cast<std::size_t>(k), std::vector<double>(n, 0.0));
+  residual_.assign(static_cast<std::size_t>(k), 0.0);
+  std::vector<std::vector<double>> ax(static_cast<std::size_t>(k), std::vector<double>(n, 0.0)),
+      r(static_cast<std::size_t>(k), std::vector<double>(n));
+  bool all_converged = true;
+  for (int root = 0; root < k; ++root) {
+    std::vector<double>&x_out = ritz_[root], &a_out = ax[root], &r_out = r[root];
+    const double theta = theta_[root];
+    // (per entry, the basis vectors in order: the same bits on any number of threads)
 #pragma omp parallel for schedule(static)
-  for (std::size_t i = 0; i < n; ++i) {
-    double x = 0, a = 0;
-    for (int j = 0; j < m; ++j) {
-      const double y = vectors[j * m + 0];
-      x += y * basis_[j][i];
-      a += y * products_of_basis_[j][i];
+    for (std::size_t i = 0; i < n; ++i) {
+      double x = 0, a = 0;
+      for (int j = 0; j < m; ++j) {
+        const double y = vectors[j * m + root];
+        x += y * basis_[j][i];
+        a += y * products_of_basis_[j][i];
+      }
+      x_out[i] = x, a_out[i] = a;
+      r_out[i] = a - theta * x;
     }
-    ritz_[i] = x, ax[i] = a;
-    r[i] = a - theta_ * x;
+    residual_[root] = std::sqrt(dot(r_out, r_out));
+    all_converged = all_converged && residual_[root] < options_.residual_tolerance;
   }
-  residual_ = std::sqrt(dot(r, r));
-  if (residual_ < options_.residual_tolerance || static_cast<std::size_t>(m) == n) {
+  if (all_converged || static_cast<std::size_t>(m) == n) {
     finish(true);
     return true;
   }
@@ -163,18 +192,28 @@ bool Davidson::take(std::vector<double> product) {
     finish(false);
     return true;
   }
+  int corrections = 0;
+  for (int root = 0; root < k; ++root) {
+    if (residual_[root] < options_.residual_tolerance) continue;
+    ++corrections;
+    std::vector<double>& t = r[root];
 #pragma omp parallel for schedule(static)
-  for (std::size_t i = 0; i < n; ++i) {  // diagonal preconditioner, kept away from zero
-    double d = theta_ - diagonal_[i];
-    if (std::fabs(d) < 1e-4) d = d < 0 ? -1e-4 : 1e-4;
-    r[i] /= d;
+    for (std::size_t i = 0; i < n; ++i) {  // diagonal preconditioner, kept away from zero
+      double d = theta_[root] - diagonal_[i];
+      if (std::fabs(d) < 1e-4) d = d < 0 ? -1e-4 : 1e-4;
+      t[i] /= d;
+    }
   }
-  if (m >= options_.max_basis) {  // restart from the Ritz vector (and its product)
-    basis_ = {ritz_};
-    products_of_basis_ = {ax};
-    projected_ = {theta_};
+  if (m + corrections > options_.max_basis) {  // restart from the Ritz vectors (and their products)
+    basis_ = ritz_;
+    products_of_basis_ = std::move(ax);
+    projected_.assign(static_cast<std::size_t>(k) * k, 0.0);
+    for (int root = 0; root < k; ++root) projected_[root * k + root] = theta_[root];
   }
-  add_direction(std::move(r));
+  bool added = false;
+  for (int root = 0; root < k; ++root)
+    if (residual_[root] >= options_.residual_tolerance) added = add_direction(std::move(r[root])) || added;
+  if (!added) finish(true);  // no new direction: the space is exhausted, the Ritz pairs are exact
   return done_;
 }
 

@@ -350,7 +350,7 @@ TEST(SciDavidson, SavedAndLoadedMidWayGoesOnWithTheSameBits) {
   Packer out;
   first.save(out);
   const std::string bytes = out.take();
-  sci::Davidson second({1.0}, options);  // (another state: load replaces all of it)
+  sci::Davidson second(std::vector<double>{1.0}, options);  // (another state: load replaces all of it)
   Unpacker in(bytes);
   second.load(in);
   EXPECT_TRUE(in.done());
@@ -359,9 +359,54 @@ TEST(SciDavidson, SavedAndLoadedMidWayGoesOnWithTheSameBits) {
   EXPECT_EQ(whole.products(), second.products());
   EXPECT_EQ(whole.eigenvalue(), second.eigenvalue());
   EXPECT_EQ(whole.eigenvector(), second.eigenvector());
-  sci::Davidson cut({1.0}, options);
+  sci::Davidson cut(std::vector<double>{1.0}, options);
   Unpacker short_in(std::string_view(bytes).substr(0, bytes.size() / 2));
   EXPECT_THROW(cut.load(short_in), std::runtime_error);
+}
+
+// Several roots (Davidson-Liu: a correction a root not yet converged, restarts from the Ritz
+// vectors) give the lowest eigenpairs of the dense solver, through restarts and a save and load.
+TEST(SciDavidson, SeveralRootsAreTheLowestEigenpairs) {
+  const int n = 80, roots = 3;
+  std::vector<double> a(n * n);  // symmetric, diagonally dominant, two nearly degenerate low diagonals
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j <= i; ++j)
+      a[i * n + j] = a[j * n + i] = i == j ? 1.0 + 0.5 * i - (i == 1 ? 0.49 : 0.0) : 0.05 * std::sin(1.0 + i * j);
+  auto product = [&](const std::vector<double>& x) {
+    std::vector<double> y(n, 0.0);
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j < n; ++j) y[i] += a[i * n + j] * x[j];
+    return y;
+  };
+  std::vector<double> diagonal(n), values, vectors;
+  for (int i = 0; i < n; ++i) diagonal[i] = a[i * n + i];
+  sci::symmetric_eigen(n, a, values, vectors);
+  std::vector<std::vector<double>> guesses(roots, std::vector<double>(n, 0.0));
+  for (int r = 0; r < roots; ++r) guesses[r][r] = 1;  // (the lowest diagonals)
+  const sci::DavidsonOptions options{1e-9, 9, 400};  // (a small basis: restarts happen)
+  sci::Davidson whole(guesses, options), first(guesses, options);
+  whole.set_diagonal(diagonal), first.set_diagonal(diagonal);
+  for (int k = 0; k < 7; ++k) whole.take(product(whole.next())), first.take(product(first.next()));
+  Packer out;
+  first.save(out);
+  const std::string bytes = out.take();
+  sci::Davidson second(std::vector<double>{1.0}, options);
+  Unpacker in(bytes);
+  second.load(in);
+  while (!whole.done()) whole.take(product(whole.next())), second.take(product(second.next()));
+  ASSERT_TRUE(whole.converged());
+  EXPECT_GT(whole.products(), options.max_basis);
+  EXPECT_EQ(whole.roots(), roots);
+  for (int r = 0; r < roots; ++r) {
+    EXPECT_NEAR(whole.eigenvalue(r), values[r], 1e-12) << "root " << r;
+    EXPECT_LT(whole.residual_norm(r), 1e-9);
+    double overlap = 0;  // with the dense eigenvector (its sign is arbitrary)
+    for (int i = 0; i < n; ++i) overlap += whole.eigenvector(r)[i] * vectors[i * n + r];
+    EXPECT_NEAR(std::fabs(overlap), 1.0, 1e-9) << "root " << r;
+    EXPECT_EQ(whole.eigenvalue(r), second.eigenvalue(r));
+    EXPECT_EQ(whole.eigenvector(r), second.eigenvector(r));
+  }
+  EXPECT_THROW(sci::Davidson(std::vector<std::vector<double>>{guesses[0], guesses[0]}, options), std::invalid_argument);
 }
 
 // The CUDA kernels write the CPU twins' bytes (generation: same keys, same order, same values)
