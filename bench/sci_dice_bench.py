@@ -25,7 +25,8 @@ gives its extrapolated energy. Dice's wall is then the sum of its runs; its last
 too.
 
 Prints one JSON object: each tool's wall seconds (the whole process), E_var, E_var + E_PT2 and
-determinants (Dice's from its log), the ratio of the wall times, and the energy differences.
+determinants (Dice's from its log, with its git commit and the input it was given), the ratio of
+the wall times, and the energy differences.
 """
 import argparse
 import json
@@ -171,7 +172,9 @@ def run_dice_at(a, eps_var, work, reference):
     e_total, error = (float(pt.group(1)), float(pt.group(2)) if pt.group(2) else 0.0) if pt else (e_var, 0.0)
     if timed_out and rows:
         e_total, error = float(rows[-1][2]), float(rows[-1][3]) if rows[-1][3] != "--" else float("nan")
+    commit = re.search(r"^Commit:\s+(\S+)", log, re.MULTILINE)
     return {"wall_seconds": wall, "e_var": e_var, "e_total": e_total, "e_pt2_error": error, "timed_out": timed_out,
+            "commit": commit.group(1) if commit else None, "input": (work / "input.dat").read_text(),
             "pt2_batches": len(rows),
             "dets": int(dets[-1]) if dets else None, "occupation": occ, "ranks": a.dice_ranks}
 
