@@ -42,15 +42,15 @@ ResidentSpace::ResidentSpace(Backend& backend, const Integrals& ints, const Exci
 
 // The device enumerates all of a row's virtual excitations, every iteration; the host finds the
 // row's partners through the space's strings and grows the last iteration's rows. Measured on one
-// H200 against its host's 16 cores (whole sci.solve runs): N2/cc-pVDZ at eps_var 2e-4 (the
-// reference has 2.0e4 virtual excitations) 4.2 s enumerating on the device, 6.6 s on the host;
+// H200 against its host's 16 cores (whole sci.solve runs): N2/cc-pVDZ at eps_var 2e-4 (a
+// determinant has 2.0e4 virtual excitations) 4.2 s enumerating on the device, 6.6 s on the host;
 // Cr2/SV at 5e-4 (1.8e5) 57 s on the device, 34 s on the host. The limit sits between, in log
 // scale (H2O and C2 in cc-pVDZ: 0.7e4 and 1.5e4).
-bool ResidentSpace::rows_on_host(BackendKind backend, const kernels::sci::HamiltonianView& host, const Det& reference) {
+bool ResidentSpace::rows_on_host(BackendKind backend, const kernels::sci::HamiltonianView& host, const Det& sample) {
   if (backend == BackendKind::cpu) return true;
   constexpr std::uint32_t kDeviceEnumerationLimit = 1u << 16;
   std::vector<std::uint32_t> starts;
-  kernels::sci::ListOrder(host).list_starts(reference, starts);
+  kernels::sci::ListOrder(host).list_starts(sample, starts);
   return starts.back() > kDeviceEnumerationLimit;
 }
 

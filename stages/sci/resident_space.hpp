@@ -37,9 +37,10 @@ class ResidentSpace {
   ResidentSpace(Backend& backend, const Integrals& ints, const ExcitationTables& tables, int nalpha, int nbeta,
                 const std::vector<kernels::sci::Det>& space, std::uint64_t stored_limit,
                 std::unique_ptr<ResidentSpace> previous = nullptr, RowSource source = RowSource::chosen);
-  // RowSource::chosen: whether `backend` finds the rows of the space of `reference` on the host.
+  // RowSource::chosen: whether `backend` finds a space's rows on the host, from the virtual
+  // excitations of one of its determinants (`sample`: every row has about as many).
   static bool rows_on_host(BackendKind backend, const kernels::sci::HamiltonianView& host,
-                           const kernels::sci::Det& reference);
+                           const kernels::sci::Det& sample);
   // The rows were found on the host (and so can seed the next space's).
   bool rows_found_on_host() const { return static_cast<bool>(rows_.offsets); }
   ~ResidentSpace();
