@@ -23,12 +23,8 @@ void check(int rc, const char* what) {
 }
 
 namespace {
+
 double init_seconds_ = 0;
-}  // namespace
-
-double Session::init_seconds() { return init_seconds_; }
-
-namespace {
 
 // Whether a launcher started this process as a rank of a job (OpenMPI's mpirun, PMIx or PMI
 // launchers such as srun and MPICH's hydra, any Slurm step): the variables they set.
@@ -39,6 +35,8 @@ bool launched_as_rank() {
 }
 
 }  // namespace
+
+double Session::init_seconds() { return init_seconds_; }
 
 Session::Session(int* argc, char*** argv) {
   // A process started on its own is a job of one rank: MPI_Init would start OpenMPI's singleton

@@ -20,8 +20,8 @@ class Session {
   ~Session();
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
-  // Seconds MPI_Init_thread took (the singleton start of a process launched without mpirun
-  // included): the run's log reports it with the rest of the start-up.
+  // Seconds MPI_Init_thread took (0 when the process runs without MPI): the run's log reports it
+  // with the rest of the start-up.
   static double init_seconds();
 };
 

@@ -67,11 +67,9 @@ ResidentSpace::~ResidentSpace() {
 bool ResidentSpace::store_from_host_strings(Backend& backend, Stream& stream, const kernels::sci::HamiltonianView& host,
                                             std::uint64_t stored_limit, const ResidentSpace* previous) {
   const bool cuda = backend.kind() == BackendKind::cuda;
-  const std::uint64_t lanes = kernels::sci_lane_ends_per_row(backend.kind());
-  // Device bytes: on cuda the lane layout (offsets, lane ends, diagonal; 12 bytes an entry), on
-  // the cpu the host rows themselves.
+  // Device bytes: on cuda the lane layout, on the cpu the host rows themselves.
   const auto device_bytes = [&](std::uint64_t entries) {
-    return cuda ? (size_ + 1) * 8 + size_ * lanes * 4 + size_ * 8 + entries * 12 : HostRows::bytes(size_, entries);
+    return cuda ? lane_layout_bytes(backend.kind(), entries) : HostRows::bytes(size_, entries);
   };
   if (device_bytes(0) > stored_limit) return true;
   std::optional<kernels::sci::CouplingsUpdate> update;
@@ -135,8 +133,7 @@ bool ResidentSpace::store_from_host_strings(Backend& backend, Stream& stream, co
 // scanned on the host, written at their lanes' places (kernels/sci_generate.hpp).
 void ResidentSpace::store_by_device_enumeration(Backend& backend, Stream& stream, std::uint64_t stored_limit) {
   const std::uint64_t lanes = kernels::sci_lane_ends_per_row(backend.kind());
-  const std::uint64_t fixed = (size_ + 1) * 8 + size_ * lanes * 4 + size_ * 8;  // offsets, lane ends, diagonal
-  if (fixed > stored_limit) return;
+  if (lane_layout_bytes(backend.kind(), 0) > stored_limit) return;
   Buffer offsets = backend.alloc_device((size_ + 1) * 8, "selected-CI stored H: row offsets");
   Buffer lane_ends = backend.alloc_device(std::max<std::uint64_t>(size_ * lanes * 4, 4), "selected-CI stored H: lane ends");
   kernels::SciCouplings c;
@@ -160,7 +157,7 @@ void ResidentSpace::store_by_device_enumeration(Backend& backend, Stream& stream
     at[j] = total;
     total += count;
   }
-  if (fixed + total * 12 > stored_limit) return;
+  if (lane_layout_bytes(backend.kind(), total) > stored_limit) return;
   backend.copy_to_device(offsets.data(), at.data(), (size_ + 1) * 8, stream);
   columns_ = backend.alloc_device(std::max<std::uint64_t>(total * 4, 4), "selected-CI stored H: columns");
   elements_ = backend.alloc_device(std::max<std::uint64_t>(total * 8, 8), "selected-CI stored H: elements");
@@ -176,6 +173,13 @@ void ResidentSpace::store_by_device_enumeration(Backend& backend, Stream& stream
   stored_ = true;
   entries_ = total;
   bytes_ += offsets_.size() + lane_ends_.size() + columns_.size() + elements_.size() + diagonal_.size();
+}
+
+// The device bytes of the rows in the sigma kernel's layout: offsets, each lane's end and the
+// diagonal, then a column and an element an entry.
+std::uint64_t ResidentSpace::lane_layout_bytes(BackendKind backend, std::uint64_t entries) const {
+  const std::uint64_t lanes = kernels::sci_lane_ends_per_row(backend);
+  return (size_ + 1) * 8 + size_ * lanes * 4 + size_ * 8 + entries * 12;
 }
 
 // The host rows in the CUDA sigma kernel's lanes, uploaded.

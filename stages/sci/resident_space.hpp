@@ -77,6 +77,7 @@ class ResidentSpace {
   bool store_from_host_strings(Backend& backend, Stream& stream, const kernels::sci::HamiltonianView& host,
                                std::uint64_t stored_limit, const ResidentSpace* previous);
   void store_by_device_enumeration(Backend& backend, Stream& stream, std::uint64_t stored_limit);
+  std::uint64_t lane_layout_bytes(BackendKind backend, std::uint64_t entries) const;
   void upload_lanes(Backend& backend, Stream& stream, const kernels::sci::HamiltonianView& host);
   int nalpha_, nbeta_;
   std::uint64_t size_;
