@@ -4,7 +4,7 @@ use, on the same FCIDUMP, thresholds and state, one after the other on the same 
 
     python3 bench/sci_dice_bench.py --fcidump FILE --eps-var 2e-4 [--eps-pt2 1e-6] \\
         [--eps-pt2-large 1e-5 --pt2-samples 200 --pt2-target-error 1e-5] \\
-        --qstage build/qstage --device cuda --dice /path/to/Dice --dice-ranks 16 [--irrep 1] [--dir /tmp/sd]
+        --qstage build/qstage --device cuda --dice /path/to/Dice --dice-ranks 16 [--irrep 1] [--nroots 3] [--dir /tmp/sd]
 
 qstage runs first; Dice then starts from qstage's reference determinant (the output's
 `reference_determinant`: the same irrep and S_z, as Dice's `nocc` line fixes them), with
@@ -23,6 +23,9 @@ threshold, E_var against E_PT2 extrapolated to E_PT2 = 0); Dice runs each thresh
 from the reference (deterministic PT2 each), and the same least-squares line through its points
 gives its extrapolated energy. Dice's wall is then the sum of its runs; its last run's is reported
 too.
+
+--nroots k asks both for the k lowest states (Dice's `nroots`); each root's E_var and E_var + E_PT2
+are reported (`roots_e_var`, `roots_e_total`), the scalars stay the lowest root's.
 
 Prints one JSON object: each tool's wall seconds (the whole process), E_var, E_var + E_PT2 and
 determinants (Dice's from its log, with its git commit and the input it was given), the ratio of
@@ -90,6 +93,8 @@ def run_qstage(a, d):
                    f"pt2_target_error: {a.pt2_target_error}, pt2_batches: {a.pt2_batches}")
     if a.irrep:
         params += f", irrep: {a.irrep}"
+    if a.nroots > 1:
+        params += f", nroots: {a.nroots}"
     (d / "sci.yaml").write_text(f"name: sci-dice-bench\nsteps:\n  - id: sci\n    stage: sci.solve\n    params: {{{params}}}\n")
     t = time.time()
     p = subprocess.run([a.qstage, "run", str(d / "sci.yaml"), "--run-dir", str(d / "qstage"), "--device", a.device],
@@ -103,7 +108,11 @@ def run_qstage(a, d):
             schedule = {k: f["schedule"][k][()].tolist() for k in ("eps_var", "e_var", "e_pt2", "dets")}
         if "e_extrapolated" in f.attrs:
             schedule["e_extrapolated"] = float(f.attrs["e_extrapolated"])
-        return {"schedule": schedule, "wall_seconds": wall, "e_var": float(f["energy"][()]), "e_total": float(f["e_total"][()]),
+        roots = {}
+        if "roots" in f:
+            roots = {"roots_e_var": f["roots/energy"][()].tolist(), "roots_e_total": f["roots/e_total"][()].tolist(),
+                     "roots_s_squared": f["roots/s_squared"][()].tolist()}
+        return roots | {"schedule": schedule, "wall_seconds": wall, "e_var": float(f["energy"][()]), "e_total": float(f["e_total"][()]),
                 "e_pt2_error": float(f["e_pt2_error"][()]) if "e_pt2_error" in f else 0.0,
                 "pt2_batches": len(f["pt2_stochastic/batch_e_pt2"]) if "pt2_stochastic" in f else 0,
                 "dets": int(f["dets"].shape[0]), "step_seconds": float(f.attrs["qstage.wall_seconds"]),
@@ -139,7 +148,7 @@ def run_dice_at(a, eps_var, work, reference):
     else:
         pt = "#no PT: stochastic PT with nPTiter 0 is skipped\nsampleN 200\nnPTiter 0\n"
     (work / "input.dat").write_text(
-        f"#system\nnocc {len(occ)}\n{' '.join(map(str, occ))}\nend\norbitals FCIDUMP\nnroots 1\n\n"
+        f"#system\nnocc {len(occ)}\n{' '.join(map(str, occ))}\nend\norbitals FCIDUMP\nnroots {a.nroots}\n\n"
         f"#variational\nschedule\n0 {eps_var}\nend\ndavidsonTol 1e-5\ndE 1e-6\nmaxiter {a.max_iterations}\nnoio\n\n"
         f"#pt\n{pt}")
     for shm in Path("/dev/shm").glob("SHCI*"):  # (its ranks' shared segments: a crashed run leaves them)
@@ -173,7 +182,14 @@ def run_dice_at(a, eps_var, work, reference):
     if timed_out and rows:
         e_total, error = float(rows[-1][2]), float(rows[-1][3]) if rows[-1][3] != "--" else float("nan")
     commit = re.search(r"^Commit:\s+(\S+)", log, re.MULTILINE)
-    return {"wall_seconds": wall, "e_var": e_var, "e_total": e_total, "e_pt2_error": error, "timed_out": timed_out,
+    roots = {}
+    if a.nroots > 1:  # (its variational table's rows, then a PTEnergy line a root: the last nroots)
+        table = re.findall(r"^\s*(\d+)\s+(-?\d+\.\d+)\s+[\d.]+\s*$", after.split("Printing", 1)[0], re.MULTILINE)
+        pts = re.findall(r"PTEnergy:\s+(-?\d+\.\d+)", log)
+        roots = {"roots_e_var": [float(e) for _, e in table[:a.nroots]],
+                 "roots_e_total": [float(e) for e in pts[-a.nroots:]] if a.eps_pt2 else [float(e) for _, e in table[:a.nroots]]}
+        e_total = roots["roots_e_total"][0] if roots["roots_e_total"] else e_total  # (the lowest root's, as qstage's)
+    return roots | {"wall_seconds": wall, "e_var": e_var, "e_total": e_total, "e_pt2_error": error, "timed_out": timed_out,
             "commit": commit.group(1) if commit else None, "input": (work / "input.dat").read_text(),
             "pt2_batches": len(rows),
             "dets": int(dets[-1]) if dets else None, "occupation": occ, "ranks": a.dice_ranks}
@@ -193,6 +209,7 @@ def main():
     p.add_argument("--max-new-dets", type=int, default=1000000)
     p.add_argument("--max-iterations", type=int, default=20)
     p.add_argument("--irrep", type=int, default=None, help="the state's irrep (default: the FCIDUMP's ISYM)")
+    p.add_argument("--nroots", type=int, default=1, help="the lowest states to find (both tools)")
     p.add_argument("--qstage", default="build/qstage")
     p.add_argument("--device", default="cuda")
     p.add_argument("--dice", default=None, help="the Dice binary (bench/build_dice.sh); none: qstage alone")
@@ -215,6 +232,8 @@ def main():
             out["e_var_difference_mha"] = 1e3 * (q["e_var"] - x["e_var"])
         if x["e_total"] is not None:
             out["e_total_difference_mha"] = 1e3 * (q["e_total"] - x["e_total"])
+        if "roots_e_total" in q and len(x.get("roots_e_total", [])) == len(q["roots_e_total"]):
+            out["roots_e_total_difference_mha"] = [1e3 * (u - v) for u, v in zip(q["roots_e_total"], x["roots_e_total"])]
         if "e_extrapolated" in q["schedule"] and "e_extrapolated" in x.get("schedule", {}):
             out["e_extrapolated_difference_mha"] = 1e3 * (q["schedule"]["e_extrapolated"] - x["schedule"]["e_extrapolated"])
     print(json.dumps(out))

@@ -15,6 +15,9 @@
 //                        (sci/amplitude_model.hpp; first_order: v / (E - H_aa)), the largest
 //                        max_new_dets of which (a two-level top-K: per tile, then merged) join S_k
 //                        to make S_{k+1}.
+// With nroots > 1, Davidson finds the lowest roots together and generate/dedup/score run once a
+// root (its coefficients, its energy in the denominators); the roots' best candidates are merged
+// (each determinant where it scores best) into one top-K, and the final PT2 runs once a root.
 // Once converged (|dE| < energy_tolerance, no new determinant, max_dets or max_iterations), a
 // final generate/dedup/score at eps_pt2 gives E_PT2 when eps_pt2 < eps_var. With eps_pt2_large,
 // that PT2 is semistochastic (Sharma et al., JCTC 13, 1595 (2017)): the same passes at
@@ -36,6 +39,7 @@
 #include <cstring>
 #include <map>
 #include <numeric>
+#include <set>
 
 #include "comm/communicator.hpp"
 #include "core/error.hpp"
@@ -83,6 +87,9 @@ struct SolveParams {
   // The state (sci/target_state.hpp): the FCIDUMP's ISYM and MS2 unless these say otherwise.
   std::optional<int> irrep, ms2;
   std::optional<std::vector<int>> occupation;
+  // The lowest nroots states of that irrep and MS2: each selects, each has its PT2.
+  int nroots = 1;
+  static constexpr int kMostRoots = 16;
 
   static SolveParams from_json(const json& p) {
     SolveParams s;
@@ -106,6 +113,7 @@ struct SolveParams {
     if (p.contains("irrep")) s.irrep = p.at("irrep").get<int>();
     if (p.contains("ms2")) s.ms2 = p.at("ms2").get<int>();
     if (p.contains("occupation")) s.occupation = p.at("occupation").get<std::vector<int>>();
+    s.nroots = p.value("nroots", s.nroots);
     return s;
   }
 };
@@ -148,37 +156,47 @@ struct Problem {
   }
 };
 
-// A space: sorted determinants, a start vector for Davidson, and the iteration each joined in.
+// A space: sorted determinants, Davidson's start vectors (one a root known so far, the lowest
+// first), and the iteration each joined in.
 struct Space {
   std::vector<Det> dets;
-  std::vector<double> guess;
+  std::vector<std::vector<double>> guesses;
   std::vector<std::int32_t> joined;
 };
 
 fs::path space_file(const StepContext& ctx, int iteration) { return ctx.work_dir / fmt::format("stage-space-{}.bin", iteration); }
 
+// (n, the guesses' count g, then the dets, the g guesses and the iterations joined)
 std::string encode(const Space& s) {
   std::string out;
-  const std::uint64_t n = s.dets.size();
+  const std::uint64_t n = s.dets.size(), g = s.guesses.size();
   out.append(reinterpret_cast<const char*>(&n), 8);
+  out.append(reinterpret_cast<const char*>(&g), 8);
   out.append(reinterpret_cast<const char*>(s.dets.data()), n * sizeof(Det));
-  out.append(reinterpret_cast<const char*>(s.guess.data()), n * 8);
+  for (const auto& guess : s.guesses) out.append(reinterpret_cast<const char*>(guess.data()), n * 8);
   out.append(reinterpret_cast<const char*>(s.joined.data()), n * 4);
   return out;
 }
 
 Space decode(const std::string& bytes, const fs::path& file) {
   Space s;
-  std::uint64_t n = 0;
-  if (bytes.size() < 8) throw RuntimeFailure(fmt::format("{}: truncated", file.string()));
+  std::uint64_t n = 0, g = 0;
+  if (bytes.size() < 16) throw RuntimeFailure(fmt::format("{}: truncated", file.string()));
   std::memcpy(&n, bytes.data(), 8);
-  if (bytes.size() != 8 + n * (sizeof(Det) + 12)) throw RuntimeFailure(fmt::format("{}: truncated", file.string()));
+  std::memcpy(&g, bytes.data() + 8, 8);
+  if (g == 0 || bytes.size() != 16 + n * (sizeof(Det) + 4 + 8 * g))
+    throw RuntimeFailure(fmt::format("{}: truncated", file.string()));
+  const char* at = bytes.data() + 16;
   s.dets.resize(n);
-  s.guess.resize(n);
+  std::memcpy(s.dets.data(), at, n * sizeof(Det));
+  at += n * sizeof(Det);
+  s.guesses.assign(g, std::vector<double>(n));
+  for (auto& guess : s.guesses) {
+    std::memcpy(guess.data(), at, n * 8);
+    at += n * 8;
+  }
   s.joined.resize(n);
-  std::memcpy(s.dets.data(), bytes.data() + 8, n * sizeof(Det));
-  std::memcpy(s.guess.data(), bytes.data() + 8 + n * sizeof(Det), n * 8);
-  std::memcpy(s.joined.data(), bytes.data() + 8 + n * (sizeof(Det) + 8), n * 4);
+  std::memcpy(s.joined.data(), at, n * 4);
   return s;
 }
 
@@ -208,7 +226,7 @@ void check_restart_inputs(const Layout* space, const Layout* guess) {
 // orbitals within NORB. Throws InputError naming the first row that is not.
 Space initial_space(const StepContext& ctx, const Problem& p) {
   const auto space_input = ctx.inputs.find("space");
-  if (space_input == ctx.inputs.end()) return Space{{p.target.reference}, {1.0}, {0}};
+  if (space_input == ctx.inputs.end()) return Space{{p.target.reference}, {{1.0}}, {0}};
   const auto guess_input = ctx.inputs.find("guess");
   const auto layout = [](const h5::Dataset* d) {
     return Layout{d->dtype().value_or(DType::uint8), d->shape(), {}};
@@ -243,23 +261,66 @@ Space initial_space(const StepContext& ctx, const Problem& p) {
   std::iota(order.begin(), order.end(), std::uint64_t{0});
   std::stable_sort(order.begin(), order.end(), [&](std::uint64_t a, std::uint64_t b) { return dets[a] < dets[b]; });
   Space s;
+  std::vector<double> start;
   for (const std::uint64_t r : order) {
     if (!s.dets.empty() && s.dets.back() == dets[r]) continue;
     s.dets.push_back(dets[r]);
-    s.guess.push_back(guess[r]);
+    start.push_back(guess[r]);
   }
   const auto at = std::lower_bound(s.dets.begin(), s.dets.end(), p.target.reference);
   const auto k = at - s.dets.begin();
   if (at == s.dets.end() || !(*at == p.target.reference)) {
     s.dets.insert(at, p.target.reference);
-    s.guess.insert(s.guess.begin() + k, 0.0);
+    start.insert(start.begin() + k, 0.0);
   }
-  if (guess_input == ctx.inputs.end()) s.guess[static_cast<std::size_t>(k)] = 1.0;
-  if (std::none_of(s.guess.begin(), s.guess.end(), [](double c) { return c != 0; }))
+  if (guess_input == ctx.inputs.end()) start[static_cast<std::size_t>(k)] = 1.0;
+  if (std::none_of(start.begin(), start.end(), [](double c) { return c != 0; }))
     throw InputError("input 'guess' is zero on every determinant of input 'space'; expected the coefficients of an earlier "
                      "sci.solve's state (its `coefficients`)");
+  s.guesses = {std::move(start)};
   s.joined.assign(s.dets.size(), 0);
   return s;
+}
+
+// Davidson's start vectors for `roots` roots: the space's guesses (the roots known so far), then,
+// for each root still missing, a unit vector on a determinant of lowest diagonal energy that adds
+// a direction to those (tested against them orthonormalized; a new root starts where the
+// space's low determinants are).
+std::vector<std::vector<double>> start_vectors(const Problem& p, const Space& s, int roots) {
+  const auto wanted = static_cast<std::size_t>(roots);
+  std::vector<std::vector<double>> starts(s.guesses.begin(),
+                                          s.guesses.begin() + static_cast<std::ptrdiff_t>(std::min(wanted, s.guesses.size())));
+  if (starts.size() >= wanted) return starts;
+  const std::size_t n = s.dets.size();
+  std::vector<double> diagonal(n);
+  parallel_for(static_cast<std::int64_t>(n), [&](std::int64_t i) { diagonal[i] = kernels::sci::diagonal(p.host, s.dets[i]); });
+  std::vector<std::size_t> order(n);
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return diagonal[a] < diagonal[b]; });
+  std::vector<std::vector<double>> orthonormal;
+  const auto adds_direction = [&](std::vector<double> v) {
+    for (int pass = 0; pass < 2; ++pass)
+      for (const auto& q : orthonormal) {
+        double d = 0;
+        for (std::size_t i = 0; i < n; ++i) d += q[i] * v[i];
+        for (std::size_t i = 0; i < n; ++i) v[i] -= d * q[i];
+      }
+    double norm = 0;
+    for (const double x : v) norm += x * x;
+    norm = std::sqrt(norm);
+    if (!(norm > 1e-3)) return false;  // (well inside the span: Davidson would gain little from it)
+    for (double& x : v) x /= norm;
+    orthonormal.push_back(std::move(v));
+    return true;
+  };
+  for (const auto& g : starts) adds_direction(g);
+  for (const std::size_t j : order) {
+    if (starts.size() >= wanted) break;
+    std::vector<double> unit(n, 0.0);
+    unit[j] = 1;
+    if (adds_direction(unit)) starts.push_back(std::move(unit));
+  }
+  return starts;
 }
 
 // What a run keeps in memory besides its saved state (rebuilt from it by load()): the problem,
@@ -661,17 +722,22 @@ std::uint64_t row_chunk(std::uint64_t n, std::uint64_t most) { return std::min<s
 // What an iteration found (the history written under iterations/). Absent values stay NaN (or 0
 // for counts), as the datasets say.
 // A point of the eps_var schedule, once iterated to convergence (and its PT2, if any).
+// (the scalars are the lowest root's; the vectors hold every root's, the lowest first)
 struct SchedulePoint {
   double eps_var = 0, e_var = 0, e_pt2 = std::nan("");  // (NaN: no PT2 at this point)
   double e_pt2_error = 0;                                 // (semistochastic: E_PT2's error bar)
   std::uint64_t dets = 0;
   std::int32_t iteration = 0;  // its last
+  std::vector<double> e_var_roots, e_pt2_roots, e_pt2_error_roots;
   void put(Packer& out) const {
     out.put(eps_var), out.put(e_var), out.put(e_pt2), out.put(e_pt2_error), out.put(dets), out.put(iteration);
+    out.put_vector(e_var_roots), out.put_vector(e_pt2_roots), out.put_vector(e_pt2_error_roots);
   }
   void get(Unpacker& in) {
     eps_var = in.get<double>(), e_var = in.get<double>(), e_pt2 = in.get<double>(), e_pt2_error = in.get<double>();
     dets = in.get<std::uint64_t>(), iteration = in.get<std::int32_t>();
+    e_var_roots = in.get_vector<double>(), e_pt2_roots = in.get_vector<double>();
+    e_pt2_error_roots = in.get_vector<double>();
   }
 };
 
@@ -714,16 +780,17 @@ struct StochasticPT2 {
 // looked at after each group).
 constexpr std::uint64_t kBatchesPerGroup = 10;
 
-// E_var against E_PT2 over the schedule's points that have a PT2, fitted to a line (least squares):
-// its value at E_PT2 = 0 is the extrapolated energy, as SHCI codes report it. nullopt below 2 points.
+// Root r's E_var against E_PT2 over the schedule's points that have a PT2, fitted to a line (least
+// squares): its value at E_PT2 = 0 is the extrapolated energy, as SHCI codes report it. nullopt
+// below 2 points.
 struct Extrapolation {
   double energy = 0, slope = 0;
   std::size_t points = 0;
 };
-std::optional<Extrapolation> extrapolate(const std::vector<SchedulePoint>& points) {
+std::optional<Extrapolation> extrapolate(const std::vector<SchedulePoint>& points, std::size_t root = 0) {
   std::vector<std::pair<double, double>> xy;
   for (const SchedulePoint& p : points)
-    if (std::isfinite(p.e_pt2)) xy.push_back({p.e_pt2, p.e_var});
+    if (root < p.e_pt2_roots.size() && std::isfinite(p.e_pt2_roots[root])) xy.push_back({p.e_pt2_roots[root], p.e_var_roots[root]});
   if (xy.size() < 2) return std::nullopt;
   double mx = 0, my = 0;
   for (const auto& [x, y] : xy) mx += x, my += y;
@@ -735,9 +802,11 @@ std::optional<Extrapolation> extrapolate(const std::vector<SchedulePoint>& point
   return Extrapolation{my - slope * mx, slope, xy.size()};
 }
 
+// (e_var, e_pt2 and the counts of the lowest root; the roots' energies in e_var_roots and e_pt2_roots)
 struct Iteration {
   std::uint64_t dets = 0, generated = 0, unique = 0, selected = 0, davidson_products = 0, pt2_generated = 0, pt2_unique = 0;
   double e_var = std::nan(""), e_pt2 = std::nan("");
+  std::vector<double> e_var_roots, e_pt2_roots;
   std::int64_t peak_device_bytes = 0, peak_host_bytes = 0;
   std::map<std::string, double> seconds;  // per phase
   std::vector<std::uint64_t> merge_records_per_rank, pt2_merge_records_per_rank;
@@ -748,6 +817,7 @@ struct Iteration {
     out.put<std::uint64_t>(seconds.size());
     for (const auto& [phase, s] : seconds) out.put_string(phase), out.put(s);
     out.put_vector(merge_records_per_rank), out.put_vector(pt2_merge_records_per_rank);
+    out.put_vector(e_var_roots), out.put_vector(e_pt2_roots);
   }
   void get(Unpacker& in) {
     dets = in.get<std::uint64_t>(), generated = in.get<std::uint64_t>(), unique = in.get<std::uint64_t>();
@@ -761,6 +831,7 @@ struct Iteration {
     }
     merge_records_per_rank = in.get_vector<std::uint64_t>();
     pt2_merge_records_per_rank = in.get_vector<std::uint64_t>();
+    e_var_roots = in.get_vector<double>(), e_pt2_roots = in.get_vector<double>();
   }
 };
 
@@ -814,7 +885,8 @@ class SolveRun final : public StepRun {
     plan.pass.outputs = {engine::OutputDecl{"dets", Layout{DType::uint64, {n, 2}, {chunk, 2}}},
                          engine::OutputDecl{"coefficients", Layout{DType::float64, {n}, {chunk}}}};
     plan.pass.progress_unit = "determinants";
-    s_squared_ = sci::spin_squared(m_.space.dets, m_.davidson->eigenvector());
+    s_squared_.clear();
+    for (int r = 0; r < roots(); ++r) s_squared_.push_back(sci::spin_squared(m_.space.dets, m_.davidson->eigenvector(r)));
     return planned_pass(plan, std::make_unique<WriteSpaceKernel>(m_));
   }
   void write(const StagePlan& plan, const StepPass& pass, h5::File& out) const override;
@@ -827,7 +899,31 @@ class SolveRun final : public StepRun {
     while (history_.size() <= static_cast<std::size_t>(iteration_)) history_.emplace_back();
     return history_[static_cast<std::size_t>(iteration_)];
   }
-  double final_e_pt2() const { return final_pt2_ ? *final_pt2_ : history_.back().e_pt2; }
+  // The roots Davidson finds in this space (nroots, or fewer while the space is smaller).
+  int roots() const { return m_.davidson->roots(); }
+  // Root r's final E_PT2: the PT2 at eps_pt2, or, when none ran (eps_pt2 >= eps_var), the last
+  // iteration's at eps_var; and its error bar (semistochastic; else 0).
+  double final_e_pt2(int r = 0) const {
+    const auto i = static_cast<std::size_t>(r);
+    return i < final_pt2_.size() ? final_pt2_[i] : history_.back().e_pt2_roots.at(i);
+  }
+  double final_e_pt2_error(int r = 0) const {
+    const auto i = static_cast<std::size_t>(r);
+    return i < stochastic_roots_.size() ? stochastic_roots_[i].error() : 0.0;
+  }
+  // The seed of root r's draws (root 0's is pt2_seed).
+  std::uint64_t pt2_seed(int r) const { return params_.pt2_seed + static_cast<std::uint64_t>(r); }
+  // Pass names say the root when there are several.
+  std::string named(std::string name) const {
+    return params_.nroots > 1 ? fmt::format("{} root {}", name, root_) : name;
+  }
+  // The next root's passes from `first` (false: every root's are done).
+  bool next_root(Phase first);
+  // A root's generate/dedup/score at eps_var is done (its PT2 there and its best candidates): the
+  // next root's, or the iteration's end.
+  void root_selected(double pt2, std::vector<Scored> top);
+  // A root's final PT2 is done: the next root's, or the point's end.
+  void root_pt2_done(double pt2);
   // The final PT2 at eps_pt2 is done (deterministically, or the deterministic part at eps_pt2_large
   // of a semistochastic one, which then goes on with its stochastic part).
   void deterministic_pt2_done(double pt2);
@@ -836,11 +932,19 @@ class SolveRun final : public StepRun {
   void end_group(const std::vector<double>& sums);
   double eps_var() const { return params_.eps_schedule[static_cast<std::size_t>(point_)]; }
   void end_point();
-  // Iteration iteration_'s space, a fresh Davidson from its guess.
+  // Iteration iteration_'s space, a fresh Davidson from its guesses (nroots of them, or as many
+  // as the space has determinants). One root keeps the single-vector start: the same bits as ever.
   void begin_iteration(Space space) {
     m_.space = std::move(space);
     release_resident_space();
-    m_.davidson = std::make_unique<sci::Davidson>(m_.space.guess, sci::DavidsonOptions{params_.davidson_tolerance, 24, 400});
+    const int roots = static_cast<int>(std::min<std::uint64_t>(static_cast<std::uint64_t>(params_.nroots), m_.space.dets.size()));
+    if (roots == 1 && params_.nroots == 1) {
+      m_.davidson = std::make_unique<sci::Davidson>(m_.space.guesses.front(), sci::DavidsonOptions{params_.davidson_tolerance, 24, 400});
+    } else {  // (a basis of 4 vectors a root, and products to match)
+      m_.davidson = std::make_unique<sci::Davidson>(
+          start_vectors(*m_.problem, m_.space, roots),
+          sci::DavidsonOptions{params_.davidson_tolerance, std::max(24, 4 * roots + 8), 400 * roots});
+    }
   }
   void product();
   void make_resident_space();
@@ -854,7 +958,7 @@ class SolveRun final : public StepRun {
   }
   // Adds to the iteration's seconds of `phase` and its peak memory (the largest over ranks).
   void account(const std::string& phase, double seconds);
-  void finish_iteration(double pt2, const std::vector<Scored>& top);
+  void finish_iteration();
   keys::DedupSource dedup_source() const {
     keys::DedupSource src;
     src.keys = earlier_pass_input(generated_pass_, "candidates");
@@ -870,23 +974,27 @@ class SolveRun final : public StepRun {
   // The state (saved): where the iteration is, what its passes made, and the history.
   Phase phase_ = Phase::davidson;
   int iteration_ = 0;
-  double e_var_ = 0;               // this iteration's, once Davidson is done
+  std::vector<double> e_var_;      // this iteration's, a root, once Davidson is done
+  int root_ = 0;                   // the root whose passes run
+  std::vector<double> root_pt2_;   // the iteration's roots done: their E_PT2 at eps_var
+  std::vector<std::vector<Scored>> root_top_;  // and their best candidates
   int generated_pass_ = -1;
   std::uint64_t generated_rows_ = 0;
   std::optional<keys::DedupRun> dedup_;
   std::vector<Iteration> history_;
-  std::optional<double> final_pt2_;
+  std::vector<double> final_pt2_;  // the roots' whose final PT2 is done
   std::string stop_reason_;
   bool converged_ = false;
   int point_ = 0, point_first_iteration_ = 0;  // where the eps_var schedule is, and its first iteration
   std::vector<SchedulePoint> points_;           // the schedule's points done
   std::optional<StochasticPT2> stochastic_;     // the semistochastic PT2's, once its deterministic part is done
+  std::vector<StochasticPT2> stochastic_roots_; // the roots' whose semistochastic PT2 is done
   SampledSources sampled_;                      // (not saved: its group's draws, drawn again by load())
   // (not saved)
   std::optional<comm::Communicator> ranks_;  // (the products' rows, gathered on every rank)
   std::unique_ptr<Stream> stream_;           // (the products')
   std::chrono::steady_clock::time_point pass_started_;
-  double s_squared_ = 0;  // of the final state (output())
+  std::vector<double> s_squared_;  // of the final states (output())
 };
 
 // A generation pass over `sources`: its candidates appended as Candidate records (three words) or,
@@ -950,12 +1058,12 @@ std::optional<StepPass> SolveRun::next() {
   if (phase_ == Phase::generate || phase_ == Phase::pt2_generate) {
     // (a semistochastic PT2's deterministic part: at eps_pt2_large)
     const double eps = phase_ == Phase::generate ? eps_var() : params_.eps_pt2_large.value_or(params_.eps_pt2);
-    return generation_pass(*m.problem, fmt::format("generate {}", iteration_), {&m.space.dets, &m.davidson->eigenvector()},
-                           eps, "determinants");
+    return generation_pass(*m.problem, named(fmt::format("generate {}", iteration_)),
+                           {&m.space.dets, &m.davidson->eigenvector(root_)}, eps, "determinants");
   }
   if (phase_ == Phase::sampled_generate) {
     const StochasticPT2& st = *stochastic_;
-    return generation_pass(*m.problem, fmt::format("sampled generate {}-{}", st.first, st.first + st.count - 1),
+    return generation_pass(*m.problem, named(fmt::format("sampled generate {}-{}", st.first, st.first + st.count - 1)),
                            {&sampled_.dets, &sampled_.coefficients, &sampled_, *params_.eps_pt2_large}, params_.eps_pt2,
                            "sampled determinants");
   }
@@ -963,24 +1071,24 @@ std::optional<StepPass> SolveRun::next() {
   if (phase_ == Phase::score || phase_ == Phase::pt2_score) {
     const std::uint64_t k = phase_ == Phase::score ? params_.max_new_dets : 0;
     const std::uint64_t tile_rows = std::max<std::uint64_t>(kScoreTileMin, std::bit_ceil(4 * std::max<std::uint64_t>(k, 1)));
-    StepPass p = score_pass(m, fmt::format("score {}", iteration_), dedup_->result(), 2, tile_rows,
+    StepPass p = score_pass(m, named(fmt::format("score {}", iteration_)), dedup_->result(), 2, tile_rows,
                             sizeof(ScoreHeader) + k * sizeof(Scored));
-    p.kernel = std::make_unique<ScoreKernel>(m, *m.amplitude_model, e_var_, k, tile_rows);
+    p.kernel = std::make_unique<ScoreKernel>(m, *m.amplitude_model, e_var_.at(root_), k, tile_rows);
     p.reduction = std::make_unique<ScoreReduction>(k);
     return p;
   }
   if (phase_ == Phase::sampled_score) {
     const StochasticPT2& st = *stochastic_;
-    StepPass p = score_pass(m, fmt::format("sampled score {}-{}", st.first, st.first + st.count - 1), dedup_->result(), 3,
-                            kScoreTileMin, st.count * 8);
-    p.kernel = std::make_unique<SampledScoreKernel>(m, e_var_, st.first, st.count, kScoreTileMin, false);
+    StepPass p = score_pass(m, named(fmt::format("sampled score {}-{}", st.first, st.first + st.count - 1)),
+                            dedup_->result(), 3, kScoreTileMin, st.count * 8);
+    p.kernel = std::make_unique<SampledScoreKernel>(m, e_var_.at(root_), st.first, st.count, kScoreTileMin, false);
     p.reduction = std::make_unique<BatchSums>(st.count);
     return p;
   }
   if (phase_ == Phase::sampled_diagonal) {  // (the generation's diagonal terms as they are: no de-duplication)
     const StochasticPT2& st = *stochastic_;
     StepPass p;
-    p.name = fmt::format("sampled diagonal terms {}-{}", st.first, st.first + st.count - 1);
+    p.name = named(fmt::format("sampled diagonal terms {}-{}", st.first, st.first + st.count - 1));
     p.pass.rows = st.diagonal_rows;
     p.pass.tile_rows = kScoreTileMin;
     p.pass.inputs.push_back({"diagonal terms", nullptr, 32});
@@ -989,7 +1097,7 @@ std::optional<StepPass> SolveRun::next() {
     p.streamed_inputs = {earlier_pass_input(generated_pass_, "diagonal terms")};
     p.pass.tile_partial_bytes = st.count * 8;
     p.pass.partials_on_host = true;
-    p.kernel = std::make_unique<SampledScoreKernel>(m, e_var_, st.first, st.count, kScoreTileMin, true);
+    p.kernel = std::make_unique<SampledScoreKernel>(m, e_var_.at(root_), st.first, st.count, kScoreTileMin, true);
     p.reduction = std::make_unique<BatchSums>(st.count);
     return p;
   }
@@ -1028,12 +1136,12 @@ void SolveRun::finished(StepPass& pass) {
   if (phase_ == Phase::generate || phase_ == Phase::pt2_generate) {
     generated_pass_ = index;
     generated_rows_ = pass.outputs.at(0).rows;
-    (pt2 ? now.pt2_generated : now.generated) = generated_rows_;
+    (pt2 ? now.pt2_generated : now.generated) += generated_rows_;  // (summed over the roots)
     if (generated_rows_ == 0) {  // nothing to de-duplicate: no candidate passed the screening
       if (pt2) {
         deterministic_pt2_done(0.0);
       } else {
-        finish_iteration(0.0, {});
+        root_selected(0.0, {});
       }
       return;
     }
@@ -1044,28 +1152,49 @@ void SolveRun::finished(StepPass& pass) {
   if (phase_ == Phase::dedup || phase_ == Phase::pt2_dedup) {
     dedup_->finished(pass);
     if (dedup_->done()) {
-      (pt2 ? now.pt2_unique : now.unique) = dedup_->result().unique;
-      // How evenly the sample sort spread the merge over the ranks (seed 004's Table 1).
-      (pt2 ? now.pt2_merge_records_per_rank : now.merge_records_per_rank) = dedup_->merge_rows_per_rank(ctx_.comm->size());
+      (pt2 ? now.pt2_unique : now.unique) += dedup_->result().unique;
+      // How evenly the sample sort spread the merge over the ranks (seed 004's Table 1; the lowest root's).
+      if (root_ == 0)
+        (pt2 ? now.pt2_merge_records_per_rank : now.merge_records_per_rank) = dedup_->merge_rows_per_rank(ctx_.comm->size());
       phase_ = pt2 ? Phase::pt2_score : Phase::score;
     }
     return;
   }
   const auto& r = static_cast<const ScoreReduction&>(*pass.reduction);
   if (pt2) return deterministic_pt2_done(r.pt2());
-  finish_iteration(r.pt2(), r.top());
+  root_selected(r.pt2(), r.top());
+}
+
+bool SolveRun::next_root(Phase first) {
+  dedup_.reset();
+  if (root_ + 1 >= roots()) return false;
+  root_ += 1;
+  phase_ = first;
+  return true;
+}
+
+void SolveRun::root_selected(double pt2, std::vector<Scored> top) {
+  root_pt2_.push_back(pt2);
+  root_top_.push_back(std::move(top));
+  if (!next_root(Phase::generate)) finish_iteration();
+}
+
+void SolveRun::root_pt2_done(double pt2) {
+  final_pt2_.push_back(pt2);
+  if (stochastic_) {
+    stochastic_roots_.push_back(std::move(*stochastic_));
+    stochastic_.reset();
+  }
+  if (!next_root(Phase::pt2_generate)) end_point();
 }
 
 void SolveRun::deterministic_pt2_done(double pt2) {
-  if (!params_.semistochastic()) {
-    final_pt2_ = pt2;
-    return end_point();
-  }
+  if (!params_.semistochastic()) return root_pt2_done(pt2);
   stochastic_.emplace();
   stochastic_->deterministic = pt2;
   if (ctx_.comm->root())
-    spdlog::info("sci.solve: semistochastic PT2: deterministic part at eps_pt2_large {:g}: {:.10f}; the stochastic part at "
-                 "eps_pt2 {:g}, {} draws a batch", *params_.eps_pt2_large, pt2, params_.eps_pt2, params_.pt2_samples);
+    spdlog::info("sci.solve: semistochastic PT2{}: deterministic part at eps_pt2_large {:g}: {:.10f}; the stochastic part at "
+                 "eps_pt2 {:g}, {} draws a batch", named(""), *params_.eps_pt2_large, pt2, params_.eps_pt2, params_.pt2_samples);
   start_group();
 }
 
@@ -1074,7 +1203,7 @@ void SolveRun::start_group() {
   StochasticPT2& st = *stochastic_;
   st.first = st.estimates.size();
   st.count = std::min<std::uint64_t>(kBatchesPerGroup, params_.pt2_batches - st.first);
-  sampled_ = sample_sources(m_.space.dets, m_.davidson->eigenvector(), params_.pt2_seed, st.first, st.count,
+  sampled_ = sample_sources(m_.space.dets, m_.davidson->eigenvector(root_), pt2_seed(root_), st.first, st.count,
                             params_.pt2_samples);
   dedup_.reset();
   phase_ = Phase::sampled_generate;
@@ -1098,15 +1227,14 @@ void SolveRun::end_group(const std::vector<double>& sums) {
   dedup_.reset();
   const bool met = st.estimates.size() >= 2 && st.error() < params_.pt2_target_error;
   if (ctx_.comm->root())
-    spdlog::info("sci.solve: semistochastic PT2, {} batches: E_PT2 {:.10f} +- {:.2e}", st.estimates.size(), st.mean(),
-                 st.error());
+    spdlog::info("sci.solve: semistochastic PT2{}, {} batches: E_PT2 {:.10f} +- {:.2e}", named(""), st.estimates.size(),
+                 st.mean(), st.error());
   if (!met && st.estimates.size() < params_.pt2_batches) return start_group();
   if (!met && ctx_.comm->root())
-    spdlog::warn("sci.solve: semistochastic PT2: its error bar {:.2e} is above pt2_target_error {:.2e} after pt2_batches = {} "
-                 "batches; raise pt2_batches or pt2_samples for a tighter one", st.error(), params_.pt2_target_error,
+    spdlog::warn("sci.solve: semistochastic PT2{}: its error bar {:.2e} is above pt2_target_error {:.2e} after pt2_batches = {} "
+                 "batches; raise pt2_batches or pt2_samples for a tighter one", named(""), st.error(), params_.pt2_target_error,
                  st.estimates.size());
-  final_pt2_ = st.mean();
-  end_point();
+  root_pt2_done(st.mean());
 }
 
 void SolveRun::account(const std::string& phase, double seconds) {
@@ -1158,14 +1286,27 @@ void SolveRun::product() {
   account("davidson", std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
   if (!m_.davidson->done()) return;
   Iteration& now = this->now();
-  e_var_ = m_.davidson->eigenvalue();
-  now.e_var = e_var_;
+  e_var_.clear();
+  for (int r = 0; r < roots(); ++r) e_var_.push_back(m_.davidson->eigenvalue(r));
+  now.e_var = e_var_.front();
+  now.e_var_roots = e_var_;
   now.davidson_products = static_cast<std::uint64_t>(m_.davidson->products());
   phase_ = Phase::generate;
+  root_ = 0;
   release_resident_space();
-  if (ctx_.comm->root())
-    spdlog::info("sci.solve iteration {}: {} determinants, E_var {:.10f} ({} products)", iteration_, m_.space.dets.size(),
-                 m_.davidson->eigenvalue(), m_.davidson->products());
+  if (ctx_.comm->root()) {
+    std::string energies = fmt::format("{:.10f}", e_var_.front());
+    for (std::size_t r = 1; r < e_var_.size(); ++r) energies += fmt::format(", {:.10f}", e_var_[r]);
+    spdlog::info("sci.solve iteration {}: {} determinants, E_var {} ({} products)", iteration_, m_.space.dets.size(),
+                 energies, m_.davidson->products());
+  }
+  if (!m_.davidson->converged() && ctx_.comm->root()) {
+    double residual = 0;
+    for (int r = 0; r < roots(); ++r) residual = std::max(residual, m_.davidson->residual_norm(r));
+    spdlog::warn("sci.solve iteration {}: Davidson stopped after {} products with a residual of {:.2e} (davidson_tolerance "
+                 "{:.1e}): E_var may be off by about its square", iteration_, m_.davidson->products(), residual,
+                 params_.davidson_tolerance);
+  }
 }
 
 // The iteration's resident space for its Davidson products: H within the space is stored when
@@ -1194,18 +1335,41 @@ void SolveRun::make_resident_space() {
                  m_.space.dets.size(), r.build_seconds());
 }
 
-// Ends iteration k: history, convergence, and (unless converged) the next space.
-void SolveRun::finish_iteration(double pt2, const std::vector<Scored>& top) {
+// Ends iteration k: history, convergence, and (unless converged) the next space: the roots' best
+// candidates merged (the largest |amplitude| first, each determinant once), up to max_new_dets.
+void SolveRun::finish_iteration() {
   Iteration& now = this->now();
+  std::vector<std::vector<Scored>> tops = std::move(root_top_);
   now.dets = m_.space.dets.size();
-  now.e_pt2 = pt2;
-  now.selected = top.size();
+  now.e_pt2_roots = std::move(root_pt2_);
+  now.e_pt2 = now.e_pt2_roots.front();
+  root_top_.clear(), root_pt2_.clear();
   const int k = iteration_;
+  // The candidates to add: one root's list as it is (sorted, each determinant once), or the
+  // roots' merged, a determinant where it scores best.
+  std::vector<Scored> top = std::move(tops.front());
+  if (tops.size() > 1) {
+    for (std::size_t r = 1; r < tops.size(); ++r) top.insert(top.end(), tops[r].begin(), tops[r].end());
+    std::sort(top.begin(), top.end(), better);
+    std::set<Det> seen;  // (a determinant's entries are apart in that order: keep its first, best)
+    std::vector<Scored> unique;
+    for (const Scored& c : top)
+      if (unique.size() < params_.max_new_dets && seen.insert(Det{c.alpha, c.beta}).second) unique.push_back(c);
+    top = std::move(unique);
+  }
+  now.selected = top.size();
   std::string reason;
-  const double e = now.e_var;
-  // (within the schedule's point: its first iteration is the space the one before converged to)
-  if (k > point_first_iteration_ && std::fabs(e - history_[static_cast<std::size_t>(k - 1)].e_var) < params_.energy_tolerance)
-    reason = "energy converged";
+  // (within the schedule's point: its first iteration is the space the one before converged to;
+  // every root's E_var must settle, and the roots be all there are to find)
+  const auto settled = [&] {
+    if (k <= point_first_iteration_) return false;
+    const Iteration& before = history_[static_cast<std::size_t>(k - 1)];
+    if (before.e_var_roots.size() != now.e_var_roots.size()) return false;
+    for (std::size_t r = 0; r < now.e_var_roots.size(); ++r)
+      if (!(std::fabs(now.e_var_roots[r] - before.e_var_roots[r]) < params_.energy_tolerance)) return false;
+    return true;
+  };
+  if (settled()) reason = "energy converged";
   else if (top.empty()) reason = "no new determinant";
   else if (m_.space.dets.size() >= params_.max_dets) reason = "max_dets reached";
   else if (k + 1 - point_first_iteration_ >= params_.max_iterations) reason = "max_iterations reached";
@@ -1215,27 +1379,41 @@ void SolveRun::finish_iteration(double pt2, const std::vector<Scored>& top) {
     dedup_.reset();
     m_.grown_from.reset();
     if (ctx_.comm->root()) spdlog::info("sci.solve: {} after iteration {} (eps_var {:g})", reason, k, eps_var());
+    if (roots() < params_.nroots && ctx_.comm->root())
+      spdlog::warn("sci.solve: the space has {} determinants: {} of nroots = {} roots found", m_.space.dets.size(), roots(),
+                   params_.nroots);
+    root_ = 0;
     if (params_.eps_pt2 < eps_var()) phase_ = Phase::pt2_generate;
     else end_point();
     return;
   }
-  // S_{k+1}: S_k (its coefficients as the start) and the selected (their first-order amplitudes).
-  Space next;
-  const auto& c = m_.davidson->eigenvector();
-  std::vector<std::pair<Det, std::pair<double, std::int32_t>>> all;
-  all.reserve(m_.space.dets.size() + top.size());
-  for (std::size_t i = 0; i < m_.space.dets.size(); ++i) all.push_back({m_.space.dets[i], {c[i], m_.space.joined[i]}});
-  std::uint64_t room = params_.max_dets - std::min<std::uint64_t>(params_.max_dets, m_.space.dets.size());
-  for (const Scored& s : top) {
-    if (room == 0) break;
-    all.push_back({Det{s.alpha, s.beta}, {s.amplitude, k + 1}});
-    --room;
-  }
+  // S_{k+1}: S_k (its coefficients as the start) and the selected (their first-order amplitudes;
+  // a root that did not list a determinant starts at 0 there).
+  const std::size_t known = static_cast<std::size_t>(roots());
+  std::vector<std::pair<Det, std::size_t>> all;  // (a determinant, and its place: < n in S_k, else in top)
+  const std::size_t n = m_.space.dets.size();
+  all.reserve(n + top.size());
+  for (std::size_t i = 0; i < n; ++i) all.push_back({m_.space.dets[i], i});
+  std::uint64_t room = params_.max_dets - std::min<std::uint64_t>(params_.max_dets, n);
+  for (std::size_t t = 0; t < top.size() && room > 0; ++t, --room) all.push_back({Det{top[t].alpha, top[t].beta}, n + t});
   std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-  for (const auto& [det, v] : all) {
+  // Each root's amplitude of each selected determinant (its own list's).
+  std::vector<std::map<Det, double>> amplitudes(known);
+  if (known > 1)
+    for (std::size_t r = 0; r < known; ++r)
+      for (const Scored& c : tops[r]) amplitudes[r].emplace(Det{c.alpha, c.beta}, c.amplitude);
+  Space next;
+  next.guesses.assign(known, {});
+  for (const auto& [det, place] : all) {
     next.dets.push_back(det);
-    next.guess.push_back(v.first);
-    next.joined.push_back(v.second);
+    for (std::size_t r = 0; r < known; ++r) {
+      double start = 0;
+      if (place < n) start = m_.davidson->eigenvector(static_cast<int>(r))[place];
+      else if (known == 1) start = top[place - n].amplitude;
+      else if (const auto it = amplitudes[r].find(det); it != amplitudes[r].end()) start = it->second;
+      next.guesses[r].push_back(start);
+    }
+    next.joined.push_back(place < n ? m_.space.joined[place] : k + 1);
   }
   // (written before the state that names it is committed: a resumed run reads it from there)
   if (ctx_.comm->root()) fsutil::write_file_atomic(space_file(ctx_, k + 1), encode(next));
@@ -1250,25 +1428,40 @@ void SolveRun::finish_iteration(double pt2, const std::vector<Scored>& top) {
 // coefficients as Davidson's start), or the run's work is done.
 void SolveRun::end_point() {
   const Iteration& last = history_.back();
-  const double error = stochastic_ ? stochastic_->error() : 0.0;
-  points_.push_back({eps_var(), last.e_var, final_pt2_ ? *final_pt2_ : std::nan(""), error, m_.space.dets.size(), iteration_});
+  SchedulePoint point{eps_var(), last.e_var, std::nan(""), 0.0, m_.space.dets.size(), iteration_, last.e_var_roots, {}, {}};
+  for (int r = 0; r < roots(); ++r) {
+    const bool has_pt2 = static_cast<std::size_t>(r) < final_pt2_.size();
+    point.e_pt2_roots.push_back(has_pt2 ? final_pt2_[static_cast<std::size_t>(r)] : std::nan(""));
+    point.e_pt2_error_roots.push_back(final_e_pt2_error(r));
+  }
+  point.e_pt2 = point.e_pt2_roots.front();
+  point.e_pt2_error = point.e_pt2_error_roots.front();
+  points_.push_back(point);
   if (ctx_.comm->root() && params_.eps_schedule.size() > 1)
-    spdlog::info("sci.solve: eps_var {:g} done: {} determinants, E_var {:.10f}{}", eps_var(), last.dets, last.e_var,
-                 final_pt2_ ? fmt::format(", E_PT2 {:.10f}{}, total {:.10f}", *final_pt2_,
-                                          stochastic_ ? fmt::format(" +- {:.2e}", error) : "", last.e_var + *final_pt2_)
-                            : "");
+    for (int r = 0; r < roots(); ++r) {
+      const auto i = static_cast<std::size_t>(r);
+      spdlog::info("sci.solve: eps_var {:g} done{}: {} determinants, E_var {:.10f}{}", eps_var(),
+                   params_.nroots > 1 ? fmt::format(" (root {})", r) : "", last.dets, point.e_var_roots[i],
+                   i < final_pt2_.size()
+                       ? fmt::format(", E_PT2 {:.10f}{}, total {:.10f}", final_pt2_[i],
+                                     params_.semistochastic() ? fmt::format(" +- {:.2e}", point.e_pt2_error_roots[i]) : "",
+                                     point.e_var_roots[i] + final_pt2_[i])
+                       : "");
+    }
   if (static_cast<std::size_t>(point_ + 1) >= params_.eps_schedule.size()) {
     phase_ = Phase::done;
     return;
   }
-  Space next{m_.space.dets, m_.davidson->eigenvector(), m_.space.joined};
+  Space next{m_.space.dets, {}, m_.space.joined};
+  for (int r = 0; r < roots(); ++r) next.guesses.push_back(m_.davidson->eigenvector(r));
   const int k = iteration_;
   if (ctx_.comm->root()) fsutil::write_file_atomic(space_file(ctx_, k + 1), encode(next));
   ctx_.comm->barrier();
   point_ += 1;
   point_first_iteration_ = k + 1;
-  final_pt2_.reset();
+  final_pt2_.clear();
   stochastic_.reset();
+  stochastic_roots_.clear();
   stop_reason_.clear();
   converged_ = false;
   iteration_ = k + 1;
@@ -1281,12 +1474,15 @@ std::string SolveRun::save() const {
   Packer out;
   out.put(phase_), out.put(iteration_);
   m_.davidson->save(out);
-  out.put(e_var_), out.put(generated_pass_), out.put(generated_rows_);
+  out.put_vector(e_var_), out.put(generated_pass_), out.put(generated_rows_);
+  out.put(root_), out.put_vector(root_pt2_);
+  out.put<std::uint64_t>(root_top_.size());
+  for (const auto& top : root_top_) out.put_vector(top);
   out.put<std::uint8_t>(dedup_.has_value());
   if (dedup_) dedup_->save(out);
   out.put<std::uint64_t>(history_.size());
   for (const Iteration& h : history_) h.put(out);
-  out.put<std::uint8_t>(final_pt2_.has_value()), out.put(final_pt2_.value_or(0.0));
+  out.put_vector(final_pt2_);
   out.put_string(stop_reason_);
   out.put<std::uint8_t>(converged_);
   out.put(point_), out.put(point_first_iteration_);
@@ -1294,6 +1490,8 @@ std::string SolveRun::save() const {
   for (const SchedulePoint& p : points_) p.put(out);
   out.put<std::uint8_t>(stochastic_.has_value());
   if (stochastic_) stochastic_->put(out);
+  out.put<std::uint64_t>(stochastic_roots_.size());
+  for (const StochasticPT2& st : stochastic_roots_) st.put(out);
   return out.take();
 }
 
@@ -1311,7 +1509,11 @@ void SolveRun::load(std::string_view state) {
     begin_iteration(initial_space(ctx_, *m_.problem));
   }
   m_.davidson->load(in);
-  e_var_ = in.get<double>(), generated_pass_ = in.get<int>(), generated_rows_ = in.get<std::uint64_t>();
+  e_var_ = in.get_vector<double>(), generated_pass_ = in.get<int>(), generated_rows_ = in.get<std::uint64_t>();
+  root_ = in.get<int>(), root_pt2_ = in.get_vector<double>();
+  root_top_.resize(in.get<std::uint64_t>());
+  for (auto& top : root_top_) top = in.get_vector<Scored>();
+  if (root_ < 0 || root_ >= roots()) throw std::runtime_error("a saved state of another nroots");
   dedup_.reset();
   if (in.get<std::uint8_t>()) {
     dedup_.emplace(ctx_, dedup_source());
@@ -1319,9 +1521,7 @@ void SolveRun::load(std::string_view state) {
   }
   history_.resize(in.get<std::uint64_t>());
   for (Iteration& h : history_) h.get(in);
-  const bool has_pt2 = in.get<std::uint8_t>() != 0;
-  const double pt2 = in.get<double>();
-  final_pt2_ = has_pt2 ? std::optional(pt2) : std::nullopt;
+  final_pt2_ = in.get_vector<double>();
   stop_reason_ = in.get_string();
   converged_ = in.get<std::uint8_t>() != 0;
   point_ = in.get<int>(), point_first_iteration_ = in.get<int>();
@@ -1331,10 +1531,12 @@ void SolveRun::load(std::string_view state) {
   for (SchedulePoint& p : points_) p.get(in);
   stochastic_.reset();
   if (in.get<std::uint8_t>()) stochastic_.emplace().get(in);
+  stochastic_roots_.resize(in.get<std::uint64_t>());
+  for (StochasticPT2& st : stochastic_roots_) st.get(in);
   in.finish();
   if (sampled(phase_)) {  // (the group's draws, as start_group() drew them)
     if (!stochastic_) throw std::runtime_error("a saved state of another layout");
-    sampled_ = sample_sources(m_.space.dets, m_.davidson->eigenvector(), params_.pt2_seed, stochastic_->first,
+    sampled_ = sample_sources(m_.space.dets, m_.davidson->eigenvector(root_), pt2_seed(root_), stochastic_->first,
                               stochastic_->count, params_.pt2_samples);
   }
 }
@@ -1348,8 +1550,34 @@ void write_column(h5::File& out, const char* group, const std::vector<Row>& rows
   detail::write_array(out, fmt::format("{}/{}", group, key).c_str(), type, {v.size()}, v.data(), doc);
 }
 
+// Dataset `name`: (rows, roots) from each row's vector of the roots' values, NaN where a row has
+// fewer roots (an early iteration whose space was smaller than nroots).
+template <typename Row>
+void write_root_columns(h5::File& out, const char* name, const std::vector<Row>& rows, std::vector<double> Row::*field,
+                        std::size_t roots, const char* doc) {
+  std::vector<double> v(rows.size() * roots, std::nan(""));
+  for (std::size_t i = 0; i < rows.size(); ++i)
+    for (std::size_t r = 0; r < std::min(roots, (rows[i].*field).size()); ++r) v[i * roots + r] = (rows[i].*field)[r];
+  detail::write_array(out, name, h5::DType::float64, {rows.size(), roots}, v.data(), doc);
+}
+
+// The state's five largest coefficients and their determinants, one a line.
+std::string leading_determinants(const std::vector<double>& c, const std::vector<Det>& dets, int norb) {
+  std::vector<std::size_t> order(c.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  const std::size_t shown = std::min<std::size_t>(5, order.size());
+  std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(shown), order.end(), [&](std::size_t a, std::size_t b) {
+    return std::fabs(c[a]) > std::fabs(c[b]) || (std::fabs(c[a]) == std::fabs(c[b]) && a < b);
+  });
+  std::string leading;
+  for (std::size_t i = 0; i < shown; ++i)
+    leading += fmt::format("{}{:+.6f} {}", i ? "\n" : "", c[order[i]], sci::describe(dets[order[i]], norb));
+  return leading;
+}
+
 void SolveRun::write(const StagePlan&, const StepPass&, h5::File& out) const {
   const std::vector<Iteration>& hist = history_;
+  const auto found = static_cast<std::size_t>(roots());
   // One value per iteration from the history.
   auto column = [&](const char* key, h5::DType type, auto field, const char* doc) {
     write_column(out, "iterations", hist, key, type, field, doc);
@@ -1361,6 +1589,12 @@ void SolveRun::write(const StagePlan&, const StepPass&, h5::File& out) const {
   column("unique", h5::DType::uint64, &Iteration::unique, "unique candidates after de-duplication");
   column("selected", h5::DType::uint64, &Iteration::selected, "candidates added to the space");
   column("davidson_products", h5::DType::uint64, &Iteration::davidson_products, "H x products Davidson took");
+  if (params_.nroots > 1) {
+    write_root_columns(out, "iterations/e_var_roots", hist, &Iteration::e_var_roots, found,
+                       "(iterations, roots): each root's E_var (Ha), the lowest first (NaN: the space had fewer determinants)");
+    write_root_columns(out, "iterations/e_pt2_roots", hist, &Iteration::e_pt2_roots, found,
+                       "(iterations, roots): each root's EN-PT2 (Ha) over its candidates at eps_var");
+  }
   // The eps_var schedule's points and the extrapolation over them (a schedule of two or more).
   if (params_.eps_schedule.size() > 1) {
     auto point_column = [&](const char* key, h5::DType type, auto field, const char* doc) {
@@ -1374,6 +1608,18 @@ void SolveRun::write(const StagePlan&, const StepPass&, h5::File& out) const {
       point_column("e_pt2_error", h5::DType::float64, &SchedulePoint::e_pt2_error, "each semistochastic E_PT2's error bar (Ha)");
     point_column("dets", h5::DType::uint64, &SchedulePoint::dets, "determinants at each threshold");
     point_column("iteration", h5::DType::int32, &SchedulePoint::iteration, "each threshold's last iteration");
+    if (params_.nroots > 1) {
+      write_root_columns(out, "schedule/e_var_roots", points_, &SchedulePoint::e_var_roots, found,
+                         "(thresholds, roots): each root's E_var (Ha) converged at each threshold");
+      write_root_columns(out, "schedule/e_pt2_roots", points_, &SchedulePoint::e_pt2_roots, found,
+                         "(thresholds, roots): each root's E_PT2 (Ha) at eps_pt2 (NaN: no PT2)");
+      std::vector<double> extrapolated(found, std::nan(""));
+      for (std::size_t r = 0; r < found; ++r)
+        if (const auto x = extrapolate(points_, r)) extrapolated[r] = x->energy;
+      detail::write_array(out, "roots/e_extrapolated", h5::DType::float64, {found}, extrapolated.data(),
+                          "each root's E_var extrapolated linearly against its E_PT2 to E_PT2 = 0 over the schedule (Ha; NaN: "
+                          "fewer than two thresholds with a PT2)");
+    }
     if (const auto x = extrapolate(points_)) {
       out.set_attribute("e_extrapolated", x->energy);
       out.set_attribute("extrapolation_slope", x->slope);
@@ -1392,8 +1638,8 @@ void SolveRun::write(const StagePlan&, const StepPass&, h5::File& out) const {
                        "candidates the final PT2 generated at eps_pt2, duplicates included (0: no final PT2)");
   detail::write_scalar(out, "pt2_unique", h5::DType::uint64, &last.pt2_unique, "unique candidates of the final PT2");
   // A semistochastic PT2: its error bar, its parts and every batch's estimate.
-  if (stochastic_ && final_pt2_) {
-    const StochasticPT2& st = *stochastic_;
+  if (!stochastic_roots_.empty()) {  // (the lowest root's; roots/e_pt2_error has every root's error bar)
+    const StochasticPT2& st = stochastic_roots_.front();
     const double error = st.error();
     detail::write_scalar(out, "e_pt2_error", h5::DType::float64, &error,
                          "the semistochastic E_PT2's error bar (Ha): the standard error of the mean over its batches "
@@ -1419,7 +1665,7 @@ void SolveRun::write(const StagePlan&, const StepPass&, h5::File& out) const {
   out.set_attribute("irrep", static_cast<std::int64_t>(t.irrep));
   out.set_attribute("irrep_from", t.irrep_from);
   out.set_attribute("ms2", static_cast<std::int64_t>(t.ms2));
-  out.set_attribute("s_squared", s_squared_);
+  out.set_attribute("s_squared", s_squared_.front());
   out.set_attribute("reference_determinant", sci::describe(t.reference, m_.problem->ints.norb));
   out.set_attribute("reference_diagonal", t.reference_diagonal);
   if (t.lower_elsewhere)
@@ -1427,18 +1673,34 @@ void SolveRun::write(const StagePlan&, const StepPass&, h5::File& out) const {
                                              "state's reference: the lowest state may be of another irrep",
                                              t.lower_elsewhere_irrep, sci::describe(*t.lower_elsewhere, m_.problem->ints.norb),
                                              t.lower_elsewhere_diagonal));
-  {
-    const auto& c = m_.davidson->eigenvector();
-    std::vector<std::size_t> order(c.size());
-    std::iota(order.begin(), order.end(), std::size_t{0});
-    const std::size_t shown = std::min<std::size_t>(5, order.size());
-    std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(shown), order.end(), [&](std::size_t a, std::size_t b) {
-      return std::fabs(c[a]) > std::fabs(c[b]) || (std::fabs(c[a]) == std::fabs(c[b]) && a < b);
-    });
-    std::string leading;
-    for (std::size_t i = 0; i < shown; ++i)
-      leading += fmt::format("{}{:+.6f} {}", i ? "\n" : "", c[order[i]], sci::describe(m_.space.dets[order[i]], m_.problem->ints.norb));
-    out.set_attribute("leading_determinants", leading);
+  const int norb = m_.problem->ints.norb;
+  out.set_attribute("leading_determinants", leading_determinants(m_.davidson->eigenvector(), m_.space.dets, norb));
+  // Several roots: each one's energies and state (the scalars above are the lowest's).
+  if (params_.nroots > 1) {
+    std::vector<double> e_vars, e_pt2s, totals, errors, coefficients;
+    for (std::size_t r = 0; r < found; ++r) {
+      const int root = static_cast<int>(r);
+      e_vars.push_back(m_.davidson->eigenvalue(root));
+      e_pt2s.push_back(final_e_pt2(root));
+      totals.push_back(e_vars.back() + e_pt2s.back());
+      errors.push_back(final_e_pt2_error(root));
+      const auto& c = m_.davidson->eigenvector(root);
+      coefficients.insert(coefficients.end(), c.begin(), c.end());
+    }
+    detail::write_array(out, "roots/energy", h5::DType::float64, {found}, e_vars.data(),
+                        "each root's E_var (Ha), the lowest first (roots found: nroots, or the space's size if smaller)");
+    detail::write_array(out, "roots/e_pt2", h5::DType::float64, {found}, e_pt2s.data(), "each root's EN-PT2 (Ha)");
+    detail::write_array(out, "roots/e_total", h5::DType::float64, {found}, totals.data(), "each root's E_var + E_PT2 (Ha)");
+    if (params_.semistochastic() && !stochastic_roots_.empty())
+      detail::write_array(out, "roots/e_pt2_error", h5::DType::float64, {found}, errors.data(),
+                          "each root's semistochastic E_PT2 error bar (Ha)");
+    detail::write_array(out, "roots/s_squared", h5::DType::float64, {found}, s_squared_.data(), "each root's <S^2>");
+    h5::Dataset c = detail::write_array(out, "roots/coefficients", h5::DType::float64, {found, m_.space.dets.size()},
+                                        coefficients.data(), "(roots, determinants): each root's coefficients over /dets");
+    for (std::size_t r = 0; r < found; ++r)
+      c.set_attribute(fmt::format("leading_determinants_{}", r),
+                      leading_determinants(m_.davidson->eigenvector(static_cast<int>(r)), m_.space.dets, norb));
+    out.set_attribute("nroots", static_cast<std::int64_t>(params_.nroots));
   }
   out.set_attribute("converged", static_cast<std::int64_t>(converged_));
   out.set_attribute("stop_reason", stop_reason_);
@@ -1465,11 +1727,20 @@ std::string SolveRun::describe(const StagePlan&, const StepPass&) const {
   const double e_pt2 = final_e_pt2();
   const sci::TargetState& t = m_.problem->target;
   const auto x = params_.eps_schedule.size() > 1 ? extrapolate(points_) : std::nullopt;
-  const std::string error = stochastic_ && final_pt2_ ? fmt::format(" +- {:.1e}", stochastic_->error()) : "";
-  return fmt::format("{} determinants, E_var {:.10f}, E_PT2 {:.10f}{}, total {:.10f}{} ({}){}; irrep {}, MS2 {}, <S^2> {:.4f}{}",
+  const bool semistochastic = !stochastic_roots_.empty();
+  const std::string error = semistochastic ? fmt::format(" +- {:.1e}", final_e_pt2_error(0)) : "";
+  std::string more;  // (the other roots: E_var + E_PT2 and <S^2> each)
+  for (int r = 1; r < roots(); ++r)
+    more += fmt::format("{} {}: {:.10f}{}, <S^2> {:.4f}", r == 1 ? "; roots" : ",", r,
+                        m_.davidson->eigenvalue(r) + final_e_pt2(r),
+                        semistochastic ? fmt::format(" +- {:.1e}", final_e_pt2_error(r)) : "",
+                        s_squared_.at(static_cast<std::size_t>(r)));
+  if (roots() < params_.nroots) more += fmt::format(" ({} of nroots = {}: the space is that small)", roots(), params_.nroots);
+  return fmt::format("{} determinants, E_var {:.10f}, E_PT2 {:.10f}{}, total {:.10f}{} ({}){}; irrep {}, MS2 {}, <S^2> {:.4f}{}{}",
                      last.dets, last.e_var, e_pt2, error, last.e_var + e_pt2, error, stop_reason_,
                      x ? fmt::format("; extrapolated to E_PT2 = 0 over {} thresholds: {:.10f}", x->points, x->energy) : "",
-                     t.irrep, t.ms2, s_squared_, t.lower_elsewhere ? " (a lower determinant is of another irrep: see the log)" : "");
+                     t.irrep, t.ms2, s_squared_.front(), more,
+                     t.lower_elsewhere ? " (a lower determinant is of another irrep: see the log)" : "");
 }
 
 class SolveStage final : public Stage {
@@ -1505,6 +1776,9 @@ class SolveStage final : public Stage {
       throw InputError(fmt::format("parameters 'pt2_samples' {} and 'pt2_batches' {}; expected at least 2 of each (the "
                                    "estimate needs two draws a batch, the error bar two batches)", p.pt2_samples, p.pt2_batches));
     if (!(p.pt2_target_error >= 0)) throw InputError("parameter 'pt2_target_error' must be >= 0 (Ha)");
+    if (p.nroots < 1 || p.nroots > SolveParams::kMostRoots)
+      throw InputError(fmt::format("parameter 'nroots' is {}; expected 1 to {} (the lowest states of the irrep and MS2)",
+                                   p.nroots, SolveParams::kMostRoots));
     StagePlan plan;
     plan.pass.rows = 0;  // the run's output(): the final space
     plan.pass.tile_rows = 1 << 14;
@@ -1515,6 +1789,7 @@ class SolveStage final : public Stage {
     plan.summary = {{"eps_var", p.eps_var}, {"eps_pt2", p.eps_pt2}, {"max_new_dets", p.max_new_dets}};
     if (p.eps_schedule.size() > 1) plan.summary["eps_var_schedule"] = p.eps_schedule;
     if (p.eps_pt2_large) plan.summary["eps_pt2_large"] = *p.eps_pt2_large;
+    if (p.nroots > 1) plan.summary["nroots"] = p.nroots;
     return plan;
   }
 

@@ -686,7 +686,8 @@ def test_output_layout_matches_its_schema(tmp):
     import json
     schema = json.loads((Path(__file__).resolve().parents[2] / "schemas" / "outputs" / "sci.solve.json").read_text())
     for name, fcidump, params in [("plain", "H2H2_FCIDUMP_nosym", "eps_var: 1.0e-3, reference_energy: -4.021386898742"),
-                                  ("semistochastic", "N2_sto6g_FCIDUMP", N2_SEMI)]:
+                                  ("semistochastic", "N2_sto6g_FCIDUMP", N2_SEMI),
+                                  ("roots", "N2_sto6g_FCIDUMP", "eps_var: 2.0e-3, max_new_dets: 600, nroots: 2")]:
         run_dir = solve(tmp / name, DATA / fcidump, params)
         r = run(["inspect", run_dir / "outputs" / "sci.h5", "--json"])
         assert r.code == 0, r

@@ -1,16 +1,17 @@
 """Which state sci.solve finds (docs/selected-ci.md, "Which state"): the FCIDUMP's ISYM and MS2
 unless the `irrep`, `ms2` or `occupation` parameters say otherwise, on FCIDUMPs whose orbitals are
 ordered by irrep as Psi4 and Molpro write them. The oracle is PySCF's FCI with symmetry
-(direct_spin1_symm) on the same integrals.
+(direct_spin1_symm) on the same integrals, for the lowest state and for several (`nroots`).
 
 C2/STO-3G at 1.25 Angstrom is the multireference case: its lowest-diagonal determinant (a B2u or
 B3u one) is not of the ground state's irrep (Ag), and sci.solve grown from it used to converge to
 the lowest B2u state, 48 mHa above the ground state, saying nothing."""
+import h5py
 import numpy as np
 import pytest
 
 from conftest import DEVICE, one_line_error, run
-from test_sci_solve import DATA, pyscf_or_skip, result, sci_spec, solve
+from test_sci_solve import DATA, SMALL_BATCHES, digests, killed_and_resumed, pyscf_or_skip, result, sci_spec, solve
 
 FULL = "eps_var: 1.0e-12, eps_pt2: 1.0e-12, max_new_dets: 1000000, energy_tolerance: 1.0e-10, davidson_tolerance: 1.0e-8"
 MOLPRO_D2H = {0: 1, 7: 2, 6: 3, 1: 4, 5: 5, 2: 6, 3: 7, 4: 8}  # PySCF's D2h irrep ids -> the FCIDUMP's labels
@@ -39,13 +40,19 @@ class C2ByIrrep:
 
     def energy(self, label, nelec=(6, 6)):
         """The lowest FCI energy of the FCIDUMP label `label` with (alpha, beta) electrons."""
+        return self.states(label, 1, nelec)[0][0]
+
+    def states(self, label, nroots, nelec=(6, 6)):
+        """The lowest `nroots` FCI energies of label `label` (any spin) and their <S^2>."""
         pyscf_id = {v: k for k, v in MOLPRO_D2H.items()}[label]
         solver = self.fci.direct_spin1_symm.FCI(self.mol)
         solver.wfnsym = pyscf_id
         solver.conv_tol = 1e-12
-        e, _ = solver.kernel(self.h1, self.eri, self.mo.shape[1], nelec, ecore=self.mol.energy_nuc(),
+        solver.nroots = nroots
+        e, v = solver.kernel(self.h1, self.eri, self.mo.shape[1], nelec, ecore=self.mol.energy_nuc(),
                              orbsym=self.orbsym)
-        return e
+        e, v = np.atleast_1d(e), (v if nroots > 1 else [v])
+        return e, [self.fci.spin_op.spin_square0(x, self.mo.shape[1], nelec)[0] for x in v]
 
 
 @pytest.fixture(scope="module")
@@ -184,3 +191,100 @@ def test_a_file_without_symmetry_is_one_irrep(tmp):
     assert (r["attrs"]["irrep"], r["attrs"]["irrep_from"]) == (1, "ISYM")
     assert "warning" not in r["attrs"]
     assert abs(r["attrs"]["s_squared"]) < 1e-3
+
+
+# ---------------------------------------------------------------- several roots
+
+def roots_of(run_dir):
+    with h5py.File(run_dir / "outputs" / "sci.h5") as f:
+        return {k: f["roots"][k][()] for k in f["roots"]} | {
+            "coefficients_attrs": dict(f["roots/coefficients"].attrs), "nroots": f.attrs["nroots"],
+            "e_var_roots": f["iterations/e_var_roots"][()]}
+
+
+@pytest.mark.parametrize("label", [1, 3])
+def test_several_roots_are_pyscfs_lowest_states_of_the_irrep(c2, label, tmp):
+    """nroots = 5 in Ag (the ground state, two singlets, two quintets) and in B1g (a triplet first),
+    on the FCIDUMP ordered by irrep, with a threshold that admits the whole irrep: PySCF's five
+    lowest energies of that irrep and their <S^2>; the scalar outputs are the lowest root's."""
+    want, want_s2 = c2.states(label, 5)
+    run_dir = solve(tmp, c2.path, FULL + f", nroots: 5, irrep: {label}")
+    r, roots = result(run_dir), roots_of(run_dir)
+    np.testing.assert_allclose(roots["energy"], want, atol=1e-6, rtol=0)
+    np.testing.assert_allclose(roots["s_squared"], want_s2, atol=1e-4)
+    c = roots["coefficients"]
+    assert c.shape == (5, len(r["dets"]))
+    np.testing.assert_allclose(c @ c.T, np.eye(5), atol=1e-9)
+    assert r["energy"] == roots["energy"][0] and r["coefficients"].tobytes() == c[0].tobytes()
+    assert r["e_total"] == roots["e_total"][0] and roots["nroots"] == 5
+    assert all(len(roots["coefficients_attrs"][f"leading_determinants_{i}"].splitlines()) == 5 for i in range(5))
+    # (the first iteration's space is one determinant: one root there)
+    assert np.isfinite(roots["e_var_roots"][0, 0]) and np.isnan(roots["e_var_roots"][0, 1:]).all()
+
+
+def n2_fci_states(nroots):
+    _, _, fci, fcidump = pyscf_or_skip()
+    d = fcidump.read(str(DATA / "N2_sto6g_FCIDUMP"), verbose=False)
+    solver = fci.direct_spin1.FCI()
+    solver.nroots, solver.conv_tol = nroots, 1e-12
+    e, _ = solver.kernel(d["H1"], d["H2"], d["NORB"], d["NELEC"], ecore=d["ECORE"])
+    return np.asarray(e)
+
+
+N2_ROOTS = "nroots: 3, eps_var: 1.0e-3, eps_pt2: 1.0e-7, max_new_dets: 600"
+
+
+def test_several_roots_at_a_threshold_each_with_its_pt2(tmp):
+    """N2/STO-6G's three lowest states (a singlet, two triplets) at eps_var 1e-3: each E_var above
+    its FCI energy, each E_var + E_PT2 within 20 uHa of it; a semistochastic PT2 per root agrees
+    with the deterministic one within 4 error bars."""
+    fci_roots = n2_fci_states(3)
+    det = roots_of(solve(tmp / "det", DATA / "N2_sto6g_FCIDUMP", N2_ROOTS))
+    assert (det["energy"] > fci_roots - 1e-9).all(), (det["energy"], fci_roots)
+    np.testing.assert_allclose(det["e_total"], fci_roots, atol=2e-5, rtol=0)
+    np.testing.assert_allclose(det["s_squared"], [0, 2, 2], atol=1e-3)
+    semi = roots_of(solve(tmp / "semi", DATA / "N2_sto6g_FCIDUMP", N2_ROOTS + ", eps_pt2_large: 1.0e-4, "
+                          "pt2_samples: 400, pt2_batches: 60, pt2_target_error: 0, pt2_seed: 4"))
+    assert semi["energy"].tobytes() == det["energy"].tobytes()
+    assert (semi["e_pt2_error"] > 0).all()
+    assert (abs(semi["e_pt2"] - det["e_pt2"]) < 4 * semi["e_pt2_error"]).all(), (semi["e_pt2"], det["e_pt2"], semi["e_pt2_error"])
+
+
+N2_ROOTS_LONG = ("nroots: 2, eps_var: [2.0e-3, 1.0e-3], eps_pt2: 1.0e-7, max_new_dets: 600, eps_pt2_large: 1.0e-4, "
+                 "pt2_samples: 400, pt2_batches: 60, pt2_target_error: 0, pt2_seed: 5")
+
+
+def test_several_roots_give_the_same_bits_on_three_ranks_and_after_kills(tmp):
+    """Two roots over a schedule with a semistochastic PT2 each: three ranks, and SIGKILLs at
+    random instants (in any root's passes) each resumed, give the bytes of one clean run; each
+    root is extrapolated over the schedule."""
+    clean_run = solve(tmp / "clean", DATA / "N2_sto6g_FCIDUMP", N2_ROOTS_LONG)
+    clean = digests(clean_run)
+    with h5py.File(clean_run / "outputs" / "sci.h5") as f:
+        assert f["schedule/e_var_roots"].shape == (2, 2) and f["schedule/e_pt2_roots"].shape == (2, 2)
+        assert np.isfinite(f["roots/e_extrapolated"][()]).all()
+        assert f["roots/e_extrapolated"][0] == f.attrs["e_extrapolated"]
+    three = solve(tmp / "three", DATA / "N2_sto6g_FCIDUMP", N2_ROOTS_LONG, SMALL_BATCHES, mpi=3)
+    assert digests(three) == clean
+    kills, killed = killed_and_resumed(tmp, N2_ROOTS_LONG, 6, clean_run, 20261204)
+    assert kills >= 2
+    assert killed == clean
+
+
+@pytest.mark.parametrize("nroots", [0, 17])
+def test_a_bad_nroots_exits_2_with_one_line(nroots, tmp):
+    spec = sci_spec(tmp, DATA / "N2_sto6g_FCIDUMP", f"eps_var: 2.0e-3, nroots: {nroots}")
+    one_line_error(run(["run", spec, "--run-dir", tmp / "run", "--device", DEVICE]), "nroots")
+
+
+def test_more_roots_than_determinants_says_how_many_it_found(tmp):
+    """A space capped at 4 determinants (max_dets) holds 4 states: 8 roots asked for give those 4,
+    orthonormal, and the log and the result line say so."""
+    run_dir = solve(tmp, DATA / "H2H2_FCIDUMP_nosym", "eps_var: 1.0e-6, nroots: 8, max_dets: 4")
+    roots = roots_of(run_dir)
+    assert roots["energy"].shape == (4,) and roots["nroots"] == 8
+    assert (np.diff(roots["energy"]) >= 0).all()
+    np.testing.assert_allclose(roots["coefficients"] @ roots["coefficients"].T, np.eye(4), atol=1e-9)
+    log = (run_dir / "logs" / "rank-0.log").read_text()
+    assert "the space has 4 determinants: 4 of nroots = 8 roots found" in log
+    assert "4 of nroots = 8" in log.split("result:")[-1]
