@@ -672,20 +672,27 @@ BatchPlan StreamEngine::plan(const PassSpec& spec) const {
   const std::uint64_t resident_device = spec.resident_device_bytes + b.fixed_device;
   const std::uint64_t fixed_device = resident_device + S * slot_device;
   const std::uint64_t fixed_host = S * b.fixed_per_slot;
-  const std::uint64_t dev_limit = backend_.device_budget().limit(), host_limit = backend_.host_budget().limit();
+  // What the budgets have left for the pass: memory its stage holds outside it (sci.solve's stored
+  // H kept for the next iteration) is in use now; idle pooled memory is not (it is freed to fit).
+  const auto left = [](const MemoryBudget& m) { return m.limit() - std::min(m.limit(), m.in_use()); };
+  const std::uint64_t dev_limit = left(backend_.device_budget()), host_limit = left(backend_.host_budget());
+  const auto held = [](const MemoryBudget& m) {
+    return m.in_use() ? fmt::format(" ({} of it held outside this pass)", format_bytes(static_cast<double>(m.in_use()))) : "";
+  };
   auto need = [&](std::uint64_t tiles, std::uint64_t fixed, std::uint64_t per_tile) { return fixed + S * tiles * per_tile; };
   if (need(1, fixed_device, b.device_per_tile) > dev_limit)
     throw InputError(fmt::format(
-        "device memory budget {} is too small: one batch of {} rows needs {} ({} resident + {} slots x {} per "
+        "device memory budget {}{} is too small: one batch of {} rows needs {} ({} resident + {} slots x {} per "
         "batch); expected at least that much (--device-memory or options.device_memory)",
-        format_bytes(static_cast<double>(dev_limit)), unit_rows,
+        format_bytes(static_cast<double>(backend_.device_budget().limit())), held(backend_.device_budget()), unit_rows,
         format_bytes(static_cast<double>(need(1, fixed_device, b.device_per_tile))),
         format_bytes(static_cast<double>(resident_device)), S,
         format_bytes(static_cast<double>(slot_device + b.device_per_tile))));
   if (need(1, fixed_host, b.host_per_tile) > host_limit)
-    throw InputError(fmt::format("host memory budget {} is too small: one batch of {} rows needs {} ({} slots x {}); "
+    throw InputError(fmt::format("host memory budget {}{} is too small: one batch of {} rows needs {} ({} slots x {}); "
                                  "expected at least that much (--host-memory or options.host_memory)",
-                                 format_bytes(static_cast<double>(host_limit)), unit_rows,
+                                 format_bytes(static_cast<double>(backend_.host_budget().limit())),
+                                 held(backend_.host_budget()), unit_rows,
                                  format_bytes(static_cast<double>(need(1, fixed_host, b.host_per_tile))), S,
                                  format_bytes(static_cast<double>(b.fixed_per_slot + b.host_per_tile))));
   if (spec.prepare_host_bytes > host_limit)
