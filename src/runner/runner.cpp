@@ -488,8 +488,9 @@ class WorkflowRun {
     c.wall_seconds = j.at("wall_seconds").get<double>();
     c.found = j.at("found").get<bool>();
     c.state = comm_.broadcast(c.state);
-    if (c.passes_done > 0 && comm_.root())
-      spdlog::info("step '{}': {} of its passes done by an earlier run", id, c.passes_done);
+    // (a stage of host work, e.g. selected CI on resident data, may commit state without a pass)
+    if (c.found && comm_.root())
+      spdlog::info("step '{}': resumed from the state an earlier run committed ({} of its passes done)", id, c.passes_done);
     return c;
   }
 

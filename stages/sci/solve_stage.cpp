@@ -37,6 +37,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <numeric>
 #include <set>
@@ -47,8 +48,10 @@
 #include "core/parallel.hpp"
 #include "core/serial.hpp"
 #include "core/units.hpp"
+#include "engine/tree_fold.hpp"
 #include "kernels/sci_generate.hpp"
 #include "kernels/sci_score.hpp"
+#include "kernels/sort_unique.hpp"
 #include "stages/keys/dedup_passes.hpp"
 #include "stages/sci/amplitude_model.hpp"
 #include "stages/sci/davidson.hpp"
@@ -715,6 +718,10 @@ class WriteSpaceKernel final : public engine::PassKernel {
 // ---------------------------------------------------------------- the run
 
 constexpr std::uint64_t kScoreTileMin = 1 << 16;
+// A score pass's tile for a top-K of k: room for the K best of 4K rows (the tiles' partials hold K each).
+std::uint64_t score_tile_rows(std::uint64_t k) {
+  return std::max<std::uint64_t>(kScoreTileMin, std::bit_ceil(4 * std::max<std::uint64_t>(k, 1)));
+}
 
 // Chunk rows (and tile rows) for n rows: `most`, or n when fewer, so a chunk divides a tile.
 std::uint64_t row_chunk(std::uint64_t n, std::uint64_t most) { return std::min<std::uint64_t>(std::max<std::uint64_t>(n, 1), most); }
@@ -854,6 +861,43 @@ std::string timed_phase(Phase p) {
   }
 }
 
+// What a de-duplication on resident data leaves: the unique keys and their summed values.
+struct ResidentUnique {
+  Buffer keys, values;
+  std::uint64_t unique = 0, records = 0;
+};
+
+// The passes' kernels on resident data, within half of the device budget left (`room`); see
+// "passes on resident data" below.
+struct ResidentWork {
+  struct Generated {
+    Buffer records, diagonal;  // Candidate (TaggedCandidate sampled) records; sampled: the diagonal terms
+    std::uint64_t rows = 0, diagonal_rows = 0;
+  };
+  ResidentWork(Backend& backend, Stream& stream);
+  // Device bytes a dedup of `rows` records of `words` key words and the score after it hold.
+  std::uint64_t dedup_bytes(std::uint64_t rows, std::uint32_t words) const;
+  // nullopt once the records and held_after(records) would pass the room.
+  std::optional<Generated> generate(const Problem& p, const GenerationSources& sources, double eps,
+                                    const std::function<std::uint64_t(std::uint64_t)>& held_after);
+  ResidentUnique dedup(Buffer records, std::uint64_t rows, std::uint32_t words);
+  std::unique_ptr<engine::Reduction> score(engine::PassKernel& kernel, const engine::Reduction& kind, std::uint64_t rows,
+                                           std::uint64_t tile_rows, std::size_t partial_bytes, const Buffer& input,
+                                           std::uint32_t words, const Buffer* values);
+  Backend& backend;
+  Stream& stream;
+  bool cuda = false;
+  std::uint64_t room = 0;
+};
+
+// What a root's generation, de-duplication and scoring gave (on resident data).
+struct Selection {
+  std::uint64_t generated = 0, unique = 0, records = 0;
+  double pt2 = 0;
+  std::vector<Scored> top;
+  double generate_seconds = 0, dedup_seconds = 0, score_seconds = 0;
+};
+
 class SolveRun final : public StepRun {
  public:
   explicit SolveRun(const StepContext& ctx) : ctx_(ctx), params_(SolveParams::from_json(ctx.params)) {
@@ -917,6 +961,14 @@ class SolveRun final : public StepRun {
   std::string named(std::string name) const {
     return params_.nroots > 1 ? fmt::format("{} root {}", name, root_) : name;
   }
+  // Generation, de-duplication and scoring of root_'s candidates at eps (top-K of k) as one unit of
+  // host work on data that stays in device memory (host memory on cpu); nullopt when they would
+  // take more than half of the device budget left (the passes run them instead). See the .cpp.
+  std::optional<Selection> select_on_resident_data(double eps, std::uint64_t k);
+  // Its result, as the passes' would be taken.
+  void selected(Selection s);
+  // A semistochastic group (sampled_) the same way, ended (end_group); false: it does not fit.
+  bool sampled_group_on_resident_data();
   // The next root's passes from `first` (false: every root's are done).
   bool next_root(Phase first);
   // A root's generate/dedup/score at eps_var is done (its PT2 there and its best candidates): the
@@ -1058,10 +1110,17 @@ std::optional<StepPass> SolveRun::next() {
   if (phase_ == Phase::generate || phase_ == Phase::pt2_generate) {
     // (a semistochastic PT2's deterministic part: at eps_pt2_large)
     const double eps = phase_ == Phase::generate ? eps_var() : params_.eps_pt2_large.value_or(params_.eps_pt2);
+    // One rank: on resident data when it fits (the passes' bytes, without their files).
+    if (ctx_.comm->size() == 1)
+      if (std::optional<Selection> s = select_on_resident_data(eps, phase_ == Phase::generate ? params_.max_new_dets : 0)) {
+        selected(std::move(*s));
+        return std::nullopt;
+      }
     return generation_pass(*m.problem, named(fmt::format("generate {}", iteration_)),
                            {&m.space.dets, &m.davidson->eigenvector(root_)}, eps, "determinants");
   }
   if (phase_ == Phase::sampled_generate) {
+    if (ctx_.comm->size() == 1 && sampled_group_on_resident_data()) return std::nullopt;
     const StochasticPT2& st = *stochastic_;
     return generation_pass(*m.problem, named(fmt::format("sampled generate {}-{}", st.first, st.first + st.count - 1)),
                            {&sampled_.dets, &sampled_.coefficients, &sampled_, *params_.eps_pt2_large}, params_.eps_pt2,
@@ -1070,7 +1129,7 @@ std::optional<StepPass> SolveRun::next() {
   if (phase_ == Phase::dedup || phase_ == Phase::pt2_dedup || phase_ == Phase::sampled_dedup) return dedup_->next();
   if (phase_ == Phase::score || phase_ == Phase::pt2_score) {
     const std::uint64_t k = phase_ == Phase::score ? params_.max_new_dets : 0;
-    const std::uint64_t tile_rows = std::max<std::uint64_t>(kScoreTileMin, std::bit_ceil(4 * std::max<std::uint64_t>(k, 1)));
+    const std::uint64_t tile_rows = score_tile_rows(k);
     StepPass p = score_pass(m, named(fmt::format("score {}", iteration_)), dedup_->result(), 2, tile_rows,
                             sizeof(ScoreHeader) + k * sizeof(Scored));
     p.kernel = std::make_unique<ScoreKernel>(m, *m.amplitude_model, e_var_.at(root_), k, tile_rows);
@@ -1163,6 +1222,265 @@ void SolveRun::finished(StepPass& pass) {
   const auto& r = static_cast<const ScoreReduction&>(*pass.reduction);
   if (pt2) return deterministic_pt2_done(r.pt2());
   root_selected(r.pt2(), r.top());
+}
+
+// ---------------------------------------------------------------- passes on resident data
+//
+// One rank runs a root's generate, dedup and score passes (and a semistochastic group's) as
+// kernels on data that stays in device memory (host memory on cpu) when it fits: the same bytes as
+// the passes, because the passes' results do not depend on their batches and this is one batch
+// of each.
+//   generate  GenerateKernel over chunks of sources (each chunk's outputs sized, as a batch's, for
+//             the most candidates a source can make), the records kept in order;
+//   dedup     keys.dedup's kernels on all of them: tile_unique over its tiles (DedupSource's
+//             tile_rows: the sums' shape), bucket_split into one bucket, bucket_merge;
+//   score     the score pass's kernel over its rows as one batch, its tiles' partials folded in the
+//             engine's tree (engine/tree_fold.hpp), as the pass folds them.
+// No file, no journal, no pinned buffer: the unit is redone whole if the run stops inside it. It
+// declines (nullopt) once what it would hold passes half of the device budget left; the passes
+// run instead.
+
+ResidentWork::ResidentWork(Backend& backend, Stream& stream)
+    : backend(backend), stream(stream), cuda(backend.kind() == BackendKind::cuda) {
+  const MemoryBudget& budget = backend.device_budget();
+  room = budget.limit() > budget.in_use() ? (budget.limit() - budget.in_use()) / 2 : 0;
+}
+
+std::uint64_t ResidentWork::dedup_bytes(std::uint64_t rows, std::uint32_t words) const {
+  const kernels::RecordLayout layout{words, true, false};
+  const std::uint64_t work = cuda ? std::max({kernels::tile_unique_scratch_bytes(rows, words), kernels::bucket_split_scratch_bytes(rows),
+                                              kernels::bucket_merge_scratch_bytes(rows, words)})
+                                  : 0;
+  // (the records, twice on cuda: split apart; the merge's keys, counts and values; the score's scratch)
+  return rows * layout.cols() * 8 * (cuda ? 2 : 1) + rows * (words * 8 + 16) + work + rows * SpaceKernel::kScratchPerRow +
+         kernels::tiles_of(rows, keys::DedupSource{}.tile_rows) * 8;
+}
+
+// The generation's records (Candidate, or sampled TaggedCandidate and diagonal terms), end to end.
+std::optional<ResidentWork::Generated> ResidentWork::generate(const Problem& p, const GenerationSources& sources, double eps,
+                                                             const std::function<std::uint64_t(std::uint64_t)>& held_after) {
+  const bool sampled = sources.sampled != nullptr;
+  const std::uint64_t record = sampled ? sizeof(kernels::sci::TaggedCandidate) : sizeof(Candidate);
+  const std::uint64_t n = sources.size(), most = std::max<std::uint64_t>(p.max_per_source, 1);
+  // (a chunk's outputs, as a batch's: room for the most a source makes, two records a candidate
+  // and a diagonal term sampled; an eighth of the room at most, one source at least)
+  const std::uint64_t per_source = most * (sampled ? 3 * record : record) + (sampled ? 32 : 16);
+  const std::uint64_t chunk = std::min(n, room / 8 / per_source);
+  if (chunk == 0) return std::nullopt;
+  const std::uint64_t fixed = GenerateKernel::resident_bytes(p, sources) + chunk * per_source;
+  // Everything held once `rows` records and `diagonal` terms are made: the chunk, the records
+  // twice (chunks, then end to end) and what comes after (held_after).
+  const auto held = [&](std::uint64_t rows, std::uint64_t diagonal) {
+    return fixed + 2 * (rows + diagonal) * record + held_after(rows) + diagonal * SpaceKernel::kScratchPerRow;
+  };
+  if (held(0, 0) > room) return std::nullopt;
+  Generated out;
+  std::vector<Buffer> parts[2];
+  std::vector<std::uint64_t> part_rows[2];
+  {
+    GenerateKernel kernel(p, sources, eps);
+    kernel.prepare(backend, stream);
+    Buffer records = backend.alloc_device(chunk * most * (sampled ? 2 : 1) * record, "selected-CI candidates (resident)");
+    Buffer diagonal = sampled ? backend.alloc_device(chunk * most * record, "selected-CI diagonal terms (resident)") : Buffer{};
+    Buffer scratch = backend.alloc_device(chunk * (sampled ? 32 : 16), "selected-CI generation scratch (resident)");
+    Buffer counts = backend.alloc_device(16, "selected-CI candidate counts (resident)");
+    for (std::uint64_t first = 0; first < n; first += chunk) {
+      engine::BatchView b;
+      b.rows = {first, std::min(n, first + chunk)};
+      b.outputs = {records.data(), diagonal.data()};
+      b.appended = {counts.as<std::uint64_t>(), counts.as<std::uint64_t>() + 1};
+      b.scratch = scratch.data();
+      b.stream = &stream;
+      kernel.process(b);
+      std::uint64_t made[2] = {0, 0};
+      backend.copy_to_host(made, counts.data(), sampled ? 16 : 8, stream);
+      stream.synchronize();
+      out.rows += made[0], out.diagonal_rows += made[1];
+      if (held(out.rows, out.diagonal_rows) > room) return std::nullopt;
+      const Buffer* from[2] = {&records, &diagonal};
+      for (int o = 0; o < 2; ++o) {
+        if (made[o] == 0) continue;
+        parts[o].push_back(backend.alloc_device(made[o] * record, "selected-CI candidates (resident)"));
+        part_rows[o].push_back(made[o]);
+        backend.copy_on_device(parts[o].back().data(), from[o]->data(), made[o] * record, stream);
+      }
+    }
+    stream.synchronize();
+  }
+  Buffer* joined[2] = {&out.records, &out.diagonal};
+  const std::uint64_t total[2] = {out.rows, out.diagonal_rows};
+  for (int o = 0; o < 2; ++o) {
+    if (total[o] == 0) continue;
+    *joined[o] = backend.alloc_device(total[o] * record, "selected-CI candidates (resident)");
+    for (std::size_t i = 0, at = 0; i < parts[o].size(); at += part_rows[o][i], ++i)
+      backend.copy_on_device(static_cast<char*>(joined[o]->data()) + at * record, parts[o][i].data(), part_rows[o][i] * record,
+                             stream);
+  }
+  stream.synchronize();
+  return out;
+}
+
+// keys.dedup's partition into one bucket and its merge, over `rows` records of `words` key words
+// and an interleaved value (consumed).
+ResidentUnique ResidentWork::dedup(Buffer records_in, std::uint64_t rows, std::uint32_t words) {
+  const kernels::RecordLayout layout{words, true, false};
+  const std::uint64_t tile_rows = keys::DedupSource{}.tile_rows, tiles = kernels::tiles_of(rows, tile_rows);
+  const std::uint64_t work_bytes =
+      cuda ? std::max({kernels::tile_unique_scratch_bytes(rows, words), kernels::bucket_split_scratch_bytes(rows),
+                       kernels::bucket_merge_scratch_bytes(rows, words)})
+           : 0;
+  Buffer records = backend.alloc_device(rows * layout.cols() * 8, "selected-CI records (resident)");
+  Buffer tile_counts = backend.alloc_device(tiles * 8, "selected-CI tile counts (resident)");
+  Buffer work = cuda ? backend.alloc_device(work_bytes, "selected-CI dedup workspace (resident)") : Buffer{};
+  const kernels::Workspace workspace{work.data(), work_bytes};
+  kernels::KeyRows in;
+  in.keys = records_in.as<std::uint64_t>();
+  in.words = words;
+  in.stride = words + 1;
+  in.interleaved = true;
+  in.rows = rows;
+  kernels::tile_unique(stream, {in, layout, tile_rows, 0, records.as<std::uint64_t>(), tile_counts.as<std::uint64_t>(),
+                                nullptr, workspace});
+  Buffer split = cuda ? backend.alloc_device(rows * layout.cols() * 8, "selected-CI records (resident)") : Buffer{};
+  Buffer counts = backend.alloc_device(8, "selected-CI counts (resident)");
+  auto* bucket = cuda ? split.as<std::uint64_t>() : records.as<std::uint64_t>();  // (the CPU twin splits in place)
+  kernels::bucket_split(stream, {records.as<std::uint64_t>(), tile_counts.as<std::uint64_t>(), layout, rows, tile_rows, nullptr,
+                                 1, bucket, counts.as<std::uint64_t>(), workspace});
+  ResidentUnique out;
+  backend.copy_to_host(&out.records, counts.data(), 8, stream);
+  stream.synchronize();
+  records_in.reset();
+  out.keys = backend.alloc_device(out.records * words * 8, "selected-CI unique keys (resident)");
+  Buffer key_counts = backend.alloc_device(out.records * 8, "selected-CI unique counts (resident)");
+  out.values = backend.alloc_device(out.records * 8, "selected-CI summed values (resident)");
+  kernels::BucketMerge merge;
+  merge.records = bucket;
+  merge.rows = out.records;
+  merge.layout = layout;
+  merge.keys = out.keys.as<std::uint64_t>();
+  merge.counts = key_counts.as<std::uint64_t>();
+  merge.values = out.values.as<double>();
+  merge.unique = counts.as<std::uint64_t>();
+  merge.work = workspace;
+  kernels::bucket_merge(stream, merge);
+  backend.copy_to_host(&out.unique, counts.data(), 8, stream);
+  stream.synchronize();
+  return out;
+}
+
+// One batch of a score pass over `rows` rows: input 0 on the device (`words` words a row) and on
+// the host, input 1 (values) on the host only, if any; its tiles' partials folded in the tree.
+std::unique_ptr<engine::Reduction> ResidentWork::score(engine::PassKernel& kernel, const engine::Reduction& kind,
+                                                       std::uint64_t rows, std::uint64_t tile_rows, std::size_t partial_bytes,
+                                                       const Buffer& input, std::uint32_t words, const Buffer* values) {
+  std::vector<std::uint64_t> host_input(rows * words);
+  std::vector<double> host_values(values ? rows : 0);
+  backend.copy_to_host(host_input.data(), input.data(), rows * words * 8, stream);
+  if (values) backend.copy_to_host(host_values.data(), values->data(), rows * 8, stream);
+  Buffer scratch = backend.alloc_device(rows * SpaceKernel::kScratchPerRow, "selected-CI score scratch (resident)");
+  const std::uint64_t tiles = (rows + tile_rows - 1) / tile_rows;
+  std::vector<std::byte> partials(tiles * partial_bytes);
+  kernel.prepare(backend, stream);
+  engine::BatchView b;
+  b.rows = {0, rows};
+  b.inputs = {input.data(), values ? values->data() : nullptr};
+  b.host_inputs = {host_input.data(), host_values.data()};
+  b.scratch = scratch.data();
+  b.partials = partials.data();
+  b.stream = &stream;
+  kernel.process(b);
+  engine::FoldStack fold(kind);
+  for (engine::FoldNode& node : engine::batch_nodes(kind, 0, tiles, partials.data(), partial_bytes)) fold.push(std::move(node));
+  return fold.result();
+}
+
+std::optional<Selection> SolveRun::select_on_resident_data(double eps, std::uint64_t k) {
+  using clock = std::chrono::steady_clock;
+  const auto seconds_since = [](clock::time_point t) { return std::chrono::duration<double>(clock::now() - t).count(); };
+  if (!stream_) stream_ = ctx_.backend->make_stream(false);
+  ResidentWork work(*ctx_.backend, *stream_);
+  const std::uint64_t space = SpaceKernel::resident_bytes(m_);
+  const auto started = clock::now();
+  std::optional<ResidentWork::Generated> g =
+      work.generate(*m_.problem, {&m_.space.dets, &m_.davidson->eigenvector(root_)}, eps,
+                    [&](std::uint64_t rows) { return work.dedup_bytes(rows, 2) + space; });
+  if (!g) return std::nullopt;
+  Selection out;
+  out.generated = g->rows;
+  out.generate_seconds = seconds_since(started);
+  if (g->rows == 0) return out;  // (no candidate passed the screening: E_PT2 0, nothing to add)
+  const auto dedup_started = clock::now();
+  ResidentUnique u = work.dedup(std::move(g->records), g->rows, 2);
+  out.unique = u.unique, out.records = u.records;
+  out.dedup_seconds = seconds_since(dedup_started);
+  const auto score_started = clock::now();
+  const std::uint64_t tile_rows = score_tile_rows(k);
+  ScoreKernel kernel(m_, *m_.amplitude_model, e_var_.at(root_), k, tile_rows);
+  const std::unique_ptr<engine::Reduction> folded =
+      work.score(kernel, ScoreReduction(k), u.unique, tile_rows, sizeof(ScoreHeader) + k * sizeof(Scored), u.keys, 2, &u.values);
+  const auto& scored = static_cast<const ScoreReduction&>(*folded);
+  out.pt2 = scored.pt2();
+  out.top = scored.top();
+  out.score_seconds = seconds_since(score_started);
+  return out;
+}
+
+// A semistochastic group's passes on resident data (its draws in sampled_): generation, its
+// diagonal terms scored as they are, the rest de-duplicated by (candidate, tag) and scored; false
+// when it does not fit (the passes run it).
+bool SolveRun::sampled_group_on_resident_data() {
+  const auto started = std::chrono::steady_clock::now();
+  if (!stream_) stream_ = ctx_.backend->make_stream(false);
+  ResidentWork work(*ctx_.backend, *stream_);
+  StochasticPT2& st = *stochastic_;
+  const std::uint64_t space = SpaceKernel::resident_bytes(m_);
+  std::optional<ResidentWork::Generated> g =
+      work.generate(*m_.problem, {&sampled_.dets, &sampled_.coefficients, &sampled_, *params_.eps_pt2_large}, params_.eps_pt2,
+                    [&](std::uint64_t rows) { return work.dedup_bytes(rows, 3) + space; });
+  if (!g) return false;
+  st.generated += g->rows + g->diagonal_rows;
+  st.diagonal_rows = g->diagonal_rows;
+  st.diagonal_sums.assign(st.count, 0.0);
+  const double energy = e_var_.at(root_);
+  if (g->diagonal_rows > 0) {
+    SampledScoreKernel kernel(m_, energy, st.first, st.count, kScoreTileMin, true);
+    const auto folded = work.score(kernel, BatchSums(st.count), g->diagonal_rows, kScoreTileMin, st.count * 8, g->diagonal, 4, nullptr);
+    st.diagonal_sums = static_cast<const BatchSums&>(*folded).sums();
+  }
+  g->diagonal.reset();
+  std::vector<double> sums(st.count, 0.0);
+  if (g->rows > 0) {
+    ResidentUnique u = work.dedup(std::move(g->records), g->rows, 3);
+    st.unique += u.unique;
+    SampledScoreKernel kernel(m_, energy, st.first, st.count, kScoreTileMin, false);
+    const auto folded = work.score(kernel, BatchSums(st.count), u.unique, kScoreTileMin, st.count * 8, u.keys, 3, &u.values);
+    sums = static_cast<const BatchSums&>(*folded).sums();
+  }
+  account("pt2", std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+  end_group(sums);
+  return true;
+}
+
+void SolveRun::selected(Selection s) {
+  const bool pt2 = phase_ == Phase::pt2_generate;
+  Iteration& now = this->now();
+  if (pt2) {  // (a final PT2's seconds are all "pt2", its de-duplication's also "pt2_dedup")
+    account("pt2", s.generate_seconds + s.dedup_seconds + s.score_seconds);
+    now.seconds["pt2_dedup"] += s.dedup_seconds;
+  } else {
+    account("generate", s.generate_seconds);
+    account("dedup", s.dedup_seconds);
+    account("score", s.score_seconds);
+  }
+  (pt2 ? now.pt2_generated : now.generated) += s.generated;
+  (pt2 ? now.pt2_unique : now.unique) += s.unique;
+  if (root_ == 0 && s.generated > 0) (pt2 ? now.pt2_merge_records_per_rank : now.merge_records_per_rank) = {s.records};
+  if (ctx_.comm->root())
+    spdlog::info("sci.solve iteration {}{}: {} on resident data: {} candidates, {} unique ({:.2f} s: generate {:.2f}, dedup "
+                 "{:.2f}, score {:.2f})", iteration_, named(""), pt2 ? "final PT2" : "selection", s.generated, s.unique,
+                 s.generate_seconds + s.dedup_seconds + s.score_seconds, s.generate_seconds, s.dedup_seconds, s.score_seconds);
+  if (pt2) return deterministic_pt2_done(s.pt2);
+  root_selected(s.pt2, std::move(s.top));
 }
 
 bool SolveRun::next_root(Phase first) {

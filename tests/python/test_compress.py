@@ -312,7 +312,7 @@ def test_a_run_stopped_in_each_of_its_passes_stores_the_same_bytes(clean_big, tm
 
     r = run(["resume", run_dir, "--device", DEVICE])
     assert r.code == 0, r
-    assert "1 of its passes done by an earlier run" in r.err and "measured by an earlier run" in r.err, r
+    assert "resumed from the state an earlier run committed (1 of its passes done)" in r.err and "measured by an earlier run" in r.err, r
     assert "measured in the range pass" not in r.err, r
     assert stored(run_dir) == clean_big
 

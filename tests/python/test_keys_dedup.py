@@ -194,7 +194,7 @@ def test_stopped_and_resumed_on_any_rank_count(clean, tmp_path, resume_ranks):
     assert manifest(run_dir)["steps"]["unique"]["state"] == "stopped"
     r = run(["resume", run_dir, "--device", DEVICE], mpi=resume_ranks)
     assert r.code == 0, r
-    assert "passes done by an earlier run" in r.err, r
+    assert "resumed from the state an earlier run committed" in r.err, r
     got, _ = outputs(run_dir)
     same(got, want)
 
@@ -218,7 +218,7 @@ def test_passes_no_longer_read_are_deleted_at_once(clean, tmp_path):
     assert (step / "pass-2").exists()
     r = run(["resume", run_dir, "--device", DEVICE])
     assert r.code == 0, r
-    assert "passes done by an earlier run" in r.err, r
+    assert "resumed from the state an earlier run committed" in r.err, r
     same(outputs(run_dir)[0], clean[2][2])
 
 

@@ -184,6 +184,19 @@ def test_batch_size_does_not_change_the_bits(n2_clean, tmp):
     assert digests(run_dir) == n2_clean[0]
 
 
+def test_selection_on_resident_data_gives_the_passes_bits(n2_clean, tmp):
+    """One rank selects on resident data (generation, de-duplication and scoring as kernels on data
+    that stays in device memory) when it fits half of the budget left, else through the passes: a
+    budget that sends the larger phases (the final PT2) through the passes gives the same bytes."""
+    roomy = solve(tmp / "roomy", DATA / "N2_sto6g_FCIDUMP", N2_FAST, "{}")
+    tight = solve(tmp / "tight", DATA / "N2_sto6g_FCIDUMP", N2_FAST, "{device_memory: 16MiB}")
+    assert digests(roomy) == digests(tight) == n2_clean[0]
+    roomy_log = (roomy / "logs" / "rank-0.log").read_text()
+    tight_log = (tight / "logs" / "rank-0.log").read_text()
+    assert "final PT2 on resident data" in roomy_log and "(generate" not in roomy_log
+    assert "(generate" in tight_log
+
+
 def test_the_disk_is_waited_for_at_commit_points_only(n2_clean, tmp):
     """Between passes, files are written without fsync; a commit point (the checkpoint interval,
     a stop, the output pass) syncs the step's work directory, file by file (not the whole file
@@ -281,7 +294,7 @@ def test_random_sigkills_then_resume_match_a_clean_run(killed_clean, tmp):
     assert kills >= 20
     assert digests(run_dir) == clean
     log = (run_dir / "logs" / "rank-0.log").read_text()
-    assert "passes done by an earlier run" in log, "no kill ever landed after a committed pass"
+    assert "resumed from the state an earlier run committed" in log, "no kill ever landed after a commit"
 
 
 def test_wall_time_is_the_whole_step_across_its_passes_and_a_stop(tmp):
@@ -295,7 +308,7 @@ def test_wall_time_is_the_whole_step_across_its_passes_and_a_stop(tmp):
     r = run(["resume", run_dir, "--device", DEVICE])
     elapsed = time.monotonic() - t0
     assert r.code == 0, r
-    assert "passes done by an earlier run" in r.err, r
+    assert "resumed from the state an earlier run committed" in r.err, r
     with h5py.File(run_dir / "outputs" / "sci.h5") as f:
         wall = float(f.attrs["qstage.wall_seconds"])
     assert manifest(run_dir)["steps"]["sci"]["wall_seconds"] == wall

@@ -97,10 +97,12 @@ def resume(run_dir):
 # ---------------------------------------------------------------- stops at every stage's safe point
 
 def test_sci_solve_stops_between_passes_and_resumes_to_the_same_bits(tmp):
-    """One batch a pass (the default): the stop is taken at the next pass boundary."""
+    """The stop is taken at the next safe point: a pass boundary, or the end of a unit of host work
+    (a Davidson product, a selection on resident data); each commits at checkpoint_interval 0, so
+    the state exists from the first."""
     params = "eps_var: 5.0e-4, eps_pt2: 1.0e-5, max_new_dets: 600, max_iterations: 8, davidson_tolerance: 1.0e-7"
     clean = committed_run(tmp / "clean", sci_text(tmp / "clean", params))[1]
-    spec = write_spec(tmp / "spec.yaml", sci_text(tmp, params))
+    spec = write_spec(tmp / "spec.yaml", sci_text(tmp, params, "{checkpoint_interval: 0}"))
     run_dir = tmp / "run"
     p = start(["run", spec, "--run-dir", run_dir, "--device", DEVICE])
     code, err = stop_when(p, lambda: (run_dir / "steps" / "sci" / "run-state.bin").exists())
@@ -108,7 +110,7 @@ def test_sci_solve_stops_between_passes_and_resumes_to_the_same_bits(tmp):
     assert "stopped by SIGTERM in step 'sci' after" in err and "qstage resume" in err, err
     assert manifest(run_dir)["steps"]["sci"]["state"] == "stopped"
     r = resume(run_dir)
-    assert "passes done by an earlier run" in r.err
+    assert "resumed from the state an earlier run committed" in r.err
     assert data_digests(run_dir) == data_digests(clean)
 
 
@@ -119,7 +121,7 @@ def test_a_damaged_run_state_is_discarded_and_the_step_starts_again(tmp, damage)
     the step's run starts again, and the output has the bits of a clean run."""
     params = "eps_var: 5.0e-4, eps_pt2: 1.0e-5, max_new_dets: 600, max_iterations: 8, davidson_tolerance: 1.0e-7"
     clean = committed_run(tmp / "clean", sci_text(tmp / "clean", params))[1]
-    spec = write_spec(tmp / "spec.yaml", sci_text(tmp, params))
+    spec = write_spec(tmp / "spec.yaml", sci_text(tmp, params, "{checkpoint_interval: 0}"))
     run_dir = tmp / "run"
     state = run_dir / "steps" / "sci" / "run-state.bin"
     p = start(["run", spec, "--run-dir", run_dir, "--device", DEVICE])
@@ -136,7 +138,7 @@ def test_a_damaged_run_state_is_discarded_and_the_step_starts_again(tmp, damage)
     state.write_bytes(bytes(data))
     r = resume(run_dir)
     assert "discarding unreadable" in r.err and "run-state.bin" in r.err, r.err
-    assert "passes done by an earlier run" not in r.err, r.err
+    assert "resumed from the state an earlier run committed" not in r.err, r.err
     assert data_digests(run_dir) == data_digests(clean)
 
 
@@ -157,11 +159,12 @@ def test_sci_solve_stops_on_three_ranks(tmp):
     assert data_digests(run_dir) == data_digests(clean)
 
 
-def sci_text(folder, params):
+def sci_text(folder, params, options="{}"):
     folder.mkdir(parents=True, exist_ok=True)
     shutil.copy(DATA / "N2_sto6g_FCIDUMP", folder / "N2_sto6g_FCIDUMP")
     return f"""
 name: sci
+options: {options}
 steps:
   - id: sci
     stage: sci.solve
