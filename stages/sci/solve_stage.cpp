@@ -605,7 +605,9 @@ class ScoreKernel final : public SpaceKernel {
     const std::uint64_t rows = b.rows.size(), tiles = (rows + tile_rows_ - 1) / tile_rows_;
     const std::size_t partial_bytes = sizeof(ScoreHeader) + k_ * sizeof(Scored);
     score_rows(b, 2, energy_);
-    for (std::uint64_t t = 0; t < tiles; ++t) {
+    // (tiles are independent, each summed in row order: one a thread gives the same partials)
+    parallel_for(static_cast<std::int64_t>(tiles), [&](std::int64_t tile) {
+      const auto t = static_cast<std::uint64_t>(tile);
       const std::uint64_t begin = t * tile_rows_, end = std::min(rows, begin + tile_rows_);
       ScoreHeader h;
       std::vector<Scored> top;  // (grows: a std::bad_alloc leaves the pass as an error)
@@ -628,7 +630,7 @@ class ScoreKernel final : public SpaceKernel {
       auto* out = static_cast<std::byte*>(b.partials) + t * partial_bytes;
       std::memcpy(out, &h, sizeof h);
       std::memcpy(out + sizeof h, top.data(), top.size() * sizeof(Scored));
-    }
+    });
   }
 
  private:
@@ -678,9 +680,10 @@ class SampledScoreKernel final : public SpaceKernel {
     };
     const std::uint64_t rows = b.rows.size(), tiles = (rows + tile_rows_ - 1) / tile_rows_;
     score_rows(b, static_cast<std::uint32_t>(words), energy_);
-    std::vector<double> sums(count_);
-    for (std::uint64_t t = 0; t < tiles; ++t) {
-      std::fill(sums.begin(), sums.end(), 0.0);
+    // (tiles are independent, each summed in row order: one a thread gives the same partials)
+    parallel_for(static_cast<std::int64_t>(tiles), [&](std::int64_t tile) {
+      const auto t = static_cast<std::uint64_t>(tile);
+      std::vector<double> sums(count_, 0.0);
       for (std::uint64_t r = t * tile_rows_; r < std::min(rows, (t + 1) * tile_rows_); ++r) {
         if (skipped_[r]) continue;
         const std::uint64_t tag = keys[words * r + 2], batch = tag / 3 - first_;
@@ -689,7 +692,7 @@ class SampledScoreKernel final : public SpaceKernel {
         sums.at(batch) += term;
       }
       std::memcpy(static_cast<std::byte*>(b.partials) + t * count_ * 8, sums.data(), count_ * 8);
-    }
+    });
   }
 
  private:
