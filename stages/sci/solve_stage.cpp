@@ -880,9 +880,11 @@ struct ResidentWork {
   ResidentWork(Backend& backend, Stream& stream);
   // Device bytes a dedup of `rows` records of `words` key words and the score after it hold.
   std::uint64_t dedup_bytes(std::uint64_t rows, std::uint32_t words) const;
-  // nullopt once the records and held_after(records) would pass the room.
+  // nullopt once the records and held_after(records) would pass the room, or the score's copies
+  // of its inputs on the host (copied(records), at most) the host budget's.
   std::optional<Generated> generate(const Problem& p, const GenerationSources& sources, double eps,
-                                    const std::function<std::uint64_t(std::uint64_t)>& held_after);
+                                    const std::function<std::uint64_t(std::uint64_t)>& held_after,
+                                    const std::function<std::uint64_t(std::uint64_t)>& copied);
   ResidentUnique dedup(Buffer records, std::uint64_t rows, std::uint32_t words);
   std::unique_ptr<engine::Reduction> score(engine::PassKernel& kernel, const engine::Reduction& kind, std::uint64_t rows,
                                            std::uint64_t tile_rows, std::size_t partial_bytes, const Buffer& input,
@@ -890,7 +892,9 @@ struct ResidentWork {
   Backend& backend;
   Stream& stream;
   bool cuda = false;
-  std::uint64_t room = 0;
+  // Half of what the device budget has left, and of the host budget's (the score's host copies:
+  // charged to the host budget on cuda, to the device budget, host memory, on cpu).
+  std::uint64_t room = 0, host_room = 0;
 };
 
 // What a root's generation, de-duplication and scoring gave (on resident data).
@@ -1245,8 +1249,9 @@ void SolveRun::finished(StepPass& pass) {
 
 ResidentWork::ResidentWork(Backend& backend, Stream& stream)
     : backend(backend), stream(stream), cuda(backend.kind() == BackendKind::cuda) {
-  const MemoryBudget& budget = backend.device_budget();
-  room = budget.limit() > budget.in_use() ? (budget.limit() - budget.in_use()) / 2 : 0;
+  const auto half_left = [](const MemoryBudget& b) { return b.limit() > b.in_use() ? (b.limit() - b.in_use()) / 2 : 0; };
+  room = half_left(backend.device_budget());
+  host_room = half_left(backend.host_budget());
 }
 
 std::uint64_t ResidentWork::dedup_bytes(std::uint64_t rows, std::uint32_t words) const {
@@ -1261,7 +1266,8 @@ std::uint64_t ResidentWork::dedup_bytes(std::uint64_t rows, std::uint32_t words)
 
 // The generation's records (Candidate, or sampled TaggedCandidate and diagonal terms), end to end.
 std::optional<ResidentWork::Generated> ResidentWork::generate(const Problem& p, const GenerationSources& sources, double eps,
-                                                             const std::function<std::uint64_t(std::uint64_t)>& held_after) {
+                                                             const std::function<std::uint64_t(std::uint64_t)>& held_after,
+                                                             const std::function<std::uint64_t(std::uint64_t)>& copied) {
   const bool sampled = sources.sampled != nullptr;
   const std::uint64_t record = sampled ? sizeof(kernels::sci::TaggedCandidate) : sizeof(Candidate);
   const std::uint64_t n = sources.size(), most = std::max<std::uint64_t>(p.max_per_source, 1);
@@ -1273,10 +1279,12 @@ std::optional<ResidentWork::Generated> ResidentWork::generate(const Problem& p, 
   const std::uint64_t fixed = GenerateKernel::resident_bytes(p, sources) + chunk * per_source;
   // Everything held once `rows` records and `diagonal` terms are made: the chunk, the records
   // twice (chunks, then end to end) and what comes after (held_after).
-  const auto held = [&](std::uint64_t rows, std::uint64_t diagonal) {
-    return fixed + 2 * (rows + diagonal) * record + held_after(rows) + diagonal * SpaceKernel::kScratchPerRow;
+  const auto too_much = [&](std::uint64_t rows, std::uint64_t diagonal) {
+    const std::uint64_t device = fixed + 2 * (rows + diagonal) * record + held_after(rows) + diagonal * SpaceKernel::kScratchPerRow;
+    const std::uint64_t host = std::max(copied(rows), diagonal * record);
+    return cuda ? device > room || host > host_room : device + host > room;
   };
-  if (held(0, 0) > room) return std::nullopt;
+  if (too_much(0, 0)) return std::nullopt;
   Generated out;
   std::vector<Buffer> parts[2];
   std::vector<std::uint64_t> part_rows[2];
@@ -1299,7 +1307,7 @@ std::optional<ResidentWork::Generated> ResidentWork::generate(const Problem& p, 
       backend.copy_to_host(made, counts.data(), sampled ? 16 : 8, stream);
       stream.synchronize();
       out.rows += made[0], out.diagonal_rows += made[1];
-      if (held(out.rows, out.diagonal_rows) > room) return std::nullopt;
+      if (too_much(out.rows, out.diagonal_rows)) return std::nullopt;
       const Buffer* from[2] = {&records, &diagonal};
       for (int o = 0; o < 2; ++o) {
         if (made[o] == 0) continue;
@@ -1376,6 +1384,16 @@ ResidentUnique ResidentWork::dedup(Buffer records_in, std::uint64_t rows, std::u
 std::unique_ptr<engine::Reduction> ResidentWork::score(engine::PassKernel& kernel, const engine::Reduction& kind,
                                                        std::uint64_t rows, std::uint64_t tile_rows, std::size_t partial_bytes,
                                                        const Buffer& input, std::uint32_t words, const Buffer* values) {
+  // (the host's copies, charged while they live)
+  const std::uint64_t copies = rows * words * 8 + (values ? rows * 8 : 0);
+  MemoryBudget& charged = cuda ? backend.host_budget() : backend.device_budget();
+  if (cuda) backend.charge_host(copies, "selected-CI score inputs on the host (resident)");
+  else backend.charge_device(copies, "selected-CI score inputs on the host (resident)");
+  struct Charged {
+    MemoryBudget& budget;
+    std::uint64_t bytes;
+    ~Charged() { budget.release(bytes); }
+  } release{charged, copies};
   std::vector<std::uint64_t> host_input(rows * words);
   std::vector<double> host_values(values ? rows : 0);
   backend.copy_to_host(host_input.data(), input.data(), rows * words * 8, stream);
@@ -1406,7 +1424,8 @@ std::optional<Selection> SolveRun::select_on_resident_data(double eps, std::uint
   const auto started = clock::now();
   std::optional<ResidentWork::Generated> g =
       work.generate(*m_.problem, {&m_.space.dets, &m_.davidson->eigenvector(root_)}, eps,
-                    [&](std::uint64_t rows) { return work.dedup_bytes(rows, 2) + space; });
+                    [&](std::uint64_t rows) { return work.dedup_bytes(rows, 2) + space; },
+                    [](std::uint64_t rows) { return rows * 24; });  // (unique keys and values, at most one a record)
   if (!g) return std::nullopt;
   Selection out;
   out.generated = g->rows;
@@ -1439,7 +1458,8 @@ bool SolveRun::sampled_group_on_resident_data() {
   const std::uint64_t space = SpaceKernel::resident_bytes(m_);
   std::optional<ResidentWork::Generated> g =
       work.generate(*m_.problem, {&sampled_.dets, &sampled_.coefficients, &sampled_, *params_.eps_pt2_large}, params_.eps_pt2,
-                    [&](std::uint64_t rows) { return work.dedup_bytes(rows, 3) + space; });
+                    [&](std::uint64_t rows) { return work.dedup_bytes(rows, 3) + space; },
+                    [](std::uint64_t rows) { return rows * 32; });
   if (!g) return false;
   st.generated += g->rows + g->diagonal_rows;
   st.diagonal_rows = g->diagonal_rows;
