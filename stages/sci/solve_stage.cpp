@@ -974,6 +974,11 @@ class SolveRun final : public StepRun {
   std::optional<Selection> select_on_resident_data(double eps, std::uint64_t k);
   // Its result, as the passes' would be taken.
   void selected(Selection s);
+  // Whether phases may run on resident data: one rank (several de-duplicate across ranks through
+  // the passes), on the CPU backend for now. The code is written for cuda too (the same kernels
+  // the passes call, device buffers throughout), but it has not run on a GPU yet: until a GPU
+  // run's tests and bytes say so, cuda keeps the passes.
+  bool on_resident_data() const { return ctx_.comm->size() == 1 && ctx_.backend->kind() == BackendKind::cpu; }
   // A semistochastic group (sampled_) the same way, ended (end_group); false: it does not fit.
   bool sampled_group_on_resident_data();
   // The next root's passes from `first` (false: every root's are done).
@@ -1118,7 +1123,7 @@ std::optional<StepPass> SolveRun::next() {
     // (a semistochastic PT2's deterministic part: at eps_pt2_large)
     const double eps = phase_ == Phase::generate ? eps_var() : params_.eps_pt2_large.value_or(params_.eps_pt2);
     // One rank: on resident data when it fits (the passes' bytes, without their files).
-    if (ctx_.comm->size() == 1)
+    if (on_resident_data())
       if (std::optional<Selection> s = select_on_resident_data(eps, phase_ == Phase::generate ? params_.max_new_dets : 0)) {
         selected(std::move(*s));
         return std::nullopt;
@@ -1127,7 +1132,7 @@ std::optional<StepPass> SolveRun::next() {
                            {&m.space.dets, &m.davidson->eigenvector(root_)}, eps, "determinants");
   }
   if (phase_ == Phase::sampled_generate) {
-    if (ctx_.comm->size() == 1 && sampled_group_on_resident_data()) return std::nullopt;
+    if (on_resident_data() && sampled_group_on_resident_data()) return std::nullopt;
     const StochasticPT2& st = *stochastic_;
     return generation_pass(*m.problem, named(fmt::format("sampled generate {}-{}", st.first, st.first + st.count - 1)),
                            {&sampled_.dets, &sampled_.coefficients, &sampled_, *params_.eps_pt2_large}, params_.eps_pt2,
