@@ -878,8 +878,10 @@ struct ResidentWork {
     std::uint64_t rows = 0, diagonal_rows = 0;
   };
   ResidentWork(Backend& backend, Stream& stream);
-  // Device bytes a dedup of `rows` records of `words` key words and the score after it hold.
+  // Device bytes a dedup of `rows` records of `words` key words and the score after it hold, and
+  // the dedup kernels' workspace among them.
   std::uint64_t dedup_bytes(std::uint64_t rows, std::uint32_t words) const;
+  std::uint64_t dedup_workspace_bytes(std::uint64_t rows, std::uint32_t words) const;
   // nullopt once the records and held_after(records) would pass the room, or the score's copies
   // of its inputs on the host (copied(records), at most) the host budget's.
   std::optional<Generated> generate(const Problem& p, const GenerationSources& sources, double eps,
@@ -1259,14 +1261,18 @@ ResidentWork::ResidentWork(Backend& backend, Stream& stream)
   host_room = half_left(backend.host_budget());
 }
 
+// (the GPU kernels' largest workspace; the CPU twins use host temporaries)
+std::uint64_t ResidentWork::dedup_workspace_bytes(std::uint64_t rows, std::uint32_t words) const {
+  return cuda ? std::max({kernels::tile_unique_scratch_bytes(rows, words), kernels::bucket_split_scratch_bytes(rows),
+                          kernels::bucket_merge_scratch_bytes(rows, words)})
+              : 0;
+}
+
 std::uint64_t ResidentWork::dedup_bytes(std::uint64_t rows, std::uint32_t words) const {
   const kernels::RecordLayout layout{words, true, false};
-  const std::uint64_t work = cuda ? std::max({kernels::tile_unique_scratch_bytes(rows, words), kernels::bucket_split_scratch_bytes(rows),
-                                              kernels::bucket_merge_scratch_bytes(rows, words)})
-                                  : 0;
   // (the records, twice on cuda: split apart; the merge's keys, counts and values; the score's scratch)
-  return rows * layout.cols() * 8 * (cuda ? 2 : 1) + rows * (words * 8 + 16) + work + rows * SpaceKernel::kScratchPerRow +
-         kernels::tiles_of(rows, keys::DedupSource{}.tile_rows) * 8;
+  return rows * layout.cols() * 8 * (cuda ? 2 : 1) + rows * (words * 8 + 16) + dedup_workspace_bytes(rows, words) +
+         rows * SpaceKernel::kScratchPerRow + kernels::tiles_of(rows, keys::DedupSource{}.tile_rows) * 8;
 }
 
 // The generation's records (Candidate, or sampled TaggedCandidate and diagonal terms), end to end.
@@ -1341,10 +1347,7 @@ std::optional<ResidentWork::Generated> ResidentWork::generate(const Problem& p, 
 ResidentUnique ResidentWork::dedup(Buffer records_in, std::uint64_t rows, std::uint32_t words) {
   const kernels::RecordLayout layout{words, true, false};
   const std::uint64_t tile_rows = keys::DedupSource{}.tile_rows, tiles = kernels::tiles_of(rows, tile_rows);
-  const std::uint64_t work_bytes =
-      cuda ? std::max({kernels::tile_unique_scratch_bytes(rows, words), kernels::bucket_split_scratch_bytes(rows),
-                       kernels::bucket_merge_scratch_bytes(rows, words)})
-           : 0;
+  const std::uint64_t work_bytes = dedup_workspace_bytes(rows, words);
   Buffer records = backend.alloc_device(rows * layout.cols() * 8, "selected-CI records (resident)");
   Buffer tile_counts = backend.alloc_device(tiles * 8, "selected-CI tile counts (resident)");
   Buffer work = cuda ? backend.alloc_device(work_bytes, "selected-CI dedup workspace (resident)") : Buffer{};
