@@ -1429,6 +1429,8 @@ std::optional<Selection> SolveRun::select_on_resident_data(double eps, std::uint
   if (!stream_) stream_ = ctx_.backend->make_stream(false);
   ResidentWork work(*ctx_.backend, *stream_);
   const std::uint64_t space = SpaceKernel::resident_bytes(m_);
+  if (phase_ == Phase::pt2_generate && ctx_.comm->root())  // (the longest unit: said when it starts)
+    spdlog::info("sci.solve: final PT2{} at eps {:g} from {} determinants", named(""), eps, m_.space.dets.size());
   const auto started = clock::now();
   std::optional<ResidentWork::Generated> g =
       work.generate(*m_.problem, {&m_.space.dets, &m_.davidson->eigenvector(root_)}, eps,
