@@ -1333,6 +1333,10 @@ std::optional<ResidentWork::Generated> ResidentWork::generate(const Problem& p, 
   const std::uint64_t total[2] = {out.rows, out.diagonal_rows};
   for (int o = 0; o < 2; ++o) {
     if (total[o] == 0) continue;
+    if (parts[o].size() == 1) {  // (one chunk made them all: already end to end)
+      *joined[o] = std::move(parts[o].front());
+      continue;
+    }
     *joined[o] = backend.alloc_device(total[o] * record, "selected-CI candidates (resident)");
     for (std::size_t i = 0, at = 0; i < parts[o].size(); at += part_rows[o][i], ++i)
       backend.copy_on_device(static_cast<char*>(joined[o]->data()) + at * record, parts[o][i].data(), part_rows[o][i] * record,
