@@ -426,42 +426,69 @@ Buffer upload(Backend& backend, Stream& stream, const std::vector<T>& v, const c
 // go up again once an iteration.)
 class SpaceKernel : public engine::PassKernel {
  public:
-  explicit SpaceKernel(const Memory& m) : m_(m) {}
+  // sums: how many tile sums the kernel keeps on the device at most (sum_values; 0: none).
+  SpaceKernel(const Memory& m, std::uint64_t sums) : m_(m), sum_values_(sums) {}
   void prepare(Backend& backend, Stream& stream) override {
     backend_ = &backend;
     h_ = std::make_unique<sci::ResidentHamiltonian>(backend, stream, m_.problem->ints, m_.problem->tables);
     space_ = upload(backend, stream, m_.space.dets, "selected-CI space");
+    if (sum_values_ > 0) sums_ = backend.alloc_device(sum_values_ * 8, "selected-CI tile sums");
     stream.synchronize();
   }
-  static std::uint64_t resident_bytes(const Memory& m) {
+  static std::uint64_t resident_bytes(const Memory& m, std::uint64_t sums = 0) {
     const std::uint64_t n = std::max<std::uint64_t>(m.space.dets.size(), 1);
-    return sci::ResidentHamiltonian::bytes(m.problem->ints, m.problem->tables) + n * sizeof(Det);
+    return sci::ResidentHamiltonian::bytes(m.problem->ints, m.problem->tables) + n * sizeof(Det) + sums * 8;
+  }
+  // The tile sums of a pass over `rows` rows (batches of whole tiles), `slots` a tile.
+  static std::uint64_t sum_values(std::uint64_t rows, std::uint64_t tile_rows, std::uint32_t slots) {
+    return (rows + tile_rows - 1) / tile_rows * slots;
   }
   // Device scratch a row: its denominator and whether it is skipped.
   static constexpr std::uint64_t kScratchPerRow = sizeof(double) + 1;
 
  protected:
   // The batch's candidates (input 0: rows of `words` uint64, the determinant first) scored on the
-  // backend: into denominator_ and skipped_ on the host, a value a row.
-  void score_rows(const engine::BatchView& b, std::uint32_t words, double energy) {
+  // backend: a denominator and whether it is skipped a row, in the batch's scratch.
+  kernels::SciScoreRows score_rows(const engine::BatchView& b, std::uint32_t words, double energy) const {
     const std::uint64_t rows = b.rows.size();
     const Problem& p = *m_.problem;
-    auto* device_denominator = static_cast<double*>(b.scratch);
-    auto* device_skipped = reinterpret_cast<unsigned char*>(device_denominator + rows);
-    kernels::sci_score_rows(*b.stream, {h_->view(), space_.as<Det>(), m_.space.dets.size(),
-                                        p.symmetry.masks(p.target.irrep), static_cast<const std::uint64_t*>(b.inputs[0]),
-                                        words, rows, energy, device_denominator, device_skipped});
-    denominator_.resize(rows);
-    skipped_.resize(rows);
-    backend_->copy_to_host(denominator_.data(), device_denominator, rows * sizeof(double), *b.stream);
-    backend_->copy_to_host(skipped_.data(), device_skipped, rows, *b.stream);
+    auto* denominator = static_cast<double*>(b.scratch);
+    const kernels::SciScoreRows scored{h_->view(), space_.as<Det>(), m_.space.dets.size(), p.symmetry.masks(p.target.irrep),
+                                       static_cast<const std::uint64_t*>(b.inputs[0]), words, rows, energy, denominator,
+                                       reinterpret_cast<unsigned char*>(denominator + rows)};
+    kernels::sci_score_rows(*b.stream, scored);
+    return scored;
+  }
+  // The same, copied into denominator_ and skipped_ on the host (for the host's top-K).
+  void score_rows_to_host(const engine::BatchView& b, std::uint32_t words, double energy) {
+    const kernels::SciScoreRows scored = score_rows(b, words, energy);
+    denominator_.resize(scored.n);
+    skipped_.resize(scored.n);
+    backend_->copy_to_host(denominator_.data(), scored.denominator, scored.n * sizeof(double), *b.stream);
+    backend_->copy_to_host(skipped_.data(), scored.skipped, scored.n, *b.stream);
     b.stream->synchronize();
+  }
+  // The EN-PT2 terms' sums per tile on the backend (`sums` says which rows and slots; its
+  // denominators and skips are score_rows'), copied to the host: tiles * slots values.
+  std::vector<double> tile_sums(const engine::BatchView& b, const kernels::SciScoreRows& scored, kernels::SciTileSums sums) {
+    sums.denominator = scored.denominator;
+    sums.skipped = scored.skipped;
+    sums.n = scored.n;
+    const std::uint64_t values = sum_values(scored.n, sums.tile_rows, sums.slots);
+    if (values > sum_values_) throw std::logic_error("sci.solve: a batch has more tile sums than its kernel was made for");
+    sums.sums = sums_.as<double>();
+    kernels::sci_tile_sums(*b.stream, sums);
+    std::vector<double> out(values);
+    backend_->copy_to_host(out.data(), sums_.data(), values * 8, *b.stream);
+    b.stream->synchronize();
+    return out;
   }
 
   const Memory& m_;
   Backend* backend_ = nullptr;
   std::unique_ptr<sci::ResidentHamiltonian> h_;
-  Buffer space_;
+  Buffer space_, sums_;
+  std::uint64_t sum_values_;
   std::vector<double> denominator_;
   std::vector<unsigned char> skipped_;
 };
@@ -593,18 +620,35 @@ class ScoreReduction final : public engine::Reduction {
 // Per unique candidate outside the space (and of the target's irrep), the EN-PT2 term and the
 // model's amplitude; each tile's partial keeps its K best. Whether a candidate counts and its
 // denominator E - H_aa come from the backend (kernels/sci_score.hpp: on the GPU, the space and
-// the integrals resident for the pass); the sums and the top-K are the host's, per tile in row
-// order, so E_PT2 and the top-K have the same bits on every backend and for any batch.
+// the integrals resident for the pass), and so do the sums when no top-K is kept (a final PT2);
+// else the sums and the top-K are the host's. Either way per tile in row order, so E_PT2 and the
+// top-K have the same bits on every backend and for any batch.
 class ScoreKernel final : public SpaceKernel {
  public:
-  ScoreKernel(const Memory& m, const sci::AmplitudeModel& model, double energy, std::uint64_t k, std::uint64_t tile_rows)
-      : SpaceKernel(m), model_(model), energy_(energy), k_(k), tile_rows_(tile_rows) {}
+  // rows: the pass's (k == 0: its tile sums are kept on the device)
+  ScoreKernel(const Memory& m, const sci::AmplitudeModel& model, double energy, std::uint64_t k, std::uint64_t tile_rows,
+              std::uint64_t rows)
+      : SpaceKernel(m, k == 0 ? sum_values(rows, tile_rows, 1) : 0), model_(model), energy_(energy), k_(k),
+        tile_rows_(tile_rows) {}
   void process(const engine::BatchView& b) override {
-    const auto* keys = static_cast<const std::uint64_t*>(b.host_inputs[0]);
-    const auto* values = static_cast<const double*>(b.host_inputs[1]);
     const std::uint64_t rows = b.rows.size(), tiles = (rows + tile_rows_ - 1) / tile_rows_;
     const std::size_t partial_bytes = sizeof(ScoreHeader) + k_ * sizeof(Scored);
-    score_rows(b, 2, energy_);
+    if (k_ == 0) {  // (E_PT2 alone: summed where the rows are, nothing else leaves the device)
+      const kernels::SciScoreRows scored = score_rows(b, 2, energy_);
+      kernels::SciTileSums sums;
+      sums.values = static_cast<const double*>(b.inputs[1]);
+      sums.tile_rows = tile_rows_;
+      const std::vector<double> pt2 = tile_sums(b, scored, sums);
+      for (std::uint64_t t = 0; t < tiles; ++t) {
+        ScoreHeader h;
+        h.pt2 = pt2[t];
+        std::memcpy(static_cast<std::byte*>(b.partials) + t * partial_bytes, &h, sizeof h);
+      }
+      return;
+    }
+    const auto* keys = static_cast<const std::uint64_t*>(b.host_inputs[0]);
+    const auto* values = static_cast<const double*>(b.host_inputs[1]);
+    score_rows_to_host(b, 2, energy_);
     // (tiles are independent, each summed in row order: one a thread gives the same partials)
     parallel_for(static_cast<std::int64_t>(tiles), [&](std::int64_t tile) {
       const auto t = static_cast<std::uint64_t>(tile);
@@ -670,29 +714,23 @@ class SampledScoreKernel final : public SpaceKernel {
   // records: input 0 holds whole records (alpha, beta, tag, value: the diagonal terms, scored as
   // generated); else the de-duplicated keys (alpha, beta, tag) and input 1 their summed values.
   SampledScoreKernel(const Memory& m, double energy, std::uint64_t first, std::uint64_t count, std::uint64_t tile_rows,
-                     bool records)
-      : SpaceKernel(m), energy_(energy), first_(first), count_(count), tile_rows_(tile_rows), records_(records) {}
+                     bool records, std::uint64_t rows)
+      : SpaceKernel(m, sum_values(rows, tile_rows, static_cast<std::uint32_t>(count))), energy_(energy), first_(first),
+        count_(count), tile_rows_(tile_rows), records_(records) {}
   void process(const engine::BatchView& b) override {
-    const auto* keys = static_cast<const std::uint64_t*>(b.host_inputs[0]);
-    const std::uint64_t words = records_ ? 4 : 3;
-    const auto value = [&](std::uint64_t r) {
-      return records_ ? std::bit_cast<double>(keys[4 * r + 3]) : static_cast<const double*>(b.host_inputs[1])[r];
-    };
-    const std::uint64_t rows = b.rows.size(), tiles = (rows + tile_rows_ - 1) / tile_rows_;
-    score_rows(b, static_cast<std::uint32_t>(words), energy_);
-    // (tiles are independent, each summed in row order: one a thread gives the same partials)
-    parallel_for(static_cast<std::int64_t>(tiles), [&](std::int64_t tile) {
-      const auto t = static_cast<std::uint64_t>(tile);
-      std::vector<double> sums(count_, 0.0);
-      for (std::uint64_t r = t * tile_rows_; r < std::min(rows, (t + 1) * tile_rows_); ++r) {
-        if (skipped_[r]) continue;
-        const std::uint64_t tag = keys[words * r + 2], batch = tag / 3 - first_;
-        const double v = value(r), den = denominator_[r];
-        const double term = tag % 3 == 0 ? v * v / den : tag % 3 == 1 ? -(v * v) / den : v / den;
-        sums.at(batch) += term;
-      }
-      std::memcpy(static_cast<std::byte*>(b.partials) + t * count_ * 8, sums.data(), count_ * 8);
-    });
+    const std::uint32_t words = records_ ? 4 : 3;
+    const auto* keys = static_cast<const std::uint64_t*>(b.inputs[0]);
+    const kernels::SciScoreRows scored = score_rows(b, words, energy_);
+    kernels::SciTileSums sums;
+    sums.values = records_ ? reinterpret_cast<const double*>(keys + 3) : static_cast<const double*>(b.inputs[1]);
+    sums.value_stride = records_ ? 4 : 1;
+    sums.tags = keys + 2;
+    sums.tag_stride = words;
+    sums.first_batch = first_;
+    sums.slots = static_cast<std::uint32_t>(count_);
+    sums.tile_rows = tile_rows_;
+    const std::vector<double> batch_sums = tile_sums(b, scored, sums);
+    std::memcpy(b.partials, batch_sums.data(), batch_sums.size() * 8);
   }
 
  private:
@@ -789,6 +827,7 @@ struct StochasticPT2 {
 // Batches a group of the stochastic part runs as one generate/dedup/score (its error bar is
 // looked at after each group).
 constexpr std::uint64_t kBatchesPerGroup = 10;
+static_assert(kBatchesPerGroup <= kernels::kSciTileSumSlots, "a group's batches are the tile sums' slots");
 
 // Root r's E_var against E_PT2 over the schedule's points that have a PT2, fitted to a line (least
 // squares): its value at E_PT2 = 0 is the extrapolated energy, as SHCI codes report it. nullopt
@@ -882,15 +921,16 @@ struct ResidentWork {
   // the dedup kernels' workspace among them.
   std::uint64_t dedup_bytes(std::uint64_t rows, std::uint32_t words) const;
   std::uint64_t dedup_workspace_bytes(std::uint64_t rows, std::uint32_t words) const;
-  // nullopt once the records and held_after(records) would pass the room, or the score's copies
-  // of its inputs on the host (copied(records), at most) the host budget's.
+  // nullopt once the records and held_after(records) would pass the room, or (cuda) the score's
+  // copies of its inputs on the host (copied(records), at most) the host budget's.
   std::optional<Generated> generate(const Problem& p, const GenerationSources& sources, double eps,
                                     const std::function<std::uint64_t(std::uint64_t)>& held_after,
                                     const std::function<std::uint64_t(std::uint64_t)>& copied);
   ResidentUnique dedup(Buffer records, std::uint64_t rows, std::uint32_t words);
+  // host_inputs: the kernel reads its inputs on the host too (BatchView::host_inputs; cuda: copied).
   std::unique_ptr<engine::Reduction> score(engine::PassKernel& kernel, const engine::Reduction& kind, std::uint64_t rows,
                                            std::uint64_t tile_rows, std::size_t partial_bytes, const Buffer& input,
-                                           std::uint32_t words, const Buffer* values);
+                                           std::uint32_t words, const Buffer* values, bool host_inputs);
   Backend& backend;
   Stream& stream;
   bool cuda = false;
@@ -977,10 +1017,8 @@ class SolveRun final : public StepRun {
   // Its result, as the passes' would be taken.
   void selected(Selection s);
   // Whether phases may run on resident data: one rank (several de-duplicate across ranks through
-  // the passes), on the CPU backend for now. The code is written for cuda too (the same kernels
-  // the passes call, device buffers throughout), but it has not run on a GPU yet: until a GPU
-  // run's tests and bytes say so, cuda keeps the passes.
-  bool on_resident_data() const { return ctx_.comm->size() == 1 && ctx_.backend->kind() == BackendKind::cpu; }
+  // the passes), on either backend (the same kernels the passes call, device buffers throughout).
+  bool on_resident_data() const { return ctx_.comm->size() == 1; }
   // A semistochastic group (sampled_) the same way, ended (end_group); false: it does not fit.
   bool sampled_group_on_resident_data();
   // The next root's passes from `first` (false: every root's are done).
@@ -1097,16 +1135,17 @@ StepPass generation_pass(const Problem& problem, std::string name, const Generat
 // A scoring pass over a de-duplication's result (keys of `words` words and their summed values):
 // the keys on the device for the kernel and in pinned memory for the host's sums, the values only
 // there; the kernel and the reduction are the caller's.
+// (sums: the kernel's tile sums on the device; the values go there too, else to the host only)
 StepPass score_pass(const Memory& m, std::string name, const keys::DedupResult& r, std::uint32_t words,
-                    std::uint64_t tile_rows, std::size_t tile_partial_bytes) {
+                    std::uint64_t tile_rows, std::size_t tile_partial_bytes, std::uint64_t sums) {
   StepPass p;
   p.name = std::move(name);
   p.pass.rows = r.unique;
   p.pass.tile_rows = tile_rows;
   p.pass.inputs.push_back({"unique keys", nullptr, words * 8ull});
   p.pass.inputs.push_back({"summed values", nullptr, 8});
-  p.pass.inputs[1].place = engine::StreamedInput::Place::host;
-  p.pass.resident_device_bytes = SpaceKernel::resident_bytes(m);
+  if (sums == 0) p.pass.inputs[1].place = engine::StreamedInput::Place::host;
+  p.pass.resident_device_bytes = SpaceKernel::resident_bytes(m, sums);
   p.pass.scratch_device_bytes_per_row = SpaceKernel::kScratchPerRow;
   p.streamed_inputs = {earlier_pass_input(r.pass, r.keys), earlier_pass_input(r.pass, r.values)};
   p.pass.tile_partial_bytes = tile_partial_bytes;
@@ -1144,17 +1183,20 @@ std::optional<StepPass> SolveRun::next() {
   if (phase_ == Phase::score || phase_ == Phase::pt2_score) {
     const std::uint64_t k = phase_ == Phase::score ? params_.max_new_dets : 0;
     const std::uint64_t tile_rows = score_tile_rows(k);
+    const std::uint64_t rows = dedup_->result().unique;
     StepPass p = score_pass(m, named(fmt::format("score {}", iteration_)), dedup_->result(), 2, tile_rows,
-                            sizeof(ScoreHeader) + k * sizeof(Scored));
-    p.kernel = std::make_unique<ScoreKernel>(m, *m.amplitude_model, e_var_.at(root_), k, tile_rows);
+                            sizeof(ScoreHeader) + k * sizeof(Scored), k == 0 ? SpaceKernel::sum_values(rows, tile_rows, 1) : 0);
+    p.kernel = std::make_unique<ScoreKernel>(m, *m.amplitude_model, e_var_.at(root_), k, tile_rows, rows);
     p.reduction = std::make_unique<ScoreReduction>(k);
     return p;
   }
   if (phase_ == Phase::sampled_score) {
     const StochasticPT2& st = *stochastic_;
+    const std::uint64_t rows = dedup_->result().unique;
     StepPass p = score_pass(m, named(fmt::format("sampled score {}-{}", st.first, st.first + st.count - 1)),
-                            dedup_->result(), 3, kScoreTileMin, st.count * 8);
-    p.kernel = std::make_unique<SampledScoreKernel>(m, e_var_.at(root_), st.first, st.count, kScoreTileMin, false);
+                            dedup_->result(), 3, kScoreTileMin, st.count * 8,
+                            SpaceKernel::sum_values(rows, kScoreTileMin, static_cast<std::uint32_t>(st.count)));
+    p.kernel = std::make_unique<SampledScoreKernel>(m, e_var_.at(root_), st.first, st.count, kScoreTileMin, false, rows);
     p.reduction = std::make_unique<BatchSums>(st.count);
     return p;
   }
@@ -1165,12 +1207,14 @@ std::optional<StepPass> SolveRun::next() {
     p.pass.rows = st.diagonal_rows;
     p.pass.tile_rows = kScoreTileMin;
     p.pass.inputs.push_back({"diagonal terms", nullptr, 32});
-    p.pass.resident_device_bytes = SpaceKernel::resident_bytes(m);
+    const std::uint64_t sums = SpaceKernel::sum_values(st.diagonal_rows, kScoreTileMin, static_cast<std::uint32_t>(st.count));
+    p.pass.resident_device_bytes = SpaceKernel::resident_bytes(m, sums);
     p.pass.scratch_device_bytes_per_row = SpaceKernel::kScratchPerRow;
     p.streamed_inputs = {earlier_pass_input(generated_pass_, "diagonal terms")};
     p.pass.tile_partial_bytes = st.count * 8;
     p.pass.partials_on_host = true;
-    p.kernel = std::make_unique<SampledScoreKernel>(m, e_var_.at(root_), st.first, st.count, kScoreTileMin, true);
+    p.kernel = std::make_unique<SampledScoreKernel>(m, e_var_.at(root_), st.first, st.count, kScoreTileMin, true,
+                                                    st.diagonal_rows);
     p.reduction = std::make_unique<BatchSums>(st.count);
     return p;
   }
@@ -1292,8 +1336,7 @@ std::optional<ResidentWork::Generated> ResidentWork::generate(const Problem& p, 
   // twice (chunks, then end to end) and what comes after (held_after).
   const auto too_much = [&](std::uint64_t rows, std::uint64_t diagonal) {
     const std::uint64_t device = fixed + 2 * (rows + diagonal) * record + held_after(rows) + diagonal * SpaceKernel::kScratchPerRow;
-    const std::uint64_t host = std::max(copied(rows), diagonal * record);
-    return cuda ? device > room || host > host_room : device + host > room;
+    return device > room || (cuda && copied(rows) > host_room);
   };
   if (too_much(0, 0)) return std::nullopt;
   Generated out;
@@ -1391,25 +1434,29 @@ ResidentUnique ResidentWork::dedup(Buffer records_in, std::uint64_t rows, std::u
   return out;
 }
 
-// One batch of a score pass over `rows` rows: input 0 on the device (`words` words a row) and on
-// the host, input 1 (values) on the host only, if any; its tiles' partials folded in the tree.
+// One batch of a score pass over `rows` rows: input 0 (`words` words a row) and input 1 (values),
+// if any, on the device and, if the kernel reads them there, on the host; its tiles' partials
+// folded in the tree.
 std::unique_ptr<engine::Reduction> ResidentWork::score(engine::PassKernel& kernel, const engine::Reduction& kind,
                                                        std::uint64_t rows, std::uint64_t tile_rows, std::size_t partial_bytes,
-                                                       const Buffer& input, std::uint32_t words, const Buffer* values) {
-  // (the host's copies, charged while they live)
-  const std::uint64_t copies = rows * words * 8 + (values ? rows * 8 : 0);
-  MemoryBudget& charged = cuda ? backend.host_budget() : backend.device_budget();
-  if (cuda) backend.charge_host(copies, "selected-CI score inputs on the host (resident)");
-  else backend.charge_device(copies, "selected-CI score inputs on the host (resident)");
+                                                       const Buffer& input, std::uint32_t words, const Buffer* values,
+                                                       bool host_inputs) {
+  // (cuda: the host's copies, charged to the host budget while they live; cpu: the data itself)
+  const std::uint64_t copies = cuda && host_inputs ? rows * words * 8 + (values ? rows * 8 : 0) : 0;
+  backend.charge_host(copies, "selected-CI score inputs on the host (resident)");
   struct Charged {
     MemoryBudget& budget;
     std::uint64_t bytes;
     ~Charged() { budget.release(bytes); }
-  } release{charged, copies};
-  std::vector<std::uint64_t> host_input(rows * words);
-  std::vector<double> host_values(values ? rows : 0);
-  backend.copy_to_host(host_input.data(), input.data(), rows * words * 8, stream);
-  if (values) backend.copy_to_host(host_values.data(), values->data(), rows * 8, stream);
+  } release{backend.host_budget(), copies};
+  std::vector<std::uint64_t> host_input(copies ? rows * words : 0);
+  std::vector<double> host_values(copies && values ? rows : 0);
+  if (copies) {
+    backend.copy_to_host(host_input.data(), input.data(), rows * words * 8, stream);
+    if (values) backend.copy_to_host(host_values.data(), values->data(), rows * 8, stream);
+  }
+  const void* host_keys = cuda ? static_cast<const void*>(host_input.data()) : input.data();
+  const void* host_sums = cuda ? static_cast<const void*>(host_values.data()) : values ? values->data() : nullptr;
   Buffer scratch = backend.alloc_device(rows * SpaceKernel::kScratchPerRow, "selected-CI score scratch (resident)");
   const std::uint64_t tiles = (rows + tile_rows - 1) / tile_rows;
   std::vector<std::byte> partials(tiles * partial_bytes);
@@ -1417,7 +1464,7 @@ std::unique_ptr<engine::Reduction> ResidentWork::score(engine::PassKernel& kerne
   engine::BatchView b;
   b.rows = {0, rows};
   b.inputs = {input.data(), values ? values->data() : nullptr};
-  b.host_inputs = {host_input.data(), host_values.data()};
+  b.host_inputs = {host_keys, host_sums};
   b.scratch = scratch.data();
   b.partials = partials.data();
   b.stream = &stream;
@@ -1439,7 +1486,7 @@ std::optional<Selection> SolveRun::select_on_resident_data(double eps, std::uint
   std::optional<ResidentWork::Generated> g =
       work.generate(*m_.problem, {&m_.space.dets, &m_.davidson->eigenvector(root_)}, eps,
                     [&](std::uint64_t rows) { return work.dedup_bytes(rows, 2) + space; },
-                    [](std::uint64_t rows) { return rows * 24; });  // (unique keys and values, at most one a record)
+                    [k](std::uint64_t rows) { return k ? rows * 24 : 0; });  // (the top-K's unique keys and values)
   if (!g) return std::nullopt;
   Selection out;
   out.generated = g->rows;
@@ -1451,9 +1498,10 @@ std::optional<Selection> SolveRun::select_on_resident_data(double eps, std::uint
   out.dedup_seconds = seconds_since(dedup_started);
   const auto score_started = clock::now();
   const std::uint64_t tile_rows = score_tile_rows(k);
-  ScoreKernel kernel(m_, *m_.amplitude_model, e_var_.at(root_), k, tile_rows);
+  ScoreKernel kernel(m_, *m_.amplitude_model, e_var_.at(root_), k, tile_rows, u.unique);
   const std::unique_ptr<engine::Reduction> folded =
-      work.score(kernel, ScoreReduction(k), u.unique, tile_rows, sizeof(ScoreHeader) + k * sizeof(Scored), u.keys, 2, &u.values);
+      work.score(kernel, ScoreReduction(k), u.unique, tile_rows, sizeof(ScoreHeader) + k * sizeof(Scored), u.keys, 2, &u.values,
+                 k > 0);
   const auto& scored = static_cast<const ScoreReduction&>(*folded);
   out.pt2 = scored.pt2();
   out.top = scored.top();
@@ -1473,15 +1521,16 @@ bool SolveRun::sampled_group_on_resident_data() {
   std::optional<ResidentWork::Generated> g =
       work.generate(*m_.problem, {&sampled_.dets, &sampled_.coefficients, &sampled_, *params_.eps_pt2_large}, params_.eps_pt2,
                     [&](std::uint64_t rows) { return work.dedup_bytes(rows, 3) + space; },
-                    [](std::uint64_t rows) { return rows * 32; });
+                    [](std::uint64_t) { return 0; });  // (summed on the device)
   if (!g) return false;
   st.generated += g->rows + g->diagonal_rows;
   st.diagonal_rows = g->diagonal_rows;
   st.diagonal_sums.assign(st.count, 0.0);
   const double energy = e_var_.at(root_);
   if (g->diagonal_rows > 0) {
-    SampledScoreKernel kernel(m_, energy, st.first, st.count, kScoreTileMin, true);
-    const auto folded = work.score(kernel, BatchSums(st.count), g->diagonal_rows, kScoreTileMin, st.count * 8, g->diagonal, 4, nullptr);
+    SampledScoreKernel kernel(m_, energy, st.first, st.count, kScoreTileMin, true, g->diagonal_rows);
+    const auto folded = work.score(kernel, BatchSums(st.count), g->diagonal_rows, kScoreTileMin, st.count * 8, g->diagonal, 4, nullptr,
+                                   false);
     st.diagonal_sums = static_cast<const BatchSums&>(*folded).sums();
   }
   g->diagonal.reset();
@@ -1489,8 +1538,8 @@ bool SolveRun::sampled_group_on_resident_data() {
   if (g->rows > 0) {
     ResidentUnique u = work.dedup(std::move(g->records), g->rows, 3);
     st.unique += u.unique;
-    SampledScoreKernel kernel(m_, energy, st.first, st.count, kScoreTileMin, false);
-    const auto folded = work.score(kernel, BatchSums(st.count), u.unique, kScoreTileMin, st.count * 8, u.keys, 3, &u.values);
+    SampledScoreKernel kernel(m_, energy, st.first, st.count, kScoreTileMin, false, u.unique);
+    const auto folded = work.score(kernel, BatchSums(st.count), u.unique, kScoreTileMin, st.count * 8, u.keys, 3, &u.values, false);
     sums = static_cast<const BatchSums&>(*folded).sums();
   }
   account("pt2", std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -583,6 +584,113 @@ TEST(SciGpu, ScoreRowsAreTheCpusBits) {
       ASSERT_EQ(std::memcmp(&got_den[i], &den[i], 8), 0) << file << " " << i << ": " << got_den[i] << " vs " << den[i];
     }
   }
+}
+
+// The EN-PT2 terms' tile sums: each tile's rows in row order, skipped rows left out, the tags'
+// slots and signs (tag 3b: v^2/den into batch b, 3b + 1: -v^2/den, 3b + 2: v/den); the GPU gives
+// the CPU twin's bits.
+namespace {
+
+struct TileSumRows {
+  std::vector<double> den, values;
+  std::vector<unsigned char> skipped;
+  std::vector<std::uint64_t> records;  // alpha, beta, tag, value bits: the diagonal terms' layout
+  std::uint64_t n;
+};
+
+TileSumRows tile_sum_rows(std::uint64_t n, std::uint64_t first_batch, std::uint32_t slots) {
+  TileSumRows t;
+  t.n = n;
+  std::mt19937_64 rng(7);
+  std::uniform_real_distribution<double> u(-1, 1);
+  for (std::uint64_t r = 0; r < n; ++r) {
+    t.den.push_back(-0.5 - std::fabs(u(rng)) * 3);
+    t.values.push_back(u(rng) * std::exp(8 * u(rng)));  // (values over many magnitudes: the order shows in the bits)
+    t.skipped.push_back(rng() % 5 == 0);
+    const std::uint64_t tag = 3 * (first_batch + rng() % slots) + rng() % 3;
+    t.records.insert(t.records.end(), {rng(), rng(), tag, std::bit_cast<std::uint64_t>(t.values.back())});
+  }
+  return t;
+}
+
+// (the plain loop, tile by tile)
+std::vector<double> tile_sums_by_hand(const TileSumRows& t, std::uint64_t tile_rows, std::uint32_t slots, bool tagged,
+                                      std::uint64_t first_batch) {
+  const std::uint64_t tiles = (t.n + tile_rows - 1) / tile_rows;
+  std::vector<double> sums(tiles * slots, 0.0);
+  for (std::uint64_t r = 0; r < t.n; ++r) {
+    if (t.skipped[r]) continue;
+    const double v = t.values[r], den = t.den[r];
+    if (!tagged) {
+      sums[r / tile_rows] += v * v / den;
+      continue;
+    }
+    const std::uint64_t tag = t.records[4 * r + 2];
+    const double term = tag % 3 == 0 ? v * v / den : tag % 3 == 1 ? -(v * v) / den : v / den;
+    sums[r / tile_rows * slots + (tag / 3 - first_batch)] += term;
+  }
+  return sums;
+}
+
+kernels::SciTileSums tile_sum_args(const TileSumRows& t, std::uint64_t tile_rows, std::uint32_t slots, bool tagged,
+                                   std::uint64_t first_batch) {
+  kernels::SciTileSums a;
+  a.denominator = t.den.data();
+  a.skipped = t.skipped.data();
+  a.n = t.n;
+  a.values = tagged ? reinterpret_cast<const double*>(t.records.data() + 3) : t.values.data();
+  a.value_stride = tagged ? 4 : 1;
+  a.tags = tagged ? t.records.data() + 2 : nullptr;
+  a.tag_stride = 4;
+  a.first_batch = first_batch;
+  a.slots = tagged ? slots : 1;
+  a.tile_rows = tile_rows;
+  return a;
+}
+
+}  // namespace
+
+TEST(SciScore, TileSumsAreEachTilesRowsInOrder) {
+  for (const bool tagged : {false, true})
+    for (const std::uint64_t n : {std::uint64_t{1}, std::uint64_t{1000}, std::uint64_t{70001}}) {
+      const std::uint64_t tile_rows = 4096, first_batch = 20;
+      const std::uint32_t slots = tagged ? 10 : 1;
+      const TileSumRows t = tile_sum_rows(n, first_batch, slots);
+      kernels::SciTileSums a = tile_sum_args(t, tile_rows, slots, tagged, first_batch);
+      std::vector<double> got((n + tile_rows - 1) / tile_rows * slots, -1.0);
+      a.sums = got.data();
+      kernels::sci_tile_sums_cpu(a);
+      const std::vector<double> want = tile_sums_by_hand(t, tile_rows, slots, tagged, first_batch);
+      ASSERT_EQ(got.size(), want.size());
+      EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * 8), 0) << "tagged " << tagged << " n " << n;
+    }
+}
+
+TEST(SciGpu, TileSumsAreTheCpusBits) {
+  REQUIRE_GPU();
+  test::GpuRun gpu;
+  for (const bool tagged : {false, true})
+    for (const std::uint64_t n : {std::uint64_t{3}, std::uint64_t{5000}, std::uint64_t{300001}}) {
+      const std::uint64_t tile_rows = 65536, first_batch = 40;
+      const std::uint32_t slots = tagged ? 10 : 1;
+      const TileSumRows t = tile_sum_rows(n, first_batch, slots);
+      kernels::SciTileSums a = tile_sum_args(t, tile_rows, slots, tagged, first_batch);
+      const std::uint64_t values = (n + tile_rows - 1) / tile_rows * slots;
+      std::vector<double> want(values);
+      a.sums = want.data();
+      kernels::sci_tile_sums_cpu(a);
+      Buffer den = gpu.upload(t.den.data(), n * 8), skipped = gpu.upload(t.skipped.data(), n);
+      Buffer vals = gpu.upload(t.values.data(), n * 8), records = gpu.upload(t.records.data(), n * 32);
+      Buffer sums = gpu.backend->alloc_device(values * 8, "test");
+      a.denominator = den.as<double>();
+      a.skipped = skipped.as<unsigned char>();
+      a.values = tagged ? records.as<double>() + 3 : vals.as<double>();
+      a.tags = tagged ? records.as<std::uint64_t>() + 2 : nullptr;
+      a.sums = sums.as<double>();
+      kernels::sci_tile_sums(*gpu.stream, a);
+      const auto got = gpu.download<double>(sums, values);
+      EXPECT_EQ(std::memcmp(got.data(), want.data(), values * 8), 0) << "tagged " << tagged << " n " << n;
+    }
 }
 
 // sci.solve's resident space: H within the space stored gives the enumerating sigma's bits (on
