@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <stdexcept>
 #include <vector>
 
 #include "kernels/dispatch.hpp"
@@ -143,11 +144,18 @@ void for_each_coupling_row(const SciCouplings& a, Row&& row) {
   });
 }
 
+// (the cpu grows its rows through sci::CouplingsUpdate, with each entry's place)
+static void refuse_growth(const SciCouplings& a) {
+  if (a.growth.previous_row) throw std::logic_error("sci_couplings: rows grown by the lanes' walk are cuda's");
+}
+
 void sci_couplings_count_cpu(const SciCouplings& a) {
+  refuse_growth(a);
   for_each_coupling_row(a, [&](sci::CouplingRow& row, std::uint64_t r) { a.counts[r] = row.count(); });
 }
 
 void sci_couplings_write_cpu(const SciCouplings& a) {
+  refuse_growth(a);
   for_each_coupling_row(a, [&](sci::CouplingRow& row, std::uint64_t r) {
     std::uint64_t at = a.offsets[r];
     row.visit([&](std::uint32_t i, double element, std::uint32_t place) {

@@ -167,43 +167,81 @@ __device__ void for_each_lane_coupling(const HamiltonianView& h, int na, int nb,
   }
 }
 
+// A grown row's entries as sigma_kernel's threads find them (SciCouplings::Growth): the lane's
+// stored entries of the row it was (S0's row `before`), renumbered, and the excitations that reach
+// an added determinant, in the lane's excitation order.
+template <typename Visit>
+__device__ void for_each_grown_lane_coupling(const HamiltonianView& h, int na, int nb, const Det* space,
+                                             const SciCouplings::Growth& g, std::uint32_t before, const Det& d,
+                                             SharedSource& s, unsigned* end, Visit&& visit) {
+  const unsigned lists = sci::list_count(na, nb);
+  const unsigned total = lay_out_lists(h, na, nb, d, 1.0, 0.0, s, end);
+  const std::uint64_t row = g.offsets[before], lanes = static_cast<std::uint64_t>(before) * kThreads;
+  std::uint64_t next = row + (threadIdx.x ? g.lane_ends[lanes + threadIdx.x - 1] : 0);
+  const std::uint64_t stop = row + g.lane_ends[lanes + threadIdx.x];
+  // The lane's next stored entry: its column in S and its determinant (an excitation into S0 is
+  // that one, compared rather than searched).
+  std::uint32_t want_at = 0;
+  Det want{};
+  const auto load_next = [&] {
+    if (next >= stop) return;
+    want_at = g.renumbered[g.columns[next]];
+    want = space[want_at];
+  };
+  load_next();
+  for (unsigned v = threadIdx.x; v < total; v += kThreads) {
+    Det t;
+    double e;
+    if (!excitation_at(h, na, nb, d, 1.0, 0.0, s, end, lists, v, &t, &e)) continue;
+    if (next < stop && want == t) {
+      visit(want_at, e);
+      ++next;
+      load_next();
+      continue;
+    }
+    const std::uint64_t k = sci::find_sorted(g.added, g.added_size, t);
+    if (k < g.added_size) visit(g.added_index[k], e);
+  }
+}
+
+// Row r's entries, found from nothing or grown (SciCouplings::Growth).
+template <typename Visit>
+__device__ void for_each_row_coupling(const SciCouplings& a, std::uint64_t r, SharedSource& s, unsigned* end,
+                                      Visit&& visit) {
+  const Det d = a.space[a.first + r];
+  const std::uint32_t before = a.growth.previous_row ? a.growth.previous_row[r] : kSciAdded;
+  if (before == kSciAdded) for_each_lane_coupling(a.h, a.nalpha, a.nbeta, a.space, a.space_size, d, s, end, visit);
+  else for_each_grown_lane_coupling(a.h, a.nalpha, a.nbeta, a.space, a.growth, before, d, s, end, visit);
+}
+
 // Per row: each lane's entries, their inclusive prefix over the lanes (lane_ends) and the total.
-__global__ void __launch_bounds__(kThreads) couplings_count_kernel(HamiltonianView h, int na, int nb, const Det* space,
-                                                                   std::uint64_t size, std::uint64_t first,
-                                                                   std::uint64_t n, std::uint64_t* counts,
-                                                                   std::uint32_t* lane_ends) {
+__global__ void __launch_bounds__(kThreads) couplings_count_kernel(SciCouplings a) {
   __shared__ SharedSource s;
   extern __shared__ unsigned end[];
-  for (std::uint64_t r = blockIdx.x; r < n; r += gridDim.x) {
+  for (std::uint64_t r = blockIdx.x; r < a.n; r += gridDim.x) {
     unsigned mine = 0;
-    for_each_lane_coupling(h, na, nb, space, size, space[first + r], s, end, [&](std::uint64_t, double) { ++mine; });
+    for_each_row_coupling(a, r, s, end, [&](std::uint64_t, double) { ++mine; });
     __syncthreads();  // (lay_out_lists' scan storage is reused)
     unsigned upto, all;
     BlockScan(s.scan).InclusiveSum(mine, upto, all);
-    lane_ends[r * kThreads + threadIdx.x] = upto;
-    if (threadIdx.x == 0) counts[r] = all;
+    a.lane_ends[r * kThreads + threadIdx.x] = upto;
+    if (threadIdx.x == 0) a.counts[r] = all;
     __syncthreads();
   }
 }
 
 // Per row: each lane's entries at its place (lane t after lane t - 1), in the order it finds them.
-__global__ void __launch_bounds__(kThreads) couplings_write_kernel(HamiltonianView h, int na, int nb, const Det* space,
-                                                                   std::uint64_t size, std::uint64_t first,
-                                                                   std::uint64_t n, const std::uint64_t* offsets,
-                                                                   const std::uint32_t* lane_ends,
-                                                                   std::uint32_t* columns, double* elements,
-                                                                   double* diagonal) {
+__global__ void __launch_bounds__(kThreads) couplings_write_kernel(SciCouplings a) {
   __shared__ SharedSource s;
   extern __shared__ unsigned end[];
-  for (std::uint64_t r = blockIdx.x; r < n; r += gridDim.x) {
-    const Det d = space[first + r];
-    std::uint64_t at = offsets[r] + (threadIdx.x ? lane_ends[r * kThreads + threadIdx.x - 1] : 0);
-    for_each_lane_coupling(h, na, nb, space, size, d, s, end, [&](std::uint64_t i, double e) {
-      columns[at] = static_cast<std::uint32_t>(i);
-      elements[at] = e;
+  for (std::uint64_t r = blockIdx.x; r < a.n; r += gridDim.x) {
+    std::uint64_t at = a.offsets[r] + (threadIdx.x ? a.lane_ends[r * kThreads + threadIdx.x - 1] : 0);
+    for_each_row_coupling(a, r, s, end, [&](std::uint64_t i, double e) {
+      a.columns[at] = static_cast<std::uint32_t>(i);
+      a.elements[at] = e;
       ++at;
     });
-    if (threadIdx.x == 0) diagonal[r] = sci::diagonal(h, d);
+    if (threadIdx.x == 0) a.diagonal[r] = sci::diagonal(a.h, a.space[a.first + r]);
     __syncthreads();
   }
 }
@@ -290,16 +328,13 @@ void sci_sigma_cuda(void* cuda_stream, const SciSigma& a) {
 
 void sci_couplings_count_cuda(void* cuda_stream, const SciCouplings& a) {
   if (a.n == 0) return;
-  couplings_count_kernel<<<grid_for(a.n), kThreads, list_bytes(a.nalpha, a.nbeta), static_cast<cudaStream_t>(cuda_stream)>>>(
-      a.h, a.nalpha, a.nbeta, a.space, a.space_size, a.first, a.n, a.counts, a.lane_ends);
+  couplings_count_kernel<<<grid_for(a.n), kThreads, list_bytes(a.nalpha, a.nbeta), static_cast<cudaStream_t>(cuda_stream)>>>(a);
   QSTAGE_CUDA_CHECK_LAUNCH();
 }
 
 void sci_couplings_write_cuda(void* cuda_stream, const SciCouplings& a) {
   if (a.n == 0) return;
-  couplings_write_kernel<<<grid_for(a.n), kThreads, list_bytes(a.nalpha, a.nbeta), static_cast<cudaStream_t>(cuda_stream)>>>(
-      a.h, a.nalpha, a.nbeta, a.space, a.space_size, a.first, a.n, a.offsets, a.lane_ends, a.columns, a.elements,
-      a.diagonal);
+  couplings_write_kernel<<<grid_for(a.n), kThreads, list_bytes(a.nalpha, a.nbeta), static_cast<cudaStream_t>(cuda_stream)>>>(a);
   QSTAGE_CUDA_CHECK_LAUNCH();
 }
 

@@ -120,7 +120,23 @@ struct SciCouplings {
   // write, cpu (optional): each entry's place in the excitation lists, which
   // sci::CouplingsUpdate (sci_space_pairs.hpp) needs to grow the rows with the space; cuda: null.
   std::uint32_t* places = nullptr;
+  // cuda (optional): the rows grown from those of a space S0 that S holds (the cpu grows its rows
+  // through sci::CouplingsUpdate instead). A row that was S0's walks its excitations in its lanes'
+  // order as the enumeration does, but searches only the added determinants: an excitation that
+  // reaches S0 is the lane's next stored entry (compared, not searched). Rows of the added
+  // determinants are enumerated. The same entries, in the same places, as from nothing.
+  struct Growth {
+    const std::uint32_t* previous_row = nullptr;  // n values: the row's index in S0, or kSciAdded
+    const sci::Det* added = nullptr;               // S \ S0, sorted
+    std::uint64_t added_size = 0;
+    const std::uint32_t* added_index = nullptr;    // added_size values: each one's index in S
+    const std::uint32_t* renumbered = nullptr;     // S0's rows' indices in S
+    const std::uint64_t* offsets = nullptr;        // S0's rows: offsets, lane ends and columns
+    const std::uint32_t* lane_ends = nullptr;
+    const std::uint32_t* columns = nullptr;
+  } growth;
 };
+inline constexpr std::uint32_t kSciAdded = 0xffffffffu;
 void sci_couplings_count(Stream& stream, const SciCouplings& args);
 void sci_couplings_write(Stream& stream, const SciCouplings& args);
 void sci_couplings_count_cpu(const SciCouplings& args);

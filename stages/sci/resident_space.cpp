@@ -28,13 +28,19 @@ ResidentSpace::ResidentSpace(Backend& backend, const Integrals& ints, const Exci
     const bool on_host = backend.kind() == BackendKind::cpu || source == RowSource::host_strings ||
                          (source == RowSource::chosen && rows_on_host(backend.kind(), host, space.front()));
     bool enumerate = !on_host;
+    host_space_ = space;
     if (on_host) {
-      host_space_ = space;
-      const bool host_full = !store_from_host_strings(backend, *stream, host, stored_limit,
-                                                      previous && previous->can_seed_growth() ? previous.get() : nullptr);
+      const bool host_full =
+          !store_from_host_strings(backend, *stream, host, stored_limit,
+                                   previous && previous->can_seed_growth() && previous->rows_found_on_host() ? previous.get()
+                                                                                                          : nullptr);
       enumerate = host_full && backend.kind() == BackendKind::cuda && source != RowSource::host_strings;
     }
-    if (enumerate) store_by_device_enumeration(backend, *stream, stored_limit);
+    if (enumerate)
+      store_by_device_enumeration(backend, *stream, stored_limit,
+                                  previous && previous->can_seed_growth() && previous->rows_enumerated_on_device()
+                                      ? previous.get()
+                                      : nullptr);
   }
   stream->synchronize();
   build_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
@@ -56,7 +62,9 @@ bool ResidentSpace::rows_on_host(BackendKind backend, const kernels::sci::Hamilt
 
 void ResidentSpace::keep_only_growth_seed() {
   hamiltonian_.reset();
-  space_.reset(), offsets_.reset(), lane_ends_.reset(), columns_.reset(), elements_.reset(), diagonal_.reset();
+  space_.reset(), elements_.reset(), diagonal_.reset();
+  // (rows enumerated on the device grow there: their offsets, lanes and columns stay)
+  if (rows_found_on_host()) offsets_.reset(), lane_ends_.reset(), columns_.reset();
 }
 
 ResidentSpace::~ResidentSpace() {
@@ -130,13 +138,50 @@ bool ResidentSpace::store_from_host_strings(Backend& backend, Stream& stream, co
 }
 
 // Every row's virtual excitations enumerated on the device and searched in the space: counted,
-// scanned on the host, written at their lanes' places (kernels/sci_generate.hpp).
-void ResidentSpace::store_by_device_enumeration(Backend& backend, Stream& stream, std::uint64_t stored_limit) {
+// scanned on the host, written at their lanes' places (kernels/sci_generate.hpp). Given the last
+// iteration's rows (enumerated on the device, and this space holds that one's), those rows grow
+// instead: their walk searches only the added determinants (SciCouplings::Growth).
+void ResidentSpace::store_by_device_enumeration(Backend& backend, Stream& stream, std::uint64_t stored_limit,
+                                                const ResidentSpace* previous) {
   const std::uint64_t lanes = kernels::sci_lane_ends_per_row(backend.kind());
   if (lane_layout_bytes(backend.kind(), 0) > stored_limit) return;
   Buffer offsets = backend.alloc_device((size_ + 1) * 8, "selected-CI stored H: row offsets");
   Buffer lane_ends = backend.alloc_device(std::max<std::uint64_t>(size_ * lanes * 4, 4), "selected-CI stored H: lane ends");
+  Buffer previous_row, added, added_index, renumbered;  // (growth: the map from the last space)
+  kernels::SciCouplings::Growth growth;
+  if (previous) {
+    const std::vector<Det>& before = previous->host_space_;
+    std::vector<std::uint32_t> row_before(size_), now(before.size()), added_at;
+    std::vector<Det> added_dets;
+    std::uint64_t k = 0;
+    for (std::uint64_t j = 0; j < size_; ++j) {
+      if (k < before.size() && before[k] == host_space_[j]) {
+        row_before[j] = static_cast<std::uint32_t>(k);
+        now[k++] = static_cast<std::uint32_t>(j);
+      } else {
+        row_before[j] = kernels::kSciAdded;
+        added_dets.push_back(host_space_[j]);
+        added_at.push_back(static_cast<std::uint32_t>(j));
+      }
+    }
+    if (k == before.size()) {  // (this space holds the last one's)
+      const auto upload = [&](Buffer& to, const void* from, std::uint64_t bytes, const char* what) {
+        to = backend.alloc_device(std::max<std::uint64_t>(bytes, 8), what);
+        backend.copy_to_device(to.data(), from, bytes, stream);
+      };
+      upload(previous_row, row_before.data(), size_ * 4, "selected-CI stored H growth: rows before");
+      upload(added, added_dets.data(), added_dets.size() * sizeof(Det), "selected-CI stored H growth: added determinants");
+      upload(added_index, added_at.data(), added_at.size() * 4, "selected-CI stored H growth: added rows");
+      upload(renumbered, now.data(), now.size() * 4, "selected-CI stored H growth: rows renumbered");
+      growth = {previous_row.as<std::uint32_t>(), added.as<Det>(), added_dets.size(), added_index.as<std::uint32_t>(),
+                renumbered.as<std::uint32_t>(), previous->offsets_.as<std::uint64_t>(),
+                previous->lane_ends_.as<std::uint32_t>(), previous->columns_.as<std::uint32_t>()};
+      grown_by_ = added_dets.size();
+      stream.synchronize();  // (the host vectors above go with this scope)
+    }
+  }
   kernels::SciCouplings c;
+  c.growth = growth;
   c.h = hamiltonian_->view();
   c.nalpha = nalpha_;
   c.nbeta = nbeta_;
@@ -171,6 +216,7 @@ void ResidentSpace::store_by_device_enumeration(Backend& backend, Stream& stream
   offsets_ = std::move(offsets);
   lane_ends_ = std::move(lane_ends);
   stored_ = true;
+  grown_ = growth.previous_row != nullptr;
   entries_ = total;
   bytes_ += offsets_.size() + lane_ends_.size() + columns_.size() + elements_.size() + diagonal_.size();
 }

@@ -12,8 +12,10 @@
 //   again. The cpu backend's products read those rows; on cuda they are laid out in the sigma
 //   kernel's lanes and uploaded.
 // - on the device (cuda only): every row's virtual excitations enumerated and searched in the
-//   space, from nothing each iteration. Its cost grows with the excitations a row has, the host's
-//   with the partners it finds, so cuda enumerates only where a row has few (rows_on_host).
+//   space; the next iteration's space grows them (its rows that were this one's walk their
+//   excitations again but search only the added determinants). Its cost grows with the
+//   excitations a row has, the host's with the partners it finds, so cuda enumerates only where
+//   a row has few (rows_on_host).
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -32,8 +34,8 @@ class ResidentSpace {
   // Uploads the Hamiltonian and the space, then counts H's entries within the space and stores
   // them if that takes at most `stored_limit` device bytes (and, for rows found on the host on
   // cuda, they fit the host budget). Given the resident space of a space this one grew from (the
-  // last iteration's, its rows on the host), H grows from its rows (kernels::sci::CouplingsUpdate:
-  // the same entries, for the cost of the new determinants).
+  // last iteration's), H grows from its rows, found the same way (on the host,
+  // kernels::sci::CouplingsUpdate; on the device, SciCouplings::Growth): the same entries.
   ResidentSpace(Backend& backend, const Integrals& ints, const ExcitationTables& tables, int nalpha, int nbeta,
                 const std::vector<kernels::sci::Det>& space, std::uint64_t stored_limit,
                 std::unique_ptr<ResidentSpace> previous = nullptr, RowSource source = RowSource::chosen);
@@ -41,8 +43,9 @@ class ResidentSpace {
   // excitations of one of its determinants (`sample`: every row has about as many).
   static bool rows_on_host(BackendKind backend, const kernels::sci::HamiltonianView& host,
                            const kernels::sci::Det& sample);
-  // The rows were found on the host (and so can seed the next space's).
+  // The rows were found on the host, or enumerated on the device (each seeds the next space's).
   bool rows_found_on_host() const { return static_cast<bool>(rows_.offsets); }
+  bool rows_enumerated_on_device() const { return stored_ && !rows_found_on_host() && columns_.data() != nullptr; }
   ~ResidentSpace();
   // Device bytes held (declare them as the products' resident bytes).
   std::uint64_t bytes() const { return bytes_; }
@@ -52,10 +55,11 @@ class ResidentSpace {
   // Whether H was grown from a previous space's (and by how many new determinants).
   bool grown() const { return grown_; }
   std::uint64_t grown_by() const { return grown_by_; }
-  // Whether a later space can grow its H from this one's (H stored, its rows on the host).
-  bool can_seed_growth() const { return stored_ && rows_found_on_host(); }
-  // Frees what only the products need (the device's copies), keeping what growth reads: between
-  // an iteration's last product and the next iteration's first, the passes have the device.
+  // Whether a later space can grow its H from this one's (H stored).
+  bool can_seed_growth() const { return stored_ && (rows_found_on_host() || rows_enumerated_on_device()); }
+  // Frees what only the products need, keeping what growth reads (host rows; or, enumerated on
+  // the device, the rows' offsets, lanes and columns there): between an iteration's last product
+  // and the next iteration's first, the passes have the device.
   void keep_only_growth_seed();
   // (H x) and H_jj of the rows [first, first + n) of the space, enqueued on `stream`; x is a
   // device vector over the whole space.
@@ -76,7 +80,8 @@ class ResidentSpace {
   };
   bool store_from_host_strings(Backend& backend, Stream& stream, const kernels::sci::HamiltonianView& host,
                                std::uint64_t stored_limit, const ResidentSpace* previous);
-  void store_by_device_enumeration(Backend& backend, Stream& stream, std::uint64_t stored_limit);
+  void store_by_device_enumeration(Backend& backend, Stream& stream, std::uint64_t stored_limit,
+                                   const ResidentSpace* previous);
   std::uint64_t lane_layout_bytes(BackendKind backend, std::uint64_t entries) const;
   void upload_lanes(Backend& backend, Stream& stream, const kernels::sci::HamiltonianView& host);
   int nalpha_, nbeta_;

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <random>
 #include <set>
 #include <vector>
@@ -731,7 +732,7 @@ void stored_sigma_matches_enumeration(Backend& be) {
   kernels::sci_sigma(*stream, s);
   const auto ws = download(want_sigma, rows), wd = download(want_diag, rows);
   // Stored from nothing, not stored (products enumerate), and grown from a part's; on cuda with
-  // the rows found either way (on the host they can grow; enumerated on the device they cannot).
+  // the rows found either way (on the host, or enumerated on the device).
   for (const sci::RowSource source : {sci::RowSource::chosen, sci::RowSource::device_enumeration, sci::RowSource::host_strings}) {
     if (be.kind() == BackendKind::cpu && source != sci::RowSource::chosen) continue;
     for (const std::uint64_t limit : {std::uint64_t{1} << 30, std::uint64_t{0}, std::uint64_t{1} << 31}) {
@@ -748,7 +749,7 @@ void stored_sigma_matches_enumeration(Backend& be) {
                             sci::ResidentSpace::rows_on_host(be.kind(), h.view, space.front()));
       EXPECT_EQ(resident.stored(), limit > 0);
       EXPECT_EQ(resident.rows_found_on_host(), limit > 0 && on_host);
-      EXPECT_EQ(resident.grown(), grow && on_host);
+      EXPECT_EQ(resident.grown(), grow);
       if (resident.stored()) EXPECT_GT(resident.entries(), n);
       Buffer got_sigma = be.alloc_device(rows * 8, "test"), got_diag = be.alloc_device(rows * 8, "test");
       resident.sigma(*stream, d_x.as<double>(), first, rows, got_sigma.as<double>(), got_diag.as<double>());
@@ -855,6 +856,102 @@ TEST(SciCouplings, GrownRowsAreTheRowsBuiltFromNothing) {
     std::vector<Det> fewer(previous.begin() + 1, previous.end());
     EXPECT_FALSE(kernels::sci::CouplingsUpdate(h.view, na, nb, previous.data(), previous.size(), fewer.data(), fewer.size())
                      .contains_previous());
+  }
+}
+
+// The same on the device: rows grown by the lanes' walk (SciCouplings::Growth) are, byte for
+// byte, the rows the device enumerates from nothing, in the sigma kernel's lanes (closed and open
+// shell, over a chain of spaces each within the next).
+TEST(SciCouplings, RowsGrownOnTheGpuAreTheRowsEnumeratedFromNothing) {
+  REQUIRE_GPU();
+  test::GpuRun gpu(4ull << 30);
+  std::mt19937_64 rng(11);
+  sci::Integrals open_shell = random_integrals(9, 7, 7);
+  open_shell.ms2 = 1;
+  std::vector<Hamiltonian> hs;
+  hs.emplace_back(sci::read_fcidump(data_file("N2_sto6g_FCIDUMP")));
+  hs.emplace_back(open_shell);
+  for (const Hamiltonian& h : hs) {
+    const std::string file = h.ints.ms2 ? "open shell" : "N2_sto6g_FCIDUMP";
+    const int na = h.ints.nalpha(), nb = h.ints.nbeta();
+    sci::ResidentHamiltonian resident(*gpu.backend, *gpu.stream, h.ints, h.tables);
+    auto all = all_dets(h.ints.norb, na, nb);
+    std::shuffle(all.begin(), all.end(), rng);
+    struct DeviceRows {
+      std::vector<Det> space;
+      Buffer d_space, offsets, lane_ends, columns, elements, diagonal;
+      std::uint64_t entries = 0;
+    };
+    // Rows of `space` on the device, from nothing or grown from `before`'s.
+    const auto device_rows = [&](std::vector<Det> space, const DeviceRows* before) {
+      DeviceRows out;
+      out.space = std::move(space);
+      const std::uint64_t n = out.space.size();
+      out.d_space = gpu.upload(out.space.data(), n * sizeof(Det));
+      out.offsets = gpu.backend->alloc_device((n + 1) * 8, "test");
+      out.lane_ends = gpu.backend->alloc_device(n * kernels::kSciLanes * 4, "test");
+      kernels::SciCouplings c;
+      c.h = resident.view(), c.nalpha = na, c.nbeta = nb, c.space = out.d_space.as<Det>(), c.space_size = n, c.n = n;
+      c.counts = out.offsets.as<std::uint64_t>(), c.lane_ends = out.lane_ends.as<std::uint32_t>();
+      std::vector<std::uint32_t> row_before(n), now, added_at;
+      std::vector<Det> added;
+      Buffer d_rows, d_added, d_added_at, d_now;
+      if (before) {
+        now.resize(before->space.size());
+        std::uint64_t k = 0;
+        for (std::uint64_t j = 0; j < n; ++j)
+          if (k < before->space.size() && before->space[k] == out.space[j]) row_before[j] = k, now[k++] = j;
+          else row_before[j] = kernels::kSciAdded, added.push_back(out.space[j]), added_at.push_back(j);
+        EXPECT_EQ(k, before->space.size());
+        d_rows = gpu.upload(row_before.data(), n * 4);
+        d_added = gpu.upload(added.data(), std::max<std::size_t>(added.size(), 1) * sizeof(Det));
+        d_added_at = gpu.upload(added_at.data(), std::max<std::size_t>(added_at.size(), 1) * 4);
+        d_now = gpu.upload(now.data(), now.size() * 4);
+        c.growth = {d_rows.as<std::uint32_t>(), d_added.as<Det>(), added.size(), d_added_at.as<std::uint32_t>(),
+                    d_now.as<std::uint32_t>(), before->offsets.as<std::uint64_t>(), before->lane_ends.as<std::uint32_t>(),
+                    before->columns.as<std::uint32_t>()};
+      }
+      kernels::sci_couplings_count(*gpu.stream, c);
+      std::vector<std::uint64_t> at = gpu.download<std::uint64_t>(out.offsets, n);
+      at.push_back(0);
+      for (std::uint64_t j = 0, total = 0; j <= n; ++j) {
+        const std::uint64_t count = at[j];
+        at[j] = total;
+        total += j < n ? count : 0;
+      }
+      out.entries = at[n];
+      gpu.backend->copy_to_device(out.offsets.data(), at.data(), (n + 1) * 8, *gpu.stream);
+      out.columns = gpu.backend->alloc_device(std::max<std::uint64_t>(out.entries, 1) * 4, "test");
+      out.elements = gpu.backend->alloc_device(std::max<std::uint64_t>(out.entries, 1) * 8, "test");
+      out.diagonal = gpu.backend->alloc_device(n * 8, "test");
+      c.offsets = out.offsets.as<std::uint64_t>(), c.columns = out.columns.as<std::uint32_t>();
+      c.elements = out.elements.as<double>(), c.diagonal = out.diagonal.as<double>();
+      kernels::sci_couplings_write(*gpu.stream, c);
+      gpu.stream->synchronize();
+      return out;
+    };
+    const auto same = [&](const DeviceRows& a, const DeviceRows& b) {
+      const std::uint64_t n = a.space.size();
+      return a.entries == b.entries &&
+             gpu.download<std::uint64_t>(a.offsets, n + 1) == gpu.download<std::uint64_t>(b.offsets, n + 1) &&
+             gpu.download<std::uint32_t>(a.lane_ends, n * kernels::kSciLanes) ==
+                 gpu.download<std::uint32_t>(b.lane_ends, n * kernels::kSciLanes) &&
+             gpu.download<std::uint32_t>(a.columns, a.entries) == gpu.download<std::uint32_t>(b.columns, b.entries) &&
+             gpu.download<std::uint64_t>(a.elements, a.entries) == gpu.download<std::uint64_t>(b.elements, b.entries) &&
+             gpu.download<std::uint64_t>(a.diagonal, n) == gpu.download<std::uint64_t>(b.diagonal, n);
+    };
+    std::optional<DeviceRows> previous;
+    ASSERT_GT(all.size() / 9, 40u);  // (the sizes below grow)
+    for (const std::size_t size : {std::size_t{1}, std::size_t{40}, all.size() / 9, all.size() / 9 + 1, all.size() / 2, all.size()}) {
+      std::vector<Det> space(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(size));
+      std::sort(space.begin(), space.end());
+      DeviceRows built = device_rows(space, nullptr);
+      if (previous) {
+        const DeviceRows grown = device_rows(space, &*previous);
+        EXPECT_TRUE(same(grown, built)) << file << ", " << previous->space.size() << " -> " << size;
+      }
+      previous.emplace(std::move(built));
+    }
   }
 }
 
