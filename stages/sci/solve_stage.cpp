@@ -1523,6 +1523,7 @@ bool SolveRun::sampled_group_on_resident_data() {
                     [&](std::uint64_t rows) { return work.dedup_bytes(rows, 3) + space; },
                     [](std::uint64_t) { return 0; });  // (summed on the device)
   if (!g) return false;
+  const double generate_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   st.generated += g->rows + g->diagonal_rows;
   st.diagonal_rows = g->diagonal_rows;
   st.diagonal_sums.assign(st.count, 0.0);
@@ -1534,15 +1535,27 @@ bool SolveRun::sampled_group_on_resident_data() {
     st.diagonal_sums = static_cast<const BatchSums&>(*folded).sums();
   }
   g->diagonal.reset();
+  const double diagonal_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   std::vector<double> sums(st.count, 0.0);
+  double dedup_seconds = diagonal_seconds;
+  std::uint64_t unique = 0;
   if (g->rows > 0) {
     ResidentUnique u = work.dedup(std::move(g->records), g->rows, 3);
+    dedup_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    unique = u.unique;
     st.unique += u.unique;
     SampledScoreKernel kernel(m_, energy, st.first, st.count, kScoreTileMin, false, u.unique);
     const auto folded = work.score(kernel, BatchSums(st.count), u.unique, kScoreTileMin, st.count * 8, u.keys, 3, &u.values, false);
     sums = static_cast<const BatchSums&>(*folded).sums();
   }
-  account("pt2", std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  account("pt2", seconds);
+  if (ctx_.comm->root())
+    spdlog::debug("sci.solve: semistochastic batches {}-{}{} on resident data: {} candidates and {} diagonal terms from {} "
+                  "determinants, {} unique ({:.2f} s: generate {:.2f}, diagonal terms {:.2f}, dedup {:.2f}, score {:.2f})",
+                  st.first, st.first + st.count - 1, named(""), g->rows, g->diagonal_rows, sampled_.dets.size(), unique,
+                  seconds, generate_seconds, diagonal_seconds - generate_seconds, dedup_seconds - diagonal_seconds,
+                  seconds - dedup_seconds);
   end_group(sums);
   return true;
 }
