@@ -931,6 +931,11 @@ struct ResidentWork {
   std::unique_ptr<engine::Reduction> score(engine::PassKernel& kernel, const engine::Reduction& kind, std::uint64_t rows,
                                            std::uint64_t tile_rows, std::size_t partial_bytes, const Buffer& input,
                                            std::uint32_t words, const Buffer* values, bool host_inputs);
+  // A device buffer of at least `bytes`, rounded up by at most an eighth: the sizes a unit asks
+  // for change little from one unit to the next (a semistochastic PT2's groups), so the backend's
+  // pool hands the last unit's blocks out again instead of fresh memory (on the CPU backend fresh
+  // pages are cleared by the kernel: a third of a group's time).
+  Buffer take(std::uint64_t bytes, const char* what) const;
   Backend& backend;
   Stream& stream;
   bool cuda = false;
@@ -1305,6 +1310,11 @@ ResidentWork::ResidentWork(Backend& backend, Stream& stream)
   host_room = half_left(backend.host_budget());
 }
 
+Buffer ResidentWork::take(std::uint64_t bytes, const char* what) const {
+  const std::uint64_t granule = std::max<std::uint64_t>(std::bit_floor(std::max<std::uint64_t>(bytes, 1)) / 8, 1);
+  return backend.alloc_device((bytes + granule - 1) / granule * granule, what);
+}
+
 // (the GPU kernels' largest workspace; the CPU twins use host temporaries)
 std::uint64_t ResidentWork::dedup_workspace_bytes(std::uint64_t rows, std::uint32_t words) const {
   return cuda ? std::max({kernels::tile_unique_scratch_bytes(rows, words), kernels::bucket_split_scratch_bytes(rows),
@@ -1314,8 +1324,8 @@ std::uint64_t ResidentWork::dedup_workspace_bytes(std::uint64_t rows, std::uint3
 
 std::uint64_t ResidentWork::dedup_bytes(std::uint64_t rows, std::uint32_t words) const {
   const kernels::RecordLayout layout{words, true, false};
-  // (the records, twice on cuda: split apart; the merge's keys, counts and values; the score's scratch)
-  return rows * layout.cols() * 8 * (cuda ? 2 : 1) + rows * (words * 8 + 16) + dedup_workspace_bytes(rows, words) +
+  // (the records, twice: split apart; the merge's keys, counts and values; the score's scratch)
+  return rows * layout.cols() * 8 * 2 + rows * (words * 8 + 16) + dedup_workspace_bytes(rows, words) +
          rows * SpaceKernel::kScratchPerRow + kernels::tiles_of(rows, keys::DedupSource{}.tile_rows) * 8;
 }
 
@@ -1345,10 +1355,10 @@ std::optional<ResidentWork::Generated> ResidentWork::generate(const Problem& p, 
   {
     GenerateKernel kernel(p, sources, eps);
     kernel.prepare(backend, stream);
-    Buffer records = backend.alloc_device(chunk * most * (sampled ? 2 : 1) * record, "selected-CI candidates (resident)");
-    Buffer diagonal = sampled ? backend.alloc_device(chunk * most * record, "selected-CI diagonal terms (resident)") : Buffer{};
-    Buffer scratch = backend.alloc_device(chunk * (sampled ? 32 : 16), "selected-CI generation scratch (resident)");
-    Buffer counts = backend.alloc_device(16, "selected-CI candidate counts (resident)");
+    Buffer records = take(chunk * most * (sampled ? 2 : 1) * record, "selected-CI candidates (resident)");
+    Buffer diagonal = sampled ? take(chunk * most * record, "selected-CI diagonal terms (resident)") : Buffer{};
+    Buffer scratch = take(chunk * (sampled ? 32 : 16), "selected-CI generation scratch (resident)");
+    Buffer counts = take(16, "selected-CI candidate counts (resident)");
     for (std::uint64_t first = 0; first < n; first += chunk) {
       engine::BatchView b;
       b.rows = {first, std::min(n, first + chunk)};
@@ -1365,7 +1375,7 @@ std::optional<ResidentWork::Generated> ResidentWork::generate(const Problem& p, 
       const Buffer* from[2] = {&records, &diagonal};
       for (int o = 0; o < 2; ++o) {
         if (made[o] == 0) continue;
-        parts[o].push_back(backend.alloc_device(made[o] * record, "selected-CI candidates (resident)"));
+        parts[o].push_back(take(made[o] * record, "selected-CI candidates (resident)"));
         part_rows[o].push_back(made[o]);
         backend.copy_on_device(parts[o].back().data(), from[o]->data(), made[o] * record, stream);
       }
@@ -1380,7 +1390,7 @@ std::optional<ResidentWork::Generated> ResidentWork::generate(const Problem& p, 
       *joined[o] = std::move(parts[o].front());
       continue;
     }
-    *joined[o] = backend.alloc_device(total[o] * record, "selected-CI candidates (resident)");
+    *joined[o] = take(total[o] * record, "selected-CI candidates (resident)");
     for (std::size_t i = 0, at = 0; i < parts[o].size(); at += part_rows[o][i], ++i)
       backend.copy_on_device(static_cast<char*>(joined[o]->data()) + at * record, parts[o][i].data(), part_rows[o][i] * record,
                              stream);
@@ -1395,9 +1405,9 @@ ResidentUnique ResidentWork::dedup(Buffer records_in, std::uint64_t rows, std::u
   const kernels::RecordLayout layout{words, true, false};
   const std::uint64_t tile_rows = keys::DedupSource{}.tile_rows, tiles = kernels::tiles_of(rows, tile_rows);
   const std::uint64_t work_bytes = dedup_workspace_bytes(rows, words);
-  Buffer records = backend.alloc_device(rows * layout.cols() * 8, "selected-CI records (resident)");
-  Buffer tile_counts = backend.alloc_device(tiles * 8, "selected-CI tile counts (resident)");
-  Buffer work = cuda ? backend.alloc_device(work_bytes, "selected-CI dedup workspace (resident)") : Buffer{};
+  Buffer records = take(rows * layout.cols() * 8, "selected-CI records (resident)");
+  Buffer tile_counts = take(tiles * 8, "selected-CI tile counts (resident)");
+  Buffer work = cuda ? take(work_bytes, "selected-CI dedup workspace (resident)") : Buffer{};
   const kernels::Workspace workspace{work.data(), work_bytes};
   kernels::KeyRows in;
   in.keys = records_in.as<std::uint64_t>();
@@ -1407,18 +1417,19 @@ ResidentUnique ResidentWork::dedup(Buffer records_in, std::uint64_t rows, std::u
   in.rows = rows;
   kernels::tile_unique(stream, {in, layout, tile_rows, 0, records.as<std::uint64_t>(), tile_counts.as<std::uint64_t>(),
                                 nullptr, workspace});
-  Buffer split = cuda ? backend.alloc_device(rows * layout.cols() * 8, "selected-CI records (resident)") : Buffer{};
-  Buffer counts = backend.alloc_device(8, "selected-CI counts (resident)");
-  auto* bucket = cuda ? split.as<std::uint64_t>() : records.as<std::uint64_t>();  // (the CPU twin splits in place)
+  // (split apart on both backends: the CPU twin would copy the records aside to split in place)
+  Buffer split = take(rows * layout.cols() * 8, "selected-CI records (resident)");
+  Buffer counts = take(8, "selected-CI counts (resident)");
+  auto* bucket = split.as<std::uint64_t>();
   kernels::bucket_split(stream, {records.as<std::uint64_t>(), tile_counts.as<std::uint64_t>(), layout, rows, tile_rows, nullptr,
                                  1, bucket, counts.as<std::uint64_t>(), workspace});
   ResidentUnique out;
   backend.copy_to_host(&out.records, counts.data(), 8, stream);
   stream.synchronize();
   records_in.reset();
-  out.keys = backend.alloc_device(out.records * words * 8, "selected-CI unique keys (resident)");
-  Buffer key_counts = backend.alloc_device(out.records * 8, "selected-CI unique counts (resident)");
-  out.values = backend.alloc_device(out.records * 8, "selected-CI summed values (resident)");
+  out.keys = take(out.records * words * 8, "selected-CI unique keys (resident)");
+  Buffer key_counts = take(out.records * 8, "selected-CI unique counts (resident)");
+  out.values = take(out.records * 8, "selected-CI summed values (resident)");
   kernels::BucketMerge merge;
   merge.records = bucket;
   merge.rows = out.records;
@@ -1457,7 +1468,7 @@ std::unique_ptr<engine::Reduction> ResidentWork::score(engine::PassKernel& kerne
   }
   const void* host_keys = cuda ? static_cast<const void*>(host_input.data()) : input.data();
   const void* host_sums = cuda ? static_cast<const void*>(host_values.data()) : values ? values->data() : nullptr;
-  Buffer scratch = backend.alloc_device(rows * SpaceKernel::kScratchPerRow, "selected-CI score scratch (resident)");
+  Buffer scratch = take(rows * SpaceKernel::kScratchPerRow, "selected-CI score scratch (resident)");
   const std::uint64_t tiles = (rows + tile_rows - 1) / tile_rows;
   std::vector<std::byte> partials(tiles * partial_bytes);
   kernel.prepare(backend, stream);
