@@ -12,6 +12,16 @@ namespace qstage::sci {
 
 using kernels::sci::Det;
 
+namespace {
+
+// `bytes` from the host into a new device buffer `to` (8 bytes at least), enqueued on `stream`.
+void upload(Backend& backend, Stream& stream, Buffer& to, const void* from, std::uint64_t bytes, const char* what) {
+  to = backend.alloc_device(std::max<std::uint64_t>(bytes, 8), what);
+  backend.copy_to_device(to.data(), from, bytes, stream);
+}
+
+}  // namespace
+
 ResidentSpace::ResidentSpace(Backend& backend, const Integrals& ints, const ExcitationTables& tables, int nalpha,
                              int nbeta, const std::vector<Det>& space, std::uint64_t stored_limit,
                              std::unique_ptr<ResidentSpace> previous, RowSource source)
@@ -165,14 +175,11 @@ void ResidentSpace::store_by_device_enumeration(Backend& backend, Stream& stream
       }
     }
     if (k == before.size()) {  // (this space holds the last one's)
-      const auto upload = [&](Buffer& to, const void* from, std::uint64_t bytes, const char* what) {
-        to = backend.alloc_device(std::max<std::uint64_t>(bytes, 8), what);
-        backend.copy_to_device(to.data(), from, bytes, stream);
-      };
-      upload(previous_row, row_before.data(), size_ * 4, "selected-CI stored H growth: rows before");
-      upload(added, added_dets.data(), added_dets.size() * sizeof(Det), "selected-CI stored H growth: added determinants");
-      upload(added_index, added_at.data(), added_at.size() * 4, "selected-CI stored H growth: added rows");
-      upload(renumbered, now.data(), now.size() * 4, "selected-CI stored H growth: rows renumbered");
+      upload(backend, stream, previous_row, row_before.data(), size_ * 4, "selected-CI stored H growth: rows before");
+      upload(backend, stream, added, added_dets.data(), added_dets.size() * sizeof(Det),
+             "selected-CI stored H growth: added determinants");
+      upload(backend, stream, added_index, added_at.data(), added_at.size() * 4, "selected-CI stored H growth: added rows");
+      upload(backend, stream, renumbered, now.data(), now.size() * 4, "selected-CI stored H growth: rows renumbered");
       growth = {previous_row.as<std::uint32_t>(), added.as<Det>(), added_dets.size(), added_index.as<std::uint32_t>(),
                 renumbered.as<std::uint32_t>(), previous->offsets_.as<std::uint64_t>(),
                 previous->lane_ends_.as<std::uint32_t>(), previous->columns_.as<std::uint32_t>()};
@@ -238,15 +245,11 @@ void ResidentSpace::upload_lanes(Backend& backend, Stream& stream, const kernels
   kernels::sci::lane_layout(order, host_space_.data(), size_, rows_.offsets.get(), rows_.columns.get(),
                             rows_.elements.get(), rows_.places.get(), static_cast<std::uint32_t>(lanes), lane_ends.get(),
                             columns.get(), elements.get());
-  const auto upload = [&](Buffer& to, const void* from, std::uint64_t bytes, const char* what) {
-    to = backend.alloc_device(std::max<std::uint64_t>(bytes, 8), what);
-    backend.copy_to_device(to.data(), from, bytes, stream);
-  };
-  upload(offsets_, rows_.offsets.get(), (size_ + 1) * 8, "selected-CI stored H: row offsets");
-  upload(lane_ends_, lane_ends.get(), size_ * lanes * 4, "selected-CI stored H: lane ends");
-  upload(columns_, columns.get(), total * 4, "selected-CI stored H: columns");
-  upload(elements_, elements.get(), total * 8, "selected-CI stored H: elements");
-  upload(diagonal_, rows_.diagonal.get(), size_ * 8, "selected-CI stored H: diagonal");
+  upload(backend, stream, offsets_, rows_.offsets.get(), (size_ + 1) * 8, "selected-CI stored H: row offsets");
+  upload(backend, stream, lane_ends_, lane_ends.get(), size_ * lanes * 4, "selected-CI stored H: lane ends");
+  upload(backend, stream, columns_, columns.get(), total * 4, "selected-CI stored H: columns");
+  upload(backend, stream, elements_, elements.get(), total * 8, "selected-CI stored H: elements");
+  upload(backend, stream, diagonal_, rows_.diagonal.get(), size_ * 8, "selected-CI stored H: diagonal");
   stream.synchronize();  // (the host vectors above go with this scope)
 }
 

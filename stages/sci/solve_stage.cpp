@@ -445,6 +445,8 @@ class SpaceKernel : public engine::PassKernel {
   }
   // Device scratch a row: its denominator and whether it is skipped.
   static constexpr std::uint64_t kScratchPerRow = sizeof(double) + 1;
+  // Whether process() reads its inputs on the host (BatchView::host_inputs) too.
+  virtual bool reads_host_inputs() const = 0;
 
  protected:
   // The batch's candidates (input 0: rows of `words` uint64, the determinant first) scored on the
@@ -469,8 +471,8 @@ class SpaceKernel : public engine::PassKernel {
     b.stream->synchronize();
   }
   // The EN-PT2 terms' sums per tile on the backend (`sums` says which rows and slots; its
-  // denominators and skips are score_rows'), copied to the host: tiles * slots values.
-  std::vector<double> tile_sums(const engine::BatchView& b, const kernels::SciScoreRows& scored, kernels::SciTileSums sums) {
+  // denominators and skips are score_rows'), copied to `out` on the host: tiles * slots values.
+  void tile_sums(const engine::BatchView& b, const kernels::SciScoreRows& scored, kernels::SciTileSums sums, double* out) {
     sums.denominator = scored.denominator;
     sums.skipped = scored.skipped;
     sums.n = scored.n;
@@ -478,10 +480,8 @@ class SpaceKernel : public engine::PassKernel {
     if (values > sum_values_) throw std::logic_error("sci.solve: a batch has more tile sums than its kernel was made for");
     sums.sums = sums_.as<double>();
     kernels::sci_tile_sums(*b.stream, sums);
-    std::vector<double> out(values);
-    backend_->copy_to_host(out.data(), sums_.data(), values * 8, *b.stream);
+    backend_->copy_to_host(out, sums_.data(), values * 8, *b.stream);
     b.stream->synchronize();
-    return out;
   }
 
   const Memory& m_;
@@ -630,6 +630,8 @@ class ScoreKernel final : public SpaceKernel {
               std::uint64_t rows)
       : SpaceKernel(m, k == 0 ? sum_values(rows, tile_rows, 1) : 0), model_(model), energy_(energy), k_(k),
         tile_rows_(tile_rows) {}
+  // (the top-K's keys and amplitudes are the host's; E_PT2 alone is summed on the backend)
+  bool reads_host_inputs() const override { return k_ > 0; }
   void process(const engine::BatchView& b) override {
     const std::uint64_t rows = b.rows.size(), tiles = (rows + tile_rows_ - 1) / tile_rows_;
     const std::size_t partial_bytes = sizeof(ScoreHeader) + k_ * sizeof(Scored);
@@ -638,7 +640,8 @@ class ScoreKernel final : public SpaceKernel {
       kernels::SciTileSums sums;
       sums.values = static_cast<const double*>(b.inputs[1]);
       sums.tile_rows = tile_rows_;
-      const std::vector<double> pt2 = tile_sums(b, scored, sums);
+      std::vector<double> pt2(tiles);
+      tile_sums(b, scored, sums, pt2.data());
       for (std::uint64_t t = 0; t < tiles; ++t) {
         ScoreHeader h;
         h.pt2 = pt2[t];
@@ -729,9 +732,9 @@ class SampledScoreKernel final : public SpaceKernel {
     sums.first_batch = first_;
     sums.slots = static_cast<std::uint32_t>(count_);
     sums.tile_rows = tile_rows_;
-    const std::vector<double> batch_sums = tile_sums(b, scored, sums);
-    std::memcpy(b.partials, batch_sums.data(), batch_sums.size() * 8);
+    tile_sums(b, scored, sums, static_cast<double*>(b.partials));  // (a tile's partial: its count_ sums)
   }
+  bool reads_host_inputs() const override { return false; }
 
  private:
   double energy_;
@@ -927,10 +930,10 @@ struct ResidentWork {
                                     const std::function<std::uint64_t(std::uint64_t)>& held_after,
                                     const std::function<std::uint64_t(std::uint64_t)>& copied);
   ResidentUnique dedup(Buffer records, std::uint64_t rows, std::uint32_t words);
-  // host_inputs: the kernel reads its inputs on the host too (BatchView::host_inputs; cuda: copied).
-  std::unique_ptr<engine::Reduction> score(engine::PassKernel& kernel, const engine::Reduction& kind, std::uint64_t rows,
+  // (inputs the kernel reads on the host too, SpaceKernel::reads_host_inputs: copied there on cuda)
+  std::unique_ptr<engine::Reduction> score(SpaceKernel& kernel, const engine::Reduction& kind, std::uint64_t rows,
                                            std::uint64_t tile_rows, std::size_t partial_bytes, const Buffer& input,
-                                           std::uint32_t words, const Buffer* values, bool host_inputs);
+                                           std::uint32_t words, const Buffer* values);
   // A device buffer of at least `bytes`, rounded up by at most an eighth: the sizes a unit asks
   // for change little from one unit to the next (a semistochastic PT2's groups), so the backend's
   // pool hands the last unit's blocks out again instead of fresh memory (on the CPU backend fresh
@@ -1138,9 +1141,9 @@ StepPass generation_pass(const Problem& problem, std::string name, const Generat
 }
 
 // A scoring pass over a de-duplication's result (keys of `words` words and their summed values):
-// the keys on the device for the kernel and in pinned memory for the host's sums, the values only
-// there; the kernel and the reduction are the caller's.
-// (sums: the kernel's tile sums on the device; the values go there too, else to the host only)
+// the keys on the device for the kernel and in pinned memory for the host's share; the values on
+// the device too when the kernel sums there (`sums`: its tile sums, SpaceKernel::sum_values), else
+// on the host only. The kernel and the reduction are the caller's.
 StepPass score_pass(const Memory& m, std::string name, const keys::DedupResult& r, std::uint32_t words,
                     std::uint64_t tile_rows, std::size_t tile_partial_bytes, std::uint64_t sums) {
   StepPass p;
@@ -1448,12 +1451,11 @@ ResidentUnique ResidentWork::dedup(Buffer records_in, std::uint64_t rows, std::u
 // One batch of a score pass over `rows` rows: input 0 (`words` words a row) and input 1 (values),
 // if any, on the device and, if the kernel reads them there, on the host; its tiles' partials
 // folded in the tree.
-std::unique_ptr<engine::Reduction> ResidentWork::score(engine::PassKernel& kernel, const engine::Reduction& kind,
+std::unique_ptr<engine::Reduction> ResidentWork::score(SpaceKernel& kernel, const engine::Reduction& kind,
                                                        std::uint64_t rows, std::uint64_t tile_rows, std::size_t partial_bytes,
-                                                       const Buffer& input, std::uint32_t words, const Buffer* values,
-                                                       bool host_inputs) {
+                                                       const Buffer& input, std::uint32_t words, const Buffer* values) {
   // (cuda: the host's copies, charged to the host budget while they live; cpu: the data itself)
-  const std::uint64_t copies = cuda && host_inputs ? rows * words * 8 + (values ? rows * 8 : 0) : 0;
+  const std::uint64_t copies = cuda && kernel.reads_host_inputs() ? rows * words * 8 + (values ? rows * 8 : 0) : 0;
   backend.charge_host(copies, "selected-CI score inputs on the host (resident)");
   struct Charged {
     MemoryBudget& budget;
@@ -1511,8 +1513,7 @@ std::optional<Selection> SolveRun::select_on_resident_data(double eps, std::uint
   const std::uint64_t tile_rows = score_tile_rows(k);
   ScoreKernel kernel(m_, *m_.amplitude_model, e_var_.at(root_), k, tile_rows, u.unique);
   const std::unique_ptr<engine::Reduction> folded =
-      work.score(kernel, ScoreReduction(k), u.unique, tile_rows, sizeof(ScoreHeader) + k * sizeof(Scored), u.keys, 2, &u.values,
-                 k > 0);
+      work.score(kernel, ScoreReduction(k), u.unique, tile_rows, sizeof(ScoreHeader) + k * sizeof(Scored), u.keys, 2, &u.values);
   const auto& scored = static_cast<const ScoreReduction&>(*folded);
   out.pt2 = scored.pt2();
   out.top = scored.top();
@@ -1525,6 +1526,7 @@ std::optional<Selection> SolveRun::select_on_resident_data(double eps, std::uint
 // when it does not fit (the passes run it).
 bool SolveRun::sampled_group_on_resident_data() {
   const auto started = std::chrono::steady_clock::now();
+  const auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(); };
   if (!stream_) stream_ = ctx_.backend->make_stream(false);
   ResidentWork work(*ctx_.backend, *stream_);
   StochasticPT2& st = *stochastic_;
@@ -1534,32 +1536,31 @@ bool SolveRun::sampled_group_on_resident_data() {
                     [&](std::uint64_t rows) { return work.dedup_bytes(rows, 3) + space; },
                     [](std::uint64_t) { return 0; });  // (summed on the device)
   if (!g) return false;
-  const double generate_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  const double generate_seconds = elapsed();
   st.generated += g->rows + g->diagonal_rows;
   st.diagonal_rows = g->diagonal_rows;
   st.diagonal_sums.assign(st.count, 0.0);
   const double energy = e_var_.at(root_);
   if (g->diagonal_rows > 0) {
     SampledScoreKernel kernel(m_, energy, st.first, st.count, kScoreTileMin, true, g->diagonal_rows);
-    const auto folded = work.score(kernel, BatchSums(st.count), g->diagonal_rows, kScoreTileMin, st.count * 8, g->diagonal, 4, nullptr,
-                                   false);
+    const auto folded = work.score(kernel, BatchSums(st.count), g->diagonal_rows, kScoreTileMin, st.count * 8, g->diagonal, 4, nullptr);
     st.diagonal_sums = static_cast<const BatchSums&>(*folded).sums();
   }
   g->diagonal.reset();
-  const double diagonal_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  const double diagonal_seconds = elapsed();
   std::vector<double> sums(st.count, 0.0);
   double dedup_seconds = diagonal_seconds;
   std::uint64_t unique = 0;
   if (g->rows > 0) {
     ResidentUnique u = work.dedup(std::move(g->records), g->rows, 3);
-    dedup_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    dedup_seconds = elapsed();
     unique = u.unique;
     st.unique += u.unique;
     SampledScoreKernel kernel(m_, energy, st.first, st.count, kScoreTileMin, false, u.unique);
-    const auto folded = work.score(kernel, BatchSums(st.count), u.unique, kScoreTileMin, st.count * 8, u.keys, 3, &u.values, false);
+    const auto folded = work.score(kernel, BatchSums(st.count), u.unique, kScoreTileMin, st.count * 8, u.keys, 3, &u.values);
     sums = static_cast<const BatchSums&>(*folded).sums();
   }
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  const double seconds = elapsed();
   account("pt2", seconds);
   if (ctx_.comm->root())
     spdlog::debug("sci.solve: semistochastic batches {}-{}{} on resident data: {} candidates and {} diagonal terms from {} "
