@@ -24,6 +24,15 @@ QSTAGE_HD std::uint64_t splitmix64(std::uint64_t z) {
   return z ^ (z >> 31);
 }
 
+// Index of the lowest set bit of x (x != 0).
+QSTAGE_HD int lowest_bit(std::uint64_t x) {
+#ifdef __CUDA_ARCH__
+  return __ffsll(static_cast<long long>(x)) - 1;
+#else
+  return __builtin_ctzll(x);
+#endif
+}
+
 constexpr std::uint64_t kGolden = 0x9e3779b97f4a7c15ull;
 
 }  // namespace qstage::kernels

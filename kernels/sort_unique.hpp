@@ -71,14 +71,10 @@ struct PairwiseSum {
     part[level] = x;
     n += terms;
   }
-  QSTAGE_HD double total() const {
-    double acc = 0;
-    bool any = false;
-    for (int level = 0; level < kLevels; ++level)
-      if ((n >> level) & 1) {
-        acc = any ? part[level] + acc : part[level];
-        any = true;
-      }
+  QSTAGE_HD double total() const {  // (the levels of n's set bits, ascending)
+    if (n == 0) return 0;
+    double acc = part[lowest_bit(n)];
+    for (std::uint64_t rest = n & (n - 1); rest; rest &= rest - 1) acc = part[lowest_bit(rest)] + acc;
     return acc;
   }
 };
