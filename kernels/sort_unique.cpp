@@ -1,11 +1,13 @@
-// The CPU twin of kernels/sort_unique.cu: std::stable_sort per tile (OpenMP over tiles), every
-// run's terms added to a PairwiseSum in sorted order, which a stable sort makes input order: the
-// same bytes as the GPU's.
+// The CPU twin of kernels/sort_unique.cu: a stable sort per tile (OpenMP over tiles), a bucket's
+// sorted runs merged stably, every run's terms added to a PairwiseSum in sorted order, which a
+// stable sort makes input order: the same bytes as the GPU's.
 #include "kernels/sort_unique.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
 #include <numeric>
+#include <omp.h>
 #include <stdexcept>
 #include <vector>
 
@@ -58,38 +60,176 @@ std::vector<std::uint64_t> stable_order(const std::uint64_t* keys, std::uint64_t
   return order;
 }
 
+// stable_order's permutation for keys that mostly come as a few ascending runs (a bucket: each
+// tile's unique keys, sorted, one tile after another): the runs found, then merged (a run's
+// key before an equal key of a later run, as a stable sort puts them), the key range cut into a
+// part per OpenMP thread at keys of the longest run. Any input gives stable_order's permutation;
+// more than kMostRuns runs go to it (a tree of them costs about as much as the sort).
+std::vector<std::uint64_t> merged_order(const std::uint64_t* keys, std::uint64_t n, std::uint32_t stride,
+                                        std::uint32_t words) {
+  constexpr std::size_t kMostRuns = 1 << 12;
+  const auto key = [&](std::uint64_t i) { return keys + i * stride; };
+  std::vector<std::uint64_t> starts{0};
+  for (std::uint64_t i = 1; i < n; ++i)
+    if (compare_keys(key(i - 1), key(i), words) >= 0) {
+      if (starts.size() == kMostRuns) return stable_order(keys, n, stride, words);
+      starts.push_back(i);
+    }
+  const std::size_t runs = starts.size();
+  starts.push_back(n);
+  std::size_t longest = 0;
+  for (std::size_t r = 1; r < runs; ++r)
+    if (starts[r + 1] - starts[r] > starts[longest + 1] - starts[longest]) longest = r;
+  // Parts: [split p, split p + 1) of the key range; run r's share starts at cut[p][r].
+  const std::uint64_t long_rows = starts[longest + 1] - starts[longest];
+  const auto threads = static_cast<std::uint64_t>(omp_get_max_threads());
+  const std::size_t parts = runs == 1 ? 1 : std::max<std::uint64_t>(1, std::min(threads, long_rows / 4096));
+  std::vector<std::vector<std::uint64_t>> cut(parts + 1, std::vector<std::uint64_t>(runs));
+  for (std::size_t r = 0; r < runs; ++r) cut[0][r] = starts[r], cut[parts][r] = starts[r + 1];
+  for (std::size_t p = 1; p < parts; ++p) {
+    const std::uint64_t* split = key(starts[longest] + long_rows * p / parts);
+    for (std::size_t r = 0; r < runs; ++r) {  // (the first key of run r not below the split)
+      std::uint64_t lo = starts[r], hi = starts[r + 1];
+      while (lo < hi) {
+        const std::uint64_t mid = lo + (hi - lo) / 2;
+        if (compare_keys(key(mid), split, words) < 0) lo = mid + 1;
+        else hi = mid;
+      }
+      cut[p][r] = lo;
+    }
+  }
+  std::vector<std::uint64_t> order(n);
+  parallel_for(static_cast<std::int64_t>(parts), [&](std::int64_t p) {
+    std::uint64_t at = 0;
+    for (std::size_t r = 0; r < runs; ++r) at += cut[p][r] - starts[r];
+    // A tournament (loser) tree over the runs' next rows: the winner, the least (key, run), on
+    // top; after it moves on, one match a level decides the next (a binary heap takes two).
+    // (run `runs`, empty, fills the leaves past the last run)
+    std::vector<std::uint64_t> next(cut[p].begin(), cut[p].end()), end(cut[p + 1].begin(), cut[p + 1].end());
+    next.push_back(0), end.push_back(0);
+    const auto before = [&](std::size_t a, std::size_t b) {  // (run a's next row comes out before run b's)
+      if (next[a] == end[a]) return false;                   // (a run that is done loses to any)
+      if (next[b] == end[b]) return true;
+      const int c = compare_keys(key(next[a]), key(next[b]), words);
+      return c < 0 || (c == 0 && a < b);
+    };
+    const std::size_t leaves = std::bit_ceil(runs);
+    std::vector<std::size_t> loser(leaves), winner(2 * leaves);
+    for (std::size_t l = 0; l < leaves; ++l) winner[leaves + l] = std::min(l, runs);
+    for (std::size_t node = leaves; node-- > 1;) {
+      const std::size_t a = winner[2 * node], b = winner[2 * node + 1];
+      const bool a_wins = before(a, b) || (!before(b, a) && a <= b);
+      winner[node] = a_wins ? a : b;
+      loser[node] = a_wins ? b : a;
+    }
+    std::size_t top = leaves > 1 ? winner[1] : winner[leaves];
+    while (next[top] < end[top]) {
+      order[at++] = next[top]++;
+      std::size_t champion = top;
+      for (std::size_t node = (leaves + top) / 2; node >= 1; node /= 2)
+        if (before(loser[node], champion)) std::swap(loser[node], champion);
+      top = champion;
+    }
+  });
+  return order;
+}
+
 }  // namespace
 
 namespace cpu {
 
-void tile_unique(const TileUnique& a) {
+namespace {
+
+// A tile's rows in stable key order, read through key(j), value(j) and row(j) (j-th in order).
+// Keys of up to four words: (key, row, value) copied side by side and sorted by (key, row), the
+// stable order, so the walk below reads them in sequence (through a permutation, its reads of
+// the tile's records missed the cache: most of a tile's time).
+template <std::uint32_t W>
+class TileRowsSorted {
+ public:
+  TileRowsSorted(const KeyRows& in, std::uint64_t begin, std::uint64_t n, bool values) : rows_(n) {
+    for (std::uint64_t i = 0; i < n; ++i) {
+      std::copy(in.keys + (begin + i) * in.stride, in.keys + (begin + i) * in.stride + W, rows_[i].key);
+      rows_[i].row = i;
+      rows_[i].value = values ? value_of(in, begin + i) : 0.0;
+    }
+    std::sort(rows_.begin(), rows_.end(), [](const Row& a, const Row& b) {
+      for (std::uint32_t w = 0; w < W; ++w)
+        if (a.key[w] != b.key[w]) return a.key[w] < b.key[w];
+      return a.row < b.row;
+    });
+  }
+  const std::uint64_t* key(std::uint64_t j) const { return rows_[j].key; }
+  double value(std::uint64_t j) const { return rows_[j].value; }
+  std::uint64_t row(std::uint64_t j) const { return rows_[j].row; }
+
+ private:
+  struct Row {
+    std::uint64_t key[W];
+    std::uint64_t row;
+    double value;
+  };
+  std::vector<Row> rows_;
+};
+
+// Wider keys: a stably sorted permutation of the tile's rows.
+class TileRowsOrdered {
+ public:
+  TileRowsOrdered(const KeyRows& in, std::uint64_t begin, std::uint64_t n, bool)
+      : in_(in), begin_(begin), order_(stable_order(in.keys + begin * in.stride, n, in.stride, in.words)) {}
+  const std::uint64_t* key(std::uint64_t j) const { return in_.keys + (begin_ + order_[j]) * in_.stride; }
+  double value(std::uint64_t j) const { return value_of(in_, begin_ + order_[j]); }
+  std::uint64_t row(std::uint64_t j) const { return order_[j]; }
+
+ private:
+  const KeyRows& in_;
+  std::uint64_t begin_;
+  std::vector<std::uint64_t> order_;
+};
+
+// Tile t's unique keys, in key order: each one's count and its values' PairwiseSum in input order.
+template <typename Sorted>
+void unique_tile(const TileUnique& a, std::uint64_t t) {
   const KeyRows& in = a.in;
   const RecordLayout L = a.layout;
   const std::uint32_t cols = L.cols();
-  const auto tiles = static_cast<std::int64_t>(tiles_of(in.rows, a.tile_rows));
+  const std::uint64_t begin = t * a.tile_rows;
+  const std::uint64_t n = std::min(a.tile_rows, in.rows - begin);
+  const Sorted sorted(in, begin, n, L.value);
+  std::uint64_t u = 0;
+  for (std::uint64_t i = 0; i < n;) {
+    const std::uint64_t* key = sorted.key(i);
+    std::uint64_t* rec = a.records + (begin + u) * cols;
+    std::copy(key, key + in.words, rec);
+    PairwiseSum sum;
+    std::uint64_t j = i;
+    for (; j < n && compare_keys(sorted.key(j), key, in.words) == 0; ++j) {
+      if (L.value) sum.add(sorted.value(j));
+      if (a.local) a.local[begin + sorted.row(j)] = u;
+    }
+    if (L.value) rec[L.value_col()] = bits_of(sum.total());
+    rec[L.count_col()] = j - i;
+    if (L.origin) rec[L.origin_col()] = a.first_row + begin + u;
+    ++u;
+    i = j;
+  }
+  a.tile_unique[t] = u;
+}
+
+}  // namespace
+
+void tile_unique(const TileUnique& a) {
+  const auto tiles = static_cast<std::int64_t>(tiles_of(a.in.rows, a.tile_rows));
   // (a tile's sort allocates: parallel_for lets its std::bad_alloc out)
   parallel_for(tiles, [&](std::int64_t t) {
-    const std::uint64_t begin = static_cast<std::uint64_t>(t) * a.tile_rows;
-    const std::uint64_t n = std::min(a.tile_rows, in.rows - begin);
-    const std::vector<std::uint64_t> order = stable_order(in.keys + begin * in.stride, n, in.stride, in.words);
-    std::uint64_t u = 0;
-    for (std::uint64_t i = 0; i < n;) {
-      const std::uint64_t* key = in.keys + (begin + order[i]) * in.stride;
-      std::uint64_t* rec = a.records + (begin + u) * cols;
-      std::copy(key, key + in.words, rec);
-      PairwiseSum sum;
-      std::uint64_t j = i;
-      for (; j < n && compare_keys(in.keys + (begin + order[j]) * in.stride, key, in.words) == 0; ++j) {
-        if (L.value) sum.add(value_of(in, begin + order[j]));
-        if (a.local) a.local[begin + order[j]] = u;
-      }
-      if (L.value) rec[L.value_col()] = bits_of(sum.total());
-      rec[L.count_col()] = j - i;
-      if (L.origin) rec[L.origin_col()] = a.first_row + begin + u;
-      ++u;
-      i = j;
+    const auto tile = static_cast<std::uint64_t>(t);
+    switch (a.in.words) {
+      case 1: return unique_tile<TileRowsSorted<1>>(a, tile);
+      case 2: return unique_tile<TileRowsSorted<2>>(a, tile);
+      case 3: return unique_tile<TileRowsSorted<3>>(a, tile);
+      case 4: return unique_tile<TileRowsSorted<4>>(a, tile);
+      default: return unique_tile<TileRowsOrdered>(a, tile);
     }
-    a.tile_unique[t] = u;
   });
 }
 
@@ -137,7 +277,7 @@ void bucket_split(const BucketSplit& a) {
 void bucket_merge(const BucketMerge& a) {
   const RecordLayout L = a.layout;
   const std::uint32_t cols = L.cols(), words = L.words;
-  const std::vector<std::uint64_t> order = stable_order(a.records, a.rows, cols, words);
+  const std::vector<std::uint64_t> order = merged_order(a.records, a.rows, cols, words);
   std::vector<std::uint64_t> position(L.origin ? a.rows : 0);  // of each record's key (sorted order)
   std::uint64_t u = 0;
   for (std::uint64_t i = 0; i < a.rows;) {

@@ -4,10 +4,12 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <map>
 #include <numeric>
+#include <omp.h>
 #include <random>
 #include <vector>
 
@@ -133,7 +135,7 @@ void expect_tiles_match_reference(const Data& d, std::uint64_t tile_rows) {
 }
 
 TEST(SortUnique, TilesMatchAMapPerTile) {
-  for (std::uint32_t w : {1u, 2u})
+  for (std::uint32_t w : {1u, 2u, 3u, 5u})  // (up to four words sorted side by side, wider through a permutation)
     for (std::uint64_t tile : {1ull, 7ull, 64ull, 1000ull}) expect_tiles_match_reference(skewed(3001, w, 11 + w), tile);
 }
 
@@ -143,6 +145,34 @@ TEST(SortUnique, OneKeyEverywhere) {
   for (std::uint64_t u : t.tile_unique) EXPECT_EQ(u, 1u);
   EXPECT_EQ(t.records[2 + 1], 128u);  // count of tile 0
   EXPECT_EQ(t.records.at((3 * 128) * 4 + 3), 500u - 3 * 128);
+}
+
+// One bucket's merge on the CPU (kernels::cpu::bucket_merge) into vectors of room enough.
+struct Merged {
+  std::vector<std::uint64_t> keys, counts, pairs, pair_counts;
+  std::vector<double> values;
+  std::uint64_t unique = 0;
+};
+Merged merge_bucket(const std::uint64_t* records, std::uint64_t rows, RecordLayout L, std::uint32_t batch,
+                    std::uint32_t row_buckets, std::uint64_t rows_per_row_bucket) {
+  Merged out;
+  out.keys.resize(rows * L.words), out.counts.resize(rows), out.values.resize(rows);
+  out.pairs.resize(3 * rows), out.pair_counts.resize(row_buckets);
+  kernels::BucketMerge mg;
+  mg.records = records;
+  mg.rows = rows;
+  mg.layout = L;
+  mg.keys = out.keys.data();
+  mg.counts = out.counts.data();
+  mg.values = out.values.data();
+  mg.unique = &out.unique;
+  mg.batch = batch;
+  mg.pairs = out.pairs.data();
+  mg.pair_counts = out.pair_counts.data();
+  mg.row_buckets = row_buckets;
+  mg.rows_per_row_bucket = rows_per_row_bucket;
+  kernels::cpu::bucket_merge(mg);
+  return out;
 }
 
 // The whole chain on the CPU: tiles, samples, buckets, merge, index, against one std::map.
@@ -172,27 +202,12 @@ void expect_chain_matches_reference(const Data& d, std::uint64_t tile_rows, std:
   std::uint64_t at = 0;
   for (std::uint32_t b = 0; b < B; ++b) {
     const std::uint64_t m = counts[b];
-    std::vector<std::uint64_t> k(m * d.words), c(m), p(3 * m), pc(R), unique(1);
-    std::vector<double> v(m);
-    kernels::BucketMerge mg;
-    mg.records = split.data() + at * L.cols();
-    mg.rows = m;
-    mg.layout = L;
-    mg.keys = k.data();
-    mg.counts = c.data();
-    mg.values = v.data();
-    mg.unique = unique.data();
-    mg.batch = b;
-    mg.pairs = p.data();
-    mg.pair_counts = pc.data();
-    mg.row_buckets = R;
-    mg.rows_per_row_bucket = rows_per_row_bucket;
-    kernels::cpu::bucket_merge(mg);
-    keys.insert(keys.end(), k.begin(), k.begin() + unique[0] * d.words);
-    kcounts.insert(kcounts.end(), c.begin(), c.begin() + unique[0]);
-    values.insert(values.end(), v.begin(), v.begin() + unique[0]);
-    pairs.insert(pairs.end(), p.begin(), p.end());
-    prefix.push_back(prefix.back() + unique[0]);
+    const Merged mg = merge_bucket(split.data() + at * L.cols(), m, L, b, R, rows_per_row_bucket);
+    keys.insert(keys.end(), mg.keys.begin(), mg.keys.begin() + mg.unique * d.words);
+    kcounts.insert(kcounts.end(), mg.counts.begin(), mg.counts.begin() + mg.unique);
+    values.insert(values.end(), mg.values.begin(), mg.values.begin() + mg.unique);
+    pairs.insert(pairs.end(), mg.pairs.begin(), mg.pairs.end());
+    prefix.push_back(prefix.back() + mg.unique);
     at += m;
   }
   std::map<Key, RefEntry> ref;
@@ -237,6 +252,76 @@ TEST(SortUnique, ChainMatchesAMap) {
     expect_chain_matches_reference(d, 64, s, 640);
     expect_chain_matches_reference(d, 1000, {}, 4000);  // one bucket, one row bucket
   }
+}
+
+// A bucket's merge against a stable sort of its records, on one thread and on several: sorted
+// runs with keys shared between runs (as buckets are: tiles' unique keys, one tile after another),
+// a run cut into parts at keys that repeat, and records in no order at all.
+void expect_merge_is_the_stable_sorts(const std::vector<std::uint64_t>& records, std::uint64_t rows) {
+  const RecordLayout L{2, true, true};
+  const std::uint32_t cols = L.cols();
+  std::vector<std::uint64_t> order(rows);
+  std::iota(order.begin(), order.end(), std::uint64_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](std::uint64_t a, std::uint64_t b) {
+    return std::lexicographical_compare(&records[a * cols], &records[a * cols + 2], &records[b * cols], &records[b * cols + 2]);
+  });
+  std::vector<std::uint64_t> keys, counts, origins;
+  std::vector<double> values;
+  for (std::uint64_t i = 0; i < rows;) {
+    const std::uint64_t* key = &records[order[i] * cols];
+    std::uint64_t count = 0, j = i;
+    kernels::PairwiseSum sum;
+    for (; j < rows && std::equal(key, key + 2, &records[order[j] * cols]); ++j) {
+      count += records[order[j] * cols + L.count_col()];
+      double v;
+      std::memcpy(&v, &records[order[j] * cols + L.value_col()], 8);
+      sum.add(v);
+      origins.push_back(records[order[j] * cols + L.origin_col()]);
+    }
+    keys.insert(keys.end(), key, key + 2);
+    counts.push_back(count);
+    values.push_back(sum.total());
+    i = j;
+  }
+  const int threads = omp_get_max_threads();
+  for (int t : {1, 3}) {
+    omp_set_num_threads(t);
+    const Merged mg = merge_bucket(records.data(), rows, L, 0, 1, rows);
+    ASSERT_EQ(mg.unique, counts.size()) << t << " threads";
+    EXPECT_TRUE(std::equal(keys.begin(), keys.end(), mg.keys.begin())) << t << " threads";
+    EXPECT_TRUE(std::equal(counts.begin(), counts.end(), mg.counts.begin())) << t << " threads";
+    for (std::size_t u = 0; u < values.size(); ++u)
+      ASSERT_EQ(std::bit_cast<std::uint64_t>(mg.values[u]), std::bit_cast<std::uint64_t>(values[u])) << u << ", " << t << " threads";
+    for (std::uint64_t i = 0; i < rows; ++i) ASSERT_EQ(mg.pairs[3 * i], origins[i]) << i << ", " << t << " threads";
+  }
+  omp_set_num_threads(threads);
+}
+
+TEST(SortUnique, BucketMergeIsTheStableSortsOnAnyThreadCount) {
+  const RecordLayout L{2, true, true};
+  std::mt19937_64 rng(11);
+  const auto record = [&](std::vector<std::uint64_t>& out, std::uint64_t a, std::uint64_t b) {
+    const double v = std::ldexp(static_cast<double>(rng() % 2000001) - 1e6, -12);
+    std::uint64_t value;
+    std::memcpy(&value, &v, 8);
+    const std::uint64_t row = out.size() / L.cols();
+    out.insert(out.end(), {a, b, value, 1 + rng() % 4, row});
+  };
+  for (const std::uint64_t runs : {1u, 2u, 7u, 40u}) {  // (with 20,000 rows a run, 3 threads cut each run)
+    std::vector<std::uint64_t> records;
+    for (std::uint64_t r = 0; r < runs; ++r) {
+      std::vector<std::uint64_t> keys(60000);  // a run: ascending unique keys, a third of them drawn
+      std::iota(keys.begin(), keys.end(), std::uint64_t{0});
+      std::shuffle(keys.begin(), keys.end(), rng);
+      keys.resize(20000);
+      std::sort(keys.begin(), keys.end());
+      for (const std::uint64_t k : keys) record(records, k / 3, k % 3 == 2 ? ~std::uint64_t{0} : k % 3);  // (ascending)
+    }
+    expect_merge_is_the_stable_sorts(records, records.size() / L.cols());
+  }
+  std::vector<std::uint64_t> unordered;
+  for (int i = 0; i < 30000; ++i) record(unordered, rng() % 500, rng() % 3);
+  expect_merge_is_the_stable_sorts(unordered, unordered.size() / L.cols());
 }
 
 TEST(SortUnique, SamplesAreRegular) {
