@@ -920,8 +920,8 @@ struct ResidentWork {
     std::uint64_t rows = 0, diagonal_rows = 0;
   };
   ResidentWork(Backend& backend, Stream& stream);
-  // Device bytes a dedup of `rows` records of `words` key words and the score after it hold, and
-  // the dedup kernels' workspace among them.
+  // The most device bytes a dedup of `rows` records of `words` key words (the records given
+  // included) or the score after it holds at once, and the dedup kernels' workspace among them.
   std::uint64_t dedup_bytes(std::uint64_t rows, std::uint32_t words) const;
   std::uint64_t dedup_workspace_bytes(std::uint64_t rows, std::uint32_t words) const;
   // nullopt once the records and held_after(records) would pass the room, or (cuda) the score's
@@ -1326,10 +1326,13 @@ std::uint64_t ResidentWork::dedup_workspace_bytes(std::uint64_t rows, std::uint3
 }
 
 std::uint64_t ResidentWork::dedup_bytes(std::uint64_t rows, std::uint32_t words) const {
-  const kernels::RecordLayout layout{words, true, false};
-  // (the records, twice: split apart; the merge's keys, counts and values; the score's scratch)
-  return rows * layout.cols() * 8 * 2 + rows * (words * 8 + 16) + dedup_workspace_bytes(rows, words) +
-         rows * SpaceKernel::kScratchPerRow + kernels::tiles_of(rows, keys::DedupSource{}.tile_rows) * 8;
+  const std::uint64_t record = kernels::RecordLayout{words, true, false}.cols() * 8, merged = words * 8 + 16;
+  // (dedup: the records given and tile_unique's, then those and the split; the split and the
+  // merge's keys, counts and values. score: the keys, values and scratch. Rounded as take rounds.)
+  const std::uint64_t dedup = std::max(2 * record, record + merged) * rows + dedup_workspace_bytes(rows, words) +
+                              kernels::tiles_of(rows, keys::DedupSource{}.tile_rows) * 8 + 8;
+  const std::uint64_t score = rows * (words * 8 + 8 + SpaceKernel::kScratchPerRow);
+  return std::max(dedup, score) / 8 * 9 + 64;
 }
 
 // The generation's records (Candidate, or sampled TaggedCandidate and diagonal terms), end to end.
@@ -1345,16 +1348,24 @@ std::optional<ResidentWork::Generated> ResidentWork::generate(const Problem& p, 
   const std::uint64_t chunk = std::min(n, room / 8 / per_source);
   if (chunk == 0) return std::nullopt;
   const std::uint64_t fixed = GenerateKernel::resident_bytes(p, sources) + chunk * per_source;
-  // Everything held once `rows` records and `diagonal` terms are made: the chunk, the records
-  // twice (chunks, then end to end) and what comes after (held_after).
+  // The chunks' records gather in blocks of one size (the pool hands them out again, chunk after
+  // chunk and unit after unit; blocks of each chunk's size were fresh memory each time).
+  const std::uint64_t block = std::clamp<std::uint64_t>(std::bit_floor(std::max<std::uint64_t>(room / 16, 1)), 1 << 20, 64 << 20);
+  // The most held at once, over the unit's phases, once `rows` records and `diagonal` terms are
+  // made: the chunk's buffers and the chunks' records; the records joined end to end, one output
+  // at a time, the other's chunks freed first; the diagonal terms scored beside the records; what
+  // comes after (held_after: the records' dedup and score). Rounded as take rounds.
   const auto too_much = [&](std::uint64_t rows, std::uint64_t diagonal) {
-    const std::uint64_t device = fixed + 2 * (rows + diagonal) * record + held_after(rows) + diagonal * SpaceKernel::kScratchPerRow;
-    return device > room || (cuda && copied(rows) > host_room);
+    const std::uint64_t made = (rows + diagonal) * record + 2 * block;  // (a block partly filled an output)
+    const std::uint64_t device = std::max({fixed + made, made + std::max(rows, diagonal) * record,
+                                           made + diagonal * SpaceKernel::kScratchPerRow + held_after(0)}) / 8 * 9 +
+                                 64;
+    return std::max(device, held_after(rows)) > room || (cuda && copied(rows) > host_room);
   };
   if (too_much(0, 0)) return std::nullopt;
   Generated out;
-  std::vector<Buffer> parts[2];
-  std::vector<std::uint64_t> part_rows[2];
+  std::vector<Buffer> parts[2];  // (each full but the last: bytes[o] in all)
+  std::uint64_t bytes[2] = {0, 0};
   {
     GenerateKernel kernel(p, sources, eps);
     kernel.prepare(backend, stream);
@@ -1376,27 +1387,30 @@ std::optional<ResidentWork::Generated> ResidentWork::generate(const Problem& p, 
       out.rows += made[0], out.diagonal_rows += made[1];
       if (too_much(out.rows, out.diagonal_rows)) return std::nullopt;
       const Buffer* from[2] = {&records, &diagonal};
-      for (int o = 0; o < 2; ++o) {
-        if (made[o] == 0) continue;
-        parts[o].push_back(take(made[o] * record, "selected-CI candidates (resident)"));
-        part_rows[o].push_back(made[o]);
-        backend.copy_on_device(parts[o].back().data(), from[o]->data(), made[o] * record, stream);
-      }
+      for (int o = 0; o < 2; ++o)
+        for (std::uint64_t done = 0; done < made[o] * record;) {
+          if (bytes[o] == parts[o].size() * block) parts[o].push_back(take(block, "selected-CI candidates (resident)"));
+          const std::uint64_t at = bytes[o] % block, n = std::min(made[o] * record - done, block - at);
+          backend.copy_on_device(static_cast<char*>(parts[o].back().data()) + at, static_cast<const char*>(from[o]->data()) + done,
+                                 n, stream);
+          done += n, bytes[o] += n;
+        }
     }
     stream.synchronize();
   }
   Buffer* joined[2] = {&out.records, &out.diagonal};
   const std::uint64_t total[2] = {out.rows, out.diagonal_rows};
-  for (int o = 0; o < 2; ++o) {
+  for (int o : {1, 0}) {  // (the diagonal terms' chunks freed before the candidates' are joined)
     if (total[o] == 0) continue;
-    if (parts[o].size() == 1) {  // (one chunk made them all: already end to end)
+    if (parts[o].size() == 1) {  // (one block holds them all: already end to end)
       *joined[o] = std::move(parts[o].front());
       continue;
     }
     *joined[o] = take(total[o] * record, "selected-CI candidates (resident)");
-    for (std::size_t i = 0, at = 0; i < parts[o].size(); at += part_rows[o][i], ++i)
-      backend.copy_on_device(static_cast<char*>(joined[o]->data()) + at * record, parts[o][i].data(), part_rows[o][i] * record,
-                             stream);
+    for (std::size_t i = 0; i < parts[o].size(); ++i)
+      backend.copy_on_device(static_cast<char*>(joined[o]->data()) + i * block, parts[o][i].data(),
+                             std::min(block, bytes[o] - i * block), stream);
+    parts[o].clear();  // (the stream's order keeps a block reused next safe)
   }
   stream.synchronize();
   return out;
@@ -1420,6 +1434,7 @@ ResidentUnique ResidentWork::dedup(Buffer records_in, std::uint64_t rows, std::u
   in.rows = rows;
   kernels::tile_unique(stream, {in, layout, tile_rows, 0, records.as<std::uint64_t>(), tile_counts.as<std::uint64_t>(),
                                 nullptr, workspace});
+  records_in.reset();  // (each buffer freed once read, so dedup_bytes holds; the stream orders reuse)
   // (split apart on both backends: the CPU twin would copy the records aside to split in place)
   Buffer split = take(rows * layout.cols() * 8, "selected-CI records (resident)");
   Buffer counts = take(8, "selected-CI counts (resident)");
@@ -1429,7 +1444,7 @@ ResidentUnique ResidentWork::dedup(Buffer records_in, std::uint64_t rows, std::u
   ResidentUnique out;
   backend.copy_to_host(&out.records, counts.data(), 8, stream);
   stream.synchronize();
-  records_in.reset();
+  records.reset();
   out.keys = take(out.records * words * 8, "selected-CI unique keys (resident)");
   Buffer key_counts = take(out.records * 8, "selected-CI unique counts (resident)");
   out.values = take(out.records * 8, "selected-CI summed values (resident)");

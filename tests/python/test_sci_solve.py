@@ -188,9 +188,9 @@ def test_selection_on_resident_data_gives_the_passes_bits(tmp):
     """One rank selects on resident data (generation, de-duplication and scoring as kernels on data
     that stays in device memory, host memory on the CPU backend) when it fits half of the budget
     left, else through the passes: a budget that sends the larger phases (a final PT2 of some
-    126,000 candidates) through the passes (32 MiB: on cuda the passes need about 16) gives the
+    413,000 candidates) through the passes (32 MiB: on cuda the passes need about 16) gives the
     same bytes."""
-    params = "eps_var: 5.0e-4, eps_pt2: 1.0e-8, max_new_dets: 3000, max_iterations: 3"
+    params = "eps_var: 1.0e-4, eps_pt2: 1.0e-8, max_new_dets: 3000, max_iterations: 4"
     roomy = solve(tmp / "roomy", DATA / "N2_sto6g_FCIDUMP", params, "{}")
     tight = solve(tmp / "tight", DATA / "N2_sto6g_FCIDUMP", params, "{device_memory: 32MiB}")
     assert digests(roomy) == digests(tight)
