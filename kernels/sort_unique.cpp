@@ -254,23 +254,41 @@ void tile_samples(const TileSamples& a) {
 void bucket_split(const BucketSplit& a) {
   const std::uint32_t cols = a.layout.cols(), words = a.layout.words, B = a.buckets;
   const std::uint64_t tiles = tiles_of(a.rows, a.tile_rows);
+  const auto each_tile = [&](auto&& body) { parallel_for(static_cast<std::int64_t>(tiles), body); };
   // In place (out == records): the records move through a host temporary.
   std::vector<std::uint64_t> copy(a.out == a.records ? a.rows * cols : 0);
-  std::copy(a.records, a.records + copy.size(), copy.begin());
+  if (!copy.empty())
+    each_tile([&](std::int64_t t) {
+      const std::uint64_t first = static_cast<std::uint64_t>(t) * a.tile_rows * cols;
+      std::copy(a.records + first, a.records + std::min(copy.size(), first + a.tile_rows * cols), copy.begin() + first);
+    });
   const std::uint64_t* records = copy.empty() ? a.records : copy.data();
-  // Each record's bucket, then a stable counting sort by bucket: tile-major order within one.
+  // Each record's bucket and each tile's count a bucket, then a stable counting sort by bucket
+  // (tile-major order within one): tile t's records of bucket b start after the earlier buckets
+  // and after b's records of the earlier tiles.
   std::vector<std::uint32_t> bucket(a.rows, B);
-  std::vector<std::uint64_t> counts(B, 0);
-  for (std::uint64_t t = 0; t < tiles; ++t)
+  std::vector<std::uint64_t> tile_counts(tiles * B, 0);
+  each_tile([&](std::int64_t t) {
     for (std::uint64_t j = 0; j < a.tile_unique[t]; ++j) {
-      const std::uint64_t r = t * a.tile_rows + j;
+      const std::uint64_t r = static_cast<std::uint64_t>(t) * a.tile_rows + j;
       bucket[r] = bucket_of(records + r * cols, a.splitters, B - 1, words);
-      ++counts[bucket[r]];
+      ++tile_counts[static_cast<std::uint64_t>(t) * B + bucket[r]];
     }
-  std::vector<std::uint64_t> at(B, 0);
-  for (std::uint32_t b = 1; b < B; ++b) at[b] = at[b - 1] + counts[b - 1];
-  for (std::uint64_t r = 0; r < a.rows; ++r)
-    if (bucket[r] < B) std::copy(records + r * cols, records + (r + 1) * cols, a.out + at[bucket[r]]++ * cols);
+  });
+  std::vector<std::uint64_t> at(tiles * B, 0), counts(B, 0);  // (at: where tile t's records of bucket b go)
+  for (std::uint64_t start = 0, b = 0; b < B; ++b)
+    for (std::uint64_t t = 0; t < tiles; ++t) {
+      at[t * B + b] = start;
+      start += tile_counts[t * B + b];
+      counts[b] += tile_counts[t * B + b];
+    }
+  each_tile([&](std::int64_t t) {
+    std::uint64_t* next = at.data() + static_cast<std::uint64_t>(t) * B;
+    for (std::uint64_t j = 0; j < a.tile_unique[t]; ++j) {
+      const std::uint64_t r = static_cast<std::uint64_t>(t) * a.tile_rows + j;
+      std::copy(records + r * cols, records + (r + 1) * cols, a.out + next[bucket[r]]++ * cols);
+    }
+  });
   std::copy(counts.begin(), counts.end(), a.counts);
 }
 
