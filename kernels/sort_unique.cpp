@@ -297,24 +297,47 @@ void bucket_merge(const BucketMerge& a) {
   const std::uint32_t cols = L.cols(), words = L.words;
   const std::vector<std::uint64_t> order = merged_order(a.records, a.rows, cols, words);
   std::vector<std::uint64_t> position(L.origin ? a.rows : 0);  // of each record's key (sorted order)
-  std::uint64_t u = 0;
-  for (std::uint64_t i = 0; i < a.rows;) {
-    const std::uint64_t* key = a.records + order[i] * cols;
-    std::copy(key, key + words, a.keys + u * words);
-    std::uint64_t count = 0, j = i;
-    PairwiseSum sum;
-    for (; j < a.rows && compare_keys(a.records + order[j] * cols, key, words) == 0; ++j) {
-      const std::uint64_t* rec = a.records + order[j] * cols;
-      count += rec[L.count_col()];
-      if (L.value) sum.add(double_of(rec[L.value_col()]));
-      if (L.origin) position[j] = u;
-    }
-    a.counts[u] = count;
-    if (L.value) a.values[u] = sum.total();
-    ++u;
-    i = j;
+  const auto key_of = [&](std::uint64_t i) { return a.records + order[i] * cols; };
+  // The sorted records in parts that start at a new key, a part per OpenMP thread: each part's
+  // keys counted, then written from where the parts before it end.
+  const auto threads = static_cast<std::uint64_t>(omp_get_max_threads());
+  const std::uint64_t parts = std::max<std::uint64_t>(1, std::min(threads, a.rows / 65536));
+  std::vector<std::uint64_t> first(parts + 1, a.rows), unique(parts + 1, 0);
+  first[0] = 0;
+  for (std::uint64_t p = 1; p < parts; ++p) {
+    std::uint64_t b = std::max(first[p - 1], a.rows * p / parts);
+    while (b > 0 && b < a.rows && compare_keys(key_of(b), key_of(b - 1), words) == 0) ++b;
+    first[p] = b;
   }
-  *a.unique = u;
+  // (write: each key's record; else only counted)
+  const auto walk = [&](std::uint64_t p, bool write) {
+    std::uint64_t u = unique[p];
+    for (std::uint64_t i = first[p]; i < first[p + 1];) {
+      const std::uint64_t* key = key_of(i);
+      std::uint64_t count = 0, j = i;
+      PairwiseSum sum;
+      for (; j < a.rows && compare_keys(key_of(j), key, words) == 0; ++j)
+        if (write) {
+          const std::uint64_t* rec = key_of(j);
+          count += rec[L.count_col()];
+          if (L.value) sum.add(double_of(rec[L.value_col()]));
+          if (L.origin) position[j] = u;
+        }
+      if (write) {
+        std::copy(key, key + words, a.keys + u * words);
+        a.counts[u] = count;
+        if (L.value) a.values[u] = sum.total();
+      }
+      ++u;
+      i = j;
+    }
+    return u - unique[p];
+  };
+  std::vector<std::uint64_t> counted(parts, 0);
+  if (parts > 1) parallel_for(static_cast<std::int64_t>(parts), [&](std::int64_t p) { counted[p] = walk(p, false); });
+  for (std::uint64_t p = 0; p + 1 < parts; ++p) unique[p + 1] = unique[p] + counted[p];
+  parallel_for(static_cast<std::int64_t>(parts), [&](std::int64_t p) { counted[p] = walk(p, true); });
+  *a.unique = unique[parts - 1] + counted[parts - 1];
   if (!L.origin) return;
   // The pairs in key order, grouped stably by row bucket.
   std::vector<std::uint64_t> counts(a.row_buckets, 0), at(a.row_buckets, 0);
