@@ -302,7 +302,8 @@ void bucket_merge(const BucketMerge& a) {
   // keys counted, then written from where the parts before it end.
   const auto threads = static_cast<std::uint64_t>(omp_get_max_threads());
   const std::uint64_t parts = std::max<std::uint64_t>(1, std::min(threads, a.rows / 65536));
-  std::vector<std::uint64_t> first(parts + 1, a.rows), unique(parts + 1, 0);
+  // (first[p]: part p's first record in sorted order; first_key[p]: its first unique key's index)
+  std::vector<std::uint64_t> first(parts + 1, a.rows), first_key(parts, 0), counted(parts, 0);
   first[0] = 0;
   for (std::uint64_t p = 1; p < parts; ++p) {
     std::uint64_t b = std::max(first[p - 1], a.rows * p / parts);
@@ -311,7 +312,7 @@ void bucket_merge(const BucketMerge& a) {
   }
   // (write: each key's record; else only counted)
   const auto walk = [&](std::uint64_t p, bool write) {
-    std::uint64_t u = unique[p];
+    std::uint64_t u = first_key[p];
     for (std::uint64_t i = first[p]; i < first[p + 1];) {
       const std::uint64_t* key = key_of(i);
       std::uint64_t count = 0, j = i;
@@ -331,13 +332,12 @@ void bucket_merge(const BucketMerge& a) {
       ++u;
       i = j;
     }
-    return u - unique[p];
+    return u - first_key[p];
   };
-  std::vector<std::uint64_t> counted(parts, 0);
   if (parts > 1) parallel_for(static_cast<std::int64_t>(parts), [&](std::int64_t p) { counted[p] = walk(p, false); });
-  for (std::uint64_t p = 0; p + 1 < parts; ++p) unique[p + 1] = unique[p] + counted[p];
+  for (std::uint64_t p = 0; p + 1 < parts; ++p) first_key[p + 1] = first_key[p] + counted[p];
   parallel_for(static_cast<std::int64_t>(parts), [&](std::int64_t p) { counted[p] = walk(p, true); });
-  *a.unique = unique[parts - 1] + counted[parts - 1];
+  *a.unique = first_key[parts - 1] + counted[parts - 1];
   if (!L.origin) return;
   // The pairs in key order, grouped stably by row bucket.
   std::vector<std::uint64_t> counts(a.row_buckets, 0), at(a.row_buckets, 0);
