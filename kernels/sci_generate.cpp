@@ -1,6 +1,7 @@
 #include "kernels/sci_generate.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <stdexcept>
 #include <vector>
@@ -149,6 +150,10 @@ static void refuse_growth(const SciCouplings& a) {
   if (a.growth.previous_row) throw std::logic_error("sci_couplings: rows grown by the lanes' walk are cuda's");
 }
 
+[[noreturn]] static void refuse_gained() {
+  throw std::logic_error("sci_couplings_gained: rows grown by insertion are cuda's");
+}
+
 void sci_couplings_count_cpu(const SciCouplings& a) {
   refuse_growth(a);
   for_each_coupling_row(a, [&](sci::CouplingRow& row, std::uint64_t r) { a.counts[r] = row.count(); });
@@ -190,6 +195,33 @@ void sci_couplings_count(Stream& stream, const SciCouplings& args) {
 
 void sci_couplings_write(Stream& stream, const SciCouplings& args) {
   QSTAGE_DISPATCH(stream, sci_couplings_write_cpu(args), detail::sci_couplings_write_cuda(stream.native(), args));
+}
+
+// 32 bits a determinant or more (a power of two): about one in 32 lookups outside the space searches.
+std::uint64_t sci_space_filter_bits(std::uint64_t n) { return std::bit_ceil(std::max<std::uint64_t>(32 * n, 1024)); }
+
+void sci_space_filter_cpu(const sci::Det* space, std::uint64_t n, std::uint32_t* words, std::uint64_t bits) {
+  const sci::SpaceFilter f{words, bits - 1};
+  std::fill(words, words + bits / 32, 0u);
+  for (std::uint64_t i = 0; i < n; ++i) {
+    const std::uint64_t b = sci::filter_bit(f, space[i]);
+    words[b >> 5] |= 1u << (b & 31);
+  }
+}
+
+void sci_space_filter(Stream& stream, const sci::Det* space, std::uint64_t n, std::uint32_t* words, std::uint64_t bits) {
+  QSTAGE_DISPATCH(stream, sci_space_filter_cpu(space, n, words, bits),
+                  detail::sci_space_filter_cuda(stream.native(), space, n, words, bits));
+}
+
+void sci_couplings_gained_count(Stream& stream, const SciCouplings& args, std::uint32_t* counts) {
+  QSTAGE_DISPATCH(stream, refuse_gained(), detail::sci_couplings_gained_count_cuda(stream.native(), args, counts));
+}
+
+void sci_couplings_gained_write(Stream& stream, const SciCouplings& args, const std::uint64_t* start,
+                                std::uint32_t* fill, std::uint32_t* partners) {
+  QSTAGE_DISPATCH(stream, refuse_gained(),
+                  detail::sci_couplings_gained_write_cuda(stream.native(), args, start, fill, partners));
 }
 
 void sci_sigma_stored(Stream& stream, const SciStoredSigma& args) {

@@ -154,14 +154,15 @@ static_assert(kThreads == static_cast<int>(kSciLanes), "a row's lanes are the si
 // A row's entries as sigma_kernel's threads find them: thread t, excitations t, t + kThreads, ...
 template <typename Visit>
 __device__ void for_each_lane_coupling(const HamiltonianView& h, int na, int nb, const Det* space, std::uint64_t size,
-                                       const Det& d, SharedSource& s, unsigned* end, Visit&& visit) {
+                                       const sci::SpaceFilter& filter, const Det& d, SharedSource& s, unsigned* end,
+                                       Visit&& visit) {
   const unsigned lists = sci::list_count(na, nb);
   const unsigned total = lay_out_lists(h, na, nb, d, 1.0, 0.0, s, end);
   for (unsigned v = threadIdx.x; v < total; v += kThreads) {
     Det t;
     double e;
     if (excitation_at(h, na, nb, d, 1.0, 0.0, s, end, lists, v, &t, &e)) {
-      const std::uint64_t i = sci::find_sorted(space, size, t);
+      const std::uint64_t i = sci::find_filtered(space, size, filter, t);
       if (i < size) visit(i, e);
     }
   }
@@ -210,17 +211,94 @@ __device__ void for_each_row_coupling(const SciCouplings& a, std::uint64_t r, Sh
                                       Visit&& visit) {
   const Det d = a.space[a.first + r];
   const std::uint32_t before = a.growth.previous_row ? a.growth.previous_row[r] : kSciAdded;
-  if (before == kSciAdded) for_each_lane_coupling(a.h, a.nalpha, a.nbeta, a.space, a.space_size, d, s, end, visit);
+  if (before == kSciAdded) for_each_lane_coupling(a.h, a.nalpha, a.nbeta, a.space, a.space_size, a.filter, d, s, end, visit);
   else for_each_grown_lane_coupling(a.h, a.nalpha, a.nbeta, a.space, a.growth, before, d, s, end, visit);
+}
+
+// ---------------------------------------------------------------- growth by insertion
+// A gained partner of an inserted row (SciCouplings::Growth): its virtual excitation in the row's
+// lists, its column in S and its element.
+struct Gained {
+  unsigned v;
+  std::uint32_t column;
+  double element;
+};
+
+// Whether row r (S0's row `before`, or kSciAdded) is grown by insertion, and its gained partners.
+__device__ bool inserted_row(const SciCouplings& a, std::uint64_t r, std::uint32_t before, std::uint64_t* b,
+                             std::uint64_t* e) {
+  if (before == kSciAdded || !a.growth.gained_start) return false;
+  *b = a.growth.gained_start[a.first + r];
+  *e = a.growth.gained_start[a.first + r + 1];
+  return *e - *b <= min(a.growth.inserted_per_row, kSciInsertedPerRow);
+}
+
+// Row d's gained partners [b, e) that its lists hold (at eps 0: as the enumeration, a single of
+// zero element dropped), each with its place and element as the enumeration finds them, into
+// `out`, compacted in the partners' order. Lays out d's lists first (kept for place_of); returns
+// how many.
+__device__ unsigned gather_gained(const SciCouplings& a, const Det& d, std::uint64_t b, std::uint64_t e,
+                                  SharedSource& s, unsigned* end, Gained* out) {
+  lay_out_lists(a.h, a.nalpha, a.nbeta, d, 1.0, 0.0, s, end);
+  unsigned count = 0;
+  for (std::uint64_t base = b; base < e; base += kThreads) {
+    const std::uint64_t at = base + threadIdx.x;
+    Gained g{};
+    bool valid = false;
+    if (at < e) {
+      g.column = a.growth.gained[at];
+      const std::uint32_t key = sci::list_key(a.growth.order, d, a.space[g.column], a.nalpha, a.nbeta);
+      if (key != sci::kNotListed) {
+        const unsigned list = key >> 16, entry = key & 0xffffu;
+        Det t;
+        valid = sci::list_entry(a.h, d, sci::list_at(list, a.nalpha, a.nbeta, s.occ_a, s.occ_b), entry, 1.0, 0.0, &t,
+                                &g.element);
+        g.v = (list ? end[list - 1] : 0) + entry;
+      }
+    }
+    unsigned pos, all;
+    BlockScan(s.scan).ExclusiveSum(valid ? 1u : 0u, pos, all);
+    if (valid) out[count + pos] = g;
+    count += all;
+    __syncthreads();
+  }
+  return count;
+}
+
+// The virtual excitation at which d's laid-out lists reach space[column] (a stored entry: listed).
+__device__ unsigned place_of(const SciCouplings& a, const Det& d, std::uint32_t column, const unsigned* end) {
+  const std::uint32_t key = sci::list_key(a.growth.order, d, a.space[column], a.nalpha, a.nbeta);
+  const unsigned list = key >> 16;
+  return (list ? end[list - 1] : 0) + (key & 0xffffu);
+}
+
+// The next of this lane's gained entries after place `last` (any, when !started): its index, or m.
+__device__ unsigned next_gained(const Gained* gained, unsigned m, bool started, unsigned last) {
+  unsigned best = m;
+  for (unsigned i = 0; i < m; ++i) {
+    const unsigned v = gained[i].v;
+    if (v % kThreads == threadIdx.x && (!started || v > last) && (best == m || v < gained[best].v)) best = i;
+  }
+  return best;
 }
 
 // Per row: each lane's entries, their inclusive prefix over the lanes (lane_ends) and the total.
 __global__ void __launch_bounds__(kThreads) couplings_count_kernel(SciCouplings a) {
   __shared__ SharedSource s;
+  __shared__ Gained gained[kSciInsertedPerRow];
   extern __shared__ unsigned end[];
   for (std::uint64_t r = blockIdx.x; r < a.n; r += gridDim.x) {
+    const std::uint32_t before = a.growth.previous_row ? a.growth.previous_row[r] : kSciAdded;
+    std::uint64_t gb = 0, ge = 0;
     unsigned mine = 0;
-    for_each_row_coupling(a, r, s, end, [&](std::uint64_t, double) { ++mine; });
+    if (inserted_row(a, r, before, &gb, &ge)) {
+      const unsigned m = ge > gb ? gather_gained(a, a.space[a.first + r], gb, ge, s, end, gained) : 0;
+      const std::uint64_t lanes = static_cast<std::uint64_t>(before) * kThreads;
+      mine = a.growth.lane_ends[lanes + threadIdx.x] - (threadIdx.x ? a.growth.lane_ends[lanes + threadIdx.x - 1] : 0);
+      for (unsigned i = 0; i < m; ++i) mine += gained[i].v % kThreads == threadIdx.x;
+    } else {
+      for_each_row_coupling(a, r, s, end, [&](std::uint64_t, double) { ++mine; });
+    }
     __syncthreads();  // (lay_out_lists' scan storage is reused)
     unsigned upto, all;
     BlockScan(s.scan).InclusiveSum(mine, upto, all);
@@ -230,18 +308,90 @@ __global__ void __launch_bounds__(kThreads) couplings_count_kernel(SciCouplings 
   }
 }
 
-// Per row: each lane's entries at its place (lane t after lane t - 1), in the order it finds them.
+// Per row: each lane's entries at its place (lane t after lane t - 1), in the order it finds them;
+// an inserted row's lane merges its stored entries (renumbered) with its gained ones by place.
 __global__ void __launch_bounds__(kThreads) couplings_write_kernel(SciCouplings a) {
   __shared__ SharedSource s;
+  __shared__ Gained gained[kSciInsertedPerRow];
   extern __shared__ unsigned end[];
+  const SciCouplings::Growth& g = a.growth;
   for (std::uint64_t r = blockIdx.x; r < a.n; r += gridDim.x) {
     std::uint64_t at = a.offsets[r] + (threadIdx.x ? a.lane_ends[r * kThreads + threadIdx.x - 1] : 0);
-    for_each_row_coupling(a, r, s, end, [&](std::uint64_t i, double e) {
-      a.columns[at] = static_cast<std::uint32_t>(i);
-      a.elements[at] = e;
-      ++at;
+    const Det d = a.space[a.first + r];
+    const std::uint32_t before = g.previous_row ? g.previous_row[r] : kSciAdded;
+    std::uint64_t gb = 0, ge = 0;
+    if (inserted_row(a, r, before, &gb, &ge)) {
+      const unsigned m = ge > gb ? gather_gained(a, d, gb, ge, s, end, gained) : 0;
+      const std::uint64_t row = g.offsets[before], lanes = static_cast<std::uint64_t>(before) * kThreads;
+      std::uint64_t k = row + (threadIdx.x ? g.lane_ends[lanes + threadIdx.x - 1] : 0);
+      const std::uint64_t stop = row + g.lane_ends[lanes + threadIdx.x];
+      bool started = false;
+      unsigned last = 0;
+      for (unsigned next; (next = next_gained(gained, m, started, last)) < m;) {
+        const unsigned v = gained[next].v;
+        for (; k < stop; ++k, ++at) {
+          const std::uint32_t column = g.renumbered[g.columns[k]];
+          if (place_of(a, d, column, end) > v) break;
+          a.columns[at] = column;
+          a.elements[at] = g.elements[k];
+        }
+        a.columns[at] = gained[next].column;
+        a.elements[at] = gained[next].element;
+        ++at;
+        started = true;
+        last = v;
+      }
+      for (; k < stop; ++k, ++at) {
+        a.columns[at] = g.renumbered[g.columns[k]];
+        a.elements[at] = g.elements[k];
+      }
+    } else {
+      for_each_row_coupling(a, r, s, end, [&](std::uint64_t i, double e) {
+        a.columns[at] = static_cast<std::uint32_t>(i);
+        a.elements[at] = e;
+        ++at;
+      });
+    }
+    if (threadIdx.x == 0) a.diagonal[r] = sci::diagonal(a.h, d);
+    __syncthreads();
+  }
+}
+
+// The rows of S0 that each added determinant k may be a new partner of (sci_couplings_gained):
+// counted (Write = false) or written at their rows' starts.
+template <bool Write>
+__global__ void __launch_bounds__(kThreads) gained_kernel(SciCouplings a, std::uint32_t* counts,
+                                                          const std::uint64_t* start, std::uint32_t* fill,
+                                                          std::uint32_t* partners) {
+  __shared__ SharedSource s;
+  extern __shared__ unsigned end[];
+  const SciCouplings::Growth& g = a.growth;
+  const int n = a.h.norb;
+  for (std::uint64_t q = blockIdx.x; q < g.added_size; q += gridDim.x) {
+    const Det d = g.added[q];
+    const std::uint32_t k = g.added_index[q];
+    const auto gain = [&](std::uint64_t j) {
+      if (Write) partners[start[j] + atomicAdd(&fill[j], 1u)] = k;
+      else atomicAdd(&counts[j], 1u);
+    };
+    // The doubles of k's lists that reach S0 (a row of S0 lists k by the same integral).
+    for_each_lane_coupling(a.h, a.nalpha, a.nbeta, a.space, a.space_size, a.filter, d, s, end, [&](std::uint64_t i, double) {
+      const Det t = a.space[i];
+      if (g.previous_row[i] != kSciAdded && sci::popcount(d.alpha ^ t.alpha) + sci::popcount(d.beta ^ t.beta) == 4)
+        gain(i);
     });
-    if (threadIdx.x == 0) a.diagonal[r] = sci::diagonal(a.h, a.space[a.first + r]);
+    // Every single move of k that lands in S0.
+    const unsigned moves = 2u * static_cast<unsigned>(n * n);
+    for (unsigned m = threadIdx.x; m < moves; m += kThreads) {
+      const bool alpha = m < static_cast<unsigned>(n * n);
+      const int p = static_cast<int>(m % (n * n)) / n, r = static_cast<int>(m % n);
+      const std::uint64_t same = alpha ? d.alpha : d.beta;
+      if (!((same >> p) & 1) || ((same >> r) & 1)) continue;
+      const std::uint64_t moved = same ^ sci::bit(p) ^ sci::bit(r);
+      const std::uint64_t i =
+          sci::find_filtered(a.space, a.space_size, a.filter, alpha ? Det{moved, d.beta} : Det{d.alpha, moved});
+      if (i < a.space_size && g.previous_row[i] != kSciAdded) gain(i);
+    }
     __syncthreads();
   }
 }
@@ -335,6 +485,49 @@ void sci_couplings_count_cuda(void* cuda_stream, const SciCouplings& a) {
 void sci_couplings_write_cuda(void* cuda_stream, const SciCouplings& a) {
   if (a.n == 0) return;
   couplings_write_kernel<<<grid_for(a.n), kThreads, list_bytes(a.nalpha, a.nbeta), static_cast<cudaStream_t>(cuda_stream)>>>(a);
+  QSTAGE_CUDA_CHECK_LAUNCH();
+}
+
+__global__ void space_filter_kernel(const Det* space, std::uint64_t n, std::uint32_t* words, std::uint64_t bits) {
+  const sci::SpaceFilter f{words, bits - 1};
+  for (std::uint64_t i = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::uint64_t>(gridDim.x) * blockDim.x) {
+    const std::uint64_t b = sci::filter_bit(f, space[i]);
+    atomicOr(&words[b >> 5], 1u << (b & 31));
+  }
+}
+
+void sci_space_filter_cuda(void* cuda_stream, const Det* space, std::uint64_t n, std::uint32_t* words, std::uint64_t bits) {
+  QSTAGE_CUDA_CHECK(cudaMemsetAsync(words, 0, bits / 8, static_cast<cudaStream_t>(cuda_stream)));
+  if (n == 0) return;
+  space_filter_kernel<<<grid_for((n + kThreads - 1) / kThreads), kThreads, 0, static_cast<cudaStream_t>(cuda_stream)>>>(
+      space, n, words, bits);
+  QSTAGE_CUDA_CHECK_LAUNCH();
+}
+
+static void check_gained(const SciCouplings& a) {
+  if (!a.growth.previous_row || a.first != 0 || a.n != a.space_size)
+    throw std::logic_error("sci_couplings_gained: needs a growth over the whole space");
+}
+
+void sci_couplings_gained_count_cuda(void* cuda_stream, const SciCouplings& a, std::uint32_t* counts) {
+  check_gained(a);
+  auto stream = static_cast<cudaStream_t>(cuda_stream);
+  QSTAGE_CUDA_CHECK(cudaMemsetAsync(counts, 0, a.space_size * 4, stream));
+  if (a.growth.added_size == 0) return;
+  gained_kernel<false><<<grid_for(a.growth.added_size), kThreads, list_bytes(a.nalpha, a.nbeta), stream>>>(
+      a, counts, nullptr, nullptr, nullptr);
+  QSTAGE_CUDA_CHECK_LAUNCH();
+}
+
+void sci_couplings_gained_write_cuda(void* cuda_stream, const SciCouplings& a, const std::uint64_t* start,
+                                     std::uint32_t* fill, std::uint32_t* partners) {
+  check_gained(a);
+  auto stream = static_cast<cudaStream_t>(cuda_stream);
+  QSTAGE_CUDA_CHECK(cudaMemsetAsync(fill, 0, a.space_size * 4, stream));
+  if (a.growth.added_size == 0) return;
+  gained_kernel<true><<<grid_for(a.growth.added_size), kThreads, list_bytes(a.nalpha, a.nbeta), stream>>>(
+      a, nullptr, start, fill, partners);
   QSTAGE_CUDA_CHECK_LAUNCH();
 }
 

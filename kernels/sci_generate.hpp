@@ -108,6 +108,7 @@ struct SciCouplings {
   int nalpha = 0, nbeta = 0;
   const sci::Det* space = nullptr;  // the sorted space S (fewer than 2^32 determinants)
   std::uint64_t space_size = 0;
+  sci::SpaceFilter filter;          // cuda (optional): S's filter, which the lookups in S go through
   std::uint64_t first = 0, n = 0;   // the rows S[first, first + n)
   std::uint64_t* counts = nullptr;  // count: n values, each row's entries
   // cuda: sci_lane_ends_per_row values a row, each lane's end within the row (count writes
@@ -121,26 +122,54 @@ struct SciCouplings {
   // sci::CouplingsUpdate (sci_space_pairs.hpp) needs to grow the rows with the space; cuda: null.
   std::uint32_t* places = nullptr;
   // cuda (optional): the rows grown from those of a space S0 that S holds (the cpu grows its rows
-  // through sci::CouplingsUpdate instead). A row that was S0's walks its excitations in its lanes'
-  // order as the enumeration does, but searches only the added determinants: an excitation that
-  // reaches S0 is the lane's next stored entry (compared, not searched). Rows of the added
-  // determinants are enumerated. The same entries, in the same places, as from nothing.
+  // through sci::CouplingsUpdate instead). Rows of the added determinants are enumerated. A row
+  // that was S0's is grown one of two ways, the same entries, in the same places, as from nothing:
+  // - inserted, when `gained_start` is given (sci_couplings_gained) and the row gained at most
+  //   `inserted_per_row` partners: its stored entries are copied, renumbered, and each gained
+  //   partner that its lists hold is placed in its lane by its virtual excitation (`order`'s
+  //   list_key). A row no added determinant reaches is a copy. Cost: its entries, not its walk.
+  // - walked: its excitations in its lanes' order as the enumeration does, searching only the
+  //   added determinants (an excitation that reaches S0 is the lane's next stored entry,
+  //   compared, not searched).
   struct Growth {
     const std::uint32_t* previous_row = nullptr;  // n values: the row's index in S0, or kSciAdded
     const sci::Det* added = nullptr;               // S \ S0, sorted
     std::uint64_t added_size = 0;
     const std::uint32_t* added_index = nullptr;    // added_size values: each one's index in S
     const std::uint32_t* renumbered = nullptr;     // S0's rows' indices in S
-    const std::uint64_t* offsets = nullptr;        // S0's rows: offsets, lane ends and columns
+    const std::uint64_t* offsets = nullptr;        // S0's rows: offsets, lane ends, columns, elements
     const std::uint32_t* lane_ends = nullptr;
     const std::uint32_t* columns = nullptr;
+    const double* elements = nullptr;              // (inserted rows only)
+    const std::uint64_t* gained_start = nullptr;   // size(S) + 1 values: each row's gained partners
+    const std::uint32_t* gained = nullptr;         //   (their indices in S, in no order)
+    sci::ListOrderView order;                       // (inserted rows only; device tables)
+    std::uint32_t inserted_per_row = 512;           // at most kSciInsertedPerRow (tests lower it)
   } growth;
 };
 inline constexpr std::uint32_t kSciAdded = 0xffffffffu;
+inline constexpr std::uint32_t kSciInsertedPerRow = 512;  // (shared memory of the kernels)
 void sci_couplings_count(Stream& stream, const SciCouplings& args);
 void sci_couplings_write(Stream& stream, const SciCouplings& args);
 void sci_couplings_count_cpu(const SciCouplings& args);
 void sci_couplings_write_cpu(const SciCouplings& args);
+
+// The filter of a sorted space of n determinants (sci::SpaceFilter) into `words`, which hold
+// `bits` bits (sci_space_filter_bits(n)).
+std::uint64_t sci_space_filter_bits(std::uint64_t n);
+void sci_space_filter(Stream& stream, const sci::Det* space, std::uint64_t n, std::uint32_t* words, std::uint64_t bits);
+void sci_space_filter_cpu(const sci::Det* space, std::uint64_t n, std::uint32_t* words, std::uint64_t bits);
+
+// cuda: the partners S0's rows gain with the added determinants (SciCouplings::Growth, rows over
+// the whole space: first 0, n = size(S)). A row j of S0 may gain an added k only if k's lists
+// reach j by a double (the lists of a double hold the same nonzero integral both ways) or k is
+// one electron from j (every single move of k is looked up: a single's element may round to
+// zero one way only). Count: `counts` (size(S) values) gets each row's; write: at `start`
+// (their exclusive scan, size(S) + 1 values), each row's in no particular order, `fill`
+// (size(S) values, zero) as scratch.
+void sci_couplings_gained_count(Stream& stream, const SciCouplings& args, std::uint32_t* counts);
+void sci_couplings_gained_write(Stream& stream, const SciCouplings& args, const std::uint64_t* start,
+                                std::uint32_t* fill, std::uint32_t* partners);
 
 // sigma from stored couplings (of every row of S): the rows S[first, first + n).
 struct SciStoredSigma {
@@ -162,6 +191,11 @@ void sci_generate_cuda(void* cuda_stream, const SciGenerate& args);
 void sci_sigma_cuda(void* cuda_stream, const SciSigma& args);
 void sci_couplings_count_cuda(void* cuda_stream, const SciCouplings& args);
 void sci_couplings_write_cuda(void* cuda_stream, const SciCouplings& args);
+void sci_space_filter_cuda(void* cuda_stream, const sci::Det* space, std::uint64_t n, std::uint32_t* words,
+                           std::uint64_t bits);
+void sci_couplings_gained_count_cuda(void* cuda_stream, const SciCouplings& args, std::uint32_t* counts);
+void sci_couplings_gained_write_cuda(void* cuda_stream, const SciCouplings& args, const std::uint64_t* start,
+                                     std::uint32_t* fill, std::uint32_t* partners);
 void sci_sigma_stored_cuda(void* cuda_stream, const SciStoredSigma& args);
 }  // namespace detail
 

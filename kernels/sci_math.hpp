@@ -315,6 +315,55 @@ QSTAGE_HD int occupied(std::uint64_t s, int* out) {
   return n;
 }
 
+// The place of an excitation among a source's lists at eps = 0: (list << 16) | entry, where
+// `entry` is the target's index in that list (the tables are built by sci_space_pairs.hpp's
+// ListOrder, kListAbsent where a list leaves the target out: an integral of zero). With the
+// list's start among the source's virtual excitations, it is the virtual excitation the
+// enumeration visits the target at.
+inline constexpr std::uint32_t kNotListed = ~std::uint32_t{0};
+inline constexpr std::uint16_t kListAbsent = 0xffff;
+struct ListOrderView {
+  int norb = 0;
+  const std::uint16_t* single = nullptr;    // norb x norb: p -> r
+  const std::uint16_t* opposite = nullptr;  // norb^4: ((p * norb + q) * norb + r) * norb + s
+  const std::uint16_t* same = nullptr;      // pairs x pairs: same_pair(p, q) x same_pair(r, s)
+};
+
+// The rank of orbital p among the occupied orbitals of string s.
+QSTAGE_HD int rank_in(std::uint64_t s, int p) { return popcount(s & (bit(p) - 1)); }
+
+// The excitation source -> target (one or two electrons apart), or kNotListed.
+QSTAGE_HD std::uint32_t list_key(const ListOrderView& o, const Det& source, const Det& target, int na, int nb) {
+  const std::uint64_t n = static_cast<std::uint64_t>(o.norb), pairs = n * (n - 1) / 2;
+  const std::uint64_t da = source.alpha ^ target.alpha, db = source.beta ^ target.beta;
+  const int ea = popcount(da) / 2, eb = popcount(db) / 2;
+  const auto listed = [](std::uint64_t list, std::uint16_t entry) {
+    return entry == kListAbsent ? kNotListed : static_cast<std::uint32_t>(list << 16 | entry);
+  };
+  if (ea + eb == 1) {
+    const bool alpha = ea == 1;
+    const std::uint64_t diff = alpha ? da : db, from = alpha ? source.alpha : source.beta;
+    const int p = lowest_bit(diff & from), r = lowest_bit(diff & ~from);
+    return listed((alpha ? 0 : na) + rank_in(from, p), o.single[p * n + r]);
+  }
+  const std::uint64_t first_double = static_cast<std::uint64_t>(na + nb);
+  if (ea == 1 && eb == 1) {
+    const int p = lowest_bit(da & source.alpha), r = lowest_bit(da & ~source.alpha);
+    const int q = lowest_bit(db & source.beta), s = lowest_bit(db & ~source.beta);
+    const std::uint64_t list = first_double + static_cast<std::uint64_t>(rank_in(source.alpha, p)) * nb + rank_in(source.beta, q);
+    return listed(list, o.opposite[((p * n + q) * n + r) * n + s]);
+  }
+  const bool alpha = ea == 2;
+  const std::uint64_t diff = alpha ? da : db, from = alpha ? source.alpha : source.beta;
+  const std::uint64_t holes = diff & from, parts = diff & ~from;
+  const int p = lowest_bit(holes), q = lowest_bit(holes & ~bit(p));
+  const int r = lowest_bit(parts), s = lowest_bit(parts & ~bit(r));
+  const int i = rank_in(from, p), k = rank_in(from, q);  // i < k
+  std::uint64_t list = first_double + static_cast<std::uint64_t>(na) * nb + static_cast<std::uint64_t>(k * (k - 1) / 2 + i);
+  if (!alpha) list += static_cast<std::uint64_t>(na) * (na - 1) / 2;
+  return listed(list, o.same[same_pair(p, q) * pairs + same_pair(r, s)]);
+}
+
 // Index of `key` in the sorted `keys[0, n)`, or n when absent.
 QSTAGE_HD std::uint64_t find_sorted(const Det* keys, std::uint64_t n, const Det& key) {
   std::uint64_t lo = 0, hi = n;
@@ -324,6 +373,29 @@ QSTAGE_HD std::uint64_t find_sorted(const Det* keys, std::uint64_t n, const Det&
     else hi = mid;
   }
   return lo < n && keys[lo] == key ? lo : n;
+}
+
+// A bitmap with one hashed bit per determinant of a sorted space: a determinant whose bit is
+// clear is not in the space, so most lookups of excitations that leave the space end at one read
+// instead of a binary search (the same index either way). Built by kernels::sci_space_filter.
+struct SpaceFilter {
+  const std::uint32_t* words = nullptr;  // (mask + 1) / 32 words; null: no filter, every lookup searches
+  std::uint64_t mask = 0;                // bits - 1, bits a power of two
+};
+QSTAGE_HD std::uint64_t filter_bit(const SpaceFilter& f, const Det& d) {
+  std::uint64_t x = d.alpha * 0x9E3779B97F4A7C15ull ^ (d.beta * 0xC2B2AE3D27D4EB4Full);
+  x ^= x >> 31;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 29;
+  return x & f.mask;
+}
+// Index of `key` in the sorted `keys[0, n)` that `f` was built from, or n when absent.
+QSTAGE_HD std::uint64_t find_filtered(const Det* keys, std::uint64_t n, const SpaceFilter& f, const Det& key) {
+  if (f.words) {
+    const std::uint64_t b = filter_bit(f, key);
+    if (!((f.words[b >> 5] >> (b & 31)) & 1u)) return n;
+  }
+  return find_sorted(keys, n, key);
 }
 
 // A determinant's irrep in D2h or a subgroup: the product of its electrons' orbitals' irreps,

@@ -12,8 +12,6 @@ namespace qstage::kernels::sci {
 
 namespace {
 
-int rank_in(std::uint64_t s, int p) { return std::popcount(s & (bit(p) - 1)); }
-int lowest(std::uint64_t x) { return std::countr_zero(x); }
 
 // Compressed rows from (row, value) pairs by counting (the order within a row does not matter):
 // start gets rows + 1 entries. The pairs come in several lists (one per thread).
@@ -169,11 +167,11 @@ void SpacePairs::coupled(std::uint64_t j, std::vector<std::uint32_t>& out) const
 ListOrder::ListOrder(const HamiltonianView& h) : norb_(h.norb) {
   const std::size_t n = static_cast<std::size_t>(h.norb), pairs = n * (n - 1) / 2;
   // (list_count is at most 2,080 for 64 orbitals: lists fit 16 bits, as entries do)
-  if (h.single_width >= kAbsent || h.opposite_width >= kAbsent || h.same_width >= kAbsent)
+  if (h.single_width >= kListAbsent || h.opposite_width >= kListAbsent || h.same_width >= kListAbsent)
     throw std::invalid_argument("ListOrder: excitation lists longer than 65534 entries");
-  single_.assign(n * n, kAbsent);
-  opposite_.assign(n * n * n * n, kAbsent);
-  same_.assign(pairs * pairs, kAbsent);
+  single_.assign(n * n, kListAbsent);
+  opposite_.assign(n * n * n * n, kListAbsent);
+  same_.assign(pairs * pairs, kListAbsent);
   single_cut_.assign(n, 0);
   opposite_cut_.assign(n * n, 0);
   same_cut_.assign(pairs, 0);
@@ -256,34 +254,7 @@ void lane_layout(const ListOrder& order, const Det* space, std::uint64_t n, cons
 }
 
 std::uint32_t ListOrder::key(const Det& source, const Det& target, int na, int nb) const {
-  const std::size_t n = static_cast<std::size_t>(norb_), pairs = n * (n - 1) / 2;
-  const std::uint64_t da = source.alpha ^ target.alpha, db = source.beta ^ target.beta;
-  const int ea = popcount(da) / 2, eb = popcount(db) / 2;
-  const auto listed = [](std::uint64_t list, std::uint16_t entry) {
-    return entry == kAbsent ? kNotListed : static_cast<std::uint32_t>(list << 16 | entry);
-  };
-  if (ea + eb == 1) {
-    const bool alpha = ea == 1;
-    const std::uint64_t diff = alpha ? da : db, from = alpha ? source.alpha : source.beta;
-    const int p = lowest(diff & from), r = lowest(diff & ~from);
-    return listed((alpha ? 0 : na) + rank_in(from, p), single_[p * n + r]);
-  }
-  const std::uint64_t first_double = static_cast<std::uint64_t>(na + nb);
-  if (ea == 1 && eb == 1) {
-    const int p = lowest(da & source.alpha), r = lowest(da & ~source.alpha);
-    const int q = lowest(db & source.beta), s = lowest(db & ~source.beta);
-    const std::uint64_t list = first_double + static_cast<std::uint64_t>(rank_in(source.alpha, p)) * nb + rank_in(source.beta, q);
-    return listed(list, opposite_[((p * n + q) * n + r) * n + s]);
-  }
-  const bool alpha = ea == 2;
-  const std::uint64_t diff = alpha ? da : db, from = alpha ? source.alpha : source.beta;
-  const std::uint64_t holes = diff & from, parts = diff & ~from;
-  const int p = lowest(holes), q = lowest(holes & ~bit(p));
-  const int r = lowest(parts), s = lowest(parts & ~bit(r));
-  const int i = rank_in(from, p), k = rank_in(from, q);  // i < k
-  std::uint64_t list = first_double + static_cast<std::uint64_t>(na) * nb + static_cast<std::uint64_t>(k * (k - 1) / 2 + i);
-  if (!alpha) list += static_cast<std::uint64_t>(na) * (na - 1) / 2;
-  return listed(list, same_[same_pair(p, q) * pairs + same_pair(r, s)]);
+  return list_key(view(), source, target, na, nb);
 }
 
 }  // namespace qstage::kernels::sci

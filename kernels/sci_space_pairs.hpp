@@ -57,20 +57,24 @@ class SpacePairs {
 // integral of zero).
 class ListOrder {
  public:
-  static constexpr std::uint32_t kNotListed = ~std::uint32_t{0};
+  static constexpr std::uint32_t kNotListed = sci::kNotListed;
   // `h` in host memory.
   explicit ListOrder(const HamiltonianView& h);
-  // The excitation source -> target (one or two electrons apart).
+  // The excitation source -> target (one or two electrons apart): list_key (sci_math.hpp).
   std::uint32_t key(const Det& source, const Det& target, int na, int nb) const;
+  // The tables, in host memory (a device copy has these sizes).
+  ListOrderView view() const { return {norb_, single_.data(), opposite_.data(), same_.data()}; }
+  const std::vector<std::uint16_t>& single_table() const { return single_; }
+  const std::vector<std::uint16_t>& opposite_table() const { return opposite_; }
+  const std::vector<std::uint16_t>& same_table() const { return same_; }
   // Where each of source's lists starts among its excitations at eps = 0 (the concatenated cut
   // lists: sci_generate.cu's virtual excitations), in list order, then where the last ends (the
   // count of its virtual excitations).
   void list_starts(const Det& source, std::vector<std::uint32_t>& starts) const;
 
  private:
-  static constexpr std::uint16_t kAbsent = 0xffff;
   int norb_;
-  std::vector<std::uint16_t> single_, opposite_, same_;  // entry per (list, target); kAbsent where cut
+  std::vector<std::uint16_t> single_, opposite_, same_;  // entry per (list, target); kListAbsent where cut
   std::vector<std::uint32_t> single_cut_, opposite_cut_, same_cut_;  // per list: its length at eps = 0
 };
 

@@ -12,8 +12,10 @@
 //   again. The cpu backend's products read those rows; on cuda they are laid out in the sigma
 //   kernel's lanes and uploaded.
 // - on the device (cuda only): every row's virtual excitations enumerated and searched in the
-//   space; the next iteration's space grows them (its rows that were this one's walk their
-//   excitations again but search only the added determinants). Its cost grows with the
+//   space; the next iteration's space grows them (its rows that were this one's are copied with
+//   the partners they gain inserted, found through the added determinants' own excitations, or,
+//   when much of the space is new, walk their excitations again searching only the added
+//   determinants: SciCouplings::Growth). Its cost grows with the
 //   excitations a row has, the host's with the partners it finds, so cuda enumerates only where
 //   a row has few (rows_on_host).
 #include <cstdint>
@@ -55,6 +57,8 @@ class ResidentSpace {
   // Whether H was grown from a previous space's (and by how many new determinants).
   bool grown() const { return grown_; }
   std::uint64_t grown_by() const { return grown_by_; }
+  // Whether the last space's rows were grown by inserting their gained partners (cuda).
+  bool inserted() const { return inserted_; }
   // Whether a later space can grow its H from this one's (H stored).
   bool can_seed_growth() const { return stored_ && (rows_found_on_host() || rows_enumerated_on_device()); }
   // Frees what only the products need, keeping what growth reads (host rows; or, enumerated on
@@ -80,8 +84,8 @@ class ResidentSpace {
   };
   bool store_from_host_strings(Backend& backend, Stream& stream, const kernels::sci::HamiltonianView& host,
                                std::uint64_t stored_limit, const ResidentSpace* previous);
-  void store_by_device_enumeration(Backend& backend, Stream& stream, std::uint64_t stored_limit,
-                                   const ResidentSpace* previous);
+  void store_by_device_enumeration(Backend& backend, Stream& stream, const kernels::sci::HamiltonianView& host,
+                                   std::uint64_t stored_limit, const ResidentSpace* previous);
   std::uint64_t lane_layout_bytes(BackendKind backend, std::uint64_t entries) const;
   void upload_lanes(Backend& backend, Stream& stream, const kernels::sci::HamiltonianView& host);
   int nalpha_, nbeta_;
@@ -89,7 +93,7 @@ class ResidentSpace {
   std::unique_ptr<ResidentHamiltonian> hamiltonian_;
   std::vector<kernels::sci::Det> host_space_;
   Buffer space_;
-  bool stored_ = false, grown_ = false;
+  bool stored_ = false, grown_ = false, inserted_ = false;
   std::uint64_t entries_ = 0, bytes_ = 0, grown_by_ = 0;
   double build_seconds_ = 0;
   HostRows rows_;

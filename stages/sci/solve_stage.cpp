@@ -1771,8 +1771,8 @@ void SolveRun::make_resident_space() {
                                           : r.rows_found_on_host() ? "on the device (rows found on the host)"
                                                                    : "on the device (rows found by enumeration)",
                                           r.entries(), format_bytes(static_cast<double>(r.bytes())),
-                                          r.grown() ? fmt::format(", grown from the last iteration's by {} determinants",
-                                                                  r.grown_by())
+                                          r.grown() ? fmt::format(", grown from the last iteration's by {} determinants{}",
+                                                                  r.grown_by(), r.inserted() ? " (inserted)" : "")
                                                     : "")
                             : std::string("H within the space does not fit half the device budget left; "
                                           "each product enumerates"),

@@ -568,6 +568,10 @@ TEST(SciGpu, ScoreRowsAreTheCpusBits) {
     kernels::sci_score_rows_cpu({h.view, space.data(), space.size(), irreps, rows_of(candidates), 2, n, energy, den.data(),
                                  skipped.data()});
     sci::ResidentHamiltonian resident(*gpu.backend, *gpu.stream, h.ints, h.tables);
+    const kernels::sci::ListOrder order(h.view);
+    const Buffer single = gpu.upload(order.single_table().data(), order.single_table().size() * 2);
+    const Buffer opposite = gpu.upload(order.opposite_table().data(), order.opposite_table().size() * 2);
+    const Buffer same_spin = gpu.upload(order.same_table().data(), order.same_table().size() * 2);
     Buffer d_space = gpu.upload(space.data(), space.size() * sizeof(Det));
     // (the rows as the semistochastic PT2 scores them: alpha, beta, a tag)
     std::vector<std::uint64_t> tagged;
@@ -828,6 +832,34 @@ HostRows grow_rows(const Hamiltonian& h, int na, int nb, const std::vector<Det>&
 
 }  // namespace
 
+// A lookup through the space's filter finds what the binary search finds, for every determinant
+// of the full space (no false negatives), and the filter turns most of the absent ones away.
+TEST(SciSpaceFilter, LookupsThroughTheFilterFindWhatTheSearchFinds) {
+  const Hamiltonian h(sci::read_fcidump(data_file("N2_sto6g_FCIDUMP")));
+  auto all = all_dets(h.ints.norb, h.ints.nalpha(), h.ints.nbeta());
+  std::mt19937_64 rng(3);
+  std::shuffle(all.begin(), all.end(), rng);
+  for (const std::size_t size : {std::size_t{1}, std::size_t{300}, all.size() / 5}) {
+    std::vector<Det> space(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(size));
+    std::sort(space.begin(), space.end());
+    const std::uint64_t bits = kernels::sci_space_filter_bits(size);
+    std::vector<std::uint32_t> words(bits / 32, 0xffffffffu);  // (the filter sets every word)
+    kernels::sci_space_filter_cpu(space.data(), size, words.data(), bits);
+    const kernels::sci::SpaceFilter filter{words.data(), bits - 1};
+    std::uint64_t absent = 0, turned_away = 0;
+    for (const Det& d : all) {
+      const std::uint64_t found = kernels::sci::find_sorted(space.data(), size, d);
+      ASSERT_EQ(kernels::sci::find_filtered(space.data(), size, filter, d), found);
+      if (found == size) {
+        ++absent;
+        const std::uint64_t b = kernels::sci::filter_bit(filter, d);
+        turned_away += !((words[b >> 5] >> (b & 31)) & 1u);
+      }
+    }
+    EXPECT_GT(turned_away, absent * 9 / 10) << size;
+  }
+}
+
 // H grown with the space (old rows kept and merged with their new partners, new rows found in
 // full) must be, byte for byte, H built from nothing: over a chain of spaces each within the
 // next, from one determinant to the whole space, closed and open shell.
@@ -859,9 +891,10 @@ TEST(SciCouplings, GrownRowsAreTheRowsBuiltFromNothing) {
   }
 }
 
-// The same on the device: rows grown by the lanes' walk (SciCouplings::Growth) are, byte for
-// byte, the rows the device enumerates from nothing, in the sigma kernel's lanes (closed and open
-// shell, over a chain of spaces each within the next).
+// The same on the device: rows grown by the lanes' walk and by insertion (SciCouplings::Growth)
+// are, byte for byte, the rows the device enumerates from nothing, in the sigma kernel's lanes
+// (closed and open shell, over a chain of spaces each within the next; the larger steps give rows
+// more gained partners than an inserted row takes, which walk instead).
 TEST(SciCouplings, RowsGrownOnTheGpuAreTheRowsEnumeratedFromNothing) {
   REQUIRE_GPU();
   test::GpuRun gpu(4ull << 30);
@@ -875,6 +908,10 @@ TEST(SciCouplings, RowsGrownOnTheGpuAreTheRowsEnumeratedFromNothing) {
     const std::string file = h.ints.ms2 ? "open shell" : "N2_sto6g_FCIDUMP";
     const int na = h.ints.nalpha(), nb = h.ints.nbeta();
     sci::ResidentHamiltonian resident(*gpu.backend, *gpu.stream, h.ints, h.tables);
+    const kernels::sci::ListOrder order(h.view);
+    const Buffer single = gpu.upload(order.single_table().data(), order.single_table().size() * 2);
+    const Buffer opposite = gpu.upload(order.opposite_table().data(), order.opposite_table().size() * 2);
+    const Buffer same_spin = gpu.upload(order.same_table().data(), order.same_table().size() * 2);
     auto all = all_dets(h.ints.norb, na, nb);
     std::shuffle(all.begin(), all.end(), rng);
     struct DeviceRows {
@@ -882,8 +919,9 @@ TEST(SciCouplings, RowsGrownOnTheGpuAreTheRowsEnumeratedFromNothing) {
       Buffer d_space, offsets, lane_ends, columns, elements, diagonal;
       std::uint64_t entries = 0;
     };
-    // Rows of `space` on the device, from nothing or grown from `before`'s.
-    const auto device_rows = [&](std::vector<Det> space, const DeviceRows* before) {
+    // Rows of `space` on the device, from nothing or grown from `before`'s (walked or inserted).
+    std::uint64_t most_gained = 0;
+    const auto device_rows = [&](std::vector<Det> space, const DeviceRows* before, std::uint32_t insert) {
       DeviceRows out;
       out.space = std::move(space);
       const std::uint64_t n = out.space.size();
@@ -895,8 +933,15 @@ TEST(SciCouplings, RowsGrownOnTheGpuAreTheRowsEnumeratedFromNothing) {
       c.counts = out.offsets.as<std::uint64_t>(), c.lane_ends = out.lane_ends.as<std::uint32_t>();
       std::vector<std::uint32_t> row_before(n), now, added_at;
       std::vector<Det> added;
-      Buffer d_rows, d_added, d_added_at, d_now;
-      if (before) {
+      Buffer d_rows, d_added, d_added_at, d_now, d_gained_start, d_gained, d_counts, d_filter;
+      if (before) {  // (grown rows look their excitations up through the space's filter; rows from nothing do not)
+        const std::uint64_t bits = kernels::sci_space_filter_bits(n);
+        d_filter = gpu.backend->alloc_device(bits / 8, "test");
+        kernels::sci_space_filter(*gpu.stream, out.d_space.as<Det>(), n, d_filter.as<std::uint32_t>(), bits);
+        std::vector<std::uint32_t> words(bits / 32);
+        kernels::sci_space_filter_cpu(out.space.data(), n, words.data(), bits);
+        EXPECT_EQ(gpu.download<std::uint32_t>(d_filter, bits / 32), words);
+        c.filter = {d_filter.as<std::uint32_t>(), bits - 1};
         now.resize(before->space.size());
         std::uint64_t k = 0;
         for (std::uint64_t j = 0; j < n; ++j)
@@ -907,9 +952,28 @@ TEST(SciCouplings, RowsGrownOnTheGpuAreTheRowsEnumeratedFromNothing) {
         d_added = gpu.upload(added.data(), std::max<std::size_t>(added.size(), 1) * sizeof(Det));
         d_added_at = gpu.upload(added_at.data(), std::max<std::size_t>(added_at.size(), 1) * 4);
         d_now = gpu.upload(now.data(), now.size() * 4);
-        c.growth = {d_rows.as<std::uint32_t>(), d_added.as<Det>(), added.size(), d_added_at.as<std::uint32_t>(),
-                    d_now.as<std::uint32_t>(), before->offsets.as<std::uint64_t>(), before->lane_ends.as<std::uint32_t>(),
-                    before->columns.as<std::uint32_t>()};
+        kernels::SciCouplings::Growth& g = c.growth;
+        g.previous_row = d_rows.as<std::uint32_t>(), g.added = d_added.as<Det>(), g.added_size = added.size();
+        g.added_index = d_added_at.as<std::uint32_t>(), g.renumbered = d_now.as<std::uint32_t>();
+        g.offsets = before->offsets.as<std::uint64_t>(), g.lane_ends = before->lane_ends.as<std::uint32_t>();
+        g.columns = before->columns.as<std::uint32_t>(), g.elements = before->elements.as<double>();
+        if (insert) {
+          g.inserted_per_row = insert;
+          g.order = {h.ints.norb, single.as<std::uint16_t>(), opposite.as<std::uint16_t>(), same_spin.as<std::uint16_t>()};
+          d_counts = gpu.backend->alloc_device(n * 4, "test");
+          kernels::sci_couplings_gained_count(*gpu.stream, c, d_counts.as<std::uint32_t>());
+          const std::vector<std::uint32_t> counts = gpu.download<std::uint32_t>(d_counts, n);
+          std::vector<std::uint64_t> start(n + 1, 0);
+          for (std::uint64_t j = 0; j < n; ++j) {
+            start[j + 1] = start[j] + counts[j];
+            most_gained = std::max<std::uint64_t>(most_gained, counts[j]);
+          }
+          d_gained_start = gpu.upload(start.data(), (n + 1) * 8);
+          d_gained = gpu.backend->alloc_device(std::max<std::uint64_t>(start[n], 1) * 4, "test");
+          kernels::sci_couplings_gained_write(*gpu.stream, c, d_gained_start.as<std::uint64_t>(),
+                                              d_counts.as<std::uint32_t>(), d_gained.as<std::uint32_t>());
+          g.gained_start = d_gained_start.as<std::uint64_t>(), g.gained = d_gained.as<std::uint32_t>();
+        }
       }
       kernels::sci_couplings_count(*gpu.stream, c);
       std::vector<std::uint64_t> at = gpu.download<std::uint64_t>(out.offsets, n);
@@ -945,13 +1009,18 @@ TEST(SciCouplings, RowsGrownOnTheGpuAreTheRowsEnumeratedFromNothing) {
     for (const std::size_t size : {std::size_t{1}, std::size_t{40}, all.size() / 9, all.size() / 9 + 1, all.size() / 2, all.size()}) {
       std::vector<Det> space(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(size));
       std::sort(space.begin(), space.end());
-      DeviceRows built = device_rows(space, nullptr);
+      DeviceRows built = device_rows(space, nullptr, 0);
       if (previous) {
-        const DeviceRows grown = device_rows(space, &*previous);
-        EXPECT_TRUE(same(grown, built)) << file << ", " << previous->space.size() << " -> " << size;
+        // (0: walked; 64: inserted where a row gained at most 64 partners, walked elsewhere)
+        for (const std::uint32_t insert : {0u, 64u, kernels::kSciInsertedPerRow}) {
+          const DeviceRows grown = device_rows(space, &*previous, insert);
+          EXPECT_TRUE(same(grown, built)) << file << ", " << previous->space.size() << " -> " << size
+                                          << ", inserted up to " << insert;
+        }
       }
       previous.emplace(std::move(built));
     }
+    EXPECT_GT(most_gained, 64u) << file;  // (some rows walked beside inserted ones)
   }
 }
 
