@@ -255,6 +255,18 @@ void bucket_split(const BucketSplit& a) {
   const std::uint32_t cols = a.layout.cols(), words = a.layout.words, B = a.buckets;
   const std::uint64_t tiles = tiles_of(a.rows, a.tile_rows);
   const auto each_tile = [&](auto&& body) { parallel_for(static_cast<std::int64_t>(tiles), body); };
+  // One bucket in place: the tiles' records move down, tile after tile (each lands at or below
+  // where it is, after the tiles before it), with no temporary.
+  if (B == 1 && a.out == a.records) {
+    std::uint64_t at = 0;
+    for (std::uint64_t t = 0; t < tiles; ++t) {
+      const std::uint64_t n = a.tile_unique[t] * cols;
+      if (at != t * a.tile_rows * cols) std::memmove(a.out + at, a.records + t * a.tile_rows * cols, n * 8);
+      at += n;
+    }
+    a.counts[0] = at / cols;
+    return;
+  }
   // In place (out == records): the records move through a host temporary.
   std::vector<std::uint64_t> copy(a.out == a.records ? a.rows * cols : 0);
   if (!copy.empty())

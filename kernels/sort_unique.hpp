@@ -160,7 +160,8 @@ struct BucketSplit {
   std::uint64_t rows = 0, tile_rows = 1;
   const std::uint64_t* splitters = nullptr;  // buckets - 1 keys, ascending
   std::uint32_t buckets = 1;
-  std::uint64_t* out = nullptr;     // rows records at most; the CPU twin's may be `records` (in place)
+  std::uint64_t* out = nullptr;     // rows records at most; the CPU twin's may be `records` (in place:
+                                    // with one bucket, without a temporary)
   std::uint64_t* counts = nullptr;  // buckets
   Workspace work;  // bucket_split_scratch_bytes(rows)
 };

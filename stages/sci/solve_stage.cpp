@@ -1435,16 +1435,17 @@ ResidentUnique ResidentWork::dedup(Buffer records_in, std::uint64_t rows, std::u
   kernels::tile_unique(stream, {in, layout, tile_rows, 0, records.as<std::uint64_t>(), tile_counts.as<std::uint64_t>(),
                                 nullptr, workspace});
   records_in.reset();  // (each buffer freed once read, so dedup_bytes holds; the stream orders reuse)
-  // (split apart on both backends: the CPU twin would copy the records aside to split in place)
-  Buffer split = take(rows * layout.cols() * 8, "selected-CI records (resident)");
+  // (cuda splits apart; the CPU twin moves one bucket's records down in place, which spares the
+  // split's memory and the pool a block of another size)
+  Buffer split = cuda ? take(rows * layout.cols() * 8, "selected-CI records (resident)") : Buffer{};
   Buffer counts = take(8, "selected-CI counts (resident)");
-  auto* bucket = split.as<std::uint64_t>();
+  auto* bucket = cuda ? split.as<std::uint64_t>() : records.as<std::uint64_t>();
   kernels::bucket_split(stream, {records.as<std::uint64_t>(), tile_counts.as<std::uint64_t>(), layout, rows, tile_rows, nullptr,
                                  1, bucket, counts.as<std::uint64_t>(), workspace});
   ResidentUnique out;
   backend.copy_to_host(&out.records, counts.data(), 8, stream);
   stream.synchronize();
-  records.reset();
+  if (cuda) records.reset();
   out.keys = take(out.records * words * 8, "selected-CI unique keys (resident)");
   Buffer key_counts = take(out.records * 8, "selected-CI unique counts (resident)");
   out.values = take(out.records * 8, "selected-CI summed values (resident)");
