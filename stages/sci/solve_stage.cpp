@@ -1435,8 +1435,8 @@ ResidentUnique ResidentWork::dedup(Buffer records_in, std::uint64_t rows, std::u
   kernels::tile_unique(stream, {in, layout, tile_rows, 0, records.as<std::uint64_t>(), tile_counts.as<std::uint64_t>(),
                                 nullptr, workspace});
   records_in.reset();  // (each buffer freed once read, so dedup_bytes holds; the stream orders reuse)
-  // (cuda splits apart; the CPU twin moves one bucket's records down in place, which spares the
-  // split's memory and the pool a block of another size)
+  // (cuda splits apart; the CPU twin moves one bucket's records down in place, which spares a
+  // second block of the records' size: under the CPU's budget the pool could not keep both idle)
   Buffer split = cuda ? take(rows * layout.cols() * 8, "selected-CI records (resident)") : Buffer{};
   Buffer counts = take(8, "selected-CI counts (resident)");
   auto* bucket = cuda ? split.as<std::uint64_t>() : records.as<std::uint64_t>();
