@@ -4,11 +4,13 @@
 #include "kernels/sort_unique.hpp"
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cstring>
 #include <numeric>
 #include <omp.h>
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
 #include "core/parallel.hpp"
@@ -365,6 +367,140 @@ void bucket_merge(const BucketMerge& a) {
     p[2] = position[i];
   }
   std::copy(counts.begin(), counts.end(), a.pair_counts);
+}
+
+namespace {
+
+// How many pieces a pass over n rows is cut into (any number gives the same result).
+std::uint64_t pieces_for(std::uint64_t n) {
+  return std::max<std::uint64_t>(1, std::min<std::uint64_t>(static_cast<std::uint64_t>(omp_get_max_threads()), n / 4096));
+}
+
+// One stable counting-sort pass over rows of W key words and an index (S = W + 1 words), by the
+// byte at `shift` of key word `word`: each piece's rows
+// counted by digit, then written in order from where its digit's rows of the pieces before end.
+template <std::uint32_t W>
+void radix_pass(const std::uint64_t* src, std::uint64_t* dst, std::uint64_t n, std::uint32_t word, std::uint32_t shift) {
+  constexpr std::uint32_t S = W + 1;
+  const std::uint64_t pieces = pieces_for(n);
+  std::vector<std::array<std::uint64_t, 256>> at(pieces);
+  const auto piece = [&](std::uint64_t p) { return std::pair{n * p / pieces, n * (p + 1) / pieces}; };
+  parallel_for(static_cast<std::int64_t>(pieces), [&](std::int64_t p) {
+    auto& count = at[p];
+    count.fill(0);
+    const auto [first, last] = piece(static_cast<std::uint64_t>(p));
+    for (std::uint64_t i = first; i < last; ++i) ++count[(src[i * S + word] >> shift) & 255];
+  });
+  std::uint64_t start = 0;
+  for (std::uint32_t d = 0; d < 256; ++d)
+    for (std::uint64_t p = 0; p < pieces; ++p) start += std::exchange(at[p][d], start);
+  parallel_for(static_cast<std::int64_t>(pieces), [&](std::int64_t p) {
+    auto& next = at[p];
+    const auto [first, last] = piece(static_cast<std::uint64_t>(p));
+    for (std::uint64_t i = first; i < last; ++i) {
+      const std::uint64_t* row = src + i * S;
+      std::copy(row, row + S, dst + next[(row[word] >> shift) & 255]++ * S);
+    }
+  });
+}
+
+// The rows sorted stably by key, through `spare`; returns where they ended up.
+template <std::uint32_t W>
+const std::uint64_t* radix_sort(std::uint64_t* rows, std::uint64_t* spare, std::uint64_t n) {
+  constexpr std::uint32_t S = W + 1;
+  // (the bits in which some key differs from the first: no pass over a byte every key shares)
+  std::array<std::uint64_t, W> varying{};
+  if (n > 0) {
+    const std::uint64_t pieces = pieces_for(n);
+    std::vector<std::array<std::uint64_t, W>> partial(pieces);
+    parallel_for(static_cast<std::int64_t>(pieces), [&](std::int64_t p) {
+      auto& v = partial[p];
+      v.fill(0);
+      for (std::uint64_t i = n * p / pieces; i < n * (p + 1) / pieces; ++i)
+        for (std::uint32_t w = 0; w < W; ++w) v[w] |= rows[i * S + w] ^ rows[w];
+    });
+    for (const auto& v : partial)
+      for (std::uint32_t w = 0; w < W; ++w) varying[w] |= v[w];
+  }
+  std::uint64_t *from = rows, *to = spare;
+  for (std::uint32_t w = W; w-- > 0;)  // (word W - 1 is the least significant)
+    for (std::uint32_t shift = 0; shift < 64; shift += 8)
+      if ((varying[w] >> shift) & 255) {
+        radix_pass<W>(from, to, n, w, shift);
+        std::swap(from, to);
+      }
+  return from;
+}
+
+}  // namespace
+
+RadixUnique::RadixUnique(const RadixUniqueArgs& a) : args_(a) {
+  const std::uint32_t S = a.words + 1;
+  const std::uint64_t n = a.rows;
+  // (each row's value out, its index in: the sort carries the index, the sums read the values)
+  parallel_for(static_cast<std::int64_t>(pieces_for(n)), [&, pieces = pieces_for(n)](std::int64_t p) {
+    for (std::uint64_t i = n * p / pieces; i < n * (p + 1) / pieces; ++i) {
+      std::memcpy(&a.values[i], &a.records[i * S + a.words], 8);
+      a.records[i * S + a.words] = i;
+    }
+  });
+  switch (a.words) {
+    case 1: sorted_ = radix_sort<1>(a.records, a.spare, n); break;
+    case 2: sorted_ = radix_sort<2>(a.records, a.spare, n); break;
+    case 3: sorted_ = radix_sort<3>(a.records, a.spare, n); break;
+    case 4: sorted_ = radix_sort<4>(a.records, a.spare, n); break;
+    default: throw std::invalid_argument("RadixUnique: keys of 1 to 4 words");
+  }
+  // Parts that start at a new key, a part per thread; each part's keys and (key, tile) pairs counted.
+  const std::uint64_t parts = pieces_for(n);
+  part_first_.assign(parts + 1, n);
+  part_first_[0] = 0;
+  for (std::uint64_t p = 1; p < parts; ++p) {
+    std::uint64_t b = std::max(part_first_[p - 1], n * p / parts);
+    while (b > 0 && b < n && compare_keys(sorted_ + b * S, sorted_ + (b - 1) * S, a.words) == 0) ++b;
+    part_first_[p] = b;
+  }
+  std::vector<std::uint64_t> keys(parts, 0), tiles(parts, 0);
+  parallel_for(static_cast<std::int64_t>(parts), [&](std::int64_t p) {
+    for (std::uint64_t i = part_first_[p]; i < part_first_[p + 1]; ++i) {
+      const bool new_key = i == part_first_[p] || compare_keys(sorted_ + i * S, sorted_ + (i - 1) * S, a.words) != 0;
+      keys[p] += new_key;
+      tiles[p] += new_key || sorted_[i * S + a.words] / a.tile_rows != sorted_[(i - 1) * S + a.words] / a.tile_rows;
+    }
+  });
+  part_first_key_.assign(parts, 0);
+  for (std::uint64_t p = 0; p < parts; ++p) {
+    part_first_key_[p] = unique_;
+    unique_ += keys[p], tile_records_ += tiles[p];
+  }
+}
+
+void RadixUnique::write(std::uint64_t* keys, std::uint64_t* counts, double* values) const {
+  const std::uint32_t W = args_.words, S = W + 1;
+  const std::uint64_t parts = part_first_key_.size(), tile_rows = args_.tile_rows;
+  parallel_for(static_cast<std::int64_t>(parts), [&](std::int64_t p) {
+    std::uint64_t u = part_first_key_[p];
+    for (std::uint64_t i = part_first_[p]; i < part_first_[p + 1]; ++u) {
+      const std::uint64_t* key = sorted_ + i * S;
+      // (a tile's rows summed as tile_unique sums them, the tiles' sums as bucket_merge sums them)
+      PairwiseSum sum, tile_sum;
+      std::uint64_t tile = key[W] / tile_rows, j = i;
+      for (; j < part_first_[p + 1] && compare_keys(sorted_ + j * S, key, W) == 0; ++j) {
+        const std::uint64_t row = sorted_[j * S + W];
+        if (row / tile_rows != tile) {
+          sum.add(tile_sum.total());
+          tile_sum = PairwiseSum{};
+          tile = row / tile_rows;
+        }
+        tile_sum.add(args_.values[row]);
+      }
+      sum.add(tile_sum.total());
+      std::copy(key, key + W, keys + u * W);
+      counts[u] = j - i;
+      values[u] = sum.total();
+      i = j;
+    }
+  });
 }
 
 void index_gather(const IndexGather& a) {

@@ -1299,7 +1299,8 @@ void SolveRun::finished(StepPass& pass) {
 //   generate  GenerateKernel over chunks of sources (each chunk's outputs sized, as a batch's, for
 //             the most candidates a source can make), the records kept in order;
 //   dedup     keys.dedup's kernels on all of them: tile_unique over its tiles (DedupSource's
-//             tile_rows: the sums' shape), bucket_split into one bucket, bucket_merge;
+//             tile_rows: the sums' shape), bucket_split into one bucket, bucket_merge (on cpu their
+//             bytes from one radix sort, kernels::cpu::RadixUnique);
 //   score     the score pass's kernel over its rows as one batch, its tiles' partials folded in the
 //             engine's tree (engine/tree_fold.hpp), as the pass folds them.
 // No file, no journal, no pinned buffer: the unit is redone whole if the run stops inside it. It
@@ -1328,7 +1329,9 @@ std::uint64_t ResidentWork::dedup_workspace_bytes(std::uint64_t rows, std::uint3
 std::uint64_t ResidentWork::dedup_bytes(std::uint64_t rows, std::uint32_t words) const {
   const std::uint64_t record = kernels::RecordLayout{words, true, false}.cols() * 8, merged = words * 8 + 16;
   // (dedup: the records given and tile_unique's, then those and the split; the split and the
-  // merge's keys, counts and values. score: the keys, values and scratch. Rounded as take rounds.)
+  // merge's keys, counts and values. On cpu less: the records given, the radix sort's other half
+  // and the values; then one of those halves, the values and the output. score: the keys, values
+  // and scratch. Rounded as take rounds.)
   const std::uint64_t dedup = std::max(2 * record, record + merged) * rows + dedup_workspace_bytes(rows, words) +
                               kernels::tiles_of(rows, keys::DedupSource{}.tile_rows) * 8 + 8;
   const std::uint64_t score = rows * (words * 8 + 8 + SpaceKernel::kScratchPerRow);
@@ -1421,10 +1424,24 @@ std::optional<ResidentWork::Generated> ResidentWork::generate(const Problem& p, 
 ResidentUnique ResidentWork::dedup(Buffer records_in, std::uint64_t rows, std::uint32_t words) {
   const kernels::RecordLayout layout{words, true, false};
   const std::uint64_t tile_rows = keys::DedupSource{}.tile_rows, tiles = kernels::tiles_of(rows, tile_rows);
+  ResidentUnique out;
+  if (!cuda) {  // (the same bytes in one radix sort: kernels::cpu::RadixUnique)
+    Buffer spare = take(rows * (words + 1) * 8, "selected-CI records (resident)");
+    Buffer values = take(rows * 8, "selected-CI values (resident)");
+    const kernels::cpu::RadixUnique sorted(
+        {records_in.as<std::uint64_t>(), spare.as<std::uint64_t>(), values.as<double>(), rows, words, tile_rows});
+    (sorted.sorted_in_spare() ? records_in : spare).reset();
+    out.records = sorted.tile_records(), out.unique = sorted.unique();
+    out.keys = take(out.records * words * 8, "selected-CI unique keys (resident)");
+    Buffer key_counts = take(out.records * 8, "selected-CI unique counts (resident)");
+    out.values = take(out.records * 8, "selected-CI summed values (resident)");
+    sorted.write(out.keys.as<std::uint64_t>(), key_counts.as<std::uint64_t>(), out.values.as<double>());
+    return out;
+  }
   const std::uint64_t work_bytes = dedup_workspace_bytes(rows, words);
   Buffer records = take(rows * layout.cols() * 8, "selected-CI records (resident)");
   Buffer tile_counts = take(tiles * 8, "selected-CI tile counts (resident)");
-  Buffer work = cuda ? take(work_bytes, "selected-CI dedup workspace (resident)") : Buffer{};
+  Buffer work = take(work_bytes, "selected-CI dedup workspace (resident)");
   const kernels::Workspace workspace{work.data(), work_bytes};
   kernels::KeyRows in;
   in.keys = records_in.as<std::uint64_t>();
@@ -1435,17 +1452,14 @@ ResidentUnique ResidentWork::dedup(Buffer records_in, std::uint64_t rows, std::u
   kernels::tile_unique(stream, {in, layout, tile_rows, 0, records.as<std::uint64_t>(), tile_counts.as<std::uint64_t>(),
                                 nullptr, workspace});
   records_in.reset();  // (each buffer freed once read, so dedup_bytes holds; the stream orders reuse)
-  // (cuda splits apart; the CPU twin moves one bucket's records down in place, which spares a
-  // second block of the records' size: under the CPU's budget the pool could not keep both idle)
-  Buffer split = cuda ? take(rows * layout.cols() * 8, "selected-CI records (resident)") : Buffer{};
+  Buffer split = take(rows * layout.cols() * 8, "selected-CI records (resident)");
   Buffer counts = take(8, "selected-CI counts (resident)");
-  auto* bucket = cuda ? split.as<std::uint64_t>() : records.as<std::uint64_t>();
+  auto* bucket = split.as<std::uint64_t>();
   kernels::bucket_split(stream, {records.as<std::uint64_t>(), tile_counts.as<std::uint64_t>(), layout, rows, tile_rows, nullptr,
                                  1, bucket, counts.as<std::uint64_t>(), workspace});
-  ResidentUnique out;
   backend.copy_to_host(&out.records, counts.data(), 8, stream);
   stream.synchronize();
-  if (cuda) records.reset();
+  records.reset();
   out.keys = take(out.records * words * 8, "selected-CI unique keys (resident)");
   Buffer key_counts = take(out.records * 8, "selected-CI unique counts (resident)");
   out.values = take(out.records * 8, "selected-CI summed values (resident)");

@@ -1,5 +1,6 @@
 // kernels/sort_unique: the CPU twins against a plain std::map reference (tile by tile, bucket by
 // bucket, and the whole chain down to the reverse index), and the GPU against the CPU bytes.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include <numeric>
 #include <omp.h>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kernels/sort_unique.hpp"
@@ -322,6 +324,57 @@ TEST(SortUnique, BucketMergeIsTheStableSortsOnAnyThreadCount) {
   std::vector<std::uint64_t> unordered;
   for (int i = 0; i < 30000; ++i) record(unordered, rng() % 500, rng() % 3);
   expect_merge_is_the_stable_sorts(unordered, unordered.size() / L.cols());
+}
+
+// The CPU's one-call dedup (RadixUnique) against the chain it stands for: tile_unique, bucket_split
+// into one bucket, bucket_merge, byte for byte, on 1 and 3 threads: skewed keys with high bits set
+// (tiles share keys, so sums cross tiles), keys that differ in every byte, one key everywhere.
+void expect_radix_is_the_chains_bytes(const Data& d, std::uint64_t tile_rows) {
+  const RecordLayout L{d.words, true, false};
+  const std::uint64_t n = d.rows();
+  const Tiled t = tile_unique_cpu(d, tile_rows, L);
+  std::vector<std::uint64_t> split(n * L.cols()), count(1);
+  kernels::cpu::bucket_split({t.records.data(), t.tile_unique.data(), L, n, tile_rows, nullptr, 1, split.data(), count.data(), {}});
+  const Merged want = merge_bucket(split.data(), count[0], L, 0, 1, n);
+  const int threads = omp_get_max_threads();
+  for (int th : {1, 3}) {
+    omp_set_num_threads(th);
+    std::vector<std::uint64_t> records;  // (key words, then the value's bits)
+    for (std::uint64_t r = 0; r < n; ++r) {
+      records.insert(records.end(), d.keys.begin() + r * d.words, d.keys.begin() + (r + 1) * d.words);
+      records.push_back(std::bit_cast<std::uint64_t>(d.values[r]));
+    }
+    std::vector<std::uint64_t> spare(records.size());
+    std::vector<double> values(n);
+    const kernels::cpu::RadixUnique got({records.data(), spare.data(), values.data(), n, d.words, tile_rows});
+    const std::string where = fmt::format("{} words, tiles of {}, {} threads", d.words, tile_rows, th);
+    EXPECT_EQ(got.tile_records(), count[0]) << where;
+    ASSERT_EQ(got.unique(), want.unique) << where;
+    std::vector<std::uint64_t> keys(want.unique * d.words), counts(want.unique);
+    std::vector<double> sums(want.unique);
+    got.write(keys.data(), counts.data(), sums.data());
+    EXPECT_TRUE(std::equal(keys.begin(), keys.end(), want.keys.begin())) << where;
+    EXPECT_TRUE(std::equal(counts.begin(), counts.end(), want.counts.begin())) << where;
+    for (std::uint64_t u = 0; u < want.unique; ++u)
+      ASSERT_EQ(std::bit_cast<std::uint64_t>(sums[u]), std::bit_cast<std::uint64_t>(want.values[u])) << u << ", " << where;
+  }
+  omp_set_num_threads(threads);
+}
+
+TEST(SortUnique, RadixUniqueIsTheChainsBytesOnAnyThreadCount) {
+  for (std::uint32_t w : {1u, 2u, 3u, 4u}) {
+    for (std::uint64_t tile : {1ull, 7ull, 64ull, 1000ull}) expect_radix_is_the_chains_bytes(skewed(20001, w, 5 + w), tile);
+    Data wide{w, {}, {}};  // (every byte of every word varies: all eight passes a word)
+    std::mt19937_64 rng(w);
+    for (int r = 0; r < 9000; ++r) {
+      const std::uint64_t pick = rng() % 3000;  // (about three rows a key)
+      for (std::uint32_t k = 0; k < w; ++k) wide.keys.push_back(kernels::fmix64(pick * 5 + k));
+      wide.values.push_back(std::ldexp(static_cast<double>(rng() % 1000001) - 5e5, -9));
+    }
+    expect_radix_is_the_chains_bytes(wide, 64);
+    expect_radix_is_the_chains_bytes(skewed(5000, w, 1, true), 64);
+  }
+  expect_radix_is_the_chains_bytes(Data{2, {}, {}}, 64);  // (no rows)
 }
 
 TEST(SortUnique, SamplesAreRegular) {
