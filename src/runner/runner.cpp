@@ -614,6 +614,8 @@ class WorkflowRun {
     };
     engine::StepWork step_work(dir_.work(step.id), key, comm_);  // (host work's progress file)
     std::unique_ptr<ProgressReporter> host_reporter;
+    std::string host_unit;  // (what host_reporter counts, and to how many)
+    std::uint64_t host_total = 0;
     bool ran = false;  // (a pass, in this run)
     while (!run.done()) {
       std::optional<stages::StepPass> pass;
@@ -630,7 +632,12 @@ class WorkflowRun {
         const stages::HostProgress p = run.progress();
         if (p.total == 0) continue;
         if (comm_.root()) {
+          if (host_reporter && (p.unit != host_unit || p.total != host_total)) {  // (the run's next phase)
+            host_reporter->finish();
+            host_reporter.reset();
+          }
           if (!host_reporter) {
+            host_unit = p.unit, host_total = p.total;
             fs::create_directories(dir_.work(step.id));
             host_reporter = std::make_unique<ProgressReporter>(
                 fmt::format("{} {}", step.id, step.stage), p.total, 0, p.unit, 0, options_.progress_seconds,

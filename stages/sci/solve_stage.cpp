@@ -974,8 +974,11 @@ class SolveRun final : public StepRun {
   }
   std::optional<StepPass> next() override;
   void finished(StepPass& pass) override;
-  // (after a Davidson product: the iterations done, the commits' points)
+  // (after a Davidson product: the iterations done; in a semistochastic PT2, its batches done. The
+  // commits' points.)
   HostProgress progress() const override {
+    if (stochastic_)
+      return {stochastic_->estimates.size(), params_.pt2_batches, "PT2 batches"};
     return {static_cast<std::uint64_t>(iteration_), static_cast<std::uint64_t>(params_.max_iterations), "iterations"};
   }
   StepPass output(StagePlan& plan) override {
