@@ -35,15 +35,19 @@ void call_on_fd_of(const fs::path& path, int flags, int (*call)(int), std::strin
   ::close(fd);
 }
 
-void fsync_fd_of(const fs::path& path, int flags) {
-  if (!durability_deferred()) call_on_fd_of(path, flags, ::fsync, "fsync");
+void fsync_fd_of(const fs::path& path, int flags, Sync sync = Sync::as_process) {
+  if (sync == Sync::always || !durability_deferred()) call_on_fd_of(path, flags, ::fsync, "fsync");
+}
+
+void fsync_dir(const fs::path& dir, Sync sync) {
+  fsync_fd_of(dir.empty() ? fs::path(".") : dir, O_RDONLY | O_DIRECTORY, sync);
 }
 
 }  // namespace
 
 void fsync_file(const fs::path& path) { fsync_fd_of(path, O_RDONLY); }
 
-void fsync_dir(const fs::path& dir) { fsync_fd_of(dir.empty() ? fs::path(".") : dir, O_RDONLY | O_DIRECTORY); }
+void fsync_dir(const fs::path& dir) { fsync_dir(dir, Sync::as_process); }
 
 void commit_rename(const fs::path& from, const fs::path& to) {
   fsync_file(from);
@@ -90,7 +94,7 @@ void sync_tree(const fs::path& root) {
 
 fs::path temp_path(const fs::path& path) { return fs::path(path.string() + ".tmp"); }
 
-void write_file_atomic(const fs::path& path, std::string_view content) {
+void write_file_atomic(const fs::path& path, std::string_view content, Sync sync) {
   const fs::path tmp = temp_path(path);
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) fail("cannot create", tmp);
@@ -108,7 +112,7 @@ void write_file_atomic(const fs::path& path, std::string_view content) {
     p += n;
     left -= static_cast<size_t>(n);
   }
-  if (!durability_deferred() && ::fsync(fd) != 0) {
+  if ((sync == Sync::always || !durability_deferred()) && ::fsync(fd) != 0) {
     int saved = errno;
     ::close(fd);
     errno = saved;
@@ -116,7 +120,27 @@ void write_file_atomic(const fs::path& path, std::string_view content) {
   }
   ::close(fd);
   if (::rename(tmp.c_str(), path.c_str()) != 0) fail(fmt::format("cannot rename '{}' to", tmp.string()), path);
-  fsync_dir(path.parent_path());
+  fsync_dir(path.parent_path(), sync);
+}
+
+BackgroundWrites::~BackgroundWrites() {
+  try {
+    wait();
+  } catch (...) {
+  }
+}
+
+void BackgroundWrites::write(fs::path path, std::string content) {
+  wait();
+  last_ = std::async(std::launch::async, [path = std::move(path), content = std::move(content)] {
+    write_file_atomic(path, content, Sync::always);
+  });
+}
+
+void BackgroundWrites::wait() {
+  if (!last_.valid()) return;
+  std::future<void> last = std::move(last_);
+  last.get();
 }
 
 std::string read_file(const fs::path& path) {

@@ -2,6 +2,8 @@
 // Durable file operations: the commit protocol of every checkpoint and output
 // (write under a temporary name, fsync, rename into place, fsync the directory).
 #include <filesystem>
+#include <future>
+#include <string>
 #include <string_view>
 
 namespace qstage::fsutil {
@@ -17,9 +19,30 @@ void fsync_dir(const fs::path& dir);
 // Renames `from` to `to` atomically and makes the rename durable (fsyncs `from` first).
 void commit_rename(const fs::path& from, const fs::path& to);
 
+// How a write waits for the disk: as the process's durability says (DeferredDurability below),
+// or always (a commit point's state, written on a thread of its own while the run goes on).
+enum class Sync { as_process, always };
+
 // Replaces `path` with `content` atomically: readers see the old or the new file, never a mix,
 // also after a crash at any instant.
-void write_file_atomic(const fs::path& path, std::string_view content);
+void write_file_atomic(const fs::path& path, std::string_view content, Sync sync = Sync::as_process);
+
+// Files replaced atomically and durably on a thread of their own, one at a time in the order
+// given: a commit point's state, copied aside, is written while the run goes on. write() first
+// waits for the write before it (one in flight: one copy held); wait() returns once everything
+// given is on disk and throws what a write threw.
+class BackgroundWrites {
+ public:
+  BackgroundWrites() = default;
+  ~BackgroundWrites();  // waits; a failure is dropped here (it may run while an exception unwinds)
+  BackgroundWrites(const BackgroundWrites&) = delete;
+  BackgroundWrites& operator=(const BackgroundWrites&) = delete;
+  void write(fs::path path, std::string content);
+  void wait();
+
+ private:
+  std::future<void> last_;
+};
 
 // Durability at commits, not per pass. While a DeferredDurability is alive, the functions above
 // write, rename and replace as always but do not wait for the disk (no fsync): a killed process

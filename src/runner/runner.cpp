@@ -494,15 +494,17 @@ class WorkflowRun {
     return c;
   }
 
-  // Rank 0: replaces the step's run-state file atomically (after a pass, or a commit of host work).
-  void write_committed_run(const std::string& id, const std::string& key, int passes_done, double wall_seconds,
-                           const std::string& state) {
+  // The step's run-state file, and its bytes for a state (rank 0 replaces it atomically: after a
+  // pass, at a commit point, or in the background after a commit point of host work).
+  fs::path run_state_file(const std::string& id) {
     fs::create_directories(dir_.work(id));
+    return dir_.work(id) / engine::StepWork::kRunState;
+  }
+  static std::string run_state_bytes(const std::string& key, int passes_done, double wall_seconds, const std::string& state) {
     json j = {{"key", key}, {"passes_done", passes_done}, {"wall_seconds", wall_seconds},
               {"state_bytes", state.size()}, {"state_hash", hash_bytes(state)}};
     j["hash"] = engine::self_hash(j);
-    fsutil::write_file_atomic(dir_.work(id) / engine::StepWork::kRunState,
-                              std::string(kRunStateMagic) + j.dump() + "\n" + state);
+    return std::string(kRunStateMagic) + j.dump() + "\n" + state;
   }
 
   // An InputError, CheckFailed or StopRequested that a unit of a run met on some ranks, agreed
@@ -597,10 +599,16 @@ class WorkflowRun {
     // (collective: save() may gather what the ranks hold; the wall time is the ranks' longest)
     // Once saved, the state needs no pass before run.first_live_pass(): those go at once.
     int dropped = 0;  // (passes before it are gone)
+    // (rank 0: a commit point of host work writes its state here while the run goes on; every
+    // other write of the state waits for it first, so the file never goes back to an older state)
+    fsutil::BackgroundWrites background;
     auto save = [&]() {
       const std::string state = run.save();
       const double wall = step_clock_.seconds(&comm_);
-      if (comm_.root()) write_committed_run(step.id, key, passes_done, wall, state);
+      if (comm_.root()) {
+        background.wait();
+        fsutil::write_file_atomic(run_state_file(step.id), run_state_bytes(key, passes_done, wall, state));
+      }
       comm_.barrier();
       dropped = drop_passes(step, earlier, dropped, std::min(run.first_live_pass(), passes_done));
     };
@@ -610,6 +618,24 @@ class WorkflowRun {
       comm_.barrier();  // (every rank's files, e.g. exchanged buckets, before the state naming them)
       const fsutil::DurableNow durable;
       save();
+      pace.committed(t);
+    };
+    // A commit point between units of host work: the state copied aside (StepRun::save) and
+    // written and made durable on rank 0's background thread while the next units run. A kill
+    // before it lands leaves the state of the commit point before, which resumes to the same
+    // bytes. (No pass is dropped for it: the next save, which waits for it, drops them.)
+    auto commit_in_background = [&]() {
+      const auto t = Clock::now();
+      fsutil::sync_tree(dir_.work(step.id));
+      comm_.barrier();
+      std::string state = run.save();
+      const double wall = step_clock_.seconds(&comm_);
+      if (comm_.root()) {
+        background.write(run_state_file(step.id), run_state_bytes(key, passes_done, wall, state));
+        spdlog::debug("step '{}': commit point of host work, a state of {} written in the background ({:.3f} s on the "
+                      "run's thread)", step.id, format_bytes(static_cast<double>(state.size())),
+                      std::chrono::duration<double>(Clock::now() - t).count());
+      }
       pace.committed(t);
     };
     engine::StepWork step_work(dir_.work(step.id), key, comm_);  // (host work's progress file)
@@ -650,12 +676,13 @@ class WorkflowRun {
         const auto flags = comm_.max({std::int64_t{signals::stop_requested() != 0},
                                       std::int64_t{comm_.root() && (pace.due() || p.commit)}});
         if (p.done >= p.total || (!flags[0] && !flags[1])) continue;
-        commit_point();
-        if (flags[0]) {
-          if (host_reporter) host_reporter->finish();
-          stopped(step.id, "", p.done, p.total, json::object(), p.unit);
+        if (!flags[0]) {
+          commit_in_background();
+          continue;
         }
-        continue;
+        commit_point();
+        if (host_reporter) host_reporter->finish();
+        stopped(step.id, "", p.done, p.total, json::object(), p.unit);
       }
       run_pass(step, *pass, in, context, earlier, key, passes_done);
       run.finished(*pass);
@@ -673,6 +700,7 @@ class WorkflowRun {
     }
     if (host_reporter) host_reporter->finish();
     if (ran) commit_point();
+    if (comm_.root()) background.wait();  // (the output pass follows: its state is on disk first)
   }
 
   // Deletes the folders of the step's passes [from, upto) that are still there, once no rank

@@ -671,6 +671,19 @@ def test_semistochastic_pt2_gives_the_same_bits_on_three_ranks_and_after_kills(t
     assert killed == clean
 
 
+def test_commit_points_of_host_work_write_their_state_in_the_background(tmp):
+    """On resident data (one rank) the run's units are host work; a commit point between them
+    copies the state aside and writes it on a thread of its own while the next units run (with
+    checkpoint_interval 0 after every unit, as in the kill tests above, which also land inside such
+    writes). The clean run's bits; the log says how long the run's own thread spent on each."""
+    clean = digests(solve(tmp / "clean", DATA / "N2_sto6g_FCIDUMP", N2_SEMI))
+    every = solve(tmp / "every", DATA / "N2_sto6g_FCIDUMP", N2_SEMI, "{checkpoint_interval: 0}")
+    assert digests(every) == clean
+    log = (every / "logs" / "rank-0.log").read_text()
+    background = re.findall(r"commit point of host work, a state of .* written in the background \(([0-9.]+) s", log)
+    assert len(background) >= 5, log[-3000:]
+
+
 @pytest.mark.parametrize("params, fragments", [
     ("eps_pt2: 1.0e-5, eps_pt2_large: 1.0e-6", ["parameter 'eps_pt2_large' is 1e-06", "larger than eps_pt2"]),
     ("eps_pt2_large: 1.0e-4, pt2_samples: 1", ["pt2_samples: got 1", "expected an integer >= 2"]),

@@ -958,6 +958,26 @@ TEST(Engine, AnExchangedOutputStaysInItsBucketFilesAndALaterPassReadsThemInPlace
 
 // Commits come every interval, but never sooner than 9x what the last one took (checkpoints at
 // most a tenth of the run); an interval of 0 is a commit at every chance, costly or not.
+// A commit point's state written on a thread of its own: writes land in the order given (the file
+// never goes back to an older state), and a failed write is thrown by the next wait() or write().
+TEST(FsUtil, BackgroundWritesLandInOrderAndReportAFailure) {
+  test::TempDir dir;
+  const auto file = dir.path / "state.bin";
+  {
+    fsutil::BackgroundWrites writes;
+    for (int i = 0; i < 20; ++i) writes.write(file, std::string(static_cast<std::size_t>(1000 + i), static_cast<char>('a' + i)));
+    writes.wait();
+    EXPECT_EQ(fsutil::read_file(file), std::string(1019, static_cast<char>('a' + 19)));
+    EXPECT_FALSE(std::filesystem::exists(fsutil::temp_path(file)));
+    writes.write(dir.path / "no-such-folder" / "state.bin", "x");
+    EXPECT_THROW(writes.wait(), RuntimeFailure);
+    writes.write(dir.path / "no-such-folder" / "state.bin", "x");
+    EXPECT_THROW(writes.write(file, "y"), RuntimeFailure);  // (the one before failed)
+    EXPECT_EQ(fsutil::read_file(file), std::string(1019, static_cast<char>('a' + 19)));
+    writes.write(dir.path / "no-such-folder" / "state.bin", "x");
+  }  // (the destructor waits and drops that failure)
+}
+
 TEST(CheckpointPace, CommitsComeEveryIntervalOrNineTimesTheirCostApart) {
   using engine::CheckpointPace;
   using std::chrono::seconds;
