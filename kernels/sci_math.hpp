@@ -413,8 +413,9 @@ QSTAGE_HD int irrep_of(const IrrepMasks& m, const Det& d) {
 }
 
 // Whether scoring skips a candidate: it is in the sorted space, or of another irrep.
-QSTAGE_HD unsigned char score_skips(const Det* space, std::uint64_t space_size, const IrrepMasks& m, const Det& d) {
-  return find_sorted(space, space_size, d) < space_size || (m.known && irrep_of(m, d) != m.target);
+QSTAGE_HD unsigned char score_skips(const Det* space, std::uint64_t space_size, const SpaceFilter& filter,
+                                    const IrrepMasks& m, const Det& d) {
+  return find_filtered(space, space_size, filter, d) < space_size || (m.known && irrep_of(m, d) != m.target);
 }
 
 // E - H_aa kept at least kDenominatorFloor from zero: a candidate degenerate with the space's

@@ -12,7 +12,7 @@ void sci_score_rows_cpu(const SciScoreRows& a) {
 #pragma omp parallel for schedule(static, 4096)
   for (std::int64_t r = 0; r < n; ++r) {
     const sci::Det d = a.candidate(static_cast<std::uint64_t>(r));
-    a.skipped[r] = sci::score_skips(a.space, a.space_size, a.irreps, d);
+    a.skipped[r] = sci::score_skips(a.space, a.space_size, a.filter, a.irreps, d);
     if (!a.skipped[r]) a.denominator[r] = sci::floored_denominator(a.energy - sci::diagonal(a.h, d));
   }
 }

@@ -9,7 +9,7 @@ __global__ void score_rows_kernel(SciScoreRows a) {
   const std::uint64_t r = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x;
   if (r >= a.n) return;
   const sci::Det d = a.candidate(static_cast<std::uint64_t>(r));
-  const unsigned char skip = sci::score_skips(a.space, a.space_size, a.irreps, d);
+  const unsigned char skip = sci::score_skips(a.space, a.space_size, a.filter, a.irreps, d);
   a.skipped[r] = skip;
   if (!skip) a.denominator[r] = sci::floored_denominator(a.energy - sci::diagonal(a.h, d));
 }

@@ -16,6 +16,7 @@ struct SciScoreRows {
   sci::HamiltonianView h;            // device memory on cuda
   const sci::Det* space = nullptr;   // the sorted space S
   std::uint64_t space_size = 0;
+  sci::SpaceFilter filter;           // S's (optional): most candidates, outside S, are told so at one read
   sci::IrrepMasks irreps;            // the target's irrep and the orbitals' (known = false: no check)
   const std::uint64_t* candidates = nullptr;  // n rows of candidate_words: alpha, beta (, a tag)
   std::uint32_t candidate_words = 2;

@@ -432,12 +432,17 @@ class SpaceKernel : public engine::PassKernel {
     backend_ = &backend;
     h_ = std::make_unique<sci::ResidentHamiltonian>(backend, stream, m_.problem->ints, m_.problem->tables);
     space_ = upload(backend, stream, m_.space.dets, "selected-CI space");
+    const std::uint64_t bits = kernels::sci_space_filter_bits(m_.space.dets.size());
+    filter_ = backend.alloc_device(bits / 8, "selected-CI space filter");
+    kernels::sci_space_filter(stream, space_.as<Det>(), m_.space.dets.size(), filter_.as<std::uint32_t>(), bits);
+    filter_mask_ = bits - 1;
     if (sum_values_ > 0) sums_ = backend.alloc_device(sum_values_ * 8, "selected-CI tile sums");
     stream.synchronize();
   }
   static std::uint64_t resident_bytes(const Memory& m, std::uint64_t sums = 0) {
     const std::uint64_t n = std::max<std::uint64_t>(m.space.dets.size(), 1);
-    return sci::ResidentHamiltonian::bytes(m.problem->ints, m.problem->tables) + n * sizeof(Det) + sums * 8;
+    return sci::ResidentHamiltonian::bytes(m.problem->ints, m.problem->tables) + n * sizeof(Det) +
+           kernels::sci_space_filter_bits(m.space.dets.size()) / 8 + sums * 8;
   }
   // The tile sums of a pass over `rows` rows (batches of whole tiles), `slots` a tile.
   static std::uint64_t sum_values(std::uint64_t rows, std::uint64_t tile_rows, std::uint32_t slots) {
@@ -455,7 +460,8 @@ class SpaceKernel : public engine::PassKernel {
     const std::uint64_t rows = b.rows.size();
     const Problem& p = *m_.problem;
     auto* denominator = static_cast<double*>(b.scratch);
-    const kernels::SciScoreRows scored{h_->view(), space_.as<Det>(), m_.space.dets.size(), p.symmetry.masks(p.target.irrep),
+    const kernels::SciScoreRows scored{h_->view(), space_.as<Det>(), m_.space.dets.size(),
+                                       kernels::sci::SpaceFilter{filter_.as<std::uint32_t>(), filter_mask_}, p.symmetry.masks(p.target.irrep),
                                        static_cast<const std::uint64_t*>(b.inputs[0]), words, rows, energy, denominator,
                                        reinterpret_cast<unsigned char*>(denominator + rows)};
     kernels::sci_score_rows(*b.stream, scored);
@@ -488,6 +494,8 @@ class SpaceKernel : public engine::PassKernel {
   Backend* backend_ = nullptr;
   std::unique_ptr<sci::ResidentHamiltonian> h_;
   Buffer space_, sums_;
+  Buffer filter_;  // (the space's filter: kernels::sci::SpaceFilter's words, filter_mask_ + 1 bits)
+  std::uint64_t filter_mask_ = 0;
   std::uint64_t sum_values_;
   std::vector<double> denominator_;
   std::vector<unsigned char> skipped_;

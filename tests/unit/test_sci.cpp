@@ -518,8 +518,18 @@ TEST(SciScore, CandidatesInTheSpaceOrOfAnotherIrrepAreSkippedTheOthersGetFloored
   const std::size_t n = c.candidates.size();
   std::vector<double> den(n, -7);
   std::vector<unsigned char> skipped(n, 9);
-  kernels::sci_score_rows_cpu({c.h.view, c.space.data(), c.space.size(), c.irreps, rows_of(c.candidates), 2, n, c.energy,
+  kernels::sci_score_rows_cpu({c.h.view, c.space.data(), c.space.size(), {}, c.irreps, rows_of(c.candidates), 2, n, c.energy,
                                den.data(), skipped.data()});
+  // (through the space's filter: the same)
+  const std::uint64_t bits = kernels::sci_space_filter_bits(c.space.size());
+  std::vector<std::uint32_t> words(bits / 32);
+  kernels::sci_space_filter_cpu(c.space.data(), c.space.size(), words.data(), bits);
+  std::vector<double> den_filtered(n, -7);
+  std::vector<unsigned char> skipped_filtered(n, 9);
+  kernels::sci_score_rows_cpu({c.h.view, c.space.data(), c.space.size(), {words.data(), bits - 1}, c.irreps,
+                               rows_of(c.candidates), 2, n, c.energy, den_filtered.data(), skipped_filtered.data()});
+  EXPECT_EQ(skipped_filtered, skipped);
+  EXPECT_EQ(std::memcmp(den_filtered.data(), den.data(), n * 8), 0);
   int other_irrep = 0, counted = 0;
   for (std::size_t i = 0; i < n; ++i) {
     const Det& d = c.candidates[i];
@@ -544,7 +554,7 @@ TEST(SciScore, CandidatesInTheSpaceOrOfAnotherIrrepAreSkippedTheOthersGetFloored
   EXPECT_EQ(skipped[n - 1], 1);  // (in the space)
   // unknown symmetry: only the space's are skipped
   c.irreps.known = false;
-  kernels::sci_score_rows_cpu({c.h.view, c.space.data(), c.space.size(), c.irreps, rows_of(c.candidates), 2, n, c.energy,
+  kernels::sci_score_rows_cpu({c.h.view, c.space.data(), c.space.size(), {}, c.irreps, rows_of(c.candidates), 2, n, c.energy,
                                den.data(), skipped.data()});
   for (std::size_t i = 0; i < n; ++i)
     EXPECT_EQ(skipped[i], std::binary_search(c.space.begin(), c.space.end(), c.candidates[i]) ? 1 : 0) << i;
@@ -565,7 +575,7 @@ TEST(SciGpu, ScoreRowsAreTheCpusBits) {
     const double energy = kernels::sci::diagonal(h.view, space[0]) - 0.25;
     std::vector<double> den(n, 0);
     std::vector<unsigned char> skipped(n, 0);
-    kernels::sci_score_rows_cpu({h.view, space.data(), space.size(), irreps, rows_of(candidates), 2, n, energy, den.data(),
+    kernels::sci_score_rows_cpu({h.view, space.data(), space.size(), {}, irreps, rows_of(candidates), 2, n, energy, den.data(),
                                  skipped.data()});
     sci::ResidentHamiltonian resident(*gpu.backend, *gpu.stream, h.ints, h.tables);
     const kernels::sci::ListOrder order(h.view);
@@ -579,7 +589,11 @@ TEST(SciGpu, ScoreRowsAreTheCpusBits) {
     Buffer d_candidates = gpu.upload(tagged.data(), tagged.size() * 8);
     Buffer d_den = gpu.upload(den.data(), n * 8);  // (the CPU's where skipped: left alone)
     Buffer d_skipped = gpu.backend->alloc_device(n, "test");
-    kernels::sci_score_rows(*gpu.stream, {resident.view(), d_space.as<Det>(), space.size(), irreps,
+    const std::uint64_t bits = kernels::sci_space_filter_bits(space.size());  // (the GPU looks through its filter)
+    Buffer d_words = gpu.backend->alloc_device(bits / 8, "test");
+    kernels::sci_space_filter(*gpu.stream, d_space.as<Det>(), space.size(), d_words.as<std::uint32_t>(), bits);
+    kernels::sci_score_rows(*gpu.stream, {resident.view(), d_space.as<Det>(), space.size(),
+                                          {d_words.as<std::uint32_t>(), bits - 1}, irreps,
                                           d_candidates.as<std::uint64_t>(), 3, n, energy, d_den.as<double>(),
                                           d_skipped.as<unsigned char>()});
     const auto got_den = gpu.download<double>(d_den, n);
