@@ -371,9 +371,14 @@ void bucket_merge(const BucketMerge& a) {
 
 namespace {
 
-// How many pieces a pass over n rows is cut into (any number gives the same result).
+// How many pieces a pass over n rows is cut into (any number gives the same result), and piece
+// p's rows [first, last).
 std::uint64_t pieces_for(std::uint64_t n) {
   return std::max<std::uint64_t>(1, std::min<std::uint64_t>(static_cast<std::uint64_t>(omp_get_max_threads()), n / 4096));
+}
+std::pair<std::uint64_t, std::uint64_t> piece_rows(std::uint64_t n, std::uint64_t pieces, std::int64_t p) {
+  const auto q = static_cast<std::uint64_t>(p);
+  return {n * q / pieces, n * (q + 1) / pieces};
 }
 
 // One stable counting-sort pass over rows of W key words and an index (S = W + 1 words), by the
@@ -384,11 +389,10 @@ void radix_pass(const std::uint64_t* src, std::uint64_t* dst, std::uint64_t n, s
   constexpr std::uint32_t S = W + 1;
   const std::uint64_t pieces = pieces_for(n);
   std::vector<std::array<std::uint64_t, 256>> at(pieces);
-  const auto piece = [&](std::uint64_t p) { return std::pair{n * p / pieces, n * (p + 1) / pieces}; };
   parallel_for(static_cast<std::int64_t>(pieces), [&](std::int64_t p) {
     auto& count = at[p];
     count.fill(0);
-    const auto [first, last] = piece(static_cast<std::uint64_t>(p));
+    const auto [first, last] = piece_rows(n, pieces, p);
     for (std::uint64_t i = first; i < last; ++i) ++count[(src[i * S + word] >> shift) & 255];
   });
   std::uint64_t start = 0;
@@ -396,7 +400,7 @@ void radix_pass(const std::uint64_t* src, std::uint64_t* dst, std::uint64_t n, s
     for (std::uint64_t p = 0; p < pieces; ++p) start += std::exchange(at[p][d], start);
   parallel_for(static_cast<std::int64_t>(pieces), [&](std::int64_t p) {
     auto& next = at[p];
-    const auto [first, last] = piece(static_cast<std::uint64_t>(p));
+    const auto [first, last] = piece_rows(n, pieces, p);
     for (std::uint64_t i = first; i < last; ++i) {
       const std::uint64_t* row = src + i * S;
       std::copy(row, row + S, dst + next[(row[word] >> shift) & 255]++ * S);
@@ -416,7 +420,8 @@ const std::uint64_t* radix_sort(std::uint64_t* rows, std::uint64_t* spare, std::
     parallel_for(static_cast<std::int64_t>(pieces), [&](std::int64_t p) {
       auto& v = partial[p];
       v.fill(0);
-      for (std::uint64_t i = n * p / pieces; i < n * (p + 1) / pieces; ++i)
+      const auto [first, last] = piece_rows(n, pieces, p);
+      for (std::uint64_t i = first; i < last; ++i)
         for (std::uint32_t w = 0; w < W; ++w) v[w] |= rows[i * S + w] ^ rows[w];
     });
     for (const auto& v : partial)
@@ -439,7 +444,8 @@ RadixUnique::RadixUnique(const RadixUniqueArgs& a) : args_(a) {
   const std::uint64_t n = a.rows;
   // (each row's value out, its index in: the sort carries the index, the sums read the values)
   parallel_for(static_cast<std::int64_t>(pieces_for(n)), [&, pieces = pieces_for(n)](std::int64_t p) {
-    for (std::uint64_t i = n * p / pieces; i < n * (p + 1) / pieces; ++i) {
+    const auto [first, last] = piece_rows(n, pieces, p);
+    for (std::uint64_t i = first; i < last; ++i) {
       std::memcpy(&a.values[i], &a.records[i * S + a.words], 8);
       a.records[i * S + a.words] = i;
     }
@@ -456,7 +462,7 @@ RadixUnique::RadixUnique(const RadixUniqueArgs& a) : args_(a) {
   part_first_.assign(parts + 1, n);
   part_first_[0] = 0;
   for (std::uint64_t p = 1; p < parts; ++p) {
-    std::uint64_t b = std::max(part_first_[p - 1], n * p / parts);
+    std::uint64_t b = std::max(part_first_[p - 1], piece_rows(n, parts, static_cast<std::int64_t>(p)).first);
     while (b > 0 && b < n && compare_keys(sorted_ + b * S, sorted_ + (b - 1) * S, a.words) == 0) ++b;
     part_first_[p] = b;
   }

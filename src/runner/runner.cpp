@@ -612,10 +612,14 @@ class WorkflowRun {
       comm_.barrier();
       dropped = drop_passes(step, earlier, dropped, std::min(run.first_live_pass(), passes_done));
     };
+    // (every rank's files of the step, e.g. exchanged buckets, durable before the state naming them)
+    auto sync_work = [&]() {
+      fsutil::sync_tree(dir_.work(step.id));
+      comm_.barrier();
+    };
     auto commit_point = [&]() {
       const auto t = Clock::now();
-      fsutil::sync_tree(dir_.work(step.id));
-      comm_.barrier();  // (every rank's files, e.g. exchanged buckets, before the state naming them)
+      sync_work();
       const fsutil::DurableNow durable;
       save();
       pace.committed(t);
@@ -626,9 +630,8 @@ class WorkflowRun {
     // bytes. (No pass is dropped for it: the next save, which waits for it, drops them.)
     auto commit_in_background = [&]() {
       const auto t = Clock::now();
-      fsutil::sync_tree(dir_.work(step.id));
-      comm_.barrier();
-      std::string state = run.save();
+      sync_work();
+      const std::string state = run.save();
       const double wall = step_clock_.seconds(&comm_);
       if (comm_.root()) {
         background.write(run_state_file(step.id), run_state_bytes(key, passes_done, wall, state));
