@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstring>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -58,7 +59,10 @@ Id file_access(MPI_Comm comm, const Where& where) {
   return fapl;
 }
 
+std::atomic<std::uint64_t> collective_calls{0};
+
 Id collective_transfer(bool parallel, const Where& where) {
+  if (parallel) collective_calls += 1;
   Id dxpl = plist(H5P_DATASET_XFER, where);
   if (parallel) check(H5Pset_dxpl_mpio(dxpl.get(), H5FD_MPIO_COLLECTIVE), "H5Pset_dxpl_mpio", where);
   return dxpl;
@@ -453,8 +457,11 @@ void Dataset::set_rows(std::uint64_t rows) {
   Shape s = shape();
   s[0] = rows;
   std::vector<hsize_t> dims(s.begin(), s.end());
+  if (parallel_) collective_calls += 1;
   check(H5Dset_extent(id(), dims.data()), fmt::format("set extent to {} rows", rows), where_);
 }
+
+std::uint64_t collective_dataset_calls() { return collective_calls.load(); }
 
 // ------------------------------------------------------------------------------------ File
 File File::create(const std::filesystem::path& path, MPI_Comm comm) {

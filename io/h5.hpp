@@ -49,6 +49,10 @@ using qstage::Shape;
 // Turns off HDF5's printing of error stacks (we report them ourselves). Idempotent.
 void quiet_errors();
 
+// Collective MPI-IO calls on datasets this process has made (raw writes and extent changes of
+// files open with MPI-IO): what a pass's rounds should not cost (tests/mpi check it).
+std::uint64_t collective_dataset_calls();
+
 // An owned HDF5 identifier, closed with the matching H5?close on destruction.
 class Id {
  public:

@@ -326,12 +326,14 @@ void RowFilesReader::read(std::uint64_t row0, std::uint64_t n, void* buffer) con
 }
 
 RowWriter::RowWriter(Dataset& d, std::uint64_t max_write_bytes) : dataset_(d), max_write_bytes_(max_write_bytes) {
-  if (!d.parallel()) {
-    locator_ = RowLocator::make(d);
-    if (locator_) {
-      fd_ = ::open(d.where().file.c_str(), O_WRONLY | O_CLOEXEC);
-      if (fd_ < 0) locator_.reset();
-    }
+  // Under MPI-IO every rank must take the same path (the collective one needs them all): the
+  // locator depends on the dataset alone, and a rank that cannot open the file fails loudly.
+  locator_ = RowLocator::make(d);
+  if (locator_) {
+    fd_ = ::open(d.where().file.c_str(), O_WRONLY | O_CLOEXEC);
+    if (fd_ < 0 && d.parallel())
+      throw RuntimeFailure(fmt::format("cannot open '{}' to write rows in place: {}", d.where().file, std::strerror(errno)));
+    if (fd_ < 0) locator_.reset();
   }
 }
 
@@ -352,7 +354,8 @@ void RowWriter::write(std::uint64_t row0, std::uint64_t n, const void* buffer, s
                dataset_.where().file);
       return;
     } catch (const ChunkNotAllocated&) {
-      // created without early allocation: let HDF5 allocate and write
+      // created without early allocation: let HDF5 allocate and write (MPI-IO always allocates early)
+      if (dataset_.parallel()) throw std::logic_error("RowWriter: a chunk of a dataset under MPI-IO is not allocated");
     }
   }
   if (!dataset_.parallel()) {

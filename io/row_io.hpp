@@ -79,9 +79,11 @@ class RowReader {
   int fd_ = -1;
 };
 
-// Writes rows of a dataset: in parallel for files without MPI-IO whose storage is allocated
-// (create them with DatasetCreate::early_allocation), else with HDF5 (collective under MPI-IO).
-// Call refresh() after the dataset's extent changed.
+// Writes rows of a dataset: with pwrite from the I/O pool where the layout allows and the storage
+// is allocated (DatasetCreate::early_allocation; MPI-IO always allocates early), else with HDF5
+// (collective under MPI-IO). Under MPI-IO the pwrite path involves no other rank: each writes its
+// own rows in place, and the file's MPI_File_sync (File::flush) makes them durable with the
+// metadata. Call refresh() after the dataset's extent changed.
 inline constexpr std::uint64_t kMaxCollectiveWriteBytes = std::uint64_t{1} << 30;
 
 class RowWriter {
@@ -89,7 +91,7 @@ class RowWriter {
   // max_write_bytes: the most bytes of one collective HDF5 write (smaller in tests).
   explicit RowWriter(Dataset& d, std::uint64_t max_write_bytes = kMaxCollectiveWriteBytes);
   ~RowWriter();
-  // Collective under MPI-IO: every rank calls it, with the same `most_rows`, the largest n any
+  // Collective under MPI-IO when it goes through HDF5: every rank calls it, with the same `most_rows`, the largest n any
   // rank passes in this call (0 rows where a rank has none). The rows go in HDF5 writes of at
   // most max_write_bytes each, as many on every rank: OpenMPI's two_phase component crashed on
   // 2- and 4-rank writes of more than 2 GiB a rank (an int byte count, we take it).

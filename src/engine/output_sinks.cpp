@@ -76,12 +76,20 @@ class RowsSink final : public OutputSink {
   bool in_segments() const override { return true; }
   std::uint64_t count(const SlotOutput& s, const RowRange& rows) const override { return appended() ? s.ready : rows.size(); }
 
+  // Under MPI-IO, extent changes are collective: the segment's room doubles when a round needs
+  // more (up to what the pass can write), so rounds cost a logarithmic number of collective
+  // calls, and the segment gets its exact extent when it closes (close_datasets, at a commit).
+  // Each rank writes its rows in place (h5::RowWriter). A serial segment grows round by round.
+  // (Room for the whole pass at once was slower where every round commits: parallel HDF5
+  // allocates and then prunes every chunk of the unused room.)
   void open_segment(h5::File& file) override {
-    h5::Shape shape = decl_.layout.shape;
-    shape[0] = 0;
     segment_first_ = written_;
+    dataset_first_ = segment_first_;
     dataset_.reset();
     writer_.reset();
+    capacity_ = 0;
+    h5::Shape shape = decl_.layout.shape;
+    shape[0] = 0;
     // Early allocation: chunks exist when the extent grows, so rows can be written in parallel.
     dataset_ = std::make_unique<h5::Dataset>(
         file.create_dataset(decl_.name, {{decl_.layout.dtype, shape, decl_.layout.chunk}, true, !file.parallel()}));
@@ -95,8 +103,7 @@ class RowsSink final : public OutputSink {
       if (static_cast<int>(b) == round.mine) mine_at = at;
       at += counts[b];
     }
-    dataset_->set_rows(at - segment_first_);
-    writer_->refresh();
+    reserve(at - segment_first_);
     const std::uint64_t most = counts.empty() ? 0 : *std::max_element(counts.begin(), counts.end());
     if (mine) {
       const std::uint64_t n = counts[static_cast<std::size_t>(round.mine)];
@@ -125,6 +132,7 @@ class RowsSink final : public OutputSink {
 
   void close_datasets() override {
     writer_.reset();
+    if (dataset_ && capacity_ != written_ - dataset_first_) dataset_->set_rows(written_ - dataset_first_);
     dataset_.reset();
   }
 
@@ -140,6 +148,8 @@ class RowsSink final : public OutputSink {
     h5::Shape shape = decl_.layout.shape;
     shape[0] = written_;
     dataset_ = std::make_unique<h5::Dataset>(out.create_dataset(decl_.name, {{decl_.layout.dtype, shape, decl_.layout.chunk}, true, !out.parallel()}));
+    dataset_first_ = 0;
+    capacity_ = written_;
     writer_ = std::make_unique<h5::RowWriter>(*dataset_);
   }
 
@@ -171,9 +181,20 @@ class RowsSink final : public OutputSink {
   }
 
  private:
+  // Room for `rows` rows in the open segment: exactly (serial), or at least, doubling (MPI-IO).
+  void reserve(std::uint64_t rows) {
+    if (rows == capacity_ || (dataset_->parallel() && rows < capacity_)) return;
+    const std::uint64_t room = decl_.layout.shape[0] - segment_first_;
+    capacity_ = dataset_->parallel() ? std::min(room, std::max(rows, 2 * capacity_)) : rows;
+    dataset_->set_rows(capacity_);
+    writer_->refresh();
+  }
+
   const mpi::Comm& comm_;
   std::uint64_t written_ = 0;        // output rows placed so far (every rank)
   std::uint64_t segment_first_ = 0;  // output row where the open segment starts
+  std::uint64_t dataset_first_ = 0;  // output row of the open dataset's row 0 (segment or final)
+  std::uint64_t capacity_ = 0;       // rows in the open dataset's extent
   std::uint64_t sum_ = 0;            // rank 0: qsum64 of the rows so far
   std::vector<std::uint64_t> batch_counts_;
   std::unique_ptr<h5::Dataset> dataset_;  // in the open segment, or the final output

@@ -114,19 +114,42 @@ struct XPass {
   }
 };
 
+// A CPU engine on `comm` with batches of `batch_rows` rows, committing every round
+// (`checkpoint_seconds` 0) or less often, and the work directory of the step `name` (emptied
+// first when `fresh`).
+struct EngineOn {
+  std::unique_ptr<Backend> backend;
+  engine::StreamEngine engine;
+  engine::StepWork work;
+  EngineOn(const Shared& s, const mpi::Comm& comm, const std::string& name, bool fresh, std::uint64_t batch_rows,
+           double checkpoint_seconds)
+      : backend(detail::make_cpu_backend(32u << 20, 1ull << 30)),
+        engine(*backend, comm, options(batch_rows, checkpoint_seconds)),
+        work(emptied(s, comm, name, fresh), "key-" + name, comm) {}
+
+ private:
+  static engine::EngineOptions options(std::uint64_t batch_rows, double checkpoint_seconds) {
+    engine::EngineOptions options;
+    options.checkpoint_seconds = checkpoint_seconds;
+    options.max_batch_rows = batch_rows;
+    return options;
+  }
+  static fs::path emptied(const Shared& s, const mpi::Comm& comm, const std::string& name, bool fresh) {
+    const fs::path dir = s.dir / ("work-" + name);
+    if (fresh && comm.root()) fs::remove_all(dir);
+    comm.barrier();
+    return dir;
+  }
+};
+
 // Runs the pass on the first `ranks` ranks of the world (the others wait). Returns whether it
 // completed (on those ranks).
 bool run_on(const Shared& s, int ranks, const std::string& name, std::int64_t stop_at, bool fresh) {
   bool complete = false;
   on_first_ranks(s, ranks, [&](const mpi::Comm& comm) {
-    auto backend = detail::make_cpu_backend(32u << 20, 1ull << 30);
-    engine::EngineOptions options;
-    options.checkpoint_seconds = 0.0;
-    options.max_batch_rows = 200;
-    engine::StreamEngine engine(*backend, comm, options);
-    if (fresh && comm.root()) fs::remove_all(s.dir / ("work-" + name));
-    comm.barrier();
-    engine::StepWork work(s.dir / ("work-" + name), "key-" + name, comm);
+    EngineOn on(s, comm, name, fresh, 200, 0.0);
+    auto& engine = on.engine;
+    auto& work = on.work;
     XPass pass(s, 100);
     engine::OutputDecl out{"keys", h5::DType::uint64, {kRows * 4, 2}, {512, 2}};
     out.kind = engine::OutputKind::appended;
@@ -251,9 +274,107 @@ TEST(EngineRanks, ExchangedOutputStoppedOnThreeRanksResumesOnTwo) {
   if (s.world.root()) EXPECT_EQ(read(s, "moved"), want);
 }
 
+// Row r gives the row {x[r], r*r} to "rows" and appends appended_by(r) rows {mix(x[r] + j), r}
+// to "appended" (not exchanged: in batch order).
+class RowsKernel final : public engine::PassKernel {
+ public:
+  explicit RowsKernel(std::int64_t stop_at) : stop_at_(stop_at) {}
+  void process(const engine::BatchView& b) override {
+    const auto* x = static_cast<const std::uint64_t*>(b.inputs[0]);
+    auto* rows = static_cast<std::uint64_t*>(b.outputs[0]);
+    auto* appended = static_cast<std::uint64_t*>(b.outputs[1]);
+    std::uint64_t n = 0;
+    for (std::uint64_t r = 0; r < b.rows.size(); ++r) {
+      const std::uint64_t row = b.rows.begin + r;
+      rows[2 * r] = x[r];
+      rows[2 * r + 1] = row * row;
+      for (std::uint64_t j = 0; j < appended_by(row); ++j, ++n) {
+        appended[2 * n] = mix(x[r] + j);
+        appended[2 * n + 1] = row;
+      }
+    }
+    b.appended[1][0] = n;
+    if (stop_at_ >= 0 && static_cast<std::int64_t>(b.index) == stop_at_) signals::request_stop(SIGTERM);
+  }
+
+ private:
+  std::int64_t stop_at_;
+};
+
+struct RowsRun {
+  bool complete = false;
+  std::uint64_t collective_calls = 0;  // rank 0's
+};
+
+// A pass of 25-row batches with a rows and an appended output on the first `ranks` ranks,
+// committing every round (`every_round`) or only at the end.
+RowsRun rows_run_on(const Shared& s, int ranks, const std::string& name, std::int64_t stop_at, bool fresh,
+                    bool every_round) {
+  RowsRun result;
+  on_first_ranks(s, ranks, [&](const mpi::Comm& comm) {
+    EngineOn on(s, comm, name, fresh, 25, every_round ? 0.0 : 1e9);
+    auto& engine = on.engine;
+    auto& work = on.work;
+    XPass pass(s, 25);
+    pass.spec.outputs.push_back({"rows", h5::DType::uint64, {kRows, 2}, {25, 2}});
+    engine::OutputDecl appended{"appended", h5::DType::uint64, {kRows * 4, 2}, {512, 2}};
+    appended.kind = engine::OutputKind::appended;
+    appended.max_rows_per_row = 4;
+    pass.spec.outputs.push_back(appended);
+    RowsKernel kernel(stop_at);
+    const std::uint64_t before = h5::collective_dataset_calls();
+    auto outcome = engine.run(pass.spec, kernel, nullptr, work, s.dir / (name + ".h5"), nullptr);
+    result.complete = outcome.complete;
+    result.collective_calls = h5::collective_dataset_calls() - before;
+    if (outcome.complete) outcome.staged.commit();
+  });
+  signals::request_stop(0);
+  result.complete = s.world.any(result.complete);
+  result.collective_calls = s.world.broadcast(result.collective_calls);
+  return result;
+}
+
+// Rank 0: the output `name` of the run `run`, as a flat list of u64.
+std::vector<std::uint64_t> read_output(const Shared& s, const std::string& run, const std::string& name) {
+  h5::File f = h5::File::open(s.dir / (run + ".h5"), h5::Mode::read_only);
+  h5::Dataset d = f.open_dataset(name);
+  std::vector<std::uint64_t> v(d.shape()[0] * 2);
+  if (!v.empty()) d.read_all(v.data());
+  return v;
+}
+
+// Ranks write their rows in place, without collective MPI-IO per round: in a pass of 40 rounds on
+// 3 ranks each output's room doubles when a round needs more, and the segment gets its exact
+// extent when it closes: a few extent changes, not one per round. A run stopped on 3 ranks
+// (commits every round) resumes on 2, and every run gives 1 rank's bytes.
+TEST(EngineRanks, RanksWriteRowsInPlaceWithoutCollectiveCallsPerRound) {
+  Shared s;
+  if (s.world.size() < 3) GTEST_SKIP() << "needs 3 ranks";
+  ASSERT_TRUE(rows_run_on(s, 1, "rows-1", -1, true, false).complete);
+  const RowsRun one_segment = rows_run_on(s, 3, "rows-3", -1, true, false);
+  ASSERT_TRUE(one_segment.complete);
+  // 120 batches in 40 rounds: 75 rows a round (room for 75, 150, ..., 2400, then the pass's 3000)
+  // and about 150 appended ones (room for 150, ..., 9600, then cut to the exact extent): at most
+  // 8 extent changes each, and no collective writes.
+  EXPECT_LE(one_segment.collective_calls, 16u) << "collective MPI-IO calls in a pass of 40 rounds on 3 ranks";
+  ASSERT_FALSE(rows_run_on(s, 3, "rows-stopped", 7, true, true).complete);  // stops at a round boundary
+  ASSERT_TRUE(rows_run_on(s, 2, "rows-stopped", -1, false, true).complete);
+  if (!s.world.root()) return;
+  std::vector<std::uint64_t> rows, appended;
+  for (std::uint64_t r = 0; r < kRows; ++r) {
+    rows.insert(rows.end(), {s.x[r], r * r});
+    for (std::uint64_t j = 0; j < appended_by(r); ++j) appended.insert(appended.end(), {mix(s.x[r] + j), r});
+  }
+  for (const std::string run : {"rows-1", "rows-3", "rows-stopped"}) {
+    EXPECT_EQ(read_output(s, run, "rows"), rows) << run;
+    EXPECT_EQ(read_output(s, run, "appended"), appended) << run;
+  }
+}
+
 // A collective write whose ranks write different numbers of rows goes in pieces of at most the
 // writer's byte limit, as many calls on every rank (OpenMPI's two_phase crashed past 2 GiB);
 // here a limit of 7 rows makes rank r's 5 + 11 r rows take up to 4 calls while the others wait.
+// (Chunks of 2 of the 3 columns: rows not in place as plain bytes, so HDF5 writes them.)
 TEST(EngineRanks, CollectiveWritesOfUnequalSizesGoInAgreedPieces) {
   Shared s;
   const std::uint64_t cols = 3;
@@ -265,7 +386,7 @@ TEST(EngineRanks, CollectiveWritesOfUnequalSizesGoInAgreedPieces) {
   {
     h5::File f = h5::File::create(s.dir / "pieces.h5", MPI_COMM_WORLD);
     {
-      h5::Dataset d = f.create_dataset("y", {h5::DType::uint64, {first.back(), cols}, {4, cols}, false, false});
+      h5::Dataset d = f.create_dataset("y", {h5::DType::uint64, {first.back(), cols}, {4, 2}, false, false});
       h5::RowWriter writer(d, 7 * cols * 8);
       writer.write(first[s.world.rank()], mine, rows.data(), most);
     }
