@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <mutex>
 #include <type_traits>
 
 #include "core/error.hpp"
@@ -33,30 +32,6 @@ void cgesvd_(const char* jobu, const char* jobvt, const int* m, const int* n, st
 
 namespace qstage::kernels {
 
-
-namespace {
-
-// OpenMP builds of OpenBLAS follow omp_get_max_threads() on every call (openblas_set_num_threads
-// does not stick), and their threaded routines round differently with the count: while one of
-// these lives, this thread's BLAS and LAPACK calls run on one thread. The setting is per task, so
-// SVDs running at the same time on other OpenMP threads are unaffected.
-struct OneThread {
-  int saved = omp_get_max_threads();
-  OneThread() { omp_set_num_threads(1); }
-  ~OneThread() { omp_set_num_threads(saved); }
-};
-
-}  // namespace
-
-void single_threaded_blas() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    const int threads = omp_get_max_threads();
-    openblas_set_num_threads(1);
-    omp_set_num_threads(threads);  // the OpenMP build's call also sets OpenMP's count: put ours back
-  });
-}
-
 template <typename T>
 void matmul(const T* a, const T* b, T* c, std::int64_t m, std::int64_t k, std::int64_t n, bool accumulate) {
   if (m == 0 || n == 0) return;
@@ -65,7 +40,7 @@ void matmul(const T* a, const T* b, T* c, std::int64_t m, std::int64_t k, std::i
     return;
   }
   if (!accumulate) {
-    const OneThread one_thread;
+    const OneBlasThread one_thread;
     Gemm g;
     g.dtype = std::is_same_v<T, std::complex<float>> ? DType::complex64 : DType::complex128;
     g.m = m, g.n = n, g.k = k;
@@ -176,7 +151,7 @@ BasicSvd<T> svd(const T* a, std::int64_t m, std::int64_t n) {
     out.s.assign(static_cast<std::size_t>(out.rank), 0);
   };
   reset();
-  const OneThread one_thread;
+  const OneBlasThread one_thread;
   std::vector<T> copy(static_cast<std::size_t>(m * n) + lapack_slack(m, n));
   std::copy(a, a + m * n, copy.begin());
   int info = gesdd(copy, m, n, out);

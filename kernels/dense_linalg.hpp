@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/gemm.hpp"  // OneBlasThread, single_threaded_blas
+
 namespace qstage::kernels {
 
 // C = A B (accumulate: C += A B), A m x k, B k x n, C m x n, all row-major and contiguous.
@@ -28,9 +30,5 @@ using Svd = BasicSvd<std::complex<double>>;
 // RuntimeFailure if both fail.
 template <typename T>
 BasicSvd<T> svd(const T* a, std::int64_t m, std::int64_t n);
-
-// Makes OpenBLAS single-threaded (once), as kernels::gemm_cpu does: its threaded kernels round
-// differently with the thread count.
-void single_threaded_blas();
 
 }  // namespace qstage::kernels

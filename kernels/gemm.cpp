@@ -13,6 +13,18 @@
 
 namespace qstage::kernels {
 
+OneBlasThread::OneBlasThread() : saved_(omp_get_max_threads()) { omp_set_num_threads(1); }
+OneBlasThread::~OneBlasThread() { omp_set_num_threads(saved_); }
+
+void single_threaded_blas() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    const int threads = omp_get_max_threads();
+    openblas_set_num_threads(1);
+    omp_set_num_threads(threads);  // the OpenMP build's call also sets OpenMP's count: put ours back
+  });
+}
+
 double gemm_flops(const Gemm& g) {
   const double mnk = static_cast<double>(g.m) * static_cast<double>(g.n) * static_cast<double>(g.k);
   return dtype_is_complex(g.dtype) ? 8 * mnk : 2 * mnk;
@@ -53,6 +65,7 @@ void gemm_cpu_call(const Gemm& g) {
       default: throw std::invalid_argument("gemm: unsupported dtype");
     }
   }
+  const OneBlasThread one_thread;  // (outside a parallel region OpenBLAS would thread the call)
   const auto m = static_cast<blasint>(g.m), n = static_cast<blasint>(g.n), k = static_cast<blasint>(g.k);
   const auto tb = g.b_transposed ? CblasTrans : CblasNoTrans;
   const auto lda = static_cast<blasint>(g.lda), ldb = static_cast<blasint>(g.ldb), ldc = static_cast<blasint>(g.ldc);
@@ -85,13 +98,7 @@ void gemm_cpu(const Gemm& g) {
   if (g.m == 0 || g.n == 0 || g.batch == 0) return;
   // OpenBLAS runs single-threaded: its threaded kernels round differently with the thread count.
   // qstage spreads fixed blocks over OpenMP threads instead, so the bits never depend on it.
-  static std::once_flag single;
-  std::call_once(single, [] {
-    // The OpenMP build's openblas_set_num_threads also calls omp_set_num_threads: put ours back.
-    const int threads = omp_get_max_threads();
-    openblas_set_num_threads(1);
-    omp_set_num_threads(threads);
-  });
+  single_threaded_blas();
   constexpr std::int64_t kDefaultRows = 256, kCols = 1024;
   const std::size_t element = dtype_size(g.dtype);
   // Below about 2^20 multiply-adds a parallel region costs more (thread wake-ups) than it saves.

@@ -37,6 +37,25 @@ std::int64_t deterministic_row_block(std::int64_t tile_rows, std::int64_t target
 
 void gemm(Stream& stream, const Gemm& args);
 void gemm_cpu(const Gemm& args);
+
+// OpenMP builds of OpenBLAS follow omp_get_max_threads() on every call (openblas_set_num_threads
+// does not stick), and their threaded routines round differently with the count. While one of
+// these lives, this thread's BLAS and LAPACK calls run on one thread. The setting is per task, so
+// calls running at the same time on other OpenMP threads are unaffected.
+class OneBlasThread {
+ public:
+  OneBlasThread();
+  ~OneBlasThread();
+  OneBlasThread(const OneBlasThread&) = delete;
+  OneBlasThread& operator=(const OneBlasThread&) = delete;
+
+ private:
+  int saved_;
+};
+
+// Makes pthread builds of OpenBLAS single-threaded (once); OpenMP builds need OneBlasThread around
+// any call made outside a parallel region.
+void single_threaded_blas();
 double gemm_flops(const Gemm& args);
 
 namespace detail {

@@ -301,6 +301,31 @@ TEST(GemmKernel, CpuBitsDoNotDependOnWhetherTheBlocksAreSpread) {
   EXPECT_EQ(std::memcmp(spread.data(), nested.data(), spread.size() * sizeof(cd)), 0);
 }
 
+// Below the parallel threshold the blocks run in turn on the calling thread, outside any parallel
+// region, where OpenMP builds of OpenBLAS would thread each call by omp_get_max_threads() and
+// round differently with it (found as a streamed matmul's last batch changing with
+// OMP_NUM_THREADS): every thread count gives the same bits.
+TEST(GemmKernel, CpuBitsDoNotDependOnTheThreadCountBelowTheParallelThreshold) {
+  const std::int64_t m = 4 * 257, n = 12, k = 24;  // 4 blocks of 257 rows, about 2^18 multiply-adds
+  auto a = random_complex(m * k, 13), b = random_complex(k * n, 14);
+  auto run = [&](int threads) {
+    const int saved = omp_get_max_threads();
+    omp_set_num_threads(threads);
+    std::vector<std::complex<float>> c(static_cast<std::size_t>(m * n));
+    kernels::Gemm g{DType::complex64, m, n, k, a.data(), k, b.data(), n, c.data(), n};
+    g.row_block = 257;
+    kernels::gemm_cpu(g);
+    omp_set_num_threads(saved);
+    return c;
+  };
+  const auto one = run(1);
+  EXPECT_LT(relative_error(one, reference_gemm(a, b, m, n, k)), 1e-5);
+  for (const int threads : {2, 3, 16}) {
+    const auto c = run(threads);
+    EXPECT_EQ(std::memcmp(one.data(), c.data(), c.size() * sizeof(c[0])), 0) << threads << " threads";
+  }
+}
+
 TEST(GemmKernel, GpuMatchesReferenceAndCpu) {
   REQUIRE_GPU();
   GpuRun gpu;
