@@ -4,7 +4,8 @@
 on each rank count with a commit after every round and with a longer interval, by one or two
 qstage binaries taken in turn (A B A B ...) so that both see the same machine. Prints one JSON
 line per (binary, ranks, interval) with the median, min and max wall seconds of the whole run,
-then whether every run's datasets are the same bytes.
+then whether every run's datasets are the same bytes (all runs, and each binary's own; the rank
+counts differ in threads per rank).
 
     python3 bench/rank_writes_bench.py --qstage build/qstage --baseline /tmp/old/qstage \\
         --ranks 2,1 --repeat 5 --dir /tmp/rwb
@@ -75,7 +76,9 @@ def main():
                 print(json.dumps({"binary": name, "ranks": ranks, "checkpoint_interval": interval,
                                   "median_s": round(statistics.median(s), 3), "min_s": round(min(s), 3),
                                   "max_s": round(max(s), 3)}), flush=True)
-    print(json.dumps({"same_bytes_for_all_runs": len(set(digests.values())) == 1, "digests": digests}))
+    same = {name: len({d for k, d in digests.items() if k.startswith(name + " ")}) == 1 for name in binaries}
+    print(json.dumps({"same_bytes_for_all_runs": len(set(digests.values())) == 1,
+                      "same_bytes_for_all_runs_of": same, "digests": digests}))
 
 
 if __name__ == "__main__":
