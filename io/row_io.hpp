@@ -91,10 +91,11 @@ class RowWriter {
   // max_write_bytes: the most bytes of one collective HDF5 write (smaller in tests).
   explicit RowWriter(Dataset& d, std::uint64_t max_write_bytes = kMaxCollectiveWriteBytes);
   ~RowWriter();
-  // Collective under MPI-IO when it goes through HDF5: every rank calls it, with the same `most_rows`, the largest n any
-  // rank passes in this call (0 rows where a rank has none). The rows go in HDF5 writes of at
-  // most max_write_bytes each, as many on every rank: OpenMPI's two_phase component crashed on
-  // 2- and 4-rank writes of more than 2 GiB a rank (an int byte count, we take it).
+  // Collective under MPI-IO when it goes through HDF5: every rank calls it, with the same
+  // `most_rows`, the largest n any rank passes in this call (0 rows where a rank has none). The
+  // rows go in HDF5 writes of at most max_write_bytes each, as many on every rank: OpenMPI's
+  // two_phase component crashed on 2- and 4-rank writes of more than 2 GiB a rank (an int byte
+  // count, we take it).
   void write(std::uint64_t row0, std::uint64_t n, const void* buffer, std::uint64_t most_rows);
   void refresh();
   bool parallel() const { return locator_.has_value(); }
