@@ -11,7 +11,7 @@ namespace qstage {
 // XXH3-128 of bytes, as 32 lowercase hex digits.
 std::string hash_bytes(std::string_view bytes);
 
-// XXH3-128 of a whole file's bytes, streamed in 4 MiB pieces. Throws InputError if unreadable.
+// XXH3-128 of a whole file's bytes (read ahead by several threads). Throws InputError if unreadable.
 std::string hash_file(const std::filesystem::path& path);
 
 // 16 lowercase hex digits of a 64-bit value (how checksums are shown and stored).

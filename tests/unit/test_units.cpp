@@ -1,4 +1,9 @@
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
 
 #include "core/error.hpp"
 #include "core/hash.hpp"
@@ -69,4 +74,26 @@ TEST(Hash, BytesHashIsStableAndSensitive) {
   EXPECT_EQ(hash_bytes("qstage"), hash_bytes("qstage"));
   EXPECT_NE(hash_bytes("qstage"), hash_bytes("qstagf"));
   EXPECT_EQ(hash_bytes("").size(), 32u);
+}
+
+// A file read ahead in rounds of blocks by several threads hashes as its bytes in one piece:
+// sizes around a block (8 MiB) and past several rounds (at most 8 blocks each).
+TEST(Hash, FileHashIsTheHashOfItsBytesWhateverItsSize) {
+  const auto dir = std::filesystem::temp_directory_path() / ("qstage-hash-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  std::string bytes;
+  std::uint64_t x = 88172645463325252ull;
+  for (const std::size_t size : {std::size_t{0}, std::size_t{1}, (std::size_t{8} << 20) - 1, (std::size_t{8} << 20) + 1,
+                                 (std::size_t{200} << 20) + 12345}) {
+    while (bytes.size() < size) {  // (xorshift: no two blocks alike)
+      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+      bytes.append(reinterpret_cast<const char*>(&x), 8);
+    }
+    const std::string_view content(bytes.data(), size);
+    const auto file = dir / std::to_string(size);
+    std::ofstream(file, std::ios::binary).write(content.data(), static_cast<std::streamsize>(size));
+    EXPECT_EQ(hash_file(file), hash_bytes(content)) << size << " bytes";
+  }
+  std::filesystem::remove_all(dir);
+  EXPECT_THROW(hash_file(dir / "missing"), InputError);
 }
