@@ -7,12 +7,17 @@ Table 1: max/min records per rank and their coefficient of variation).
     python3 bench/dedup_bench.py --rows 200000000 --words 2 --distinct 40000000 \\
         --budgets default,1GiB --ranks 1 --qstage build/qstage --device cuda --pcie-GBps 25 --dir /tmp/kd
 
+With --baseline, each run is repeated with a second binary on the same input (digests of both
+outputs printed: they must agree).
+
 Keys are Zipf-like as in `qstage_bench dedup` (a power of a uniform draw picks one of about
 `distinct` values; the hottest key is a few percent of the rows), with a float64 value per row.
 Prints one JSON object per run on stdout.
 """
 import argparse
+import hashlib
 import json
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -34,7 +39,13 @@ def fmix64(x):
 
 
 def write_input(path, rows, words, distinct, seed=1):
-    """keys (rows, words) uint64 and values (rows,) float64, written block by block."""
+    """keys (rows, words) uint64 and values (rows,) float64, written block by block (kept when the
+    file there holds this input already)."""
+    made = dict(rows=rows, words=words, distinct=distinct, seed=seed)
+    if Path(path).exists():
+        with h5py.File(path, "r") as f:
+            if all(f.attrs.get(k) == v for k, v in made.items()):
+                return path
     rng = np.random.default_rng(seed)
     block = 1 << 24
     with h5py.File(path, "w") as f:
@@ -49,10 +60,21 @@ def write_input(path, rows, words, distinct, seed=1):
             cols = [fmix64(pick * np.uint64(4) + np.uint64(w + 1)) for w in range(words)]
             k[at:at + n] = cols[0] if words == 1 else np.stack(cols, axis=1)
             v[at:at + n] = u
+        f.attrs.update(made)
     return path
 
 
-def run_once(a, data, budget, ranks, tag):
+def digest(path):
+    """sha256 over the output's datasets (names and bytes), first 16 hex digits."""
+    h = hashlib.sha256()
+    with h5py.File(path, "r") as f:
+        for name in sorted(f.keys()):
+            h.update(name.encode())
+            h.update(f[name][...].tobytes())
+    return h.hexdigest()[:16]
+
+
+def run_once(a, binary, data, budget, ranks, tag):
     d = Path(a.dir) / f"run-{tag}"
     subprocess.run(["rm", "-rf", str(d)], check=True)
     d.mkdir(parents=True)
@@ -66,7 +88,7 @@ steps:
     inputs: {{keys: {{file: {data}, dataset: keys}}, values: {{file: {data}, dataset: values}}}}
     params: {{index: {index}}}
 """)
-    cmd = [a.qstage, "run", str(d / "spec.yaml"), "--run-dir", str(d / "run"), "--device", a.device]
+    cmd = [binary, "run", str(d / "spec.yaml"), "--run-dir", str(d / "run"), "--device", a.device]
     if ranks > 1:
         # (--bind-to none: OpenMPI binds each rank to one core when -np is 1 or 2)
         cmd = ["mpirun", "--oversubscribe", "--allow-run-as-root", "--bind-to", "none", "-np", str(ranks)] + cmd
@@ -83,12 +105,17 @@ steps:
         load = [int(x) for x in f.attrs["merge_records_per_rank"]]
         unique = f["counts"].shape[0]
     bus = metrics["bytes_to_device"] + metrics["bytes_to_host"]
-    r = {"budget": budget, "ranks": ranks, "rows": a.rows, "words": a.words, "unique": unique,
+    resident = re.search(r"on resident data in ([0-9.]+) s \(reading and sorting tiles ([0-9.]+) s, of it reading ([0-9.]+) s",
+                         p.stderr + p.stdout)
+    r = {"binary": binary, "budget": budget, "ranks": ranks, "rows": a.rows, "words": a.words, "unique": unique,
          "wall_seconds": wall, "step_seconds": m["wall_seconds"], "items_per_second": a.rows / wall,  # (the whole process: start, CUDA and files included)
          "bytes_to_device": metrics["bytes_to_device"], "bytes_to_host": metrics["bytes_to_host"],
          "peak_device_bytes": metrics["peak_device_bytes"], "merge_records_per_rank": load,
          "merge_max_over_min": balance(load)["max_over_min"], "merge_cv": balance(load)["cv"],
-         "pass_lines": [l[l.find("pass "):][:160] for l in (p.stderr + p.stdout).splitlines() if "to the device and" in l]}
+         "pass_lines": [l[l.find("pass "):][:160] for l in (p.stderr + p.stdout).splitlines() if "to the device and" in l],
+         "digest": digest(out)}
+    if resident:  # (the whole de-duplication as one unit on resident data: its seconds, and of them reading the input)
+        r["resident_seconds"], r["resident_tiles_seconds"], r["resident_read_seconds"] = map(float, resident.groups())
     if a.pcie_GBps:
         r["bus_bound_seconds"] = bus / (a.pcie_GBps * 1e9)
         r["of_bus_bound"] = r["bus_bound_seconds"] / wall
@@ -104,6 +131,7 @@ def main():
     ap.add_argument("--ranks", default="1", help="comma-separated rank counts")
     ap.add_argument("--index", action="store_true", help="also the reverse index")
     ap.add_argument("--qstage", default="qstage")
+    ap.add_argument("--baseline", help="a second qstage binary, run after the first on each configuration")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--pcie-GBps", type=float, default=0, help="the bus rate (pinned copies, one way) to compare with")
     ap.add_argument("--dir", required=True)
@@ -115,7 +143,8 @@ def main():
     print(json.dumps({"input": str(data), "bytes": data.stat().st_size, "write_seconds": time.time() - t}), flush=True)
     for ranks in [int(x) for x in a.ranks.split(",")]:
         for budget in a.budgets.split(","):
-            print(json.dumps(run_once(a, data, budget, ranks, f"{ranks}-{budget}")), flush=True)
+            for i, binary in enumerate([a.qstage] + ([a.baseline] if a.baseline else [])):
+                print(json.dumps(run_once(a, binary, data, budget, ranks, f"{ranks}-{budget}-{i}")), flush=True)
 
 
 if __name__ == "__main__":

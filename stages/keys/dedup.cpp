@@ -1,8 +1,9 @@
 // keys.dedup: the unique rows of a uint64 key dataset (1-4 words per key, word 0 most
 // significant), globally sorted, with their counts, the sums of an optional float64 value per
 // key, and the reverse index, out of core and the same bytes on any rank count and budget. The
-// work is keys::DedupRun's (sample, partition, merge) plus its finish pass as the output pass, which
-// writes the index and copies the unique keys into the step's output.
+// work is keys::DedupRun's (sample, partition, merge; or, on one rank when it fits, the same
+// kernels on resident data) plus its finish pass as the output pass, which writes the index and
+// copies the unique keys into the step's output.
 #include <algorithm>
 #include <fmt/format.h>
 
@@ -113,7 +114,13 @@ class DedupStage final : public Stage {
    public:
     explicit Run(const StepContext& ctx) : ctx_(ctx), dedup_(ctx, source_of(ctx)) {}
     bool done() const override { return dedup_.done(); }
-    std::optional<StepPass> next() override { return dedup_.next(); }
+    // (on one rank, when it fits: the whole de-duplication on resident data, one unit of host work)
+    std::optional<StepPass> next() override {
+      const auto values = ctx_.inputs.find("values");
+      if (dedup_.run_resident(*ctx_.inputs.at("keys"), values != ctx_.inputs.end() ? values->second : nullptr))
+        return std::nullopt;
+      return dedup_.next();
+    }
     void finished(StepPass& pass) override { dedup_.finished(pass); }
     int first_live_pass() const override { return dedup_.first_live_pass(*ctx_.passes_done); }
     std::string save() const override {
@@ -128,7 +135,7 @@ class DedupStage final : public Stage {
     }
     StepPass output(StagePlan& plan) override {
       StepPass finish = dedup_.finish_pass(true);
-      plan.summary["unique"] = dedup_.result().unique;
+      plan.summary["unique"] = dedup_.unique();
       plan.summary["buckets"] = dedup_.buckets();
       plan.summary["row_buckets"] = dedup_.row_buckets();
       return finish;
@@ -142,6 +149,9 @@ class DedupStage final : public Stage {
     std::string describe(const StagePlan& plan, const StepPass&) const override {
       const auto load = merge_load();
       const auto [least, most] = std::minmax_element(load.begin(), load.end());
+      if (dedup_.resident())
+        return fmt::format("{} unique keys of {} rows (on resident data, {} records merged)",
+                           plan.summary.at("unique").get<std::uint64_t>(), plan.summary.at("rows").get<std::uint64_t>(), load[0]);
       return fmt::format("{} unique keys of {} rows ({} buckets; merged records per rank max/min {:.3f})",
                          plan.summary.at("unique").get<std::uint64_t>(), plan.summary.at("rows").get<std::uint64_t>(),
                          plan.summary.at("buckets").get<std::uint64_t>(),

@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
@@ -11,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "core/error.hpp"
+#include "io/row_io.hpp"
 
 namespace qstage::stages::keys {
 
@@ -276,6 +278,49 @@ class FinishKernel final : public engine::PassKernel {
   Backend* backend_ = nullptr;
 };
 
+// Where the output pass's share of the unique keys ends after pass row `row` of `rows`: batch
+// [b, e) copies keys [U b / n, U e / n), never more than its rows, as U <= n.
+__extension__ using Wide = unsigned __int128;  // (U * row may pass 64 bits)
+std::uint64_t share_end(std::uint64_t unique, std::uint64_t row, std::uint64_t rows) {
+  return static_cast<std::uint64_t>(static_cast<Wide>(unique) * row / rows);
+}
+
+// The output pass after run_resident: each batch's rows of the index and its share of the unique
+// keys, counts and values, copied out of the resident buffers.
+class ResidentFinishKernel final : public engine::PassKernel {
+ public:
+  struct Copy {
+    const void* from;
+    std::size_t output;
+    std::uint64_t row_bytes;
+  };
+  ResidentFinishKernel(const std::uint64_t* index, std::vector<Copy> copies, std::uint64_t unique, std::uint64_t rows,
+                       std::uint64_t tile_rows)
+      : index_(index), copies_(std::move(copies)), unique_(unique), rows_(rows), tile_rows_(tile_rows),
+        shares_(kernels::tiles_of(rows, tile_rows)) {}
+  void prepare(Backend& backend, Stream&) override { backend_ = &backend; }
+  void process(const engine::BatchView& b) override {
+    if (index_) backend_->copy_on_device(b.outputs[0], index_ + b.rows.begin, b.rows.size() * 8, *b.stream);
+    const std::uint64_t first = share_end(unique_, b.rows.begin, rows_), end = share_end(unique_, b.rows.end, rows_);
+    // (kept per batch as long as the kernel lives: the count's copy may complete after this returns)
+    std::uint64_t& share = shares_[b.rows.begin / tile_rows_];
+    share = end - first;
+    for (const Copy& c : copies_) {
+      if (share)
+        backend_->copy_on_device(b.outputs[c.output], static_cast<const char*>(c.from) + first * c.row_bytes, share * c.row_bytes,
+                                 *b.stream);
+      backend_->copy_to_device(b.appended[c.output], &share, 8, *b.stream);
+    }
+  }
+
+ private:
+  const std::uint64_t* index_;
+  std::vector<Copy> copies_;
+  std::uint64_t unique_, rows_, tile_rows_;
+  std::vector<std::uint64_t> shares_;  // by the batch's first tile
+  Backend* backend_ = nullptr;
+};
+
 std::vector<engine::RowRange> ranges_of(const std::vector<std::uint64_t>& counts) {
   std::vector<engine::RowRange> r;
   std::uint64_t at = 0;
@@ -317,7 +362,7 @@ DedupRun::DedupRun(const StepContext& ctx, DedupSource source) : ctx_(ctx), sour
 }
 
 DedupResult DedupRun::result() const {
-  if (!done()) throw std::logic_error("DedupRun::result before the merge is done");
+  if (!done() || resident_) throw std::logic_error("DedupRun::result before the merge's passes are done");
   return {merge_pass_, "keys", "counts", "values", unique_};
 }
 
@@ -485,6 +530,7 @@ void DedupRun::finished(const StepPass& pass) {
 }
 
 int DedupRun::first_live_pass(int none) const {
+  if (resident_) return none;
   switch (phase_) {
     case Phase::sample:
     case Phase::partition: {
@@ -509,6 +555,7 @@ std::vector<std::uint64_t> DedupRun::merge_rows_per_rank(int ranks) const {
 }
 
 void DedupRun::save(Packer& out) const {
+  if (resident_) return DedupRun(ctx_, source_).save(out);  // (the state before run_resident: its result is in memory)
   out.put(phase_);
   out.put(partition_pass_), out.put(merge_pass_), out.put(buckets_), out.put(row_buckets_);
   out.put_vector(splitters_);
@@ -537,6 +584,7 @@ StepPass DedupRun::finish_pass(bool copy_unique) const {
   const DedupSource& s = source_;
   if (!done()) throw std::logic_error("DedupRun::finish_pass before the merge is done");
   if (!s.index && !copy_unique) throw std::logic_error("DedupRun::finish_pass with nothing to do");
+  if (resident_) return resident_finish_pass(copy_unique);
   const int merge = merge_pass_;
   const std::uint64_t unique = unique_;
   const std::uint64_t per_bucket = rows_per_row_bucket_;
@@ -552,10 +600,9 @@ StepPass DedupRun::finish_pass(bool copy_unique) const {
     begins.push_back(r.begin);
     largest = std::max(largest, r.size());
   }
-  // Batch j copies unique keys [U b_j / n, U e_j / n): never more than its rows, as U <= n.
   std::vector<engine::RowRange> share_ranges;
   for (const auto& r : p.pass.batches) {
-    share_ranges.push_back({unique * r.begin / s.rows, unique * r.end / s.rows});
+    share_ranges.push_back({share_end(unique, r.begin, s.rows), share_end(unique, r.end, s.rows)});
     shares.push_back(share_ranges.back().size());
   }
   std::vector<FinishKernel::Copy> copies;
@@ -587,6 +634,99 @@ StepPass DedupRun::finish_pass(bool copy_unique) const {
                                             s.index ? unique_prefix_ : std::vector<std::uint64_t>{}, std::move(copies),
                                             std::move(begins), std::move(shares));
   return p;
+}
+
+StepPass DedupRun::resident_finish_pass(bool copy_unique) const {
+  const DedupSource& s = source_;
+  const ResidentChain::Unique& u = *resident_;
+  StepPass p;
+  p.name = "finish";
+  p.pass.rows = s.rows;
+  p.pass.tile_rows = s.tile_rows;
+  if (s.index) p.pass.outputs.push_back({"index", {DType::uint64, {s.rows}, {s.tile_rows}}});
+  std::vector<ResidentFinishKernel::Copy> copies;
+  if (copy_unique) {
+    const std::uint64_t unique = std::max<std::uint64_t>(u.unique, 1);
+    auto copy = [&](const char* name, const Buffer& from, Layout layout) {
+      const std::uint64_t row_bytes = layout.row_bytes();
+      p.pass.outputs.push_back(appended(name, std::move(layout)));
+      copies.push_back({from.data(), p.pass.outputs.size() - 1, row_bytes});
+    };
+    copy("keys", u.keys, keys_layout(s, unique));
+    copy("counts", u.counts, column_layout(DType::uint64, unique));
+    if (s.has_value()) copy("values", u.values, column_layout(DType::float64, unique));
+  }
+  p.kernel = std::make_unique<ResidentFinishKernel>(s.index ? u.index.as<std::uint64_t>() : nullptr, std::move(copies),
+                                                    u.unique, s.rows, s.tile_rows);
+  return p;
+}
+
+bool DedupRun::run_resident(const h5::Dataset& keys, const h5::Dataset* values) {
+  const DedupSource& s = source_;
+  if (phase_ != Phase::sample || resident_ || ranks(ctx_) != 1 || s.interleaved_value || s.values.has_value() != (values != nullptr))
+    return false;
+  Backend& backend = *ctx_.backend;
+  const bool cuda = backend.kind() == BackendKind::cuda;
+  const RecordLayout L = s.record_layout();
+  // Blocks of whole tiles, about 4 Mi rows (about 100 MB of two-word keys and values).
+  const std::uint64_t tiles = kernels::tiles_of(s.rows, s.tile_rows);
+  const std::uint64_t block = std::min(tiles, std::max<std::uint64_t>(1, (std::uint64_t{1} << 22) / s.tile_rows)) * s.tile_rows;
+  const std::uint64_t key_bytes = key_row_bytes(s), row_bytes = key_bytes + (values ? 8 : 0);
+  const auto left = [](const MemoryBudget& m) { return m.limit() - std::min(m.limit(), m.in_use()); };
+  const std::uint64_t device = ResidentChain::peak_bytes(cuda, L, s.rows, s.tile_rows, block) + block * row_bytes;
+  const std::uint64_t host = cuda ? 2 * block * row_bytes : 0;  // (pinned staging; on cpu the block is read in place)
+  if (device > left(backend.device_budget()) / 2 || host > left(backend.host_budget()) / 2) return false;
+
+  using clock = std::chrono::steady_clock;
+  const auto started = clock::now();
+  const auto seconds_since = [](clock::time_point t) { return std::chrono::duration<double>(clock::now() - t).count(); };
+  std::unique_ptr<Stream> stream = backend.make_stream(false);
+  ResidentChain chain(backend, *stream, L, s.rows, s.tile_rows, block,
+                      [&](std::uint64_t bytes, const char* what) { return backend.alloc_device(bytes, what); });
+  Buffer in = backend.alloc_device(block * row_bytes, "keys input block (resident)");
+  Buffer staging[2];
+  if (cuda)
+    for (Buffer& b : staging) b = backend.alloc_host(block * row_bytes, "keys input staging (resident)");
+  h5::RowReader key_reader(keys);
+  std::optional<h5::RowReader> value_reader;
+  if (values) value_reader.emplace(*values);
+  double read_seconds = 0;
+  for (std::uint64_t row0 = 0, k = 0; row0 < s.rows; row0 += block, ++k) {
+    const std::uint64_t n = std::min(block, s.rows - row0);
+    // (cuda: read while the device works on the last block; the wait below frees this staging's last use)
+    char* to = static_cast<char*>(cuda ? staging[k % 2].data() : in.data());
+    const auto read_started = clock::now();
+    key_reader.read(row0, n, to);
+    if (values) value_reader->read(row0, n, to + block * key_bytes);
+    read_seconds += seconds_since(read_started);
+    stream->synchronize();
+    if (cuda) {
+      backend.copy_to_device(in.data(), to, n * key_bytes, *stream);
+      if (values) backend.copy_to_device(in.as<char>() + block * key_bytes, to + block * key_bytes, n * 8, *stream);
+    }
+    kernels::KeyRows rows;
+    rows.keys = in.as<std::uint64_t>();
+    rows.words = s.words;
+    rows.stride = s.words;
+    rows.rows = n;
+    if (values) rows.values = reinterpret_cast<const double*>(in.as<char>() + block * key_bytes);
+    chain.add(rows, row0);
+  }
+  stream->synchronize();
+  const double tiles_seconds = seconds_since(started);
+  in.reset();
+  for (Buffer& b : staging) b.reset();
+  ResidentChain::Unique u = chain.finish();
+  phase_ = Phase::done;
+  unique_ = u.unique;
+  bucket_rows_ = {u.records};
+  buckets_ = row_buckets_ = 1;
+  resident_ = std::move(u);
+  spdlog::info("keys.dedup: {} unique keys of {} rows on resident data in {:.2f} s (reading and sorting tiles {:.2f} s, of it "
+               "reading {:.2f} s; merging {} records {:.2f} s)",
+               unique_, s.rows, seconds_since(started), tiles_seconds, read_seconds, bucket_rows_[0],
+               seconds_since(started) - tiles_seconds);
+  return true;
 }
 
 }  // namespace qstage::stages::keys

@@ -40,6 +40,7 @@
 
 #include "core/serial.hpp"
 #include "kernels/sort_unique.hpp"
+#include "stages/keys/dedup_resident.hpp"
 #include "stages/stage.hpp"
 
 namespace qstage::stages::keys {
@@ -83,8 +84,19 @@ class DedupRun {
   StepPass next() const;  // while !done()
   void finished(const StepPass& pass);
 
-  // Once done().
+  // Before any pass: the sample, partition and merge as one unit of host work on resident data
+  // (ResidentChain), when the step runs on one rank and the chain and its input blocks fit half of
+  // what the device budget has left (and the host budget the staging blocks). It reads the
+  // source's datasets once, block by block (the read of one overlapping the device's work on the
+  // last), writes no file, and keeps the unique keys (and the index) in device memory for
+  // finish_pass: done() after it. False when it does not fit or the passes have begun: they run.
+  // Its result is not saved (save() keeps the state before it), so a resumed step runs it again.
+  bool run_resident(const h5::Dataset& keys, const h5::Dataset* values);
+  bool resident() const { return resident_.has_value(); }
+
+  // Once done() by the passes (not run_resident).
   DedupResult result() const;
+  std::uint64_t unique() const { return unique_; }  // (once done(), either way)
   // Records each of `ranks` ranks merged (the engine deals the non-empty buckets' batches round
   // robin): the load balance of the sample sort (seed 004's Table 1), once the partition is done.
   std::vector<std::uint64_t> merge_rows_per_rank(int ranks) const;
@@ -107,6 +119,7 @@ class DedupRun {
 
  private:
   enum class Phase : std::uint8_t { sample, partition, merge, done };
+  StepPass resident_finish_pass(bool copy_unique) const;
   const StepContext& ctx_;
   DedupSource source_;
   Phase phase_ = Phase::sample;
@@ -119,6 +132,7 @@ class DedupRun {
   std::vector<std::uint64_t> bucket_rows_;
   std::uint64_t unique_ = 0;
   std::vector<std::uint64_t> unique_prefix_, pair_rows_;
+  std::optional<ResidentChain::Unique> resident_;  // run_resident's unique keys, counts, values and index
 };
 
 }  // namespace qstage::stages::keys

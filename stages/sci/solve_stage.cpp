@@ -1449,43 +1449,19 @@ ResidentUnique ResidentWork::dedup(Buffer records_in, std::uint64_t rows, std::u
     sorted.write(out.keys.as<std::uint64_t>(), key_counts.as<std::uint64_t>(), out.values.as<double>());
     return out;
   }
-  const std::uint64_t work_bytes = dedup_workspace_bytes(rows, words);
-  Buffer records = take(rows * layout.cols() * 8, "selected-CI records (resident)");
-  Buffer tile_counts = take(tiles * 8, "selected-CI tile counts (resident)");
-  Buffer work = take(work_bytes, "selected-CI dedup workspace (resident)");
-  const kernels::Workspace workspace{work.data(), work_bytes};
+  keys::ResidentChain chain(backend, stream, layout, rows, tile_rows, tiles * tile_rows,
+                            [this](std::uint64_t bytes, const char* what) { return take(bytes, what); });
   kernels::KeyRows in;
   in.keys = records_in.as<std::uint64_t>();
   in.words = words;
   in.stride = words + 1;
   in.interleaved = true;
   in.rows = rows;
-  kernels::tile_unique(stream, {in, layout, tile_rows, 0, records.as<std::uint64_t>(), tile_counts.as<std::uint64_t>(),
-                                nullptr, workspace});
+  chain.add(in, 0);
   records_in.reset();  // (each buffer freed once read, so dedup_bytes holds; the stream orders reuse)
-  Buffer split = take(rows * layout.cols() * 8, "selected-CI records (resident)");
-  Buffer counts = take(8, "selected-CI counts (resident)");
-  auto* bucket = split.as<std::uint64_t>();
-  kernels::bucket_split(stream, {records.as<std::uint64_t>(), tile_counts.as<std::uint64_t>(), layout, rows, tile_rows, nullptr,
-                                 1, bucket, counts.as<std::uint64_t>(), workspace});
-  backend.copy_to_host(&out.records, counts.data(), 8, stream);
-  stream.synchronize();
-  records.reset();
-  out.keys = take(out.records * words * 8, "selected-CI unique keys (resident)");
-  Buffer key_counts = take(out.records * 8, "selected-CI unique counts (resident)");
-  out.values = take(out.records * 8, "selected-CI summed values (resident)");
-  kernels::BucketMerge merge;
-  merge.records = bucket;
-  merge.rows = out.records;
-  merge.layout = layout;
-  merge.keys = out.keys.as<std::uint64_t>();
-  merge.counts = key_counts.as<std::uint64_t>();
-  merge.values = out.values.as<double>();
-  merge.unique = counts.as<std::uint64_t>();
-  merge.work = workspace;
-  kernels::bucket_merge(stream, merge);
-  backend.copy_to_host(&out.unique, counts.data(), 8, stream);
-  stream.synchronize();
+  keys::ResidentChain::Unique u = chain.finish();
+  out.keys = std::move(u.keys), out.values = std::move(u.values);
+  out.unique = u.unique, out.records = u.records;
   return out;
 }
 

@@ -14,7 +14,8 @@ import h5py
 import numpy as np
 import pytest
 
-from conftest import DEVICE, committed_run, manifest, run, stop_once_checkpointed, write_spec, one_line_error
+from conftest import (DEVICE, committed_run, manifest, run, stop_once_checkpointed, stop_then_resume, write_spec,
+                      one_line_error)
 
 # On cuda each batch carries CUB's fixed temporary storage (kernels/sort_unique.hpp, 64 KiB), so
 # "a device budget an eighth of the data" needs more data there to leave a batch room.
@@ -111,14 +112,22 @@ def check_against_numpy(got, keys, values):
     assert got["values"].tobytes() == exact.tobytes()  # the documented order, bit for bit
 
 
+def on_resident_data(run_dir):
+    """The run's log says the step ran on resident data, and it ran no pass before its output pass."""
+    log = (run_dir / "logs" / "rank-0.log").read_text()
+    return "on resident data" in log and "pass 1 (" not in log
+
+
 @pytest.fixture(scope="module")
 def clean(tmp_path_factory):
-    """A 1-rank in-core run per key width: (inputs, outputs)."""
+    """A 1-rank in-core run per key width: (inputs, outputs). It fits, so it runs on resident
+    data: its input read once, no pass before the output pass and no intermediate file."""
     done = {}
     for words in (1, 2):
         tmp = tmp_path_factory.mktemp(f"clean{words}")
         keys, values = make_input(tmp, words)
         _, run_dir = committed_run(tmp, spec_text())
+        assert on_resident_data(run_dir)
         got, tile = outputs(run_dir)
         assert tile == TILE
         done[words] = (keys, values, got)
@@ -151,6 +160,7 @@ def test_small_budget_and_three_ranks_store_the_same_bytes(clean, tmp_path, word
         spec = write_spec(tmp / "spec.yaml", spec_text(params, options))
         r = run(["run", spec, "--run-dir", tmp / "run", "--device", DEVICE], mpi=mpi)
         assert r.code == 0, r
+        assert not on_resident_data(tmp / "run")  # (the passes: out of core, or several ranks)
         got, _ = outputs(tmp / "run")
         same(got, want)
         if options == small:  # a pass's log line says what it streamed, not the run's state
@@ -197,6 +207,17 @@ def test_stopped_and_resumed_on_any_rank_count(clean, tmp_path, resume_ranks):
     assert "resumed from the state an earlier run committed" in r.err, r
     got, _ = outputs(run_dir)
     same(got, want)
+
+
+def test_on_resident_data_stopped_in_the_output_pass_resumes_to_the_same_bytes(clean, tmp_path):
+    """Nothing of the unit on resident data is committed: a resume runs it again, then continues
+    the output pass from its last commit, with the clean run's bytes."""
+    keys, values, want = clean[2]
+    make_input(tmp_path, 2)
+    spec = write_spec(tmp_path / "spec.yaml", spec_text(options="{max_batch_rows: 1024, checkpoint_interval: 0}"))
+    r = stop_then_resume(spec, tmp_path / "run", "unique")
+    assert "on resident data" in r.err, r
+    same(outputs(tmp_path / "run")[0], want)
 
 
 def stopped_in_the_merge(tmp_path):
