@@ -3,6 +3,7 @@
 // generation against the brute-force couplings (complete, exact values, screening exact), and
 // full-space Davidson against the FCI energies of the test FCIDUMPs.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <bit>
@@ -364,6 +365,44 @@ TEST(SciDavidson, SavedAndLoadedMidWayGoesOnWithTheSameBits) {
   sci::Davidson cut(std::vector<double>{1.0}, options);
   Unpacker short_in(std::string_view(bytes).substr(0, bytes.size() / 2));
   EXPECT_THROW(cut.load(short_in), std::runtime_error);
+}
+
+// Vectors of many dot-product blocks, summed on 1 and on 4 threads: the same bits (Davidson's sums
+// have one fixed shape), and a converged lowest pair of a banded operator.
+TEST(SciDavidson, BitsDoNotDependOnTheThreadCount) {
+  const std::size_t n = 100003;  // (not a whole number of blocks)
+  auto product = [&](const std::vector<double>& x) {  // diagonal 1 + i / n, couplings to i +- 1 and i +- 7
+    std::vector<double> y(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      double v = (1.0 + static_cast<double>(i) / static_cast<double>(n)) * x[i];
+      for (const std::size_t d : {std::size_t{1}, std::size_t{7}}) {
+        if (i >= d) v += 0.01 * x[i - d];
+        if (i + d < n) v += 0.01 * x[i + d];
+      }
+      y[i] = v;
+    }
+    return y;
+  };
+  std::vector<double> diagonal(n), guess(n);
+  for (std::size_t i = 0; i < n; ++i) diagonal[i] = 1.0 + static_cast<double>(i) / static_cast<double>(n);
+  for (std::size_t i = 0; i < n; ++i) guess[i] = 1.0 + std::cos(static_cast<double>(i));  // (every entry: every block's sums)
+  auto solve = [&](int threads) {
+    const int before = omp_get_max_threads();
+    omp_set_num_threads(threads);
+    sci::Davidson d(guess, {1e-8, 12, 40});  // (40 products, converged or not: the bits are compared)
+    d.set_diagonal(diagonal);
+    while (!d.done()) d.take(product(d.next()));
+    omp_set_num_threads(before);
+    return std::make_pair(d.eigenvalue(), d.eigenvector());
+  };
+  const auto one = solve(1), four = solve(4);
+  EXPECT_EQ(std::memcmp(&one.first, &four.first, sizeof(double)), 0);
+  EXPECT_TRUE(one.second == four.second);
+  const std::vector<double> ag = product(guess);
+  double gag = 0, gg = 0;
+  for (std::size_t i = 0; i < n; ++i) gag += guess[i] * ag[i], gg += guess[i] * guess[i];
+  EXPECT_LT(one.first, gag / gg);  // (below the guess's Rayleigh quotient)
+  EXPECT_GT(one.first, 1.0 - 4 * 0.01 - 1e-9);  // (Gershgorin)
 }
 
 // Several roots (Davidson-Liu: a correction a root not yet converged, restarts from the Ritz
