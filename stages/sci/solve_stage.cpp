@@ -1117,6 +1117,11 @@ class SolveRun final : public StepRun {
   std::optional<comm::Communicator> ranks_;  // (the products' rows, gathered on every rank)
   std::unique_ptr<Stream> stream_;           // (the products')
   std::chrono::steady_clock::time_point pass_started_;
+  // An iteration's Davidson seconds, for the log: storing H, the products on the device (and
+  // their copies), Davidson's arithmetic on the host.
+  struct DavidsonSeconds {
+    double build = 0, device = 0, host = 0;
+  } davidson_seconds_;
   std::vector<double> s_squared_;  // of the final states (output())
 };
 
@@ -1706,12 +1711,18 @@ void SolveRun::product() {
   const std::uint64_t first = n * rank / ranks, rows = n * (rank + 1) / ranks - first;
   if (!stream_) stream_ = backend.make_stream(false);
   if (ranks > 1 && !ranks_) ranks_.emplace(*ctx_.comm, ctx_.backend);
+  const auto since = [](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  };
   if (!m_.resident) {
+    davidson_seconds_ = {};
     make_resident_space();
+    davidson_seconds_.build = since(started);
     m_.x = backend.alloc_device(std::max<std::uint64_t>(n, 1) * 8, "selected-CI Davidson vector");
     m_.sigma = backend.alloc_device(std::max<std::uint64_t>(rows, 1) * 8, "selected-CI Davidson product");
     m_.diagonal = backend.alloc_device(std::max<std::uint64_t>(rows, 1) * 8, "selected-CI Davidson diagonal");
   }
+  const auto device_started = std::chrono::steady_clock::now();
   const std::vector<double>& x = m_.davidson->next();
   backend.copy_to_device(m_.x.data(), x.data(), n * 8, *stream_);
   m_.resident->sigma(*stream_, m_.x.as<double>(), first, rows, m_.sigma.as<double>(), m_.diagonal.as<double>());
@@ -1728,8 +1739,11 @@ void SolveRun::product() {
     everyone(diagonal);
     m_.davidson->set_diagonal(std::move(diagonal));
   }
+  const auto host_started = std::chrono::steady_clock::now();
+  davidson_seconds_.device += std::chrono::duration<double>(host_started - device_started).count();
   m_.davidson->take(std::move(sigma));
-  account("davidson", std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+  davidson_seconds_.host += since(host_started);
+  account("davidson", since(started));
   if (!m_.davidson->done()) return;
   Iteration& now = this->now();
   e_var_.clear();
@@ -1745,6 +1759,9 @@ void SolveRun::product() {
     for (std::size_t r = 1; r < e_var_.size(); ++r) energies += fmt::format(", {:.10f}", e_var_[r]);
     spdlog::info("sci.solve iteration {}: {} determinants, E_var {} ({} products)", iteration_, m_.space.dets.size(),
                  energies, m_.davidson->products());
+    spdlog::debug("sci.solve iteration {}: Davidson {:.3f} s: H stored {:.3f} s, products and their copies {:.3f} s, the "
+                  "host's arithmetic {:.3f} s", iteration_, davidson_seconds_.build + davidson_seconds_.device + davidson_seconds_.host,
+                  davidson_seconds_.build, davidson_seconds_.device, davidson_seconds_.host);
   }
   if (!m_.davidson->converged() && ctx_.comm->root()) {
     double residual = 0;
