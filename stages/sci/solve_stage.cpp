@@ -927,7 +927,9 @@ struct ResidentWork {
     Buffer records, diagonal;  // Candidate (TaggedCandidate sampled) records; sampled: the diagonal terms
     std::uint64_t rows = 0, diagonal_rows = 0;
   };
-  ResidentWork(Backend& backend, Stream& stream);
+  // (with several ranks, every rank runs the same unit on the same data: the room is the least
+  // any rank has, so that every decision that depends on it is the same on all)
+  ResidentWork(Backend& backend, Stream& stream, const mpi::Comm& comm);
   // The most device bytes a dedup of `rows` records of `words` key words (the records given
   // included) or the score after it holds at once, and the dedup kernels' workspace among them.
   std::uint64_t dedup_bytes(std::uint64_t rows, std::uint32_t words) const;
@@ -1035,9 +1037,11 @@ class SolveRun final : public StepRun {
   std::optional<Selection> select_on_resident_data(double eps, std::uint64_t k);
   // Its result, as the passes' would be taken.
   void selected(Selection s);
-  // Whether phases may run on resident data: one rank (several de-duplicate across ranks through
-  // the passes), on either backend (the same kernels the passes call, device buffers throughout).
-  bool on_resident_data() const { return ctx_.comm->size() == 1; }
+  // Phases run on resident data whenever they fit, on either backend (the same kernels the passes
+  // call, device buffers throughout). With several ranks every rank runs the whole unit on its own
+  // device (the space and the Davidson vectors are every rank's): no exchange, the same bits, and
+  // no rank waits for another's files; the passes, which spread the de-duplication over the
+  // ranks, run what does not fit.
   // A semistochastic group (sampled_) the same way, ended (end_group); false: it does not fit.
   bool sampled_group_on_resident_data();
   // The next root's passes from `first` (false: every root's are done).
@@ -1187,17 +1191,16 @@ std::optional<StepPass> SolveRun::next() {
   if (phase_ == Phase::generate || phase_ == Phase::pt2_generate) {
     // (a semistochastic PT2's deterministic part: at eps_pt2_large)
     const double eps = phase_ == Phase::generate ? eps_var() : params_.eps_pt2_large.value_or(params_.eps_pt2);
-    // One rank: on resident data when it fits (the passes' bytes, without their files).
-    if (on_resident_data())
-      if (std::optional<Selection> s = select_on_resident_data(eps, phase_ == Phase::generate ? params_.max_new_dets : 0)) {
-        selected(std::move(*s));
-        return std::nullopt;
-      }
+    // On resident data when it fits (the passes' bytes, without their files).
+    if (std::optional<Selection> s = select_on_resident_data(eps, phase_ == Phase::generate ? params_.max_new_dets : 0)) {
+      selected(std::move(*s));
+      return std::nullopt;
+    }
     return generation_pass(*m.problem, named(fmt::format("generate {}", iteration_)),
                            {&m.space.dets, &m.davidson->eigenvector(root_)}, eps, "determinants");
   }
   if (phase_ == Phase::sampled_generate) {
-    if (on_resident_data() && sampled_group_on_resident_data()) return std::nullopt;
+    if (sampled_group_on_resident_data()) return std::nullopt;
     const StochasticPT2& st = *stochastic_;
     return generation_pass(*m.problem, named(fmt::format("sampled generate {}-{}", st.first, st.first + st.count - 1)),
                            {&sampled_.dets, &sampled_.coefficients, &sampled_, *params_.eps_pt2_large}, params_.eps_pt2,
@@ -1323,11 +1326,17 @@ void SolveRun::finished(StepPass& pass) {
 // declines (nullopt) once what it would hold passes half of the device budget left; the passes
 // run instead.
 
-ResidentWork::ResidentWork(Backend& backend, Stream& stream)
+ResidentWork::ResidentWork(Backend& backend, Stream& stream, const mpi::Comm& comm)
     : backend(backend), stream(stream), cuda(backend.kind() == BackendKind::cuda) {
   const auto half_left = [](const MemoryBudget& b) { return b.limit() > b.in_use() ? (b.limit() - b.in_use()) / 2 : 0; };
   room = half_left(backend.device_budget());
   host_room = half_left(backend.host_budget());
+  if (comm.size() > 1) {  // (the least over ranks: the largest of the negated)
+    const std::vector<std::int64_t> least =
+        comm.max({-static_cast<std::int64_t>(std::min<std::uint64_t>(room, INT64_MAX)),
+                  -static_cast<std::int64_t>(std::min<std::uint64_t>(host_room, INT64_MAX))});
+    room = static_cast<std::uint64_t>(-least[0]), host_room = static_cast<std::uint64_t>(-least[1]);
+  }
 }
 
 Buffer ResidentWork::take(std::uint64_t bytes, const char* what) const {
@@ -1513,7 +1522,7 @@ std::optional<Selection> SolveRun::select_on_resident_data(double eps, std::uint
   using clock = std::chrono::steady_clock;
   const auto seconds_since = [](clock::time_point t) { return std::chrono::duration<double>(clock::now() - t).count(); };
   if (!stream_) stream_ = ctx_.backend->make_stream(false);
-  ResidentWork work(*ctx_.backend, *stream_);
+  ResidentWork work(*ctx_.backend, *stream_, *ctx_.comm);
   const std::uint64_t space = SpaceKernel::resident_bytes(m_);
   if (phase_ == Phase::pt2_generate && ctx_.comm->root())  // (the longest unit: said when it starts)
     spdlog::info("sci.solve: final PT2{} at eps {:g} from {} determinants", named(""), eps, m_.space.dets.size());
@@ -1550,7 +1559,7 @@ bool SolveRun::sampled_group_on_resident_data() {
   const auto started = std::chrono::steady_clock::now();
   const auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(); };
   if (!stream_) stream_ = ctx_.backend->make_stream(false);
-  ResidentWork work(*ctx_.backend, *stream_);
+  ResidentWork work(*ctx_.backend, *stream_, *ctx_.comm);
   StochasticPT2& st = *stochastic_;
   const std::uint64_t space = SpaceKernel::resident_bytes(m_);
   std::optional<ResidentWork::Generated> g =
