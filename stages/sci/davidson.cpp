@@ -26,16 +26,33 @@ double block_dot(const double* a, const double* b, std::size_t n) {
   return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
 }
 
-double dot(const std::vector<double>& a, const std::vector<double>& b) {
-  const std::size_t n = a.size(), blocks = (n + kDotBlock - 1) / kDotBlock;
-  if (blocks <= 1) return block_dot(a.data(), b.data(), n);
+// The blocks' sums of a sweep over n entries (block(first, size) returns one), added in order.
+template <typename Block>
+double sum_of_blocks(std::size_t n, Block block) {
+  const std::size_t blocks = (n + kDotBlock - 1) / kDotBlock;
   std::vector<double> sums(blocks);
 #pragma omp parallel for schedule(static) if (blocks >= 8)
-  for (std::size_t k = 0; k < blocks; ++k)
-    sums[k] = block_dot(a.data() + k * kDotBlock, b.data() + k * kDotBlock, std::min(kDotBlock, n - k * kDotBlock));
-  double s = 0;
-  for (const double x : sums) s += x;
+  for (std::size_t k = 0; k < blocks; ++k) sums[k] = block(k * kDotBlock, std::min(kDotBlock, n - k * kDotBlock));
+  if (blocks == 0) return 0;
+  double s = sums[0];
+  for (std::size_t k = 1; k < blocks; ++k) s += sums[k];
   return s;
+}
+
+double dot(const std::vector<double>& a, const std::vector<double>& b) {
+  if (a.size() <= kDotBlock) return block_dot(a.data(), b.data(), a.size());  // (sum_of_blocks' result, without its array)
+  return sum_of_blocks(a.size(), [&](std::size_t first, std::size_t size) { return block_dot(a.data() + first, b.data() + first, size); });
+}
+
+// One sweep over t: t -= d * b (unless b is null), then the dot product of c and the updated t,
+// block by block, so Gram-Schmidt reads each vector once a step. The arithmetic is that of the
+// subtraction and dot() apart: the same bits.
+double subtract_then_dot(std::vector<double>& t, const std::vector<double>* b, double d, const std::vector<double>& c) {
+  return sum_of_blocks(t.size(), [&](std::size_t first, std::size_t size) {
+    if (b)
+      for (std::size_t i = first; i < first + size; ++i) t[i] -= d * (*b)[i];
+    return block_dot(c.data() + first, t.data() + first, size);
+  });
 }
 
 void scale(std::vector<double>& a, double f) {
@@ -113,13 +130,16 @@ void Davidson::set_diagonal(std::vector<double> diagonal) {
 
 // False (the basis unchanged) when t has no direction outside the basis.
 bool Davidson::add_direction(std::vector<double> t) {
-  for (int pass = 0; pass < 2; ++pass)  // twice: Gram-Schmidt keeps the basis orthonormal to rounding
+  // Twice (Gram-Schmidt keeps the basis orthonormal to rounding): t -= (b, t) b for each b in
+  // turn, each subtraction swept together with the next dot product (and the last with the norm's).
+  const std::vector<double>* last = nullptr;
+  double d = 0;
+  for (int pass = 0; pass < 2; ++pass)
     for (const auto& b : basis_) {
-      const double d = dot(b, t);
-#pragma omp parallel for schedule(static)
-      for (std::size_t i = 0; i < t.size(); ++i) t[i] -= d * b[i];
+      d = subtract_then_dot(t, last, d, b);
+      last = &b;
     }
-  const double norm = std::sqrt(dot(t, t));
+  const double norm = std::sqrt(subtract_then_dot(t, last, d, t));
   if (!(norm > 1e-12)) return false;
   scale(t, 1 / norm);
   basis_.push_back(std::move(t));
@@ -195,19 +215,22 @@ bool Davidson::take(std::vector<double> product) {
   for (int root = 0; root < k; ++root) {
     std::vector<double>&x_out = ritz_[root], &a_out = ax[root], &r_out = r[root];
     const double theta = theta_[root];
-    // (per entry, the basis vectors in order: the same bits on any number of threads)
-#pragma omp parallel for schedule(static)
-    for (std::size_t i = 0; i < n; ++i) {
-      double x = 0, a = 0;
+    // (per entry, the basis vectors in order: the same bits on any number of threads. A block of
+    // entries at a time, vector after vector: each vector is read as one stream, not 2m at once;
+    // the residual's norm is taken in the same sweep)
+    residual_[root] = std::sqrt(sum_of_blocks(n, [&](std::size_t first, std::size_t size) {
+      double* x = x_out.data() + first;
+      double* a = a_out.data() + first;
+      std::fill(x, x + size, 0.0), std::fill(a, a + size, 0.0);
       for (int j = 0; j < m; ++j) {
         const double y = vectors[j * m + root];
-        x += y * basis_[j][i];
-        a += y * products_of_basis_[j][i];
+        const double *b = basis_[j].data() + first, *p = products_of_basis_[j].data() + first;
+        for (std::size_t i = 0; i < size; ++i) x[i] += y * b[i], a[i] += y * p[i];
       }
-      x_out[i] = x, a_out[i] = a;
-      r_out[i] = a - theta * x;
-    }
-    residual_[root] = std::sqrt(dot(r_out, r_out));
+      double* r = r_out.data() + first;
+      for (std::size_t i = 0; i < size; ++i) r[i] = a[i] - theta * x[i];
+      return block_dot(r, r, size);
+    }));
     all_converged = all_converged && residual_[root] < options_.residual_tolerance;
   }
   if (all_converged || static_cast<std::size_t>(m) == n) {
