@@ -147,7 +147,9 @@ def test_sci_solve_stops_on_three_ranks(tmp):
         pytest.skip("mpirun not found")
     params = "eps_var: 5.0e-4, eps_pt2: 1.0e-5, max_new_dets: 600, max_iterations: 8, davidson_tolerance: 1.0e-7"
     clean = committed_run(tmp / "clean", sci_text(tmp / "clean", params))[1]
-    spec = write_spec(tmp / "spec.yaml", sci_text(tmp, params))
+    # (each rank runs its selections on resident data as units of host work, whose state is
+    # committed at the checkpoint interval: 0 commits after every unit, so there is one to stop at)
+    spec = write_spec(tmp / "spec.yaml", sci_text(tmp, params, "{checkpoint_interval: 0}"))
     run_dir = tmp / "run"
     p = start(["run", spec, "--run-dir", run_dir, "--device", DEVICE], mpi=3, env={"OMP_NUM_THREADS": "1"})
     code, err = stop_when(p, lambda: (run_dir / "steps" / "sci" / "run-state.bin").exists(), mpi=3)
