@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "kernels/sort_unique.hpp"
+#include "stages/keys/dedup_resident.hpp"
 #include "test_util.hpp"
 
 namespace qstage {
@@ -494,6 +495,76 @@ TEST(SortUnique, GpuMatchesCpu) {
     EXPECT_EQ(std::memcmp(gvv.data(), cv.data(), u * 8), 0);
     EXPECT_EQ(gpu.download<std::uint64_t>(gp, 3 * m), cp);
     EXPECT_EQ(gpu.download<std::uint64_t>(gpc, 2), cpc);
+  }
+}
+
+}  // namespace
+}  // namespace qstage
+
+namespace qstage {
+namespace {
+
+// stages::keys::ResidentChain (the sample sort's kernels in turn on resident data, as keys.dedup's step
+// and sci.solve's selections run them): the input added block by block (the last block partial)
+// gives the bytes of one block, which are a std::map's keys, counts and index, and the value sums
+// of one chain over the whole; on a GPU the same bytes.
+struct ChainOutput {
+  std::vector<std::uint64_t> keys, counts, index, value_bits;
+};
+
+ChainOutput resident_chain(Backend& backend, const Data& d, std::uint64_t tile, std::uint64_t block) {
+  std::unique_ptr<Stream> stream = backend.make_stream(false);
+  const std::uint64_t n = d.rows();
+  const RecordLayout L{d.words, true, true};
+  stages::keys::ResidentChain chain(backend, *stream, L, n, tile, block,
+                            [&](std::uint64_t bytes, const char* what) { return backend.alloc_device(bytes, what); });
+  Buffer keys = backend.alloc_device(n * d.words * 8, "keys"), values = backend.alloc_device(n * 8, "values");
+  backend.copy_to_device(keys.data(), d.keys.data(), n * d.words * 8, *stream);
+  backend.copy_to_device(values.data(), d.values.data(), n * 8, *stream);
+  for (std::uint64_t first = 0; first < n; first += block) {
+    const kernels::KeyRows in{keys.as<std::uint64_t>() + first * d.words, d.words, d.words, values.as<double>() + first, false,
+                              std::min(block, n - first)};
+    chain.add(in, first);
+  }
+  stages::keys::ResidentChain::Unique u = chain.finish();
+  auto download = [&](const Buffer& b, std::uint64_t count) {
+    std::vector<std::uint64_t> out(count);
+    backend.copy_to_host(out.data(), b.data(), count * 8, *stream);
+    stream->synchronize();
+    return out;
+  };
+  return {download(u.keys, u.unique * d.words), download(u.counts, u.unique), download(u.index, n), download(u.values, u.unique)};
+}
+
+TEST(SortUnique, ResidentChainAddedBlockByBlockIsOneChainsBytes) {
+  auto cpu = make_backend({"cpu", 0, 0, 0});
+  for (const std::uint32_t w : {1u, 3u}) {
+    SCOPED_TRACE(testing::Message() << "words " << w);
+    const Data d = skewed(5003, w, 11 + w);
+    const ChainOutput whole = resident_chain(*cpu, d, 64, 64 * 80), blocks = resident_chain(*cpu, d, 64, 640);
+    EXPECT_EQ(blocks.keys, whole.keys);
+    EXPECT_EQ(blocks.counts, whole.counts);
+    EXPECT_EQ(blocks.index, whole.index);
+    EXPECT_EQ(blocks.value_bits, whole.value_bits);
+    std::map<Key, std::uint64_t> counts;
+    for (std::uint64_t r = 0; r < d.rows(); ++r) ++counts[d.key(r)];
+    ASSERT_EQ(whole.counts.size(), counts.size());
+    std::map<Key, std::uint64_t> position;
+    std::uint64_t u = 0;
+    for (const auto& [key, count] : counts) {
+      EXPECT_TRUE(std::equal(key.begin(), key.end(), whole.keys.begin() + u * w)) << u;
+      EXPECT_EQ(whole.counts[u], count) << u;
+      position[key] = u++;
+    }
+    for (std::uint64_t r = 0; r < d.rows(); ++r) ASSERT_EQ(whole.index[r], position[d.key(r)]) << r;
+    if (test::gpu_available()) {
+      test::GpuRun gpu;
+      const ChainOutput on_gpu = resident_chain(*gpu.backend, d, 64, 640);
+      EXPECT_EQ(on_gpu.keys, whole.keys);
+      EXPECT_EQ(on_gpu.counts, whole.counts);
+      EXPECT_EQ(on_gpu.index, whole.index);
+      EXPECT_EQ(on_gpu.value_bits, whole.value_bits);
+    }
   }
 }
 
