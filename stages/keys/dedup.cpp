@@ -1,8 +1,8 @@
 // keys.dedup: the unique rows of a uint64 key dataset (1-4 words per key, word 0 most
 // significant), globally sorted, with their counts, the sums of an optional float64 value per
 // key, and the reverse index, out of core and the same bytes on any rank count and budget. The
-// work is keys::DedupRun's (sample, partition, merge; or, on one rank when it fits, the same
-// kernels on resident data) plus its finish pass as the output pass, which writes the index and
+// work is keys::DedupRun's (sample, partition, merge; or, when it fits, the same kernels on
+// resident data, on every rank) plus its finish pass as the output pass, which writes the index and
 // copies the unique keys into the step's output.
 #include <algorithm>
 #include <fmt/format.h>
@@ -114,7 +114,7 @@ class DedupStage final : public Stage {
    public:
     explicit Run(const StepContext& ctx) : ctx_(ctx), dedup_(ctx, source_of(ctx)) {}
     bool done() const override { return dedup_.done(); }
-    // (on one rank, when it fits: the whole de-duplication on resident data, one unit of host work)
+    // (when it fits: the whole de-duplication on resident data, one unit of host work on every rank)
     std::optional<StepPass> next() override {
       const auto values = ctx_.inputs.find("values");
       if (dedup_.run_resident(*ctx_.inputs.at("keys"), values != ctx_.inputs.end() ? values->second : nullptr))

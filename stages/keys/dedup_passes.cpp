@@ -547,6 +547,8 @@ int DedupRun::first_live_pass(int none) const {
 }
 
 std::vector<std::uint64_t> DedupRun::merge_rows_per_rank(int ranks) const {
+  // (on resident data every rank merged every record)
+  if (resident_) return std::vector<std::uint64_t>(static_cast<std::size_t>(std::max(ranks, 1)), resident_->records);
   std::vector<std::uint64_t> load(static_cast<std::size_t>(std::max(ranks, 1)), 0);
   std::size_t batch = 0;
   for (const std::uint64_t r : bucket_rows_)
@@ -663,7 +665,7 @@ StepPass DedupRun::resident_finish_pass(bool copy_unique) const {
 
 bool DedupRun::run_resident(const h5::Dataset& keys, const h5::Dataset* values) {
   const DedupSource& s = source_;
-  if (phase_ != Phase::sample || resident_ || ranks(ctx_) != 1 || s.interleaved_value || s.values.has_value() != (values != nullptr))
+  if (phase_ != Phase::sample || resident_ || s.interleaved_value || s.values.has_value() != (values != nullptr))
     return false;
   Backend& backend = *ctx_.backend;
   const bool cuda = backend.kind() == BackendKind::cuda;
@@ -675,7 +677,10 @@ bool DedupRun::run_resident(const h5::Dataset& keys, const h5::Dataset* values) 
   const auto left = [](const MemoryBudget& m) { return m.limit() - std::min(m.limit(), m.in_use()); };
   const std::uint64_t device = ResidentChain::peak_bytes(cuda, L, s.rows, s.tile_rows, block) + block * row_bytes;
   const std::uint64_t host = cuda ? 2 * block * row_bytes : 0;  // (pinned staging; on cpu the block is read in place)
-  if (device > left(backend.device_budget()) / 2 || host > left(backend.host_budget()) / 2) return false;
+  bool fits = device <= left(backend.device_budget()) / 2 && host <= left(backend.host_budget()) / 2;
+  // (several ranks: each runs the whole unit on its own device, if every one of them can)
+  if (ranks(ctx_) > 1) fits = !ctx_.comm->any(!fits);
+  if (!fits) return false;
 
   using clock = std::chrono::steady_clock;
   const auto started = clock::now();

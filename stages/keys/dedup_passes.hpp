@@ -85,8 +85,9 @@ class DedupRun {
   void finished(const StepPass& pass);
 
   // Before any pass: the sample, partition and merge as one unit of host work on resident data
-  // (ResidentChain), when the step runs on one rank and the chain and its input blocks fit half of
-  // what the device budget has left (and the host budget the staging blocks). It reads the
+  // (ResidentChain), when the chain and its input blocks fit half of what the device budget has
+  // left (and the host budget the staging blocks) on every rank; with several ranks each runs the
+  // whole unit on its own device (no exchange) and the output pass is spread as usual. It reads the
   // source's datasets once, block by block (the read of one overlapping the device's work on the
   // last), writes no file, and keeps the unique keys (and the index) in device memory for
   // finish_pass: done() after it. False when it does not fit or the passes have begun: they run.
@@ -99,6 +100,7 @@ class DedupRun {
   std::uint64_t unique() const { return unique_; }  // (once done(), either way)
   // Records each of `ranks` ranks merged (the engine deals the non-empty buckets' batches round
   // robin): the load balance of the sample sort (seed 004's Table 1), once the partition is done.
+  // On resident data: every record, on every rank.
   std::vector<std::uint64_t> merge_rows_per_rank(int ranks) const;
   std::uint64_t buckets() const { return bucket_rows_.size(); }
   std::uint32_t row_buckets() const { return row_buckets_; }

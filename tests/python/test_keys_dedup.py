@@ -152,15 +152,17 @@ def test_small_budget_and_three_ranks_store_the_same_bytes(clean, tmp_path, word
     keys, values, want = clean[words]
     data_bytes = keys.nbytes + values.nbytes
     # an eighth of the data (the buckets then follow the budget: many small merges), on 1 and 3
-    # ranks; and 7 forced buckets, not a multiple of the ranks, in core
+    # ranks; 7 forced buckets, not a multiple of the ranks, within 4x the data (too little for
+    # resident data); and 3 ranks in core, each on resident data
     small = f"{{device_memory: {data_bytes // 8 // 1024}KiB, max_batch_rows: 2048}}"
-    for mpi, options, params in ((0, small, ""), (3, small, ""), (3, "{}", ", buckets: 7")):
+    sized = f"{{device_memory: {4 * data_bytes // 1024}KiB, max_batch_rows: 2048}}"
+    for mpi, options, params in ((0, small, ""), (3, small, ""), (3, sized, ", buckets: 7"), (3, "{}", "")):
         tmp = tmp_path / f"r{mpi}{len(params)}{len(options)}"
         make_input(tmp, words)
         spec = write_spec(tmp / "spec.yaml", spec_text(params, options))
         r = run(["run", spec, "--run-dir", tmp / "run", "--device", DEVICE], mpi=mpi)
         assert r.code == 0, r
-        assert not on_resident_data(tmp / "run")  # (the passes: out of core, or several ranks)
+        assert on_resident_data(tmp / "run") == (options == "{}")  # (else the passes: out of core)
         got, _ = outputs(tmp / "run")
         same(got, want)
         if options == small:  # a pass's log line says what it streamed, not the run's state
