@@ -933,7 +933,6 @@ struct ResidentWork {
   // The most device bytes a dedup of `rows` records of `words` key words (the records given
   // included) or the score after it holds at once, and the dedup kernels' workspace among them.
   std::uint64_t dedup_bytes(std::uint64_t rows, std::uint32_t words) const;
-  std::uint64_t dedup_workspace_bytes(std::uint64_t rows, std::uint32_t words) const;
   // nullopt once the records and held_after(records) would pass the room, or (cuda) the score's
   // copies of its inputs on the host (copied(records), at most) the host budget's.
   std::optional<Generated> generate(const Problem& p, const GenerationSources& sources, double eps,
@@ -1345,20 +1344,16 @@ Buffer ResidentWork::take(std::uint64_t bytes, const char* what) const {
 }
 
 // (the GPU kernels' largest workspace; the CPU twins use host temporaries)
-std::uint64_t ResidentWork::dedup_workspace_bytes(std::uint64_t rows, std::uint32_t words) const {
-  return cuda ? std::max({kernels::tile_unique_scratch_bytes(rows, words), kernels::bucket_split_scratch_bytes(rows),
-                          kernels::bucket_merge_scratch_bytes(rows, words)})
-              : 0;
-}
-
 std::uint64_t ResidentWork::dedup_bytes(std::uint64_t rows, std::uint32_t words) const {
-  const std::uint64_t record = kernels::RecordLayout{words, true, false}.cols() * 8, merged = words * 8 + 16;
-  // (dedup: the records given and tile_unique's, then those and the split; the split and the
-  // merge's keys, counts and values. On cpu less: the records given, the radix sort's other half
-  // and the values; then one of those halves, the values and the output. score: the keys, values
-  // and scratch. Rounded as take rounds.)
-  const std::uint64_t dedup = std::max(2 * record, record + merged) * rows + dedup_workspace_bytes(rows, words) +
-                              kernels::tiles_of(rows, keys::DedupSource{}.tile_rows) * 8 + 8;
+  const kernels::RecordLayout layout{words, true, false};
+  const std::uint64_t record = layout.cols() * 8, merged = words * 8 + 16;
+  const std::uint64_t tile_rows = keys::DedupSource{}.tile_rows, tiles = kernels::tiles_of(rows, tile_rows);
+  // (dedup, cuda: keys::ResidentChain's, the records given being freed once tiled (they take the
+  // place of its split). On cpu: the records given, the radix sort's other half and the values;
+  // then one of those halves, the values and the output. score: the keys, values and scratch.
+  // Rounded as take rounds.)
+  const std::uint64_t dedup = cuda ? keys::ResidentChain::peak_bytes(true, layout, rows, tile_rows, tiles * tile_rows)
+                                   : std::max(2 * record, record + merged) * rows + tiles * 8 + 8;
   const std::uint64_t score = rows * (words * 8 + 8 + SpaceKernel::kScratchPerRow);
   return std::max(dedup, score) / 8 * 9 + 64;
 }
