@@ -30,7 +30,8 @@ std::string hash_bytes(std::string_view bytes) { return hex128(XXH3_128bits(byte
 std::string hash_file(const std::filesystem::path& path) {
   // XXH3 streams at 20-30 GB/s on one core, but one thread copies only 3-5 GB/s out of the page
   // cache: the next round of blocks is read by several threads (pread) while this one hashes the
-  // last round, in file order, so the hash is that of the bytes streamed in order.
+  // last round, in file order, so the hash is that of the bytes streamed in order. (Threads of
+  // its own: core sits below io, whose IoPool the engine's reads use.)
   struct Fd {
     int fd;
     ~Fd() { ::close(fd); }
