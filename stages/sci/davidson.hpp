@@ -2,14 +2,22 @@
 // The lowest eigenpairs of a real symmetric operator known only through products A v (Davidson's
 // method with the diagonal preconditioner; several roots as Davidson and Liu do: one correction a
 // root not yet converged, the basis restarted from the Ritz vectors), as a state machine: next()
-// is the vector to multiply, take(A next()) advances. Every step is deterministic host arithmetic
-// (the loops over the vector's entries run on OpenMP threads, each entry summed in the same order,
-// so the bits do not depend on the thread count); save() and load() carry the whole state bit for
-// bit, so a resumed run continues where it stopped.
+// is the vector to multiply, take(A next()) advances.
+//
+// Its vectors (the basis, their products, the Ritz vectors and residuals) live in host memory
+// until place() moves them to a backend's device, where they stay until Davidson is done: the
+// caller's product kernel then reads next() and writes product_slot() in place, and a product
+// costs its kernel and Davidson's own kernels, no copies. Every step is the fixed-shape arithmetic
+// of kernels/sci_davidson.hpp, whose bits do not depend on the threads or on the backend; only
+// the small projected eigenproblem is solved on the host. save() and load() carry the whole state
+// bit for bit, so a resumed run continues where it stopped.
 #include <cstdint>
+#include <memory>
+#include <span>
 #include <stdexcept>
 #include <vector>
 
+#include "backend/backend.hpp"
 #include "core/serial.hpp"
 
 namespace qstage::sci {
@@ -28,19 +36,32 @@ class Davidson {
   // The lowest guesses.size() roots from as many start vectors (orthonormalized here; at most
   // the dimension, and fewer than options.max_basis).
   explicit Davidson(std::vector<std::vector<double>> guesses, DavidsonOptions options = {});
+  ~Davidson();
+  Davidson(const Davidson&) = delete;
+  Davidson& operator=(const Davidson&) = delete;
+
+  // Moves the vectors to the backend's device when they fit half of its budget left (on cpu the
+  // host's memory is the backend's: nothing moves); the stream then runs Davidson's arithmetic
+  // until done(). Returns on_backend().
+  bool place(Backend& backend, Stream& stream);
+  // Whether next() and product_slot() are memory the placed backend's kernels read and write.
+  bool on_backend() const { return on_backend_; }
+
   void set_diagonal(std::vector<double> diagonal);
-  const std::vector<double>& next() const {
-    if (done_) throw std::logic_error("Davidson::next after it finished");
-    return basis_[products_of_basis_.size()];
-  }
+  // The vector to multiply (device memory once placed on a cuda backend).
+  std::span<const double> next() const;
+  // Where A next() goes when the caller writes it in place (then take_in_place()).
+  double* product_slot();
   // Hands A next(); returns true once every root converged (or out of products: see converged()).
-  bool take(std::vector<double> product);
+  bool take(std::span<const double> product);
+  bool take_in_place();
   bool done() const { return done_; }
   bool converged() const { return converged_; }
   int roots() const { return roots_; }
-  // The lowest root's pair, and root r's (ascending eigenvalues).
+  std::uint64_t dimension() const { return n_; }
+  // The lowest root's pair, and root r's (ascending eigenvalues); the vectors once done().
   double eigenvalue(int r = 0) const { return theta_.at(static_cast<std::size_t>(r)); }
-  const std::vector<double>& eigenvector(int r = 0) const { return ritz_.at(static_cast<std::size_t>(r)); }
+  const std::vector<double>& eigenvector(int r = 0) const;
   double residual_norm(int r = 0) const { return residual_.at(static_cast<std::size_t>(r)); }
   int products() const { return products_; }
 
@@ -49,16 +70,25 @@ class Davidson {
   void load(Unpacker& in);
 
  private:
-  bool add_direction(std::vector<double> t);
+  struct Vectors;  // the slabs of vectors, in host or device memory
+  void start(std::vector<std::vector<double>> guesses);
+  bool advance();
+  bool add_direction(const double* t);
   void extend_projected();
   void finish(bool converged);
-  std::vector<double> diagonal_;
+  std::vector<double> read_back(const double* at, std::size_t count) const;
+  std::vector<double> diagonal_;  // (the host's copy; the preconditioner reads the slab's)
   DavidsonOptions options_;
   int roots_ = 1;
-  // The basis, and the products of its first vectors (the rest are next() in turn).
-  std::vector<std::vector<double>> basis_, products_of_basis_;
+  std::uint64_t n_ = 0;
+  std::unique_ptr<Vectors> v_;
+  Backend* backend_ = nullptr;  // (once placed on a device)
+  Stream* stream_ = nullptr;
+  bool on_backend_ = false;
+  // The basis vectors, the first `products` of which have products (the next is next()).
+  int basis_count_ = 0, product_count_ = 0, ritz_count_ = 0;
   std::vector<double> projected_;  // basis' A basis over the vectors with products, row-major
-  std::vector<std::vector<double>> ritz_;
+  std::vector<std::vector<double>> eigenvectors_;  // (the Ritz vectors, on the host once done)
   std::vector<double> theta_, residual_;
   int products_ = 0;
   bool done_ = false, converged_ = false;

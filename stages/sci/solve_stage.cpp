@@ -1120,10 +1120,11 @@ class SolveRun final : public StepRun {
   std::optional<comm::Communicator> ranks_;  // (the products' rows, gathered on every rank)
   std::unique_ptr<Stream> stream_;           // (the products')
   std::chrono::steady_clock::time_point pass_started_;
-  // An iteration's Davidson seconds, for the log: storing H, the products on the device (and
-  // their copies), Davidson's arithmetic on the host.
+  // An iteration's Davidson seconds, for the log: storing H, the products (and their copies),
+  // Davidson's own arithmetic (on the device once its vectors are placed there).
   struct DavidsonSeconds {
-    double build = 0, device = 0, host = 0;
+    double build = 0, device = 0, arithmetic = 0;
+    bool placed = false;  // (Davidson's vectors on the backend)
   } davidson_seconds_;
   std::vector<double> s_squared_;  // of the final states (output())
 };
@@ -1722,31 +1723,40 @@ void SolveRun::product() {
     davidson_seconds_ = {};
     make_resident_space();
     davidson_seconds_.build = since(started);
-    m_.x = backend.alloc_device(std::max<std::uint64_t>(n, 1) * 8, "selected-CI Davidson vector");
-    m_.sigma = backend.alloc_device(std::max<std::uint64_t>(rows, 1) * 8, "selected-CI Davidson product");
+    davidson_seconds_.placed = m_.davidson->place(backend, *stream_);  // (after H: storing H saves more than placing the vectors)
+    if (!m_.davidson->on_backend()) m_.x = backend.alloc_device(std::max<std::uint64_t>(n, 1) * 8, "selected-CI Davidson vector");
+    if (!m_.davidson->on_backend() || ranks > 1)
+      m_.sigma = backend.alloc_device(std::max<std::uint64_t>(rows, 1) * 8, "selected-CI Davidson product");
     m_.diagonal = backend.alloc_device(std::max<std::uint64_t>(rows, 1) * 8, "selected-CI Davidson diagonal");
   }
   const auto device_started = std::chrono::steady_clock::now();
-  const std::vector<double>& x = m_.davidson->next();
-  backend.copy_to_device(m_.x.data(), x.data(), n * 8, *stream_);
-  m_.resident->sigma(*stream_, m_.x.as<double>(), first, rows, m_.sigma.as<double>(), m_.diagonal.as<double>());
+  // (with the vectors on the backend and one rank, the product is written where Davidson reads it)
+  const bool in_place = m_.davidson->on_backend() && ranks == 1;
+  const double* x = m_.davidson->next().data();
+  if (!m_.davidson->on_backend()) {
+    backend.copy_to_device(m_.x.data(), x, n * 8, *stream_);
+    x = m_.x.as<double>();
+  }
+  double* product = in_place ? m_.davidson->product_slot() : m_.sigma.as<double>();
+  m_.resident->sigma(*stream_, x, first, rows, product, m_.diagonal.as<double>());
   const bool first_product = m_.davidson->products() == 0;
-  std::vector<double> sigma(rows), diagonal(first_product ? rows : 0);
-  backend.copy_to_host(sigma.data(), m_.sigma.data(), rows * 8, *stream_);
+  std::vector<double> sigma(in_place ? 0 : rows), diagonal(first_product ? rows : 0);
+  if (!in_place) backend.copy_to_host(sigma.data(), product, rows * 8, *stream_);
   if (first_product) backend.copy_to_host(diagonal.data(), m_.diagonal.data(), rows * 8, *stream_);
   stream_->synchronize();
   auto everyone = [&](std::vector<double>& mine) {
     if (ranks_) mine = ranks_->allgatherv(comm::HostSpan<const double>(mine.data(), mine.size())).data;
   };
-  everyone(sigma);
+  if (!in_place) everyone(sigma);
   if (first_product) {
     everyone(diagonal);
     m_.davidson->set_diagonal(std::move(diagonal));
   }
-  const auto host_started = std::chrono::steady_clock::now();
-  davidson_seconds_.device += std::chrono::duration<double>(host_started - device_started).count();
-  m_.davidson->take(std::move(sigma));
-  davidson_seconds_.host += since(host_started);
+  const auto arithmetic_started = std::chrono::steady_clock::now();
+  davidson_seconds_.device += std::chrono::duration<double>(arithmetic_started - device_started).count();
+  if (in_place) m_.davidson->take_in_place();
+  else m_.davidson->take(sigma);
+  davidson_seconds_.arithmetic += since(arithmetic_started);
   account("davidson", since(started));
   if (!m_.davidson->done()) return;
   Iteration& now = this->now();
@@ -1763,9 +1773,10 @@ void SolveRun::product() {
     for (std::size_t r = 1; r < e_var_.size(); ++r) energies += fmt::format(", {:.10f}", e_var_[r]);
     spdlog::info("sci.solve iteration {}: {} determinants, E_var {} ({} products)", iteration_, m_.space.dets.size(),
                  energies, m_.davidson->products());
-    spdlog::debug("sci.solve iteration {}: Davidson {:.3f} s: H stored {:.3f} s, products and their copies {:.3f} s, the "
-                  "host's arithmetic {:.3f} s", iteration_, davidson_seconds_.build + davidson_seconds_.device + davidson_seconds_.host,
-                  davidson_seconds_.build, davidson_seconds_.device, davidson_seconds_.host);
+    spdlog::debug("sci.solve iteration {}: Davidson {:.3f} s: H stored {:.3f} s, products and their copies {:.3f} s, its "
+                  "arithmetic {:.3f} s (vectors on the {})", iteration_,
+                  davidson_seconds_.build + davidson_seconds_.device + davidson_seconds_.arithmetic, davidson_seconds_.build,
+                  davidson_seconds_.device, davidson_seconds_.arithmetic, davidson_seconds_.placed ? "backend" : "host");
   }
   if (!m_.davidson->converged() && ctx_.comm->root()) {
     double residual = 0;

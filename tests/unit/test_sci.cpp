@@ -13,6 +13,7 @@
 #include <optional>
 #include <random>
 #include <set>
+#include <span>
 #include <vector>
 
 #include "kernels/sci_generate.hpp"
@@ -336,7 +337,7 @@ TEST(SciDavidson, SavedAndLoadedMidWayGoesOnWithTheSameBits) {
   std::vector<double> a(n * n);  // symmetric, diagonally dominant
   for (int i = 0; i < n; ++i)
     for (int j = 0; j <= i; ++j) a[i * n + j] = a[j * n + i] = i == j ? 1.0 + i : 0.1 * std::sin(1.0 + i * j);
-  auto product = [&](const std::vector<double>& x) {
+  auto product = [&](std::span<const double> x) {
     std::vector<double> y(n, 0.0);
     for (int i = 0; i < n; ++i)
       for (int j = 0; j < n; ++j) y[i] += a[i * n + j] * x[j];
@@ -371,7 +372,7 @@ TEST(SciDavidson, SavedAndLoadedMidWayGoesOnWithTheSameBits) {
 // have one fixed shape), and a converged lowest pair of a banded operator.
 TEST(SciDavidson, BitsDoNotDependOnTheThreadCount) {
   const std::size_t n = 100003;  // (not a whole number of blocks)
-  auto product = [&](const std::vector<double>& x) {  // diagonal 1 + i / n, couplings to i +- 1 and i +- 7
+  auto product = [&](std::span<const double> x) {  // diagonal 1 + i / n, couplings to i +- 1 and i +- 7
     std::vector<double> y(n);
     for (std::size_t i = 0; i < n; ++i) {
       double v = (1.0 + static_cast<double>(i) / static_cast<double>(n)) * x[i];
@@ -413,7 +414,7 @@ TEST(SciDavidson, SeveralRootsAreTheLowestEigenpairs) {
   for (int i = 0; i < n; ++i)
     for (int j = 0; j <= i; ++j)
       a[i * n + j] = a[j * n + i] = i == j ? 1.0 + 0.5 * i - (i == 1 ? 0.49 : 0.0) : 0.05 * std::sin(1.0 + i * j);
-  auto product = [&](const std::vector<double>& x) {
+  auto product = [&](std::span<const double> x) {
     std::vector<double> y(n, 0.0);
     for (int i = 0; i < n; ++i)
       for (int j = 0; j < n; ++j) y[i] += a[i * n + j] * x[j];
@@ -448,6 +449,77 @@ TEST(SciDavidson, SeveralRootsAreTheLowestEigenpairs) {
     EXPECT_EQ(whole.eigenvector(r), second.eigenvector(r));
   }
   EXPECT_THROW(sci::Davidson(std::vector<std::vector<double>>{guesses[0], guesses[0]}, options), std::invalid_argument);
+}
+
+namespace {
+
+// A banded operator of n rows (diagonal 1 + i / n, couplings 0.01 to i +- 1 and i +- 7) and a start
+// vector with every entry set (every block of the fixed shape's sums is used).
+struct BandedOperator {
+  std::size_t n;
+  std::vector<double> operator()(std::span<const double> x) const {
+    std::vector<double> y(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      double v = diagonal(i) * x[i];
+      for (const std::size_t d : {std::size_t{1}, std::size_t{7}}) {
+        if (i >= d) v += 0.01 * x[i - d];
+        if (i + d < n) v += 0.01 * x[i + d];
+      }
+      y[i] = v;
+    }
+    return y;
+  }
+  double diagonal(std::size_t i) const { return 1.0 + static_cast<double>(i) / static_cast<double>(n); }
+  std::vector<double> diagonals() const {
+    std::vector<double> d(n);
+    for (std::size_t i = 0; i < n; ++i) d[i] = diagonal(i);
+    return d;
+  }
+  std::vector<double> guess(double phase) const {
+    std::vector<double> g(n);
+    for (std::size_t i = 0; i < n; ++i) g[i] = 1.0 + std::cos(phase + static_cast<double>(i));
+    return g;
+  }
+};
+
+// Davidson's results, to compare bit for bit.
+struct DavidsonResult {
+  int products;
+  bool converged;
+  std::vector<double> values, residuals;
+  std::vector<std::vector<double>> vectors;
+  bool operator==(const DavidsonResult&) const = default;
+};
+
+DavidsonResult result_of(const sci::Davidson& d) {
+  DavidsonResult r{d.products(), d.converged(), {}, {}, {}};
+  for (int k = 0; k < d.roots(); ++k) {
+    r.values.push_back(d.eigenvalue(k));
+    r.residuals.push_back(d.residual_norm(k));
+    r.vectors.push_back(d.eigenvector(k));
+  }
+  return r;
+}
+
+}  // namespace
+
+// Placed on the cpu backend, Davidson's vectors stay where they are and the product is written in
+// place (product_slot, take_in_place): the bits of products handed over by take().
+TEST(SciDavidson, ProductsWrittenInPlaceOnTheCpuBackendAreTheSameBits) {
+  const BandedOperator a{20011};
+  auto cpu = make_backend({"cpu", 0, 0, 0});
+  auto stream = cpu->make_stream(false);
+  sci::Davidson handed({a.guess(0.0), a.guess(1.0)}, {1e-8, 12, 60}), in_place({a.guess(0.0), a.guess(1.0)}, {1e-8, 12, 60});
+  ASSERT_TRUE(in_place.place(*cpu, *stream));
+  handed.set_diagonal(a.diagonals()), in_place.set_diagonal(a.diagonals());
+  while (!handed.done()) handed.take(a(handed.next()));
+  while (!in_place.done()) {
+    const std::vector<double> y = a(in_place.next());
+    std::copy(y.begin(), y.end(), in_place.product_slot());
+    in_place.take_in_place();
+  }
+  EXPECT_TRUE(result_of(handed) == result_of(in_place));
+  EXPECT_THROW(in_place.next(), std::logic_error);
 }
 
 // The CUDA kernels write the CPU twins' bytes (generation: same keys, same order, same values)
@@ -1150,4 +1222,56 @@ TEST(SciCouplings, StringPairsHoldTheEnumerationsEntriesInItsOrder) {
       for (std::uint64_t r = 0; r < rows; ++r) EXPECT_EQ(diagonal[r], kernels::sci::diagonal(h.view, space[first + r]));
     }
   }
+}
+
+// Davidson with its vectors on the device gives the host's bits: one root over many blocks of the
+// fixed shape, and three roots with restarts; a state saved on the device goes on with the same
+// bits on the host, and the reverse. A device budget too small for the vectors keeps them on the host.
+TEST(SciGpu, DavidsonOnTheDeviceIsTheHostsBits) {
+  REQUIRE_GPU();
+  test::GpuRun gpu;
+  const BandedOperator a{100003};  // (not a whole number of blocks)
+  // Multiplies on the host: next() read back when it is device memory.
+  auto step = [&](sci::Davidson& d) {
+    std::vector<double> x(d.dimension());
+    if (d.on_backend()) {
+      gpu.backend->copy_to_host(x.data(), d.next().data(), x.size() * 8, *gpu.stream);
+      gpu.stream->synchronize();
+    } else {
+      std::copy(d.next().begin(), d.next().end(), x.begin());
+    }
+    return d.take(a(x));
+  };
+  for (const int roots : {1, 3}) {
+    std::vector<std::vector<double>> guesses;
+    for (int r = 0; r < roots; ++r) guesses.push_back(a.guess(r));
+    const sci::DavidsonOptions options{1e-8, roots == 1 ? 12 : 9, 60};  // (small bases: restarts happen)
+    sci::Davidson host(guesses, options), device(guesses, options), moved(guesses, options);
+    host.set_diagonal(a.diagonals()), device.set_diagonal(a.diagonals()), moved.set_diagonal(a.diagonals());
+    ASSERT_TRUE(device.place(*gpu.backend, *gpu.stream));
+    ASSERT_TRUE(device.on_backend());
+    for (int k = 0; k < 7; ++k) step(host), step(device), step(moved);
+    // (saved on the device, loaded on the host; and saved on the host, loaded and placed on the device)
+    Packer from_device, from_host;
+    device.save(from_device), moved.save(from_host);
+    const std::string device_bytes = from_device.take(), host_bytes = from_host.take();
+    EXPECT_EQ(device_bytes, host_bytes) << roots << " roots";
+    sci::Davidson on_host(std::vector<double>{1.0}, options), back_on_device(std::vector<double>{1.0}, options);
+    Unpacker in1(device_bytes), in2(host_bytes);
+    on_host.load(in1), back_on_device.load(in2);
+    ASSERT_TRUE(back_on_device.place(*gpu.backend, *gpu.stream));
+    while (!host.done()) step(host);
+    while (!device.done()) step(device);
+    while (!on_host.done()) step(on_host);
+    while (!back_on_device.done()) step(back_on_device);
+    const DavidsonResult expected = result_of(host);
+    EXPECT_GT(expected.products, 7);
+    EXPECT_TRUE(result_of(device) == expected) << roots << " roots";
+    EXPECT_TRUE(result_of(on_host) == expected) << roots << " roots";
+    EXPECT_TRUE(result_of(back_on_device) == expected) << roots << " roots";
+  }
+  test::GpuRun small(16 << 20);  // (16 MiB: the vectors, 22 MB, do not fit half of it)
+  sci::Davidson d(a.guess(0.0), {1e-8, 12, 60});
+  EXPECT_FALSE(d.place(*small.backend, *small.stream));
+  EXPECT_FALSE(d.on_backend());
 }
