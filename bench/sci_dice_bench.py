@@ -3,7 +3,7 @@
 use, on the same FCIDUMP, thresholds and state, one after the other on the same machine.
 
     python3 bench/sci_dice_bench.py --fcidump FILE --eps-var 2e-4 [--eps-pt2 1e-6] \\
-        [--eps-pt2-large 1e-5 --pt2-samples 200 --pt2-target-error 1e-5] \\
+        [--eps-pt2-large 1e-5 --pt2-samples 200 --pt2-target-error 1e-5] [--repeat 3 --baseline OTHER_QSTAGE] \\
         --qstage build/qstage --device cuda --dice /path/to/Dice --dice-ranks 16 [--irrep 1] [--nroots 3] [--dir /tmp/sd]
 
 qstage runs first; Dice then starts from qstage's reference determinant (the output's
@@ -32,6 +32,7 @@ determinants (Dice's from its log, with its git commit and the input it was give
 the wall times, and the energy differences.
 """
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -84,7 +85,7 @@ def extrapolated(e_var, e_pt2):
     return my - slope * mx, slope
 
 
-def run_qstage(a, d):
+def run_qstage(a, d, binary=None, run_dir="qstage"):
     eps_var = a.eps_var[0] if len(a.eps_var) == 1 else "[" + ", ".join(map(str, a.eps_var)) + "]"
     params = f"fcidump: {Path(a.fcidump).resolve()}, eps_var: {eps_var}, max_new_dets: {a.max_new_dets}"
     params += f", eps_pt2: {a.eps_pt2 if a.eps_pt2 else a.eps_var[-1]}"
@@ -97,12 +98,17 @@ def run_qstage(a, d):
         params += f", nroots: {a.nroots}"
     (d / "sci.yaml").write_text(f"name: sci-dice-bench\nsteps:\n  - id: sci\n    stage: sci.solve\n    params: {{{params}}}\n")
     t = time.time()
-    p = subprocess.run([a.qstage, "run", str(d / "sci.yaml"), "--run-dir", str(d / "qstage"), "--device", a.device],
+    subprocess.run(["rm", "-rf", str(d / run_dir)], check=True)
+    p = subprocess.run([binary or a.qstage, "run", str(d / "sci.yaml"), "--run-dir", str(d / run_dir), "--device", a.device],
                        capture_output=True, text=True)
     wall = time.time() - t
     if p.returncode:
         raise SystemExit(f"qstage failed (exit {p.returncode}):\n{p.stderr[-2000:]}")
-    with h5py.File(d / "qstage" / "outputs" / "sci.h5") as f:
+    with h5py.File(d / run_dir / "outputs" / "sci.h5") as f:
+        digest = hashlib.sha256()  # (the space, its coefficients and the energies: the bytes a user reads)
+        for name in ("dets", "coefficients", "energy", "e_total"):
+            digest.update(f[name][()].tobytes())
+        davidson = sum(float(v) for k, v in f.attrs.items() if k.startswith("seconds_") and k.endswith("_davidson"))
         schedule = {}
         if "schedule" in f:
             schedule = {k: f["schedule"][k][()].tolist() for k in ("eps_var", "e_var", "e_pt2", "dets")}
@@ -116,6 +122,7 @@ def run_qstage(a, d):
                 "e_pt2_error": float(f["e_pt2_error"][()]) if "e_pt2_error" in f else 0.0,
                 "pt2_batches": len(f["pt2_stochastic/batch_e_pt2"]) if "pt2_stochastic" in f else 0,
                 "dets": int(f["dets"].shape[0]), "step_seconds": float(f.attrs["qstage.wall_seconds"]),
+                "davidson_seconds": davidson, "digest": digest.hexdigest()[:16],
                 "irrep": int(f.attrs["irrep"]), "s_squared": float(f.attrs["s_squared"]),
                 "reference": f.attrs["reference_determinant"]}
 
@@ -153,7 +160,7 @@ def run_dice_at(a, eps_var, work, reference):
         f"#pt\n{pt}")
     for shm in Path("/dev/shm").glob("SHCI*"):  # (its ranks' shared segments: a crashed run leaves them)
         shm.unlink()
-    cmd = ["mpirun", "--allow-run-as-root", "--bind-to", "none", "-np", str(a.dice_ranks), a.dice, "input.dat"]
+    cmd = ["mpirun", "--allow-run-as-root", "--bind-to", "none", "-np", str(a.dice_ranks), os.path.abspath(a.dice), "input.dat"]  # (Dice runs in its own folder)
     t = time.time()
     timed_out = False
     with open(work / "dice.log", "w") as out:
@@ -217,6 +224,10 @@ def main():
     p.add_argument("--dice-timeout", type=float, default=None,
                    help="seconds Dice may run; then its last semistochastic average and error bar are reported")
     p.add_argument("--dir", default="/tmp/sci-dice-bench")
+    p.add_argument("--repeat", type=int, default=1, help="qstage's runs (its first is reported, every wall listed)")
+    p.add_argument("--baseline", default=None,
+                   help="another qstage build, run alternately with --qstage: walls, Davidson seconds and "
+                        "whether its outputs are the same bytes")
     a = p.parse_args()
     d = Path(a.dir)
     subprocess.run(["rm", "-rf", str(d)], check=True)
@@ -224,6 +235,16 @@ def main():
     out = {"fcidump": str(a.fcidump), "eps_var": a.eps_var, "eps_pt2": a.eps_pt2, "eps_pt2_large": a.eps_pt2_large,
            "pt2_samples": a.pt2_samples, "pt2_target_error": a.pt2_target_error, "device": a.device,
            "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "qstage": run_qstage(a, d)}
+    runs, baseline = [out["qstage"]], []
+    for k in range(a.repeat):
+        if a.baseline:
+            baseline.append(run_qstage(a, d, a.baseline, "baseline"))
+        if k + 1 < a.repeat:
+            runs.append(run_qstage(a, d))
+    out["qstage"]["runs"] = [{"wall_seconds": r["wall_seconds"], "davidson_seconds": r["davidson_seconds"]} for r in runs]
+    if baseline:
+        out["baseline"] = {"qstage": a.baseline, "same_bytes": all(b["digest"] == runs[0]["digest"] for b in baseline + runs),
+                           "runs": [{"wall_seconds": r["wall_seconds"], "davidson_seconds": r["davidson_seconds"]} for r in baseline]}
     if a.dice:
         out["dice"] = run_dice(a, d, out["qstage"]["reference"])
         q, x = out["qstage"], out["dice"]
