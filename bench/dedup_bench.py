@@ -5,7 +5,14 @@ peak device memory against the budget, and the merge's load balance over ranks (
 Table 1: max/min records per rank and their coefficient of variation).
 
     python3 bench/dedup_bench.py --rows 200000000 --words 2 --distinct 40000000 \\
-        --budgets default,1GiB --ranks 1 --qstage build/qstage --device cuda --pcie-GBps 25 --dir /tmp/kd
+        --budgets default,1GiB --ranks 1 --qstage build/qstage --device cuda --pcie-GBps 25 [--ceilings build/bench/qstage_bench] --dir /tmp/kd
+
+With --ceilings (qstage_bench), the bus and the disk are measured first in the same run
+(`qstage_bench ceilings --io-dir DIR`: pinned copies each way, HDF5 writes and reads of 4 GiB),
+and each run is set against the bound they give: the input must come up the bus and the output
+go down it (either way's rate, the two at once), and the disk must read the input file and
+write the output file (one after the other):
+max(input / h2d, output / d2h, input file / read + output file / write).
 
 With --baseline, each run is repeated with a second binary on the same input (digests of both
 outputs printed: they must agree).
@@ -119,6 +126,13 @@ steps:
     if a.pcie_GBps:
         r["bus_bound_seconds"] = bus / (a.pcie_GBps * 1e9)
         r["of_bus_bound"] = r["bus_bound_seconds"] / wall
+    if a.rates:
+        in_bytes, out_bytes = data.stat().st_size, out.stat().st_size
+        c, io = a.rates["copies"], a.rates["hdf5"]
+        r["io_bound_seconds"] = max(in_bytes / (c["h2d_GBps"] * 1e9), out_bytes / (c["d2h_GBps"] * 1e9),
+                                    in_bytes / (io["read_GBps"] * 1e9) + out_bytes / (io["write_GBps"] * 1e9))
+        r["of_io_bound"] = r["io_bound_seconds"] / wall
+        r["of_io_bound_step"] = r["io_bound_seconds"] / r["step_seconds"]
     return r
 
 
@@ -134,9 +148,18 @@ def main():
     ap.add_argument("--baseline", help="a second qstage binary, run after the first on each configuration")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--pcie-GBps", type=float, default=0, help="the bus rate (pinned copies, one way) to compare with")
+    ap.add_argument("--ceilings", help="qstage_bench: measure the bus and the disk first (see above)")
     ap.add_argument("--dir", required=True)
     a = ap.parse_args()
     Path(a.dir).mkdir(parents=True, exist_ok=True)
+    a.rates = None
+    if a.ceilings:
+        p = subprocess.run([a.ceilings, "ceilings", "--device", a.device, "--m", "1024", "--n", "1024", "--k", "1024",
+                            "--io-dir", str(Path(a.dir) / "io"), "--io-bytes", "4GiB"], capture_output=True, text=True, check=True)
+        a.rates = json.loads(p.stdout)
+        if not a.pcie_GBps:  # (the bus bound's rate: the slower way, as measured)
+            a.pcie_GBps = min(a.rates["copies"]["h2d_GBps"], a.rates["copies"]["d2h_GBps"])
+        print(json.dumps({"ceilings": {"copies": a.rates["copies"], "hdf5": a.rates["hdf5"]}}), flush=True)
     data = Path(a.dir) / "in.h5"
     t = time.time()
     write_input(data, a.rows, a.words, a.distinct or a.rows // 5)
