@@ -180,9 +180,12 @@ void sci_sigma_stored_cpu(const SciStoredSigma& a) {
   for (std::int64_t r = 0; r < n; ++r) {
     const std::uint64_t j = a.first + static_cast<std::uint64_t>(r);
     const double diag = a.diagonal[j];
-    double s = 0;
-    for (std::uint64_t k = a.offsets[j]; k < a.offsets[j + 1]; ++k) s += a.elements[k] * a.x[a.columns[k]];
-    a.sigma[r] = diag * a.x[j] + s;
+    for (int v = 0; v < a.vectors; ++v) {  // (the row's entries stay in cache from the first vector)
+      const double* x = a.x + static_cast<std::uint64_t>(v) * a.x_stride;
+      double s = 0;
+      for (std::uint64_t k = a.offsets[j]; k < a.offsets[j + 1]; ++k) s += a.elements[k] * x[a.columns[k]];
+      a.sigma[static_cast<std::uint64_t>(v) * a.sigma_stride + static_cast<std::uint64_t>(r)] = diag * x[j] + s;
+    }
     a.diagonal_out[r] = diag;
   }
 }

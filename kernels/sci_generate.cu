@@ -396,34 +396,51 @@ __global__ void __launch_bounds__(kThreads) gained_kernel(SciCouplings a, std::u
   }
 }
 
+unsigned grid_for(std::uint64_t n) { return static_cast<unsigned>(std::min<std::uint64_t>(n, 1u << 20)); }
+
 // sigma_kernel's arithmetic from stored entries: each thread its lane's terms in order, the
-// same tree, the same last step, so the same bits.
+// same tree, the same last step, so the same bits; for V vectors, each entry read once and each
+// vector summed on its own (V a template parameter: one vector's loop is the plain one).
+template <int V>
 __global__ void __launch_bounds__(kThreads) sigma_stored_kernel(const std::uint64_t* offsets,
                                                                 const std::uint32_t* lane_ends,
                                                                 const std::uint32_t* columns, const double* elements,
                                                                 const double* diagonal, const double* x,
                                                                 std::uint64_t first, std::uint64_t n, double* sigma,
-                                                                double* diagonal_out) {
+                                                                double* diagonal_out, std::uint64_t x_stride,
+                                                                std::uint64_t sigma_stride) {
   __shared__ double partial[kThreads];
   for (std::uint64_t r = blockIdx.x; r < n; r += gridDim.x) {
     const std::uint64_t j = first + r;
     const std::uint64_t row = offsets[j];
     const std::uint64_t b = row + (threadIdx.x ? lane_ends[j * kThreads + threadIdx.x - 1] : 0),
                         e = row + lane_ends[j * kThreads + threadIdx.x];
-    double acc = 0;
-    for (std::uint64_t k = b; k < e; ++k) acc += elements[k] * x[columns[k]];
-    partial[threadIdx.x] = acc;
-    block_tree<kThreads>([&](unsigned to, unsigned from) { partial[to] += partial[from]; });
-    if (threadIdx.x == 0) {
-      const double diag = diagonal[j];
-      sigma[r] = diag * x[j] + partial[0];
-      diagonal_out[r] = diag;
+    double acc[V] = {};
+    for (std::uint64_t k = b; k < e; ++k) {
+      const double element = elements[k];
+      const std::uint32_t column = columns[k];
+#pragma unroll
+      for (int v = 0; v < V; ++v) acc[v] += element * x[v * x_stride + column];
     }
-    __syncthreads();
+    const double diag = diagonal[j];
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      partial[threadIdx.x] = acc[v];
+      block_tree<kThreads>([&](unsigned to, unsigned from) { partial[to] += partial[from]; });
+      if (threadIdx.x == 0) sigma[v * sigma_stride + r] = diag * x[v * x_stride + j] + partial[0];
+      __syncthreads();
+    }
+    if (threadIdx.x == 0) diagonal_out[r] = diag;
   }
 }
 
-unsigned grid_for(std::uint64_t n) { return static_cast<unsigned>(std::min<std::uint64_t>(n, 1u << 20)); }
+template <int V>
+void launch_sigma_stored(cudaStream_t stream, const SciStoredSigma& a) {
+  sigma_stored_kernel<V><<<grid_for(a.n), kThreads, 0, stream>>>(a.offsets, a.lane_ends, a.columns, a.elements,
+                                                                  a.diagonal, a.x, a.first, a.n, a.sigma,
+                                                                  a.diagonal_out, a.x_stride, a.sigma_stride);
+}
+
 
 std::size_t list_bytes(int na, int nb) { return sci::list_count(na, nb) * sizeof(unsigned); }
 
@@ -533,8 +550,18 @@ void sci_couplings_gained_write_cuda(void* cuda_stream, const SciCouplings& a, c
 
 void sci_sigma_stored_cuda(void* cuda_stream, const SciStoredSigma& a) {
   if (a.n == 0) return;
-  sigma_stored_kernel<<<grid_for(a.n), kThreads, 0, static_cast<cudaStream_t>(cuda_stream)>>>(
-      a.offsets, a.lane_ends, a.columns, a.elements, a.diagonal, a.x, a.first, a.n, a.sigma, a.diagonal_out);
+  auto stream = static_cast<cudaStream_t>(cuda_stream);
+  switch (a.vectors) {
+    case 1: launch_sigma_stored<1>(stream, a); break;
+    case 2: launch_sigma_stored<2>(stream, a); break;
+    case 3: launch_sigma_stored<3>(stream, a); break;
+    case 4: launch_sigma_stored<4>(stream, a); break;
+    case 5: launch_sigma_stored<5>(stream, a); break;
+    case 6: launch_sigma_stored<6>(stream, a); break;
+    case 7: launch_sigma_stored<7>(stream, a); break;
+    case 8: launch_sigma_stored<8>(stream, a); break;
+    default: throw std::logic_error("sci_sigma_stored: 1 to kSciSigmaVectors vectors");
+  }
   QSTAGE_CUDA_CHECK_LAUNCH();
 }
 

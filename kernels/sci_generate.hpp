@@ -171,7 +171,10 @@ void sci_couplings_gained_count(Stream& stream, const SciCouplings& args, std::u
 void sci_couplings_gained_write(Stream& stream, const SciCouplings& args, const std::uint64_t* start,
                                 std::uint32_t* fill, std::uint32_t* partners);
 
-// sigma from stored couplings (of every row of S): the rows S[first, first + n).
+// sigma from stored couplings (of every row of S): the rows S[first, first + n), of up to
+// kSciSigmaVectors vectors at once (several Davidson products from one read of H; each vector's
+// sums as if it were alone: the same bits).
+constexpr int kSciSigmaVectors = 8;
 struct SciStoredSigma {
   const std::uint64_t* offsets = nullptr;    // size(S) + 1 values: each row's first entry, then the total
   const std::uint32_t* lane_ends = nullptr;  // cuda
@@ -182,6 +185,8 @@ struct SciStoredSigma {
   std::uint64_t first = 0, n = 0;
   double* sigma = nullptr;                   // n values
   double* diagonal_out = nullptr;            // n values
+  int vectors = 1;                           // x and sigma hold this many, x_stride and sigma_stride
+  std::uint64_t x_stride = 0, sigma_stride = 0;  // values apart (1 vector: unused)
 };
 void sci_sigma_stored(Stream& stream, const SciStoredSigma& args);
 void sci_sigma_stored_cpu(const SciStoredSigma& args);

@@ -312,12 +312,15 @@ bool Davidson::take(std::span<const double> product) {
   return take_in_place();
 }
 
-bool Davidson::take_in_place() {
+bool Davidson::take_in_place(int count) {
   if (done_) throw std::logic_error("Davidson::take after it finished");
   if (diagonal_.empty()) throw std::logic_error("Davidson::take before set_diagonal");
-  ++products_;
-  ++product_count_;
-  extend_projected();
+  if (count < 1 || count > pending()) throw std::logic_error("Davidson::take_in_place: more products than pending vectors");
+  for (int k = 0; k < count; ++k) {
+    ++products_;
+    ++product_count_;
+    extend_projected();
+  }
   if (product_count_ < basis_count_) return false;  // (more directions to multiply first)
   return advance();
 }

@@ -50,11 +50,17 @@ class Davidson {
   void set_diagonal(std::vector<double> diagonal);
   // The vector to multiply (device memory once placed on a cuda backend).
   std::span<const double> next() const;
-  // Where A next() goes when the caller writes it in place (then take_in_place()).
+  // How many vectors wait for their products (a correction a root not yet converged): next() and
+  // the pending() - 1 after it, one after the other in memory.
+  int pending() const { return basis_count_ - product_count_; }
+  // Where A next() goes when the caller writes it in place, and the products of the vectors after
+  // it after that (then take_in_place(count)).
   double* product_slot();
   // Hands A next(); returns true once every root converged (or out of products: see converged()).
   bool take(std::span<const double> product);
-  bool take_in_place();
+  // Takes the products of the next `count` vectors (at most pending()) written at product_slot():
+  // the same steps, so the same bits, as taking them one at a time.
+  bool take_in_place(int count = 1);
   bool done() const { return done_; }
   bool converged() const { return converged_; }
   int roots() const { return roots_; }

@@ -295,7 +295,9 @@ void ResidentSpace::upload_lanes(Backend& backend, Stream& stream, const kernels
 }
 
 void ResidentSpace::sigma(Stream& stream, const double* x, std::uint64_t first, std::uint64_t n, double* sigma,
-                          double* diagonal) const {
+                          double* diagonal, int vectors) const {
+  if (vectors < 1 || vectors > kernels::kSciSigmaVectors)
+    throw std::logic_error("ResidentSpace::sigma: 1 to kSciSigmaVectors vectors at once");
   if (stored_) {
     const bool cuda = stream.kind() == BackendKind::cuda;
     kernels::SciStoredSigma s{cuda ? offsets_.as<std::uint64_t>() : rows_.offsets.get(),
@@ -307,12 +309,17 @@ void ResidentSpace::sigma(Stream& stream, const double* x, std::uint64_t first, 
                               first,
                               n,
                               sigma,
-                              diagonal};
+                              diagonal,
+                              vectors,
+                              size_,
+                              n};
     kernels::sci_sigma_stored(stream, s);
     return;
   }
-  kernels::SciSigma s{hamiltonian_->view(), nalpha_, nbeta_, space_.as<Det>(), size_, x, first, n, sigma, diagonal};
-  kernels::sci_sigma(stream, s);
+  for (int v = 0; v < vectors; ++v) {  // (enumerating: one vector at a time)
+    kernels::SciSigma s{hamiltonian_->view(), nalpha_, nbeta_, space_.as<Det>(), size_, x + v * size_, first, n, sigma + v * n, diagonal};
+    kernels::sci_sigma(stream, s);
+  }
 }
 
 }  // namespace qstage::sci

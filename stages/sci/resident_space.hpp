@@ -66,9 +66,11 @@ class ResidentSpace {
   // and the next iteration's first, the passes have the device.
   void keep_only_growth_seed();
   // (H x) and H_jj of the rows [first, first + n) of the space, enqueued on `stream`; x is a
-  // device vector over the whole space.
+  // device vector over the whole space, or `vectors` of them one after the other (at most
+  // kernels::kSciSigmaVectors), whose products go one after the other into sigma (n values each):
+  // with H stored, H is read once for all of them. Each product has the bits it has alone.
   void sigma(Stream& stream, const double* x, std::uint64_t first, std::uint64_t n, double* sigma,
-             double* diagonal) const;
+             double* diagonal, int vectors = 1) const;
 
  private:
   // H's rows on the host, in list order with each entry's place; charged to the budget of the

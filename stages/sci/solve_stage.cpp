@@ -1730,15 +1730,17 @@ void SolveRun::product() {
     m_.diagonal = backend.alloc_device(std::max<std::uint64_t>(rows, 1) * 8, "selected-CI Davidson diagonal");
   }
   const auto device_started = std::chrono::steady_clock::now();
-  // (with the vectors on the backend and one rank, the product is written where Davidson reads it)
+  // (with the vectors on the backend and one rank, the products are written where Davidson reads
+  // them, those of every vector waiting for one at once: H is read once for them)
   const bool in_place = m_.davidson->on_backend() && ranks == 1;
+  const int vectors = in_place ? std::min(m_.davidson->pending(), kernels::kSciSigmaVectors) : 1;
   const double* x = m_.davidson->next().data();
   if (!m_.davidson->on_backend()) {
     backend.copy_to_device(m_.x.data(), x, n * 8, *stream_);
     x = m_.x.as<double>();
   }
   double* product = in_place ? m_.davidson->product_slot() : m_.sigma.as<double>();
-  m_.resident->sigma(*stream_, x, first, rows, product, m_.diagonal.as<double>());
+  m_.resident->sigma(*stream_, x, first, rows, product, m_.diagonal.as<double>(), vectors);
   const bool first_product = m_.davidson->products() == 0;
   std::vector<double> sigma(in_place ? 0 : rows), diagonal(first_product ? rows : 0);
   if (!in_place) backend.copy_to_host(sigma.data(), product, rows * 8, *stream_);
@@ -1754,7 +1756,7 @@ void SolveRun::product() {
   }
   const auto arithmetic_started = std::chrono::steady_clock::now();
   davidson_seconds_.device += std::chrono::duration<double>(arithmetic_started - device_started).count();
-  if (in_place) m_.davidson->take_in_place();
+  if (in_place) m_.davidson->take_in_place(vectors);
   else m_.davidson->take(sigma);
   davidson_seconds_.arithmetic += since(arithmetic_started);
   account("davidson", since(started));

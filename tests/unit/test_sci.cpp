@@ -503,8 +503,9 @@ DavidsonResult result_of(const sci::Davidson& d) {
 
 }  // namespace
 
-// Placed on the cpu backend, Davidson's vectors stay where they are and the product is written in
-// place (product_slot, take_in_place): the bits of products handed over by take().
+// Placed on the cpu backend, Davidson's vectors stay where they are and the products are written
+// in place (product_slot, take_in_place), those of every pending vector at once: the bits of
+// products handed over one at a time by take().
 TEST(SciDavidson, ProductsWrittenInPlaceOnTheCpuBackendAreTheSameBits) {
   const BandedOperator a{20011};
   auto cpu = make_backend({"cpu", 0, 0, 0});
@@ -513,11 +514,17 @@ TEST(SciDavidson, ProductsWrittenInPlaceOnTheCpuBackendAreTheSameBits) {
   ASSERT_TRUE(in_place.place(*cpu, *stream));
   handed.set_diagonal(a.diagonals()), in_place.set_diagonal(a.diagonals());
   while (!handed.done()) handed.take(a(handed.next()));
+  int together = 0;  // (products taken two or more at once)
   while (!in_place.done()) {
-    const std::vector<double> y = a(in_place.next());
-    std::copy(y.begin(), y.end(), in_place.product_slot());
-    in_place.take_in_place();
+    const int count = in_place.pending();
+    for (int k = 0; k < count; ++k) {
+      const std::vector<double> y = a(std::span<const double>(in_place.next().data() + k * a.n, a.n));
+      std::copy(y.begin(), y.end(), in_place.product_slot() + k * a.n);
+    }
+    together += count > 1 ? count : 0;
+    in_place.take_in_place(count);
   }
+  EXPECT_GT(together, 2);
   EXPECT_TRUE(result_of(handed) == result_of(in_place));
   EXPECT_THROW(in_place.next(), std::logic_error);
 }
@@ -887,6 +894,19 @@ void stored_sigma_matches_enumeration(Backend& be) {
         ASSERT_EQ(gs[r], ws[r]) << "row " << first + r << ", stored " << resident.stored() << ", source "
                                 << static_cast<int>(source);
         ASSERT_EQ(gd[r], wd[r]) << "row " << first + r;
+      }
+      // Three vectors at once (H read once when stored): each product the bits it has alone.
+      std::vector<double> xs(3 * n);
+      for (std::size_t i = 0; i < 3 * n; ++i) xs[i] = i < n ? x[i] : std::cos(0.11 * i) / (1.0 + i % 13);
+      const Buffer d_xs = upload(xs.data(), xs.size() * 8);
+      Buffer block = be.alloc_device(3 * rows * 8, "test"), one = be.alloc_device(rows * 8, "test");
+      resident.sigma(*stream, d_xs.as<double>(), first, rows, block.as<double>(), got_diag.as<double>(), 3);
+      const auto together = download(block, 3 * rows);
+      for (int v = 0; v < 3; ++v) {
+        resident.sigma(*stream, d_xs.as<double>() + v * n, first, rows, one.as<double>(), got_diag.as<double>());
+        const auto alone = download(one, rows);
+        ASSERT_EQ(std::memcmp(together.data() + v * rows, alone.data(), rows * 8), 0)
+            << "vector " << v << ", stored " << resident.stored() << ", source " << static_cast<int>(source);
       }
     }
   }
