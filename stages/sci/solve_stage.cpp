@@ -328,8 +328,9 @@ std::vector<std::vector<double>> start_vectors(const Problem& p, const Space& s,
 
 // What a run keeps in memory besides its saved state (rebuilt from it by load()): the problem,
 // the current space, and the device data the iteration's Davidson products share (made by its
-// first product, gone when Davidson is done: the vector multiplied, and this rank's rows of the
-// product and of H's diagonal).
+// first product, gone when Davidson is done: this rank's rows of H's diagonal, and, unless
+// Davidson's own vectors are on the backend and there is one rank, the vector multiplied and this
+// rank's rows of the product).
 struct Memory {
   std::unique_ptr<Problem> problem;
   Space space;
