@@ -143,6 +143,22 @@ def kill_and_resume(args, run_dir, kills, delay, cwd=None):
                 args = ["resume", run_dir, "--device", DEVICE]
 
 
+def kill_and_resume_in_fresh_runs(args_of, run_dirs, kills, delay, check, cwd=None):
+    """kill_and_resume in fresh run directories (taken from `run_dirs` in turn; args_of(run_dir)
+    gives the command) until `kills` kills have landed in all; check(run_dir) after each finished
+    run. The delays come from a clean run timed under another load (CI runs tests side by side), so
+    a run that finished before its kills halves the delays of the next. Returns the directories."""
+    done, scale, used = 0, 1.0, []
+    for run_dir in run_dirs:
+        done += kill_and_resume(args_of(run_dir), run_dir, kills - done, lambda: scale * delay(), cwd)
+        check(run_dir)
+        used.append(run_dir)
+        if done >= kills:
+            return used
+        scale /= 2
+    raise AssertionError(f"{done} of {kills} kills landed in {len(used)} runs, each finished sooner")
+
+
 def run_seconds(run_dir):
     """The seconds a finished run's steps took (the manifest's wall_seconds, start-up excluded)."""
     return sum(step["wall_seconds"] for step in manifest(run_dir)["steps"].values())

@@ -17,9 +17,8 @@ import h5py
 import numpy as np
 import pytest
 
-from conftest import DEVICE, QSTAGE, checksums, kill_and_resume, manifest, mpirun_prefix, one_line_error, run, \
-    run_seconds, \
-    stop_once_checkpointed, write_spec
+from conftest import DEVICE, QSTAGE, checksums, kill_and_resume, kill_and_resume_in_fresh_runs, manifest, \
+    mpirun_prefix, one_line_error, run, run_seconds, stop_once_checkpointed, write_spec
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "fcidump"
 
@@ -292,14 +291,16 @@ def test_random_sigkills_then_resume_match_a_clean_run(killed_clean, tmp):
     clean, seconds = killed_clean
     spec = sci_spec(tmp, *KILLED, SMALL_BATCHES)
     rng = random.Random(int(os.environ.get("QSTAGE_KILL_SEED", "20261126")))
-    run_dir = tmp / "run"
-    # (20 delays of about 1/30 of the work each: the run cannot finish before the last)
-    kills = kill_and_resume(["run", spec, "--run-dir", run_dir, "--device", DEVICE], run_dir, 20,
-                            lambda: rng.uniform(0.1, 1.2) * seconds / 20, cwd=tmp)
-    assert kills >= 20
-    assert digests(run_dir) == clean
-    log = (run_dir / "logs" / "rank-0.log").read_text()
-    assert "resumed from the state an earlier run committed" in log, "no kill ever landed after a commit"
+
+    def same_bits(run_dir):
+        assert digests(run_dir) == clean, run_dir
+
+    # (20 delays of about 1/30 of the work each: a run should not finish before the last)
+    runs = kill_and_resume_in_fresh_runs(lambda d: ["run", spec, "--run-dir", d, "--device", DEVICE],
+                                         [tmp / f"run{i}" for i in range(4)], 20,
+                                         lambda: rng.uniform(0.1, 1.2) * seconds / 20, same_bits, cwd=tmp)
+    assert any("resumed from the state an earlier run committed" in (d / "logs" / "rank-0.log").read_text()
+               for d in runs), "no kill ever landed after a commit"
 
 
 def test_wall_time_is_the_whole_step_across_its_passes_and_a_stop(tmp):
