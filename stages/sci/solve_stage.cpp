@@ -57,6 +57,7 @@
 #include "stages/sci/davidson.hpp"
 #include "stages/sci/excitation_tables.hpp"
 #include "stages/sci/fcidump.hpp"
+#include "stages/sci/problem.hpp"
 #include "stages/sci/resident_space.hpp"
 #include "stages/sci/sci_stages.hpp"
 #include "stages/sci/target_state.hpp"
@@ -88,8 +89,7 @@ struct SolveParams {
   std::optional<double> reference_energy;
   std::string amplitude_model = "first_order";
   // The state (sci/target_state.hpp): the FCIDUMP's ISYM and MS2 unless these say otherwise.
-  std::optional<int> irrep, ms2;
-  std::optional<std::vector<int>> occupation;
+  sci::StateRequest state;
   // The lowest nroots states of that irrep and MS2: each selects, each has its PT2.
   int nroots = 1;
   static constexpr int kMostRoots = 16;
@@ -113,9 +113,7 @@ struct SolveParams {
     s.energy_tolerance = p.value("energy_tolerance", s.energy_tolerance);
     s.davidson_tolerance = p.value("davidson_tolerance", s.davidson_tolerance);
     if (p.contains("reference_energy")) s.reference_energy = p.at("reference_energy").get<double>();
-    if (p.contains("irrep")) s.irrep = p.at("irrep").get<int>();
-    if (p.contains("ms2")) s.ms2 = p.at("ms2").get<int>();
-    if (p.contains("occupation")) s.occupation = p.at("occupation").get<std::vector<int>>();
+    s.state = sci::StateRequest::from_json(p);
     s.nroots = p.value("nroots", s.nroots);
     return s;
   }
@@ -123,41 +121,7 @@ struct SolveParams {
 
 // ---------------------------------------------------------------- the problem and the space
 
-// The FCIDUMP with the MS2 the step asked for.
-sci::Integrals integrals_of(const fs::path& fcidump, std::optional<int> ms2) {
-  sci::Integrals ints = sci::read_fcidump(fcidump);
-  if (ms2) {
-    if ((ints.nelec + *ms2) % 2 != 0 || (ints.nelec + *ms2) / 2 > ints.norb || (ints.nelec - *ms2) / 2 > ints.norb ||
-        std::abs(*ms2) > ints.nelec)
-      throw InputError(fmt::format("parameter 'ms2' is {}, which NELEC={} in NORB={} orbitals cannot have; expected "
-                                   "NELEC + MS2 even and at most NORB electrons of each spin", *ms2, ints.nelec, ints.norb));
-    ints.ms2 = *ms2;
-  }
-  return ints;
-}
-
-struct Problem {
-  sci::Integrals ints;
-  sci::ExcitationTables tables;
-  kernels::sci::HamiltonianView host;
-  int na = 0, nb = 0;
-  std::uint64_t max_per_source = 0;
-  sci::OrbitalSymmetry symmetry;
-  sci::TargetState target;  // the state looked for, and the determinant the space grows from
-  Problem(const fs::path& fcidump, const SolveParams& params)
-      : ints(integrals_of(fcidump, params.ms2)), tables(sci::build_excitation_tables(ints)), symmetry(ints.orbsym) {
-    host = sci::host_view(ints, tables);
-    na = ints.nalpha();
-    nb = ints.nbeta();
-    max_per_source = sci::max_candidates_per_source(tables, na, nb);
-    // Selection needs determinants that couple to others (NELEC=0 ended in an internal error).
-    if (max_per_source == 0)
-      throw InputError(fmt::format("FCIDUMP '{}': NELEC={}, MS2={} in NORB={} orbitals couple no determinant to another "
-                                   "(no electron, or no integral that moves one); expected at least one electron that an "
-                                   "integral can excite", fcidump.filename().string(), ints.nelec, ints.ms2, ints.norb));
-    target = sci::find_target(host, ints, params.irrep, params.occupation);
-  }
-};
+using sci::Problem;
 
 // A space: sorted determinants, Davidson's start vectors (one a root known so far, the lowest
 // first), and the iteration each joined in.
@@ -342,20 +306,6 @@ struct Memory {
   Buffer x, sigma, diagonal;
   std::unique_ptr<sci::AmplitudeModel> amplitude_model;  // ranks the candidates (the parameter's)
 };
-
-// What the log says of the state a run looks for (rank 0), and of a lower determinant elsewhere.
-void log_target(const Problem& p) {
-  const sci::TargetState& t = p.target;
-  if (!t.symmetry_known)
-    spdlog::warn("sci.solve: ORBSYM's labels are not Molpro's irreps 1-8: the space is not kept to one irrep");
-  spdlog::info("sci.solve: looking for the lowest state of irrep {} ({}), MS2 {}, from {} (diagonal {:.10f})", t.irrep,
-               t.irrep_from, t.ms2, sci::describe(t.reference, p.ints.norb), t.reference_diagonal);
-  if (t.lower_elsewhere)
-    spdlog::warn("sci.solve: a lower determinant is of irrep {} ({}, diagonal {:.10f}, {:.1f} mHa below the reference): the "
-                 "lowest state may be of another irrep than {}; set 'irrep' (or 'occupation') to look there",
-                 t.lower_elsewhere_irrep, sci::describe(*t.lower_elsewhere, p.ints.norb), t.lower_elsewhere_diagonal,
-                 1e3 * (t.reference_diagonal - t.lower_elsewhere_diagonal), t.irrep);
-}
 
 // ---------------------------------------------------------------- the semistochastic PT2's draws
 
@@ -968,8 +918,8 @@ struct Selection {
 class SolveRun final : public StepRun {
  public:
   explicit SolveRun(const StepContext& ctx) : ctx_(ctx), params_(SolveParams::from_json(ctx.params)) {
-    m_.problem = std::make_unique<Problem>(ctx.files.at("/fcidump"), params_);
-    if (ctx.comm->root()) log_target(*m_.problem);
+    m_.problem = std::make_unique<Problem>(ctx.files.at("/fcidump"), params_.state);
+    if (ctx.comm->root()) sci::log_target(*m_.problem, "sci.solve");
     m_.amplitude_model = sci::make_amplitude_model(params_.amplitude_model);
     begin_iteration(initial_space(ctx, *m_.problem));
   }
@@ -2022,15 +1972,6 @@ void SolveRun::load(std::string_view state) {
   }
 }
 
-// Dataset `group/key`: `field` of each of `rows` (an iteration, a schedule point), in order.
-template <typename Row, typename Field>
-void write_column(h5::File& out, const char* group, const std::vector<Row>& rows, const char* key, h5::DType type,
-                  Field Row::*field, const char* doc) {
-  std::vector<Field> v;
-  for (const Row& r : rows) v.push_back(r.*field);
-  detail::write_array(out, fmt::format("{}/{}", group, key).c_str(), type, {v.size()}, v.data(), doc);
-}
-
 // Dataset `name`: (rows, roots) from each row's vector of the roots' values, NaN where a row has
 // fewer roots (an early iteration whose space was smaller than nroots).
 template <typename Row>
@@ -2061,7 +2002,7 @@ void SolveRun::write(const StagePlan&, const StepPass&, h5::File& out) const {
   const auto found = static_cast<std::size_t>(roots());
   // One value per iteration from the history.
   auto column = [&](const char* key, h5::DType type, auto field, const char* doc) {
-    write_column(out, "iterations", hist, key, type, field, doc);
+    detail::write_column(out, "iterations", hist, key, type, field, doc);
   };
   column("dets", h5::DType::uint64, &Iteration::dets, "determinants in the variational space of each iteration");
   column("e_var", h5::DType::float64, &Iteration::e_var, "variational energy (Ha) of each iteration's space");
@@ -2079,7 +2020,7 @@ void SolveRun::write(const StagePlan&, const StepPass&, h5::File& out) const {
   // The eps_var schedule's points and the extrapolation over them (a schedule of two or more).
   if (params_.eps_schedule.size() > 1) {
     auto point_column = [&](const char* key, h5::DType type, auto field, const char* doc) {
-      write_column(out, "schedule", points_, key, type, field, doc);
+      detail::write_column(out, "schedule", points_, key, type, field, doc);
     };
     point_column("eps_var", h5::DType::float64, &SchedulePoint::eps_var, "the schedule's thresholds, in the order run");
     point_column("e_var", h5::DType::float64, &SchedulePoint::e_var, "E_var (Ha) converged at each threshold");

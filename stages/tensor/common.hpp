@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <string>
+#include <vector>
 
 #include "core/error.hpp"
 #include "stages/stage.hpp"
@@ -36,6 +37,15 @@ inline h5::Dataset write_array(h5::File& out, const char* name, h5::DType t, con
   if (shape_elements(shape) > 0) d.write_all(values);
   d.set_attribute("description", doc);
   return d;
+}
+
+// Dataset `group/key`: `field` of each of `rows` (an iteration, a schedule point), in order.
+template <typename Row, typename Field>
+h5::Dataset write_column(h5::File& out, const char* group, const std::vector<Row>& rows, const char* key, h5::DType type,
+                         Field Row::*field, const char* doc) {
+  std::vector<Field> v;
+  for (const Row& r : rows) v.push_back(r.*field);
+  return write_array(out, fmt::format("{}/{}", group, key).c_str(), type, {v.size()}, v.data(), doc);
 }
 
 // A scalar result dataset with its description.
