@@ -26,6 +26,7 @@ packages=(
   libzstd-dev                                  # the codec's lossless parts
   libpng-dev                                   # qstage inspect --plot
   libmetis-dev                                 # tn.path: graph bisection of the network (METIS)
+  libtorch-dev                                 # sci.nnqs's network (LibTorch), built as a plugin
   libgtest-dev                                 # unit tests
   python3 python3-numpy python3-h5py python3-pytest python3-jsonschema  # end-to-end tests, oracles
   strace                                       # tests: kills injected at the N-th rename or fsync

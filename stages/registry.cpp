@@ -8,6 +8,7 @@
 #include "stages/compress/compress_stages.hpp"
 #include "stages/keys/keys_stages.hpp"
 #include "stages/mps/mps_stages.hpp"
+#include "stages/nnqs/nnqs_stages.hpp"
 #include "stages/sci/sci_stages.hpp"
 #include "stages/stage.hpp"
 #include "stages/tensor/tensor_stages.hpp"
@@ -66,7 +67,7 @@ const std::vector<const Stage*>& all_stages() {
   static const std::vector<const Stage*> stages = [] {
     std::vector<const Stage*> v{&tensor_random(), &tensor_matmul(), &tensor_stats(), &tensor_compare(), &tn_build(),
                                 &tn_path(),       &tn_plan(),       &tn_contract(), &tn_statevector(),
-                                &compress(),      &decompress(),    &compress_evaluate(), &keys_dedup(), &sci_integrals(), &sci_solve(),
+                                &compress(),      &decompress(),    &compress_evaluate(), &keys_dedup(), &sci_integrals(), &sci_solve(), &sci_nnqs(),
                                 &mps_init(),      &mps_tebd()};
     std::sort(v.begin(), v.end(), [](auto* a, auto* b) { return a->info().name < b->info().name; });
     return v;

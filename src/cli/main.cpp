@@ -54,13 +54,15 @@ std::string version_text() {
   MPI_Get_library_version(mpi, &len);
   std::string mpi_text(mpi, static_cast<size_t>(len));
   mpi_text = mpi_text.substr(0, mpi_text.find_first_of(",\n"));
-  return fmt::format("qstage {}\nbackends: cpu{}\nHDF5 {}.{}.{} (parallel), {}\n", QSTAGE_VERSION,
+  const std::string torch = *QSTAGE_TORCH_VERSION ? fmt::format("LibTorch {} (sci.nnqs)", QSTAGE_TORCH_VERSION)
+                                                   : std::string("built without LibTorch (no sci.nnqs)");
+  return fmt::format("qstage {}\nbackends: cpu{}\nHDF5 {}.{}.{} (parallel), {}\n{}\n", QSTAGE_VERSION,
 #ifdef QSTAGE_HAVE_CUDA
                      ", cuda (built in)",
 #else
                      " (built without CUDA)",
 #endif
-                     maj, min, rel, mpi_text);
+                     maj, min, rel, mpi_text, torch);
 }
 
 int main(int argc, char** argv) {

@@ -1,0 +1,61 @@
+#pragma once
+// sci.nnqs's network as the run sees it: amplitudes and phases of determinants, and AdamW steps on
+// a loss the run computes from them. The network itself (model/wavefunction.hpp) is LibTorch's,
+// built into a plugin (libqstage_nnqs.so) that this interface loads when a sci.nnqs step starts,
+// so that qstage itself neither links LibTorch nor pays its start-up (over a second and 150 MB).
+//
+// Both sides are built together, by the same compiler, from this header alone.
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace qstage::nnqs {
+
+struct NetworkShape {
+  int norb = 0, nalpha = 0, nbeta = 0;
+  int embedding = 32, layers = 4, heads = 4;
+  std::vector<int> phase_hidden = {512, 512, 512};
+  double learning_rate = 1e-3, weight_decay = 0;
+  std::uint64_t seed = 1;  // the initial weights
+};
+
+// Occupations, n rows of 2 norb bytes (0 or 1): spin orbital 2p is orbital p's alpha, 2p + 1 its
+// beta (Dice's numbering, as the `occupation` parameter).
+struct Occupations {
+  const std::uint8_t* bits = nullptr;
+  std::uint64_t rows = 0;
+};
+
+class Network {
+ public:
+  virtual ~Network() = default;
+  virtual std::int64_t parameters() const = 0;
+  // log |psi| and phi of each row, no gradient kept (rows at a time as the caller batches them).
+  virtual void evaluate(const Occupations& x, double* log_amplitude, double* phase) = 0;
+  // One AdamW step on a loss L of psi over x: psi = |psi| e^{i phi} / max |psi| (the scale of no
+  // loss the run takes), its real parts then its imaginary parts, goes to `gradient`, which returns
+  // dL/d(Re psi) then dL/d(Im psi); the step follows them back through the network.
+  using Gradient = std::function<std::vector<double>(const std::vector<double>& psi)>;
+  virtual void step(const Occupations& x, const Gradient& gradient) = 0;
+  // The parameters and AdamW's state, bit for bit.
+  virtual std::string save() const = 0;
+  virtual void load(std::string_view state) = 0;
+};
+
+// The plugin's network of `shape`, its weights drawn from shape.seed. Throws InputError when the
+// plugin cannot be loaded (a build without LibTorch, or LibTorch missing where it runs).
+std::unique_ptr<Network> make_network(const NetworkShape& shape);
+// Where the plugin is looked for, and whether it is there (the stage's plan checks this).
+std::string plugin_path();
+bool plugin_present();
+
+// The plugin's entry point.
+extern "C" {
+using MakeNetworkFn = Network* (*)(const NetworkShape* shape, std::string* error);
+}
+inline constexpr const char* kMakeNetworkSymbol = "qstage_nnqs_make_network";
+
+}  // namespace qstage::nnqs

@@ -1,0 +1,437 @@
+#include "stages/nnqs/nnqs_run.hpp"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <numeric>
+
+#include "core/error.hpp"
+#include "core/serial.hpp"
+#include "kernels/sci_generate.hpp"
+#include "kernels/sort_unique.hpp"
+#include "stages/keys/dedup_passes.hpp"
+#include "stages/nnqs/network.hpp"
+#include "stages/sci/davidson.hpp"
+#include "stages/sci/problem.hpp"
+#include "stages/sci/resident_space.hpp"
+#include "stages/tensor/common.hpp"
+
+namespace qstage::nnqs {
+namespace {
+
+using kernels::sci::Candidate;
+using kernels::sci::Det;
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// What an iteration found (the history written under iterations/).
+struct Iteration {
+  std::uint64_t dets = 0;                       // |S| optimized on
+  double energy = 0, variance = 0;              // at the iteration's last parameters
+  std::uint64_t generated = 0, unique = 0;      // coupled determinants, and unique ones outside S in the irrep
+  std::uint64_t selected = 0;                   // joined S
+  double seconds_generate = 0, seconds_dedup = 0, seconds_inference = 0, seconds_optimize = 0;
+  void put(Packer& out) const {
+    out.put(dets), out.put(energy), out.put(variance), out.put(generated), out.put(unique), out.put(selected);
+    out.put(seconds_generate), out.put(seconds_dedup), out.put(seconds_inference), out.put(seconds_optimize);
+  }
+  void get(Unpacker& in) {
+    dets = in.get<std::uint64_t>(), energy = in.get<double>(), variance = in.get<double>();
+    generated = in.get<std::uint64_t>(), unique = in.get<std::uint64_t>(), selected = in.get<std::uint64_t>();
+    seconds_generate = in.get<double>(), seconds_dedup = in.get<double>();
+    seconds_inference = in.get<double>(), seconds_optimize = in.get<double>();
+  }
+};
+
+// The occupations of determinants as the network reads them (network.hpp).
+std::vector<std::uint8_t> occupation_bits(const Det* dets, std::size_t n, int norb) {
+  std::vector<std::uint8_t> bits(n * 2 * static_cast<std::size_t>(norb));
+  for (std::size_t i = 0; i < n; ++i)
+    for (int p = 0; p < norb; ++p) {
+      bits[(i * static_cast<std::size_t>(norb) + static_cast<std::size_t>(p)) * 2] = (dets[i].alpha >> p) & 1u;
+      bits[(i * static_cast<std::size_t>(norb) + static_cast<std::size_t>(p)) * 2 + 1] = (dets[i].beta >> p) & 1u;
+    }
+  return bits;
+}
+
+// d/d(psi) of 1 - |<c|psi>|^2 / <psi|psi> (c real, normalized; psi: real parts, then imaginary).
+std::vector<double> infidelity_gradient(const std::vector<double>& c, const std::vector<double>& psi) {
+  const std::size_t n = c.size();
+  double re = 0, im = 0, norm = 0;
+  for (std::size_t i = 0; i < n; ++i) re += c[i] * psi[i], im += c[i] * psi[n + i];
+  for (const double v : psi) norm += v * v;
+  const double overlap = re * re + im * im;
+  std::vector<double> g(2 * n);
+  for (std::size_t i = 0; i < n; ++i) {
+    g[i] = -(2 * re * c[i] * norm - overlap * 2 * psi[i]) / (norm * norm);
+    g[n + i] = -(2 * im * c[i] * norm - overlap * 2 * psi[n + i]) / (norm * norm);
+  }
+  return g;
+}
+
+// Host memory charged to a budget while a phase holds it.
+class Charge {
+ public:
+  Charge(Backend& backend, std::uint64_t bytes, const char* what) : budget_(backend.host_budget()), bytes_(bytes) {
+    backend.charge_host(bytes, what);
+  }
+  ~Charge() { budget_.release(bytes_); }
+  Charge(const Charge&) = delete;
+  Charge& operator=(const Charge&) = delete;
+
+ private:
+  MemoryBudget& budget_;
+  std::uint64_t bytes_;
+};
+
+class NnqsRun final : public stages::StepRun {
+ public:
+  NnqsRun(const stages::StepContext& ctx, NnqsParams params)
+      : ctx_(ctx), params_(std::move(params)), problem_(ctx.files.at("/fcidump"), params_.state) {
+    if (root()) sci::log_target(problem_, "sci.nnqs");
+    if (problem_.ints.norb > 64) throw InputError("sci.nnqs: the FCIDUMP has more than 64 orbitals; expected at most 64");
+    NetworkShape shape;
+    shape.norb = problem_.ints.norb, shape.nalpha = problem_.na, shape.nbeta = problem_.nb;
+    shape.embedding = params_.embedding, shape.layers = params_.layers, shape.heads = params_.heads;
+    shape.phase_hidden = params_.phase_hidden;
+    shape.learning_rate = params_.learning_rate, shape.weight_decay = params_.weight_decay, shape.seed = params_.seed;
+    network_ = make_network(shape);
+    space_ = {problem_.target.reference};
+    stream_ = ctx.backend->make_stream();
+    if (root())
+      spdlog::info("sci.nnqs: a network of {} parameters (embedding {}, {} layers, {} heads, phase hidden {}), float64 on "
+                   "the host; H within the space on {}",
+                   network_->parameters(), params_.embedding, params_.layers, params_.heads,
+                   fmt::join(params_.phase_hidden, "x"), ctx.backend->description());
+  }
+
+  bool done() const override { return done_; }
+
+  std::optional<stages::StepPass> next() override {
+    if (root()) iterate();
+    if (ctx_.comm && ctx_.comm->size() > 1) {  // (every rank agrees on where the work stands)
+      done_ = ctx_.comm->broadcast(std::uint64_t{done_}) != 0;
+      iteration_ = static_cast<int>(ctx_.comm->broadcast(static_cast<std::uint64_t>(iteration_)));
+    }
+    return std::nullopt;
+  }
+
+  stages::HostProgress progress() const override {
+    return {static_cast<std::uint64_t>(iteration_), static_cast<std::uint64_t>(params_.max_iterations), "iterations", true};
+  }
+
+  stages::StepPass output(stages::StagePlan& plan) override {
+    stages::copy_from_root(*this, ctx_.comm);
+    return stages::planned_pass(plan, stages::no_pass_kernel());
+  }
+
+  void write(const stages::StagePlan&, const stages::StepPass&, h5::File& out) const override;
+  std::string describe(const stages::StagePlan&, const stages::StepPass&) const override;
+  std::string save() const override;
+  void load(std::string_view state) override;
+
+ private:
+  bool root() const { return !ctx_.comm || ctx_.comm->root(); }
+  void iterate();
+  void optimize(Iteration& it);
+  void expand(Iteration& it);
+  // E and <H^2> - E^2 of psi on S, and g = (H psi - E psi) / <psi|psi>, from (re, im) of psi.
+  struct Energy {
+    double energy = 0, variance = 0;
+    std::vector<double> g;  // 2 |S|: real parts, then imaginary parts
+  };
+  Energy energy_of(const std::vector<double>& psi);
+  // H's lowest eigenvector within S (Davidson from `guess`), normalized.
+  std::vector<double> lowest_eigenvector(std::vector<double> guess);
+
+  const stages::StepContext& ctx_;
+  NnqsParams params_;
+  sci::Problem problem_;
+  std::unique_ptr<Network> network_;
+  std::unique_ptr<Stream> stream_;
+  // The iteration's H within S (and the last one's, which the next grows from), its vectors.
+  std::unique_ptr<sci::ResidentSpace> resident_, grown_from_;
+  Buffer x_, products_, diagonal_;
+  // The state (saved): the space, the history, every step's energy, where the run stands, and,
+  // once done, psi on the final space normalized (re, im interleaved).
+  std::vector<Det> space_;
+  std::vector<Iteration> history_;
+  std::vector<double> step_energies_, amplitudes_;
+  int iteration_ = 0;
+  bool done_ = false, converged_ = false;
+  std::string stop_reason_;
+};
+
+void NnqsRun::iterate() {
+  Iteration it;
+  it.dets = space_.size();
+  optimize(it);
+  const bool last = iteration_ + 1 >= params_.max_iterations;
+  const double change = history_.empty() ? std::nan("") : it.energy - history_.back().energy;
+  if (last) stop_reason_ = "max_iterations";
+  else if (std::fabs(change) < params_.energy_tolerance) stop_reason_ = "energy_tolerance";
+  else if (space_.size() >= params_.max_dets) stop_reason_ = "max_dets";
+  else {
+    expand(it);
+    if (it.selected == 0) stop_reason_ = "no candidate left";
+  }
+  history_.push_back(it);
+  ++iteration_;
+  spdlog::info("sci.nnqs iteration {}: {} determinants, E {:.10f}, variance {:.3e}{}; +{} of {} candidates ({} coupled); "
+               "{:.2f} s optimizing, {:.2f} s generating, {:.2f} s de-duplicating, {:.2f} s inferring",
+               iteration_ - 1, it.dets, it.energy, it.variance,
+               std::isnan(change) ? "" : fmt::format(" ({:+.3e})", change), it.selected, it.unique, it.generated,
+               it.seconds_optimize, it.seconds_generate, it.seconds_dedup, it.seconds_inference);
+  if (stop_reason_.empty()) return;
+  done_ = true;
+  // psi on the final space, normalized
+  std::vector<double> a(space_.size()), f(space_.size());
+  const std::vector<std::uint8_t> bits = occupation_bits(space_.data(), space_.size(), problem_.ints.norb);
+  network_->evaluate({bits.data(), space_.size()}, a.data(), f.data());
+  const double largest = *std::max_element(a.begin(), a.end());
+  double norm = 0;
+  for (double& v : a) {
+    v = std::exp(v - largest);
+    norm += v * v;
+  }
+  norm = std::sqrt(norm);
+  amplitudes_.resize(2 * a.size());
+  for (std::size_t i = 0; i < a.size(); ++i)
+    amplitudes_[2 * i] = a[i] / norm * std::cos(f[i]), amplitudes_[2 * i + 1] = a[i] / norm * std::sin(f[i]);
+  converged_ = stop_reason_ != "max_iterations" || std::fabs(change) < params_.energy_tolerance;
+  if (!converged_)
+    spdlog::warn("sci.nnqs: stopped at max_iterations = {} with E still moving by {:.2e} Ha an iteration (energy_tolerance "
+                 "{:.1e}): the energy is not converged", params_.max_iterations, std::fabs(change), params_.energy_tolerance);
+}
+
+NnqsRun::Energy NnqsRun::energy_of(const std::vector<double>& psi) {
+  const std::uint64_t n = space_.size();
+  Backend& backend = *ctx_.backend;
+  backend.copy_to_device(x_.data(), psi.data(), 2 * n * 8, *stream_);
+  resident_->sigma(*stream_, x_.as<double>(), 0, n, products_.as<double>(), diagonal_.as<double>(), 2);
+  std::vector<double> h(2 * n);
+  backend.copy_to_host(h.data(), products_.data(), 2 * n * 8, *stream_);
+  stream_->synchronize();
+  double norm = 0, numerator = 0, squares = 0;  // (sums in row order: the same bits on every backend)
+  for (std::uint64_t i = 0; i < 2 * n; ++i) norm += psi[i] * psi[i], numerator += psi[i] * h[i], squares += h[i] * h[i];
+  Energy e;
+  e.energy = numerator / norm;
+  e.variance = std::max(0.0, squares / norm - e.energy * e.energy);  // (rounding left alone could go below 0)
+  e.g.resize(2 * n);
+  for (std::uint64_t i = 0; i < 2 * n; ++i) e.g[i] = (h[i] - e.energy * psi[i]) / norm;
+  return e;
+}
+
+std::vector<double> NnqsRun::lowest_eigenvector(std::vector<double> guess) {
+  const std::uint64_t n = space_.size();
+  Backend& backend = *ctx_.backend;
+  if (std::all_of(guess.begin(), guess.end(), [](double v) { return v == 0; }))  // (every phase at pi/2)
+    guess[static_cast<std::size_t>(std::lower_bound(space_.begin(), space_.end(), problem_.target.reference) - space_.begin())] = 1;
+  sci::Davidson davidson(std::move(guess));
+  std::vector<double> product(n);
+  for (bool first = true; !davidson.done(); first = false) {
+    const std::span<const double> x = davidson.next();
+    backend.copy_to_device(x_.data(), x.data(), n * 8, *stream_);
+    resident_->sigma(*stream_, x_.as<double>(), 0, n, products_.as<double>(), diagonal_.as<double>(), 1);
+    backend.copy_to_host(product.data(), products_.data(), n * 8, *stream_);
+    if (first) {
+      std::vector<double> diagonal(n);
+      backend.copy_to_host(diagonal.data(), diagonal_.data(), n * 8, *stream_);
+      stream_->synchronize();
+      davidson.set_diagonal(std::move(diagonal));
+    }
+    stream_->synchronize();
+    davidson.take(product);
+  }
+  return davidson.eigenvector();
+}
+
+void NnqsRun::optimize(Iteration& it) {
+  const auto start = Clock::now();
+  const std::uint64_t n = space_.size();
+  Backend& backend = *ctx_.backend;
+  MemoryBudget& budget = backend.device_budget();
+  const std::uint64_t left = budget.limit() > budget.in_use() ? budget.limit() - budget.in_use() : 0;
+  resident_ = std::make_unique<sci::ResidentSpace>(backend, problem_.ints, problem_.tables, problem_.na, problem_.nb,
+                                                   space_, left / 2, std::move(grown_from_));
+  x_ = backend.alloc_device(2 * n * 8, "sci.nnqs psi on the space");
+  products_ = backend.alloc_device(2 * n * 8, "sci.nnqs H psi");
+  diagonal_ = backend.alloc_device(n * 8, "sci.nnqs H's diagonal");
+  const std::vector<std::uint8_t> bits = occupation_bits(space_.data(), n, problem_.ints.norb);
+  const Occupations occ{bits.data(), n};
+  // First psi is fitted to H's lowest eigenvector c within S: 1 - |<c|psi>|^2 / <psi|psi>, minimized
+  // (Davidson starts from psi's real part): the energy steps then start near the optimum within S
+  // instead of climbing out of the plateau that new determinants, at amplitudes the network only
+  // guessed, push E into.
+  if (params_.fit_steps > 0 && n > 1) {
+    std::vector<double> c;
+    for (int step = 0; step < params_.fit_steps; ++step)
+      network_->step(occ, [&](const std::vector<double>& psi) {
+        if (c.empty()) c = lowest_eigenvector(std::vector<double>(psi.begin(), psi.begin() + static_cast<std::ptrdiff_t>(n)));
+        return infidelity_gradient(c, psi);
+      });
+  }
+  // Then E: dE/d(psi) = 2 (H psi - E psi) / <psi|psi> (H real and symmetric).
+  for (int step = 0; step < params_.steps; ++step)
+    network_->step(occ, [&](const std::vector<double>& psi) {
+      Energy e = energy_of(psi);
+      if (!std::isfinite(e.energy))
+        throw InputError(fmt::format("sci.nnqs: the energy is not finite at iteration {}, step {}; expected a finite "
+                                     "energy (try a smaller learning_rate than {:g})", iteration_, step, params_.learning_rate));
+      step_energies_.push_back(e.energy);
+      for (double& v : e.g) v *= 2;
+      return std::move(e.g);
+    });
+  {  // E and its variance at the iteration's last parameters
+    std::vector<double> a(n), f(n), psi(2 * n);
+    network_->evaluate(occ, a.data(), f.data());
+    const double largest = *std::max_element(a.begin(), a.end());
+    for (std::uint64_t i = 0; i < n; ++i)
+      psi[i] = std::exp(a[i] - largest) * std::cos(f[i]), psi[n + i] = std::exp(a[i] - largest) * std::sin(f[i]);
+    const Energy e = energy_of(psi);
+    it.energy = e.energy, it.variance = e.variance;
+  }
+  x_.reset(), products_.reset(), diagonal_.reset();
+  if (resident_->can_seed_growth()) {
+    resident_->keep_only_growth_seed();
+    grown_from_ = std::move(resident_);
+  }
+  resident_.reset();
+  it.seconds_optimize = seconds_since(start);
+}
+
+void NnqsRun::expand(Iteration& it) {
+  const std::uint64_t n = space_.size(), room = n * problem_.max_per_source;
+  Backend& backend = *ctx_.backend;
+  // The coupled determinants of S, each with H_ai (a coefficient of 1: the screen is |H_ai|).
+  auto start = Clock::now();
+  const Charge records_charge(backend, room * (sizeof(Candidate) + 3 * 8 + 8), "sci.nnqs coupled determinants");
+  std::vector<Candidate> records(room);
+  const std::vector<double> ones(n, 1.0);
+  std::uint64_t count = 0;
+  kernels::SciGenerate g{};
+  g.h = problem_.host, g.nalpha = problem_.na, g.nbeta = problem_.nb;
+  g.sources = space_.data(), g.coefficients = ones.data(), g.n = n, g.eps = params_.eps_couple;
+  g.out = records.data(), g.count = &count;
+  kernels::sci_generate_cpu(g);
+  it.generated = count;
+  it.seconds_generate = seconds_since(start);
+  // Unique, then those outside S in the target's irrep (ascending).
+  start = Clock::now();
+  std::vector<std::uint64_t> spare(count * 3);
+  std::vector<double> values(count);
+  const std::uint64_t tile_rows = stages::keys::DedupSource{}.tile_rows;  // (keys.dedup's tiles)
+  const kernels::cpu::RadixUnique sorted(
+      {reinterpret_cast<std::uint64_t*>(records.data()), spare.data(), values.data(), count, 2, tile_rows});
+  std::vector<std::uint64_t> unique_keys(sorted.tile_records() * 2), counts(sorted.tile_records());
+  std::vector<double> sums(sorted.tile_records());
+  sorted.write(unique_keys.data(), counts.data(), sums.data());
+  std::vector<Det> fresh;
+  for (std::uint64_t u = 0; u < sorted.unique(); ++u) {
+    const Det d{unique_keys[2 * u], unique_keys[2 * u + 1]};
+    if (!std::binary_search(space_.begin(), space_.end(), d) && problem_.symmetry.irrep(d) == problem_.target.irrep)
+      fresh.push_back(d);
+  }
+  it.unique = fresh.size();
+  it.seconds_dedup = seconds_since(start);
+  // |psi| of each, in batches, no gradient.
+  start = Clock::now();
+  std::vector<double> log_amplitude(fresh.size()), phase(fresh.size());
+  const std::uint64_t batch = std::max<std::uint64_t>(params_.inference_batch, 1);
+  for (std::uint64_t b = 0; b < fresh.size(); b += batch) {
+    const std::uint64_t m = std::min<std::uint64_t>(batch, fresh.size() - b);
+    const std::vector<std::uint8_t> bits = occupation_bits(fresh.data() + b, m, problem_.ints.norb);
+    network_->evaluate({bits.data(), m}, log_amplitude.data() + b, phase.data() + b);
+  }
+  it.seconds_inference = seconds_since(start);
+  // The largest join S (ties: the lower determinant first).
+  const std::uint64_t k = std::min<std::uint64_t>({params_.max_new_dets, params_.max_dets - n, fresh.size()});
+  std::vector<std::uint64_t> order(fresh.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), order.end(), [&](auto a, auto b) {
+    return log_amplitude[a] > log_amplitude[b] || (log_amplitude[a] == log_amplitude[b] && a < b);
+  });
+  for (std::uint64_t i = 0; i < k; ++i) space_.push_back(fresh[order[i]]);
+  std::sort(space_.begin(), space_.end());
+  it.selected = k;
+}
+
+std::string NnqsRun::save() const {
+  Packer out;
+  out.put(iteration_), out.put(static_cast<std::uint8_t>(done_)), out.put(static_cast<std::uint8_t>(converged_));
+  out.put_string(stop_reason_);
+  out.put_vector(space_);
+  out.put<std::uint64_t>(history_.size());
+  for (const Iteration& it : history_) it.put(out);
+  out.put_vector(step_energies_), out.put_vector(amplitudes_);
+  out.put_string(network_->save());
+  return out.take();
+}
+
+void NnqsRun::load(std::string_view state) {
+  Unpacker in(state);
+  iteration_ = in.get<int>(), done_ = in.get<std::uint8_t>() != 0, converged_ = in.get<std::uint8_t>() != 0;
+  stop_reason_ = in.get_string();
+  space_ = in.get_vector<Det>();
+  history_.resize(in.get<std::uint64_t>());
+  for (Iteration& it : history_) it.get(in);
+  step_energies_ = in.get_vector<double>(), amplitudes_ = in.get_vector<double>();
+  network_->load(in.get_string());
+  grown_from_.reset();  // (H within the next space is found from nothing: the same entries)
+  if (root() && !history_.empty())
+    spdlog::info("sci.nnqs: resuming after iteration {} ({} determinants, E {:.10f}, {} AdamW steps taken)", iteration_ - 1,
+                 space_.size(), history_.back().energy, step_energies_.size());
+}
+
+void NnqsRun::write(const stages::StagePlan&, const stages::StepPass&, h5::File& out) const {
+  using stages::detail::write_array;
+  const Iteration& last = history_.back();
+  stages::detail::write_scalar(out, "energy", h5::DType::float64, &last.energy,
+                               "E = <psi|H|psi> / <psi|psi> (Ha) of the network on the final space: variational");
+  std::vector<std::uint64_t> dets;
+  for (const Det& d : space_) dets.push_back(d.alpha), dets.push_back(d.beta);
+  write_array(out, "dets", h5::DType::uint64, {space_.size(), 2}, dets.data(),
+              "the final space, sorted: (alpha, beta) occupation bits, bit p for orbital p");
+  write_array(out, "amplitudes", h5::DType::complex128, {space_.size()}, amplitudes_.data(),
+              "psi over /dets, normalized on the space");
+  write_array(out, "steps/energy", h5::DType::float64, {step_energies_.size()}, step_energies_.data(),
+              "E (Ha) at every AdamW step, before its update, iteration after iteration");
+  auto column = [&](const char* key, h5::DType type, auto field, const char* doc, bool measured = false) {
+    h5::Dataset d = stages::detail::write_column(out, "iterations", history_, key, type, field, doc);
+    if (measured) stages::mark_measured(d);
+  };
+  column("dets", h5::DType::uint64, &Iteration::dets, "determinants in the space each iteration optimized on");
+  column("energy", h5::DType::float64, &Iteration::energy, "E (Ha) after each iteration's steps");
+  column("variance", h5::DType::float64, &Iteration::variance, "<psi|H P_S H|psi> / <psi|psi> - E^2 (Ha^2) on the space");
+  column("generated", h5::DType::uint64, &Iteration::generated, "determinants coupled to the space, duplicates included");
+  column("unique", h5::DType::uint64, &Iteration::unique, "unique coupled determinants outside the space, in the irrep");
+  column("selected", h5::DType::uint64, &Iteration::selected, "determinants that joined the space");
+  column("seconds_generate", h5::DType::float64, &Iteration::seconds_generate, "generating the coupled determinants (s)", true);
+  column("seconds_dedup", h5::DType::float64, &Iteration::seconds_dedup, "de-duplicating them (s)", true);
+  column("seconds_inference", h5::DType::float64, &Iteration::seconds_inference, "|psi| of the unique ones (s)", true);
+  column("seconds_optimize", h5::DType::float64, &Iteration::seconds_optimize, "the AdamW steps, H within S included (s)", true);
+  out.set_attribute("stop_reason", stop_reason_);
+  // (0: stopped at max_iterations with E still moving by energy_tolerance or more an iteration)
+  out.set_attribute("converged", static_cast<std::int64_t>(converged_));
+  out.set_attribute("irrep", static_cast<std::int64_t>(problem_.target.irrep));
+  out.set_attribute("ms2", static_cast<std::int64_t>(problem_.target.ms2));
+  out.set_attribute("parameters", static_cast<std::int64_t>(network_->parameters()));
+}
+
+std::string NnqsRun::describe(const stages::StagePlan&, const stages::StepPass&) const {
+  const Iteration& last = history_.back();
+  return fmt::format("{} determinants, E {:.10f}, variance {:.2e}, after {} iterations ({}{})", space_.size(), last.energy,
+                     last.variance, history_.size(), stop_reason_, converged_ ? "" : "; not converged");
+}
+
+}  // namespace
+
+std::unique_ptr<stages::StepRun> start_run(const stages::StepContext& ctx, const NnqsParams& params) {
+  return std::make_unique<NnqsRun>(ctx, params);
+}
+
+}  // namespace qstage::nnqs

@@ -1,0 +1,66 @@
+// sci.nnqs: the stage's description and plan. Its network is LibTorch's, in a plugin that an
+// optional part of the build makes (network.hpp): without it the stage is listed and refused at
+// plan time.
+#include <fmt/format.h>
+
+#include "core/error.hpp"
+#include "stages/nnqs/nnqs_params.hpp"
+#include "stages/nnqs/network.hpp"
+#include "stages/nnqs/nnqs_run.hpp"
+#include "stages/nnqs/nnqs_stages.hpp"
+
+namespace qstage::stages {
+namespace {
+
+using nlohmann::json;
+
+class NnqsStage final : public Stage {
+ public:
+  const StageInfo& info() const override {
+    static const StageInfo info{
+        "sci.nnqs", 1,
+        "a neural-network quantum state (autoregressive Transformer amplitude, MLP phase) trained by AdamW on a "
+        "selected space that grows by the network's largest amplitudes among its coupled determinants",
+        {},
+        "- id: nnqs\n  stage: sci.nnqs\n  params: {fcidump: h2o_sto3g_FCIDUMP, max_iterations: 8, steps: 200, "
+        "max_new_dets: 100}\n"};
+    return info;
+  }
+  std::vector<std::string> file_parameters() const override { return {"/fcidump"}; }
+
+  StagePlan plan(const json& params, const std::map<std::string, DatasetInfo>&) const override {
+    const nnqs::NnqsParams p = nnqs::NnqsParams::from_json(params);
+    if (!nnqs::plugin_present())
+      throw InputError(fmt::format("stage 'sci.nnqs' needs its LibTorch plugin, and {} does not exist; expected a "
+                                   "build that found LibTorch (install Debian's libtorch-dev, then scripts/setup.sh)",
+                                   nnqs::plugin_path()));
+    if (p.embedding % p.heads != 0)
+      throw InputError(fmt::format("parameter 'model' has embedding {} and heads {}; expected an embedding that the "
+                                   "heads divide (each head attends over embedding / heads values)", p.embedding, p.heads));
+    StagePlan plan;
+    plan.pass.rows = 0;  // (the run's work is host work; its results are written whole)
+    plan.computed = true;
+    plan.primary_output = "energy";
+    plan.results = {{"energy", DatasetInfo{Layout{DType::float64, {}, {}}}},
+                    {"dets", DatasetInfo{Layout{DType::uint64, {}, {}}}},  // (shapes known once it ran)
+                    {"amplitudes", DatasetInfo{Layout{DType::complex128, {}, {}}}}};
+    plan.summary = {{"max_iterations", p.max_iterations}, {"steps", p.steps}, {"max_new_dets", p.max_new_dets},
+                    {"learning_rate", p.learning_rate},
+                    {"model", {{"embedding", p.embedding}, {"layers", p.layers}, {"heads", p.heads},
+                               {"phase_hidden", p.phase_hidden}}}};
+    return plan;
+  }
+
+  std::unique_ptr<StepRun> start(const StepContext& ctx) const override {
+    return nnqs::start_run(ctx, nnqs::NnqsParams::from_json(ctx.params));
+  }
+};
+
+}  // namespace
+
+const Stage& sci_nnqs() {
+  static const NnqsStage stage;
+  return stage;
+}
+
+}  // namespace qstage::stages
