@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "stages/nnqs/network.hpp"
 #include "stages/sci/problem.hpp"
 
 namespace qstage::nnqs {
@@ -17,11 +18,8 @@ struct NnqsParams {
   std::uint64_t max_new_dets = 1000, max_dets = 1000000;
   double eps_couple = 0;            // the coupled set: excitations with |H_ai| > eps_couple
   double energy_tolerance = 1e-6;   // stop once an iteration changes E by less (Ha)
-  double learning_rate = 1e-3, weight_decay = 0;
-  std::uint64_t seed = 1;           // the network's initial weights
   std::uint64_t inference_batch = 65536;
-  int embedding = 32, layers = 4, heads = 4;
-  std::vector<int> phase_hidden{512, 512, 512};
+  NetworkShape network;             // sizes, AdamW's rates and the seed (the run sets the orbitals and electrons)
 
   static NnqsParams from_json(const nlohmann::json& p) {
     NnqsParams s;
@@ -33,16 +31,17 @@ struct NnqsParams {
     s.max_dets = p.value("max_dets", s.max_dets);
     s.eps_couple = p.value("eps_couple", s.eps_couple);
     s.energy_tolerance = p.value("energy_tolerance", s.energy_tolerance);
-    s.learning_rate = p.value("learning_rate", s.learning_rate);
-    s.weight_decay = p.value("weight_decay", s.weight_decay);
-    s.seed = p.value("seed", s.seed);
     s.inference_batch = p.value("inference_batch", s.inference_batch);
+    NetworkShape& n = s.network;
+    n.learning_rate = p.value("learning_rate", n.learning_rate);
+    n.weight_decay = p.value("weight_decay", n.weight_decay);
+    n.seed = p.value("seed", n.seed);
     if (p.contains("model")) {
       const nlohmann::json& m = p.at("model");
-      s.embedding = m.value("embedding", s.embedding);
-      s.layers = m.value("layers", s.layers);
-      s.heads = m.value("heads", s.heads);
-      s.phase_hidden = m.value("phase_hidden", s.phase_hidden);
+      n.embedding = m.value("embedding", n.embedding);
+      n.layers = m.value("layers", n.layers);
+      n.heads = m.value("heads", n.heads);
+      n.phase_hidden = m.value("phase_hidden", n.phase_hidden);
     }
     return s;
   }

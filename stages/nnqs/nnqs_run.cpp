@@ -94,19 +94,16 @@ class NnqsRun final : public stages::StepRun {
       : ctx_(ctx), params_(std::move(params)), problem_(ctx.files.at("/fcidump"), params_.state) {
     if (root()) sci::log_target(problem_, "sci.nnqs");
     if (problem_.ints.norb > 64) throw InputError("sci.nnqs: the FCIDUMP has more than 64 orbitals; expected at most 64");
-    NetworkShape shape;
+    NetworkShape shape = params_.network;
     shape.norb = problem_.ints.norb, shape.nalpha = problem_.na, shape.nbeta = problem_.nb;
-    shape.embedding = params_.embedding, shape.layers = params_.layers, shape.heads = params_.heads;
-    shape.phase_hidden = params_.phase_hidden;
-    shape.learning_rate = params_.learning_rate, shape.weight_decay = params_.weight_decay, shape.seed = params_.seed;
     network_ = make_network(shape);
     space_ = {problem_.target.reference};
     stream_ = ctx.backend->make_stream();
     if (root())
       spdlog::info("sci.nnqs: a network of {} parameters (embedding {}, {} layers, {} heads, phase hidden {}), float64 on "
                    "the host; H within the space on {}",
-                   network_->parameters(), params_.embedding, params_.layers, params_.heads,
-                   fmt::join(params_.phase_hidden, "x"), ctx.backend->description());
+                   network_->parameters(), shape.embedding, shape.layers, shape.heads, fmt::join(shape.phase_hidden, "x"),
+                   ctx.backend->description());
   }
 
   bool done() const override { return done_; }
@@ -145,6 +142,14 @@ class NnqsRun final : public stages::StepRun {
     std::vector<double> g;  // 2 |S|: real parts, then imaginary parts
   };
   Energy energy_of(const std::vector<double>& psi);
+  // |psi| / max |psi| and phi of each row of x (the network's scale in its steps).
+  std::pair<std::vector<double>, std::vector<double>> scaled_psi(const Occupations& x) {
+    std::vector<double> a(x.rows), f(x.rows);
+    network_->evaluate(x, a.data(), f.data());
+    const double largest = *std::max_element(a.begin(), a.end());
+    for (double& v : a) v = std::exp(v - largest);
+    return {std::move(a), std::move(f)};
+  }
   // H's lowest eigenvector within S (Davidson from `guess`), normalized.
   std::vector<double> lowest_eigenvector(std::vector<double> guess);
 
@@ -189,15 +194,10 @@ void NnqsRun::iterate() {
   if (stop_reason_.empty()) return;
   done_ = true;
   // psi on the final space, normalized
-  std::vector<double> a(space_.size()), f(space_.size());
   const std::vector<std::uint8_t> bits = occupation_bits(space_.data(), space_.size(), problem_.ints.norb);
-  network_->evaluate({bits.data(), space_.size()}, a.data(), f.data());
-  const double largest = *std::max_element(a.begin(), a.end());
+  const auto [a, f] = scaled_psi({bits.data(), space_.size()});
   double norm = 0;
-  for (double& v : a) {
-    v = std::exp(v - largest);
-    norm += v * v;
-  }
+  for (const double v : a) norm += v * v;
   norm = std::sqrt(norm);
   amplitudes_.resize(2 * a.size());
   for (std::size_t i = 0; i < a.size(); ++i)
@@ -281,17 +281,15 @@ void NnqsRun::optimize(Iteration& it) {
       Energy e = energy_of(psi);
       if (!std::isfinite(e.energy))
         throw InputError(fmt::format("sci.nnqs: the energy is not finite at iteration {}, step {}; expected a finite "
-                                     "energy (try a smaller learning_rate than {:g})", iteration_, step, params_.learning_rate));
+                                     "energy (try a smaller learning_rate than {:g})", iteration_, step, params_.network.learning_rate));
       step_energies_.push_back(e.energy);
       for (double& v : e.g) v *= 2;
       return std::move(e.g);
     });
   {  // E and its variance at the iteration's last parameters
-    std::vector<double> a(n), f(n), psi(2 * n);
-    network_->evaluate(occ, a.data(), f.data());
-    const double largest = *std::max_element(a.begin(), a.end());
-    for (std::uint64_t i = 0; i < n; ++i)
-      psi[i] = std::exp(a[i] - largest) * std::cos(f[i]), psi[n + i] = std::exp(a[i] - largest) * std::sin(f[i]);
+    const auto [a, f] = scaled_psi(occ);
+    std::vector<double> psi(2 * n);
+    for (std::uint64_t i = 0; i < n; ++i) psi[i] = a[i] * std::cos(f[i]), psi[n + i] = a[i] * std::sin(f[i]);
     const Energy e = energy_of(psi);
     it.energy = e.energy, it.variance = e.variance;
   }

@@ -34,9 +34,10 @@ class NnqsStage final : public Stage {
       throw InputError(fmt::format("stage 'sci.nnqs' needs its LibTorch plugin, and {} does not exist; expected a "
                                    "build that found LibTorch (install Debian's libtorch-dev, then scripts/setup.sh)",
                                    nnqs::plugin_path()));
-    if (p.embedding % p.heads != 0)
+    const nnqs::NetworkShape& net = p.network;
+    if (net.embedding % net.heads != 0)
       throw InputError(fmt::format("parameter 'model' has embedding {} and heads {}; expected an embedding that the "
-                                   "heads divide (each head attends over embedding / heads values)", p.embedding, p.heads));
+                                   "heads divide (each head attends over embedding / heads values)", net.embedding, net.heads));
     StagePlan plan;
     plan.pass.rows = 0;  // (the run's work is host work; its results are written whole)
     plan.computed = true;
@@ -45,9 +46,9 @@ class NnqsStage final : public Stage {
                     {"dets", DatasetInfo{Layout{DType::uint64, {}, {}}}},  // (shapes known once it ran)
                     {"amplitudes", DatasetInfo{Layout{DType::complex128, {}, {}}}}};
     plan.summary = {{"max_iterations", p.max_iterations}, {"steps", p.steps}, {"max_new_dets", p.max_new_dets},
-                    {"learning_rate", p.learning_rate},
-                    {"model", {{"embedding", p.embedding}, {"layers", p.layers}, {"heads", p.heads},
-                               {"phase_hidden", p.phase_hidden}}}};
+                    {"learning_rate", net.learning_rate},
+                    {"model", {{"embedding", net.embedding}, {"layers", net.layers}, {"heads", net.heads},
+                               {"phase_hidden", net.phase_hidden}}}};
     return plan;
   }
 
