@@ -112,6 +112,25 @@ STAGES = {
                    ("/iterations/dets", "uint64", 1), ("/iterations/generated", "uint64", 1),
                    ("/iterations/unique", "uint64", 1), ("/iterations/selected", "uint64", 1),
                    ("/iterations/davidson_products", "uint64", 1)]),
+    "sci.nnqs": ("the network's variational energy on the final space (/energy), the space (/dets, sorted "
+                 "(alpha, beta) occupation strings) and psi over it (/amplitudes, normalized), every AdamW step's "
+                 "energy (/steps/energy), per iteration the space, energy, variance, the lowest energy on the space, "
+                 "candidates and the time split in /iterations, and the trained parameters by name in /network",
+                 {"converged": {"type": "integer", "enum": [0, 1],
+                                "description": "0: stopped at max_iterations with E still moving by energy_tolerance "
+                                               "or more an iteration"},
+                  "stop_reason": {"enum": ["max_iterations", "energy_tolerance", "max_dets", "no candidate left"]},
+                  "irrep": {"type": "integer", "minimum": 1, "maximum": 8}, "ms2": INT,
+                  "parameters": {"type": "integer", "minimum": 1, "description": "the network's parameters"},
+                  "reference_energy?": NUMBER},
+                 [("/energy", "float64", 0), ("/dets", "uint64", 2), ("/amplitudes", "complex128", 1),
+                  ("/steps/energy", "float64", 1)]
+                 + [(f"/iterations/{name}", dtype, 1)
+                    for name, dtype in [("dets", "uint64"), ("energy", "float64"), ("variance", "float64"),
+                                        ("ci_energy", "float64"), ("generated", "uint64"), ("unique", "uint64"),
+                                        ("selected", "uint64"), ("seconds_generate", "float64"),
+                                        ("seconds_dedup", "float64"), ("seconds_inference", "float64"),
+                                        ("seconds_optimize", "float64")]]),
     "sci.integrals": ("molecular integrals from an FCIDUMP file: h1 (norb x norb), the two-electron "
                       "integrals 8-fold packed (their attribute 'layout'), the core energy, the header's NORB, "
                       "NELEC, MS2, ISYM and ORBSYM, orbital energies (NaN where absent), line counts, and the excitation "

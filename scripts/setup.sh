@@ -31,7 +31,8 @@ packages=(
   python3 python3-numpy python3-h5py python3-pytest python3-jsonschema  # end-to-end tests, oracles
   strace                                       # tests: kills injected at the N-th rename or fsync
 )
-[ $oracles -eq 0 ] || packages+=(python3-venv python3-pip)  # the oracles' venv
+# the oracles' venv; PyTorch (LibTorch's version) writes TorchScript models for sci.nnqs's tests
+[ $oracles -eq 0 ] || packages+=(python3-venv python3-pip python3-torch)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

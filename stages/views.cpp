@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "stages/mps/mps_stages.hpp"
+#include "stages/nnqs/nnqs_stages.hpp"
 #include "stages/sci/sci_stages.hpp"
 #include "stages/tn/tn_stages.hpp"
 
@@ -14,6 +15,7 @@ const std::vector<View>& all_views() {
     std::vector<View> v = tn_views();
     for (View& view : sci_views()) v.push_back(std::move(view));
     for (View& view : mps_views()) v.push_back(std::move(view));
+    for (View& view : nnqs_views()) v.push_back(std::move(view));
     std::sort(v.begin(), v.end(), [](const View& a, const View& b) { return a.stage < b.stage; });
     return v;
   }();

@@ -222,6 +222,7 @@ int inspect(const Args& args) {
                   "  qstage inspect out.h5 --json | python3 -m json.tool\n"
                   "  qstage inspect qstage-runs/quickstart/outputs/plan.h5 --plot plan.png\n"
                   "  qstage inspect qstage-runs/mps-xx/outputs/xx.h5 --plot xx.png   # densities, entropies vs time\n"
+                  "  qstage inspect qstage-runs/sci-nnqs/outputs/nnqs.h5 --plot nnqs.png   # energy error vs iteration\n"
                   "  qstage inspect qstage-runs/quickstart/outputs/amplitudes.h5 --verify   # data against checksums\n");
   if (!vm) return kExitDone;
   if (!vm->count("file")) throw InputError("inspect: missing the file; expected `qstage inspect FILE.h5`");

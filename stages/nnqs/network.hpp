@@ -6,7 +6,6 @@
 //
 // Both sides are built together, by the same compiler, from this header alone.
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -20,6 +19,17 @@ struct NetworkShape {
   std::vector<int> phase_hidden = {512, 512, 512};
   double learning_rate = 1e-3, weight_decay = 0;
   std::uint64_t seed = 1;  // the initial weights
+  // A TorchScript module (torch.jit.save) to train instead of the built-in network, with its own
+  // weights: forward(x) of x (batch, 2 norb) float64 occupations returns (log |psi|, phi), each
+  // (batch,). Empty: the built-in network of the sizes above.
+  std::string model_file;
+};
+
+// One named parameter tensor of the network, row-major (its values as float64).
+struct NamedWeights {
+  std::string name;
+  std::vector<std::uint64_t> shape;
+  std::vector<double> values;
 };
 
 // Occupations, n rows of 2 norb bytes (0 or 1): spin orbital 2p is orbital p's alpha, 2p + 1 its
@@ -35,18 +45,23 @@ class Network {
   virtual std::int64_t parameters() const = 0;
   // log |psi| and phi of each row, no gradient kept (rows at a time as the caller batches them).
   virtual void evaluate(const Occupations& x, double* log_amplitude, double* phase) = 0;
-  // One AdamW step on a loss L of psi over x: psi = |psi| e^{i phi} / max |psi| (the scale of no
-  // loss the run takes), its real parts then its imaginary parts, goes to `gradient`, which returns
-  // dL/d(Re psi) then dL/d(Im psi); the step follows them back through the network.
-  using Gradient = std::function<std::vector<double>(const std::vector<double>& psi)>;
-  virtual void step(const Occupations& x, const Gradient& gradient) = 0;
+  // The gradient over the parameters of sum_i (d_log_amplitude[i] log |psi(x_i)| + d_phase[i] phi(x_i))
+  // over x's rows, into `out` (parameters() values, in the network's order): a loss's gradient
+  // once the run has turned dL/dpsi into dL/d(log |psi|) and dL/dphi. The sum over the rows is the
+  // network's own, so the same rows give the same bits; the run folds such pieces in a fixed tree.
+  virtual void gradient(const Occupations& x, const double* d_log_amplitude, const double* d_phase, double* out) = 0;
+  // One AdamW step taking `gradient` (parameters() values) as the loss's gradient.
+  virtual void step(const double* gradient) = 0;
   // The parameters and AdamW's state, bit for bit.
   virtual std::string save() const = 0;
   virtual void load(std::string_view state) = 0;
+  // The parameters by name, in the network's order (written with the output for h5py).
+  virtual std::vector<NamedWeights> weights() const = 0;
 };
 
-// The plugin's network of `shape`, its weights drawn from shape.seed. Throws InputError when the
-// plugin cannot be loaded (a build without LibTorch, or LibTorch missing where it runs).
+// The plugin's network of `shape`: the built-in one, its weights drawn from shape.seed, or
+// shape.model_file's. Throws InputError when the plugin cannot be loaded (a build without
+// LibTorch, or LibTorch missing where it runs) or the model file is not a usable module.
 std::unique_ptr<Network> make_network(const NetworkShape& shape);
 // Where the plugin is looked for, and whether it is there (the stage's plan checks this).
 std::string plugin_path();

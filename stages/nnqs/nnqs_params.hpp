@@ -2,6 +2,7 @@
 // sci.nnqs's parameters (schemas/stages/sci.nnqs.json gives their defaults and ranges).
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,8 @@ struct NnqsParams {
   double eps_couple = 0;            // the coupled set: excitations with |H_ai| > eps_couple
   double energy_tolerance = 1e-6;   // stop once an iteration changes E by less (Ha)
   std::uint64_t inference_batch = 65536;
+  std::uint64_t train_batch = 4096;  // rows a gradient unit takes (forward and backward at once)
+  std::optional<double> reference_energy;  // a known energy, kept with the output for plots
   NetworkShape network;             // sizes, AdamW's rates and the seed (the run sets the orbitals and electrons)
 
   static NnqsParams from_json(const nlohmann::json& p) {
@@ -32,10 +35,13 @@ struct NnqsParams {
     s.eps_couple = p.value("eps_couple", s.eps_couple);
     s.energy_tolerance = p.value("energy_tolerance", s.energy_tolerance);
     s.inference_batch = p.value("inference_batch", s.inference_batch);
+    s.train_batch = p.value("train_batch", s.train_batch);
+    if (p.contains("reference_energy")) s.reference_energy = p.at("reference_energy").get<double>();
     NetworkShape& n = s.network;
     n.learning_rate = p.value("learning_rate", n.learning_rate);
     n.weight_decay = p.value("weight_decay", n.weight_decay);
     n.seed = p.value("seed", n.seed);
+    n.model_file = p.value("model_file", n.model_file);  // (the spec's path; the run takes the resolved one)
     if (p.contains("model")) {
       const nlohmann::json& m = p.at("model");
       n.embedding = m.value("embedding", n.embedding);

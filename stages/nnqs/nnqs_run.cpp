@@ -6,10 +6,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
+#include <functional>
 #include <numeric>
 
 #include "core/error.hpp"
 #include "core/serial.hpp"
+#include "engine/tree_fold.hpp"
 #include "kernels/sci_generate.hpp"
 #include "kernels/sort_unique.hpp"
 #include "stages/keys/dedup_passes.hpp"
@@ -32,15 +35,17 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 struct Iteration {
   std::uint64_t dets = 0;                       // |S| optimized on
   double energy = 0, variance = 0;              // at the iteration's last parameters
+  double ci_energy = 0;                         // H's lowest eigenvalue within S: the lowest E on S
   std::uint64_t generated = 0, unique = 0;      // coupled determinants, and unique ones outside S in the irrep
   std::uint64_t selected = 0;                   // joined S
   double seconds_generate = 0, seconds_dedup = 0, seconds_inference = 0, seconds_optimize = 0;
   void put(Packer& out) const {
-    out.put(dets), out.put(energy), out.put(variance), out.put(generated), out.put(unique), out.put(selected);
+    out.put(dets), out.put(energy), out.put(variance), out.put(ci_energy), out.put(generated), out.put(unique),
+        out.put(selected);
     out.put(seconds_generate), out.put(seconds_dedup), out.put(seconds_inference), out.put(seconds_optimize);
   }
   void get(Unpacker& in) {
-    dets = in.get<std::uint64_t>(), energy = in.get<double>(), variance = in.get<double>();
+    dets = in.get<std::uint64_t>(), energy = in.get<double>(), variance = in.get<double>(), ci_energy = in.get<double>();
     generated = in.get<std::uint64_t>(), unique = in.get<std::uint64_t>(), selected = in.get<std::uint64_t>();
     seconds_generate = in.get<double>(), seconds_dedup = in.get<double>();
     seconds_inference = in.get<double>(), seconds_optimize = in.get<double>();
@@ -88,6 +93,40 @@ class Charge {
   std::uint64_t bytes_;
 };
 
+// A sum of parameter gradients, folded over units of rows in the engine's fixed tree
+// (engine/tree_fold.hpp): every rank count and every split of the units gives the same bits.
+class GradientSum final : public engine::Reduction {
+ public:
+  explicit GradientSum(std::size_t size) : size_(size) {}
+  std::unique_ptr<engine::Reduction> empty() const override { return std::make_unique<GradientSum>(size_); }
+  void fold(std::uint64_t, const std::byte* partial) override {
+    sum_.resize(size_);
+    std::memcpy(sum_.data(), partial, size_ * sizeof(double));
+  }
+  void merge(const engine::Reduction& right) override {
+    const std::vector<double>& r = static_cast<const GradientSum&>(right).sum_;
+    if (sum_.empty()) sum_ = r;
+    else if (!r.empty())
+      for (std::size_t i = 0; i < size_; ++i) sum_[i] += r[i];
+  }
+  std::string save() const override {
+    return {reinterpret_cast<const char*>(sum_.data()), sum_.size() * sizeof(double)};
+  }
+  void load(const std::string& state) override {
+    sum_.resize(state.size() / sizeof(double));
+    std::memcpy(sum_.data(), state.data(), sum_.size() * sizeof(double));
+  }
+  // The sum (zeros if nothing was folded).
+  std::vector<double> sum() const { return sum_.empty() ? std::vector<double>(size_, 0.0) : sum_; }
+
+ private:
+  std::size_t size_;
+  std::vector<double> sum_;  // (empty: the identity)
+};
+
+// dL/dpsi of a loss L from psi over S (real parts, then imaginary parts), on rank 0.
+using LossGradient = std::function<std::vector<double>(const std::vector<double>& psi)>;
+
 class NnqsRun final : public stages::StepRun {
  public:
   NnqsRun(const stages::StepContext& ctx, NnqsParams params)
@@ -109,11 +148,7 @@ class NnqsRun final : public stages::StepRun {
   bool done() const override { return done_; }
 
   std::optional<stages::StepPass> next() override {
-    if (root()) iterate();
-    if (ctx_.comm && ctx_.comm->size() > 1) {  // (every rank agrees on where the work stands)
-      done_ = ctx_.comm->broadcast(std::uint64_t{done_}) != 0;
-      iteration_ = static_cast<int>(ctx_.comm->broadcast(static_cast<std::uint64_t>(iteration_)));
-    }
+    iterate();
     return std::nullopt;
   }
 
@@ -133,8 +168,19 @@ class NnqsRun final : public stages::StepRun {
 
  private:
   bool root() const { return !ctx_.comm || ctx_.comm->root(); }
+  int ranks() const { return ctx_.comm ? ctx_.comm->size() : 1; }
+  int rank() const { return ctx_.comm ? ctx_.comm->rank() : 0; }
+  // Every rank's bytes on rank 0 in rank order; rank 0's bytes on every rank.
+  std::vector<std::string> gather(const std::string& mine) const {
+    return ranks() > 1 ? ctx_.comm->gather(mine) : std::vector<std::string>{mine};
+  }
+  std::string broadcast(const std::string& value) const { return ranks() > 1 ? ctx_.comm->broadcast(value) : value; }
   void iterate();
+  // One AdamW step on a loss of psi over the space x, its forward and backward passes shared by
+  // the ranks in units of train_batch rows; `loss_gradient` runs on rank 0.
+  void train_step(const Occupations& x, const LossGradient& loss_gradient);
   void optimize(Iteration& it);
+  void decide(Iteration& it);  // rank 0: stop, or grow the space
   void expand(Iteration& it);
   // E and <H^2> - E^2 of psi on S, and g = (H psi - E psi) / <psi|psi>, from (re, im) of psi.
   struct Energy {
@@ -150,8 +196,12 @@ class NnqsRun final : public stages::StepRun {
     for (double& v : a) v = std::exp(v - largest);
     return {std::move(a), std::move(f)};
   }
-  // H's lowest eigenvector within S (Davidson from `guess`), normalized.
-  std::vector<double> lowest_eigenvector(std::vector<double> guess);
+  // H's lowest eigenvector within S (Davidson from `guess`), normalized, and its eigenvalue.
+  struct Eigenpair {
+    std::vector<double> vector;
+    double value = 0;
+  };
+  Eigenpair lowest_eigenpair(std::vector<double> guess);
 
   const stages::StepContext& ctx_;
   NnqsParams params_;
@@ -174,7 +224,18 @@ class NnqsRun final : public stages::StepRun {
 void NnqsRun::iterate() {
   Iteration it;
   it.dets = space_.size();
-  optimize(it);
+  optimize(it);  // (every rank: each takes its share of every step)
+  if (root()) decide(it);
+  if (ranks() > 1) {  // (every rank agrees on where the work stands, and on the space)
+    Packer out;
+    out.put(iteration_), out.put(static_cast<std::uint8_t>(done_)), out.put_vector(space_);
+    const std::string shared = broadcast(out.take());
+    Unpacker in(shared);
+    iteration_ = in.get<int>(), done_ = in.get<std::uint8_t>() != 0, space_ = in.get_vector<Det>();
+  }
+}
+
+void NnqsRun::decide(Iteration& it) {
   const bool last = iteration_ + 1 >= params_.max_iterations;
   const double change = history_.empty() ? std::nan("") : it.energy - history_.back().energy;
   if (last) stop_reason_ = "max_iterations";
@@ -186,9 +247,10 @@ void NnqsRun::iterate() {
   }
   history_.push_back(it);
   ++iteration_;
-  spdlog::info("sci.nnqs iteration {}: {} determinants, E {:.10f}, variance {:.3e}{}; +{} of {} candidates ({} coupled); "
-               "{:.2f} s optimizing, {:.2f} s generating, {:.2f} s de-duplicating, {:.2f} s inferring",
-               iteration_ - 1, it.dets, it.energy, it.variance,
+  spdlog::info("sci.nnqs iteration {}: {} determinants, E {:.10f} ({:.3e} above the space's lowest), variance {:.3e}{}; "
+               "+{} of {} candidates ({} coupled); {:.2f} s optimizing, {:.2f} s generating, {:.2f} s de-duplicating, "
+               "{:.2f} s inferring",
+               iteration_ - 1, it.dets, it.energy, it.energy - it.ci_energy, it.variance,
                std::isnan(change) ? "" : fmt::format(" ({:+.3e})", change), it.selected, it.unique, it.generated,
                it.seconds_optimize, it.seconds_generate, it.seconds_dedup, it.seconds_inference);
   if (stop_reason_.empty()) return;
@@ -203,7 +265,10 @@ void NnqsRun::iterate() {
   for (std::size_t i = 0; i < a.size(); ++i)
     amplitudes_[2 * i] = a[i] / norm * std::cos(f[i]), amplitudes_[2 * i + 1] = a[i] / norm * std::sin(f[i]);
   converged_ = stop_reason_ != "max_iterations" || std::fabs(change) < params_.energy_tolerance;
-  if (!converged_)
+  if (!converged_ && std::isnan(change))
+    spdlog::warn("sci.nnqs: stopped at max_iterations = 1, before a second iteration could show whether E moves: the "
+                 "energy is not known to be converged");
+  else if (!converged_)
     spdlog::warn("sci.nnqs: stopped at max_iterations = {} with E still moving by {:.2e} Ha an iteration (energy_tolerance "
                  "{:.1e}): the energy is not converged", params_.max_iterations, std::fabs(change), params_.energy_tolerance);
 }
@@ -226,7 +291,7 @@ NnqsRun::Energy NnqsRun::energy_of(const std::vector<double>& psi) {
   return e;
 }
 
-std::vector<double> NnqsRun::lowest_eigenvector(std::vector<double> guess) {
+NnqsRun::Eigenpair NnqsRun::lowest_eigenpair(std::vector<double> guess) {
   const std::uint64_t n = space_.size();
   Backend& backend = *ctx_.backend;
   if (std::all_of(guess.begin(), guess.end(), [](double v) { return v == 0; }))  // (every phase at pi/2)
@@ -247,37 +312,114 @@ std::vector<double> NnqsRun::lowest_eigenvector(std::vector<double> guess) {
     stream_->synchronize();
     davidson.take(product);
   }
-  return davidson.eigenvector();
+  return {davidson.eigenvector(), davidson.eigenvalue()};
+}
+
+void NnqsRun::train_step(const Occupations& x, const LossGradient& loss_gradient) {
+  const std::uint64_t n = x.rows, unit_rows = std::max<std::uint64_t>(params_.train_batch, 1);
+  const std::uint64_t units = (n + unit_rows - 1) / unit_rows, width = 2 * static_cast<std::uint64_t>(problem_.ints.norb);
+  const std::uint64_t first = units * static_cast<std::uint64_t>(rank()) / static_cast<std::uint64_t>(ranks()),
+                      end = units * static_cast<std::uint64_t>(rank() + 1) / static_cast<std::uint64_t>(ranks());
+  const std::uint64_t row_first = std::min(n, first * unit_rows), row_end = std::min(n, end * unit_rows);
+  auto unit = [&](std::uint64_t u) {
+    const std::uint64_t a = u * unit_rows, b = std::min(n, a + unit_rows);
+    return std::pair{a, Occupations{x.bits + a * width, b - a}};
+  };
+  // log |psi| and phi of this rank's rows (unit by unit: the same batches on any rank count), to rank 0.
+  std::vector<double> mine(2 * (row_end - row_first));
+  const std::uint64_t mine_rows = row_end - row_first;
+  for (std::uint64_t u = first; u < end; ++u) {
+    const auto [a, rows] = unit(u);
+    network_->evaluate(rows, mine.data() + (a - row_first), mine.data() + mine_rows + (a - row_first));
+  }
+  const std::vector<std::string> pieces = gather({reinterpret_cast<const char*>(mine.data()), mine.size() * sizeof(double)});
+  // Rank 0: psi = |psi| e^{i phi} / max |psi|, the loss's dL/dpsi, and from it dL/d(log |psi|) and
+  // dL/dphi for every row; or the loss's error, which every rank then throws.
+  std::string derivatives;
+  if (root()) {
+    std::vector<double> log_amplitude, phase;
+    for (const std::string& p : pieces) {
+      const std::size_t rows = p.size() / (2 * sizeof(double));
+      const auto* v = reinterpret_cast<const double*>(p.data());
+      log_amplitude.insert(log_amplitude.end(), v, v + rows);
+      phase.insert(phase.end(), v + rows, v + 2 * rows);
+    }
+    const double largest = *std::max_element(log_amplitude.begin(), log_amplitude.end());
+    std::vector<double> psi(2 * n);
+    for (std::uint64_t i = 0; i < n; ++i) {
+      const double a = std::exp(log_amplitude[i] - largest);
+      psi[i] = a * std::cos(phase[i]), psi[n + i] = a * std::sin(phase[i]);
+    }
+    try {
+      const std::vector<double> g = loss_gradient(psi);
+      std::vector<double> d(2 * n);  // dL/d(log |psi|), then dL/dphi
+      for (std::uint64_t i = 0; i < n; ++i) {
+        d[i] = g[i] * psi[i] + g[n + i] * psi[n + i];
+        d[n + i] = -g[i] * psi[n + i] + g[n + i] * psi[i];
+      }
+      derivatives = std::string(1, '\1') + std::string(reinterpret_cast<const char*>(d.data()), d.size() * sizeof(double));
+    } catch (const InputError& e) {
+      derivatives = std::string(1, '\0') + e.what();
+    }
+  }
+  derivatives = broadcast(derivatives);
+  if (derivatives.at(0) == '\0') throw InputError(derivatives.substr(1));
+  const auto* d = reinterpret_cast<const double*>(derivatives.data() + 1);
+  // Each unit's gradient, folded in the engine's tree: this rank's units into whole nodes, then
+  // every rank's nodes on rank 0 in unit order; the sum goes to every rank, which all step alike.
+  const auto parameters = static_cast<std::size_t>(network_->parameters());
+  const GradientSum kind(parameters);
+  engine::FoldStack local(kind);
+  std::vector<double> partial(parameters);
+  for (std::uint64_t u = first; u < end; ++u) {
+    const auto [a, rows] = unit(u);
+    network_->gradient(rows, d + a, d + n + a, partial.data());
+    engine::FoldNode leaf{0, u, kind.empty()};
+    leaf.value->fold(u, reinterpret_cast<const std::byte*>(partial.data()));
+    local.push(std::move(leaf));
+  }
+  const std::vector<std::string> nodes = gather(local.save());
+  std::string sum;
+  if (root()) {
+    engine::FoldStack all(kind);
+    for (const std::string& part : nodes)
+      for (engine::FoldNode& node : engine::read_nodes(kind, part, 0)) all.push(std::move(node));
+    const std::vector<double> g = static_cast<const GradientSum&>(*all.result()).sum();
+    sum.assign(reinterpret_cast<const char*>(g.data()), g.size() * sizeof(double));
+  }
+  sum = broadcast(sum);
+  network_->step(reinterpret_cast<const double*>(sum.data()));
 }
 
 void NnqsRun::optimize(Iteration& it) {
   const auto start = Clock::now();
   const std::uint64_t n = space_.size();
   Backend& backend = *ctx_.backend;
-  MemoryBudget& budget = backend.device_budget();
-  const std::uint64_t left = budget.limit() > budget.in_use() ? budget.limit() - budget.in_use() : 0;
-  resident_ = std::make_unique<sci::ResidentSpace>(backend, problem_.ints, problem_.tables, problem_.na, problem_.nb,
-                                                   space_, left / 2, std::move(grown_from_));
-  x_ = backend.alloc_device(2 * n * 8, "sci.nnqs psi on the space");
-  products_ = backend.alloc_device(2 * n * 8, "sci.nnqs H psi");
-  diagonal_ = backend.alloc_device(n * 8, "sci.nnqs H's diagonal");
+  if (root()) {  // (H within S, on rank 0: the losses are rank 0's)
+    MemoryBudget& budget = backend.device_budget();
+    const std::uint64_t left = budget.limit() > budget.in_use() ? budget.limit() - budget.in_use() : 0;
+    resident_ = std::make_unique<sci::ResidentSpace>(backend, problem_.ints, problem_.tables, problem_.na, problem_.nb,
+                                                     space_, left / 2, std::move(grown_from_));
+    x_ = backend.alloc_device(2 * n * 8, "sci.nnqs psi on the space");
+    products_ = backend.alloc_device(2 * n * 8, "sci.nnqs H psi");
+    diagonal_ = backend.alloc_device(n * 8, "sci.nnqs H's diagonal");
+  }
   const std::vector<std::uint8_t> bits = occupation_bits(space_.data(), n, problem_.ints.norb);
   const Occupations occ{bits.data(), n};
   // First psi is fitted to H's lowest eigenvector c within S: 1 - |<c|psi>|^2 / <psi|psi>, minimized
   // (Davidson starts from psi's real part): the energy steps then start near the optimum within S
   // instead of climbing out of the plateau that new determinants, at amplitudes the network only
   // guessed, push E into.
-  if (params_.fit_steps > 0 && n > 1) {
-    std::vector<double> c;
+  Eigenpair c;
+  if (params_.fit_steps > 0 && n > 1)
     for (int step = 0; step < params_.fit_steps; ++step)
-      network_->step(occ, [&](const std::vector<double>& psi) {
-        if (c.empty()) c = lowest_eigenvector(std::vector<double>(psi.begin(), psi.begin() + static_cast<std::ptrdiff_t>(n)));
-        return infidelity_gradient(c, psi);
+      train_step(occ, [&](const std::vector<double>& psi) {
+        if (c.vector.empty()) c = lowest_eigenpair(std::vector<double>(psi.begin(), psi.begin() + static_cast<std::ptrdiff_t>(n)));
+        return infidelity_gradient(c.vector, psi);
       });
-  }
   // Then E: dE/d(psi) = 2 (H psi - E psi) / <psi|psi> (H real and symmetric).
   for (int step = 0; step < params_.steps; ++step)
-    network_->step(occ, [&](const std::vector<double>& psi) {
+    train_step(occ, [&](const std::vector<double>& psi) {
       Energy e = energy_of(psi);
       if (!std::isfinite(e.energy))
         throw InputError(fmt::format("sci.nnqs: the energy is not finite at iteration {}, step {}; expected a finite "
@@ -286,6 +428,9 @@ void NnqsRun::optimize(Iteration& it) {
       for (double& v : e.g) v *= 2;
       return std::move(e.g);
     });
+  if (!root()) return;
+  if (c.vector.empty()) c = lowest_eigenpair(scaled_psi(occ).first);  // (the lowest E on S, for the record)
+  it.ci_energy = c.value;
   {  // E and its variance at the iteration's last parameters
     const auto [a, f] = scaled_psi(occ);
     std::vector<double> psi(2 * n);
@@ -405,6 +550,8 @@ void NnqsRun::write(const stages::StagePlan&, const stages::StepPass&, h5::File&
   column("dets", h5::DType::uint64, &Iteration::dets, "determinants in the space each iteration optimized on");
   column("energy", h5::DType::float64, &Iteration::energy, "E (Ha) after each iteration's steps");
   column("variance", h5::DType::float64, &Iteration::variance, "<psi|H P_S H|psi> / <psi|psi> - E^2 (Ha^2) on the space");
+  column("ci_energy", h5::DType::float64, &Iteration::ci_energy,
+         "H's lowest eigenvalue within the space (Ha): the lowest E any psi on it reaches");
   column("generated", h5::DType::uint64, &Iteration::generated, "determinants coupled to the space, duplicates included");
   column("unique", h5::DType::uint64, &Iteration::unique, "unique coupled determinants outside the space, in the irrep");
   column("selected", h5::DType::uint64, &Iteration::selected, "determinants that joined the space");
@@ -418,6 +565,10 @@ void NnqsRun::write(const stages::StagePlan&, const stages::StepPass&, h5::File&
   out.set_attribute("irrep", static_cast<std::int64_t>(problem_.target.irrep));
   out.set_attribute("ms2", static_cast<std::int64_t>(problem_.target.ms2));
   out.set_attribute("parameters", static_cast<std::int64_t>(network_->parameters()));
+  if (params_.reference_energy) out.set_attribute("reference_energy", *params_.reference_energy);
+  for (const NamedWeights& w : network_->weights())
+    write_array(out, ("network/" + w.name).c_str(), h5::DType::float64, w.shape, w.values.data(),
+                "the network's parameter of this name, as trained (float64)");
 }
 
 std::string NnqsRun::describe(const stages::StagePlan&, const stages::StepPass&) const {

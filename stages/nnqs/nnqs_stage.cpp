@@ -18,7 +18,7 @@ class NnqsStage final : public Stage {
  public:
   const StageInfo& info() const override {
     static const StageInfo info{
-        "sci.nnqs", 1,
+        "sci.nnqs", 2,
         "a neural-network quantum state (autoregressive Transformer amplitude, MLP phase) trained by AdamW on a "
         "selected space that grows by the network's largest amplitudes among its coupled determinants",
         {},
@@ -26,7 +26,7 @@ class NnqsStage final : public Stage {
         "max_new_dets: 100}\n"};
     return info;
   }
-  std::vector<std::string> file_parameters() const override { return {"/fcidump"}; }
+  std::vector<std::string> file_parameters() const override { return {"/fcidump", "/model_file"}; }
 
   StagePlan plan(const json& params, const std::map<std::string, DatasetInfo>&) const override {
     const nnqs::NnqsParams p = nnqs::NnqsParams::from_json(params);
@@ -35,6 +35,9 @@ class NnqsStage final : public Stage {
                                    "build that found LibTorch (install Debian's libtorch-dev, then scripts/setup.sh)",
                                    nnqs::plugin_path()));
     const nnqs::NetworkShape& net = p.network;
+    if (!net.model_file.empty() && params.contains("model"))
+      throw InputError("parameters 'model' and 'model_file' are both given; expected one: the built-in network's sizes, "
+                       "or a TorchScript module of its own");
     if (net.embedding % net.heads != 0)
       throw InputError(fmt::format("parameter 'model' has embedding {} and heads {}; expected an embedding that the "
                                    "heads divide (each head attends over embedding / heads values)", net.embedding, net.heads));
@@ -46,14 +49,19 @@ class NnqsStage final : public Stage {
                     {"dets", DatasetInfo{Layout{DType::uint64, {}, {}}}},  // (shapes known once it ran)
                     {"amplitudes", DatasetInfo{Layout{DType::complex128, {}, {}}}}};
     plan.summary = {{"max_iterations", p.max_iterations}, {"steps", p.steps}, {"max_new_dets", p.max_new_dets},
-                    {"learning_rate", net.learning_rate},
-                    {"model", {{"embedding", net.embedding}, {"layers", net.layers}, {"heads", net.heads},
-                               {"phase_hidden", net.phase_hidden}}}};
+                    {"learning_rate", net.learning_rate}};
+    if (net.model_file.empty())
+      plan.summary["model"] = {{"embedding", net.embedding}, {"layers", net.layers}, {"heads", net.heads},
+                               {"phase_hidden", net.phase_hidden}};
+    else
+      plan.summary["model_file"] = net.model_file;
     return plan;
   }
 
   std::unique_ptr<StepRun> start(const StepContext& ctx) const override {
-    return nnqs::start_run(ctx, nnqs::NnqsParams::from_json(ctx.params));
+    nnqs::NnqsParams p = nnqs::NnqsParams::from_json(ctx.params);
+    if (const auto file = ctx.files.find("/model_file"); file != ctx.files.end()) p.network.model_file = file->second.string();
+    return nnqs::start_run(ctx, p);
   }
 };
 

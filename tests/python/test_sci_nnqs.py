@@ -3,17 +3,24 @@
 Against PySCF's FCI on STO-3G molecules whose FCIDUMPs PySCF writes (with their point groups, so
 the spaces keep to the ground state's irrep): H2, LiH and H2O within chemical accuracy (1.6 mHa),
 variational. (N2/STO-3G is not reached yet: docs/selected-ci.md, "Limits".) The worked example
-(workflows/sci-nnqs.yaml) on a file another program wrote reaches its FCI energy. A run stopped after a commit and resumed gives the bytes of an uninterrupted one. Bad
-model sizes and a diverging optimizer exit 2 with one line. The output's layout matches its schema."""
+(workflows/sci-nnqs.yaml) on a file another program wrote reaches its FCI energy. A run stopped
+after a commit and resumed gives the bytes of an uninterrupted one, and 2 and 3 MPI ranks (sharing
+every AdamW step's units) give the bytes of one. A TorchScript model_file that
+is the built-in network with its weights (scripts/nnqs_model.py, from the output's /network) gives
+the built-in run's energies. Bad model sizes, model files of another width or not TorchScript, and
+a diverging optimizer exit 2 with one line. The output's layout matches its schema; `inspect --plot`
+draws the energy error against iterations where the output says it is."""
 import hashlib
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import h5py
 import numpy as np
 import pytest
 
-from conftest import DEVICE, manifest, one_line_error, run, stop_once_checkpointed, write_spec
+from conftest import DEVICE, manifest, one_line_error, read_png_rgb, run, stop_once_checkpointed, write_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 CHEMICAL_ACCURACY = 1.6e-3  # Ha
@@ -69,7 +76,8 @@ steps:
 def digests(run_dir):
     out = {}
     with h5py.File(Path(run_dir) / "outputs" / "nnqs.h5") as f:
-        for name in ["energy", "dets", "amplitudes", "steps/energy", "iterations/energy", "iterations/dets"]:
+        names = ["energy", "dets", "amplitudes", "steps/energy", "iterations/energy", "iterations/dets"]
+        for name in names + [f"network/{p}" for p in f["network"]]:
             v = np.ascontiguousarray(f[name][()])
             out[name] = hashlib.sha256(v.tobytes() + str((v.dtype, v.shape)).encode()).hexdigest()
     return out
@@ -154,3 +162,113 @@ def test_output_layout_matches_its_schema(molecules, tmp):
     r = run(["inspect", tmp / "run" / "outputs" / "nnqs.h5", "--json"])
     assert r.code == 0, r
     jsonschema.validate(json.loads(r.out), json.loads((ROOT / "schemas" / "outputs" / "sci.nnqs.json").read_text()))
+
+
+def script_model(tmp, fcidump, args, weights=None):
+    """scripts/nnqs_model.py: the built-in network as a TorchScript file."""
+    pytest.importorskip("torch", reason="PyTorch (Debian's python3-torch; scripts/setup.sh --test-oracles) writes the "
+                                        "TorchScript models")
+    tmp.mkdir(parents=True, exist_ok=True)
+    out = tmp / "model.pt"
+    cmd = [sys.executable, ROOT / "scripts" / "nnqs_model.py", "--fcidump", fcidump, "-o", out] + args
+    if weights:
+        cmd += ["--weights", weights]
+    r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+TINY = ["--embedding", "8", "--layers", "1", "--heads", "2", "--phase-hidden", "16"]
+TINY_MODEL = "model: {embedding: 8, layers: 1, heads: 2, phase_hidden: [16]}"
+
+
+def test_a_torchscript_model_of_the_built_in_network_gives_its_energies(molecules, tmp):
+    fcidump, _ = molecules["lih"]
+    # The built-in network's initial weights: a run of no steps writes them under /network.
+    initial = tmp / "initial"
+    spec = nnqs_spec(tmp / "i", fcidump, f"max_iterations: 1, steps: 0, fit_steps: 0, {TINY_MODEL}")
+    assert run(["run", spec, "--run-dir", initial, "--device", DEVICE]).code == 0
+    model = script_model(tmp, fcidump, TINY, weights=initial / "outputs" / "nnqs.h5")
+    params = "max_iterations: 3, steps: 15, fit_steps: 15, max_new_dets: 20"
+    built_in, scripted = tmp / "built_in", tmp / "scripted"
+    assert run(["run", nnqs_spec(tmp / "a", fcidump, f"{params}, {TINY_MODEL}"), "--run-dir", built_in,
+                "--device", DEVICE]).code == 0
+    r = run(["run", nnqs_spec(tmp / "b", fcidump, f"{params}, model_file: {model}"), "--run-dir", scripted,
+             "--device", DEVICE])
+    assert r.code == 0, r
+    with h5py.File(built_in / "outputs" / "nnqs.h5") as a, h5py.File(scripted / "outputs" / "nnqs.h5") as b:
+        assert len(a["steps/energy"]) == len(b["steps/energy"]) == 3 * 15
+        np.testing.assert_allclose(b["steps/energy"][()], a["steps/energy"][()], rtol=0, atol=1e-9)
+        np.testing.assert_array_equal(b["dets"][()], a["dets"][()])
+        np.testing.assert_allclose(b["amplitudes"][()], a["amplitudes"][()], rtol=0, atol=1e-8)
+        assert sorted(a["network"]) == sorted(b["network"])
+        assert b.attrs["parameters"] == a.attrs["parameters"]
+        scripted_energies = b["steps/energy"][()]
+    # The model file's own weights are the ones trained: fresh ones give other energies.
+    fresh = script_model(tmp / "fresh", fcidump, TINY + ["--seed", "7"])
+    r = run(["run", nnqs_spec(tmp / "c", fcidump, f"{params}, model_file: {fresh}"), "--run-dir", tmp / "fresh_run",
+             "--device", DEVICE])
+    assert r.code == 0, r
+    with h5py.File(tmp / "fresh_run" / "outputs" / "nnqs.h5") as c:
+        assert np.abs(c["steps/energy"][()] - scripted_energies).max() > 1e-6
+
+
+def test_a_model_file_of_another_width_exits_2(molecules, tmp):
+    h2, _ = molecules["h2"]
+    lih, _ = molecules["lih"]
+    model = script_model(tmp, h2, TINY)  # 2 orbitals: occupations of width 4, not LiH's 12
+    spec = nnqs_spec(tmp, lih, f"max_iterations: 1, model_file: {model}")
+    one_line_error(run(["run", spec, "--run-dir", tmp / "run", "--device", DEVICE]),
+                   "model_file", "does not take this FCIDUMP's occupations", "2 NORB = 12")
+
+
+def test_a_model_file_that_is_not_torchscript_exits_2(molecules, tmp):
+    needs_torch()
+    fcidump, _ = molecules["h2"]
+    bad = tmp / "model.pt"
+    bad.write_text("not a model\n")
+    spec = nnqs_spec(tmp, fcidump, f"max_iterations: 1, model_file: {bad}")
+    one_line_error(run(["run", spec, "--run-dir", tmp / "run", "--device", DEVICE]),
+                   "could not be read as a TorchScript module", "torch.jit.save")
+    spec = nnqs_spec(tmp / "both", fcidump, f"model_file: {bad}, {TINY_MODEL}")
+    one_line_error(run(["run", spec, "--run-dir", tmp / "both" / "run", "--device", DEVICE]),
+                   "'model' and 'model_file' are both given")
+
+
+def test_inspect_plots_the_energy_error_against_iterations(molecules, tmp):
+    fcidump, e_fci = molecules["lih"]
+    spec = nnqs_spec(tmp, fcidump, f"max_iterations: 3, steps: 20, fit_steps: 20, max_new_dets: 20, "
+                                   f"reference_energy: {float(e_fci)!r}, {TINY_MODEL}")
+    assert run(["run", spec, "--run-dir", tmp / "run", "--device", DEVICE]).code == 0
+    out = tmp / "run" / "outputs" / "nnqs.h5"
+    r = run(["inspect", out, "--plot", tmp / "nnqs.png"])
+    assert r.code == 0, r
+    with h5py.File(out) as f:
+        assert f.attrs["reference_energy"] == e_fci
+        energy, lowest = f["iterations/energy"][()], f["iterations/ci_energy"][()]
+    assert (lowest <= energy + 1e-12).all(), "the network went below the lowest energy of its space"
+    # stages/nnqs/views.cpp's geometry: x from iteration 0 at 110 to the last at 930; y log10 of the
+    # error (at least 1e-9), from 470 up to 70 over whole decades that hold the errors and 1.6 mHa.
+    errors = np.maximum(np.concatenate([energy, lowest]) - e_fci, 1e-9)
+    y_lo = int(np.floor(np.log10(min(errors.min(), 1.6e-3))))
+    y_hi = max(y_lo + 1, int(np.ceil(np.log10(max(errors.max(), 1.6e-3)))))
+    y_of = lambda v: 470 - int(round((np.log10(v) - y_lo) / (y_hi - y_lo) * 400))
+    img = read_png_rgb(tmp / "nnqs.png")
+    network, accuracy = (31, 119, 180), (214, 39, 40)
+    last = max(energy[-1] - e_fci, 1e-9)
+    assert tuple(img[y_of(last), 930]) == network, "the last iteration's error is not where the plot puts it"
+    assert (img[y_of(1.6e-3), 115:925] == accuracy).all(axis=1).sum() > 300, "no chemical-accuracy line"
+
+
+def test_ranks_share_the_steps_and_give_the_bytes_of_one(molecules, tmp):
+    fcidump, _ = molecules["lih"]
+    # units of 8 determinants: the spaces of 1, 21 and 41 determinants make 1, 3 and 6 units
+    params = f"max_iterations: 3, steps: 8, fit_steps: 8, max_new_dets: 20, train_batch: 8, {TINY_MODEL}"
+    runs = {}
+    for ranks in [1, 2, 3]:
+        run_dir = tmp / f"ranks{ranks}"
+        r = run(["run", nnqs_spec(tmp / f"s{ranks}", fcidump, params), "--run-dir", run_dir, "--device", DEVICE],
+                mpi=ranks, env=ONE_THREAD)
+        assert r.code == 0, r
+        runs[ranks] = digests(run_dir)
+    assert runs[2] == runs[1] and runs[3] == runs[1]

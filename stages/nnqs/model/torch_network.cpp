@@ -1,30 +1,125 @@
 // The plugin's side of stages/nnqs/network.hpp: the network on LibTorch, float64 on the host,
 // AdamW from torch::optim. Built into libqstage_nnqs.so only; it sees nothing of qstage but that
 // header.
+#include <torch/script.h>
 #include <torch/torch.h>
 
 #include <cstring>
 #include <exception>
 #include <sstream>
 
-#include "stages/nnqs/network.hpp"
 #include "stages/nnqs/model/wavefunction.hpp"
+#include "stages/nnqs/network.hpp"
 
 namespace qstage::nnqs {
 namespace {
 
+// What the network trains: the built-in Wavefunction, or a user's TorchScript module of the same
+// interface. Either gives (log |psi|, phi) of occupations and its parameters by name.
+class Model {
+ public:
+  virtual ~Model() = default;
+  virtual std::pair<torch::Tensor, torch::Tensor> forward(const torch::Tensor& occupations) = 0;
+  virtual std::vector<std::pair<std::string, torch::Tensor>> named_parameters() const = 0;
+};
+
+class BuiltinModel final : public Model {
+ public:
+  explicit BuiltinModel(const NetworkShape& shape) {
+    torch::manual_seed(shape.seed);  // (the initial weights)
+    module_ = Wavefunction(shape);
+    module_->to(torch::kFloat64);
+  }
+  std::pair<torch::Tensor, torch::Tensor> forward(const torch::Tensor& occupations) override {
+    return module_->forward(occupations);
+  }
+  std::vector<std::pair<std::string, torch::Tensor>> named_parameters() const override {
+    std::vector<std::pair<std::string, torch::Tensor>> out;
+    for (const auto& p : module_->named_parameters()) out.emplace_back(p.key(), p.value());
+    return out;
+  }
+
+ private:
+  Wavefunction module_{nullptr};
+};
+
+// The first line of a LibTorch error (its messages run on with C++ and Python stacks).
+std::string first_line(const std::exception& e) {
+  const c10::Error* torch_error = dynamic_cast<const c10::Error*>(&e);
+  const std::string what = torch_error ? torch_error->what_without_backtrace() : e.what();
+  std::string line = what.substr(0, what.find('\n'));
+  return line.empty() ? "(no message)" : line;
+}
+
+class ScriptModel final : public Model {
+ public:
+  explicit ScriptModel(const NetworkShape& shape) : file_(shape.model_file) {
+    try {
+      module_ = torch::jit::load(file_, torch::kCPU);
+    } catch (const std::exception& e) {
+      throw std::runtime_error("model_file '" + file_ + "' could not be read as a TorchScript module (" + first_line(e) +
+                               "); expected a file written by torch.jit.save");
+    }
+    module_.to(torch::kFloat64);
+    module_.train();
+    if (named_parameters().empty())
+      throw std::runtime_error("model_file '" + file_ + "' has no parameters to train; expected a module with parameters");
+    check_interface(shape);
+  }
+  std::pair<torch::Tensor, torch::Tensor> forward(const torch::Tensor& occupations) override {
+    const c10::IValue out = module_.forward({occupations});
+    if (!out.isTuple() || out.toTuple()->elements().size() != 2 || !out.toTuple()->elements()[0].isTensor() ||
+        !out.toTuple()->elements()[1].isTensor())
+      throw std::runtime_error("model_file '" + file_ + "' returned " + out.tagKind() +
+                               "; expected a pair of tensors (log |psi|, phase)");
+    const auto& pair = out.toTuple()->elements();
+    return {pair[0].toTensor().reshape({-1}), pair[1].toTensor().reshape({-1})};
+  }
+  std::vector<std::pair<std::string, torch::Tensor>> named_parameters() const override {
+    std::vector<std::pair<std::string, torch::Tensor>> out;
+    for (const auto& p : module_.named_parameters(/*recurse=*/true)) out.emplace_back(p.name, p.value);
+    return out;
+  }
+
+ private:
+  // One determinant (the first orbitals filled) through forward: a module of another input width
+  // or another output fails here, once, with one line, not inside the first step.
+  void check_interface(const NetworkShape& shape) {
+    const std::int64_t width = 2 * shape.norb;
+    torch::Tensor x = torch::zeros({2, width}, torch::kFloat64);
+    for (int p = 0; p < shape.nalpha; ++p) x.index_put_({torch::indexing::Slice(), 2 * p}, 1.0);
+    for (int p = 0; p < shape.nbeta; ++p) x.index_put_({torch::indexing::Slice(), 2 * p + 1}, 1.0);
+    std::pair<torch::Tensor, torch::Tensor> out;
+    try {
+      torch::NoGradGuard no_grad;
+      out = forward(x);
+    } catch (const std::exception& e) {
+      throw std::runtime_error("model_file '" + file_ + "' does not take this FCIDUMP's occupations, a (batch, 2 NORB = " +
+                               std::to_string(width) + ") float64 tensor: " + first_line(e));
+    }
+    for (const torch::Tensor& t : {out.first, out.second})
+      if (t.numel() != 2 || t.scalar_type() != torch::kFloat64)
+        throw std::runtime_error("model_file '" + file_ + "' returned " + std::to_string(t.numel()) + " " +
+                                 std::string(c10::toString(t.scalar_type())) + " values for 2 determinants; expected " +
+                                 "(log |psi|, phase), one float64 each a determinant");
+  }
+
+  std::string file_;
+  mutable torch::jit::Module module_;
+};
+
 class TorchNetwork final : public Network {
  public:
   explicit TorchNetwork(const NetworkShape& shape) : shape_(shape) {
-    torch::manual_seed(shape.seed);  // (the initial weights)
-    model_ = Wavefunction(shape);
-    model_->to(torch::kFloat64);
+    if (shape.model_file.empty()) model_ = std::make_unique<BuiltinModel>(shape);
+    else model_ = std::make_unique<ScriptModel>(shape);
+    for (const auto& [name, p] : model_->named_parameters()) parameters_.push_back(p);
     optimizer_ = std::make_unique<torch::optim::AdamW>(
-        model_->parameters(), torch::optim::AdamWOptions(shape.learning_rate).weight_decay(shape.weight_decay));
+        parameters_, torch::optim::AdamWOptions(shape.learning_rate).weight_decay(shape.weight_decay));
   }
   std::int64_t parameters() const override {
     std::int64_t n = 0;
-    for (const auto& p : model_->parameters()) n += p.numel();
+    for (const auto& p : parameters_) n += p.numel();
     return n;
   }
   void evaluate(const Occupations& x, double* log_amplitude, double* phase) override {
@@ -33,25 +128,57 @@ class TorchNetwork final : public Network {
     std::copy_n(a.contiguous().data_ptr<double>(), x.rows, log_amplitude);
     std::copy_n(f.contiguous().data_ptr<double>(), x.rows, phase);
   }
-  void step(const Occupations& x, const Gradient& gradient) override {
+  void gradient(const Occupations& x, const double* d_log_amplitude, const double* d_phase, double* out) override {
+    const auto rows = static_cast<std::int64_t>(x.rows);
     const auto [log_amplitude, phase] = model_->forward(tensor(x));
-    const torch::Tensor a = torch::exp(log_amplitude - log_amplitude.max().detach());
-    const torch::Tensor psi = torch::cat({a * torch::cos(phase), a * torch::sin(phase)});
-    const torch::Tensor values = psi.detach().contiguous();
-    std::vector<double> g = gradient(std::vector<double>(values.data_ptr<double>(), values.data_ptr<double>() + values.numel()));
-    optimizer_->zero_grad();
-    psi.backward(torch::from_blob(g.data(), {static_cast<std::int64_t>(g.size())}, torch::kFloat64));
+    const auto weights = [rows](const double* d) {
+      return torch::from_blob(const_cast<double*>(d), {rows}, torch::kFloat64);
+    };
+    for (auto& p : parameters_) p.mutable_grad() = torch::Tensor();
+    ((log_amplitude * weights(d_log_amplitude)).sum() + (phase * weights(d_phase)).sum()).backward();
+    for (const auto& p : parameters_) {
+      const std::int64_t n = p.numel();
+      if (p.grad().defined()) std::copy_n(p.grad().to(torch::kFloat64).contiguous().data_ptr<double>(), n, out);
+      else std::fill_n(out, n, 0.0);  // (a parameter the loss does not reach)
+      out += n;
+    }
+  }
+  void step(const double* gradient) override {
+    for (auto& p : parameters_) {
+      const std::int64_t n = p.numel();
+      p.mutable_grad() = torch::from_blob(const_cast<double*>(gradient), p.sizes(), torch::kFloat64).to(p.dtype()).clone();
+      gradient += n;
+    }
     optimizer_->step();
   }
   std::string save() const override {
-    return archive([&](torch::serialize::OutputArchive& a) { model_->save(a); }) +
+    return archive([&](torch::serialize::OutputArchive& a) {
+             for (const auto& [name, p] : model_->named_parameters()) a.write(name, p);
+           }) +
            archive([&](torch::serialize::OutputArchive& a) { optimizer_->save(a); });
   }
   void load(std::string_view state) override {
     // (two archives, each a zip whose size leads it in 8 bytes)
     std::string_view rest = state;
-    unarchive(rest, [&](torch::serialize::InputArchive& a) { model_->load(a); });
+    unarchive(rest, [&](torch::serialize::InputArchive& a) {
+      torch::NoGradGuard no_grad;
+      for (auto& [name, p] : model_->named_parameters()) {
+        torch::Tensor saved;
+        a.read(name, saved);
+        p.copy_(saved);
+      }
+    });
     unarchive(rest, [&](torch::serialize::InputArchive& a) { optimizer_->load(a); });
+  }
+  std::vector<NamedWeights> weights() const override {
+    std::vector<NamedWeights> out;
+    for (const auto& [name, p] : model_->named_parameters()) {
+      const torch::Tensor t = p.detach().to(torch::kFloat64).contiguous();
+      NamedWeights w{name, {}, std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel())};
+      for (const std::int64_t d : t.sizes()) w.shape.push_back(static_cast<std::uint64_t>(d));
+      out.push_back(std::move(w));
+    }
+    return out;
   }
 
  private:
@@ -71,9 +198,9 @@ class TorchNetwork final : public Network {
   }
   static void unarchive(std::string_view& state, const std::function<void(torch::serialize::InputArchive&)>& load) {
     std::uint64_t size = 0;
-    if (state.size() < 8) throw std::runtime_error("sci.nnqs: the network's saved state is cut short");
+    if (state.size() < 8) throw std::runtime_error("the network's saved state is cut short");
     std::memcpy(&size, state.data(), 8);
-    if (state.size() - 8 < size) throw std::runtime_error("sci.nnqs: the network's saved state is cut short");
+    if (state.size() - 8 < size) throw std::runtime_error("the network's saved state is cut short");
     std::istringstream is(std::string(state.substr(8, size)));
     state.remove_prefix(8 + size);
     torch::serialize::InputArchive archive;
@@ -82,7 +209,8 @@ class TorchNetwork final : public Network {
   }
 
   NetworkShape shape_;
-  Wavefunction model_{nullptr};
+  std::unique_ptr<Model> model_;
+  std::vector<torch::Tensor> parameters_;  // (the model's, in its order: AdamW's state follows it)
   std::unique_ptr<torch::optim::AdamW> optimizer_;
 };
 
@@ -93,7 +221,7 @@ extern "C" qstage::nnqs::Network* qstage_nnqs_make_network(const qstage::nnqs::N
   try {
     return new qstage::nnqs::TorchNetwork(*shape);
   } catch (const std::exception& e) {
-    *error = e.what();
+    *error = qstage::nnqs::first_line(e);
     return nullptr;
   }
 }
