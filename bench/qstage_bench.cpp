@@ -61,15 +61,15 @@
 #include "core/fsutil.hpp"
 #include "core/units.hpp"
 #include "io/h5.hpp"
-#include "kernels/charge_blocks.hpp"
-#include "kernels/codec.hpp"
-#include "kernels/dense_linalg.hpp"
-#include "kernels/gemm.hpp"
-#include "kernels/looped_gemm.hpp"
-#include "kernels/random.hpp"
+#include "kernels/mps/charge_blocks.hpp"
+#include "kernels/codec/backend_codec.hpp"
+#include "kernels/linalg/dense_linalg.hpp"
+#include "kernels/linalg/gemm.hpp"
+#include "kernels/linalg/looped_gemm.hpp"
+#include "kernels/tensor/random.hpp"
 #include "pass_overhead_bench.hpp"
 #include "sci_generate_bench.hpp"
-#include "kernels/sort_unique.hpp"
+#include "kernels/keys/sort_unique.hpp"
 
 using namespace qstage;
 using nlohmann::json;

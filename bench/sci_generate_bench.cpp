@@ -12,7 +12,7 @@
 
 #include "backend/backend.hpp"
 #include "core/error.hpp"
-#include "kernels/sci_generate.hpp"
+#include "kernels/sci/sci_generate.hpp"
 #include "sci_generate_bench.hpp"
 #include "stages/sci/excitation_tables.hpp"
 #include "stages/sci/fcidump.hpp"

@@ -1,7 +1,7 @@
 #pragma once
 // A small RGB raster for plots: rectangles, 2-pixel lines (dashed or not), text in a built-in 5 x 7
 // pixel font at scale 2, saved as PNG through io/png. Stages draw their `qstage inspect --plot`
-// views with it (stages/views.hpp).
+// views with it (stages/common/views.hpp).
 #include <cstdint>
 #include <filesystem>
 #include <string>

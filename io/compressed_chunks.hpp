@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "io/codec/codec.hpp"
+#include "codec/codec.hpp"
 #include "io/h5.hpp"
 
 namespace qstage::h5 {

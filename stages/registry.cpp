@@ -1,74 +1,33 @@
-#include <algorithm>
-#include <map>
-#include <mutex>
+// The registry: the stage families, listed once. An explicit list (not static self-registration
+// in the families' libraries) so nothing depends on link order.
+#include "stages/registry.hpp"
 
-#include "core/embedded.hpp"
-#include "core/error.hpp"
-#include "engine/journal.hpp"
+#include <algorithm>
+
 #include "stages/compress/compress_stages.hpp"
 #include "stages/keys/keys_stages.hpp"
 #include "stages/mps/mps_stages.hpp"
 #include "stages/nnqs/nnqs_stages.hpp"
 #include "stages/sci/sci_stages.hpp"
-#include "stages/stage.hpp"
 #include "stages/tensor/tensor_stages.hpp"
 #include "stages/tn/tn_stages.hpp"
 
 namespace qstage::stages {
 
 namespace {
-class NoPass final : public engine::PassKernel {
-  void process(const engine::BatchView&) override {}
-};
+
+const std::vector<Family>& families() {
+  static const std::vector<Family> all = {tensor_family(), tn_family(),  compress_family(), keys_family(),
+                                          sci_family(),    nnqs_family(), mps_family()};
+  return all;
+}
+
 }  // namespace
 
-void mark_measured(h5::Dataset& dataset) { dataset.set_attribute(kMeasuredAttribute, std::int64_t{1}); }
-
-bool is_measured(const h5::Dataset& dataset) {
-  return dataset.has_attribute(kMeasuredAttribute) && dataset.int_attribute(kMeasuredAttribute) == 1;
-}
-
-std::unique_ptr<engine::PassKernel> no_pass_kernel() { return std::make_unique<NoPass>(); }
-
-StepPass planned_pass(const StagePlan& plan, std::unique_ptr<engine::PassKernel> kernel,
-                      std::unique_ptr<engine::Reduction> reduction) {
-  return {"", plan.pass, plan.streamed_inputs, std::move(kernel), std::move(reduction)};
-}
-
-std::optional<StepPass> ComputedRun::next() {
-  if (!ctx_.comm || ctx_.comm->root()) compute();
-  computed_ = true;
-  return std::nullopt;
-}
-
-StepPass ComputedRun::output(StagePlan& plan) {
-  copy_from_root(*this, ctx_.comm);
-  return planned_pass(plan, no_pass_kernel());
-}
-
-void copy_from_root(StepRun& run, const mpi::Comm* comm) {
-  if (!comm || comm->size() == 1) return;
-  const std::string state = comm->broadcast(comm->root() ? run.save() : std::string());
-  if (!comm->root()) run.load(state);
-}
-
-StagePlan ComputedStage::computed_plan(std::vector<std::pair<std::string, DatasetInfo>> results) {
-  StagePlan plan;
-  plan.pass.rows = 0;
-  plan.computed = true;
-  plan.primary_output = results.at(0).first;
-  plan.results = std::move(results);
-  return plan;
-}
-
-
 const std::vector<const Stage*>& all_stages() {
-  // An explicit list (not static self-registration) so nothing depends on link order.
   static const std::vector<const Stage*> stages = [] {
-    std::vector<const Stage*> v{&tensor_random(), &tensor_matmul(), &tensor_stats(), &tensor_compare(), &tn_build(),
-                                &tn_path(),       &tn_plan(),       &tn_contract(), &tn_statevector(),
-                                &compress(),      &decompress(),    &compress_evaluate(), &keys_dedup(), &sci_integrals(), &sci_solve(), &sci_nnqs(),
-                                &mps_init(),      &mps_tebd()};
+    std::vector<const Stage*> v;
+    for (const Family& f : families()) v.insert(v.end(), f.stages.begin(), f.stages.end());
     std::sort(v.begin(), v.end(), [](auto* a, auto* b) { return a->info().name < b->info().name; });
     return v;
   }();
@@ -81,38 +40,22 @@ const Stage* find_stage(std::string_view name) {
   return nullptr;
 }
 
-const nlohmann::json& parameter_schema(const Stage& stage) {
-  static std::mutex mutex;
-  static std::map<std::string, nlohmann::json> cache;
-  std::lock_guard lock(mutex);
-  auto& slot = cache[stage.info().name];
-  if (slot.is_null()) slot = nlohmann::json::parse(embedded::file("schemas/stages/" + stage.info().name + ".json"));
-  return slot;
+const std::vector<View>& all_views() {
+  static const std::vector<View> views = [] {
+    std::vector<View> v;
+    for (const Family& f : families()) v.insert(v.end(), f.views.begin(), f.views.end());
+    std::sort(v.begin(), v.end(), [](const View& a, const View& b) { return a.stage < b.stage; });
+    return v;
+  }();
+  return views;
 }
 
-std::uint64_t default_chunk_rows(std::uint64_t row_bytes) {
-  constexpr std::uint64_t target = 4u << 20;
-  return std::max<std::uint64_t>(1, target / std::max<std::uint64_t>(row_bytes, 1));
-}
-
-std::filesystem::path prior_pass_output(const StepContext& ctx, int index) {
-  return ctx.work_dir / engine::StepWork::pass_folder(index) / "output.h5";
-}
-
-namespace {
-// Step inputs' slot names are identifiers; this prefix cannot begin one.
-constexpr std::string_view kEarlierPass = "pass:";
-}  // namespace
-
-std::string earlier_pass_input(int pass, const std::string& dataset) {
-  return std::string(kEarlierPass) + std::to_string(pass) + ":" + dataset;
-}
-
-std::optional<EarlierPassInput> parse_earlier_pass_input(const std::string& source) {
-  if (!source.starts_with(kEarlierPass)) return std::nullopt;
-  const std::size_t colon = source.find(':', kEarlierPass.size());
-  if (colon == std::string::npos) throw std::logic_error("malformed earlier-pass input '" + source + "'");
-  return EarlierPassInput{std::stoi(source.substr(kEarlierPass.size(), colon - kEarlierPass.size())), source.substr(colon + 1)};
+const View* find_view(const h5::File& f) {
+  if (!f.has_attribute("qstage.stage")) return nullptr;
+  const std::string stage = f.string_attribute("qstage.stage");
+  for (const View& v : all_views())
+    if (v.stage == stage) return &v;
+  return nullptr;
 }
 
 }  // namespace qstage::stages

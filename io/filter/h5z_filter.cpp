@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "io/codec/codec.hpp"
+#include "codec/codec.hpp"
 
 namespace {
 

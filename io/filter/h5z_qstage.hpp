@@ -17,7 +17,7 @@
 #include <cstddef>
 #include <vector>
 
-#include "io/codec/codec.hpp"
+#include "codec/codec.hpp"
 
 namespace qstage::h5z {
 

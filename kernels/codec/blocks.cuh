@@ -1,11 +1,11 @@
 #pragma once
-// The GPU codec's shared layout (device code; kernels/codec_encode.cu, codec_decode.cu and
+// The GPU codec's shared layout (device code; kernels/codec/codec_encode.cu, codec_decode.cu and
 // codec_gpu.cu): one warp per block, each lane holding V = block / 32 consecutive values, staged
 // in shared memory; and the coded blocks' buffers in device memory.
 #include <cstdint>
 
-#include "io/codec/block_math.hpp"
-#include "kernels/codec.hpp"
+#include "codec/block_math.hpp"
+#include "kernels/codec/backend_codec.hpp"
 #include "kernels/warp.cuh"
 
 namespace qstage::kernels::codec_gpu {
@@ -56,15 +56,15 @@ struct ComponentBlocks {
 };
 
 
-// The launches the host side (kernels/codec_gpu.cu) queues on the codec's stream. Coding
-// (kernels/codec_encode.cu): one pass, meta and payload of each block, `ticket` and the
+// The launches the host side (kernels/codec/codec_gpu.cu) queues on the codec's stream. Coding
+// (kernels/codec/codec_encode.cu): one pass, meta and payload of each block, `ticket` and the
 // buffers' tiles and totals zeroed; block: 64, 128 or 256 values.
 void code_blocks(cudaStream_t s, const float* v, std::uint64_t n, int stride, const BlockRules& r, std::uint32_t block,
                  std::uint64_t blocks, const BlockBuffers& k, unsigned long long* ticket);
 void code_pair_blocks(cudaStream_t s, const float2* v, std::uint64_t n, const BlockRules& r, std::uint32_t block,
                       std::uint64_t blocks, const BlockBuffers& re, const BlockBuffers& im, unsigned long long* ticket);
 
-// Decoding (kernels/codec_decode.cu): the blocks' payload offsets, then their values.
+// Decoding (kernels/codec/codec_decode.cu): the blocks' payload offsets, then their values.
 
 // The blocks of `parts` components end to end, blocks + 1 entries each (the last 0): entry i's
 // payload bytes, read from the component's meta (states, then u16 sizes) as the scan goes.

@@ -1,7 +1,7 @@
 #pragma once
-// How a warp chooses its block's state and size (device code, kernels/codec_encode.cu): the
+// How a warp chooses its block's state and size (device code, kernels/codec/codec_encode.cu): the
 // block's values loaded into the lanes, each candidate's size and bounds, and the choice, as
-// encode_block makes it on the CPU (io/codec/block_coder.cpp).
+// encode_block makes it on the CPU (codec/block_coder.cpp).
 #include <cstdint>
 
 #include "kernels/codec/blocks.cuh"

@@ -10,8 +10,8 @@
 
 #include "core/error.hpp"
 #include "io/compressed_chunks.hpp"
-#include "stages/params.hpp"
-#include "stages/tensor/common.hpp"
+#include "stages/common/params.hpp"
+#include "stages/common/results.hpp"
 
 namespace qstage::stages::compress_detail {
 
@@ -23,11 +23,10 @@ codec::ElementType element_type(h5::DType t, std::string_view slot) {
                                h5::dtype_name(t)));
 }
 
-codec::Settings settings_from(const json& params) { return h5::codec_settings(params, "codec parameters"); }
 
 CodingParams CodingParams::from_json(const json& params) {
   CodingParams p;
-  p.settings = settings_from(params);
+  p.settings = h5::codec_settings(params, "codec parameters");
   p.chunk_rows = params::optional<std::uint64_t>(params, "chunk_rows");
   p.range = params::optional<double>(params, "range");
   return p;

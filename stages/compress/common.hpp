@@ -8,10 +8,10 @@
 #include <string>
 #include <vector>
 
-#include "io/codec/codec.hpp"
-#include "kernels/chunk_codec.hpp"
+#include "codec/codec.hpp"
+#include "kernels/codec/chunk_codec.hpp"
 #include "core/serial.hpp"
-#include "stages/stage.hpp"
+#include "stages/common/stage.hpp"
 
 namespace qstage::stages::compress_detail {
 
@@ -27,9 +27,6 @@ struct CodingParams {
 
 // float32 -> float32, complex64 -> complex64; anything else is an InputError naming the slot.
 codec::ElementType element_type(h5::DType t, std::string_view slot);
-// The codec settings the parameters ask for (pipeline, error, threshold, bounds, block_size),
-// checked; throws InputError naming the parameter.
-codec::Settings settings_from(const nlohmann::json& params);
 // Rows per compressed chunk: `chunk_rows` if given, else the input's chunk rows, else about
 // 4 MiB; at most the input's rows. Each chunk is one codec stream.
 std::uint64_t chunk_rows_for(const CodingParams& params, const Layout& x);

@@ -2,7 +2,7 @@
 // qstage's error-bounded codec, stored under HDF5 filter 32881, so that h5py (with the plugin)
 // reads it as plain values and `decompress` decodes it on the device.
 //
-// Each chunk of rows is one stream, coded by the pass's kernel on the device (kernels/codec_encode.cu)
+// Each chunk of rows is one stream, coded by the pass's kernel on the device (kernels/codec/codec_encode.cu)
 // or the CPU, with bounds relative to the range of the whole dataset (measured in a first pass,
 // RelativeBoundsStage, unless the `range` parameter gives it). Compressed sizes vary, so the streams
 // leave the pass as per-tile partials: rank 0 appends them in chunk order to a spool file in the
@@ -20,7 +20,7 @@
 #include "io/filter/h5z_qstage.hpp"
 #include "stages/compress/common.hpp"
 #include "stages/compress/compress_stages.hpp"
-#include "stages/tensor/common.hpp"
+#include "stages/common/results.hpp"
 
 namespace qstage::stages {
 namespace {

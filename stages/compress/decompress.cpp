@@ -13,7 +13,7 @@
 #include "io/row_io.hpp"
 #include "stages/compress/common.hpp"
 #include "stages/compress/compress_stages.hpp"
-#include "stages/tensor/common.hpp"
+#include "stages/common/results.hpp"
 
 namespace qstage::stages {
 namespace {

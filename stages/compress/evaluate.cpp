@@ -15,7 +15,7 @@
 #include "core/units.hpp"
 #include "stages/compress/common.hpp"
 #include "stages/compress/compress_stages.hpp"
-#include "stages/tensor/common.hpp"
+#include "stages/common/results.hpp"
 #include "stages/tn/circuit.hpp"
 
 namespace qstage::stages {

@@ -10,7 +10,7 @@
 #include "core/error.hpp"
 #include "stages/keys/dedup_passes.hpp"
 #include "stages/keys/keys_stages.hpp"
-#include "stages/tensor/common.hpp"
+#include "stages/common/results.hpp"
 
 namespace qstage::stages {
 namespace {

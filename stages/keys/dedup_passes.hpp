@@ -39,9 +39,9 @@
 #include <vector>
 
 #include "core/serial.hpp"
-#include "kernels/sort_unique.hpp"
+#include "kernels/keys/sort_unique.hpp"
 #include "stages/keys/dedup_resident.hpp"
-#include "stages/stage.hpp"
+#include "stages/common/stage.hpp"
 
 namespace qstage::stages::keys {
 

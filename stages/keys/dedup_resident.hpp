@@ -11,7 +11,7 @@
 #include <functional>
 
 #include "backend/backend.hpp"
-#include "kernels/sort_unique.hpp"
+#include "kernels/keys/sort_unique.hpp"
 
 namespace qstage::stages::keys {
 

@@ -3,7 +3,7 @@
 #include <map>
 #include <stdexcept>
 
-#include "kernels/u1_math.hpp"
+#include "kernels/mps/u1_math.hpp"
 
 namespace qstage::stages::mps {
 namespace {

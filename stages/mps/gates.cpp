@@ -6,7 +6,7 @@
 #include <limits>
 
 #include "core/error.hpp"
-#include "kernels/u1_math.hpp"
+#include "kernels/mps/u1_math.hpp"
 
 namespace qstage::stages::mps {
 

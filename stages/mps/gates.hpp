@@ -1,6 +1,6 @@
 #pragma once
 // Two-site gates that conserve the particle number, as the tables the charge-blocked update looks
-// up (kernels/u1_math.hpp: U[n, m, l] = <l, n+m-l| G |n, m>).
+// up (kernels/mps/u1_math.hpp: U[n, m, l] = <l, n+m-l| G |n, m>).
 #include <string>
 #include <vector>
 

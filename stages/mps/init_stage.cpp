@@ -11,7 +11,7 @@
 #include "stages/mps/mps_stages.hpp"
 #include "stages/mps/serial.hpp"
 #include "stages/mps/u1mps.hpp"
-#include "stages/tensor/common.hpp"
+#include "stages/common/results.hpp"
 
 namespace qstage::stages {
 namespace {

@@ -1,7 +1,7 @@
 #pragma once
-// The dense host building blocks of the MPS code live in kernels/dense_linalg.hpp (the CPU twins
+// The dense host building blocks of the MPS code live in kernels/linalg/dense_linalg.hpp (the CPU twins
 // of the charge-block kernels use them too); stages/mps names them here.
-#include "kernels/dense_linalg.hpp"
+#include "kernels/linalg/dense_linalg.hpp"
 #include "stages/mps/u1mps.hpp"
 
 namespace qstage::stages::mps {

@@ -10,7 +10,7 @@
 #include <numbers>
 
 #include "core/error.hpp"
-#include "kernels/random.hpp"
+#include "kernels/tensor/random.hpp"
 
 namespace qstage::stages::mps {
 

@@ -38,7 +38,7 @@ struct BeamSplitter {
 std::vector<cplx> interferometer_unitary(const std::vector<BeamSplitter>& bs, int M);
 
 // A Haar-random M x M unitary from `seed` (Gram-Schmidt of a complex Gaussian matrix drawn from
-// kernels/random.hpp's stream, which is Mezzadri's QR with a positive diagonal of R).
+// kernels/tensor/random.hpp's stream, which is Mezzadri's QR with a positive diagonal of R).
 std::vector<cplx> haar_unitary(int M, std::uint64_t seed);
 
 // Nearest-neighbour beam splitters (Reck-style Givens nulling, docs/mps.md) whose

@@ -21,8 +21,8 @@
 #include "core/parallel.hpp"
 #include "core/units.hpp"
 #include "engine/spill_store.hpp"
-#include "kernels/charge_tiles.hpp"
-#include "kernels/u1_math.hpp"
+#include "kernels/mps/charge_tiles.hpp"
+#include "kernels/mps/u1_math.hpp"
 #include "stages/mps/serial.hpp"
 #include "stages/mps/linalg.hpp"
 

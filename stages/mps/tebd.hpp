@@ -10,7 +10,7 @@
 
 #include "backend/backend.hpp"
 #include "comm/communicator.hpp"
-#include "kernels/charge_blocks.hpp"
+#include "kernels/mps/charge_blocks.hpp"
 #include "stages/mps/gates.hpp"
 #include "stages/mps/truncation.hpp"
 #include "stages/mps/u1mps.hpp"

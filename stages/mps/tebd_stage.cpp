@@ -29,7 +29,7 @@
 #include "stages/mps/serial.hpp"
 #include "stages/mps/tebd.hpp"
 #include "stages/mps/u1mps.hpp"
-#include "stages/tensor/common.hpp"
+#include "stages/common/results.hpp"
 
 namespace qstage::stages {
 namespace {

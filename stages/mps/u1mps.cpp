@@ -14,8 +14,8 @@
 #include "core/parallel.hpp"
 #include "core/parallel.hpp"
 #include "kernels/common.hpp"
-#include "kernels/random.hpp"
-#include "kernels/u1_math.hpp"
+#include "kernels/tensor/random.hpp"
+#include "kernels/mps/u1_math.hpp"
 #include "stages/mps/linalg.hpp"
 
 namespace qstage::stages::mps {

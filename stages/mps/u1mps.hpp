@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "io/h5.hpp"
-#include "kernels/u1_math.hpp"
+#include "kernels/mps/u1_math.hpp"
 #include "stages/mps/truncation.hpp"
 
 namespace qstage::stages::mps {

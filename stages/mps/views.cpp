@@ -1,4 +1,4 @@
-// The `qstage inspect --plot` view of mps.tebd's output (stages/views.hpp): the densities
+// The `qstage inspect --plot` view of mps.tebd's output (stages/common/views.hpp): the densities
 // <n_j>(t) and the von Neumann entropies S(bond, t) as heat maps (site or bond across, time
 // upwards, as light-cone plots are drawn), each with its colour bar, and the half-chain entropy
 // against time.

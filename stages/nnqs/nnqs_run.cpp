@@ -13,14 +13,14 @@
 #include "core/error.hpp"
 #include "core/serial.hpp"
 #include "engine/tree_fold.hpp"
-#include "kernels/sci_generate.hpp"
-#include "kernels/sort_unique.hpp"
+#include "kernels/sci/sci_generate.hpp"
+#include "kernels/keys/sort_unique.hpp"
 #include "stages/keys/dedup_passes.hpp"
 #include "stages/nnqs/network.hpp"
 #include "stages/sci/davidson.hpp"
 #include "stages/sci/problem.hpp"
 #include "stages/sci/resident_space.hpp"
-#include "stages/tensor/common.hpp"
+#include "stages/common/results.hpp"
 
 namespace qstage::nnqs {
 namespace {

@@ -20,7 +20,7 @@
 #include <memory>
 
 #include "stages/nnqs/nnqs_params.hpp"
-#include "stages/stage.hpp"
+#include "stages/common/stage.hpp"
 
 namespace qstage::nnqs {
 

@@ -1,4 +1,4 @@
-// The `qstage inspect --plot` view of sci.nnqs's output (stages/views.hpp): the energy error
+// The `qstage inspect --plot` view of sci.nnqs's output (stages/common/views.hpp): the energy error
 // against iterations on a log scale, like seed 004's Fig. 7: the network's energy and the lowest
 // energy its space allows, against the run's reference_energy (or, without one, against the
 // lowest energy of the last space), with chemical accuracy marked.

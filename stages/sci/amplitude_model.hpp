@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/sci_math.hpp"
+#include "kernels/sci/sci_math.hpp"
 
 namespace qstage::sci {
 

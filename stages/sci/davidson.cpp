@@ -5,7 +5,7 @@
 #include <numeric>
 #include <stdexcept>
 
-#include "kernels/sci_davidson.hpp"
+#include "kernels/sci/sci_davidson.hpp"
 
 namespace qstage::sci {
 

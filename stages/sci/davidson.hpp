@@ -8,7 +8,7 @@
 // until place() moves them to a backend's device, where they stay until Davidson is done: the
 // caller's product kernel then reads next() and writes product_slot() in place, and a product
 // costs its kernel and Davidson's own kernels, no copies. Every step is the fixed-shape arithmetic
-// of kernels/sci_davidson.hpp, whose bits do not depend on the threads or on the backend; only
+// of kernels/sci/sci_davidson.hpp, whose bits do not depend on the threads or on the backend; only
 // the small projected eigenproblem is solved on the host. save() and load() carry the whole state
 // bit for bit, so a resumed run continues where it stopped.
 #include <cstdint>

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "backend/backend.hpp"
-#include "kernels/sci_math.hpp"
+#include "kernels/sci/sci_math.hpp"
 #include "stages/sci/fcidump.hpp"
 
 namespace qstage::sci {

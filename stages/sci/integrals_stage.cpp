@@ -9,7 +9,7 @@
 #include "stages/sci/excitation_tables.hpp"
 #include "stages/sci/fcidump.hpp"
 #include "stages/sci/sci_stages.hpp"
-#include "stages/tensor/common.hpp"
+#include "stages/common/results.hpp"
 
 namespace qstage::stages {
 namespace {

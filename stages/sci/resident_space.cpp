@@ -5,8 +5,8 @@
 #include <memory>
 #include <optional>
 
-#include "kernels/sci_generate.hpp"
-#include "kernels/sci_space_pairs.hpp"
+#include "kernels/sci/sci_generate.hpp"
+#include "kernels/sci/sci_space_pairs.hpp"
 
 namespace qstage::sci {
 
@@ -148,7 +148,7 @@ bool ResidentSpace::store_from_host_strings(Backend& backend, Stream& stream, co
 }
 
 // Every row's virtual excitations enumerated on the device and searched in the space: counted,
-// scanned on the host, written at their lanes' places (kernels/sci_generate.hpp). Given the last
+// scanned on the host, written at their lanes' places (kernels/sci/sci_generate.hpp). Given the last
 // iteration's rows (enumerated on the device, and this space holds that one's), those rows grow
 // instead: their walk searches only the added determinants (SciCouplings::Growth).
 void ResidentSpace::store_by_device_enumeration(Backend& backend, Stream& stream,

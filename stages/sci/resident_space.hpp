@@ -3,10 +3,10 @@
 // stays on the device): the integrals and tables, the space, and, where it fits, H within the
 // space stored. With it stored, a product reads it once (the cost of its bytes); without, each
 // product enumerates every determinant's excitations and searches the space for them. Either way
-// the products give the same bits (kernels/sci_generate.hpp).
+// the products give the same bits (kernels/sci/sci_generate.hpp).
 //
 // H's rows are found one of two ways (RowSource), the same entries either way:
-// - on the host (kernels/sci_space_pairs.hpp: each determinant's partners through the space's
+// - on the host (kernels/sci/sci_space_pairs.hpp: each determinant's partners through the space's
 //   strings, in the enumeration's order), kept there in list order with each entry's place, so
 //   that the next iteration's space, which holds this one, grows them instead of finding them
 //   again. The cpu backend's products read those rows; on cuda they are laid out in the sigma
@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "backend/backend.hpp"
-#include "kernels/sci_math.hpp"
+#include "kernels/sci/sci_math.hpp"
 #include "stages/sci/excitation_tables.hpp"
 
 namespace qstage::sci {

@@ -49,9 +49,9 @@
 #include "core/serial.hpp"
 #include "core/units.hpp"
 #include "engine/tree_fold.hpp"
-#include "kernels/sci_generate.hpp"
-#include "kernels/sci_score.hpp"
-#include "kernels/sort_unique.hpp"
+#include "kernels/sci/sci_generate.hpp"
+#include "kernels/sci/sci_score.hpp"
+#include "kernels/keys/sort_unique.hpp"
 #include "stages/keys/dedup_passes.hpp"
 #include "stages/sci/amplitude_model.hpp"
 #include "stages/sci/davidson.hpp"
@@ -61,7 +61,7 @@
 #include "stages/sci/resident_space.hpp"
 #include "stages/sci/sci_stages.hpp"
 #include "stages/sci/target_state.hpp"
-#include "stages/tensor/common.hpp"
+#include "stages/common/results.hpp"
 
 namespace qstage::stages {
 namespace {
@@ -578,7 +578,7 @@ class ScoreReduction final : public engine::Reduction {
 
 // Per unique candidate outside the space (and of the target's irrep), the EN-PT2 term and the
 // model's amplitude; each tile's partial keeps its K best. Whether a candidate counts and its
-// denominator E - H_aa come from the backend (kernels/sci_score.hpp: on the GPU, the space and
+// denominator E - H_aa come from the backend (kernels/sci/sci_score.hpp: on the GPU, the space and
 // the integrals resident for the pass), and so do the sums when no top-K is kept (a final PT2);
 // else the sums and the top-K are the host's. Either way per tile in row order, so E_PT2 and the
 // top-K have the same bits on every backend and for any batch.

@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/sci_math.hpp"
+#include "kernels/sci/sci_math.hpp"
 #include "stages/sci/fcidump.hpp"
 
 namespace qstage::sci {

@@ -1,4 +1,4 @@
-// The `qstage inspect --plot` view of sci.solve's output (stages/views.hpp): the energy against
+// The `qstage inspect --plot` view of sci.solve's output (stages/common/views.hpp): the energy against
 // the size of the space, iteration by iteration, with the reference energy when the run had one.
 #include <fmt/format.h>
 

@@ -8,9 +8,9 @@
 #include <cstring>
 #include <vector>
 
-#include "stages/params.hpp"
+#include "stages/common/params.hpp"
 #include "core/serial.hpp"
-#include "stages/tensor/common.hpp"
+#include "stages/common/results.hpp"
 #include "stages/tensor/tensor_stages.hpp"
 
 namespace qstage::stages {

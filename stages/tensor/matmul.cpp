@@ -3,8 +3,8 @@
 // of applying a gate or a small operator to a huge intermediate.
 #include "core/units.hpp"
 #include "io/row_io.hpp"
-#include "kernels/gemm.hpp"
-#include "stages/tensor/common.hpp"
+#include "kernels/linalg/gemm.hpp"
+#include "stages/common/results.hpp"
 #include "stages/tensor/tensor_stages.hpp"
 
 namespace qstage::stages {

@@ -1,10 +1,10 @@
 // tensor.random: a large chunked tensor of uniform random numbers from a seed. Component j's
 // value depends only on (seed, j), so the tensor is identical for any rank count, batch size or
-// backend (kernels/random.hpp).
+// backend (kernels/tensor/random.hpp).
 #include <fmt/ranges.h>
 
-#include "kernels/random.hpp"
-#include "stages/tensor/common.hpp"
+#include "kernels/tensor/random.hpp"
+#include "stages/common/results.hpp"
 #include "stages/tensor/tensor_stages.hpp"
 
 namespace qstage::stages {

@@ -5,8 +5,8 @@
 #include <cstring>
 
 #include "core/hash.hpp"
-#include "kernels/stats.hpp"
-#include "stages/tensor/common.hpp"
+#include "kernels/tensor/stats.hpp"
+#include "stages/common/results.hpp"
 #include "stages/tensor/tensor_stages.hpp"
 
 namespace qstage::stages {

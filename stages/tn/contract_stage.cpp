@@ -16,11 +16,11 @@
 #include <optional>
 
 #include "core/error.hpp"
+#include "core/serial.hpp"
 #include "core/units.hpp"
 #include "io/compressed_chunks.hpp"
 #include "spec/schema.hpp"
-#include "stages/compress/common.hpp"
-#include "stages/params.hpp"
+#include "stages/common/params.hpp"
 #include "comm/communicator.hpp"
 #include "core/mpi.hpp"
 #include "core/signals.hpp"
@@ -82,7 +82,7 @@ struct Params {
     r.scratch_dir = dir.empty() ? std::filesystem::temp_directory_path() : std::filesystem::path(dir);
     if (p.contains("compress_spilled")) {  // the codec's settings, their defaults filled in
       const json& schema = parameter_schema(tn_contract()).at("properties").at("compress_spilled");
-      r.compress_spilled = compress_detail::settings_from(spec::with_defaults(schema, p.at("compress_spilled")));
+      r.compress_spilled = h5::codec_settings(spec::with_defaults(schema, p.at("compress_spilled")), "compress_spilled");
     }
     return r;
   }

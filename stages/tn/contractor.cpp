@@ -6,9 +6,9 @@
 
 #include "core/error.hpp"
 
-#include "kernels/gemm.hpp"
-#include "kernels/looped_gemm.hpp"
-#include "kernels/permute.hpp"
+#include "kernels/linalg/gemm.hpp"
+#include "kernels/linalg/looped_gemm.hpp"
+#include "kernels/linalg/permute.hpp"
 
 namespace qstage::tn {
 

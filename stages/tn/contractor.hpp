@@ -23,8 +23,8 @@
 
 #include "backend/backend.hpp"
 #include "engine/spill_store.hpp"
-#include "io/codec/codec.hpp"
-#include "kernels/gemm.hpp"
+#include "codec/codec.hpp"
+#include "kernels/linalg/gemm.hpp"
 #include "stages/tn/network.hpp"
 #include "stages/tn/plan.hpp"
 

@@ -8,7 +8,7 @@
 #include <set>
 
 #include "core/error.hpp"
-#include "kernels/random.hpp"
+#include "kernels/tensor/random.hpp"
 
 namespace qstage::tn {
 

@@ -11,7 +11,7 @@
 #include "core/error.hpp"
 #include "core/fsutil.hpp"
 #include "core/units.hpp"
-#include "stages/params.hpp"
+#include "stages/common/params.hpp"
 #include "stages/tn/network.hpp"
 #include "stages/tn/path.hpp"
 #include "stages/tn/paths/hyper.hpp"

@@ -11,7 +11,7 @@
 
 #include "core/error.hpp"
 #include "core/units.hpp"
-#include "kernels/looped_gemm.hpp"
+#include "kernels/linalg/looped_gemm.hpp"
 #include "stages/tn/paths/slicing.hpp"
 #include "stages/tn/paths/tree.hpp"
 

@@ -14,9 +14,9 @@
 
 #include "core/error.hpp"
 #include "core/units.hpp"
-#include "kernels/gemm.hpp"
-#include "kernels/random.hpp"
-#include "stages/params.hpp"
+#include "kernels/linalg/gemm.hpp"
+#include "kernels/tensor/random.hpp"
+#include "stages/common/params.hpp"
 #include "stages/tn/distribution.hpp"
 #include "stages/tn/network.hpp"
 #include "stages/tn/plan.hpp"

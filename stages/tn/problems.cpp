@@ -10,7 +10,7 @@
 
 #include "core/error.hpp"
 #include "core/signals.hpp"
-#include "kernels/random.hpp"
+#include "kernels/tensor/random.hpp"
 
 namespace qstage::tn {
 namespace {

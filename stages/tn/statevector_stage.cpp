@@ -14,9 +14,9 @@
 #include "core/hash.hpp"
 #include "core/signals.hpp"
 #include "core/units.hpp"
-#include "kernels/dot.hpp"
-#include "kernels/statevector.hpp"
-#include "stages/params.hpp"
+#include "kernels/linalg/dot.hpp"
+#include "kernels/tn/statevector.hpp"
+#include "stages/common/params.hpp"
 #include "stages/tn/sources.hpp"
 #include "stages/tn/tn_stages.hpp"
 

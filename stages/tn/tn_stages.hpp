@@ -3,8 +3,7 @@
 // state-vector simulator that checks circuits.
 #include <vector>
 
-#include "stages/stage.hpp"
-#include "stages/views.hpp"
+#include "stages/common/family.hpp"
 
 namespace qstage::stages {
 
@@ -15,5 +14,8 @@ const Stage& tn_contract();
 const Stage& tn_statevector();
 // `qstage inspect --plot` of tn.plan outputs (stages/tn/views.cpp).
 std::vector<View> tn_views();
+
+// The family as the registry sees it (stages/common/family.hpp).
+inline Family tn_family() { return {{&tn_build(), &tn_path(), &tn_plan(), &tn_contract(), &tn_statevector()}, tn_views()}; }
 
 }  // namespace qstage::stages

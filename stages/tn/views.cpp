@@ -1,4 +1,4 @@
-// The `qstage inspect --plot` views of the tn family's outputs (stages/views.hpp).
+// The `qstage inspect --plot` views of the tn family's outputs (stages/common/views.hpp).
 #include <fmt/format.h>
 
 #include <algorithm>

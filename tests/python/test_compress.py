@@ -367,7 +367,7 @@ def test_output_layouts_match_their_schemas(tmp):
 
 
 def test_gpu_and_cpu_store_the_same_chunks_and_decode_the_same_values(tmp):
-    """Stated tolerance: none. The GPU coder makes the CPU coder's bytes (kernels/codec_encode.cu)."""
+    """Stated tolerance: none. The GPU coder makes the CPU coder's bytes (kernels/codec/codec_encode.cu)."""
     x = circuit_like(np.random.default_rng(23), (3001, 64), np.complex64)
     write_input(tmp / "in.h5", x, chunks=(256, 64))
     steps = compress_steps("{pipeline: quantized}")

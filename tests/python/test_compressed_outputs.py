@@ -202,7 +202,7 @@ def test_bad_settings_are_refused_before_anything_runs(tmp, step, compress, mess
 
 
 def test_gpu_and_cpu_store_the_same_chunks(tmp):
-    """Stated tolerance: none. The GPU coder makes the CPU coder's bytes (kernels/codec_encode.cu)."""
+    """Stated tolerance: none. The GPU coder makes the CPU coder's bytes (kernels/codec/codec_encode.cu)."""
     text = SPEC_HEAD + random_step("a", (2001, 64), "complex64", 256, "{pipeline: quantized, error: 1.0e-2}") + \
         random_step("b", (2001, 64), "float32", 256, "{pipeline: integrated, error: 1.0e-3, bounds: chunk}")
     spec = write_spec(tmp / "spec.yaml", text)

@@ -30,7 +30,7 @@ def cd_values(etype, pipeline, block, relative, t, e):
 
 
 def stream_header(raw):
-    """The fixed header of a qstage stream (io/codec/stream.cpp) and the first shape extent."""
+    """The fixed header of a qstage stream (codec/stream.cpp) and the first shape extent."""
     magic, version, etype, pipeline, block, rank, flags, _, rng, t, e, t_given, e_given, payload, _ = \
         struct.unpack_from("<4sHBBIBBHdddddQQ", raw)
     extent = struct.unpack_from("<Q", raw, 72)[0] if rank else None

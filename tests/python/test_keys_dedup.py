@@ -17,7 +17,7 @@ import pytest
 from conftest import (DEVICE, committed_run, manifest, run, stop_once_checkpointed, stop_then_resume, write_spec,
                       one_line_error)
 
-# On cuda each batch carries CUB's fixed temporary storage (kernels/sort_unique.hpp, 64 KiB), so
+# On cuda each batch carries CUB's fixed temporary storage (kernels/keys/sort_unique.hpp, 64 KiB), so
 # "a device budget an eighth of the data" needs more data there to leave a batch room.
 N = 600000 if DEVICE == "cuda" else 60000
 TILE = 512
@@ -43,7 +43,7 @@ def as_rows(keys):
 
 
 def pairwise(terms):
-    """kernels/sort_unique.hpp's PairwiseSum: complete binary trees by the binary digits of the
+    """kernels/keys/sort_unique.hpp's PairwiseSum: complete binary trees by the binary digits of the
     number of terms (largest first), folded from the right."""
     n = len(terms)
     if n == 0:

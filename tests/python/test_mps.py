@@ -475,7 +475,7 @@ def test_device_budgets_below_the_in_core_peak_give_the_same_bits(tmp, threads):
         peak = int(f.attrs["qstage.peak_device_bytes"])
         free = {k: f[k][()].tobytes() for k in f if isinstance(f[k], h5py.Dataset)}
     spec = write_spec(tmp / "tight.yaml", f"name: tight\nsteps:\n{steps}")
-    # (on cuda each stream's cuBLAS workspace, 8 MiB, src/backend/cuda_backend.cu, comes off the
+    # (on cuda each stream's cuBLAS workspace, 8 MiB, backend/cuda_backend.cu, comes off the
     # budget before the updates' shares: the fractions are of the rest)
     streams = threads * (8 << 20) if DEVICE == "cuda" else 0
     for fraction, fewer in [(0.7, False), (0.2, True)]:

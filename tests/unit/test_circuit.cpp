@@ -7,9 +7,10 @@
 #include <random>
 
 #include "core/error.hpp"
-#include "kernels/statevector.hpp"
+#include "kernels/tn/statevector.hpp"
 #include "stages/tn/circuit.hpp"
 #include "test_util.hpp"
+#include "test_data.hpp"
 
 using namespace qstage;
 using tn::cd;
@@ -106,13 +107,13 @@ TEST(Gates, EveryGateIsUnitary) {
 }
 
 TEST(Qsim, ParsesTheSharedCircuit) {
-  const auto c = tn::read_circuit(QSTAGE_TEST_DATA "/circuits/circuit_q24.qsim");
+  const auto c = tn::read_circuit(qstage::testing::test_data("circuits/circuit_q24.qsim"));
   EXPECT_EQ(c.qubits, 24);
   EXPECT_GT(c.gates.size(), 300u);
   int two = 0;
   for (const auto& g : c.gates) two += g.arity() == 2;
   EXPECT_GT(two, 0);
-  const auto s = tn::read_circuit(QSTAGE_TEST_DATA "/circuits/circuit_n53_m20_s0_e0_pABCDCDAB.qsim");
+  const auto s = tn::read_circuit(qstage::testing::test_data("circuits/circuit_n53_m20_s0_e0_pABCDCDAB.qsim"));
   EXPECT_EQ(s.qubits, 53);
 }
 

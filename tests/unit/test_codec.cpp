@@ -1,4 +1,4 @@
-// The compression codec (io/codec): the error bound on many kinds of input, every pipeline and
+// The compression codec (codec/): the error bound on many kinds of input, every pipeline and
 // block size; NaN and Inf kept exactly; deterministic bytes; refusal of damaged, truncated and
 // foreign streams (a fuzz loop behind the checksum too); on a GPU, the same bytes from the GPU
 // coder and the same values from the GPU decoder, also beyond 4 GiB.
@@ -12,11 +12,11 @@
 #include <string>
 #include <vector>
 
-#include "io/codec/block_coder.hpp"
-#include "io/codec/block_math.hpp"
-#include "io/codec/codec.hpp"
-#include "io/codec/component.hpp"
-#include "kernels/codec.hpp"
+#include "codec/block_coder.hpp"
+#include "codec/block_math.hpp"
+#include "codec/codec.hpp"
+#include "codec/component.hpp"
+#include "kernels/codec/backend_codec.hpp"
 #include "test_util.hpp"
 
 namespace qstage::codec {

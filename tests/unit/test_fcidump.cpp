@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <cstdlib>
 #include <cmath>
 #include <fstream>
 #include <sstream>
@@ -10,6 +11,7 @@
 
 #include "core/error.hpp"
 #include "stages/sci/fcidump.hpp"
+#include "test_data.hpp"
 
 using namespace qstage;
 
@@ -25,7 +27,7 @@ std::string error_of(const std::string& text) {
   return "";
 }
 
-std::string data_file(const std::string& name) { return std::string(QSTAGE_TEST_DATA) + "/fcidump/" + name; }
+std::string data_file(const std::string& name) { return qstage::testing::test_data("fcidump/" + name); }
 
 }  // namespace
 
@@ -145,4 +147,16 @@ TEST(Fcidump, TheSharedTestFilesReadBackLineByLine) {
     }
     EXPECT_EQ(lines, r.integral_lines) << w.file;
   }
+}
+
+// unit/test_data.hpp: $QSTAGE_TEST_DATA, when set, is where the data is (the ctest
+// unit.data_through_QSTAGE_TEST_DATA runs the FCIDUMP tests on a copy found that way).
+TEST(TestData, FollowsQstageTestDataWhenSet) {
+  const char* before = std::getenv("QSTAGE_TEST_DATA");
+  const std::string saved = before ? before : "";
+  setenv("QSTAGE_TEST_DATA", "/elsewhere/data", 1);
+  EXPECT_EQ(qstage::testing::test_data("fcidump/x"), "/elsewhere/data/fcidump/x");
+  unsetenv("QSTAGE_TEST_DATA");
+  EXPECT_EQ(qstage::testing::test_data("fcidump/x"), std::string(QSTAGE_TEST_DATA_DEFAULT) + "/fcidump/x");
+  if (before) setenv("QSTAGE_TEST_DATA", saved.c_str(), 1);
 }

@@ -16,11 +16,11 @@
 
 #include "backend/backend.hpp"
 #include "kernels/checksum.hpp"
-#include "kernels/gemm.hpp"
-#include "kernels/looped_gemm.hpp"
-#include "kernels/permute.hpp"
-#include "kernels/random.hpp"
-#include "kernels/stats.hpp"
+#include "kernels/linalg/gemm.hpp"
+#include "kernels/linalg/looped_gemm.hpp"
+#include "kernels/linalg/permute.hpp"
+#include "kernels/tensor/random.hpp"
+#include "kernels/tensor/stats.hpp"
 #include "test_util.hpp"
 
 using namespace qstage;

@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "core/error.hpp"
-#include "kernels/charge_tiles.hpp"
-#include "kernels/u1_math.hpp"
+#include "kernels/mps/charge_tiles.hpp"
+#include "kernels/mps/u1_math.hpp"
 #include "stages/mps/gates.hpp"
 #include "stages/mps/linalg.hpp"
 #include "stages/mps/models.hpp"

@@ -16,14 +16,15 @@
 #include <span>
 #include <vector>
 
-#include "kernels/sci_generate.hpp"
-#include "kernels/sci_score.hpp"
-#include "kernels/sci_space_pairs.hpp"
+#include "kernels/sci/sci_generate.hpp"
+#include "kernels/sci/sci_score.hpp"
+#include "kernels/sci/sci_space_pairs.hpp"
 #include "stages/sci/davidson.hpp"
 #include "stages/sci/excitation_tables.hpp"
 #include "stages/sci/fcidump.hpp"
 #include "stages/sci/resident_space.hpp"
 #include "test_util.hpp"
+#include "test_data.hpp"
 
 using namespace qstage;
 using kernels::sci::Candidate;
@@ -178,7 +179,7 @@ double fci_energy(const Hamiltonian& h, int na, int nb, int* products = nullptr)
   return dav.eigenvalue();
 }
 
-std::string data_file(const std::string& name) { return std::string(QSTAGE_TEST_DATA) + "/fcidump/" + name; }
+std::string data_file(const std::string& name) { return qstage::testing::test_data("fcidump/" + name); }
 // Determinants as the score kernel reads its rows (two words a row).
 const std::uint64_t* rows_of(const std::vector<Det>& dets) { return reinterpret_cast<const std::uint64_t*>(dets.data()); }
 
@@ -607,7 +608,7 @@ TEST(SciGpu, GenerateAndSigmaMatchTheCpuTwins) {
   }
 }
 
-// Scoring's per-candidate part (kernels/sci_score.hpp): candidates in the space or of another irrep
+// Scoring's per-candidate part (kernels/sci/sci_score.hpp): candidates in the space or of another irrep
 // are skipped, the others get E - H_aa floored away from zero; the GPU gives the CPU twin's bits
 // (its file is compiled without fused multiply-adds, so E_PT2 is the same on both).
 namespace {

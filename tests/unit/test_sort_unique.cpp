@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/sort_unique.hpp"
+#include "kernels/keys/sort_unique.hpp"
 #include "stages/keys/dedup_resident.hpp"
 #include "test_util.hpp"
 

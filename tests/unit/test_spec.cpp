@@ -6,8 +6,9 @@
 #include "runner/planner.hpp"
 #include "spec/document.hpp"
 #include "spec/schema.hpp"
-#include "spec/workflow.hpp"
-#include "stages/stage.hpp"
+#include "runner/workflow.hpp"
+#include "stages/common/stage.hpp"
+#include "stages/registry.hpp"
 #include "test_util.hpp"
 
 using namespace qstage;

@@ -1,4 +1,4 @@
-// The spill store (src/engine/spill_store.hpp) under tiny budgets, on the cpu backend: each tier
+// The spill store (engine/spill_store.hpp) under tiny budgets, on the cpu backend: each tier
 // gives back the bytes it was given (the coded tier exactly when lossless, else within the
 // codec's bound), also when fetches cut the space into other ranges than the stores; a host
 // budget too small for the space puts it in a scratch file; what a tier takes is charged to the
@@ -15,7 +15,7 @@
 
 #include "core/error.hpp"
 #include "engine/spill_store.hpp"
-#include "io/codec/block_math.hpp"
+#include "codec/block_math.hpp"
 #include "test_util.hpp"
 
 namespace qstage::engine {

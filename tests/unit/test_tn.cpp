@@ -11,7 +11,7 @@
 #include "backend/backend.hpp"
 #include "core/error.hpp"
 #include "core/signals.hpp"
-#include "kernels/statevector.hpp"
+#include "kernels/tn/statevector.hpp"
 #include "stages/tn/circuit.hpp"
 #include "stages/tn/contractor.hpp"
 #include "stages/tn/network.hpp"

@@ -1,0 +1,51 @@
+#include "kernels/linalg/looped_gemm.hpp"
+
+#include <stdexcept>
+
+#include "kernels/dispatch.hpp"
+
+namespace qstage::kernels {
+
+namespace {
+void check(const LoopedGemm& g) {
+  if (g.dtype != DType::complex64 && g.dtype != DType::complex128)
+    throw std::invalid_argument("looped_gemm: complex64 or complex128 only");
+  if (g.groups < 0 || g.groups > kMaxLoopGroups) throw std::invalid_argument("looped_gemm: too many loop groups");
+}
+
+template <typename Real>
+void run_cpu(const LoopedGemm& g) {
+  const auto total = static_cast<std::int64_t>(g.loops() * static_cast<std::uint64_t>(g.m * g.n));
+#pragma omp parallel for schedule(static) if (total * g.k > (std::int64_t{1} << 16))
+  for (std::int64_t e = 0; e < total; ++e) detail::looped_gemm_element<Real>(g, static_cast<std::uint64_t>(e));
+}
+}  // namespace
+
+void set_shifts(LoopedGemm& g) {
+  auto shift_of = [](std::int64_t x) -> std::int8_t {
+    if (x <= 0 || (x & (x - 1)) != 0) return -1;
+    std::int8_t s = 0;
+    while ((std::int64_t{1} << s) < x) ++s;
+    return s;
+  };
+  for (int d = 0; d < g.groups; ++d) g.shift[d] = shift_of(g.extent[d]);
+  g.m_shift = shift_of(g.m);
+  g.n_shift = shift_of(g.n);
+}
+
+void looped_gemm_cpu(const LoopedGemm& args) {
+  check(args);
+  LoopedGemm g = args;
+  set_shifts(g);
+  if (g.dtype == DType::complex64) run_cpu<float>(g);
+  else run_cpu<double>(g);
+}
+
+void looped_gemm(Stream& stream, const LoopedGemm& args) {
+  check(args);
+  LoopedGemm g = args;
+  set_shifts(g);
+  QSTAGE_DISPATCH(stream, looped_gemm_cpu(g), detail::looped_gemm_cuda(stream.native(), g));
+}
+
+}  // namespace qstage::kernels

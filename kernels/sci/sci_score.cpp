@@ -1,0 +1,48 @@
+#include "kernels/sci/sci_score.hpp"
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "kernels/dispatch.hpp"
+
+namespace qstage::kernels {
+
+void sci_score_rows_cpu(const SciScoreRows& a) {
+  const auto n = static_cast<std::int64_t>(a.n);
+#pragma omp parallel for schedule(static, 4096)
+  for (std::int64_t r = 0; r < n; ++r) {
+    const sci::Det d = a.candidate(static_cast<std::uint64_t>(r));
+    a.skipped[r] = sci::score_skips(a.space, a.space_size, a.filter, a.irreps, d);
+    if (!a.skipped[r]) a.denominator[r] = sci::floored_denominator(a.energy - sci::diagonal(a.h, d));
+  }
+}
+
+void sci_tile_sums_cpu(const SciTileSums& a) {
+  const auto tiles = static_cast<std::int64_t>((a.n + a.tile_rows - 1) / a.tile_rows);
+#pragma omp parallel for schedule(dynamic, 1)
+  for (std::int64_t t = 0; t < tiles; ++t) {
+    double* sums = a.sums + t * a.slots;
+    std::fill(sums, sums + a.slots, 0.0);
+    const std::uint64_t end = std::min(a.n, (static_cast<std::uint64_t>(t) + 1) * a.tile_rows);
+    for (std::uint64_t r = static_cast<std::uint64_t>(t) * a.tile_rows; r < end; ++r) {
+      double term;
+      std::uint32_t slot;
+      if (sci_tile_term(a, r, term, slot)) sums[slot] += term;
+    }
+  }
+}
+
+void sci_score_rows(Stream& stream, const SciScoreRows& args) {
+  QSTAGE_DISPATCH(stream, sci_score_rows_cpu(args), detail::sci_score_rows_cuda(stream.native(), args));
+}
+
+}  // namespace qstage::kernels
+
+namespace qstage::kernels {
+
+void sci_tile_sums(Stream& stream, const SciTileSums& args) {
+  if (args.slots == 0 || args.slots > kSciTileSumSlots) throw std::invalid_argument("sci_tile_sums: slots out of range");
+  QSTAGE_DISPATCH(stream, sci_tile_sums_cpu(args), detail::sci_tile_sums_cuda(stream.native(), args));
+}
+
+}  // namespace qstage::kernels
