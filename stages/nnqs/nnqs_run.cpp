@@ -36,16 +36,20 @@ struct Iteration {
   std::uint64_t dets = 0;                       // |S| optimized on
   double energy = 0, variance = 0;              // at the iteration's last parameters
   double ci_energy = 0;                         // H's lowest eigenvalue within S: the lowest E on S
+  // 1 - |<c|psi>|^2 / <psi|psi> against that eigenvector c, and the same of the moduli alone
+  // (|c| against |psi|): where the second is small and the first is not, the phases are off.
+  double infidelity = 0, modulus_infidelity = 0;
   std::uint64_t generated = 0, unique = 0;      // coupled determinants, and unique ones outside S in the irrep
   std::uint64_t selected = 0;                   // joined S
   double seconds_generate = 0, seconds_dedup = 0, seconds_inference = 0, seconds_optimize = 0;
   void put(Packer& out) const {
-    out.put(dets), out.put(energy), out.put(variance), out.put(ci_energy), out.put(generated), out.put(unique),
-        out.put(selected);
+    out.put(dets), out.put(energy), out.put(variance), out.put(ci_energy), out.put(infidelity), out.put(modulus_infidelity);
+    out.put(generated), out.put(unique), out.put(selected);
     out.put(seconds_generate), out.put(seconds_dedup), out.put(seconds_inference), out.put(seconds_optimize);
   }
   void get(Unpacker& in) {
     dets = in.get<std::uint64_t>(), energy = in.get<double>(), variance = in.get<double>(), ci_energy = in.get<double>();
+    infidelity = in.get<double>(), modulus_infidelity = in.get<double>();
     generated = in.get<std::uint64_t>(), unique = in.get<std::uint64_t>(), selected = in.get<std::uint64_t>();
     seconds_generate = in.get<double>(), seconds_dedup = in.get<double>();
     seconds_inference = in.get<double>(), seconds_optimize = in.get<double>();
@@ -247,10 +251,10 @@ void NnqsRun::decide(Iteration& it) {
   }
   history_.push_back(it);
   ++iteration_;
-  spdlog::info("sci.nnqs iteration {}: {} determinants, E {:.10f} ({:.3e} above the space's lowest), variance {:.3e}{}; "
-               "+{} of {} candidates ({} coupled); {:.2f} s optimizing, {:.2f} s generating, {:.2f} s de-duplicating, "
-               "{:.2f} s inferring",
-               iteration_ - 1, it.dets, it.energy, it.energy - it.ci_energy, it.variance,
+  spdlog::info("sci.nnqs iteration {}: {} determinants, E {:.10f} ({:.3e} above the space's lowest; infidelity {:.2e}, "
+               "of the moduli {:.2e}), variance {:.3e}{}; +{} of {} candidates ({} coupled); {:.2f} s optimizing, {:.2f} s "
+               "generating, {:.2f} s de-duplicating, {:.2f} s inferring",
+               iteration_ - 1, it.dets, it.energy, it.energy - it.ci_energy, it.infidelity, it.modulus_infidelity, it.variance,
                std::isnan(change) ? "" : fmt::format(" ({:+.3e})", change), it.selected, it.unique, it.generated,
                it.seconds_optimize, it.seconds_generate, it.seconds_dedup, it.seconds_inference);
   if (stop_reason_.empty()) return;
@@ -437,6 +441,13 @@ void NnqsRun::optimize(Iteration& it) {
     for (std::uint64_t i = 0; i < n; ++i) psi[i] = a[i] * std::cos(f[i]), psi[n + i] = a[i] * std::sin(f[i]);
     const Energy e = energy_of(psi);
     it.energy = e.energy, it.variance = e.variance;
+    double re = 0, im = 0, moduli = 0, norm = 0;  // (sums in row order)
+    for (std::uint64_t i = 0; i < n; ++i) {
+      re += c.vector[i] * psi[i], im += c.vector[i] * psi[n + i];
+      moduli += std::fabs(c.vector[i]) * a[i], norm += a[i] * a[i];
+    }
+    it.infidelity = std::max(0.0, 1 - (re * re + im * im) / norm);
+    it.modulus_infidelity = std::max(0.0, 1 - moduli * moduli / norm);
   }
   x_.reset(), products_.reset(), diagonal_.reset();
   if (resident_->can_seed_growth()) {
@@ -552,6 +563,10 @@ void NnqsRun::write(const stages::StagePlan&, const stages::StepPass&, h5::File&
   column("variance", h5::DType::float64, &Iteration::variance, "<psi|H P_S H|psi> / <psi|psi> - E^2 (Ha^2) on the space");
   column("ci_energy", h5::DType::float64, &Iteration::ci_energy,
          "H's lowest eigenvalue within the space (Ha): the lowest E any psi on it reaches");
+  column("infidelity", h5::DType::float64, &Iteration::infidelity,
+         "1 - |<c|psi>|^2 / <psi|psi>, c that eigenvector, after the iteration's steps");
+  column("modulus_infidelity", h5::DType::float64, &Iteration::modulus_infidelity,
+         "the same of |c| against |psi| (phases ignored): small where only the phases are off");
   column("generated", h5::DType::uint64, &Iteration::generated, "determinants coupled to the space, duplicates included");
   column("unique", h5::DType::uint64, &Iteration::unique, "unique coupled determinants outside the space, in the irrep");
   column("selected", h5::DType::uint64, &Iteration::selected, "determinants that joined the space");
