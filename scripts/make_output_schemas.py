@@ -128,7 +128,8 @@ STAGES = {
                  + [(f"/iterations/{name}", dtype, 1)
                     for name, dtype in [("dets", "uint64"), ("energy", "float64"), ("variance", "float64"),
                                         ("ci_energy", "float64"), ("infidelity", "float64"),
-                                        ("modulus_infidelity", "float64"), ("generated", "uint64"), ("unique", "uint64"),
+                                        ("modulus_infidelity", "float64"), ("fit_steps", "uint64"),
+                                        ("generated", "uint64"), ("unique", "uint64"),
                                         ("selected", "uint64"), ("seconds_generate", "float64"),
                                         ("seconds_dedup", "float64"), ("seconds_inference", "float64"),
                                         ("seconds_optimize", "float64")]]),

@@ -16,6 +16,7 @@ struct NnqsParams {
   int max_iterations = 10;          // outer iterations: optimize on S, then grow S
   int steps = 200;                  // AdamW steps on E an iteration
   int fit_steps = 200;              // AdamW steps first fitting psi to H's lowest eigenvector within S
+  double fit_tolerance = 0;         // the fit stops early once its infidelity is below this
   std::uint64_t max_new_dets = 1000, max_dets = 1000000;
   double eps_couple = 0;            // the coupled set: excitations with |H_ai| > eps_couple
   double energy_tolerance = 1e-6;   // stop once an iteration changes E by less (Ha)
@@ -30,6 +31,7 @@ struct NnqsParams {
     s.max_iterations = p.value("max_iterations", s.max_iterations);
     s.steps = p.value("steps", s.steps);
     s.fit_steps = p.value("fit_steps", s.fit_steps);
+    s.fit_tolerance = p.value("fit_tolerance", s.fit_tolerance);
     s.max_new_dets = p.value("max_new_dets", s.max_new_dets);
     s.max_dets = p.value("max_dets", s.max_dets);
     s.eps_couple = p.value("eps_couple", s.eps_couple);

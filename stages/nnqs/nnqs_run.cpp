@@ -39,17 +39,18 @@ struct Iteration {
   // 1 - |<c|psi>|^2 / <psi|psi> against that eigenvector c, and the same of the moduli alone
   // (|c| against |psi|): where the second is small and the first is not, the phases are off.
   double infidelity = 0, modulus_infidelity = 0;
+  std::uint64_t fit_steps = 0;                  // AdamW steps the fit took
   std::uint64_t generated = 0, unique = 0;      // coupled determinants, and unique ones outside S in the irrep
   std::uint64_t selected = 0;                   // joined S
   double seconds_generate = 0, seconds_dedup = 0, seconds_inference = 0, seconds_optimize = 0;
   void put(Packer& out) const {
     out.put(dets), out.put(energy), out.put(variance), out.put(ci_energy), out.put(infidelity), out.put(modulus_infidelity);
-    out.put(generated), out.put(unique), out.put(selected);
+    out.put(fit_steps), out.put(generated), out.put(unique), out.put(selected);
     out.put(seconds_generate), out.put(seconds_dedup), out.put(seconds_inference), out.put(seconds_optimize);
   }
   void get(Unpacker& in) {
     dets = in.get<std::uint64_t>(), energy = in.get<double>(), variance = in.get<double>(), ci_energy = in.get<double>();
-    infidelity = in.get<double>(), modulus_infidelity = in.get<double>();
+    infidelity = in.get<double>(), modulus_infidelity = in.get<double>(), fit_steps = in.get<std::uint64_t>();
     generated = in.get<std::uint64_t>(), unique = in.get<std::uint64_t>(), selected = in.get<std::uint64_t>();
     seconds_generate = in.get<double>(), seconds_dedup = in.get<double>();
     seconds_inference = in.get<double>(), seconds_optimize = in.get<double>();
@@ -67,13 +68,15 @@ std::vector<std::uint8_t> occupation_bits(const Det* dets, std::size_t n, int no
   return bits;
 }
 
-// d/d(psi) of 1 - |<c|psi>|^2 / <psi|psi> (c real, normalized; psi: real parts, then imaginary).
-std::vector<double> infidelity_gradient(const std::vector<double>& c, const std::vector<double>& psi) {
+// d/d(psi) of 1 - |<c|psi>|^2 / <psi|psi> (c real, normalized; psi: real parts, then imaginary),
+// and that infidelity into *infidelity.
+std::vector<double> infidelity_gradient(const std::vector<double>& c, const std::vector<double>& psi, double* infidelity) {
   const std::size_t n = c.size();
   double re = 0, im = 0, norm = 0;
   for (std::size_t i = 0; i < n; ++i) re += c[i] * psi[i], im += c[i] * psi[n + i];
   for (const double v : psi) norm += v * v;
   const double overlap = re * re + im * im;
+  *infidelity = 1 - overlap / norm;
   std::vector<double> g(2 * n);
   for (std::size_t i = 0; i < n; ++i) {
     g[i] = -(2 * re * c[i] * norm - overlap * 2 * psi[i]) / (norm * norm);
@@ -128,7 +131,8 @@ class GradientSum final : public engine::Reduction {
   std::vector<double> sum_;  // (empty: the identity)
 };
 
-// dL/dpsi of a loss L from psi over S (real parts, then imaginary parts), on rank 0.
+// dL/dpsi of a loss L from psi over S (real parts, then imaginary parts), on rank 0; empty when
+// the loss is low enough that no step should be taken.
 using LossGradient = std::function<std::vector<double>(const std::vector<double>& psi)>;
 
 class NnqsRun final : public stages::StepRun {
@@ -181,8 +185,9 @@ class NnqsRun final : public stages::StepRun {
   std::string broadcast(const std::string& value) const { return ranks() > 1 ? ctx_.comm->broadcast(value) : value; }
   void iterate();
   // One AdamW step on a loss of psi over the space x, its forward and backward passes shared by
-  // the ranks in units of train_batch rows; `loss_gradient` runs on rank 0.
-  void train_step(const Occupations& x, const LossGradient& loss_gradient);
+  // the ranks in units of train_batch rows; `loss_gradient` runs on rank 0. False, and no step,
+  // when the loss asked for none (every rank returns the same).
+  bool train_step(const Occupations& x, const LossGradient& loss_gradient);
   void optimize(Iteration& it);
   void decide(Iteration& it);  // rank 0: stop, or grow the space
   void expand(Iteration& it);
@@ -319,7 +324,7 @@ NnqsRun::Eigenpair NnqsRun::lowest_eigenpair(std::vector<double> guess) {
   return {davidson.eigenvector(), davidson.eigenvalue()};
 }
 
-void NnqsRun::train_step(const Occupations& x, const LossGradient& loss_gradient) {
+bool NnqsRun::train_step(const Occupations& x, const LossGradient& loss_gradient) {
   const std::uint64_t n = x.rows, unit_rows = std::max<std::uint64_t>(params_.train_batch, 1);
   const std::uint64_t units = (n + unit_rows - 1) / unit_rows, width = 2 * static_cast<std::uint64_t>(problem_.ints.norb);
   const std::uint64_t first = units * static_cast<std::uint64_t>(rank()) / static_cast<std::uint64_t>(ranks()),
@@ -356,6 +361,7 @@ void NnqsRun::train_step(const Occupations& x, const LossGradient& loss_gradient
     }
     try {
       const std::vector<double> g = loss_gradient(psi);
+      if (g.empty()) return broadcast(std::string(1, '\2')), false;  // (low enough: no step)
       std::vector<double> d(2 * n);  // dL/d(log |psi|), then dL/dphi
       for (std::uint64_t i = 0; i < n; ++i) {
         d[i] = g[i] * psi[i] + g[n + i] * psi[n + i];
@@ -368,6 +374,7 @@ void NnqsRun::train_step(const Occupations& x, const LossGradient& loss_gradient
   }
   derivatives = broadcast(derivatives);
   if (derivatives.at(0) == '\0') throw InputError(derivatives.substr(1));
+  if (derivatives.at(0) == '\2') return false;
   const auto* d = reinterpret_cast<const double*>(derivatives.data() + 1);
   // Each unit's gradient, folded in the engine's tree: this rank's units into whole nodes, then
   // every rank's nodes on rank 0 in unit order; the sum goes to every rank, which all step alike.
@@ -393,6 +400,7 @@ void NnqsRun::train_step(const Occupations& x, const LossGradient& loss_gradient
   }
   sum = broadcast(sum);
   network_->step(reinterpret_cast<const double*>(sum.data()));
+  return true;
 }
 
 void NnqsRun::optimize(Iteration& it) {
@@ -415,12 +423,18 @@ void NnqsRun::optimize(Iteration& it) {
   // instead of climbing out of the plateau that new determinants, at amplitudes the network only
   // guessed, push E into.
   Eigenpair c;
+  // It stops at fit_steps, or once the infidelity is below fit_tolerance.
   if (params_.fit_steps > 0 && n > 1)
-    for (int step = 0; step < params_.fit_steps; ++step)
-      train_step(occ, [&](const std::vector<double>& psi) {
+    for (int step = 0; step < params_.fit_steps; ++step) {
+      const bool stepped = train_step(occ, [&](const std::vector<double>& psi) {
         if (c.vector.empty()) c = lowest_eigenpair(std::vector<double>(psi.begin(), psi.begin() + static_cast<std::ptrdiff_t>(n)));
-        return infidelity_gradient(c.vector, psi);
+        double infidelity = 0;
+        std::vector<double> g = infidelity_gradient(c.vector, psi, &infidelity);
+        return infidelity < params_.fit_tolerance ? std::vector<double>{} : g;
       });
+      if (!stepped) break;
+      ++it.fit_steps;
+    }
   // Then E: dE/d(psi) = 2 (H psi - E psi) / <psi|psi> (H real and symmetric).
   for (int step = 0; step < params_.steps; ++step)
     train_step(occ, [&](const std::vector<double>& psi) {
@@ -567,6 +581,8 @@ void NnqsRun::write(const stages::StagePlan&, const stages::StepPass&, h5::File&
          "1 - |<c|psi>|^2 / <psi|psi>, c that eigenvector, after the iteration's steps");
   column("modulus_infidelity", h5::DType::float64, &Iteration::modulus_infidelity,
          "the same of |c| against |psi| (phases ignored): small where only the phases are off");
+  column("fit_steps", h5::DType::uint64, &Iteration::fit_steps,
+         "AdamW steps the fit took (fit_steps, or fewer once below fit_tolerance)");
   column("generated", h5::DType::uint64, &Iteration::generated, "determinants coupled to the space, duplicates included");
   column("unique", h5::DType::uint64, &Iteration::unique, "unique coupled determinants outside the space, in the irrep");
   column("selected", h5::DType::uint64, &Iteration::selected, "determinants that joined the space");

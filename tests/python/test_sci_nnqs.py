@@ -272,3 +272,23 @@ def test_ranks_share_the_steps_and_give_the_bytes_of_one(molecules, tmp):
         assert r.code == 0, r
         runs[ranks] = digests(run_dir)
     assert runs[2] == runs[1] and runs[3] == runs[1]
+
+
+def test_the_fit_stops_at_its_tolerance(molecules, tmp):
+    """fit_tolerance 0 takes every fit step; a tolerance the fit reaches stops it early, after
+    which the infidelity is below it; 1 takes none (any psi is within it)."""
+    fcidump, _ = molecules["lih"]
+    taken = {}
+    for tol in [0, 0.05, 1]:
+        params = f"max_iterations: 2, steps: 0, fit_steps: 150, fit_tolerance: {tol}, max_new_dets: 30, {TINY_MODEL}"
+        run_dir = tmp / f"tol{tol}"
+        assert run(["run", nnqs_spec(tmp / f"s{tol}", fcidump, params), "--run-dir", run_dir, "--device", DEVICE]).code == 0
+        with h5py.File(run_dir / "outputs" / "nnqs.h5") as f:
+            taken[tol] = f["iterations/fit_steps"][()].tolist()
+            infidelity = f["iterations/infidelity"][()]
+        if tol == 0.05:
+            early = [i for i, n in enumerate(taken[tol]) if 0 < n < 150]
+            assert early, taken
+            assert all(infidelity[i] < tol for i in early), (infidelity, taken)
+    assert taken[0] == [0, 150], taken  # (iteration 0: one determinant, nothing to fit)
+    assert taken[1] == [0, 0], taken
