@@ -207,4 +207,30 @@ class PartialFold final : public Reduction {
   Partial acc_{};
 };
 
+// Element-wise sums of a fixed number of doubles (a partial is `size` doubles; zeros are the
+// identity): per-batch sums of a score, the gradient of a network's parameters.
+class ElementwiseSums final : public Reduction {
+ public:
+  explicit ElementwiseSums(std::size_t size) : sums_(size, 0.0) {}
+  std::unique_ptr<Reduction> empty() const override { return std::make_unique<ElementwiseSums>(sums_.size()); }
+  void fold(std::uint64_t, const std::byte* partial) override {
+    std::memcpy(sums_.data(), partial, sums_.size() * sizeof(double));
+  }
+  void merge(const Reduction& right) override {
+    const auto& r = static_cast<const ElementwiseSums&>(right);
+    for (std::size_t i = 0; i < sums_.size(); ++i) sums_[i] += r.sums_[i];
+  }
+  std::string save() const override {
+    return std::string(reinterpret_cast<const char*>(sums_.data()), sums_.size() * sizeof(double));
+  }
+  void load(const std::string& state) override {
+    if (state.size() != sums_.size() * sizeof(double)) throw std::runtime_error("a reduction's saved state has the wrong size");
+    std::memcpy(sums_.data(), state.data(), state.size());
+  }
+  const std::vector<double>& sums() const { return sums_; }
+
+ private:
+  std::vector<double> sums_;
+};
+
 }  // namespace qstage::engine

@@ -100,37 +100,6 @@ class Charge {
   std::uint64_t bytes_;
 };
 
-// A sum of parameter gradients, folded over units of rows in the engine's fixed tree
-// (engine/tree_fold.hpp): every rank count and every split of the units gives the same bits.
-class GradientSum final : public engine::Reduction {
- public:
-  explicit GradientSum(std::size_t size) : size_(size) {}
-  std::unique_ptr<engine::Reduction> empty() const override { return std::make_unique<GradientSum>(size_); }
-  void fold(std::uint64_t, const std::byte* partial) override {
-    sum_.resize(size_);
-    std::memcpy(sum_.data(), partial, size_ * sizeof(double));
-  }
-  void merge(const engine::Reduction& right) override {
-    const std::vector<double>& r = static_cast<const GradientSum&>(right).sum_;
-    if (sum_.empty()) sum_ = r;
-    else if (!r.empty())
-      for (std::size_t i = 0; i < size_; ++i) sum_[i] += r[i];
-  }
-  std::string save() const override {
-    return {reinterpret_cast<const char*>(sum_.data()), sum_.size() * sizeof(double)};
-  }
-  void load(const std::string& state) override {
-    sum_.resize(state.size() / sizeof(double));
-    std::memcpy(sum_.data(), state.data(), sum_.size() * sizeof(double));
-  }
-  // The sum (zeros if nothing was folded).
-  std::vector<double> sum() const { return sum_.empty() ? std::vector<double>(size_, 0.0) : sum_; }
-
- private:
-  std::size_t size_;
-  std::vector<double> sum_;  // (empty: the identity)
-};
-
 // dL/dpsi of a loss L from psi over S (real parts, then imaginary parts), on rank 0; empty when
 // the loss is low enough that no step should be taken.
 using LossGradient = std::function<std::vector<double>(const std::vector<double>& psi)>;
@@ -379,7 +348,7 @@ bool NnqsRun::train_step(const Occupations& x, const LossGradient& loss_gradient
   // Each unit's gradient, folded in the engine's tree: this rank's units into whole nodes, then
   // every rank's nodes on rank 0 in unit order; the sum goes to every rank, which all step alike.
   const auto parameters = static_cast<std::size_t>(network_->parameters());
-  const GradientSum kind(parameters);
+  const engine::ElementwiseSums kind(parameters);  // (the engine's fixed tree: any rank count, the same bits)
   engine::FoldStack local(kind);
   std::vector<double> partial(parameters);
   for (std::uint64_t u = first; u < end; ++u) {
@@ -395,7 +364,7 @@ bool NnqsRun::train_step(const Occupations& x, const LossGradient& loss_gradient
     engine::FoldStack all(kind);
     for (const std::string& part : nodes)
       for (engine::FoldNode& node : engine::read_nodes(kind, part, 0)) all.push(std::move(node));
-    const std::vector<double> g = static_cast<const GradientSum&>(*all.result()).sum();
+    const std::vector<double> g = static_cast<const engine::ElementwiseSums&>(*all.result()).sums();
     sum.assign(reinterpret_cast<const char*>(g.data()), g.size() * sizeof(double));
   }
   sum = broadcast(sum);

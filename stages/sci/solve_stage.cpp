@@ -645,27 +645,6 @@ class ScoreKernel final : public SpaceKernel {
   std::uint64_t k_, tile_rows_;
 };
 
-// Sums of doubles, one a batch of the semistochastic PT2's group, folded element-wise.
-class BatchSums final : public engine::Reduction {
- public:
-  explicit BatchSums(std::size_t batches) : sums_(batches, 0.0) {}
-  std::unique_ptr<Reduction> empty() const override { return std::make_unique<BatchSums>(sums_.size()); }
-  void fold(std::uint64_t, const std::byte* partial) override { std::memcpy(sums_.data(), partial, sums_.size() * 8); }
-  void merge(const Reduction& right) override {
-    const auto& r = static_cast<const BatchSums&>(right);
-    for (std::size_t b = 0; b < sums_.size(); ++b) sums_[b] += r.sums_[b];
-  }
-  std::string save() const override { return std::string(reinterpret_cast<const char*>(sums_.data()), sums_.size() * 8); }
-  void load(const std::string& state) override {
-    if (state.size() != sums_.size() * 8) throw std::runtime_error("a reduction's saved state has the wrong size");
-    std::memcpy(sums_.data(), state.data(), state.size());
-  }
-  const std::vector<double>& sums() const { return sums_; }
-
- private:
-  std::vector<double> sums_;
-};
-
 // The semistochastic PT2's score of a group of batches [first, first + count): per row outside the
 // space (a unique (candidate, tag) key with its summed value, or a diagonal term as generated),
 // its term over E - H_aa, summed per batch (kernels::SciSampled says what the tags hold): A^2 for
@@ -1175,7 +1154,7 @@ std::optional<StepPass> SolveRun::next() {
                             dedup_->result(), 3, kScoreTileMin, st.count * 8,
                             SpaceKernel::sum_values(rows, kScoreTileMin, static_cast<std::uint32_t>(st.count)));
     p.kernel = std::make_unique<SampledScoreKernel>(m, e_var_.at(root_), st.first, st.count, kScoreTileMin, false, rows);
-    p.reduction = std::make_unique<BatchSums>(st.count);
+    p.reduction = std::make_unique<engine::ElementwiseSums>(st.count);
     return p;
   }
   if (phase_ == Phase::sampled_diagonal) {  // (the generation's diagonal terms as they are: no de-duplication)
@@ -1193,7 +1172,7 @@ std::optional<StepPass> SolveRun::next() {
     p.pass.partials_on_host = true;
     p.kernel = std::make_unique<SampledScoreKernel>(m, e_var_.at(root_), st.first, st.count, kScoreTileMin, true,
                                                     st.diagonal_rows);
-    p.reduction = std::make_unique<BatchSums>(st.count);
+    p.reduction = std::make_unique<engine::ElementwiseSums>(st.count);
     return p;
   }
   throw std::logic_error("sci.solve: next() after the last pass");
@@ -1215,7 +1194,7 @@ void SolveRun::finished(StepPass& pass) {
     return;
   }
   if (phase_ == Phase::sampled_diagonal) {
-    stochastic_->diagonal_sums = static_cast<const BatchSums&>(*pass.reduction).sums();
+    stochastic_->diagonal_sums = static_cast<const engine::ElementwiseSums&>(*pass.reduction).sums();
     return dedup_group();
   }
   if (phase_ == Phase::sampled_dedup) {
@@ -1226,7 +1205,7 @@ void SolveRun::finished(StepPass& pass) {
     }
     return;
   }
-  if (phase_ == Phase::sampled_score) return end_group(static_cast<const BatchSums&>(*pass.reduction).sums());
+  if (phase_ == Phase::sampled_score) return end_group(static_cast<const engine::ElementwiseSums&>(*pass.reduction).sums());
   const bool pt2 = final_pt2(phase_);
   if (phase_ == Phase::generate || phase_ == Phase::pt2_generate) {
     generated_pass_ = index;
@@ -1521,8 +1500,8 @@ bool SolveRun::sampled_group_on_resident_data() {
   const double energy = e_var_.at(root_);
   if (g->diagonal_rows > 0) {
     SampledScoreKernel kernel(m_, energy, st.first, st.count, kScoreTileMin, true, g->diagonal_rows);
-    const auto folded = work.score(kernel, BatchSums(st.count), g->diagonal_rows, kScoreTileMin, st.count * 8, g->diagonal, 4, nullptr);
-    st.diagonal_sums = static_cast<const BatchSums&>(*folded).sums();
+    const auto folded = work.score(kernel, engine::ElementwiseSums(st.count), g->diagonal_rows, kScoreTileMin, st.count * 8, g->diagonal, 4, nullptr);
+    st.diagonal_sums = static_cast<const engine::ElementwiseSums&>(*folded).sums();
   }
   g->diagonal.reset();
   const double diagonal_seconds = elapsed();
@@ -1535,8 +1514,8 @@ bool SolveRun::sampled_group_on_resident_data() {
     unique = u.unique;
     st.unique += u.unique;
     SampledScoreKernel kernel(m_, energy, st.first, st.count, kScoreTileMin, false, u.unique);
-    const auto folded = work.score(kernel, BatchSums(st.count), u.unique, kScoreTileMin, st.count * 8, u.keys, 3, &u.values);
-    sums = static_cast<const BatchSums&>(*folded).sums();
+    const auto folded = work.score(kernel, engine::ElementwiseSums(st.count), u.unique, kScoreTileMin, st.count * 8, u.keys, 3, &u.values);
+    sums = static_cast<const engine::ElementwiseSums&>(*folded).sums();
   }
   const double seconds = elapsed();
   account("pt2", seconds);
