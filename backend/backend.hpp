@@ -149,6 +149,9 @@ class Backend {
   virtual std::uint64_t blas_stream_bytes() const { return 0; }
   // Makes this backend's device current on the calling thread (CUDA's current device is per thread).
   virtual void bind_thread() {}
+  // The CUDA device number of the backend's GPU (what libraries that bring their own CUDA code,
+  // LibTorch say, are told to use); -1 for the CPU.
+  virtual int cuda_device() const { return -1; }
   // The PCI bus id of the backend's device ("0000:3B:00.0"); empty for the CPU.
   virtual std::string pci_bus_id() const { return {}; }
   MemoryBudget& device_budget() { return device_budget_; }

@@ -128,6 +128,7 @@ class CudaBackend final : public Backend {
   }
   std::uint64_t blas_stream_bytes() const override { return kCublasWorkspace; }
   void bind_thread() override { QSTAGE_CUDA_CHECK(cudaSetDevice(device_)); }
+  int cuda_device() const override { return device_; }
   std::string pci_bus_id() const override {
     char id[32] = {};
     QSTAGE_CUDA_CHECK(cudaDeviceGetPCIBusId(id, sizeof(id), device_));

@@ -122,6 +122,11 @@ STAGES = {
                   "stop_reason": {"enum": ["max_iterations", "energy_tolerance", "max_dets", "no candidate left"]},
                   "irrep": {"type": "integer", "minimum": 1, "maximum": 8}, "ms2": INT,
                   "parameters": {"type": "integer", "minimum": 1, "description": "the network's parameters"},
+                  "network_device": {"type": "string",
+                                     "description": "where the network ran, and its LibTorch: \"cuda:0 (LibTorch 2.11.0)\""},
+                  "network_peak_device_bytes?": {"type": "integer", "minimum": 0,
+                                                 "description": "on a GPU: the most device memory LibTorch's allocator "
+                                                                "held, within the network's share of the device budget"},
                   "reference_energy?": NUMBER},
                  [("/energy", "float64", 0), ("/dets", "uint64", 2), ("/amplitudes", "complex128", 1),
                   ("/steps/energy", "float64", 1)]

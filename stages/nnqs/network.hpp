@@ -7,6 +7,7 @@
 // Both sides are built together, by the same compiler, from this header alone.
 #include <cstdint>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -19,6 +20,12 @@ struct NetworkShape {
   std::vector<int> phase_hidden = {512, 512, 512};
   double learning_rate = 1e-3, weight_decay = 0;
   std::uint64_t seed = 1;  // the initial weights
+  // Where the network runs: -1 the host, else that CUDA device (the run's GPU) when the plugin's
+  // LibTorch was built with CUDA; else the host, which where() then says.
+  int cuda_device = -1;
+  // On a GPU, the most device memory the network's library may hold (its allocator is capped
+  // there, so a batch that needs more fails instead of taking the run's memory); 0: no cap.
+  std::uint64_t device_memory = 0;
   // A TorchScript module (torch.jit.save) to train instead of the built-in network, with its own
   // weights: forward(x) of x (batch, 2 norb) float64 occupations returns (log |psi|, phi), each
   // (batch,). Empty: the built-in network of the sizes above.
@@ -43,6 +50,10 @@ class Network {
  public:
   virtual ~Network() = default;
   virtual std::int64_t parameters() const = 0;
+  // Where it runs and on what, for the log and the output: "cuda:0 (LibTorch 2.11.0)".
+  virtual std::string where() const = 0;
+  // The most device memory the network's library held so far (its allocator's peak); 0 on the host.
+  virtual std::uint64_t peak_device_bytes() const = 0;
   // log |psi| and phi of each row, no gradient kept (rows at a time as the caller batches them).
   virtual void evaluate(const Occupations& x, double* log_amplitude, double* phase) = 0;
   // The gradient over the parameters of sum_i (d_log_amplitude[i] log |psi(x_i)| + d_phase[i] phi(x_i))
@@ -59,9 +70,17 @@ class Network {
   virtual std::vector<NamedWeights> weights() const = 0;
 };
 
+// What evaluate, gradient and step throw when a batch needs more device memory than
+// NetworkShape::device_memory (make_network's network throws qstage's BudgetExceeded instead).
+class NetworkMemoryExceeded : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 // The plugin's network of `shape`: the built-in one, its weights drawn from shape.seed, or
 // shape.model_file's. Throws InputError when the plugin cannot be loaded (a build without
-// LibTorch, or LibTorch missing where it runs) or the model file is not a usable module.
+// LibTorch, or LibTorch missing where it runs) or the model file is not a usable module. Its
+// calls throw BudgetExceeded where the plugin's throw NetworkMemoryExceeded.
 std::unique_ptr<Network> make_network(const NetworkShape& shape);
 // Where the plugin is looked for, and whether it is there (the stage's plan checks this).
 std::string plugin_path();

@@ -8,12 +8,50 @@
 #include <mutex>
 
 #include "core/error.hpp"
+#include "core/units.hpp"
 #include "stages/nnqs/network.hpp"
 
 namespace qstage::nnqs {
 
 namespace {
 constexpr const char* kPlugin = "libqstage_nnqs.so";
+
+// The plugin's network, its refusals for memory as qstage's budget errors: a batch that needs more
+// device memory than the network's share fails the step as any budget does, with one line.
+class BudgetedNetwork final : public Network {
+ public:
+  BudgetedNetwork(std::unique_ptr<Network> network, std::uint64_t share) : network_(std::move(network)), share_(share) {}
+  std::int64_t parameters() const override { return network_->parameters(); }
+  std::string where() const override { return network_->where(); }
+  std::uint64_t peak_device_bytes() const override { return network_->peak_device_bytes(); }
+  void evaluate(const Occupations& x, double* log_amplitude, double* phase) override {
+    budgeted([&] { network_->evaluate(x, log_amplitude, phase); }, "inferring", x.rows);
+  }
+  void gradient(const Occupations& x, const double* d_log_amplitude, const double* d_phase, double* out) override {
+    budgeted([&] { network_->gradient(x, d_log_amplitude, d_phase, out); }, "training on", x.rows);
+  }
+  void step(const double* gradient) override {
+    budgeted([&] { network_->step(gradient); }, "stepping after", 0);
+  }
+  std::string save() const override { return network_->save(); }
+  void load(std::string_view state) override { network_->load(state); }
+  std::vector<NamedWeights> weights() const override { return network_->weights(); }
+
+ private:
+  template <class Call>
+  void budgeted(Call&& call, const char* doing, std::uint64_t rows) {
+    try {
+      call();
+    } catch (const NetworkMemoryExceeded& e) {
+      throw BudgetExceeded(fmt::format("sci.nnqs: the network ran out of its {} of device memory {} {} rows ({}); "
+                                       "expected smaller batches (train_batch, inference_batch) or a larger device_memory",
+                                       format_bytes(static_cast<double>(share_)), doing, rows, e.what()),
+                           "device");
+    }
+  }
+  std::unique_ptr<Network> network_;
+  std::uint64_t share_;
+};
 }  // namespace
 
 // QSTAGE_NNQS_PLUGIN if set; else beside the executable (a build tree), else in ../lib/qstage
@@ -51,7 +89,7 @@ std::unique_ptr<Network> make_network(const NetworkShape& shape) {
   std::string error;
   Network* network = make(&shape, &error);
   if (!network) throw InputError(fmt::format("sci.nnqs: the network could not be made: {}", error));
-  return std::unique_ptr<Network>(network);
+  return std::make_unique<BudgetedNetwork>(std::unique_ptr<Network>(network), shape.device_memory);
 }
 
 }  // namespace qstage::nnqs

@@ -85,11 +85,14 @@ std::vector<double> infidelity_gradient(const std::vector<double>& c, const std:
   return g;
 }
 
-// Host memory charged to a budget while a phase holds it.
+// Memory charged to a budget (the host's, or the device's) while its holder lives.
 class Charge {
  public:
-  Charge(Backend& backend, std::uint64_t bytes, const char* what) : budget_(backend.host_budget()), bytes_(bytes) {
-    backend.charge_host(bytes, what);
+  enum class Budget { host, device };
+  Charge(Backend& backend, std::uint64_t bytes, const char* what, Budget which = Budget::host)
+      : budget_(which == Budget::host ? backend.host_budget() : backend.device_budget()), bytes_(bytes) {
+    if (which == Budget::host) backend.charge_host(bytes, what);
+    else backend.charge_device(bytes, what);
   }
   ~Charge() { budget_.release(bytes_); }
   Charge(const Charge&) = delete;
@@ -112,14 +115,25 @@ class NnqsRun final : public stages::StepRun {
     if (problem_.ints.norb > 64) throw InputError("sci.nnqs: the FCIDUMP has more than 64 orbitals; expected at most 64");
     NetworkShape shape = params_.network;
     shape.norb = problem_.ints.norb, shape.nalpha = problem_.na, shape.nbeta = problem_.nb;
+    shape.cuda_device = ctx.backend->cuda_device();  // (the network shares the run's GPU)
+    if (shape.cuda_device >= 0) {  // its share: half the device budget left; H within S takes from the rest
+      const MemoryBudget& budget = ctx.backend->device_budget();
+      shape.device_memory = (budget.limit() > budget.in_use() ? budget.limit() - budget.in_use() : 0) / 2;
+    }
     network_ = make_network(shape);
+    if (network_->where().rfind("cuda", 0) == 0)
+      network_share_ = std::make_unique<Charge>(*ctx.backend, shape.device_memory,
+                                                "sci.nnqs network (LibTorch's allocator, capped at it)", Charge::Budget::device);
     space_ = {problem_.target.reference};
     stream_ = ctx.backend->make_stream();
     if (root())
       spdlog::info("sci.nnqs: a network of {} parameters (embedding {}, {} layers, {} heads, phase hidden {}), float64 on "
-                   "the host; H within the space on {}",
+                   "{}; H within the space on {}",
                    network_->parameters(), shape.embedding, shape.layers, shape.heads, fmt::join(shape.phase_hidden, "x"),
-                   ctx.backend->description());
+                   network_->where(), ctx.backend->description());
+    if (root() && shape.cuda_device >= 0 && network_->where().rfind("cuda", 0) != 0)
+      spdlog::warn("sci.nnqs: the network runs on the host, not on the run's GPU: the plugin's LibTorch has no CUDA (build "
+                   "stages/nnqs/model against a CUDA LibTorch to train it on the GPU)");
   }
 
   bool done() const override { return done_; }
@@ -185,6 +199,7 @@ class NnqsRun final : public stages::StepRun {
   NnqsParams params_;
   sci::Problem problem_;
   std::unique_ptr<Network> network_;
+  std::unique_ptr<Charge> network_share_;  // the network's device memory, on a GPU
   std::unique_ptr<Stream> stream_;
   // The iteration's H within S (and the last one's, which the next grows from), its vectors.
   std::unique_ptr<sci::ResidentSpace> resident_, grown_from_;
@@ -565,6 +580,9 @@ void NnqsRun::write(const stages::StagePlan&, const stages::StepPass&, h5::File&
   out.set_attribute("irrep", static_cast<std::int64_t>(problem_.target.irrep));
   out.set_attribute("ms2", static_cast<std::int64_t>(problem_.target.ms2));
   out.set_attribute("parameters", static_cast<std::int64_t>(network_->parameters()));
+  out.set_attribute("network_device", network_->where());
+  if (network_share_)  // (LibTorch's allocator's peak reserve, within the network's share of the device budget)
+    out.set_attribute("network_peak_device_bytes", static_cast<std::int64_t>(network_->peak_device_bytes()));
   if (params_.reference_energy) out.set_attribute("reference_energy", *params_.reference_energy);
   for (const NamedWeights& w : network_->weights())
     write_array(out, ("network/" + w.name).c_str(), h5::DType::float64, w.shape, w.values.data(),

@@ -1,9 +1,10 @@
-// The plugin's side of stages/nnqs/network.hpp: the network on LibTorch, float64 on the host,
-// AdamW from torch::optim. Built into libqstage_nnqs.so only; it sees nothing of qstage but that
-// header.
+// The plugin's side of stages/nnqs/network.hpp: the network on LibTorch, float64, on the run's GPU
+// when LibTorch has CUDA (else on the host), AdamW from torch::optim. Built into libqstage_nnqs.so
+// only; it sees nothing of qstage but that header.
 #include <torch/script.h>
 #include <torch/torch.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <sstream>
@@ -11,8 +12,23 @@
 #include "stages/nnqs/model/wavefunction.hpp"
 #include "stages/nnqs/network.hpp"
 
+#ifdef QSTAGE_NNQS_CUDA  // (a LibTorch with CUDA: its allocator, to cap and to read)
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <cuda_runtime_api.h>
+#endif
+
 namespace qstage::nnqs {
 namespace {
+
+// Where the network runs: the GPU the run asked for if this LibTorch has CUDA, else the host.
+// On the GPU every kernel is asked to be deterministic (cuBLAS with a fixed workspace: set
+// before LibTorch's first cuBLAS call), so that a run repeated, or resumed, gives the same bits.
+torch::Device device_for(const NetworkShape& shape) {
+  if (shape.cuda_device < 0 || !torch::cuda::is_available()) return torch::kCPU;
+  setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
+  at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
+  return {torch::kCUDA, static_cast<c10::DeviceIndex>(shape.cuda_device)};
+}
 
 // What the network trains: the built-in Wavefunction, or a user's TorchScript module of the same
 // interface. Either gives (log |psi|, phi) of occupations and its parameters by name.
@@ -25,10 +41,10 @@ class Model {
 
 class BuiltinModel final : public Model {
  public:
-  explicit BuiltinModel(const NetworkShape& shape) {
-    torch::manual_seed(shape.seed);  // (the initial weights)
+  BuiltinModel(const NetworkShape& shape, torch::Device device) {
+    torch::manual_seed(shape.seed);  // (the initial weights, drawn on the host: the same on any device)
     module_ = Wavefunction(shape);
-    module_->to(torch::kFloat64);
+    module_->to(device, torch::kFloat64);
   }
   std::pair<torch::Tensor, torch::Tensor> forward(const torch::Tensor& occupations) override {
     return module_->forward(occupations);
@@ -53,14 +69,14 @@ std::string first_line(const std::exception& e) {
 
 class ScriptModel final : public Model {
  public:
-  explicit ScriptModel(const NetworkShape& shape) : file_(shape.model_file) {
+  ScriptModel(const NetworkShape& shape, torch::Device device) : file_(shape.model_file), device_(device) {
     try {
-      module_ = torch::jit::load(file_, torch::kCPU);
+      module_ = torch::jit::load(file_, device);
     } catch (const std::exception& e) {
       throw std::runtime_error("model_file '" + file_ + "' could not be read as a TorchScript module (" + first_line(e) +
                                "); expected a file written by torch.jit.save");
     }
-    module_.to(torch::kFloat64);
+    module_.to(device, torch::kFloat64);
     module_.train();
     if (named_parameters().empty())
       throw std::runtime_error("model_file '" + file_ + "' has no parameters to train; expected a module with parameters");
@@ -86,7 +102,7 @@ class ScriptModel final : public Model {
   // or another output fails here, once, with one line, not inside the first step.
   void check_interface(const NetworkShape& shape) {
     const std::int64_t width = 2 * shape.norb;
-    torch::Tensor x = torch::zeros({2, width}, torch::kFloat64);
+    torch::Tensor x = torch::zeros({2, width}, torch::TensorOptions(torch::kFloat64).device(device_));
     for (int p = 0; p < shape.nalpha; ++p) x.index_put_({torch::indexing::Slice(), 2 * p}, 1.0);
     for (int p = 0; p < shape.nbeta; ++p) x.index_put_({torch::indexing::Slice(), 2 * p + 1}, 1.0);
     std::pair<torch::Tensor, torch::Tensor> out;
@@ -105,51 +121,68 @@ class ScriptModel final : public Model {
   }
 
   std::string file_;
+  torch::Device device_;
   mutable torch::jit::Module module_;
 };
 
 class TorchNetwork final : public Network {
  public:
-  explicit TorchNetwork(const NetworkShape& shape) : shape_(shape) {
-    if (shape.model_file.empty()) model_ = std::make_unique<BuiltinModel>(shape);
-    else model_ = std::make_unique<ScriptModel>(shape);
+  explicit TorchNetwork(const NetworkShape& shape) : shape_(shape), device_(device_for(shape)) {
+    if (shape.model_file.empty()) model_ = std::make_unique<BuiltinModel>(shape, device_);
+    else model_ = std::make_unique<ScriptModel>(shape, device_);
     for (const auto& [name, p] : model_->named_parameters()) parameters_.push_back(p);
     optimizer_ = std::make_unique<torch::optim::AdamW>(
         parameters_, torch::optim::AdamWOptions(shape.learning_rate).weight_decay(shape.weight_decay));
+    cap_device_memory();
   }
   std::int64_t parameters() const override {
     std::int64_t n = 0;
     for (const auto& p : parameters_) n += p.numel();
     return n;
   }
+  std::string where() const override { return device_.str() + " (LibTorch " + TORCH_VERSION + ")"; }
+  std::uint64_t peak_device_bytes() const override {
+#ifdef QSTAGE_NNQS_CUDA
+    if (device_.is_cuda())  // (index 0 of the stat arrays: every pool together)
+      return static_cast<std::uint64_t>(c10::cuda::CUDACachingAllocator::getDeviceStats(device_.index()).reserved_bytes[0].peak);
+#endif
+    return 0;
+  }
   void evaluate(const Occupations& x, double* log_amplitude, double* phase) override {
-    torch::NoGradGuard no_grad;
-    const auto [a, f] = model_->forward(tensor(x));
-    std::copy_n(a.contiguous().data_ptr<double>(), x.rows, log_amplitude);
-    std::copy_n(f.contiguous().data_ptr<double>(), x.rows, phase);
+    within_cap([&] {
+      torch::NoGradGuard no_grad;
+      const auto [a, f] = model_->forward(tensor(x));
+      std::copy_n(host(a).data_ptr<double>(), x.rows, log_amplitude);
+      std::copy_n(host(f).data_ptr<double>(), x.rows, phase);
+    });
   }
   void gradient(const Occupations& x, const double* d_log_amplitude, const double* d_phase, double* out) override {
+    within_cap([&] { gradient_impl(x, d_log_amplitude, d_phase, out); });
+  }
+  void gradient_impl(const Occupations& x, const double* d_log_amplitude, const double* d_phase, double* out) {
     const auto rows = static_cast<std::int64_t>(x.rows);
     const auto [log_amplitude, phase] = model_->forward(tensor(x));
-    const auto weights = [rows](const double* d) {
-      return torch::from_blob(const_cast<double*>(d), {rows}, torch::kFloat64);
+    const auto weights = [&](const double* d) {
+      return torch::from_blob(const_cast<double*>(d), {rows}, torch::kFloat64).to(device_);
     };
     for (auto& p : parameters_) p.mutable_grad() = torch::Tensor();
     ((log_amplitude * weights(d_log_amplitude)).sum() + (phase * weights(d_phase)).sum()).backward();
     for (const auto& p : parameters_) {
       const std::int64_t n = p.numel();
-      if (p.grad().defined()) std::copy_n(p.grad().to(torch::kFloat64).contiguous().data_ptr<double>(), n, out);
+      if (p.grad().defined()) std::copy_n(host(p.grad()).data_ptr<double>(), n, out);
       else std::fill_n(out, n, 0.0);  // (a parameter the loss does not reach)
       out += n;
     }
   }
   void step(const double* gradient) override {
-    for (auto& p : parameters_) {
-      const std::int64_t n = p.numel();
-      p.mutable_grad() = torch::from_blob(const_cast<double*>(gradient), p.sizes(), torch::kFloat64).to(p.dtype()).clone();
-      gradient += n;
-    }
-    optimizer_->step();
+    within_cap([&] {
+      for (auto& p : parameters_) {
+        const std::int64_t n = p.numel();
+        p.mutable_grad() = torch::from_blob(const_cast<double*>(gradient), p.sizes(), torch::kFloat64).to(p.options(), false, true);
+        gradient += n;
+      }
+      optimizer_->step();
+    });
   }
   std::string save() const override {
     return archive([&](torch::serialize::OutputArchive& a) {
@@ -173,7 +206,7 @@ class TorchNetwork final : public Network {
   std::vector<NamedWeights> weights() const override {
     std::vector<NamedWeights> out;
     for (const auto& [name, p] : model_->named_parameters()) {
-      const torch::Tensor t = p.detach().to(torch::kFloat64).contiguous();
+      const torch::Tensor t = host(p.detach());
       NamedWeights w{name, {}, std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel())};
       for (const std::int64_t d : t.sizes()) w.shape.push_back(static_cast<std::uint64_t>(d));
       out.push_back(std::move(w));
@@ -182,11 +215,39 @@ class TorchNetwork final : public Network {
   }
 
  private:
+  // LibTorch's allocator on the network's GPU held to shape.device_memory (once the network's first
+  // tensors made it), and its refusals as NetworkMemoryExceeded.
+  void cap_device_memory() {
+#ifdef QSTAGE_NNQS_CUDA
+    if (!device_.is_cuda() || shape_.device_memory == 0) return;
+    std::size_t free = 0, total = 0;
+    if (cudaSetDevice(device_.index()) != cudaSuccess || cudaMemGetInfo(&free, &total) != cudaSuccess || total == 0)
+      throw std::runtime_error("the network's GPU " + device_.str() + " did not say how much memory it has");
+    const double fraction = std::min(1.0, static_cast<double>(shape_.device_memory) / static_cast<double>(total));
+    c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction, device_.index());
+#endif
+  }
+  template <class Call>
+  static void within_cap(Call&& call) {
+#ifdef QSTAGE_NNQS_CUDA
+    try {
+      call();
+    } catch (const c10::OutOfMemoryError& e) {
+      throw NetworkMemoryExceeded(first_line(e));
+    }
+#else
+    call();
+#endif
+  }
+  // Occupations as the network reads them: bytes to the device, float64 there.
   torch::Tensor tensor(const Occupations& x) const {
     const std::int64_t width = 2 * shape_.norb;
     return torch::from_blob(const_cast<std::uint8_t*>(x.bits), {static_cast<std::int64_t>(x.rows), width}, torch::kUInt8)
+        .to(device_)
         .to(torch::kFloat64);
   }
+  // A tensor's values as contiguous float64 on the host.
+  static torch::Tensor host(const torch::Tensor& t) { return t.to(torch::kCPU, torch::kFloat64).contiguous(); }
   static std::string archive(const std::function<void(torch::serialize::OutputArchive&)>& save) {
     torch::serialize::OutputArchive archive;
     save(archive);
@@ -209,6 +270,7 @@ class TorchNetwork final : public Network {
   }
 
   NetworkShape shape_;
+  torch::Device device_;
   std::unique_ptr<Model> model_;
   std::vector<torch::Tensor> parameters_;  // (the model's, in its order: AdamW's state follows it)
   std::unique_ptr<torch::optim::AdamW> optimizer_;
