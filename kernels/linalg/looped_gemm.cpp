@@ -11,6 +11,8 @@ void check(const LoopedGemm& g) {
   if (g.dtype != DType::complex64 && g.dtype != DType::complex128)
     throw std::invalid_argument("looped_gemm: complex64 or complex128 only");
   if (g.groups < 0 || g.groups > kMaxLoopGroups) throw std::invalid_argument("looped_gemm: too many loop groups");
+  if (g.semiring == Semiring::tropical && g.dtype != DType::complex128)
+    throw std::invalid_argument("looped_gemm: the tropical semiring takes complex128 storage only");
 }
 
 template <typename Real>
@@ -18,6 +20,12 @@ void run_cpu(const LoopedGemm& g) {
   const auto total = static_cast<std::int64_t>(g.loops() * static_cast<std::uint64_t>(g.m * g.n));
 #pragma omp parallel for schedule(static) if (total * g.k > (std::int64_t{1} << 16))
   for (std::int64_t e = 0; e < total; ++e) detail::looped_gemm_element<Real>(g, static_cast<std::uint64_t>(e));
+}
+
+void run_tropical_cpu(const LoopedGemm& g) {
+  const auto total = static_cast<std::int64_t>(g.loops() * static_cast<std::uint64_t>(g.m * g.n));
+#pragma omp parallel for schedule(static) if (total * g.k > (std::int64_t{1} << 16))
+  for (std::int64_t e = 0; e < total; ++e) detail::looped_tropical_element(g, static_cast<std::uint64_t>(e));
 }
 }  // namespace
 
@@ -37,7 +45,8 @@ void looped_gemm_cpu(const LoopedGemm& args) {
   check(args);
   LoopedGemm g = args;
   set_shifts(g);
-  if (g.dtype == DType::complex64) run_cpu<float>(g);
+  if (g.semiring == Semiring::tropical) run_tropical_cpu(g);
+  else if (g.dtype == DType::complex64) run_cpu<float>(g);
   else run_cpu<double>(g);
 }
 

@@ -9,6 +9,13 @@
 namespace qstage::kernels::detail {
 namespace {
 
+// The tropical semiring's elements, one thread each (kernels/linalg/tropical.hpp).
+__global__ void looped_tropical_kernel(LoopedGemm g, std::uint64_t total) {
+  const std::uint64_t stride = std::uint64_t(gridDim.x) * blockDim.x;
+  for (std::uint64_t e = std::uint64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += stride)
+    looped_tropical_element(g, e);
+}
+
 // One thread per result element, grid-stride; the loop description travels by value.
 template <typename Real>
 __global__ void looped_gemm_kernel(LoopedGemm g, std::uint64_t total) {
@@ -437,6 +444,12 @@ void looped_gemm_cuda(void* cuda_stream, const LoopedGemm& g) {
   if (total == 0) return;
   constexpr unsigned threads = 256;
   auto stream = static_cast<cudaStream_t>(cuda_stream);
+  if (g.semiring == Semiring::tropical) {
+    const auto blocks = static_cast<unsigned>(std::min<std::uint64_t>((total + threads - 1) / threads, 1u << 20));
+    looped_tropical_kernel<<<blocks, threads, 0, stream>>>(g, total);
+    QSTAGE_CUDA_CHECK_LAUNCH();
+    return;
+  }
   if (g.k >= kLoopedBlockSum) {
     if (g.dtype == DType::complex64) launch_long_sums<float>(g, total, stream);
     else launch_long_sums<double>(g, total, stream);

@@ -10,6 +10,7 @@
 #include "backend/backend.hpp"
 #include "core/dtype.hpp"
 #include "kernels/common.hpp"
+#include "kernels/linalg/tropical.hpp"
 
 namespace qstage::kernels {
 
@@ -23,6 +24,9 @@ inline constexpr std::int64_t kLoopedRowsMaxSum = 64;
 
 struct LoopedGemm {
   DType dtype = DType::complex64;  // complex64 or complex128
+  // tropical (kernels/linalg/tropical.hpp): complex128 elements read as (exponent, count) pairs,
+  // C's elements the tropical sums over k of tropical products.
+  Semiring semiring = Semiring::standard;
   std::int64_t m = 1, n = 1, k = 1;
   // For loop index (i_0, ..., i_{g-1}) (i_0 outermost) the product is C = A · Bᵀ with A at
   // a + sum i_d stride_a[d] (m × k, row-major), B at b + sum i_d stride_b[d] (n × k) and C at
@@ -101,6 +105,16 @@ QSTAGE_HD void looped_gemm_element(const LoopedGemm& g, std::uint64_t e) {
     im += x[p].re * y[p].im + x[p].im * y[p].re;
   }
   static_cast<Complex<Real>*>(g.c)[at.c + at.i * g.n + at.j] = Complex<Real>{re, im};
+}
+
+// The same element in the tropical semiring (complex128 storage); the CPU twin's and the GPU's.
+QSTAGE_HD void looped_tropical_element(const LoopedGemm& g, std::uint64_t e) {
+  const ElementAt at = element_at(g, e);
+  const Tropical* x = static_cast<const Tropical*>(g.a) + at.a + at.i * g.k;
+  const Tropical* y = static_cast<const Tropical*>(g.b) + at.b + at.j * g.k;
+  Tropical sum = tropical_zero();
+  for (std::int64_t p = 0; p < g.k; ++p) sum = tropical_plus(sum, tropical_times(x[p], y[p]));
+  static_cast<Tropical*>(g.c)[at.c + at.i * g.n + at.j] = sum;
 }
 }  // namespace detail
 

@@ -65,11 +65,12 @@ struct Params {
   std::optional<Einsum> einsum;
   std::uint64_t seed;           // of a JSON network's random tensors
   std::optional<tn::IndependentSetOptions> independent_sets;  // seed 000's Fig. 1 (c)
+  std::optional<tn::SpinGlassOptions> spin_glass;
   std::optional<tn::SurfaceCodeOptions> surface_code;         // seed 000's Fig. 1 (b)
   std::optional<tn::Syndrome> detector_error_model;           // its model from Files "/detector_error_model/file"
   int sources() const {
-    return source.has_circuit() + network + einsum.has_value() + independent_sets.has_value() + surface_code.has_value() +
-           detector_error_model.has_value();
+    return source.has_circuit() + network + einsum.has_value() + independent_sets.has_value() + spin_glass.has_value() +
+           surface_code.has_value() + detector_error_model.has_value();
   }
   static tn::Syndrome syndrome_of(const json& k) {
     tn::Syndrome s;
@@ -77,8 +78,9 @@ struct Params {
     s.seed = k.value("seed", s.seed);
     return s;
   }
+  static bool tropical(const json& problem) { return problem.value("semiring", std::string("standard")) == "tropical"; }
   static Params from_json(const json& p) {
-    Params r{tn::SourceParams::from_json(p), p.contains("network"), std::nullopt, p.value("seed", std::uint64_t{0}), {}, {}, {}};
+    Params r{tn::SourceParams::from_json(p), p.contains("network"), std::nullopt, p.value("seed", std::uint64_t{0}), {}, {}, {}, {}};
     if (p.contains("einsum")) {
       const json& e = p["einsum"];
       r.einsum = Einsum{e.at("expression").get<std::string>(), e.at("sizes").get<std::map<std::string, std::int64_t>>(),
@@ -89,7 +91,16 @@ struct Params {
       tn::IndependentSetOptions o;
       o.rows = k.value("rows", o.rows), o.cols = k.value("cols", o.cols), o.fill = k.value("fill", o.fill);
       o.seed = k.value("seed", o.seed), o.fugacity = k.value("fugacity", o.fugacity);
+      o.tropical = tropical(k);
       r.independent_sets = o;
+    }
+    if (p.contains("spin_glass")) {
+      const json& k = p["spin_glass"];
+      tn::SpinGlassOptions o;
+      o.rows = k.value("rows", o.rows), o.cols = k.value("cols", o.cols), o.couplings = k.value("couplings", o.couplings);
+      o.seed = k.value("seed", o.seed), o.beta = k.value("beta", o.beta);
+      o.tropical = tropical(k);
+      r.spin_glass = o;
     }
     if (p.contains("surface_code")) {
       const json& k = p["surface_code"];
@@ -135,8 +146,8 @@ class BuildStage final : public ComputedStage {
     static const StageInfo info{
         "tn.build", 1,
         "a tensor network from a circuit (qsim, OpenQASM 2.0, random, QAOA or lattice dynamics), a generic network (JSON, "
-        "einsum), or a problem of seed 000's Fig. 1 (independent sets on a King's subgraph, surface-code or detector-error-model "
-        "decoding)",
+        "einsum), or a problem of seed 000's Fig. 1 (independent sets on a King's subgraph, spin glasses, surface-code or "
+        "detector-error-model decoding; the first two also tropical: maximum independent sets, ground states)",
         {},
         "- id: net\n  stage: tn.build\n  params:\n    random: {rows: 4, cols: 5, cycles: 12, seed: 1}\n"
         "    random_bitstrings: {count: 4, seed: 2}\n"};
@@ -153,7 +164,7 @@ class BuildStage final : public ComputedStage {
     const int sources = Params::from_json(params).sources();
     if (sources != 1)
       throw InputError(fmt::format("{} sources given; expected exactly one of circuit, random, qaoa, lattice, network, einsum, "
-                                   "independent_sets, surface_code or detector_error_model", sources));
+                                   "independent_sets, spin_glass, surface_code or detector_error_model", sources));
     return computed_plan({{"network", {{h5::DType::uint8, {}, {}}}}, {"bitstrings", {{h5::DType::uint8, {}, {}}}}});
   }
   std::unique_ptr<StepRun> start(const StepContext& ctx) const override { return std::make_unique<Run>(ctx); }
@@ -196,13 +207,14 @@ void BuildStage::Run::compute() {
       net = tn::amplitude_network(c, tn::open_qubits_from_params(p.source, c.qubits));
       extra["bitstrings"] = tn::bitstrings_from_params(p.source, ctx.files, c.qubits);
     }
-  } else if (p.independent_sets || p.surface_code || p.detector_error_model) {
+  } else if (p.independent_sets || p.spin_glass || p.surface_code || p.detector_error_model) {
     auto from_model = [&] {
       const auto& file = ctx.files.at("/detector_error_model/file");
       return tn::detector_error_model_decoding(
           {fsutil::read_file(file), file.filename().string(), *p.detector_error_model});
     };
     tn::Problem problem = p.independent_sets ? tn::king_independent_sets(*p.independent_sets)
+                          : p.spin_glass     ? tn::square_spin_glass(*p.spin_glass)
                           : p.surface_code   ? tn::surface_code_decoding(*p.surface_code)
                                              : from_model();
     net = std::move(problem.network);

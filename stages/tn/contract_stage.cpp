@@ -19,6 +19,7 @@
 #include "core/serial.hpp"
 #include "core/units.hpp"
 #include "io/compressed_chunks.hpp"
+#include "kernels/linalg/tropical.hpp"
 #include "spec/schema.hpp"
 #include "stages/common/params.hpp"
 #include "comm/communicator.hpp"
@@ -151,11 +152,13 @@ class ContractKernel final : public engine::PassKernel {
 // bitstring's slices are summed pairwise.
 class ContractReduction final : public engine::Reduction {
  public:
-  ContractReduction(std::uint64_t bitstrings, std::uint64_t slices, std::uint64_t elements, std::uint64_t steps, bool single)
+  // single: complex64 results; tropical: slices add in the tropical semiring (kernels/linalg/tropical.hpp)
+  ContractReduction(std::uint64_t bitstrings, std::uint64_t slices, std::uint64_t elements, std::uint64_t steps, bool single,
+                    bool tropical)
       : bitstrings_(bitstrings), slices_(slices), elements_(elements), steps_(steps), single_(single),
-        seconds_(steps, 0.0) {}
+        tropical_(tropical), seconds_(steps, 0.0) {}
   std::unique_ptr<engine::Reduction> empty() const override {
-    return std::make_unique<ContractReduction>(bitstrings_, slices_, elements_, steps_, single_);
+    return std::make_unique<ContractReduction>(bitstrings_, slices_, elements_, steps_, single_, tropical_);
   }
   void fold(std::uint64_t row, const std::byte* p) override {
     first_ = row;
@@ -189,7 +192,10 @@ class ContractReduction final : public engine::Reduction {
     if (right.first_ != end_) throw std::logic_error("tn.contract: folds merged out of row order");
     std::size_t skip = 0;  // the right's first bitstring continues this one's last
     if ((end_ - 1) / slices_ == right.first_ / slices_) {
-      for (std::uint64_t i = 0; i < elements_; ++i) acc_[acc_.size() - elements_ + i] += right.acc_[i];
+      for (std::uint64_t i = 0; i < elements_; ++i) {
+        cd& sum = acc_[acc_.size() - elements_ + i];
+        sum = tropical_ ? tropical_plus(sum, right.acc_[i]) : sum + right.acc_[i];
+      }
       skip = elements_;
     }
     acc_.insert(acc_.end(), right.acc_.begin() + static_cast<std::ptrdiff_t>(skip), right.acc_.end());
@@ -241,8 +247,13 @@ class ContractReduction final : public engine::Reduction {
   }
 
  private:
+  // (x + i n read as the pair (x, n))
+  static cd tropical_plus(cd a, cd b) {
+    const kernels::Tropical t = kernels::tropical_plus({a.real(), a.imag()}, {b.real(), b.imag()});
+    return {t.x, t.n};
+  }
   std::uint64_t bitstrings_, slices_, elements_, steps_;
-  bool single_;
+  bool single_, tropical_;
   std::uint64_t first_ = 0, end_ = 0;  // the rows folded
   std::vector<cd> acc_;                // per bitstring touched, elements_ sums
   std::vector<double> seconds_;
@@ -326,6 +337,9 @@ void write_reference_check(const Loaded& l, Backend& be, const std::vector<cd>& 
 bool distributed_run(const Loaded& l, const StepContext& ctx) {
   const int ranks = ctx.comm ? ctx.comm->size() : 1;
   if (!l.distribution || ranks == 1) return false;
+  if (l.net.semiring == "tropical")
+    throw InputError("the network is tropical, and its plan is for ranks sharing each slice (tn.plan's ranks); "
+                     "expected a plan for one rank (tropical slices are spread over any number of ranks)");
   const int planned = l.distribution->at("ranks").get<int>();
   if (ranks % planned != 0)
     throw InputError(fmt::format("input 'plan' was made for {} ranks (tn.plan's ranks: {}) and this run has {}; expected "
@@ -599,6 +613,10 @@ StepPass ContractStage::Run::output(StagePlan& plan) {
   const StepContext& ctx = ctx_;
   const auto dtype = dtype_of_plan(l.plan);
   const auto& spill = p.compress_spilled;
+  const bool tropical = l.net.semiring == "tropical";
+  if (tropical && (dtype != h5::DType::complex128 || p.tf32 || spill))
+    throw InputError("the network is tropical (an exponent and a count in each entry): it contracts in complex128, "
+                     "without tf32 or compress_spilled; expected a tn.plan of precision complex128 and neither parameter");
   std::optional<tn::Contractor> probe;
   try {
     probe.emplace(l.net, l.plan, dtype, false, std::filesystem::temp_directory_path(), spill);
@@ -629,14 +647,15 @@ StepPass ContractStage::Run::output(StagePlan& plan) {
                   {"precision", h5::dtype_name(dtype)},
                   {"kind", l.net.kind},
                   {"tf32", p.tf32},
-                  {"reference_check", p.reference_check.value_or(p.tf32 || spill)},
+                  {"reference_check", !tropical && p.reference_check.value_or(p.tf32 || spill)},
                   {"compress_spilled",
                    spill ? h5::codec_summary(*spill, std::nullopt, codec::ElementType::complex64) : json(nullptr)}};
+  if (tropical) plan.summary["semiring"] = "tropical";  // (standard runs' summaries unchanged)
   const auto& summary = plan.summary;
   return planned_pass(
       plan, std::make_unique<ContractKernel>(l_, p_.tf32, p_.scratch_dir, p_.compress_spilled, p_.time_steps),
       std::make_unique<ContractReduction>(summary.at("bitstrings"), summary.at("slices"), summary.at("result_elements"),
-                                          summary.at("steps"), summary.at("precision") == "complex64"));
+                                          summary.at("steps"), summary.at("precision") == "complex64", tropical));
 }
 
 ContractStage::Run::Outcome ContractStage::Run::outcome(const StagePlan& plan, const StepPass& pass) const {
@@ -667,6 +686,18 @@ void ContractStage::Run::write(const StagePlan& plan, const StepPass& pass, h5::
   if (name == "value") shape = {R};
   h5::Dataset d = out.create_dataset(name, {{h5::DType::complex128, shape, {}}, false});
   d.write_all(result.values.data());
+  if (s.contains("semiring")) {  // tropical: the pairs apart, as h5py users read them
+    std::vector<double> exponent, count;
+    for (const cd& v : result.values) exponent.push_back(v.imag() > 0 ? v.real() : -INFINITY), count.push_back(v.imag());
+    h5::Dataset x = out.create_dataset("exponent", {{h5::DType::float64, shape, {}}, false});
+    x.write_all(exponent.data());
+    x.set_attribute("description", "the largest exponent over the configurations (a maximum independent set's size, "
+                                   "-E_0 of a spin glass); -inf where none is allowed");
+    h5::Dataset n = out.create_dataset("count", {{h5::DType::float64, shape, {}}, false});
+    n.write_all(count.data());
+    n.set_attribute("description", "how many configurations reach that exponent (exact below 2^53)");
+    out.set_attribute("semiring", s.at("semiring").get<std::string>());
+  }
   const bool circuit = s.at("kind") != "generic", check = s.at("reference_check");
   std::optional<Loaded> l;  // the network and plan, read once if needed
   if (circuit || check) l = load_inputs(ctx_);
@@ -707,6 +738,9 @@ std::string ContractStage::Run::describe(const StagePlan& plan, const StepPass& 
                                              plan.summary.at("distributed_ranks").get<int>(),
                                              plan.summary.at("distributed_groups").get<int>())
                                : std::string();
+  if (plan.summary.contains("semiring"))
+    return fmt::format("{} tropical value(s) over {} slice(s){}; first: exponent {:.9g} reached by {:.17g} configuration(s)",
+                       v.size(), plan.summary.at("slices").get<std::uint64_t>(), over, v[0].real(), v[0].imag());
   return fmt::format("{} value(s) over {} slice(s){}; first ({:.9g}{:+.9g}i)", v.size(),
                      plan.summary.at("slices").get<std::uint64_t>(), over, v[0].real(), v[0].imag());
 }

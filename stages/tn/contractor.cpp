@@ -35,6 +35,9 @@ Contractor::Contractor(const Network& net, const Plan& plan, h5::DType dtype, bo
   if (compress_spilled_ && dtype_ != h5::DType::complex64)
     throw InputError("compress_spilled needs a complex64 plan (the codec's type); expected tn.plan's precision "
                      "complex64");
+  if (tropical() && (dtype_ != h5::DType::complex128 || tf32_ || compress_spilled_))
+    throw InputError("a tropical network contracts in complex128 (an exponent and a count in each entry), without "
+                     "TF32 or compressed spills; expected tn.plan's precision complex128");
   for (Mode m : plan.output) result_elements_ *= static_cast<std::uint64_t>(net.extent.at(m));
   for (Mode m : plan.sliced) slice_radix_.push_back(net.extent.at(m));
   slice_place_.assign(slice_radix_.size(), 1);
@@ -209,7 +212,7 @@ void Contractor::run_packed(Stream& stream, const PlanStep& st, char* arena, con
   g.stride_a = st.m * st.k;
   g.stride_b = st.n * st.k;
   g.stride_c = st.m * st.n;
-  kernels::gemm(stream, g);
+  multiply(stream, g);
   if (st.pack_c) relayout(stream, layouts.c, arena + st.pack_c_offset, st.c_modes, c);
 }
 
@@ -218,6 +221,7 @@ void Contractor::run_looped(Stream& stream, const PlanStep& st, const char* L, c
   const auto groups = loop_groups(net_, st);
   kernels::LoopedGemm lg;
   lg.dtype = dtype_;
+  lg.semiring = tropical() ? kernels::Semiring::tropical : kernels::Semiring::standard;
   lg.m = st.m;
   lg.n = st.n;
   lg.k = st.k;
@@ -232,6 +236,20 @@ void Contractor::run_looped(Stream& stream, const PlanStep& st, const char* L, c
     lg.stride_b[d] = o.r;
     lg.stride_c[d] = o.c;
   }
+  kernels::looped_gemm(stream, lg);
+}
+
+// A product step_gemm made (with a strided batch, perhaps): BLAS, or in the tropical semiring the
+// looped kernel with the batch as its one loop group.
+void Contractor::multiply(Stream& stream, const kernels::Gemm& g) const {
+  if (!tropical()) return kernels::gemm(stream, g);
+  kernels::LoopedGemm lg;
+  lg.dtype = dtype_;
+  lg.semiring = kernels::Semiring::tropical;
+  lg.m = g.m, lg.n = g.n, lg.k = g.k;
+  lg.a = g.a, lg.b = g.b, lg.c = g.c;
+  lg.groups = g.batch > 1 ? 1 : 0;
+  lg.extent[0] = g.batch, lg.stride_a[0] = g.stride_a, lg.stride_b[0] = g.stride_b, lg.stride_c[0] = g.stride_c;
   kernels::looped_gemm(stream, lg);
 }
 
@@ -333,8 +351,9 @@ void Contractor::run_step_at(Stream& stream, const PlanStep& st, const char* a, 
   const char* L = st.left_is_b ? b : a;
   const char* R = st.left_is_b ? a : b;
   if (st.execution == Execution::packed) return run_packed(stream, st, arena, L_modes, R_modes, L, R, c);
-  // (Looped steps run in full single precision also under TF32.)
-  if (st.execution == Execution::looped) return run_looped(stream, st, L, R, c);
+  // (Looped steps run in full single precision also under TF32. The tropical semiring has no
+  // BLAS: its every product is a looped one, loops or not.)
+  if (st.execution == Execution::looped || tropical()) return run_looped(stream, st, L, R, c);
   kernels::Gemm g = step_gemm(st);
   if (st.loop_modes.empty()) {
     g.a = L;

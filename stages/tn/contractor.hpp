@@ -106,6 +106,8 @@ class Contractor {
   engine::SpillStore::Options spill_options() const;
   void run_step_at(Stream& stream, const PlanStep& st, const char* a, const char* b, char* c, char* arena);
   kernels::Gemm step_gemm(const PlanStep& st) const;
+  bool tropical() const { return net_.semiring == "tropical"; }
+  void multiply(Stream& stream, const kernels::Gemm& g) const;
   void run_looped(Stream& stream, const PlanStep& st, const char* L, const char* R, char* c);
   void run_packed(Stream& stream, const PlanStep& st, char* arena, const std::vector<Mode>& L_modes,
                   const std::vector<Mode>& R_modes, const char* L, const char* R, char* c);

@@ -294,6 +294,7 @@ json network_meta(const Network& n) {
   meta["open_qubits"] = n.open_qubits;
   meta["description"] = n.description;
   meta["pauli"] = n.pauli;
+  if (n.semiring != "standard") meta["semiring"] = n.semiring;  // (standard networks' files unchanged)
   json projections = json::array(), tags = json::array();
   for (size_t t = 0; t < n.tensors.size(); ++t) {
     if (n.tensors[t].projects_qubit >= 0) projections.push_back({t, n.tensors[t].projects_qubit});
@@ -315,6 +316,7 @@ Network network_from_meta(const json& meta) {
   n.open_qubits = meta.value("open_qubits", std::vector<int>{});
   n.description = meta.value("description", "");
   n.pauli = meta.value("pauli", "");
+  n.semiring = meta.value("semiring", "standard");
   n.output = meta.at("output").get<std::vector<Mode>>();
   for (auto it = meta.at("size_dict").begin(); it != meta.at("size_dict").end(); ++it)
     n.extent[std::stoll(it.key())] = it.value().get<std::int64_t>();

@@ -38,6 +38,9 @@ struct Network {
   std::string pauli;                    // expectation networks: the Pauli string, e.g. "Z0 Z3"
   std::map<Mode, std::string> labels;   // generic networks: the original labels (for imported sliced modes)
   std::string description;
+  // How entries multiply and add: "standard", or "tropical" (each complex128 entry an (exponent,
+  // count) pair, kernels/linalg/tropical.hpp), for counting and optimization problems.
+  std::string semiring = "standard";
 
   std::int64_t size_of(const std::vector<Mode>& modes) const;
   // Checks labels: every mode has an extent; a mode appears in at most two tensors unless it is

@@ -275,6 +275,9 @@ void PlanStage::Run::compute() {
   }
   const Params p = Params::from_json(ctx.params);
   const auto dtype = p.precision;
+  if (net.semiring == "tropical" && dtype != h5::DType::complex128)
+    throw InputError("the network is tropical (an exponent and a count in each entry): parameter 'precision' is "
+                     "complex64; expected complex128");
   tn::PlanOptions o;
   o.element_bytes = h5::dtype_size(dtype);
   o.max_slices = p.max_slices;

@@ -283,6 +283,8 @@ Problem king_independent_sets(const IndependentSetOptions& o) {
     throw InputError(fmt::format("independent_sets: no site of the {} x {} grid kept at fill {} (seed {}); expected a larger "
                                  "fill or grid", o.rows, o.cols, o.fill, o.seed));
   auto at = [&](int r, int c) { return r < 0 || c < 0 || r >= o.rows || c >= o.cols ? -1 : index[static_cast<std::size_t>(r) * o.cols + c]; };
+  // The semiring's one, and the weight of a vertex in the set (tropical: exponent 1, count 1).
+  const cd one = o.tropical ? cd(0, 1) : cd(1), in = o.tropical ? cd(1, 1) : cd(o.fugacity);
   Builder b;
   std::vector<std::vector<Mode>> legs(static_cast<std::size_t>(vertices));
   json edges = json::array();
@@ -297,7 +299,7 @@ Problem king_independent_sets(const IndependentSetOptions& o) {
         const Mode mu = b.mode(), mv = b.mode();
         legs[static_cast<std::size_t>(u)].push_back(mu);
         legs[static_cast<std::size_t>(v)].push_back(mv);
-        b.add({mu, mv}, {1.0, 1.0, 1.0, 0.0}, fmt::format("edge {} {}", u, v));
+        b.add({mu, mv}, {one, one, one, 0.0}, fmt::format("edge {} {}", u, v));
         edges.push_back({u, v});
       }
     }
@@ -307,18 +309,95 @@ Problem king_independent_sets(const IndependentSetOptions& o) {
                                         sites[static_cast<std::size_t>(v)][1].get<int>());
     if (l.empty()) {  // (a mode must join two tensors: the vertex's weights and a sum over it)
       const Mode m = b.mode();
-      b.add({m}, {1.0, o.fugacity}, tag);
-      b.add({m}, {1.0, 1.0}, fmt::format("sum over vertex {}", v));
+      b.add({m}, {one, in}, tag);
+      b.add({m}, {one, one}, fmt::format("sum over vertex {}", v));
       continue;
     }
-    b.add(l, copy_tensor(l.size(), 1.0, o.fugacity), tag);
+    b.add(l, copy_tensor(l.size(), one, in), tag);
   }
-  b.net.description = fmt::format("independent sets of a King's subgraph: {} of {} x {} sites (fill {}, seed {}), {} edges, "
-                                  "fugacity {}", vertices, o.rows, o.cols, o.fill, o.seed, edges.size(), o.fugacity);
+  b.net.description = o.tropical ? fmt::format("maximum independent sets of a King's subgraph: {} of {} x {} sites (fill {}, "
+                                               "seed {}), {} edges, tropical", vertices, o.rows, o.cols, o.fill, o.seed,
+                                               edges.size())
+                                 : fmt::format("independent sets of a King's subgraph: {} of {} x {} sites (fill {}, seed {}), "
+                                               "{} edges, fugacity {}", vertices, o.rows, o.cols, o.fill, o.seed,
+                                               edges.size(), o.fugacity);
+  if (o.tropical) b.net.semiring = "tropical";
   Problem p{std::move(b.net), json::object()};
   p.about = {{"problem", "independent_sets"}, {"graph", "king"}, {"rows", o.rows}, {"cols", o.cols}, {"fill", o.fill},
              {"seed", o.seed}, {"fugacity", o.fugacity}, {"vertices", vertices}, {"sites", sites}, {"edges", edges},
              {"value", "sum over the independent sets S of fugacity^|S|"}};
+  if (o.tropical) {
+    p.about.erase("fugacity");
+    p.about["semiring"] = "tropical";
+    p.about["value"] = "(the largest |S| of an independent set S, the number of such S) as exponent + i count";
+  }
+  return p;
+}
+
+Problem square_spin_glass(const SpinGlassOptions& o) {
+  if (o.rows < 1 || o.cols < 1 || static_cast<std::int64_t>(o.rows) * o.cols > (1 << 20))
+    throw InputError(fmt::format("spin_glass: {} x {} spins; expected 1 to 2^20 spins", o.rows, o.cols));
+  if (o.couplings != "pm1" && o.couplings != "gaussian")
+    throw InputError(fmt::format("spin_glass: couplings '{}'; expected pm1 or gaussian", o.couplings));
+  if (!std::isfinite(o.beta)) throw InputError(fmt::format("spin_glass: beta = {}; expected a finite number", o.beta));
+  const std::uint64_t key = kernels::splitmix64(o.seed ^ 0x5370696e47ULL);
+  const int n = o.rows * o.cols;
+  Builder b;
+  std::vector<std::vector<Mode>> legs(static_cast<std::size_t>(n));
+  json edges = json::array(), couplings = json::array();
+  std::uint64_t draw = 0;
+  auto coupling = [&] {
+    if (o.couplings == "pm1") return uniform01(key, draw++) < 0.5 ? 1.0 : -1.0;
+    // (Box-Muller from two draws)
+    const double u1 = std::max(uniform01(key, draw++), 1e-300), u2 = uniform01(key, draw++);
+    return std::sqrt(-2 * std::log(u1)) * std::cos(2 * M_PI * u2);
+  };
+  for (int r = 0; r < o.rows; ++r)
+    for (int c = 0; c < o.cols; ++c)
+      for (const auto& [dr, dc] : {std::pair{0, 1}, {1, 0}}) {  // (each edge once: right, below)
+        if (r + dr >= o.rows || c + dc >= o.cols) continue;
+        const int u = r * o.cols + c, v = (r + dr) * o.cols + c + dc;
+        const double J = coupling();
+        const Mode mu = b.mode(), mv = b.mode();
+        legs[static_cast<std::size_t>(u)].push_back(mu);
+        legs[static_cast<std::size_t>(v)].push_back(mv);
+        std::vector<cd> t(4);
+        for (int su = 0; su < 2; ++su)
+          for (int sv = 0; sv < 2; ++sv) {
+            const double e = J * (1 - 2 * su) * (1 - 2 * sv);  // J s_u s_v
+            t[static_cast<std::size_t>(2 * su + sv)] = o.tropical ? cd(-e, 1) : cd(std::exp(-o.beta * e));
+          }
+        b.add({mu, mv}, std::move(t), fmt::format("edge {} {}", u, v));
+        edges.push_back({u, v});
+        couplings.push_back(J);
+      }
+  const cd one = o.tropical ? cd(0, 1) : cd(1);
+  for (int v = 0; v < n; ++v) {
+    auto& l = legs[static_cast<std::size_t>(v)];
+    const std::string tag = fmt::format("spin {} ({}, {})", v, v / o.cols, v % o.cols);
+    if (l.empty()) {  // (a lone spin: both states, no energy)
+      const Mode m = b.mode();
+      b.add({m}, {one, one}, tag);
+      b.add({m}, {one, one}, fmt::format("sum over spin {}", v));
+      continue;
+    }
+    b.add(l, copy_tensor(l.size(), one, one), tag);
+  }
+  b.net.description = fmt::format("Ising spin glass on a {} x {} square lattice, {} couplings (seed {}), {}", o.rows,
+                                  o.cols, o.couplings, o.seed,
+                                  o.tropical ? std::string("tropical") : fmt::format("beta {}", o.beta));
+  if (o.tropical) b.net.semiring = "tropical";
+  Problem p{std::move(b.net), json::object()};
+  p.about = {{"problem", "spin_glass"}, {"lattice", "square"}, {"rows", o.rows}, {"cols", o.cols},
+             {"couplings", o.couplings}, {"seed", o.seed}, {"edges", edges}, {"J", couplings},
+             {"energy", "E(s) = sum over edges (u, v) of J_uv s_u s_v, s = 1 - 2 bit"}};
+  if (o.tropical) {
+    p.about["semiring"] = "tropical";
+    p.about["value"] = "(-E_0, the number of ground states) as exponent + i count";
+  } else {
+    p.about["beta"] = o.beta;
+    p.about["value"] = "Z = sum over s of exp(-beta E(s))";
+  }
   return p;
 }
 

@@ -5,9 +5,13 @@
 //       observed syndrome jointly with each logical class, as a contraction over every error
 //       configuration (bit flips on the data qubits and, over several rounds, measurement flips);
 //   (c) independent sets on a King's subgraph: the independence polynomial at a fugacity
-//       (the number of independent sets at fugacity 1).
+//       (the number of independent sets at fugacity 1), or in the tropical semiring the maximum
+//       independent set's size and the number of maximum independent sets;
+//   and spin glasses on a square lattice: the partition function at an inverse temperature, or
+//   in the tropical semiring the ground-state energy and degeneracy (Liu, Wang and Zhang,
+//   PRL 126, 090506 (2021), seed 000's refs [7] and [11]).
 //
-// Both are generic networks of extent-2 modes. Each comes with a JSON description of the instance
+// All are generic networks of extent-2 modes. Each comes with a JSON description of the instance
 // (the graph, the detectors and the syndrome), written by tn.build as the attribute "problem".
 #include <cstdint>
 #include <nlohmann/json.hpp>
@@ -29,13 +33,33 @@ struct Problem {
 // `fugacity` for "in"; edge (u, v): [[1, 1], [1, 0]] (not both in). A kept site without
 // neighbours: [1, fugacity] joined to [1, 1]. The contraction is sum over independent sets S of
 // fugacity^|S|.
+//
+// Tropical (Network::semiring, kernels/linalg/tropical.hpp): "in" is (1, 1), "out" (0, 1) and a
+// forbidden pair zero, so the contraction is (the largest |S|, how many S reach it); the fugacity
+// plays no part.
 struct IndependentSetOptions {
   int rows = 4, cols = 4;
   double fill = 0.8;
   std::uint64_t seed = 0;
   double fugacity = 1.0;
+  bool tropical = false;
 };
 Problem king_independent_sets(const IndependentSetOptions& o);
+
+// An Ising spin glass on a rows x cols square lattice, open boundaries: spins s_v = +-1 (bit b:
+// s = 1 - 2b), E(s) = sum over lattice edges (u, v) of J_uv s_u s_v, couplings J_uv = +-1 with
+// equal probability (seeded) or Gaussian (mean 0, variance 1). Vertex v: a copy tensor over its
+// edges' modes; edge (u, v): exp(-beta J_uv s_u s_v). The contraction is Z = sum_s exp(-beta E(s)).
+// Tropical: an edge's entries are (-J_uv s_u s_v, 1), so the contraction is (-E_0, the number
+// of ground states); with +-1 couplings every exponent is an integer, so the count is exact.
+struct SpinGlassOptions {
+  int rows = 4, cols = 4;
+  std::string couplings = "pm1";  // "pm1" or "gaussian"
+  std::uint64_t seed = 0;
+  double beta = 1.0;
+  bool tropical = false;
+};
+Problem square_spin_glass(const SpinGlassOptions& o);
 
 // Decoding from a detector error model: independent error mechanisms, each flipping a set of
 // detectors and of logical observables with its probability (stim's .dem files describe these).

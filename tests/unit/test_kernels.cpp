@@ -402,6 +402,74 @@ TEST(LoopedGemmKernel, GpuMatchesCpu) {
   EXPECT_LT(relative_error(got, cpu), 1e-6);
 }
 
+// Tropical pairs (exponent, count) with small integer exponents and some zeros (count 0), so that
+// ties (counts adding) and absorbing zeros both occur.
+std::vector<kernels::Tropical> random_tropical(std::size_t n, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<kernels::Tropical> v(n);
+  for (auto& t : v) t = rng() % 5 == 0 ? kernels::Tropical{0, 0} : kernels::Tropical{double(rng() % 4) - 1, double(1 + rng() % 3)};
+  return v;
+}
+
+// The definition, on the scattered loops: max over k of x_a + x_b, counts of the maxima's products summed.
+std::vector<kernels::Tropical> reference_tropical(const kernels::LoopedGemm& g, const std::vector<kernels::Tropical>& a,
+                                                  const std::vector<kernels::Tropical>& b, std::size_t c_size) {
+  std::vector<kernels::Tropical> c(c_size, {0, 0});
+  for (std::uint64_t loop = 0; loop < g.loops(); ++loop) {
+    std::int64_t oa = 0, ob = 0, oc = 0;
+    std::uint64_t rest = loop;
+    for (int d = g.groups - 1; d >= 0; --d) {
+      const auto digit = static_cast<std::int64_t>(rest % static_cast<std::uint64_t>(g.extent[d]));
+      rest /= static_cast<std::uint64_t>(g.extent[d]);
+      oa += digit * g.stride_a[d], ob += digit * g.stride_b[d], oc += digit * g.stride_c[d];
+    }
+    for (std::int64_t i = 0; i < g.m; ++i)
+      for (std::int64_t j = 0; j < g.n; ++j) {
+        double best = -INFINITY, count = 0;
+        for (std::int64_t p = 0; p < g.k; ++p) {
+          const auto x = a[static_cast<std::size_t>(oa + i * g.k + p)], y = b[static_cast<std::size_t>(ob + j * g.k + p)];
+          if (x.n == 0 || y.n == 0) continue;
+          if (x.x + y.x > best) best = x.x + y.x, count = 0;
+          if (x.x + y.x == best) count += x.n * y.n;
+        }
+        c[static_cast<std::size_t>(oc + i * g.n + j)] = count == 0 ? kernels::Tropical{-INFINITY, 0} : kernels::Tropical{best, count};
+      }
+  }
+  return c;
+}
+
+TEST(LoopedGemmKernel, TropicalCpuMatchesTheDefinition) {
+  const auto a = random_tropical(3 * 24 + 32, 31), b = random_tropical(5 * 9, 32);
+  std::vector<kernels::Tropical> c(3 * 5 * 6, {-7, -7});
+  auto g = scattered_looped_gemm(a.data(), b.data(), c.data());
+  g.dtype = DType::complex128, g.semiring = kernels::Semiring::tropical;
+  kernels::looped_gemm_cpu(g);
+  const auto want = reference_tropical(g, a, b, c.size());
+  int ties = 0;
+  for (std::size_t i = 0; i < c.size(); ++i) {
+    EXPECT_EQ(c[i].x, want[i].x) << i;
+    EXPECT_EQ(c[i].n, want[i].n) << i;
+    ties += c[i].n > 3;  // (a count above 3 = 3 x 1 needs two maxima added)
+  }
+  EXPECT_GT(ties, 0);
+}
+
+TEST(LoopedGemmKernel, TropicalGpuMatchesCpuBitwise) {
+  REQUIRE_GPU();
+  GpuRun gpu;
+  const auto a = random_tropical(3 * 24 + 32, 31), b = random_tropical(5 * 9, 32);
+  std::vector<kernels::Tropical> c(3 * 5 * 6);
+  Buffer da = gpu.upload(a.data(), a.size() * 16), db = gpu.upload(b.data(), b.size() * 16);
+  Buffer dc = gpu.backend->alloc_device(c.size() * 16, "test");
+  auto g = scattered_looped_gemm(da.data(), db.data(), dc.data());
+  g.dtype = DType::complex128, g.semiring = kernels::Semiring::tropical;
+  kernels::looped_gemm(*gpu.stream, g);
+  const auto got = gpu.download<kernels::Tropical>(dc, c.size());
+  g.a = a.data(), g.b = b.data(), g.c = c.data();
+  kernels::looped_gemm_cpu(g);
+  EXPECT_EQ(0, std::memcmp(got.data(), c.data(), c.size() * 16));
+}
+
 TEST(LoopedGemmKernel, GpuMatchesCpuWithLongSums) {
   REQUIRE_GPU();
   GpuRun gpu;
