@@ -103,9 +103,41 @@ class Charge {
   std::uint64_t bytes_;
 };
 
-// dL/dpsi of a loss L from psi over S (real parts, then imaginary parts), on rank 0; empty when
-// the loss is low enough that no step should be taken.
+// dL/d(log |psi|) and dL/dphi of a loss L (2 |S| values: one of each a row) from psi over S (real
+// parts, then imaginary parts), on rank 0; empty when the loss is low enough that no step should
+// be taken.
 using LossGradient = std::function<std::vector<double>(const std::vector<double>& psi)>;
+
+// dL/dpsi (real parts, then imaginary parts) as dL/d(log |psi|) and dL/dphi (psi = |psi| e^{i phi}).
+std::vector<double> through_log_and_phase(const std::vector<double>& g, const std::vector<double>& psi) {
+  const std::size_t n = psi.size() / 2;
+  std::vector<double> d(2 * n);
+  for (std::size_t i = 0; i < n; ++i) {
+    d[i] = g[i] * psi[i] + g[n + i] * psi[n + i];
+    d[n + i] = -g[i] * psi[n + i] + g[n + i] * psi[i];
+  }
+  return d;
+}
+
+// The fit's loss against H's lowest eigenvector c within S (c real, normalized): the cross-entropy
+// of |psi|^2 (normalized on S) against c^2, -sum_i c_i^2 log(|psi_i|^2 / sum_j |psi_j|^2), plus
+// sum_i c_i^2 (1 - cos(phi_i - arg c_i)) for the signs. Its gradient in log |psi| is 2 (p_i - c_i^2),
+// which stays as large for a small amplitude as for a large one: the infidelity's own gradient
+// vanishes with |psi_i|, so small moduli were fitted last (N2 stopped with them 1e-2 off).
+std::vector<double> likelihood_gradient(const std::vector<double>& c, const std::vector<double>& psi) {
+  const std::size_t n = c.size();
+  double norm = 0;
+  for (std::size_t i = 0; i < n; ++i) norm += psi[i] * psi[i] + psi[n + i] * psi[n + i];
+  std::vector<double> d(2 * n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const double w = c[i] * c[i], modulus = std::hypot(psi[i], psi[n + i]);
+    d[i] = 2 * (modulus * modulus / norm - w);
+    // d/dphi of w (1 - cos(phi - theta)), theta = 0 or pi: w sin(phi - theta) = +-w sin(phi)
+    const double sin_phi = modulus > 0 ? psi[n + i] / modulus : 0.0;
+    d[n + i] = (c[i] < 0 ? -w : w) * sin_phi;
+  }
+  return d;
+}
 
 class NnqsRun final : public stages::StepRun {
  public:
@@ -344,13 +376,8 @@ bool NnqsRun::train_step(const Occupations& x, const LossGradient& loss_gradient
       psi[i] = a * std::cos(phase[i]), psi[n + i] = a * std::sin(phase[i]);
     }
     try {
-      const std::vector<double> g = loss_gradient(psi);
-      if (g.empty()) return broadcast(std::string(1, '\2')), false;  // (low enough: no step)
-      std::vector<double> d(2 * n);  // dL/d(log |psi|), then dL/dphi
-      for (std::uint64_t i = 0; i < n; ++i) {
-        d[i] = g[i] * psi[i] + g[n + i] * psi[n + i];
-        d[n + i] = -g[i] * psi[n + i] + g[n + i] * psi[i];
-      }
+      const std::vector<double> d = loss_gradient(psi);  // dL/d(log |psi|), then dL/dphi
+      if (d.empty()) return broadcast(std::string(1, '\2')), false;  // (low enough: no step)
       derivatives = std::string(1, '\1') + std::string(reinterpret_cast<const char*>(d.data()), d.size() * sizeof(double));
     } catch (const InputError& e) {
       derivatives = std::string(1, '\0') + e.what();
@@ -413,8 +440,11 @@ void NnqsRun::optimize(Iteration& it) {
       const bool stepped = train_step(occ, [&](const std::vector<double>& psi) {
         if (c.vector.empty()) c = lowest_eigenpair(std::vector<double>(psi.begin(), psi.begin() + static_cast<std::ptrdiff_t>(n)));
         double infidelity = 0;
-        std::vector<double> g = infidelity_gradient(c.vector, psi, &infidelity);
-        return infidelity < params_.fit_tolerance ? std::vector<double>{} : g;
+        std::vector<double> d = through_log_and_phase(infidelity_gradient(c.vector, psi, &infidelity), psi);
+        if (infidelity < params_.fit_tolerance) return std::vector<double>{};
+        const std::vector<double> l = likelihood_gradient(c.vector, psi);
+        for (std::size_t i = 0; i < d.size(); ++i) d[i] += l[i];
+        return d;
       });
       if (!stepped) break;
       ++it.fit_steps;
@@ -428,7 +458,7 @@ void NnqsRun::optimize(Iteration& it) {
                                      "energy (try a smaller learning_rate than {:g})", iteration_, step, params_.network.learning_rate));
       step_energies_.push_back(e.energy);
       for (double& v : e.g) v *= 2;
-      return std::move(e.g);
+      return through_log_and_phase(e.g, psi);
     });
   if (!root()) return;
   if (c.vector.empty()) c = lowest_eigenpair(scaled_psi(occ).first);  // (the lowest E on S, for the record)

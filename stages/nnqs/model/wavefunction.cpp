@@ -33,6 +33,10 @@ WavefunctionImpl::WavefunctionImpl(const WavefunctionShape& shape) : shape_(shap
   causal_ = register_buffer(
       "causal", torch::triu(torch::full({n, n}, -std::numeric_limits<double>::infinity()), 1));
   remaining_ = register_buffer("remaining", (n - 1) - torch::arange(n, torch::kLong));
+  // (what each of the 4 occupations adds to the alpha and beta electrons: buffers, so that they
+  // live on the network's device)
+  alpha_adds_ = register_buffer("alpha_adds", torch::tensor(std::vector<std::int64_t>{0, 1, 0, 1}, torch::kLong));
+  beta_adds_ = register_buffer("beta_adds", torch::tensor(std::vector<std::int64_t>{0, 0, 1, 1}, torch::kLong));
 }
 
 std::pair<torch::Tensor, torch::Tensor> WavefunctionImpl::forward(const torch::Tensor& occupations) {
@@ -41,20 +45,22 @@ std::pair<torch::Tensor, torch::Tensor> WavefunctionImpl::forward(const torch::T
   const torch::Tensor beta = occupations.index({Slice(), Slice(1, None, 2)}).to(torch::kLong);
   const torch::Tensor states = alpha + 2 * beta;  // (batch, n): 0 empty, 1 alpha, 2 beta, 3 both
   const torch::Tensor inputs =
-      torch::cat({torch::full({batch, 1}, kStartToken, torch::kLong), states.narrow(1, 0, n - 1)}, 1);
+      torch::cat({torch::full({batch, 1}, kStartToken, torch::TensorOptions(torch::kLong).device(occupations.device())),
+                  states.narrow(1, 0, n - 1)},
+                 1);
   torch::Tensor h = tokens_(inputs) + positions_->weight.unsqueeze(0);  // (batch, n, d)
   h = decoder_(h.transpose(0, 1), causal_).transpose(0, 1);
   torch::Tensor logits = logits_(h);  // (batch, n, 4)
   // Which occupations of orbital k leave a determinant with NELEC and MS2 possible: the electrons
   // of each spin placed so far, plus this orbital's, at most all of them and short by at most the
   // orbitals after k.
-  const auto spin_constraint = [&](const torch::Tensor& occupied, int electrons, std::initializer_list<std::int64_t> adds) {
+  const auto spin_constraint = [&](const torch::Tensor& occupied, int electrons, const torch::Tensor& adds) {
     const torch::Tensor before = (occupied.cumsum(1) - occupied).unsqueeze(2);  // (batch, n, 1)
-    const torch::Tensor after = before + torch::tensor(std::vector<std::int64_t>(adds), torch::kLong).view({1, 1, kStates});
+    const torch::Tensor after = before + adds.view({1, 1, kStates});
     return (after <= electrons) & ((electrons - after) <= remaining_.view({1, n, 1}));
   };
   const torch::Tensor allowed =
-      spin_constraint(alpha, shape_.nalpha, {0, 1, 0, 1}) & spin_constraint(beta, shape_.nbeta, {0, 0, 1, 1});
+      spin_constraint(alpha, shape_.nalpha, alpha_adds_) & spin_constraint(beta, shape_.nbeta, beta_adds_);
   logits = logits.masked_fill(allowed.logical_not(), -std::numeric_limits<double>::infinity());
   const torch::Tensor log_p = F::log_softmax(logits, F::LogSoftmaxFuncOptions(2)).gather(2, states.unsqueeze(2)).squeeze(2);
   const torch::Tensor log_amplitude = 0.5 * log_p.sum(1);

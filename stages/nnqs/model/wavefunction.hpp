@@ -40,6 +40,7 @@ class WavefunctionImpl : public torch::nn::Module {
   torch::nn::Linear logits_{nullptr};
   torch::nn::Sequential phase_{nullptr};
   torch::Tensor causal_, remaining_;  // buffers: the mask, and orbitals after each position
+  torch::Tensor alpha_adds_, beta_adds_;  // buffers: each occupation's alpha and beta electrons
 };
 TORCH_MODULE(Wavefunction);
 
