@@ -159,21 +159,6 @@ class TorchNetwork final : public Network {
   void gradient(const Occupations& x, const double* d_log_amplitude, const double* d_phase, double* out) override {
     within_cap([&] { gradient_impl(x, d_log_amplitude, d_phase, out); });
   }
-  void gradient_impl(const Occupations& x, const double* d_log_amplitude, const double* d_phase, double* out) {
-    const auto rows = static_cast<std::int64_t>(x.rows);
-    const auto [log_amplitude, phase] = model_->forward(tensor(x));
-    const auto weights = [&](const double* d) {
-      return torch::from_blob(const_cast<double*>(d), {rows}, torch::kFloat64).to(device_);
-    };
-    for (auto& p : parameters_) p.mutable_grad() = torch::Tensor();
-    ((log_amplitude * weights(d_log_amplitude)).sum() + (phase * weights(d_phase)).sum()).backward();
-    for (const auto& p : parameters_) {
-      const std::int64_t n = p.numel();
-      if (p.grad().defined()) std::copy_n(host(p.grad()).data_ptr<double>(), n, out);
-      else std::fill_n(out, n, 0.0);  // (a parameter the loss does not reach)
-      out += n;
-    }
-  }
   void step(const double* gradient) override {
     within_cap([&] {
       for (auto& p : parameters_) {
@@ -215,6 +200,21 @@ class TorchNetwork final : public Network {
   }
 
  private:
+  void gradient_impl(const Occupations& x, const double* d_log_amplitude, const double* d_phase, double* out) {
+    const auto rows = static_cast<std::int64_t>(x.rows);
+    const auto [log_amplitude, phase] = model_->forward(tensor(x));
+    const auto weights = [&](const double* d) {
+      return torch::from_blob(const_cast<double*>(d), {rows}, torch::kFloat64).to(device_);
+    };
+    for (auto& p : parameters_) p.mutable_grad() = torch::Tensor();
+    ((log_amplitude * weights(d_log_amplitude)).sum() + (phase * weights(d_phase)).sum()).backward();
+    for (const auto& p : parameters_) {
+      const std::int64_t n = p.numel();
+      if (p.grad().defined()) std::copy_n(host(p.grad()).data_ptr<double>(), n, out);
+      else std::fill_n(out, n, 0.0);  // (a parameter the loss does not reach)
+      out += n;
+    }
+  }
   // LibTorch's allocator on the network's GPU held to shape.device_memory (once the network's first
   // tensors made it), and its refusals as NetworkMemoryExceeded.
   void cap_device_memory() {
