@@ -37,6 +37,12 @@ class MemoryBudget {
   void reset_peak() { peak_ = in_use_.load(); }
   std::uint64_t limit() const { return limit_; }
   std::uint64_t in_use() const { return in_use_.load(); }
+  // What a new charge may still take: the limit less what is in use (idle memory counts as left:
+  // the pool frees it for a charge that needs it), 0 when none is.
+  std::uint64_t left() const {
+    const std::uint64_t used = in_use();
+    return limit_ > used ? limit_ - used : 0;
+  }
   std::uint64_t peak() const { return peak_.load(); }
   // The high-water mark since the last call (or the budget's start), restarted at what is in use
   // now: a stage reports its phases' peaks with it without disturbing peak(), the step's.

@@ -261,7 +261,7 @@ class CodedTier final : public TierStorage {
 SpillStore::Tier choose_tier(Backend& backend, const SpillStore::Options& o) {
   if (o.coded) return SpillStore::Tier::coded;
   const MemoryBudget& host = backend.host_budget();
-  const std::uint64_t free = host.limit() > host.in_use() ? host.limit() - host.in_use() : 0;
+  const std::uint64_t free = host.left();
   const std::uint64_t share = o.host_share.value_or(free);
   if (o.space_bytes <= share) return SpillStore::Tier::pinned;
   if (o.scratch_dir) return SpillStore::Tier::scratch;

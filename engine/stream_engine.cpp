@@ -674,8 +674,7 @@ BatchPlan StreamEngine::plan(const PassSpec& spec) const {
   const std::uint64_t fixed_host = S * b.fixed_per_slot;
   // What the budgets have left for the pass: memory its stage holds outside it (sci.solve's stored
   // H kept for the next iteration) is in use now; idle pooled memory is not (it is freed to fit).
-  const auto left = [](const MemoryBudget& m) { return m.limit() - std::min(m.limit(), m.in_use()); };
-  const std::uint64_t dev_limit = left(backend_.device_budget()), host_limit = left(backend_.host_budget());
+  const std::uint64_t dev_limit = backend_.device_budget().left(), host_limit = backend_.host_budget().left();
   const auto held = [](const MemoryBudget& m) {
     return m.in_use() ? fmt::format(" ({} of it held outside this pass)", format_bytes(static_cast<double>(m.in_use()))) : "";
   };

@@ -674,10 +674,9 @@ bool DedupRun::run_resident(const h5::Dataset& keys, const h5::Dataset* values) 
   const std::uint64_t tiles = kernels::tiles_of(s.rows, s.tile_rows);
   const std::uint64_t block = std::min(tiles, std::max<std::uint64_t>(1, (std::uint64_t{1} << 22) / s.tile_rows)) * s.tile_rows;
   const std::uint64_t key_bytes = key_row_bytes(s), row_bytes = key_bytes + (values ? 8 : 0);
-  const auto left = [](const MemoryBudget& m) { return m.limit() - std::min(m.limit(), m.in_use()); };
   const std::uint64_t device = ResidentChain::peak_bytes(cuda, L, s.rows, s.tile_rows, block) + block * row_bytes;
   const std::uint64_t host = cuda ? 2 * block * row_bytes : 0;  // (pinned staging; on cpu the block is read in place)
-  bool fits = device <= left(backend.device_budget()) / 2 && host <= left(backend.host_budget()) / 2;
+  bool fits = device <= backend.device_budget().left() / 2 && host <= backend.host_budget().left() / 2;
   // (several ranks: each runs the whole unit on its own device, if every one of them can)
   if (ranks(ctx_) > 1) fits = !ctx_.comm->any(!fits);
   if (!fits) return false;

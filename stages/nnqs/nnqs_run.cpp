@@ -150,7 +150,7 @@ class NnqsRun final : public stages::StepRun {
     shape.cuda_device = ctx.backend->cuda_device();  // (the network shares the run's GPU)
     if (shape.cuda_device >= 0) {  // its share: half the device budget left; H within S takes from the rest
       const MemoryBudget& budget = ctx.backend->device_budget();
-      shape.device_memory = (budget.limit() > budget.in_use() ? budget.limit() - budget.in_use() : 0) / 2;
+      shape.device_memory = budget.left() / 2;
     }
     network_ = make_network(shape);
     if (network_->where().rfind("cuda", 0) == 0)
@@ -420,7 +420,7 @@ void NnqsRun::optimize(Iteration& it) {
   Backend& backend = *ctx_.backend;
   if (root()) {  // (H within S, on rank 0: the losses are rank 0's)
     MemoryBudget& budget = backend.device_budget();
-    const std::uint64_t left = budget.limit() > budget.in_use() ? budget.limit() - budget.in_use() : 0;
+    const std::uint64_t left = budget.left();
     resident_ = std::make_unique<sci::ResidentSpace>(backend, problem_.ints, problem_.tables, problem_.na, problem_.nb,
                                                      space_, left / 2, std::move(grown_from_));
     x_ = backend.alloc_device(2 * n * 8, "sci.nnqs psi on the space");

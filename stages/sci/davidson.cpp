@@ -134,7 +134,7 @@ bool Davidson::place(Backend& backend, Stream& stream) {
   if (on_backend_ || done_) return on_backend_;
   if (backend.kind() == BackendKind::cpu) return on_backend_ = true;  // (the host's memory is the backend's)
   const MemoryBudget& budget = backend.device_budget();
-  const std::uint64_t half_left = budget.limit() > budget.in_use() ? (budget.limit() - budget.in_use()) / 2 : 0;
+  const std::uint64_t half_left = budget.left() / 2;
   if (v_->bytes() > half_left) return false;
   auto placed = std::make_unique<Vectors>(n_, v_->capacity, v_->roots);
   placed->device = backend.alloc_device(placed->bytes(), "selected-CI Davidson vectors");

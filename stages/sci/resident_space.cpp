@@ -115,7 +115,7 @@ bool ResidentSpace::store_from_host_strings(Backend& backend, Stream& stream, co
   if (device_bytes(total) > stored_limit) return true;
   MemoryBudget& budget = cuda ? backend.host_budget() : backend.device_budget();
   const std::uint64_t host_bytes = HostRows::bytes(size_, total);
-  if (cuda && budget.in_use() + host_bytes > budget.limit()) return false;
+  if (cuda && host_bytes > budget.left()) return false;
   if (cuda) backend.charge_host(host_bytes, "selected-CI stored H: rows on the host");
   else backend.charge_device(host_bytes, "selected-CI stored H: rows");
   rows_.budget = &budget;

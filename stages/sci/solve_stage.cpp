@@ -1258,7 +1258,7 @@ void SolveRun::finished(StepPass& pass) {
 
 ResidentWork::ResidentWork(Backend& backend, Stream& stream, const mpi::Comm& comm)
     : backend(backend), stream(stream), cuda(backend.kind() == BackendKind::cuda) {
-  const auto half_left = [](const MemoryBudget& b) { return b.limit() > b.in_use() ? (b.limit() - b.in_use()) / 2 : 0; };
+  const auto half_left = [](const MemoryBudget& b) { return b.left() / 2; };
   room = half_left(backend.device_budget());
   host_room = half_left(backend.host_budget());
   if (comm.size() > 1) {  // (the least over ranks: the largest of the negated)
@@ -1725,7 +1725,7 @@ void SolveRun::product() {
 void SolveRun::make_resident_space() {
   // (idle pooled memory counts as free: the pool gives it up to make room)
   MemoryBudget& budget = ctx_.backend->device_budget();
-  const std::uint64_t left = budget.limit() > budget.in_use() ? budget.limit() - budget.in_use() : 0;
+  const std::uint64_t left = budget.left();
   const Problem& p = *m_.problem;
   m_.resident = std::make_unique<sci::ResidentSpace>(*ctx_.backend, p.ints, p.tables, p.na, p.nb, m_.space.dets, left / 2,
                                                      std::move(m_.grown_from));

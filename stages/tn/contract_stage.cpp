@@ -281,7 +281,7 @@ Reference reference_contraction(const Loaded& l, Backend& be) {
   const tn::Contractor probe(l.net, l.plan, h5::DType::complex128, false);
   const std::uint64_t result_bytes = probe.result_elements() * 16;
   const std::uint64_t fixed = probe.resident_bytes() + be.blas_stream_bytes() + result_bytes;
-  const std::uint64_t free_bytes = be.device_budget().limit() - be.device_budget().in_use();
+  const std::uint64_t free_bytes = be.device_budget().left();
   if (free_bytes <= fixed)
     throw InputError(fmt::format("its inputs need {} and the device budget has {} free",
                                  format_bytes(static_cast<double>(fixed)), format_bytes(static_cast<double>(free_bytes))));

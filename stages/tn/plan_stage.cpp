@@ -43,7 +43,7 @@ double median_seconds(const std::function<void()>& f) {
 // that fit what is left of the device budget (at most 64 MiB per copy buffer, n = 2048 GEMMs on
 // cuda). Small buffers understate a GPU's rates; the prediction is a guide, not a promise.
 std::pair<double, double> measure(Backend& be, h5::DType dtype) {
-  const std::uint64_t free_bytes = be.device_budget().limit() - be.device_budget().in_use();
+  const std::uint64_t free_bytes = be.device_budget().left();
   const std::size_t copy_bytes = std::min<std::uint64_t>(64u << 20, free_bytes / 2) & ~std::uint64_t{255};
   const std::size_t e = h5::dtype_size(dtype);
   std::int64_t n = be.kind() == BackendKind::cuda ? 2048 : 512;
@@ -78,8 +78,8 @@ std::pair<double, double> measure(Backend& be, h5::DType dtype) {
 // Host-to-device copy rate from pinned memory (64 MiB, or what the budgets leave), for the
 // out-of-core predictions.
 double measure_pcie(Backend& be) {
-  const std::uint64_t free_device = be.device_budget().limit() - be.device_budget().in_use();
-  const std::uint64_t free_host = be.host_budget().limit() - be.host_budget().in_use();
+  const std::uint64_t free_device = be.device_budget().left();
+  const std::uint64_t free_host = be.host_budget().left();
   const std::size_t bytes = std::min<std::uint64_t>({64u << 20, free_device / 2, free_host / 2}) & ~std::uint64_t{255};
   if (bytes < 4096)
     throw InputError("tn.plan: the budgets leave too little to measure host copies; give params.pcie_bandwidth");
@@ -318,7 +318,7 @@ void PlanStage::Run::compute() {
       o.host_budget_bytes = *p.host_budget;
     } else if (ctx.backend) {  // half of what --host-memory leaves (tn.contract's slots need the rest)
       auto& hb = ctx.backend->host_budget();
-      o.host_budget_bytes = (hb.limit() - hb.in_use()) / 2;
+      o.host_budget_bytes = hb.left() / 2;
     }
     if (p.pcie_bandwidth) {
       o.pcie_bandwidth = *p.pcie_bandwidth;
