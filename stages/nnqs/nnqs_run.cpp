@@ -121,9 +121,10 @@ std::vector<double> through_log_and_phase(const std::vector<double>& g, const st
 
 // The fit's loss against H's lowest eigenvector c within S (c real, normalized): the cross-entropy
 // of |psi|^2 (normalized on S) against c^2, -sum_i c_i^2 log(|psi_i|^2 / sum_j |psi_j|^2), plus
-// sum_i c_i^2 (1 - cos(phi_i - arg c_i)) for the signs. Its gradient in log |psi| is 2 (p_i - c_i^2),
-// which stays as large for a small amplitude as for a large one: the infidelity's own gradient
-// vanishes with |psi_i|, so small moduli were fitted last (N2 stopped with them 1e-2 off).
+// sum_i c_i^2 (1 - cos(phi_i - arg c_i)) for the signs. Its gradient in log |psi| is 2 (p_i - c_i^2):
+// every probability pulled to its target directly. The fit adds it to the infidelity's, which
+// alone left N2's moduli off (the network 9-54 mHa above its space's lowest energy; with both,
+// 0.14-0.34 mHa: docs/benchmarks.md, "NNQS-SCI: the fit's loss, and N2 again").
 std::vector<double> likelihood_gradient(const std::vector<double>& c, const std::vector<double>& psi) {
   const std::size_t n = c.size();
   double norm = 0;
@@ -429,8 +430,9 @@ void NnqsRun::optimize(Iteration& it) {
   }
   const std::vector<std::uint8_t> bits = occupation_bits(space_.data(), n, problem_.ints.norb);
   const Occupations occ{bits.data(), n};
-  // First psi is fitted to H's lowest eigenvector c within S: 1 - |<c|psi>|^2 / <psi|psi>, minimized
-  // (Davidson starts from psi's real part): the energy steps then start near the optimum within S
+  // First psi is fitted to H's lowest eigenvector c within S: 1 - |<c|psi>|^2 / <psi|psi> plus the
+  // cross-entropy above, minimized (Davidson starts from psi's real part): the energy steps then
+  // start near the optimum within S
   // instead of climbing out of the plateau that new determinants, at amplitudes the network only
   // guessed, push E into.
   Eigenpair c;
