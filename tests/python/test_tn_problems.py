@@ -50,6 +50,32 @@ def king_transfer_matrix(rows, cols, kept, fugacity):
     return sum(weights.values())
 
 
+def king_maximum_sets(rows, cols, kept):
+    """(the largest |S| of an independent set S of the King's subgraph, how many S reach it), row
+    by row as king_transfer_matrix, each row state keeping its best size and that size's count."""
+    best = {0: (0, 1)}
+    for r in range(rows):
+        nxt = {}
+        for bits in range(1 << cols):
+            occupied = [c for c in range(cols) if bits >> c & 1]
+            if any((r, c) not in kept for c in occupied) or bits & bits << 1:
+                continue
+            spread = bits | bits << 1 | bits >> 1
+            top, count = -1, 0
+            for prev, (size, n) in best.items():
+                if prev & spread:
+                    continue
+                if size > top:
+                    top, count = size, n
+                elif size == top:
+                    count += n
+            if count:
+                nxt[bits] = (top + len(occupied), count)
+        best = nxt
+    top = max(size for size, _ in best.values())
+    return top, sum(n for size, n in best.values() if size == top)
+
+
 @pytest.mark.parametrize("n,count", [(2, 5), (3, 35), (4, 314), (5, 6427)])
 def test_independent_sets_of_full_king_graphs_match_oeis_a063443(tmp, n, count):
     value, about = contracted(tmp, f"independent_sets: {{rows: {n}, cols: {n}, fill: 1.0}}")
@@ -229,6 +255,8 @@ def test_the_fig1_workflow(tmp):
         count = f["value"][()].reshape(-1)[0]
     expected = king_transfer_matrix(8, 8, {tuple(s) for s in about["sites"]}, 1.0)
     assert abs(count - expected) <= 1e-12 * expected
+    with h5py.File(out / "mis.h5") as f:  # (tropical: the same graph's maximum independent sets)
+        assert (f["exponent"][0], f["count"][0]) == king_maximum_sets(8, 8, {tuple(s) for s in about["sites"]})
     with h5py.File(out / "code.h5") as f:
         code = json.loads(f.attrs["problem"])
     with h5py.File(out / "decode.h5") as f:
