@@ -139,8 +139,8 @@ def main():
             it = {k: f["iterations"][k][()].tolist() for k in f["iterations"]}
             out["energy"] = float(f["energy"][()])
             out["dets"] = int(f["dets"].shape[0])
-            out["network_device"] = f.attrs["network_device"]
-            out["network_device"] = out["network_device"].decode() if isinstance(out["network_device"], bytes) else str(out["network_device"])
+            where = f.attrs["network_device"]
+            out["network_device"] = where.decode() if isinstance(where, bytes) else str(where)
             out["parameters"] = int(f.attrs["parameters"])
             out["steps_taken"] = int(f["steps/energy"].shape[0]) + int(sum(it["fit_steps"]))
             if "qstage.peak_device_bytes" in f.attrs:

@@ -442,8 +442,9 @@ void NnqsRun::optimize(Iteration& it) {
       const bool stepped = train_step(occ, [&](const std::vector<double>& psi) {
         if (c.vector.empty()) c = lowest_eigenpair(std::vector<double>(psi.begin(), psi.begin() + static_cast<std::ptrdiff_t>(n)));
         double infidelity = 0;
-        std::vector<double> d = through_log_and_phase(infidelity_gradient(c.vector, psi, &infidelity), psi);
+        const std::vector<double> g = infidelity_gradient(c.vector, psi, &infidelity);
         if (infidelity < params_.fit_tolerance) return std::vector<double>{};
+        std::vector<double> d = through_log_and_phase(g, psi);
         const std::vector<double> l = likelihood_gradient(c.vector, psi);
         for (std::size_t i = 0; i < d.size(); ++i) d[i] += l[i];
         return d;
