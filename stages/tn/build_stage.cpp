@@ -7,6 +7,7 @@
 #include "io/npy.hpp"
 #include "stages/tn/network.hpp"
 #include "stages/tn/problems.hpp"
+#include "stages/tn/simplify.hpp"
 #include "stages/tn/sources.hpp"
 #include "stages/tn/tn_stages.hpp"
 
@@ -68,6 +69,7 @@ struct Params {
   std::optional<tn::SpinGlassOptions> spin_glass;
   std::optional<tn::SurfaceCodeOptions> surface_code;         // seed 000's Fig. 1 (b)
   std::optional<tn::Syndrome> detector_error_model;           // its model from Files "/detector_error_model/file"
+  tn::SimplifyOptions simplify;                               // none unless asked (stages/tn/simplify.hpp)
   int sources() const {
     return source.has_circuit() + network + einsum.has_value() + independent_sets.has_value() + spin_glass.has_value() +
            surface_code.has_value() + detector_error_model.has_value();
@@ -111,6 +113,7 @@ struct Params {
       r.surface_code = o;
     }
     if (p.contains("detector_error_model")) r.detector_error_model = syndrome_of(p["detector_error_model"]);
+    r.simplify = tn::SimplifyOptions::from_json(p.value("simplify", json(false)), "params.simplify");
     return r;
   }
 };
@@ -182,8 +185,16 @@ class BuildStage final : public ComputedStage {
     }
     void write(const StagePlan&, const StepPass&, h5::File& out) const override;
     std::string describe(const StagePlan&, const StepPass&) const override {
-      return fmt::format("{} network: {} tensors, {} modes, {} open", net_.kind, net_.tensors.size(), net_.extent.size(),
-                         net_.output.size());
+      std::string simplified;
+      if (extra_.contains("simplification")) {
+        const json& s = extra_["simplification"];
+        simplified = fmt::format(" (simplified from {} tensors and {} modes: {} modes fused, {} fixed, {} tensors absorbed; "
+                                 "{} hyperindices)", s["tensors_before"].get<std::size_t>(), s["modes_before"].get<std::size_t>(),
+                                 s["fused"].get<int>(), s["fixed"].get<int>(), s["absorbed"].get<int>(),
+                                 s["hyperindices"].get<std::size_t>());
+      }
+      return fmt::format("{} network: {} tensors, {} modes, {} open{}", net_.kind, net_.tensors.size(), net_.extent.size(),
+                         net_.output.size(), simplified);
     }
 
    private:
@@ -223,6 +234,7 @@ void BuildStage::Run::compute() {
     net = generic_network(p, ctx.files);
   }
   net.validate("the built network");
+  if (p.simplify.any()) extra["simplification"] = tn::simplify(net, p.simplify).to_json();
 }
 
 void BuildStage::Run::write(const StagePlan&, const StepPass&, h5::File& out) const {
@@ -236,6 +248,7 @@ void BuildStage::Run::write(const StagePlan&, const StepPass&, h5::File& out) co
   out.set_attribute("tensors", static_cast<std::int64_t>(net.tensors.size()));
   if (extra.contains("circuit")) out.set_attribute("circuit", extra["circuit"].dump());
   if (extra.contains("problem")) out.set_attribute("problem", extra["problem"].dump());
+  if (extra.contains("simplification")) out.set_attribute("simplification", extra["simplification"].dump());
 }
 
 }  // namespace

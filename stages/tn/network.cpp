@@ -40,9 +40,6 @@ void Network::validate(const std::string& what) const {
   for (Mode m : output)
     if (!uses.count(m)) throw InputError(fmt::format("{}: output mode {} appears in no tensor", what, m));
   for (auto [m, n] : uses) {
-    if (n > 2)
-      throw InputError(fmt::format("{}: mode {} appears in {} tensors; expected at most two (hyperedges are not "
-                                   "supported)", what, m, n));
     if (n == 1 && !out.count(m))
       throw InputError(fmt::format("{}: mode {} appears in one tensor and not in the output; expected it in two tensors "
                                    "or in the output", what, m));

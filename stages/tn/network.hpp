@@ -43,8 +43,9 @@ struct Network {
   std::string semiring = "standard";
 
   std::int64_t size_of(const std::vector<Mode>& modes) const;
-  // Checks labels: every mode has an extent; a mode appears in at most two tensors unless it is
-  // an output (hyperedges are refused); output modes appear in some tensor. Throws InputError.
+  // Checks labels: every mode has an extent; a closed mode appears in two tensors or more (three
+  // or more: a hyperindex, summed once over all its holders, as a copy tensor joining them would);
+  // output modes appear in some tensor; no tensor lists a mode twice. Throws InputError.
   void validate(const std::string& what) const;
   // {inputs, output, size_dict} with integer labels (cotengra's layout, labels as numbers).
   nlohmann::json to_json() const;

@@ -15,12 +15,20 @@ from conftest import DEVICE, ROOT, committed_run, one_line_error, run, write_spe
 from test_tn_distributed import distributed_run, spec_text
 
 
-def contracted(tmp, source):
+def contracted(tmp, source, simplify=False):
+    """The value and the instance; with `simplify`, the network simplified first (its copy tensors
+    hyperindices), and the instance gains what simplification did."""
+    if simplify:
+        source += ", simplify: true"
     _, run_dir = committed_run(tmp, spec_text(source, "complex128", 1, budget="64MiB"))
     with h5py.File(run_dir / "outputs" / "value.h5") as f:
         value = f["value"][()].reshape(-1)
     with h5py.File(run_dir / "outputs" / "net.h5") as f:
         about = json.loads(f.attrs["problem"])
+        if simplify:
+            about["simplification"] = json.loads(f.attrs["simplification"])
+            assert about["simplification"]["tensors_after"] == f.attrs["tensors"]
+            assert about["simplification"]["tensors_after"] < about["simplification"]["tensors_before"]
     return value, about
 
 
@@ -201,8 +209,9 @@ def test_the_surface_code_checks_and_logical_are_a_distance_d_code():
     ("surface_code: {distance: 3, rounds: 2, p: 0.08, q: 0.03, seed: 1}", 2),
     ("surface_code: {distance: 3, rounds: 2, p: 0.1, q: 0.2, syndrome: '01101001'}", 2),
 ])
-def test_surface_code_decoding_matches_enumeration(tmp, source, rounds):
-    value, about = contracted(tmp, source)
+@pytest.mark.parametrize("simplify", [False, True])
+def test_surface_code_decoding_matches_enumeration(tmp, source, rounds, simplify):
+    value, about = contracted(tmp, source, simplify)
     d, p, q = about["distance"], about["p"], about["q"]
     z, _ = rotated_surface_code(d)
     assert sorted(map(sorted, about["checks"])) == sorted(z)
@@ -325,10 +334,11 @@ HANDWRITTEN = [(0.1, [0, 1], []), (0.05, [1], [0]),
 
 
 @pytest.mark.parametrize("syndrome", [None, "1101011", "0000000"])
-def test_detector_error_model_decoding_matches_the_convolution(tmp, syndrome):
+@pytest.mark.parametrize("simplify", [False, True])
+def test_detector_error_model_decoding_matches_the_convolution(tmp, syndrome, simplify):
     (tmp / "model.dem").write_text(HANDWRITTEN_DEM)
     given = f", syndrome: '{syndrome}'" if syndrome else ", seed: 2"
-    value, about = contracted(tmp, f"detector_error_model: {{file: model.dem{given}}}")
+    value, about = contracted(tmp, f"detector_error_model: {{file: model.dem{given}}}", simplify)
     assert (about["detectors"], about["observables"], about["mechanisms"]) == (7, 2, 8)
     expected = decoding_by_convolution(HANDWRITTEN, 7, 2, about["syndrome"])
     assert value.shape == (4,)
@@ -337,9 +347,12 @@ def test_detector_error_model_decoding_matches_the_convolution(tmp, syndrome):
         assert len(about["true_observables"]) == 2 and expected[int(about["true_observables"], 2)] > 0
 
 
-def test_stim_circuit_level_surface_code_decoding_matches_the_convolution(tmp):
+@pytest.mark.parametrize("simplify", [False, True])
+def test_stim_circuit_level_surface_code_decoding_matches_the_convolution(tmp, simplify):
     """Seed 000's Fig. 1 (b) noise model: a stim rotated memory experiment with circuit-level
-    depolarising noise, its detector error model decoded for a syndrome stim sampled."""
+    depolarising noise, its detector error model decoded for a syndrome stim sampled; simplified,
+    the mechanisms' copy tensors become hyperindices (a mechanism flips up to four detectors and
+    observables) and the maximum-likelihood class is the convolution's."""
     stim = pytest.importorskip("stim", reason="stim not installed: run scripts/setup.sh --test-oracles")
     circuit = stim.Circuit.generated("surface_code:rotated_memory_z", distance=3, rounds=2,
                                      after_clifford_depolarization=0.01, before_measure_flip_probability=0.01,
@@ -348,7 +361,7 @@ def test_stim_circuit_level_surface_code_decoding_matches_the_convolution(tmp):
     (tmp / "memory.dem").write_text(str(dem))
     detections, flips = circuit.compile_detector_sampler(seed=3).sample(1, separate_observables=True)
     syndrome = "".join("1" if b else "0" for b in detections[0])
-    value, about = contracted(tmp, f"detector_error_model: {{file: memory.dem, syndrome: '{syndrome}'}}")
+    value, about = contracted(tmp, f"detector_error_model: {{file: memory.dem, syndrome: '{syndrome}'}}", simplify)
     mechanisms = []
     for inst in dem.flattened():
         if inst.type != "error":
@@ -363,6 +376,9 @@ def test_stim_circuit_level_surface_code_decoding_matches_the_convolution(tmp):
     assert (about["detectors"], about["observables"]) == (dem.num_detectors, dem.num_observables)
     expected = decoding_by_convolution(mechanisms, dem.num_detectors, dem.num_observables, syndrome)
     assert np.max(np.abs(value - expected)) <= 1e-12 * expected.sum()
+    assert np.argmax(value.real) == np.argmax(expected)
+    if simplify:
+        assert about["simplification"]["hyperindices"] > 0, about["simplification"]
 
 
 @pytest.mark.parametrize("text,message", [

@@ -203,7 +203,9 @@ TEST(TnPathsGreedy, AbsorbsWhatDoesNotGrow) {
     EXPECT_LE(t.log2_size(left[i]), 4.0);  // never larger than a two-qubit gate
     for (size_t j = i + 1; j < left.size(); ++j) {
       if (!share_a_leg(t.legs(left[i]), t.legs(left[j]))) continue;
-      const auto joined = tn::joined_legs(net, t.legs(left[i]), t.legs(left[j]));
+      tn::Legs joined;
+      tn::Holdings holdings;
+      tn::join_legs(net, t.legs(left[i]), t.holdings(left[i]), t.legs(left[j]), t.holdings(left[j]), joined, holdings);
       EXPECT_GT(t.log2_size_of(joined), std::max(t.log2_size(left[i]), t.log2_size(left[j])));
     }
   }
@@ -350,4 +352,49 @@ TEST(TnPathsPartition, ConcurrentCallsMatchSerialAndKeepSignalHandlers) {
   ASSERT_EQ(sigaction(SIGTERM, &before, &after), 0);
   EXPECT_EQ(after.sa_sigaction, mine.sa_sigaction);
   EXPECT_TRUE(after.sa_flags & SA_SIGINFO);
+}
+
+// Hyperindices (modes held by three tensors or more): greedy, absorption and partitioning give
+// valid trees whose costs agree with path_cost, deterministically.
+TEST(TnPathsHyperindices, GreedyAndPartitionTreesAreValid) {
+  for (const char* expression : {"ab,ac,ad,ae,bcde->", "ab,ac,ad,a->bcd", "ab,ab,ab->", "xa,xb,xc,xd,ya,yb,yc,yd->xy",
+                                  "abc,acd,ade,aef,afb->a"}) {
+    const tn::Network n = einsum(expression, 3);
+    const SearchNetwork net = SearchNetwork::from(n);
+    EXPECT_TRUE(net.has_hyperindices) << expression;
+    expect_valid(n, tn::greedy_tree(net, greedy_params(1.0, 0.0), 0), fmt::format("greedy {}", expression));
+    expect_valid(n, tn::partition_tree(net, partition_params(2, 0.1, 2), 0), fmt::format("partition {}", expression));
+  }
+  // Random networks of 60 tensors whose modes join 2..6 of them.
+  for (std::uint64_t seed = 0; seed < 4; ++seed) {
+    std::uint64_t state = seed;
+    auto next = [&](std::uint64_t bound) {
+      state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+      return (state >> 33) % bound;
+    };
+    tn::Network n;
+    n.tensors.resize(60);
+    for (tn::Mode m = 0; m < 150; ++m) {
+      n.extent[m] = 2;
+      const int holders = m < 60 ? 2 : 2 + static_cast<int>(next(5));
+      std::set<int> chosen;
+      if (m < 60) chosen = {static_cast<int>(m), static_cast<int>((m + 1) % 60)};  // a ring: connected
+      while (static_cast<int>(chosen.size()) < holders) chosen.insert(static_cast<int>(next(60)));
+      for (int t : chosen) n.tensors[static_cast<size_t>(t)].modes.push_back(m);
+    }
+    n.output = {60, 61};
+    for (auto& t : n.tensors) t.data.assign(static_cast<size_t>(n.size_of(t.modes)), 1.0);
+    ASSERT_NO_THROW(n.validate("random hypergraph"));
+    const SearchNetwork net = SearchNetwork::from(n);
+    for (double costmod : {0.5, 1.0, 2.0}) {
+      const ContractionTree g = tn::greedy_tree(net, greedy_params(costmod, 0.01), seed);
+      expect_valid(n, g, fmt::format("greedy seed {} costmod {}", seed, costmod));
+      EXPECT_TRUE(same_path(g.to_path(), tn::greedy_tree(net, greedy_params(costmod, 0.01), seed).to_path()));
+    }
+    const ContractionTree p = tn::partition_tree(net, partition_params(4, 0.2, 8), seed);
+    expect_valid(n, p, fmt::format("partition seed {}", seed));
+    EXPECT_TRUE(same_path(p.to_path(), tn::partition_tree(net, partition_params(4, 0.2, 8), seed).to_path()));
+    fmt::print("hypergraph seed {}: greedy 10^{:.2f}, partition 10^{:.2f}\n", seed,
+               log10_multiply_adds(tn::greedy_tree(net, greedy_params(1.0, 0.0), seed)), log10_multiply_adds(p));
+  }
 }

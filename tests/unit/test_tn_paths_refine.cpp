@@ -28,7 +28,10 @@ namespace {
 
 // A random network of `tensors` tensors: `closed` modes each joining two distinct tensors (a ring
 // first, so it is connected), `open` output modes on single tensors, extents drawn from `extents`.
-Network random_network(int tensors, int closed, int open, std::vector<std::int64_t> extents, std::uint64_t seed) {
+// With max_holders > 2, the modes after the ring join 2..max_holders distinct tensors (hyperindices)
+// and every third output mode is held by two to four tensors.
+Network random_network(int tensors, int closed, int open, std::vector<std::int64_t> extents, std::uint64_t seed,
+                       int max_holders = 2) {
   std::mt19937_64 rng(seed);
   Network n;
   n.tensors.resize(static_cast<size_t>(tensors));
@@ -40,6 +43,19 @@ Network random_network(int tensors, int closed, int open, std::vector<std::int64
     return m;
   };
   for (int t = 0; t < tensors && closed > 0; ++t, --closed) add_mode({t, (t + 1) % tensors});
+  auto distinct_tensors = [&](int k) {
+    std::vector<int> all(static_cast<size_t>(tensors));
+    for (int t = 0; t < tensors; ++t) all[static_cast<size_t>(t)] = t;
+    std::shuffle(all.begin(), all.end(), rng);
+    all.resize(static_cast<size_t>(std::min(k, tensors)));
+    return all;
+  };
+  if (max_holders > 2) {
+    for (; closed > 0; --closed) add_mode(distinct_tensors(2 + static_cast<int>(rng() % static_cast<std::uint64_t>(max_holders - 1))));
+    for (int o = 0; o < open; ++o)
+      n.output.push_back(add_mode(distinct_tensors(o % 3 == 2 ? 2 + static_cast<int>(rng() % 3) : 1)));
+    return n;
+  }
   for (; closed > 0; --closed) {
     const int a = static_cast<int>(rng() % static_cast<std::uint64_t>(tensors));
     int b = static_cast<int>(rng() % static_cast<std::uint64_t>(tensors - 1));
@@ -95,8 +111,8 @@ double brute_force_optimum(const SearchNetwork& net, const std::vector<char>& sl
           ++count[k];
           if (sliced[static_cast<size_t>(k)]) invariant[S] = 0;
         }
-    for (auto [k, c] : count)
-      if (c == 1 || net.output[static_cast<size_t>(k)]) legs[S].insert(k);
+    for (auto [k, c] : count)  // a mode stays while some holder is outside S (or it is an output)
+      if (c < net.appearances[static_cast<size_t>(k)] || net.output[static_cast<size_t>(k)]) legs[S].insert(k);
   }
   std::vector<double> best(full + 1, std::numeric_limits<double>::infinity());
   for (int t = 0; t < N; ++t) best[1u << t] = 0;
@@ -314,45 +330,53 @@ TEST(PathsSlicing, ChoosesByTotalCostNotByShrink) {
   expect_near_relative(r.log10_unsliced, std::log10(52.0));
 }
 
+// If the greedy tree of n has one tensor alone at the largest size by at least a bit, slices one
+// closed mode elsewhere first (so that reuse matters), then checks that the slicer (no
+// reconfiguration) picks the mode with the lowest total with reuse, found here by recosting the
+// tree for each of that tensor's closed modes. Returns the mode it sliced, or -1 if n has no such
+// tensor.
+int expect_the_cheapest_slice(const Network& n) {
+  const SearchNetwork net = SearchNetwork::from(n);
+  ContractionTree t = greedy(net);
+  std::vector<double> sizes;
+  int top = -1;
+  for (int v : t.post_order()) {
+    sizes.push_back(t.log2_size(v));
+    if (top < 0 || t.log2_size(v) > t.log2_size(top)) top = v;
+  }
+  std::sort(sizes.rbegin(), sizes.rend());
+  if (sizes.size() < 2 || sizes[0] < sizes[1] + 1 - 1e-9) return -1;
+  int pre = -1;
+  for (int k = 0; k < net.modes() && pre < 0; ++k)
+    if (!net.output[static_cast<size_t>(k)] && !std::binary_search(t.legs(top).begin(), t.legs(top).end(), k)) pre = k;
+  if (pre >= 0) t.set_sliced(pre, true);
+  double cheapest = std::numeric_limits<double>::infinity();
+  for (int k : t.legs(top)) {
+    if (net.output[static_cast<size_t>(k)]) continue;
+    ContractionTree u = t;
+    u.set_sliced(k, true);
+    cheapest = std::min(cheapest, u.cost().total_with_reuse());
+  }
+  if (!std::isfinite(cheapest)) return -1;
+  SliceOptions o;
+  o.target_log2_size = sizes[0] - 1;
+  o.reconfigure = false;
+  const SliceReport r = slice_tree(t, o);
+  EXPECT_TRUE(r.fits);
+  EXPECT_EQ(r.sliced_modes, 1);
+  expect_near_relative(t.cost().total_with_reuse(), cheapest);
+  for (int k : t.sliced_modes())
+    if (k != pre) return k;
+  return -1;
+}
+
 TEST(PathsSlicing, PicksTheCheapestModeCountingReuse) {
-  // Networks where one tensor alone is the largest by at least one bit and all extents are 2:
-  // slicing any of its closed modes fits a target one bit lower, so the slicer (no reconfiguration)
-  // must pick the candidate with the lowest total with reuse, computed here by full recosting.
+  // Networks whose modes all have extent 2: slicing any closed mode of the largest tensor fits a
+  // target one bit lower.
   int checked = 0;
   for (std::uint64_t seed = 0; seed < 200 && checked < 12; ++seed) {
-    const Network n = random_network(9, 16, 1, {2}, 100 + seed);
-    const SearchNetwork net = SearchNetwork::from(n);
-    ContractionTree t = greedy(net);
-    std::vector<double> sizes;
-    int top = -1;
-    for (int v : t.post_order()) {
-      sizes.push_back(t.log2_size(v));
-      if (top < 0 || t.log2_size(v) > t.log2_size(top)) top = v;
-    }
-    std::sort(sizes.rbegin(), sizes.rend());
-    if (sizes.size() < 2 || sizes[0] < sizes[1] + 1 - 1e-9) continue;
-    // Pre-slice one closed mode elsewhere so that reuse matters.
-    int pre = -1;
-    for (int k = 0; k < net.modes() && pre < 0; ++k)
-      if (!net.output[static_cast<size_t>(k)] && !std::binary_search(t.legs(top).begin(), t.legs(top).end(), k)) pre = k;
-    if (pre >= 0) t.set_sliced(pre, true);
-    double cheapest = std::numeric_limits<double>::infinity();
-    for (int k : t.legs(top)) {
-      if (net.output[static_cast<size_t>(k)]) continue;
-      ContractionTree u = t;
-      u.set_sliced(k, true);
-      cheapest = std::min(cheapest, u.cost().total_with_reuse());
-    }
-    if (!std::isfinite(cheapest)) continue;
-    SliceOptions o;
-    o.target_log2_size = sizes[0] - 1;
-    o.reconfigure = false;
-    const SliceReport r = slice_tree(t, o);
     SCOPED_TRACE("seed " + std::to_string(seed));
-    EXPECT_TRUE(r.fits);
-    EXPECT_EQ(r.sliced_modes, 1);
-    expect_near_relative(t.cost().total_with_reuse(), cheapest);
-    ++checked;
+    checked += expect_the_cheapest_slice(random_network(9, 16, 1, {2}, 100 + seed)) >= 0;
   }
   EXPECT_GE(checked, 5);
 }
@@ -476,6 +500,65 @@ TEST(PathsSlicing, IsDeterministicForASeedAndTriesDoNotHurt) {
   EXPECT_DOUBLE_EQ(ra.overhead, rb.overhead);
   // The first try is the noiseless one, and the best try is kept.
   EXPECT_LE(ra.overhead, r1.overhead * (1 + 1e-12));
+}
+
+// ------------------------------------------------------------------------------ hyperindices
+
+// Networks whose modes join up to five tensors: the same guarantees as for bonds.
+TEST(PathsHyperindices, ReconfigureReachesTheOptimum) {
+  int hyper_seen = 0;
+  for (std::uint64_t seed = 0; seed < 24; ++seed) {
+    const int tensors = 4 + static_cast<int>(seed % 7);  // 4..10
+    const Network n = random_network(tensors, tensors + 3, static_cast<int>(seed % 4), {2, 3, 4}, 500 + seed, 5);
+    const SearchNetwork net = SearchNetwork::from(n);
+    hyper_seen += net.has_hyperindices;
+    ContractionTree t = chain_tree(net);
+    if (seed % 2 == 1) t.set_sliced(tensors, true);  // the first mode after the ring: with reuse
+    std::vector<char> sliced(static_cast<size_t>(net.modes()), 0);
+    for (int k : t.sliced_modes()) sliced[static_cast<size_t>(k)] = 1;
+    ReconfigureOptions o;
+    o.subtree_size = 12;
+    reconfigure(t, o);
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    EXPECT_NO_THROW(t.check());
+    expect_near_relative(t.cost().total_with_reuse(), brute_force_optimum(net, sliced));
+    const PathCost pc = path_cost(n, t.to_path());
+    expect_near_relative(t.cost().multiply_adds, pc.multiply_adds);
+    expect_near_relative(t.cost().largest, pc.largest);
+  }
+  EXPECT_GE(hyper_seen, 20);
+}
+
+TEST(PathsHyperindices, SlicingPicksTheCheapestModeAndAgreesWithPathCost) {
+  int checked = 0, hyper_picked = 0;
+  for (std::uint64_t seed = 0; seed < 400 && checked < 16; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    const Network n = random_network(10, 14, 2, {2}, 900 + seed, 5);
+    const int k = expect_the_cheapest_slice(n);
+    if (k < 0) continue;
+    hyper_picked += SearchNetwork::from(n).hyper(k);
+    ++checked;
+  }
+  EXPECT_GE(checked, 8);
+  EXPECT_GE(hyper_picked, 2);
+  // Deeper slicing with reconfiguration (and dropping what is no longer needed): valid trees
+  // whose accounting agrees with the path's.
+  for (std::uint64_t seed = 0; seed < 6; ++seed) {
+    const Network n = random_network(24, 30, 3, {2, 3}, 1300 + seed, 5);
+    const SearchNetwork net = SearchNetwork::from(n);
+    ContractionTree t = greedy(net);
+    SliceOptions o;
+    o.target_log2_size = largest_log2_size(t) - 4;
+    o.tries = 3;
+    const SliceReport r = slice_tree(t, o);
+    SCOPED_TRACE("deep, seed " + std::to_string(seed));
+    EXPECT_NO_THROW(t.check());
+    EXPECT_EQ(r.fits, largest_log2_size(t) <= o.target_log2_size + 1e-9);
+    const PathCost pc = path_cost(n, t.to_path());
+    expect_near_relative(t.cost().multiply_adds, pc.multiply_adds);
+    expect_near_relative(t.cost().largest, pc.largest);
+    expect_near_relative(t.cost().slices, pc.slices);
+  }
 }
 
 }  // namespace

@@ -88,18 +88,7 @@ class CandidateHeap {
 // Per-mode state reused across calls on one thread: the network's mode count can be thousands
 // and the partitioner calls greedy_join on many small groups, so clearing only what the last call
 // touched keeps each call proportional to its group, not to the network.
-struct ModeScratch {
-  std::vector<std::array<int, 2>> holders;  // local numbers of the live group nodes with the mode
-  std::vector<int> touched;
-
-  void prepare(int modes) {
-    for (int m : touched) holders[static_cast<size_t>(m)] = {-1, -1};
-    touched.clear();
-    if (holders.size() < static_cast<size_t>(modes)) holders.resize(static_cast<size_t>(modes), {-1, -1});
-  }
-};
-
-thread_local ModeScratch scratch;
+thread_local ModeHolders scratch;
 
 // sign(x) * log(1 + |x|) for x = inner * 2^scale without overflow: the temperature's scale. Unlike
 // sign(x) log|x| it is monotone through |x| < 1, so with little noise the order stays the score's.
@@ -195,40 +184,30 @@ class GreedyJoin {
     log2_size_.reserve(2 * k);
     removed_log2_.reserve(2 * k);
     alive_.reserve(2 * k);
-    scratch.prepare(net_.modes());
+    scratch.prepare(net_);
     for (int v : nodes) {
       check_parentless(tree_, v, "greedy_join");
       const int local = add_local(v);
-      for (int m : tree_.legs(v)) {
-        auto& h = scratch.holders[static_cast<size_t>(m)];
-        if (h[0] < 0) {
-          h[0] = local;
-          scratch.touched.push_back(m);
-        } else if (h[1] < 0) {
-          h[1] = local;
-        } else {
-          throw InputError(fmt::format("greedy_join: mode {} is held by more than two of the nodes (a hyperedge)",
-                                       net_.labels[static_cast<size_t>(m)]));
-        }
-      }
+      for (int m : tree_.legs(v)) scratch.add(m, local);
     }
   }
 
   // Collects the live nodes sharing a leg with `u` into neighbours_, each once, with the log2 size a
-  // join removes: twice a contracted leg (from both operands), once an output leg (kept once).
+  // join removes: twice a contracted leg (from both operands), once a leg that stays.
   void collect_neighbours(int u) {
     neighbours_.clear();
-    for (int m : tree_.legs(tree_id_[static_cast<size_t>(u)])) {
-      const auto& h = scratch.holders[static_cast<size_t>(m)];
-      const int other = h[0] == u ? h[1] : h[0];
-      if (other < 0 || !alive_[static_cast<size_t>(other)]) continue;
-      const double removed = (net_.output[static_cast<size_t>(m)] ? 1.0 : 2.0) * effective_log2_extent(m);
-      if (seen_by_[static_cast<size_t>(other)] != u) {
-        seen_by_[static_cast<size_t>(other)] = u;
-        removed_log2_[static_cast<size_t>(other)] = 0;
-        neighbours_.push_back(other);
-      }
-      removed_log2_[static_cast<size_t>(other)] += removed;
+    const int tu = tree_id_[static_cast<size_t>(u)];
+    for (int m : tree_.legs(tu)) {
+      scratch.for_each(m, [&](int other) {
+        if (other == u || !alive_[static_cast<size_t>(other)]) return;
+        const double removed = tree_.log2_saved(m, tu, tree_id_[static_cast<size_t>(other)]);
+        if (seen_by_[static_cast<size_t>(other)] != u) {
+          seen_by_[static_cast<size_t>(other)] = u;
+          removed_log2_[static_cast<size_t>(other)] = 0;
+          neighbours_.push_back(other);
+        }
+        removed_log2_[static_cast<size_t>(other)] += removed;
+      });
     }
   }
 
@@ -285,12 +264,7 @@ class GreedyJoin {
     alive_[static_cast<size_t>(a)] = alive_[static_cast<size_t>(b)] = 0;
     live_ -= 2;
     const int c = add_local(v);
-    for (int m : tree_.legs(v)) {  // the surviving legs now belong to c
-      auto& h = scratch.holders[static_cast<size_t>(m)];
-      for (int& x : h)
-        if (x == a || x == b) x = c;
-      if (h[0] == c && h[1] == c) h[1] = -1;  // an output leg both held
-    }
+    for (int m : tree_.legs(v)) scratch.replace(m, a, b, c);  // the surviving legs now belong to c
     if (find_neighbours) {
       collect_neighbours(c);
       make_list(c);
@@ -321,24 +295,22 @@ class GreedyJoin {
 // legs once), for the absorption pass: mode -> holders as tree ids, per-node state by tree id.
 struct AbsorptionState {
   const ContractionTree& tree;
-  std::vector<std::array<int, 2>> holders;
+  ModeHolders holders;
   std::vector<double> log2_size, removed_with;
   std::vector<int> seen_by, neighbours;
 
   void collect_neighbours(int u) {
-    const SearchNetwork& net = tree.network();
     neighbours.clear();
     for (int m : tree.legs(u)) {
-      const auto& h = holders[static_cast<size_t>(m)];
-      const int v = h[0] == u ? h[1] : h[0];
-      if (v < 0) continue;
-      if (seen_by[static_cast<size_t>(v)] != u) {
-        seen_by[static_cast<size_t>(v)] = u;
-        removed_with[static_cast<size_t>(v)] = 0;
-        neighbours.push_back(v);
-      }
-      const double extent = tree.sliced(m) ? 0.0 : net.log2_extent[static_cast<size_t>(m)];
-      removed_with[static_cast<size_t>(v)] += (net.output[static_cast<size_t>(m)] ? 1 : 2) * extent;
+      holders.for_each(m, [&](int v) {
+        if (v == u || tree.parent(v) >= 0) return;
+        if (seen_by[static_cast<size_t>(v)] != u) {
+          seen_by[static_cast<size_t>(v)] = u;
+          removed_with[static_cast<size_t>(v)] = 0;
+          neighbours.push_back(v);
+        }
+        removed_with[static_cast<size_t>(v)] += tree.log2_saved(m, u, v);
+      });
     }
   }
 
@@ -380,7 +352,7 @@ int greedy_join(ContractionTree& tree, const std::vector<int>& nodes, const Gree
 std::vector<int> absorb_small_tensors(ContractionTree& tree, const std::vector<int>& nodes) {
   const size_t capacity = static_cast<size_t>(tree.node_capacity());
   AbsorptionState state{tree, {}, {}, {}, {}, {}};
-  state.holders.assign(static_cast<size_t>(tree.network().modes()), {-1, -1});
+  state.holders.prepare(tree.network());
   state.log2_size.assign(capacity, 0);
   state.removed_with.assign(capacity, 0);
   state.seen_by.assign(capacity, -1);
@@ -389,13 +361,7 @@ std::vector<int> absorb_small_tensors(ContractionTree& tree, const std::vector<i
     check_parentless(tree, v, "absorb_small_tensors");
     if (given[static_cast<size_t>(v)]++) throw InputError(fmt::format("absorb_small_tensors: node {} is listed twice", v));
     state.log2_size[static_cast<size_t>(v)] = tree.log2_size(v);
-    for (int m : tree.legs(v)) {
-      auto& h = state.holders[static_cast<size_t>(m)];
-      if (h[0] >= 0 && h[1] >= 0)
-        throw InputError(fmt::format("absorb_small_tensors: mode {} is held by more than two of the nodes (a hyperedge)",
-                                     tree.network().labels[static_cast<size_t>(m)]));
-      (h[0] < 0 ? h[0] : h[1]) = v;
-    }
+    for (int m : tree.legs(v)) state.holders.add(m, v);
   }
   // Each node is examined once when it appears; a join's result is examined again, since it may
   // take in the next gate along a wire. Pairs of older nodes do not change, so nothing else can.
@@ -408,12 +374,7 @@ std::vector<int> absorb_small_tensors(ContractionTree& tree, const std::vector<i
     if (host < 0) continue;
     const int c = tree.join(host, u);
     state.log2_size[static_cast<size_t>(c)] = tree.log2_size(c);
-    for (int m : tree.legs(c)) {
-      auto& h = state.holders[static_cast<size_t>(m)];
-      for (int& x : h)
-        if (x == u || x == host) x = c;
-      if (h[0] == c && h[1] == c) h[1] = -1;  // an output leg both held
-    }
+    for (int m : tree.legs(c)) state.holders.replace(m, u, host, c);
     queue.push_back(c);
   }
   std::vector<int> remaining;

@@ -99,7 +99,7 @@ class PartitionBuilder {
   PartitionParams params_;
   std::uint64_t seed_stream_;
   ContractionTree tree_;
-  std::vector<std::array<int, 2>> holders_;  // per mode: the parentless nodes holding it (-1: none)
+  ModeHolders holders_;                      // per mode: the parentless nodes holding it
   std::vector<idx_t> mode_weight_;           // per mode number
   std::vector<int> local_of_;                // node -> its vertex in the group being split, -1 outside
   int nodes_to_split_ = 0;                   // after absorption: what the group sizes are relative to
@@ -125,12 +125,9 @@ class PartitionBuilder {
   }
 
   void find_holders(const std::vector<int>& nodes) {
-    holders_.assign(static_cast<size_t>(net_.modes()), {-1, -1});
+    holders_.prepare(net_);
     for (int v : nodes)
-      for (int m : tree_.legs(v)) {
-        auto& h = holders_[static_cast<size_t>(m)];
-        (h[0] < 0 ? h[0] : h[1]) = v;
-      }
+      for (int m : tree_.legs(v)) holders_.add(m, v);
   }
 
   // Parts and imbalance for a group holding the fraction s of all nodes (cotengra's rules):
@@ -160,6 +157,15 @@ class PartitionBuilder {
     return greedy_join(tree_, results, params_.greedy, next_seed());
   }
 
+  // A bond's edge weighs its mode's weight. A hyperindex held by k nodes becomes a clique, each of
+  // its edges 1/(k-1) of the weight: cutting it off one holder then costs about one mode, as it
+  // does in the contraction (the holders on both sides keep it once).
+  idx_t edge_weight(int m) const {
+    const idx_t w = mode_weight_[static_cast<size_t>(m)];
+    if (!net_.hyper(m)) return w;
+    return std::max<idx_t>(1, w / (net_.appearances[static_cast<size_t>(m)] - 1));
+  }
+
   GroupGraph graph_of(const std::vector<int>& group) {
     for (size_t i = 0; i < group.size(); ++i) local_of_[static_cast<size_t>(group[i])] = static_cast<int>(i);
     GroupGraph g;
@@ -170,18 +176,19 @@ class PartitionBuilder {
     for (size_t i = 0; i < group.size(); ++i) {
       const int row_start = static_cast<int>(g.neighbours.size());
       for (int m : tree_.legs(group[i])) {
-        const auto& h = holders_[static_cast<size_t>(m)];
-        const int other_node = h[0] == group[i] ? h[1] : h[0];
-        if (other_node < 0) continue;
-        const int other = local_of_[static_cast<size_t>(other_node)];
-        if (other < 0) continue;  // a leg to outside the group: not this split's concern
-        int& slot = slot_of[static_cast<size_t>(other)];
-        if (slot < row_start) {
-          slot = static_cast<int>(g.neighbours.size());
-          g.neighbours.push_back(other);
-          g.weights.push_back(0);
-        }
-        g.weights[static_cast<size_t>(slot)] += mode_weight_[static_cast<size_t>(m)];
+        const idx_t weight = edge_weight(m);
+        holders_.for_each(m, [&](int other_node) {
+          if (other_node == group[i]) return;
+          const int other = local_of_[static_cast<size_t>(other_node)];
+          if (other < 0) return;  // a leg to outside the group: not this split's concern
+          int& slot = slot_of[static_cast<size_t>(other)];
+          if (slot < row_start) {
+            slot = static_cast<int>(g.neighbours.size());
+            g.neighbours.push_back(other);
+            g.weights.push_back(0);
+          }
+          g.weights[static_cast<size_t>(slot)] += weight;
+        });
       }
       g.offsets.push_back(static_cast<idx_t>(g.neighbours.size()));
     }

@@ -231,7 +231,11 @@ struct Weigher {
 struct DpProblem {
   int F = 0;
   std::vector<std::vector<int>> frontier_locals;  // per frontier position: its legs as local modes
-  std::vector<int> output_locals;                 // local modes that are output modes
+  std::vector<int> output_locals;                 // local modes kept whenever held: output modes, and
+                                                  // hyperindices with holders outside the subtree
+  // Hyperindices that three or more frontier tensors hold, and nothing outside: (local mode, mask of
+  // those positions). A subset's tensor keeps one while the subset holds some but not all of it.
+  std::vector<std::pair<int, std::uint32_t>> closing;
   std::vector<char> invariant;                    // per frontier position
   double invariant_weight = 1;                    // 1 / slices: slice-invariant steps run once
   double max_log2_size = 0;
@@ -264,7 +268,7 @@ int append_joins(std::uint32_t S, const std::vector<std::uint32_t>& split, int F
 // Optimal contraction of the F frontier tensors into the top by DP over subsets of positions:
 // best[S] = min over splits S = S1 + S2 of best[S1] + best[S2] + weight(S) * 2^|legs(S1) ∪ legs(S2)|,
 // weight(S) = 1/slices if S is slice-invariant, else 1. legs(S) = XOR of the members' legs plus
-// their output modes (exact: every mode joins at most two tensors). Subsets whose tensor exceeds
+// their output modes (exact for bonds; hyperindices, see DpProblem). Subsets whose tensor exceeds
 // the cap are infeasible unless the current shape already makes that tensor, so the current
 // shape is always a candidate and the optimum never costs more than it.
 template <int W>
@@ -301,6 +305,8 @@ DpResult solve_subsets(const DpProblem& p, const LocalModes& lm, DpBuffers<W>& b
       buf.invariant[S] = low_invariant;
     }
     buf.legs[S] = buf.xor_legs[S] | (buf.or_legs[S] & output);
+    for (const auto& [local, mask] : p.closing)
+      if ((S & mask) != 0 && (S & mask) != mask) buf.legs[S].set(local);
     buf.allowed[S] = rest == 0 || weigh(buf.legs[S]) <= p.max_log2_size + kLog2Slack;
   }
   for (const auto& [l, r] : p.shape->splits) buf.allowed[l | r] = 1;
@@ -390,15 +396,38 @@ DpProblem dp_problem(const ContractionTree& tree, const Subtree& s, const Shape&
   const SearchNetwork& net = tree.network();
   DpProblem p;
   p.F = static_cast<int>(s.frontier.size());
+  // Hyperindices on the frontier: which positions hold each, and how many of its holders they cover.
+  std::vector<std::uint32_t> mask(static_cast<size_t>(lm.count()), 0);
+  std::vector<int> covered(static_cast<size_t>(lm.count()), 0);
+  if (net.has_hyperindices)
+    for (int i = 0; i < p.F; ++i)
+      for (const auto& [k, held] : tree.holdings(s.frontier[static_cast<size_t>(i)])) {
+        const int local = local_of[static_cast<size_t>(k)];
+        if (local < 0) continue;
+        mask[static_cast<size_t>(local)] |= 1u << i;
+        covered[static_cast<size_t>(local)] += held;
+      }
+  std::vector<char> kept(static_cast<size_t>(lm.count()), 0), closing(static_cast<size_t>(lm.count()), 0);
+  for (int i = 0; i < lm.count(); ++i) {
+    const size_t k = static_cast<size_t>(lm.global[static_cast<size_t>(i)]);
+    if (net.output[k]) {
+      kept[static_cast<size_t>(i)] = 1;
+    } else if (net.hyper(static_cast<int>(k))) {
+      if (covered[static_cast<size_t>(i)] < net.appearances[k]) kept[static_cast<size_t>(i)] = 1;
+      else if (std::popcount(mask[static_cast<size_t>(i)]) > 2) closing[static_cast<size_t>(i)] = 1;
+    }
+    if (kept[static_cast<size_t>(i)]) p.output_locals.push_back(i);
+    if (closing[static_cast<size_t>(i)]) p.closing.push_back({i, mask[static_cast<size_t>(i)]});
+  }
   for (int f : s.frontier) {
     std::vector<int> locals;
-    for (int k : tree.legs(f))
-      if (local_of[static_cast<size_t>(k)] >= 0) locals.push_back(local_of[static_cast<size_t>(k)]);
+    for (int k : tree.legs(f)) {
+      const int local = local_of[static_cast<size_t>(k)];
+      if (local >= 0 && !closing[static_cast<size_t>(local)]) locals.push_back(local);
+    }
     p.frontier_locals.push_back(std::move(locals));
     p.invariant.push_back(invariant[static_cast<size_t>(f)]);
   }
-  for (int i = 0; i < lm.count(); ++i)
-    if (net.output[static_cast<size_t>(lm.global[static_cast<size_t>(i)])]) p.output_locals.push_back(i);
   p.invariant_weight = invariant_weight;
   p.max_log2_size = max_log2_size;
   p.shape = &shape;

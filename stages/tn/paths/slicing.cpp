@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <tuple>
+#include <unordered_map>
 #include <vector>
 
 #include "kernels/common.hpp"
@@ -36,18 +37,19 @@ struct SliceState {
   double total_with_reuse() const { return invariant_sum + variant_sum * std::exp2(log2_slices); }
 };
 
-// Modes in both operands of v's step are contracted there (output modes are kept).
+// Modes in both operands of v's step and not in its result are contracted there (output modes
+// and hyperindices with holders elsewhere are kept).
 void record_contractions(const ContractionTree& tree, int v, std::vector<int>& contracted_at) {
-  const SearchNetwork& net = tree.network();
   const Legs& a = tree.legs(tree.left(v));
   const Legs& b = tree.legs(tree.right(v));
+  const Legs& c = tree.legs(v);
   for (size_t x = 0, y = 0; x < a.size() && y < b.size();) {
     if (a[x] < b[y]) {
       ++x;
     } else if (b[y] < a[x]) {
       ++y;
     } else {
-      if (!net.output[static_cast<size_t>(a[x])]) contracted_at[static_cast<size_t>(a[x])] = v;
+      if (!std::binary_search(c.begin(), c.end(), a[x])) contracted_at[static_cast<size_t>(a[x])] = v;
       ++x;
       ++y;
     }
@@ -126,10 +128,13 @@ struct SliceEffect {
 // over it, so they shrink by its extent (a's step too); every node on the paths now depends on
 // the slice, so it runs once per slice. Everything else keeps its step, and runs once per slice
 // or once as before, with the new slice count. With the "up" sums that is O(1) per mode.
+SliceEffect effect_of_slicing_hyperindex(const ContractionTree& tree, const SliceState& st, int k, double target);
+
 SliceEffect effect_of_slicing(const ContractionTree& tree, const SliceState& st, int k, double target) {
   const SearchNetwork& net = tree.network();
-  const size_t h1 = static_cast<size_t>(net.holders[static_cast<size_t>(k)][0]);
-  const size_t h2 = static_cast<size_t>(net.holders[static_cast<size_t>(k)][1]);
+  if (net.hyper(k)) return effect_of_slicing_hyperindex(tree, st, k, target);
+  const size_t h1 = static_cast<size_t>(net.holders(k)[0]);
+  const size_t h2 = static_cast<size_t>(net.holders(k)[1]);
   const size_t a = static_cast<size_t>(st.contracted_at[static_cast<size_t>(k)]);
   const double log2_extent = net.log2_extent[static_cast<size_t>(k)];
   const double extent = std::exp2(log2_extent);
@@ -150,6 +155,48 @@ SliceEffect effect_of_slicing(const ContractionTree& tree, const SliceState& st,
   return e;
 }
 
+// The nodes that hold hyperindex k (contracted at a): the paths from its holders up to a, a left
+// out, each node once; with, per node, how many of k's holders lie below it.
+std::vector<std::pair<int, int>> hyperindex_paths(const ContractionTree& tree, int k, int a) {
+  std::vector<std::pair<int, int>> nodes;  // (node, holders below), in the order first reached
+  std::unordered_map<int, size_t> index;
+  for (int h : tree.network().holders(k))
+    for (int v = h; v != a && v >= 0; v = tree.parent(v)) {
+      const auto [it, fresh] = index.try_emplace(v, nodes.size());
+      if (fresh) nodes.push_back({v, 1});
+      else ++nodes[it->second].second;
+    }
+  return nodes;
+}
+
+// effect_of_slicing for a hyperindex: the same sums, over the union of its holders' paths up to
+// the step that contracts it, walked rather than looked up.
+SliceEffect effect_of_slicing_hyperindex(const ContractionTree& tree, const SliceState& st, int k, double target) {
+  const SearchNetwork& net = tree.network();
+  const size_t a = static_cast<size_t>(st.contracted_at[static_cast<size_t>(k)]);
+  const double log2_extent = net.log2_extent[static_cast<size_t>(k)];
+  const double extent = std::exp2(log2_extent);
+  double path_variant = st.up_variant[a], path_invariant = st.up_invariant[a], looping = st.step[a];
+  int largest_shrunk = 0, oversized_holding = 0;
+  for (const auto& [v, below] : hyperindex_paths(tree, k, static_cast<int>(a))) {
+    const size_t i = static_cast<size_t>(v);
+    const size_t up = static_cast<size_t>(tree.parent(v));  // v is below a: it has a parent
+    path_variant += st.up_variant[i] - st.up_variant[up];
+    path_invariant += st.up_invariant[i] - st.up_invariant[up];
+    looping += st.step[i];
+    largest_shrunk += st.up_at_largest[i] - st.up_at_largest[up];
+    oversized_holding += st.up_oversized[i] - st.up_oversized[up];
+  }
+  const double above = st.up_step[a] - st.step[a];
+  const double slices = std::exp2(st.log2_slices + log2_extent);
+  SliceEffect e;
+  e.total_with_reuse = (st.invariant_sum - path_invariant) + slices * (st.variant_sum - path_variant + looping / extent + above);
+  e.total_without_reuse = slices * (st.variant_sum + st.invariant_sum - looping + looping / extent);
+  e.largest_shrunk = largest_shrunk;
+  e.fits = oversized_holding == st.oversized && st.largest - log2_extent <= target + kLog2Slack;
+  return e;
+}
+
 // What unslicing a sliced mode k would do: whether every tensor that holds k still fits the
 // target at k's full extent, and the total with reuse then. Walks the two leaf-to-root paths.
 struct UnsliceEffect {
@@ -159,30 +206,35 @@ struct UnsliceEffect {
 
 UnsliceEffect effect_of_unslicing(const ContractionTree& tree, const SliceState& st, int k, double target) {
   const SearchNetwork& net = tree.network();
-  const int h1 = net.holders[static_cast<size_t>(k)][0], h2 = net.holders[static_cast<size_t>(k)][1];
   const int a = st.contracted_at[static_cast<size_t>(k)];
   const double log2_extent = net.log2_extent[static_cast<size_t>(k)];
   const double extent = std::exp2(log2_extent);
   const double slices = std::exp2(st.log2_slices - log2_extent);
+  const int holders = net.appearances[static_cast<size_t>(k)];
   UnsliceEffect e;
   double old_variant = 0, old_invariant = 0, new_total = 0;
-  // `holdings`: how many of k's two holdings lie below v (1 on either side below a, 2 from a up);
+  // `holdings`: how many of k's holdings lie below v (all of them from a up); below a, v holds k.
   // v is slice-invariant afterwards if those were its only sliced holdings.
-  auto visit = [&](int v, int holdings) {
+  auto visit = [&](int v, int holdings, bool holds_k) {
     const size_t i = static_cast<size_t>(v);
-    const bool holds_k = holdings == 1;
     if (holds_k && st.log2_size[i] + log2_extent > target + kLog2Slack) e.fits = false;
     if (tree.is_leaf(v)) return;
     (st.sliced_below[i] == 0 ? old_invariant : old_variant) += st.step[i];
     const double step = holds_k || v == a ? st.step[i] * extent : st.step[i];
     new_total += st.sliced_below[i] == holdings ? step : step * slices;
   };
-  bool above = false;  // at a or above it
-  for (int v = h1; v >= 0; v = tree.parent(v)) {
-    above = above || v == a;
-    visit(v, above ? 2 : 1);
+  if (net.hyper(k)) {
+    for (const auto& [v, below] : hyperindex_paths(tree, k, a)) visit(v, below, true);
+    for (int v = a; v >= 0; v = tree.parent(v)) visit(v, holders, false);
+  } else {
+    const auto h = net.holders(k);
+    bool above = false;  // at a or above it
+    for (int v = h[0]; v >= 0; v = tree.parent(v)) {
+      above = above || v == a;
+      visit(v, above ? 2 : 1, !above);
+    }
+    for (int v = h[1]; v != a; v = tree.parent(v)) visit(v, 1, true);
   }
-  for (int v = h2; v != a; v = tree.parent(v)) visit(v, 1);
   e.total_with_reuse = (st.invariant_sum - old_invariant) + slices * (st.variant_sum - old_variant) + new_total;
   return e;
 }
@@ -274,8 +326,7 @@ void reshape_around(ContractionTree& tree, int k, const SliceOptions& o, double 
   r.subtree_size = o.subtree_size;
   r.max_log2_size = cap;
   r.deadline = o.deadline;
-  for (int h : tree.network().holders[static_cast<size_t>(k)])
-    if (h >= 0) r.only_above.push_back(h);
+  for (int h : tree.network().holders(k)) r.only_above.push_back(h);
   reconfigure(tree, r);
 }
 

@@ -19,23 +19,31 @@ SearchNetwork SearchNetwork::from(const Network& n) {
     s.labels.push_back(m);
     s.log2_extent.push_back(std::log2(static_cast<double>(e)));
   }
-  s.output.assign(s.labels.size(), 0);
+  const size_t M = s.labels.size();
+  s.output.assign(M, 0);
   for (Mode m : n.output) s.output[static_cast<size_t>(number.at(m))] = 1;
-  s.holders.assign(s.labels.size(), {-1, -1});
+  s.appearances.assign(M, 0);
   for (int t = 0; t < s.tensors; ++t) {
     Legs legs;
     for (Mode m : n.tensors[static_cast<size_t>(t)].modes) {
       const int k = number.at(m);
       legs.push_back(k);
-      auto& h = s.holders[static_cast<size_t>(k)];
-      if (h[1] >= 0)
-        throw InputError(fmt::format("mode {} appears in more than two tensors; the path search needs every mode in at "
-                                     "most two (hyperedges are not supported)", m));
-      (h[0] < 0 ? h[0] : h[1]) = t;
+      ++s.appearances[static_cast<size_t>(k)];
     }
     std::sort(legs.begin(), legs.end());
+    if (std::adjacent_find(legs.begin(), legs.end()) != legs.end())
+      throw InputError(fmt::format("tensor {} holds a mode twice; expected traces to be taken first", t));
     s.inputs.push_back(std::move(legs));
   }
+  s.holder_start.assign(M + 1, 0);
+  for (size_t k = 0; k < M; ++k) {
+    s.holder_start[k + 1] = s.holder_start[k] + s.appearances[k];
+    s.has_hyperindices = s.has_hyperindices || s.appearances[k] > 2;
+  }
+  s.holder_list.resize(static_cast<size_t>(s.holder_start[M]));
+  std::vector<int> fill(s.holder_start.begin(), s.holder_start.end() - 1);
+  for (int t = 0; t < s.tensors; ++t)
+    for (int k : s.inputs[static_cast<size_t>(t)]) s.holder_list[static_cast<size_t>(fill[static_cast<size_t>(k)]++)] = t;
   return s;
 }
 
@@ -44,22 +52,103 @@ int SearchNetwork::number_of(Mode m) const {
   return it != labels.end() && *it == m ? static_cast<int>(it - labels.begin()) : -1;
 }
 
-Legs joined_legs(const SearchNetwork& net, const Legs& a, const Legs& b) {
-  Legs out;
+namespace {
+
+// The holding of hyperindex k in a sorted Holdings list that has it.
+int holding_of(const Holdings& h, int k) {
+  const auto it = std::lower_bound(h.begin(), h.end(), std::pair{k, 0});
+  return it->second;
+}
+
+}  // namespace
+
+void join_legs(const SearchNetwork& net, const Legs& a, const Holdings& ha, const Legs& b, const Holdings& hb, Legs& out,
+               Holdings& out_holdings) {
+  out.clear();
+  out_holdings.clear();
   out.reserve(a.size() + b.size());
   size_t i = 0, j = 0;
+  if (!net.has_hyperindices) {
+    while (i < a.size() || j < b.size()) {
+      if (j == b.size() || (i < a.size() && a[i] < b[j])) {
+        out.push_back(a[i++]);
+      } else if (i == a.size() || b[j] < a[i]) {
+        out.push_back(b[j++]);
+      } else {  // in both: contracted, unless it is an output mode
+        if (net.output[static_cast<size_t>(a[i])]) out.push_back(a[i]);
+        ++i;
+        ++j;
+      }
+    }
+    return;
+  }
+  // Holdings are sorted like the legs, so one cursor per side walks them along.
+  size_t p = 0, q = 0;
+  auto take = [&](int k, int held) {
+    out.push_back(k);
+    if (net.hyper(k)) out_holdings.push_back({k, held});
+  };
+  auto held_in = [&](const Holdings& h, size_t& cursor, int k) {
+    if (!net.hyper(k)) return 1;
+    while (h[cursor].first < k) ++cursor;
+    return h[cursor].second;
+  };
   while (i < a.size() || j < b.size()) {
     if (j == b.size() || (i < a.size() && a[i] < b[j])) {
-      out.push_back(a[i++]);
+      const int k = a[i++];
+      take(k, held_in(ha, p, k));
     } else if (i == a.size() || b[j] < a[i]) {
-      out.push_back(b[j++]);
-    } else {  // in both: contracted, unless it is an output mode
-      if (net.output[static_cast<size_t>(a[i])]) out.push_back(a[i]);
+      const int k = b[j++];
+      take(k, held_in(hb, q, k));
+    } else {  // in both: contracted once no holder is left elsewhere, unless it is an output mode
+      const int k = a[i];
+      const int held = held_in(ha, p, k) + held_in(hb, q, k);
+      if (net.output[static_cast<size_t>(k)] || held < net.appearances[static_cast<size_t>(k)]) take(k, held);
       ++i;
       ++j;
     }
   }
-  return out;
+}
+
+void ModeHolders::prepare(const SearchNetwork& net) {
+  for (int m : touched_) {  // whatever network they belonged to: the vectors only grow
+    two_[static_cast<size_t>(m)] = {-1, -1};
+    if (static_cast<size_t>(m) < many_.size()) many_[static_cast<size_t>(m)].clear();
+  }
+  touched_.clear();
+  net_ = &net;
+  if (two_.size() < static_cast<size_t>(net.modes())) two_.resize(static_cast<size_t>(net.modes()), {-1, -1});
+  if (net.has_hyperindices && many_.size() < static_cast<size_t>(net.modes())) many_.resize(static_cast<size_t>(net.modes()));
+}
+
+void ModeHolders::add(int mode, int holder) {
+  const size_t m = static_cast<size_t>(mode);
+  if (net_->hyper(mode)) {
+    if (many_[m].empty()) touched_.push_back(mode);
+    many_[m].push_back(holder);
+    return;
+  }
+  auto& h = two_[m];
+  if (h[0] < 0) {
+    h[0] = holder;
+    touched_.push_back(mode);
+  } else {
+    h[1] = holder;
+  }
+}
+
+void ModeHolders::replace(int mode, int a, int b, int c) {
+  const size_t m = static_cast<size_t>(mode);
+  if (net_->hyper(mode)) {
+    auto& h = many_[m];
+    std::erase_if(h, [&](int x) { return x == a || x == b; });
+    h.push_back(c);
+    return;
+  }
+  auto& h = two_[m];
+  for (int& x : h)
+    if (x == a || x == b) x = c;
+  if (h[0] == c && h[1] == c) h[1] = -1;  // an output leg both held
 }
 
 Legs union_legs(const Legs& a, const Legs& b) {
@@ -80,7 +169,12 @@ ContractionTree::ContractionTree(const SearchNetwork& net) : net_(&net) {
   right_.assign(capacity, -1);
   parent_.assign(capacity, -1);
   legs_.resize(capacity);
-  for (size_t t = 0; t < N; ++t) legs_[t] = net.inputs[t];
+  holdings_.resize(capacity);
+  for (size_t t = 0; t < N; ++t) {
+    legs_[t] = net.inputs[t];
+    for (int k : legs_[t])
+      if (net.hyper(k)) holdings_[t].push_back({k, 1});
+  }
   sliced_.assign(net.labels.size(), 0);
   for (size_t v = capacity; v-- > N;) free_.push_back(static_cast<int>(v));  // lowest id first
   parentless_ = static_cast<int>(N);
@@ -95,8 +189,22 @@ int ContractionTree::new_node(int a, int b) {
   parent_[static_cast<size_t>(v)] = -1;
   parent_[static_cast<size_t>(a)] = v;
   parent_[static_cast<size_t>(b)] = v;
-  legs_[static_cast<size_t>(v)] = joined_legs(*net_, legs(a), legs(b));
+  set_legs(v);
   return v;
+}
+
+void ContractionTree::set_legs(int v) {
+  const size_t i = static_cast<size_t>(v);
+  join_legs(*net_, legs(left(v)), holdings(left(v)), legs(right(v)), holdings(right(v)), legs_[i], holdings_[i]);
+}
+
+int ContractionTree::holdings(int v, int k) const { return holding_of(holdings(v), k); }
+
+double ContractionTree::log2_saved(int k, int a, int b) const {
+  if (sliced(k)) return 0.0;
+  const size_t i = static_cast<size_t>(k);
+  const bool stays = net_->output[i] || (net_->hyper(k) && holdings(a, k) + holdings(b, k) < net_->appearances[i]);
+  return (stays ? 1.0 : 2.0) * net_->log2_extent[i];
 }
 
 int ContractionTree::join(int a, int b) {
@@ -289,7 +397,7 @@ void ContractionTree::replace_subtree(int top, const std::vector<int>& frontier,
     right_[static_cast<size_t>(v)] = b;
     parent_[static_cast<size_t>(a)] = v;
     parent_[static_cast<size_t>(b)] = v;
-    if (v != top) legs_[static_cast<size_t>(v)] = joined_legs(*net_, legs(a), legs(b));
+    if (v != top) set_legs(v);
     at.push_back(v);
   }
   parent_[static_cast<size_t>(top)] = top_parent;
@@ -308,7 +416,10 @@ void ContractionTree::check() const {
     }
     if (parent(left(v)) != v || parent(right(v)) != v)
       throw std::logic_error(fmt::format("tree: node {}'s children do not point back", v));
-    if (legs(v) != joined_legs(*net_, legs(left(v)), legs(right(v))))
+    Legs legs_now;
+    Holdings holdings_now;
+    join_legs(*net_, legs(left(v)), holdings(left(v)), legs(right(v)), holdings(right(v)), legs_now, holdings_now);
+    if (legs(v) != legs_now || holdings(v) != holdings_now)
       throw std::logic_error(fmt::format("tree: node {}'s legs are stale", v));
   }
   if (reached_leaves != leaves()) throw std::logic_error("tree: not every leaf is below the root");

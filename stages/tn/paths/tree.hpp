@@ -2,10 +2,12 @@
 // Contraction trees: what the path search builds, scores, reconfigures and slices.
 //
 // The search works on a compact view of a network (SearchNetwork): modes renumbered 0..M-1 with
-// their log2 extents, each tensor's modes as a sorted list of those numbers. Every mode is in at
-// most two tensors (Network::validate refuses hyperedges), so the modes ("legs") of the tensor a
-// subtree contracts to are the modes its leaves hold an odd number of times, plus the output modes
-// among them: legs(parent) = (legs(l) XOR legs(r)) + output modes of either.
+// their log2 extents, each tensor's modes as a sorted list of those numbers. A mode held by two
+// tensors (a bond) is contracted where they meet, so the modes ("legs") of the tensor a subtree
+// contracts to are the bonds its leaves hold once, plus the output modes among them: legs(parent)
+// = (legs(l) XOR legs(r)) + output modes of either. A hyperindex (a mode held by three tensors or
+// more: a copy tensor's legs fused into one mode) stays a leg until the last of its holders joins,
+// so every node also counts, per hyperindex among its legs, the leaves below it that hold it.
 //
 // A ContractionTree is a binary tree over the N input tensors (leaves 0..N-1). Internal nodes get
 // ids from N on, but ids carry no order: reconfiguration replaces subtrees in place. to_path()
@@ -20,6 +22,8 @@
 #include <array>
 #include <cstdint>
 #include <limits>
+#include <span>
+#include <utility>
 #include <vector>
 
 #include "stages/tn/network.hpp"
@@ -29,23 +33,63 @@ namespace qstage::tn {
 
 using Legs = std::vector<int>;  // sorted mode numbers
 
+// Per node: (hyperindex, how many leaves below the node hold it) for the hyperindices among its
+// legs, sorted by mode number; empty in networks without hyperindices.
+using Holdings = std::vector<std::pair<int, int>>;
+
 struct SearchNetwork {
   int tensors = 0;
   std::vector<Mode> labels;           // mode number -> the Network's mode
   std::vector<double> log2_extent;    // per mode number
   std::vector<Legs> inputs;           // per tensor
   std::vector<char> output;           // per mode number: 1 if an output mode
-  std::vector<std::array<int, 2>> holders;  // per mode number: the tensors holding it (-1: none)
+  std::vector<int> appearances;       // per mode number: the tensors holding it
+  std::vector<int> holder_start;      // per mode number k: holder_list[holder_start[k] .. holder_start[k + 1])
+  std::vector<int> holder_list;       //   are the tensors holding it, ascending
+  bool has_hyperindices = false;
 
   static SearchNetwork from(const Network& n);
   int modes() const { return static_cast<int>(labels.size()); }
   int number_of(Mode m) const;        // -1 if not a mode of the network
+  bool hyper(int k) const { return appearances[static_cast<size_t>(k)] > 2; }
+  std::span<const int> holders(int k) const {
+    return {holder_list.data() + holder_start[static_cast<size_t>(k)],
+            static_cast<size_t>(holder_start[static_cast<size_t>(k) + 1] - holder_start[static_cast<size_t>(k)])};
+  }
 };
 
-// legs(a) XOR legs(b), plus the output modes of either: the legs of the tensor a . b makes.
-Legs joined_legs(const SearchNetwork& net, const Legs& a, const Legs& b);
+// The legs of the tensor a . b makes, and their hyperindex holdings (see above).
+void join_legs(const SearchNetwork& net, const Legs& a, const Holdings& ha, const Legs& b, const Holdings& hb, Legs& out,
+               Holdings& out_holdings);
 // The modes of a and b together (sorted union): what the step a . b loops over.
 Legs union_legs(const Legs& a, const Legs& b);
+
+// The holders of each mode among a changing set of parentless nodes, numbered as the caller
+// numbers them (tree ids or local numbers), for the searches: at most two per bond, any number per
+// hyperindex. prepare() clears only what the last use touched, so a thread can reuse one across
+// many small groups of a large network.
+class ModeHolders {
+ public:
+  void prepare(const SearchNetwork& net);
+  void add(int mode, int holder);
+  // a and b were joined into c, which keeps `mode` as a leg.
+  void replace(int mode, int a, int b, int c);
+  template <class F>
+  void for_each(int mode, F&& f) const {
+    if (net_->hyper(mode)) {
+      for (int h : many_[static_cast<size_t>(mode)]) f(h);
+    } else {
+      for (int h : two_[static_cast<size_t>(mode)])
+        if (h >= 0) f(h);
+    }
+  }
+
+ private:
+  const SearchNetwork* net_ = nullptr;
+  std::vector<std::array<int, 2>> two_;
+  std::vector<std::vector<int>> many_;
+  std::vector<int> touched_;
+};
 
 // Totals of a tree (per slice unless said otherwise).
 struct TreeCost {
@@ -81,6 +125,12 @@ class ContractionTree {
   int right(int v) const { return right_[static_cast<size_t>(v)]; }
   int parent(int v) const { return parent_[static_cast<size_t>(v)]; }
   const Legs& legs(int v) const { return legs_[static_cast<size_t>(v)]; }
+  const Holdings& holdings(int v) const { return holdings_[static_cast<size_t>(v)]; }
+  // How many leaves below v hold the hyperindex k, a leg of v.
+  int holdings(int v, int k) const;
+  // log2 of what a join of a and b saves in size through a mode both hold: its extent twice if the
+  // join contracts it, once if it stays (an output mode, or a hyperindex with holders elsewhere).
+  double log2_saved(int k, int a, int b) const;
   int node_capacity() const { return static_cast<int>(left_.size()); }
 
   // Joins two parentless nodes into a new one and returns its id; once one node is left without
@@ -123,11 +173,13 @@ class ContractionTree {
   const SearchNetwork* net_ = nullptr;
   std::vector<int> left_, right_, parent_;
   std::vector<Legs> legs_;
+  std::vector<Holdings> holdings_;
   std::vector<char> sliced_;
   std::vector<int> free_;  // internal ids not in use (after replace_subtree)
   int parentless_ = 0;
   int root_ = -1;
   int new_node(int a, int b);
+  void set_legs(int v);  // from v's children
 };
 
 }  // namespace qstage::tn
