@@ -420,7 +420,72 @@ DecodingModel read_detector_error_model(const std::string& text, const std::stri
   return std::move(reader.model);
 }
 
-Problem decoding_network(const DecodingModel& model, const Syndrome& syndrome, std::string description, nlohmann::json about) {
+namespace {
+
+Builder checks_network(const DecodingModel& model, const std::string& bits) {
+  const int D = model.detectors, K = model.observables;
+  Builder b;
+  std::vector<std::vector<Mode>> detector_legs(static_cast<std::size_t>(D)), observable_legs(static_cast<std::size_t>(K));
+  for (std::size_t i = 0; i < model.mechanisms.size(); ++i) {
+    const ErrorMechanism& m = model.mechanisms[i];
+    std::vector<Mode> legs;
+    for (int d : m.detectors) detector_legs[static_cast<std::size_t>(d)].push_back(legs.emplace_back(b.mode()));
+    for (int o : m.observables) observable_legs[static_cast<std::size_t>(o)].push_back(legs.emplace_back(b.mode()));
+    add_copy(b, legs, 1 - m.p, m.p, fmt::format("error {}", i));
+  }
+  for (int d = 0; d < D; ++d) add_parity(b, detector_legs[static_cast<std::size_t>(d)], bits[static_cast<std::size_t>(d)] - '0', fmt::format("D{}", d));
+  for (int o = 0; o < K; ++o) {
+    auto& legs = observable_legs[static_cast<std::size_t>(o)];
+    b.net.output.push_back(legs.emplace_back(b.mode()));
+    add_parity(b, legs, 0, fmt::format("L{}", o));
+  }
+  return b;
+}
+
+Builder fourier_network(const DecodingModel& model, const std::string& bits) {
+  const int D = model.detectors, K = model.observables;
+  Builder b;
+  std::vector<Mode> dual_of_detector(static_cast<std::size_t>(D), -1), dual_of_observable(static_cast<std::size_t>(K), -1);
+  for (std::size_t i = 0; i < model.mechanisms.size(); ++i) {
+    const ErrorMechanism& m = model.mechanisms[i];
+    std::vector<Mode> legs;
+    auto dual = [&](Mode& y) {
+      if (y < 0) y = b.mode();
+      legs.push_back(y);
+    };
+    for (int d : m.detectors) dual(dual_of_detector[static_cast<std::size_t>(d)]);
+    for (int o : m.observables) dual(dual_of_observable[static_cast<std::size_t>(o)]);
+    if (legs.empty()) continue;  // flips nothing: a factor (1 - p) + p = 1
+    std::vector<cd> t(std::size_t{1} << legs.size());
+    for (std::size_t y = 0; y < t.size(); ++y) t[y] = std::popcount(y) % 2 ? 1 - 2 * m.p : 1.0;
+    b.add(legs, std::move(t), fmt::format("error {}", i));
+  }
+  for (int d = 0; d < D; ++d) {
+    const int s = bits[static_cast<std::size_t>(d)] - '0';
+    const Mode y = dual_of_detector[static_cast<std::size_t>(d)];
+    if (y >= 0) b.add({y}, {0.5, s ? -0.5 : 0.5}, fmt::format("D{}", d));
+    else if (s) b.add({}, {0.0}, fmt::format("D{} (no error reaches it)", d));  // a flip nothing explains
+  }
+  for (int o = 0; o < K; ++o) {
+    const Mode y = dual_of_observable[static_cast<std::size_t>(o)];
+    const Mode l = b.mode();
+    b.net.output.push_back(l);
+    if (y >= 0) b.add({y, l}, {0.5, 0.5, 0.5, -0.5}, fmt::format("L{}", o));
+    else b.add({l}, {1.0, 0.0}, fmt::format("L{} (no error reaches it)", o));
+  }
+  return b;
+}
+
+}  // namespace
+
+DecodingForm decoding_form(const std::string& name, const std::string& what) {
+  if (name == "checks") return DecodingForm::checks;
+  if (name == "fourier") return DecodingForm::fourier;
+  throw InputError(fmt::format("{}: form '{}'; expected checks or fourier", what, name));
+}
+
+Problem decoding_network(const DecodingModel& model, const Syndrome& syndrome, DecodingForm form, std::string description,
+                         nlohmann::json about) {
   const int D = model.detectors, K = model.observables;
   std::string bits;
   std::optional<std::string> true_observables;
@@ -443,32 +508,19 @@ Problem decoding_network(const DecodingModel& model, const Syndrome& syndrome, s
     true_observables.emplace();
     for (int f : observed) true_observables->push_back(static_cast<char>('0' + f));
   }
-  Builder b;
-  std::vector<std::vector<Mode>> detector_legs(static_cast<std::size_t>(D)), observable_legs(static_cast<std::size_t>(K));
-  for (std::size_t i = 0; i < model.mechanisms.size(); ++i) {
-    const ErrorMechanism& m = model.mechanisms[i];
-    std::vector<Mode> legs;
-    for (int d : m.detectors) detector_legs[static_cast<std::size_t>(d)].push_back(legs.emplace_back(b.mode()));
-    for (int o : m.observables) observable_legs[static_cast<std::size_t>(o)].push_back(legs.emplace_back(b.mode()));
-    add_copy(b, legs, 1 - m.p, m.p, fmt::format("error {}", i));
-  }
-  for (int d = 0; d < D; ++d) add_parity(b, detector_legs[static_cast<std::size_t>(d)], bits[static_cast<std::size_t>(d)] - '0', fmt::format("D{}", d));
-  for (int o = 0; o < K; ++o) {
-    auto& legs = observable_legs[static_cast<std::size_t>(o)];
-    b.net.output.push_back(legs.emplace_back(b.mode()));
-    add_parity(b, legs, 0, fmt::format("L{}", o));
-  }
+  Builder b = form == DecodingForm::fourier ? fourier_network(model, bits) : checks_network(model, bits);
   b.net.description = std::move(description);
   about["detectors"] = D, about["observables"] = K, about["mechanisms"] = model.mechanisms.size();
   about["syndrome"] = bits, about["sampled"] = !syndrome.given.has_value();
   if (true_observables) about["seed"] = syndrome.seed, about["true_observables"] = *true_observables;
   about["value"] = "P(syndrome, observables): one value per assignment of L0, L1, ... (row-major, L0 slowest)";
+  if (form == DecodingForm::fourier) about["form"] = "fourier";
   return Problem{std::move(b.net), std::move(about)};
 }
 
 Problem detector_error_model_decoding(const DetectorErrorModelOptions& o) {
   const DecodingModel model = read_detector_error_model(o.text, fmt::format("detector_error_model: '{}'", o.file));
-  return decoding_network(model, o.syndrome,
+  return decoding_network(model, o.syndrome, o.form,
                           fmt::format("maximum-likelihood decoding from the detector error model '{}': {} detectors, {} "
                                       "observables, {} error mechanisms", o.file, model.detectors, model.observables,
                                       model.mechanisms.size()),
@@ -512,7 +564,7 @@ Problem surface_code_decoding(const SurfaceCodeOptions& o) {
     for (int s = 0; s < S; ++s) model.mechanisms.push_back({q, {t * S + s, (t + 1) * S + s}, {}});
   std::vector<int> row_zero(static_cast<std::size_t>(d));
   for (int c = 0; c < d; ++c) row_zero[static_cast<std::size_t>(c)] = c;
-  return decoding_network(model, o.syndrome,
+  return decoding_network(model, o.syndrome, o.form,
                           fmt::format("maximum-likelihood decoding of the distance-{} rotated surface code, {} round{} (p = {}, "
                                       "q = {}): [P(syndrome, class 0), P(syndrome, class 1)]", d, T, T == 1 ? "" : "s", o.p, q),
                           {{"problem", "surface_code"}, {"distance", d}, {"rounds", T}, {"p", o.p}, {"q", q}, {"checks", checks},

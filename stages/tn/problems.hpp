@@ -86,16 +86,29 @@ struct Syndrome {
   std::uint64_t seed = 0;
 };
 
-// Every mechanism a copy tensor with its weights, joined to the detectors and observables it
-// flips; every detector a parity tensor fixed to its syndrome bit; every observable a parity
-// tensor with an open mode (parities over many legs as chains of 3-leg tensors). The result,
-// over the open modes L0, L1, ... (row-major), is P(syndrome, observables): maximum-likelihood
+// How a decoding problem becomes a network. `checks`: every mechanism a copy tensor with its
+// weights, joined to the detectors and observables it flips; every detector a parity tensor fixed
+// to its syndrome bit; every observable a parity tensor with an open mode (parities over many legs
+// as chains of 3-leg tensors). `fourier`: each parity check written as the sum over a dual bit y,
+// delta(x1 + .. + xk = s mod 2) = 1/2 sum_y (-1)^(y (x1 + .. + xk + s)), summed over the errors
+// first: every detector and observable is then a hyperindex y held by the mechanisms that flip it,
+// each mechanism one tensor (1 - p) + p (-1)^(sum of its legs) of at most a few legs, each detector
+// a vector (-1)^(y s) / 2 and each observable a matrix (-1)^(y l) / 2 with l open. The same value
+// with far cheaper paths under circuit-level noise (detectors of tens of mechanisms are chains in
+// the first form), as a sum of signed terms.
+enum class DecodingForm { checks, fourier };
+
+// The network of a decoding problem in the given form. The result, over the open modes L0, L1, ... (row-major), is P(syndrome, observables): maximum-likelihood
 // decoding picks the largest. `about` gains detectors, observables, mechanisms, the syndrome and
 // a sampled error's true_observables (L0 first).
-Problem decoding_network(const DecodingModel& model, const Syndrome& syndrome, std::string description, nlohmann::json about);
+Problem decoding_network(const DecodingModel& model, const Syndrome& syndrome, DecodingForm form, std::string description,
+                         nlohmann::json about);
+// "checks" or "fourier"; InputError naming `what` otherwise.
+DecodingForm decoding_form(const std::string& name, const std::string& what);
 struct DetectorErrorModelOptions {
   std::string text, file;  // the model, and where it came from (for messages)
   Syndrome syndrome;
+  DecodingForm form = DecodingForm::checks;
 };
 Problem detector_error_model_decoding(const DetectorErrorModelOptions& o);
 
@@ -113,6 +126,7 @@ struct SurfaceCodeOptions {
   double p = 0.05;
   std::optional<double> q;  // default: p
   Syndrome syndrome;
+  DecodingForm form = DecodingForm::checks;
 };
 Problem surface_code_decoding(const SurfaceCodeOptions& o);
 
