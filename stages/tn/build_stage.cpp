@@ -193,10 +193,10 @@ class BuildStage final : public ComputedStage {
       std::string simplified;
       if (extra_.contains("simplification")) {
         const json& s = extra_["simplification"];
-        simplified = fmt::format(" (simplified from {} tensors and {} modes: {} modes fused, {} fixed, {} tensors absorbed; "
-                                 "{} hyperindices)", s["tensors_before"].get<std::size_t>(), s["modes_before"].get<std::size_t>(),
-                                 s["fused"].get<int>(), s["fixed"].get<int>(), s["absorbed"].get<int>(),
-                                 s["hyperindices"].get<std::size_t>());
+        simplified = fmt::format(" (simplified from {} tensors and {} modes: {} modes fused, {} fixed, {} tensors absorbed, "
+                                 "{} split; {} hyperindices)", s["tensors_before"].get<std::size_t>(),
+                                 s["modes_before"].get<std::size_t>(), s["fused"].get<int>(), s["fixed"].get<int>(),
+                                 s["absorbed"].get<int>(), s["split"].get<int>(), s["hyperindices"].get<std::size_t>());
       }
       return fmt::format("{} network: {} tensors, {} modes, {} open{}", net_.kind, net_.tensors.size(), net_.extent.size(),
                          net_.output.size(), simplified);

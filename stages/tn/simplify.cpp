@@ -8,6 +8,7 @@
 #include <set>
 
 #include "core/error.hpp"
+#include "kernels/linalg/dense_linalg.hpp"
 #include "kernels/linalg/tropical.hpp"
 
 namespace qstage::tn {
@@ -17,19 +18,20 @@ using nlohmann::json;
 SimplifyOptions SimplifyOptions::from_json(const json& j, const std::string& what) {
   SimplifyOptions o;
   if (j.is_boolean()) {
-    o.diagonal = o.column = o.rank = j.get<bool>();
+    o.diagonal = o.column = o.rank = o.split = j.get<bool>();
     return o;
   }
   if (!j.is_array())
-    throw InputError(fmt::format("{} is {}; expected true, false or a list of rules (diagonal, column, rank)", what,
+    throw InputError(fmt::format("{} is {}; expected true, false or a list of rules (diagonal, column, rank, split)", what,
                                  j.dump()));
-  o.diagonal = o.column = o.rank = false;
+  o.diagonal = o.column = o.rank = o.split = false;
   for (const auto& r : j) {
     const std::string name = r.is_string() ? r.get<std::string>() : r.dump();
     if (name == "diagonal") o.diagonal = true;
     else if (name == "column") o.column = true;
     else if (name == "rank") o.rank = true;
-    else throw InputError(fmt::format("{} names rule '{}'; expected diagonal, column or rank", what, name));
+    else if (name == "split") o.split = true;
+    else throw InputError(fmt::format("{} names rule '{}'; expected diagonal, column, rank or split", what, name));
   }
   return o;
 }
@@ -37,7 +39,8 @@ SimplifyOptions SimplifyOptions::from_json(const json& j, const std::string& wha
 json SimplifyReport::to_json() const {
   return {{"tensors_before", tensors_before}, {"tensors_after", tensors_after}, {"modes_before", modes_before},
           {"modes_after", modes_after},       {"hyperindices", hyperindices},   {"fused", fused},
-          {"fixed", fixed},                   {"absorbed", absorbed},           {"seconds", seconds}};
+          {"fixed", fixed},                   {"absorbed", absorbed},           {"split", split},
+          {"seconds", seconds}};
 }
 
 namespace {
@@ -45,11 +48,19 @@ namespace {
 // Tensors larger than this are left as they are by the diagonal and column rules (their checks
 // read the whole tensor once per pair of legs): inputs are gate-sized, and large ones rare.
 constexpr std::int64_t kLargestChecked = std::int64_t{1} << 20;
+// The split rule tries every bipartition of a tensor's legs (an SVD each): only tensors of at most
+// this many legs and values.
+constexpr size_t kMostLegsSplit = 10;
+constexpr std::int64_t kLargestSplit = std::int64_t{1} << 12;
+// Singular values below this fraction of the largest count as zero: the split changes the tensor
+// by about this much (relative), the rounding of a double-precision contraction.
+constexpr double kSplitCutoff = 1e-13;
 
 class Simplifier {
  public:
   Simplifier(Network& n, const SimplifyOptions& o) : n_(n), o_(o), tropical_(n.semiring == "tropical") {
     output_.insert(n.output.begin(), n.output.end());
+    next_mode_ = n.extent.empty() ? 0 : n.extent.rbegin()->first + 1;
     alive_.assign(n.tensors.size(), 1);
     for (size_t t = 0; t < n.tensors.size(); ++t)
       for (Mode m : n.tensors[t].modes) holders_[m].insert(static_cast<int>(t));
@@ -65,6 +76,7 @@ class Simplifier {
       if (o_.diagonal) changed |= fuse_diagonals(r);
       if (o_.column) changed |= fix_columns(r);
       if (o_.rank) changed |= absorb(r);
+      if (o_.split && !tropical_) changed |= split(r);  // (no SVD in the tropical semiring)
     }
     compact();
     r.tensors_after = n_.tensors.size();
@@ -81,6 +93,7 @@ class Simplifier {
   std::set<Mode> output_;
   std::vector<char> alive_;
   std::map<Mode, std::set<int>> holders_;  // alive tensors per mode
+  Mode next_mode_ = 0;                     // a label no mode has
 
   bool zero(cd v) const { return tropical_ ? v.imag() == 0 : v == cd(0); }
   cd times(cd a, cd b) const {
@@ -323,6 +336,88 @@ class Simplifier {
       if (best < 0) continue;
       contract_into(t, best);
       ++r.absorbed;
+      any = true;
+    }
+    return any;
+  }
+
+  // Tensor t as the matrix [legs in `rows` | the other legs], row-major.
+  std::vector<cd> as_matrix(const NetTensor& T, const std::vector<Mode>& rows, const std::vector<Mode>& cols) const {
+    const auto s = strides(T.modes);
+    std::vector<Mode> order(rows);
+    order.insert(order.end(), cols.begin(), cols.end());
+    std::vector<std::int64_t> step;
+    for (Mode m : order) step.push_back(s[static_cast<size_t>(std::find(T.modes.begin(), T.modes.end(), m) - T.modes.begin())]);
+    std::vector<cd> out(T.data.size());
+    std::vector<std::int64_t> index(order.size(), 0);
+    std::int64_t at = 0;
+    for (size_t e = 0; e < out.size(); ++e) {
+      out[e] = T.data[static_cast<size_t>(at)];
+      for (size_t p = order.size(); p-- > 0;) {
+        at += step[p];
+        if (++index[p] < n_.extent.at(order[p])) break;
+        at -= step[p] * index[p];
+        index[p] = 0;
+      }
+    }
+    return out;
+  }
+
+  // Splits a tensor in two through an SVD across the bipartition of its legs that makes the two
+  // smallest, if they hold fewer values than it (quimb's split_simplify).
+  bool split(SimplifyReport& r) {
+    bool any = false;
+    const int tensors = static_cast<int>(n_.tensors.size());  // not the halves made here
+    for (int t = 0; t < tensors; ++t) {
+      if (!editable(t)) continue;
+      const NetTensor& T = n_.tensors[static_cast<size_t>(t)];
+      const size_t k = T.modes.size();
+      if (k < 2 || k > kMostLegsSplit || static_cast<std::int64_t>(T.data.size()) > kLargestSplit) continue;
+      std::int64_t best_size = static_cast<std::int64_t>(T.data.size());
+      std::vector<Mode> best_rows, best_cols;
+      kernels::Svd best;
+      std::int64_t best_rank = 0;
+      for (std::uint32_t mask = 1; mask < (1u << (k - 1)); ++mask) {  // the last leg always with the columns
+        std::vector<Mode> rows, cols;
+        std::int64_t a = 1, b = 1;
+        for (size_t p = 0; p < k; ++p) {
+          const bool row = mask >> p & 1;
+          (row ? rows : cols).push_back(T.modes[p]);
+          (row ? a : b) *= n_.extent.at(T.modes[p]);
+        }
+        if (a + b >= best_size) continue;  // even rank 1 would not gain
+        kernels::Svd d = kernels::svd(as_matrix(T, rows, cols).data(), a, b);
+        std::int64_t rank = 0;
+        while (rank < d.rank && d.s[static_cast<size_t>(rank)] > kSplitCutoff * d.s[0]) ++rank;
+        if (rank == 0 || rank * (a + b) >= best_size) continue;
+        best_size = rank * (a + b);
+        best_rows = std::move(rows), best_cols = std::move(cols), best = std::move(d), best_rank = rank;
+      }
+      if (best_rank == 0) continue;
+      // U S over rows + bond, Vh over bond + columns.
+      const std::int64_t a = n_.size_of(best_rows), b = n_.size_of(best_cols), full = best.rank;
+      const Mode bond = next_mode_++;
+      n_.extent[bond] = best_rank;
+      std::vector<cd> u(static_cast<size_t>(a * best_rank)), v(static_cast<size_t>(best_rank * b));
+      for (std::int64_t i = 0; i < a; ++i)
+        for (std::int64_t j = 0; j < best_rank; ++j)
+          u[static_cast<size_t>(i * best_rank + j)] = best.u[static_cast<size_t>(i * full + j)] * best.s[static_cast<size_t>(j)];
+      std::copy_n(best.vh.begin(), best_rank * b, v.begin());
+      NetTensor second{best_cols, std::move(v), T.tag, -1};
+      second.modes.insert(second.modes.begin(), bond);
+      NetTensor& first = n_.tensors[static_cast<size_t>(t)];
+      first.modes = best_rows;
+      first.modes.push_back(bond);
+      first.data = std::move(u);
+      const int s2 = static_cast<int>(n_.tensors.size());
+      n_.tensors.push_back(std::move(second));
+      alive_.push_back(1);
+      for (Mode m : best_cols) {
+        holders_[m].erase(t);
+        holders_[m].insert(s2);
+      }
+      holders_[bond] = {t, s2};
+      ++r.split;
       any = true;
     }
     return any;

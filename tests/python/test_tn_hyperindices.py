@@ -218,6 +218,33 @@ def test_a_copy_tensor_becomes_a_hyperindex(tmp):
             assert len(net["inputs"]) < 6 and report["absorbed"] > 0, report
 
 
+def test_a_low_rank_tensor_is_split(tmp):
+    """A 4-leg tensor that is the outer product of two matrices (rank 1 across its legs' halves)
+    plus a little of a second product (rank 2): the split rule cuts it in two (2 x (9 x 2) values
+    instead of 81) and the value stays numpy.einsum's to 1e-12."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(3)
+    a, b, c, d = (rng.standard_normal((3, 3)) for _ in range(4))
+    low_rank = np.einsum("ij,kl->ijkl", a, b) + 0.1 * np.einsum("ik,jl->ijkl", c, d).transpose(0, 2, 1, 3)
+    others = [rng.standard_normal((3, 3, 2)), rng.standard_normal((3, 3))]
+    inputs, sizes = [[0, 1, 2, 3], [0, 1, 4], [2, 3]], {0: 3, 1: 3, 2: 3, 3: 3, 4: 2}
+    (tmp / "net.json").write_text(json.dumps({"inputs": inputs, "output": [4],
+                                              "size_dict": {str(k): v for k, v in sizes.items()}}))
+    with h5py.File(tmp / "data.h5", "w") as f:
+        for i, t in enumerate([low_rank] + others):
+            f[f"t{i}"] = t
+    _, run_dir = committed_run(tmp / "run", contract_spec(
+        f"network: {tmp / 'net.json'}, tensors: {tmp / 'data.h5'}, simplify: [split]"))
+    got, _ = value_of(run_dir)
+    expected = np.einsum("ijkl,ijm,kl->m", low_rank, *others)
+    assert np.linalg.norm(got - expected) <= 1e-12 * np.linalg.norm(expected)
+    with h5py.File(run_dir / "outputs" / "net.h5") as f:
+        report = json.loads(f.attrs["simplification"])
+        net = json.loads(bytes(f["network"][()]).decode())
+    assert report["split"] == 1 and report["tensors_after"] == 4, report
+    assert sorted(net["size_dict"].values()).count(2) == 2, net  # the new bond has extent 2 (rank 2)
+
+
 def test_tropical_networks_simplify_in_their_semiring(tmp):
     """Maximum independent sets of a King's subgraph, simplified in the tropical semiring (its zero
     is a count of 0): the same (size, count) as unsimplified."""
@@ -230,7 +257,7 @@ def test_tropical_networks_simplify_in_their_semiring(tmp):
 
 
 @pytest.mark.parametrize("value,message", [
-    ("[diagonal, split]", 'params.simplify[1]: got "split"; expected one of diagonal, column, rank'),
+    ("[diagonal, trace]", 'params.simplify[1]: got "trace"; expected one of diagonal, column, rank, split'),
     ("3", "params.simplify: got an integer; expected true or false or a list"),
 ])
 def test_bad_simplify_parameters_exit_2_with_one_line(tmp, value, message):
