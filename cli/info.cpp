@@ -339,6 +339,26 @@ json stage_json(const stages::Stage& s) {
   return {{"name", i.name}, {"version", i.version}, {"summary", i.summary}, {"inputs", inputs},
           {"parameters", stages::parameter_schema(s)}, {"example", i.example}};
 }
+// A parameter's type as `qstage stages NAME` shows it: "one of [...]", "list of integer",
+// "boolean or list of one of [...]" (a schema's "type" may be one name or a list of them).
+std::string type_text(const json& p) {
+  if (p.contains("enum")) return fmt::format("one of {}", p["enum"].dump());
+  std::vector<std::string> names;
+  if (p.contains("type")) {
+    if (p["type"].is_array()) {
+      for (const auto& t : p["type"]) names.push_back(t.get<std::string>());
+    } else {
+      names.push_back(p["type"].get<std::string>());
+    }
+  }
+  std::string out;
+  for (const auto& name : names) {
+    if (!out.empty()) out += " or ";
+    out += name == "array" && p.contains("items") ? "list of " + type_text(p["items"]) : name;
+  }
+  return out.empty() ? "value" : out;
+}
+
 
 void print_stage(const stages::Stage& s) {
   const auto& i = s.info();
@@ -352,8 +372,7 @@ void print_stage(const stages::Stage& s) {
   if (schema["properties"].empty()) std::cout << "  (none)\n";
   for (auto it = schema["properties"].begin(); it != schema["properties"].end(); ++it) {
     const json& p = it.value();
-    std::string type = p.contains("enum") ? fmt::format("one of {}", p["enum"].dump()) : p.value("type", "");
-    if (type == "array" && p.contains("items")) type = fmt::format("list of {}", p["items"].value("type", "value"));
+    const std::string type = type_text(p);
     std::string def = p.contains("default") ? "default " + p["default"].dump()
                       : std::find(required.begin(), required.end(), it.key()) != required.end() ? "required"
                                                                                                 : "optional";

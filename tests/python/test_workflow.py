@@ -244,6 +244,14 @@ def test_help_and_version():
     assert r.code == 0 and r.out.startswith("qstage ")
     r = run(["stages", "tensor.matmul"])
     assert r.code == 0 and "tf32" in r.out and "default false" in r.out
+    # Every stage's parameters print, whatever their schema's type says (a list of types too).
+    listed = [line.split() for line in run(["stages"]).out.splitlines()]
+    names = [words[0] for words in listed if len(words) > 1 and words[1].startswith("v")]  # "NAME  vN  summary"
+    assert "tn.build" in names
+    for name in names:
+        r = run(["stages", name])
+        assert r.code == 0 and "parameters:" in r.out, (name, r)
+    assert "simplify     boolean or list of one of" in run(["stages", "tn.build"]).out
 
 
 def test_the_qsum64_snippet_in_the_docs_is_right(chain):
