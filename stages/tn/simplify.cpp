@@ -135,12 +135,20 @@ class Simplifier {
         stride[q] += old_strides[p];
       }
     }
-    const std::int64_t size = n_.size_of(modes);
-    std::vector<cd> data(static_cast<size_t>(size));
+    std::vector<cd> data = gather(T, modes, stride, offset);
+    T.modes = std::move(modes);
+    T.data = std::move(data);
+  }
+
+  // The values of T over `modes` (row-major, last fastest), where mode p steps stride[p] through
+  // T's data from `offset`.
+  std::vector<cd> gather(const NetTensor& T, const std::vector<Mode>& modes, const std::vector<std::int64_t>& stride,
+                         std::int64_t offset) const {
+    std::vector<cd> data(static_cast<size_t>(n_.size_of(modes)));
     std::vector<std::int64_t> index(modes.size(), 0);
     std::int64_t at = offset;
-    for (std::int64_t e = 0; e < size; ++e) {
-      data[static_cast<size_t>(e)] = T.data[static_cast<size_t>(at)];
+    for (auto& x : data) {
+      x = T.data[static_cast<size_t>(at)];
       for (size_t p = modes.size(); p-- > 0;) {  // odometer, last mode fastest
         at += stride[p];
         if (++index[p] < n_.extent.at(modes[p])) break;
@@ -148,8 +156,7 @@ class Simplifier {
         index[p] = 0;
       }
     }
-    T.modes = std::move(modes);
-    T.data = std::move(data);
+    return data;
   }
 
   // Whether tensor T is zero wherever its legs p and q differ.
@@ -348,19 +355,7 @@ class Simplifier {
     order.insert(order.end(), cols.begin(), cols.end());
     std::vector<std::int64_t> step;
     for (Mode m : order) step.push_back(s[static_cast<size_t>(std::find(T.modes.begin(), T.modes.end(), m) - T.modes.begin())]);
-    std::vector<cd> out(T.data.size());
-    std::vector<std::int64_t> index(order.size(), 0);
-    std::int64_t at = 0;
-    for (size_t e = 0; e < out.size(); ++e) {
-      out[e] = T.data[static_cast<size_t>(at)];
-      for (size_t p = order.size(); p-- > 0;) {
-        at += step[p];
-        if (++index[p] < n_.extent.at(order[p])) break;
-        at -= step[p] * index[p];
-        index[p] = 0;
-      }
-    }
-    return out;
+    return gather(T, order, step, 0);
   }
 
   // Splits a tensor in two through an SVD across the bipartition of its legs that makes the two
