@@ -66,6 +66,7 @@
 #include "kernels/linalg/dense_linalg.hpp"
 #include "kernels/linalg/gemm.hpp"
 #include "kernels/linalg/looped_gemm.hpp"
+#include "kernels/linalg/reduced_gemm.hpp"
 #include "kernels/tensor/random.hpp"
 #include "pass_overhead_bench.hpp"
 #include "sci_generate_bench.hpp"
@@ -139,6 +140,10 @@ json copy_rates(Backend& be, std::size_t bytes) {
           {"duplex_each_way_GBps", bytes / duplex / 1e9}};
 }
 
+// cgemm's rate in each compute mode (kernels::Compute; on cpu the reduced modes emulate the
+// rounding, so their rates there mean nothing), and on cuda cuBLAS's own complex TF32 path
+// (CUBLAS_COMPUTE_32F_FAST_TF32 on complex operands) beside qstage's real-form TF32. Each mode's
+// relative 2-norm error against a complex128 product of the same operands comes with it.
 json gemm_rate(Backend& be, std::int64_t m, std::int64_t n, std::int64_t k) {
   const std::size_t a_bytes = m * k * 8, b_bytes = k * n * 8, c_bytes = m * n * 8;
   Buffer a = be.alloc_device(a_bytes, "bench A"), b = be.alloc_device(b_bytes, "bench B"),
@@ -148,15 +153,63 @@ json gemm_rate(Backend& be, std::int64_t m, std::int64_t n, std::int64_t k) {
   kernels::random_fill(*s, {h5::DType::complex64, 1, 0, static_cast<std::uint64_t>(2 * m * k), a.data()});
   kernels::random_fill(*s, {h5::DType::complex64, 2, 0, static_cast<std::uint64_t>(2 * k * n), b.data()});
   s->synchronize();
+  // The complex128 reference product of the same values.
+  std::vector<std::complex<double>> want(static_cast<std::size_t>(m * n));
+  {
+    std::vector<std::complex<float>> ha(static_cast<std::size_t>(m * k)), hb(static_cast<std::size_t>(k * n));
+    be.copy_to_host(ha.data(), a.data(), a_bytes, *s);
+    be.copy_to_host(hb.data(), b.data(), b_bytes, *s);
+    s->synchronize();
+    std::vector<std::complex<double>> da(ha.begin(), ha.end()), db(hb.begin(), hb.end());
+    Buffer a2 = be.alloc_device(a_bytes * 2, "bench A complex128"), b2 = be.alloc_device(b_bytes * 2, "bench B complex128"),
+           c2 = be.alloc_device(c_bytes * 2, "bench C complex128");
+    be.copy_to_device(a2.data(), da.data(), a_bytes * 2, *s);
+    be.copy_to_device(b2.data(), db.data(), b_bytes * 2, *s);
+    kernels::gemm(*s, kernels::Gemm{h5::DType::complex128, m, n, k, a2.data(), k, b2.data(), n, c2.data(), n});
+    be.copy_to_host(want.data(), c2.data(), c_bytes * 2, *s);
+    s->synchronize();
+  }
+  auto error = [&] {
+    std::vector<std::complex<float>> got(static_cast<std::size_t>(m * n));
+    be.copy_to_host(got.data(), c.data(), c_bytes, *s);
+    s->synchronize();
+    double diff = 0, norm = 0;
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      diff += std::norm(std::complex<double>(got[i]) - want[i]);
+      norm += std::norm(want[i]);
+    }
+    return std::sqrt(diff / norm);
+  };
   json out = {{"m", m}, {"n", n}, {"k", k}};
-  for (bool tf32 : {false, true}) {
-    if (tf32 && be.kind() != BackendKind::cuda) break;
-    kernels::Gemm g{h5::DType::complex64, m, n, k, a.data(), k, b.data(), n, c.data(), n, tf32};
+  kernels::Gemm base{h5::DType::complex64, m, n, k, a.data(), k, b.data(), n, c.data(), n};
+  std::int64_t staging_bytes = 0;
+  for (kernels::Compute mode : {kernels::Compute::tf32x3, kernels::Compute::tf32, kernels::Compute::bf16}) {
+    kernels::Gemm g = base;
+    g.compute = mode;
+    staging_bytes = std::max(staging_bytes, std::min<std::int64_t>(kernels::reduced_gemm_workspace(g), 256ll << 20));
+  }
+  Buffer staging = be.alloc_device(static_cast<std::size_t>(staging_bytes), "bench staging");
+  out["staging_bytes"] = staging_bytes;
+  for (kernels::Compute mode : {kernels::Compute::full, kernels::Compute::tf32, kernels::Compute::tf32x3, kernels::Compute::bf16}) {
+    kernels::Gemm g = base;
+    g.compute = mode;
+    g.workspace = staging.data();
+    g.workspace_bytes = staging_bytes;
     const double t = median_seconds([&] {
       kernels::gemm(*s, g);
       s->synchronize();
     });
-    out[tf32 ? "tf32_TFLOPs" : "fp32_TFLOPs"] = kernels::gemm_flops(g) / t / 1e12;
+    const std::string name = mode == kernels::Compute::full ? "fp32" : std::string(kernels::compute_name(mode));
+    out[name + "_TFLOPs"] = kernels::gemm_flops(g) / t / 1e12;
+    out[name + "_relative_error"] = error();
+  }
+  if (be.kind() == BackendKind::cuda) {
+    const double t = median_seconds([&] {
+      kernels::detail::gemm_direct(*s, base, kernels::detail::Operands::tf32_cores);
+      s->synchronize();
+    });
+    out["cublas_complex_tf32_TFLOPs"] = kernels::gemm_flops(base) / t / 1e12;
+    out["cublas_complex_tf32_relative_error"] = error();
   }
   return out;
 }

@@ -68,7 +68,7 @@ def qstage_run(args, spec_text, run_dir):
     return r.stderr
 
 
-def spec_for(name, case, tf32=False, precision="complex64"):
+def spec_for(name, case, compute="full", precision="complex64"):
     rows, cols, cycles = case["grid"]
     return f"""name: tnbench-{name}
 steps:
@@ -86,7 +86,7 @@ steps:
   - id: amps
     stage: tn.contract
     inputs: {{network: net, plan: plan}}
-    params: {{tf32: {str(tf32).lower()}{", " + case["contract"] if "contract" in case else ""}}}
+    params: {{compute: {compute}{", " + case["contract"] if "contract" in case else ""}}}
 """
 
 
@@ -175,7 +175,8 @@ def main():
     ap.add_argument("--device-memory", default="")
     ap.add_argument("--work", default="/tmp/tnbench")
     ap.add_argument("--cases", default="big,medium")
-    ap.add_argument("--tf32", action="store_true", help="also contract with TF32 tensor cores")
+    ap.add_argument("--compute", default="", metavar="MODES",
+                    help="also contract in these compute modes (comma-separated: tf32, 3xtf32, bf16)")
     ap.add_argument("--torch", action="store_true", help="opt_einsum + torch on the GPU, same path")
     ap.add_argument("--numpy", action="store_true", help="opt_einsum + numpy on the CPU, same path")
     ap.add_argument("--cotengra", type=float, default=0, metavar="SECONDS",
@@ -185,13 +186,14 @@ def main():
     work.mkdir(parents=True, exist_ok=True)
     report = {"ceilings": ceilings(args), "cases": {}}
     gemm = report["ceilings"]["gemm_complex64"]
-    cgemm = {False: gemm["fp32_TFLOPs"] * 1e12, True: gemm.get("tf32_TFLOPs", 0) * 1e12}
+    modes = ["full"] + [m for m in args.compute.split(",") if m]
+    cgemm = {m: gemm.get("fp32_TFLOPs" if m == "full" else f"{m}_TFLOPs", 0) * 1e12 for m in modes}
     for name in args.cases.split(","):
         case = CASES[name]
         res = {"grid": case["grid"]}
-        for tf32 in ([False, True] if args.tf32 else [False]):
-            run_dir = work / f"{name}{'-tf32' if tf32 else ''}"
-            log = qstage_run(args, spec_for(name, case, tf32), run_dir)
+        for mode in modes:
+            run_dir = work / (name if mode == "full" else f"{name}-{mode}")
+            log = qstage_run(args, spec_for(name, case, mode), run_dir)
             out = run_dir / "outputs"
             path, plan, amps = attrs(out / "path.h5"), attrs(out / "plan.h5"), attrs(out / "amps.h5")
             flops = json.loads(path["cost"])["flops_total"]
@@ -203,7 +205,7 @@ def main():
             count = case.get("bitstrings", 1)
             wall = float(amps["qstage.wall_seconds"]) / count  # per amplitude, setup included
             metrics = json.loads((run_dir / "manifest.json").read_text())["steps"]["amps"]["metrics"]
-            key = "qstage_tf32" if tf32 else "qstage"
+            key = "qstage" if mode == "full" else f"qstage_{mode}"
             res["path"] = {k: json.loads(path["cost"])[k] for k in ("log10_C_t", "log2_C_s", "flops_total")}
             res["plan_log"] = [line.split("result: ")[1] for line in log.splitlines() if "'plan' result" in line]
             res["slices"] = int(plan["slices"])
@@ -219,21 +221,23 @@ def main():
                         # setup: uploading inputs and, out of core, pinning the host arena (once per step)
                         "setup_seconds": float(metrics["setup_seconds"]),
                         "loop_seconds_per_amplitude": float(metrics["loop_seconds"]) / count}
-            if "reference_relative_error" in amps:  # tf32, compress_spilled: the first amplitude against complex128
+            if "reduced_steps" in amps:  # the steps a reduced compute mode ran in
+                res[key]["reduced_steps"] = json.loads(amps["reduced_steps"])
+            if "reference_relative_error" in amps:  # compute, compress_spilled: the first amplitude against complex128
                 res[key]["relative_error_vs_complex128"] = float(amps["reference_relative_error"])
             if "spilled_ratio" in amps:  # compress_spilled
                 res[key]["spilled_ratio"] = float(amps["spilled_ratio"])
                 res[key]["spilled_stored_bytes"] = int(amps["spilled_stored_bytes"])
             if "in_core" in case and case["in_core"] in report["cases"]:
-                in_core = report["cases"][case["in_core"]]["qstage_tf32" if tf32 else "qstage"]
+                in_core = report["cases"][case["in_core"]][key]
                 res[key]["fraction_of_in_core"] = res[key]["tflops"] / in_core["tflops"]
                 res[key]["fraction_of_in_core_without_setup"] = (in_core["loop_seconds_per_amplitude"] /
                                                                  res[key]["loop_seconds_per_amplitude"])
                 res[key]["spilled"] = int(plan["spilled"])
                 res[key]["host_copy_bytes_per_slice"] = int(plan["host_copy_bytes"])
-            if cgemm[tf32]:
-                res[key]["fraction_of_cgemm"] = res[key]["tflops"] * 1e12 / cgemm[tf32]
-            print(f"{name}{' tf32' if tf32 else ''}: {res[key]}", file=sys.stderr)
+            if cgemm[mode]:
+                res[key]["fraction_of_cgemm"] = res[key]["tflops"] * 1e12 / cgemm[mode]
+            print(f"{name} {mode}: {res[key]}", file=sys.stderr)
         if args.cotengra and "in_core" not in case:
             net, _, _ = load_network(work / name)
             res["cotengra"] = cotengra_path(net, args.cotengra)

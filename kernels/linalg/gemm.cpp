@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <complex>
 #include <mutex>
 #include <stdexcept>
@@ -51,7 +52,7 @@ void gemm_tiny(const Gemm& g) {
     for (std::int64_t j = 0; j < g.n; ++j) {
       T sum{};
       for (std::int64_t p = 0; p < g.k; ++p) sum += a[i * g.lda + p] * (g.b_transposed ? b[j * g.ldb + p] : b[p * g.ldb + j]);
-      c[i * g.ldc + j] = sum;
+      c[i * g.ldc + j] = g.accumulate ? c[i * g.ldc + j] + sum : sum;
     }
 }
 
@@ -69,23 +70,25 @@ void gemm_cpu_call(const Gemm& g) {
   const auto m = static_cast<blasint>(g.m), n = static_cast<blasint>(g.n), k = static_cast<blasint>(g.k);
   const auto tb = g.b_transposed ? CblasTrans : CblasNoTrans;
   const auto lda = static_cast<blasint>(g.lda), ldb = static_cast<blasint>(g.ldb), ldc = static_cast<blasint>(g.ldc);
+  const float beta_f = g.accumulate ? 1.0f : 0.0f;
+  const double beta_d = g.accumulate ? 1.0 : 0.0;
   switch (g.dtype) {
     case DType::float32:
       cblas_sgemm(CblasRowMajor, CblasNoTrans, tb, m, n, k, 1.0f, static_cast<const float*>(g.a), lda,
-                  static_cast<const float*>(g.b), ldb, 0.0f, static_cast<float*>(g.c), ldc);
+                  static_cast<const float*>(g.b), ldb, beta_f, static_cast<float*>(g.c), ldc);
       return;
     case DType::float64:
       cblas_dgemm(CblasRowMajor, CblasNoTrans, tb, m, n, k, 1.0, static_cast<const double*>(g.a), lda,
-                  static_cast<const double*>(g.b), ldb, 0.0, static_cast<double*>(g.c), ldc);
+                  static_cast<const double*>(g.b), ldb, beta_d, static_cast<double*>(g.c), ldc);
       return;
     case DType::complex64: {
-      const std::complex<float> one(1, 0), zero(0, 0);
-      cblas_cgemm(CblasRowMajor, CblasNoTrans, tb, m, n, k, &one, g.a, lda, g.b, ldb, &zero, g.c, ldc);
+      const std::complex<float> one(1, 0), beta(beta_f, 0);
+      cblas_cgemm(CblasRowMajor, CblasNoTrans, tb, m, n, k, &one, g.a, lda, g.b, ldb, &beta, g.c, ldc);
       return;
     }
     case DType::complex128: {
-      const std::complex<double> one(1, 0), zero(0, 0);
-      cblas_zgemm(CblasRowMajor, CblasNoTrans, tb, m, n, k, &one, g.a, lda, g.b, ldb, &zero, g.c, ldc);
+      const std::complex<double> one(1, 0), beta(beta_d, 0);
+      cblas_zgemm(CblasRowMajor, CblasNoTrans, tb, m, n, k, &one, g.a, lda, g.b, ldb, &beta, g.c, ldc);
       return;
     }
     default: throw std::invalid_argument("gemm: unsupported dtype");
@@ -149,10 +152,49 @@ void gemm_cpu(const Gemm& g) {
   failure.rethrow();
 }
 
+std::string_view compute_name(Compute c) {
+  switch (c) {
+    case Compute::full: return "full";
+    case Compute::tf32: return "tf32";
+    case Compute::tf32x3: return "3xtf32";
+    case Compute::bf16: return "bf16";
+  }
+  return "?";
+}
+
+std::optional<Compute> parse_compute(std::string_view name) {
+  for (Compute c : {Compute::full, Compute::tf32, Compute::tf32x3, Compute::bf16})
+    if (compute_name(c) == name) return c;
+  return std::nullopt;
+}
+
+double compute_unit_roundoff(Compute c) {
+  switch (c) {
+    case Compute::full: return 0x1p-24;
+    case Compute::tf32: return 0x1p-11;
+    case Compute::tf32x3: return 0x1p-22;  // the remainder's own TF32 rounding: 2^-11 of 2^-11
+    case Compute::bf16: return 0x1p-8;
+  }
+  return 1;
+}
+
+double predicted_relative_error(Compute c, int steps) {
+  return 0.6 * compute_unit_roundoff(c) * std::sqrt(static_cast<double>(std::max(steps, 1)));
+}
+
 void gemm(Stream& stream, const Gemm& args) {
   if (stream.kind() == BackendKind::cuda && !stream.blas_handle())
     throw std::logic_error("gemm on a stream made without BLAS: the pass must set PassSpec::uses_blas");
-  QSTAGE_DISPATCH(stream, gemm_cpu(args), detail::gemm_cuda(stream.native(), stream.blas_handle(), args));
+  const bool single = args.dtype == DType::float32 || args.dtype == DType::complex64;
+  if (single && args.compute != Compute::full) return detail::gemm_reduced(stream, args);
+  detail::gemm_direct(stream, args, detail::Operands::full);
 }
+
+namespace detail {
+void gemm_direct(Stream& stream, const Gemm& args, Operands operands) {
+  // (On cpu the staged operands already hold the rounded values: OpenBLAS multiplies them.)
+  QSTAGE_DISPATCH(stream, gemm_cpu(args), gemm_cuda(stream.native(), stream.blas_handle(), args, operands));
+}
+}  // namespace detail
 
 }  // namespace qstage::kernels

@@ -4,11 +4,36 @@
 // Flop convention (used in every rate qstage reports): 2 m n k real flops for real types and
 // 8 m n k for complex types (a complex multiply-add is 8 real flops).
 #include <cstdint>
+#include <optional>
+#include <string_view>
 
 #include "backend/backend.hpp"
 #include "core/dtype.hpp"
 
 namespace qstage::kernels {
+
+// The arithmetic of a single-precision product (float32, complex64; double types always run in
+// full precision). The reduced modes use tensor cores with FP32 accumulation:
+//   full    the dtype's own arithmetic (cuBLAS sgemm/cgemm, OpenBLAS)
+//   tf32    operands rounded to TF32 (10-bit mantissa): relative error about 2^-11 per product
+//   tf32x3  each operand split into a TF32 part and a TF32 remainder, three TF32 products
+//           (big·small + small·big + big·big): FP32-level error at tensor-core speed
+//   bf16    operands rounded to BF16 (7-bit mantissa, FP32's exponent range): about 2^-8
+// A complex product in a reduced mode runs as one real product (the "4M" form, see
+// reduced_gemm.hpp). The CPU has no tensor cores: it rounds the operands the same way and
+// multiplies in FP32, so its results carry the same input rounding (its accumulation order
+// differs). FP16 is not offered: tensor-network intermediates fall below its range (2^-24).
+enum class Compute : std::uint8_t { full, tf32, tf32x3, bf16 };
+std::string_view compute_name(Compute c);  // "full", "tf32", "3xtf32", "bf16"
+std::optional<Compute> parse_compute(std::string_view name);
+// Unit roundoff of a mode's operand rounding (full: FP32's 2^-24).
+double compute_unit_roundoff(Compute c);
+// The error model of the reduced modes: a contraction whose `steps` compute-bound products ran
+// in mode c has a relative 2-norm error of about 0.6 u sqrt(steps) from the operands' rounding
+// (u = compute_unit_roundoff; 0.53-0.56 u per product measured on random complex operands,
+// tests/python/test_compute_modes.py), on top of FP32's own. For tf32x3 and full that term is
+// below FP32's accumulation error; the result is then "FP32-level" (about 1e-7 to 1e-6).
+double predicted_relative_error(Compute c, int steps);
 
 struct Gemm {
   DType dtype = DType::complex64;  // float32, float64, complex64, complex128
@@ -19,7 +44,7 @@ struct Gemm {
   std::int64_t ldb = 0;
   void* c = nullptr;        // m × n, row-major, leading dimension ldc (>= n)
   std::int64_t ldc = 0;
-  bool tf32 = false;        // cuda, single precision: use TF32 tensor cores
+  Compute compute = Compute::full;  // single precision only (see Compute)
   // cpu: C is computed in blocks of row_block rows (counted from row 0; 0: 256) by 1024 columns,
   // one single-threaded OpenBLAS call per block, blocks spread over OpenMP threads. Each row's
   // arithmetic then depends neither on the thread count (OpenBLAS's own threading changes the
@@ -29,6 +54,11 @@ struct Gemm {
   // Strided batch: `batch` products, the i-th at a + i*stride_a, b + i*stride_b, c + i*stride_c
   // (elements).
   std::int64_t batch = 1, stride_a = 0, stride_b = 0, stride_c = 0;
+  bool accumulate = false;  // C += A · B instead of C = A · B
+  // Reduced modes stage rounded operands here (device memory on cuda), tiling the product to
+  // fit; at least reduced_gemm_min_workspace() bytes. Unused in full precision.
+  void* workspace = nullptr;
+  std::int64_t workspace_bytes = 0;
 };
 
 // A row block near `target` rows that divides `tile_rows` (so blocks never straddle tiles), or
@@ -59,7 +89,13 @@ void single_threaded_blas();
 double gemm_flops(const Gemm& args);
 
 namespace detail {
-void gemm_cuda(void* cuda_stream, void* cublas_handle, const Gemm& args);
+// How the backend's own product treats a single-precision Gemm: as given (full), on TF32 tensor
+// cores, or with A and B stored as BF16 (on cpu: as floats holding BF16 values). The reduced
+// modes (reduced_gemm.cpp) call it with operands they staged.
+enum class Operands : std::uint8_t { full, tf32_cores, bf16 };
+void gemm_direct(Stream& stream, const Gemm& args, Operands operands);
+void gemm_cuda(void* cuda_stream, void* cublas_handle, const Gemm& args, Operands operands);
+void gemm_reduced(Stream& stream, const Gemm& args);
 }
 
 }  // namespace qstage::kernels

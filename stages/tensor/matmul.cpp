@@ -4,6 +4,7 @@
 #include "core/units.hpp"
 #include "io/row_io.hpp"
 #include "kernels/linalg/gemm.hpp"
+#include "kernels/linalg/reduced_gemm.hpp"
 #include "stages/common/results.hpp"
 #include "stages/tensor/tensor_stages.hpp"
 
@@ -12,9 +13,9 @@ namespace {
 
 class MatmulKernel final : public engine::PassKernel {
  public:
-  MatmulKernel(const h5::Dataset& b, h5::DType dtype, std::uint64_t k, std::uint64_t n, bool tf32,
+  MatmulKernel(const h5::Dataset& b, h5::DType dtype, std::uint64_t k, std::uint64_t n, kernels::Compute compute,
                std::uint64_t tile_rows)
-      : b_(b), dtype_(dtype), k_(k), n_(n), tf32_(tf32),
+      : b_(b), dtype_(dtype), k_(k), n_(n), compute_(compute),
         row_block_(kernels::deterministic_row_block(static_cast<std::int64_t>(tile_rows))) {}
 
   // B goes to the device through a small pinned buffer: pinning a B-sized one would cost more
@@ -35,6 +36,17 @@ class MatmulKernel final : public engine::PassKernel {
 
   static constexpr std::uint64_t kStagingBytes = 64u << 20;
 
+  // Device scratch per row of a batch in a reduced compute mode: the row of A staged, and room
+  // for a column of B's staged tile (the products tile B's columns to fit the batch's share).
+  static std::uint64_t staging_per_row(h5::DType dtype, kernels::Compute compute, std::uint64_t k, std::uint64_t n) {
+    if (compute == kernels::Compute::full) return 0;
+    kernels::Gemm one;
+    one.dtype = dtype;
+    one.compute = compute;
+    one.m = 1, one.n = 2, one.k = static_cast<std::int64_t>(k);  // (B's column twice: half the workspace is B's)
+    return static_cast<std::uint64_t>(kernels::reduced_gemm_workspace(one));
+  }
+
   void process(const engine::BatchView& batch) override {
     kernels::Gemm g;
     g.dtype = dtype_;
@@ -47,8 +59,10 @@ class MatmulKernel final : public engine::PassKernel {
     g.ldb = g.n;
     g.c = batch.outputs[0];
     g.ldc = g.n;
-    g.tf32 = tf32_;
     g.row_block = row_block_;  // batches start on tile boundaries, and blocks divide tiles
+    g.compute = compute_;
+    g.workspace = batch.scratch;
+    g.workspace_bytes = static_cast<std::int64_t>(staging_per_row(dtype_, compute_, k_, n_) * batch.rows.size());
     kernels::gemm(*batch.stream, g);
   }
 
@@ -56,16 +70,16 @@ class MatmulKernel final : public engine::PassKernel {
   const h5::Dataset& b_;
   h5::DType dtype_;
   std::uint64_t k_, n_;
-  bool tf32_;
+  kernels::Compute compute_;
   std::int64_t row_block_;
   Buffer b_device_;
 };
 
 struct Params {
-  bool tf32;                 // TF32 tensor cores (float32 and complex64 on cuda)
+  kernels::Compute compute;  // the products' arithmetic (single precision; kernels::Compute)
   std::uint64_t chunk_rows;  // 0: input a's chunk rows, or about 4 MiB
   static Params from_json(const nlohmann::json& p) {
-    return {p.at("tf32").get<bool>(), p.at("chunk_rows").get<std::uint64_t>()};
+    return {*kernels::parse_compute(p.at("compute").get<std::string>()), p.at("chunk_rows").get<std::uint64_t>()};
   }
 };
 
@@ -76,7 +90,7 @@ class MatmulStage final : public Stage {
         "tensor.matmul", 1,
         "out-of-core C = A . B: A (M x K) streamed in row batches, B (K x N) resident on the device",
         {{"a", "the large operand, M x K, streamed"}, {"b", "the small operand, K x N, kept in device memory"}},
-        "- id: c\n  stage: tensor.matmul\n  inputs: {a: psi, b: gate}\n  params: {tf32: false}\n"};
+        "- id: c\n  stage: tensor.matmul\n  inputs: {a: psi, b: gate}\n  params: {compute: tf32}\n"};
     return info;
   }
 
@@ -100,9 +114,9 @@ class MatmulStage final : public Stage {
       throw InputError(fmt::format("input 'b' has {} rows; expected {} (the columns of input 'a', shape {})",
                                    b.shape[0], a.shape[1], shape_text(a.shape)));
     const std::uint64_t m = a.shape[0], k = a.shape[1], n = b.shape[1];
-    const bool tf32 = p.tf32;
-    if (tf32 && a.dtype != h5::DType::float32 && a.dtype != h5::DType::complex64)
-      throw InputError("params.tf32: TF32 applies to float32 and complex64 inputs only");
+    if (p.compute != kernels::Compute::full && a.dtype != h5::DType::float32 && a.dtype != h5::DType::complex64)
+      throw InputError(fmt::format("params.compute: {} applies to float32 and complex64 inputs; expected compute full "
+                                   "for {}", kernels::compute_name(p.compute), h5::dtype_name(a.dtype)));
     std::uint64_t chunk_rows = p.chunk_rows;
     if (!chunk_rows) chunk_rows = a.chunk.empty() ? default_chunk_rows(n * h5::dtype_size(a.dtype)) : a.chunk[0];
 
@@ -117,6 +131,7 @@ class MatmulStage final : public Stage {
     plan.pass.prepare_host_bytes =
         std::min<std::uint64_t>(plan.pass.resident_device_bytes, std::max(MatmulKernel::kStagingBytes, n * h5::dtype_size(a.dtype)));
     plan.pass.uses_blas = true;
+    plan.pass.scratch_device_bytes_per_row = MatmulKernel::staging_per_row(a.dtype, p.compute, k, n);
     plan.streamed_inputs = {"a"};
     plan.primary_output = "data";
     kernels::Gemm g;
@@ -125,7 +140,8 @@ class MatmulStage final : public Stage {
     g.n = static_cast<std::int64_t>(n);
     g.k = static_cast<std::int64_t>(k);
     plan.flops = kernels::gemm_flops(g);
-    plan.summary = {{"m", m}, {"k", k}, {"n", n}, {"dtype", h5::dtype_name(a.dtype)}, {"tf32", tf32},
+    plan.summary = {{"m", m}, {"k", k}, {"n", n}, {"dtype", h5::dtype_name(a.dtype)},
+                    {"compute", kernels::compute_name(p.compute)},
                     {"flops", plan.flops}, {"b_bytes", plan.pass.resident_device_bytes}};
     return plan;
   }
@@ -140,7 +156,7 @@ class MatmulStage final : public Stage {
       const auto& out = plan.pass.outputs[0];
       const h5::Dataset& b = *ctx_.inputs.at("b");
       return planned_pass(plan, std::make_unique<MatmulKernel>(b, out.layout.dtype, b.shape()[0], out.layout.shape[1],
-                                                               Params::from_json(ctx_.params).tf32, plan.pass.tile_rows));
+                                                               Params::from_json(ctx_.params).compute, plan.pass.tile_rows));
     }
   };
 };

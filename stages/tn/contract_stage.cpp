@@ -3,8 +3,9 @@
 // invariant steps (the prologue) run once per bitstring on each rank, into the persistent region
 // the slices then read (Contractor). Results are summed over slices in row order on rank 0
 // (complex128), so the answer is the same for any rank count, and completed slices are
-// checkpointed like any other batch. With tf32 (or reference_check), the first result
-// is contracted again in complex128 after the pass, and its measured error is written beside it.
+// checkpointed like any other batch. In a reduced compute mode (or with reference_check), the
+// first result is contracted again in complex128 after the pass, and its measured error is
+// written beside it.
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
@@ -69,14 +70,22 @@ Loaded load_inputs(const StepContext& ctx) {
 h5::DType dtype_of_plan(const tn::Plan& p) { return p.element_bytes == 16 ? h5::DType::complex128 : h5::DType::complex64; }
 
 struct Params {
-  bool tf32;
+  kernels::Compute compute;  // (compute: auto resolved by resolve_auto)
+  bool compute_auto = false;
+  std::optional<double> max_error;
   bool time_steps;
-  std::optional<bool> reference_check;  // none: check where tf32 or compress_spilled loses precision
+  std::optional<bool> reference_check;  // none: check where compute or compress_spilled loses precision
   std::filesystem::path scratch_dir;    // for spilled intermediates' scratch files
   std::optional<codec::Settings> compress_spilled;
   static Params from_json(const json& p) {
     Params r;
-    r.tf32 = p.at("tf32").get<bool>();
+    const std::string compute = p.at("compute").get<std::string>();
+    r.compute_auto = compute == "auto";
+    r.compute = r.compute_auto ? kernels::Compute::full : *kernels::parse_compute(compute);  // (the schema's enum)
+    r.max_error = params::optional<double>(p, "max_error");
+    if (r.compute_auto && !r.max_error)
+      throw InputError("parameter 'compute': auto picks the fastest mode whose predicted error is within max_error; "
+                       "expected max_error too (a relative error, such as 1.0e-3)");
     r.time_steps = p.at("time_steps").get<bool>();
     r.reference_check = params::optional<bool>(p, "reference_check");
     const std::string dir = p.value("scratch_dir", "");
@@ -89,6 +98,40 @@ struct Params {
   }
 };
 
+// Steps that would run in a reduced mode (compute-bound, complex64; none for a tropical network).
+int reduced_step_count(const Loaded& l) {
+  if (dtype_of_plan(l.plan) != h5::DType::complex64 || l.net.semiring == "tropical") return 0;
+  const tn::Contractor probe(l.net, l.plan, h5::DType::complex64, kernels::Compute::tf32);
+  int count = 0;
+  for (const tn::PlanStep& st : l.plan.steps) count += probe.reduced_step(st) ? 1 : 0;
+  return count;
+}
+
+// compute: auto: the fastest mode (on the GPU: bf16, tf32, 3xtf32, full) whose predicted error
+// (kernels::predicted_relative_error over the plan's reduced steps) is within max_error; 3xtf32
+// from 1e-6 (FP32's level), full below that, with a warning that complex64 may not reach it. The
+// choice depends on the plan only, so the CPU (which emulates the modes) makes the same one.
+Params resolve_auto(Params p, const Loaded& l) {
+  if (!p.compute_auto) return p;
+  const int steps = reduced_step_count(l);
+  p.compute = kernels::Compute::full;
+  if (steps > 0) {
+    for (kernels::Compute c : {kernels::Compute::bf16, kernels::Compute::tf32})
+      if (kernels::predicted_relative_error(c, steps) <= *p.max_error) {
+        p.compute = c;
+        break;
+      }
+    if (p.compute == kernels::Compute::full && *p.max_error >= 1e-6) p.compute = kernels::Compute::tf32x3;
+  }
+  if (*p.max_error < 1e-6)
+    spdlog::warn("tn.contract: max_error {:.3g} is below complex64's own rounding (about 1e-7 to 1e-6): compute auto "
+                 "runs in full FP32, which may not reach it; a tn.plan of precision complex128 would",
+                 *p.max_error);
+  spdlog::info("tn.contract: compute auto chose {} ({} compute-bound step(s), max_error {:.3g})",
+               kernels::compute_name(p.compute), steps, *p.max_error);
+  return p;
+}
+
 // Each work item's partial: its result, the measured step seconds, then these counts.
 struct RowCounts {
   std::uint64_t raw = 0, stored = 0;  // spilled bytes it coded and their streams' bytes (compress_spilled)
@@ -97,11 +140,11 @@ struct RowCounts {
 
 class ContractKernel final : public engine::PassKernel {
  public:
-  ContractKernel(Loaded loaded, bool tf32, std::filesystem::path scratch_dir, std::optional<codec::Settings> spill,
+  ContractKernel(Loaded loaded, kernels::Compute compute, std::filesystem::path scratch_dir, std::optional<codec::Settings> spill,
                  bool time_steps)
       : l_(std::move(loaded)),
         time_steps_(time_steps),
-        contractor_(l_.net, l_.plan, dtype_of_plan(l_.plan), tf32, std::move(scratch_dir), spill) {}
+        contractor_(l_.net, l_.plan, dtype_of_plan(l_.plan), compute, std::move(scratch_dir), spill) {}
   void prepare(Backend& backend, Stream& stream) override {
     backend_ = &backend;
     contractor_.upload(backend, stream);
@@ -113,7 +156,7 @@ class ContractKernel final : public engine::PassKernel {
   void process(const engine::BatchView& b) override {
     const auto S = static_cast<std::uint64_t>(l_.plan.slices);
     char* partial = static_cast<char*>(b.partials);
-    char* result = static_cast<char*>(b.scratch) + result_offset(l_.plan);
+    char* result = static_cast<char*>(b.scratch) + result_offset(contractor_);
     for (std::uint64_t r = b.rows.begin; r < b.rows.end; ++r) {
       // The first item of each run is timed step by step (synchronizing; unless time_steps is
       // off); the others run freely.
@@ -134,8 +177,8 @@ class ContractKernel final : public engine::PassKernel {
       partial += result_bytes + seconds_bytes + sizeof counts;
     }
   }
-  // Where a row's result goes in its scratch: after the arena, 256-byte aligned.
-  static std::uint64_t result_offset(const tn::Plan& plan) { return (plan.arena_bytes + 255) / 256 * 256; }
+  // Where a row's result goes in its scratch: after the contractor's work memory, 256-byte aligned.
+  static std::uint64_t result_offset(const tn::Contractor& c) { return (c.work_bytes() + 255) / 256 * 256; }
 
  private:
   Loaded l_;
@@ -261,7 +304,7 @@ class ContractReduction final : public engine::Reduction {
   RowCounts counts_;  // summed over rows
 };
 
-// The first bitstring (or the value) contracted again in complex128 without TF32, after the
+// The first bitstring (or the value) contracted again in complex128 in full precision, after the
 // pass, in what the device budget has left: the run's precision error, measured. The path and
 // its sliced modes are the plan's; tn.plan adds slices if the complex128 arena needs them.
 // Throws InputError when the budget leaves too little.
@@ -278,7 +321,7 @@ Reference reference_contraction(const Loaded& l, Backend& be) {
   path.sliced = l.plan.sliced;
   tn::PlanOptions o;
   o.element_bytes = 16;  // (in core: the predictions' rates change nothing of the plan)
-  const tn::Contractor probe(l.net, l.plan, h5::DType::complex128, false);
+  const tn::Contractor probe(l.net, l.plan, h5::DType::complex128, kernels::Compute::full);
   const std::uint64_t result_bytes = probe.result_elements() * 16;
   const std::uint64_t fixed = probe.resident_bytes() + be.blas_stream_bytes() + result_bytes;
   const std::uint64_t free_bytes = be.device_budget().left();
@@ -287,10 +330,10 @@ Reference reference_contraction(const Loaded& l, Backend& be) {
                                  format_bytes(static_cast<double>(fixed)), format_bytes(static_cast<double>(free_bytes))));
   o.budget_bytes = free_bytes - fixed;
   const tn::Plan plan = tn::make_plan(l.net, path, o);
-  tn::Contractor c(l.net, plan, h5::DType::complex128, false);
+  tn::Contractor c(l.net, plan, h5::DType::complex128, kernels::Compute::full);
   auto stream = be.make_stream(true);
   c.upload(be, *stream);
-  Buffer arena = be.alloc_device(std::max<std::uint64_t>(plan.arena_bytes, 1), "tn: complex128 reference arena");
+  Buffer arena = be.alloc_device(std::max<std::uint64_t>(c.work_bytes(), 1), "tn: complex128 reference arena");
   Buffer out = be.alloc_device(result_bytes, "tn: complex128 reference result");
   Reference ref{std::vector<cd>(probe.result_elements(), 0.0), plan.slices, 0};
   std::vector<cd> part(ref.value.size());
@@ -306,7 +349,7 @@ Reference reference_contraction(const Loaded& l, Backend& be) {
 
 // Writes the reference check's attributes: the relative 2-norm error of the first result against
 // complex128, or why it was not measured.
-void write_reference_check(const Loaded& l, Backend& be, const std::vector<cd>& result, h5::File& out) {
+double write_reference_check(const Loaded& l, Backend& be, const std::vector<cd>& result, h5::File& out) {
   try {
     const Reference ref = reference_contraction(l, be);
     double diff = 0, norm = 0;
@@ -320,11 +363,13 @@ void write_reference_check(const Loaded& l, Backend& be, const std::vector<cd>& 
     out.set_attribute("reference_seconds", ref.seconds);
     spdlog::info("tn.contract: the first result differs from its complex128 reference by {:.3g} (relative 2-norm; "
                  "reference in {})", rel, format_duration(ref.seconds));
+    return rel;
   } catch (const InputError& e) {  // too little memory left: say so in the output, keep the result
     const std::string why = fmt::format("not measured: the complex128 reference does not fit ({})", e.what());
     out.set_attribute("reference_relative_error", std::nan(""));
     out.set_attribute("reference_note", why);
     spdlog::warn("tn.contract: {}", why);
+    return std::nan("");
   }
 }
 
@@ -439,7 +484,7 @@ class DistributedContraction {
  private:
   void set_up() {
     comm_.emplace(group_.comm(), ctx_.backend);
-    dc_.emplace(l_.net, plan_, tn::DistributedSchedule::from_json(*l_.distribution), dtype_of_plan(plan_), p_.tf32, *comm_);
+    dc_.emplace(l_.net, plan_, tn::DistributedSchedule::from_json(*l_.distribution), dtype_of_plan(plan_), p_.compute, *comm_);
     within_budget([&] {
       stream_ = ctx_.backend->make_stream(true);  // (its cuBLAS workspace is in the budget too)
       dc_->upload(*ctx_.backend, *stream_);
@@ -515,7 +560,8 @@ class ContractStage final : public Stage {
   // run's P ranks, contracts them round by round on every rank (units of host work).
   class Run final : public StepRun {
    public:
-    explicit Run(const StepContext& ctx) : ctx_(ctx), l_(load_inputs(ctx)), p_(Params::from_json(ctx.params)) {
+    explicit Run(const StepContext& ctx)
+        : ctx_(ctx), l_(load_inputs(ctx)), p_(resolve_auto(Params::from_json(ctx.params), l_)) {
       if (distributed_run(l_, ctx)) distributed_.emplace(ctx, l_, p_);
     }
     bool done() const override { return !distributed_ || distributed_->done(); }
@@ -562,7 +608,9 @@ class ContractStage final : public Stage {
     plan.flops = wide.flops_per_bitstring_without_reuse() * static_cast<double>(B);
     plan.summary = {{"bitstrings", B}, {"slices", wide.slices}, {"result_elements", R}, {"steps", wide.steps.size()},
                     {"invariant_steps", 0}, {"persistent_bytes", 0}, {"precision", h5::dtype_name(dtype_of_plan(wide))},
-                    {"kind", l.net.kind}, {"tf32", p.tf32}, {"reference_check", p.reference_check.value_or(p.tf32)},
+                    {"kind", l.net.kind}, {"compute", kernels::compute_name(p.compute)}, {"reduced_steps", nullptr},
+                    {"compute_auto", p.compute_auto}, {"max_error", p.max_error ? json(*p.max_error) : json(nullptr)},
+                    {"reference_check", p.reference_check.value_or(p.compute != kernels::Compute::full)},
                     {"compress_spilled", nullptr}, {"distributed_ranks", l.distribution->at("ranks").get<int>()},
                     {"distributed_groups", ranks / l.distribution->at("ranks").get<int>()}};
   }
@@ -614,12 +662,18 @@ StepPass ContractStage::Run::output(StagePlan& plan) {
   const auto dtype = dtype_of_plan(l.plan);
   const auto& spill = p.compress_spilled;
   const bool tropical = l.net.semiring == "tropical";
-  if (tropical && (dtype != h5::DType::complex128 || p.tf32 || spill))
+  const bool full = p.compute == kernels::Compute::full;
+  if (tropical && (dtype != h5::DType::complex128 || !full || spill))
     throw InputError("the network is tropical (an exponent and a count in each entry): it contracts in complex128, "
-                     "without tf32 or compress_spilled; expected a tn.plan of precision complex128 and neither parameter");
+                     "in full precision without compress_spilled; expected a tn.plan of precision complex128, compute "
+                     "full and no compress_spilled");
+  if (!full && dtype != h5::DType::complex64)
+    throw InputError(fmt::format("parameter 'compute': {} needs a complex64 plan (complex128 runs in full precision); "
+                                 "expected tn.plan's precision complex64 or compute full",
+                                 kernels::compute_name(p.compute)));
   std::optional<tn::Contractor> probe;
   try {
-    probe.emplace(l.net, l.plan, dtype, false, std::filesystem::temp_directory_path(), spill);
+    probe.emplace(l.net, l.plan, dtype, p.compute, std::filesystem::temp_directory_path(), spill);
   } catch (const InputError& e) {
     throw InputError(fmt::format("parameter 'compress_spilled': {}", e.what()));
   }
@@ -634,7 +688,15 @@ StepPass ContractStage::Run::output(StagePlan& plan) {
   pass.tile_partial_bytes =
       c.result_elements() * c.element_bytes() + l.plan.steps.size() * sizeof(double) + sizeof(RowCounts);
   pass.partials_on_host = true;
-  pass.scratch_device_bytes_per_row = ContractKernel::result_offset(l.plan) + c.result_elements() * c.element_bytes();
+  pass.scratch_device_bytes_per_row = ContractKernel::result_offset(c) + c.result_elements() * c.element_bytes();
+  int reduced = 0;
+  double reduced_flops = 0, flops = 0;
+  for (const tn::PlanStep& st : l.plan.steps) {
+    const double f = 8.0 * static_cast<double>(st.m) * static_cast<double>(st.n) * static_cast<double>(st.k) *
+                     static_cast<double>(std::max<std::int64_t>(st.loops, 1));
+    flops += f;
+    if (c.reduced_step(st)) ++reduced, reduced_flops += f;
+  }
   pass.resident_device_bytes = c.resident_bytes() + c.persistent_bytes() + c.spill_device_bytes(ctx.backend->kind());
   pass.uses_blas = true;
   plan.flops = l.plan.flops_per_bitstring() * static_cast<double>(B);
@@ -646,14 +708,22 @@ StepPass ContractStage::Run::output(StagePlan& plan) {
                   {"persistent_bytes", l.plan.persistent_bytes},
                   {"precision", h5::dtype_name(dtype)},
                   {"kind", l.net.kind},
-                  {"tf32", p.tf32},
-                  {"reference_check", !tropical && p.reference_check.value_or(p.tf32 || spill)},
+                  {"compute", kernels::compute_name(p.compute)},
+                  {"reduced_steps", full ? json(nullptr)
+                                         : json{{"steps", reduced},
+                                                {"flop_fraction", flops > 0 ? reduced_flops / flops : 0.0},
+                                                {"staging_bytes", c.staging_bytes()},
+                                                {"predicted_relative_error",
+                                                 kernels::predicted_relative_error(p.compute, reduced)}}},
+                  {"compute_auto", p.compute_auto},
+                  {"max_error", p.max_error ? json(*p.max_error) : json(nullptr)},
+                  {"reference_check", !tropical && p.reference_check.value_or(!full || spill)},
                   {"compress_spilled",
                    spill ? h5::codec_summary(*spill, std::nullopt, codec::ElementType::complex64) : json(nullptr)}};
   if (tropical) plan.summary["semiring"] = "tropical";  // (standard runs' summaries unchanged)
   const auto& summary = plan.summary;
   return planned_pass(
-      plan, std::make_unique<ContractKernel>(l_, p_.tf32, p_.scratch_dir, p_.compress_spilled, p_.time_steps),
+      plan, std::make_unique<ContractKernel>(l_, p_.compute, p_.scratch_dir, p_.compress_spilled, p_.time_steps),
       std::make_unique<ContractReduction>(summary.at("bitstrings"), summary.at("slices"), summary.at("result_elements"),
                                           summary.at("steps"), summary.at("precision") == "complex64", tropical));
 }
@@ -706,7 +776,17 @@ void ContractStage::Run::write(const StagePlan& plan, const StepPass& pass, h5::
   } else {
     d.set_attribute("description", "the contracted network: its output modes in order, flattened row-major");
   }
-  if (check) write_reference_check(*l, *ctx_.backend, result.values, out);
+  const double measured = check ? write_reference_check(*l, *ctx_.backend, result.values, out) : std::nan("");
+  if (!s.at("max_error").is_null()) {
+    const double max_error = s.at("max_error").get<double>();
+    out.set_attribute("max_error", max_error);
+    // A result whose measured error is over the bound says so (the prediction is a model).
+    if (measured > max_error) {
+      out.set_attribute("max_error_exceeded", std::int64_t{1});
+      spdlog::warn("tn.contract: the first result's measured error {:.3g} exceeds max_error {:.3g} (compute {}): "
+                   "choose a more precise compute mode", measured, max_error, s.at("compute").get<std::string>());
+    }
+  }
   const auto& seconds = result.seconds;
   h5::Dataset t = out.create_dataset("step_seconds", {{h5::DType::float64, {seconds.size()}, {}}, false});
   if (!seconds.empty()) t.write_all(seconds.data());
@@ -720,7 +800,9 @@ void ContractStage::Run::write(const StagePlan& plan, const StepPass& pass, h5::
   out.set_attribute("prologue_runs", static_cast<std::int64_t>(result.counts.prologues));
   if (distributed_) write_distributed(*distributed_, out);
   if (s.at("kind") == "generic") out.set_attribute("precision", s.at("precision").get<std::string>());
-  out.set_attribute("tf32", static_cast<std::int64_t>(s.at("tf32").get<bool>()));
+  out.set_attribute("compute", s.at("compute").get<std::string>());
+  if (s.at("compute_auto").get<bool>()) out.set_attribute("compute_requested", std::string("auto"));
+  if (!s.at("reduced_steps").is_null()) out.set_attribute("reduced_steps", s.at("reduced_steps").dump());
   if (!s.at("compress_spilled").is_null()) {
     const RowCounts& c = result.counts;
     out.set_attribute("compress_spilled", s.at("compress_spilled").dump());

@@ -4,10 +4,13 @@
 #include <complex>
 #include <cstring>
 
+#include <fmt/format.h>
+
 #include "core/error.hpp"
 
 #include "kernels/linalg/gemm.hpp"
 #include "kernels/linalg/looped_gemm.hpp"
+#include "kernels/linalg/reduced_gemm.hpp"
 #include "kernels/linalg/permute.hpp"
 
 namespace qstage::tn {
@@ -28,16 +31,21 @@ std::vector<char> converted(const std::vector<cd>& data, h5::DType dtype) {
 
 }  // namespace
 
-Contractor::Contractor(const Network& net, const Plan& plan, h5::DType dtype, bool tf32,
+Contractor::Contractor(const Network& net, const Plan& plan, h5::DType dtype, kernels::Compute compute,
                        std::filesystem::path scratch_dir, std::optional<codec::Settings> compress_spilled)
-    : net_(net), plan_(plan), dtype_(dtype), tf32_(tf32), scratch_dir_(std::move(scratch_dir)),
+    : net_(net), plan_(plan), dtype_(dtype), compute_(compute), scratch_dir_(std::move(scratch_dir)),
       compress_spilled_(compress_spilled) {
   if (compress_spilled_ && dtype_ != h5::DType::complex64)
     throw InputError("compress_spilled needs a complex64 plan (the codec's type); expected tn.plan's precision "
                      "complex64");
-  if (tropical() && (dtype_ != h5::DType::complex128 || tf32_ || compress_spilled_))
-    throw InputError("a tropical network contracts in complex128 (an exponent and a count in each entry), without "
-                     "TF32 or compressed spills; expected tn.plan's precision complex128");
+  if (tropical() && (dtype_ != h5::DType::complex128 || compute_ != kernels::Compute::full || compress_spilled_))
+    throw InputError("a tropical network contracts in complex128 (an exponent and a count in each entry), in full "
+                     "precision without compressed spills; expected tn.plan's precision complex128 and compute full");
+  if (compute_ != kernels::Compute::full && dtype_ != h5::DType::complex64)
+    throw InputError(fmt::format("compute {} needs a complex64 plan (complex128 always runs in full precision); "
+                                 "expected tn.plan's precision complex64 or compute full",
+                                 kernels::compute_name(compute_)));
+  for (const PlanStep& st : plan_.steps) staging_bytes_ = std::max(staging_bytes_, staging_for(st));
   for (Mode m : plan.output) result_elements_ *= static_cast<std::uint64_t>(net.extent.at(m));
   for (Mode m : plan.sliced) slice_radix_.push_back(net.extent.at(m));
   slice_place_.assign(slice_radix_.size(), 1);
@@ -170,8 +178,31 @@ kernels::Gemm Contractor::step_gemm(const PlanStep& st) const {
   g.ldb = st.k;
   g.ldc = st.n;
   g.b_transposed = true;
-  g.tf32 = tf32_;
+  if (reduced_step(st)) {
+    g.compute = compute_;
+    g.workspace = staging_;
+    g.workspace_bytes = static_cast<std::int64_t>(staging_size_);
+  }
   return g;
+}
+
+bool Contractor::reduced_step(const PlanStep& st) const {
+  if (compute_ == kernels::Compute::full || tropical() || st.execution == Execution::looped) return false;
+  const double m = static_cast<double>(st.m), n = static_cast<double>(st.n), k = static_cast<double>(st.k);
+  return m * n * k >= 32 * (m * k + n * k + m * n);
+}
+
+// What the step's products need to run in one piece, at most 256 MiB (larger products are tiled
+// to fit: kernels/linalg/reduced_gemm.hpp).
+std::uint64_t Contractor::staging_for(const PlanStep& st) const {
+  constexpr std::uint64_t kMaxStaging = std::uint64_t{256} << 20;
+  if (!reduced_step(st)) return 0;
+  kernels::Gemm g = step_gemm(st);
+  g.compute = compute_;
+  g.batch = st.execution == Execution::packed ? st.loops
+            : st.loop_modes.empty()          ? 1
+                                             : loop_groups(net_, st).front().extent;
+  return std::min(static_cast<std::uint64_t>(kernels::reduced_gemm_workspace(g)), kMaxStaging);
 }
 
 // Copies `x` (laid out as `from`) into `to`'s layout at `dst`: both hold the same modes.
@@ -441,6 +472,8 @@ void Contractor::copy_out(Stream& stream, const char* result, void* out) const {
 void Contractor::contract(Stream& stream, std::uint64_t slice, const std::vector<std::uint8_t>& bits, void* arena_ptr,
                           void* out, std::vector<double>* step_seconds) {
   char* arena = static_cast<char*>(arena_ptr);
+  staging_ = arena + aligned(plan_.arena_bytes);
+  staging_size_ = staging_bytes_;
   if (plan_.steps.empty()) {  // a single tensor: the result is that tensor, resident in output order
     copy_out(stream, input_data(0, slice, bits), out);
     return;

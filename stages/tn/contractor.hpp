@@ -32,17 +32,27 @@ namespace qstage::tn {
 
 class Contractor {
  public:
-  // dtype: complex64 or complex128 (the compute precision); tf32 for complex64 on cuda.
+  // dtype: complex64 or complex128 (the compute precision). compute: the arithmetic of complex64's
+  // compute-bound products (reduced_step); other steps, and complex128, run in full precision.
   // Out-of-core steps keep their spilled intermediates in a spill store (engine/spill_store.hpp):
   // the plan's host arena in pinned memory, or with plan.scratch in a scratch file in
   // `scratch_dir`. compress_spilled: as codec streams in host memory instead (the store's coded
   // tier; complex64 only).
-  Contractor(const Network& net, const Plan& plan, h5::DType dtype, bool tf32,
+  Contractor(const Network& net, const Plan& plan, h5::DType dtype, kernels::Compute compute,
              std::filesystem::path scratch_dir = std::filesystem::temp_directory_path(),
              std::optional<codec::Settings> compress_spilled = std::nullopt);
   ~Contractor();
 
   std::uint64_t resident_bytes() const;  // device memory of the resident inputs
+  // Device memory one work item needs (contract's `arena`): the plan's arena, then the staging
+  // of the reduced-precision products (kernels/linalg/reduced_gemm.hpp; none in full precision).
+  std::uint64_t work_bytes() const { return aligned(plan_.arena_bytes) + staging_bytes_; }
+  std::uint64_t staging_bytes() const { return staging_bytes_; }
+  // Whether step st runs in the reduced mode: complex64, a BLAS step, and compute-bound enough
+  // (m n k / (m k + n k + m n) >= 32, about where FP32 stops being memory-bound) for tensor
+  // cores to pay; the memory-bound steps gain nothing and keep FP32's error.
+  bool reduced_step(const PlanStep& st) const;
+  kernels::Compute compute() const { return compute_; }
   // Device memory of the persistent region (the invariant steps' results the slices read), once
   // per contractor beside the arenas.
   std::uint64_t persistent_bytes() const { return plan_.persistent_bytes; }
@@ -61,7 +71,7 @@ class Contractor {
   void upload(Backend& backend, Stream& stream);
   // Contracts slice `slice` with the projections set to `bits` (amplitude networks; else empty)
   // into `out` (device memory, result_elements values in the plan's output order). `arena` is
-  // plan.arena_bytes of device memory. Runs the prologue first (in `arena`, on `stream`) if the
+  // work_bytes() of device memory. Runs the prologue first (in `arena`, on `stream`) if the
   // persistent region holds another bitstring's, then the variant steps. If `step_seconds` is
   // given, synchronizes after every step and records the time of each (0 for steps not run).
   // Not thread-safe: one thread queues all work items.
@@ -71,13 +81,18 @@ class Contractor {
  // For an executor that runs the plan's steps its own way (DistributedContractor): input tensor
   // `id` of slice `slice` with the projections set to `bits`, on the device in its planned layout
   // (after upload); and one step (local_step's, in core) on operands at a and b into c, with its
-  // packing workspace at `workspace`.
+  // packing workspace at `workspace` and staging_for(local) bytes of staging at `staging`.
   const char* input(int id, std::uint64_t slice, const std::vector<std::uint8_t>& bits) {
     return input_data(id, slice, bits);
   }
-  void run_local_step(Stream& stream, const PlanStep& local, const char* a, const char* b, char* c, char* workspace) {
+  void run_local_step(Stream& stream, const PlanStep& local, const char* a, const char* b, char* c, char* workspace,
+                      char* staging) {
+    staging_ = staging;
+    staging_size_ = staging_for(local);
     run_step_at(stream, local, a, b, c, workspace);
   }
+  // The staging step st's reduced products use (0 when it runs in full precision).
+  std::uint64_t staging_for(const PlanStep& st) const;
   // x (device memory, layout `from`) copied into dst in layout `to`, whose modes are all in
   // `from` (fewer where x points at the block with the others fixed): one gather kernel.
   void relayout(Stream& stream, const std::vector<Mode>& from, const char* x, const std::vector<Mode>& to,
@@ -115,7 +130,11 @@ class Contractor {
   const Network& net_;
   const Plan& plan_;
   h5::DType dtype_;
-  bool tf32_;
+  static std::uint64_t aligned(std::uint64_t bytes) { return (bytes + 255) / 256 * 256; }
+  kernels::Compute compute_;
+  std::uint64_t staging_bytes_ = 0;
+  char* staging_ = nullptr;  // the current work item's staging (set as it is queued), and its size
+  std::uint64_t staging_size_ = 0;
   std::uint64_t result_elements_ = 1;
   std::vector<ResidentLayout> resident_layout_;  // per input tensor
   std::vector<Buffer> resident_;                 // per input tensor

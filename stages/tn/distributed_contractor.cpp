@@ -70,7 +70,7 @@ DistributedSchedule DistributedSchedule::from_json(const nlohmann::json& d) {
 }
 
 DistributedContractor::DistributedContractor(const Network& net, Plan plan, DistributedSchedule schedule, h5::DType dtype,
-                                             bool tf32, comm::Communicator& comm)
+                                             kernels::Compute compute, comm::Communicator& comm)
     : net_(net), plan_(std::move(plan)), schedule_(std::move(schedule)), dtype_(dtype), comm_(comm),
       rank_(comm.rank()), ranks_(comm.size()) {
   if (schedule_.ranks != ranks_)
@@ -94,7 +94,7 @@ DistributedContractor::DistributedContractor(const Network& net, Plan plan, Dist
   for (PlanStep& st : plan_.steps) st.invariant = st.a_persistent = st.b_persistent = st.c_persistent = false;
   plan_.invariant_steps = 0;
   plan_.persistent_bytes = 0;
-  contractor_ = std::make_unique<Contractor>(net_, plan_, dtype, tf32);
+  contractor_ = std::make_unique<Contractor>(net_, plan_, dtype, compute);
 }
 
 std::uint64_t DistributedContractor::BufferCache::rounded(std::uint64_t bytes) {
@@ -391,10 +391,12 @@ std::vector<cd> DistributedContractor::contract(Stream& stream, std::uint64_t sl
     }
     const PlanStep& step = local_[s]->first;
     ensure(workspace_, local_[s]->second, "tn: packing workspace");
+    ensure(staging_, contractor_->staging_for(local_[s]->first), "tn: reduced-precision staging");
     for (std::int64_t k = mine.begin; k < mine.end; ++k) {
       char* at = static_cast<char*>(c.buffer.data()) + static_cast<std::uint64_t>(k - mine.begin) * slot;
       contractor_->run_local_step(stream, step, operand_for(stream, a, in, k, scratch_a_), operand_for(stream, b, in, k, scratch_b_),
-                                  c.on_host ? static_cast<char*>(stage_.data()) : at, static_cast<char*>(workspace_.data()));
+                                  c.on_host ? static_cast<char*>(stage_.data()) : at, static_cast<char*>(workspace_.data()),
+                                  static_cast<char*>(staging_.data()));
       if (c.on_host) backend_->copy_to_host(at, stage_.data(), slot, stream);
     }
     release(a, stream);

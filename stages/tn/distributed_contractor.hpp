@@ -86,7 +86,7 @@ class DistributedContractor {
  public:
   // `plan`: the plan for P ranks (its steps and slices); `comm`: P ranks, this one among them.
   // Throws InputError for plans it cannot run (no steps, another rank count).
-  DistributedContractor(const Network& net, Plan plan, DistributedSchedule schedule, h5::DType dtype, bool tf32,
+  DistributedContractor(const Network& net, Plan plan, DistributedSchedule schedule, h5::DType dtype, kernels::Compute compute,
                         comm::Communicator& comm);
 
   std::uint64_t result_elements() const { return contractor_->result_elements(); }
@@ -146,6 +146,7 @@ class DistributedContractor {
   std::optional<std::vector<std::uint8_t>> kept_bits_;
   std::vector<std::optional<std::pair<PlanStep, std::uint64_t>>> local_;  // per step: local_step and its workspace bytes
   Buffer scratch_a_, scratch_b_, workspace_;  // gathered operands, packing workspace (grown as needed)
+  Buffer staging_;                            // reduced-precision products' staging (grown as needed)
   Buffer stage_;  // a host-held result slot on its way out (out of core)
 };
 

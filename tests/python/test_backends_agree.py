@@ -27,7 +27,7 @@ steps:
   - id: applied_tf32
     stage: tensor.matmul
     inputs: {a: psi, b: gate}
-    params: {tf32: true}
+    params: {compute: tf32}
   - id: psi_stats
     stage: tensor.stats
     inputs: {x: psi}

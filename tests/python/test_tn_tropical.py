@@ -136,7 +136,7 @@ def test_a_tropical_network_planned_in_complex64_is_refused(tmp):
                    "expected complex128")
 
 
-def test_tf32_on_a_tropical_network_is_refused(tmp):
+def test_a_reduced_compute_mode_on_a_tropical_network_is_refused(tmp):
     tmp.mkdir(parents=True, exist_ok=True)
-    spec = write_spec(tmp / "spec.yaml", tropical_spec("{precision: complex128}", "{tf32: true}"))
-    one_line_error(run(["run", spec, "--run-dir", tmp / "run", "--device", DEVICE]), "tropical", "tf32")
+    spec = write_spec(tmp / "spec.yaml", tropical_spec("{precision: complex128}", "{compute: tf32}"))
+    one_line_error(run(["run", spec, "--run-dir", tmp / "run", "--device", DEVICE]), "tropical", "compute")

@@ -51,7 +51,7 @@ def test_provenance_attributes(chain):
         a = dict(f.attrs)
     assert a["qstage.stage"] == "tensor.matmul"
     assert a["qstage.stage_version"] == 1
-    assert json.loads(a["qstage.params"]) == {"chunk_rows": 0, "tf32": False}
+    assert json.loads(a["qstage.params"]) == {"chunk_rows": 0, "compute": "full"}
     inputs = json.loads(a["qstage.inputs"])
     assert set(inputs) == {"a", "b"} and all(len(v["hash"]) == 32 for v in inputs.values())
     assert a["qstage.version"]
@@ -243,7 +243,7 @@ def test_help_and_version():
     r = run(["--version"])
     assert r.code == 0 and r.out.startswith("qstage ")
     r = run(["stages", "tensor.matmul"])
-    assert r.code == 0 and "tf32" in r.out and "default false" in r.out
+    assert r.code == 0 and "compute" in r.out and "3xtf32" in r.out and 'default "full"' in r.out
     # Every stage's parameters print, whatever their schema's type says (a list of types too).
     listed = [line.split() for line in run(["stages"]).out.splitlines()]
     names = [words[0] for words in listed if len(words) > 1 and words[1].startswith("v")]  # "NAME  vN  summary"

@@ -10,6 +10,7 @@
 #include <complex>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <random>
 
 #include <omp.h>
@@ -19,6 +20,7 @@
 #include "kernels/linalg/gemm.hpp"
 #include "kernels/linalg/looped_gemm.hpp"
 #include "kernels/linalg/permute.hpp"
+#include "kernels/linalg/reduced_gemm.hpp"
 #include "kernels/tensor/random.hpp"
 #include "kernels/tensor/stats.hpp"
 #include "test_util.hpp"
@@ -334,11 +336,140 @@ TEST(GemmKernel, GpuMatchesReferenceAndCpu) {
   const auto want = reference_gemm(a, b, m, n, k);
   Buffer da = gpu.upload(a.data(), a.size() * 8), db = gpu.upload(b.data(), b.size() * 8);
   Buffer dc = gpu.backend->alloc_device(m * n * 8, "test");
-  for (bool tf32 : {false, true}) {
-    kernels::gemm(*gpu.stream, {DType::complex64, m, n, k, da.data(), k, db.data(), n, dc.data(), n, tf32});
+  Buffer staging = gpu.backend->alloc_device(8 << 20, "test staging");
+  auto cpu = make_backend({"cpu", 1ull << 30, 1ull << 30, 0});
+  auto cpu_stream = cpu->make_stream(true);
+  std::vector<char> cpu_staging(8 << 20);
+  // (Bounds: complex sums of k = 128 random products, relative 2-norm error.)
+  const std::map<kernels::Compute, double> bound = {{kernels::Compute::full, 1e-5}, {kernels::Compute::tf32, 5e-3},
+                                                    {kernels::Compute::tf32x3, 1e-5}, {kernels::Compute::bf16, 3e-2}};
+  for (auto [mode, tolerance] : bound) {
+    kernels::Gemm g{DType::complex64, m, n, k, da.data(), k, db.data(), n, dc.data(), n, mode};
+    g.workspace = staging.data();
+    g.workspace_bytes = 8 << 20;
+    kernels::gemm(*gpu.stream, g);
     auto c = gpu.download<std::complex<float>>(dc, m * n);
-    EXPECT_LT(relative_error(c, want), tf32 ? 5e-3 : 1e-5) << (tf32 ? "tf32" : "fp32");
+    EXPECT_LT(relative_error(c, want), tolerance) << kernels::compute_name(mode);
+    // The CPU twin stages the same rounded values: the two differ by accumulation order only.
+    std::vector<std::complex<float>> c_cpu(static_cast<std::size_t>(m * n));
+    kernels::Gemm h{DType::complex64, m, n, k, a.data(), k, b.data(), n, c_cpu.data(), n, mode};
+    h.workspace = cpu_staging.data();
+    h.workspace_bytes = static_cast<std::int64_t>(cpu_staging.size());
+    kernels::gemm(*cpu_stream, h);
+    std::vector<cd> cpu_values(c_cpu.begin(), c_cpu.end());
+    EXPECT_LT(relative_error(c, cpu_values), 1e-5) << kernels::compute_name(mode) << ": cuda against cpu";
   }
+}
+
+// The reduced modes' staged values: round to nearest even at TF32's and BF16's mantissa, a split
+// whose two parts are TF32 numbers summing to x within 2^-22, and the 4M expansion's blocks.
+TEST(ReducedGemm, RoundingAndSplitting) {
+  EXPECT_EQ(kernels::round_tf32(1.0f), 1.0f);
+  EXPECT_EQ(kernels::round_tf32(1.0f + 0x1p-11f), 1.0f);                 // a tie: to even (down)
+  EXPECT_EQ(kernels::round_tf32(1.0f + 3 * 0x1p-11f), 1.0f + 0x1p-9f);   // a tie: to even (up)
+  EXPECT_EQ(kernels::round_tf32(1.0f + 0x1p-11f + 0x1p-20f), 1.0f + 0x1p-10f);
+  EXPECT_EQ(kernels::round_bf16(1.0f + 0x1p-8f), 1.0f);
+  EXPECT_EQ(kernels::round_bf16(-(1.0f + 0x1p-8f + 0x1p-16f)), -(1.0f + 0x1p-7f));
+  EXPECT_TRUE(std::isinf(kernels::round_tf32(std::numeric_limits<float>::infinity())));
+  std::mt19937 gen(3);
+  std::normal_distribution<float> dist;
+  for (int i = 0; i < 10000; ++i) {
+    const float x = dist(gen) * std::ldexp(1.0f, static_cast<int>(gen() % 60) - 30);
+    const float big = kernels::round_tf32(x), small = kernels::round_tf32(x - big);
+    EXPECT_EQ(kernels::float_bits(big) & 0x1fffu, 0u);
+    EXPECT_EQ(kernels::float_bits(small) & 0x1fffu, 0u);
+    EXPECT_LE(std::abs(x - big), std::abs(x) * 0x1p-11f);
+    EXPECT_LE(std::abs(static_cast<double>(x) - big - small), std::abs(x) * 0x1p-22);
+    EXPECT_LE(std::abs(x - kernels::round_bf16(x)), std::abs(x) * 0x1p-8f);
+  }
+  // B = [[1+2i]] expanded: [[1, 2], [-2, 1]]; transposed: [[1, -2], [2, 1]].
+  const std::complex<float> b{1, 2};
+  for (auto layout : {kernels::StageOperand::Layout::expand, kernels::StageOperand::Layout::expand_t}) {
+    kernels::StageOperand st;
+    st.src = &b;
+    st.rows = st.cols = st.ld = 1;
+    st.layout = layout;
+    float out[4];
+    st.big = out;
+    kernels::stage_operand_cpu(st);
+    const float sign = layout == kernels::StageOperand::Layout::expand ? 1 : -1;
+    EXPECT_EQ(out[0], 1);
+    EXPECT_EQ(out[1], sign * 2);
+    EXPECT_EQ(out[2], -sign * 2);
+    EXPECT_EQ(out[3], 1);
+  }
+}
+
+// Every mode on the CPU twin against complex128: a strided batch with a transposed B and
+// accumulation (a tensor-network step's shape), and a plain product; a workspace too small for
+// one tile gives the one-tile values (columns, rows and the inner dimension tiled).
+TEST(ReducedGemm, CpuModesMatchTheirErrorAndTilesAgree) {
+  auto be = make_backend({"cpu", 1ull << 30, 1ull << 30, 0});
+  auto stream = be->make_stream(true);
+  const std::int64_t batch = 3, m = 45, n = 37, k = 150;
+  auto a = random_complex(batch * m * k, 21), b = random_complex(batch * n * k, 22), c0 = random_complex(batch * m * n, 23);
+  // want = c0 + A_i · B_iᵀ per entry
+  std::vector<cd> want(c0.begin(), c0.end());
+  for (std::int64_t e = 0; e < batch; ++e)
+    for (std::int64_t i = 0; i < m; ++i)
+      for (std::int64_t j = 0; j < n; ++j) {
+        cd sum = 0;
+        for (std::int64_t p = 0; p < k; ++p)
+          sum += cd(a[static_cast<std::size_t>(e * m * k + i * k + p)]) * cd(b[static_cast<std::size_t>(e * n * k + j * k + p)]);
+        want[static_cast<std::size_t>(e * m * n + i * n + j)] += sum;
+      }
+  std::map<kernels::Compute, double> error;
+  for (kernels::Compute mode : {kernels::Compute::full, kernels::Compute::tf32, kernels::Compute::tf32x3, kernels::Compute::bf16}) {
+    auto run = [&](std::int64_t workspace_bytes) {
+      std::vector<std::complex<float>> c = c0;
+      std::vector<char> workspace(static_cast<std::size_t>(workspace_bytes));
+      kernels::Gemm g{DType::complex64, m, n, k, a.data(), k, b.data(), k, c.data(), n, mode};
+      g.b_transposed = true;
+      g.batch = batch, g.stride_a = m * k, g.stride_b = n * k, g.stride_c = m * n;
+      g.accumulate = true;
+      g.workspace = workspace.data();
+      g.workspace_bytes = workspace_bytes;
+      kernels::gemm(*stream, g);
+      return c;
+    };
+    kernels::Gemm shape{DType::complex64, m, n, k};
+    shape.batch = batch;
+    shape.compute = mode;
+    const auto one_tile = run(kernels::reduced_gemm_workspace(shape));
+    error[mode] = relative_error(one_tile, want);
+    if (mode == kernels::Compute::full) continue;
+    for (std::int64_t small : {std::int64_t{64} << 10, kernels::kReducedGemmMinWorkspace}) {
+      const auto tiled = run(small);
+      std::vector<cd> reference(one_tile.begin(), one_tile.end());
+      EXPECT_LT(relative_error(tiled, reference), 1e-6) << kernels::compute_name(mode) << " in " << small << " bytes";
+    }
+  }
+  EXPECT_LT(error[kernels::Compute::full], 1e-6);
+  EXPECT_LT(error[kernels::Compute::tf32x3], 4 * error[kernels::Compute::full] + 1e-7);
+  EXPECT_GT(error[kernels::Compute::tf32], 20 * error[kernels::Compute::tf32x3]);
+  EXPECT_LT(error[kernels::Compute::tf32], 2e-3);
+  EXPECT_GT(error[kernels::Compute::bf16], 4 * error[kernels::Compute::tf32]);
+  EXPECT_LT(error[kernels::Compute::bf16], 2e-2);
+  // A real product, B not transposed.
+  std::vector<float> ra(40 * 70), rb(70 * 30), rc(40 * 30);
+  std::mt19937 gen(5);
+  std::normal_distribution<float> dist;
+  for (float& x : ra) x = dist(gen);
+  for (float& x : rb) x = dist(gen);
+  std::vector<char> workspace(kernels::kReducedGemmMinWorkspace * 4);
+  kernels::Gemm g{DType::float32, 40, 30, 70, ra.data(), 70, rb.data(), 30, rc.data(), 30, kernels::Compute::tf32x3};
+  g.workspace = workspace.data();
+  g.workspace_bytes = static_cast<std::int64_t>(workspace.size());
+  kernels::gemm(*stream, g);
+  double diff = 0, norm = 0;
+  for (int i = 0; i < 40; ++i)
+    for (int j = 0; j < 30; ++j) {
+      double sum = 0;
+      for (int p = 0; p < 70; ++p) sum += static_cast<double>(ra[i * 70 + p]) * rb[p * 30 + j];
+      diff += (rc[i * 30 + j] - sum) * (rc[i * 30 + j] - sum);
+      norm += sum * sum;
+    }
+  EXPECT_LT(std::sqrt(diff / norm), 1e-6);
 }
 
 // Loop groups with scattered strides (as a tensor-network step has them): A is 3 x (2 x 4 x 3)

@@ -50,9 +50,9 @@ std::vector<cd> contract_all(const tn::Network& net, const tn::Plan& plan, h5::D
                              const std::vector<std::uint8_t>& bits) {
   auto backend = detail::make_cpu_backend(1ull << 30, 1ull << 30);
   auto stream = backend->make_stream(true);
-  tn::Contractor c(net, plan, dtype, false);
+  tn::Contractor c(net, plan, dtype, kernels::Compute::full);
   c.upload(*backend, *stream);
-  Buffer arena = backend->alloc_device(std::max<std::uint64_t>(plan.arena_bytes, 1), "arena");
+  Buffer arena = backend->alloc_device(std::max<std::uint64_t>(c.work_bytes(), 1), "arena");
   Buffer out = backend->alloc_device(c.result_elements() * c.element_bytes(), "out");
   std::vector<cd> sum(c.result_elements(), 0.0);
   for (std::int64_t s = 0; s < plan.slices; ++s) {
@@ -82,9 +82,9 @@ ItemResults contract_items(const tn::Network& net, const tn::Plan& plan, h5::DTy
                            const std::vector<std::pair<std::vector<std::uint8_t>, std::int64_t>>& items) {
   auto backend = detail::make_cpu_backend(1ull << 30, 1ull << 30);
   auto stream = backend->make_stream(true);
-  tn::Contractor c(net, plan, dtype, false);
+  tn::Contractor c(net, plan, dtype, kernels::Compute::full);
   c.upload(*backend, *stream);
-  Buffer arena = backend->alloc_device(std::max<std::uint64_t>(plan.arena_bytes, 1), "arena");
+  Buffer arena = backend->alloc_device(std::max<std::uint64_t>(c.work_bytes(), 1), "arena");
   const std::uint64_t bytes = c.result_elements() * c.element_bytes();
   Buffer out = backend->alloc_device(bytes, "out");
   ItemResults r;

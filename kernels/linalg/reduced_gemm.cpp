@@ -1,0 +1,207 @@
+#include "kernels/linalg/reduced_gemm.hpp"
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "kernels/dispatch.hpp"
+
+namespace qstage::kernels {
+
+void stage_operand_cpu(const StageOperand& s) {
+  using Format = StageOperand::Format;
+  const std::int64_t rows = s.out_rows(), cols = s.out_cols(), per_entry = rows * cols;
+  const std::int64_t src_stride = s.stride * (s.complex ? 2 : 1);
+  const std::int64_t total = s.batch * per_entry;
+  float* big = static_cast<float*>(s.big);
+  float* small = static_cast<float*>(s.small);
+#pragma omp parallel for schedule(static) if (total > 65536)
+  for (std::int64_t i = 0; i < total; ++i) {
+    const std::int64_t entry = i / per_entry, r = i % per_entry / cols, c = i % cols;
+    const float x = staged_value(static_cast<const float*>(s.src) + entry * src_stride, s, r, c);
+    switch (s.format) {
+      case Format::tf32: big[i] = round_tf32(x); break;
+      case Format::bf16: big[i] = round_bf16(x); break;
+      case Format::split: {
+        const float b = round_tf32(x);
+        big[i] = b;
+        small[i] = round_tf32(x - b);
+        break;
+      }
+    }
+  }
+}
+
+void stage_operand(Stream& stream, const StageOperand& s) {
+  QSTAGE_DISPATCH(stream, stage_operand_cpu(s), detail::stage_operand_cuda(stream.native(), s));
+}
+
+namespace {
+constexpr std::int64_t kAlign = 256;
+}  // namespace
+
+std::int64_t reduced_gemm_workspace(const Gemm& g) {
+  const std::int64_t e = g.dtype == DType::complex64 ? 2 : 1, parts = g.compute == Compute::tf32x3 ? 2 : 1;
+  const std::int64_t values = g.batch * (e * g.k * e * g.n + g.m * e * g.k);
+  return std::max(kReducedGemmMinWorkspace, parts * 4 * values + 4 * kAlign * parts);
+}
+
+namespace detail {
+
+namespace {
+
+std::int64_t aligned(std::int64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+
+// One tiling of the product: tiles of mt × nt of C over kt of the inner dimension, `entries`
+// batch entries at a time (all of them, or one).
+struct Tiling {
+  std::int64_t entries, mt, nt, kt;
+};
+
+class ReducedProduct {
+ public:
+  ReducedProduct(Stream& stream, const Gemm& g)
+      : stream_(stream), g_(g), cuda_(stream.kind() == BackendKind::cuda), e_(g.dtype == DType::complex64 ? 2 : 1) {
+    parts_ = g.compute == Compute::tf32x3 ? 2 : 1;
+    value_bytes_ = g.compute == Compute::bf16 && cuda_ ? 2 : 4;
+    format_ = g.compute == Compute::tf32x3 ? StageOperand::Format::split
+              : g.compute == Compute::bf16 ? StageOperand::Format::bf16
+                                           : StageOperand::Format::tf32;
+  }
+
+  void run() {
+    if (!g_.workspace || g_.workspace_bytes < kReducedGemmMinWorkspace)
+      throw std::logic_error("gemm: a reduced-precision product needs a workspace");
+    const Tiling t = tiling();
+    for (std::int64_t b0 = 0; b0 < g_.batch; b0 += t.entries)
+      for (std::int64_t n0 = 0; n0 < g_.n; n0 += t.nt)
+        for (std::int64_t k0 = 0; k0 < g_.k; k0 += t.kt) {
+          const std::int64_t nt = std::min(t.nt, g_.n - n0), kt = std::min(t.kt, g_.k - k0);
+          stage_b(b0, t.entries, n0, nt, k0, kt);
+          for (std::int64_t m0 = 0; m0 < g_.m; m0 += t.mt) {
+            const std::int64_t mt = std::min(t.mt, g_.m - m0);
+            stage_a(b0, t.entries, m0, mt, k0, kt);
+            multiply(b0, t.entries, m0, mt, n0, nt, kt, g_.accumulate || k0 > 0);
+          }
+        }
+  }
+
+ private:
+  // Staged bytes of one batch entry's B tile (nt × kt) and A tile (mt × kt), all parts.
+  std::int64_t b_bytes(std::int64_t nt, std::int64_t kt) const { return parts_ * value_bytes_ * e_ * kt * e_ * nt; }
+  std::int64_t a_bytes(std::int64_t mt, std::int64_t kt) const { return parts_ * value_bytes_ * mt * e_ * kt; }
+
+  // The whole batch at once when it fits; else one entry at a time, B's tile in half the
+  // workspace (fewer columns first, down to one, before the inner dimension is split: a row's
+  // sums then do not depend on m or the workspace) and as many rows of A as the rest holds.
+  Tiling tiling() const {
+    const std::int64_t w = g_.workspace_bytes - 4 * kAlign * parts_;
+    if (g_.batch * (b_bytes(g_.n, g_.k) + a_bytes(g_.m, g_.k)) <= w) return {g_.batch, g_.m, g_.n, g_.k};
+    std::int64_t nt = g_.n, kt = g_.k;
+    while (b_bytes(nt, kt) > w / 2) {
+      if (nt > 1) nt = (nt + 1) / 2;
+      else kt = (kt + 1) / 2;
+    }
+    std::int64_t mt = std::min(g_.m, (w - b_bytes(nt, kt)) / a_bytes(1, kt));
+    // On cpu, whole row blocks (gemm_cpu's unit) keep a row's bits independent of m.
+    const std::int64_t rb = g_.row_block > 0 ? g_.row_block : 256;
+    if (!cuda_ && mt > rb) mt = mt / rb * rb;
+    return {1, std::max<std::int64_t>(mt, 1), nt, kt};
+  }
+
+  char* workspace() const { return static_cast<char*>(g_.workspace); }
+  // Layout of the workspace for the current tile: B big, B small, A big, A small.
+  void* b_part(int part) const { return workspace() + part * aligned(b_region_); }
+  void* a_part(int part) const { return workspace() + parts_ * aligned(b_region_) + part * aligned(a_region_); }
+  std::size_t element() const { return e_ * sizeof(float); }
+
+  // The staging of `entries` batch entries of an operand from element `offset` on.
+  StageOperand operand(const void* data, std::int64_t offset, std::int64_t ld, std::int64_t stride,
+                       std::int64_t entries) const {
+    StageOperand s;
+    s.src = static_cast<const char*>(data) + offset * element();
+    s.complex = e_ == 2;
+    s.ld = ld;
+    s.batch = entries;
+    s.stride = stride;
+    s.format = format_;
+    return s;
+  }
+
+  void stage_b(std::int64_t b0, std::int64_t entries, std::int64_t n0, std::int64_t nt, std::int64_t k0, std::int64_t kt) {
+    const std::int64_t offset = b0 * g_.stride_b + (g_.b_transposed ? n0 * g_.ldb + k0 : k0 * g_.ldb + n0);
+    StageOperand s = operand(g_.b, offset, g_.ldb, g_.stride_b, entries);
+    s.rows = g_.b_transposed ? nt : kt;
+    s.cols = g_.b_transposed ? kt : nt;
+    s.layout = !s.complex ? StageOperand::Layout::plain
+               : g_.b_transposed ? StageOperand::Layout::expand_t
+                                 : StageOperand::Layout::expand;
+    b_region_ = entries * b_bytes(nt, kt) / parts_;
+    a_region_ = 0;
+    s.big = b_part(0);
+    s.small = parts_ > 1 ? b_part(1) : nullptr;
+    stage_operand(stream_, s);
+  }
+
+  void stage_a(std::int64_t b0, std::int64_t entries, std::int64_t m0, std::int64_t mt, std::int64_t k0, std::int64_t kt) {
+    StageOperand s = operand(g_.a, b0 * g_.stride_a + m0 * g_.lda + k0, g_.lda, g_.stride_a, entries);
+    s.rows = mt;
+    s.cols = kt;
+    s.layout = StageOperand::Layout::plain;
+    a_region_ = entries * a_bytes(mt, kt) / parts_;
+    s.big = a_part(0);
+    s.small = parts_ > 1 ? a_part(1) : nullptr;
+    stage_operand(stream_, s);
+  }
+
+  // The tile's real products into C (interleaved complex, or real) from the staged operands.
+  void multiply(std::int64_t b0, std::int64_t entries, std::int64_t m0, std::int64_t mt, std::int64_t n0,
+                std::int64_t nt, std::int64_t kt, bool accumulate) {
+    Gemm r;
+    r.dtype = DType::float32;
+    r.m = mt;
+    r.n = e_ * nt;
+    r.k = e_ * kt;
+    r.lda = e_ * kt;
+    r.b_transposed = g_.b_transposed;
+    r.ldb = g_.b_transposed ? e_ * kt : e_ * nt;
+    r.c = static_cast<char*>(g_.c) + (b0 * g_.stride_c + m0 * g_.ldc + n0) * element();
+    r.ldc = e_ * g_.ldc;
+    r.row_block = g_.row_block;
+    r.batch = entries;
+    r.stride_a = mt * e_ * kt;
+    r.stride_b = e_ * kt * e_ * nt;
+    r.stride_c = e_ * g_.stride_c;
+    const Operands operands = g_.compute == Compute::bf16 ? Operands::bf16 : Operands::tf32_cores;
+    auto product = [&](void* a, void* b, bool acc) {
+      Gemm p = r;
+      p.a = a;
+      p.b = b;
+      p.accumulate = acc;
+      gemm_direct(stream_, p, operands);
+    };
+    if (parts_ == 1) return product(a_part(0), b_part(0), accumulate);
+    // 3xTF32: the two small cross terms first, then big · big (the largest last, into the sum).
+    product(a_part(0), b_part(1), accumulate);
+    product(a_part(1), b_part(0), true);
+    product(a_part(0), b_part(0), true);
+  }
+
+  Stream& stream_;
+  const Gemm& g_;
+  bool cuda_;
+  std::int64_t e_, parts_, value_bytes_;
+  StageOperand::Format format_;
+  std::int64_t b_region_ = 0, a_region_ = 0;  // bytes of one part of the staged B and A tiles
+};
+
+}  // namespace
+
+void gemm_reduced(Stream& stream, const Gemm& args) {
+  if (args.m == 0 || args.n == 0 || args.batch == 0) return;
+  if (args.k == 0) return gemm_direct(stream, args, Operands::full);  // (C = 0, or C unchanged)
+  ReducedProduct(stream, args).run();
+}
+
+}  // namespace detail
+
+}  // namespace qstage::kernels
