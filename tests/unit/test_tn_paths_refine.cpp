@@ -561,5 +561,33 @@ TEST(PathsHyperindices, SlicingPicksTheCheapestModeAndAgreesWithPathCost) {
   }
 }
 
+TEST(PathsSlicing, SlicesPastTheDoubleRangeOfTheSliceCount) {
+  // 40 tensors in a ring with chords to the next but one, every mode of extent 2^14: fitting 2^1
+  // slices all 80 modes, 2^1120 slices, beyond a double (totals become infinite on the way). The
+  // slicer once took "inf <= inf" for a candidate that finishes, found none that did, and sliced
+  // mode -1 (a heap overflow seen on seed 000's distance-5 decoding network).
+  Network n;
+  const int T = 40;
+  for (int i = 0; i < T; ++i) {
+    n.tensors.push_back({{i, (i + 1) % T + T, (i + 2) % T, i + T}, {}, "t" + std::to_string(i), -1});
+    n.extent[i] = 1 << 14;
+    n.extent[i + T] = 1 << 14;
+  }
+  // (tensor i holds ring bond i and i+T, chord (i+2)%T and bond (i+1)%T+T: each mode in two tensors)
+  std::map<Mode, int> holders;
+  for (const auto& t : n.tensors)
+    for (Mode m : t.modes) ++holders[m];
+  for (const auto& [m, count] : holders) ASSERT_EQ(count, 2) << m;
+  const SearchNetwork net = SearchNetwork::from(n);
+  ContractionTree t = greedy(net);
+  SliceOptions o;
+  o.target_log2_size = 1;
+  o.tries = 2;
+  const SliceReport r = slice_tree(t, o);
+  EXPECT_NO_THROW(t.check());
+  EXPECT_TRUE(r.fits);
+  EXPECT_EQ(t.sliced_modes().size(), static_cast<size_t>(2 * T));
+}
+
 }  // namespace
 }  // namespace qstage::tn

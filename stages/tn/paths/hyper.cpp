@@ -127,8 +127,10 @@ struct Scored {
   }
 };
 
-// The score of a tree: with a cap, that of a copy sliced to it without reconfiguration.
-Scored score_tree(const ContractionTree& tree, double max_log2_size, int index) {
+// The score of a tree: with a cap, that of a copy sliced to it without reconfiguration, which
+// stops at the deadline (the tree then ranks as not fitting: slicing a large network far below
+// its width can take minutes, and ran searches minutes past max_seconds).
+Scored score_tree(const ContractionTree& tree, double max_log2_size, int index, Clock::time_point deadline) {
   if (!std::isfinite(max_log2_size)) {
     const TreeCost c = tree.cost();
     return {c.log10_total(), c.log2_largest(), index};
@@ -137,6 +139,7 @@ Scored score_tree(const ContractionTree& tree, double max_log2_size, int index) 
   SliceOptions o;
   o.target_log2_size = max_log2_size;
   o.reconfigure = false;
+  o.deadline = deadline;
   const SliceReport r = slice_tree(sliced, o);
   const TreeCost c = sliced.cost();
   // A tree that cannot be sliced to the cap ranks behind every one that can.
@@ -259,6 +262,9 @@ HyperResult hyper_optimize(const SearchNetwork& net, const HyperOptions& o) {
   const auto start = Clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(Clock::now() - start).count(); };
   const bool refine = o.reconfigure || std::isfinite(o.max_log2_size);
+  const auto search_deadline =
+      o.max_seconds >= 1e8 ? Clock::time_point::max()
+                           : start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.max_seconds));
   const double search_share = refine ? kSearchShare : 1.0;
   const int threads = thread_count(o.threads);
 
@@ -280,7 +286,7 @@ HyperResult hyper_optimize(const SearchNetwork& net, const HyperOptions& o) {
         const Trial& t = batch[static_cast<size_t>(i)];
         const Method& m = all_methods()[static_cast<size_t>(methods[static_cast<size_t>(t.method)])];
         ContractionTree tree = build_tree(net, m, t.x, t.seed);
-        const Scored s = score_tree(tree, o.max_log2_size, t.index);
+        const Scored s = score_tree(tree, o.max_log2_size, t.index, search_deadline);
         done[static_cast<size_t>(i)] = Kept{s, std::move(tree), t.method, t.x};
       });
     failure.rethrow();

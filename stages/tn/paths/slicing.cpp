@@ -1,5 +1,6 @@
 #include "stages/tn/paths/slicing.hpp"
 
+#include <stdexcept>
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -286,12 +287,17 @@ int choose_mode(const ContractionTree& tree, const SliceState& st, const std::ve
   std::vector<SliceEffect> effects;
   double best_finishing = std::numeric_limits<double>::infinity();
   double best_other = std::numeric_limits<double>::infinity();
+  bool any_fits = false;
   for (int k : candidates) {
     effects.push_back(effect_of_slicing(tree, st, k, target));
     const SliceEffect& e = effects.back();
+    any_fits = any_fits || e.fits;
     (e.fits ? best_finishing : best_other) = std::min(e.fits ? best_finishing : best_other, e.total_with_reuse);
   }
-  const bool finish_now = best_finishing <= best_other;
+  // (Only where a candidate fits: totals overflow to infinity on networks sliced into more than
+  // 2^1000 slices, where "inf <= inf" once chose to finish with no candidate that fits, and the
+  // mode -1 was sliced.)
+  const bool finish_now = any_fits && best_finishing <= best_other;
   int best = -1;
   std::tuple<double, double, int> best_key{};  // score, then the reuse total, then the mode
   for (size_t c = 0; c < candidates.size(); ++c) {
@@ -337,7 +343,7 @@ bool before_deadline(const SliceOptions& o) { return std::chrono::steady_clock::
 // saves the most first, and reshape around it, until every added mode is needed.
 void drop_unneeded_slices(ContractionTree& tree, std::vector<int>& added, const SliceOptions& o) {
   const double target = o.target_log2_size;
-  for (;;) {
+  while (before_deadline(o)) {  // (past the deadline the tree still fits, with modes to spare)
     const SliceState st = measure(tree, target, o.count_inputs);
     int drop = -1;
     double best_total = st.total_with_reuse();
@@ -384,9 +390,11 @@ TrialResult slice_once(ContractionTree& tree, const SliceOptions& o, GumbelStrea
       result.fits = true;
       break;
     }
+    if (!before_deadline(o)) break;  // out of time: reported as not fitting
     const std::vector<int> candidates = candidate_modes(tree, st, target);
     if (candidates.empty()) break;  // only output modes (or extent-1 modes) left to slice
     const int k = choose_mode(tree, st, candidates, target, o.temperature, noise);
+    if (k < 0) throw std::logic_error("slicing: no mode chosen among the candidates");
     tree.set_sliced(k, true);
     added.push_back(k);
     if (o.reconfigure && before_deadline(o)) reshape_around(tree, k, o, reconfigure_cap(tree, target, o.count_inputs));
