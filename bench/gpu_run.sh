@@ -6,6 +6,7 @@
 #   bash bench/gpu_run.sh tests [PYTEST ARGS]   unit tests (GPU kernels included) and the pytest suite on cuda
 #   bash bench/gpu_run.sh bench ARGS   bench/matmul_bench.py with ARGS
 #   bash bench/gpu_run.sh tn ARGS      bench/tn_bench.py with ARGS
+#   bash bench/gpu_run.sh compute ARGS bench/compute_bench.py with ARGS (compute modes; --torch for the peer)
 #   bash bench/gpu_run.sh codec ARGS   bench/codec_bench.py with ARGS (peers: hdf5plugin's SZ3 and ZFP
 #                                      plugins and zstandard for Python 3.12, unpacked into .gpu/py)
 # The PyPI test oracles (opt_einsum, cotengra, autoray) travel unpacked in .gpu/py:
@@ -44,6 +45,10 @@ case "${1:-}" in
   tn)
     shift
     python3 bench/tn_bench.py --qstage "$(command -v qstage)" --bench "$(command -v qstage_bench)" "$@"
+    ;;
+  compute)
+    shift
+    python3 bench/compute_bench.py --qstage "$(command -v qstage)" --bench "$(command -v qstage_bench)" "$@"
     ;;
   codec)
     shift
