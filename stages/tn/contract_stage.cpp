@@ -16,6 +16,7 @@
 #include <numeric>
 #include <optional>
 
+#include "engine/stream_engine.hpp"
 #include "core/error.hpp"
 #include "core/serial.hpp"
 #include "core/units.hpp"
@@ -98,6 +99,18 @@ struct Params {
   }
 };
 
+// Device memory a slot has for the reduced modes' staging: the budget left after the resident
+// data and the BLAS streams' workspaces, shared by the engine's slots (its default count), less
+// the slot's arena and result.
+std::uint64_t staging_left(const tn::Contractor& c, Backend& be) {
+  const int slots = engine::EngineOptions{}.slots;
+  const std::uint64_t left = be.device_budget().left(), resident = c.resident_bytes() + c.persistent_bytes();
+  const std::uint64_t per_slot = left > resident ? (left - resident) / static_cast<std::uint64_t>(slots) : 0;
+  const std::uint64_t fixed = be.blas_stream_bytes() + (c.work_bytes() - c.staging_bytes()) + 256 +
+                              c.result_elements() * c.element_bytes();
+  return per_slot > fixed ? per_slot - fixed : 0;
+}
+
 // Steps that would run in a reduced mode (compute-bound, complex64; none for a tropical network).
 int reduced_step_count(const Loaded& l) {
   if (dtype_of_plan(l.plan) != h5::DType::complex64 || l.net.semiring == "tropical") return 0;
@@ -140,11 +153,13 @@ struct RowCounts {
 
 class ContractKernel final : public engine::PassKernel {
  public:
-  ContractKernel(Loaded loaded, kernels::Compute compute, std::filesystem::path scratch_dir, std::optional<codec::Settings> spill,
-                 bool time_steps)
+  ContractKernel(Loaded loaded, kernels::Compute compute, std::uint64_t staging_cap, std::filesystem::path scratch_dir,
+                 std::optional<codec::Settings> spill, bool time_steps)
       : l_(std::move(loaded)),
         time_steps_(time_steps),
-        contractor_(l_.net, l_.plan, dtype_of_plan(l_.plan), compute, std::move(scratch_dir), spill) {}
+        contractor_(l_.net, l_.plan, dtype_of_plan(l_.plan), compute, std::move(scratch_dir), spill) {
+    contractor_.limit_staging(staging_cap);
+  }
   void prepare(Backend& backend, Stream& stream) override {
     backend_ = &backend;
     contractor_.upload(backend, stream);
@@ -677,6 +692,11 @@ StepPass ContractStage::Run::output(StagePlan& plan) {
   } catch (const InputError& e) {
     throw InputError(fmt::format("parameter 'compress_spilled': {}", e.what()));
   }
+  // The reduced modes' staging takes what each slot has left beside its arena and result, down
+  // to the minimum (the products are then tiled finer): a plan made to fill the device in full
+  // precision still runs in a reduced mode.
+  const std::uint64_t staging_cap = staging_left(*probe, *ctx.backend);
+  probe->limit_staging(staging_cap);
   const tn::Contractor& c = *probe;
   const std::uint64_t B = l.bitstrings.size(), S = static_cast<std::uint64_t>(l.plan.slices);
   auto& pass = plan.pass;
@@ -723,7 +743,7 @@ StepPass ContractStage::Run::output(StagePlan& plan) {
   if (tropical) plan.summary["semiring"] = "tropical";  // (standard runs' summaries unchanged)
   const auto& summary = plan.summary;
   return planned_pass(
-      plan, std::make_unique<ContractKernel>(l_, p_.compute, p_.scratch_dir, p_.compress_spilled, p_.time_steps),
+      plan, std::make_unique<ContractKernel>(l_, p_.compute, staging_cap, p_.scratch_dir, p_.compress_spilled, p_.time_steps),
       std::make_unique<ContractReduction>(summary.at("bitstrings"), summary.at("slices"), summary.at("result_elements"),
                                           summary.at("steps"), summary.at("precision") == "complex64", tropical));
 }

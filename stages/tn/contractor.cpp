@@ -192,6 +192,11 @@ bool Contractor::reduced_step(const PlanStep& st) const {
   return m * n * k >= 32 * (m * k + n * k + m * n);
 }
 
+void Contractor::limit_staging(std::uint64_t bytes) {
+  if (staging_bytes_ == 0) return;
+  staging_bytes_ = std::min(staging_bytes_, std::max(bytes, static_cast<std::uint64_t>(kernels::kReducedGemmMinWorkspace)));
+}
+
 // What the step's products need to run in one piece, at most 256 MiB (larger products are tiled
 // to fit: kernels/linalg/reduced_gemm.hpp).
 std::uint64_t Contractor::staging_for(const PlanStep& st) const {

@@ -48,6 +48,8 @@ class Contractor {
   // of the reduced-precision products (kernels/linalg/reduced_gemm.hpp; none in full precision).
   std::uint64_t work_bytes() const { return aligned(plan_.arena_bytes) + staging_bytes_; }
   std::uint64_t staging_bytes() const { return staging_bytes_; }
+  // Staging of at most `bytes` (never below the products' minimum): they tile finer to fit.
+  void limit_staging(std::uint64_t bytes);
   // Whether step st runs in the reduced mode: complex64, a BLAS step, and compute-bound enough
   // (m n k / (m k + n k + m n) >= 32, about where FP32 stops being memory-bound) for tensor
   // cores to pay; the memory-bound steps gain nothing and keep FP32's error.

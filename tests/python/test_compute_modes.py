@@ -139,3 +139,22 @@ def test_a_result_over_max_error_says_so(tmp):
 def test_auto_needs_max_error(tmp):
     path = write_spec(tmp / "spec.yaml", spec("auto"))
     one_line_error(run(["run", path, "--run-dir", tmp / "run", "--device", DEVICE]), "auto", "max_error")
+
+
+def test_a_plan_that_fills_the_device_still_runs_in_a_reduced_mode(tmp):
+    """tn.plan's default budget fills the device in full precision; the staging of a reduced mode
+    then takes what the slots have left, and the products are tiled finer: the same values within
+    FP32's error, less staging."""
+    text = spec("3xtf32").replace(", budget: 64MiB", "").replace(EXPRESSION, "ab,bc,cd->ad").replace(
+        SIZES, "{a: 512, b: 512, c: 512, d: 512}")
+    path = write_spec(tmp / "spec.yaml", text)
+    values, staging = {}, {}
+    for memory in ["40MiB", "1GiB"]:
+        r = run(["run", path, "--run-dir", tmp / memory, "--device", DEVICE, "--device-memory", memory])
+        assert r.code == 0, r
+        with h5py.File(tmp / memory / "outputs" / "value.h5") as f:
+            values[memory] = f["value"][()]
+            staging[memory] = json.loads(f.attrs["reduced_steps"])["staging_bytes"]
+            assert f.attrs["reference_relative_error"] < 1e-6
+    assert staging["40MiB"] < staging["1GiB"], staging
+    assert np.linalg.norm(values["40MiB"] - values["1GiB"]) < 1e-6 * np.linalg.norm(values["1GiB"])
