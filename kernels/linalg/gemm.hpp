@@ -17,7 +17,8 @@ namespace qstage::kernels {
 //   full    the dtype's own arithmetic (cuBLAS sgemm/cgemm, OpenBLAS)
 //   tf32    operands rounded to TF32 (10-bit mantissa): relative error about 2^-11 per product
 //   tf32x3  each operand split into a TF32 part and a TF32 remainder, three TF32 products
-//           (big·small + small·big + big·big): FP32-level error at tensor-core speed
+//           (big·small + small·big + big·big): FP32-level on the CPU twin; on an H100 about
+//           1e-5 relative (the tensor cores' accumulation) at 1.1-1.2x FP32's rate
 //   bf16    operands rounded to BF16 (7-bit mantissa, FP32's exponent range): about 2^-8
 // A complex product in a reduced mode runs as one real product (the "4M" form, see
 // reduced_gemm.hpp). The CPU has no tensor cores: it rounds the operands the same way and
@@ -31,8 +32,8 @@ double compute_unit_roundoff(Compute c);
 // The error model of the reduced modes: a contraction whose `steps` compute-bound products ran
 // in mode c has a relative 2-norm error of about 0.6 u sqrt(steps) from the operands' rounding
 // (u = compute_unit_roundoff; 0.53-0.56 u per product measured on random complex operands,
-// tests/python/test_compute_modes.py), on top of FP32's own. For tf32x3 and full that term is
-// below FP32's accumulation error; the result is then "FP32-level" (about 1e-7 to 1e-6).
+// tests/python/test_compute_modes.py, and on an H100 for tf32 and bf16), on top of FP32's own.
+// For tf32x3, u is what an H100 gave (docs/benchmarks.md), well above its CPU twin's FP32 level.
 double predicted_relative_error(Compute c, int steps);
 
 struct Gemm {

@@ -121,20 +121,19 @@ int reduced_step_count(const Loaded& l) {
 }
 
 // compute: auto: the fastest mode (on the GPU: bf16, tf32, 3xtf32, full) whose predicted error
-// (kernels::predicted_relative_error over the plan's reduced steps) is within max_error; 3xtf32
-// from 1e-6 (FP32's level), full below that, with a warning that complex64 may not reach it. The
-// choice depends on the plan only, so the CPU (which emulates the modes) makes the same one.
+// (kernels::predicted_relative_error over the plan's reduced steps) is within max_error, else
+// full; below 1e-6 with a warning that complex64 may not reach it. The choice depends on the
+// plan only, so the CPU (which emulates the modes) makes the same one.
 Params resolve_auto(Params p, const Loaded& l) {
   if (!p.compute_auto) return p;
   const int steps = reduced_step_count(l);
   p.compute = kernels::Compute::full;
   if (steps > 0) {
-    for (kernels::Compute c : {kernels::Compute::bf16, kernels::Compute::tf32})
+    for (kernels::Compute c : {kernels::Compute::bf16, kernels::Compute::tf32, kernels::Compute::tf32x3})
       if (kernels::predicted_relative_error(c, steps) <= *p.max_error) {
         p.compute = c;
         break;
       }
-    if (p.compute == kernels::Compute::full && *p.max_error >= 1e-6) p.compute = kernels::Compute::tf32x3;
   }
   if (*p.max_error < 1e-6)
     spdlog::warn("tn.contract: max_error {:.3g} is below complex64's own rounding (about 1e-7 to 1e-6): compute auto "
