@@ -711,8 +711,7 @@ StepPass ContractStage::Run::output(StagePlan& plan) {
   int reduced = 0;
   double reduced_flops = 0, flops = 0;
   for (const tn::PlanStep& st : l.plan.steps) {
-    const double f = 8.0 * static_cast<double>(st.m) * static_cast<double>(st.n) * static_cast<double>(st.k) *
-                     static_cast<double>(std::max<std::int64_t>(st.loops, 1));
+    const double f = st.flops;  // (the plan's count, 8 per complex multiply-add)
     flops += f;
     if (c.reduced_step(st)) ++reduced, reduced_flops += f;
   }
