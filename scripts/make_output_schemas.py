@@ -132,7 +132,7 @@ STAGES = {
                   ("/steps/energy", "float64", 1)]
                  + [(f"/iterations/{name}", dtype, 1)
                     for name, dtype in [("dets", "uint64"), ("energy", "float64"), ("variance", "float64"),
-                                        ("ci_energy", "float64"), ("infidelity", "float64"),
+                                        ("ci_energy", "float64"), ("coupled_energy", "float64"), ("infidelity", "float64"),
                                         ("modulus_infidelity", "float64"), ("fit_steps", "uint64"),
                                         ("generated", "uint64"), ("unique", "uint64"),
                                         ("selected", "uint64"), ("seconds_generate", "float64"),

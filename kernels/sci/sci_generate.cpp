@@ -109,6 +109,7 @@ void sci_generate_cpu(const SciGenerate& a) {
     });
   }
   *a.count = offset[a.n];
+  if (a.workspace) std::copy(offset.begin(), offset.end() - 1, a.workspace + a.n);  // (as the GPU's scan leaves them)
   if (sampled.batch) *sampled.diagonal_count = diagonal_offset[a.n];
 }
 

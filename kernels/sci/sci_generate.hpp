@@ -75,7 +75,9 @@ struct SciGenerate {
   double eps = 0;
   sci::Candidate* out = nullptr;    // room for every candidate (max_candidates_per_source * n)
   std::uint64_t* count = nullptr;   // one u64: how many were written
-  std::uint64_t* workspace = nullptr;  // 2 n values (per-source counts and offsets), 4 n sampled
+  // 2 n values (per-source counts, then offsets), 4 n sampled; after the call workspace[n + i] is
+  // where source i's records begin in out (cuda: required; cpu: optional, written where given).
+  std::uint64_t* workspace = nullptr;
   void* scan_workspace = nullptr;      // kSciScanWorkspaceBytes (the scan's temporary storage)
   SciSampled sampled;                  // sampled.batch set: TaggedCandidates in sampled.out and diagonal_out
 };

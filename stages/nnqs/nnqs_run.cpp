@@ -36,6 +36,7 @@ struct Iteration {
   std::uint64_t dets = 0;                       // |S| optimized on
   double energy = 0, variance = 0;              // at the iteration's last parameters
   double ci_energy = 0;                         // H's lowest eigenvalue within S: the lowest E on S
+  double coupled_energy = 0;                    // E over S and its coupled set: what the steps minimize
   // 1 - |<c|psi>|^2 / <psi|psi> against that eigenvector c, and the same of the moduli alone
   // (|c| against |psi|): where the second is small and the first is not, the phases are off.
   double infidelity = 0, modulus_infidelity = 0;
@@ -44,12 +45,14 @@ struct Iteration {
   std::uint64_t selected = 0;                   // joined S
   double seconds_generate = 0, seconds_dedup = 0, seconds_inference = 0, seconds_optimize = 0;
   void put(Packer& out) const {
-    out.put(dets), out.put(energy), out.put(variance), out.put(ci_energy), out.put(infidelity), out.put(modulus_infidelity);
+    out.put(dets), out.put(energy), out.put(variance), out.put(ci_energy), out.put(coupled_energy);
+    out.put(infidelity), out.put(modulus_infidelity);
     out.put(fit_steps), out.put(generated), out.put(unique), out.put(selected);
     out.put(seconds_generate), out.put(seconds_dedup), out.put(seconds_inference), out.put(seconds_optimize);
   }
   void get(Unpacker& in) {
     dets = in.get<std::uint64_t>(), energy = in.get<double>(), variance = in.get<double>(), ci_energy = in.get<double>();
+    coupled_energy = in.get<double>();
     infidelity = in.get<double>(), modulus_infidelity = in.get<double>(), fit_steps = in.get<std::uint64_t>();
     generated = in.get<std::uint64_t>(), unique = in.get<std::uint64_t>(), selected = in.get<std::uint64_t>();
     seconds_generate = in.get<double>(), seconds_dedup = in.get<double>();
@@ -102,6 +105,105 @@ class Charge {
   MemoryBudget& budget_;
   std::uint64_t bytes_;
 };
+
+// The determinants coupled to S (|H_as| > eps_couple) outside it, in the target's irrep, sorted,
+// and H between them and S: the rows whose amplitudes the energy's local terms reach (seed 004,
+// section 3), and among which the space grows.
+struct CoupledSet {
+  std::vector<Det> dets;
+  std::vector<double> diagonal;        // H_aa of each
+  std::vector<std::uint64_t> offsets;  // |S| + 1: row s of S couples to columns[offsets[s], offsets[s + 1])
+  std::vector<std::uint64_t> columns;  // indices into dets
+  std::vector<double> elements;        // H_as
+  std::uint64_t generated = 0;         // coupled determinants, duplicates and S's own included
+  double seconds_generate = 0, seconds_dedup = 0;
+
+  static CoupledSet empty(std::uint64_t space_rows) {
+    CoupledSet c;
+    c.offsets.assign(space_rows + 1, 0);
+    return c;
+  }
+  std::uint64_t rows() const { return dets.size(); }
+  // Its rows a with a % parts == part (in order), H_as kept with them.
+  CoupledSet stride(std::uint64_t part, std::uint64_t parts) const {
+    CoupledSet c;
+    for (std::uint64_t a = part; a < rows(); a += parts) c.dets.push_back(dets[a]), c.diagonal.push_back(diagonal[a]);
+    c.offsets.assign(offsets.size(), 0);
+    for (std::uint64_t s = 0; s + 1 < offsets.size(); ++s) {
+      for (std::uint64_t e = offsets[s]; e < offsets[s + 1]; ++e)
+        if (columns[e] % parts == part) c.columns.push_back(columns[e] / parts), c.elements.push_back(elements[e]);
+      c.offsets[s + 1] = c.columns.size();
+    }
+    return c;
+  }
+  // out[s] += sum_a H_sa x[n + a] and out[n + a] += sum_s H_as x[s], for S's n rows then the coupled
+  // ones (one real component; in row order: the same bits on every rank count).
+  void apply(const double* x, double* out, std::uint64_t n) const {
+    for (std::uint64_t s = 0; s < n; ++s)
+      for (std::uint64_t e = offsets[s]; e < offsets[s + 1]; ++e) {
+        out[s] += elements[e] * x[n + columns[e]];
+        out[n + columns[e]] += elements[e] * x[s];
+      }
+  }
+};
+
+// Coupled rows a step trains on beside S, at least (about |S| of them where S is larger).
+constexpr std::uint64_t kCoupledRowsPerStep = 256;
+
+// The coupled set of `space` (sorted): kernels::sci_generate from every row with a coefficient of 1
+// (its records in row order, each with H_as), de-duplicated by keys.dedup's radix sort.
+CoupledSet coupled_of(const sci::Problem& problem, const std::vector<Det>& space, double eps_couple, Backend& backend) {
+  CoupledSet c;
+  const std::uint64_t n = space.size(), room = n * problem.max_per_source;
+  auto start = Clock::now();
+  const Charge records_charge(backend, room * (2 * sizeof(Candidate) + 3 * 8 + 8 + 8), "sci.nnqs coupled determinants");
+  std::vector<Candidate> records(room);
+  std::vector<std::uint64_t> workspace(2 * n);
+  const std::vector<double> ones(n, 1.0);
+  std::uint64_t count = 0;
+  kernels::SciGenerate g{};
+  g.h = problem.host, g.nalpha = problem.na, g.nbeta = problem.nb;
+  g.sources = space.data(), g.coefficients = ones.data(), g.n = n, g.eps = eps_couple;
+  g.out = records.data(), g.count = &count, g.workspace = workspace.data();
+  kernels::sci_generate_cpu(g);
+  records.resize(count);
+  c.generated = count;
+  c.seconds_generate = seconds_since(start);
+  // Unique, then those outside S in the target's irrep (ascending); the sort takes a copy, since
+  // the records' order says which row of S each came from.
+  start = Clock::now();
+  std::vector<Candidate> sorting(records);
+  std::vector<std::uint64_t> spare(count * 3);
+  std::vector<double> values(count);
+  const std::uint64_t tile_rows = stages::keys::DedupSource{}.tile_rows;  // (keys.dedup's tiles)
+  const kernels::cpu::RadixUnique sorted(
+      {reinterpret_cast<std::uint64_t*>(sorting.data()), spare.data(), values.data(), count, 2, tile_rows});
+  std::vector<std::uint64_t> unique_keys(sorted.tile_records() * 2), counts(sorted.tile_records());
+  std::vector<double> sums(sorted.tile_records());
+  sorted.write(unique_keys.data(), counts.data(), sums.data());
+  for (std::uint64_t u = 0; u < sorted.unique(); ++u) {
+    const Det d{unique_keys[2 * u], unique_keys[2 * u + 1]};
+    if (!std::binary_search(space.begin(), space.end(), d) && problem.symmetry.irrep(d) == problem.target.irrep)
+      c.dets.push_back(d);
+  }
+  c.diagonal.resize(c.dets.size());
+  for (std::size_t a = 0; a < c.dets.size(); ++a) c.diagonal[a] = kernels::sci::diagonal(problem.host, c.dets[a]);
+  // H_as of the records that landed in the set, row by row of S.
+  c.offsets.assign(n + 1, 0);
+  for (std::uint64_t s = 0; s < n; ++s) {
+    const std::uint64_t end = s + 1 < n ? workspace[n + s + 1] : count;
+    for (std::uint64_t r = workspace[n + s]; r < end; ++r) {
+      const Det d{records[r].alpha, records[r].beta};
+      const auto at = std::lower_bound(c.dets.begin(), c.dets.end(), d);
+      if (at == c.dets.end() || !(*at == d)) continue;  // (in S, or of another irrep)
+      c.columns.push_back(static_cast<std::uint64_t>(at - c.dets.begin()));
+      c.elements.push_back(records[r].value);
+    }
+    c.offsets[s + 1] = c.columns.size();
+  }
+  c.seconds_dedup = seconds_since(start);
+  return c;
+}
 
 // dL/d(log |psi|) and dL/dphi of a loss L (2 |S| values: one of each a row) from psi over S (real
 // parts, then imaginary parts), on rank 0; empty when the loss is low enough that no step should
@@ -207,16 +309,35 @@ class NnqsRun final : public stages::StepRun {
   void optimize(Iteration& it);
   void decide(Iteration& it);  // rank 0: stop, or grow the space
   void expand(Iteration& it);
+  // H psi within S of psi on S (2 |S|: real parts, then imaginary parts).
+  std::vector<double> space_products(const double* re, const double* im);
   // E and <H^2> - E^2 of psi on S, and g = (H psi - E psi) / <psi|psi>, from (re, im) of psi.
   struct Energy {
     double energy = 0, variance = 0;
     std::vector<double> g;  // 2 |S|: real parts, then imaginary parts
   };
   Energy energy_of(const std::vector<double>& psi);
-  // |psi| / max |psi| and phi of each row of x (the network's scale in its steps).
-  std::pair<std::vector<double>, std::vector<double>> scaled_psi(const Occupations& x) {
-    std::vector<double> a(x.rows), f(x.rows);
-    network_->evaluate(x, a.data(), f.data());
+  // The same of psi on S and a coupled set C (|S| + |C| rows, real parts, then imaginary parts)
+  // under H_S+C, H within S and between S and C with C's diagonal alone, and the energy of psi
+  // restricted to S in `space_energy`.
+  struct CoupledEnergy {
+    double energy = 0, space_energy = 0;
+    std::vector<double> g;
+  };
+  CoupledEnergy energy_with_coupled(const std::vector<double>& psi, const CoupledSet& coupled);
+  // log |psi| and phi of each of `rows` determinants, in batches of inference_batch, no gradient.
+  void evaluate(const Det* dets, std::uint64_t rows, double* log_amplitude, double* phase) {
+    const std::uint64_t batch = std::max<std::uint64_t>(params_.inference_batch, 1);
+    for (std::uint64_t b = 0; b < rows; b += batch) {
+      const std::uint64_t m = std::min<std::uint64_t>(batch, rows - b);
+      const std::vector<std::uint8_t> bits = occupation_bits(dets + b, m, problem_.ints.norb);
+      network_->evaluate({bits.data(), m}, log_amplitude + b, phase + b);
+    }
+  }
+  // |psi| / max |psi| and phi of each determinant of S (the network's scale in its steps).
+  std::pair<std::vector<double>, std::vector<double>> scaled_psi() {
+    std::vector<double> a(space_.size()), f(space_.size());
+    evaluate(space_.data(), space_.size(), a.data(), f.data());
     const double largest = *std::max_element(a.begin(), a.end());
     for (double& v : a) v = std::exp(v - largest);
     return {std::move(a), std::move(f)};
@@ -227,6 +348,8 @@ class NnqsRun final : public stages::StepRun {
     double value = 0;
   };
   Eigenpair lowest_eigenpair(std::vector<double> guess);
+  // c on S, then its first-order amplitudes (H c)_a / (E_c - H_aa) on a coupled set, normalized.
+  std::vector<double> first_order_target(const Eigenpair& c, const CoupledSet& coupled) const;
 
   const stages::StepContext& ctx_;
   NnqsParams params_;
@@ -237,6 +360,8 @@ class NnqsRun final : public stages::StepRun {
   // The iteration's H within S (and the last one's, which the next grows from), its vectors.
   std::unique_ptr<sci::ResidentSpace> resident_, grown_from_;
   Buffer x_, products_, diagonal_;
+  CoupledSet coupled_;  // the iteration's coupled set (every rank builds the same from S)
+  std::vector<double> coupled_log_amplitude_;  // log |psi| on it after the iteration's steps (rank 0)
   // The state (saved): the space, the history, every step's energy, where the run stands, and,
   // once done, psi on the final space normalized (re, im interleaved).
   std::vector<Det> space_;
@@ -252,6 +377,7 @@ void NnqsRun::iterate() {
   it.dets = space_.size();
   optimize(it);  // (every rank: each takes its share of every step)
   if (root()) decide(it);
+  coupled_ = CoupledSet{}, coupled_log_amplitude_.clear();  // (S's, which has grown)
   if (ranks() > 1) {  // (every rank agrees on where the work stands, and on the space)
     Packer out;
     out.put(iteration_), out.put(static_cast<std::uint8_t>(done_)), out.put_vector(space_);
@@ -282,8 +408,7 @@ void NnqsRun::decide(Iteration& it) {
   if (stop_reason_.empty()) return;
   done_ = true;
   // psi on the final space, normalized
-  const std::vector<std::uint8_t> bits = occupation_bits(space_.data(), space_.size(), problem_.ints.norb);
-  const auto [a, f] = scaled_psi({bits.data(), space_.size()});
+  const auto [a, f] = scaled_psi();
   double norm = 0;
   for (const double v : a) norm += v * v;
   norm = std::sqrt(norm);
@@ -299,14 +424,21 @@ void NnqsRun::decide(Iteration& it) {
                  "{:.1e}): the energy is not converged", params_.max_iterations, std::fabs(change), params_.energy_tolerance);
 }
 
-NnqsRun::Energy NnqsRun::energy_of(const std::vector<double>& psi) {
+std::vector<double> NnqsRun::space_products(const double* re, const double* im) {
   const std::uint64_t n = space_.size();
   Backend& backend = *ctx_.backend;
-  backend.copy_to_device(x_.data(), psi.data(), 2 * n * 8, *stream_);
+  backend.copy_to_device(x_.data(), re, n * 8, *stream_);
+  backend.copy_to_device(x_.as<double>() + n, im, n * 8, *stream_);
   resident_->sigma(*stream_, x_.as<double>(), 0, n, products_.as<double>(), diagonal_.as<double>(), 2);
   std::vector<double> h(2 * n);
   backend.copy_to_host(h.data(), products_.data(), 2 * n * 8, *stream_);
   stream_->synchronize();
+  return h;
+}
+
+NnqsRun::Energy NnqsRun::energy_of(const std::vector<double>& psi) {
+  const std::uint64_t n = space_.size();
+  const std::vector<double> h = space_products(psi.data(), psi.data() + n);
   double norm = 0, numerator = 0, squares = 0;  // (sums in row order: the same bits on every backend)
   for (std::uint64_t i = 0; i < 2 * n; ++i) norm += psi[i] * psi[i], numerator += psi[i] * h[i], squares += h[i] * h[i];
   Energy e;
@@ -315,6 +447,48 @@ NnqsRun::Energy NnqsRun::energy_of(const std::vector<double>& psi) {
   e.g.resize(2 * n);
   for (std::uint64_t i = 0; i < 2 * n; ++i) e.g[i] = (h[i] - e.energy * psi[i]) / norm;
   return e;
+}
+
+NnqsRun::CoupledEnergy NnqsRun::energy_with_coupled(const std::vector<double>& psi, const CoupledSet& coupled) {
+  const std::uint64_t n = space_.size(), rows = psi.size() / 2, m = rows - n;
+  const double* re = psi.data();
+  const double* im = psi.data() + rows;
+  const std::vector<double> within = space_products(re, im);
+  std::vector<double> h(2 * rows, 0.0);  // H_S+C psi
+  std::copy(within.begin(), within.begin() + static_cast<std::ptrdiff_t>(n), h.begin());
+  std::copy(within.begin() + static_cast<std::ptrdiff_t>(n), within.end(), h.begin() + static_cast<std::ptrdiff_t>(rows));
+  double space_norm = 0, space_numerator = 0;  // (sums in row order)
+  for (std::uint64_t i = 0; i < n; ++i)
+    space_norm += re[i] * re[i] + im[i] * im[i], space_numerator += re[i] * h[i] + im[i] * h[rows + i];
+  coupled.apply(re, h.data(), n);
+  coupled.apply(im, h.data() + rows, n);
+  for (std::uint64_t a = 0; a < m; ++a)
+    h[n + a] += coupled.diagonal[a] * re[n + a], h[rows + n + a] += coupled.diagonal[a] * im[n + a];
+  double norm = 0, numerator = 0;
+  for (std::uint64_t i = 0; i < 2 * rows; ++i) norm += psi[i] * psi[i], numerator += psi[i] * h[i];
+  CoupledEnergy e;
+  e.energy = numerator / norm;
+  e.space_energy = space_numerator / space_norm;
+  e.g.resize(2 * rows);
+  for (std::uint64_t i = 0; i < 2 * rows; ++i) e.g[i] = (h[i] - e.energy * psi[i]) / norm;
+  return e;
+}
+
+std::vector<double> NnqsRun::first_order_target(const Eigenpair& c, const CoupledSet& coupled) const {
+  const std::uint64_t n = space_.size(), m = coupled.rows();
+  std::vector<double> x(n + m, 0.0), t(n + m, 0.0);
+  std::copy(c.vector.begin(), c.vector.end(), x.begin());
+  coupled.apply(x.data(), t.data(), n);  // t[n + a] = (H c)_a
+  std::copy(c.vector.begin(), c.vector.end(), t.begin());
+  double norm = 0;
+  for (std::uint64_t a = 0; a < m; ++a) {
+    // (E_c < H_aa for any a outside S unless S misses a lower state; a gap under 1e-8 Ha is held at it)
+    const double gap = std::min(c.value - coupled.diagonal[a], -1e-8);
+    t[n + a] /= gap;
+  }
+  for (const double v : t) norm += v * v;
+  for (double& v : t) v /= std::sqrt(norm);
+  return t;
 }
 
 NnqsRun::Eigenpair NnqsRun::lowest_eigenpair(std::vector<double> guess) {
@@ -416,9 +590,15 @@ bool NnqsRun::train_step(const Occupations& x, const LossGradient& loss_gradient
 }
 
 void NnqsRun::optimize(Iteration& it) {
-  const auto start = Clock::now();
   const std::uint64_t n = space_.size();
   Backend& backend = *ctx_.backend;
+  // (an iteration after which the space cannot grow fits S alone: nothing is selected from C)
+  const bool grows = iteration_ + 1 < params_.max_iterations && n < params_.max_dets;
+  coupled_ = grows ? coupled_of(problem_, space_, params_.eps_couple, backend) : CoupledSet::empty(n);
+  const std::uint64_t m = coupled_.rows();
+  it.generated = coupled_.generated, it.unique = m;
+  it.seconds_generate = coupled_.seconds_generate, it.seconds_dedup = coupled_.seconds_dedup;
+  const auto start = Clock::now();
   if (root()) {  // (H within S, on rank 0: the losses are rank 0's)
     MemoryBudget& budget = backend.device_budget();
     const std::uint64_t left = budget.left();
@@ -428,50 +608,95 @@ void NnqsRun::optimize(Iteration& it) {
     products_ = backend.alloc_device(2 * n * 8, "sci.nnqs H psi");
     diagonal_ = backend.alloc_device(n * 8, "sci.nnqs H's diagonal");
   }
-  const std::vector<std::uint8_t> bits = occupation_bits(space_.data(), n, problem_.ints.norb);
-  const Occupations occ{bits.data(), n};
-  // First psi is fitted to H's lowest eigenvector c within S: 1 - |<c|psi>|^2 / <psi|psi> plus the
-  // cross-entropy above, minimized (Davidson starts from psi's real part): the energy steps then
-  // start near the optimum within S
-  // instead of climbing out of the plateau that new determinants, at amplitudes the network only
-  // guessed, push E into.
-  Eigenpair c;
+  // The rows a step trains on: S, then a stride of its coupled set, a different one each step
+  // (parts of about |S| rows, at least kCoupledRowsPerStep: a step costs about two of S alone, and
+  // every coupled row is seen once in `parts` steps).
+  const std::uint64_t parts = std::max<std::uint64_t>(1, (m + std::max(n, kCoupledRowsPerStep) - 1) /
+                                                             std::max(n, kCoupledRowsPerStep));
+  const std::uint64_t coupled_bytes = m * (sizeof(Det) + 8) + (n + 1) * 8 + coupled_.columns.size() * 16;
+  const Charge coupled_charge(backend, 2 * coupled_bytes + (n * parts + m) * 2 * static_cast<std::uint64_t>(problem_.ints.norb),
+                              "sci.nnqs coupled set, its strides and the rows' occupations");
+  std::vector<CoupledSet> strides(parts);
+  std::vector<std::vector<std::uint8_t>> bits(parts);
+  for (std::uint64_t part = 0; part < parts; ++part) {
+    strides[part] = coupled_.stride(part, parts);
+    bits[part] = occupation_bits(space_.data(), n, problem_.ints.norb);
+    const std::vector<std::uint8_t> more = occupation_bits(strides[part].dets.data(), strides[part].rows(), problem_.ints.norb);
+    bits[part].insert(bits[part].end(), more.begin(), more.end());
+  }
+  const auto rows_of = [&](std::uint64_t step) {
+    const std::uint64_t part = step % parts;
+    return Occupations{bits[part].data(), n + strides[part].rows()};
+  };
+  // First psi is fitted to H's lowest eigenvector c within S, and on the coupled set to c's first-
+  // order amplitudes t_a = (H c)_a / (E_c - H_aa) (Epstein-Nesbet: where the energy below puts
+  // them), over each step's rows normalized: 1 - |<c, t|psi>|^2 / <psi|psi> plus the cross-entropy
+  // above, minimized (Davidson starts from psi's real part). The energy steps then start near their
+  // optimum instead of climbing out of the plateau that new determinants, at amplitudes the
+  // network only guessed, push E into.
   // It stops at fit_steps, or once the infidelity is below fit_tolerance.
+  Eigenpair c;
+  std::vector<std::vector<double>> targets;  // each part's (c, t), normalized
   if (params_.fit_steps > 0 && n > 1)
     for (int step = 0; step < params_.fit_steps; ++step) {
-      const bool stepped = train_step(occ, [&](const std::vector<double>& psi) {
-        if (c.vector.empty()) c = lowest_eigenpair(std::vector<double>(psi.begin(), psi.begin() + static_cast<std::ptrdiff_t>(n)));
+      const std::uint64_t part = static_cast<std::uint64_t>(step) % parts;
+      const bool stepped = train_step(rows_of(static_cast<std::uint64_t>(step)), [&](const std::vector<double>& psi) {
+        if (c.vector.empty()) {
+          c = lowest_eigenpair(std::vector<double>(psi.begin(), psi.begin() + static_cast<std::ptrdiff_t>(n)));
+          for (const CoupledSet& stride : strides) targets.push_back(first_order_target(c, stride));
+        }
         double infidelity = 0;
-        const std::vector<double> g = infidelity_gradient(c.vector, psi, &infidelity);
+        const std::vector<double> g = infidelity_gradient(targets[part], psi, &infidelity);
         if (infidelity < params_.fit_tolerance) return std::vector<double>{};
         std::vector<double> d = through_log_and_phase(g, psi);
-        const std::vector<double> l = likelihood_gradient(c.vector, psi);
+        const std::vector<double> l = likelihood_gradient(targets[part], psi);
         for (std::size_t i = 0; i < d.size(); ++i) d[i] += l[i];
         return d;
       });
       if (!stepped) break;
       ++it.fit_steps;
     }
-  // Then E: dE/d(psi) = 2 (H psi - E psi) / <psi|psi> (H real and symmetric).
-  for (int step = 0; step < params_.steps; ++step)
-    train_step(occ, [&](const std::vector<double>& psi) {
-      Energy e = energy_of(psi);
-      if (!std::isfinite(e.energy))
+  // Then E over S and the step's coupled rows C: E = <psi|H_S+C|psi> / <psi|psi>, H_S+C being H
+  // within S and between S and C, with C's diagonal alone (so E_loc of a row of S reaches the
+  // coupled rows' amplitudes, as seed 004's does, and E stays bounded below: its minimum puts each
+  // coupled amplitude at its first-order value, which is what the space grows by). dE/d(psi) =
+  // 2 (H_S+C psi - E psi) / <psi|psi> (H real and symmetric). Each step records E of psi within S.
+  for (int step = 0; step < params_.steps; ++step) {
+    const CoupledSet& stride = strides[static_cast<std::uint64_t>(step) % parts];
+    train_step(rows_of(static_cast<std::uint64_t>(step)), [&](const std::vector<double>& psi) {
+      CoupledEnergy e = energy_with_coupled(psi, stride);
+      if (!std::isfinite(e.energy) || !std::isfinite(e.space_energy))
         throw InputError(fmt::format("sci.nnqs: the energy is not finite at iteration {}, step {}; expected a finite "
                                      "energy (try a smaller learning_rate than {:g})", iteration_, step, params_.network.learning_rate));
-      step_energies_.push_back(e.energy);
+      step_energies_.push_back(e.space_energy);
       for (double& v : e.g) v *= 2;
       return through_log_and_phase(e.g, psi);
     });
+  }
   if (!root()) return;
-  if (c.vector.empty()) c = lowest_eigenpair(scaled_psi(occ).first);  // (the lowest E on S, for the record)
+  if (c.vector.empty()) c = lowest_eigenpair(scaled_psi().first);  // (the lowest E on S, for the record)
   it.ci_energy = c.value;
-  {  // E and its variance at the iteration's last parameters
-    const auto [a, f] = scaled_psi(occ);
+  double seconds_inference = 0;
+  {  // At the iteration's last parameters: E, its variance and the fidelities within S; psi on C,
+     // which the space grows by; E over S and C
+    const auto [a, f] = scaled_psi();
     std::vector<double> psi(2 * n);
     for (std::uint64_t i = 0; i < n; ++i) psi[i] = a[i] * std::cos(f[i]), psi[n + i] = a[i] * std::sin(f[i]);
     const Energy e = energy_of(psi);
     it.energy = e.energy, it.variance = e.variance;
+    const auto inferring = Clock::now();
+    std::vector<double> log_amplitude(n + m), phase(n + m);
+    evaluate(space_.data(), n, log_amplitude.data(), phase.data());
+    evaluate(coupled_.dets.data(), m, log_amplitude.data() + n, phase.data() + n);
+    seconds_inference = seconds_since(inferring);
+    coupled_log_amplitude_.assign(log_amplitude.begin() + static_cast<std::ptrdiff_t>(n), log_amplitude.end());
+    const double largest = *std::max_element(log_amplitude.begin(), log_amplitude.end());
+    std::vector<double> all(2 * (n + m));
+    for (std::uint64_t i = 0; i < n + m; ++i) {
+      const double r = std::exp(log_amplitude[i] - largest);
+      all[i] = r * std::cos(phase[i]), all[n + m + i] = r * std::sin(phase[i]);
+    }
+    it.coupled_energy = energy_with_coupled(all, coupled_).energy;
     double re = 0, im = 0, moduli = 0, norm = 0;  // (sums in row order)
     for (std::uint64_t i = 0; i < n; ++i) {
       re += c.vector[i] * psi[i], im += c.vector[i] * psi[n + i];
@@ -486,53 +711,14 @@ void NnqsRun::optimize(Iteration& it) {
     grown_from_ = std::move(resident_);
   }
   resident_.reset();
-  it.seconds_optimize = seconds_since(start);
+  it.seconds_inference = seconds_inference;
+  it.seconds_optimize = seconds_since(start) - seconds_inference;
 }
 
 void NnqsRun::expand(Iteration& it) {
-  const std::uint64_t n = space_.size(), room = n * problem_.max_per_source;
-  Backend& backend = *ctx_.backend;
-  // The coupled determinants of S, each with H_ai (a coefficient of 1: the screen is |H_ai|).
-  auto start = Clock::now();
-  const Charge records_charge(backend, room * (sizeof(Candidate) + 3 * 8 + 8), "sci.nnqs coupled determinants");
-  std::vector<Candidate> records(room);
-  const std::vector<double> ones(n, 1.0);
-  std::uint64_t count = 0;
-  kernels::SciGenerate g{};
-  g.h = problem_.host, g.nalpha = problem_.na, g.nbeta = problem_.nb;
-  g.sources = space_.data(), g.coefficients = ones.data(), g.n = n, g.eps = params_.eps_couple;
-  g.out = records.data(), g.count = &count;
-  kernels::sci_generate_cpu(g);
-  it.generated = count;
-  it.seconds_generate = seconds_since(start);
-  // Unique, then those outside S in the target's irrep (ascending).
-  start = Clock::now();
-  std::vector<std::uint64_t> spare(count * 3);
-  std::vector<double> values(count);
-  const std::uint64_t tile_rows = stages::keys::DedupSource{}.tile_rows;  // (keys.dedup's tiles)
-  const kernels::cpu::RadixUnique sorted(
-      {reinterpret_cast<std::uint64_t*>(records.data()), spare.data(), values.data(), count, 2, tile_rows});
-  std::vector<std::uint64_t> unique_keys(sorted.tile_records() * 2), counts(sorted.tile_records());
-  std::vector<double> sums(sorted.tile_records());
-  sorted.write(unique_keys.data(), counts.data(), sums.data());
-  std::vector<Det> fresh;
-  for (std::uint64_t u = 0; u < sorted.unique(); ++u) {
-    const Det d{unique_keys[2 * u], unique_keys[2 * u + 1]};
-    if (!std::binary_search(space_.begin(), space_.end(), d) && problem_.symmetry.irrep(d) == problem_.target.irrep)
-      fresh.push_back(d);
-  }
-  it.unique = fresh.size();
-  it.seconds_dedup = seconds_since(start);
-  // |psi| of each, in batches, no gradient.
-  start = Clock::now();
-  std::vector<double> log_amplitude(fresh.size()), phase(fresh.size());
-  const std::uint64_t batch = std::max<std::uint64_t>(params_.inference_batch, 1);
-  for (std::uint64_t b = 0; b < fresh.size(); b += batch) {
-    const std::uint64_t m = std::min<std::uint64_t>(batch, fresh.size() - b);
-    const std::vector<std::uint8_t> bits = occupation_bits(fresh.data() + b, m, problem_.ints.norb);
-    network_->evaluate({bits.data(), m}, log_amplitude.data() + b, phase.data() + b);
-  }
-  it.seconds_inference = seconds_since(start);
+  const std::uint64_t n = space_.size();
+  const std::vector<Det>& fresh = coupled_.dets;  // (found before the iteration's steps)
+  const std::vector<double>& log_amplitude = coupled_log_amplitude_;  // (inferred after them)
   // The largest join S (ties: the lower determinant first).
   const std::uint64_t k = std::min<std::uint64_t>({params_.max_new_dets, params_.max_dets - n, fresh.size()});
   std::vector<std::uint64_t> order(fresh.size());
@@ -594,6 +780,9 @@ void NnqsRun::write(const stages::StagePlan&, const stages::StepPass&, h5::File&
   column("variance", h5::DType::float64, &Iteration::variance, "<psi|H P_S H|psi> / <psi|psi> - E^2 (Ha^2) on the space");
   column("ci_energy", h5::DType::float64, &Iteration::ci_energy,
          "H's lowest eigenvalue within the space (Ha): the lowest E any psi on it reaches");
+  column("coupled_energy", h5::DType::float64, &Iteration::coupled_energy,
+         "E (Ha) over the space and its coupled determinants, H between them with the latter's diagonal alone: what the "
+         "energy steps minimize (not variational)");
   column("infidelity", h5::DType::float64, &Iteration::infidelity,
          "1 - |<c|psi>|^2 / <psi|psi>, c that eigenvector, after the iteration's steps");
   column("modulus_infidelity", h5::DType::float64, &Iteration::modulus_infidelity,

@@ -18,7 +18,7 @@ class NnqsStage final : public Stage {
  public:
   const StageInfo& info() const override {
     static const StageInfo info{
-        "sci.nnqs", 3,  // 3: the fit minimizes the cross-entropy against c^2 (and the signs), not the infidelity
+        "sci.nnqs", 4,  // 4: the fit and E reach the coupled determinants (first-order targets, E over S and C)
         "a neural-network quantum state (autoregressive Transformer amplitude, MLP phase) trained by AdamW on a "
         "selected space that grows by the network's largest amplitudes among its coupled determinants",
         {},

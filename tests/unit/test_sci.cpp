@@ -231,6 +231,33 @@ TEST(SciGenerate, EveryCouplingOnceWithItsElement) {
   }
 }
 
+// Given a workspace, the CPU's generation leaves where each source's records begin (as the GPU's
+// scan does): each source's run of records is what that source generates alone.
+TEST(SciGenerate, WorkspaceOffsetsMarkEachSourcesRecords) {
+  const int n = 6, na = 3, nb = 2;
+  Hamiltonian h(random_integrals(n, na + nb, 11));
+  const auto dets = all_dets(n, na, nb);
+  const std::vector<Det> src(dets.begin(), dets.begin() + 40);
+  std::vector<double> c(src.size());
+  for (std::size_t i = 0; i < c.size(); ++i) c[i] = 0.3 + 0.01 * static_cast<double>(i);
+  std::vector<Candidate> out(sci::max_candidates_per_source(h.tables, na, nb) * src.size());
+  std::vector<std::uint64_t> workspace(2 * src.size(), ~std::uint64_t{0});
+  std::uint64_t count = 0;
+  kernels::SciGenerate g{h.view, na, nb, src.data(), c.data(), src.size(), 1e-3, out.data(), &count, workspace.data(),
+                         nullptr, {}};
+  kernels::sci_generate_cpu(g);
+  for (std::size_t s = 0; s < src.size(); ++s) {
+    const std::uint64_t begin = workspace[src.size() + s], end = s + 1 < src.size() ? workspace[src.size() + s + 1] : count;
+    const auto alone = generate(h, na, nb, {src[s]}, {c[s]}, 1e-3);
+    ASSERT_EQ(end - begin, alone.size()) << s;
+    for (std::size_t k = 0; k < alone.size(); ++k) {
+      EXPECT_EQ(out[begin + k].alpha, alone[k].alpha) << s;
+      EXPECT_EQ(out[begin + k].beta, alone[k].beta) << s;
+      EXPECT_EQ(out[begin + k].value, alone[k].value) << s;
+    }
+  }
+}
+
 TEST(SciGenerate, HeatBathScreeningKeepsExactlyTheLargeOnes) {
   const int n = 6, na = 3, nb = 3;
   Hamiltonian h(random_integrals(n, na + nb, 11));
@@ -556,6 +583,17 @@ TEST(SciGpu, GenerateAndSigmaMatchTheCpuTwins) {
     kernels::sci_generate(*gpu.stream, g);
     const auto count = gpu.download<std::uint64_t>(d_count, 1)[0];
     ASSERT_EQ(count, want.size()) << "eps " << eps;
+    {  // where each source's records begin: the CPU's, given a workspace, are the GPU's scan
+      std::vector<Candidate> cpu_out(cap);
+      std::vector<std::uint64_t> cpu_work(2 * src.size());
+      std::uint64_t cpu_count = 0;
+      const std::vector<double> cs(c.begin(), c.begin() + 3000);
+      kernels::SciGenerate cg{h.view, na, nb, src.data(), cs.data(), src.size(), eps, cpu_out.data(), &cpu_count,
+                              cpu_work.data(), nullptr, {}};
+      kernels::sci_generate_cpu(cg);
+      const auto gpu_work = gpu.download<std::uint64_t>(d_work, 2 * src.size());
+      ASSERT_TRUE(std::equal(cpu_work.begin() + 3000, cpu_work.end(), gpu_work.begin() + 3000)) << "eps " << eps;
+    }
     const auto got = gpu.download<Candidate>(d_out, count);
     for (std::size_t k = 0; k < count; ++k) {
       ASSERT_EQ(got[k].alpha, want[k].alpha) << k;
