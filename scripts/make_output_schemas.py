@@ -33,8 +33,14 @@ STAGES = {
     "tn.build": ("a tensor network: its JSON description (UTF-8 bytes), one dataset per tensor in "
                  "/tensors, and the bitstrings of an amplitude network",
                  {"network_kind": {"enum": ["amplitude", "expectation", "generic"]},
-                  "network_description": STRING, "tensors": INT},
-                 [("/network", "uint8", 1), ("/tensors/t000000", "complex128", 1)]),
+                  "network_description": {"type": "string"},
+                  "tensors": {"type": "integer"},
+                  "problem?": {"type": "string", "description": "independent_sets, spin_glass, surface_code and detector_error_model sources: the instance (JSON): the graph's sites and edges (a spin glass's couplings J), or the decoding problem's detectors, observables, mechanisms, syndrome and a sampled error's true_observables (and a surface code's checks and logical support)"},
+                  "simplification?": {"type": "string", "description": "with params.simplify: what it did (JSON): tensors_before, tensors_after, modes_before, modes_after, hyperindices (modes held by three tensors or more), fused, fixed, absorbed, split, seconds"}},
+                 [("/network", "uint8", 1),
+                  ("/tensors/t000000", "complex128",
+                   {"minItems": 1, "description": "the tensor's extents (a circuit's first tensor is a qubit's |0>, "
+                    "shape [2]; a generic network's may have any rank; rank 0 is stored as [1])"})]),
     "tn.path": ("a contraction path (SSA pairs) with its sliced modes and costs (seed 000's C_t in "
                 "complex multiply-adds, C_s and C_m in elements)",
                 {"cost": JSON_TEXT, "method": STRING, "C_t_multiply_adds": NUMBER, "C_s_elements": NUMBER,
@@ -70,14 +76,18 @@ STAGES = {
                  ("/steps/invariant", "uint8", 1)]),
     "tn.contract": ("amplitudes per bitstring (or the network's value) and the measured seconds "
                     "of each plan step",
-                    {"slices": INT, "tf32": INT,
-                     "invariant_steps": {"type": "integer", "description": "the plan's steps that run once per "
-                                         "bitstring (its prologue) rather than per slice"},
-                     "prologue_runs": {"type": "integer", "description": "prologues run, summed over ranks: once "
-                                       "per bitstring on each rank that contracts it (0 without invariant steps)"},
-                     "reference_relative_error?": {"type": "number", "description": "the first result against "
-                                                   "a complex128 contraction without TF32 (reference_check)"},
-                     "reference_slices?": INT, "reference_seconds?": NUMBER, "reference_note?": STRING},
+                    {"slices": {"type": "integer"},
+                     "compute": {"type": "string", "enum": ["full", "tf32", "3xtf32", "bf16"], "description": "the arithmetic of the compute-bound complex64 products (parameter compute; auto's choice)"},
+                     "compute_requested?": {"type": "string", "description": "auto, when the mode was chosen by max_error"},
+                     "max_error?": {"type": "number", "description": "the parameter max_error"},
+                     "max_error_exceeded?": {"type": "integer", "description": "1 when the measured reference_relative_error exceeds max_error"},
+                     "reduced_steps?": {"type": "string", "description": "JSON, in a reduced compute mode: steps (how many ran in it), flop_fraction (their share of the flops), staging_bytes (device memory per work item for the rounded operands), predicted_relative_error (the error model's estimate of the rounding's share)"},
+                     "invariant_steps": {"type": "integer", "description": "the plan's steps that run once per bitstring (its prologue) rather than per slice"},
+                     "prologue_runs": {"type": "integer", "description": "prologues run, summed over ranks: once per bitstring on each rank that contracts it (0 without invariant steps)"},
+                     "reference_relative_error?": {"type": "number", "description": "the first result against a complex128 contraction without TF32 (reference_check)"},
+                     "reference_slices?": {"type": "integer"},
+                     "reference_seconds?": {"type": "number"},
+                     "reference_note?": {"type": "string"}},
                     [("/step_seconds", "float64", 1)]),
     "tn.statevector": ("amplitudes per bitstring, or a Pauli string's expectation value, from a "
                        "state-vector simulation",
@@ -101,17 +111,35 @@ STAGES = {
                            ("/beyond_bound", "uint64", 0), ("/relative_error", "float64", 0),
                            ("/fidelity", "float64", 0), ("/compress_gbps", "float64", 0),
                            ("/decompress_gbps", "float64", 0), ("/stored_bytes", "uint64", 0)]),
-    "sci.solve": ("selected CI: the final space (/dets, sorted (alpha, beta) occupation strings) and "
-                  "its coefficients, E_var, E_PT2 and their sum, and per iteration the energies and counts "
-                  "in /iterations",
-                  {"converged": {"type": "integer", "enum": [0, 1]}, "stop_reason": STRING,
-                   "reference_energy?": NUMBER},
+    "sci.solve": ("selected CI: the final space (/dets, sorted (alpha, beta) occupation strings) and its coefficients, E_var, E_PT2 and their sum, and per iteration the energies and counts in /iterations; with an eps_var schedule, per threshold in /schedule (eps_var, e_var, e_pt2, dets, iteration); with a semistochastic PT2 (eps_pt2_large), /e_pt2_error and /pt2_stochastic (deterministic_e_pt2, batch_e_pt2, generated, unique); with nroots > 1, every root's in /roots (energy, e_pt2, e_total, s_squared, coefficients (roots, n), e_pt2_error, e_extrapolated) and /iterations/e_var_roots, e_pt2_roots (the scalars stay the lowest root's)",
+                  {"converged": {"type": "integer", "enum": [0, 1]},
+                   "stop_reason": {"type": "string"},
+                   "reference_energy?": {"type": "number"},
+                   "e_extrapolated?": {"type": "number", "description": "with an eps_var schedule of two or more thresholds with a PT2: E_var extrapolated linearly against E_PT2 to E_PT2 = 0 (Ha), over /schedule"},
+                   "pt2_samples?": {"type": "integer", "minimum": 2, "description": "semistochastic PT2: draws a batch"},
+                   "pt2_seed?": {"type": "integer", "minimum": 0, "description": "semistochastic PT2: the seed of its draws"},
+                   "eps_pt2_large?": {"type": "number", "description": "semistochastic PT2: its deterministic part's threshold"},
+                   "pt2_target_met?": {"type": "integer", "enum": [0, 1], "description": "semistochastic PT2: 1 when its error bar (/e_pt2_error) fell below pt2_target_error, 0 when pt2_batches ran out first"},
+                   "extrapolation_slope?": {"type": "number", "description": "that line's slope, dE_var / dE_PT2"},
+                   "extrapolation_points?": {"type": "integer", "minimum": 2, "description": "the thresholds the line was fitted to"},
+                   "irrep": {"type": "integer", "minimum": 1, "maximum": 8, "description": "the irrep of the state (the FCIDUMP's labels, Molpro's 1-8)"},
+                   "irrep_from": {"enum": ["ISYM", "parameter irrep", "occupation"], "description": "what chose the irrep"},
+                   "ms2": {"type": "integer", "description": "2 S_z of the state"},
+                   "s_squared": {"type": "number", "description": "<S^2> of the final variational state"},
+                   "reference_determinant": {"type": "string", "description": "the determinant the space grew from: its occupied orbitals (0-based) of each spin"},
+                   "reference_diagonal": {"type": "number", "description": "its diagonal energy <D|H|D> (Ha)"},
+                   "nroots?": {"type": "integer", "minimum": 2, "description": "present when several roots were asked for: nroots (the roots found are /roots/energy's length)"},
+                   "leading_determinants": {"type": "string", "description": "the final state's five largest coefficients and their determinants, one a line"},
+                   "warning?": {"type": "string", "description": "present when a determinant of another irrep has a lower diagonal than the reference: the lowest state may be of another irrep"},
+                   "peak_device_bytes?": {"type": "array", "description": "per iteration, the peak device memory (bytes, the largest over ranks)", "items": {"type": "integer", "minimum": 0}},
+                   "peak_host_bytes?": {"type": "array", "description": "per iteration, the peak pinned host memory (bytes, the largest over ranks)", "items": {"type": "integer", "minimum": 0}}},
                   [("/energy", "float64", 0), ("/e_pt2", "float64", 0), ("/e_total", "float64", 0),
                    ("/dets", "uint64", 2), ("/coefficients", "float64", 1), ("/joined_iteration", "int32", 1),
                    ("/iterations/e_var", "float64", 1), ("/iterations/e_pt2", "float64", 1),
                    ("/iterations/dets", "uint64", 1), ("/iterations/generated", "uint64", 1),
                    ("/iterations/unique", "uint64", 1), ("/iterations/selected", "uint64", 1),
-                   ("/iterations/davidson_products", "uint64", 1)]),
+                   ("/iterations/davidson_products", "uint64", 1), ("/pt2_generated", "uint64", 0),
+                   ("/pt2_unique", "uint64", 0)]),
     "sci.nnqs": ("the network's variational energy on the final space (/energy), the space (/dets, sorted "
                  "(alpha, beta) occupation strings) and psi over it (/amplitudes, normalized), every AdamW step's "
                  "energy (/steps/energy), per iteration the space, energy, variance, the lowest energy on the space, "
@@ -159,8 +187,9 @@ STAGES = {
 # The result of tn.contract and tn.statevector: amplitudes (one row per bitstring, with their
 # bitstrings) or the value of a closed network.
 def dataset(path, dtype, rank):
-    """dtype: one type, or a list of the types it may have; rank None: any."""
-    shape = {"type": "array"} if rank is None else {"maxItems": 0} if rank == 0 else {"minItems": rank, "maxItems": rank}
+    """dtype: one type, or a list of the types it may have; rank None: any; a dict: the shape's schema."""
+    shape = (rank if isinstance(rank, dict) else {"type": "array"} if rank is None else {"maxItems": 0} if rank == 0
+             else {"minItems": rank, "maxItems": rank})
     types = {"enum": dtype} if isinstance(dtype, list) else {"const": dtype}
     return {"contains": {"type": "object", "required": ["path", "dtype", "shape"],
                          "properties": {"path": {"const": path}, "dtype": types, "shape": shape}}}
