@@ -118,6 +118,19 @@ def test_output_layouts_match_their_schemas(chain):
         jsonschema.validate(json.loads(r.out), schema)
 
 
+def test_output_schemas_are_the_ones_the_script_writes():
+    """scripts/make_output_schemas.py is where a stage's layout is described: every schema it
+    writes is the committed file's JSON (a hand edit to a schema would drift from it)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("make_output_schemas", ROOT / "scripts" / "make_output_schemas.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    for stage, (description, attributes, datasets) in script.STAGES.items():
+        committed = json.loads((ROOT / "schemas" / "outputs" / f"{stage}.json").read_text())
+        assert script.schema(stage, description, attributes, datasets) == committed, (
+            f"schemas/outputs/{stage}.json is not what scripts/make_output_schemas.py writes: run it")
+
+
 def test_every_workflow_validates():
     for spec in sorted((ROOT / "workflows").glob("*.yaml")):
         r = run(["validate", spec])
