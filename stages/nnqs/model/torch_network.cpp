@@ -150,10 +150,11 @@ class TorchNetwork final : public Network {
   }
   void evaluate(const Occupations& x, double* log_amplitude, double* phase) override {
     within_cap([&] {
-      torch::NoGradGuard no_grad;
+      torch::InferenceMode values_only;  // (no autograd records at all, which no_grad still keeps)
       const auto [a, f] = model_->forward(tensor(x));
-      std::copy_n(host(a).data_ptr<double>(), x.rows, log_amplitude);
-      std::copy_n(host(f).data_ptr<double>(), x.rows, phase);
+      const torch::Tensor both = host(torch::stack({a, f}));  // (one copy back, not two)
+      std::copy_n(both.data_ptr<double>(), x.rows, log_amplitude);
+      std::copy_n(both.data_ptr<double>() + x.rows, x.rows, phase);
     });
   }
   void gradient(const Occupations& x, const double* d_log_amplitude, const double* d_phase, double* out) override {
