@@ -43,6 +43,7 @@ double median_seconds(const std::function<void()>& f) {
 // that fit what is left of the device budget (at most 64 MiB per copy buffer, n = 2048 GEMMs on
 // cuda). Small buffers understate a GPU's rates; the prediction is a guide, not a promise.
 std::pair<double, double> measure(Backend& be, h5::DType dtype) {
+  auto s = be.make_stream(true);  // (its cuBLAS workspace is charged before what is left is read)
   const std::uint64_t free_bytes = be.device_budget().left();
   const std::size_t copy_bytes = std::min<std::uint64_t>(64u << 20, free_bytes / 2) & ~std::uint64_t{255};
   const std::size_t e = h5::dtype_size(dtype);
@@ -52,19 +53,16 @@ std::pair<double, double> measure(Backend& be, h5::DType dtype) {
     throw InputError(fmt::format("tn.plan: the device budget leaves {} free, too little to measure the device; "
                                  "give params.bandwidth and params.gemm_rate or a larger --device-memory",
                                  format_bytes(static_cast<double>(free_bytes))));
-  auto s = be.make_stream(true);
-  double copy = 0;
-  {
-    Buffer a = be.alloc_device(copy_bytes, "tn.plan: measurement"), b = be.alloc_device(copy_bytes, "tn.plan: measurement");
-    kernels::random_fill(*s, {h5::DType::float32, 1, 0, copy_bytes / 4, a.data()});
-    copy = median_seconds([&] {
-      be.copy_on_device(b.data(), a.data(), copy_bytes, *s);
-      s->synchronize();
-    });
-  }
+  // One buffer for both measurements: the device pool keeps what is freed (charged, idle), so a
+  // second allocation of another size would be charged beside the first.
   const std::size_t matrix = static_cast<std::size_t>(n * n) * e;
-  Buffer m = be.alloc_device(3 * matrix, "tn.plan: measurement");
-  char* base = static_cast<char*>(m.data());
+  Buffer work = be.alloc_device(std::max(2 * copy_bytes, 3 * matrix), "tn.plan: measurement");
+  char* base = static_cast<char*>(work.data());
+  kernels::random_fill(*s, {h5::DType::float32, 1, 0, copy_bytes / 4, base});
+  const double copy = median_seconds([&] {
+    be.copy_on_device(base + copy_bytes, base, copy_bytes, *s);
+    s->synchronize();
+  });
   kernels::random_fill(*s, {h5::DType::float32, 1, 0, 2 * matrix / 4, base});
   kernels::Gemm g{dtype, n, n, n, base, n, base + matrix, n, base + 2 * matrix, n};
   g.b_transposed = true;

@@ -768,6 +768,33 @@ steps:
     assert values[""].tobytes() == values["_plain"].tobytes()
 
 
+def test_the_rates_are_measured_within_a_small_device_budget_or_refused_in_one_line(tmp):
+    """tn.plan's measurement takes one buffer of what the budget leaves (a GPU run under
+    --device-memory 40MiB once failed with exit 1: its second buffer was charged beside the
+    first, which the device pool kept); with too little left it exits 2 naming the parameters
+    that skip it."""
+    spec = write_spec(tmp / "spec.yaml", """
+name: small
+steps:
+  - id: net
+    stage: tn.build
+    params: {random: {rows: 2, cols: 3, cycles: 4, seed: 1}, random_bitstrings: {count: 1, seed: 2}}
+  - id: path
+    stage: tn.path
+    inputs: {network: net}
+    params: {max_tries: 4}
+  - id: plan
+    stage: tn.plan
+    inputs: {network: net, path: path}
+    params: {precision: complex64, budget: 8KiB}
+""")
+    for memory in ["40MiB", "24MiB"]:
+        r = run(["run", spec, "--run-dir", tmp / memory, "--device", DEVICE, "--device-memory", memory])
+        assert r.code == 0, (memory, r)
+    one_line_error(run(["run", spec, "--run-dir", tmp / "tiny", "--device", DEVICE, "--device-memory", "4KiB"]),
+                   "too little to measure", "bandwidth")
+
+
 def test_measured_rates_are_kept_apart_from_the_plan_and_still_verified(tmp):
     """Without bandwidth and gemm_rate, tn.plan measures them on the device: the rates and the
     seconds predicted from them go to the dataset `prediction` and the column
