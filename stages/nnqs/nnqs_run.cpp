@@ -124,17 +124,20 @@ struct CoupledSet {
     return c;
   }
   std::uint64_t rows() const { return dets.size(); }
-  // Its rows a with a % parts == part (in order), H_as kept with them.
-  CoupledSet stride(std::uint64_t part, std::uint64_t parts) const {
-    CoupledSet c;
-    for (std::uint64_t a = part; a < rows(); a += parts) c.dets.push_back(dets[a]), c.diagonal.push_back(diagonal[a]);
-    c.offsets.assign(offsets.size(), 0);
+  // Its rows cut into `parts` strides (stride p: the rows a with a % parts == p, in order), H_as
+  // kept with them; one pass over the couplings.
+  std::vector<CoupledSet> strides(std::uint64_t parts) const {
+    std::vector<CoupledSet> out(parts);
+    for (std::uint64_t a = 0; a < rows(); ++a) out[a % parts].dets.push_back(dets[a]), out[a % parts].diagonal.push_back(diagonal[a]);
+    for (CoupledSet& c : out) c.offsets.assign(offsets.size(), 0);
     for (std::uint64_t s = 0; s + 1 < offsets.size(); ++s) {
-      for (std::uint64_t e = offsets[s]; e < offsets[s + 1]; ++e)
-        if (columns[e] % parts == part) c.columns.push_back(columns[e] / parts), c.elements.push_back(elements[e]);
-      c.offsets[s + 1] = c.columns.size();
+      for (std::uint64_t e = offsets[s]; e < offsets[s + 1]; ++e) {
+        CoupledSet& c = out[columns[e] % parts];
+        c.columns.push_back(columns[e] / parts), c.elements.push_back(elements[e]);
+      }
+      for (CoupledSet& c : out) c.offsets[s + 1] = c.columns.size();
     }
-    return c;
+    return out;
   }
   // out[s] += sum_a H_sa x[n + a] and out[n + a] += sum_s H_as x[s], for S's n rows then the coupled
   // ones (one real component; in row order: the same bits on every rank count).
@@ -616,10 +619,9 @@ void NnqsRun::optimize(Iteration& it) {
   const std::uint64_t coupled_bytes = m * (sizeof(Det) + 8) + (n + 1) * 8 + coupled_.columns.size() * 16;
   const Charge coupled_charge(backend, 2 * coupled_bytes + (n * parts + m) * 2 * static_cast<std::uint64_t>(problem_.ints.norb),
                               "sci.nnqs coupled set, its strides and the rows' occupations");
-  std::vector<CoupledSet> strides(parts);
+  const std::vector<CoupledSet> strides = coupled_.strides(parts);
   std::vector<std::vector<std::uint8_t>> bits(parts);
   for (std::uint64_t part = 0; part < parts; ++part) {
-    strides[part] = coupled_.stride(part, parts);
     bits[part] = occupation_bits(space_.data(), n, problem_.ints.norb);
     const std::vector<std::uint8_t> more = occupation_bits(strides[part].dets.data(), strides[part].rows(), problem_.ints.norb);
     bits[part].insert(bits[part].end(), more.begin(), more.end());
