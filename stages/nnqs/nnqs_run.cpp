@@ -616,19 +616,21 @@ void NnqsRun::optimize(Iteration& it) {
   // every coupled row is seen once in `parts` steps).
   const std::uint64_t parts = std::max<std::uint64_t>(1, (m + std::max(n, kCoupledRowsPerStep) - 1) /
                                                              std::max(n, kCoupledRowsPerStep));
+  const std::uint64_t width = 2 * static_cast<std::uint64_t>(problem_.ints.norb);
   const std::uint64_t coupled_bytes = m * (sizeof(Det) + 8) + (n + 1) * 8 + coupled_.columns.size() * 16;
-  const Charge coupled_charge(backend, 2 * coupled_bytes + (n * parts + m) * 2 * static_cast<std::uint64_t>(problem_.ints.norb),
+  const Charge coupled_charge(backend, 2 * coupled_bytes + (2 * n + 2 * m) * width,
                               "sci.nnqs coupled set, its strides and the rows' occupations");
   const std::vector<CoupledSet> strides = coupled_.strides(parts);
-  std::vector<std::vector<std::uint8_t>> bits(parts);
-  for (std::uint64_t part = 0; part < parts; ++part) {
-    bits[part] = occupation_bits(space_.data(), n, problem_.ints.norb);
-    const std::vector<std::uint8_t> more = occupation_bits(strides[part].dets.data(), strides[part].rows(), problem_.ints.norb);
-    bits[part].insert(bits[part].end(), more.begin(), more.end());
-  }
+  std::vector<std::vector<std::uint8_t>> stride_bits(parts);
+  for (std::uint64_t part = 0; part < parts; ++part)
+    stride_bits[part] = occupation_bits(strides[part].dets.data(), strides[part].rows(), problem_.ints.norb);
+  // (S's occupations, then the step's stride's, written into one buffer per step)
+  std::vector<std::uint8_t> bits = occupation_bits(space_.data(), n, problem_.ints.norb);
   const auto rows_of = [&](std::uint64_t step) {
-    const std::uint64_t part = step % parts;
-    return Occupations{bits[part].data(), n + strides[part].rows()};
+    const std::vector<std::uint8_t>& more = stride_bits[step % parts];
+    bits.resize(n * width);
+    bits.insert(bits.end(), more.begin(), more.end());
+    return Occupations{bits.data(), bits.size() / width};
   };
   // First psi is fitted to H's lowest eigenvector c within S, and on the coupled set to c's first-
   // order amplitudes t_a = (H c)_a / (E_c - H_aa) (Epstein-Nesbet: where the energy below puts
@@ -676,22 +678,26 @@ void NnqsRun::optimize(Iteration& it) {
     });
   }
   if (!root()) return;
-  if (c.vector.empty()) c = lowest_eigenpair(scaled_psi().first);  // (the lowest E on S, for the record)
+  // At the iteration's last parameters, psi on S and C, inferred once: E, its variance and the
+  // fidelities within S; C's amplitudes, which the space grows by; E over S and C.
+  const auto inferring = Clock::now();
+  std::vector<double> log_amplitude(n + m), phase(n + m);
+  evaluate(space_.data(), n, log_amplitude.data(), phase.data());
+  evaluate(coupled_.dets.data(), m, log_amplitude.data() + n, phase.data() + n);
+  const double seconds_inference = seconds_since(inferring);
+  coupled_log_amplitude_.assign(log_amplitude.begin() + static_cast<std::ptrdiff_t>(n), log_amplitude.end());
+  // (|psi| / max over S: the network's scale in its steps)
+  std::vector<double> a(n);
+  const double largest_on_space = *std::max_element(log_amplitude.begin(), log_amplitude.begin() + static_cast<std::ptrdiff_t>(n));
+  for (std::uint64_t i = 0; i < n; ++i) a[i] = std::exp(log_amplitude[i] - largest_on_space);
+  if (c.vector.empty()) c = lowest_eigenpair(a);  // (the lowest E on S, for the record)
   it.ci_energy = c.value;
-  double seconds_inference = 0;
-  {  // At the iteration's last parameters: E, its variance and the fidelities within S; psi on C,
-     // which the space grows by; E over S and C
-    const auto [a, f] = scaled_psi();
+  {
+    const double* f = phase.data();
     std::vector<double> psi(2 * n);
     for (std::uint64_t i = 0; i < n; ++i) psi[i] = a[i] * std::cos(f[i]), psi[n + i] = a[i] * std::sin(f[i]);
     const Energy e = energy_of(psi);
     it.energy = e.energy, it.variance = e.variance;
-    const auto inferring = Clock::now();
-    std::vector<double> log_amplitude(n + m), phase(n + m);
-    evaluate(space_.data(), n, log_amplitude.data(), phase.data());
-    evaluate(coupled_.dets.data(), m, log_amplitude.data() + n, phase.data() + n);
-    seconds_inference = seconds_since(inferring);
-    coupled_log_amplitude_.assign(log_amplitude.begin() + static_cast<std::ptrdiff_t>(n), log_amplitude.end());
     const double largest = *std::max_element(log_amplitude.begin(), log_amplitude.end());
     std::vector<double> all(2 * (n + m));
     for (std::uint64_t i = 0; i < n + m; ++i) {
