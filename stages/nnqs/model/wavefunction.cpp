@@ -1,5 +1,6 @@
 #include "stages/nnqs/model/wavefunction.hpp"
 
+#include <cmath>
 #include <limits>
 
 namespace qstage::nnqs {
@@ -49,7 +50,7 @@ std::pair<torch::Tensor, torch::Tensor> WavefunctionImpl::forward(const torch::T
                   states.narrow(1, 0, n - 1)},
                  1);
   torch::Tensor h = tokens_(inputs) + positions_->weight.unsqueeze(0);  // (batch, n, d)
-  h = decoder_(h.transpose(0, 1), causal_).transpose(0, 1);
+  h = decode(h, occupations.is_cuda() ? Decoder::written_out : Decoder::module);
   torch::Tensor logits = logits_(h);  // (batch, n, 4)
   // Which occupations of orbital k leave a determinant with NELEC and MS2 possible: the electrons
   // of each spin placed so far, plus this orbital's, at most all of them and short by at most the
@@ -66,6 +67,40 @@ std::pair<torch::Tensor, torch::Tensor> WavefunctionImpl::forward(const torch::T
   const torch::Tensor log_amplitude = 0.5 * log_p.sum(1);
   const torch::Tensor phase = phase_->forward(2 * occupations - 1).squeeze(1);
   return {log_amplitude, phase};
+}
+
+namespace {
+
+// LayerNorm over the last dimension as its definition reads: (x - mean) / sqrt(var + eps) w + b.
+torch::Tensor layer_norm(const torch::Tensor& x, const torch::nn::LayerNormImpl& norm) {
+  const auto [var, mean] = torch::var_mean(x, {-1}, /*unbiased=*/false, /*keepdim=*/true);
+  return (x - mean) * torch::rsqrt(var + norm.options.eps()) * norm.weight + norm.bias;
+}
+
+// One post-norm TransformerEncoderLayer (what LibTorch's module computes: self-attention of
+// `heads` heads under the additive mask, residual, LayerNorm; GELU feed-forward, residual,
+// LayerNorm; no dropout) over x (batch, n, d), with that layer's parameters.
+torch::Tensor encoder_layer(const torch::Tensor& x, torch::nn::TransformerEncoderLayerImpl& layer, const torch::Tensor& mask) {
+  torch::nn::MultiheadAttentionImpl& attention = *layer.self_attn;
+  const std::int64_t batch = x.size(0), n = x.size(1), d = x.size(2);
+  const std::int64_t heads = attention.options.num_heads(), head_width = d / heads;
+  // (q, k, v as (batch, heads, n, head_width) views of one projection)
+  const torch::Tensor qkv =
+      F::linear(x, attention.in_proj_weight, attention.in_proj_bias).view({batch, n, 3, heads, head_width}).permute({2, 0, 3, 1, 4});
+  const torch::Tensor q = qkv[0] * (1.0 / std::sqrt(static_cast<double>(head_width)));
+  const torch::Tensor scores = torch::matmul(q, qkv[1].transpose(-1, -2)) + mask;
+  const torch::Tensor mixed = torch::matmul(torch::softmax(scores, -1), qkv[2]).transpose(1, 2).reshape({batch, n, d});
+  const torch::Tensor h = layer_norm(x + attention.out_proj(mixed), *layer.norm1);
+  return layer_norm(h + layer.linear2(F::gelu(layer.linear1(h))), *layer.norm2);
+}
+
+}  // namespace
+
+torch::Tensor WavefunctionImpl::decode(const torch::Tensor& h, Decoder how) {
+  if (how == Decoder::module) return decoder_(h.transpose(0, 1), causal_).transpose(0, 1);
+  torch::Tensor x = h;
+  for (const auto& layer : *decoder_->layers) x = encoder_layer(x, *layer->as<torch::nn::TransformerEncoderLayerImpl>(), causal_);
+  return x;
 }
 
 }  // namespace qstage::nnqs

@@ -33,6 +33,16 @@ class WavefunctionImpl : public torch::nn::Module {
   std::pair<torch::Tensor, torch::Tensor> forward(const torch::Tensor& occupations);
   const WavefunctionShape& shape() const { return shape_; }
 
+  // The decoder's layers over h (batch, NORB, embedding), two ways to the same values (to
+  // rounding): LibTorch's TransformerEncoder module, or its layers written out batch-first with
+  // the module's own parameters, LayerNorm as var_mean. forward() takes the written-out layers
+  // on a GPU: there LibTorch's float64 LayerNorm finds each row's moments with a kernel made for
+  // long rows, and 32-value rows made it half of an H100's forward pass (72 of 141 ms for 65,536
+  // determinants, 24 orbitals); written out, the decoder took 59 ms where the module took 133.
+  // On the host the module is faster (and keeps its bits), so forward() uses it there.
+  enum class Decoder { module, written_out };
+  torch::Tensor decode(const torch::Tensor& h, Decoder how);
+
  private:
   WavefunctionShape shape_;
   torch::nn::Embedding tokens_{nullptr}, positions_{nullptr};
