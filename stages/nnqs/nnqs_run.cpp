@@ -309,6 +309,12 @@ class NnqsRun final : public stages::StepRun {
   // the ranks in units of train_batch rows; `loss_gradient` runs on rank 0. False, and no step,
   // when the loss asked for none (every rank returns the same).
   bool train_step(const Occupations& x, const LossGradient& loss_gradient);
+  // Where an iteration's AdamW steps went (the log's, not the output's: the engine's seconds are
+  // not part of a run's bytes): the passes giving psi, rank 0's loss, the passes giving the
+  // gradient with their sum, and AdamW's update.
+  struct StepSeconds {
+    double forward = 0, loss = 0, backward = 0, update = 0;
+  } step_seconds_;
   void optimize(Iteration& it);
   void decide(Iteration& it);  // rank 0: stop, or grow the space
   void expand(Iteration& it);
@@ -403,11 +409,13 @@ void NnqsRun::decide(Iteration& it) {
   history_.push_back(it);
   ++iteration_;
   spdlog::info("sci.nnqs iteration {}: {} determinants, E {:.10f} ({:.3e} above the space's lowest; infidelity {:.2e}, "
-               "of the moduli {:.2e}), variance {:.3e}{}; +{} of {} candidates ({} coupled); {:.2f} s optimizing, {:.2f} s "
-               "generating, {:.2f} s de-duplicating, {:.2f} s inferring",
+               "of the moduli {:.2e}), variance {:.3e}{}; +{} of {} candidates ({} coupled); {:.2f} s optimizing (forward "
+               "{:.2f}, loss {:.2f}, backward {:.2f}, AdamW {:.2f}), {:.2f} s generating, {:.2f} s de-duplicating, {:.2f} s "
+               "inferring",
                iteration_ - 1, it.dets, it.energy, it.energy - it.ci_energy, it.infidelity, it.modulus_infidelity, it.variance,
                std::isnan(change) ? "" : fmt::format(" ({:+.3e})", change), it.selected, it.unique, it.generated,
-               it.seconds_optimize, it.seconds_generate, it.seconds_dedup, it.seconds_inference);
+               it.seconds_optimize, step_seconds_.forward, step_seconds_.loss, step_seconds_.backward, step_seconds_.update,
+               it.seconds_generate, it.seconds_dedup, it.seconds_inference);
   if (stop_reason_.empty()) return;
   done_ = true;
   // psi on the final space, normalized
@@ -529,6 +537,8 @@ bool NnqsRun::train_step(const Occupations& x, const LossGradient& loss_gradient
     return std::pair{a, Occupations{x.bits + a * width, b - a}};
   };
   // log |psi| and phi of this rank's rows (unit by unit: the same batches on any rank count), to rank 0.
+  auto phase_start = Clock::now();
+  const auto lap = [&](double& seconds) { seconds += seconds_since(phase_start), phase_start = Clock::now(); };
   std::vector<double> mine(2 * (row_end - row_first));
   const std::uint64_t mine_rows = row_end - row_first;
   for (std::uint64_t u = first; u < end; ++u) {
@@ -536,6 +546,7 @@ bool NnqsRun::train_step(const Occupations& x, const LossGradient& loss_gradient
     network_->evaluate(rows, mine.data() + (a - row_first), mine.data() + mine_rows + (a - row_first));
   }
   const std::vector<std::string> pieces = gather({reinterpret_cast<const char*>(mine.data()), mine.size() * sizeof(double)});
+  lap(step_seconds_.forward);
   // Rank 0: psi = |psi| e^{i phi} / max |psi|, the loss's dL/dpsi, and from it dL/d(log |psi|) and
   // dL/dphi for every row; or the loss's error, which every rank then throws.
   std::string derivatives;
@@ -562,6 +573,7 @@ bool NnqsRun::train_step(const Occupations& x, const LossGradient& loss_gradient
     }
   }
   derivatives = broadcast(derivatives);
+  lap(step_seconds_.loss);
   if (derivatives.at(0) == '\0') throw InputError(derivatives.substr(1));
   if (derivatives.at(0) == '\2') return false;
   const auto* d = reinterpret_cast<const double*>(derivatives.data() + 1);
@@ -588,7 +600,9 @@ bool NnqsRun::train_step(const Occupations& x, const LossGradient& loss_gradient
     sum.assign(reinterpret_cast<const char*>(g.data()), g.size() * sizeof(double));
   }
   sum = broadcast(sum);
+  lap(step_seconds_.backward);
   network_->step(reinterpret_cast<const double*>(sum.data()));
+  lap(step_seconds_.update);
   return true;
 }
 
@@ -598,6 +612,7 @@ void NnqsRun::optimize(Iteration& it) {
   // (an iteration after which the space cannot grow fits S alone: nothing is selected from C)
   const bool grows = iteration_ + 1 < params_.max_iterations && n < params_.max_dets;
   coupled_ = grows ? coupled_of(problem_, space_, params_.eps_couple, backend) : CoupledSet::empty(n);
+  step_seconds_ = {};
   const std::uint64_t m = coupled_.rows();
   it.generated = coupled_.generated, it.unique = m;
   it.seconds_generate = coupled_.seconds_generate, it.seconds_dedup = coupled_.seconds_dedup;
