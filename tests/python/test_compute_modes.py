@@ -150,12 +150,15 @@ def test_a_plan_that_fills_the_device_still_runs_in_a_reduced_mode(tmp):
         SIZES, "{a: 512, b: 512, c: 512, d: 512}")
     path = write_spec(tmp / "spec.yaml", text)
     values, staging = {}, {}
-    for memory in ["40MiB", "1GiB"]:
+    # (the same room for the slots on either backend: a GPU's three BLAS streams hold 8 MiB of cuBLAS
+    # workspace each, which the plan takes out of the budget first)
+    small = "64MiB" if DEVICE == "cuda" else "40MiB"
+    for memory in [small, "1GiB"]:
         r = run(["run", path, "--run-dir", tmp / memory, "--device", DEVICE, "--device-memory", memory])
         assert r.code == 0, r
         with h5py.File(tmp / memory / "outputs" / "value.h5") as f:
             values[memory] = f["value"][()]
             staging[memory] = json.loads(f.attrs["reduced_steps"])["staging_bytes"]
             assert f.attrs["reference_relative_error"] < 1e-6
-    assert staging["40MiB"] < staging["1GiB"], staging
+    assert staging[small] < staging["1GiB"], staging
     assert np.linalg.norm(values["40MiB"] - values["1GiB"]) < 1e-6 * np.linalg.norm(values["1GiB"])
