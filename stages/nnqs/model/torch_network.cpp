@@ -158,14 +158,31 @@ class TorchNetwork final : public Network {
     });
   }
   void gradient(const Occupations& x, const double* d_log_amplitude, const double* d_phase, double* out) override {
-    within_cap([&] { gradient_impl(x, d_log_amplitude, d_phase, out); });
+    within_cap([&] {
+      const auto [log_amplitude, phase] = model_->forward(tensor(x));
+      backward(log_amplitude, phase, d_log_amplitude, d_phase, out);
+    });
+  }
+  std::unique_ptr<KeptPass> evaluate_kept(const Occupations& x, double* log_amplitude, double* phase) override {
+    std::unique_ptr<KeptPass> pass;
+    within_cap([&] {
+      auto [a, f] = model_->forward(tensor(x));
+      const torch::Tensor both = host(torch::stack({a, f}).detach());
+      std::copy_n(both.data_ptr<double>(), x.rows, log_amplitude);
+      std::copy_n(both.data_ptr<double>() + x.rows, x.rows, phase);
+      pass = std::make_unique<Kept>(*this, std::move(a), std::move(f));
+    });
+    return pass;
   }
   void step(const double* gradient) override {
     within_cap([&] {
+      // (one copy to the device, then each parameter's gradient a view of it)
+      const torch::Tensor all =
+          torch::from_blob(const_cast<double*>(gradient), {parameters()}, torch::kFloat64).to(device_, false, true);
+      std::int64_t at = 0;
       for (auto& p : parameters_) {
-        const std::int64_t n = p.numel();
-        p.mutable_grad() = torch::from_blob(const_cast<double*>(gradient), p.sizes(), torch::kFloat64).to(p.options(), false, true);
-        gradient += n;
+        p.mutable_grad() = all.narrow(0, at, p.numel()).view(p.sizes());
+        at += p.numel();
       }
       optimizer_->step();
     });
@@ -201,20 +218,37 @@ class TorchNetwork final : public Network {
   }
 
  private:
-  void gradient_impl(const Occupations& x, const double* d_log_amplitude, const double* d_phase, double* out) {
-    const auto rows = static_cast<std::int64_t>(x.rows);
-    const auto [log_amplitude, phase] = model_->forward(tensor(x));
+  // A kept pass: (log |psi|, phi) with their graph, until gradient() walks it back.
+  class Kept final : public KeptPass {
+   public:
+    Kept(TorchNetwork& network, torch::Tensor log_amplitude, torch::Tensor phase)
+        : network_(network), log_amplitude_(std::move(log_amplitude)), phase_(std::move(phase)) {}
+    void gradient(const double* d_log_amplitude, const double* d_phase, double* out) override {
+      if (!log_amplitude_.defined()) throw std::logic_error("a kept pass's gradient was asked for twice");
+      within_cap([&] { network_.backward(log_amplitude_, phase_, d_log_amplitude, d_phase, out); });
+      log_amplitude_ = phase_ = torch::Tensor();  // (the graph freed)
+    }
+
+   private:
+    TorchNetwork& network_;
+    torch::Tensor log_amplitude_, phase_;
+  };
+
+  // The gradient over the parameters of sum_i d_log_amplitude[i] log_amplitude[i] + d_phase[i]
+  // phase[i] through their graph, into `out` (every parameter's, in order: one copy to the host).
+  void backward(const torch::Tensor& log_amplitude, const torch::Tensor& phase, const double* d_log_amplitude,
+                const double* d_phase, double* out) {
+    const std::int64_t rows = log_amplitude.size(0);
     const auto weights = [&](const double* d) {
       return torch::from_blob(const_cast<double*>(d), {rows}, torch::kFloat64).to(device_);
     };
     for (auto& p : parameters_) p.mutable_grad() = torch::Tensor();
     ((log_amplitude * weights(d_log_amplitude)).sum() + (phase * weights(d_phase)).sum()).backward();
-    for (const auto& p : parameters_) {
-      const std::int64_t n = p.numel();
-      if (p.grad().defined()) std::copy_n(host(p.grad()).data_ptr<double>(), n, out);
-      else std::fill_n(out, n, 0.0);  // (a parameter the loss does not reach)
-      out += n;
-    }
+    std::vector<torch::Tensor> grads;
+    for (const auto& p : parameters_)  // (zeros for a parameter the loss does not reach)
+      grads.push_back(p.grad().defined() ? p.grad().reshape({-1}) : torch::zeros({p.numel()}, p.options()));
+    const torch::Tensor all = host(torch::cat(grads));
+    std::copy_n(all.data_ptr<double>(), all.numel(), out);
   }
   // LibTorch's allocator on the network's GPU held to shape.device_memory (once the network's first
   // tensors made it), and its refusals as NetworkMemoryExceeded.
