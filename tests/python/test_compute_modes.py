@@ -159,6 +159,10 @@ def test_a_plan_that_fills_the_device_still_runs_in_a_reduced_mode(tmp):
         with h5py.File(tmp / memory / "outputs" / "value.h5") as f:
             values[memory] = f["value"][()]
             staging[memory] = json.loads(f.attrs["reduced_steps"])["staging_bytes"]
-            assert f.attrs["reference_relative_error"] < 1e-6
+            error = f.attrs["reference_relative_error"]
+            # (the complex128 reference check runs after the contraction in what it left, which on a
+            # GPU under the small budget may be too little: then the output says so, and the values
+            # are held to the large budget's below)
+            assert error < 1e-6 or (memory == small and np.isnan(error) and "not measured" in f.attrs["reference_note"])
     assert staging[small] < staging["1GiB"], staging
-    assert np.linalg.norm(values["40MiB"] - values["1GiB"]) < 1e-6 * np.linalg.norm(values["1GiB"])
+    assert np.linalg.norm(values[small] - values["1GiB"]) < 1e-6 * np.linalg.norm(values["1GiB"])
