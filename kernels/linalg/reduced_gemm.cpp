@@ -72,7 +72,30 @@ class ReducedProduct {
     if (!g_.workspace || g_.workspace_bytes < kReducedGemmMinWorkspace)
       throw std::logic_error("gemm: a reduced-precision product needs a workspace");
     const Tiling t = tiling();
-    for (std::int64_t b0 = 0; b0 < g_.batch; b0 += t.entries)
+    // (fixed regions, sized for the largest tiles: B's parts, then A's, whatever the order)
+    b_region_ = t.entries * b_bytes(t.nt, t.kt) / parts_;
+    a_region_ = t.entries * a_bytes(t.mt, t.kt) / parts_;
+    // Which operand is staged again: with the inner dimension whole, either B's column tiles each
+    // take every row tile of A (A staged once per column tile), or A's row tiles each take every
+    // column tile of B (B staged once per row tile); the order that stages fewer bytes runs. Each
+    // tile of C is the same products either way, so the order changes no value. A split inner
+    // dimension keeps the columns outside, so that a tile's sums run over it in order.
+    const std::int64_t column_tiles = (g_.n + t.nt - 1) / t.nt, row_tiles = (g_.m + t.mt - 1) / t.mt;
+    const bool rows_outside = t.kt == g_.k && a_bytes(g_.m, g_.k) + row_tiles * b_bytes(g_.n, g_.k) <
+                                                  column_tiles * a_bytes(g_.m, g_.k) + b_bytes(g_.n, g_.k);
+    for (std::int64_t b0 = 0; b0 < g_.batch; b0 += t.entries) {
+      if (rows_outside) {
+        for (std::int64_t m0 = 0; m0 < g_.m; m0 += t.mt) {
+          const std::int64_t mt = std::min(t.mt, g_.m - m0);
+          stage_a(b0, t.entries, m0, mt, 0, g_.k);
+          for (std::int64_t n0 = 0; n0 < g_.n; n0 += t.nt) {
+            const std::int64_t nt = std::min(t.nt, g_.n - n0);
+            stage_b(b0, t.entries, n0, nt, 0, g_.k);
+            multiply(b0, t.entries, m0, mt, n0, nt, g_.k, g_.accumulate);
+          }
+        }
+        continue;
+      }
       for (std::int64_t n0 = 0; n0 < g_.n; n0 += t.nt)
         for (std::int64_t k0 = 0; k0 < g_.k; k0 += t.kt) {
           const std::int64_t nt = std::min(t.nt, g_.n - n0), kt = std::min(t.kt, g_.k - k0);
@@ -83,6 +106,7 @@ class ReducedProduct {
             multiply(b0, t.entries, m0, mt, n0, nt, kt, g_.accumulate || k0 > 0);
           }
         }
+    }
   }
 
  private:
@@ -109,7 +133,7 @@ class ReducedProduct {
   }
 
   char* workspace() const { return static_cast<char*>(g_.workspace); }
-  // Layout of the workspace for the current tile: B big, B small, A big, A small.
+  // Layout of the workspace: B big, B small, A big, A small, each region the largest tile's.
   void* b_part(int part) const { return workspace() + part * aligned(b_region_); }
   void* a_part(int part) const { return workspace() + parts_ * aligned(b_region_) + part * aligned(a_region_); }
   std::size_t element() const { return e_ * sizeof(float); }
@@ -135,8 +159,6 @@ class ReducedProduct {
     s.layout = !s.complex ? StageOperand::Layout::plain
                : g_.b_transposed ? StageOperand::Layout::expand_t
                                  : StageOperand::Layout::expand;
-    b_region_ = entries * b_bytes(nt, kt) / parts_;
-    a_region_ = 0;
     s.big = b_part(0);
     s.small = parts_ > 1 ? b_part(1) : nullptr;
     stage_operand(stream_, s);
@@ -147,7 +169,6 @@ class ReducedProduct {
     s.rows = mt;
     s.cols = kt;
     s.layout = StageOperand::Layout::plain;
-    a_region_ = entries * a_bytes(mt, kt) / parts_;
     s.big = a_part(0);
     s.small = parts_ > 1 ? a_part(1) : nullptr;
     stage_operand(stream_, s);
@@ -191,7 +212,7 @@ class ReducedProduct {
   bool cuda_;
   std::int64_t e_, parts_, value_bytes_;
   StageOperand::Format format_;
-  std::int64_t b_region_ = 0, a_region_ = 0;  // bytes of one part of the staged B and A tiles
+  std::int64_t b_region_ = 0, a_region_ = 0;  // bytes of one part of the largest staged B and A tiles
 };
 
 }  // namespace

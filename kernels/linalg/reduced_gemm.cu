@@ -6,7 +6,7 @@
 namespace qstage::kernels::detail {
 namespace {
 
-// One thread per staged value (the same staged_value and rounding as the CPU twin).
+// One thread per staged value (the same staged_value and rounding as the CPU twin): real operands.
 __global__ void stage_kernel(StageOperand s, std::int64_t rows, std::int64_t cols) {
   using Format = StageOperand::Format;
   const std::int64_t per_entry = rows * cols, total = s.batch * per_entry;
@@ -25,14 +25,57 @@ __global__ void stage_kernel(StageOperand s, std::int64_t rows, std::int64_t col
   }
 }
 
+// A complex operand: one thread per complex value read, writing the two staged values it gives
+// in one 8-byte store (4 for BF16), the staged rows over blockIdx.y (one division a row, not
+// one per value). The values are staged_value's, rounded as above:
+//   plain     (re, im)
+//   expand    even rows (re, im), odd rows (-im, re)
+//   expand_t  even rows (re, -im), odd rows (im, re)
+__global__ void stage_complex_kernel(StageOperand s, std::int64_t rows, std::int64_t pairs) {
+  using Format = StageOperand::Format;
+  using Layout = StageOperand::Layout;
+  const std::int64_t staged_rows = s.batch * rows;
+  for (std::int64_t row = blockIdx.y; row < staged_rows; row += gridDim.y) {
+    const std::int64_t entry = row / rows, r = row - entry * rows;
+    const float2* src = reinterpret_cast<const float2*>(s.src) + entry * s.stride +
+                        (s.layout == Layout::plain ? r : r >> 1) * s.ld;
+    const bool odd = r & 1;
+    for (std::int64_t j = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; j < pairs;
+         j += std::int64_t(gridDim.x) * blockDim.x) {
+      const float2 b = src[j];
+      float2 x = b;
+      if (s.layout == Layout::expand) x = odd ? make_float2(-b.y, b.x) : b;
+      else if (s.layout == Layout::expand_t) x = odd ? make_float2(b.y, b.x) : make_float2(b.x, -b.y);
+      const std::int64_t at = row * pairs + j;  // (in pairs of staged values)
+      if (s.format == Format::bf16) {
+        static_cast<std::uint32_t*>(s.big)[at] =
+            std::uint32_t(bf16_bits(round_bf16(x.x))) | (std::uint32_t(bf16_bits(round_bf16(x.y))) << 16);
+      } else {
+        const float2 big = make_float2(round_tf32(x.x), round_tf32(x.y));
+        static_cast<float2*>(s.big)[at] = big;
+        if (s.format == Format::split)
+          static_cast<float2*>(s.small)[at] = make_float2(round_tf32(x.x - big.x), round_tf32(x.y - big.y));
+      }
+    }
+  }
+}
+
 }  // namespace
 
 void stage_operand_cuda(void* cuda_stream, const StageOperand& s) {
   const std::int64_t rows = s.out_rows(), cols = s.out_cols(), total = s.batch * rows * cols;
   if (total == 0) return;
   constexpr int threads = 256;
-  const unsigned blocks = static_cast<unsigned>(std::min<std::int64_t>((total + threads - 1) / threads, 65536));
-  stage_kernel<<<blocks, threads, 0, static_cast<cudaStream_t>(cuda_stream)>>>(s, rows, cols);
+  const auto stream = static_cast<cudaStream_t>(cuda_stream);
+  if (s.complex) {  // (cols is even: two staged values for each complex value read)
+    const std::int64_t pairs = cols / 2;
+    const dim3 blocks(static_cast<unsigned>(std::min<std::int64_t>((pairs + threads - 1) / threads, 1024)),
+                      static_cast<unsigned>(std::min<std::int64_t>(s.batch * rows, 65535)));
+    stage_complex_kernel<<<blocks, threads, 0, stream>>>(s, rows, pairs);
+  } else {
+    const unsigned blocks = static_cast<unsigned>(std::min<std::int64_t>((total + threads - 1) / threads, 65536));
+    stage_kernel<<<blocks, threads, 0, stream>>>(s, rows, cols);
+  }
   QSTAGE_CUDA_CHECK_LAUNCH();
 }
 
