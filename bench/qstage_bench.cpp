@@ -227,19 +227,22 @@ json gemm_rate(Backend& be, std::int64_t m, std::int64_t n, std::int64_t k) {
   }
   Buffer staging = be.alloc_device(static_cast<std::size_t>(staging_bytes), "bench staging");
   out["staging_bytes"] = staging_bytes;
-  for (kernels::Compute mode : {kernels::Compute::full, kernels::Compute::tf32, kernels::Compute::tf32x3, kernels::Compute::bf16}) {
+  // A mode's rate and error with a workspace, into `into` as <mode>_TFLOPs and <mode>_relative_error.
+  auto measure = [&](kernels::Compute mode, void* workspace, std::int64_t workspace_bytes, json& into) {
     kernels::Gemm g = base;
     g.compute = mode;
-    g.workspace = staging.data();
-    g.workspace_bytes = staging_bytes;
+    g.workspace = workspace;
+    g.workspace_bytes = workspace_bytes;
     const double t = median_seconds([&] {
       kernels::gemm(*s, g);
       s->synchronize();
     });
     const std::string name = mode == kernels::Compute::full ? "fp32" : std::string(kernels::compute_name(mode));
-    out[name + "_TFLOPs"] = kernels::gemm_flops(g) / t / 1e12;
-    out[name + "_relative_error"] = error();
-  }
+    into[name + "_TFLOPs"] = kernels::gemm_flops(g) / t / 1e12;
+    into[name + "_relative_error"] = error();
+  };
+  for (kernels::Compute mode : {kernels::Compute::full, kernels::Compute::tf32, kernels::Compute::tf32x3, kernels::Compute::bf16})
+    measure(mode, staging.data(), staging_bytes, out);
   if (be.kind() == BackendKind::cuda) {
     const double t = median_seconds([&] {
       kernels::detail::gemm_direct(*s, base, kernels::detail::Operands::tf32_cores);
@@ -262,18 +265,7 @@ json gemm_rate(Backend& be, std::int64_t m, std::int64_t n, std::int64_t k) {
   if (static_cast<std::uint64_t>(whole) <= be.device_budget().left()) {
     Buffer all = be.alloc_device(static_cast<std::size_t>(whole), "bench staging, one tile");
     one_tile["staging_bytes"] = whole;
-    for (kernels::Compute mode : {kernels::Compute::tf32, kernels::Compute::tf32x3}) {
-      kernels::Gemm g = base;
-      g.compute = mode;
-      g.workspace = all.data();
-      g.workspace_bytes = whole;
-      const double t = median_seconds([&] {
-        kernels::gemm(*s, g);
-        s->synchronize();
-      });
-      one_tile[std::string(kernels::compute_name(mode)) + "_TFLOPs"] = kernels::gemm_flops(g) / t / 1e12;
-      one_tile[std::string(kernels::compute_name(mode)) + "_relative_error"] = error();
-    }
+    for (kernels::Compute mode : {kernels::Compute::tf32, kernels::Compute::tf32x3}) measure(mode, all.data(), whole, one_tile);
   } else {
     one_tile["not_run"] = fmt::format("needs {} of device memory, the budget has {} left", whole, be.device_budget().left());
   }
