@@ -12,6 +12,9 @@
 # The PyPI test oracles (opt_einsum, cotengra, autoray) travel unpacked in .gpu/py:
 #   pip download --no-deps -d W opt_einsum==3.4.0 cotengra==0.8.3 autoray==0.11.0, unzip each into .gpu/py
 #   bash bench/gpu_run.sh compress ARGS  bench/compress_bench.py with ARGS (the compression stages end to end)
+#   bash bench/gpu_run.sh nnqs ARGS    sci.nnqs's network plugin built against this machine's CUDA torch,
+#                                      its check (qstage_nnqs_model_check), then bench/nnqs_bench.py with ARGS,
+#                                      e.g. --fcidump F --params "max_iterations: 6, steps: 100, fit_steps: 800"
 #   bash bench/gpu_run.sh probe        device facts and I/O ceilings only
 set -uo pipefail
 source .gpu/env.sh
@@ -81,6 +84,21 @@ case "${1:-}" in
     export LD_LIBRARY_PATH=$site/cuquantum/lib:$site/cutensor/lib${nvlib:+:$nvlib}:$LD_LIBRARY_PATH
     python3 bench/cutn_bench.py run --qstage "$(command -v qstage)" --bench "$(command -v qstage_bench)" "$@"
     ;;
+  nnqs)
+    # (PyTorch's own libraries, not the packed ones: the plugin is built and checked, and the eager
+    # peer runs, without LD_LIBRARY_PATH; qstage loads the plugin, which finds torch by its rpath)
+    shift
+    clean=(env -u LD_LIBRARY_PATH)
+    torch_cmake=$("${clean[@]}" python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')
+    { "${clean[@]}" cmake -S stages/nnqs/model -B /tmp/build-nnqs -DCMAKE_BUILD_TYPE=Release \
+        -DCMAKE_PREFIX_PATH="$torch_cmake" -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc && "${clean[@]}" cmake --build /tmp/build-nnqs -j; } > "$OUT/nnqs_build.log" 2>&1 ||
+      { tail -n 20 "$OUT/nnqs_build.log"; echo "nnqs: the plugin did not build (log: $OUT/nnqs_build.log)" >&2; exit 3; }
+    "${clean[@]}" /tmp/build-nnqs/qstage_nnqs_model_check | tail -n 4
+    export QSTAGE_NNQS_PLUGIN=/tmp/build-nnqs/libqstage_nnqs.so
+    printf '#!/bin/sh\nexec env -u LD_LIBRARY_PATH python3 "$@"\n' > /tmp/python-without-packed-libraries
+    chmod +x /tmp/python-without-packed-libraries
+    python3 bench/nnqs_bench.py --qstage "$(command -v qstage)" --python /tmp/python-without-packed-libraries "$@"
+    ;;
   probe)
     for dir in /dev/shm/qprobe /tmp/qprobe; do
       qstage_bench ceilings --device cuda --m 4096 --n 16384 --k 16384 --io-dir $dir --io-bytes 8GiB
@@ -88,5 +106,5 @@ case "${1:-}" in
     df -h /tmp /dev/shm | cat
     free -g | cat
     ;;
-  *) echo "usage: bash bench/gpu_run.sh tests|bench ARGS|tn ARGS|codec ARGS|compress ARGS|probe" >&2; exit 2 ;;
+  *) echo "usage: bash bench/gpu_run.sh tests|bench ARGS|tn ARGS|compute ARGS|codec ARGS|compress ARGS|cutn ARGS|nnqs ARGS|probe" >&2; exit 2 ;;
 esac
