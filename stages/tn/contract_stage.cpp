@@ -361,6 +361,58 @@ Reference reference_contraction(const Loaded& l, Backend& be) {
   return ref;
 }
 
+// Each plan step against its roofline (tn::roofline_seconds at the rates the plan was made with,
+// its `prediction`): step_bytes, step_flops, step_roofline_seconds, and step_of_roofline, the
+// roofline's seconds over the measured ones (1: at the roofline; above 1 where a reduced compute
+// mode outruns the plan's full-precision rate). The log names the step furthest below its roofline
+// among those that took a tenth of the timed item or more.
+void write_step_rooflines(const StepContext& ctx, const std::vector<double>& seconds, h5::File& out) {
+  h5::File pf = h5::File::open(ctx.inputs.at("plan")->where().file, h5::Mode::read_only);
+  const tn::Plan plan = tn::Plan::from_json(tn::read_json_dataset(pf, "plan"), tn::read_json_dataset(pf, "prediction"));
+  if (plan.steps.size() != seconds.size()) return;  // (a plan for several ranks run on one: its own steps)
+  const std::size_t n = plan.steps.size();
+  std::vector<std::uint64_t> bytes(n);
+  std::vector<double> flops(n), roofline(n), fraction(n);
+  double timed = 0;
+  for (double t : seconds) timed += std::isnan(t) ? 0 : t;
+  std::size_t worst = n;
+  for (std::size_t i = 0; i < n; ++i) {
+    const tn::PlanStep& st = plan.steps[i];
+    bytes[i] = tn::moved_bytes(st);
+    flops[i] = st.flops;
+    roofline[i] = tn::roofline_seconds(st, plan.bandwidth, plan.gemm_rate);
+    fraction[i] = seconds[i] > 0 ? roofline[i] / seconds[i] : std::nan("");
+    if (seconds[i] >= 0.1 * timed && !std::isnan(fraction[i]) && (worst == n || fraction[i] < fraction[worst])) worst = i;
+  }
+  auto column = [&](const char* name, h5::DType dtype, const void* data, const std::string& description) {
+    h5::Dataset d = out.create_dataset(name, {{dtype, {n}, {}}, false});
+    if (n) d.write_all(data);
+    d.set_attribute("description", description);
+    return d;
+  };
+  column("step_bytes", h5::DType::uint64, bytes.data(),
+         "device bytes each plan step moves: its operands and result, and a packed step's transposes read and written");
+  column("step_flops", h5::DType::float64, flops.data(), "real flops of each plan step (8 a complex multiply-add)");
+  h5::Dataset r = column("step_roofline_seconds", h5::DType::float64, roofline.data(),
+                         "each step's roofline: step_bytes at the plan's bandwidth or step_flops at its gemm_rate, "
+                         "whichever is longer (the plan's prediction less host copies)");
+  r.set_attribute("bandwidth", plan.bandwidth);
+  r.set_attribute("gemm_rate", plan.gemm_rate);
+  mark_measured(r);  // (the plan's rates were measured)
+  h5::Dataset f = column("step_of_roofline", h5::DType::float64, fraction.data(),
+                         "step_roofline_seconds / step_seconds: the fraction of its roofline each step reached "
+                         "(NaN where it was not timed)");
+  mark_measured(f);
+  if (worst < n)
+    spdlog::info("tn.contract: step {} (m {} n {} k {} over {} loops, {}) ran at {:.0f} % of its roofline, the least of "
+                 "the steps that took a tenth of the timed item or more ({}; step_of_roofline has every step)",
+                 worst, plan.steps[worst].m, plan.steps[worst].n, plan.steps[worst].k, plan.steps[worst].loops,
+                 plan.steps[worst].execution == tn::Execution::packed   ? "packed"
+                 : plan.steps[worst].execution == tn::Execution::looped ? "looped"
+                                                                        : "in place",
+                 100 * fraction[worst], format_duration(seconds[worst]));
+}
+
 // Writes the reference check's attributes: the relative 2-norm error of the first result against
 // complex128, or why it was not measured.
 double write_reference_check(const Loaded& l, Backend& be, const std::vector<cd>& result, h5::File& out) {
@@ -813,6 +865,7 @@ void ContractStage::Run::write(const StagePlan& plan, const StepPass& pass, h5::
                   "beside the plan's steps/predicted_seconds; NaN where no item was timed "
                   "(time_steps: false, or a run resumed after its timed item)");
   mark_measured(t);
+  if (!distributed_) write_step_rooflines(ctx_, seconds, out);
   out.set_attribute("slices", static_cast<std::int64_t>(s.at("slices").get<std::uint64_t>()));
   out.set_attribute("invariant_steps", static_cast<std::int64_t>(s.at("invariant_steps").get<int>()));
   out.set_attribute("prologue_runs", static_cast<std::int64_t>(result.counts.prologues));

@@ -129,6 +129,12 @@ PackedLayouts packed_layouts(const PlanStep& st) {
   return p;
 }
 
+std::uint64_t moved_bytes(const PlanStep& st) { return st.a_bytes + st.b_bytes + st.c_bytes + 2 * st.transposed_bytes; }
+
+double roofline_seconds(const PlanStep& st, double bandwidth, double gemm_rate) {
+  return std::max(static_cast<double>(moved_bytes(st)) / bandwidth, st.flops / gemm_rate);
+}
+
 PlanStep block_view(const PlanStep& st) {
   PlanStep v = st;
   if (st.block_modes == 0) return v;
@@ -558,9 +564,8 @@ void predict(const Network& net, PlanStep& st, const PlanStep& block, const Plan
   const double mnk = static_cast<double>(st.m) * static_cast<double>(st.n) * static_cast<double>(st.k) *
                      static_cast<double>(st.loops) * static_cast<double>(st.blocks);
   st.flops = (o.element_bytes >= 8 ? 8.0 : 2.0) * mnk;
-  const std::uint64_t moved = st.a_bytes + st.b_bytes + st.c_bytes + 2 * st.transposed_bytes;
-  st.predicted_seconds = std::max({static_cast<double>(moved) / o.bandwidth, st.flops / o.gemm_rate,
-                                   host_in / o.pcie_bandwidth, host_out / o.pcie_bandwidth}) +
+  st.predicted_seconds = std::max({roofline_seconds(st, o.bandwidth, o.gemm_rate), host_in / o.pcie_bandwidth,
+                                   host_out / o.pcie_bandwidth}) +
                          (st.spilled() ? kBlockSeconds * static_cast<double>(st.blocks) : 0.0);
 }
 

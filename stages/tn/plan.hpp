@@ -107,6 +107,13 @@ struct PlanStep {
 // The step as one of its blocks runs it: C's first block_modes modes removed from the layouts.
 PlanStep block_view(const PlanStep& st);
 
+// A step's roofline (seed 000's eq. 6): the device bytes it moves (its operands, its result and
+// a packed step's transposes, read and written) at `bandwidth`, or its flops at `gemm_rate`,
+// whichever takes longer. The plan's prediction is this plus host copies and block launches;
+// tn.contract's step profile sets each measured step beside it.
+std::uint64_t moved_bytes(const PlanStep& st);
+double roofline_seconds(const PlanStep& st, double bandwidth, double gemm_rate);
+
 // The step with the modes `fixed` removed from its layouts (each value of them computed apart,
 // as a rank of a distributed contraction computes its shard), its GEMM mapping and execution
 // decided anew, in core, and a packed step's workspace placed from offset 0: `workspace_bytes`

@@ -843,7 +843,7 @@ steps:
     assert all("predicted_seconds" not in st for st in plan["steps"])
     records = manifest(run_dir)["steps"]
     assert records["plan"]["measured"] == ["prediction", "steps/predicted_seconds"]
-    assert records["amps"]["measured"] == ["step_seconds"]
+    assert records["amps"]["measured"] == ["step_of_roofline", "step_roofline_seconds", "step_seconds"]
     assert "prediction" in records["plan"]["checksums"] and "step_seconds" in records["amps"]["checksums"]
     with h5py.File(out / "given.h5") as f:
         assert "qstage.measured" not in f["prediction"].attrs and "qstage.measured" not in f["steps/predicted_seconds"].attrs
@@ -888,6 +888,41 @@ steps:
     assert seconds.shape == (steps,) and np.all(np.isfinite(seconds)) and np.all(seconds >= 0)
     with h5py.File(run_dir / "outputs" / "quiet.h5") as f:
         assert f["step_seconds"].shape == (steps,) and np.all(np.isnan(f["step_seconds"][()]))
+
+
+def test_the_step_profile_sets_each_step_beside_its_roofline(tmp):
+    """tn.contract writes each plan step's bytes and flops, its roofline at the rates the plan was
+    made with (bytes at the bandwidth or flops at the GEMM rate, whichever is longer), and the
+    fraction of it the timed item reached; untimed steps get NaN."""
+    spec = """
+name: roofline
+steps:
+  - id: net
+    stage: tn.build
+    params: {random: {rows: 3, cols: 4, cycles: 8, seed: 1}, random_bitstrings: {count: 2, seed: 2}}""" + \
+        contract_steps("precision: complex64, budget: 8KiB") + """\
+  - id: quiet
+    stage: tn.contract
+    inputs: {network: net, plan: plan}
+    params: {time_steps: false}
+"""
+    _, run_dir = committed_run(tmp, spec)
+    with h5py.File(run_dir / "outputs" / "plan.h5") as f:
+        steps = json.loads(bytes(f["plan"][()]).decode())["steps"]
+        prediction = json.loads(bytes(f["prediction"][()]).decode())
+    moved = np.array([sum(st["bytes"]) + 2 * st["transposed_bytes"] for st in steps], dtype=np.uint64)
+    flops = np.array([st["flops"] for st in steps])
+    want = np.maximum(moved / prediction["bandwidth"], flops / prediction["gemm_rate"])
+    with h5py.File(run_dir / "outputs" / "amps.h5") as f:
+        assert np.array_equal(f["step_bytes"][()], moved) and np.array_equal(f["step_flops"][()], flops)
+        roofline = f["step_roofline_seconds"][()]
+        np.testing.assert_allclose(roofline, want, rtol=1e-12)
+        assert f["step_roofline_seconds"].attrs["bandwidth"] == prediction["bandwidth"]
+        np.testing.assert_allclose(f["step_of_roofline"][()], roofline / f["step_seconds"][()], rtol=1e-12)
+        assert np.all(f["step_of_roofline"][()] > 0)
+        assert f["step_of_roofline"].attrs["qstage.measured"] == 1 and "qstage.measured" not in f["step_bytes"].attrs
+    with h5py.File(run_dir / "outputs" / "quiet.h5") as f:
+        assert np.all(np.isnan(f["step_of_roofline"][()])) and np.array_equal(f["step_bytes"][()], moved)
 
 
 def test_a_plan_for_several_ranks_distributes_its_large_steps_and_predicts_the_gain(tmp):

@@ -198,7 +198,7 @@ def test_two_runs_of_one_spec_give_every_step_the_same_key(tmp):
         assert first[step].get("content") == second[step].get("content"), step
     # (what made the keys differ before: measured anew, and recorded with their checksums)
     assert first["plan"]["measured"] == ["prediction", "steps/predicted_seconds"]
-    assert first["amplitudes"]["measured"] == ["step_seconds"]
+    assert first["amplitudes"]["measured"] == ["step_of_roofline", "step_roofline_seconds", "step_seconds"]
     assert first["try"]["measured"] == ["compress_gbps", "decompress_gbps"]
     assert first["plan"]["checksums"]["prediction"] != second["plan"]["checksums"]["prediction"]
     with h5py.File(tmp / "first" / "outputs" / "plan.h5") as f:
