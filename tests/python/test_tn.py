@@ -861,22 +861,27 @@ steps:
     assert bad == ["/steps/predicted_seconds"], bad
 
 
-def test_step_timing_off_leaves_the_amplitudes_and_writes_nan(tmp):
-    """tn.contract times its first work item step by step (step_seconds, one per plan step);
-    time_steps: false times none (NaN) and gives the same amplitudes, bit for bit."""
-    spec = """
-name: timing
+def timed_and_quiet_spec(name, bitstrings):
+    """A random circuit's amplitudes contracted twice from one plan: `amps` (its first item timed
+    step by step) and `quiet` (time_steps: false)."""
+    return f"""
+name: {name}
 steps:
   - id: net
     stage: tn.build
-    params: {random: {rows: 3, cols: 4, cycles: 8, seed: 1}, random_bitstrings: {count: 3, seed: 2}}""" + \
+    params: {{random: {{rows: 3, cols: 4, cycles: 8, seed: 1}}, random_bitstrings: {{count: {bitstrings}, seed: 2}}}}""" + \
         contract_steps("precision: complex64, budget: 8KiB") + """\
   - id: quiet
     stage: tn.contract
     inputs: {network: net, plan: plan}
     params: {time_steps: false}
 """
-    _, run_dir = committed_run(tmp, spec)
+
+
+def test_step_timing_off_leaves_the_amplitudes_and_writes_nan(tmp):
+    """tn.contract times its first work item step by step (step_seconds, one per plan step);
+    time_steps: false times none (NaN) and gives the same amplitudes, bit for bit."""
+    _, run_dir = committed_run(tmp, timed_and_quiet_spec("timing", 3))
     timed, _ = amplitudes(run_dir, "amps")
     quiet, _ = amplitudes(run_dir, "quiet")
     assert np.array_equal(timed, quiet)
@@ -894,19 +899,7 @@ def test_the_step_profile_sets_each_step_beside_its_roofline(tmp):
     """tn.contract writes each plan step's bytes and flops, its roofline at the rates the plan was
     made with (bytes at the bandwidth or flops at the GEMM rate, whichever is longer), and the
     fraction of it the timed item reached; untimed steps get NaN."""
-    spec = """
-name: roofline
-steps:
-  - id: net
-    stage: tn.build
-    params: {random: {rows: 3, cols: 4, cycles: 8, seed: 1}, random_bitstrings: {count: 2, seed: 2}}""" + \
-        contract_steps("precision: complex64, budget: 8KiB") + """\
-  - id: quiet
-    stage: tn.contract
-    inputs: {network: net, plan: plan}
-    params: {time_steps: false}
-"""
-    _, run_dir = committed_run(tmp, spec)
+    _, run_dir = committed_run(tmp, timed_and_quiet_spec("roofline", 2))
     with h5py.File(run_dir / "outputs" / "plan.h5") as f:
         steps = json.loads(bytes(f["plan"][()]).decode())["steps"]
         prediction = json.loads(bytes(f["prediction"][()]).decode())
