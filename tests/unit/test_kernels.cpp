@@ -400,6 +400,59 @@ TEST(ReducedGemm, RoundingAndSplitting) {
   }
 }
 
+// The GPU stages the CPU twin's bits: every layout and format, a strided batch of complex
+// operands with a leading dimension past their columns, and a real one (BF16: the CPU holds each
+// value as a float, the GPU its upper 16 bits).
+TEST(ReducedGemm, GpuStagesTheCpusBits) {
+  REQUIRE_GPU();
+  GpuRun gpu;
+  using Layout = kernels::StageOperand::Layout;
+  using Format = kernels::StageOperand::Format;
+  const std::int64_t rows = 5, cols = 7, ld = 9, batch = 3, stride = rows * ld + 4;
+  std::mt19937 gen(9);
+  std::normal_distribution<float> dist;
+  for (const bool complex : {true, false}) {
+    const std::int64_t e = complex ? 2 : 1;
+    std::vector<float> src(static_cast<std::size_t>(e * ((batch - 1) * stride + rows * ld)));
+    for (float& x : src) x = dist(gen) * std::ldexp(1.0f, static_cast<int>(gen() % 20) - 10);
+    Buffer device_src = gpu.upload(src.data(), src.size() * 4);
+    for (const Layout layout : {Layout::plain, Layout::expand, Layout::expand_t}) {
+      if (!complex && layout != Layout::plain) continue;
+      for (const Format format : {Format::tf32, Format::split, Format::bf16}) {
+        kernels::StageOperand st;
+        st.complex = complex;
+        st.rows = rows, st.cols = cols, st.ld = ld, st.batch = batch, st.stride = stride;
+        st.layout = layout, st.format = format;
+        const std::size_t values = static_cast<std::size_t>(batch * st.out_rows() * st.out_cols());
+        std::vector<float> big(values), small(values);
+        st.src = src.data(), st.big = big.data(), st.small = small.data();
+        kernels::stage_operand_cpu(st);
+        const std::size_t value_bytes = format == Format::bf16 ? 2 : 4;
+        Buffer device_big = gpu.backend->alloc_device(values * value_bytes, "test staged"),
+               device_small = gpu.backend->alloc_device(values * 4, "test staged small");
+        st.src = device_src.data(), st.big = device_big.data(), st.small = device_small.data();
+        kernels::stage_operand(*gpu.stream, st);
+        const std::string what = std::string(complex ? "complex" : "real") + " layout " +
+                                 std::to_string(static_cast<int>(layout)) + " format " + std::to_string(static_cast<int>(format));
+        if (format == Format::bf16) {
+          const auto got = gpu.download<std::uint16_t>(device_big, values);
+          for (std::size_t i = 0; i < values; ++i)
+            ASSERT_EQ(got[i], kernels::bf16_bits(big[i])) << what << " value " << i;
+          continue;
+        }
+        const auto got = gpu.download<float>(device_big, values);
+        for (std::size_t i = 0; i < values; ++i)
+          ASSERT_EQ(kernels::float_bits(got[i]), kernels::float_bits(big[i])) << what << " value " << i;
+        if (format == Format::split) {
+          const auto got_small = gpu.download<float>(device_small, values);
+          for (std::size_t i = 0; i < values; ++i)
+            ASSERT_EQ(kernels::float_bits(got_small[i]), kernels::float_bits(small[i])) << what << " small value " << i;
+        }
+      }
+    }
+  }
+}
+
 // Every mode on the CPU twin against complex128: a strided batch with a transposed B and
 // accumulation (a tensor-network step's shape), and a plain product; a workspace too small for
 // one tile gives the one-tile values (columns, rows and the inner dimension tiled).
