@@ -309,9 +309,9 @@ class NnqsRun final : public stages::StepRun {
   // the ranks in units of train_batch rows; `loss_gradient` runs on rank 0. False, and no step,
   // when the loss asked for none (every rank returns the same).
   bool train_step(const Occupations& x, const LossGradient& loss_gradient);
-  // Where an iteration's AdamW steps went (the log's, not the output's: the engine's seconds are
-  // not part of a run's bytes): the passes giving psi, rank 0's loss, the passes giving the
-  // gradient with their sum, and AdamW's update.
+  // Where an iteration's AdamW steps went, for the log (the output keeps seconds_optimize whole):
+  // the passes giving psi, rank 0's loss, the passes giving the gradient with their sum, and
+  // AdamW's update.
   struct StepSeconds {
     double forward = 0, loss = 0, backward = 0, update = 0;
   } step_seconds_;
