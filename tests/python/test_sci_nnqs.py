@@ -1,6 +1,7 @@
 """sci.nnqs: a neural-network quantum state trained inside the selected-CI loop (seed 004).
 
-Against PySCF's FCI on STO-3G molecules whose FCIDUMPs PySCF writes (with their point groups):
+Against PySCF's FCI on STO-3G molecules whose FCIDUMPs PySCF wrote (with their point groups;
+committed, and checked against PySCF where it is installed):
 H2, LiH, H2O and N2 within chemical accuracy (1.6 mHa), variational; N2 with seed 004's network
 and 800 fit steps an iteration, 5 minutes on a GPU (about an hour on CI's two cores: it runs with
 QSTAGE_TEST_DEVICE=cuda only). The worked example
@@ -29,13 +30,17 @@ CHEMICAL_ACCURACY = 1.6e-3  # Ha
 # slowed training tenfold.
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 
-# name: (geometry in Angstrom, point group)
+# name: (geometry in Angstrom, point group, PySCF 2.14's FCI energy in Ha). The FCIDUMPs are PySCF's
+# (RHF, STO-3G, the point group's ORBSYM), committed in tests/data/fcidump as *_sto3g_pyscf_FCIDUMP
+# so that the tests need no PySCF where they run (the GPU machine has none);
+# test_the_committed_fcidumps_are_the_ones_pyscf_writes checks them where PySCF is.
 MOLECULES = {
-    "h2": ("H 0 0 0; H 0 0 0.74", "D2h"),
-    "lih": ("Li 0 0 0; H 0 0 1.6", "C2v"),
-    "h2o": ("O 0 0 0; H 0 0.757 0.587; H 0 -0.757 0.587", "C2v"),
-    "n2": ("N 0 0 0; N 0 0 1.098", "D2h"),
+    "h2": ("H 0 0 0; H 0 0 0.74", "D2h", -1.137283834488502),
+    "lih": ("Li 0 0 0; H 0 0 1.6", "C2v", -7.882324378883502),
+    "h2o": ("O 0 0 0; H 0 0.757 0.587; H 0 -0.757 0.587", "C2v", -75.0126471189929),
+    "n2": ("N 0 0 0; N 0 0 1.098", "D2h", -107.65299987563179),
 }
+DATA = ROOT / "tests" / "data" / "fcidump"
 
 
 def needs_torch():
@@ -45,23 +50,43 @@ def needs_torch():
 
 
 @pytest.fixture(scope="module")
-def molecules(tmp_path_factory):
-    """FCIDUMPs of the STO-3G set written by PySCF, and PySCF's FCI energies."""
+def molecules():
+    """The STO-3G set's FCIDUMPs (PySCF's, committed) and their FCI energies."""
     needs_torch()
+    return {name: (DATA / f"{name}_sto3g_pyscf_FCIDUMP", e_fci) for name, (_, _, e_fci) in MOLECULES.items()}
+
+
+def fcidump_integrals(path):
+    """An FCIDUMP's header (NORB, NELEC, MS2, ORBSYM) and its integrals {(i, j, k, l): value}."""
+    text = Path(path).read_text()
+    end = text.upper().index("&END") if "&END" in text.upper() else text.index("/")
+    header = " ".join(text[:end].split()).upper()
+    values = {}
+    for line in text[end:].splitlines()[1:]:
+        parts = line.split()
+        if len(parts) == 5:
+            values[tuple(int(x) for x in parts[1:])] = float(parts[0])
+    return header, values
+
+
+def test_the_committed_fcidumps_are_the_ones_pyscf_writes(tmp):
+    """The committed STO-3G FCIDUMPs and FCI energies are what PySCF writes and computes for the
+    molecules above (integrals to 1e-10 Ha, energies to 1e-9 Ha: another BLAS may round differently)."""
     try:
         from pyscf import fci, gto, scf
         from pyscf.tools import fcidump
     except ImportError:
         pytest.skip("pyscf is not importable (scripts/setup.sh --test-oracles installs it into build/oracles)")
-    folder = tmp_path_factory.mktemp("fcidumps")
-    out = {}
-    for name, (atom, group) in MOLECULES.items():
+    for name, (atom, group, e_fci) in MOLECULES.items():
         mol = gto.M(atom=atom, basis="sto-3g", symmetry=group, verbose=0)
         mf = scf.RHF(mol).run()
-        path = folder / f"{name}_sto3g_FCIDUMP"
-        fcidump.from_scf(mf, str(path))
-        out[name] = (path, fci.FCI(mf).kernel()[0])
-    return out
+        fcidump.from_scf(mf, str(tmp / name))
+        header, values = fcidump_integrals(tmp / name)
+        committed_header, committed = fcidump_integrals(DATA / f"{name}_sto3g_pyscf_FCIDUMP")
+        assert header == committed_header, name
+        # (an integral PySCF writes is one above its cutoff, which a value near it may cross)
+        assert max(abs(values.get(key, 0) - committed.get(key, 0)) for key in values.keys() | committed.keys()) < 1e-10, name
+        assert abs(fci.FCI(mf).kernel()[0] - e_fci) < 1e-9, name
 
 
 def nnqs_spec(tmp, fcidump, params):
