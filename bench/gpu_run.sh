@@ -31,6 +31,8 @@ qstage --version
 case "${1:-}" in
   tests)
     qstage_unit_tests --gtest_brief=1 2>&1 | tail -n 30
+    # (sci.nnqs's tests run where `gpu_run.sh nnqs` built the network plugin)
+    [ -f /tmp/build-nnqs/libqstage_nnqs.so ] && export QSTAGE_NNQS_PLUGIN=/tmp/build-nnqs/libqstage_nnqs.so
     per_test=""
     python3 -c "import pytest_timeout" 2>/dev/null && per_test="--timeout 150"
     shift

@@ -55,7 +55,8 @@ std::string version_text() {
   std::string mpi_text(mpi, static_cast<size_t>(len));
   mpi_text = mpi_text.substr(0, mpi_text.find_first_of(",\n"));
   const std::string torch = *QSTAGE_TORCH_VERSION ? fmt::format("LibTorch {} (sci.nnqs)", QSTAGE_TORCH_VERSION)
-                                                   : std::string("built without LibTorch (no sci.nnqs)");
+                                                   : std::string("built without LibTorch (sci.nnqs needs a network plugin "
+                                                                 "built against one: QSTAGE_NNQS_PLUGIN)");
   return fmt::format("qstage {}\nbackends: cpu{}\nHDF5 {}.{}.{} (parallel), {}\n{}\n", QSTAGE_VERSION,
 #ifdef QSTAGE_HAVE_CUDA
                      ", cuda (built in)",
