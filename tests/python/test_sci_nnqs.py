@@ -59,7 +59,9 @@ def molecules():
 
 
 def fcidump_integrals(path):
-    """An FCIDUMP's header (NORB, NELEC, MS2, ORBSYM) and its integrals {(i, j, k, l): value}."""
+    """An FCIDUMP's header (NORB, NELEC, MS2, ORBSYM) and its integrals {(i, j, k, l): value}, every
+    line as written (pyscf.tools.fcidump.read folds them into its symmetric arrays, and a changed
+    (11|21) line went unseen there)."""
     text = Path(path).read_text()
     end = text.upper().index("&END") if "&END" in text.upper() else text.index("/")
     header = " ".join(text[:end].split()).upper()
