@@ -61,16 +61,6 @@ class Network {
   // once the run has turned dL/dpsi into dL/d(log |psi|) and dL/dphi. The sum over the rows is the
   // network's own, so the same rows give the same bits; the run folds such pieces in a fixed tree.
   virtual void gradient(const Occupations& x, const double* d_log_amplitude, const double* d_phase, double* out) = 0;
-  // A forward pass kept for its gradient: evaluate's values, and the graph that gradient() would
-  // otherwise build by running the rows forward again. It holds the graph's activations (device
-  // memory on a GPU) until it is dropped.
-  class KeptPass {
-   public:
-    virtual ~KeptPass() = default;
-    // What Network::gradient gives for the pass's rows; once.
-    virtual void gradient(const double* d_log_amplitude, const double* d_phase, double* out) = 0;
-  };
-  virtual std::unique_ptr<KeptPass> evaluate_kept(const Occupations& x, double* log_amplitude, double* phase) = 0;
   // One AdamW step taking `gradient` (parameters() values) as the loss's gradient.
   virtual void step(const double* gradient) = 0;
   // The parameters and AdamW's state, bit for bit.

@@ -30,11 +30,6 @@ class BudgetedNetwork final : public Network {
   void gradient(const Occupations& x, const double* d_log_amplitude, const double* d_phase, double* out) override {
     budgeted([&] { network_->gradient(x, d_log_amplitude, d_phase, out); }, "training on", x.rows);
   }
-  std::unique_ptr<KeptPass> evaluate_kept(const Occupations& x, double* log_amplitude, double* phase) override {
-    std::unique_ptr<KeptPass> pass;
-    budgeted([&] { pass = network_->evaluate_kept(x, log_amplitude, phase); }, "training on", x.rows);
-    return std::make_unique<BudgetedPass>(*this, std::move(pass), x.rows);
-  }
   void step(const double* gradient) override {
     budgeted([&] { network_->step(gradient); }, "stepping after", 0);
   }
@@ -54,20 +49,6 @@ class BudgetedNetwork final : public Network {
                            "device");
     }
   }
-  // The plugin's kept pass, its refusals as the network's.
-  class BudgetedPass final : public KeptPass {
-   public:
-    BudgetedPass(BudgetedNetwork& network, std::unique_ptr<KeptPass> pass, std::uint64_t rows)
-        : network_(network), pass_(std::move(pass)), rows_(rows) {}
-    void gradient(const double* d_log_amplitude, const double* d_phase, double* out) override {
-      network_.budgeted([&] { pass_->gradient(d_log_amplitude, d_phase, out); }, "training on", rows_);
-    }
-
-   private:
-    BudgetedNetwork& network_;
-    std::unique_ptr<KeptPass> pass_;
-    std::uint64_t rows_;
-  };
   std::unique_ptr<Network> network_;
   std::uint64_t share_;
 };

@@ -539,17 +539,11 @@ bool NnqsRun::train_step(const Occupations& x, const LossGradient& loss_gradient
   // log |psi| and phi of this rank's rows (unit by unit: the same batches on any rank count), to rank 0.
   auto phase_start = Clock::now();
   const auto lap = [&](double& seconds) { seconds += seconds_since(phase_start), phase_start = Clock::now(); };
-  // The last unit's pass is kept for its gradient (not run forward a second time); the others are
-  // run again below, so that a step holds one unit's graph at most, as train_batch says.
   std::vector<double> mine(2 * (row_end - row_first));
   const std::uint64_t mine_rows = row_end - row_first;
-  std::unique_ptr<Network::KeptPass> last;
   for (std::uint64_t u = first; u < end; ++u) {
     const auto [a, rows] = unit(u);
-    double* log_amplitude = mine.data() + (a - row_first);
-    double* phase = mine.data() + mine_rows + (a - row_first);
-    if (u + 1 == end) last = network_->evaluate_kept(rows, log_amplitude, phase);
-    else network_->evaluate(rows, log_amplitude, phase);
+    network_->evaluate(rows, mine.data() + (a - row_first), mine.data() + mine_rows + (a - row_first));
   }
   const std::vector<std::string> pieces = gather({reinterpret_cast<const char*>(mine.data()), mine.size() * sizeof(double)});
   lap(step_seconds_.forward);
@@ -588,19 +582,12 @@ bool NnqsRun::train_step(const Occupations& x, const LossGradient& loss_gradient
   const auto parameters = static_cast<std::size_t>(network_->parameters());
   const engine::ElementwiseSums kind(parameters);  // (the engine's fixed tree: any rank count, the same bits)
   engine::FoldStack local(kind);
-  // (the kept pass's gradient first, its graph freed before the others are built)
-  std::vector<double> partial(parameters), last_partial;
-  if (last) {
-    last_partial.resize(parameters);
-    const std::uint64_t a = unit(end - 1).first;
-    last->gradient(d + a, d + n + a, last_partial.data());
-    last.reset();
-  }
+  std::vector<double> partial(parameters);
   for (std::uint64_t u = first; u < end; ++u) {
     const auto [a, rows] = unit(u);
-    if (u + 1 < end) network_->gradient(rows, d + a, d + n + a, partial.data());
+    network_->gradient(rows, d + a, d + n + a, partial.data());
     engine::FoldNode leaf{0, u, kind.empty()};
-    leaf.value->fold(u, reinterpret_cast<const std::byte*>(u + 1 < end ? partial.data() : last_partial.data()));
+    leaf.value->fold(u, reinterpret_cast<const std::byte*>(partial.data()));
     local.push(std::move(leaf));
   }
   const std::vector<std::string> nodes = gather(local.save());

@@ -163,17 +163,6 @@ class TorchNetwork final : public Network {
       backward(log_amplitude, phase, d_log_amplitude, d_phase, out);
     });
   }
-  std::unique_ptr<KeptPass> evaluate_kept(const Occupations& x, double* log_amplitude, double* phase) override {
-    std::unique_ptr<KeptPass> pass;
-    within_cap([&] {
-      auto [a, f] = model_->forward(tensor(x));
-      const torch::Tensor both = host(torch::stack({a, f}).detach());
-      std::copy_n(both.data_ptr<double>(), x.rows, log_amplitude);
-      std::copy_n(both.data_ptr<double>() + x.rows, x.rows, phase);
-      pass = std::make_unique<Kept>(*this, std::move(a), std::move(f));
-    });
-    return pass;
-  }
   void step(const double* gradient) override {
     within_cap([&] {
       // (one copy to the device, then each parameter's gradient a view of it)
@@ -218,22 +207,6 @@ class TorchNetwork final : public Network {
   }
 
  private:
-  // A kept pass: (log |psi|, phi) with their graph, until gradient() walks it back.
-  class Kept final : public KeptPass {
-   public:
-    Kept(TorchNetwork& network, torch::Tensor log_amplitude, torch::Tensor phase)
-        : network_(network), log_amplitude_(std::move(log_amplitude)), phase_(std::move(phase)) {}
-    void gradient(const double* d_log_amplitude, const double* d_phase, double* out) override {
-      if (!log_amplitude_.defined()) throw std::logic_error("a kept pass's gradient was asked for twice");
-      within_cap([&] { network_.backward(log_amplitude_, phase_, d_log_amplitude, d_phase, out); });
-      log_amplitude_ = phase_ = torch::Tensor();  // (the graph freed)
-    }
-
-   private:
-    TorchNetwork& network_;
-    torch::Tensor log_amplitude_, phase_;
-  };
-
   // The gradient over the parameters of sum_i d_log_amplitude[i] log_amplitude[i] + d_phase[i]
   // phase[i] through their graph, into `out` (every parameter's, in order: one copy to the host).
   void backward(const torch::Tensor& log_amplitude, const torch::Tensor& phase, const double* d_log_amplitude,
