@@ -239,10 +239,10 @@ def load_network(out):
     return net, shaped
 
 
-def executed_path(out):
+def executed_path(out, plan_id="plan"):
     """The path tn.plan executes: its steps' SSA pairs and sliced modes."""
     import h5py
-    with h5py.File(out / "plan.h5") as f:
+    with h5py.File(out / f"{plan_id}.h5") as f:
         planned = json.loads(bytes(f["plan"][()]).decode())
     return [(int(s["a"]), int(s["b"])) for s in planned["steps"]], [int(m) for m in planned["sliced"]], planned
 
@@ -341,9 +341,13 @@ def qstage_case(args, name, case):
              ("plan", "tn.plan", {"network": "net", "path": "path"}, plan_params)]
     run_dir = work / name
     res = {"cap_log2": cap, "budget": budget or "tn.plan's default", "path_params": steps[1][3]}
+    unfused_params = {**plan_params, "fuse_gates": False}
     if not case.get("per_slice"):
         steps.append(("amps", "tn.contract", {"network": "net", "plan": "plan"}, {"time_steps": False}))
         steps.append(("profile", "tn.contract", {"network": "net", "plan": "plan"}, {}))
+        if args.also_unfused:  # the same path planned without gate fusion, contracted in the same run
+            steps.append(("plan_unfused", "tn.plan", {"network": "net", "path": "path"}, unfused_params))
+            steps.append(("amps_unfused", "tn.contract", {"network": "net", "plan": "plan_unfused"}, {"time_steps": False}))
     log(f"{name}: qstage {' -> '.join(s[1] for s in steps)} on {args.device}")
     err = qstage_run(args, steps, run_dir)
     out = run_dir / "outputs"
@@ -356,6 +360,7 @@ def qstage_case(args, name, case):
     res["slices"] = int(pl["slices"])
     res["sliced"] = sliced
     res["arena_bytes"] = int(pl["arena_bytes"])
+    res["fused_gates"] = int(pl.get("fused_gates", 0))
     res["flops_total"] = float(planned["cost"]["flops_total"])  # all slices, 8 per complex multiply-add
     res["planning_seconds"] = wall(out / "path.h5") + wall(out / "plan.h5")
     res["path_seconds"], res["plan_seconds"] = wall(out / "path.h5"), wall(out / "plan.h5")
@@ -375,6 +380,8 @@ def qstage_case(args, name, case):
                          "tflops": res["flops_total"] / (loop / count) / 1e12,
                          "value": [float(values[0].real), float(values[0].imag)],
                          "step_profile": step_profile(out, "profile.h5")}
+        if args.also_unfused:
+            res["qstage_unfused"] = unfused_figures(run_dir, out, "plan_unfused", "amps_unfused", count, values[0])
         return res, net, tensors, ssa, sliced, None
     # One slice: the network with the sliced modes fixed to 0, the same path, planned and contracted.
     fixed = slice_values(sliced, net["size_dict"], 0)
@@ -388,6 +395,9 @@ def qstage_case(args, name, case):
               ("plan", "tn.plan", {"network": "net", "path": "path"}, plan_params),
               ("value", "tn.contract", {"network": "net", "plan": "plan"}, {"time_steps": False}),
               ("profile", "tn.contract", {"network": "net", "plan": "plan"}, {})]
+    if args.also_unfused:
+        ssteps += [("plan_unfused", "tn.plan", {"network": "net", "path": "path"}, unfused_params),
+                   ("value_unfused", "tn.contract", {"network": "net", "plan": "plan_unfused"}, {"time_steps": False})]
     log(f"{name}: qstage, one slice of {res['slices']} ({len(sliced)} modes fixed)")
     qstage_run(args, ssteps, sdir)
     sout = sdir / "outputs"
@@ -403,10 +413,25 @@ def qstage_case(args, name, case):
                      "seconds_per_amplitude": per_slice * res["slices"],
                      "seconds_per_amplitude_with_planning": res["planning_seconds"] + per_slice * res["slices"],
                      "tflops": slice_flops / per_slice / 1e12, "slice_value": [v.real, v.imag],
-                     "extrapolated": res["slices"] > 1, "step_profile": step_profile(sout, "profile.h5")}
+                     "extrapolated": res["slices"] > 1, "step_profile": step_profile(sout, "profile.h5"),
+                     "fused_gates": int(spl.get("fused_gates", 0))}
+    if args.also_unfused:
+        res["qstage_unfused"] = unfused_figures(sdir, sout, "plan_unfused", "value_unfused", 1, v)
     if args.verify_slices:
         res["verify"] = verify_slices(args, name, case, net, tensors, ssa, sliced, steps, run_dir)
     return res, net, tensors, ssa, sliced, (sub, data, sssa, ssliced)
+
+
+def unfused_figures(run_dir, out, plan_id, contract_id, count, fused_value):
+    """The same path planned with fuse_gates: false and contracted in the same run: time per amplitude
+    (or slice), the steps it ran and its value against the fused plan's."""
+    import h5py
+    with h5py.File(out / f"{contract_id}.h5") as f:
+        v = complex(f["amplitudes" if "amplitudes" in f else "value"][()].reshape(-1)[0])
+    loop = float(json.loads((run_dir / "manifest.json").read_text())["steps"][contract_id]["metrics"]["loop_seconds"])
+    _, _, planned = executed_path(out, plan_id)
+    return {"seconds": loop / count, "steps": len(planned["steps"]),
+            "relative_difference_to_fused": abs(v - complex(fused_value)) / max(abs(v), 1e-300)}
 
 
 def verify_slices(args, name, case, net, tensors, ssa, sliced, steps, run_dir):
@@ -602,6 +627,10 @@ def markdown(report):
         rows.append(f"| {name} | qstage, its path ({r['slices']} slices){ext} | {q['seconds_per_amplitude']:.4g} | "
                     f"{q['seconds_per_amplitude_with_planning']:.4g} | {q['tflops']:.3g} | "
                     f"{f(q.get('fraction_of_cgemm'), '.0%')} | | |")
+        if "qstage_unfused" in r:
+            u = r["qstage_unfused"]
+            rows.append(f"| | qstage, the same path without gate fusion ({u['steps']} steps; fused: "
+                        f"{r['qstage'].get('fused_gates', r.get('fused_gates'))} fewer passes) | {u['seconds']:.4g} | | | | | |")
         for key, label in (("cutn_own_path", "cuTensorNet, its path"), ("cutn_qstage_path", "cuTensorNet, qstage's path")):
             if key in r:
                 c = r[key]
@@ -639,6 +668,8 @@ def main():
                                                              "extrapolate to all")
     r.add_argument("--repeats", type=int, default=2, help="warm cuTensorNet contractions after the cold one")
     r.add_argument("--qstage-only", action="store_true", help="skip cuTensorNet (CPU checks)")
+    r.add_argument("--also-unfused", action="store_true", help="qstage: also plan the same path with fuse_gates: "
+                                                                   "false and time its contraction (qstage_unfused)")
     r.add_argument("--verify-slices", action="store_true", help="per-slice cases: check the sum of all slices (CPU)")
     p = sub.add_parser("pack", help="here: wheels and libcutensor parts for the GPU machine")
     p.add_argument("--dest", default=str(REPO / ".whl" / "cutn"))

@@ -12,6 +12,7 @@
 #include "core/error.hpp"
 #include "core/units.hpp"
 #include "kernels/linalg/looped_gemm.hpp"
+#include "stages/tn/paths/fusion.hpp"
 #include "stages/tn/paths/slicing.hpp"
 #include "stages/tn/paths/tree.hpp"
 
@@ -23,7 +24,7 @@ namespace {
 // 2: packed steps copy C too; 3: out of core; 4: scratch; 5: block order; 6: invariant steps, persistent
 // region, slicing by cost; 7: inputs read where they are resident (no arena space); 8: the rates and
 // predicted seconds apart (Plan::prediction_json)
-constexpr const char* kPlanFormat = "qstage-plan-8";
+constexpr const char* kPlanFormat = "qstage-plan-9";  // 9: fused_gates
 }
 
 namespace {
@@ -850,10 +851,33 @@ Plan make_plan(const Network& net, const Path& path, const PlanOptions& o) {
   PlanOptions every_slice = o;
   every_slice.reuse_invariant = false;
   auto [plan, sliced_path] = slice_to_fit(net, path, every_slice);
+  if (o.fuse_gates) {
+    const SearchNetwork search = SearchNetwork::from(net);
+    ContractionTree tree = ContractionTree::from_path(search, sliced_path);
+    const FuseReport fused = fuse_gate_chains(tree);
+    if (fused.fused) {
+      const Path fused_path = tree.to_path();
+      Plan t = fit(net, fused_path, std::set<Mode>(fused_path.sliced.begin(), fused_path.sliced.end()), every_slice);
+      // (The fused path's steps hold no more than the chains' did, but the first-fit arena or the
+      // spilling may still come out larger: then the path that fits stays.)
+      if (overflow(t, every_slice) <= 1) {
+        t.slicing_overhead = plan.slicing_overhead;
+        t.path_reconfigured = plan.path_reconfigured;
+        t.fused_gates = fused.fused;
+        spdlog::debug("tn.plan: {} gate chain step(s) fused: {:.4g} -> {:.4g} elements moved per slice, {:.4g} -> {:.4g} "
+                      "multiply-adds",
+                      fused.fused, fused.moved_before, fused.moved_after, fused.multiply_adds_before,
+                      fused.multiply_adds_after);
+        plan = std::move(t);
+        sliced_path = fused_path;
+      }
+    }
+  }
   if (o.reuse_invariant && plan.slices > 1) {
     Plan reused = with_reuse(net, sliced_path, plan, o);
     reused.slicing_overhead = plan.slicing_overhead;
     reused.path_reconfigured = plan.path_reconfigured;
+    reused.fused_gates = plan.fused_gates;
     plan = std::move(reused);
   }
   return finish(std::move(plan), o);
@@ -921,6 +945,7 @@ void plan_fields(P& p, Io&& io) {
   io.prediction("predicted_seconds_per_slice", p.predicted_seconds);
   io("slicing_overhead", p.slicing_overhead);
   io("path_reconfigured", p.path_reconfigured);
+  io("fused_gates", p.fused_gates);
   io("prologue_arena_bytes", p.prologue_arena_bytes);
   io("persistent_bytes", p.persistent_bytes);
   io("invariant_steps", p.invariant_steps);

@@ -183,6 +183,7 @@ struct Plan {
   double predicted_prologue_seconds = 0;         // once per bitstring (the invariant steps)
   double slicing_overhead = 1;                   // total flops of all slices / the unsliced path's (slicing added here)
   bool path_reconfigured = false;                // slicing reshaped the path (steps differ from tn.path's)
+  int fused_gates = 0;                           // passes over large tensors saved by gate fusion (paths/fusion.hpp)
   PathCost cost;                                 // of the path, every step run in every slice
 
   // Flops of one bitstring (or of the value): the prologue once and every slice's variant steps.
@@ -223,13 +224,16 @@ struct PlanOptions {
   bool reconfigure = true;                         // reshape the path between sliced modes
   int subtree_size = 8;                            // frontier size of that reconfiguration
   bool reuse_invariant = true;                     // sliced: run the invariant steps once per bitstring
+  bool fuse_gates = true;                          // fold chains of gates on one large tensor into one pass each
   std::uint64_t arenas = 1;                        // arenas sharing one persistent region (see budget_bytes)
 };
 
 // Plans `path`. If the path with its own sliced modes (if any) does not fit the budgets (out of
 // core: after spilling), it is sliced anew by cost (paths/slicing.hpp: the modes that minimize
 // total flops under a cap on the largest tensor, reconfiguring the tree between them), the cap
-// lowered until the arena fits. With reuse_invariant, the invariant steps of the sliced plan then
+// lowered until the arena fits. With fuse_gates, the chains of gates on one large tensor of the
+// path that fits are then folded into one pass each (paths/fusion.hpp), where the plan of the
+// fused path still fits. With reuse_invariant, the invariant steps of the sliced plan then
 // run once per bitstring, as many as the persistent region leaves room for (the others are
 // recomputed per slice), so reuse never needs more slices or flops than without. Throws
 // InputError if even slicing every closed mode does not fit the budget.

@@ -99,6 +99,7 @@ struct Params {
   bool reconfigure;
   int subtree_size;
   bool reuse_invariant;
+  bool fuse_gates;
   bool out_of_core;
   bool scratch;                                  // (out of core only)
   std::optional<std::uint64_t> host_budget;      // (read out of core only); none: from --host-memory
@@ -118,6 +119,7 @@ struct Params {
     r.reconfigure = p.at("reconfigure").get<bool>();
     r.subtree_size = p.at("subtree_size").get<int>();
     r.reuse_invariant = p.at("reuse_invariant").get<bool>();
+    r.fuse_gates = p.at("fuse_gates").get<bool>();
     r.out_of_core = p.at("out_of_core").get<bool>();
     r.scratch = r.out_of_core && p.at("scratch").get<bool>();
     if (r.out_of_core) {  // (a host_budget without out_of_core is not looked at)
@@ -233,7 +235,8 @@ class PlanStage final : public ComputedStage {
  public:
   const StageInfo& info() const override {
     static const StageInfo info{
-        "tn.plan", 9,  // 8: the plan for P ranks is in the distribution; 9: the prediction apart from the plan
+        "tn.plan", 10,  // 8: the plan for P ranks is in the distribution; 9: the prediction apart from the plan;
+                        // 10: gate chains fused
         "an executable schedule: GEMM-ready mode orders, slicing to fit the device budget, memory plan, predicted times",
         {{"network", "a tn.build output"}, {"path", "a tn.path output"}},
         "- id: plan\n  stage: tn.plan\n  inputs: {network: net, path: path}\n  params: {precision: complex64}\n"};
@@ -298,6 +301,7 @@ void PlanStage::Run::compute() {
     o.arenas = 3;
   }
   o.reuse_invariant = p.reuse_invariant;
+  o.fuse_gates = p.fuse_gates;
   json rates = json::object();  // where they came from
   bool measured = false;        // (then the prediction is a measurement)
   if (p.bandwidth && p.gemm_rate) {
@@ -409,6 +413,7 @@ void PlanStage::Run::write(const StagePlan&, const StepPass&, h5::File& out) con
         "a quarter of the budget) so that the search weighs the slicing",
         plan.slicing_overhead);
   out.set_attribute("path_reconfigured", static_cast<std::int64_t>(plan.path_reconfigured));
+  out.set_attribute("fused_gates", static_cast<std::int64_t>(plan.fused_gates));
   if (j.contains("distribution")) {
     const json &d = j.at("distribution"), &e = prediction.at("distribution");
     out.set_attribute("distribution_ranks", d.at("ranks").get<std::int64_t>());
@@ -440,6 +445,8 @@ std::string PlanStage::Run::describe(const StagePlan&, const StepPass&) const {
                 format_duration(plan.predicted_prologue_seconds), plan.flops_per_bitstring(),
                 plan.flops_per_bitstring_without_reuse())
           : "";
+  const std::string fused =
+      plan.fused_gates ? fmt::format(", {} gate step(s) fused into passes over larger tensors", plan.fused_gates) : "";
   std::string ranks;
   if (j.contains("distribution")) {
     const json &d = j.at("distribution"), &e = prediction.at("distribution");
@@ -458,10 +465,10 @@ std::string PlanStage::Run::describe(const StagePlan&, const StepPass&) const {
         e.at("E_P").get<double>());
   }
   return fmt::format(
-      "{} steps ({} packed, {} copies of {}), {} slice(s) over {} sliced mode(s){}, arena {} per slice{}, "
+      "{} steps ({} packed, {} copies of {}){}, {} slice(s) over {} sliced mode(s){}, arena {} per slice{}, "
       "{} input transposes, predicted {} per slice{}{}",
       plan.steps.size(), plan.packed_steps, plan.step_transposes,
-      format_bytes(static_cast<double>(plan.transposed_bytes)), plan.slices, plan.sliced.size(), sliced,
+      format_bytes(static_cast<double>(plan.transposed_bytes)), fused, plan.slices, plan.sliced.size(), sliced,
       format_bytes(static_cast<double>(plan.arena_bytes)), spill, plan.input_transposes,
       format_duration(plan.predicted_seconds), reuse, ranks);
 }

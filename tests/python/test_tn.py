@@ -207,6 +207,28 @@ def network_of(run_dir, step="net"):
         return json.loads(bytes(f["network"][()]).decode())
 
 
+def einsum_spec(name, expression, sizes, seed):
+    """A workflow whose step net builds the einsum network of `expression` with random tensors."""
+    return f"""
+name: {name}
+steps:
+  - id: net
+    stage: tn.build
+    params: {{einsum: {{expression: "{expression}", sizes: {json.dumps(sizes)}, seed: {seed}}}}}
+"""
+
+
+def einsum_of(net):
+    """A network (tn.build's JSON) as an einsum equation, one letter per mode, and its tensors' shapes."""
+    letters = {}
+    for modes in net["inputs"] + [net["output"]]:
+        for m in modes:
+            letters.setdefault(m, chr(ord("a") + len(letters)) if len(letters) < 26 else chr(ord("A") + len(letters) - 26))
+    sd = {int(k): v for k, v in net["size_dict"].items()}
+    eq = ",".join("".join(letters[m] for m in t) for t in net["inputs"]) + "->" + "".join(letters[m] for m in net["output"])
+    return eq, [tuple(sd[m] for m in t) for t in net["inputs"]]
+
+
 @pytest.mark.skipif(DEVICE == "cpu" and not os.environ.get("QSTAGE_TEST_SLOW"),
                     reason="circuit_q24 amplitudes cost about 2e12 flops each (over 10 minutes on a 2-core CPU): "
                            "runs with QSTAGE_TEST_DEVICE=cuda or QSTAGE_TEST_SLOW=1")
@@ -333,23 +355,11 @@ def test_imported_opt_einsum_path_is_followed_exactly(tmp, fmt):
     # A triangular prism (two triangles joined by three legs) with an open leg: paths can differ.
     expr = "abig,bcj,cak,ide,jef,kfd,gm->m"
     sizes = {c: 2 + (ord(c) % 3) for c in "abcdefghijkm"}
-    spec = f"""
-name: oe
-steps:
-  - id: net
-    stage: tn.build
-    params: {{einsum: {{expression: "{expr}", sizes: {json.dumps(sizes)}, seed: 11}}}}
-"""
+    spec = einsum_spec("oe", expr, sizes, 11)
     _, run_dir = committed_run(tmp, spec)
     net = network_of(run_dir)
-    letters = {}
-    for modes in net["inputs"] + [net["output"]]:
-        for m in modes:
-            letters.setdefault(m, oe.get_symbol(len(letters)))
-    sd = {int(k): v for k, v in net["size_dict"].items()}
-    terms = ["".join(letters[m] for m in t) for t in net["inputs"]]
-    eq = ",".join(terms) + "->" + "".join(letters[m] for m in net["output"])
-    shapes = [tuple(sd[m] for m in t) for t in net["inputs"]]
+    eq, shapes = einsum_of(net)
+    terms = eq.split("->")[0].split(",")
     linear, _ = oe.contract_path(eq, *shapes, shapes=True, optimize="dp")
     path = [list(s) for s in linear] if fmt == "linear" else oe.paths.linear_to_ssa(linear)
     (tmp / "oe.json").write_text(json.dumps(path))
@@ -364,6 +374,44 @@ steps:
     with h5py.File(run_dir / "outputs" / "value.h5") as f:
         got = f[[k for k in ("amplitudes", "value") if k in f][0]][()].reshape(-1)
     assert np.allclose(got, expected.reshape(-1), rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("precision,tol", [("complex128", 1e-12), ("complex64", 1e-5)])
+def test_a_chain_of_gates_on_one_large_tensor_runs_as_one_pass_with_numpys_value(tmp, precision, tol):
+    """Six 2 x 2 gates applied one after another to a 4096-value tensor (an imported path that
+    applies them in turn): tn.plan folds the chain into passes over the large tensor (fused_gates),
+    fewer bytes move, and the value is numpy.einsum's, as without fusion (fuse_gates: false)."""
+    expr = "abcdefghijkl,ma,nm,ob,po,qc,rq->nprdefghijkl"
+    sizes = {c: 2 for c in "abcdefghijklmnopqr"}
+    chain = [[0, 1], [7, 2], [8, 3], [9, 4], [10, 5], [11, 6]]
+    (tmp / "chain.json").parent.mkdir(parents=True, exist_ok=True)
+    (tmp / "chain.json").write_text(json.dumps(chain))
+    spec = einsum_spec("chain", expr, sizes, 5) + contract_steps(f"precision: {precision}, budget: 1MiB", "import: chain.json, format: ssa", result="value")[1:]
+    spec += f"""  - id: plan_unfused
+    stage: tn.plan
+    inputs: {{network: net, path: path}}
+    params: {{precision: {precision}, budget: 1MiB, bandwidth: 1.0e10, gemm_rate: 1.0e11, fuse_gates: false}}
+  - id: value_unfused
+    stage: tn.contract
+    inputs: {{network: net, plan: plan_unfused}}
+"""
+    _, run_dir = committed_run(tmp, spec)
+    out = run_dir / "outputs"
+    plans = {}
+    for name in ("plan", "plan_unfused"):
+        with h5py.File(out / f"{name}.h5") as f:
+            plans[name] = (int(f.attrs["fused_gates"]), json.loads(bytes(f["plan"][()]).decode()))
+    moved = {k: sum(sum(st["bytes"]) for st in p["steps"]) for k, (_, p) in plans.items()}
+    assert plans["plan"][0] >= 3 and plans["plan_unfused"][0] == 0, plans
+    assert moved["plan"] < 0.6 * moved["plan_unfused"], moved
+    eq, shapes = einsum_of(network_of(run_dir))
+    with h5py.File(out / "net.h5") as f:
+        tensors = [f["tensors"][f"t{i:06d}"][()].reshape(s) for i, s in enumerate(shapes)]
+    expected = np.einsum(eq, *tensors).reshape(-1)
+    for step in ("value", "value_unfused"):
+        with h5py.File(out / f"{step}.h5") as f:
+            got = f["value"][()].reshape(-1)
+        assert relative_error(got, expected) < tol, step
 
 
 def test_qaoa_maxcut_energy_matches_statevector(tmp):

@@ -16,6 +16,7 @@
 #include "stages/tn/contractor.hpp"
 #include "stages/tn/network.hpp"
 #include "stages/tn/path.hpp"
+#include "stages/tn/paths/fusion.hpp"
 #include "stages/tn/paths/hyper.hpp"
 #include "stages/tn/plan.hpp"
 #include "stages/tn/problems.hpp"
@@ -532,4 +533,57 @@ TEST(DetectorErrorModel, ItsSizeIsBoundedBeforeExpansionAndTheExpansionStopsOnRe
   EXPECT_THROW(tn::read_detector_error_model("repeat 4 {\n  error(0.1) D0 L0\n}\n", "t.dem"), StopRequested);
   signals::request_stop(0);
   EXPECT_EQ(tn::read_detector_error_model("repeat 4 {\n  error(0.1) D0 L0\n  shift_detectors 1\n}\n", "t.dem").detectors, 4);
+}
+
+// Gate fusion (paths/fusion.hpp): chains of gates on one large tensor fold into one pass each. The
+// tree stays valid and keeps its result, no tensor grows, the bytes moved fall, and the fused
+// plan's amplitudes are the state vector's, as the unfused plan's are; fusing again finds nothing.
+TEST(TensorNetwork, FusedGateChainsMoveFewerBytesAndGiveTheStateVectorsAmplitudes) {
+  const auto circuit = grid_circuit(4, 5, 12, 5);
+  const auto sv = state_vector(circuit);
+  const auto net = tn::amplitude_network(circuit);
+  const auto path = find_path(net, 8, 1);
+  const tn::SearchNetwork search = tn::SearchNetwork::from(net);
+  tn::ContractionTree tree = tn::ContractionTree::from_path(search, path);
+  const tn::ContractionTree before = tree;
+  tn::FuseOptions small_gates;
+  small_gates.min_large_log2 = 8;  // (this 20-qubit circuit's intermediates are small)
+  const tn::FuseReport r = tn::fuse_gate_chains(tree, small_gates);
+  tree.check();
+  EXPECT_GT(r.fused, 0);
+  EXPECT_LT(r.moved_after, r.moved_before);
+  EXPECT_EQ(tree.legs(tree.root()), before.legs(before.root()));
+  EXPECT_LE(tree.cost().log2_largest(), before.cost().log2_largest());
+  // The flops grow, within the bound the sum and fan-out caps put on each pass.
+  EXPECT_LE(r.multiply_adds_after, r.multiply_adds_before * 16);
+  EXPECT_EQ(tn::fuse_gate_chains(tree, small_gates).fused, 0);  // a fixed point
+
+  // Through make_plan: on by default, off on request; every amplitude matches either way.
+  tn::PlanOptions plain{16}, fused{16};
+  plain.fuse_gates = false;
+  const auto p0 = tn::make_plan(net, path, plain), p1 = tn::make_plan(net, path, fused);
+  EXPECT_EQ(p0.fused_gates, 0);
+  std::uint64_t moved0 = 0, moved1 = 0;
+  for (const auto& st : p0.steps) moved0 += tn::moved_bytes(st);
+  for (const auto& st : p1.steps) moved1 += tn::moved_bytes(st);
+  EXPECT_GT(p1.fused_gates, 0);  // (fewer than above: the default leaves tensors under 4096 values alone)
+  EXPECT_LT(moved1, moved0);
+  EXPECT_LE(p1.arena_bytes, p0.arena_bytes);
+  EXPECT_EQ(tn::Plan::from_json(p1.to_json()).fused_gates, p1.fused_gates);
+  tn::ContractionTree planned = tn::ContractionTree::from_path(search, p1.path());
+  EXPECT_EQ(tn::fuse_gate_chains(planned).fused, 0);
+  // And the tree fused with small_gates, planned as an imported path.
+  const auto p2 = tn::make_plan(net, tree.to_path(), plain);
+  std::mt19937 gen(9);
+  for (int trial = 0; trial < 3; ++trial) {
+    std::vector<std::uint8_t> bits(static_cast<size_t>(circuit.qubits));
+    for (auto& b : bits) b = static_cast<std::uint8_t>(gen() & 1);
+    const cd want = sv[index_of(bits)];
+    for (const auto* plan : {&p0, &p1, &p2}) {
+      const auto got = contract_all(net, *plan, h5::DType::complex128, bits);
+      EXPECT_NEAR(std::abs(got[0] - want), 0, 1e-12 * std::max(1.0, std::abs(want)));
+      const auto got64 = contract_all(net, *plan, h5::DType::complex64, bits);
+      EXPECT_NEAR(std::abs(got64[0] - want), 0, 1e-5 * std::max(std::abs(want), 1e-3));
+    }
+  }
 }
