@@ -348,6 +348,8 @@ def qstage_case(args, name, case):
         if args.also_unfused:  # the same path planned without gate fusion, contracted in the same run
             steps.append(("plan_unfused", "tn.plan", {"network": "net", "path": "path"}, unfused_params))
             steps.append(("amps_unfused", "tn.contract", {"network": "net", "plan": "plan_unfused"}, {"time_steps": False}))
+    elif args.also_unfused:  # (its one slice then follows the unfused plan's path)
+        steps.append(("plan_unfused", "tn.plan", {"network": "net", "path": "path"}, unfused_params))
     log(f"{name}: qstage {' -> '.join(s[1] for s in steps)} on {args.device}")
     err = qstage_run(args, steps, run_dir)
     out = run_dir / "outputs"
@@ -395,8 +397,13 @@ def qstage_case(args, name, case):
               ("plan", "tn.plan", {"network": "net", "path": "path"}, plan_params),
               ("value", "tn.contract", {"network": "net", "plan": "plan"}, {"time_steps": False}),
               ("profile", "tn.contract", {"network": "net", "plan": "plan"}, {})]
-    if args.also_unfused:
-        ssteps += [("plan_unfused", "tn.plan", {"network": "net", "path": "path"}, unfused_params),
+    if args.also_unfused:  # the slice again along the whole network's unfused plan (the same sliced modes)
+        ussa, usliced, _ = executed_path(out, "plan_unfused")
+        assert usliced == sliced, (usliced, sliced)
+        (work / f"{name}-slice0-path-unfused.json").write_text(json.dumps([list(p) for p in ussa]))
+        ssteps += [("path_unfused", "tn.path", {"network": "net"},
+                    {"import": str(work / f"{name}-slice0-path-unfused.json"), "format": "ssa"}),
+                   ("plan_unfused", "tn.plan", {"network": "net", "path": "path_unfused"}, unfused_params),
                    ("value_unfused", "tn.contract", {"network": "net", "plan": "plan_unfused"}, {"time_steps": False})]
     log(f"{name}: qstage, one slice of {res['slices']} ({len(sliced)} modes fixed)")
     qstage_run(args, ssteps, sdir)
@@ -629,8 +636,8 @@ def markdown(report):
                     f"{f(q.get('fraction_of_cgemm'), '.0%')} | | |")
         if "qstage_unfused" in r:
             u = r["qstage_unfused"]
-            rows.append(f"| | qstage, the same path without gate fusion ({u['steps']} steps; fused: "
-                        f"{r['qstage'].get('fused_gates', r.get('fused_gates'))} fewer passes) | {u['seconds']:.4g} | | | | | |")
+            rows.append(f"| | qstage, the same path without gate fusion ({u['steps']} steps; fused plan: "
+                        f"{r.get('fused_gates')} fewer passes) | {u['seconds']:.4g} | | | | | |")
         for key, label in (("cutn_own_path", "cuTensorNet, its path"), ("cutn_qstage_path", "cuTensorNet, qstage's path")):
             if key in r:
                 c = r[key]

@@ -39,9 +39,24 @@ namespace {
 constexpr std::int64_t kAlign = 256;
 }  // namespace
 
+// 3xTF32: the tensor cores' FP32 accumulation of one call's sums is not rounded to nearest, and
+// its error grows with their length: on an H100, 1.9e-5 relative for a 4096^3 complex product (8192
+// real terms, one call per part) against 1.6e-6 in FP32 (docs/benchmarks.md). So a split product's
+// inner dimension runs in pieces of at most this many real terms, each added to C in cuBLAS's
+// epilogue (FP32, rounded to nearest). 1024 keeps each piece compute-bound (2048 flops per value
+// of C read and written).
+constexpr std::int64_t kSplitInnerLength = 1024;
+
+// The longest inner dimension one product of `g`'s tiles runs over.
+std::int64_t inner_limit(const Gemm& g) {
+  const std::int64_t e = g.dtype == DType::complex64 ? 2 : 1;
+  return g.compute == Compute::tf32x3 ? std::min(g.k, std::max<std::int64_t>(1, kSplitInnerLength / e)) : g.k;
+}
+
 std::int64_t reduced_gemm_workspace(const Gemm& g) {
   const std::int64_t e = g.dtype == DType::complex64 ? 2 : 1, parts = g.compute == Compute::tf32x3 ? 2 : 1;
-  const std::int64_t values = g.batch * (e * g.k * e * g.n + g.m * e * g.k);
+  const std::int64_t k = inner_limit(g);
+  const std::int64_t values = g.batch * (e * k * e * g.n + g.m * e * k);
   return std::max(kReducedGemmMinWorkspace, parts * 4 * values + 4 * kAlign * parts);
 }
 
@@ -114,13 +129,15 @@ class ReducedProduct {
   std::int64_t b_bytes(std::int64_t nt, std::int64_t kt) const { return parts_ * value_bytes_ * e_ * kt * e_ * nt; }
   std::int64_t a_bytes(std::int64_t mt, std::int64_t kt) const { return parts_ * value_bytes_ * mt * e_ * kt; }
 
-  // The whole batch at once when it fits; else one entry at a time, B's tile in half the
+  // The whole batch at once when it fits (3xTF32: over pieces of the inner dimension, see
+  // kSplitInnerLength); else one entry at a time, B's tile in half the
   // workspace (fewer columns first, down to one, before the inner dimension is split: a row's
   // sums then do not depend on m or the workspace) and as many rows of A as the rest holds.
   Tiling tiling() const {
     const std::int64_t w = g_.workspace_bytes - 4 * kAlign * parts_;
-    if (g_.batch * (b_bytes(g_.n, g_.k) + a_bytes(g_.m, g_.k)) <= w) return {g_.batch, g_.m, g_.n, g_.k};
-    std::int64_t nt = g_.n, kt = g_.k;
+    const std::int64_t k = inner_limit(g_);
+    if (g_.batch * (b_bytes(g_.n, k) + a_bytes(g_.m, k)) <= w) return {g_.batch, g_.m, g_.n, k};
+    std::int64_t nt = g_.n, kt = k;
     while (b_bytes(nt, kt) > w / 2) {
       if (nt > 1) nt = (nt + 1) / 2;
       else kt = (kt + 1) / 2;

@@ -93,7 +93,8 @@ void stage_operand_cuda(void* cuda_stream, const StageOperand& s);
 }
 
 // The smallest workspace a reduced-mode Gemm accepts, and the workspace that runs `g` (its
-// compute, shape and batch) in one tile on either backend.
+// compute, shape and batch) in one tile of C on either backend (3xTF32's inner dimension still
+// runs in pieces of 1024 real terms: reduced_gemm.cpp says why).
 constexpr std::int64_t kReducedGemmMinWorkspace = 4096;
 std::int64_t reduced_gemm_workspace(const Gemm& g);
 

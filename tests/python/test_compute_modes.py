@@ -158,11 +158,17 @@ def test_a_plan_that_fills_the_device_still_runs_in_a_reduced_mode(tmp):
         assert r.code == 0, r
         with h5py.File(tmp / memory / "outputs" / "value.h5") as f:
             values[memory] = f["value"][()]
-            staging[memory] = json.loads(f.attrs["reduced_steps"])["staging_bytes"]
+            reduced = json.loads(f.attrs["reduced_steps"])
+            staging[memory] = reduced["staging_bytes"]
+            # FP32's error on the CPU twin (FP32 sums of the split operands); on a GPU the tensor
+            # cores' accumulation, which the error model states (kernels/linalg/gemm.hpp)
+            bound = 1e-6 if DEVICE == "cpu" else reduced["predicted_relative_error"]
             error = f.attrs["reference_relative_error"]
             # (the complex128 reference check runs after the contraction in what it left, which on a
             # GPU under the small budget may be too little: then the output says so, and the values
             # are held to the large budget's below)
-            assert error < 1e-6 or (memory == small and np.isnan(error) and "not measured" in f.attrs["reference_note"])
+            assert error < bound or (memory == small and np.isnan(error) and "not measured" in f.attrs["reference_note"]), \
+                (memory, error, bound)
     assert staging[small] < staging["1GiB"], staging
-    assert np.linalg.norm(values[small] - values["1GiB"]) < 1e-6 * np.linalg.norm(values["1GiB"])
+    # (finer tiles: the same sums on the CPU; on a GPU cuBLAS may pick other kernels for them)
+    assert np.linalg.norm(values[small] - values["1GiB"]) < bound * np.linalg.norm(values["1GiB"])
