@@ -88,6 +88,9 @@ std::optional<std::chrono::duration<double>> parse_duration(std::string_view tex
 
 std::string format_duration(double seconds) {
   if (!std::isfinite(seconds)) return "?";
+  // (below a second, three digits in ms or µs: a plan's predicted 19 ms is not "0.0s")
+  if (seconds < 1e-3) return fmt::format("{:.3g}us", seconds * 1e6);
+  if (seconds < 1) return fmt::format("{:.3g}ms", seconds * 1e3);
   if (seconds < 60) return fmt::format("{:.1f}s", seconds);
   auto total = static_cast<long long>(std::llround(seconds));
   long long h = total / 3600, m = (total % 3600) / 60, s = total % 60;

@@ -28,7 +28,7 @@ std::string format_rate(double bytes_per_second);
 // "never" (or "inf") returns std::nullopt. Throws InputError naming `what` otherwise.
 std::optional<std::chrono::duration<double>> parse_duration(std::string_view text, std::string_view what);
 
-// Formats seconds as "1h02m03s", "4m05s" or "12.3s".
+// Formats seconds as "1h02m03s", "4m05s", "12.3s", "19.1ms" or "42us".
 std::string format_duration(double seconds);
 
 }  // namespace qstage

@@ -63,6 +63,8 @@ TEST(Units, Formats) {
   EXPECT_EQ(format_rate(3.21e9), "3.21 GB/s");
   EXPECT_EQ(format_duration(3723), "1h02m03s");
   EXPECT_EQ(format_duration(12.34), "12.3s");
+  EXPECT_EQ(format_duration(0.0191), "19.1ms");
+  EXPECT_EQ(format_duration(4.2e-5), "42us");
 }
 
 TEST(Hash, Hex64RoundTrips) {
