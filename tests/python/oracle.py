@@ -1,7 +1,8 @@
 """Independent re-implementations of qstage's documented formulas (numpy only), used by the
-tests as oracles: the random stream of tensor.random, the qsum64 checksum, the stats, and
-numpy.einsum of a tn.build network."""
+tests as oracles: the random stream of tensor.random, the qsum64 checksum, the stats,
+numpy.einsum of a tn.build network, and an FCIDUMP's lines as written."""
 import json
+from pathlib import Path
 
 import numpy as np
 
@@ -98,3 +99,12 @@ def network_einsum(net_h5):
     expr = ",".join("".join(letters[m] for m in modes) for modes in net["inputs"]) + "->" + \
         "".join(letters[m] for m in net["output"])
     return np.asarray(np.einsum(expr, *shaped)).reshape(-1)
+
+
+def fcidump_lines(path):
+    """An FCIDUMP's namelist header (whitespace collapsed, upper case, through the line that ends it:
+    '&END', '$END' or '/') and its value lines as token lists, every line as written (readers such as
+    pyscf.tools.fcidump.read fold repeated and symmetric lines into arrays)."""
+    text = Path(path).read_text().splitlines()
+    end = next(i for i, l in enumerate(text) if "&END" in l.upper() or "/" in l)
+    return " ".join(" ".join(text[:end + 1]).split()).upper(), [l.split() for l in text[end + 1:] if l.strip()]

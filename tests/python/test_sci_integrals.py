@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from conftest import DEVICE, ROOT, manifest, one_line_error, run, tree_digest, write_spec
+from oracle import fcidump_lines
 
 DATA = ROOT / "tests" / "data" / "fcidump"
 DICE = ["N2_sto6g_FCIDUMP", "h10_sto6g_FCIDUMP", "H2H2_FCIDUMP_nosym", "h2o_FCIDUMP_symm"]
@@ -80,12 +81,6 @@ def read_output(path):
     return out
 
 
-def lines_after_header(path):
-    text = path.read_text().splitlines()
-    end = next(i for i, l in enumerate(text) if "&END" in l.upper() or "/" in l)
-    return [l.split() for l in text[end + 1:] if l.strip()]
-
-
 def repeats(lines):
     """Value lines that give an integral given before (in any of its orders)."""
     seen, count = set(), 0
@@ -116,7 +111,7 @@ def check_against_pyscf_reader(out, path):
     assert (out["h1"] == out["h1"].T).all()
     h2 = ref["H2"] if ref["H2"].ndim == 1 else pyscf.ao2mo.restore(8, ref["H2"], n)
     np.testing.assert_allclose(out["eri"], h2, rtol=0, atol=1e-14)
-    lines = lines_after_header(path)
+    _, lines = fcidump_lines(path)
     assert int(out["integral_lines"]) == len(lines)
     assert int(out["repeated_lines"]) == repeats(lines)
 

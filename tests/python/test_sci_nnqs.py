@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 from conftest import DEVICE, manifest, one_line_error, read_png_rgb, run, stop_once_checkpointed, write_spec
+from oracle import fcidump_lines
 
 ROOT = Path(__file__).resolve().parents[2]
 CHEMICAL_ACCURACY = 1.6e-3  # Ha
@@ -59,18 +60,11 @@ def molecules():
 
 
 def fcidump_integrals(path):
-    """An FCIDUMP's header (NORB, NELEC, MS2, ORBSYM) and its integrals {(i, j, k, l): value}, every
-    line as written (pyscf.tools.fcidump.read folds them into its symmetric arrays, and a changed
-    (11|21) line went unseen there)."""
-    text = Path(path).read_text()
-    end = text.upper().index("&END") if "&END" in text.upper() else text.index("/")
-    header = " ".join(text[:end].split()).upper()
-    values = {}
-    for line in text[end:].splitlines()[1:]:
-        parts = line.split()
-        if len(parts) == 5:
-            values[tuple(int(x) for x in parts[1:])] = float(parts[0])
-    return header, values
+    """An FCIDUMP's header and its integrals {(i, j, k, l): value}, every line as written
+    (pyscf.tools.fcidump.read folds them into its symmetric arrays, and a changed (11|21) line went
+    unseen there)."""
+    header, lines = fcidump_lines(path)
+    return header, {tuple(int(x) for x in t[1:]): float(t[0]) for t in lines if len(t) == 5}
 
 
 def test_the_committed_fcidumps_are_the_ones_pyscf_writes(tmp):

@@ -218,17 +218,6 @@ steps:
 """
 
 
-def einsum_of(net):
-    """A network (tn.build's JSON) as an einsum equation, one letter per mode, and its tensors' shapes."""
-    letters = {}
-    for modes in net["inputs"] + [net["output"]]:
-        for m in modes:
-            letters.setdefault(m, chr(ord("a") + len(letters)) if len(letters) < 26 else chr(ord("A") + len(letters) - 26))
-    sd = {int(k): v for k, v in net["size_dict"].items()}
-    eq = ",".join("".join(letters[m] for m in t) for t in net["inputs"]) + "->" + "".join(letters[m] for m in net["output"])
-    return eq, [tuple(sd[m] for m in t) for t in net["inputs"]]
-
-
 @pytest.mark.skipif(DEVICE == "cpu" and not os.environ.get("QSTAGE_TEST_SLOW"),
                     reason="circuit_q24 amplitudes cost about 2e12 flops each (over 10 minutes on a 2-core CPU): "
                            "runs with QSTAGE_TEST_DEVICE=cuda or QSTAGE_TEST_SLOW=1")
@@ -358,8 +347,14 @@ def test_imported_opt_einsum_path_is_followed_exactly(tmp, fmt):
     spec = einsum_spec("oe", expr, sizes, 11)
     _, run_dir = committed_run(tmp, spec)
     net = network_of(run_dir)
-    eq, shapes = einsum_of(net)
-    terms = eq.split("->")[0].split(",")
+    letters = {}
+    for modes in net["inputs"] + [net["output"]]:
+        for m in modes:
+            letters.setdefault(m, oe.get_symbol(len(letters)))
+    sd = {int(k): v for k, v in net["size_dict"].items()}
+    terms = ["".join(letters[m] for m in t) for t in net["inputs"]]
+    eq = ",".join(terms) + "->" + "".join(letters[m] for m in net["output"])
+    shapes = [tuple(sd[m] for m in t) for t in net["inputs"]]
     linear, _ = oe.contract_path(eq, *shapes, shapes=True, optimize="dp")
     path = [list(s) for s in linear] if fmt == "linear" else oe.paths.linear_to_ssa(linear)
     (tmp / "oe.json").write_text(json.dumps(path))
@@ -386,7 +381,8 @@ def test_a_chain_of_gates_on_one_large_tensor_runs_as_one_pass_with_numpys_value
     chain = [[0, 1], [7, 2], [8, 3], [9, 4], [10, 5], [11, 6]]
     (tmp / "chain.json").parent.mkdir(parents=True, exist_ok=True)
     (tmp / "chain.json").write_text(json.dumps(chain))
-    spec = einsum_spec("chain", expr, sizes, 5) + contract_steps(f"precision: {precision}, budget: 1MiB", "import: chain.json, format: ssa", result="value")[1:]
+    spec = einsum_spec("chain", expr, sizes, 5) + contract_steps(f"precision: {precision}, budget: 1MiB",
+                                                                 "import: chain.json, format: ssa", result="value")[1:]
     spec += f"""  - id: plan_unfused
     stage: tn.plan
     inputs: {{network: net, path: path}}
@@ -404,10 +400,7 @@ def test_a_chain_of_gates_on_one_large_tensor_runs_as_one_pass_with_numpys_value
     moved = {k: sum(sum(st["bytes"]) for st in p["steps"]) for k, (_, p) in plans.items()}
     assert plans["plan"][0] >= 3 and plans["plan_unfused"][0] == 0, plans
     assert moved["plan"] < 0.6 * moved["plan_unfused"], moved
-    eq, shapes = einsum_of(network_of(run_dir))
-    with h5py.File(out / "net.h5") as f:
-        tensors = [f["tensors"][f"t{i:06d}"][()].reshape(s) for i, s in enumerate(shapes)]
-    expected = np.einsum(eq, *tensors).reshape(-1)
+    expected = network_einsum(out / "net.h5")
     for step in ("value", "value_unfused"):
         with h5py.File(out / f"{step}.h5") as f:
             got = f["value"][()].reshape(-1)
