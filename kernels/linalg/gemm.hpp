@@ -17,10 +17,9 @@ namespace qstage::kernels {
 //   full    the dtype's own arithmetic (cuBLAS sgemm/cgemm, OpenBLAS)
 //   tf32    operands rounded to TF32 (10-bit mantissa): relative error about 2^-11 per product
 //   tf32x3  each operand split into a TF32 part and a TF32 remainder, three TF32 products
-//           (big·small + small·big + big·big): FP32-level on the CPU twin; on an H100 1.9e-5
-//           relative for one call over 8192 real terms (the tensor cores' accumulation), at 2.3x
-//           FP32's rate in one tile; the inner dimension now runs in pieces of 1024 real terms
-//           to cut that error (reduced_gemm.cpp; not yet measured on a GPU)
+//           (big·small + small·big + big·big): FP32-level on the CPU twin; on a GPU the tensor
+//           cores' accumulation sets the error, so big·big runs in pieces of 1024 real terms
+//           (reduced_gemm.cpp): 2.4e-6 relative on an H200, FP32's level
 //   bf16    operands rounded to BF16 (7-bit mantissa, FP32's exponent range): about 2^-8
 // A complex product in a reduced mode runs as one real product (the "4M" form, see
 // reduced_gemm.hpp). The CPU has no tensor cores: it rounds the operands the same way and
@@ -35,7 +34,7 @@ double compute_unit_roundoff(Compute c);
 // in mode c has a relative 2-norm error of about 0.6 u sqrt(steps) from the operands' rounding
 // (u = compute_unit_roundoff; 0.53-0.56 u per product measured on random complex operands,
 // tests/python/test_compute_modes.py, and on an H100 for tf32 and bf16), on top of FP32's own.
-// For tf32x3, u is what an H100 gave (docs/benchmarks.md), well above its CPU twin's FP32 level.
+// For tf32x3, u is what an H200 gave (docs/benchmarks.md), above its CPU twin's FP32 level.
 double predicted_relative_error(Compute c, int steps);
 
 struct Gemm {

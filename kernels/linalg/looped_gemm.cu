@@ -133,7 +133,28 @@ __device__ void multiply_add(Complex<Real> x, Complex<Real> y, Real& re, Real& i
   im += x.re * y.im + x.im * y.re;
 }
 
-template <typename Real, int K, bool OwnIsA>
+// The sum over p < W of mine[p] · theirs[p] (own operand A) or theirs[p] · mine[p], added to
+// (re, im) in order. Pairs: theirs is 16-byte aligned and complex64, read two values a load (the
+// rows kernels issued one load for every four multiply-adds, and were bound by them).
+template <typename Real, int W, bool OwnIsA, bool Pairs>
+__device__ void dot_row(const Complex<Real>* mine, const Complex<Real>* theirs, Real& re, Real& im) {
+  if constexpr (Pairs) {
+    static_assert(sizeof(Real) == 4 && W % 2 == 0, "pairs of complex64 values");
+    const float4* two = reinterpret_cast<const float4*>(theirs);
+#pragma unroll
+    for (int p = 0; p < W; p += 2) {
+      const float4 v = two[p / 2];
+      const Complex<Real> t0{v.x, v.y}, t1{v.z, v.w};
+      multiply_add(OwnIsA ? mine[p] : t0, OwnIsA ? t0 : mine[p], re, im);
+      multiply_add(OwnIsA ? mine[p + 1] : t1, OwnIsA ? t1 : mine[p + 1], re, im);
+    }
+  } else {
+#pragma unroll
+    for (int p = 0; p < W; ++p) multiply_add(OwnIsA ? mine[p] : theirs[p], OwnIsA ? theirs[p] : mine[p], re, im);
+  }
+}
+
+template <typename Real, int K, bool OwnIsA, bool Pairs>
 __global__ void __launch_bounds__(rows_block<Real, K>()) looped_gemm_rows_kernel(RowsWalk w) {
   constexpr unsigned T = rows_block<Real, K>();
   __shared__ Complex<Real> stage[T * padded_row(K)];
@@ -155,10 +176,8 @@ __global__ void __launch_bounds__(rows_block<Real, K>()) looped_gemm_rows_kernel
         std::int64_t other_q = at.other, c_q = at.c;
         inner_offsets(w, q, other_q, c_q);
         for (std::int64_t o = 0; o < w.other_count; ++o) {
-          const Complex<Real>* theirs = other_data + other_q + o * K;
           Real re = 0, im = 0;
-#pragma unroll
-          for (int p = 0; p < K; ++p) multiply_add(OwnIsA ? mine[p] : theirs[p], OwnIsA ? theirs[p] : mine[p], re, im);
+          dot_row<Real, K, OwnIsA, Pairs>(mine, other_data + other_q + o * K, re, im);
           c_data[c_q + o * w.other_c] = Complex<Real>{re, im};
         }
       }
@@ -171,7 +190,7 @@ __global__ void __launch_bounds__(rows_block<Real, K>()) looped_gemm_rows_kernel
 // at a time; each thread carries its results' sums (at most R: 16, or 32 where that many fit
 // the step) in registers. The results' offsets relative to the thread's loop index are the same
 // for every thread.
-template <typename Real, int K, int R, bool OwnIsA>
+template <typename Real, int K, int R, bool OwnIsA, bool Pairs>
 __global__ void __launch_bounds__(rows_block<Real, kRowsColumns>()) looped_gemm_long_rows_kernel(RowsWalk w) {
   constexpr int W = kRowsColumns;
   constexpr unsigned T = rows_block<Real, W>();
@@ -206,12 +225,7 @@ __global__ void __launch_bounds__(rows_block<Real, kRowsColumns>()) looped_gemm_
         for (int p = 0; p < W; ++p) mine[p] = stage[threadIdx.x * padded_row(W) + p];
 #pragma unroll
         for (int x = 0; x < R; ++x) {
-          if (x < results) {
-            const Complex<Real>* theirs = other_data + at.other + result_other[x] + first;
-#pragma unroll
-            for (int p = 0; p < W; ++p)
-              multiply_add(OwnIsA ? mine[p] : theirs[p], OwnIsA ? theirs[p] : mine[p], re[x], im[x]);
-          }
+          if (x < results) dot_row<Real, W, OwnIsA, Pairs>(mine, other_data + at.other + result_other[x] + first, re[x], im[x]);
         }
       }
     }
@@ -266,21 +280,42 @@ std::uint64_t footprint(const LoopedGemm& g, bool of_a) {
   return elements;
 }
 
-template <typename Real, int K>
-void launch_rows(const RowsWalk& w, bool own_is_a, cudaStream_t stream) {
+template <typename Real, int K, bool Pairs>
+void launch_rows_kernel(const RowsWalk& w, bool own_is_a, cudaStream_t stream) {
   constexpr bool long_rows = K > kRowsColumns;
   constexpr unsigned threads = rows_block<Real, long_rows ? kRowsColumns : K>();
   const auto blocks = static_cast<unsigned>(std::min<std::uint64_t>((w.rows + threads - 1) / threads, 1u << 20));
   if constexpr (long_rows) {
-    const bool few = w.inner_total * static_cast<std::uint64_t>(w.other_count) <= kLongRowsMaxResults / 2;
-    if (own_is_a && few) looped_gemm_long_rows_kernel<Real, K, kLongRowsMaxResults / 2, true><<<blocks, threads, 0, stream>>>(w);
-    else if (own_is_a) looped_gemm_long_rows_kernel<Real, K, kLongRowsMaxResults, true><<<blocks, threads, 0, stream>>>(w);
-    else if (few) looped_gemm_long_rows_kernel<Real, K, kLongRowsMaxResults / 2, false><<<blocks, threads, 0, stream>>>(w);
-    else looped_gemm_long_rows_kernel<Real, K, kLongRowsMaxResults, false><<<blocks, threads, 0, stream>>>(w);
+    constexpr int R = kLongRowsMaxResults;
+    const bool few = w.inner_total * static_cast<std::uint64_t>(w.other_count) <= R / 2;
+    if (own_is_a && few) looped_gemm_long_rows_kernel<Real, K, R / 2, true, Pairs><<<blocks, threads, 0, stream>>>(w);
+    else if (own_is_a) looped_gemm_long_rows_kernel<Real, K, R, true, Pairs><<<blocks, threads, 0, stream>>>(w);
+    else if (few) looped_gemm_long_rows_kernel<Real, K, R / 2, false, Pairs><<<blocks, threads, 0, stream>>>(w);
+    else looped_gemm_long_rows_kernel<Real, K, R, false, Pairs><<<blocks, threads, 0, stream>>>(w);
   } else {
-    if (own_is_a) looped_gemm_rows_kernel<Real, K, true><<<blocks, threads, 0, stream>>>(w);
-    else looped_gemm_rows_kernel<Real, K, false><<<blocks, threads, 0, stream>>>(w);
+    if (own_is_a) looped_gemm_rows_kernel<Real, K, true, Pairs><<<blocks, threads, 0, stream>>>(w);
+    else looped_gemm_rows_kernel<Real, K, false, Pairs><<<blocks, threads, 0, stream>>>(w);
   }
+}
+
+// Whether every value the rows kernel reads of the small operand starts a 16-byte aligned pair
+// (complex64, K even, the operand's start and all its strides even).
+template <typename Real>
+bool other_in_pairs(const RowsWalk& w, std::int64_t k) {
+  if (sizeof(Real) != 4 || k % 2 != 0 || reinterpret_cast<std::uintptr_t>(w.other) % 16 != 0) return false;
+  for (int d = 0; d < w.outer; ++d)
+    if (w.outer_other[d] % 2 != 0) return false;
+  for (int d = 0; d < w.inner; ++d)
+    if (w.inner_other[d] % 2 != 0) return false;
+  return true;
+}
+
+template <typename Real, int K>
+void launch_rows(const RowsWalk& w, bool own_is_a, cudaStream_t stream) {
+  if constexpr (sizeof(Real) == 4 && K % 2 == 0) {
+    if (other_in_pairs<Real>(w, K)) return launch_rows_kernel<Real, K, true>(w, own_is_a, stream);
+  }
+  launch_rows_kernel<Real, K, false>(w, own_is_a, stream);
 }
 
 // Whether the rows kernel takes g, and launches it.

@@ -57,8 +57,10 @@ void looped_gemm_cpu(const LoopedGemm& g);
 namespace detail {
 void looped_gemm_cuda(void* cuda_stream, const LoopedGemm& g);
 
+// Aligned to its size, so that the GPU reads and writes a value in one access (8 or 16 bytes),
+// not two: the looped kernels are bound by their loads and stores.
 template <typename Real>
-struct Complex {
+struct alignas(2 * sizeof(Real)) Complex {
   Real re, im;
 };
 

@@ -18,13 +18,14 @@ void stage_operand_cpu(const StageOperand& s) {
   for (std::int64_t i = 0; i < total; ++i) {
     const std::int64_t entry = i / per_entry, r = i % per_entry / cols, c = i % cols;
     const float x = staged_value(static_cast<const float*>(s.src) + entry * src_stride, s, r, c);
+    const std::int64_t at = s.out_at(entry, r, c);
     switch (s.format) {
-      case Format::tf32: big[i] = round_tf32(x); break;
-      case Format::bf16: big[i] = round_bf16(x); break;
+      case Format::tf32: big[at] = round_tf32(x); break;
+      case Format::bf16: big[at] = round_bf16(x); break;
       case Format::split: {
         const float b = round_tf32(x);
-        big[i] = b;
-        small[i] = round_tf32(x - b);
+        big[at] = b;
+        small[at] = round_tf32(x - b);
         break;
       }
     }
@@ -41,16 +42,20 @@ constexpr std::int64_t kAlign = 256;
 
 // 3xTF32: the tensor cores' FP32 accumulation of one call's sums is not rounded to nearest, and
 // its error grows with their length: on an H100, 1.9e-5 relative for a 4096^3 complex product (8192
-// real terms, one call per part) against 1.6e-6 in FP32 (docs/benchmarks.md). So a split product's
-// inner dimension runs in pieces of at most this many real terms, each added to C in cuBLAS's
-// epilogue (FP32, rounded to nearest). 1024 keeps each piece compute-bound (2048 flops per value
-// of C read and written).
+// real terms, one call per part) against 1.6e-6 in FP32; in pieces of 1024 real terms, 2.4e-6 on
+// an H200 whatever the length (docs/benchmarks.md). So big · big, the term that carries the
+// value, runs over pieces of at most kSplitInnerLength real terms, each added to C in cuBLAS's
+// FP32 epilogue (rounded to nearest). The two cross terms are 2^-11 smaller: their accumulation
+// error does not show, so they run as one product over everything staged at once (big | small
+// times small over big, stacked along the inner dimension), kSplitStageLength real terms. Fewer,
+// longer products: pieces of 1024 with three products each ran at 1.65x FP32's rate.
 constexpr std::int64_t kSplitInnerLength = 1024;
+constexpr std::int64_t kSplitStageLength = 2048;
 
-// The longest inner dimension one product of `g`'s tiles runs over.
+// The longest inner dimension staged at once for `g`.
 std::int64_t inner_limit(const Gemm& g) {
   const std::int64_t e = g.dtype == DType::complex64 ? 2 : 1;
-  return g.compute == Compute::tf32x3 ? std::min(g.k, std::max<std::int64_t>(1, kSplitInnerLength / e)) : g.k;
+  return g.compute == Compute::tf32x3 ? std::min(g.k, std::max<std::int64_t>(1, kSplitStageLength / e)) : g.k;
 }
 
 std::int64_t reduced_gemm_workspace(const Gemm& g) {
@@ -176,8 +181,16 @@ class ReducedProduct {
     s.layout = !s.complex ? StageOperand::Layout::plain
                : g_.b_transposed ? StageOperand::Layout::expand_t
                                  : StageOperand::Layout::expand;
-    s.big = b_part(0);
-    s.small = parts_ > 1 ? b_part(1) : nullptr;
+    if (parts_ == 1) {
+      s.big = b_part(0);
+    } else {  // stacked along the inner dimension: small over big (rows, or columns of Bᵀ)
+      float* base = static_cast<float*>(b_part(0));
+      const std::int64_t inner = e_ * kt;
+      s.out_ld = g_.b_transposed ? 2 * inner : s.out_cols();
+      s.out_stride = 2 * inner * e_ * nt;
+      s.small = base;
+      s.big = base + (g_.b_transposed ? inner : inner * s.out_ld);
+    }
     stage_operand(stream_, s);
   }
 
@@ -186,8 +199,15 @@ class ReducedProduct {
     s.rows = mt;
     s.cols = kt;
     s.layout = StageOperand::Layout::plain;
-    s.big = a_part(0);
-    s.small = parts_ > 1 ? a_part(1) : nullptr;
+    if (parts_ == 1) {
+      s.big = a_part(0);
+    } else {  // big | small in each row
+      float* base = static_cast<float*>(a_part(0));
+      s.out_ld = 2 * e_ * kt;
+      s.out_stride = mt * s.out_ld;
+      s.big = base;
+      s.small = base + e_ * kt;
+    }
     stage_operand(stream_, s);
   }
 
@@ -210,18 +230,38 @@ class ReducedProduct {
     r.stride_b = e_ * kt * e_ * nt;
     r.stride_c = e_ * g_.stride_c;
     const Operands operands = g_.compute == Compute::bf16 ? Operands::bf16 : Operands::tf32_cores;
-    auto product = [&](void* a, void* b, bool acc) {
-      Gemm p = r;
-      p.a = a;
-      p.b = b;
-      p.accumulate = acc;
-      gemm_direct(stream_, p, operands);
-    };
-    if (parts_ == 1) return product(a_part(0), b_part(0), accumulate);
-    // 3xTF32: the two small cross terms first, then big · big (the largest last, into the sum).
-    product(a_part(0), b_part(1), accumulate);
-    product(a_part(1), b_part(0), true);
-    product(a_part(0), b_part(0), true);
+    if (parts_ == 1) {
+      r.a = a_part(0);
+      r.b = b_part(0);
+      r.accumulate = accumulate;
+      return gemm_direct(stream_, r, operands);
+    }
+    // 3xTF32 over the stacked operands (stage_a, stage_b): A's rows are big | small, B is small
+    // over big along the inner dimension (K = e·kt real terms each).
+    const std::int64_t inner = e_ * kt;
+    auto* a = static_cast<float*>(a_part(0));
+    auto* b = static_cast<float*>(b_part(0));
+    r.lda = 2 * inner;
+    r.stride_a = mt * 2 * inner;
+    r.ldb = g_.b_transposed ? 2 * inner : e_ * nt;
+    r.stride_b = 2 * inner * e_ * nt;
+    // big · small + small · big in one product over 2K terms, first (the smaller terms first)...
+    Gemm cross = r;
+    cross.k = 2 * inner;
+    cross.a = a;
+    cross.b = b;
+    cross.accumulate = accumulate;
+    gemm_direct(stream_, cross, operands);
+    // ...then big · big in pieces of kSplitInnerLength, in order, into the sum.
+    const float* b_big = b + (g_.b_transposed ? inner : inner * r.ldb);
+    for (std::int64_t k0 = 0; k0 < inner; k0 += kSplitInnerLength) {
+      Gemm piece = r;
+      piece.k = std::min(kSplitInnerLength, inner - k0);
+      piece.a = a + k0;
+      piece.b = b_big + (g_.b_transposed ? k0 : k0 * r.ldb);
+      piece.accumulate = true;
+      gemm_direct(stream_, piece, operands);
+    }
   }
 
   Stream& stream_;

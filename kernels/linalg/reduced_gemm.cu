@@ -15,12 +15,13 @@ __global__ void stage_kernel(StageOperand s, std::int64_t rows, std::int64_t col
   for (std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += step) {
     const std::int64_t entry = i / per_entry, r = i % per_entry / cols, c = i % cols;
     const float x = staged_value(static_cast<const float*>(s.src) + entry * src_stride, s, r, c);
+    const std::int64_t at = s.out_at(entry, r, c);
     if (s.format == Format::bf16) {
-      static_cast<std::uint16_t*>(s.big)[i] = bf16_bits(round_bf16(x));
+      static_cast<std::uint16_t*>(s.big)[at] = bf16_bits(round_bf16(x));
     } else {
       const float big = round_tf32(x);
-      static_cast<float*>(s.big)[i] = big;
-      if (s.format == Format::split) static_cast<float*>(s.small)[i] = round_tf32(x - big);
+      static_cast<float*>(s.big)[at] = big;
+      if (s.format == Format::split) static_cast<float*>(s.small)[at] = round_tf32(x - big);
     }
   }
 }
@@ -46,7 +47,7 @@ __global__ void stage_complex_kernel(StageOperand s, std::int64_t rows, std::int
       float2 x = b;
       if (s.layout == Layout::expand) x = odd ? make_float2(-b.y, b.x) : b;
       else if (s.layout == Layout::expand_t) x = odd ? make_float2(b.y, b.x) : make_float2(b.x, -b.y);
-      const std::int64_t at = row * pairs + j;  // (in pairs of staged values)
+      const std::int64_t at = s.out_at(entry, r, 2 * j) / 2;  // (in pairs of staged values; out_ld, out_stride even)
       if (s.format == Format::bf16) {
         static_cast<std::uint32_t*>(s.big)[at] =
             std::uint32_t(bf16_bits(round_bf16(x.x))) | (std::uint32_t(bf16_bits(round_bf16(x.y))) << 16);

@@ -58,6 +58,9 @@ QSTAGE_HD std::uint16_t bf16_bits(float rounded) { return static_cast<std::uint1
 //   expand_t   complex Bᵀ (n × k) as 2n × 2k, b → [[re, -im], [im, re]] (the transpose of expand)
 // Formats: tf32 (big only), split (big = TF32(x), small = TF32(x - big)), bf16 (big only; stored
 // as BF16 on cuda, as floats holding BF16 values on cpu).
+// The staged matrices are dense unless out_ld (values from one staged row to the next) and
+// out_stride (from one batch entry to the next) say otherwise: 3xTF32 places big and small side
+// by side in one matrix that way (reduced_gemm.cpp).
 struct StageOperand {
   enum class Layout : std::uint8_t { plain, expand, expand_t };
   enum class Format : std::uint8_t { tf32, split, bf16 };
@@ -68,8 +71,15 @@ struct StageOperand {
   Format format = Format::tf32;
   void* big = nullptr;
   void* small = nullptr;  // split only
-  std::int64_t out_rows() const { return layout == Layout::plain ? rows : 2 * rows; }
-  std::int64_t out_cols() const { return layout == Layout::plain ? (complex ? 2 : 1) * cols : 2 * cols; }
+  std::int64_t out_ld = 0, out_stride = 0;  // 0: dense (out_cols; out_rows · out_pitch())
+  QSTAGE_HD std::int64_t out_rows() const { return layout == Layout::plain ? rows : 2 * rows; }
+  QSTAGE_HD std::int64_t out_cols() const { return layout == Layout::plain ? (complex ? 2 : 1) * cols : 2 * cols; }
+  QSTAGE_HD std::int64_t out_pitch() const { return out_ld > 0 ? out_ld : out_cols(); }
+  QSTAGE_HD std::int64_t out_entry() const { return out_stride > 0 ? out_stride : out_rows() * out_pitch(); }
+  // Where staged value (r, c) of batch entry `entry` goes in big (and small).
+  QSTAGE_HD std::int64_t out_at(std::int64_t entry, std::int64_t r, std::int64_t c) const {
+    return entry * out_entry() + r * out_pitch() + c;
+  }
 };
 
 // The staged value of output element (r, c) of one batch entry, before rounding.
@@ -93,8 +103,8 @@ void stage_operand_cuda(void* cuda_stream, const StageOperand& s);
 }
 
 // The smallest workspace a reduced-mode Gemm accepts, and the workspace that runs `g` (its
-// compute, shape and batch) in one tile of C on either backend (3xTF32's inner dimension still
-// runs in pieces of 1024 real terms: reduced_gemm.cpp says why).
+// compute, shape and batch) in one tile of C on either backend (3xTF32's inner dimension is
+// still staged in pieces of 2048 real terms: reduced_gemm.cpp says why).
 constexpr std::int64_t kReducedGemmMinWorkspace = 4096;
 std::int64_t reduced_gemm_workspace(const Gemm& g);
 

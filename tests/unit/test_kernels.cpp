@@ -419,34 +419,40 @@ TEST(ReducedGemm, GpuStagesTheCpusBits) {
     for (const Layout layout : {Layout::plain, Layout::expand, Layout::expand_t}) {
       if (!complex && layout != Layout::plain) continue;
       for (const Format format : {Format::tf32, Format::split, Format::bf16}) {
-        kernels::StageOperand st;
-        st.complex = complex;
-        st.rows = rows, st.cols = cols, st.ld = ld, st.batch = batch, st.stride = stride;
-        st.layout = layout, st.format = format;
-        const std::size_t values = static_cast<std::size_t>(batch * st.out_rows() * st.out_cols());
-        std::vector<float> big(values), small(values);
-        st.src = src.data(), st.big = big.data(), st.small = small.data();
-        kernels::stage_operand_cpu(st);
-        const std::size_t value_bytes = format == Format::bf16 ? 2 : 4;
-        Buffer device_big = gpu.backend->alloc_device(values * value_bytes, "test staged"),
-               device_small = gpu.backend->alloc_device(values * 4, "test staged small");
-        st.src = device_src.data(), st.big = device_big.data(), st.small = device_small.data();
-        kernels::stage_operand(*gpu.stream, st);
-        const std::string what = std::string(complex ? "complex" : "real") + " layout " +
-                                 std::to_string(static_cast<int>(layout)) + " format " + std::to_string(static_cast<int>(format));
-        if (format == Format::bf16) {
-          const auto got = gpu.download<std::uint16_t>(device_big, values);
+        for (const bool padded : {false, true}) {  // (padded: rows and entries apart, as 3xTF32 stacks them)
+          kernels::StageOperand st;
+          st.complex = complex;
+          st.rows = rows, st.cols = cols, st.ld = ld, st.batch = batch, st.stride = stride;
+          st.layout = layout, st.format = format;
+          if (padded) st.out_ld = st.out_cols() + 4, st.out_stride = st.out_rows() * st.out_ld + 6;
+          const std::size_t values = static_cast<std::size_t>(batch * st.out_entry());
+          std::vector<float> big(values), small(values);
+          st.src = src.data(), st.big = big.data(), st.small = small.data();
+          kernels::stage_operand_cpu(st);
+          const std::size_t value_bytes = format == Format::bf16 ? 2 : 4;
+          const std::vector<float> zeros(values);
+          Buffer device_big = gpu.upload(zeros.data(), values * value_bytes),
+                 device_small = gpu.upload(zeros.data(), values * 4);
+          st.src = device_src.data(), st.big = device_big.data(), st.small = device_small.data();
+          kernels::stage_operand(*gpu.stream, st);
+          const std::string what = std::string(complex ? "complex" : "real") + " layout " +
+                                   std::to_string(static_cast<int>(layout)) + " format " +
+                                   std::to_string(static_cast<int>(format)) + (padded ? " padded" : "");
+          if (format == Format::bf16) {
+            const auto got = gpu.download<std::uint16_t>(device_big, values);
+            for (std::size_t i = 0; i < values; ++i)
+              ASSERT_EQ(got[i], kernels::bf16_bits(big[i])) << what << " value " << i;
+            continue;
+          }
+          const auto got = gpu.download<float>(device_big, values);
           for (std::size_t i = 0; i < values; ++i)
-            ASSERT_EQ(got[i], kernels::bf16_bits(big[i])) << what << " value " << i;
-          continue;
-        }
-        const auto got = gpu.download<float>(device_big, values);
-        for (std::size_t i = 0; i < values; ++i)
-          ASSERT_EQ(kernels::float_bits(got[i]), kernels::float_bits(big[i])) << what << " value " << i;
-        if (format == Format::split) {
-          const auto got_small = gpu.download<float>(device_small, values);
-          for (std::size_t i = 0; i < values; ++i)
-            ASSERT_EQ(kernels::float_bits(got_small[i]), kernels::float_bits(small[i])) << what << " small value " << i;
+            ASSERT_EQ(kernels::float_bits(got[i]), kernels::float_bits(big[i])) << what << " value " << i;
+          if (format == Format::split) {
+            const auto got_small = gpu.download<float>(device_small, values);
+            for (std::size_t i = 0; i < values; ++i)
+              ASSERT_EQ(kernels::float_bits(got_small[i]), kernels::float_bits(small[i]))
+                  << what << " small value " << i;
+          }
         }
       }
     }
@@ -523,6 +529,44 @@ TEST(ReducedGemm, CpuModesMatchTheirErrorAndTilesAgree) {
       norm += sum * sum;
     }
   EXPECT_LT(std::sqrt(diff / norm), 1e-6);
+}
+
+// 3xTF32 over sums longer than one staged piece (2048 real terms) and one big · big piece (1024):
+// both layouts of B, against complex128 and FP32, one tile and tiled.
+TEST(ReducedGemm, SplitProductsOverLongSumsStayAtFp32sError) {
+  auto be = make_backend({"cpu", 1ull << 30, 1ull << 30, 0});
+  auto stream = be->make_stream(true);
+  const std::int64_t m = 24, n = 10, k = 1300;
+  auto a = random_complex(m * k, 31), b = random_complex(n * k, 32);
+  for (const bool transposed : {false, true}) {
+    std::vector<cd> want(static_cast<std::size_t>(m * n));
+    for (std::int64_t i = 0; i < m; ++i)
+      for (std::int64_t j = 0; j < n; ++j)
+        for (std::int64_t p = 0; p < k; ++p)
+          want[static_cast<std::size_t>(i * n + j)] +=
+              cd(a[static_cast<std::size_t>(i * k + p)]) *
+              cd(b[static_cast<std::size_t>(transposed ? j * k + p : p * n + j)]);
+    auto run = [&](kernels::Compute mode, std::int64_t workspace_bytes) {
+      std::vector<std::complex<float>> c(static_cast<std::size_t>(m * n));
+      std::vector<char> workspace(static_cast<std::size_t>(workspace_bytes));
+      kernels::Gemm g{DType::complex64, m, n, k, a.data(), k, b.data(), transposed ? k : n, c.data(), n, mode};
+      g.b_transposed = transposed;
+      g.workspace = workspace.data();
+      g.workspace_bytes = workspace_bytes;
+      kernels::gemm(*stream, g);
+      return c;
+    };
+    kernels::Gemm shape{DType::complex64, m, n, k};
+    shape.compute = kernels::Compute::tf32x3;
+    const auto full = run(kernels::Compute::full, kernels::kReducedGemmMinWorkspace);
+    const auto split = run(kernels::Compute::tf32x3, kernels::reduced_gemm_workspace(shape));
+    const auto tiled = run(kernels::Compute::tf32x3, std::int64_t{96} << 10);
+    const double fp32_error = relative_error(full, want);
+    EXPECT_LT(relative_error(split, want), 4 * fp32_error + 1e-7) << (transposed ? "Bt" : "B");
+    EXPECT_LT(relative_error(split, want), 1e-6) << (transposed ? "Bt" : "B");
+    std::vector<cd> one_tile(split.begin(), split.end());
+    EXPECT_LT(relative_error(tiled, one_tile), 1e-6) << (transposed ? "Bt" : "B");
+  }
 }
 
 // Loop groups with scattered strides (as a tensor-network step has them): A is 3 x (2 x 4 x 3)
@@ -765,18 +809,26 @@ TEST(LoopedGemmKernel, GpuRowsKernelMatchesCpu) {
     for (auto dtype : {DType::complex64, DType::complex128}) {
       g.dtype = dtype;
       if (dtype == DType::complex64) {
-        std::vector<std::complex<float>> c(c_size);
-        Buffer da = gpu.upload(a.data(), a_size * 8), db = gpu.upload(b.data(), b_size * 8);
-        Buffer dc = gpu.backend->alloc_device(c_size * 8, "test");
-        kernels::LoopedGemm dg = g;
-        dg.a = da.data(), dg.b = db.data(), dg.c = dc.data();
-        kernels::looped_gemm(*gpu.stream, dg);
-        const auto got = gpu.download<std::complex<float>>(dc, c_size);
-        kernels::LoopedGemm hg = g;
-        hg.a = a.data(), hg.b = b.data(), hg.c = c.data();
-        kernels::looped_gemm_cpu(hg);
-        EXPECT_LT(relative_error(got, std::vector<cd>(c.begin(), c.end())), 1e-6) << sh.m << "x" << sh.n << "x" << sh.k;
-        EXPECT_LT(relative_error(got, reference_looped(hg, a, b, c_size)), 1e-6) << sh.m << "x" << sh.n << "x" << sh.k;
+        // (shift 1: the operands one value past a 16-byte boundary, read one value a load)
+        for (const std::size_t shift : {0, 1}) {
+          std::vector<std::complex<float>> c(c_size), a1(shift + a_size), b1(shift + b_size);
+          std::copy(a.begin(), a.end(), a1.begin() + static_cast<std::ptrdiff_t>(shift));
+          std::copy(b.begin(), b.end(), b1.begin() + static_cast<std::ptrdiff_t>(shift));
+          Buffer da = gpu.upload(a1.data(), a1.size() * 8), db = gpu.upload(b1.data(), b1.size() * 8);
+          Buffer dc = gpu.backend->alloc_device(c_size * 8, "test");
+          kernels::LoopedGemm dg = g;
+          dg.a = static_cast<char*>(da.data()) + shift * 8, dg.b = static_cast<char*>(db.data()) + shift * 8;
+          dg.c = dc.data();
+          kernels::looped_gemm(*gpu.stream, dg);
+          const auto got = gpu.download<std::complex<float>>(dc, c_size);
+          kernels::LoopedGemm hg = g;
+          hg.a = a1.data() + shift, hg.b = b1.data() + shift, hg.c = c.data();
+          kernels::looped_gemm_cpu(hg);
+          const std::string what = std::to_string(sh.m) + "x" + std::to_string(sh.n) + "x" + std::to_string(sh.k) +
+                                   " shift " + std::to_string(shift);
+          EXPECT_LT(relative_error(got, std::vector<cd>(c.begin(), c.end())), 1e-6) << what;
+          EXPECT_LT(relative_error(got, reference_looped(hg, a, b, c_size)), 1e-6) << what;
+        }
       } else {
         const std::vector<cd> a2(a.begin(), a.end()), b2(b.begin(), b.end());
         std::vector<cd> c(c_size);
