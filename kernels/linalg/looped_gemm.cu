@@ -134,8 +134,9 @@ __device__ void multiply_add(Complex<Real> x, Complex<Real> y, Real& re, Real& i
 }
 
 // The sum over p < W of mine[p] · theirs[p] (own operand A) or theirs[p] · mine[p], added to
-// (re, im) in order. Pairs: theirs is 16-byte aligned and complex64, read two values a load (the
-// rows kernels issued one load for every four multiply-adds, and were bound by them).
+// (re, im) in order. Pairs: theirs is 16-byte aligned and complex64, read two values a load (one
+// load for every eight multiply-adds instead of four: big's k = 32 steps 22 -> 26 % of the copy
+// rate, n53m20's slowest 61 -> 71 % on an H100, with Complex aligned, docs/benchmarks.md).
 template <typename Real, int W, bool OwnIsA, bool Pairs>
 __device__ void dot_row(const Complex<Real>* mine, const Complex<Real>* theirs, Real& re, Real& im) {
   if constexpr (Pairs) {
@@ -189,7 +190,9 @@ __global__ void __launch_bounds__(rows_block<Real, K>()) looped_gemm_rows_kernel
 // Rows longer than kRowsColumns: the block's rows go through shared memory kRowsColumns columns
 // at a time; each thread carries its results' sums (at most R: 16, or 32 where that many fit
 // the step) in registers. The results' offsets relative to the thread's loop index are the same
-// for every thread.
+// for every thread. At 32 results a value read (16 flops a byte) the sums, not the loads, bound
+// these steps (about a fifth of the FP32 rate on an H100): staging the next columns by cp.async
+// into a second buffer while these are summed gained nothing and was not kept.
 template <typename Real, int K, int R, bool OwnIsA, bool Pairs>
 __global__ void __launch_bounds__(rows_block<Real, kRowsColumns>()) looped_gemm_long_rows_kernel(RowsWalk w) {
   constexpr int W = kRowsColumns;

@@ -47,8 +47,9 @@ constexpr std::int64_t kAlign = 256;
 // value, runs over pieces of at most kSplitInnerLength real terms, each added to C in cuBLAS's
 // FP32 epilogue (rounded to nearest). The two cross terms are 2^-11 smaller: their accumulation
 // error does not show, so they run as one product over everything staged at once (big | small
-// times small over big, stacked along the inner dimension), kSplitStageLength real terms. Fewer,
-// longer products: pieces of 1024 with three products each ran at 1.65x FP32's rate.
+// times small over big, stacked along the inner dimension), kSplitStageLength real terms. Three
+// products a piece of 1024 ran at 1.65x FP32's rate (H200), stacked 1.64-1.80x (H100): the short
+// products themselves, not their number, cost the rate (311-344 TFLOP/s against 408-422 over 8192).
 constexpr std::int64_t kSplitInnerLength = 1024;
 constexpr std::int64_t kSplitStageLength = 2048;
 
@@ -155,9 +156,10 @@ class ReducedProduct {
   }
 
   char* workspace() const { return static_cast<char*>(g_.workspace); }
-  // Layout of the workspace: B big, B small, A big, A small, each region the largest tile's.
-  void* b_part(int part) const { return workspace() + part * aligned(b_region_); }
-  void* a_part(int part) const { return workspace() + parts_ * aligned(b_region_) + part * aligned(a_region_); }
+  // Layout of the workspace: B's staged tile, then A's, each region sized for the largest tile
+  // (3xTF32: both parts of each, stacked as stage_b and stage_a say).
+  char* b_staged() const { return workspace(); }
+  char* a_staged() const { return workspace() + parts_ * aligned(b_region_); }
   std::size_t element() const { return e_ * sizeof(float); }
 
   // The staging of `entries` batch entries of an operand from element `offset` on.
@@ -182,9 +184,9 @@ class ReducedProduct {
                : g_.b_transposed ? StageOperand::Layout::expand_t
                                  : StageOperand::Layout::expand;
     if (parts_ == 1) {
-      s.big = b_part(0);
+      s.big = b_staged();
     } else {  // stacked along the inner dimension: small over big (rows, or columns of Bᵀ)
-      float* base = static_cast<float*>(b_part(0));
+      float* base = reinterpret_cast<float*>(b_staged());
       const std::int64_t inner = e_ * kt;
       s.out_ld = g_.b_transposed ? 2 * inner : s.out_cols();
       s.out_stride = 2 * inner * e_ * nt;
@@ -200,9 +202,9 @@ class ReducedProduct {
     s.cols = kt;
     s.layout = StageOperand::Layout::plain;
     if (parts_ == 1) {
-      s.big = a_part(0);
+      s.big = a_staged();
     } else {  // big | small in each row
-      float* base = static_cast<float*>(a_part(0));
+      float* base = reinterpret_cast<float*>(a_staged());
       s.out_ld = 2 * e_ * kt;
       s.out_stride = mt * s.out_ld;
       s.big = base;
@@ -231,16 +233,16 @@ class ReducedProduct {
     r.stride_c = e_ * g_.stride_c;
     const Operands operands = g_.compute == Compute::bf16 ? Operands::bf16 : Operands::tf32_cores;
     if (parts_ == 1) {
-      r.a = a_part(0);
-      r.b = b_part(0);
+      r.a = a_staged();
+      r.b = b_staged();
       r.accumulate = accumulate;
       return gemm_direct(stream_, r, operands);
     }
     // 3xTF32 over the stacked operands (stage_a, stage_b): A's rows are big | small, B is small
     // over big along the inner dimension (K = e·kt real terms each).
     const std::int64_t inner = e_ * kt;
-    auto* a = static_cast<float*>(a_part(0));
-    auto* b = static_cast<float*>(b_part(0));
+    const float* a = reinterpret_cast<const float*>(a_staged());
+    const float* b = reinterpret_cast<const float*>(b_staged());
     r.lda = 2 * inner;
     r.stride_a = mt * 2 * inner;
     r.ldb = g_.b_transposed ? 2 * inner : e_ * nt;
