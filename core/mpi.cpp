@@ -112,10 +112,10 @@ void Comm::barrier() const {
   if (size_ > 1) check(MPI_Barrier(comm_), "MPI_Barrier");
 }
 
-std::string Comm::broadcast(const std::string& value) const {
+std::string Comm::broadcast(std::string value) const {
   if (size_ == 1) return value;
   std::uint64_t n = broadcast(static_cast<std::uint64_t>(value.size()));
-  std::string out = rank_ == 0 ? value : std::string(n, '\0');
+  std::string out = rank_ == 0 ? std::move(value) : std::string(n, '\0');
   // (in pieces: MPI counts are ints, and a run's state, an MPS, may pass 2 GiB)
   constexpr std::uint64_t kPiece = std::uint64_t{1} << 30;
   for (std::uint64_t at = 0; at < n; at += kPiece)

@@ -44,7 +44,7 @@ class Comm {
 
   void barrier() const;
   // Broadcasts a string from rank 0 to every rank.
-  std::string broadcast(const std::string& value) const;
+  std::string broadcast(std::string value) const;  // (moved through on one rank)
   std::uint64_t broadcast(std::uint64_t value) const;
   // Element-wise maximum / sum over ranks.
   std::vector<std::int64_t> max(std::vector<std::int64_t> values) const;

@@ -451,19 +451,25 @@ class PassRun {
     std::string record;  // what rank 0 needs: each output's piece, then the partials
     for (size_t o = 0; o < sinks_.size(); ++o) sinks_[o]->write_round(round, counts[o], slot ? &slot->out[o] : nullptr, record);
     outcome_.times.write += since(t);
-    if (slot && reduction_) {  // the batch's whole nodes of the fold's tree, not its partials
+    std::vector<FoldNode> own_nodes;  // rank 0's stay objects: a result of 10^7 values is not copied 4 times
+    if (slot && reduction_) {         // the batch's whole nodes of the fold's tree, not its partials
       const std::uint64_t first = spec_.batches.empty() ? slot->rows.begin / spec_.tile_rows : batches_.pass_index(slot->index);
-      append_nodes(record, batch_nodes(*reduction_, first, partials_in(spec_, slot->rows),
-                                       slot->host_partials.as<std::byte>(), spec_.tile_partial_bytes));
+      own_nodes = batch_nodes(*reduction_, first, partials_in(spec_, slot->rows), slot->host_partials.as<std::byte>(),
+                              spec_.tile_partial_bytes);
+      if (!comm_.root()) append_nodes(record, own_nodes);
     }
 
     const auto records = comm_.gather(record);  // rank order == batch order within the round
     if (!comm_.root()) return;
-    for (const auto& r : records) {
-      if (r.empty()) continue;
+    for (size_t rank = 0; rank < records.size(); ++rank) {
+      const std::string& r = records[rank];
       size_t off = 0;
-      for (auto& sink : sinks_) off = sink->accept(r, off);
-      if (reduction_)
+      if (!r.empty())
+        for (auto& sink : sinks_) off = sink->accept(r, off);
+      if (!reduction_) continue;
+      if (rank == 0)  // (this rank)
+        for (auto& node : own_nodes) fold_->push(std::move(node));
+      else if (!r.empty())
         for (auto& node : read_nodes(*reduction_, r, off)) fold_->push(std::move(node));
     }
   }
@@ -499,7 +505,12 @@ class PassRun {
     for (auto& sink : sinks_) sink->commit(journal_);
     journal_.wall_seconds = base_wall_ + since(start_);
     journal_.compute_seconds = base_compute_ + outcome_.times.compute;
-    if (reduction_ && comm_.root()) journal_.reduction = fold_->save();
+    // (the fold changes only as rows arrive: a second record at the same row, as the last
+    // commit's and the final state's are, keeps the first one's copy)
+    if (reduction_ && comm_.root() && reduction_recorded_at_ != journal_.committed_rows) {
+      journal_.reduction = fold_->save();
+      reduction_recorded_at_ = journal_.committed_rows;
+    }
   }
 
   // Rank 0's final state, on every rank (annotations are collective and must agree).
@@ -509,10 +520,8 @@ class PassRun {
     std::string reduction = std::move(journal_.reduction);  // (rank 0's: it alone folds; not broadcast)
     journal_ = Journal::from_json(nlohmann::json::parse(comm_.broadcast(journal_.to_json().dump())));
     journal_.reduction = std::move(reduction);
-    if (reduction_) {  // the tree's value, everywhere
-      const std::string value = comm_.broadcast(comm_.root() ? fold_->result()->save() : std::string());
-      reduction_->load(value);
-    }
+    if (reduction_)  // the tree's value, everywhere (rank 0's fold is spent: its nodes merge in place)
+      reduction_->load(comm_.broadcast(comm_.root() ? fold_->take_result()->save() : std::string()));
     for (auto& sink : sinks_) sink->restore(journal_, work_.dir(), comm_.root());  // (every rank: rank 0's counts and sums)
   }
 
@@ -614,6 +623,7 @@ class PassRun {
   PassKernel& kernel_;
   Reduction* reduction_;
   std::unique_ptr<FoldStack> fold_;  // rank 0: the reduction's tree so far
+  std::uint64_t reduction_recorded_at_ = ~std::uint64_t{0};  // the committed rows journal_.reduction is of
   StepWork& work_;
   std::unique_ptr<comm::Communicator> exchange_;  // exchanged outputs' all-to-all
   std::vector<std::unique_ptr<detail::OutputSink>> sinks_;

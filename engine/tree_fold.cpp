@@ -99,17 +99,22 @@ void FoldStack::load(const std::string& state) {
 
 // What is left are whole nodes of falling size; each lower one is the left part of a node whose
 // right part (the rest of the pass) is everything above it.
-std::unique_ptr<Reduction> FoldStack::result() const {
+std::unique_ptr<Reduction> FoldStack::take_result() {
   if (stack_.empty()) return kind_.empty();
-  std::unique_ptr<Reduction> acc = kind_.empty();
-  acc->load(stack_.back().value->save());
+  std::unique_ptr<Reduction> acc = std::move(stack_.back().value);
   for (std::size_t i = stack_.size() - 1; i-- > 0;) {
-    auto left = kind_.empty();
-    left->load(stack_[i].value->save());
+    std::unique_ptr<Reduction> left = std::move(stack_[i].value);
     left->merge(*acc);
     acc = std::move(left);
   }
+  stack_.clear();
   return acc;
+}
+
+std::unique_ptr<Reduction> FoldStack::result() const {
+  FoldStack copy(kind_);
+  copy.load(save());
+  return copy.take_result();
 }
 
 }  // namespace qstage::engine

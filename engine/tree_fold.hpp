@@ -43,6 +43,8 @@ class FoldStack {
   void load(const std::string& state);
   // The whole tree's value (an empty fold if nothing was pushed).
   std::unique_ptr<Reduction> result() const;
+  // The same, merging the nodes in place rather than copies of them: the fold is empty after.
+  std::unique_ptr<Reduction> take_result();
 
  private:
   const Reduction& kind_;
