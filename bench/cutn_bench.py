@@ -8,6 +8,10 @@ qstage's path, with the cgemm ceiling measured in the same run.
 Cases (complex64; times per amplitude):
   medium  tn_bench's medium (6 x 9 grid, 10 cycles, seed 1; 16 amplitudes for qstage, budget 40GiB)
   big     tn_bench's big (5 x 8 grid, 12 cycles, seed 1; budget 12GiB, so qstage slices)
+  wide    8 x 8 grid (64 qubits), 8 cycles, seed 1; 4 amplitudes, budget 12GiB (about 1e11 flops each)
+  deep    6 x 6 grid (36 qubits), 14 cycles, seed 1: a 2^35-value intermediate on the unsliced path,
+          so tn.path is capped at 2^28 and ONE SLICE is timed as for n53m20 (cuTensorNet, given
+          the whole network and tn.plan's sliced modes, asked for 192 GiB of workspace: not understood)
   n53m20  the qsim file circuit_n53_m20_s0_e0_pABCDCDAB.qsim (tracked in tests/data/circuits, so it
           travels), one amplitude (all zeros), tn.path capped at 2^30 elements (8 GiB, --cap-log2),
           tn.plan's default budget (a third of the device: tn.contract holds 3 arenas at once; an
@@ -105,6 +109,11 @@ CASES = {
     "medium": {"build": {"random": {"rows": 6, "cols": 9, "cycles": 10, "seed": 1},
                          "random_bitstrings": {"count": 16, "seed": 1}}, "budget": "40GiB"},
     "big": {"build": {"random": {"rows": 5, "cols": 8, "cycles": 12, "seed": 1}}, "budget": "12GiB"},
+    # other sizes and depths: a wide shallow circuit and a narrow deep one (compute-bound, sliced)
+    "wide": {"build": {"random": {"rows": 8, "cols": 8, "cycles": 8, "seed": 1},
+                       "random_bitstrings": {"count": 4, "seed": 1}}, "budget": "12GiB"},
+    "deep": {"build": {"random": {"rows": 6, "cols": 6, "cycles": 14, "seed": 1}}, "budget": None, "cap": 28,
+             "per_slice": True},
     # budget None: tn.plan's default, what each of tn.contract's 3 slots can have of the device
     "n53m20": {"build": {"circuit": "{circuits}/circuit_n53_m20_s0_e0_pABCDCDAB.qsim"}, "budget": None,
                "cap": 30, "per_slice": True},
