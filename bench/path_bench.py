@@ -26,7 +26,8 @@ Cases (one amplitude or one expectation value each; `name:K` on the command line
   small    4 x 5 grid, 10 cycles (checks the script in seconds)
 
 What each side gets (the same T seconds, the same thread count):
-  qstage   `qstage run` of tn.build + tn.path with params {max_seconds: T, seed: S} plus
+  qstage   `qstage run` of tn.build + tn.path with params {max_seconds: T, seed: S} (--ours default:
+           {seed: S} alone, tn.path's own budget) plus
            max_intermediate: 2^K * 8 bytes for a capped case, threads: N where the binary's tn.path
            knows `threads` (OMP_NUM_THREADS=N is set either way), max_tries: 10^9 where the binary's
            max_tries has a default (the old tn.path stops after 256 tries otherwise), and whatever
@@ -280,9 +281,11 @@ def stage_params(args, stage):
 
 def path_params(args, cap=None, extra=None):
     props = stage_params(args, "tn.path")
-    p = {"max_seconds": args.seconds, "seed": args.seed}
-    if "default" in props.get("max_tries", {}):
-        p["max_tries"] = 10**9  # the old tn.path: 256 tries at most by default
+    p = {"seed": args.seed}
+    if args.ours == "same":
+        p["max_seconds"] = args.seconds
+        if "default" in props.get("max_tries", {}):
+            p["max_tries"] = 10**9  # the old tn.path: 256 tries at most by default
     if "threads" in props:
         p["threads"] = args.threads
     if cap is not None:
@@ -634,6 +637,9 @@ def main():
                     help="folders of the qsim files, ':'-separated, the first that has a file wins "
                          "(default: tests/data/circuits, then ../shared/data/circuits beside the checkout)")
     ap.add_argument("--threads", type=int, default=1, help="threads for both searches (default 1)")
+    ap.add_argument("--ours", choices=["same", "default"], default="same",
+                    help="tn.path's time: same (max_seconds: --seconds, as cotengra) or default (its own budget, "
+                         "fitted to the predicted contraction time: what a user gets without max_seconds)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--path-params", default="", help="JSON merged into tn.path's params, e.g. '{\"methods\": [\"greedy\"]}'")
     ap.add_argument("--slicing", action="store_true", help="compare slicers on qstage's unsliced path instead")
