@@ -24,6 +24,10 @@ Cases (one amplitude or one expectation value each; `name:K` on the command line
   qaoa     QAOA MaxCut on a random 3-regular graph (30 nodes, p = 4, seed 1), <Z0 Z1> over its
            light cone (the doubled network <psi|Z0 Z1|psi>); qaoa_p6 the same with p = 6
   small    4 x 5 grid, 10 cycles (checks the script in seconds)
+  dec7_phen, dec7_circ  seed 000's distance-7 decoding networks, 7 rounds, in the Fourier form,
+           simplified (hyperindices): the rotated surface code under phenomenological noise (p = q =
+           0.01, tn.build's surface_code) and under circuit-level noise 0.001 (stim's model, --dem
+           or generated with stim into --work)
 
 What each side gets (the same T seconds, the same thread count):
   qstage   `qstage run` of tn.build + tn.path with params {max_seconds: T, seed: S} (--ours default:
@@ -93,7 +97,18 @@ CASES = {
     "qaoa": {"build": {"qaoa": {"nodes": 30, "p": 4, "seed": 1}, "pauli": "Z0 Z1"}, "cap": None},
     "qaoa_p6": {"build": {"qaoa": {"nodes": 30, "p": 6, "seed": 1}, "pauli": "Z0 Z1"}, "cap": None},
     "small": {"build": {"random": {"rows": 4, "cols": 5, "cycles": 10, "seed": 1}}, "cap": None},
+    # seed 000's distance-7 decoding networks in the Fourier form, simplified (hyperindices)
+    "dec7_phen": {"build": {"surface_code": {"distance": 7, "rounds": 7, "p": 0.01, "q": 0.01, "seed": 1,
+                                             "form": "fourier"}, "simplify": True}, "cap": None},
+    "dec7_circ": {"build": {"detector_error_model": {"file": "{dem}", "seed": 1, "form": "fourier"}, "simplify": True},
+                  "cap": None},
 }
+
+# dec7_circ's detector error model: stim's rotated surface-code memory experiment, distance 7,
+# 7 rounds, circuit-level noise 0.001 (336 detectors, 6023 mechanisms), as in seed 000's Fig. 1 (b).
+DEM_CIRCUIT = dict(code_task="surface_code:rotated_memory_z", distance=7, rounds=7,
+                   after_clifford_depolarization=0.001, before_measure_flip_probability=0.001,
+                   after_reset_flip_probability=0.001, before_round_data_depolarization=0.001)
 
 
 def log(msg):
@@ -356,7 +371,26 @@ def build_params(args, case):
         if not found:
             sys.exit(f"{name} is in none of {args.circuits}")
         b["circuit"] = str(found[0].resolve())
+    dem = b.get("detector_error_model", {})
+    if dem.get("file") == "{dem}":
+        dem["file"] = str(detector_error_model_file(args))
     return b
+
+
+def detector_error_model_file(args):
+    """--dem, or stim's model written into --work (the Python running this script needs stim)."""
+    if args.dem:
+        return Path(args.dem).resolve()
+    path = Path(args.work).resolve() / "d7r7.dem"
+    if not path.exists():
+        try:
+            import stim
+        except ImportError:
+            sys.exit("dec7_circ needs a detector error model: --dem FILE, or stim importable here "
+                     "(e.g. run this script with build/oracles/bin/python)")
+        circuit = stim.Circuit.generated(**DEM_CIRCUIT)
+        path.write_text(str(circuit.detector_error_model(decompose_errors=False)))
+    return path
 
 
 def step_log(stderr, step):
@@ -641,6 +675,7 @@ def main():
                     help="tn.path's time: same (max_seconds: --seconds, as cotengra) or default (its own budget, "
                          "fitted to the predicted contraction time: what a user gets without max_seconds)")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--dem", default="", help="dec7_circ's stim .dem file (default: made with stim in --work)")
     ap.add_argument("--path-params", default="", help="JSON merged into tn.path's params, e.g. '{\"methods\": [\"greedy\"]}'")
     ap.add_argument("--slicing", action="store_true", help="compare slicers on qstage's unsliced path instead")
     ap.add_argument("--target-log2", type=int, default=None, help="--slicing: the target 2^K elements")
