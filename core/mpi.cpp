@@ -148,23 +148,32 @@ double Comm::max(double value) const {
   return value;
 }
 
-std::vector<std::string> Comm::gather(const std::string& mine) const {
-  if (size_ == 1) return {mine};
-  int n = static_cast<int>(mine.size());
-  std::vector<int> sizes(rank_ == 0 ? static_cast<size_t>(size_) : 0);
-  check(MPI_Gather(&n, 1, MPI_INT, sizes.data(), 1, MPI_INT, 0, comm_), "MPI_Gather");
-  std::vector<int> offsets(sizes.size());
-  int total = 0;
-  for (size_t i = 0; i < sizes.size(); ++i) {
-    offsets[i] = total;
-    total += sizes[i];
+// Rank 0 receives each rank's bytes in rank order, in pieces: MPI counts are ints, and a round's
+// record (its output rows, the fold of a large result) may pass 2 GiB, where MPI_Gatherv's int
+// counts and displacements wrapped.
+std::vector<std::string> Comm::gather(std::string mine) const {
+  if (size_ == 1) return {std::move(mine)};
+  constexpr std::uint64_t kPiece = std::uint64_t{1} << 30;
+  constexpr int kTag = 4711;  // (this communicator's only point-to-point messages)
+  std::uint64_t n = mine.size();
+  std::vector<std::uint64_t> sizes(rank_ == 0 ? static_cast<size_t>(size_) : 0);
+  check(MPI_Gather(&n, 1, MPI_UINT64_T, sizes.data(), 1, MPI_UINT64_T, 0, comm_), "MPI_Gather");
+  if (rank_ != 0) {
+    for (std::uint64_t at = 0; at < n; at += kPiece)
+      check(MPI_Send(mine.data() + at, static_cast<int>(std::min(kPiece, n - at)), MPI_CHAR, 0, kTag, comm_),
+            "MPI_Send");
+    return {};
   }
-  std::string all(static_cast<size_t>(total), '\0');
-  check(MPI_Gatherv(mine.data(), n, MPI_CHAR, all.data(), sizes.data(), offsets.data(), MPI_CHAR, 0, comm_),
-        "MPI_Gatherv");
-  std::vector<std::string> out;
-  for (size_t i = 0; i < sizes.size(); ++i)
-    out.push_back(all.substr(static_cast<size_t>(offsets[i]), static_cast<size_t>(sizes[i])));
+  std::vector<std::string> out(static_cast<size_t>(size_));
+  out[0] = std::move(mine);
+  for (int r = 1; r < size_; ++r) {
+    std::string& in = out[static_cast<size_t>(r)];
+    in.resize(sizes[static_cast<size_t>(r)]);
+    for (std::uint64_t at = 0; at < in.size(); at += kPiece)
+      check(MPI_Recv(in.data() + at, static_cast<int>(std::min<std::uint64_t>(kPiece, in.size() - at)), MPI_CHAR, r,
+                     kTag, comm_, MPI_STATUS_IGNORE),
+            "MPI_Recv");
+  }
   return out;
 }
 

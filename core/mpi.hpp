@@ -50,8 +50,8 @@ class Comm {
   std::vector<std::int64_t> max(std::vector<std::int64_t> values) const;
   std::vector<std::uint64_t> sum_wrapping(std::vector<std::uint64_t> values) const;  // mod 2^64
   double max(double value) const;
-  // Gathers every rank's bytes on rank 0, in rank order (others get an empty vector).
-  std::vector<std::string> gather(const std::string& mine) const;
+  // Gathers every rank's bytes on rank 0, in rank order (others get an empty vector; any size).
+  std::vector<std::string> gather(std::string mine) const;
   // Every rank's bytes on every rank, in rank order (MPI_Allgatherv; each rank's part < 2 GiB).
   std::vector<std::string> allgather(const std::string& mine) const;
   // Agrees on an outcome: true on every rank if any rank passed true.

@@ -459,7 +459,7 @@ class PassRun {
       if (!comm_.root()) append_nodes(record, own_nodes);
     }
 
-    const auto records = comm_.gather(record);  // rank order == batch order within the round
+    const auto records = comm_.gather(std::move(record));  // rank order == batch order within the round
     if (!comm_.root()) return;
     for (size_t rank = 0; rank < records.size(); ++rank) {
       const std::string& r = records[rank];

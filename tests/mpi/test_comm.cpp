@@ -261,6 +261,23 @@ TEST_F(CommTest, AllgatherAndBroadcast) {
   EXPECT_THROW(comm.broadcast(splitters, size), std::logic_error);
 }
 
+// mpi::Comm::gather (the engine's per-round records): rank r sends r * 1000 + 1 bytes that name
+// it, rank 1 nothing; rank 0 gets them in rank order, the others nothing.
+TEST(MpiComm, GatherGivesRankZeroEveryRanksBytesInRankOrder) {
+  mpi::Comm world;
+  const int size = world.size(), rank = world.rank();
+  auto bytes_of = [](int r) {
+    return r == 1 ? std::string() : std::string(static_cast<std::size_t>(r) * 1000 + 1, static_cast<char>('a' + r % 26));
+  };
+  const std::vector<std::string> got = world.gather(bytes_of(rank));
+  if (rank != 0) {
+    EXPECT_TRUE(got.empty()) << "rank " << rank;
+    return;
+  }
+  ASSERT_EQ(got.size(), static_cast<std::size_t>(size));
+  for (int r = 0; r < size; ++r) EXPECT_EQ(got[static_cast<std::size_t>(r)], bytes_of(r)) << "from rank " << r;
+}
+
 TEST(CommNccl, DeviceBuffersOnTwoGpusGoThroughNccl) {
   mpi::Comm world;
 #if defined(QSTAGE_HAVE_NCCL)
