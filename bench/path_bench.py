@@ -420,11 +420,12 @@ def qstage_own_total(own):
 
 # ------------------------------------------------------------------------ the two modes
 def quality(args, name, case, cap):
-    run_dir = Path(args.work) / f"{name}-q{'-cap' + str(cap) if cap is not None else ''}-T{args.seconds:g}-s{args.seed}"
+    budget = "default" if args.ours == "default" else f"{args.seconds:g}"  # (tn.path's time, in the folder's name)
+    run_dir = Path(args.work) / f"{name}-q{'-cap' + str(cap) if cap is not None else ''}-T{budget}-s{args.seed}"
     steps = [("net", "tn.build", None, build_params(args, case)),
              ("path", "tn.path", {"network": "net"}, path_params(args, cap))]
-    budget = "its default budget" if args.ours == "default" else f"{args.seconds:g} s"
-    log(f"{name}: qstage tn.path, {budget}{f', cap 2^{cap}' if cap is not None else ''}")
+    log(f"{name}: qstage tn.path, {'its default budget' if args.ours == 'default' else budget + ' s'}"
+        f"{f', cap 2^{cap}' if cap is not None else ''}")
     err = qstage_run(args, steps, run_dir)
     out = run_dir / "outputs"
     net = load_network(out)
