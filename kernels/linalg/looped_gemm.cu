@@ -345,6 +345,254 @@ bool try_rows(const LoopedGemm& g, cudaStream_t stream) {
   return true;
 }
 
+// Gate steps: a small operand (a gate with its free modes: at most kTileSmall values) applied to
+// every row of a large one, sums of 8 to 64 over k, at least kTileResults results a row, the small
+// operand the same for every row (no loop group moves both). In the rows kernels each thread
+// summed one row's results reading the small operand from L1 for every two multiply-adds, and the
+// compiler's complex product took seven instructions where four fused multiply-adds do: big's
+// k = 32 steps ran at 26-32 % of the copy rate, its k = 16 steps at 63-69 % (H100). Here a block
+// keeps the small operand in shared memory for all its tiles, laid out by k so that a result
+// group's values for one k are adjacent; a tile of `rows` large rows comes in `width` columns at
+// a time by cp.async into two stages (the next columns load while these are summed); each thread
+// carries kTileResults results of kTileRows rows (16 sums in registers): a value of the small
+// operand (read two at a time, one address for the whole warp) feeds kTileRows products, a staged
+// value kTileResults. Measured on an H100 (docs/benchmarks.md): big's k = 32 steps at 58-63 % of
+// the copy rate, k = 16 at 85-90 %. Registers bounded for 3 blocks an SM spilled and ran 1.2-1.9x
+// slower. Each sum runs over k in order as a chain of fused multiply-adds: the bits do not depend
+// on the launch shape (they differ in the last place from the rows kernels').
+constexpr int kTileThreads = 256;
+constexpr int kTileResults = 8;   // results a thread carries for each of its rows
+constexpr int kTileRows = 2;      // rows a thread carries
+constexpr int kTileSmall = 1024;  // the small operand's values kept in shared memory, at most
+constexpr int kTileStage = 2048;  // values staged a tile and chunk of columns (more where that is under 8 columns)
+constexpr int kTileBlocks = 2;    // blocks an SM the registers are bounded for
+constexpr int kTileMinSum = 8, kTileMaxSum = 64;
+
+// G result groups of kTileResults; the other threads of a group split the tile's rows.
+template <int K, int G>
+struct TileShape {
+  static constexpr int lanes = kTileThreads / G;  // threads of a result group
+  static constexpr int rows = lanes * kTileRows;
+  static constexpr int width = K < kTileStage / rows ? K : kTileStage / rows < 8 ? 8 : kTileStage / rows;
+  static constexpr int padded = width + 1;  // (odd: one column's reads fall in distinct banks)
+  static constexpr int results = G * kTileResults;
+  static constexpr std::size_t shared_bytes =
+      (std::size_t{K} * results + 2 * std::size_t{rows} * padded) * sizeof(Complex<float>) +
+      (2 * std::size_t{rows} + results) * sizeof(std::int64_t);
+};
+
+// x · y added to (re, im) by four fused multiply-adds, in a fixed order.
+__device__ __forceinline__ void fused_multiply_add(Complex<float> x, Complex<float> y, float& re, float& im) {
+  re = __fmaf_rn(x.re, y.re, re);
+  re = __fmaf_rn(-x.im, y.im, re);
+  im = __fmaf_rn(x.re, y.im, im);
+  im = __fmaf_rn(x.im, y.re, im);
+}
+
+// One value (8 bytes) copied from global to shared memory without passing through registers
+// (Ampere's cp.async): a tile's next columns load while these are summed.
+__device__ __forceinline__ void copy_async(void* to, const void* from) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const auto shared = static_cast<unsigned>(__cvta_generic_to_shared(to));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(shared), "l"(from));
+#else
+  *static_cast<Complex<float>*>(to) = *static_cast<const Complex<float>*>(from);
+#endif
+}
+__device__ __forceinline__ void copies_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+// Waits for this thread's copies but the last `pending` groups.
+template <int Pending>
+__device__ __forceinline__ void copies_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending));
+#endif
+}
+
+template <int K, int G, bool OwnIsA>
+__global__ void __launch_bounds__(kTileThreads, kTileBlocks) looped_gemm_tiles_kernel(RowsWalk w, int results) {
+  using S = TileShape<K, G>;
+  using C = Complex<float>;
+  constexpr int chunks = K / S::width;
+  constexpr int stage_size = S::rows * S::padded;
+  extern __shared__ float4 tile_memory[];
+  C* small = reinterpret_cast<C*>(tile_memory);  // [K][S::results]: result q's value at k = p
+  C* stages = small + K * S::results;            // 2 x [S::rows][S::padded]
+  auto* row_at = reinterpret_cast<std::int64_t*>(stages + 2 * stage_size);  // 2 x [S::rows]
+  std::int64_t* result_c = row_at + 2 * S::rows;
+  const auto* own = static_cast<const C*>(w.own);
+  const auto* other = static_cast<const C*>(w.other);
+  auto* c_data = static_cast<C*>(w.c);
+  for (int x = threadIdx.x; x < K * S::results; x += kTileThreads) {
+    const int p = x / S::results, q = x % S::results;
+    C v{0, 0};
+    if (q < results) {
+      const std::int64_t o = q % w.other_count;
+      std::int64_t at = o * K, c = o * w.other_c;
+      inner_offsets(w, static_cast<std::uint64_t>(q / w.other_count), at, c);
+      v = other[at + p];
+      if (p == 0) result_c[q] = c;
+    }
+    small[x] = v;
+  }
+  // Units (tile, chunk of columns) in order; unit u's columns go to stage u % 2, tile t's row
+  // offsets to row_at[t % 2].
+  const std::uint64_t tiles = (w.rows + S::rows - 1) / S::rows;
+  if (blockIdx.x >= tiles) return;
+  const std::uint64_t my_tiles = (tiles - blockIdx.x + gridDim.x - 1) / gridDim.x;
+  const std::uint64_t units = my_tiles * chunks;
+  auto tile_of = [&](std::uint64_t u) { return blockIdx.x + (u / chunks) * gridDim.x; };
+  auto rows_of = [&](std::uint64_t u) {
+    for (int x = threadIdx.x; x < S::rows; x += kTileThreads) {
+      const std::uint64_t row = tile_of(u) * S::rows + x;
+      if (row < w.rows) row_at[((u / chunks) % 2) * S::rows + x] = row_offsets(w, row, K).own;
+    }
+  };
+  auto load = [&](std::uint64_t u) {
+    const std::uint64_t first_row = tile_of(u) * S::rows;
+    const int first = static_cast<int>(u % chunks) * S::width;
+    const std::int64_t* at = row_at + ((u / chunks) % 2) * S::rows;
+    C* stage = stages + (u % 2) * stage_size;
+#pragma unroll
+    for (int j = 0; j < S::rows * S::width / kTileThreads; ++j) {
+      const int x = static_cast<int>(threadIdx.x) + j * kTileThreads;
+      const int row = x / S::width, col = x % S::width;
+      C* to = stage + row * S::padded + col;
+      if (first_row + row < w.rows)
+        copy_async(to, own + at[row] + first + col);
+      else
+        *to = C{0, 0};
+    }
+    copies_commit();
+  };
+  const int group = static_cast<int>(threadIdx.x) / S::lanes, lane = static_cast<int>(threadIdx.x) % S::lanes;
+  std::int64_t row_c[kTileRows];
+  float re[kTileRows][kTileResults], im[kTileRows][kTileResults];
+  rows_of(0);
+  __syncthreads();  // (row_at of the first tile; the small operand)
+  load(0);
+  for (std::uint64_t u = 0; u < units; ++u) {
+    const int chunk = static_cast<int>(u % chunks);
+    if (chunk == 0) {
+      const std::uint64_t first_row = tile_of(u) * S::rows;
+#pragma unroll
+      for (int r = 0; r < kTileRows; ++r) {
+        const std::uint64_t row = first_row + lane + r * S::lanes;
+        row_c[r] = row < w.rows ? row_offsets(w, row, K).c : -1;
+#pragma unroll
+        for (int x = 0; x < kTileResults; ++x) re[r][x] = im[r][x] = 0;
+      }
+    }
+    const bool more = u + 1 < units;
+    if (more && (u + 1) % chunks == 0) rows_of(u + 1);
+    __syncthreads();  // (the next tile's row_at written; stage (u + 1) % 2 no longer read)
+    if (more) {
+      load(u + 1);
+      copies_wait<1>();
+    } else {
+      copies_wait<0>();
+    }
+    __syncthreads();  // (unit u's columns in shared memory)
+    const C* stage = stages + (u % 2) * stage_size;
+    const int first = chunk * S::width;
+#pragma unroll
+    for (int p = 0; p < S::width; ++p) {
+      C mine[kTileRows];
+#pragma unroll
+      for (int r = 0; r < kTileRows; ++r) mine[r] = stage[(lane + r * S::lanes) * S::padded + p];
+      const auto* two = reinterpret_cast<const float4*>(small + (first + p) * S::results + group * kTileResults);
+#pragma unroll
+      for (int h = 0; h < kTileResults / 2; ++h) {
+        const float4 v = two[h];
+        const C t0{v.x, v.y}, t1{v.z, v.w};
+#pragma unroll
+        for (int r = 0; r < kTileRows; ++r) {
+          fused_multiply_add(OwnIsA ? mine[r] : t0, OwnIsA ? t0 : mine[r], re[r][2 * h], im[r][2 * h]);
+          fused_multiply_add(OwnIsA ? mine[r] : t1, OwnIsA ? t1 : mine[r], re[r][2 * h + 1], im[r][2 * h + 1]);
+        }
+      }
+    }
+    if (chunk == chunks - 1) {
+#pragma unroll
+      for (int r = 0; r < kTileRows; ++r) {
+        if (row_c[r] < 0) continue;
+#pragma unroll
+        for (int x = 0; x < kTileResults; ++x) {
+          const int q = group * kTileResults + x;
+          if (q < results) c_data[row_c[r] + result_c[q]] = C{re[r][x], im[r][x]};
+        }
+      }
+    }
+  }
+}
+
+// Blocks that stay resident at once (each walks many tiles, so the small operand is staged once
+// a block).
+template <int K, int G, bool OwnIsA>
+void launch_tiles(const RowsWalk& w, int results, cudaStream_t stream) {
+  using S = TileShape<K, G>;
+  static const unsigned resident = [] {
+    const auto kernel = looped_gemm_tiles_kernel<K, G, OwnIsA>;
+    QSTAGE_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(S::shared_bytes)));
+    int device = 0, sms = 0, per_sm = 0;
+    QSTAGE_CUDA_CHECK(cudaGetDevice(&device));
+    QSTAGE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    QSTAGE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kTileThreads, S::shared_bytes));
+    return static_cast<unsigned>(std::max(1, sms * std::max(1, per_sm)));
+  }();
+  const std::uint64_t tiles = (w.rows + S::rows - 1) / S::rows;
+  const auto blocks = static_cast<unsigned>(std::min<std::uint64_t>(tiles, resident));
+  looped_gemm_tiles_kernel<K, G, OwnIsA><<<blocks, kTileThreads, S::shared_bytes, stream>>>(w, results);
+}
+
+// False where the small operand would not fit (rows_walk's limit keeps it from happening).
+template <int K, int G>
+bool launch_tiles(const RowsWalk& w, bool own_is_a, int results, cudaStream_t stream) {
+  if constexpr (K * G * kTileResults <= kTileSmall) {
+    if (own_is_a)
+      launch_tiles<K, G, true>(w, results, stream);
+    else
+      launch_tiles<K, G, false>(w, results, stream);
+    return true;
+  }
+  return false;
+}
+
+template <int K>
+bool launch_tiles(const RowsWalk& w, bool own_is_a, int results, cudaStream_t stream) {
+  if (results <= kTileResults) return launch_tiles<K, 1>(w, own_is_a, results, stream);
+  if (results <= 2 * kTileResults) return launch_tiles<K, 2>(w, own_is_a, results, stream);
+  if (results <= 4 * kTileResults) return launch_tiles<K, 4>(w, own_is_a, results, stream);
+  return launch_tiles<K, 8>(w, own_is_a, results, stream);
+}
+
+// Whether g is a complex64 gate step the tiles kernel takes, and launches it.
+bool try_tiles(const LoopedGemm& g, cudaStream_t stream) {
+  if (g.dtype != DType::complex64 || g.k < kTileMinSum || g.k > kTileMaxSum || (g.k & (g.k - 1)) != 0) return false;
+  const bool own_is_a = footprint(g, true) >= footprint(g, false);
+  RowsWalk w;
+  if (!rows_walk(g, own_is_a, std::min<std::int64_t>(8 * kTileResults, kTileSmall / g.k), w)) return false;
+  for (int d = 0; d < w.outer; ++d)
+    if (w.outer_other[d] != 0) return false;  // (the small operand would differ between rows)
+  const std::uint64_t results = w.inner_total * static_cast<std::uint64_t>(w.other_count);
+  if (results < kTileResults) return false;
+  const int q = static_cast<int>(results);
+  switch (g.k) {
+    case 8:
+      return launch_tiles<8>(w, own_is_a, q, stream);
+    case 16:
+      return launch_tiles<16>(w, own_is_a, q, stream);
+    case 32:
+      return launch_tiles<32>(w, own_is_a, q, stream);
+    default:
+      return launch_tiles<64>(w, own_is_a, q, stream);
+  }
+}
+
 // Long sums (k >= 32): one warp per result element. Lanes read consecutive k (coalesced: K is
 // the operands' trailing block) and combine in a fixed butterfly, so the bits do not depend on
 // the launch shape.
@@ -494,7 +742,8 @@ void looped_gemm_cuda(void* cuda_stream, const LoopedGemm& g) {
     QSTAGE_CUDA_CHECK_LAUNCH();
     return;
   }
-  if (g.dtype == DType::complex64 ? try_rows<float>(g, stream) : try_rows<double>(g, stream)) {
+  if (try_tiles(g, stream) ||
+      (g.dtype == DType::complex64 ? try_rows<float>(g, stream) : try_rows<double>(g, stream))) {
     QSTAGE_CUDA_CHECK_LAUNCH();
     return;
   }

@@ -753,6 +753,86 @@ TEST(LoopedGemmKernel, GpuMatchesCpuWithVeryLongSums) {
   EXPECT_LT(relative_error(got, reference_looped(g, a, b, c.size())), 1e-5);
 }
 
+// A gate step: the small operand (A, or B when a_is_small is false) with its own loop groups,
+// applied to every row of the large one; C interleaves both operands' loop groups (as a tensor
+// network's step does). Each group is (extent, whether it moves the small operand), outermost
+// first; the operands are dense in their groups' order, then rows, then k.
+struct GateStep {
+  kernels::LoopedGemm g;
+  std::size_t a_size = 0, b_size = 0, c_size = 0;
+};
+GateStep gate_step(std::int64_t m, std::int64_t n, std::int64_t k, bool a_is_small,
+                   const std::vector<std::pair<std::int64_t, bool>>& groups) {
+  GateStep s;
+  kernels::LoopedGemm& g = s.g;
+  g.m = m, g.n = n, g.k = k;
+  g.groups = static_cast<int>(groups.size());
+  std::int64_t a_stride = m * k, b_stride = n * k, c_stride = m * n;
+  for (int d = g.groups - 1; d >= 0; --d) {
+    const auto [extent, moves_small] = groups[static_cast<std::size_t>(d)];
+    const bool moves_a = moves_small == a_is_small;
+    g.extent[d] = extent;
+    g.stride_a[d] = moves_a ? a_stride : 0;
+    g.stride_b[d] = moves_a ? 0 : b_stride;
+    g.stride_c[d] = c_stride;
+    (moves_a ? a_stride : b_stride) *= extent;
+    c_stride *= extent;
+  }
+  s.a_size = static_cast<std::size_t>(a_stride), s.b_size = static_cast<std::size_t>(b_stride);
+  s.c_size = static_cast<std::size_t>(c_stride);
+  return s;
+}
+
+// Gate steps with sums of 8 to 64 and at least 8 results a large row take the tiles kernel (the
+// small operand in shared memory, 16 sums a thread): both orientations, extents that are not
+// powers of two, tiles left partly empty, results not a multiple of 8, sums staged in several
+// chunks (64 with 16 result rows), operands one value past a 16-byte boundary; against the CPU
+// twin and the definition, and the same bits twice.
+TEST(LoopedGemmKernel, GpuGateTilesMatchCpu) {
+  REQUIRE_GPU();
+  GpuRun gpu;
+  struct Case {
+    std::int64_t m, n, k;
+    bool a_is_small;
+    std::vector<std::pair<std::int64_t, bool>> groups;
+  };
+  const std::vector<Case> cases = {
+      {2, 2, 32, true, {{3, false}, {2, true}, {5, false}, {4, true}, {7, false}}},  // 16 results, as big's k = 32
+      {2, 2, 16, true, {{6, false}, {2, true}, {2, true}, {2, true}, {33, false}}},  // 16 results
+      {4, 2, 16, false, {{2, true}, {17, false}, {3, true}}},                        // B small: 12 results
+      {2, 64, 8, true, {{3, true}, {4, true}, {11, false}}},                         // 24 results, long B rows
+      {16, 2, 64, true, {{5, false}, {9, false}}},                                   // 16 results, 4 chunks
+      {2, 3, 8, true, {{2, true}, {2, true}, {2, true}, {2, true}, {2, true}, {25, false}}},  // 64 results
+      {8, 1, 32, true, {{3000, false}}},  // 8 results, 6 tiles, the last partly empty
+  };
+  for (const Case& cs : cases) {
+    GateStep st = gate_step(cs.m, cs.n, cs.k, cs.a_is_small, cs.groups);
+    const auto a = random_complex(st.a_size, 71), b = random_complex(st.b_size, 72);
+    for (const std::size_t shift : {0, 1}) {
+      std::vector<std::complex<float>> a1(shift + st.a_size), b1(shift + st.b_size), c(st.c_size);
+      std::copy(a.begin(), a.end(), a1.begin() + static_cast<std::ptrdiff_t>(shift));
+      std::copy(b.begin(), b.end(), b1.begin() + static_cast<std::ptrdiff_t>(shift));
+      Buffer da = gpu.upload(a1.data(), a1.size() * 8), db = gpu.upload(b1.data(), b1.size() * 8);
+      Buffer dc = gpu.backend->alloc_device(st.c_size * 8, "test");
+      kernels::LoopedGemm dg = st.g;
+      dg.a = static_cast<char*>(da.data()) + shift * 8, dg.b = static_cast<char*>(db.data()) + shift * 8;
+      dg.c = dc.data();
+      kernels::looped_gemm(*gpu.stream, dg);
+      const auto got = gpu.download<std::complex<float>>(dc, st.c_size);
+      kernels::looped_gemm(*gpu.stream, dg);
+      const auto again = gpu.download<std::complex<float>>(dc, st.c_size);
+      kernels::LoopedGemm hg = st.g;
+      hg.a = a1.data() + shift, hg.b = b1.data() + shift, hg.c = c.data();
+      kernels::looped_gemm_cpu(hg);
+      const std::string what = std::to_string(cs.m) + "x" + std::to_string(cs.n) + "x" + std::to_string(cs.k) +
+                               " shift " + std::to_string(shift);
+      EXPECT_LT(relative_error(got, std::vector<cd>(c.begin(), c.end())), 1e-6) << what;
+      EXPECT_LT(relative_error(got, reference_looped(hg, a, b, st.c_size)), 1e-6) << what;
+      EXPECT_EQ(std::memcmp(got.data(), again.data(), st.c_size * 8), 0) << what;
+    }
+  }
+}
+
 // Merging: extent-1 dimensions and runs contiguous in the input collapse; the gather's result is
 // the element-by-element definition's.
 TEST(GatherPermuteKernel, MergedGatherMatchesTheDefinition) {
