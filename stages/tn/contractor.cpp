@@ -45,6 +45,9 @@ Contractor::Contractor(const Network& net, const Plan& plan, h5::DType dtype, ke
     throw InputError(fmt::format("compute {} needs a complex64 plan (complex128 always runs in full precision); "
                                  "expected tn.plan's precision complex64 or compute full",
                                  kernels::compute_name(compute_)));
+  step_groups_.reserve(plan_.steps.size());
+  for (const PlanStep& st : plan_.steps)
+    step_groups_.push_back(st.loop_modes.empty() ? std::vector<LoopGroup>{} : loop_groups(net_, st));
   for (const PlanStep& st : plan_.steps) staging_bytes_ = std::max(staging_bytes_, staging_for(st));
   for (Mode m : plan.output) result_elements_ *= static_cast<std::uint64_t>(net.extent.at(m));
   for (Mode m : plan.sliced) slice_radix_.push_back(net.extent.at(m));
@@ -204,9 +207,10 @@ std::uint64_t Contractor::staging_for(const PlanStep& st) const {
   if (!reduced_step(st)) return 0;
   kernels::Gemm g = step_gemm(st);
   g.compute = compute_;
+  std::vector<LoopGroup> scratch;
   g.batch = st.execution == Execution::packed ? st.loops
-            : st.loop_modes.empty()          ? 1
-                                             : loop_groups(net_, st).front().extent;
+            : st.loop_modes.empty()           ? 1
+                                              : groups_of(st, scratch).front().extent;
   return std::min(static_cast<std::uint64_t>(kernels::reduced_gemm_workspace(g)), kMaxStaging);
 }
 
@@ -253,8 +257,16 @@ void Contractor::run_packed(Stream& stream, const PlanStep& st, char* arena, con
 }
 
 // All of the step's products in one kernel that walks the loop groups (none for a plain product).
+const std::vector<LoopGroup>& Contractor::groups_of(const PlanStep& st, std::vector<LoopGroup>& scratch) const {
+  const PlanStep* steps = plan_.steps.data();
+  if (&st >= steps && &st < steps + plan_.steps.size()) return step_groups_[static_cast<size_t>(&st - steps)];
+  scratch = loop_groups(net_, st);
+  return scratch;
+}
+
 void Contractor::run_looped(Stream& stream, const PlanStep& st, const char* L, const char* R, char* c) {
-  const auto groups = loop_groups(net_, st);
+  std::vector<LoopGroup> scratch;
+  const auto& groups = groups_of(st, scratch);
   kernels::LoopedGemm lg;
   lg.dtype = dtype_;
   lg.semiring = tropical() ? kernels::Semiring::tropical : kernels::Semiring::standard;
@@ -400,7 +412,8 @@ void Contractor::run_step_at(Stream& stream, const PlanStep& st, const char* a, 
   }
   // Loops over C's leading modes, merged into groups where their strides line up (innermost
   // first): the innermost group is a strided batch, a host loop runs over the others.
-  const auto groups = loop_groups(net_, st);
+  std::vector<LoopGroup> scratch;
+  const auto& groups = groups_of(st, scratch);
   using Loop = LoopGroup;
   g.batch = groups.front().extent;
   g.stride_a = groups.front().l;

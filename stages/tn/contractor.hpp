@@ -126,11 +126,16 @@ class Contractor {
   bool tropical() const { return net_.semiring == "tropical"; }
   void multiply(Stream& stream, const kernels::Gemm& g) const;
   void run_looped(Stream& stream, const PlanStep& st, const char* L, const char* R, char* c);
+  // st's loop groups: the plan's own steps' computed once (loop_groups() walks the network's
+  // mode maps, host time that a circuit's hundreds of small steps paid on every run), a block
+  // view's into `scratch`.
+  const std::vector<LoopGroup>& groups_of(const PlanStep& st, std::vector<LoopGroup>& scratch) const;
   void run_packed(Stream& stream, const PlanStep& st, char* arena, const std::vector<Mode>& L_modes,
                   const std::vector<Mode>& R_modes, const char* L, const char* R, char* c);
 
   const Network& net_;
   const Plan& plan_;
+  std::vector<std::vector<LoopGroup>> step_groups_;  // plan_.steps[s]'s loop groups
   h5::DType dtype_;
   static std::uint64_t aligned(std::uint64_t bytes) { return (bytes + 255) / 256 * 256; }
   kernels::Compute compute_;
