@@ -15,17 +15,28 @@ void check(const LoopedGemm& g) {
     throw std::invalid_argument("looped_gemm: the tropical semiring takes complex128 storage only");
 }
 
-template <typename Real>
-void run_cpu(const LoopedGemm& g) {
+template <typename Real, typename Product>
+void run_cpu(const Product& g) {
   const auto total = static_cast<std::int64_t>(g.loops() * static_cast<std::uint64_t>(g.m * g.n));
 #pragma omp parallel for schedule(static) if (total * g.k > (std::int64_t{1} << 16))
   for (std::int64_t e = 0; e < total; ++e) detail::looped_gemm_element<Real>(g, static_cast<std::uint64_t>(e));
 }
 
-void run_tropical_cpu(const LoopedGemm& g) {
+template <typename Product>
+void run_tropical_cpu(const Product& g) {
   const auto total = static_cast<std::int64_t>(g.loops() * static_cast<std::uint64_t>(g.m * g.n));
 #pragma omp parallel for schedule(static) if (total * g.k > (std::int64_t{1} << 16))
   for (std::int64_t e = 0; e < total; ++e) detail::looped_tropical_element(g, static_cast<std::uint64_t>(e));
+}
+
+template <typename Product>
+void run_product_cpu(const Product& g) {
+  if (g.semiring == Semiring::tropical)
+    run_tropical_cpu(g);
+  else if (g.dtype == DType::complex64)
+    run_cpu<float>(g);
+  else
+    run_cpu<double>(g);
 }
 }  // namespace
 
@@ -45,9 +56,7 @@ void looped_gemm_cpu(const LoopedGemm& args) {
   check(args);
   LoopedGemm g = args;
   set_shifts(g);
-  if (g.semiring == Semiring::tropical) run_tropical_cpu(g);
-  else if (g.dtype == DType::complex64) run_cpu<float>(g);
-  else run_cpu<double>(g);
+  run_product_cpu(g);
 }
 
 void looped_gemm(Stream& stream, const LoopedGemm& args) {
@@ -55,6 +64,41 @@ void looped_gemm(Stream& stream, const LoopedGemm& args) {
   LoopedGemm g = args;
   set_shifts(g);
   QSTAGE_DISPATCH(stream, looped_gemm_cpu(g), detail::looped_gemm_cuda(stream.native(), g));
+}
+
+bool LoopedChain::fits(const LoopedGemm& g) {
+  if (g.groups > kChainMaxGroups) return false;
+  const std::uint64_t results = g.loops() * static_cast<std::uint64_t>(g.m * g.n);
+  return results <= kChainMaxResults && results * static_cast<std::uint64_t>(g.k) <= kChainMaxMultiplyAdds;
+}
+
+void LoopedChain::push(const LoopedGemm& args) {
+  check(args);
+  const bool same_kind =
+      queued_.empty() || (queued_.front().dtype == args.dtype && queued_.front().semiring == args.semiring);
+  if (!fits(args) || !same_kind) {
+    flush();
+    if (!fits(args)) return looped_gemm(stream_, args);
+  }
+  LoopedGemm g = args;
+  set_shifts(g);
+  ChainedGemm& q = queued_.emplace_back();
+  q.dtype = g.dtype, q.semiring = g.semiring, q.m = g.m, q.n = g.n, q.k = g.k, q.a = g.a, q.b = g.b, q.c = g.c;
+  q.groups = g.groups, q.m_shift = g.m_shift, q.n_shift = g.n_shift;
+  for (int d = 0; d < g.groups; ++d) {
+    q.extent[d] = g.extent[d], q.stride_a[d] = g.stride_a[d], q.stride_b[d] = g.stride_b[d],
+    q.stride_c[d] = g.stride_c[d];
+    q.shift[d] = g.shift[d];
+  }
+}
+
+void LoopedChain::flush() {
+  if (queued_.empty()) return;
+  QSTAGE_DISPATCH(stream_,
+                  for (const ChainedGemm& q
+                       : queued_) run_product_cpu(q),
+                  detail::looped_chain_cuda(stream_.native(), queued_.data(), queued_.size()));
+  queued_.clear();
 }
 
 }  // namespace qstage::kernels

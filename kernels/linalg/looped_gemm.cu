@@ -723,6 +723,34 @@ void launch_long_sums(const LoopedGemm& g, std::uint64_t total, cudaStream_t str
   QSTAGE_CUDA_CHECK(cudaLaunchKernelEx(&config, looped_gemm_cluster_kernel<Real>, g, total));
 }
 
+// Chains (LoopedChain): one block runs the products in order, each product's elements spread over
+// its threads, a barrier between products (a product reads what the earlier ones wrote, and
+// __syncthreads orders the block's global memory accesses). The products travel in the launch's
+// parameters, kChainBatch a launch (parameters up to 32 KB since CUDA 12.1), read in place
+// (__grid_constant__). Each element is looped_gemm_element's (the CPU twin's code).
+constexpr int kChainThreads = 512;
+constexpr int kChainBatch = 64;
+struct ChainBatch {
+  int count = 0;
+  ChainedGemm products[kChainBatch];
+};
+static_assert(sizeof(ChainBatch) <= 32764, "a chain's launch parameters exceed CUDA's 32 KB");
+
+template <typename Real, bool Tropical>
+__global__ void __launch_bounds__(kChainThreads) looped_chain_kernel(const __grid_constant__ ChainBatch batch) {
+  for (int s = 0; s < batch.count; ++s) {
+    const ChainedGemm& g = batch.products[s];
+    const std::uint64_t total = g.loops() * static_cast<std::uint64_t>(g.m * g.n);
+    for (std::uint64_t e = threadIdx.x; e < total; e += kChainThreads) {
+      if constexpr (Tropical)
+        looped_tropical_element(g, e);
+      else
+        looped_gemm_element<Real>(g, e);
+    }
+    __syncthreads();
+  }
+}
+
 }  // namespace
 
 void looped_gemm_cuda(void* cuda_stream, const LoopedGemm& g) {
@@ -755,6 +783,24 @@ void looped_gemm_cuda(void* cuda_stream, const LoopedGemm& g) {
   else if (g.dtype == DType::complex64) looped_gemm_kernel<float><<<blocks, threads, 0, stream>>>(g, total);
   else looped_gemm_kernel<double><<<blocks, threads, 0, stream>>>(g, total);
   QSTAGE_CUDA_CHECK_LAUNCH();
+}
+
+void looped_chain_cuda(void* cuda_stream, const ChainedGemm* products, std::size_t count) {
+  auto stream = static_cast<cudaStream_t>(cuda_stream);
+  const bool tropical = products[0].semiring == Semiring::tropical;
+  const bool single = products[0].dtype == DType::complex64;
+  for (std::size_t first = 0; first < count; first += kChainBatch) {
+    ChainBatch batch;
+    batch.count = static_cast<int>(std::min<std::size_t>(kChainBatch, count - first));
+    std::copy(products + first, products + first + batch.count, batch.products);
+    if (tropical)
+      looped_chain_kernel<double, true><<<1, kChainThreads, 0, stream>>>(batch);
+    else if (single)
+      looped_chain_kernel<float, false><<<1, kChainThreads, 0, stream>>>(batch);
+    else
+      looped_chain_kernel<double, false><<<1, kChainThreads, 0, stream>>>(batch);
+    QSTAGE_CUDA_CHECK_LAUNCH();
+  }
 }
 
 }  // namespace qstage::kernels::detail

@@ -5,7 +5,9 @@
 // indices). One thread per result element walks the loop digits itself, instead of one BLAS
 // call per loop index. Each element sums over k in a fixed order: the bits do not depend on the
 // device's thread count or the launch shape.
+#include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "backend/backend.hpp"
 #include "core/dtype.hpp"
@@ -22,7 +24,9 @@ inline constexpr std::int64_t kLoopedBlockSum = 4096;
 // large operand on the GPU, which reads it once (looped_gemm.cu).
 inline constexpr std::int64_t kLoopedRowsMaxSum = 64;
 
-struct LoopedGemm {
+// A looped product: its loop description, the arrays sized for at most MaxGroups loop groups.
+template <int MaxGroups>
+struct LoopedProduct {
   DType dtype = DType::complex64;  // complex64 or complex128
   // tropical (kernels/linalg/tropical.hpp): complex128 elements read as (exponent, count) pairs,
   // C's elements the tropical sums over k of tropical products.
@@ -35,18 +39,18 @@ struct LoopedGemm {
   const void* b = nullptr;
   void* c = nullptr;
   int groups = 0;
-  std::int64_t extent[kMaxLoopGroups] = {}, stride_a[kMaxLoopGroups] = {}, stride_b[kMaxLoopGroups] = {},
-               stride_c[kMaxLoopGroups] = {};
+  std::int64_t extent[MaxGroups] = {}, stride_a[MaxGroups] = {}, stride_b[MaxGroups] = {}, stride_c[MaxGroups] = {};
   // log2 of extent[d], m and n where they are powers of two, else -1: element_at then takes
   // digits by shifts and masks (64-bit division per digit made the kernels compute-bound).
   // looped_gemm() sets them; callers need not.
-  std::int8_t shift[kMaxLoopGroups] = {}, m_shift = -1, n_shift = -1;
-  std::uint64_t loops() const {
+  std::int8_t shift[MaxGroups] = {}, m_shift = -1, n_shift = -1;
+  QSTAGE_HD std::uint64_t loops() const {
     std::uint64_t n_loops = 1;
     for (int d = 0; d < groups; ++d) n_loops *= static_cast<std::uint64_t>(extent[d]);
     return n_loops;
   }
 };
+using LoopedGemm = LoopedProduct<kMaxLoopGroups>;
 
 // Sets g's shifts from its extents, m and n.
 void set_shifts(LoopedGemm& g);
@@ -54,8 +58,35 @@ void set_shifts(LoopedGemm& g);
 void looped_gemm(Stream& stream, const LoopedGemm& g);
 void looped_gemm_cpu(const LoopedGemm& g);
 
+// Chains: looped products small enough for one block of threads, run in order, many in one
+// launch. A circuit's amplitude network has hundreds of them a slice (gate tensors contracted
+// with each other: big's 760 of its 800 steps move 0.24 of its 57 GB), and as one launch each
+// they cost more than the large steps' shortfall from the roofline.
+inline constexpr int kChainMaxGroups = 8;
+inline constexpr std::uint64_t kChainMaxResults = 8192;             // result elements a product
+inline constexpr std::uint64_t kChainMaxMultiplyAdds = 1ull << 17;  // multiply-adds a product
+using ChainedGemm = LoopedProduct<kChainMaxGroups>;
+
+// Runs looped products in the order pushed: those that fit a chain wait in the object and run
+// together at flush() (or when one that does not fit comes, which then runs alone). The caller
+// flushes before other work on the stream reads their results. The products' bits are
+// looped_gemm's element kernel's (and the CPU twin's on the CPU).
+class LoopedChain {
+ public:
+  explicit LoopedChain(Stream& stream) : stream_(stream) {}
+  static bool fits(const LoopedGemm& g);
+  void push(const LoopedGemm& g);
+  void flush();
+  std::size_t queued() const { return queued_.size(); }
+
+ private:
+  Stream& stream_;
+  std::vector<ChainedGemm> queued_;
+};
+
 namespace detail {
 void looped_gemm_cuda(void* cuda_stream, const LoopedGemm& g);
+void looped_chain_cuda(void* cuda_stream, const ChainedGemm* products, std::size_t count);
 
 // Aligned to its size, so that the GPU reads and writes a value in one access (8 or 16 bytes),
 // not two (the looped kernels issue fewer loads and stores for the same sums).
@@ -81,7 +112,8 @@ QSTAGE_HD std::int64_t next_digit(std::uint64_t& rest, std::int64_t extent, int 
   return digit;
 }
 
-QSTAGE_HD ElementAt element_at(const LoopedGemm& g, std::uint64_t e) {
+template <typename Product>
+QSTAGE_HD ElementAt element_at(const Product& g, std::uint64_t e) {
   ElementAt at{0, 0, 0, 0, 0};
   std::uint64_t rest = e;
   at.j = next_digit(rest, g.n, g.n_shift);
@@ -96,8 +128,8 @@ QSTAGE_HD ElementAt element_at(const LoopedGemm& g, std::uint64_t e) {
 }
 
 // Result element e, summed over k in order; shared by the CPU twin and the short-sum kernel.
-template <typename Real>
-QSTAGE_HD void looped_gemm_element(const LoopedGemm& g, std::uint64_t e) {
+template <typename Real, typename Product>
+QSTAGE_HD void looped_gemm_element(const Product& g, std::uint64_t e) {
   const ElementAt at = element_at(g, e);
   const Complex<Real>* x = static_cast<const Complex<Real>*>(g.a) + at.a + at.i * g.k;
   const Complex<Real>* y = static_cast<const Complex<Real>*>(g.b) + at.b + at.j * g.k;
@@ -110,7 +142,8 @@ QSTAGE_HD void looped_gemm_element(const LoopedGemm& g, std::uint64_t e) {
 }
 
 // The same element in the tropical semiring (complex128 storage); the CPU twin's and the GPU's.
-QSTAGE_HD void looped_tropical_element(const LoopedGemm& g, std::uint64_t e) {
+template <typename Product>
+QSTAGE_HD void looped_tropical_element(const Product& g, std::uint64_t e) {
   const ElementAt at = element_at(g, e);
   const Tropical* x = static_cast<const Tropical*>(g.a) + at.a + at.i * g.k;
   const Tropical* y = static_cast<const Tropical*>(g.b) + at.b + at.j * g.k;

@@ -264,7 +264,8 @@ const std::vector<LoopGroup>& Contractor::groups_of(const PlanStep& st, std::vec
   return scratch;
 }
 
-void Contractor::run_looped(Stream& stream, const PlanStep& st, const char* L, const char* R, char* c) {
+void Contractor::run_looped(Stream& stream, const PlanStep& st, const char* L, const char* R, char* c,
+                            kernels::LoopedChain* chain) {
   std::vector<LoopGroup> scratch;
   const auto& groups = groups_of(st, scratch);
   kernels::LoopedGemm lg;
@@ -284,7 +285,10 @@ void Contractor::run_looped(Stream& stream, const PlanStep& st, const char* L, c
     lg.stride_b[d] = o.r;
     lg.stride_c[d] = o.c;
   }
-  kernels::looped_gemm(stream, lg);
+  if (chain)
+    chain->push(lg);
+  else
+    kernels::looped_gemm(stream, lg);
 }
 
 // A product step_gemm made (with a strided batch, perhaps): BLAS, or in the tropical semiring the
@@ -363,7 +367,8 @@ void Contractor::run_spilled(Stream& stream, const PlanStep& st, char* arena, st
     auto operand = [&](const Operand& x) -> const char* {
       return x.on_host ? slot(x, x.fetched - 1) : x.device + block_offset(x, blk);
     };
-    run_step_at(stream, block, operand(a), operand(b), c.on_host ? slot(c, blk) : c.device + block_offset(c, blk), arena);
+    run_step_at(stream, block, operand(a), operand(b), c.on_host ? slot(c, blk) : c.device + block_offset(c, blk),
+                arena, nullptr);
     computed[static_cast<size_t>(blk)] = stream.record();
     // Out.
     if (c.on_host) {
@@ -384,24 +389,30 @@ char* Contractor::tensor_at(int id, bool persistent, std::uint64_t offset, char*
 }
 
 void Contractor::run_step(Stream& stream, const PlanStep& st, char* arena, std::uint64_t slice,
-                          const std::vector<std::uint8_t>& bits) {
-  if (st.spilled()) return run_spilled(stream, st, arena, slice, bits);
+                          const std::vector<std::uint8_t>& bits, kernels::LoopedChain* chain) {
+  if (st.spilled()) {
+    if (chain) chain->flush();
+    return run_spilled(stream, st, arena, slice, bits);
+  }
   run_step_at(stream, st, tensor_at(st.a, st.a_persistent, st.a_offset, arena, slice, bits),
               tensor_at(st.b, st.b_persistent, st.b_offset, arena, slice, bits),
-              tensor_at(st.c, st.c_persistent, st.c_offset, arena, slice, bits), arena);
+              tensor_at(st.c, st.c_persistent, st.c_offset, arena, slice, bits), arena, chain);
 }
 
 // Runs the step's products on operands at a and b into c; `arena` holds its packing workspace.
-void Contractor::run_step_at(Stream& stream, const PlanStep& st, const char* a, const char* b, char* c, char* arena) {
+void Contractor::run_step_at(Stream& stream, const PlanStep& st, const char* a, const char* b, char* c, char* arena,
+                             kernels::LoopedChain* chain) {
   const size_t e = element_bytes();
   const auto& L_modes = st.left_is_b ? st.b_modes : st.a_modes;
   const auto& R_modes = st.left_is_b ? st.a_modes : st.b_modes;
   const char* L = st.left_is_b ? b : a;
   const char* R = st.left_is_b ? a : b;
-  if (st.execution == Execution::packed) return run_packed(stream, st, arena, L_modes, R_modes, L, R, c);
   // (Looped steps run in full single precision also under TF32. The tropical semiring has no
   // BLAS: its every product is a looped one, loops or not.)
-  if (st.execution == Execution::looped || tropical()) return run_looped(stream, st, L, R, c);
+  const bool looped = st.execution == Execution::looped || (tropical() && st.execution != Execution::packed);
+  if (looped) return run_looped(stream, st, L, R, c, chain);
+  if (chain) chain->flush();  // (what waits there may be this step's input)
+  if (st.execution == Execution::packed) return run_packed(stream, st, arena, L_modes, R_modes, L, R, c);
   kernels::Gemm g = step_gemm(st);
   if (st.loop_modes.empty()) {
     g.a = L;
@@ -443,16 +454,19 @@ void Contractor::run_step_at(Stream& stream, const PlanStep& st, const char* a, 
 // plan's order.
 void Contractor::run_steps(Stream& stream, bool invariant, std::uint64_t slice, const std::vector<std::uint8_t>& bits,
                            char* arena, std::vector<double>* step_seconds) {
+  // Small looped steps run chained, many a launch (kernels::LoopedChain); timed steps one by one.
+  kernels::LoopedChain chain(stream);
   for (size_t s = 0; s < plan_.steps.size(); ++s) {
     const PlanStep& st = plan_.steps[s];
     if (st.invariant != invariant) continue;
     const auto start = std::chrono::steady_clock::now();
-    run_step(stream, st, arena, slice, bits);
+    run_step(stream, st, arena, slice, bits, step_seconds ? nullptr : &chain);
     if (step_seconds) {
       stream.synchronize();
       (*step_seconds)[s] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     }
   }
+  chain.flush();
 }
 
 // What of a bitstring the prologue reads: the bits of the projections of invariant steps.

@@ -25,6 +25,7 @@
 #include "engine/spill_store.hpp"
 #include "codec/codec.hpp"
 #include "kernels/linalg/gemm.hpp"
+#include "kernels/linalg/looped_gemm.hpp"
 #include "stages/tn/network.hpp"
 #include "stages/tn/plan.hpp"
 
@@ -91,7 +92,7 @@ class Contractor {
                       char* staging) {
     staging_ = staging;
     staging_size_ = staging_for(local);
-    run_step_at(stream, local, a, b, c, workspace);
+    run_step_at(stream, local, a, b, c, workspace, nullptr);
   }
   // The staging step st's reduced products use (0 when it runs in full precision).
   std::uint64_t staging_for(const PlanStep& st) const;
@@ -116,16 +117,21 @@ class Contractor {
                   const std::vector<std::uint8_t>& bits);
   void copy_out(Stream& stream, const char* result, void* out) const;
   std::vector<std::uint8_t> prologue_key(const std::vector<std::uint8_t>& bits) const;
+  // A step's products; its looped ones go through `chain` where one is given (small ones then
+  // wait there to run together, kernels::LoopedChain), which runs what waits before any other
+  // kernel of the step.
   void run_step(Stream& stream, const PlanStep& st, char* arena, std::uint64_t slice,
-                const std::vector<std::uint8_t>& bits);
+                const std::vector<std::uint8_t>& bits, kernels::LoopedChain* chain);
   void run_spilled(Stream& stream, const PlanStep& st, char* arena, std::uint64_t slice,
                    const std::vector<std::uint8_t>& bits);
   engine::SpillStore::Options spill_options() const;
-  void run_step_at(Stream& stream, const PlanStep& st, const char* a, const char* b, char* c, char* arena);
+  void run_step_at(Stream& stream, const PlanStep& st, const char* a, const char* b, char* c, char* arena,
+                   kernels::LoopedChain* chain);
   kernels::Gemm step_gemm(const PlanStep& st) const;
   bool tropical() const { return net_.semiring == "tropical"; }
   void multiply(Stream& stream, const kernels::Gemm& g) const;
-  void run_looped(Stream& stream, const PlanStep& st, const char* L, const char* R, char* c);
+  void run_looped(Stream& stream, const PlanStep& st, const char* L, const char* R, char* c,
+                  kernels::LoopedChain* chain);
   // st's loop groups: the plan's own steps' computed once (loop_groups() walks the network's
   // mode maps, host time that a circuit's hundreds of small steps paid on every run), a block
   // view's into `scratch`.

@@ -833,6 +833,95 @@ TEST(LoopedGemmKernel, GpuGateTilesMatchCpu) {
   }
 }
 
+// A chain of 100 dependent small products (state i+1 = state i times gate i, over a loop group
+// of 2: more than one launch's worth), with a product too large for a chain pushed after the
+// 50th (it reads state 50, so what waits must run first), run through LoopedChain on `backend`;
+// returns the last state and the large product's result.
+std::pair<std::vector<std::complex<float>>, std::vector<std::complex<float>>> run_chain(
+    Backend& backend, Stream& stream, const std::vector<std::complex<float>>& first,
+    const std::vector<std::complex<float>>& gates, const std::vector<std::complex<float>>& wide) {
+  constexpr int kSteps = 100;
+  Buffer states = backend.alloc_device((kSteps + 1) * 32 * 8, "test states");
+  Buffer g = backend.alloc_device(gates.size() * 8, "test gates"),
+         w = backend.alloc_device(wide.size() * 8, "test wide");
+  Buffer y = backend.alloc_device(1024 * 16 * 8, "test y");
+  backend.copy_to_device(states.data(), first.data(), 32 * 8, stream);
+  backend.copy_to_device(g.data(), gates.data(), gates.size() * 8, stream);
+  backend.copy_to_device(w.data(), wide.data(), wide.size() * 8, stream);
+  auto* state = static_cast<std::complex<float>*>(states.data());
+  kernels::LoopedChain chain(stream);
+  for (int i = 0; i < kSteps; ++i) {
+    kernels::LoopedGemm p;
+    p.m = 4, p.n = 4, p.k = 4, p.groups = 1;
+    p.extent[0] = 2, p.stride_a[0] = 16, p.stride_b[0] = 0, p.stride_c[0] = 16;
+    p.a = state + 32 * i, p.b = static_cast<std::complex<float>*>(g.data()) + 16 * i, p.c = state + 32 * (i + 1);
+    EXPECT_TRUE(kernels::LoopedChain::fits(p));
+    chain.push(p);
+    if (i == 50) {
+      kernels::LoopedGemm big;  // 16384 results: runs alone, after the 51 queued
+      big.m = 4, big.n = 4, big.k = 4, big.groups = 1;
+      big.extent[0] = 1024, big.stride_a[0] = 0, big.stride_b[0] = 16, big.stride_c[0] = 16;
+      big.a = state + 32 * 51, big.b = w.data(), big.c = y.data();
+      EXPECT_FALSE(kernels::LoopedChain::fits(big));
+      chain.push(big);
+      EXPECT_EQ(chain.queued(), 0u);
+    }
+  }
+  chain.flush();
+  std::vector<std::complex<float>> last(32), out(1024 * 16);
+  backend.copy_to_host(last.data(), state + 32 * kSteps, 32 * 8, stream);
+  backend.copy_to_host(out.data(), y.data(), out.size() * 8, stream);
+  stream.synchronize();
+  return {last, out};
+}
+
+// The chain's inputs, and its products run one by one by the CPU twin.
+struct ChainCase {
+  std::vector<std::complex<float>> first = random_complex(32, 81), gates = random_complex(100 * 16, 82),
+                                   wide = random_complex(1024 * 16, 83), want_last, want_y;
+  ChainCase() {
+    for (auto& x : gates) x *= 0.5f;  // (the states stay of order one)
+    std::vector<std::complex<float>> states((100 + 1) * 32);
+    want_y.resize(1024 * 16);
+    std::copy(first.begin(), first.end(), states.begin());
+    for (int i = 0; i < 100; ++i) {
+      kernels::LoopedGemm p;
+      p.m = 4, p.n = 4, p.k = 4, p.groups = 1;
+      p.extent[0] = 2, p.stride_a[0] = 16, p.stride_b[0] = 0, p.stride_c[0] = 16;
+      p.a = states.data() + 32 * i, p.b = gates.data() + 16 * i, p.c = states.data() + 32 * (i + 1);
+      kernels::looped_gemm_cpu(p);
+      if (i == 50) {
+        kernels::LoopedGemm big;
+        big.m = 4, big.n = 4, big.k = 4, big.groups = 1;
+        big.extent[0] = 1024, big.stride_a[0] = 0, big.stride_b[0] = 16, big.stride_c[0] = 16;
+        big.a = states.data() + 32 * 51, big.b = wide.data(), big.c = want_y.data();
+        kernels::looped_gemm_cpu(big);
+      }
+    }
+    want_last.assign(states.end() - 32, states.end());
+  }
+};
+
+// On the CPU a chain runs each product by the CPU twin, in order: the same bits.
+TEST(LoopedGemmKernel, ChainRunsSmallProductsInOrder) {
+  const ChainCase cs;
+  auto cpu = make_backend({"cpu", 1ull << 30, 1ull << 30, 0});
+  auto stream = cpu->make_stream();
+  const auto [last, y] = run_chain(*cpu, *stream, cs.first, cs.gates, cs.wide);
+  EXPECT_EQ(std::memcmp(last.data(), cs.want_last.data(), 32 * 8), 0);
+  EXPECT_EQ(std::memcmp(y.data(), cs.want_y.data(), y.size() * 8), 0);
+}
+
+// On the GPU (one block a launch, two launches here) within FP32's rounding of the CPU twin's.
+TEST(LoopedGemmKernel, GpuChainMatchesCpu) {
+  REQUIRE_GPU();
+  GpuRun gpu;
+  const ChainCase cs;
+  const auto [last, y] = run_chain(*gpu.backend, *gpu.stream, cs.first, cs.gates, cs.wide);
+  EXPECT_LT(relative_error(last, std::vector<cd>(cs.want_last.begin(), cs.want_last.end())), 1e-5);
+  EXPECT_LT(relative_error(y, std::vector<cd>(cs.want_y.begin(), cs.want_y.end())), 1e-5);
+}
+
 // Merging: extent-1 dimensions and runs contiguous in the input collapse; the gather's result is
 // the element-by-element definition's.
 TEST(GatherPermuteKernel, MergedGatherMatchesTheDefinition) {
