@@ -317,11 +317,15 @@ def path_params(args, cap):
 
 def step_profile(out, contraction):
     """Where a contraction's time went: tn.contract's step_seconds (its first work item, timed step
-    by step) beside tn.plan's predicted_seconds, summed by how each step runs, and the slowest
-    looped steps against their prediction (the looped kernel's memory-bound batches)."""
+    by step, each step its own launch) beside tn.plan's predicted_seconds, summed by how each step
+    runs and by size (small: under 64 KiB moved, the steps a run chains many a launch; their times
+    here include a launch and a wait each), and the slowest looped steps against their prediction;
+    the large steps furthest above their roofline (step_bytes and step_roofline_seconds)."""
     import h5py
     with h5py.File(out / contraction) as f:
         measured = [float(x) for x in f["step_seconds"][()]] if "step_seconds" in f else []
+        moved = [int(x) for x in f["step_bytes"][()]] if "step_bytes" in f else []
+        roofline = [float(x) for x in f["step_roofline_seconds"][()]] if "step_roofline_seconds" in f else []
     with h5py.File(out / "plan.h5") as f:
         steps = json.loads(bytes(f["plan"][()]).decode())["steps"]
         predicted = [float(st["predicted_seconds"]) for st in json.loads(bytes(f["prediction"][()]).decode())["steps"]]
@@ -337,7 +341,23 @@ def step_profile(out, contraction):
     looped = sorted(((t, st, p) for st, t, p in zip(steps, measured, predicted) if st["looped"]), key=lambda x: -x[0])[:8]
     slowest = [{"m": st["m"], "n": st["n"], "k": st["k"], "loops": st["loops"], "measured_seconds": t,
                 "predicted_seconds": p} for t, st, p in looped]
-    return {"by_kind": kinds, "slowest_looped": slowest}
+    report = {"by_kind": kinds, "slowest_looped": slowest}
+    if len(moved) == len(steps) and len(roofline) == len(steps):
+        sizes = {}
+        for b, t, p, r in zip(moved, measured, predicted, roofline):
+            k = sizes.setdefault("small" if b < 64 * 1024 else "large",
+                                 {"steps": 0, "measured_seconds": 0.0, "predicted_seconds": 0.0, "roofline_seconds": 0.0})
+            k["steps"] += 1
+            k["measured_seconds"] += t
+            k["predicted_seconds"] += p
+            k["roofline_seconds"] += r
+        report["by_size"] = sizes
+        large = sorted((i for i, b in enumerate(moved) if b >= 64 * 1024), key=lambda i: roofline[i] - measured[i])[:12]
+        report["furthest_from_roofline"] = [
+            {"step": i, "m": steps[i]["m"], "n": steps[i]["n"], "k": steps[i]["k"], "loops": steps[i]["loops"],
+             "kind": "looped" if steps[i]["looped"] else "packed" if steps[i]["packed"] else "in place",
+             "bytes": moved[i], "measured_seconds": measured[i], "roofline_seconds": roofline[i]} for i in large]
+    return report
 
 
 def qstage_case(args, name, case):
