@@ -94,10 +94,10 @@ void LoopedChain::push(const LoopedGemm& args) {
 
 void LoopedChain::flush() {
   if (queued_.empty()) return;
-  QSTAGE_DISPATCH(stream_,
-                  for (const ChainedGemm& q
-                       : queued_) run_product_cpu(q),
-                  detail::looped_chain_cuda(stream_.native(), queued_.data(), queued_.size()));
+  auto on_cpu = [&] {
+    for (const ChainedGemm& q : queued_) run_product_cpu(q);
+  };
+  QSTAGE_DISPATCH(stream_, on_cpu(), detail::looped_chain_cuda(stream_.native(), queued_.data(), queued_.size()));
   queued_.clear();
 }
 
