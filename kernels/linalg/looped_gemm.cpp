@@ -67,7 +67,7 @@ void looped_gemm(Stream& stream, const LoopedGemm& args) {
 }
 
 bool LoopedChain::fits(const LoopedGemm& g) {
-  if (g.groups > kChainMaxGroups) return false;
+  if (g.groups > kChainMaxGroups || g.k > kChainMaxSum) return false;
   const std::uint64_t results = g.loops() * static_cast<std::uint64_t>(g.m * g.n);
   return results <= kChainMaxResults && results * static_cast<std::uint64_t>(g.k) <= kChainMaxMultiplyAdds;
 }

@@ -66,6 +66,9 @@ void looped_gemm_cpu(const LoopedGemm& g);
 inline constexpr int kChainMaxGroups = 8;
 inline constexpr std::uint64_t kChainMaxResults = 8192;             // result elements a product
 inline constexpr std::uint64_t kChainMaxMultiplyAdds = 1ull << 17;  // multiply-adds a product
+// Sums at most this long: a thread of the chain then does at most 512 multiply-adds a product
+// (a longer sum over few results, a contraction's last steps, keeps the warp and cluster kernels).
+inline constexpr std::int64_t kChainMaxSum = 256;
 using ChainedGemm = LoopedProduct<kChainMaxGroups>;
 
 // Runs looped products in the order pushed: those that fit a chain wait in the object and run

@@ -902,8 +902,14 @@ struct ChainCase {
   }
 };
 
-// On the CPU a chain runs each product by the CPU twin, in order: the same bits.
+// On the CPU a chain runs each product by the CPU twin, in order: the same bits. A long sum over
+// few results is not chained (one thread would sum it alone).
 TEST(LoopedGemmKernel, ChainRunsSmallProductsInOrder) {
+  kernels::LoopedGemm dot;
+  dot.k = 1024;
+  EXPECT_FALSE(kernels::LoopedChain::fits(dot));
+  dot.k = kernels::kChainMaxSum;
+  EXPECT_TRUE(kernels::LoopedChain::fits(dot));
   const ChainCase cs;
   auto cpu = make_backend({"cpu", 1ull << 30, 1ull << 30, 0});
   auto stream = cpu->make_stream();
