@@ -2,8 +2,11 @@
 // Many tiny GEMMs whose operands sit at offsets that are not one arithmetic progression: the
 // tensor-network steps whose batch modes (shared by both operands and the result) are laid out
 // differently in each (a 24-qubit circuit has steps of 2 x 2 x 4 products over 2^24 loop
-// indices). One thread per result element walks the loop digits itself, instead of one BLAS
-// call per loop index. Each element sums over k in a fixed order: the bits do not depend on the
+// indices). The kernels walk the loop digits themselves, instead of one BLAS call per loop index:
+// one thread per result element in general; on the GPU, one thread per row of the large operand
+// for short sums, tiles with the small operand in shared memory for gate steps, a warp or a
+// cluster per element for long sums (looped_gemm.cu); and small products chained, many a launch
+// (LoopedChain, below). Each element sums over k in a fixed order: the bits do not depend on the
 // device's thread count or the launch shape.
 #include <cstddef>
 #include <cstdint>
