@@ -66,10 +66,23 @@ void looped_gemm(Stream& stream, const LoopedGemm& args) {
   QSTAGE_DISPATCH(stream, looped_gemm_cpu(g), detail::looped_gemm_cuda(stream.native(), g));
 }
 
-bool LoopedChain::fits(const LoopedGemm& g) {
-  if (g.groups > kChainMaxGroups || g.k > kChainMaxSum) return false;
-  const std::uint64_t results = g.loops() * static_cast<std::uint64_t>(g.m * g.n);
-  return results <= kChainMaxResults && results * static_cast<std::uint64_t>(g.k) <= kChainMaxMultiplyAdds;
+bool LoopedChain::fits(std::int64_t m, std::int64_t n, std::int64_t k, std::uint64_t loops, int groups) {
+  if (groups > kChainMaxGroups || k > kChainMaxSum) return false;
+  const std::uint64_t results = loops * static_cast<std::uint64_t>(m * n);
+  return results <= kChainMaxResults && results * static_cast<std::uint64_t>(k) <= kChainMaxMultiplyAdds;
+}
+
+bool LoopedChain::fits(const LoopedGemm& g) { return fits(g.m, g.n, g.k, g.loops(), g.groups); }
+
+LoopedChain::Footprint LoopedChain::footprint(const LoopedGemm& g) {
+  const std::uint64_t bytes = g.dtype == DType::complex128 ? 16 : 8;
+  auto span = [&](const void* at, const std::int64_t* strides, std::int64_t inner) {
+    std::int64_t last = inner - 1;  // the highest element's offset
+    for (int d = 0; d < g.groups; ++d) last += (g.extent[d] - 1) * strides[d];
+    const auto begin = reinterpret_cast<std::uintptr_t>(at);
+    return Span{begin, begin + (static_cast<std::uint64_t>(last) + 1) * bytes};
+  };
+  return {span(g.a, g.stride_a, g.m * g.k), span(g.b, g.stride_b, g.n * g.k), span(g.c, g.stride_c, g.m * g.n)};
 }
 
 void LoopedChain::push(const LoopedGemm& args) {
@@ -82,6 +95,12 @@ void LoopedChain::push(const LoopedGemm& args) {
   }
   LoopedGemm g = args;
   set_shifts(g);
+  const Footprint f = footprint(g);
+  const bool after_stage =
+      std::any_of(stage_.begin(), stage_.end(), [&](const Footprint& q) { return q.conflicts(f); });
+  if (after_stage) stage_.clear();
+  starts_stage_.push_back(stage_.empty() ? 1 : 0);
+  stage_.push_back(f);
   ChainedGemm& q = queued_.emplace_back();
   q.dtype = g.dtype, q.semiring = g.semiring, q.m = g.m, q.n = g.n, q.k = g.k, q.a = g.a, q.b = g.b, q.c = g.c;
   q.groups = g.groups, q.m_shift = g.m_shift, q.n_shift = g.n_shift;
@@ -97,8 +116,11 @@ void LoopedChain::flush() {
   auto on_cpu = [&] {
     for (const ChainedGemm& q : queued_) run_product_cpu(q);
   };
-  QSTAGE_DISPATCH(stream_, on_cpu(), detail::looped_chain_cuda(stream_.native(), queued_.data(), queued_.size()));
+  QSTAGE_DISPATCH(stream_, on_cpu(),
+                  detail::looped_chain_cuda(stream_.native(), queued_.data(), starts_stage_.data(), queued_.size()));
   queued_.clear();
+  starts_stage_.clear();
+  stage_.clear();
 }
 
 }  // namespace qstage::kernels

@@ -723,32 +723,76 @@ void launch_long_sums(const LoopedGemm& g, std::uint64_t total, cudaStream_t str
   QSTAGE_CUDA_CHECK(cudaLaunchKernelEx(&config, looped_gemm_cluster_kernel<Real>, g, total));
 }
 
-// Chains (LoopedChain): one block runs the products in order, each product's elements spread over
-// its threads, a barrier between products (a product reads what the earlier ones wrote, and
-// __syncthreads orders the block's global memory accesses). The products travel in the launch's
-// parameters, kChainBatch a launch (parameters up to 32 KB since CUDA 12.1), read in place
-// (__grid_constant__). Each element is looped_gemm_element's (the CPU twin's code).
-constexpr int kChainThreads = 512;
+// Chains (LoopedChain): a launch runs up to kChainBatch products, stage by stage; a stage's
+// products are independent, so their elements are spread over the whole grid at once, one thread
+// an element, and a grid-wide barrier orders the stages (it also makes a stage's writes visible
+// to the next). With more than one stage the launch is cooperative: the grid is no larger than
+// what the device holds at once. The products travel in the launch's parameters (up to 32 KB
+// since CUDA 12.1), read in place (__grid_constant__). Each element is looped_gemm_element's (the
+// CPU twin's code), so the bits do not depend on how the products are staged.
+constexpr int kChainThreads = 256;
 constexpr int kChainBatch = 64;
 struct ChainBatch {
-  int count = 0;
+  int count = 0, stages = 0;
+  std::uint8_t stage_first[kChainBatch + 1];    // the first product of each stage; then count
+  std::uint32_t result_first[kChainBatch + 1];  // the launch's elements: product p has [result_first[p], [p + 1])
   ChainedGemm products[kChainBatch];
 };
 static_assert(sizeof(ChainBatch) <= 32764, "a chain's launch parameters exceed CUDA's 32 KB");
 
 template <typename Real, bool Tropical>
 __global__ void __launch_bounds__(kChainThreads) looped_chain_kernel(const __grid_constant__ ChainBatch batch) {
-  for (int s = 0; s < batch.count; ++s) {
-    const ChainedGemm& g = batch.products[s];
-    const std::uint64_t total = g.loops() * static_cast<std::uint64_t>(g.m * g.n);
-    for (std::uint64_t e = threadIdx.x; e < total; e += kChainThreads) {
+  const std::uint32_t threads = gridDim.x * kChainThreads;
+  const std::uint32_t me = blockIdx.x * kChainThreads + threadIdx.x;
+  for (int s = 0; s < batch.stages; ++s) {
+    if (s > 0) cooperative_groups::this_grid().sync();
+    int p = batch.stage_first[s];
+    const std::uint32_t end = batch.result_first[batch.stage_first[s + 1]];
+    for (std::uint32_t e = batch.result_first[p] + me; e < end; e += threads) {
+      while (e >= batch.result_first[p + 1]) ++p;
+      const ChainedGemm& g = batch.products[p];
       if constexpr (Tropical)
-        looped_tropical_element(g, e);
+        looped_tropical_element(g, e - batch.result_first[p]);
       else
-        looped_gemm_element<Real>(g, e);
+        looped_gemm_element<Real>(g, e - batch.result_first[p]);
     }
-    __syncthreads();
   }
+}
+
+// Blocks of looped_chain_kernel<Real, Tropical> the current device holds at once.
+template <typename Real, bool Tropical>
+unsigned chain_resident_blocks() {
+  static const unsigned blocks = [] {
+    int device = 0, sms = 0, per_sm = 0;
+    QSTAGE_CUDA_CHECK(cudaGetDevice(&device));
+    QSTAGE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    QSTAGE_CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, looped_chain_kernel<Real, Tropical>, kChainThreads, 0));
+    return static_cast<unsigned>(std::max(1, sms * per_sm));
+  }();
+  return blocks;
+}
+
+template <typename Real, bool Tropical>
+void launch_chain(const ChainBatch& batch, cudaStream_t stream) {
+  std::uint32_t widest = 0;  // the most elements a stage has
+  for (int s = 0; s < batch.stages; ++s)
+    widest = std::max(widest, batch.result_first[batch.stage_first[s + 1]] - batch.result_first[batch.stage_first[s]]);
+  const unsigned wanted = std::max(1u, (widest + kChainThreads - 1) / kChainThreads);
+  cudaLaunchConfig_t config = {};
+  cudaLaunchAttribute cooperative = {};
+  config.blockDim = dim3(kChainThreads);
+  config.stream = stream;
+  if (batch.stages > 1) {
+    config.gridDim = dim3(std::min(wanted, chain_resident_blocks<Real, Tropical>()));
+    cooperative.id = cudaLaunchAttributeCooperative;
+    cooperative.val.cooperative = 1;
+    config.attrs = &cooperative;
+    config.numAttrs = 1;
+  } else {
+    config.gridDim = dim3(wanted);
+  }
+  QSTAGE_CUDA_CHECK(cudaLaunchKernelEx(&config, looped_chain_kernel<Real, Tropical>, batch));
 }
 
 }  // namespace
@@ -785,21 +829,30 @@ void looped_gemm_cuda(void* cuda_stream, const LoopedGemm& g) {
   QSTAGE_CUDA_CHECK_LAUNCH();
 }
 
-void looped_chain_cuda(void* cuda_stream, const ChainedGemm* products, std::size_t count) {
+void looped_chain_cuda(void* cuda_stream, const ChainedGemm* products, const std::uint8_t* starts_stage,
+                       std::size_t count) {
   auto stream = static_cast<cudaStream_t>(cuda_stream);
   const bool tropical = products[0].semiring == Semiring::tropical;
   const bool single = products[0].dtype == DType::complex64;
   for (std::size_t first = 0; first < count; first += kChainBatch) {
     ChainBatch batch;
     batch.count = static_cast<int>(std::min<std::size_t>(kChainBatch, count - first));
-    std::copy(products + first, products + first + batch.count, batch.products);
+    batch.result_first[0] = 0;
+    for (int p = 0; p < batch.count; ++p) {
+      const ChainedGemm& g = products[first + static_cast<std::size_t>(p)];
+      batch.products[p] = g;
+      batch.result_first[p + 1] =
+          batch.result_first[p] + static_cast<std::uint32_t>(g.loops() * static_cast<std::uint64_t>(g.m * g.n));
+      if (p == 0 || starts_stage[first + static_cast<std::size_t>(p)])
+        batch.stage_first[batch.stages++] = static_cast<std::uint8_t>(p);
+    }
+    batch.stage_first[batch.stages] = static_cast<std::uint8_t>(batch.count);
     if (tropical)
-      looped_chain_kernel<double, true><<<1, kChainThreads, 0, stream>>>(batch);
+      launch_chain<double, true>(batch, stream);
     else if (single)
-      looped_chain_kernel<float, false><<<1, kChainThreads, 0, stream>>>(batch);
+      launch_chain<float, false>(batch, stream);
     else
-      looped_chain_kernel<double, false><<<1, kChainThreads, 0, stream>>>(batch);
-    QSTAGE_CUDA_CHECK_LAUNCH();
+      launch_chain<double, false>(batch, stream);
   }
 }
 

@@ -8,6 +8,7 @@
 // cluster per element for long sums (looped_gemm.cu); and small products chained, many a launch
 // (LoopedChain, below). Each element sums over k in a fixed order: the bits do not depend on the
 // device's thread count or the launch shape.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -61,16 +62,15 @@ void set_shifts(LoopedGemm& g);
 void looped_gemm(Stream& stream, const LoopedGemm& g);
 void looped_gemm_cpu(const LoopedGemm& g);
 
-// Chains: looped products small enough for one block of threads, run in order, many in one
-// launch. A circuit's amplitude network has hundreds of them a slice (gate tensors contracted
-// with each other: 746 of the 40-qubit benchmark's 800 steps, under 1 MB of the 57 GB it moves),
-// and as one launch each (about 10 us on an H100) they cost more than its large steps' shortfall
-// from the roofline.
+// Chains: small looped products, many in one launch. A circuit's amplitude network has hundreds
+// of them a slice (gate tensors contracted with each other: 746 of the 40-qubit benchmark's 800
+// steps, under 1 MB of the 57 GB it moves), and as one launch each (about 10 us on an H100) they
+// cost more than its large steps' shortfall from the roofline.
 inline constexpr int kChainMaxGroups = 8;
 inline constexpr std::uint64_t kChainMaxResults = 8192;             // result elements a product
 inline constexpr std::uint64_t kChainMaxMultiplyAdds = 1ull << 17;  // multiply-adds a product
-// Sums at most this long: a thread of the chain then does at most 512 multiply-adds a product
-// (a longer sum over few results, a contraction's last steps, keeps the warp and cluster kernels).
+// Sums at most this long: a thread of the chain sums one element (a longer sum over few results,
+// a contraction's last steps, keeps the warp and cluster kernels).
 inline constexpr std::int64_t kChainMaxSum = 256;
 using ChainedGemm = LoopedProduct<kChainMaxGroups>;
 
@@ -78,22 +78,50 @@ using ChainedGemm = LoopedProduct<kChainMaxGroups>;
 // together at flush() (or when one that does not fit comes, which then runs alone). The caller
 // flushes before other work on the stream reads their results. The products' bits are
 // looped_gemm's element kernel's (and the CPU twin's on the CPU).
+//
+// Queued products form stages: a product starts a new stage when it reads or writes memory a
+// product of the current stage writes, or writes memory one reads. A stage's products are
+// independent, so on the GPU all of their elements run at once over the whole device; stages run
+// in order, a grid-wide barrier between them (products of a circuit's gate subtrees, ordered by
+// tn.plan so that independent ones follow each other, fill stages of tens).
 class LoopedChain {
  public:
   explicit LoopedChain(Stream& stream) : stream_(stream) {}
   static bool fits(const LoopedGemm& g);
+  static bool fits(std::int64_t m, std::int64_t n, std::int64_t k, std::uint64_t loops, int groups);
   void push(const LoopedGemm& g);
   void flush();
   std::size_t queued() const { return queued_.size(); }
+  std::size_t stages() const {
+    return static_cast<std::size_t>(std::count(starts_stage_.begin(), starts_stage_.end(), 1));
+  }
+
+  // The bytes a product's operand or result spans (from its lowest to its highest element).
+  struct Span {
+    std::uintptr_t begin = 0, end = 0;
+    bool overlaps(const Span& o) const { return begin < o.end && o.begin < end; }
+  };
+  struct Footprint {
+    Span a, b, c;
+    // Whether running `later` after this product can differ from running them at once.
+    bool conflicts(const Footprint& later) const {
+      return c.overlaps(later.a) || c.overlaps(later.b) || c.overlaps(later.c) || later.c.overlaps(a) ||
+             later.c.overlaps(b);
+    }
+  };
+  static Footprint footprint(const LoopedGemm& g);
 
  private:
   Stream& stream_;
   std::vector<ChainedGemm> queued_;
+  std::vector<std::uint8_t> starts_stage_;  // per queued product
+  std::vector<Footprint> stage_;            // the current stage's products
 };
 
 namespace detail {
 void looped_gemm_cuda(void* cuda_stream, const LoopedGemm& g);
-void looped_chain_cuda(void* cuda_stream, const ChainedGemm* products, std::size_t count);
+void looped_chain_cuda(void* cuda_stream, const ChainedGemm* products, const std::uint8_t* starts_stage,
+                       std::size_t count);
 
 // Aligned to its size, so that the GPU reads and writes a value in one access (8 or 16 bytes),
 // not two (the looped kernels issue fewer loads and stores for the same sums).

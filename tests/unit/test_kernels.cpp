@@ -918,7 +918,8 @@ TEST(LoopedGemmKernel, ChainRunsSmallProductsInOrder) {
   EXPECT_EQ(std::memcmp(y.data(), cs.want_y.data(), y.size() * 8), 0);
 }
 
-// On the GPU (one block a launch, two launches here) within FP32's rounding of the CPU twin's.
+// On the GPU (100 stages of one product: two cooperative launches) within FP32's rounding of the
+// CPU twin's.
 TEST(LoopedGemmKernel, GpuChainMatchesCpu) {
   REQUIRE_GPU();
   GpuRun gpu;
@@ -926,6 +927,114 @@ TEST(LoopedGemmKernel, GpuChainMatchesCpu) {
   const auto [last, y] = run_chain(*gpu.backend, *gpu.stream, cs.first, cs.gates, cs.wide);
   EXPECT_LT(relative_error(last, std::vector<cd>(cs.want_last.begin(), cs.want_last.end())), 1e-5);
   EXPECT_LT(relative_error(y, std::vector<cd>(cs.want_y.begin(), cs.want_y.end())), 1e-5);
+}
+
+// Three independent chains of 40 products pushed in turn (state x, i+1 = state x, i times gate
+// x, i) form 40 stages of three; a product that writes where a queued one of its stage reads, or
+// where one writes, starts a stage; reading what another reads does not. Returns the three last
+// states and the stage counts seen.
+struct StagedRun {
+  std::vector<std::complex<float>> last;
+  std::vector<std::size_t> stages;
+};
+StagedRun run_staged_chains(Backend& backend, Stream& stream, const std::vector<std::complex<float>>& first,
+                            const std::vector<std::complex<float>>& gates) {
+  constexpr int kChains = 3, kSteps = 40, kState = 32;
+  Buffer states = backend.alloc_device(kChains * (kSteps + 1) * kState * 8, "test states");
+  Buffer g = backend.alloc_device(gates.size() * 8, "test gates");
+  auto* state = static_cast<std::complex<float>*>(states.data());
+  auto* gate = static_cast<std::complex<float>*>(g.data());
+  for (int x = 0; x < kChains; ++x)
+    backend.copy_to_device(state + x * (kSteps + 1) * kState, first.data() + x * kState, kState * 8, stream);
+  backend.copy_to_device(gate, gates.data(), gates.size() * 8, stream);
+  auto product = [&](int x, int i) {
+    kernels::LoopedGemm p;
+    p.m = 4, p.n = 4, p.k = 4, p.groups = 1;
+    p.extent[0] = 2, p.stride_a[0] = 16, p.stride_b[0] = 0, p.stride_c[0] = 16;
+    std::complex<float>* chain = state + x * (kSteps + 1) * kState;
+    p.a = chain + kState * i, p.b = gate + 16 * (x * kSteps + i), p.c = chain + kState * (i + 1);
+    return p;
+  };
+  StagedRun r;
+  kernels::LoopedChain chain(stream);
+  for (int i = 0; i < kSteps; ++i)
+    for (int x = 0; x < kChains; ++x) chain.push(product(x, i));
+  r.stages.push_back(chain.stages());
+  chain.flush();
+  // Then: `reread` (chain 1's product 0 into chain 2's last state) and `rewrite` (chain 0's
+  // product 0 again) touch nothing of each other: one stage. `clobber` (chain 2's product 0 into
+  // chain 1's state 0) writes what `reread` reads: a second stage.
+  kernels::LoopedGemm reread = product(1, 0), rewrite = product(0, 0), clobber = product(2, 0);
+  reread.c = state + (kSteps + 1) * kState * 3 - kState;
+  clobber.c = state + (kSteps + 1) * kState;
+  chain.push(reread);
+  chain.push(rewrite);
+  r.stages.push_back(chain.stages());
+  chain.push(clobber);
+  r.stages.push_back(chain.stages());
+  chain.flush();
+  r.last.resize(kChains * kState);
+  for (int x = 0; x < kChains; ++x)
+    backend.copy_to_host(r.last.data() + x * kState, state + x * (kSteps + 1) * kState + kSteps * kState, kState * 8,
+                         stream);
+  std::vector<std::complex<float>> state0(kState);
+  backend.copy_to_host(state0.data(), state + (kSteps + 1) * kState, kState * 8, stream);  // chain 1's state 0
+  stream.synchronize();
+  r.last.insert(r.last.end(), state0.begin(), state0.end());
+  return r;
+}
+
+// On the CPU twin, one product at a time.
+std::vector<std::complex<float>> staged_chains_want(const std::vector<std::complex<float>>& first,
+                                                    const std::vector<std::complex<float>>& gates) {
+  constexpr int kChains = 3, kSteps = 40, kState = 32;
+  std::vector<std::complex<float>> states(kChains * (kSteps + 1) * kState), last;
+  auto run = [&](int x, int i, std::complex<float>* c) {
+    kernels::LoopedGemm p;
+    p.m = 4, p.n = 4, p.k = 4, p.groups = 1;
+    p.extent[0] = 2, p.stride_a[0] = 16, p.stride_b[0] = 0, p.stride_c[0] = 16;
+    std::complex<float>* chain = states.data() + x * (kSteps + 1) * kState;
+    p.a = chain + kState * i, p.b = gates.data() + 16 * (x * kSteps + i), p.c = c ? c : chain + kState * (i + 1);
+    kernels::looped_gemm_cpu(p);
+  };
+  for (int x = 0; x < kChains; ++x)
+    std::copy(first.begin() + x * kState, first.begin() + (x + 1) * kState, states.begin() + x * (kSteps + 1) * kState);
+  for (int i = 0; i < kSteps; ++i)
+    for (int x = 0; x < kChains; ++x) run(x, i, nullptr);
+  run(1, 0, states.data() + (kSteps + 1) * kState * 3 - kState);
+  run(0, 0, nullptr);
+  run(2, 0, states.data() + (kSteps + 1) * kState);
+  for (int x = 0; x < kChains; ++x)
+    last.insert(last.end(), states.begin() + x * (kSteps + 1) * kState + kSteps * kState,
+                states.begin() + (x + 1) * (kSteps + 1) * kState);
+  last.insert(last.end(), states.begin() + (kSteps + 1) * kState, states.begin() + (kSteps + 1) * kState + kState);
+  return last;
+}
+
+TEST(LoopedGemmKernel, ChainStagesIndependentProducts) {
+  const auto first = random_complex(3 * 32, 84);
+  auto gates = random_complex(3 * 40 * 16, 85);
+  for (auto& x : gates) x *= 0.5f;
+  auto cpu = make_backend({"cpu", 1ull << 30, 1ull << 30, 0});
+  auto stream = cpu->make_stream();
+  const StagedRun r = run_staged_chains(*cpu, *stream, first, gates);
+  EXPECT_EQ(r.stages, (std::vector<std::size_t>{40, 1, 2}));
+  const auto want = staged_chains_want(first, gates);
+  EXPECT_EQ(std::memcmp(r.last.data(), want.data(), want.size() * 8), 0);
+}
+
+// On the GPU: stages over the whole device, a grid-wide barrier between them (cooperative
+// launches of up to 64 products), within FP32's rounding of the CPU twin's.
+TEST(LoopedGemmKernel, GpuChainStagesMatchCpu) {
+  REQUIRE_GPU();
+  GpuRun gpu;
+  const auto first = random_complex(3 * 32, 84);
+  auto gates = random_complex(3 * 40 * 16, 85);
+  for (auto& x : gates) x *= 0.5f;
+  const StagedRun r = run_staged_chains(*gpu.backend, *gpu.stream, first, gates);
+  EXPECT_EQ(r.stages, (std::vector<std::size_t>{40, 1, 2}));
+  const auto want = staged_chains_want(first, gates);
+  EXPECT_LT(relative_error(r.last, std::vector<cd>(want.begin(), want.end())), 1e-5);
 }
 
 // Merging: extent-1 dimensions and runs contiguous in the input collapse; the gather's result is
