@@ -308,6 +308,15 @@ PlanStep mapped_block(const Network& net, const PlanStep& st) {
 
 }  // namespace
 
+// (`st` needs its tensors only: step_tensors'.)
+bool runs_chained(const Network& net, const PlanStep& st) {
+  if (st.spilled()) return false;
+  const PlanStep v = mapped_block(net, st);
+  return v.execution == Execution::looped &&
+         kernels::LoopedChain::fits(v.m, v.n, v.k, static_cast<std::uint64_t>(v.loops),
+                                    static_cast<int>(loop_groups(net, v).size()));
+}
+
 PlanStep local_step(const Network& net, const PlanStep& st, const std::vector<Mode>& fixed, std::uint64_t element_bytes,
                     std::uint64_t& workspace_bytes) {
   const std::set<Mode> drop(fixed.begin(), fixed.end());
@@ -624,9 +633,22 @@ Plan build(const Network& net, const Path& path, const std::set<Mode>& sliced, c
   // The prologue (invariant steps) and the slices (variant steps) each lay out the arena on
   // their own: the prologue is done with it before the slices use it.
   Arena arena, prologue_arena, host_arena;
+  // Chained steps that follow each other and do not read each other's results form a stage
+  // (kernels::LoopedChain runs a stage's products at once). Their operands are freed when the
+  // stage ends, so that no result of a stage is placed where another product of it reads: the
+  // chain then finds the stage's products independent.
+  std::vector<std::pair<Arena*, std::uint64_t>> stage_operands;
+  std::set<int> stage_results;
   for (size_t s = 0; s < p.ssa.size(); ++s) {
     PlanStep st = step_tensors(p, s, N, layout, bytes, host_ids, reuse);
     Arena& work = st.invariant ? prologue_arena : arena;  // where the step's tensors live, but persistent ones
+    const bool chained = runs_chained(net, st);
+    if (!chained || stage_results.count(st.a) || stage_results.count(st.b)) {
+      for (auto [in, at] : stage_operands) in->free(at);
+      stage_operands.clear();
+      stage_results.clear();
+    }
+    if (chained) stage_results.insert(st.c);
     if (!st.c_persistent)
       offset[static_cast<size_t>(st.c)] = st.c_host ? host_arena.place(st.c_bytes) : work.place(st.c_bytes);
     st.a_offset = offset[static_cast<size_t>(st.a)];
@@ -640,8 +662,13 @@ Plan build(const Network& net, const Path& path, const std::set<Mode>& sliced, c
     // consumer works: an invariant step's result read by another invariant step is in the
     // prologue's arena.)
     for (int id : {st.a, st.b})
-      if (id >= static_cast<int>(N) && !reuse.persistent[static_cast<size_t>(id)])
-        (host_ids.count(id) ? host_arena : work).free(offset[static_cast<size_t>(id)]);
+      if (id >= static_cast<int>(N) && !reuse.persistent[static_cast<size_t>(id)]) {
+        Arena& in = host_ids.count(id) ? host_arena : work;
+        if (chained)
+          stage_operands.emplace_back(&in, offset[static_cast<size_t>(id)]);
+        else
+          in.free(offset[static_cast<size_t>(id)]);
+      }
     predict(net, st, block, o);
     tally(plan, st);
     plan.steps.push_back(std::move(st));
@@ -766,6 +793,64 @@ Plan with_reuse(const Network& net, const Path& path, const Plan& fitted, const 
   return fewest_that_fit(0, order.size(), fitted, recomputing, o);  // recomputing all is `fitted`
 }
 
+// How much larger than the plan's own order's arena chain_waves' may be.
+constexpr double kWavesArenaGrowth = 1.0 / 64;
+
+// The path of `plan` (the steps of `path`) reordered so that chained steps (runs_chained) come in
+// waves: every chained step whose operands are ready runs before the next step that is not
+// chained, all of a wave before any step that reads its results. The steps that are not chained
+// keep their order. A circuit's gate subtrees, which the path interleaves with the large steps,
+// then run as a few runs of independent products (stages of a chain) instead of hundreds of
+// dependent ones. Returns the path renumbered (SSA) in that order.
+Path chain_waves(const Network& net, const Plan& plan, const Path& path) {
+  const size_t N = net.tensors.size(), S = path.ssa.size();
+  std::vector<bool> chained(S);
+  for (size_t s = 0; s < S; ++s) chained[s] = runs_chained(net, plan.steps[s]);
+  std::vector<int> waiting(S, 0);          // operands not yet computed
+  std::vector<size_t> consumer(N + S, S);  // the step that reads each tensor
+  for (size_t s = 0; s < S; ++s)
+    for (int id : {path.ssa[s].first, path.ssa[s].second})
+      if (static_cast<size_t>(id) >= N) {
+        ++waiting[s];
+        consumer[static_cast<size_t>(id)] = s;
+      }
+  std::vector<size_t> order, wave;
+  std::vector<size_t> unchained;
+  for (size_t s = 0; s < S; ++s) {
+    if (!chained[s])
+      unchained.push_back(s);
+    else if (waiting[s] == 0)
+      wave.push_back(s);
+  }
+  auto run = [&](size_t s, std::vector<size_t>& next) {
+    order.push_back(s);
+    const size_t reader = consumer[N + s];
+    if (reader < S && --waiting[reader] == 0 && chained[reader]) next.push_back(reader);
+  };
+  for (size_t u = 0;; ++u) {
+    while (!wave.empty()) {
+      std::vector<size_t> next;
+      for (size_t s : wave) run(s, next);
+      std::sort(next.begin(), next.end());
+      wave = std::move(next);
+    }
+    if (u == unchained.size()) break;
+    if (waiting[unchained[u]] != 0) throw std::logic_error("tn.plan: chain waves left a step's operand uncomputed");
+    run(unchained[u], wave);
+    std::sort(wave.begin(), wave.end());
+  }
+  if (order.size() != S) throw std::logic_error("tn.plan: chain waves lost a step");
+  std::vector<int> renamed(N + S);
+  for (size_t i = 0; i < N; ++i) renamed[i] = static_cast<int>(i);
+  for (size_t i = 0; i < S; ++i) renamed[N + order[i]] = static_cast<int>(N + i);
+  Path waved;
+  waved.sliced = path.sliced;
+  for (size_t s : order)
+    waved.ssa.emplace_back(renamed[static_cast<size_t>(path.ssa[s].first)],
+                           renamed[static_cast<size_t>(path.ssa[s].second)]);
+  return waved;
+}
+
 // The last checks and settings of a plan that fits.
 Plan finish(Plan plan, const PlanOptions& o) {
   plan.scratch = o.scratch && plan.host_arena_bytes > o.host_budget_bytes;
@@ -870,6 +955,23 @@ Plan make_plan(const Network& net, const Path& path, const PlanOptions& o) {
                       fused.multiply_adds_after);
         plan = std::move(t);
         sliced_path = fused_path;
+      }
+    }
+  }
+  {
+    // Chained steps in waves, where that keeps the arena within kWavesArenaGrowth of the plan's
+    // (a network of large tensors grows by its small results, a few hundred KB of GBs; one of
+    // small tensors alone by a tenth or more: it keeps its order, whatever the budget).
+    const Path waved = chain_waves(net, plan, sliced_path);
+    if (waved.ssa != sliced_path.ssa) {
+      Plan t = fit(net, waved, std::set<Mode>(waved.sliced.begin(), waved.sliced.end()), every_slice);
+      if (static_cast<double>(t.arena_bytes) <= static_cast<double>(plan.arena_bytes) * (1 + kWavesArenaGrowth) &&
+          t.host_arena_bytes <= plan.host_arena_bytes && overflow(t, every_slice) <= 1) {
+        t.slicing_overhead = plan.slicing_overhead;
+        t.path_reconfigured = plan.path_reconfigured;
+        t.fused_gates = plan.fused_gates;
+        plan = std::move(t);
+        sliced_path = waved;
       }
     }
   }

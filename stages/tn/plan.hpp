@@ -138,6 +138,11 @@ BlockWalk block_walk(const Network& net, const PlanStep& st);
 inline int staging_slots(bool has_block_modes, std::int64_t blocks) { return has_block_modes && blocks > 1 ? 2 : 1; }
 inline std::uint64_t staging_stride(std::uint64_t block_bytes) { return (block_bytes + 255) / 256 * 256; }
 
+// Whether the contractor runs the step in a chain (kernels::LoopedChain): a small looped product
+// on device tensors. tn.plan orders such steps in waves and frees a stage's operands when the
+// stage ends (make_plan).
+bool runs_chained(const Network& net, const PlanStep& st);
+
 // A group of neighbouring loop modes with one stride each in L, R and C (elements).
 struct LoopGroup {
   std::int64_t extent, l, r, c;

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <map>
 #include <random>
+#include <set>
 
 #include "backend/backend.hpp"
 #include "core/error.hpp"
@@ -535,6 +536,56 @@ TEST(DetectorErrorModel, ItsSizeIsBoundedBeforeExpansionAndTheExpansionStopsOnRe
   EXPECT_EQ(tn::read_detector_error_model("repeat 4 {\n  error(0.1) D0 L0\n  shift_detectors 1\n}\n", "t.dem").detectors, 4);
 }
 
+// Chained steps (small looped products, kernels::LoopedChain) come in waves: runs of products
+// that read no result of their own run, so the chain runs each run as one stage over the whole
+// device. A stage's products never write where another of them reads or writes (tn.plan frees a
+// stage's operands only when it ends), there are several times fewer stages than chained steps
+// (in the path's own order nearly every chained step reads the one before), and the amplitude is
+// the state vector's.
+TEST(TensorNetwork, ChainedStepsComeInStagesOfIndependentProducts) {
+  const auto circuit = grid_circuit(4, 5, 12, 5);
+  const auto net = tn::amplitude_network(circuit);
+  const auto plan = tn::make_plan(net, find_path(net, 8, 1), {16});
+  ASSERT_EQ(plan.slices, 1);
+  const int N = static_cast<int>(net.tensors.size());
+  struct Span {
+    std::uint64_t begin, end;
+  };
+  auto in_arena = [&](int id, std::uint64_t offset, std::uint64_t bytes) {
+    return id >= N ? Span{offset, offset + bytes} : Span{0, 0};  // (inputs are resident, outside the arena)
+  };
+  auto overlap = [](Span x, Span y) { return x.begin < y.end && y.begin < x.end; };
+  int chained = 0, stages = 0;
+  std::vector<const tn::PlanStep*> stage;
+  std::set<int> stage_results;
+  for (const auto& st : plan.steps) {
+    if (!tn::runs_chained(net, st)) {
+      stage.clear();
+      continue;
+    }
+    ++chained;
+    if (stage.empty() || stage_results.count(st.a) || stage_results.count(st.b)) {
+      ++stages;
+      stage.clear();
+      stage_results.clear();
+    }
+    const Span c = in_arena(st.c, st.c_offset, st.c_bytes);
+    for (const tn::PlanStep* q : stage) {
+      const Span qc = in_arena(q->c, q->c_offset, q->c_bytes);
+      EXPECT_FALSE(overlap(c, qc) || overlap(c, in_arena(q->a, q->a_offset, q->a_bytes)) ||
+                   overlap(c, in_arena(q->b, q->b_offset, q->b_bytes)) ||
+                   overlap(qc, in_arena(st.a, st.a_offset, st.a_bytes)) ||
+                   overlap(qc, in_arena(st.b, st.b_offset, st.b_bytes)))
+          << "step " << st.c - N << " against step " << q->c - N;
+    }
+    stage.push_back(&st);
+    stage_results.insert(st.c);
+  }
+  EXPECT_GT(chained, 100);
+  EXPECT_LE(stages * 4, chained) << stages << " stages of " << chained << " chained steps";
+  expect_amplitude_matches_statevector(circuit, net, plan, 7);
+}
+
 // Gate fusion (paths/fusion.hpp): chains of gates on one large tensor fold into one pass each. The
 // tree stays valid and keeps its result, no tensor grows, the bytes moved fall, and the fused
 // plan's amplitudes are the state vector's, as the unfused plan's are; fusing again finds nothing.
@@ -568,7 +619,9 @@ TEST(TensorNetwork, FusedGateChainsMoveFewerBytesAndGiveTheStateVectorsAmplitude
   for (const auto& st : p1.steps) moved1 += tn::moved_bytes(st);
   EXPECT_GT(p1.fused_gates, 0);  // (fewer than above: the default leaves tensors under 4096 values alone)
   EXPECT_LT(moved1, moved0);
-  EXPECT_LE(p1.arena_bytes, p0.arena_bytes);
+  // (Both plans run their chained steps in waves, which moves small results' lifetimes by up to a
+  // 64th of the arena either way; fusion itself adds no tensor larger than the chains'.)
+  EXPECT_LE(p1.arena_bytes, p0.arena_bytes + p0.arena_bytes / 64);
   EXPECT_EQ(tn::Plan::from_json(p1.to_json()).fused_gates, p1.fused_gates);
   tn::ContractionTree planned = tn::ContractionTree::from_path(search, p1.path());
   EXPECT_EQ(tn::fuse_gate_chains(planned).fused, 0);
