@@ -114,7 +114,8 @@ constexpr double kMinSearchSeconds = 0.25;
 
 // The search's options from the step's parameters. Without max_seconds, planning time fits the
 // job: the search takes about as long as contracting the best path found so far would (for
-// every bitstring, at flop_rate), at least kMinSearchSeconds and at most the default budget.
+// every bitstring, at flop_rate; the best trial as refinement will leave it, hyper.cpp), at least
+// kMinSearchSeconds and at most the default budget.
 tn::HyperOptions search_options(const Params& p, const tn::Network& net, std::size_t jobs) {
   tn::HyperOptions o;
   if (p.max_seconds) {
@@ -196,8 +197,14 @@ void PathStage::Run::compute() {
         "tn.path: {} trials ({}) in {:.2f}s of a {:.2f}s budget{}; best from {} {}; refined in {:.2f}s ({} "
         "subtrees reconfigured){}",
         found.trials, found.methods.dump(), found.search_seconds, found.budget_seconds,
-        o.multiply_add_rate > 0 ? " (fitted to the predicted contraction time)" : "", found.best_method,
-        found.best_params.dump(), found.refine_seconds, found.reconfiguring.subtrees_improved,
+        o.multiply_add_rate > 0
+            ? found.refine_gain > 0
+                  ? fmt::format(" (fitted to the predicted contraction time, the best trial counted as refined: "
+                                "10^{:.2f} less)",
+                                found.refine_gain)
+                  : std::string(" (fitted to the predicted contraction time)")
+            : std::string(),
+        found.best_method, found.best_params.dump(), found.refine_seconds, found.reconfiguring.subtrees_improved,
         found.slicing.sliced_modes
             ? fmt::format(", {} modes sliced (overhead {:.3g}, {:.3g} without reuse)", found.slicing.sliced_modes,
                           found.slicing.overhead, found.slicing.overhead_without_reuse)

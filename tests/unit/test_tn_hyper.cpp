@@ -135,4 +135,13 @@ TEST(TnHyper, BudgetFitsThePredictedContractionTime) {
   const auto a = tn::hyper_optimize(search, fixed), b = tn::hyper_optimize(search, fitted);
   EXPECT_EQ(a.path.ssa, b.path.ssa);
   EXPECT_DOUBLE_EQ(b.budget_seconds, std::min(fitted.max_seconds, 1e9));
+  // Once its least time is spent and the budget is not, the search reconfigures its best trial
+  // once and counts what that took off in the budget; the trees stay the fixed count's.
+  tn::HyperOptions probed = fixed;
+  probed.multiply_add_rate = 1e-3;  // a budget of max_seconds, far from spent
+  probed.min_seconds = 0;
+  const auto c = tn::hyper_optimize(search, probed);
+  EXPECT_EQ(a.path.ssa, c.path.ssa);
+  EXPECT_GT(c.refine_gain, 0);
+  EXPECT_EQ(b.refine_gain, 0);  // (its budget was spent: no probe)
 }

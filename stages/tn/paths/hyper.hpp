@@ -36,7 +36,7 @@ struct HyperOptions {
   // but not before min_seconds (and never after max_seconds). Off with rate 0.
   double multiply_add_rate = 0;
   double jobs = 1;
-  double min_seconds = 0;
+  double min_seconds = 0;          // (after which, with a rate, the budget counts the best tree as refined: hyper.cpp)
   int max_trials = 0;              // 0: as many as the time allows
   std::uint64_t seed = 0;
   std::vector<std::string> methods = {"greedy", "partition"};
@@ -54,6 +54,7 @@ struct HyperResult {
   int trials = 0;
   double seconds = 0, search_seconds = 0, refine_seconds = 0;
   double budget_seconds = 0;       // the budget the search ended with (max_seconds, or less with a rate)
+  double refine_gain = 0;          // log10 of what reconfiguring the best trial took off, probed for a fitted budget
   std::string best_method;
   nlohmann::json best_params;      // the parameters of the trial the path came from
   double log10_best_trial = 0;     // its score before refinement
