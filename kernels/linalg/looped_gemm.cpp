@@ -96,6 +96,7 @@ void LoopedChain::push(const LoopedGemm& args) {
   LoopedGemm g = args;
   set_shifts(g);
   const Footprint f = footprint(g);
+  if (queued_.size() % kChainBatch == 0) stage_.clear();  // (a launch of its own: nothing to compare with)
   const bool after_stage =
       std::any_of(stage_.begin(), stage_.end(), [&](const Footprint& q) { return q.conflicts(f); });
   if (after_stage) stage_.clear();

@@ -731,7 +731,6 @@ void launch_long_sums(const LoopedGemm& g, std::uint64_t total, cudaStream_t str
 // since CUDA 12.1), read in place (__grid_constant__). Each element is looped_gemm_element's (the
 // CPU twin's code), so the bits do not depend on how the products are staged.
 constexpr int kChainThreads = 256;
-constexpr int kChainBatch = 64;
 struct ChainBatch {
   int count = 0, stages = 0;
   std::uint8_t stage_first[kChainBatch + 1];    // the first product of each stage; then count

@@ -73,6 +73,9 @@ inline constexpr std::uint64_t kChainMaxMultiplyAdds = 1ull << 17;  // multiply-
 // a contraction's last steps, keeps the warp and cluster kernels).
 inline constexpr std::int64_t kChainMaxSum = 256;
 using ChainedGemm = LoopedProduct<kChainMaxGroups>;
+// Products a launch of a chain runs (their parameters travel in the launch: 32 KB at most). The
+// launch boundary orders them too: stages are formed within a launch's products.
+inline constexpr int kChainBatch = 64;
 
 // Runs looped products in the order pushed: those that fit a chain wait in the object and run
 // together at flush() (or when one that does not fit comes, which then runs alone). The caller

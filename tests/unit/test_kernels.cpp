@@ -930,7 +930,8 @@ TEST(LoopedGemmKernel, GpuChainMatchesCpu) {
 }
 
 // Three independent chains of 40 products pushed in turn (state x, i+1 = state x, i times gate
-// x, i) form 40 stages of three; a product that writes where a queued one of its stage reads, or
+// x, i) form 40 stages of three, and one more where the 65th product starts a second launch
+// (kChainBatch); a product that writes where a queued one of its stage reads, or
 // where one writes, starts a stage; reading what another reads does not. Returns the three last
 // states and the stage counts seen.
 struct StagedRun {
@@ -1018,7 +1019,7 @@ TEST(LoopedGemmKernel, ChainStagesIndependentProducts) {
   auto cpu = make_backend({"cpu", 1ull << 30, 1ull << 30, 0});
   auto stream = cpu->make_stream();
   const StagedRun r = run_staged_chains(*cpu, *stream, first, gates);
-  EXPECT_EQ(r.stages, (std::vector<std::size_t>{40, 1, 2}));
+  EXPECT_EQ(r.stages, (std::vector<std::size_t>{41, 1, 2}));
   const auto want = staged_chains_want(first, gates);
   EXPECT_EQ(std::memcmp(r.last.data(), want.data(), want.size() * 8), 0);
 }
@@ -1032,7 +1033,7 @@ TEST(LoopedGemmKernel, GpuChainStagesMatchCpu) {
   auto gates = random_complex(3 * 40 * 16, 85);
   for (auto& x : gates) x *= 0.5f;
   const StagedRun r = run_staged_chains(*gpu.backend, *gpu.stream, first, gates);
-  EXPECT_EQ(r.stages, (std::vector<std::size_t>{40, 1, 2}));
+  EXPECT_EQ(r.stages, (std::vector<std::size_t>{41, 1, 2}));
   const auto want = staged_chains_want(first, gates);
   EXPECT_LT(relative_error(r.last, std::vector<cd>(want.begin(), want.end())), 1e-5);
 }
