@@ -39,7 +39,7 @@ What is measured, per case:
             a reconfigured path) and its sliced modes.
   cuTensorNet  cuquantum.tensornet.Network in the interleaved format (operands as torch complex64
             tensors on the GPU, integer mode labels), options --cutn-options (JSON for NetworkOptions):
-            own path: Network(...).contract_path(optimize=--cutn-optimize JSON, default {}) timed
+            own path: Network(...).contract_path(optimize=--cutn-optimize JSON, default {seed: 1}) timed
             (planning), then contract() once cold and --repeats times warm; on qstage's path:
             contract_path(optimize={'path': linear path, 'slicing': [(mode, extent), ...]}), the same.
             Per amplitude: the best warm contraction. "with planning": Network() + contract_path + the
@@ -631,7 +631,7 @@ def run(args):
             q["fraction_of_cgemm"] = q["tflops"] / gemm
         log(f"{name}: qstage {q}")
         if tn is not None:
-            optimize = json.loads(args.cutn_optimize) if args.cutn_optimize else {}
+            optimize = json.loads(args.cutn_optimize) if args.cutn_optimize else {"seed": 1}
             log(f"{name}: cuTensorNet, its own path (optimize={optimize})")
             res["cutn_own_path"] = cutn_contract(args, tn, net, tensors, optimize, args.max_slices)
             log(f"{name}: cuTensorNet on qstage's path")
@@ -718,7 +718,8 @@ def main():
     r.add_argument("--budget", default="", help="tn.plan's budget for every case (default: the case's; n53m20: "
                                                 "tn.plan's default, a third of the device memory)")
     r.add_argument("--cutn-optimize", default="", help="JSON OptimizerOptions for cuTensorNet's own path, e.g. "
-                                                        "'{\"samples\": 8}' (default {}: the library's defaults)")
+                                                        "'{\"samples\": 8}' (default {\"seed\": 1}: the library's defaults, seeded as "
+                                                        "tn.path is, so that its path does not change from run to run)")
     r.add_argument("--cutn-options", default="", help="JSON NetworkOptions, e.g. '{\"memory_limit\": \"60GiB\"}'")
     r.add_argument("--max-slices", type=int, default=8, help="cuTensorNet: contract at most this many slices, then "
                                                              "extrapolate to all")
