@@ -78,7 +78,10 @@ LoopedChain::Footprint LoopedChain::footprint(const LoopedGemm& g) {
   const std::uint64_t bytes = g.dtype == DType::complex128 ? 16 : 8;
   auto span = [&](const void* at, const std::int64_t* strides, std::int64_t inner) {
     std::int64_t last = inner - 1;  // the highest element's offset
-    for (int d = 0; d < g.groups; ++d) last += (g.extent[d] - 1) * strides[d];
+    for (int d = 0; d < g.groups; ++d) {
+      if (strides[d] < 0) return Span{0, ~std::uintptr_t{0}};  // (below `at`: all of memory, to be safe)
+      last += (g.extent[d] - 1) * strides[d];
+    }
     const auto begin = reinterpret_cast<std::uintptr_t>(at);
     return Span{begin, begin + (static_cast<std::uint64_t>(last) + 1) * bytes};
   };

@@ -1012,6 +1012,31 @@ std::vector<std::complex<float>> staged_chains_want(const std::vector<std::compl
   return last;
 }
 
+// A product's footprint spans its operands' and result's bytes from the lowest element to the
+// highest, loop groups included; a negative stride makes it span everything (so it conflicts).
+TEST(LoopedGemmKernel, ChainFootprintsSpanEveryElement) {
+  kernels::LoopedGemm g;
+  g.dtype = DType::complex64;
+  g.m = 2, g.n = 3, g.k = 4, g.groups = 2;
+  g.extent[0] = 5, g.stride_a[0] = 100, g.stride_b[0] = 0, g.stride_c[0] = 60;
+  g.extent[1] = 2, g.stride_a[1] = 8, g.stride_b[1] = 12, g.stride_c[1] = 6;
+  g.a = reinterpret_cast<const void*>(std::uintptr_t{1} << 20);
+  g.b = reinterpret_cast<const void*>(std::uintptr_t{2} << 20);
+  g.c = reinterpret_cast<void*>(std::uintptr_t{3} << 20);
+  const auto f = kernels::LoopedChain::footprint(g);
+  EXPECT_EQ(f.a.end - f.a.begin, (4 * 100 + 8 + 2 * 4) * 8u);  // highest A element: 4*100 + 8 + 7
+  EXPECT_EQ(f.b.end - f.b.begin, (12 + 3 * 4) * 8u);
+  EXPECT_EQ(f.c.end - f.c.begin, (4 * 60 + 6 + 2 * 3) * 8u);
+  kernels::LoopedGemm elsewhere = g;
+  elsewhere.a = reinterpret_cast<const void*>(std::uintptr_t{5} << 20);
+  elsewhere.b = reinterpret_cast<const void*>(std::uintptr_t{6} << 20);
+  elsewhere.c = reinterpret_cast<void*>(std::uintptr_t{7} << 20);
+  EXPECT_FALSE(f.conflicts(kernels::LoopedChain::footprint(elsewhere)));
+  elsewhere.stride_b[1] = -12;
+  EXPECT_TRUE(f.conflicts(kernels::LoopedChain::footprint(elsewhere)));
+  EXPECT_TRUE(kernels::LoopedChain::footprint(elsewhere).conflicts(f));
+}
+
 TEST(LoopedGemmKernel, ChainStagesIndependentProducts) {
   const auto first = random_complex(3 * 32, 84);
   auto gates = random_complex(3 * 40 * 16, 85);
