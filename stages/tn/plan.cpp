@@ -935,7 +935,18 @@ Plan make_plan(const Network& net, const Path& path, const PlanOptions& o) {
   // reuse can fall back to); reuse is added to the plan that fits.
   PlanOptions every_slice = o;
   every_slice.reuse_invariant = false;
-  auto [plan, sliced_path] = slice_to_fit(net, path, every_slice);
+  auto fitted = slice_to_fit(net, path, every_slice);
+  Plan plan = std::move(fitted.first);
+  Path sliced_path = std::move(fitted.second);
+  // Replaces the plan by `t`, built on `p` (the same contraction), keeping what the plan reported
+  // of the slicing and fusion that came before.
+  auto adopt = [&](Plan t, const Path& p) {
+    t.slicing_overhead = plan.slicing_overhead;
+    t.path_reconfigured = plan.path_reconfigured;
+    t.fused_gates = plan.fused_gates;
+    plan = std::move(t);
+    sliced_path = p;
+  };
   if (o.fuse_gates) {
     const SearchNetwork search = SearchNetwork::from(net);
     ContractionTree tree = ContractionTree::from_path(search, sliced_path);
@@ -946,15 +957,12 @@ Plan make_plan(const Network& net, const Path& path, const PlanOptions& o) {
       // (The fused path's steps hold no more than the chains' did, but the first-fit arena or the
       // spilling may still come out larger: then the path that fits stays.)
       if (overflow(t, every_slice) <= 1) {
-        t.slicing_overhead = plan.slicing_overhead;
-        t.path_reconfigured = plan.path_reconfigured;
-        t.fused_gates = fused.fused;
         spdlog::debug("tn.plan: {} gate chain step(s) fused: {:.4g} -> {:.4g} elements moved per slice, {:.4g} -> {:.4g} "
                       "multiply-adds",
                       fused.fused, fused.moved_before, fused.moved_after, fused.multiply_adds_before,
                       fused.multiply_adds_after);
-        plan = std::move(t);
-        sliced_path = fused_path;
+        adopt(std::move(t), fused_path);
+        plan.fused_gates = fused.fused;
       }
     }
   }
@@ -967,22 +975,11 @@ Plan make_plan(const Network& net, const Path& path, const PlanOptions& o) {
     if (waved.ssa != sliced_path.ssa) {
       Plan t = fit(net, waved, std::set<Mode>(waved.sliced.begin(), waved.sliced.end()), every_slice);
       if (static_cast<double>(t.arena_bytes) <= static_cast<double>(plan.arena_bytes) * (1 + kWavesArenaGrowth) &&
-          t.host_arena_bytes <= plan.host_arena_bytes && overflow(t, every_slice) <= 1) {
-        t.slicing_overhead = plan.slicing_overhead;
-        t.path_reconfigured = plan.path_reconfigured;
-        t.fused_gates = plan.fused_gates;
-        plan = std::move(t);
-        sliced_path = waved;
-      }
+          t.host_arena_bytes <= plan.host_arena_bytes && overflow(t, every_slice) <= 1)
+        adopt(std::move(t), waved);
     }
   }
-  if (o.reuse_invariant && plan.slices > 1) {
-    Plan reused = with_reuse(net, sliced_path, plan, o);
-    reused.slicing_overhead = plan.slicing_overhead;
-    reused.path_reconfigured = plan.path_reconfigured;
-    reused.fused_gates = plan.fused_gates;
-    plan = std::move(reused);
-  }
+  if (o.reuse_invariant && plan.slices > 1) adopt(with_reuse(net, sliced_path, plan, o), Path(sliced_path));
   return finish(std::move(plan), o);
 }
 
