@@ -21,9 +21,9 @@ namespace qstage::kernels {
 //           cores' accumulation sets the error, so big·big runs in pieces of 1024 real terms
 //           (reduced_gemm.cpp): 2.4e-6 relative on an H200, FP32's level
 //   bf16    operands rounded to BF16 (7-bit mantissa, FP32's exponent range): about 2^-8
-// A complex product in a reduced mode runs as one real product (the "4M" form, see
-// reduced_gemm.hpp). The CPU has no tensor cores: it rounds the operands the same way and
-// multiplies in FP32, so its results carry the same input rounding (its accumulation order
+// A complex product in tf32 or bf16 runs as one real product (the "4M" form), in 3xtf32 as three
+// (the "3M" form, a quarter fewer multiplications; see reduced_gemm.hpp). The CPU has no tensor cores: it rounds the
+// operands the same way and multiplies in FP32, so its results carry the same input rounding (its accumulation order
 // differs). FP16 is not offered: tensor-network intermediates fall below its range (2^-24).
 enum class Compute : std::uint8_t { full, tf32, tf32x3, bf16 };
 std::string_view compute_name(Compute c);  // "full", "tf32", "3xtf32", "bf16"

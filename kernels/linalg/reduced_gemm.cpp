@@ -17,22 +17,44 @@ void stage_operand_cpu(const StageOperand& s) {
 #pragma omp parallel for schedule(static) if (total > 65536)
   for (std::int64_t i = 0; i < total; ++i) {
     const std::int64_t entry = i / per_entry, r = i % per_entry / cols, c = i % cols;
-    const float x = staged_value(static_cast<const float*>(s.src) + entry * src_stride, s, r, c);
-    const std::int64_t at = s.out_at(entry, r, c);
-    switch (s.format) {
-      case Format::tf32: big[at] = round_tf32(x); break;
-      case Format::bf16: big[at] = round_bf16(x); break;
-      case Format::split: {
-        const float b = round_tf32(x);
-        big[at] = b;
-        small[at] = round_tf32(x - b);
-        break;
+    const int planes = s.layout == StageOperand::Layout::planes ? 3 : 1;
+    for (int p = 0; p < planes; ++p) {
+      const float x = staged_value(static_cast<const float*>(s.src) + entry * src_stride, s, r, c, p);
+      const std::int64_t at = s.out_at(entry, r, c) + p * s.plane_stride;
+      switch (s.format) {
+        case Format::tf32:
+          big[at] = round_tf32(x);
+          break;
+        case Format::bf16:
+          big[at] = round_bf16(x);
+          break;
+        case Format::split: {
+          const float b = round_tf32(x);
+          big[at] = b;
+          small[at] = round_tf32(x - b);
+          break;
+        }
       }
     }
   }
 }
 
+void combine_three_products_cpu(const ThreeProducts& t) {
+  const std::int64_t per_entry = t.rows * t.cols, total = t.batch * per_entry;
+#pragma omp parallel for schedule(static) if (total > 65536)
+  for (std::int64_t i = 0; i < total; ++i) {
+    const std::int64_t entry = i / per_entry, r = i % per_entry / t.cols, c = i % t.cols;
+    combine_value(t, i, static_cast<float*>(t.c) + 2 * (entry * t.stride_c + r * t.ldc + c));
+  }
+}
+
+void combine_three_products(Stream& stream, const ThreeProducts& t) {
+  QSTAGE_DISPATCH(stream, combine_three_products_cpu(t), detail::combine_three_products_cuda(stream.native(), t));
+}
+
 void stage_operand(Stream& stream, const StageOperand& s) {
+  if (s.layout == StageOperand::Layout::planes && (s.format != StageOperand::Format::split || !s.complex))
+    throw std::logic_error("stage_operand: the planes layout stages complex operands split (3xTF32) only");
   QSTAGE_DISPATCH(stream, stage_operand_cpu(s), detail::stage_operand_cuda(stream.native(), s));
 }
 
@@ -44,14 +66,37 @@ constexpr std::int64_t kAlign = 256;
 // its error grows with their length: on an H100, 1.9e-5 relative for a 4096^3 complex product (8192
 // real terms, one call per part) against 1.6e-6 in FP32; in pieces of 1024 real terms, 2.4e-6 on
 // an H200 whatever the length (docs/benchmarks.md). So big · big, the term that carries the
-// value, runs over pieces of at most kSplitInnerLength real terms, each added to C in cuBLAS's
-// FP32 epilogue (rounded to nearest). The two cross terms are 2^-11 smaller: their accumulation
-// error does not show, so they run as one product over everything staged at once (big | small
-// times small over big, stacked along the inner dimension), kSplitStageLength real terms. Three
-// products a piece of 1024 ran at 1.65x FP32's rate (H200), stacked 1.64-1.80x (H100): the short
-// products themselves, not their number, cost the rate (311-344 TFLOP/s against 408-422 over 8192).
+// value, runs over pieces of at most kSplitInnerLength real terms, each added to its sum in
+// cuBLAS's FP32 epilogue (rounded to nearest). The two cross terms are 2^-11 smaller: their
+// accumulation error does not show, so they run as one product over everything staged at once
+// (big | small times small over big, stacked along the inner dimension). The inner dimension is
+// staged kSplitStageLength real terms at a time (4M: 1024 complex terms; 3M: as many, each plane
+// product's sums 1024 real terms long). Three products a piece of 1024 ran at 1.65x FP32's rate
+// (H200), stacked 1.64-1.80x (H100), both in the 4M form: the short products themselves, not
+// their number, cost the rate (311-344 TFLOP/s against 408-422 over 8192); the 3M form does a
+// quarter less of them.
 constexpr std::int64_t kSplitInnerLength = 1024;
 constexpr std::int64_t kSplitStageLength = 2048;
+
+// How a product is staged: its form and the bytes of one batch entry's staged tiles.
+struct StagedForm {
+  std::int64_t e, parts, value_bytes;
+  bool three;  // the 3M form: complex 3xTF32 (reduced_gemm.hpp)
+  StagedForm(const Gemm& g, bool cuda)
+      : e(g.dtype == DType::complex64 ? 2 : 1),
+        parts(g.compute == Compute::tf32x3 ? 2 : 1),
+        value_bytes(g.compute == Compute::bf16 && cuda ? 2 : 4),
+        three(g.compute == Compute::tf32x3 && g.dtype == DType::complex64) {}
+  // B's tile (nt × kt) and A's (mt × kt), all planes and parts; the 3M form's three real products
+  // of C's tile (mt × nt).
+  std::int64_t b_bytes(std::int64_t nt, std::int64_t kt) const {
+    return parts * value_bytes * (three ? 3 * kt * nt : e * kt * e * nt);
+  }
+  std::int64_t a_bytes(std::int64_t mt, std::int64_t kt) const {
+    return parts * value_bytes * (three ? 3 * mt * kt : mt * e * kt);
+  }
+  std::int64_t p_bytes(std::int64_t mt, std::int64_t nt) const { return three ? 3 * 4 * mt * nt : 0; }
+};
 
 // The longest inner dimension staged at once for `g`.
 std::int64_t inner_limit(const Gemm& g) {
@@ -60,10 +105,10 @@ std::int64_t inner_limit(const Gemm& g) {
 }
 
 std::int64_t reduced_gemm_workspace(const Gemm& g) {
-  const std::int64_t e = g.dtype == DType::complex64 ? 2 : 1, parts = g.compute == Compute::tf32x3 ? 2 : 1;
+  const StagedForm form(g, false);
   const std::int64_t k = inner_limit(g);
-  const std::int64_t values = g.batch * (e * k * e * g.n + g.m * e * k);
-  return std::max(kReducedGemmMinWorkspace, parts * 4 * values + 4 * kAlign * parts);
+  const std::int64_t bytes = g.batch * (form.b_bytes(g.n, k) + form.a_bytes(g.m, k) + form.p_bytes(g.m, g.n));
+  return std::max(kReducedGemmMinWorkspace, bytes + 4 * kAlign * form.parts);
 }
 
 namespace detail {
@@ -81,9 +126,12 @@ struct Tiling {
 class ReducedProduct {
  public:
   ReducedProduct(Stream& stream, const Gemm& g)
-      : stream_(stream), g_(g), cuda_(stream.kind() == BackendKind::cuda), e_(g.dtype == DType::complex64 ? 2 : 1) {
-    parts_ = g.compute == Compute::tf32x3 ? 2 : 1;
-    value_bytes_ = g.compute == Compute::bf16 && cuda_ ? 2 : 4;
+      : stream_(stream),
+        g_(g),
+        cuda_(stream.kind() == BackendKind::cuda),
+        form_(g, cuda_),
+        e_(form_.e),
+        parts_(form_.parts) {
     format_ = g.compute == Compute::tf32x3 ? StageOperand::Format::split
               : g.compute == Compute::bf16 ? StageOperand::Format::bf16
                                            : StageOperand::Format::tf32;
@@ -93,17 +141,18 @@ class ReducedProduct {
     if (!g_.workspace || g_.workspace_bytes < kReducedGemmMinWorkspace)
       throw std::logic_error("gemm: a reduced-precision product needs a workspace");
     const Tiling t = tiling();
-    // (fixed regions, sized for the largest tiles: B's parts, then A's, whatever the order)
-    b_region_ = t.entries * b_bytes(t.nt, t.kt) / parts_;
-    a_region_ = t.entries * a_bytes(t.mt, t.kt) / parts_;
+    // (fixed regions, sized for the largest tiles: B's planes and parts, then A's, then the 3M
+    // form's products, whatever the order)
+    b_region_ = t.entries * form_.b_bytes(t.nt, t.kt);
+    a_region_ = t.entries * form_.a_bytes(t.mt, t.kt);
     // Which operand is staged again: with the inner dimension whole, either B's column tiles each
     // take every row tile of A (A staged once per column tile), or A's row tiles each take every
     // column tile of B (B staged once per row tile); the order that stages fewer bytes runs. Each
     // tile of C is the same products either way, so the order changes no value. A split inner
     // dimension keeps the columns outside, so that a tile's sums run over it in order.
     const std::int64_t column_tiles = (g_.n + t.nt - 1) / t.nt, row_tiles = (g_.m + t.mt - 1) / t.mt;
-    const bool rows_outside = t.kt == g_.k && a_bytes(g_.m, g_.k) + row_tiles * b_bytes(g_.n, g_.k) <
-                                                  column_tiles * a_bytes(g_.m, g_.k) + b_bytes(g_.n, g_.k);
+    const bool rows_outside = t.kt == g_.k && form_.a_bytes(g_.m, g_.k) + row_tiles * form_.b_bytes(g_.n, g_.k) <
+                                                  column_tiles * form_.a_bytes(g_.m, g_.k) + form_.b_bytes(g_.n, g_.k);
     for (std::int64_t b0 = 0; b0 < g_.batch; b0 += t.entries) {
       if (rows_outside) {
         for (std::int64_t m0 = 0; m0 < g_.m; m0 += t.mt) {
@@ -131,24 +180,21 @@ class ReducedProduct {
   }
 
  private:
-  // Staged bytes of one batch entry's B tile (nt × kt) and A tile (mt × kt), all parts.
-  std::int64_t b_bytes(std::int64_t nt, std::int64_t kt) const { return parts_ * value_bytes_ * e_ * kt * e_ * nt; }
-  std::int64_t a_bytes(std::int64_t mt, std::int64_t kt) const { return parts_ * value_bytes_ * mt * e_ * kt; }
-
   // The whole batch at once when it fits (3xTF32: over pieces of the inner dimension, see
-  // kSplitInnerLength); else one entry at a time, B's tile in half the
-  // workspace (fewer columns first, down to one, before the inner dimension is split: a row's
-  // sums then do not depend on m or the workspace) and as many rows of A as the rest holds.
+  // kSplitStageLength); else one entry at a time, B's tile in half the workspace (fewer columns
+  // first, down to one, before the inner dimension is split: a row's sums then do not depend on
+  // m or the workspace) and as many rows of A (and of the 3M form's products) as the rest holds.
   Tiling tiling() const {
     const std::int64_t w = g_.workspace_bytes - 4 * kAlign * parts_;
     const std::int64_t k = inner_limit(g_);
-    if (g_.batch * (b_bytes(g_.n, k) + a_bytes(g_.m, k)) <= w) return {g_.batch, g_.m, g_.n, k};
+    if (g_.batch * (form_.b_bytes(g_.n, k) + form_.a_bytes(g_.m, k) + form_.p_bytes(g_.m, g_.n)) <= w)
+      return {g_.batch, g_.m, g_.n, k};
     std::int64_t nt = g_.n, kt = k;
-    while (b_bytes(nt, kt) > w / 2) {
+    while (form_.b_bytes(nt, kt) > w / 2) {
       if (nt > 1) nt = (nt + 1) / 2;
       else kt = (kt + 1) / 2;
     }
-    std::int64_t mt = std::min(g_.m, (w - b_bytes(nt, kt)) / a_bytes(1, kt));
+    std::int64_t mt = std::min(g_.m, (w - form_.b_bytes(nt, kt)) / (form_.a_bytes(1, kt) + form_.p_bytes(1, nt)));
     // On cpu, whole row blocks (gemm_cpu's unit) keep a row's bits independent of m.
     const std::int64_t rb = g_.row_block > 0 ? g_.row_block : 256;
     if (!cuda_ && mt > rb) mt = mt / rb * rb;
@@ -157,9 +203,10 @@ class ReducedProduct {
 
   char* workspace() const { return static_cast<char*>(g_.workspace); }
   // Layout of the workspace: B's staged tile, then A's, each region sized for the largest tile
-  // (3xTF32: both parts of each, stacked as stage_b and stage_a say).
+  // (3xTF32: both parts of each, stacked as stage_b and stage_a say), then the 3M form's products.
   char* b_staged() const { return workspace(); }
-  char* a_staged() const { return workspace() + parts_ * aligned(b_region_); }
+  char* a_staged() const { return workspace() + aligned(b_region_); }
+  float* products() const { return reinterpret_cast<float*>(a_staged() + aligned(a_region_)); }
   std::size_t element() const { return e_ * sizeof(float); }
 
   // The staging of `entries` batch entries of an operand from element `offset` on.
@@ -180,16 +227,18 @@ class ReducedProduct {
     StageOperand s = operand(g_.b, offset, g_.ldb, g_.stride_b, entries);
     s.rows = g_.b_transposed ? nt : kt;
     s.cols = g_.b_transposed ? kt : nt;
-    s.layout = !s.complex ? StageOperand::Layout::plain
+    s.layout = form_.three       ? StageOperand::Layout::planes
+               : !s.complex      ? StageOperand::Layout::plain
                : g_.b_transposed ? StageOperand::Layout::expand_t
                                  : StageOperand::Layout::expand;
     if (parts_ == 1) {
       s.big = b_staged();
     } else {  // stacked along the inner dimension: small over big (rows, or columns of Bᵀ)
       float* base = reinterpret_cast<float*>(b_staged());
-      const std::int64_t inner = e_ * kt;
-      s.out_ld = g_.b_transposed ? 2 * inner : s.out_cols();
-      s.out_stride = 2 * inner * e_ * nt;
+      const std::int64_t inner = form_.three ? kt : e_ * kt, cols = form_.three ? nt : e_ * nt;
+      s.out_ld = g_.b_transposed ? 2 * inner : cols;
+      s.out_stride = 2 * inner * cols;
+      s.plane_stride = entries * s.out_stride;
       s.small = base;
       s.big = base + (g_.b_transposed ? inner : inner * s.out_ld);
     }
@@ -200,20 +249,22 @@ class ReducedProduct {
     StageOperand s = operand(g_.a, b0 * g_.stride_a + m0 * g_.lda + k0, g_.lda, g_.stride_a, entries);
     s.rows = mt;
     s.cols = kt;
-    s.layout = StageOperand::Layout::plain;
+    s.layout = form_.three ? StageOperand::Layout::planes : StageOperand::Layout::plain;
     if (parts_ == 1) {
       s.big = a_staged();
     } else {  // big | small in each row
       float* base = reinterpret_cast<float*>(a_staged());
-      s.out_ld = 2 * e_ * kt;
+      const std::int64_t inner = form_.three ? kt : e_ * kt;
+      s.out_ld = 2 * inner;
       s.out_stride = mt * s.out_ld;
+      s.plane_stride = entries * s.out_stride;
       s.big = base;
-      s.small = base + e_ * kt;
+      s.small = base + inner;
     }
     stage_operand(stream_, s);
   }
 
-  // The tile's real products into C (interleaved complex, or real) from the staged operands.
+  // The tile's products into C (interleaved complex, or real) from the staged operands.
   void multiply(std::int64_t b0, std::int64_t entries, std::int64_t m0, std::int64_t mt, std::int64_t n0,
                 std::int64_t nt, std::int64_t kt, bool accumulate) {
     Gemm r;
@@ -231,47 +282,77 @@ class ReducedProduct {
     r.stride_a = mt * e_ * kt;
     r.stride_b = e_ * kt * e_ * nt;
     r.stride_c = e_ * g_.stride_c;
-    const Operands operands = g_.compute == Compute::bf16 ? Operands::bf16 : Operands::tf32_cores;
+    r.accumulate = accumulate;
     if (parts_ == 1) {
       r.a = a_staged();
       r.b = b_staged();
-      r.accumulate = accumulate;
-      return gemm_direct(stream_, r, operands);
+      return gemm_direct(stream_, r, operands());
     }
-    // 3xTF32 over the stacked operands (stage_a, stage_b): A's rows are big | small, B is small
-    // over big along the inner dimension (K = e·kt real terms each).
-    const std::int64_t inner = e_ * kt;
-    const float* a = reinterpret_cast<const float*>(a_staged());
-    const float* b = reinterpret_cast<const float*>(b_staged());
-    r.lda = 2 * inner;
-    r.stride_a = mt * 2 * inner;
-    r.ldb = g_.b_transposed ? 2 * inner : e_ * nt;
-    r.stride_b = 2 * inner * e_ * nt;
+    if (!form_.three)
+      return split_product(r, reinterpret_cast<const float*>(a_staged()), reinterpret_cast<const float*>(b_staged()));
+    // The 3M form: plane p's real product (m × n × k) into products() + p · plane, then C's tile.
+    const std::int64_t plane = entries * mt * nt;
+    r.n = nt;
+    r.k = kt;
+    r.ldc = nt;
+    r.stride_c = mt * nt;
+    r.accumulate = false;
+    const std::int64_t a_plane = entries * mt * 2 * kt, b_plane = entries * 2 * kt * nt;  // (stage_a, stage_b)
+    for (int p = 0; p < 3; ++p) {
+      r.c = products() + p * plane;
+      split_product(r, reinterpret_cast<const float*>(a_staged()) + p * a_plane,
+                    reinterpret_cast<const float*>(b_staged()) + p * b_plane);
+    }
+    ThreeProducts t;
+    t.planes = products();
+    t.plane_stride = plane;
+    t.batch = entries;
+    t.rows = mt;
+    t.cols = nt;
+    t.c = static_cast<char*>(g_.c) + (b0 * g_.stride_c + m0 * g_.ldc + n0) * element();
+    t.ldc = g_.ldc;
+    t.stride_c = g_.stride_c;
+    t.accumulate = accumulate;
+    combine_three_products(stream_, t);
+  }
+
+  // 3xTF32 of the real product `r` (its m, n, k, c, ldc, batch and accumulate) over stacked
+  // operands (stage_a, stage_b): A's rows are big | small, B is small over big along the inner
+  // dimension (K = r.k real terms each).
+  void split_product(const Gemm& r, const float* a, const float* b) {
+    const std::int64_t inner = r.k;
+    Gemm base = r;
+    base.lda = 2 * inner;
+    base.stride_a = r.m * 2 * inner;
+    base.ldb = g_.b_transposed ? 2 * inner : r.n;
+    base.stride_b = 2 * inner * r.n;
     // big · small + small · big in one product over 2K terms, first (the smaller terms first)...
-    Gemm cross = r;
+    Gemm cross = base;
     cross.k = 2 * inner;
     cross.a = a;
     cross.b = b;
-    cross.accumulate = accumulate;
-    gemm_direct(stream_, cross, operands);
+    gemm_direct(stream_, cross, operands());
     // ...then big · big in pieces of kSplitInnerLength, in order, into the sum.
-    const float* b_big = b + (g_.b_transposed ? inner : inner * r.ldb);
+    const float* b_big = b + (g_.b_transposed ? inner : inner * base.ldb);
     for (std::int64_t k0 = 0; k0 < inner; k0 += kSplitInnerLength) {
-      Gemm piece = r;
+      Gemm piece = base;
       piece.k = std::min(kSplitInnerLength, inner - k0);
       piece.a = a + k0;
-      piece.b = b_big + (g_.b_transposed ? k0 : k0 * r.ldb);
+      piece.b = b_big + (g_.b_transposed ? k0 : k0 * base.ldb);
       piece.accumulate = true;
-      gemm_direct(stream_, piece, operands);
+      gemm_direct(stream_, piece, operands());
     }
   }
+
+  Operands operands() const { return g_.compute == Compute::bf16 ? Operands::bf16 : Operands::tf32_cores; }
 
   Stream& stream_;
   const Gemm& g_;
   bool cuda_;
-  std::int64_t e_, parts_, value_bytes_;
+  StagedForm form_;
+  std::int64_t e_, parts_;
   StageOperand::Format format_;
-  std::int64_t b_region_ = 0, a_region_ = 0;  // bytes of one part of the largest staged B and A tiles
+  std::int64_t b_region_ = 0, a_region_ = 0;  // bytes of the largest staged B and A tiles (all parts)
 };
 
 }  // namespace

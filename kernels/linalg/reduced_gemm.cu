@@ -61,14 +61,64 @@ __global__ void stage_complex_kernel(StageOperand s, std::int64_t rows, std::int
   }
 }
 
+// The planes layout (the 3M form, 3xTF32 only): one thread per complex value read, writing its
+// three planes' values (split, rounded as above), the rows over blockIdx.y.
+__global__ void stage_planes_kernel(StageOperand s, std::int64_t rows) {
+  const std::int64_t staged_rows = s.batch * rows;
+  for (std::int64_t row = blockIdx.y; row < staged_rows; row += gridDim.y) {
+    const std::int64_t entry = row / rows, r = row - entry * rows;
+    const float2* src = reinterpret_cast<const float2*>(s.src) + entry * s.stride + r * s.ld;
+    for (std::int64_t j = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; j < s.cols;
+         j += std::int64_t(gridDim.x) * blockDim.x) {
+      const float2 v = src[j];
+      const std::int64_t at = s.out_at(entry, r, j);
+      for (int p = 0; p < 3; ++p) {
+        const float x = plane_value(v.x, v.y, p), big = round_tf32(x);
+        static_cast<float*>(s.big)[at + p * s.plane_stride] = big;
+        static_cast<float*>(s.small)[at + p * s.plane_stride] = round_tf32(x - big);
+      }
+    }
+  }
+}
+
+__global__ void combine_kernel(ThreeProducts t) {
+  const std::int64_t rows = t.batch * t.rows;
+  for (std::int64_t row = blockIdx.y; row < rows; row += gridDim.y) {
+    const std::int64_t entry = row / t.rows, r = row - entry * t.rows;
+    float2* c = static_cast<float2*>(t.c) + entry * t.stride_c + r * t.ldc;
+    for (std::int64_t j = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; j < t.cols;
+         j += std::int64_t(gridDim.x) * blockDim.x) {
+      float2 value = c[j];
+      combine_value(t, row * t.cols + j, &value.x);
+      c[j] = value;
+    }
+  }
+}
+
+constexpr int kThreads = 256;
+
+// Blocks for `rows` rows of `cols` values: columns over x, rows over y.
+dim3 row_blocks(std::int64_t rows, std::int64_t cols) {
+  return dim3(static_cast<unsigned>(std::min<std::int64_t>((cols + kThreads - 1) / kThreads, 1024)),
+              static_cast<unsigned>(std::min<std::int64_t>(rows, 65535)));
+}
+
 }  // namespace
+
+void combine_three_products_cuda(void* cuda_stream, const ThreeProducts& t) {
+  if (t.batch * t.rows * t.cols == 0) return;
+  combine_kernel<<<row_blocks(t.batch * t.rows, t.cols), kThreads, 0, static_cast<cudaStream_t>(cuda_stream)>>>(t);
+  QSTAGE_CUDA_CHECK_LAUNCH();
+}
 
 void stage_operand_cuda(void* cuda_stream, const StageOperand& s) {
   const std::int64_t rows = s.out_rows(), cols = s.out_cols(), total = s.batch * rows * cols;
   if (total == 0) return;
   constexpr int threads = 256;
   const auto stream = static_cast<cudaStream_t>(cuda_stream);
-  if (s.complex) {  // (cols is even: two staged values for each complex value read)
+  if (s.layout == StageOperand::Layout::planes) {
+    stage_planes_kernel<<<row_blocks(s.batch * rows, s.cols), threads, 0, stream>>>(s, rows);
+  } else if (s.complex) {  // (cols is even: two staged values for each complex value read)
     const std::int64_t pairs = cols / 2;
     const dim3 blocks(static_cast<unsigned>(std::min<std::int64_t>((pairs + threads - 1) / threads, 1024)),
                       static_cast<unsigned>(std::min<std::int64_t>(s.batch * rows, 65535)));

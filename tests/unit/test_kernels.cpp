@@ -398,6 +398,74 @@ TEST(ReducedGemm, RoundingAndSplitting) {
     EXPECT_EQ(out[2], -sign * 2);
     EXPECT_EQ(out[3], 1);
   }
+  // The planes layout (the 3M form): re, im and re + im, each split into big and small.
+  const std::complex<float> c{1.0f + 0x1p-15f, 2};
+  kernels::StageOperand planes;
+  planes.src = &c;
+  planes.rows = planes.cols = planes.ld = 1;
+  planes.layout = kernels::StageOperand::Layout::planes;
+  planes.format = kernels::StageOperand::Format::split;
+  planes.plane_stride = 2;
+  float big[6] = {}, small[6] = {};
+  planes.big = big;
+  planes.small = small;
+  kernels::stage_operand_cpu(planes);
+  EXPECT_EQ(big[0], 1.0f);
+  EXPECT_EQ(small[0], 0x1p-15f);
+  EXPECT_EQ(big[2], 2.0f);
+  EXPECT_EQ(small[2], 0.0f);
+  EXPECT_EQ(big[4], 3.0f);
+  EXPECT_EQ(small[4], 0x1p-15f);
+  EXPECT_EQ(big[1], 0.0f);  // (between the planes: untouched)
+  planes.format = kernels::StageOperand::Format::tf32;
+  auto cpu = make_backend({"cpu", 1ull << 30, 1ull << 30, 0});
+  auto stream = cpu->make_stream(true);
+  EXPECT_THROW(kernels::stage_operand(*stream, planes), std::logic_error);
+}
+
+// The 3M form's combination: C = (P0 - P1, P2 - (P0 + P1)), set or added, over a strided batch
+// with a leading dimension past the columns; the GPU gives the CPU twin's bits.
+TEST(ReducedGemm, ThreeProductsCombineOnBothBackends) {
+  const std::int64_t batch = 2, rows = 3, cols = 5, ldc = 7, stride_c = rows * ldc + 2;
+  const std::int64_t plane = batch * rows * cols;
+  std::mt19937 gen(17);
+  std::normal_distribution<float> dist;
+  std::vector<float> planes(static_cast<std::size_t>(3 * plane));
+  for (float& x : planes) x = dist(gen);
+  const auto c0 = random_complex(batch * stride_c, 18);
+  for (const bool accumulate : {false, true}) {
+    std::vector<std::complex<float>> c = c0;
+    kernels::ThreeProducts t;
+    t.planes = planes.data();
+    t.plane_stride = plane;
+    t.batch = batch, t.rows = rows, t.cols = cols;
+    t.c = c.data();
+    t.ldc = ldc, t.stride_c = stride_c;
+    t.accumulate = accumulate;
+    kernels::combine_three_products_cpu(t);
+    for (std::int64_t e = 0; e < batch; ++e)
+      for (std::int64_t r = 0; r < rows; ++r)
+        for (std::int64_t j = 0; j < ldc; ++j) {
+          const auto at = static_cast<std::size_t>(e * stride_c + r * ldc + j);
+          if (j >= cols) {
+            EXPECT_EQ(c[at], c0[at]);
+            continue;
+          }
+          const auto i = static_cast<std::size_t>((e * rows + r) * cols + j);
+          const float p0 = planes[i], p1 = planes[i + plane], p2 = planes[i + 2 * plane];
+          const std::complex<float> want{p0 - p1, p2 - (p0 + p1)};
+          EXPECT_EQ(c[at], accumulate ? c0[at] + want : want);
+        }
+    if (!test::gpu_available()) continue;
+    GpuRun gpu;
+    Buffer device_planes = gpu.upload(planes.data(), planes.size() * 4),
+           device_c = gpu.upload(c0.data(), c0.size() * 8);
+    t.planes = static_cast<const float*>(device_planes.data());
+    t.c = device_c.data();
+    kernels::combine_three_products(*gpu.stream, t);
+    const auto got = gpu.download<std::complex<float>>(device_c, c0.size());
+    for (std::size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], c[i]) << "value " << i;
+  }
 }
 
 // The GPU stages the CPU twin's bits: every layout and format, a strided batch of complex
@@ -416,16 +484,19 @@ TEST(ReducedGemm, GpuStagesTheCpusBits) {
     std::vector<float> src(static_cast<std::size_t>(e * ((batch - 1) * stride + rows * ld)));
     for (float& x : src) x = dist(gen) * std::ldexp(1.0f, static_cast<int>(gen() % 20) - 10);
     Buffer device_src = gpu.upload(src.data(), src.size() * 4);
-    for (const Layout layout : {Layout::plain, Layout::expand, Layout::expand_t}) {
+    for (const Layout layout : {Layout::plain, Layout::expand, Layout::expand_t, Layout::planes}) {
       if (!complex && layout != Layout::plain) continue;
       for (const Format format : {Format::tf32, Format::split, Format::bf16}) {
+        if (layout == Layout::planes && format != Format::split) continue;  // (3xTF32's only)
         for (const bool padded : {false, true}) {  // (padded: rows and entries apart, as 3xTF32 stacks them)
           kernels::StageOperand st;
           st.complex = complex;
           st.rows = rows, st.cols = cols, st.ld = ld, st.batch = batch, st.stride = stride;
           st.layout = layout, st.format = format;
           if (padded) st.out_ld = st.out_cols() + 4, st.out_stride = st.out_rows() * st.out_ld + 6;
-          const std::size_t values = static_cast<std::size_t>(batch * st.out_entry());
+          if (layout == Layout::planes) st.plane_stride = batch * st.out_entry() + 3;
+          const std::size_t values =
+              static_cast<std::size_t>(layout == Layout::planes ? 3 * st.plane_stride : batch * st.out_entry());
           std::vector<float> big(values), small(values);
           st.src = src.data(), st.big = big.data(), st.small = small.data();
           kernels::stage_operand_cpu(st);
