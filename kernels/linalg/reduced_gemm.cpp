@@ -71,10 +71,10 @@ constexpr std::int64_t kAlign = 256;
 // accumulation error does not show, so they run as one product over everything staged at once
 // (big | small times small over big, stacked along the inner dimension). The inner dimension is
 // staged kSplitStageLength real terms at a time (4M: 1024 complex terms; 3M: as many, each plane
-// product's sums 1024 real terms long). Three products a piece of 1024 ran at 1.65x FP32's rate
-// (H200), stacked 1.64-1.80x (H100), both in the 4M form: the short products themselves, not
-// their number, cost the rate (311-344 TFLOP/s against 408-422 over 8192); the 3M form does a
-// quarter less of them.
+// product's sums 1024 real terms long). In the 4M form, three products a piece of 1024 ran at
+// 1.65x FP32's rate (H200), stacked 1.64-1.80x (H100): the short products themselves, not their
+// number, cost the rate (311-344 TFLOP/s against 408-422 over 8192). The 3M form does a quarter
+// less of them: 1.96-2.02x FP32 in one tile on an H100 at the same error (2.46e-6).
 constexpr std::int64_t kSplitInnerLength = 1024;
 constexpr std::int64_t kSplitStageLength = 2048;
 
@@ -118,9 +118,13 @@ namespace {
 std::int64_t aligned(std::int64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 
 // One tiling of the product: tiles of mt × nt of C over kt of the inner dimension, `entries`
-// batch entries at a time (all of them, or one).
+// batch entries at a time (all of them, or one). The 3M form's products are held for every row
+// of a column tile over the inner dimension's pieces and combined into C once (`hold`), or, where
+// the workspace cannot hold them, combined after each piece (a pass over C a piece: at 4096^3 on
+// an H100, 105 TFLOP/s so against 108 held, docs/benchmarks.md).
 struct Tiling {
   std::int64_t entries, mt, nt, kt;
+  bool hold = false;
 };
 
 class ReducedProduct {
@@ -145,6 +149,7 @@ class ReducedProduct {
     // form's products, whatever the order)
     b_region_ = t.entries * form_.b_bytes(t.nt, t.kt);
     a_region_ = t.entries * form_.a_bytes(t.mt, t.kt);
+    hold_ = t.hold;
     // Which operand is staged again: with the inner dimension whole, either B's column tiles each
     // take every row tile of A (A staged once per column tile), or A's row tiles each take every
     // column tile of B (B staged once per row tile); the order that stages fewer bytes runs. Each
@@ -161,21 +166,28 @@ class ReducedProduct {
           for (std::int64_t n0 = 0; n0 < g_.n; n0 += t.nt) {
             const std::int64_t nt = std::min(t.nt, g_.n - n0);
             stage_b(b0, t.entries, n0, nt, 0, g_.k);
-            multiply(b0, t.entries, m0, mt, n0, nt, g_.k, g_.accumulate);
+            multiply(b0, t.entries, m0, mt, n0, nt, g_.k, !form_.three && g_.accumulate);
+            if (form_.three) combine(b0, t.entries, m0, mt, n0, nt, g_.accumulate);
           }
         }
         continue;
       }
-      for (std::int64_t n0 = 0; n0 < g_.n; n0 += t.nt)
+      for (std::int64_t n0 = 0; n0 < g_.n; n0 += t.nt) {
+        const std::int64_t nt = std::min(t.nt, g_.n - n0);
         for (std::int64_t k0 = 0; k0 < g_.k; k0 += t.kt) {
-          const std::int64_t nt = std::min(t.nt, g_.n - n0), kt = std::min(t.kt, g_.k - k0);
+          const std::int64_t kt = std::min(t.kt, g_.k - k0);
           stage_b(b0, t.entries, n0, nt, k0, kt);
           for (std::int64_t m0 = 0; m0 < g_.m; m0 += t.mt) {
             const std::int64_t mt = std::min(t.mt, g_.m - m0);
             stage_a(b0, t.entries, m0, mt, k0, kt);
-            multiply(b0, t.entries, m0, mt, n0, nt, kt, g_.accumulate || k0 > 0);
+            // (the 3M form: into its products, kept over the pieces when held)
+            const bool onto_sum = form_.three ? hold_ && k0 > 0 : g_.accumulate || k0 > 0;
+            multiply(b0, t.entries, m0, mt, n0, nt, kt, onto_sum);
+            if (form_.three && !hold_) combine(b0, t.entries, m0, mt, n0, nt, g_.accumulate || k0 > 0);
           }
         }
+        if (form_.three && hold_) combine(b0, t.entries, 0, g_.m, n0, nt, g_.accumulate);
+      }
     }
   }
 
@@ -188,17 +200,27 @@ class ReducedProduct {
     const std::int64_t w = g_.workspace_bytes - 4 * kAlign * parts_;
     const std::int64_t k = inner_limit(g_);
     if (g_.batch * (form_.b_bytes(g_.n, k) + form_.a_bytes(g_.m, k) + form_.p_bytes(g_.m, g_.n)) <= w)
-      return {g_.batch, g_.m, g_.n, k};
-    std::int64_t nt = g_.n, kt = k;
-    while (form_.b_bytes(nt, kt) > w / 2) {
-      if (nt > 1) nt = (nt + 1) / 2;
-      else kt = (kt + 1) / 2;
+      return {g_.batch, g_.m, g_.n, k, form_.three};
+    // (the 3M form: first with its products held for every row beside B's tile in half the
+    // workspace; when even one column of them does not fit, per row tile)
+    for (const bool hold : {form_.three, false}) {
+      const std::int64_t held_rows = hold ? g_.m : 0;
+      std::int64_t nt = g_.n, kt = k;
+      while (form_.b_bytes(nt, kt) + form_.p_bytes(held_rows, nt) > w / 2 && (nt > 1 || kt > 1)) {
+        if (nt > 1)
+          nt = (nt + 1) / 2;
+        else
+          kt = (kt + 1) / 2;
+      }
+      const std::int64_t fixed = form_.b_bytes(nt, kt) + form_.p_bytes(held_rows, nt);
+      if (fixed > w / 2 && hold) continue;
+      std::int64_t mt = std::min(g_.m, (w - fixed) / (form_.a_bytes(1, kt) + (hold ? 0 : form_.p_bytes(1, nt))));
+      // On cpu, whole row blocks (gemm_cpu's unit) keep a row's bits independent of m.
+      const std::int64_t rb = g_.row_block > 0 ? g_.row_block : 256;
+      if (!cuda_ && mt > rb) mt = mt / rb * rb;
+      return {1, std::max<std::int64_t>(mt, 1), nt, kt, hold};
     }
-    std::int64_t mt = std::min(g_.m, (w - form_.b_bytes(nt, kt)) / (form_.a_bytes(1, kt) + form_.p_bytes(1, nt)));
-    // On cpu, whole row blocks (gemm_cpu's unit) keep a row's bits independent of m.
-    const std::int64_t rb = g_.row_block > 0 ? g_.row_block : 256;
-    if (!cuda_ && mt > rb) mt = mt / rb * rb;
-    return {1, std::max<std::int64_t>(mt, 1), nt, kt};
+    throw std::logic_error("gemm: no tiling");  // (the loop's second pass always returns)
   }
 
   char* workspace() const { return static_cast<char*>(g_.workspace); }
@@ -290,22 +312,28 @@ class ReducedProduct {
     }
     if (!form_.three)
       return split_product(r, reinterpret_cast<const float*>(a_staged()), reinterpret_cast<const float*>(b_staged()));
-    // The 3M form: plane p's real product (m × n × k) into products() + p · plane, then C's tile.
-    const std::int64_t plane = entries * mt * nt;
+    // The 3M form: plane p's real product (m × n × k) into its products (combine), set or, with
+    // `accumulate`, added to.
+    const std::int64_t rows = hold_ ? g_.m : mt, plane = entries * rows * nt;
     r.n = nt;
     r.k = kt;
     r.ldc = nt;
-    r.stride_c = mt * nt;
-    r.accumulate = false;
+    r.stride_c = rows * nt;
     const std::int64_t a_plane = entries * mt * 2 * kt, b_plane = entries * 2 * kt * nt;  // (stage_a, stage_b)
     for (int p = 0; p < 3; ++p) {
-      r.c = products() + p * plane;
+      r.c = products() + p * plane + (hold_ ? m0 * nt : 0);
       split_product(r, reinterpret_cast<const float*>(a_staged()) + p * a_plane,
                     reinterpret_cast<const float*>(b_staged()) + p * b_plane);
     }
+  }
+
+  // The 3M form's products of rows m0 ... m0 + mt of C's column tile n0 (held: of every row) into
+  // C, set or, with `accumulate`, added to.
+  void combine(std::int64_t b0, std::int64_t entries, std::int64_t m0, std::int64_t mt, std::int64_t n0,
+               std::int64_t nt, bool accumulate) {
     ThreeProducts t;
-    t.planes = products();
-    t.plane_stride = plane;
+    t.planes = products() + (hold_ ? m0 * nt : 0);
+    t.plane_stride = entries * (hold_ ? g_.m : mt) * nt;
     t.batch = entries;
     t.rows = mt;
     t.cols = nt;
@@ -353,6 +381,7 @@ class ReducedProduct {
   std::int64_t e_, parts_;
   StageOperand::Format format_;
   std::int64_t b_region_ = 0, a_region_ = 0;  // bytes of the largest staged B and A tiles (all parts)
+  bool hold_ = false;                         // (Tiling::hold)
 };
 
 }  // namespace

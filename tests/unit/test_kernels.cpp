@@ -602,15 +602,17 @@ TEST(ReducedGemm, CpuModesMatchTheirErrorAndTilesAgree) {
   EXPECT_LT(std::sqrt(diff / norm), 1e-6);
 }
 
-// 3xTF32 over sums longer than one staged piece (2048 real terms) and one big · big piece (1024):
-// both layouts of B, against complex128 and FP32, one tile and tiled.
+// 3xTF32 over sums longer than one staged piece (2048 real terms) and one big · big piece (1024),
+// added to C: both layouts of B, against complex128 and FP32, in one tile and tiled (the 3M form's
+// products held for every row over the pieces, columns tiled; and, in the least workspace, where
+// 12 m bytes of them a column do not fit, combined into C after each piece).
 TEST(ReducedGemm, SplitProductsOverLongSumsStayAtFp32sError) {
   auto be = make_backend({"cpu", 1ull << 30, 1ull << 30, 0});
   auto stream = be->make_stream(true);
-  const std::int64_t m = 24, n = 10, k = 1300;
-  auto a = random_complex(m * k, 31), b = random_complex(n * k, 32);
+  const std::int64_t m = 200, n = 10, k = 1300;
+  auto a = random_complex(m * k, 31), b = random_complex(n * k, 32), c0 = random_complex(m * n, 33);
   for (const bool transposed : {false, true}) {
-    std::vector<cd> want(static_cast<std::size_t>(m * n));
+    std::vector<cd> want(c0.begin(), c0.end());
     for (std::int64_t i = 0; i < m; ++i)
       for (std::int64_t j = 0; j < n; ++j)
         for (std::int64_t p = 0; p < k; ++p)
@@ -618,10 +620,11 @@ TEST(ReducedGemm, SplitProductsOverLongSumsStayAtFp32sError) {
               cd(a[static_cast<std::size_t>(i * k + p)]) *
               cd(b[static_cast<std::size_t>(transposed ? j * k + p : p * n + j)]);
     auto run = [&](kernels::Compute mode, std::int64_t workspace_bytes) {
-      std::vector<std::complex<float>> c(static_cast<std::size_t>(m * n));
+      std::vector<std::complex<float>> c = c0;
       std::vector<char> workspace(static_cast<std::size_t>(workspace_bytes));
       kernels::Gemm g{DType::complex64, m, n, k, a.data(), k, b.data(), transposed ? k : n, c.data(), n, mode};
       g.b_transposed = transposed;
+      g.accumulate = true;
       g.workspace = workspace.data();
       g.workspace_bytes = workspace_bytes;
       kernels::gemm(*stream, g);
@@ -631,12 +634,13 @@ TEST(ReducedGemm, SplitProductsOverLongSumsStayAtFp32sError) {
     shape.compute = kernels::Compute::tf32x3;
     const auto full = run(kernels::Compute::full, kernels::kReducedGemmMinWorkspace);
     const auto split = run(kernels::Compute::tf32x3, kernels::reduced_gemm_workspace(shape));
-    const auto tiled = run(kernels::Compute::tf32x3, std::int64_t{96} << 10);
     const double fp32_error = relative_error(full, want);
     EXPECT_LT(relative_error(split, want), 4 * fp32_error + 1e-7) << (transposed ? "Bt" : "B");
     EXPECT_LT(relative_error(split, want), 1e-6) << (transposed ? "Bt" : "B");
     std::vector<cd> one_tile(split.begin(), split.end());
-    EXPECT_LT(relative_error(tiled, one_tile), 1e-6) << (transposed ? "Bt" : "B");
+    for (std::int64_t bytes : {std::int64_t{96} << 10, kernels::kReducedGemmMinWorkspace})
+      EXPECT_LT(relative_error(run(kernels::Compute::tf32x3, bytes), one_tile), 1e-6)
+          << (transposed ? "Bt" : "B") << " in " << bytes << " bytes";
   }
 }
 
