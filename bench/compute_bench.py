@@ -10,6 +10,8 @@ Cases (generic networks from tn.build's einsum source, seeded random complex64 t
   chain   ab,bc,cd,de->ae, every extent 8192: three 8192^3 complex products (1.3e13 flops)
   tensor  abcd,cdef,efgh->abgh, every extent 48: two 2304^3 products whose operands are permuted
           into place first (a tensor-network step's shape)
+  trace   ab,bc,cd,da->, every extent 4096: two 4096^3 complex products and a scalar result (the
+          products, not the result's handling, set the time)
   small   ab,bc,cd->ad, extents 256 (for the CPU: checks the script)
 qstage: one run of tn.build, tn.path, tn.plan (complex64, in core), then a tn.contract step per
 mode (compute: MODE, time_steps: false); the time is the manifest's loop_seconds (the contraction, without uploading the
@@ -31,6 +33,7 @@ import numpy as np
 CASES = {
     "chain": {"expression": "ab,bc,cd,de->ae", "size": 8192},
     "tensor": {"expression": "abcd,cdef,efgh->abgh", "size": 48},
+    "trace": {"expression": "ab,bc,cd,da->", "size": 4096},
     "small": {"expression": "ab,bc,cd->ad", "size": 256},
 }
 MODES = ["full", "tf32", "3xtf32", "bf16"]
