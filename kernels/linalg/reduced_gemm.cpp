@@ -120,8 +120,8 @@ std::int64_t aligned(std::int64_t bytes) { return (bytes + kAlign - 1) / kAlign 
 // One tiling of the product: tiles of mt × nt of C over kt of the inner dimension, `entries`
 // batch entries at a time (all of them, or one). The 3M form's products are held for every row
 // of a column tile over the inner dimension's pieces and combined into C once (`hold`), or, where
-// the workspace cannot hold them, combined after each piece (a pass over C a piece: at 4096^3 on
-// an H100, 105 TFLOP/s so against 108 held, docs/benchmarks.md).
+// the workspace cannot hold them, combined after each piece (a pass over C a piece: at 4096^3,
+// 1.94x FP32's rate so against 2.02x held, on two H100s, docs/benchmarks.md).
 struct Tiling {
   std::int64_t entries, mt, nt, kt;
   bool hold = false;
@@ -166,6 +166,7 @@ class ReducedProduct {
           for (std::int64_t n0 = 0; n0 < g_.n; n0 += t.nt) {
             const std::int64_t nt = std::min(t.nt, g_.n - n0);
             stage_b(b0, t.entries, n0, nt, 0, g_.k);
+            // (the 3M form: its products set, then combined into C)
             multiply(b0, t.entries, m0, mt, n0, nt, g_.k, !form_.three && g_.accumulate);
             if (form_.three) combine(b0, t.entries, m0, mt, n0, nt, g_.accumulate);
           }
