@@ -35,10 +35,13 @@ struct PartitionParams {
   GreedyParams greedy;           // for small groups and for joining a split's groups
 };
 
-// A whole tree. Deterministic for a given seed, also when called from several threads at once:
-// METIS calls are serialized (Debian's METIS draws from the C library's rand(), one state per
-// process, and traps SIGABRT/SIGTERM for the length of each call; see partition.cpp), so threads
-// only overlap in the greedy parts. Throws InputError for parameters out of range.
+// A whole tree. Deterministic for a given seed, also when called from several threads at once
+// (Debian's METIS draws from the C library's rand() and traps SIGABRT/SIGTERM for the length of
+// each call: partition.cpp gives it both per thread). Throws InputError for parameters out of range.
 ContractionTree partition_tree(const SearchNetwork& net, const PartitionParams& p, std::uint64_t seed);
+
+// Whether METIS calls on several threads overlap (the per-thread bindings are in effect in this
+// process), or run one at a time.
+bool metis_calls_overlap();
 
 }  // namespace qstage::tn
