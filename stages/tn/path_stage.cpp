@@ -104,18 +104,20 @@ tn::Path imported(const Params& p, const tn::Files& files, const tn::Network& ne
   return out;
 }
 
-// The shortest search by default: about a hundred trials on 16 cores, and reconfiguration of the
-// best trees on a circuit of a thousand tensors (the 54-qubit benchmark circuit's path reached
-// 10^9.7 multiply-adds so, from 10^10.2 for the best trial). On an H100 machine (2026-11-26), 0.25 s
-// gave the medium and big benchmark circuits the paths of 0.5 s (10^9.72 and 10^10.63 against
-// 10^9.71 and 10^10.63) and 0.15 s paths 1 % costlier. A search longer than this follows the
-// best path's own contraction time (search_options), so a costly network is searched longer.
+// The shortest search by default: 256 trials, or 0.25 s where they take longer (a slow or loaded
+// machine), then reconfiguration of the best trees. On an H100 machine (2026-11-26), 0.25 s gave
+// the medium and big benchmark circuits the paths of 0.5 s; there it was 160 trials (METIS calls
+// then ran one at a time), on the 2-core VM 270-350. On 2 cores 256 trials gave medium, big and
+// wide (seeds 1-3) the paths of 0.25 s but one (10^10.44 against 10^10.37); 128 trials three
+// costlier paths (up to 1.5x). A search longer than this follows the best path's own contraction
+// time (search_options), so a costly network is searched longer.
+constexpr int kMinSearchTrials = 256;
 constexpr double kMinSearchSeconds = 0.25;
 
 // The search's options from the step's parameters. Without max_seconds, planning time fits the
 // job: the search takes about as long as contracting the best path found so far would (for
 // every bitstring, at flop_rate; the best trial as refinement will leave it, hyper.cpp), at least
-// kMinSearchSeconds and at most the default budget.
+// kMinSearchTrials trials (or kMinSearchSeconds) and at most the default budget.
 tn::HyperOptions search_options(const Params& p, const tn::Network& net, std::size_t jobs) {
   tn::HyperOptions o;
   if (p.max_seconds) {
@@ -124,6 +126,7 @@ tn::HyperOptions search_options(const Params& p, const tn::Network& net, std::si
     o.max_seconds = tn::default_search_seconds(static_cast<int>(net.tensors.size()));
     o.multiply_add_rate = p.flop_rate / 8.0;  // complex: 8 real flops per multiply-add
     o.jobs = static_cast<double>(std::max<std::size_t>(jobs, 1));
+    o.min_trials = kMinSearchTrials;
     o.min_seconds = kMinSearchSeconds;
   }
   o.max_trials = p.max_tries;

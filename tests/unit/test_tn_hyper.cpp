@@ -117,29 +117,39 @@ TEST(TnHyper, DefaultBudgetGrowsWithTheNetwork) {
 TEST(TnHyper, BudgetFitsThePredictedContractionTime) {
   tn::HyperOptions o;
   o.max_seconds = 5;
-  EXPECT_DOUBLE_EQ(tn::budget_seconds(o, 12), 5.0);  // no rate: max_seconds
+  EXPECT_DOUBLE_EQ(tn::budget_seconds(o, 12, 0.25), 5.0);  // no rate: max_seconds
   o.multiply_add_rate = 1e12;
-  o.min_seconds = 0.25;
-  EXPECT_DOUBLE_EQ(tn::budget_seconds(o, 12), 1.0);    // 1e12 multiply-adds at 1e12/s
+  EXPECT_DOUBLE_EQ(tn::budget_seconds(o, 12, 0.25), 1.0);  // 1e12 multiply-adds at 1e12/s
   o.jobs = 3;
-  EXPECT_DOUBLE_EQ(tn::budget_seconds(o, 12), 3.0);    // every job contracts it
-  EXPECT_DOUBLE_EQ(tn::budget_seconds(o, 9), 0.25);    // at least min_seconds
-  EXPECT_DOUBLE_EQ(tn::budget_seconds(o, 15), 5.0);    // at most max_seconds
+  EXPECT_DOUBLE_EQ(tn::budget_seconds(o, 12, 0.25), 3.0);  // every job contracts it
+  EXPECT_DOUBLE_EQ(tn::budget_seconds(o, 9, 0.25), 0.25);  // at least the least trials' time
+  EXPECT_DOUBLE_EQ(tn::budget_seconds(o, 15, 0.25), 5.0);  // at most max_seconds
   // The search reports the budget it ended with; a fixed trial count still decides the tree.
   const tn::Network net = circuit_network(3, 3, 6, 2);
   const tn::SearchNetwork search = tn::SearchNetwork::from(net);
   tn::HyperOptions fixed = fixed_trials(32, 4, 2);
   tn::HyperOptions fitted = fixed;
-  fitted.multiply_add_rate = 1e300;  // nothing to wait for: min_seconds
-  fitted.min_seconds = 1e9;          // ... which the trial count ends first
+  fitted.multiply_add_rate = 1e300;  // nothing to wait for: the least trials
+  fitted.min_trials = 1000;          // ... which the trial count ends first
   const auto a = tn::hyper_optimize(search, fixed), b = tn::hyper_optimize(search, fitted);
   EXPECT_EQ(a.path.ssa, b.path.ssa);
-  EXPECT_DOUBLE_EQ(b.budget_seconds, std::min(fitted.max_seconds, 1e9));
-  // Once its least time is spent and the budget is not, the search reconfigures its best trial
+  EXPECT_DOUBLE_EQ(b.budget_seconds, fitted.max_seconds);
+  // With a rate that asks for no search, the search ends when its least trials have run: the
+  // trials of that trial count, on any machine (their refinement, timed, may stop earlier).
+  tn::HyperOptions least = fixed_trials(1000, 4, 2);
+  least.multiply_add_rate = 1e300;
+  least.min_trials = 32;
+  const auto d = tn::hyper_optimize(search, least);
+  EXPECT_EQ(d.trials, 32);
+  EXPECT_EQ(d.methods, a.methods);  // (per method: its trials and best score)
+  least.min_trials = 100000;  // ... or its least time, if that comes first (here after one round)
+  least.min_seconds = 1e-9;
+  EXPECT_EQ(tn::hyper_optimize(search, least).trials, 16);
+  // Once its least search has run and the budget is not spent, the search reconfigures its best trial
   // once and counts what that took off in the budget; the trees stay the fixed count's.
   tn::HyperOptions probed = fixed;
   probed.multiply_add_rate = 1e-3;  // a budget of max_seconds, far from spent
-  probed.min_seconds = 0;
+  probed.min_trials = 0;
   const auto c = tn::hyper_optimize(search, probed);
   EXPECT_EQ(a.path.ssa, c.path.ssa);
   EXPECT_GT(c.refine_gain, 0);

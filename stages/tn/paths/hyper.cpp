@@ -222,10 +222,10 @@ const std::vector<std::string>& hyper_methods() {
   return names;
 }
 
-double budget_seconds(const HyperOptions& o, double best_log10_multiply_adds) {
+double budget_seconds(const HyperOptions& o, double best_log10_multiply_adds, double least_seconds) {
   if (!(o.multiply_add_rate > 0)) return o.max_seconds;
   const double contraction = std::pow(10.0, best_log10_multiply_adds) * o.jobs / o.multiply_add_rate;
-  return std::min(o.max_seconds, std::max(o.min_seconds, contraction));
+  return std::min(o.max_seconds, std::max(least_seconds, contraction));
 }
 
 double default_search_seconds(int tensors) { return std::clamp(static_cast<double>(tensors) / 200.0, 2.0, 10.0); }
@@ -274,14 +274,23 @@ HyperResult hyper_optimize(const SearchNetwork& net, const HyperOptions& o) {
   std::vector<Kept> kept;
   int trials = 0;
   // A budget fitted to the contraction time counts the best tree as refinement will leave it:
-  // once the search has had its least time, the best tree so far is reconfigured once, and what
+  // once the search has run its least trials, the best tree so far is reconfigured once, and what
   // that took off (log10) is taken off every trial's score in the budget (a 64-qubit circuit's
   // best trial, 10^11.4 multiply-adds, came out of refinement at 10^10.2: its search had run 10x
   // longer than the contraction it planned). Uncapped searches only (a capped trial's score is
   // after slicing).
   double refine_gain = 0;
   bool gain_probed = !(o.multiply_add_rate > 0) || !o.reconfigure || std::isfinite(o.max_log2_size);
-  auto fitted_budget = [&] { return budget_seconds(o, kept.front().score.score - refine_gain); };
+  // The least search: min_trials trials, or min_seconds if that comes first (a slow or loaded
+  // machine). Until it has run the budget is max_seconds; then its time counts as the search's
+  // share of the least budget.
+  const bool has_least = o.min_trials > 0 || o.min_seconds > 0;
+  double least_seconds = has_least ? std::numeric_limits<double>::infinity() : 0.0;
+  auto least_done = [&] {
+    return (o.min_trials > 0 && trials >= o.min_trials) ||
+           (o.min_seconds > 0 && elapsed() >= search_share * o.min_seconds);
+  };
+  auto fitted_budget = [&] { return budget_seconds(o, kept.front().score.score - refine_gain, least_seconds); };
   // Rounds until the trial count or the search's share of the time is reached (at least one round).
   while (true) {
     const int round = o.max_trials > 0 ? std::min(kRoundTrials, o.max_trials - trials) : kRoundTrials;
@@ -309,7 +318,8 @@ HyperResult hyper_optimize(const SearchNetwork& net, const HyperOptions& o) {
     // A stop is taken between rounds; the search is reproducible from its seed, so a resumed
     // run repeats it rather than keeping its trees.
     if (signals::stop_requested()) throw StopRequested(fmt::format("during the path search, after {} trials", trials));
-    if (!gain_probed && elapsed() >= search_share * o.min_seconds && elapsed() < search_share * fitted_budget()) {
+    if (std::isinf(least_seconds) && least_done()) least_seconds = elapsed() / search_share;
+    if (!gain_probed && !std::isinf(least_seconds) && elapsed() < search_share * fitted_budget()) {
       gain_probed = true;
       ContractionTree probe = kept.front().tree;
       ReconfigureOptions ro;

@@ -33,10 +33,12 @@ struct HyperOptions {
   double max_seconds = 5;          // the whole search, refinement included
   // Planning time that fits the job: with a rate, the search stops once it has taken as long as
   // contracting the best tree found so far `jobs` times would at `multiply_add_rate` (per second),
-  // but not before min_seconds (and never after max_seconds). Off with rate 0.
+  // but not before min_trials trials, or min_seconds if that comes first (and never after
+  // max_seconds). Off with rate 0.
   double multiply_add_rate = 0;
   double jobs = 1;
-  double min_seconds = 0;          // (after which, with a rate, the budget counts the best tree as refined: hyper.cpp)
+  int min_trials = 0;  // (after which, with a rate, the budget counts the best tree as refined: hyper.cpp)
+  double min_seconds = 0;
   int max_trials = 0;              // 0: as many as the time allows
   std::uint64_t seed = 0;
   std::vector<std::string> methods = {"greedy", "partition"};
@@ -72,8 +74,8 @@ HyperResult hyper_optimize(const SearchNetwork& net, const HyperOptions& o);
 
 // The time the search may take when its best tree so far costs 10^best_log10_multiply_adds per
 // job (HyperOptions: max_seconds, or with a rate the predicted contraction time within
-// [min_seconds, max_seconds]).
-double budget_seconds(const HyperOptions& o, double best_log10_multiply_adds);
+// [least_seconds, max_seconds]; hyper_optimize's least_seconds: the least trials' time).
+double budget_seconds(const HyperOptions& o, double best_log10_multiply_adds, double least_seconds);
 
 // The default time budget for a network of `tensors` tensors: 2 s for small networks, growing
 // with the size (a 1000-tensor circuit gets 5 s), at most 10 s.
