@@ -107,10 +107,10 @@ tn::Path imported(const Params& p, const tn::Files& files, const tn::Network& ne
 // The shortest search by default: 256 trials, or 0.25 s where they take longer (a slow or loaded
 // machine), then reconfiguration of the best trees. On an H100 machine (2026-11-26), 0.25 s gave
 // the medium and big benchmark circuits the paths of 0.5 s; there it was 160 trials (METIS calls
-// then ran one at a time), on the 2-core VM 270-350. On 2 cores 256 trials gave medium, big and
-// wide (seeds 1-3) the paths of 0.25 s but one (10^10.44 against 10^10.37); 128 trials three
-// costlier paths (up to 1.5x). A search longer than this follows the best path's own contraction
-// time (search_options), so a costly network is searched longer.
+// then ran one at a time), on the 2-core VM 240-350. On 2 cores 256 trials gave medium, big and
+// wide (seeds 1-3) the paths 0.25 s gave, in 10-25 % less time (2026-12-06); 128 trials, on a
+// loaded machine, three costlier ones (up to 1.5x). A search longer than this follows the best
+// path's own contraction time (search_options), so a costly network is searched longer.
 constexpr int kMinSearchTrials = 256;
 constexpr double kMinSearchSeconds = 0.25;
 

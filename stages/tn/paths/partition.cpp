@@ -1,13 +1,12 @@
 #include "stages/tn/paths/partition.hpp"
 
+#include <dlfcn.h>
 #include <fmt/format.h>
 #include <metis.h>
 
-#include <dlfcn.h>
 #include <algorithm>
 #include <array>
 #include <cmath>
-
 #include <csignal>
 #include <cstdlib>
 #include <mutex>
