@@ -130,12 +130,7 @@ struct Tiling {
 class ReducedProduct {
  public:
   ReducedProduct(Stream& stream, const Gemm& g)
-      : stream_(stream),
-        g_(g),
-        cuda_(stream.kind() == BackendKind::cuda),
-        form_(g, cuda_),
-        e_(form_.e),
-        parts_(form_.parts) {
+      : stream_(stream), g_(g), cuda_(stream.kind() == BackendKind::cuda), form_(g, cuda_) {
     format_ = g.compute == Compute::tf32x3 ? StageOperand::Format::split
               : g.compute == Compute::bf16 ? StageOperand::Format::bf16
                                            : StageOperand::Format::tf32;
@@ -198,7 +193,7 @@ class ReducedProduct {
   // first, down to one, before the inner dimension is split: a row's sums then do not depend on
   // m or the workspace) and as many rows of A (and of the 3M form's products) as the rest holds.
   Tiling tiling() const {
-    const std::int64_t w = g_.workspace_bytes - 4 * kAlign * parts_;
+    const std::int64_t w = g_.workspace_bytes - 4 * kAlign * form_.parts;
     const std::int64_t k = inner_limit(g_);
     if (g_.batch * (form_.b_bytes(g_.n, k) + form_.a_bytes(g_.m, k) + form_.p_bytes(g_.m, g_.n)) <= w)
       return {g_.batch, g_.m, g_.n, k, form_.three};
@@ -230,14 +225,14 @@ class ReducedProduct {
   char* b_staged() const { return workspace(); }
   char* a_staged() const { return workspace() + aligned(b_region_); }
   float* products() const { return reinterpret_cast<float*>(a_staged() + aligned(a_region_)); }
-  std::size_t element() const { return e_ * sizeof(float); }
+  std::size_t element() const { return form_.e * sizeof(float); }
 
   // The staging of `entries` batch entries of an operand from element `offset` on.
   StageOperand operand(const void* data, std::int64_t offset, std::int64_t ld, std::int64_t stride,
                        std::int64_t entries) const {
     StageOperand s;
     s.src = static_cast<const char*>(data) + offset * element();
-    s.complex = e_ == 2;
+    s.complex = form_.e == 2;
     s.ld = ld;
     s.batch = entries;
     s.stride = stride;
@@ -254,11 +249,11 @@ class ReducedProduct {
                : !s.complex      ? StageOperand::Layout::plain
                : g_.b_transposed ? StageOperand::Layout::expand_t
                                  : StageOperand::Layout::expand;
-    if (parts_ == 1) {
+    if (form_.parts == 1) {
       s.big = b_staged();
     } else {  // stacked along the inner dimension: small over big (rows, or columns of Bᵀ)
       float* base = reinterpret_cast<float*>(b_staged());
-      const std::int64_t inner = form_.three ? kt : e_ * kt, cols = form_.three ? nt : e_ * nt;
+      const std::int64_t inner = form_.three ? kt : form_.e * kt, cols = form_.three ? nt : form_.e * nt;
       s.out_ld = g_.b_transposed ? 2 * inner : cols;
       s.out_stride = 2 * inner * cols;
       s.plane_stride = entries * s.out_stride;
@@ -273,11 +268,11 @@ class ReducedProduct {
     s.rows = mt;
     s.cols = kt;
     s.layout = form_.three ? StageOperand::Layout::planes : StageOperand::Layout::plain;
-    if (parts_ == 1) {
+    if (form_.parts == 1) {
       s.big = a_staged();
     } else {  // big | small in each row
       float* base = reinterpret_cast<float*>(a_staged());
-      const std::int64_t inner = form_.three ? kt : e_ * kt;
+      const std::int64_t inner = form_.three ? kt : form_.e * kt;
       s.out_ld = 2 * inner;
       s.out_stride = mt * s.out_ld;
       s.plane_stride = entries * s.out_stride;
@@ -293,20 +288,20 @@ class ReducedProduct {
     Gemm r;
     r.dtype = DType::float32;
     r.m = mt;
-    r.n = e_ * nt;
-    r.k = e_ * kt;
-    r.lda = e_ * kt;
+    r.n = form_.e * nt;
+    r.k = form_.e * kt;
+    r.lda = form_.e * kt;
     r.b_transposed = g_.b_transposed;
-    r.ldb = g_.b_transposed ? e_ * kt : e_ * nt;
+    r.ldb = g_.b_transposed ? form_.e * kt : form_.e * nt;
     r.c = static_cast<char*>(g_.c) + (b0 * g_.stride_c + m0 * g_.ldc + n0) * element();
-    r.ldc = e_ * g_.ldc;
+    r.ldc = form_.e * g_.ldc;
     r.row_block = g_.row_block;
     r.batch = entries;
-    r.stride_a = mt * e_ * kt;
-    r.stride_b = e_ * kt * e_ * nt;
-    r.stride_c = e_ * g_.stride_c;
+    r.stride_a = mt * form_.e * kt;
+    r.stride_b = form_.e * kt * form_.e * nt;
+    r.stride_c = form_.e * g_.stride_c;
     r.accumulate = accumulate;
-    if (parts_ == 1) {
+    if (form_.parts == 1) {
       r.a = a_staged();
       r.b = b_staged();
       return gemm_direct(stream_, r, operands());
@@ -379,7 +374,6 @@ class ReducedProduct {
   const Gemm& g_;
   bool cuda_;
   StagedForm form_;
-  std::int64_t e_, parts_;
   StageOperand::Format format_;
   std::int64_t b_region_ = 0, a_region_ = 0;  // bytes of the largest staged B and A tiles (all parts)
   bool hold_ = false;                         // (Tiling::hold)

@@ -114,18 +114,15 @@ void combine_three_products_cuda(void* cuda_stream, const ThreeProducts& t) {
 void stage_operand_cuda(void* cuda_stream, const StageOperand& s) {
   const std::int64_t rows = s.out_rows(), cols = s.out_cols(), total = s.batch * rows * cols;
   if (total == 0) return;
-  constexpr int threads = 256;
   const auto stream = static_cast<cudaStream_t>(cuda_stream);
   if (s.layout == StageOperand::Layout::planes) {
-    stage_planes_kernel<<<row_blocks(s.batch * rows, s.cols), threads, 0, stream>>>(s, rows);
+    stage_planes_kernel<<<row_blocks(s.batch * rows, s.cols), kThreads, 0, stream>>>(s, rows);
   } else if (s.complex) {  // (cols is even: two staged values for each complex value read)
     const std::int64_t pairs = cols / 2;
-    const dim3 blocks(static_cast<unsigned>(std::min<std::int64_t>((pairs + threads - 1) / threads, 1024)),
-                      static_cast<unsigned>(std::min<std::int64_t>(s.batch * rows, 65535)));
-    stage_complex_kernel<<<blocks, threads, 0, stream>>>(s, rows, pairs);
+    stage_complex_kernel<<<row_blocks(s.batch * rows, pairs), kThreads, 0, stream>>>(s, rows, pairs);
   } else {
-    const unsigned blocks = static_cast<unsigned>(std::min<std::int64_t>((total + threads - 1) / threads, 65536));
-    stage_kernel<<<blocks, threads, 0, stream>>>(s, rows, cols);
+    const unsigned blocks = static_cast<unsigned>(std::min<std::int64_t>((total + kThreads - 1) / kThreads, 65536));
+    stage_kernel<<<blocks, kThreads, 0, stream>>>(s, rows, cols);
   }
   QSTAGE_CUDA_CHECK_LAUNCH();
 }
