@@ -142,7 +142,7 @@ TEST(TnHyper, BudgetFitsThePredictedContractionTime) {
   const auto d = tn::hyper_optimize(search, least);
   EXPECT_EQ(d.trials, 32);
   EXPECT_EQ(d.methods, a.methods);  // (per method: its trials and best score)
-  least.min_trials = 100000;  // ... or its least time, if that comes first (here after one round)
+  least.min_trials = 100000;        // ... or its least time, if that comes first (here after the first 16 trials)
   least.min_seconds = 1e-9;
   EXPECT_EQ(tn::hyper_optimize(search, least).trials, 16);
   // Once its least search has run and the budget is not spent, the search reconfigures its best trial

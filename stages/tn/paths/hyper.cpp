@@ -5,6 +5,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
 #include <optional>
 
 #include "core/error.hpp"
@@ -22,7 +26,10 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-constexpr int kRoundTrials = 16;   // trials per round: fixed, so results do not depend on the thread count
+constexpr int kLag = 32;          // trial i is drawn from trials [0, i - kLag]: fixed, so results do not
+                                  // depend on the thread count; 32 drawn ahead keep 16 threads busy
+constexpr int kFirstTrials = 16;  // trials before the search may stop
+constexpr int kProgressTrials = 16;
 constexpr int kRefined = 4;        // trees refined at the end
 constexpr int kExplore = 24;       // a method's first trials sample its parameters uniformly
 constexpr int kTop = 4;            // later trials perturb one of a method's best few
@@ -151,7 +158,7 @@ struct MethodRecord {
   std::vector<std::pair<Scored, std::vector<double>>> best;  // the kTop best, best first
 };
 
-// Chooses the method and parameters of trial `index` from what earlier rounds found.
+// Chooses the method and parameters of trial `index` from what the trials folded before it found.
 Trial next_trial(int index, std::uint64_t seed, const std::vector<int>& methods,
                  const std::vector<MethodRecord>& records) {
   Trial t;
@@ -291,45 +298,93 @@ HyperResult hyper_optimize(const SearchNetwork& net, const HyperOptions& o) {
            (o.min_seconds > 0 && elapsed() >= search_share * o.min_seconds);
   };
   auto fitted_budget = [&] { return budget_seconds(o, kept.front().score.score - refine_gain, least_seconds); };
-  // Rounds until the trial count or the search's share of the time is reached (at least one round).
-  while (true) {
-    const int round = o.max_trials > 0 ? std::min(kRoundTrials, o.max_trials - trials) : kRoundTrials;
-    if (round <= 0) break;
-    std::vector<Trial> batch;
-    for (int i = 0; i < round; ++i) batch.push_back(next_trial(trials + i, o.seed, methods, records));
-    std::vector<std::optional<Kept>> done(batch.size());
-    FirstFailure failure;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
-    for (int i = 0; i < round; ++i)
-      failure.run([&] {
-        const Trial& t = batch[static_cast<size_t>(i)];
+  // Trials from a window: trial i is drawn from what trials [0, i - kLag] found, once they are
+  // folded in (in trial order), and a free thread runs the lowest trial drawn. No thread waits for
+  // a round's slowest trial (a partition trial takes 5-10x a greedy one: in rounds of 16, 16
+  // threads were busy a third of the time). Stops are taken between folds, after the first
+  // kFirstTrials; trials still running then are dropped, so the trees are those of the trials
+  // folded, whatever the thread count or speed.
+  std::mutex mutex;
+  std::condition_variable wake;
+  std::deque<Trial> drawn;       // drawn, not started
+  std::map<int, Kept> finished;  // run, not yet folded (they finish out of order)
+  bool stopping = false, stop_signal = false, probe_due = false;
+  auto draw = [&](int index) {
+    if (o.max_trials <= 0 || index < o.max_trials) drawn.push_back(next_trial(index, o.seed, methods, records));
+  };
+  for (int i = 0; i < kLag; ++i) draw(i);
+  auto budget_spent = [&] {
+    return (o.max_trials > 0 && trials >= o.max_trials) ||
+           (trials >= kFirstTrials && elapsed() >= search_share * fitted_budget());
+  };
+  auto fold = [&] {  // (under the lock)
+    for (auto it = finished.find(trials); !stopping && it != finished.end(); it = finished.find(trials)) {
+      Kept k = std::move(it->second);
+      finished.erase(it);
+      remember(records[static_cast<size_t>(k.method)], k.score, k.x);
+      keep(kept, std::move(k));
+      ++trials;
+      draw(trials - 1 + kLag);
+      if (o.progress && trials % kProgressTrials == 0) o.progress(trials, kept.front().score.score, elapsed());
+      // The search is reproducible from its seed, so a resumed run repeats it rather than keeping its trees.
+      if (signals::stop_requested()) stop_signal = stopping = true;
+      if (o.max_trials > 0 && trials >= o.max_trials) stopping = true;
+      if (trials < kFirstTrials) continue;
+      if (std::isinf(least_seconds) && least_done()) least_seconds = elapsed() / search_share;
+      if (!gain_probed && !std::isinf(least_seconds) && elapsed() < search_share * fitted_budget())
+        gain_probed = probe_due = true;
+      stopping = stopping || budget_spent();
+    }
+  };
+  FirstFailure failure;
+#pragma omp parallel num_threads(threads)
+  failure.run([&] {
+    try {
+      while (true) {
+        std::optional<ContractionTree> probe;
+        Trial t;
+        {
+          std::unique_lock lock(mutex);
+          wake.wait(lock, [&] { return stopping || probe_due || !drawn.empty(); });
+          if (stopping) break;
+          if (probe_due) {
+            probe_due = false;
+            probe = kept.front().tree;
+          } else {
+            t = std::move(drawn.front());
+            drawn.pop_front();
+          }
+        }
+        if (probe) {  // the best tree reconfigured once, off the lock (trials go on meanwhile)
+          const double before = probe->cost().log10_total();
+          ReconfigureOptions ro;
+          ro.subtree_size = o.subtree_size;
+          ro.deadline =
+              start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.max_seconds));
+          reconfigure(*probe, ro);
+          const std::lock_guard lock(mutex);
+          refine_gain = std::max(0.0, before - probe->cost().log10_total());
+          stopping = stopping || budget_spent();
+          wake.notify_all();
+          continue;
+        }
         const Method& m = all_methods()[static_cast<size_t>(methods[static_cast<size_t>(t.method)])];
         ContractionTree tree = build_tree(net, m, t.x, t.seed);
-        const Scored s = score_tree(tree, o.max_log2_size, t.index, search_deadline);
-        done[static_cast<size_t>(i)] = Kept{s, std::move(tree), t.method, t.x};
-      });
-    failure.rethrow();
-    for (auto& d : done) {  // in trial order
-      remember(records[static_cast<size_t>(d->method)], d->score, d->x);
-      keep(kept, std::move(*d));
+        const Scored score = score_tree(tree, o.max_log2_size, t.index, search_deadline);
+        const std::lock_guard lock(mutex);
+        finished.emplace(t.index, Kept{score, std::move(tree), t.method, t.x});
+        fold();
+        wake.notify_all();
+      }
+    } catch (...) {  // the others stop too (the failed trial would never be folded)
+      const std::lock_guard lock(mutex);
+      stopping = true;
+      wake.notify_all();
+      throw;
     }
-    trials += round;
-    if (o.progress) o.progress(trials, kept.front().score.score, elapsed());
-    // A stop is taken between rounds; the search is reproducible from its seed, so a resumed
-    // run repeats it rather than keeping its trees.
-    if (signals::stop_requested()) throw StopRequested(fmt::format("during the path search, after {} trials", trials));
-    if (std::isinf(least_seconds) && least_done()) least_seconds = elapsed() / search_share;
-    if (!gain_probed && !std::isinf(least_seconds) && elapsed() < search_share * fitted_budget()) {
-      gain_probed = true;
-      ContractionTree probe = kept.front().tree;
-      ReconfigureOptions ro;
-      ro.subtree_size = o.subtree_size;
-      ro.deadline = start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.max_seconds));
-      reconfigure(probe, ro);
-      refine_gain = std::max(0.0, kept.front().score.score - probe.cost().log10_total());
-    }
-    if (elapsed() >= search_share * fitted_budget() || (o.max_trials > 0 && trials >= o.max_trials)) break;
-  }
+  });
+  failure.rethrow();
+  if (stop_signal) throw StopRequested(fmt::format("during the path search, after {} trials", trials));
   result.trials = trials;
   result.search_seconds = elapsed();
   result.budget_seconds = fitted_budget();
@@ -342,7 +397,7 @@ HyperResult hyper_optimize(const SearchNetwork& net, const HyperOptions& o) {
   for (const auto& k : kept) refined.push_back(k.tree);
   if (refine) {
     // The budget's end, but never less than the refinement's share of it from now: a last slow
-    // round of trials must not leave the best trees unrefined (on an H100 machine, a 933-tensor
+    // trial must not leave the best trees unrefined (on an H100 machine, a 933-tensor
     // circuit's path came out 3.3x costlier when that happened).
     const double refine_share = (1.0 - search_share) * result.budget_seconds;
     const auto deadline = std::max(

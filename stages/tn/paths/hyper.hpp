@@ -4,9 +4,9 @@
 // reconfiguration), within a time budget, on all cores.
 //
 // How (cotengra's HyperOptimizer is the model; the code is ours):
-// - Trials run in rounds of kRoundTrials. A trial's method and parameters depend only on the seed,
-//   the trial's number and the results of earlier rounds, and results are folded in trial order,
-//   so the same seed and trial count give the same tree whatever the thread count or speed.
+// - Trials run from a window on all threads. Trial i's method and parameters depend only on the
+//   seed, i and the results of trials 0 ... i - kLag, and results are folded in trial order, so the
+//   same seed and trial count give the same tree whatever the thread count or speed.
 // - Methods: "greedy" (randomized greedy: costmod, temperature) and "partition" (recursive METIS
 //   partitioning: parts, imbalance, their decay with depth, cutoff, edge noise, and the greedy
 //   parameters for small groups). Early trials sample uniformly; later ones mostly perturb the
