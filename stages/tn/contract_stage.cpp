@@ -42,7 +42,8 @@ using cd = std::complex<double>;
 
 struct Loaded {
   tn::Network net;
-  tn::Plan plan;
+  tn::Plan plan;                     // with its prediction (rates, predicted seconds), where the plan file's is usable
+  std::string no_prediction;         // else why not: the step profile is then left out, the result is not
   std::optional<json> distribution;  // tn.plan's ranks: P (with the plan for P ranks)
   std::vector<std::vector<std::uint8_t>> bitstrings;  // amplitude networks (else one empty)
 };
@@ -53,7 +54,12 @@ Loaded load_inputs(const StepContext& ctx) {
   l.net = tn::load_network(nf);
   h5::File pf = h5::File::open(ctx.inputs.at("plan")->where().file, h5::Mode::read_only);
   const json plan = tn::read_json_dataset(pf, "plan");
-  l.plan = tn::Plan::from_json(plan);
+  try {
+    l.plan = tn::Plan::from_json(plan, tn::read_json_dataset(pf, "prediction"));
+  } catch (const std::exception& e) {
+    l.no_prediction = e.what();
+    l.plan = tn::Plan::from_json(plan);
+  }
   if (plan.contains("distribution")) {
     if (!plan.at("distribution").contains("plan"))
       throw InputError("the plan's distribution has no plan for its ranks (tn.plan before version 8); expected the plan "
@@ -366,15 +372,13 @@ Reference reference_contraction(const Loaded& l, Backend& be) {
 // roofline's seconds over the measured ones (1: at the roofline; above 1 where a reduced compute
 // mode outruns the plan's full-precision rate). The log names the step furthest below its roofline
 // among those that took a tenth of the timed item or more.
-void write_step_rooflines(const StepContext& ctx, const std::vector<double>& seconds, h5::File& out) {
-  tn::Plan plan;
-  try {  // (after the contraction: a plan file without a usable prediction costs the profile, not the result)
-    h5::File pf = h5::File::open(ctx.inputs.at("plan")->where().file, h5::Mode::read_only);
-    plan = tn::Plan::from_json(tn::read_json_dataset(pf, "plan"), tn::read_json_dataset(pf, "prediction"));
-  } catch (const std::exception& e) {
-    spdlog::warn("tn.contract: no step profile against the roofline: the plan's prediction could not be read ({})", e.what());
+void write_step_rooflines(const Loaded& l, const std::vector<double>& seconds, h5::File& out) {
+  if (!l.no_prediction.empty()) {
+    spdlog::warn("tn.contract: no step profile against the roofline: the plan's prediction could not be read ({})",
+                 l.no_prediction);
     return;
   }
+  const tn::Plan& plan = l.plan;
   if (plan.steps.size() != seconds.size()) return;  // (a plan for several ranks run on one: its own steps)
   const std::size_t n = plan.steps.size();
   std::vector<std::uint64_t> bytes(n);
@@ -845,14 +849,13 @@ void ContractStage::Run::write(const StagePlan& plan, const StepPass& pass, h5::
     out.set_attribute("semiring", s.at("semiring").get<std::string>());
   }
   const bool circuit = s.at("kind") != "generic", check = s.at("reference_check");
-  std::optional<Loaded> l;  // the network and plan, read once if needed
-  if (circuit || check) l = load_inputs(ctx_);
+  const Loaded& l = l_;
   if (circuit) {  // the layout tn.statevector writes too
-    tn::write_result_layout(out, l->bitstrings, l->net.qubits, l->net.open_qubits, l->net.pauli, s.at("precision"));
+    tn::write_result_layout(out, l.bitstrings, l.net.qubits, l.net.open_qubits, l.net.pauli, s.at("precision"));
   } else {
     d.set_attribute("description", "the contracted network: its output modes in order, flattened row-major");
   }
-  const double measured = check ? write_reference_check(*l, *ctx_.backend, result.values, out) : std::nan("");
+  const double measured = check ? write_reference_check(l, *ctx_.backend, result.values, out) : std::nan("");
   if (!s.at("max_error").is_null()) {
     const double max_error = s.at("max_error").get<double>();
     out.set_attribute("max_error", max_error);
@@ -871,7 +874,7 @@ void ContractStage::Run::write(const StagePlan& plan, const StepPass& pass, h5::
                   "beside the plan's steps/predicted_seconds; NaN where no item was timed "
                   "(time_steps: false, or a run resumed after its timed item)");
   mark_measured(t);
-  if (!distributed_) write_step_rooflines(ctx_, seconds, out);
+  if (!distributed_) write_step_rooflines(l, seconds, out);
   out.set_attribute("slices", static_cast<std::int64_t>(s.at("slices").get<std::uint64_t>()));
   out.set_attribute("invariant_steps", static_cast<std::int64_t>(s.at("invariant_steps").get<int>()));
   out.set_attribute("prologue_runs", static_cast<std::int64_t>(result.counts.prologues));
