@@ -900,6 +900,9 @@ class WorkflowRun {
       if (o.buckets > 0)
         throw std::logic_error(fmt::format("step '{}': the output pass exchanges '{}' by bucket; only an earlier pass may",
                                            step.id, o.name));
+    // Before the engine: the step's inputs opened, its run started and its output pass planned
+    // (a stage that reads its inputs whole does so here).
+    const double prepare_seconds = std::chrono::duration<double>(Clock::now() - started).count();
     try {
       outcome = engine_->run(pass, *final_pass.kernel, final_pass.reduction.get(), work, output, progress_of(reporter));
       step_clock_.earlier_seconds += outcome.earlier_wall_seconds;
@@ -924,24 +927,37 @@ class WorkflowRun {
     const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
     const auto peaks = comm_.max({static_cast<std::int64_t>(backend_->device_budget().peak()),
                                   static_cast<std::int64_t>(backend_->host_budget().peak())});
-    const auto times = comm_.max({static_cast<std::int64_t>(outcome.times.read * 1e6), static_cast<std::int64_t>(outcome.times.h2d * 1e6),
-                                  static_cast<std::int64_t>(outcome.times.compute * 1e6), static_cast<std::int64_t>(outcome.times.d2h * 1e6),
-                                  static_cast<std::int64_t>(outcome.times.write * 1e6), static_cast<std::int64_t>(outcome.times.commit * 1e6),
-                                  static_cast<std::int64_t>(outcome.times.finalize * 1e6),
-                                  static_cast<std::int64_t>(outcome.times.setup * 1e6), static_cast<std::int64_t>(outcome.times.loop * 1e6)});
+    const auto times = comm_.max(
+        {static_cast<std::int64_t>(outcome.times.read * 1e6), static_cast<std::int64_t>(outcome.times.h2d * 1e6),
+         static_cast<std::int64_t>(outcome.times.compute * 1e6), static_cast<std::int64_t>(outcome.times.d2h * 1e6),
+         static_cast<std::int64_t>(outcome.times.write * 1e6), static_cast<std::int64_t>(outcome.times.commit * 1e6),
+         static_cast<std::int64_t>(outcome.times.finalize * 1e6), static_cast<std::int64_t>(outcome.times.setup * 1e6),
+         static_cast<std::int64_t>(outcome.times.loop * 1e6), static_cast<std::int64_t>(prepare_seconds * 1e6)});
     const double bytes = static_cast<double>(outcome.rows_run * pass.progress_bytes_per_row());
     // What crossed between host and device in this run of the step, every pass, all ranks.
     const auto bus = comm_.sum_wrapping({backend_->bytes_to_device() - bus_before[0], backend_->bytes_to_host() - bus_before[1]});
-    json metrics = {{"seconds", seconds}, {"rows", outcome.rows_run}, {"resumed_from_row", outcome.resumed_from},
-                    {"batch_rows", outcome.plan.batch_rows}, {"bytes", bytes},
+    json metrics = {{"seconds", seconds},
+                    {"rows", outcome.rows_run},
+                    {"resumed_from_row", outcome.resumed_from},
+                    {"batch_rows", outcome.plan.batch_rows},
+                    {"bytes", bytes},
                     {"bytes_per_second", seconds > 0 ? bytes / seconds : 0},
-                    {"read_seconds", times[0] * 1e-6}, {"h2d_seconds", times[1] * 1e-6},
-                    {"compute_seconds", times[2] * 1e-6}, {"d2h_seconds", times[3] * 1e-6},
-                    {"write_seconds", times[4] * 1e-6}, {"commit_seconds", times[5] * 1e-6},
-                    {"finalize_seconds", times[6] * 1e-6}, {"setup_seconds", times[7] * 1e-6},
-                    {"loop_seconds", times[8] * 1e-6}, {"peak_device_bytes", peaks[0]}, {"peak_host_bytes", peaks[1]},
-                    {"planned_device_bytes", outcome.plan.device_bytes}, {"planned_host_bytes", outcome.plan.host_bytes},
-                    {"bytes_to_device", bus[0]}, {"bytes_to_host", bus[1]}};
+                    {"read_seconds", times[0] * 1e-6},
+                    {"h2d_seconds", times[1] * 1e-6},
+                    {"compute_seconds", times[2] * 1e-6},
+                    {"d2h_seconds", times[3] * 1e-6},
+                    {"write_seconds", times[4] * 1e-6},
+                    {"commit_seconds", times[5] * 1e-6},
+                    {"finalize_seconds", times[6] * 1e-6},
+                    {"setup_seconds", times[7] * 1e-6},
+                    {"prepare_seconds", times[9] * 1e-6},
+                    {"loop_seconds", times[8] * 1e-6},
+                    {"peak_device_bytes", peaks[0]},
+                    {"peak_host_bytes", peaks[1]},
+                    {"planned_device_bytes", outcome.plan.device_bytes},
+                    {"planned_host_bytes", outcome.plan.host_bytes},
+                    {"bytes_to_device", bus[0]},
+                    {"bytes_to_host", bus[1]}};
     if (p.plan.flops > 0 && pass.rows > 0)
       metrics["gflops_per_second"] = p.plan.flops * static_cast<double>(outcome.rows_run) / static_cast<double>(pass.rows) / seconds / 1e9;
 
@@ -992,15 +1008,17 @@ class WorkflowRun {
       rate = fmt::format("{:.3g} {}/s", s > 0 ? static_cast<double>(rows) / s : 0.0, unit);
     }
     if (mt.contains("gflops_per_second")) rate += fmt::format(", {:.1f} GFLOP/s", mt["gflops_per_second"].get<double>());
-    spdlog::info("step '{}' done in {}: {} at {}; setup {:.2f}s, batch loop {:.2f}s (busy: read {:.2f}s, to device {:.2f}s, "
-                 "compute {:.2f}s, from device {:.2f}s, write {:.2f}s; commits {:.2f}s), finalize {:.2f}s; peak device {} "
-                 "(planned {}), host {}",
-                 step.id, format_duration(s), amount, rate,
-                 mt["setup_seconds"].get<double>(), mt["loop_seconds"].get<double>(),
-                 mt["read_seconds"].get<double>(), mt["h2d_seconds"].get<double>(), mt["compute_seconds"].get<double>(),
-                 mt["d2h_seconds"].get<double>(), mt["write_seconds"].get<double>(), mt["commit_seconds"].get<double>(),
-                 mt["finalize_seconds"].get<double>(), format_bytes(mt["peak_device_bytes"].get<double>()),
-                 format_bytes(mt["planned_device_bytes"].get<double>()), format_bytes(mt["peak_host_bytes"].get<double>()));
+    spdlog::info(
+        "step '{}' done in {}: {} at {}; prepare {:.2f}s, setup {:.2f}s, batch loop {:.2f}s (busy: read {:.2f}s, to "
+        "device {:.2f}s, "
+        "compute {:.2f}s, from device {:.2f}s, write {:.2f}s; commits {:.2f}s), finalize {:.2f}s; peak device {} "
+        "(planned {}), host {}",
+        step.id, format_duration(s), amount, rate, mt["prepare_seconds"].get<double>(),
+        mt["setup_seconds"].get<double>(), mt["loop_seconds"].get<double>(), mt["read_seconds"].get<double>(),
+        mt["h2d_seconds"].get<double>(), mt["compute_seconds"].get<double>(), mt["d2h_seconds"].get<double>(),
+        mt["write_seconds"].get<double>(), mt["commit_seconds"].get<double>(), mt["finalize_seconds"].get<double>(),
+        format_bytes(mt["peak_device_bytes"].get<double>()), format_bytes(mt["planned_device_bytes"].get<double>()),
+        format_bytes(mt["peak_host_bytes"].get<double>()));
     const std::string line = run.describe(p.plan, final_pass);
     if (!line.empty()) spdlog::info("step '{}' result: {}", step.id, line);
   }

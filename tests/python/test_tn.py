@@ -934,6 +934,13 @@ def test_step_timing_off_leaves_the_amplitudes_and_writes_nan(tmp):
     assert seconds.shape == (steps,) and np.all(np.isfinite(seconds)) and np.all(seconds >= 0)
     with h5py.File(run_dir / "outputs" / "quiet.h5") as f:
         assert f["step_seconds"].shape == (steps,) and np.all(np.isnan(f["step_seconds"][()]))
+    # The manifest splits each step's time: before the engine (inputs read, the pass planned), its
+    # setup, its loop and its finalize, which together fit in the step's seconds.
+    for name in ("amps", "quiet"):
+        m = manifest(run_dir)["steps"][name]["metrics"]
+        parts = [m[k] for k in ("prepare_seconds", "setup_seconds", "loop_seconds", "finalize_seconds")]
+        assert all(p >= 0 for p in parts) and m["prepare_seconds"] > 0, m
+        assert sum(parts) <= m["seconds"] * (1 + 1e-6) + 1e-5, m
 
 
 def test_the_step_profile_sets_each_step_beside_its_roofline(tmp):
