@@ -1009,10 +1009,9 @@ class WorkflowRun {
     }
     if (mt.contains("gflops_per_second")) rate += fmt::format(", {:.1f} GFLOP/s", mt["gflops_per_second"].get<double>());
     spdlog::info(
-        "step '{}' done in {}: {} at {}; prepare {:.2f}s, setup {:.2f}s, batch loop {:.2f}s (busy: read {:.2f}s, to "
-        "device {:.2f}s, "
-        "compute {:.2f}s, from device {:.2f}s, write {:.2f}s; commits {:.2f}s), finalize {:.2f}s; peak device {} "
-        "(planned {}), host {}",
+        "step '{}' done in {}: {} at {}; prepare {:.2f}s, setup {:.2f}s, batch loop {:.2f}s (busy: read {:.2f}s, "
+        "to device {:.2f}s, compute {:.2f}s, from device {:.2f}s, write {:.2f}s; commits {:.2f}s), finalize {:.2f}s; "
+        "peak device {} (planned {}), host {}",
         step.id, format_duration(s), amount, rate, mt["prepare_seconds"].get<double>(),
         mt["setup_seconds"].get<double>(), mt["loop_seconds"].get<double>(), mt["read_seconds"].get<double>(),
         mt["h2d_seconds"].get<double>(), mt["compute_seconds"].get<double>(), mt["d2h_seconds"].get<double>(),
