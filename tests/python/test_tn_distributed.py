@@ -11,11 +11,14 @@ import h5py
 import numpy as np
 import pytest
 
-from conftest import DEVICE, committed_run, one_line_error, run, sigterm_mpi_run, write_spec
+from conftest import DEVICE, ROOT, committed_run, one_line_error, run, sigterm_mpi_run, write_spec
 from oracle import network_einsum
 
 CIRCUIT = "random: {rows: 4, cols: 5, cycles: 10, seed: 3}"
 BITS = "random_bitstrings: {count: 2, seed: 1}"
+# The circuit's path, imported: these tests check the distribution planned on it (chains
+# activated, kept, redistributed and gathered), which another path search's path may not need.
+CIRCUIT_PATH = ROOT / "tests" / "data" / "paths" / "random_4x5x10_seed3.ssa.json"
 
 
 def spec_text(source, precision, ranks, budget="64KiB", large="8KiB", options=""):
@@ -23,6 +26,8 @@ def spec_text(source, precision, ranks, budget="64KiB", large="8KiB", options=""
     if ranks > 1:
         plan += f", ranks: {ranks}, large_bytes: {large}"
     result = "amps" if "random:" in source else "value"
+    path = (f"import: {CIRCUIT_PATH}, format: ssa" if source.startswith(CIRCUIT)
+            else "max_seconds: 600, max_tries: 64, seed: 0")
     return f"""name: dist
 {options}steps:
   - id: net
@@ -31,7 +36,7 @@ def spec_text(source, precision, ranks, budget="64KiB", large="8KiB", options=""
   - id: path
     stage: tn.path
     inputs: {{network: net}}
-    params: {{max_seconds: 600, max_tries: 64, seed: 0}}
+    params: {{{path}}}
   - id: plan
     stage: tn.plan
     inputs: {{network: net, path: path}}
