@@ -218,6 +218,10 @@ void keep(std::vector<Kept>& kept, Kept k) {
   if (kept.size() > static_cast<size_t>(kRefined)) kept.pop_back();
 }
 
+Clock::time_point after(Clock::time_point t, double seconds) {
+  return t + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+}
+
 int thread_count(int requested) { return requested > 0 ? requested : std::max(1, omp_get_max_threads()); }
 
 }  // namespace
@@ -272,9 +276,8 @@ HyperResult hyper_optimize(const SearchNetwork& net, const HyperOptions& o) {
   const auto start = Clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(Clock::now() - start).count(); };
   const bool refine = o.reconfigure || std::isfinite(o.max_log2_size);
-  const auto search_deadline =
-      o.max_seconds >= 1e8 ? Clock::time_point::max()
-                           : start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.max_seconds));
+  // (the search's own end, and that of a reconfiguration inside it)
+  const auto search_deadline = o.max_seconds >= 1e8 ? Clock::time_point::max() : after(start, o.max_seconds);
   const double search_share = refine ? kSearchShare : 1.0;
   const int threads = thread_count(o.threads);
 
@@ -361,8 +364,7 @@ HyperResult hyper_optimize(const SearchNetwork& net, const HyperOptions& o) {
           const double before = probe->cost().log10_total();
           ReconfigureOptions ro;
           ro.subtree_size = o.subtree_size;
-          ro.deadline =
-              start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.max_seconds));
+          ro.deadline = search_deadline;
           reconfigure(*probe, ro);
           const std::lock_guard lock(mutex);
           refine_gain = std::max(0.0, before - probe->cost().log10_total());
@@ -405,9 +407,6 @@ HyperResult hyper_optimize(const SearchNetwork& net, const HyperOptions& o) {
     // reconfiguration of an 800-tensor circuit's best trees (0.045 s) short of what it gains.
     const double least_search = std::isinf(least_seconds) ? 0.0 : least_seconds * search_share;
     const double refine_share = std::max((1.0 - search_share) * result.budget_seconds, least_search);
-    auto after = [](Clock::time_point t, double seconds) {
-      return t + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
-    };
     const auto deadline = std::max(after(start, result.budget_seconds), after(Clock::now(), refine_share));
     FirstFailure failure;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(std::min<int>(threads, static_cast<int>(kept.size())))
