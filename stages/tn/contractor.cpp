@@ -73,7 +73,8 @@ Contractor::Contractor(const Network& net, const Plan& plan, h5::DType dtype, ke
 
 std::uint64_t Contractor::resident_bytes() const {
   std::uint64_t b = 0;
-  for (const auto& t : net_.tensors) b += static_cast<std::uint64_t>(net_.size_of(t.modes)) * element_bytes() * (t.projects_qubit >= 0 ? 2 : 1);
+  for (const auto& t : net_.tensors)
+    b += aligned(static_cast<std::uint64_t>(net_.size_of(t.modes)) * element_bytes()) * (t.projects_qubit >= 0 ? 2 : 1);
   return b;
 }
 
@@ -115,25 +116,45 @@ void Contractor::upload(Backend& backend, Stream& stream) {
   if (plan_.host_arena_bytes) spill_ = std::make_unique<engine::SpillStore>(backend, spill_options());
   if (plan_.persistent_bytes)
     persistent_ = backend.alloc_device(plan_.persistent_bytes, "tn: persistent region (invariant steps' results)");
-  for (const auto& t : net_.tensors) {
+  inputs_ = backend.alloc_device(std::max<std::uint64_t>(resident_bytes(), 1), "tn: input tensors");
+  // The tensors are packed as they lie in the region into a pageable chunk, which goes over in one
+  // copy when the next would not fit it (a tensor larger than the chunk goes alone).
+  constexpr std::uint64_t kChunk = 64u << 20;
+  std::vector<char> chunk;
+  std::uint64_t chunk_at = 0;  // the region's offset of the chunk's first byte
+  auto flush = [&] {
+    if (chunk.empty()) return;
+    backend.copy_to_device(static_cast<char*>(inputs_.data()) + chunk_at, chunk.data(), chunk.size(), stream);
+    stream.synchronize();  // (the chunk is pageable and is refilled next)
+    chunk.clear();
+  };
+  auto place = [&](std::uint64_t at, const std::vector<char>& data) {
+    if (!chunk.empty() && at + data.size() - chunk_at > kChunk) flush();
+    if (chunk.empty()) chunk_at = at;
+    chunk.resize(at - chunk_at);  // (the alignment gap)
+    chunk.insert(chunk.end(), data.begin(), data.end());
+  };
+  input_offset_.clear();
+  std::uint64_t at = 0;
+  for (size_t i = 0; i < net_.tensors.size(); ++i) {
+    const NetTensor& t = net_.tensors[i];
+    std::array<std::uint64_t, 2> offset{};
     if (t.projects_qubit >= 0) {
-      std::array<Buffer, 2> pair;
       for (int bit = 0; bit < 2; ++bit) {
         const auto data = converted({bit ? 0.0 : 1.0, bit ? 1.0 : 0.0}, dtype_);
-        pair[bit] = backend.alloc_device(data.size(), "tn: projection");
-        backend.copy_to_device(pair[bit].data(), data.data(), data.size(), stream);
-        stream.synchronize();  // `data` is pageable and goes out of scope
+        offset[static_cast<size_t>(bit)] = at;
+        place(at, data);
+        at += aligned(data.size());
       }
-      projection_.push_back(std::move(pair));
-      resident_.emplace_back();
     } else {
-      const auto data = converted(permuted(t, resident_layout_[resident_.size()].modes), dtype_);
-      resident_.push_back(backend.alloc_device(data.size(), "tn: input tensor"));
-      backend.copy_to_device(resident_.back().data(), data.data(), data.size(), stream);
-      stream.synchronize();
-      projection_.emplace_back();
+      const auto data = converted(permuted(t, resident_layout_[i].modes), dtype_);
+      offset[0] = at;
+      place(at, data);
+      at += aligned(data.size());
     }
+    input_offset_.push_back(offset);
   }
+  flush();
 }
 
 // The input's values in its resident layout (host, complex128), from its stored mode order.
@@ -158,8 +179,9 @@ std::vector<cd> Contractor::permuted(const NetTensor& t, const std::vector<Mode>
 // of the resident layout, so the slice is the contiguous block that starts there.
 char* Contractor::input_data(int id, std::uint64_t slice, const std::vector<std::uint8_t>& bits) {
   const auto& t = net_.tensors[static_cast<size_t>(id)];
-  Buffer& b = t.projects_qubit >= 0 ? projection_[static_cast<size_t>(id)][bits.at(static_cast<size_t>(t.projects_qubit)) ? 1 : 0]
-                                    : resident_[static_cast<size_t>(id)];
+  const std::uint64_t at =
+      input_offset_[static_cast<size_t>(id)]
+                   [t.projects_qubit >= 0 && bits.at(static_cast<size_t>(t.projects_qubit)) ? 1 : 0];
   // The slice number's mixed-radix digit of each sliced mode the input holds (the first sliced
   // mode is the most significant).
   std::int64_t offset = 0;
@@ -167,7 +189,7 @@ char* Contractor::input_data(int id, std::uint64_t slice, const std::vector<std:
     const auto radix = static_cast<std::uint64_t>(slice_radix_[j]);
     offset += static_cast<std::int64_t>(slice / slice_place_[j] % radix) * stride;
   }
-  return static_cast<char*>(b.data()) + static_cast<std::uint64_t>(offset) * element_bytes();
+  return static_cast<char*>(inputs_.data()) + at + static_cast<std::uint64_t>(offset) * element_bytes();
 }
 
 // The step's block product C[L-run, R-run] = L[L-run, K] . R[R-run, K]^T, operands not yet set.
