@@ -10,6 +10,7 @@
 #include <set>
 
 #include "backend/backend.hpp"
+#include "circuit_util.hpp"
 #include "core/error.hpp"
 #include "core/signals.hpp"
 #include "kernels/tn/statevector.hpp"
@@ -21,7 +22,7 @@
 #include "stages/tn/paths/hyper.hpp"
 #include "stages/tn/plan.hpp"
 #include "stages/tn/problems.hpp"
-#include "circuit_util.hpp"
+#include "test_util.hpp"
 
 using namespace qstage;
 using tn::cd;
@@ -216,6 +217,32 @@ TEST(TensorNetwork, AmplitudesMatchTheStateVectorSlicedOrNot) {
       EXPECT_NEAR(std::abs(got64[0] - want), 0, 1e-5 * std::max(std::abs(want), 1e-3));
     }
   }
+}
+
+// A process keeps the last network it read (a workflow's steps read the same file); a file
+// replaced by rename, as outputs are committed, is read anew.
+TEST(TensorNetwork, LoadKeepsTheLastFileAndReadsAReplacedOneAnew) {
+  test::TempDir dir;
+  const auto first = tn::amplitude_network(grid_circuit(2, 3, 4, 1));
+  const auto second = tn::amplitude_network(grid_circuit(2, 3, 4, 2));
+  auto write = [](const tn::Network& n, const std::filesystem::path& path) {
+    h5::File f = h5::File::create(path);
+    tn::save_network(n, f);
+  };
+  auto same = [](const tn::Network& a, const tn::Network& b) {
+    if (a.tensors.size() != b.tensors.size()) return false;
+    for (size_t t = 0; t < a.tensors.size(); ++t)
+      if (a.tensors[t].modes != b.tensors[t].modes || a.tensors[t].data != b.tensors[t].data) return false;
+    return true;
+  };
+  ASSERT_FALSE(same(first, second));
+  const auto path = dir.path / "net.h5";
+  write(first, path);
+  for (int read = 0; read < 2; ++read)
+    EXPECT_TRUE(same(tn::load_network(h5::File::open(path, h5::Mode::read_only)), first)) << "read " << read;
+  write(second, dir.path / "next.h5");
+  std::filesystem::rename(dir.path / "next.h5", path);
+  EXPECT_TRUE(same(tn::load_network(h5::File::open(path, h5::Mode::read_only)), second));
 }
 
 TEST(TensorNetwork, OpenQubitsGiveAllTheirAmplitudes) {
