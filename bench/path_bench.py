@@ -46,7 +46,8 @@ What each side gets (the same T seconds, the same thread count):
            between trials: a trial that starts before T runs to its end, so cotengra overruns T,
            badly on the qsim networks (3369+ raw tensors): one trial of n53m20 with
            slicing_reconf_opts ran over 30 minutes on this 2-core machine (killed), with slicing_opts
-           161 s. --peer-timeout gives up on a cotengra job (reported, no ratio).
+           161 s. --peer-timeout stops a cotengra search (SIGTERM, 30 s of grace): it reports the best tree
+           of the trials done by then (marked "stopped"), or no ratio if none had finished.
 Both results are scored by one evaluator here (the SSA path and the sliced modes): C_t is the
 total multiply-adds over all slices, every step once per slice (cotengra's contraction_cost;
 "reuse" columns count slice-invariant steps, those whose leaves hold no sliced mode, once, as
@@ -189,6 +190,9 @@ def peer_versions():
     return v
 
 
+_PEER_STOPPED = [None]  # the running search's report of its best tree so far
+
+
 def peer_job(job_file):
     """Runs inside --python-peer: cotengra's search or slicers, one JSON object on stdout."""
     import cotengra as ctg
@@ -214,16 +218,27 @@ def peer_job(job_file):
                   optlib=None, progbar=False)
         t0 = time.perf_counter()
         opt = ctg.HyperOptimizer(**kw)
-        tree = opt.search(inputs, output, sizes)
-        seconds = time.perf_counter() - t0
-        best = getattr(opt, "best", {}) or {}
-        res.update({"seconds": seconds, "trials": len(opt.scores),
+
+        def found(tree, stopped):
+            best = getattr(opt, "best", {}) or {}
+            return {**res, "seconds": time.perf_counter() - t0, "trials": len(opt.scores), "stopped": stopped,
                     "settings": {**{k: v for k, v in kw.items()}, "optlib_used": get_default_optlib()},
                     "best_method": (best.get("params") or {}).get("method"),
-                    "trials_by_method": {m: opt.method_choices.count(m) for m in set(opt.method_choices)}, "ssa": [list(p) for p in tree.get_ssa_path()],
-                    "sliced": [int(i) for i in tree.sliced_inds],
+                    "trials_by_method": {m: opt.method_choices.count(m) for m in set(opt.method_choices)},
+                    "ssa": [list(p) for p in tree.get_ssa_path()], "sliced": [int(i) for i in tree.sliced_inds],
                     "own": {"log10_C_t": math.log10(max(tree.contraction_cost(), 1)),
-                            "log2_C_s": float(tree.contraction_width()), "slices": int(tree.nslices)}})
+                            "log2_C_s": float(tree.contraction_width()), "slices": int(tree.nslices)}}
+
+        # Stopped from outside (--peer-timeout: max_time is checked between trials, and trials
+        # overrun it): the best tree of the trials done so far (main() calls this on SIGTERM).
+        def stopped():
+            if "tree" in (getattr(opt, "best", {}) or {}):
+                return found(opt.best["tree"], "at --peer-timeout, with the trials done by then")
+            return None
+
+        _PEER_STOPPED[0] = stopped
+        tree = opt.search(inputs, output, sizes)
+        res = found(tree, None)
     elif job["mode"] == "slice":
         tree = ctg.ContractionTree.from_path(inputs, output, sizes, ssa_path=[tuple(p) for p in job["ssa"]])
         res["results"] = []
@@ -241,15 +256,28 @@ def peer_job(job_file):
     print(json.dumps(res))
 
 
-def run_with_timeout(cmd, env, timeout):
+def run_with_timeout(cmd, env, timeout, grace=None):
     """subprocess.run(cmd, capture_output=True, text=True) in a process group of its own, which is
     killed whole when `timeout` passes (cotengra's pool workers outlived their parent otherwise,
-    and ran beside the next cases' searches). Raises subprocess.TimeoutExpired as run does."""
+    and ran beside the next cases' searches). Raises subprocess.TimeoutExpired as run does; with
+    `grace` seconds, the command is first sent SIGTERM and what it prints by then is returned."""
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                          start_new_session=True)
     try:
         out, err = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        if grace:
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(timeout=grace)  # (its pool's workers hold the pipes open: they go now)
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                out, err = p.communicate()
+                return subprocess.CompletedProcess(cmd, p.returncode, out, err)
+            except subprocess.TimeoutExpired:
+                pass
         os.killpg(p.pid, signal.SIGKILL)
         p.communicate()
         raise
@@ -267,8 +295,11 @@ def run_peer(args, job):
     job_file.write_text(json.dumps(job))
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), OPENBLAS_NUM_THREADS=str(args.threads))
     try:
-        r = run_with_timeout([args.python_peer, str(HERE), "--peer-job", str(job_file)], env, args.peer_timeout)
+        r = run_with_timeout([args.python_peer, str(HERE), "--peer-job", str(job_file)], env, args.peer_timeout,
+                             grace=30)
     except subprocess.TimeoutExpired:
+        return None
+    if r.returncode == 3:  # stopped before any trial had finished (or a slicing job)
         return None
     if r.returncode != 0:
         sys.exit(f"the peer ({args.python_peer}) failed ({r.returncode}):\n{r.stderr[-3000:]}")
@@ -453,14 +484,15 @@ def quality(args, name, case, cap):
                            "size_dict": net["size_dict"], "seconds": args.seconds, "threads": args.threads, "cap": cap,
                            "slicing": args.ctg_slicing})
     if peer is None:
-        res["cotengra"] = {"error": f"no result within --peer-timeout {args.peer_timeout:g} s (a trial that starts "
-                                    f"before max_time runs to its end)"}
+        res["cotengra"] = {"error": f"no trial finished within --peer-timeout {args.peer_timeout:g} s (a trial that "
+                                    f"starts before max_time runs to its end)"}
         res["equal_or_better"] = None
         log(f"{name}: cotengra: {res['cotengra']['error']}")
         return res
     cev = evaluate(net, [tuple(p) for p in peer["ssa"]], peer["sliced"])
     notes += check(cev, peer["own"], "cotengra")
-    res["cotengra"] = {**cev, "seconds": peer["seconds"], "trials": peer["trials"], "best_method": peer["best_method"],
+    res["cotengra"] = {**cev, "seconds": peer["seconds"], "trials": peer["trials"], "stopped": peer.get("stopped"),
+                       "best_method": peer["best_method"],
                        "trials_by_method": peer["trials_by_method"],
                        "settings": peer["settings"], "own": peer["own"]}
     res["peer_versions"] = peer["versions"]
@@ -651,6 +683,15 @@ def main():
         threading.stack_size(1 << 30)
         failure = []
 
+        def stop(signum, frame):  # (the search runs on the thread below; handlers run on this one)
+            report = _PEER_STOPPED[0]() if _PEER_STOPPED[0] else None
+            if report is not None:
+                print(json.dumps(report), flush=True)
+                os._exit(0)
+            os._exit(3)
+
+        signal.signal(signal.SIGTERM, stop)
+
         def job():
             try:
                 peer_job(sys.argv[2])
@@ -658,7 +699,8 @@ def main():
                 failure.append(e)
         t = threading.Thread(target=job)
         t.start()
-        t.join()
+        while t.is_alive():  # (a signal sent to the process may land on another thread: wake up to run the handler)
+            t.join(0.5)
         if failure:
             raise failure[0]
         return
