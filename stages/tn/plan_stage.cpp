@@ -253,8 +253,15 @@ class PlanStage final : public ComputedStage {
    public:
     using JsonComputedRun::JsonComputedRun;
     void compute() override;
+    void load(std::string_view state) override {
+      JsonComputedRun::load(state);
+      plan_ = tn::Plan::from_json(result_.at("plan"), result_.at("prediction"));
+    }
     void write(const StagePlan&, const StepPass&, h5::File& out) const override;
     std::string describe(const StagePlan&, const StepPass&) const override;
+
+   private:
+    std::optional<tn::Plan> plan_;  // what result_ holds, as computed (or read back from a checkpoint)
   };
 };
 
@@ -333,7 +340,7 @@ void PlanStage::Run::compute() {
   }
   // (Out of core, how many intermediates spill, and over P ranks, the large-step threshold and
   // where to redistribute, are chosen by predicted seconds: a measured rate can change them.)
-  const tn::Plan plan = tn::make_plan(net, path, o);
+  tn::Plan plan = tn::make_plan(net, path, o);
   json schedule = plan.to_json();
   schedule["budget_bytes"] = o.budget_bytes;
   if (o.out_of_core) schedule["host_budget_bytes"] = o.host_budget_bytes;
@@ -347,6 +354,7 @@ void PlanStage::Run::compute() {
     prediction["distribution"] = std::move(d.prediction);
   }
   result_ = {{"plan", schedule}, {"prediction", prediction}};
+  plan_ = std::move(plan);
 }
 void PlanStage::Run::write(const StagePlan&, const StepPass&, h5::File& out) const {
   const json& computed = result_;
@@ -355,7 +363,7 @@ void PlanStage::Run::write(const StagePlan&, const StepPass&, h5::File& out) con
   tn::write_json_dataset(out, "plan", j);
   h5::Dataset prediction_dataset = tn::write_json_dataset(out, "prediction", prediction);
   if (measured) mark_measured(prediction_dataset);
-  const tn::Plan plan = tn::Plan::from_json(j, prediction);
+  const tn::Plan& plan = *plan_;
   // Per step, for plots of tensor size along the path (qstage inspect --plot).
   const std::uint64_t n = plan.steps.size();
   std::vector<std::uint64_t> out_bytes, live;
@@ -425,7 +433,7 @@ void PlanStage::Run::write(const StagePlan&, const StepPass&, h5::File& out) con
 std::string PlanStage::Run::describe(const StagePlan&, const StepPass&) const {
   const json& computed = result_;
   const json &j = computed.at("plan"), &prediction = computed.at("prediction");
-  const tn::Plan plan = tn::Plan::from_json(j, prediction);
+  const tn::Plan& plan = *plan_;
   const std::string spill = plan.spilled
                                 ? fmt::format(", {} intermediates spilled to a {} {} ({} copied per slice)",
                                               plan.spilled, format_bytes(static_cast<double>(plan.host_arena_bytes)),
