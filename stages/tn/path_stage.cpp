@@ -197,7 +197,7 @@ void PathStage::Run::compute() {
     result["seconds"] = found.seconds;
     result["within_cap"] = !std::isfinite(o.max_log2_size) || found.cost.log2_largest() <= o.max_log2_size + 1e-9;
     spdlog::info(
-        "tn.path: {} trials ({}) in {:.2f}s of a {:.2f}s budget{}; best from {} {}; refined in {:.2f}s ({} "
+        "tn.path: {} trials ({}) in {:.2f}s of a {:.2f}s budget{}; best from {} {}; refined in {:.2f}s{} ({} "
         "subtrees reconfigured){}",
         found.trials, found.methods.dump(), found.search_seconds, found.budget_seconds,
         o.multiply_add_rate > 0
@@ -207,7 +207,11 @@ void PathStage::Run::compute() {
                                 found.refine_gain)
                   : std::string(" (fitted to the predicted contraction time)")
             : std::string(),
-        found.best_method, found.best_params.dump(), found.refine_seconds, found.reconfiguring.subtrees_improved,
+        found.best_method, found.best_params.dump(), found.refine_seconds,
+        found.refined_early ? fmt::format(" besides {} tree(s) refined at the least search's end in {:.2f}s",
+                                          found.refined_early, found.early_refine_seconds)
+                            : std::string(),
+        found.reconfiguring.subtrees_improved,
         found.slicing.sliced_modes
             ? fmt::format(", {} modes sliced (overhead {:.3g}, {:.3g} without reuse)", found.slicing.sliced_modes,
                           found.slicing.overhead, found.slicing.overhead_without_reuse)

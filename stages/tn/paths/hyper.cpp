@@ -248,6 +248,8 @@ json HyperResult::to_json() const {
           {"seconds", seconds},
           {"budget_seconds", budget_seconds},
           {"refine_gain_log10", refine_gain},
+          {"refined_early", refined_early},
+          {"early_refine_seconds", early_refine_seconds},
           {"search_seconds", search_seconds},
           {"refine_seconds", refine_seconds},
           {"best_method", best_method},
@@ -286,13 +288,32 @@ HyperResult hyper_optimize(const SearchNetwork& net, const HyperOptions& o) {
   std::vector<Kept> kept;
   int trials = 0;
   // A budget fitted to the contraction time counts the best tree as refinement will leave it:
-  // once the search has run its least trials, the best tree so far is reconfigured once, and what
-  // that took off (log10) is taken off every trial's score in the budget (a 64-qubit circuit's
-  // best trial, 10^11.4 multiply-adds, came out of refinement at 10^10.2: its search had run 10x
-  // longer than the contraction it planned). Uncapped searches only (a capped trial's score is
-  // after slicing).
+  // once the search has run its least trials, the trees kept then are refined as the final
+  // refinement would refine them (it takes them as they are if they are still kept), trials
+  // waiting meanwhile, and what the best trial's score is above the best refined tree (log10) is
+  // taken off every trial's score in the budget. (A 64-qubit circuit's best trial, 10^11.4
+  // multiply-adds, came out of refinement at 10^10.2, and refining only the best trial missed
+  // the tree that refined best: the search ran 5x longer than the contraction it planned.)
+  // Uncapped searches only (a capped trial's score is after slicing).
   double refine_gain = 0;
   bool gain_probed = !(o.multiply_add_rate > 0) || !o.reconfigure || std::isfinite(o.max_log2_size);
+  struct Refined {
+    ContractionTree tree;
+    ReconfigureReport report;
+  };
+  std::map<int, Refined> refined_early;                // by trial index
+  std::deque<std::pair<int, ContractionTree>> probes;  // kept trees not yet taken to refine
+  int probes_running = 0;
+  double probed_best_trial = 0;  // the best trial's score when they were taken
+  double probes_started = 0;     // (elapsed seconds)
+  // The final refinement of an uncapped search (the probes' too).
+  auto refine_uncapped = [&](ContractionTree& t, Clock::time_point deadline, ReconfigureReport* report) {
+    ReconfigureOptions ro;
+    ro.subtree_size = o.subtree_size;
+    ro.max_log2_size = std::max(o.max_log2_size, t.cost().log2_largest());
+    ro.deadline = deadline;
+    reconfigure(t, ro, report);
+  };
   // The least search: min_trials trials, or min_seconds if that comes first (a slow or loaded
   // machine). Until it has run the budget is max_seconds; then its time counts as the search's
   // share of the least budget.
@@ -313,7 +334,7 @@ HyperResult hyper_optimize(const SearchNetwork& net, const HyperOptions& o) {
   std::condition_variable wake;
   std::deque<Trial> drawn;       // drawn, not started
   std::map<int, Kept> finished;  // run, not yet folded (they finish out of order)
-  bool stopping = false, stop_signal = false, probe_due = false;
+  bool stopping = false, stop_signal = false;
   auto draw = [&](int index) {
     if (o.max_trials <= 0 || index < o.max_trials) drawn.push_back(next_trial(index, o.seed, methods, records));
   };
@@ -336,8 +357,12 @@ HyperResult hyper_optimize(const SearchNetwork& net, const HyperOptions& o) {
       if (o.max_trials > 0 && trials >= o.max_trials) stopping = true;
       if (trials < kFirstTrials) continue;
       if (std::isinf(least_seconds) && least_done()) least_seconds = elapsed() / search_share;
-      if (!gain_probed && !std::isinf(least_seconds) && elapsed() < search_share * fitted_budget())
-        gain_probed = probe_due = true;
+      if (!gain_probed && !std::isinf(least_seconds) && elapsed() < search_share * fitted_budget()) {
+        gain_probed = true;
+        for (const Kept& k : kept) probes.emplace_back(k.score.index, k.tree);
+        probed_best_trial = kept.front().score.score;
+        probes_started = elapsed();
+      }
       stopping = stopping || budget_spent();
     }
   };
@@ -346,29 +371,37 @@ HyperResult hyper_optimize(const SearchNetwork& net, const HyperOptions& o) {
   failure.run([&] {
     try {
       while (true) {
-        std::optional<ContractionTree> probe;
+        std::optional<std::pair<int, ContractionTree>> probe;
         Trial t;
         {
           std::unique_lock lock(mutex);
-          wake.wait(lock, [&] { return stopping || probe_due || !drawn.empty(); });
+          // (no trial starts while kept trees are being refined: most searches stop after it)
+          wake.wait(lock, [&] {
+            return stopping || !probes.empty() || (probes_running == 0 && !drawn.empty());
+          });
           if (stopping) break;
-          if (probe_due) {
-            probe_due = false;
-            probe = kept.front().tree;
+          if (!probes.empty()) {
+            probe = std::move(probes.front());
+            probes.pop_front();
+            ++probes_running;
           } else {
             t = std::move(drawn.front());
             drawn.pop_front();
           }
         }
-        if (probe) {  // the best tree reconfigured once, off the lock (trials go on meanwhile)
-          const double before = probe->cost().log10_total();
-          ReconfigureOptions ro;
-          ro.subtree_size = o.subtree_size;
-          ro.deadline = search_deadline;
-          reconfigure(*probe, ro);
+        if (probe) {  // off the lock
+          Refined r{std::move(probe->second), {}};
+          refine_uncapped(r.tree, search_deadline, &r.report);
           const std::lock_guard lock(mutex);
-          refine_gain = std::max(0.0, before - probe->cost().log10_total());
-          stopping = stopping || budget_spent();
+          refined_early.emplace(probe->first, std::move(r));
+          if (--probes_running == 0 && probes.empty()) {
+            double best_refined = std::numeric_limits<double>::infinity();
+            for (const auto& [index, e] : refined_early)
+              best_refined = std::min(best_refined, std::log10(std::max(e.tree.cost().total_with_reuse(), 1.0)));
+            refine_gain = std::max(0.0, probed_best_trial - best_refined);
+            result.early_refine_seconds = elapsed() - probes_started;
+            stopping = stopping || budget_spent();
+          }
           wake.notify_all();
           continue;
         }
@@ -398,7 +431,14 @@ HyperResult hyper_optimize(const SearchNetwork& net, const HyperOptions& o) {
   std::vector<ContractionTree> refined;
   std::vector<SliceReport> slice_reports(kept.size());
   std::vector<ReconfigureReport> reconf_reports(kept.size());
-  for (const auto& k : kept) refined.push_back(k.tree);
+  std::vector<bool> done(kept.size(), false);  // refined early, at the least search's end
+  for (size_t i = 0; i < kept.size(); ++i) {
+    const auto early = refined_early.find(kept[i].score.index);
+    done[i] = early != refined_early.end();
+    refined.push_back(done[i] ? std::move(early->second.tree) : kept[i].tree);
+    if (done[i]) reconf_reports[i] = early->second.report;
+    result.refined_early += done[i] ? 1 : 0;
+  }
   if (refine) {
     // The budget's end, but never less than the refinement's share of it from now: a last slow
     // trial must not leave the best trees unrefined (on an H100 machine, a 933-tensor
@@ -412,6 +452,7 @@ HyperResult hyper_optimize(const SearchNetwork& net, const HyperOptions& o) {
 #pragma omp parallel for schedule(dynamic, 1) num_threads(std::min<int>(threads, static_cast<int>(kept.size())))
     for (int i = 0; i < static_cast<int>(kept.size()); ++i)
       failure.run([&] {
+        if (done[static_cast<size_t>(i)]) return;
         ContractionTree& t = refined[static_cast<size_t>(i)];
         if (std::isfinite(o.max_log2_size) && o.reconfigure) {
           // Reconfigured unsliced first: the slicing overhead is then measured against the best
@@ -430,13 +471,7 @@ HyperResult hyper_optimize(const SearchNetwork& net, const HyperOptions& o) {
           so.deadline = deadline;
           slice_reports[static_cast<size_t>(i)] = slice_tree(t, so);
         }
-        if (o.reconfigure) {
-          ReconfigureOptions ro;
-          ro.subtree_size = o.subtree_size;
-          ro.max_log2_size = std::max(o.max_log2_size, t.cost().log2_largest());
-          ro.deadline = deadline;
-          reconfigure(t, ro, &reconf_reports[static_cast<size_t>(i)]);
-        }
+        if (o.reconfigure) refine_uncapped(t, deadline, &reconf_reports[static_cast<size_t>(i)]);
       });
     failure.rethrow();
   }

@@ -56,7 +56,10 @@ struct HyperResult {
   int trials = 0;
   double seconds = 0, search_seconds = 0, refine_seconds = 0;
   double budget_seconds = 0;       // the budget the search ended with (max_seconds, or less with a rate)
-  double refine_gain = 0;          // log10 of what reconfiguring the best trial took off, probed for a fitted budget
+  double refine_gain = 0;          // log10 of the best trial's score above the best tree refined at the least
+                                   // search's end (a fitted budget's probe)
+  int refined_early = 0;           // kept trees refined then and still kept at the end (not refined again)
+  double early_refine_seconds = 0; // what refining them then took (within search_seconds)
   std::string best_method;
   nlohmann::json best_params;      // the parameters of the trial the path came from
   double log10_best_trial = 0;     // its score before refinement
