@@ -8,6 +8,7 @@
 #include "core/error.hpp"
 #include "core/fsutil.hpp"
 #include "io/h5.hpp"
+#include "stages/common/kept.hpp"
 
 namespace qstage::runner {
 
@@ -58,7 +59,7 @@ std::string output_problem(const fs::path& output, const json& record) {
   if (!h5::File::is_hdf5(output)) return "is not an HDF5 file";
   try {
     const h5::File f = h5::File::open(output, h5::Mode::read_only);
-    if (!f.has_attribute("qstage.step_key") || f.string_attribute("qstage.step_key") != record.value("key", ""))
+    if (stages::step_key_of(f) != record.value("key", ""))
       return "is not the one its step committed (another step key)";
     const json sums = record.value("checksums", json::object());
     for (auto it = sums.begin(); it != sums.end(); ++it) {

@@ -30,6 +30,7 @@
 #include "runner/planner.hpp"
 #include "runner/progress.hpp"
 #include "runner/run_lock.hpp"
+#include "stages/common/kept.hpp"
 #include "stages/common/stage.hpp"
 
 namespace qstage::runner {
@@ -285,7 +286,7 @@ class WorkflowRun {
     if (!h5::File::is_hdf5(output)) return std::nullopt;
     try {
       h5::File f = h5::File::open(output, h5::Mode::read_only);
-      if (!f.has_attribute("qstage.step_key") || f.string_attribute("qstage.step_key") != key) return std::nullopt;
+      if (stages::step_key_of(f) != key) return std::nullopt;
       json sums = json::object(), measured = json::array();
       for (const auto& path : f.dataset_paths()) {
         h5::Dataset d = f.open_dataset(path);
@@ -873,7 +874,7 @@ class WorkflowRun {
       out.set_attribute("qstage.workflow", wf_.name);
       out.set_attribute("qstage.params", step.params.dump());
       out.set_attribute("qstage.inputs", hashes.dump());
-      out.set_attribute("qstage.step_key", key);
+      out.set_attribute(stages::kStepKeyAttribute, key);
       out.set_attribute("qstage.version", QSTAGE_VERSION);
       out.set_attribute("qstage.backend", std::string(backend_name(backend_->kind())));
       out.set_attribute("qstage.device", device_text_);

@@ -258,6 +258,7 @@ void BuildStage::Run::write(const StagePlan&, const StepPass&, h5::File& out) co
   const tn::Network& net = net_;
   const json& extra = extra_;
   tn::save_network(net, out);
+  tn::keep_network(ctx_.step_key, net);
   if (extra.contains("bitstrings"))
     tn::write_bitstrings(out, extra["bitstrings"].get<std::vector<std::vector<std::uint8_t>>>(), net.qubits);
   out.set_attribute("network_kind", net.kind);

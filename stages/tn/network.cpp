@@ -3,16 +3,14 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include <sys/stat.h>
-
 #include <algorithm>
 #include <cstring>
-#include <mutex>
 #include <optional>
 #include <set>
 
 #include "core/error.hpp"
 #include "kernels/tensor/random.hpp"
+#include "stages/common/kept.hpp"
 
 namespace qstage::tn {
 
@@ -365,49 +363,29 @@ void save_network(const Network& n, h5::File& file) {
 
 namespace {
 
-// The last network this process read, by its file's identity. A workflow's tn.path, tn.plan and
-// tn.contract steps read the same tn.build output, and one dataset per tensor makes a circuit of
-// 800 gates cost some 20 ms to read each time. Outputs are committed by rename and never
-// rewritten in place, so device, inode, size and modification time name a file's content.
-struct FileIdentity {
-  std::string path;
-  dev_t device = 0;
-  ino_t inode = 0;
-  off_t size = 0;
-  std::int64_t modified_ns = 0;
-  bool operator==(const FileIdentity&) const = default;
-};
-std::optional<FileIdentity> identity_of(const std::filesystem::path& path) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) return std::nullopt;
-  return FileIdentity{path.string(), st.st_dev, st.st_ino, st.st_size,
-                      static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
-}
 constexpr std::uint64_t kKeptNetworkBytes = 256u << 20;  // larger networks are read each time
-std::mutex kept_mutex;
-std::optional<std::pair<FileIdentity, Network>> kept_network;
+stages::Kept<Network> kept_network;                      // (stages/common/kept.hpp)
+
+std::uint64_t data_bytes(const Network& n) {
+  std::uint64_t bytes = 0;
+  for (const auto& t : n.tensors) bytes += t.data.size() * sizeof(cd);
+  return bytes;
+}
 
 }  // namespace
 
+void keep_network(const std::string& step_key, const Network& n) {
+  if (data_bytes(n) <= kKeptNetworkBytes) kept_network.keep(step_key, n);
+}
+
 Network load_network(const h5::File& file) {
-  const std::optional<FileIdentity> id = identity_of(file.path());
-  if (id) {
-    std::lock_guard lock(kept_mutex);
-    if (kept_network && kept_network->first == *id) return kept_network->second;
-  }
+  if (std::optional<Network> kept = kept_network.find(file)) return std::move(*kept);
   if (!file.exists("/network"))
     throw InputError(fmt::format("'{}' holds no tensor network (no /network dataset); expected a tn.build output",
                                  file.path().string()));
   Network n = network_from_meta(read_json_dataset(file, "network"));
-  std::uint64_t bytes = 0;
-  for (size_t t = 0; t < n.tensors.size(); ++t) {
-    file.open_dataset(tensor_name(t)).read_all(n.tensors[t].data.data());
-    bytes += n.tensors[t].data.size() * sizeof(cd);
-  }
-  if (id && bytes <= kKeptNetworkBytes) {
-    std::lock_guard lock(kept_mutex);
-    kept_network.emplace(*id, n);
-  }
+  for (size_t t = 0; t < n.tensors.size(); ++t) file.open_dataset(tensor_name(t)).read_all(n.tensors[t].data.data());
+  keep_network(stages::step_key_of(file), n);
   return n;
 }
 

@@ -80,7 +80,10 @@ void set_bitstring(Network& n, const std::vector<std::uint8_t>& bitstring);
 // qubits, projections) and one chunked complex128 dataset per tensor, /tensors/tNNNNNN, with
 // attributes "modes" (JSON list) and "tag". Rank-0 tensors are stored with shape [1].
 void save_network(const Network& n, h5::File& file);
+// A step's output, read (or taken from what this process kept of it: stages/common/kept.hpp).
 Network load_network(const h5::File& file);
+// Keeps `n` for the steps after the one of `step_key` that wrote it (networks up to 256 MiB of data).
+void keep_network(const std::string& step_key, const Network& n);
 
 // A network as bytes (for handing a computed network to every rank): meta JSON + tensor data.
 std::string serialize_network(const Network& n);

@@ -12,6 +12,7 @@
 #include "core/error.hpp"
 #include "core/units.hpp"
 #include "kernels/linalg/looped_gemm.hpp"
+#include "stages/common/kept.hpp"
 #include "stages/tn/paths/fusion.hpp"
 #include "stages/tn/paths/slicing.hpp"
 #include "stages/tn/paths/tree.hpp"
@@ -1143,6 +1144,22 @@ Plan Plan::from_json(const json& j, const json& prediction) {
     p.steps.push_back(std::move(st));
   }
   return p;
+}
+
+namespace {
+stages::Kept<PlanOutput> kept_plan_output;
+}  // namespace
+
+PlanOutput read_plan_output(const h5::File& file) {
+  if (std::optional<PlanOutput> kept = kept_plan_output.find(file)) return std::move(*kept);
+  PlanOutput o{read_json_dataset(file, "plan"), nullptr};
+  if (file.exists("/prediction")) o.prediction = read_json_dataset(file, "prediction");
+  keep_plan_output(stages::step_key_of(file), o);
+  return o;
+}
+
+void keep_plan_output(const std::string& step_key, const PlanOutput& output) {
+  kept_plan_output.keep(step_key, output);
 }
 
 }  // namespace qstage::tn

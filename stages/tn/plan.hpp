@@ -244,4 +244,13 @@ struct PlanOptions {
 // InputError if even slicing every closed mode does not fit the budget.
 Plan make_plan(const Network& n, const Path& path, const PlanOptions& options);
 
+// tn.plan's output as JSON: the schedule (dataset "plan") and its prediction (null in a file that
+// has none), read from its file or taken from what this process kept of it
+// (stages/common/kept.hpp; tn.plan keeps what it writes).
+struct PlanOutput {
+  nlohmann::json plan, prediction;
+};
+PlanOutput read_plan_output(const h5::File& file);
+void keep_plan_output(const std::string& step_key, const PlanOutput& output);
+
 }  // namespace qstage::tn

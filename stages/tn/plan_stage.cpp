@@ -362,6 +362,7 @@ void PlanStage::Run::write(const StagePlan&, const StepPass&, h5::File& out) con
   const bool measured = prediction.at("measured").get<bool>();
   tn::write_json_dataset(out, "plan", j);
   h5::Dataset prediction_dataset = tn::write_json_dataset(out, "prediction", prediction);
+  tn::keep_plan_output(ctx_.step_key, {j, prediction});
   if (measured) mark_measured(prediction_dataset);
   const tn::Plan& plan = *plan_;
   // Per step, for plots of tensor size along the path (qstage inspect --plot).

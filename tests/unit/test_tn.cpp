@@ -14,6 +14,7 @@
 #include "core/error.hpp"
 #include "core/signals.hpp"
 #include "kernels/tn/statevector.hpp"
+#include "stages/common/kept.hpp"
 #include "stages/tn/circuit.hpp"
 #include "stages/tn/contractor.hpp"
 #include "stages/tn/network.hpp"
@@ -219,30 +220,36 @@ TEST(TensorNetwork, AmplitudesMatchTheStateVectorSlicedOrNot) {
   }
 }
 
-// A process keeps the last network it read (a workflow's steps read the same file); a file
-// replaced by rename, as outputs are committed, is read anew.
-TEST(TensorNetwork, LoadKeepsTheLastFileAndReadsAReplacedOneAnew) {
+// A process keeps the last network a step wrote or read, by the step key its file carries; a
+// file of another key (a step run again, a replaced output) is read anew, and so is one without.
+TEST(TensorNetwork, LoadKeepsTheLastNetworkByItsStepKey) {
   test::TempDir dir;
   const auto first = tn::amplitude_network(grid_circuit(2, 3, 4, 1));
   const auto second = tn::amplitude_network(grid_circuit(2, 3, 4, 2));
-  auto write = [](const tn::Network& n, const std::filesystem::path& path) {
+  auto write = [](const tn::Network& n, const std::filesystem::path& path, const std::string& key) {
     h5::File f = h5::File::create(path);
     tn::save_network(n, f);
+    if (!key.empty()) f.set_attribute(stages::kStepKeyAttribute, key);
   };
   auto same = [](const tn::Network& a, const tn::Network& b) {
-    if (a.tensors.size() != b.tensors.size()) return false;
-    for (size_t t = 0; t < a.tensors.size(); ++t)
-      if (a.tensors[t].modes != b.tensors[t].modes || a.tensors[t].data != b.tensors[t].data) return false;
-    return true;
+    return tn::serialize_network(a) == tn::serialize_network(b);
+  };
+  auto load = [](const std::filesystem::path& path) {
+    return tn::load_network(h5::File::open(path, h5::Mode::read_only));
   };
   ASSERT_FALSE(same(first, second));
   const auto path = dir.path / "net.h5";
-  write(first, path);
-  for (int read = 0; read < 2; ++read)
-    EXPECT_TRUE(same(tn::load_network(h5::File::open(path, h5::Mode::read_only)), first)) << "read " << read;
-  write(second, dir.path / "next.h5");
+  write(first, path, "key-1");
+  for (int read = 0; read < 2; ++read) EXPECT_TRUE(same(load(path), first)) << "read " << read;
+  write(second, dir.path / "next.h5", "key-2");
   std::filesystem::rename(dir.path / "next.h5", path);
-  EXPECT_TRUE(same(tn::load_network(h5::File::open(path, h5::Mode::read_only)), second));
+  EXPECT_TRUE(same(load(path), second));
+  write(first, path, "");
+  EXPECT_TRUE(same(load(path), first));
+  // A step that writes a network keeps it: the file of its key is not read.
+  tn::keep_network("key-3", second);
+  write(first, path, "key-3");
+  EXPECT_TRUE(same(load(path), second));
 }
 
 TEST(TensorNetwork, OpenQubitsGiveAllTheirAmplitudes) {
