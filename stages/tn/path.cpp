@@ -107,8 +107,9 @@ std::vector<std::vector<Mode>> intermediate_modes(const Network& n, const Path& 
   return out;
 }
 
-PathCost path_cost(const Network& n, const Path& p) {
-  const auto inter = intermediate_modes(n, p);
+PathCost path_cost(const Network& n, const Path& p) { return path_cost(n, p, intermediate_modes(n, p)); }
+
+PathCost path_cost(const Network& n, const Path& p, const std::vector<std::vector<Mode>>& inter) {
   std::set<Mode> sliced(p.sliced.begin(), p.sliced.end());
   std::vector<std::vector<Mode>> modes;
   for (const auto& t : n.tensors) modes.push_back(t.modes);

@@ -37,6 +37,8 @@ struct PathCost {
 std::vector<std::vector<Mode>> intermediate_modes(const Network& n, const Path& p);
 
 PathCost path_cost(const Network& n, const Path& p);
+// The same, given the path's intermediate_modes (a caller that has them).
+PathCost path_cost(const Network& n, const Path& p, const std::vector<std::vector<Mode>>& inter);
 
 // Imports. opt_einsum's linear path: each step lists positions in the current operand list;
 // those operands are removed and the result appended (steps of more than two operands are

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <list>
+#include <optional>
 #include <set>
 
 #include "core/error.hpp"
@@ -309,13 +310,20 @@ PlanStep mapped_block(const Network& net, const PlanStep& st) {
 
 }  // namespace
 
-// (`st` needs its tensors only: step_tensors'.)
-bool runs_chained(const Network& net, const PlanStep& st) {
-  if (st.spilled()) return false;
-  const PlanStep v = mapped_block(net, st);
+namespace {
+
+// Whether a step not spilled, mapped as mapped_block maps it, runs in a chain.
+bool chains(const Network& net, const PlanStep& v) {
   return v.execution == Execution::looped &&
          kernels::LoopedChain::fits(v.m, v.n, v.k, static_cast<std::uint64_t>(v.loops),
                                     static_cast<int>(loop_groups(net, v).size()));
+}
+
+}  // namespace
+
+// (`st` needs its tensors only: step_tensors'.)
+bool runs_chained(const Network& net, const PlanStep& st) {
+  return !st.spilled() && chains(net, mapped_block(net, st));
 }
 
 PlanStep local_step(const Network& net, const PlanStep& st, const std::vector<Mode>& fixed, std::uint64_t element_bytes,
@@ -521,9 +529,15 @@ PlanStep step_tensors(const Path& p, size_t s, size_t N, const std::vector<std::
 // fits beside the `device_live` bytes. The step takes the GEMM mapping and execution of one
 // block (of itself, if not spilled) but keeps its full layouts: the contractor derives the
 // block's layouts again (block_view). Returns that block, whose layouts size the workspace.
-PlanStep choose_execution(const Network& net, PlanStep& st, const PlanOptions& o, std::uint64_t device_live) {
+// `mapped`: the step's mapped_block from before its tensors were placed, where it is not spilled
+// (the mapping reads modes only), else null.
+PlanStep choose_execution(const Network& net, PlanStep& st, const PlanOptions& o, std::uint64_t device_live,
+                          const PlanStep* mapped) {
   if (st.spilled()) choose_blocks(net, st, o, device_live);
-  const PlanStep block = mapped_block(net, st);
+  PlanStep block = mapped && !st.spilled() ? *mapped : mapped_block(net, st);
+  block.a_offset = st.a_offset;
+  block.b_offset = st.b_offset;
+  block.c_offset = st.c_offset;
   PlanStep full = block;
   full.a_modes = st.a_modes;
   full.b_modes = st.b_modes;
@@ -614,12 +628,12 @@ Plan build(const Network& net, const Path& path, const std::set<Mode>& sliced, c
   plan.bandwidth = o.bandwidth;
   plan.gemm_rate = o.gemm_rate;
   plan.pcie_bandwidth = o.pcie_bandwidth;
-  plan.cost = path_cost(net, p);
+  const auto inter = intermediate_modes(net, p);
+  plan.cost = path_cost(net, p, inter);
   plan.spilled = static_cast<int>(host_ids.size());
 
   std::vector<std::vector<Mode>> modes;  // unordered modes of every id (per slice)
   for (const auto& t : net.tensors) modes.push_back(without(t.modes, sliced));
-  const auto inter = intermediate_modes(net, p);
   modes.insert(modes.end(), inter.begin(), inter.end());
   const auto layout = backward_layouts(net, p, modes);
   std::vector<std::uint64_t> bytes;  // of every id
@@ -643,7 +657,9 @@ Plan build(const Network& net, const Path& path, const std::set<Mode>& sliced, c
   for (size_t s = 0; s < p.ssa.size(); ++s) {
     PlanStep st = step_tensors(p, s, N, layout, bytes, host_ids, reuse);
     Arena& work = st.invariant ? prologue_arena : arena;  // where the step's tensors live, but persistent ones
-    const bool chained = runs_chained(net, st);
+    std::optional<PlanStep> mapped;  // (mapped once where not spilled: the mapping reads modes only)
+    if (!st.spilled()) mapped = mapped_block(net, st);
+    const bool chained = mapped && chains(net, *mapped);
     if (!chained || stage_results.count(st.a) || stage_results.count(st.b)) {
       for (auto [in, at] : stage_operands) in->free(at);
       stage_operands.clear();
@@ -655,7 +671,7 @@ Plan build(const Network& net, const Path& path, const std::set<Mode>& sliced, c
     st.a_offset = offset[static_cast<size_t>(st.a)];
     st.b_offset = offset[static_cast<size_t>(st.b)];
     st.c_offset = offset[static_cast<size_t>(st.c)];
-    const PlanStep block = choose_execution(net, st, o, work.in_use() + persistent_share);
+    const PlanStep block = choose_execution(net, st, o, work.in_use() + persistent_share, mapped ? &*mapped : nullptr);
     const auto workspace = place_workspace(net, st, block, work, o.element_bytes);
     st.live_bytes = work.in_use();
     for (std::uint64_t w : workspace) work.free(w);
