@@ -436,8 +436,8 @@ def qstage_case(args, name, case):
                          "seconds_per_amplitude_with_setup": contract / count,
                          "seconds_per_amplitude_with_planning": res["planning_seconds"] + contract / count,
                          "seconds_per_amplitude_with_planning_whole_steps":
-                             (res["whole_step_seconds"]["path"] + res["whole_step_seconds"]["plan"] +
-                              float(metrics["seconds"])) / count,
+                             res["whole_step_seconds"]["path"] + res["whole_step_seconds"]["plan"] +
+                             float(metrics["seconds"]) / count,
                          "tflops": res["flops_total"] / (loop / count) / 1e12,
                          "value": [float(values[0].real), float(values[0].imag)],
                          "step_profile": step_profile(out, "profile.h5")}
