@@ -30,9 +30,10 @@ constexpr int kLag = 32;          // trial i is drawn from trials [0, i - kLag]:
                                   // depend on the thread count; 32 drawn ahead keep 16 threads busy
 constexpr int kFirstTrials = 16;  // trials before the search may stop
 constexpr int kProgressTrials = 16;
-constexpr int kRefined = 8;        // trees refined at the end, in parallel (with 4: wide's paths up to 2x
-                                   // costlier, n53m20's at 2^30 up to 10^1.9; the best raw trial is often
-                                   // not the best refined one)
+constexpr int kRefined = 16;       // trees refined, in parallel, one a thread on a 16-core host (the best raw
+                                   // trial is often not the best refined one: with 4, wide's paths were up
+                                   // to 2x costlier, n53m20's at 2^30 up to 10^1.9; with 8, at 256 trials,
+                                   // wide's seed 1 came out 1.8x costlier than with 16)
 constexpr int kExplore = 24;       // a method's first trials sample its parameters uniformly
 constexpr int kTop = 4;            // later trials perturb one of a method's best few
 constexpr double kPerturb = 0.12;  // the perturbation's standard deviation (in [0, 1] per parameter)
