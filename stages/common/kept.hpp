@@ -7,6 +7,7 @@
 // An entry is keyed by the step key the runner stamps on every output (kStepKeyAttribute): the
 // stage, its parameters and its inputs' hashes, so a key names what its file holds. One entry
 // per kind, the last one kept; a reader takes it only if the file it opens carries that key.
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -26,26 +27,22 @@ inline std::string step_key_of(const h5::File& file) {
 template <typename T>
 class Kept {
  public:
-  void keep(const std::string& step_key, T value) {
+  // (shared, never copied: a plan's JSON is some 10^4 values)
+  void keep(const std::string& step_key, std::shared_ptr<const T> value) {
     if (step_key.empty()) return;
     const std::lock_guard lock(mutex_);
     entry_.emplace(step_key, std::move(value));
   }
-  void forget() {
-    const std::lock_guard lock(mutex_);
-    entry_.reset();
-  }
-  // The value kept for the step key `file` carries, if any.
-  std::optional<T> find(const h5::File& file) const {
+  // The value kept for the step key `file` carries; null if none.
+  std::shared_ptr<const T> find(const h5::File& file) const {
     const std::string key = step_key_of(file);
     const std::lock_guard lock(mutex_);
-    if (key.empty() || !entry_ || entry_->first != key) return std::nullopt;
-    return entry_->second;
+    return key.empty() || !entry_ || entry_->first != key ? nullptr : entry_->second;
   }
 
  private:
   mutable std::mutex mutex_;
-  std::optional<std::pair<std::string, T>> entry_;
+  std::optional<std::pair<std::string, std::shared_ptr<const T>>> entry_;
 };
 
 }  // namespace qstage::stages

@@ -53,11 +53,11 @@ Loaded load_inputs(const StepContext& ctx) {
   h5::File nf = h5::File::open(ctx.inputs.at("network")->where().file, h5::Mode::read_only);
   l.net = tn::load_network(nf);
   h5::File pf = h5::File::open(ctx.inputs.at("plan")->where().file, h5::Mode::read_only);
-  const tn::PlanOutput out = tn::read_plan_output(pf);
-  const json& plan = out.plan;
+  const std::shared_ptr<const tn::PlanOutput> out = tn::read_plan_output(pf);
+  const json& plan = out->plan;
   try {
-    if (out.prediction.is_null()) throw InputError("the plan file has no prediction (a tn.plan before version 9)");
-    l.plan = tn::Plan::from_json(plan, out.prediction);
+    if (out->prediction.is_null()) throw InputError("the plan file has no prediction (a tn.plan before version 9)");
+    l.plan = tn::Plan::from_json(plan, out->prediction);
   } catch (const std::exception& e) {
     l.no_prediction = e.what();
     l.plan = tn::Plan::from_json(plan);

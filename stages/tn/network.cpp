@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <set>
 
@@ -375,11 +376,11 @@ std::uint64_t data_bytes(const Network& n) {
 }  // namespace
 
 void keep_network(const std::string& step_key, const Network& n) {
-  if (data_bytes(n) <= kKeptNetworkBytes) kept_network.keep(step_key, n);
+  if (data_bytes(n) <= kKeptNetworkBytes) kept_network.keep(step_key, std::make_shared<const Network>(n));
 }
 
 Network load_network(const h5::File& file) {
-  if (std::optional<Network> kept = kept_network.find(file)) return std::move(*kept);
+  if (const auto kept = kept_network.find(file)) return *kept;
   if (!file.exists("/network"))
     throw InputError(fmt::format("'{}' holds no tensor network (no /network dataset); expected a tn.build output",
                                  file.path().string()));

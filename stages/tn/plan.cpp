@@ -1166,16 +1166,16 @@ namespace {
 stages::Kept<PlanOutput> kept_plan_output;
 }  // namespace
 
-PlanOutput read_plan_output(const h5::File& file) {
-  if (std::optional<PlanOutput> kept = kept_plan_output.find(file)) return std::move(*kept);
-  PlanOutput o{read_json_dataset(file, "plan"), nullptr};
-  if (file.exists("/prediction")) o.prediction = read_json_dataset(file, "prediction");
+std::shared_ptr<const PlanOutput> read_plan_output(const h5::File& file) {
+  if (auto kept = kept_plan_output.find(file)) return kept;
+  auto o = std::make_shared<PlanOutput>(PlanOutput{read_json_dataset(file, "plan"), nullptr});
+  if (file.exists("/prediction")) o->prediction = read_json_dataset(file, "prediction");
   keep_plan_output(stages::step_key_of(file), o);
   return o;
 }
 
-void keep_plan_output(const std::string& step_key, const PlanOutput& output) {
-  kept_plan_output.keep(step_key, output);
+void keep_plan_output(const std::string& step_key, std::shared_ptr<const PlanOutput> output) {
+  kept_plan_output.keep(step_key, std::move(output));
 }
 
 }  // namespace qstage::tn

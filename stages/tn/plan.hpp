@@ -53,6 +53,7 @@
 // recomputed per slice too. Each step still computes exactly what it computed before, so
 // results are bitwise the same; only repeats are left out.
 #include <cstdint>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <vector>
 
@@ -250,7 +251,7 @@ Plan make_plan(const Network& n, const Path& path, const PlanOptions& options);
 struct PlanOutput {
   nlohmann::json plan, prediction;
 };
-PlanOutput read_plan_output(const h5::File& file);
-void keep_plan_output(const std::string& step_key, const PlanOutput& output);
+std::shared_ptr<const PlanOutput> read_plan_output(const h5::File& file);
+void keep_plan_output(const std::string& step_key, std::shared_ptr<const PlanOutput> output);
 
 }  // namespace qstage::tn

@@ -248,20 +248,28 @@ class PlanStage final : public ComputedStage {
   std::unique_ptr<StepRun> start(const StepContext& ctx) const override { return std::make_unique<Run>(ctx); }
 
  private:
-  // (result_: {plan: the schedule, prediction})
-  class Run final : public JsonComputedRun {
+  // What it computed: the schedule and its prediction as written (JSON, shared with the later
+  // steps of the process: stages/common/kept.hpp), and the plan they describe. They are the run's
+  // state too.
+  class Run final : public ComputedRun {
    public:
-    using JsonComputedRun::JsonComputedRun;
+    using ComputedRun::ComputedRun;
     void compute() override;
+    std::string save() const override {
+      return json{{"plan", output_->plan}, {"prediction", output_->prediction}}.dump();
+    }
     void load(std::string_view state) override {
-      JsonComputedRun::load(state);
-      plan_ = tn::Plan::from_json(result_.at("plan"), result_.at("prediction"));
+      json j = json::parse(state);
+      output_ = std::make_shared<const tn::PlanOutput>(
+          tn::PlanOutput{std::move(j.at("plan")), std::move(j.at("prediction"))});
+      plan_ = tn::Plan::from_json(output_->plan, output_->prediction);
     }
     void write(const StagePlan&, const StepPass&, h5::File& out) const override;
     std::string describe(const StagePlan&, const StepPass&) const override;
 
    private:
-    std::optional<tn::Plan> plan_;  // what result_ holds, as computed (or read back from a checkpoint)
+    std::shared_ptr<const tn::PlanOutput> output_;
+    std::optional<tn::Plan> plan_;
   };
 };
 
@@ -353,16 +361,15 @@ void PlanStage::Run::compute() {
     schedule["distribution"] = std::move(d.schedule);
     prediction["distribution"] = std::move(d.prediction);
   }
-  result_ = {{"plan", schedule}, {"prediction", prediction}};
+  output_ = std::make_shared<const tn::PlanOutput>(tn::PlanOutput{std::move(schedule), std::move(prediction)});
   plan_ = std::move(plan);
 }
 void PlanStage::Run::write(const StagePlan&, const StepPass&, h5::File& out) const {
-  const json& computed = result_;
-  const json &j = computed.at("plan"), &prediction = computed.at("prediction");
+  const json &j = output_->plan, &prediction = output_->prediction;
   const bool measured = prediction.at("measured").get<bool>();
   tn::write_json_dataset(out, "plan", j);
   h5::Dataset prediction_dataset = tn::write_json_dataset(out, "prediction", prediction);
-  tn::keep_plan_output(ctx_.step_key, {j, prediction});
+  tn::keep_plan_output(ctx_.step_key, output_);
   if (measured) mark_measured(prediction_dataset);
   const tn::Plan& plan = *plan_;
   // Per step, for plots of tensor size along the path (qstage inspect --plot).
@@ -432,8 +439,7 @@ void PlanStage::Run::write(const StagePlan&, const StepPass&, h5::File& out) con
   }
 }
 std::string PlanStage::Run::describe(const StagePlan&, const StepPass&) const {
-  const json& computed = result_;
-  const json &j = computed.at("plan"), &prediction = computed.at("prediction");
+  const json &j = output_->plan, &prediction = output_->prediction;
   const tn::Plan& plan = *plan_;
   const std::string spill = plan.spilled
                                 ? fmt::format(", {} intermediates spilled to a {} {} ({} copied per slice)",

@@ -32,16 +32,24 @@ def contract_steps(plan_params, path_params="max_seconds: 600, max_tries: 64", s
 """
 
 
-def circuit_steps(source, bits, precision, budget, path_seed=0, suffix=""):
+def circuit_steps(source, bits, precision, budget, path_seed=0, suffix="", path=None):
+    """path: an SSA path file to import instead of searching (tests of what a plan does on a
+    given path, which another search's path may not need)."""
+    path_params = f"import: {path}, format: ssa" if path else f"max_seconds: 600, max_tries: 64, seed: {path_seed}"
     return f"""
   - id: net{suffix}
     stage: tn.build
-    params: {{{source}, {bits}}}""" + contract_steps(f"precision: {precision}, budget: {budget}",
-                                                    f"max_seconds: 600, max_tries: 64, seed: {path_seed}", suffix) + f"""\
+    params: {{{source}, {bits}}}""" + contract_steps(f"precision: {precision}, budget: {budget}", path_params,
+                                                    suffix) + f"""\
   - id: sv{suffix}
     stage: tn.statevector
     params: {{{source}, {bits}, precision: {precision}}}
 """
+
+
+# The 4 x 5 x 8 circuit's path (tn.path, seed 0, 64 tries, refining 8 trees), imported by the
+# out-of-core tests: they check spilling and blocks on it, which another search's path may not need.
+OOC_PATH = ROOT / "tests" / "data" / "paths" / "random_4x5x8_seed3.ssa.json"
 
 
 def relative_error(a, b):
@@ -115,7 +123,7 @@ def test_out_of_core_spills_instead_of_slicing(tmp, host_budget, scratch, sliced
     afterwards). The amplitudes still match the state vector."""
     source = "random: {rows: 4, cols: 5, cycles: 8, seed: 3}"
     bits = "random_bitstrings: {count: 2, seed: 9}"
-    spec = "name: ooc\nsteps:" + circuit_steps(source, bits, "complex128", "256KiB") + f"""\
+    spec = "name: ooc\nsteps:" + circuit_steps(source, bits, "complex128", "256KiB", path=OOC_PATH) + f"""\
   - id: plan_incore
     stage: tn.plan
     inputs: {{network: net, path: path}}
@@ -646,7 +654,8 @@ def test_compressed_spill_changes_the_result_only_as_far_as_its_bounds(tmp, pipe
     lossy bounds move them a little, and the reference check (on by default) measures how much
     against an uncompressed complex128 contraction."""
     source = "random: {rows: 4, cols: 5, cycles: 8, seed: 3}"
-    spec = "name: cspill\nsteps:" + circuit_steps(source, "random_bitstrings: {count: 2, seed: 9}", "complex64", "256KiB")
+    spec = "name: cspill\nsteps:" + circuit_steps(source, "random_bitstrings: {count: 2, seed: 9}", "complex64", "256KiB",
+                                                   path=OOC_PATH)
     spec = spec.replace("budget: 256KiB", "budget: 256KiB, out_of_core: true, host_budget: 64MiB")
     spec = spec.replace("inputs: {network: net, plan: plan}\n", "inputs: {network: net, plan: plan}\n    params: "
                         f"{{compress_spilled: {{pipeline: {pipeline}, error: {bound}, threshold: {bound}}}}}\n")
