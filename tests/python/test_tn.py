@@ -637,7 +637,8 @@ def test_inspect_plots_a_plan(tmp):
 
 def test_unwritable_scratch_dir_is_a_clear_error(tmp):
     source = "random: {rows: 4, cols: 5, cycles: 8, seed: 3}"
-    spec = "name: scratch\nsteps:" + circuit_steps(source, "random_bitstrings: {count: 1, seed: 9}", "complex128", "256KiB")
+    spec = "name: scratch\nsteps:" + circuit_steps(source, "random_bitstrings: {count: 1, seed: 9}", "complex128", "256KiB",
+                                                    path=OOC_PATH)
     spec = spec.replace("budget: 256KiB", "budget: 256KiB, out_of_core: true, host_budget: 256KiB, scratch: true")
     spec = spec.replace("inputs: {network: net, plan: plan}\n",
                         f"inputs: {{network: net, plan: plan}}\n    params: {{scratch_dir: {tmp / 'no-such-dir'}}}\n")
