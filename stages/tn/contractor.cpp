@@ -69,13 +69,17 @@ Contractor::Contractor(const Network& net, const Plan& plan, h5::DType dtype, ke
       for (int id : {st.a, st.b})
         if (id < static_cast<int>(net.tensors.size()) && net.tensors[static_cast<size_t>(id)].projects_qubit >= 0)
           prologue_qubits_.push_back(net.tensors[static_cast<size_t>(id)].projects_qubit);
-}
-
-std::uint64_t Contractor::resident_bytes() const {
-  std::uint64_t b = 0;
-  for (const auto& t : net_.tensors)
-    b += aligned(static_cast<std::uint64_t>(net_.size_of(t.modes)) * element_bytes()) * (t.projects_qubit >= 0 ? 2 : 1);
-  return b;
+  // The inputs' places in the one device region, each aligned (a projection holds <0| and <1|).
+  for (const NetTensor& t : net.tensors) {
+    const std::uint64_t bytes = aligned(static_cast<std::uint64_t>(net.size_of(t.modes)) * element_bytes());
+    std::array<std::uint64_t, 2> offset{resident_bytes_, 0};
+    resident_bytes_ += bytes;
+    if (t.projects_qubit >= 0) {
+      offset[1] = resident_bytes_;
+      resident_bytes_ += bytes;
+    }
+    input_offset_.push_back(offset);
+  }
 }
 
 // The spill store of the plan's host arena: the blocks its spilled steps copy out and in, and
@@ -116,9 +120,9 @@ void Contractor::upload(Backend& backend, Stream& stream) {
   if (plan_.host_arena_bytes) spill_ = std::make_unique<engine::SpillStore>(backend, spill_options());
   if (plan_.persistent_bytes)
     persistent_ = backend.alloc_device(plan_.persistent_bytes, "tn: persistent region (invariant steps' results)");
-  inputs_ = backend.alloc_device(std::max<std::uint64_t>(resident_bytes(), 1), "tn: input tensors");
+  inputs_ = backend.alloc_device(std::max<std::uint64_t>(resident_bytes_, 1), "tn: input tensors");
   // The tensors are packed as they lie in the region into a pageable chunk, which goes over in one
-  // copy when the next would not fit it (a tensor larger than the chunk goes alone).
+  // copy when the next would not fit it.
   constexpr std::uint64_t kChunk = 64u << 20;
   std::vector<char> chunk;
   std::uint64_t chunk_at = 0;  // the region's offset of the chunk's first byte
@@ -129,30 +133,25 @@ void Contractor::upload(Backend& backend, Stream& stream) {
     chunk.clear();
   };
   auto place = [&](std::uint64_t at, const std::vector<char>& data) {
+    if (data.size() > kChunk) {  // goes over alone, from where it lies
+      flush();
+      backend.copy_to_device(static_cast<char*>(inputs_.data()) + at, data.data(), data.size(), stream);
+      stream.synchronize();
+      return;
+    }
     if (!chunk.empty() && at + data.size() - chunk_at > kChunk) flush();
     if (chunk.empty()) chunk_at = at;
     chunk.resize(at - chunk_at);  // (the alignment gap)
     chunk.insert(chunk.end(), data.begin(), data.end());
   };
-  input_offset_.clear();
-  std::uint64_t at = 0;
   for (size_t i = 0; i < net_.tensors.size(); ++i) {
     const NetTensor& t = net_.tensors[i];
-    std::array<std::uint64_t, 2> offset{};
     if (t.projects_qubit >= 0) {
-      for (int bit = 0; bit < 2; ++bit) {
-        const auto data = converted({bit ? 0.0 : 1.0, bit ? 1.0 : 0.0}, dtype_);
-        offset[static_cast<size_t>(bit)] = at;
-        place(at, data);
-        at += aligned(data.size());
-      }
+      for (int bit = 0; bit < 2; ++bit)
+        place(input_offset_[i][static_cast<size_t>(bit)], converted({bit ? 0.0 : 1.0, bit ? 1.0 : 0.0}, dtype_));
     } else {
-      const auto data = converted(permuted(t, resident_layout_[i].modes), dtype_);
-      offset[0] = at;
-      place(at, data);
-      at += aligned(data.size());
+      place(input_offset_[i][0], converted(permuted(t, resident_layout_[i].modes), dtype_));
     }
-    input_offset_.push_back(offset);
   }
   flush();
 }

@@ -44,7 +44,7 @@ class Contractor {
              std::optional<codec::Settings> compress_spilled = std::nullopt);
   ~Contractor();
 
-  std::uint64_t resident_bytes() const;  // device memory of the resident inputs
+  std::uint64_t resident_bytes() const { return resident_bytes_; }  // device memory of the resident inputs
   // Device memory one work item needs (contract's `arena`): the plan's arena, then the staging
   // of the reduced-precision products (kernels/linalg/reduced_gemm.hpp; none in full precision).
   std::uint64_t work_bytes() const { return aligned(plan_.arena_bytes) + staging_bytes_; }
@@ -155,6 +155,7 @@ class Contractor {
   Buffer inputs_;
   std::vector<std::array<std::uint64_t, 2>>
       input_offset_;  // per input tensor: its place in inputs_ (projections: <0| and <1|)
+  std::uint64_t resident_bytes_ = 0;  // inputs_'s size
   std::vector<std::int64_t> slice_radix_;
   std::vector<std::uint64_t> slice_place_;  // per sliced mode: the slice numbers one of its steps spans
   Backend* backend_ = nullptr;
