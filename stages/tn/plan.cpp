@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <future>
 #include <list>
 #include <optional>
 #include <set>
@@ -91,12 +92,34 @@ std::int64_t stride_in(const Network& net, const std::vector<Mode>& layout, Mode
   return 0;  // not in this tensor: the loop index does not move it
 }
 
+namespace {
+
+// Each mode's stride in `layout` (row-major: the last mode moves fastest), found by a scan: a
+// step's loop modes look up three layouts each, and the extents are a map.
+struct Strides {
+  std::vector<std::pair<Mode, std::int64_t>> of;
+  Strides(const Network& net, const std::vector<Mode>& layout) {
+    std::int64_t s = 1;
+    for (size_t j = layout.size(); j-- > 0;) {
+      of.emplace_back(layout[j], s);
+      s *= net.extent.at(layout[j]);
+    }
+  }
+  std::int64_t operator()(Mode m) const {
+    for (const auto& [mode, stride] : of)
+      if (mode == m) return stride;
+    return 0;  // not in this tensor (as stride_in)
+  }
+};
+
+}  // namespace
+
 std::vector<LoopGroup> loop_groups(const Network& net, const PlanStep& st) {
-  const auto& L = st.left_is_b ? st.b_modes : st.a_modes;
-  const auto& R = st.left_is_b ? st.a_modes : st.b_modes;
+  const Strides L(net, st.left_is_b ? st.b_modes : st.a_modes), R(net, st.left_is_b ? st.a_modes : st.b_modes),
+      C(net, st.c_modes);
   std::vector<LoopGroup> groups;
   for (auto it = st.loop_modes.rbegin(); it != st.loop_modes.rend(); ++it) {
-    const LoopGroup o{net.extent.at(*it), stride_in(net, L, *it), stride_in(net, R, *it), stride_in(net, st.c_modes, *it)};
+    const LoopGroup o{net.extent.at(*it), L(*it), R(*it), C(*it)};
     if (!groups.empty()) {
       LoopGroup& in = groups.back();
       if (o.l == in.l * in.extent && o.r == in.r * in.extent && o.c == in.c * in.extent) {
@@ -944,6 +967,56 @@ Path Plan::path() const {
   return p;
 }
 
+namespace {
+
+// A plan and the path it runs (the same contraction as the path it came from).
+struct PlanAndPath {
+  Plan plan;
+  Path path;
+};
+
+// The plan of `path` with its gate chains fused (paths/fusion.hpp), if it has any and the fused
+// plan fits the budgets. (The fused path's steps hold no more than the chains' did, but the
+// first-fit arena or the spilling may still come out larger: then the path that fits stays.)
+std::optional<PlanAndPath> with_fused_gates(const Network& net, const Path& path, const PlanOptions& o) {
+  const SearchNetwork search = SearchNetwork::from(net);
+  ContractionTree tree = ContractionTree::from_path(search, path);
+  const FuseReport fused = fuse_gate_chains(tree);
+  if (!fused.fused) return std::nullopt;
+  const Path fused_path = tree.to_path();
+  Plan t = fit(net, fused_path, std::set<Mode>(fused_path.sliced.begin(), fused_path.sliced.end()), o);
+  if (overflow(t, o) > 1) return std::nullopt;
+  spdlog::debug(
+      "tn.plan: {} gate chain step(s) fused: {:.4g} -> {:.4g} elements moved per slice, {:.4g} -> {:.4g} "
+      "multiply-adds",
+      fused.fused, fused.moved_before, fused.moved_after, fused.multiply_adds_before, fused.multiply_adds_after);
+  t.fused_gates = fused.fused;
+  return PlanAndPath{std::move(t), fused_path};
+}
+
+// The plan of `path` (which `plan` runs) with its chained steps in waves (chain_waves), where that
+// changes the order and keeps the arena within kWavesArenaGrowth of the plan's (a network of large
+// tensors grows by its small results: a few hundred KB of GBs, 1-2 % of a 20-qubit circuit's
+// slice; one of small tensors alone by a tenth or more: it keeps its order, whatever the budget).
+std::optional<PlanAndPath> in_waves(const Network& net, const Plan& plan, const Path& path, const PlanOptions& o) {
+  Path waved = chain_waves(net, plan, path);
+  if (waved.ssa == path.ssa) return std::nullopt;
+  Plan t = fit(net, waved, std::set<Mode>(waved.sliced.begin(), waved.sliced.end()), o);
+  if (static_cast<double>(t.arena_bytes) > static_cast<double>(plan.arena_bytes) * (1 + kWavesArenaGrowth) ||
+      t.host_arena_bytes > plan.host_arena_bytes || overflow(t, o) > 1)
+    return std::nullopt;
+  return PlanAndPath{std::move(t), std::move(waved)};
+}
+
+// What fusion and waves make of the unsliced path, worked out beside the check that it fits
+// unsliced: where it does (the usual case) the plan is ready when that check ends.
+struct Ahead {
+  std::optional<PlanAndPath> fused, waved;  // waved: of `fused`
+  bool failed = false;                      // it threw: the plan is worked out in turn instead
+};
+
+}  // namespace
+
 Plan make_plan(const Network& net, const Path& path, const PlanOptions& o) {
   for (Mode m : path.sliced)
     if (std::count(net.output.begin(), net.output.end(), m))
@@ -952,6 +1025,20 @@ Plan make_plan(const Network& net, const Path& path, const PlanOptions& o) {
   // reuse can fall back to); reuse is added to the plan that fits.
   PlanOptions every_slice = o;
   every_slice.reuse_invariant = false;
+  // Fusion and waves each build the plan again: for the unsliced path they run on a second thread
+  // while the path's own plan is built (they give the same plans as in turn, where it fits).
+  std::future<Ahead> ahead;
+  if (o.fuse_gates)
+    ahead = std::async(std::launch::async, [&] {
+      Ahead a;
+      try {
+        a.fused = with_fused_gates(net, path, every_slice);
+        if (a.fused) a.waved = in_waves(net, a.fused->plan, a.fused->path, every_slice);
+      } catch (...) {
+        a.failed = true;
+      }
+      return a;
+    });
   auto fitted = slice_to_fit(net, path, every_slice);
   Plan plan = std::move(fitted.first);
   Path sliced_path = std::move(fitted.second);
@@ -960,42 +1047,21 @@ Plan make_plan(const Network& net, const Path& path, const PlanOptions& o) {
   auto adopt = [&](Plan t, const Path& p) {
     t.slicing_overhead = plan.slicing_overhead;
     t.path_reconfigured = plan.path_reconfigured;
-    t.fused_gates = plan.fused_gates;
+    if (!t.fused_gates) t.fused_gates = plan.fused_gates;
     plan = std::move(t);
     sliced_path = p;
   };
-  if (o.fuse_gates) {
-    const SearchNetwork search = SearchNetwork::from(net);
-    ContractionTree tree = ContractionTree::from_path(search, sliced_path);
-    const FuseReport fused = fuse_gate_chains(tree);
-    if (fused.fused) {
-      const Path fused_path = tree.to_path();
-      Plan t = fit(net, fused_path, std::set<Mode>(fused_path.sliced.begin(), fused_path.sliced.end()), every_slice);
-      // (The fused path's steps hold no more than the chains' did, but the first-fit arena or the
-      // spilling may still come out larger: then the path that fits stays.)
-      if (overflow(t, every_slice) <= 1) {
-        spdlog::debug("tn.plan: {} gate chain step(s) fused: {:.4g} -> {:.4g} elements moved per slice, {:.4g} -> {:.4g} "
-                      "multiply-adds",
-                      fused.fused, fused.moved_before, fused.moved_after, fused.multiply_adds_before,
-                      fused.multiply_adds_after);
-        adopt(std::move(t), fused_path);
-        plan.fused_gates = fused.fused;
-      }
-    }
+  std::optional<Ahead> worked_out;
+  if (ahead.valid()) {
+    Ahead a = ahead.get();
+    if (!a.failed && sliced_path.ssa == path.ssa && sliced_path.sliced == path.sliced) worked_out = std::move(a);
   }
-  {
-    // Chained steps in waves, where that keeps the arena within kWavesArenaGrowth of the plan's
-    // (a network of large tensors grows by its small results: a few hundred KB of GBs, 1-2 % of a
-    // 20-qubit circuit's slice; one of small tensors alone by a tenth or more: it keeps its order,
-    // whatever the budget).
-    const Path waved = chain_waves(net, plan, sliced_path);
-    if (waved.ssa != sliced_path.ssa) {
-      Plan t = fit(net, waved, std::set<Mode>(waved.sliced.begin(), waved.sliced.end()), every_slice);
-      if (static_cast<double>(t.arena_bytes) <= static_cast<double>(plan.arena_bytes) * (1 + kWavesArenaGrowth) &&
-          t.host_arena_bytes <= plan.host_arena_bytes && overflow(t, every_slice) <= 1)
-        adopt(std::move(t), waved);
-    }
-  }
+  std::optional<PlanAndPath> fused;
+  if (o.fuse_gates) fused = worked_out ? std::move(worked_out->fused) : with_fused_gates(net, sliced_path, every_slice);
+  if (fused) adopt(std::move(fused->plan), fused->path);
+  std::optional<PlanAndPath> waved =
+      worked_out && fused ? std::move(worked_out->waved) : in_waves(net, plan, sliced_path, every_slice);
+  if (waved) adopt(std::move(waved->plan), waved->path);
   if (o.reuse_invariant && plan.slices > 1) adopt(with_reuse(net, sliced_path, plan, o), Path(sliced_path));
   return finish(std::move(plan), o);
 }
