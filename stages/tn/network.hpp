@@ -28,10 +28,70 @@ struct NetTensor {
   int projects_qubit = -1; // >= 0: an output projection <x_q|, whose data follows the bitstring
 };
 
+// Every mode's extent: a map by label (iterated in label order), with a table of pointers into
+// it for labels below kTabled, so that the planners' lookups (several per mode of every step) do
+// not walk the tree. The map's nodes never move, so the pointers stay valid as it grows.
+class ModeExtents {
+ public:
+  using Map = std::map<Mode, std::int64_t>;
+  ModeExtents() = default;
+  ModeExtents(std::initializer_list<Map::value_type> init) : map_(init) { reindex(); }
+  ModeExtents(const ModeExtents& o) : map_(o.map_) { reindex(); }
+  ModeExtents(ModeExtents&&) noexcept = default;
+  ModeExtents& operator=(const ModeExtents& o) {
+    if (this != &o) {
+      map_ = o.map_;
+      reindex();
+    }
+    return *this;
+  }
+  ModeExtents& operator=(ModeExtents&&) noexcept = default;
+
+  std::int64_t at(Mode m) const {  // std::out_of_range for a mode it lacks, as std::map's
+    if (m >= 0 && static_cast<std::uint64_t>(m) < table_.size() && table_[static_cast<size_t>(m)])
+      return *table_[static_cast<size_t>(m)];
+    return map_.at(m);
+  }
+  std::int64_t& operator[](Mode m) {
+    auto [it, inserted] = map_.try_emplace(m, 0);
+    if (inserted) index(it);
+    return it->second;
+  }
+  size_t count(Mode m) const { return map_.count(m); }
+  size_t erase(Mode m) {
+    if (m >= 0 && static_cast<std::uint64_t>(m) < table_.size()) table_[static_cast<size_t>(m)] = nullptr;
+    return map_.erase(m);
+  }
+  size_t size() const { return map_.size(); }
+  bool empty() const { return map_.empty(); }
+  Map::const_iterator begin() const { return map_.begin(); }
+  Map::const_iterator end() const { return map_.end(); }
+  Map::iterator begin() { return map_.begin(); }
+  Map::iterator end() { return map_.end(); }
+  Map::const_reverse_iterator rbegin() const { return map_.rbegin(); }
+  Map::const_reverse_iterator rend() const { return map_.rend(); }
+  bool operator==(const ModeExtents& o) const { return map_ == o.map_; }
+
+ private:
+  static constexpr Mode kTabled = Mode{1} << 22;
+  void index(Map::iterator it) {
+    if (it->first < 0 || it->first >= kTabled) return;
+    const auto m = static_cast<size_t>(it->first);
+    if (table_.size() <= m) table_.resize(m + 1, nullptr);
+    table_[m] = &it->second;
+  }
+  void reindex() {
+    table_.clear();
+    for (auto it = map_.begin(); it != map_.end(); ++it) index(it);
+  }
+  Map map_;
+  std::vector<std::int64_t*> table_;  // by label below kTabled: its extent in map_, or null
+};
+
 struct Network {
   std::vector<NetTensor> tensors;
   std::vector<Mode> output;             // open modes, in the output's order
-  std::map<Mode, std::int64_t> extent;  // every mode's extent
+  ModeExtents extent;                   // every mode's extent
   std::string kind = "generic";         // "amplitude", "expectation" or "generic"
   int qubits = 0;                       // circuits: the qubit count
   std::vector<int> open_qubits;         // amplitude networks: qubits left open (output modes, in order)
