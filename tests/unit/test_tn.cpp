@@ -2,6 +2,7 @@
 // not) -> contraction, against the state vector; generic networks against a direct sum.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <complex>
 #include <csignal>
 #include <cstring>
@@ -250,6 +251,47 @@ TEST(TensorNetwork, LoadKeepsTheLastNetworkByItsStepKey) {
   tn::keep_network("key-3", second);
   write(first, path, "key-3");
   EXPECT_TRUE(same(load(path), second));
+}
+
+// The extents' lookup table follows the map through inserts, writes through [], erases, copies
+// and moves; labels outside the table (negative, 2^22 and up) are looked up in the map.
+TEST(TensorNetwork, ExtentsLookedUpThroughTheTableAsInTheMap) {
+  tn::ModeExtents e{{0, 2}, {5, 3}, {-4, 7}, {(tn::Mode{1} << 22) + 1, 11}};
+  e[9] = 4;
+  e[5] *= 2;  // through the reference [] returns
+  auto expect = [](const tn::ModeExtents& x, const std::map<tn::Mode, std::int64_t>& want) {
+    ASSERT_EQ(x.size(), want.size());
+    for (const auto& [m, v] : want) EXPECT_EQ(x.at(m), v) << "mode " << m;
+    std::vector<tn::Mode> order;
+    for (const auto& [m, v] : x) order.push_back(m);
+    EXPECT_TRUE(std::is_sorted(order.begin(), order.end()));
+    EXPECT_THROW((void)x.at(7), std::out_of_range);
+    EXPECT_THROW((void)x.at(1 << 23), std::out_of_range);
+  };
+  const std::map<tn::Mode, std::int64_t> want{{0, 2}, {5, 6}, {-4, 7}, {(tn::Mode{1} << 22) + 1, 11}, {9, 4}};
+  expect(e, want);
+  EXPECT_EQ(e.erase(5), 1u);
+  EXPECT_THROW((void)e.at(5), std::out_of_range);
+  EXPECT_EQ(e.count(5), 0u);
+  e[5] = 1;  // back, at another node
+  EXPECT_EQ(e.at(5), 1);
+  tn::ModeExtents copy = e;
+  copy[0] = 12;  // the copy's table points into the copy
+  EXPECT_EQ(e.at(0), 2);
+  EXPECT_EQ(copy.at(0), 12);
+  tn::ModeExtents assigned;
+  assigned = copy;
+  tn::ModeExtents moved = std::move(copy);
+  moved[9] = 8;
+  EXPECT_EQ(moved.at(9), 8);
+  EXPECT_EQ(assigned.at(9), 4);
+  EXPECT_TRUE(assigned != moved);
+  assigned[9] = 8;
+  EXPECT_TRUE(assigned == moved);
+  // A network's sizes read them as before.
+  tn::Network n;
+  n.extent = moved;
+  EXPECT_EQ(n.size_of({0, 5, 9}), 12 * 1 * 8);
 }
 
 TEST(TensorNetwork, OpenQubitsGiveAllTheirAmplitudes) {
