@@ -202,6 +202,8 @@ struct Weigher {
   bool uniform = false;                          // one run: a single popcount does
   double uniform_log2 = 0;
 
+  std::array<double, 64 * W + 1> uniform_size{};  // uniform: exp2(n * uniform_log2) for n legs
+
   explicit Weigher(const LocalModes& lm) {
     for (const auto& r : lm.runs) {
       Bits<W> m;
@@ -209,14 +211,18 @@ struct Weigher {
       runs.push_back({m, r.log2_extent});
     }
     uniform = runs.size() == 1;
-    if (uniform) uniform_log2 = runs[0].second;
+    if (uniform) {
+      uniform_log2 = runs[0].second;
+      for (int n = 0; n <= 64 * W; ++n) uniform_size[static_cast<size_t>(n)] = std::exp2(n * uniform_log2);
+    }
+  }
+  static int legs(const Bits<W>& b) {
+    int n = 0;
+    for (int i = 0; i < W; ++i) n += std::popcount(b.w[i]);
+    return n;
   }
   double operator()(const Bits<W>& b) const {
-    if (uniform) {
-      int n = 0;
-      for (int i = 0; i < W; ++i) n += std::popcount(b.w[i]);
-      return n * uniform_log2;
-    }
+    if (uniform) return legs(b) * uniform_log2;
     double s = 0;
     for (const auto& [mask, e] : runs) {
       int n = 0;
@@ -224,6 +230,11 @@ struct Weigher {
       s += n * e;
     }
     return s;
+  }
+  // The size exp2(weight): looked up where every extent is the same (the DP's inner loop asks
+  // for it per split; the values are exp2's own).
+  double size(const Bits<W>& b) const {
+    return uniform ? uniform_size[static_cast<size_t>(legs(b))] : std::exp2((*this)(b));
   }
 };
 
@@ -313,7 +324,7 @@ DpResult solve_subsets(const DpProblem& p, const LocalModes& lm, DpBuffers<W>& b
   for (int i = 0; i < F; ++i) buf.best[1u << i] = 0;
 
   auto step_cost = [&](std::uint32_t S1, std::uint32_t S2) {
-    return std::exp2(weigh(buf.legs[S1] | buf.legs[S2])) * (buf.invariant[S1 | S2] ? p.invariant_weight : 1.0);
+    return weigh.size(buf.legs[S1] | buf.legs[S2]) * (buf.invariant[S1 | S2] ? p.invariant_weight : 1.0);
   };
 
   for (std::uint32_t S = 1; S <= full; ++S) {
