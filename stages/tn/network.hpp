@@ -28,32 +28,33 @@ struct NetTensor {
   int projects_qubit = -1; // >= 0: an output projection <x_q|, whose data follows the bitstring
 };
 
-// Every mode's extent: a map by label (iterated in label order), with a table of pointers into
-// it for labels below kTabled, so that the planners' lookups (several per mode of every step) do
-// not walk the tree. The map's nodes never move, so the pointers stay valid as it grows.
-class ModeExtents {
+// A value per mode: a map by label (iterated in label order), with a table of pointers into it
+// for labels below kTabled, so that the planners' lookups (several per mode of every step) do not
+// walk the tree. The map's nodes never move, so the pointers stay valid as it grows.
+template <typename V>
+class ModeMap {
  public:
-  using Map = std::map<Mode, std::int64_t>;
-  ModeExtents() = default;
-  ModeExtents(std::initializer_list<Map::value_type> init) : map_(init) { reindex(); }
-  ModeExtents(const ModeExtents& o) : map_(o.map_) { reindex(); }
-  ModeExtents(ModeExtents&&) noexcept = default;
-  ModeExtents& operator=(const ModeExtents& o) {
+  using Map = std::map<Mode, V>;
+  ModeMap() = default;
+  ModeMap(std::initializer_list<typename Map::value_type> init) : map_(init) { reindex(); }
+  ModeMap(const ModeMap& o) : map_(o.map_) { reindex(); }
+  ModeMap(ModeMap&&) noexcept = default;
+  ModeMap& operator=(const ModeMap& o) {
     if (this != &o) {
       map_ = o.map_;
       reindex();
     }
     return *this;
   }
-  ModeExtents& operator=(ModeExtents&&) noexcept = default;
+  ModeMap& operator=(ModeMap&&) noexcept = default;
 
-  std::int64_t at(Mode m) const {  // std::out_of_range for a mode it lacks, as std::map's
+  V at(Mode m) const {  // std::out_of_range for a mode it lacks, as std::map's
     if (m >= 0 && static_cast<std::uint64_t>(m) < table_.size() && table_[static_cast<size_t>(m)])
       return *table_[static_cast<size_t>(m)];
     return map_.at(m);
   }
-  std::int64_t& operator[](Mode m) {
-    auto [it, inserted] = map_.try_emplace(m, 0);
+  V& operator[](Mode m) {
+    auto [it, inserted] = map_.try_emplace(m, V{});
     if (inserted) index(it);
     return it->second;
   }
@@ -64,17 +65,17 @@ class ModeExtents {
   }
   size_t size() const { return map_.size(); }
   bool empty() const { return map_.empty(); }
-  Map::const_iterator begin() const { return map_.begin(); }
-  Map::const_iterator end() const { return map_.end(); }
-  Map::iterator begin() { return map_.begin(); }
-  Map::iterator end() { return map_.end(); }
-  Map::const_reverse_iterator rbegin() const { return map_.rbegin(); }
-  Map::const_reverse_iterator rend() const { return map_.rend(); }
-  bool operator==(const ModeExtents& o) const { return map_ == o.map_; }
+  typename Map::const_iterator begin() const { return map_.begin(); }
+  typename Map::const_iterator end() const { return map_.end(); }
+  typename Map::iterator begin() { return map_.begin(); }
+  typename Map::iterator end() { return map_.end(); }
+  typename Map::const_reverse_iterator rbegin() const { return map_.rbegin(); }
+  typename Map::const_reverse_iterator rend() const { return map_.rend(); }
+  bool operator==(const ModeMap& o) const { return map_ == o.map_; }
 
  private:
   static constexpr Mode kTabled = Mode{1} << 22;
-  void index(Map::iterator it) {
+  void index(typename Map::iterator it) {
     if (it->first < 0 || it->first >= kTabled) return;
     const auto m = static_cast<size_t>(it->first);
     if (table_.size() <= m) table_.resize(m + 1, nullptr);
@@ -85,8 +86,11 @@ class ModeExtents {
     for (auto it = map_.begin(); it != map_.end(); ++it) index(it);
   }
   Map map_;
-  std::vector<std::int64_t*> table_;  // by label below kTabled: its extent in map_, or null
+  std::vector<V*> table_;  // by label below kTabled: its value in map_, or null
 };
+
+// Every mode's extent.
+using ModeExtents = ModeMap<std::int64_t>;
 
 struct Network {
   std::vector<NetTensor> tensors;

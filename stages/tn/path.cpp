@@ -27,7 +27,7 @@ namespace {
 
 // Which modes survive a contraction: those in the output or in another remaining tensor.
 struct ModeUse {
-  std::map<Mode, int> live;  // mode -> live tensors holding it
+  ModeMap<int> live;  // mode -> live tensors holding it
   std::set<Mode> output;
 };
 
