@@ -94,8 +94,8 @@ std::int64_t stride_in(const Network& net, const std::vector<Mode>& layout, Mode
 
 namespace {
 
-// Each mode's stride in `layout` (row-major: the last mode moves fastest), found by a scan: a
-// step's loop modes look up three layouts each, and the extents are a map.
+// Each mode's stride in `layout` (row-major: the last mode moves fastest), worked out once per
+// layout: a step's loop modes each look up three layouts (stride_in walks the layout per mode).
 struct Strides {
   std::vector<std::pair<Mode, std::int64_t>> of;
   Strides(const Network& net, const std::vector<Mode>& layout) {
