@@ -202,7 +202,7 @@ struct Weigher {
   bool uniform = false;                          // one run: a single popcount does
   double uniform_log2 = 0;
 
-  std::array<double, 64 * W + 1> uniform_size{};  // uniform: exp2(n * uniform_log2) for n legs
+  std::array<double, 64 * W + 1> uniform_size;  // uniform: exp2(n * uniform_log2) for n legs, n <= lm.count()
 
   explicit Weigher(const LocalModes& lm) {
     for (const auto& r : lm.runs) {
@@ -213,7 +213,7 @@ struct Weigher {
     uniform = runs.size() == 1;
     if (uniform) {
       uniform_log2 = runs[0].second;
-      for (int n = 0; n <= 64 * W; ++n) uniform_size[static_cast<size_t>(n)] = std::exp2(n * uniform_log2);
+      for (int n = 0; n <= lm.count(); ++n) uniform_size[static_cast<size_t>(n)] = std::exp2(n * uniform_log2);
     }
   }
   [[gnu::always_inline]] static int legs(const Bits<W>& b) {
