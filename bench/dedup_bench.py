@@ -112,8 +112,8 @@ steps:
         load = [int(x) for x in f.attrs["merge_records_per_rank"]]
         unique = f["counts"].shape[0]
     bus = metrics["bytes_to_device"] + metrics["bytes_to_host"]
-    resident = re.search(r"on resident data in ([0-9.]+) s \(reading and sorting tiles ([0-9.]+) s, of it reading ([0-9.]+) s",
-                         p.stderr + p.stdout)
+    resident = re.search(r"on resident data(?:, (records in host memory|in device memory))? in ([0-9.]+) s "
+                         r"\(reading and sorting tiles ([0-9.]+) s, of it reading ([0-9.]+) s", p.stderr + p.stdout)
     r = {"binary": binary, "budget": budget, "ranks": ranks, "rows": a.rows, "words": a.words, "unique": unique,
          "wall_seconds": wall, "step_seconds": m["wall_seconds"], "items_per_second": a.rows / wall,  # (the whole process: start, CUDA and files included)
          "bytes_to_device": metrics["bytes_to_device"], "bytes_to_host": metrics["bytes_to_host"],
@@ -122,7 +122,8 @@ steps:
          "pass_lines": [l[l.find("pass "):][:160] for l in (p.stderr + p.stdout).splitlines() if "to the device and" in l],
          "digest": digest(out)}
     if resident:  # (the whole de-duplication as one unit on resident data: its seconds, and of them reading the input)
-        r["resident_seconds"], r["resident_tiles_seconds"], r["resident_read_seconds"] = map(float, resident.groups())
+        r["resident_records"] = "host" if resident.group(1) == "records in host memory" else "device"
+        r["resident_seconds"], r["resident_tiles_seconds"], r["resident_read_seconds"] = map(float, resident.groups()[1:])
     if a.pcie_GBps:
         r["bus_bound_seconds"] = bus / (a.pcie_GBps * 1e9)
         r["of_bus_bound"] = r["bus_bound_seconds"] / wall

@@ -150,8 +150,11 @@ class DedupStage final : public Stage {
       const auto load = merge_load();
       const auto [least, most] = std::minmax_element(load.begin(), load.end());
       if (dedup_.resident())
-        return fmt::format("{} unique keys of {} rows (on resident data, {} records merged)",
-                           plan.summary.at("unique").get<std::uint64_t>(), plan.summary.at("rows").get<std::uint64_t>(), load[0]);
+        return fmt::format(
+            "{} unique keys of {} rows (on resident data{}, {} records merged)",
+            plan.summary.at("unique").get<std::uint64_t>(), plan.summary.at("rows").get<std::uint64_t>(),
+            dedup_.resident_on_host() ? fmt::format(", records in host memory, {} buckets", dedup_.buckets()) : "",
+            load[0]);
       return fmt::format("{} unique keys of {} rows ({} buckets; merged records per rank max/min {:.3f})",
                          plan.summary.at("unique").get<std::uint64_t>(), plan.summary.at("rows").get<std::uint64_t>(),
                          plan.summary.at("buckets").get<std::uint64_t>(),

@@ -286,7 +286,8 @@ std::uint64_t share_end(std::uint64_t unique, std::uint64_t row, std::uint64_t r
 }
 
 // The output pass after run_resident: each batch's rows of the index and its share of the unique
-// keys, counts and values, copied out of the resident buffers.
+// keys, counts and values, copied out of the resident buffers (device memory, or host memory
+// where HostChain left them).
 class ResidentFinishKernel final : public engine::PassKernel {
  public:
   struct Copy {
@@ -295,20 +296,29 @@ class ResidentFinishKernel final : public engine::PassKernel {
     std::uint64_t row_bytes;
   };
   ResidentFinishKernel(const std::uint64_t* index, std::vector<Copy> copies, std::uint64_t unique, std::uint64_t rows,
-                       std::uint64_t tile_rows)
-      : index_(index), copies_(std::move(copies)), unique_(unique), rows_(rows), tile_rows_(tile_rows),
+                       std::uint64_t tile_rows, bool on_host)
+      : index_(index),
+        copies_(std::move(copies)),
+        unique_(unique),
+        rows_(rows),
+        tile_rows_(tile_rows),
+        on_host_(on_host),
         shares_(kernels::tiles_of(rows, tile_rows)) {}
   void prepare(Backend& backend, Stream&) override { backend_ = &backend; }
   void process(const engine::BatchView& b) override {
-    if (index_) backend_->copy_on_device(b.outputs[0], index_ + b.rows.begin, b.rows.size() * 8, *b.stream);
+    const auto copy = [&](void* to, const void* from, std::uint64_t bytes) {
+      if (on_host_)
+        backend_->copy_to_device(to, from, bytes, *b.stream);
+      else
+        backend_->copy_on_device(to, from, bytes, *b.stream);
+    };
+    if (index_) copy(b.outputs[0], index_ + b.rows.begin, b.rows.size() * 8);
     const std::uint64_t first = share_end(unique_, b.rows.begin, rows_), end = share_end(unique_, b.rows.end, rows_);
     // (kept per batch as long as the kernel lives: the count's copy may complete after this returns)
     std::uint64_t& share = shares_[b.rows.begin / tile_rows_];
     share = end - first;
     for (const Copy& c : copies_) {
-      if (share)
-        backend_->copy_on_device(b.outputs[c.output], static_cast<const char*>(c.from) + first * c.row_bytes, share * c.row_bytes,
-                                 *b.stream);
+      if (share) copy(b.outputs[c.output], static_cast<const char*>(c.from) + first * c.row_bytes, share * c.row_bytes);
       backend_->copy_to_device(b.appended[c.output], &share, 8, *b.stream);
     }
   }
@@ -317,6 +327,7 @@ class ResidentFinishKernel final : public engine::PassKernel {
   const std::uint64_t* index_;
   std::vector<Copy> copies_;
   std::uint64_t unique_, rows_, tile_rows_;
+  bool on_host_;
   std::vector<std::uint64_t> shares_;  // by the batch's first tile
   Backend* backend_ = nullptr;
 };
@@ -659,77 +670,115 @@ StepPass DedupRun::resident_finish_pass(bool copy_unique) const {
     if (s.has_value()) copy("values", u.values, column_layout(DType::float64, unique));
   }
   p.kernel = std::make_unique<ResidentFinishKernel>(s.index ? u.index.as<std::uint64_t>() : nullptr, std::move(copies),
-                                                    u.unique, s.rows, s.tile_rows);
+                                                    u.unique, s.rows, s.tile_rows, u.on_host);
   return p;
 }
 
 bool DedupRun::run_resident(const h5::Dataset& keys, const h5::Dataset* values) {
   const DedupSource& s = source_;
-  if (phase_ != Phase::sample || resident_ || s.interleaved_value || s.values.has_value() != (values != nullptr))
+  // (buckets given: the exchange and the merge the user asked for, through the passes)
+  if (phase_ != Phase::sample || resident_ || s.buckets || s.interleaved_value ||
+      s.values.has_value() != (values != nullptr))
     return false;
   Backend& backend = *ctx_.backend;
   const bool cuda = backend.kind() == BackendKind::cuda;
   const RecordLayout L = s.record_layout();
   // Blocks of whole tiles, about 4 Mi rows (about 100 MB of two-word keys and values).
   const std::uint64_t tiles = kernels::tiles_of(s.rows, s.tile_rows);
-  const std::uint64_t block = std::min(tiles, std::max<std::uint64_t>(1, (std::uint64_t{1} << 22) / s.tile_rows)) * s.tile_rows;
+  std::uint64_t block =
+      std::min(tiles, std::max<std::uint64_t>(1, (std::uint64_t{1} << 22) / s.tile_rows)) * s.tile_rows;
   const std::uint64_t key_bytes = key_row_bytes(s), row_bytes = key_bytes + (values ? 8 : 0);
-  const std::uint64_t device = ResidentChain::peak_bytes(cuda, L, s.rows, s.tile_rows, block) + block * row_bytes;
-  const std::uint64_t host = cuda ? 2 * block * row_bytes : 0;  // (pinned staging; on cpu the block is read in place)
-  bool fits = device <= backend.device_budget().left() / 2 && host <= backend.host_budget().left() / 2;
-  // (several ranks: each runs the whole unit on its own device, if every one of them can)
-  if (ranks(ctx_) > 1) fits = !ctx_.comm->any(!fits);
-  if (!fits) return false;
+  const std::uint64_t device_left = backend.device_budget().left() / 2, host_left = backend.host_budget().left() / 2;
+  // Where the records go: the device when the chain fits half of what its budget has left (and the
+  // host budget the staging blocks); else host memory (HostChain) when its arrays fit half of the
+  // host budget's and a block and a bucket the device's; else nowhere: the passes run, through files.
+  const auto device_fits = [&] {
+    return ResidentChain::peak_bytes(cuda, L, s.rows, s.tile_rows, block) + block * row_bytes <= device_left &&
+           (cuda ? 2 * block * row_bytes : 0) <= host_left;  // (pinned staging; on cpu the block is read in place)
+  };
+  const auto host_fits = [&](std::uint64_t b) {
+    return b >= 8 * tiles && HostChain::device_bytes(cuda, L, s.tile_rows, b) + b * row_bytes <= device_left &&
+           HostChain::host_bytes(L, s.rows) + (cuda ? HostChain::staging_bytes(L, b) : 0) <= host_left;
+  };
+  bool on_device = device_fits();
+  std::uint64_t host_block = block;  // (halved until a block and a bucket fit the device)
+  while (!host_fits(host_block) && host_block / 2 >= s.tile_rows)
+    host_block = host_block / 2 / s.tile_rows * s.tile_rows;
+  bool on_host = host_fits(host_block);
+  // (several ranks: each runs the whole unit on its own device, if every one of them can, the same way)
+  if (ranks(ctx_) > 1) {
+    on_device = !ctx_.comm->any(!on_device);
+    on_host = !ctx_.comm->any(!on_host);
+  }
+  enum class Tier : std::uint8_t { device, host, none };
+  const Tier tier = on_device ? Tier::device : on_host ? Tier::host : Tier::none;
+  if (tier == Tier::host) block = host_block;
+  if (tier == Tier::none) return false;
 
   using clock = std::chrono::steady_clock;
   const auto started = clock::now();
   const auto seconds_since = [](clock::time_point t) { return std::chrono::duration<double>(clock::now() - t).count(); };
   std::unique_ptr<Stream> stream = backend.make_stream(false);
-  ResidentChain chain(backend, *stream, L, s.rows, s.tile_rows, block,
-                      [&](std::uint64_t bytes, const char* what) { return backend.alloc_device(bytes, what); });
-  Buffer in = backend.alloc_device(block * row_bytes, "keys input block (resident)");
-  Buffer staging[2];
-  if (cuda)
-    for (Buffer& b : staging) b = backend.alloc_host(block * row_bytes, "keys input staging (resident)");
-  h5::RowReader key_reader(keys);
-  std::optional<h5::RowReader> value_reader;
-  if (values) value_reader.emplace(*values);
   double read_seconds = 0;
-  for (std::uint64_t row0 = 0, k = 0; row0 < s.rows; row0 += block, ++k) {
-    const std::uint64_t n = std::min(block, s.rows - row0);
-    // (cuda: read while the device works on the last block; the wait below frees this staging's last use)
-    char* to = static_cast<char*>(cuda ? staging[k % 2].data() : in.data());
-    const auto read_started = clock::now();
-    key_reader.read(row0, n, to);
-    if (values) value_reader->read(row0, n, to + block * key_bytes);
-    read_seconds += seconds_since(read_started);
-    stream->synchronize();
-    if (cuda) {
-      backend.copy_to_device(in.data(), to, n * key_bytes, *stream);
-      if (values) backend.copy_to_device(in.as<char>() + block * key_bytes, to + block * key_bytes, n * 8, *stream);
+  // The input read block by block into the chain (on cuda each block is read into pinned staging
+  // while the device works on the last; staging as large as HostChain's buckets, which reuse it).
+  const auto read_into = [&](auto& chain, std::uint64_t staging_bytes) {
+    Buffer in = backend.alloc_device(block * row_bytes, "keys input block (resident)");
+    Buffer staging[2];
+    if (cuda)
+      for (Buffer& b : staging) b = backend.alloc_host(staging_bytes, "keys input staging (resident)");
+    h5::RowReader key_reader(keys);
+    std::optional<h5::RowReader> value_reader;
+    if (values) value_reader.emplace(*values);
+    for (std::uint64_t row0 = 0, k = 0; row0 < s.rows; row0 += block, ++k) {
+      const std::uint64_t n = std::min(block, s.rows - row0);
+      // (cuda: read while the device works on the last block; the wait below frees this staging's last use)
+      char* to = static_cast<char*>(cuda ? staging[k % 2].data() : in.data());
+      const auto read_started = clock::now();
+      key_reader.read(row0, n, to);
+      if (values) value_reader->read(row0, n, to + block * key_bytes);
+      read_seconds += seconds_since(read_started);
+      stream->synchronize();
+      if (cuda) {
+        backend.copy_to_device(in.data(), to, n * key_bytes, *stream);
+        if (values) backend.copy_to_device(in.as<char>() + block * key_bytes, to + block * key_bytes, n * 8, *stream);
+      }
+      kernels::KeyRows rows;
+      rows.keys = in.as<std::uint64_t>();
+      rows.words = s.words;
+      rows.stride = s.words;
+      rows.rows = n;
+      if (values) rows.values = reinterpret_cast<const double*>(in.as<char>() + block * key_bytes);
+      chain.add(rows, row0);
     }
-    kernels::KeyRows rows;
-    rows.keys = in.as<std::uint64_t>();
-    rows.words = s.words;
-    rows.stride = s.words;
-    rows.rows = n;
-    if (values) rows.values = reinterpret_cast<const double*>(in.as<char>() + block * key_bytes);
-    chain.add(rows, row0);
+    stream->synchronize();
+  };
+  double tiles_seconds = 0;
+  ResidentChain::Unique u;
+  if (tier == Tier::device) {
+    ResidentChain chain(backend, *stream, L, s.rows, s.tile_rows, block,
+                        [&](std::uint64_t bytes, const char* what) { return backend.alloc_device(bytes, what); });
+    read_into(chain, block * row_bytes);
+    tiles_seconds = seconds_since(started);
+    u = chain.finish();
+  } else {
+    HostChain chain(backend, *stream, L, s.rows, s.tile_rows, block);
+    read_into(chain, HostChain::staging_bytes(L, block) / 2);
+    tiles_seconds = seconds_since(started);
+    u = chain.finish();
   }
-  stream->synchronize();
-  const double tiles_seconds = seconds_since(started);
-  in.reset();
-  for (Buffer& b : staging) b.reset();
-  ResidentChain::Unique u = chain.finish();
   phase_ = Phase::done;
   unique_ = u.unique;
   bucket_rows_ = {u.records};
-  buckets_ = row_buckets_ = 1;
+  buckets_ = u.buckets;
+  row_buckets_ = 1;
   resident_ = std::move(u);
-  spdlog::info("keys.dedup: {} unique keys of {} rows on resident data in {:.2f} s (reading and sorting tiles {:.2f} s, of it "
-               "reading {:.2f} s; merging {} records {:.2f} s)",
-               unique_, s.rows, seconds_since(started), tiles_seconds, read_seconds, bucket_rows_[0],
-               seconds_since(started) - tiles_seconds);
+  spdlog::info(
+      "keys.dedup: {} unique keys of {} rows on resident data, {} in {:.2f} s (reading and sorting tiles {:.2f} s, "
+      "of it reading {:.2f} s; merging {} records in {} bucket{} {:.2f} s)",
+      unique_, s.rows, resident_->on_host ? "records in host memory" : "in device memory", seconds_since(started),
+      tiles_seconds, read_seconds, bucket_rows_[0], buckets_, buckets_ == 1 ? "" : "s",
+      seconds_since(started) - tiles_seconds);
   return true;
 }
 

@@ -55,7 +55,7 @@ struct DedupSource {
   bool keys_1d = false;               // keys is (n,) (words 1): so is the merged `keys`
   bool index = false;                 // also the reverse index (finish_pass)
   std::uint64_t tile_rows = 1 << 16;  // the fixed pre-reduction unit: sums depend on it, nothing else does
-  std::uint32_t buckets = 0;          // 0: chosen from the data and the device budget
+  std::uint32_t buckets = 0;          // 0: chosen from the data and the device budget; set: the passes run
   std::uint32_t samples = 32;         // per tile
   bool has_value() const { return values.has_value() || interleaved_value; }
   kernels::RecordLayout record_layout() const { return {words, has_value(), index}; }
@@ -84,16 +84,20 @@ class DedupRun {
   StepPass next() const;  // while !done()
   void finished(const StepPass& pass);
 
-  // Before any pass: the sample, partition and merge as one unit of host work on resident data
-  // (ResidentChain), when the chain and its input blocks fit half of what the device budget has
-  // left (and the host budget the staging blocks) on every rank; with several ranks each runs the
-  // whole unit on its own device (no exchange) and the output pass is spread as usual. It reads the
-  // source's datasets once, block by block (the read of one overlapping the device's work on the
-  // last), writes no file, and keeps the unique keys (and the index) in device memory for
-  // finish_pass: done() after it. False when it does not fit or the passes have begun: they run.
-  // Its result is not saved (save() keeps the state before it), so a resumed step runs it again.
+  // Before any pass: the sample, partition and merge as one unit of host work on resident data,
+  // when it fits on every rank: ResidentChain where the chain and its input blocks fit half of what
+  // the device budget has left (and the host budget the staging blocks), else HostChain (the
+  // records in host memory, the device taking a block, then a bucket, at a time) where its arrays
+  // fit half of what the host budget has left. With several ranks each runs the whole unit on its
+  // own device (no exchange) and the output pass is spread as usual. It reads the source's
+  // datasets once, block by block (the read of one overlapping the device's work on the last),
+  // writes no file, and keeps the unique keys (and the index) in memory for finish_pass: done()
+  // after it. False when neither fits, the source names its buckets or the passes have begun: they
+  // run. Its result is not saved
+  // (save() keeps the state before it), so a resumed step runs it again.
   bool run_resident(const h5::Dataset& keys, const h5::Dataset* values);
   bool resident() const { return resident_.has_value(); }
+  bool resident_on_host() const { return resident_ && resident_->on_host; }  // (HostChain's)
 
   // Once done() by the passes (not run_resident).
   DedupResult result() const;
@@ -102,7 +106,7 @@ class DedupRun {
   // robin): the load balance of the sample sort (seed 004's Table 1), once the partition is done.
   // On resident data: every record, on every rank.
   std::vector<std::uint64_t> merge_rows_per_rank(int ranks) const;
-  std::uint64_t buckets() const { return bucket_rows_.size(); }
+  std::uint64_t buckets() const { return resident_ ? resident_->buckets : bucket_rows_.size(); }
   std::uint32_t row_buckets() const { return row_buckets_; }
 
   // With source().index: the pass over the input rows that writes `index` (uint64, (rows,),

@@ -1,7 +1,10 @@
 #include "stages/keys/dedup_resident.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <stdexcept>
+
+#include "core/parallel.hpp"
 
 namespace qstage::stages::keys {
 
@@ -101,6 +104,300 @@ ResidentChain::Unique ResidentChain::finish() {
   }
   local_.reset();
   work_.reset();
+  return out;
+}
+
+}  // namespace qstage::stages::keys
+
+// ------------------------------------------------------------------------------ HostChain
+
+namespace qstage::stages::keys {
+
+namespace {
+// Pageable host memory charged to the host budget, as a Buffer (freed and released with it).
+Buffer host_array(Backend& backend, std::uint64_t bytes, const char* what) {
+  bytes = std::max<std::uint64_t>(bytes, 8);
+  backend.charge_host(bytes, what);
+  std::uint64_t* p = nullptr;
+  try {
+    p = new std::uint64_t[(bytes + 7) / 8];  // (default-initialized: pages are touched as they are written)
+  } catch (...) {
+    backend.host_budget().release(bytes);
+    throw;
+  }
+  return Buffer(p, bytes, &backend.host_budget(), [](void* q) { delete[] static_cast<std::uint64_t*>(q); });
+}
+std::uint64_t block_phase_bytes(const kernels::RecordLayout& L, std::uint64_t tile_rows, std::uint64_t block_rows) {
+  return block_rows * L.cols() * 8 + kernels::tiles_of(block_rows, tile_rows) * 8 + (L.origin ? block_rows * 8 : 0);
+}
+std::uint64_t host_workspace_bytes(bool cuda, const kernels::RecordLayout& L, std::uint64_t block_rows) {
+  if (!cuda) return 0;
+  return std::max(kernels::tile_unique_scratch_bytes(block_rows, L.words),
+                  kernels::bucket_merge_scratch_bytes(block_rows, L.words));
+}
+}  // namespace
+
+// Where each bucket ends in each tile. Candidate bounds are keys at regular positions of every
+// tile's records (s a tile, s chosen so that fewer than half a bucket's records lie between two
+// neighbouring candidates); a bucket ends at the largest candidate below which at most `capacity`
+// records remain, counted exactly (a binary search in each tile).
+class HostChain::Cutter {
+ public:
+  Cutter(const std::uint64_t* records, const kernels::RecordLayout& L, const std::vector<std::uint64_t>& first,
+         const std::vector<std::uint64_t>& count, std::uint64_t capacity)
+      : records_(records),
+        cols_(L.cols()),
+        words_(L.words),
+        first_(first),
+        count_(count),
+        capacity_(capacity),
+        at_(count.size(), 0),
+        end_(count.size(), 0) {
+    std::uint64_t total = 0, largest = 1;
+    for (const std::uint64_t n : count) total += n, largest = std::max(largest, n);
+    left_ = total;
+    const std::uint64_t per_tile = std::clamp<std::uint64_t>((4 * total + capacity - 1) / capacity, 1, largest);
+    std::vector<const std::uint64_t*> keys;
+    for (std::size_t t = 0; t < count.size(); ++t)
+      for (std::uint64_t j = 0; j < per_tile && count[t]; ++j) keys.push_back(key(t, j * count[t] / per_tile));
+    const auto below = [&](const std::uint64_t* a, const std::uint64_t* b) {
+      return kernels::compare_keys(a, b, words_) < 0;
+    };
+    const auto same = [&](const std::uint64_t* a, const std::uint64_t* b) {
+      return kernels::compare_keys(a, b, words_) == 0;
+    };
+    std::sort(keys.begin(), keys.end(), below);
+    keys.erase(std::unique(keys.begin(), keys.end(), same), keys.end());
+    candidates_ = std::move(keys);
+  }
+  bool done() const { return left_ == 0; }
+  // The next bucket: end() gives its end in each tile (at() its start); its records.
+  std::uint64_t next() {
+    at_.swap(end_);  // (the last bucket's ends are this one's starts; at first zeros)
+    std::uint64_t records = 0;
+    if (left_ <= capacity_) {
+      end_ = count_;
+      records = left_;
+    } else {
+      // The largest candidate past the last bound below which at most capacity_ records remain. In
+      // candidates taken (index + 1): lo fits (at first the last bound: no records), hi does not
+      // (at first past the last candidate: every record left, more than capacity_).
+      std::size_t lo = candidates_taken_, hi = candidates_.size() + 1;
+      while (hi - lo > 1) {
+        const std::size_t mid = lo + (hi - lo) / 2;
+        if (count_below(candidates_[mid - 1]) <= capacity_)
+          lo = mid;
+        else
+          hi = mid;
+      }
+      if (lo == candidates_taken_) throw std::logic_error("HostChain: no bucket bound fits");
+      records = count_below(candidates_[lo - 1], &end_);
+      candidates_taken_ = lo;
+      if (records == 0) throw std::logic_error("HostChain: an empty bucket");
+    }
+    left_ -= records;
+    return records;
+  }
+  const std::vector<std::uint64_t>& at() const { return at_; }
+  const std::vector<std::uint64_t>& end() const { return end_; }
+
+ private:
+  const std::uint64_t* key(std::size_t tile, std::uint64_t i) const { return records_ + (first_[tile] + i) * cols_; }
+  // Records from the bucket's start below `bound`, summed over the tiles (each tile's ends in `ends`).
+  std::uint64_t count_below(const std::uint64_t* bound, std::vector<std::uint64_t>* ends = nullptr) const {
+    std::uint64_t n = 0;
+    for (std::size_t t = 0; t < count_.size(); ++t) {
+      std::uint64_t lo = at_[t], hi = count_[t];
+      while (lo < hi) {
+        const std::uint64_t mid = lo + (hi - lo) / 2;
+        if (kernels::compare_keys(key(t, mid), bound, words_) < 0)
+          lo = mid + 1;
+        else
+          hi = mid;
+      }
+      n += lo - at_[t];
+      if (ends) (*ends)[t] = lo;
+    }
+    return n;
+  }
+  const std::uint64_t* records_;
+  std::uint64_t cols_;
+  std::uint32_t words_;
+  const std::vector<std::uint64_t>& first_;
+  const std::vector<std::uint64_t>& count_;
+  std::uint64_t capacity_, left_ = 0;
+  std::vector<const std::uint64_t*> candidates_;
+  std::size_t candidates_taken_ = 0;
+  std::vector<std::uint64_t> at_, end_;
+};
+
+HostChain::HostChain(Backend& backend, Stream& stream, kernels::RecordLayout layout, std::uint64_t rows,
+                     std::uint64_t tile_rows, std::uint64_t block_rows)
+    : backend_(backend),
+      stream_(stream),
+      layout_(layout),
+      rows_(rows),
+      tile_rows_(tile_rows),
+      block_rows_(block_rows),
+      cuda_(backend.kind() == BackendKind::cuda) {
+  if (rows == 0 || tile_rows == 0 || block_rows == 0 || block_rows % tile_rows)
+    throw std::logic_error("HostChain: rows, and blocks of whole tiles");
+  const std::uint64_t tiles = kernels::tiles_of(rows, tile_rows);
+  if (block_rows < 8 * tiles) throw std::logic_error("HostChain: a bucket must hold eight records of every tile");
+  records_ = host_array(backend, rows * layout.cols() * 8, "keys records (host)");
+  if (layout.origin) local_ = host_array(backend, rows * 8, "keys local ids (host)");
+  tile_first_.assign(tiles, 0);
+  tile_count_.assign(tiles, 0);
+  block_records_ = backend.alloc_device(block_rows * layout.cols() * 8, "keys block records (host chain)");
+  block_counts_ =
+      backend.alloc_device(kernels::tiles_of(block_rows, tile_rows) * 8, "keys block tile counts (host chain)");
+  if (layout.origin) block_local_ = backend.alloc_device(block_rows * 8, "keys block local ids (host chain)");
+  if (const std::uint64_t work = host_workspace_bytes(cuda_, layout, block_rows))
+    work_ = backend.alloc_device(work, "keys dedup workspace (host chain)");
+}
+
+std::uint64_t HostChain::device_bytes(bool cuda, kernels::RecordLayout L, std::uint64_t tile_rows,
+                                      std::uint64_t block_rows) {
+  return host_workspace_bytes(cuda, L, block_rows) +
+         std::max(block_phase_bytes(L, tile_rows, block_rows), block_rows * L.cols() * 8 + merged_bytes(L, block_rows));
+}
+std::uint64_t HostChain::host_bytes(kernels::RecordLayout L, std::uint64_t rows) {
+  // records (and local ids, which become the index), then the outputs at their largest and the
+  // index table beside them
+  const std::uint64_t records = rows * L.cols() * 8 + (L.origin ? rows * 8 : 0);
+  return records + rows * (L.words * 8 + 8 + (L.value ? 8 : 0)) + (L.origin ? rows * 8 : 0);
+}
+std::uint64_t HostChain::staging_bytes(kernels::RecordLayout L, std::uint64_t block_rows) {
+  return 2 * block_rows * L.cols() * 8;
+}
+
+void HostChain::add(const kernels::KeyRows& in, std::uint64_t first_row) {
+  if (first_row != added_ || first_row % tile_rows_ || first_row + in.rows > rows_ || in.rows > block_rows_ ||
+      (in.rows % tile_rows_ && first_row + in.rows != rows_))
+    throw std::logic_error("HostChain::add: rows out of order, too many or not whole tiles");
+  const std::uint64_t cols = layout_.cols(), first_tile = first_row / tile_rows_,
+                      tiles = kernels::tiles_of(in.rows, tile_rows_);
+  kernels::tile_unique(stream_, {in, layout_, tile_rows_, first_row, block_records_.as<std::uint64_t>(),
+                                 block_counts_.as<std::uint64_t>(),
+                                 layout_.origin ? block_local_.as<std::uint64_t>() : nullptr, workspace()});
+  std::uint64_t* counts = tile_count_.data() + first_tile;
+  backend_.copy_to_host(counts, block_counts_.data(), tiles * 8, stream_);
+  if (layout_.origin)
+    backend_.copy_to_host(local_.as<std::uint64_t>() + first_row, block_local_.data(), in.rows * 8, stream_);
+  stream_.synchronize();
+  for (std::uint64_t t = 0; t < tiles; ++t) {  // (each tile's records, packed after the last tile's)
+    tile_first_[first_tile + t] = held_records_;
+    backend_.copy_to_host(records_.as<std::uint64_t>() + held_records_ * cols,
+                          block_records_.as<std::uint64_t>() + t * tile_rows_ * cols, counts[t] * cols * 8, stream_);
+    held_records_ += counts[t];
+  }
+  stream_.synchronize();
+  added_ += in.rows;
+}
+
+void HostChain::merge(const std::uint64_t* staged, std::uint64_t records) {
+  backend_.copy_to_device(bucket_.data(), staged, records * layout_.cols() * 8, stream_);
+  kernels::BucketMerge m;
+  m.records = bucket_.as<std::uint64_t>();
+  m.rows = records;
+  m.layout = layout_;
+  m.keys = merged_keys_.as<std::uint64_t>();
+  m.counts = merged_counts_.as<std::uint64_t>();
+  m.values = merged_values_.as<double>();
+  m.unique = merged_unique_.as<std::uint64_t>();
+  if (layout_.origin) {
+    m.pairs = merged_pairs_.as<std::uint64_t>();
+    m.pair_counts = merged_unique_.as<std::uint64_t>() + 1;
+    m.row_buckets = 1;
+    m.rows_per_row_bucket = rows_;
+  }
+  m.work = workspace();
+  kernels::bucket_merge(stream_, m);
+  merging_ = records;
+}
+
+void HostChain::collect(Unique& out, std::uint64_t* table) {
+  std::uint64_t unique = 0;
+  backend_.copy_to_host(&unique, merged_unique_.data(), 8, stream_);
+  stream_.synchronize();
+  const std::uint64_t words = layout_.words;
+  backend_.copy_to_host(out.keys.as<std::uint64_t>() + out.unique * words, merged_keys_.data(), unique * words * 8,
+                        stream_);
+  backend_.copy_to_host(out.counts.as<std::uint64_t>() + out.unique, merged_counts_.data(), unique * 8, stream_);
+  if (layout_.value)
+    backend_.copy_to_host(out.values.as<double>() + out.unique, merged_values_.data(), unique * 8, stream_);
+  if (layout_.origin) backend_.copy_to_host(pairs_.data(), merged_pairs_.data(), merging_ * 24, stream_);
+  stream_.synchronize();
+  if (layout_.origin)  // (pair: origin, batch, position among the bucket's keys)
+    for (std::uint64_t p = 0; p < merging_; ++p) table[pairs_[3 * p]] = out.unique + pairs_[3 * p + 2];
+  out.unique += unique;
+  ++out.buckets;
+  merging_ = 0;
+}
+
+HostChain::Unique HostChain::finish() {
+  if (added_ != rows_) throw std::logic_error("HostChain::finish before every row was added");
+  block_records_.reset(), block_counts_.reset(), block_local_.reset();
+  const std::uint64_t cols = layout_.cols(), words = layout_.words, held = std::max<std::uint64_t>(held_records_, 1);
+  Unique out;
+  out.on_host = true;
+  out.buckets = 0;
+  out.records = held_records_;
+  out.keys = host_array(backend_, held * words * 8, "keys unique (host)");
+  out.counts = host_array(backend_, held * 8, "keys unique counts (host)");
+  if (layout_.value) out.values = host_array(backend_, held * 8, "keys summed values (host)");
+  Buffer table = layout_.origin ? host_array(backend_, rows_ * 8, "keys index table (host)") : Buffer{};
+  bucket_ = backend_.alloc_device(block_rows_ * cols * 8, "keys bucket (host chain)");
+  merged_keys_ = backend_.alloc_device(block_rows_ * words * 8, "keys merged keys (host chain)");
+  merged_counts_ = backend_.alloc_device(block_rows_ * 8, "keys merged counts (host chain)");
+  if (layout_.value) merged_values_ = backend_.alloc_device(block_rows_ * 8, "keys merged values (host chain)");
+  if (layout_.origin) {
+    merged_pairs_ = backend_.alloc_device(block_rows_ * 24, "keys merged pairs (host chain)");
+    pairs_.resize(3 * block_rows_);
+  }
+  merged_unique_ = backend_.alloc_device(16, "keys merged counts (host chain)");
+  Buffer staging[2];
+  for (Buffer& b : staging) b = backend_.alloc_host(block_rows_ * cols * 8, "keys bucket staging (host chain)");
+
+  Cutter cut(records_.as<std::uint64_t>(), layout_, tile_first_, tile_count_, block_rows_);
+  std::vector<std::uint64_t> offset(tile_count_.size());
+  // One bucket's records, tile after tile, into staging (the tiles' copies on the threads).
+  const auto gather = [&](std::uint64_t* to) {
+    const std::vector<std::uint64_t>&at = cut.at(), &end = cut.end();
+    std::uint64_t n = 0;
+    for (std::size_t t = 0; t < offset.size(); ++t) offset[t] = n, n += end[t] - at[t];
+    const std::uint64_t* from = records_.as<std::uint64_t>();
+    parallel_for(static_cast<std::int64_t>(offset.size()), [&](std::int64_t t) {
+      if (end[t] > at[t])
+        std::memcpy(to + offset[t] * cols, from + (tile_first_[t] + at[t]) * cols, (end[t] - at[t]) * cols * 8);
+    });
+  };
+  std::uint64_t records = cut.next(), k = 0;
+  gather(staging[0].as<std::uint64_t>());
+  for (;;) {
+    merge(staging[k % 2].as<std::uint64_t>(), records);
+    const bool more = !cut.done();
+    if (more) {  // (the next bucket gathered while the device merges this one)
+      records = cut.next();
+      gather(staging[(k + 1) % 2].as<std::uint64_t>());
+    }
+    collect(out, table.as<std::uint64_t>());
+    if (!more) break;
+    ++k;
+  }
+  for (Buffer& b : staging) b.reset();
+  bucket_.reset(), merged_keys_.reset(), merged_counts_.reset(), merged_values_.reset(), merged_pairs_.reset();
+  merged_unique_.reset(), work_.reset();
+  records_.reset();
+  if (layout_.origin) {  // every row's (tile, local) id -> its key's position, in place of the local ids
+    std::uint64_t* local = local_.as<std::uint64_t>();
+    const std::uint64_t* position = table.as<std::uint64_t>();
+    parallel_for(static_cast<std::int64_t>(tile_count_.size()), [&](std::int64_t t) {
+      const std::uint64_t first = static_cast<std::uint64_t>(t) * tile_rows_, end = std::min(rows_, first + tile_rows_);
+      for (std::uint64_t i = first; i < end; ++i) local[i] = position[first + local[i]];
+    });
+    out.index = std::move(local_);
+  }
   return out;
 }
 

@@ -7,8 +7,11 @@
 //
 // Used where the records fit: keys.dedup's step on one rank (its whole input read once, no
 // intermediate file), and sci.solve's selection and PT2 on resident data.
+//
+// HostChain is the tier below: the records in host memory where the device cannot hold them.
 #include <cstdint>
 #include <functional>
+#include <vector>
 
 #include "backend/backend.hpp"
 #include "kernels/keys/sort_unique.hpp"
@@ -23,6 +26,8 @@ class ResidentChain {
     Buffer keys, counts, values;  // `unique` keys (words each, ascending), their counts and summed values
     Buffer index;                 // with the origin layout: every row's position in keys
     std::uint64_t unique = 0, records = 0;  // (records: the tiles' distinct keys, summed over tiles)
+    bool on_host = false;                   // the buffers are host memory (HostChain's), not the device's
+    std::uint32_t buckets = 1;              // buckets merged
   };
 
   // `rows` rows in tiles of tile_rows, added at most `block_rows` at a time (whole tiles).
@@ -45,6 +50,61 @@ class ResidentChain {
   bool cuda_;
   Take take_;
   Buffer records_, tile_counts_, local_, work_;
+  kernels::Workspace workspace() const { return {work_.data(), work_.size()}; }
+};
+
+// The same chain with its records in host memory, for data the device cannot hold but the host
+// can (keys.dedup within a device budget): no file, each record crossing the bus once each way.
+//   add:    tile_unique on the device, one block of whole tiles at a time; each tile's records
+//           (ascending) and, for the reverse index, every row's local id go down into host arrays.
+//   finish: buckets cut from exact counts of the tiles' sorted records (a binary search a tile),
+//           each as large as the device's bucket buffer takes; a bucket's records are gathered
+//           tile after tile into pinned memory (the next bucket while the device merges this one),
+//           merged on the device, and its keys, counts and values go down in bucket order, that
+//           is in key order. With the index, the merge's pairs fill a table by origin, and each
+//           row's index is read from it through its local id.
+// A key's records all fall in one bucket, in tile order there: every sum is formed as the passes
+// form it, so the bytes are theirs (and ResidentChain's) for any bucket size.
+class HostChain {
+ public:
+  // block_rows: whole tiles, the most rows add() takes; it is also the bucket buffer's records.
+  HostChain(Backend& backend, Stream& stream, kernels::RecordLayout layout, std::uint64_t rows, std::uint64_t tile_rows,
+            std::uint64_t block_rows);
+  // Device bytes it holds at once (not the caller's input block), host bytes (its arrays, charged
+  // to the host budget; pageable) and pinned bytes (two staging buffers of block_rows records).
+  static std::uint64_t device_bytes(bool cuda, kernels::RecordLayout layout, std::uint64_t tile_rows,
+                                    std::uint64_t block_rows);
+  static std::uint64_t host_bytes(kernels::RecordLayout layout, std::uint64_t rows);
+  static std::uint64_t staging_bytes(kernels::RecordLayout layout, std::uint64_t block_rows);
+  // As ResidentChain::add: in is device memory, in.rows <= block_rows.
+  void add(const kernels::KeyRows& in, std::uint64_t first_row);
+  // Once every row was added: the unique keys, counts, values and index in host memory (on_host:
+  // pageable arrays charged to the host budget), and the number of buckets merged.
+  using Unique = ResidentChain::Unique;
+  Unique finish();
+
+ private:
+  class Cutter;  // (dedup_resident.cpp) where each bucket ends in each tile
+  // A bucket's `records` records, staged in pinned memory, up and merged (queued); then collected:
+  // its keys, counts and values appended to out's, its pairs written into the index table.
+  void merge(const std::uint64_t* staged, std::uint64_t records);
+  void collect(Unique& out, std::uint64_t* table);
+
+  Backend& backend_;
+  Stream& stream_;
+  kernels::RecordLayout layout_;
+  std::uint64_t rows_, tile_rows_, block_rows_, added_ = 0;
+  bool cuda_;
+  // host: every tile's records, packed tile after tile (tile t's from record tile_first_[t]), and
+  // the rows' local ids (origin layout)
+  Buffer records_, local_;
+  std::vector<std::uint64_t> tile_first_, tile_count_;
+  std::uint64_t held_records_ = 0;
+  // device: a block's records, tile counts and local ids, and the merge's buffers
+  Buffer block_records_, block_counts_, block_local_, work_;
+  Buffer bucket_, merged_keys_, merged_counts_, merged_values_, merged_pairs_, merged_unique_;
+  std::uint64_t merging_ = 0;         // the records of the bucket merge() queued
+  std::vector<std::uint64_t> pairs_;  // (a bucket's pairs, on the host)
   kernels::Workspace workspace() const { return {work_.data(), work_.size()}; }
 };
 

@@ -1,6 +1,7 @@
 """keys.dedup against numpy.unique (return_inverse, return_counts) on skewed keys with heavy
-duplication: 1- and 2-word keys, 1 and 3 ranks, in core and with a device budget far below the
-data, stopped and resumed (also on another rank count), and its bad inputs.
+duplication: 1- and 2-word keys, 1 and 3 ranks, in core, with a device budget far below the data
+(the records in host memory) and with both budgets far below it (the passes, through files),
+stopped and resumed (also on another rank count), and its bad inputs.
 
 Value sums: keys.dedup sums each key's values within a tile (tile_rows rows, in input order),
 then those tile sums in tile order, each sum pairwise in a shape fixed by its number of terms. np.add.at sums in input order across the whole input, which
@@ -118,6 +119,17 @@ def on_resident_data(run_dir):
     return "on resident data" in log and "pass 1 (" not in log
 
 
+def records_in_host_memory(run_dir):
+    return "records in host memory" in (run_dir / "logs" / "rank-0.log").read_text()
+
+
+def out_of_core(keys, values, more=""):
+    """Options with both budgets an eighth of the data: neither the device nor the host holds the
+    records, so the sample, partition and merge passes run, through files."""
+    eighth = (keys.nbytes + values.nbytes) // 8 // 1024
+    return f"{{device_memory: {eighth}KiB, host_memory: {eighth}KiB{more}}}"
+
+
 @pytest.fixture(scope="module")
 def clean(tmp_path_factory):
     """A 1-rank in-core run per key width: (inputs, outputs). It fits, so it runs on resident
@@ -151,18 +163,22 @@ def same(a, b):
 def test_small_budget_and_three_ranks_store_the_same_bytes(clean, tmp_path, words):
     keys, values, want = clean[words]
     data_bytes = keys.nbytes + values.nbytes
-    # an eighth of the data (the buckets then follow the budget: many small merges), on 1 and 3
-    # ranks; 7 forced buckets, not a multiple of the ranks, within 4x the data (too little for
-    # resident data); and 3 ranks in core, each on resident data
-    small = f"{{device_memory: {data_bytes // 8 // 1024}KiB, max_batch_rows: 2048}}"
+    # a device budget half the data, on 1 and 3 ranks: the records in host memory, merged on the
+    # device in buckets; both budgets an eighth (the passes: the buckets then follow the
+    # budget, many small merges), on 1 and 3 ranks; 7 forced buckets, not a multiple of the ranks,
+    # within 4x the data (the passes, as buckets are given); and 3 ranks in core, each on resident data
+    device_small = f"{{device_memory: {data_bytes // 2 // 1024}KiB, max_batch_rows: 2048}}"
+    small = out_of_core(keys, values, ", max_batch_rows: 2048")
     sized = f"{{device_memory: {4 * data_bytes // 1024}KiB, max_batch_rows: 2048}}"
-    for mpi, options, params in ((0, small, ""), (3, small, ""), (3, sized, ", buckets: 7"), (3, "{}", "")):
+    for mpi, options, params in ((0, device_small, ""), (3, device_small, ""), (0, small, ""), (3, small, ""),
+                                 (3, sized, ", buckets: 7"), (3, "{}", "")):
         tmp = tmp_path / f"r{mpi}{len(params)}{len(options)}"
         make_input(tmp, words)
         spec = write_spec(tmp / "spec.yaml", spec_text(params, options))
         r = run(["run", spec, "--run-dir", tmp / "run", "--device", DEVICE], mpi=mpi)
         assert r.code == 0, r
-        assert on_resident_data(tmp / "run") == (options == "{}")  # (else the passes: out of core)
+        assert on_resident_data(tmp / "run") == (options in ("{}", device_small))  # (else the passes)
+        assert records_in_host_memory(tmp / "run") == (options == device_small)
         got, _ = outputs(tmp / "run")
         same(got, want)
         if options == small:  # a pass's log line says what it streamed, not the run's state
@@ -199,8 +215,7 @@ def test_stopped_and_resumed_on_any_rank_count(clean, tmp_path, resume_ranks):
     keys, values, want = clean[2]
     make_input(tmp_path, 2)
     spec = write_spec(tmp_path / "spec.yaml",
-                      spec_text(options=f"{{device_memory: {(keys.nbytes + values.nbytes) // 8 // 1024}KiB, max_batch_rows: 1024, "
-                                        "checkpoint_interval: 0}"))
+                      spec_text(options=out_of_core(keys, values, ", max_batch_rows: 1024, checkpoint_interval: 0")))
     run_dir = tmp_path / "run"
     stop_once_checkpointed(spec, run_dir, run_dir / "steps" / "unique" / "pass-1" / "journal.json")
     assert manifest(run_dir)["steps"]["unique"]["state"] == "stopped"
@@ -211,14 +226,18 @@ def test_stopped_and_resumed_on_any_rank_count(clean, tmp_path, resume_ranks):
     same(got, want)
 
 
-def test_on_resident_data_stopped_in_the_output_pass_resumes_to_the_same_bytes(clean, tmp_path):
-    """Nothing of the unit on resident data is committed: a resume runs it again, then continues
-    the output pass from its last commit, with the clean run's bytes."""
+@pytest.mark.parametrize("device_half", [False, True])
+def test_on_resident_data_stopped_in_the_output_pass_resumes_to_the_same_bytes(clean, tmp_path, device_half):
+    """Nothing of the unit on resident data is committed (in device memory, or in host memory with a
+    device budget half the data): a resume runs it again, then continues the output pass from its
+    last commit, with the clean run's bytes."""
     keys, values, want = clean[2]
     make_input(tmp_path, 2)
-    spec = write_spec(tmp_path / "spec.yaml", spec_text(options="{max_batch_rows: 1024, checkpoint_interval: 0}"))
+    device = f"device_memory: {(keys.nbytes + values.nbytes) // 2 // 1024}KiB, " if device_half else ""
+    spec = write_spec(tmp_path / "spec.yaml", spec_text(options=f"{{{device}max_batch_rows: 1024, checkpoint_interval: 0}}"))
     r = stop_then_resume(spec, tmp_path / "run", "unique")
     assert "on resident data" in r.err, r
+    assert ("records in host memory" in r.err) == device_half, r
     same(outputs(tmp_path / "run")[0], want)
 
 
@@ -226,8 +245,7 @@ def stopped_in_the_merge(tmp_path):
     """keys.dedup stopped at the merge pass's first checkpoint (or just after the merge)."""
     keys, values = make_input(tmp_path, 2)
     spec = write_spec(tmp_path / "spec.yaml",
-                      spec_text(options=f"{{device_memory: {(keys.nbytes + values.nbytes) // 8 // 1024}KiB, max_batch_rows: 1024, "
-                                        "checkpoint_interval: 0}"))
+                      spec_text(options=out_of_core(keys, values, ", max_batch_rows: 1024, checkpoint_interval: 0")))
     run_dir = tmp_path / "run"
     stop_once_checkpointed(spec, run_dir, run_dir / "steps" / "unique" / "pass-2" / "journal.json")
     return run_dir, run_dir / "steps" / "unique"

@@ -536,6 +536,35 @@ ChainOutput resident_chain(Backend& backend, const Data& d, std::uint64_t tile, 
   return {download(u.keys, u.unique * d.words), download(u.counts, u.unique), download(u.index, n), download(u.values, u.unique)};
 }
 
+// The same input through stages::keys::HostChain (its records in host memory, merged in buckets of
+// at most `block` records): its outputs are host memory.
+ChainOutput host_chain(Backend& backend, const Data& d, std::uint64_t tile, std::uint64_t block,
+                       std::uint32_t* buckets) {
+  std::unique_ptr<Stream> stream = backend.make_stream(false);
+  const std::uint64_t n = d.rows();
+  const RecordLayout L{d.words, true, true};
+  stages::keys::HostChain chain(backend, *stream, L, n, tile, block);
+  Buffer keys = backend.alloc_device(n * d.words * 8, "keys"), values = backend.alloc_device(n * 8, "values");
+  backend.copy_to_device(keys.data(), d.keys.data(), n * d.words * 8, *stream);
+  backend.copy_to_device(values.data(), d.values.data(), n * 8, *stream);
+  for (std::uint64_t first = 0; first < n; first += block) {
+    const kernels::KeyRows in{keys.as<std::uint64_t>() + first * d.words,
+                              d.words,
+                              d.words,
+                              values.as<double>() + first,
+                              false,
+                              std::min(block, n - first)};
+    chain.add(in, first);
+  }
+  const stages::keys::HostChain::Unique u = chain.finish();
+  EXPECT_TRUE(u.on_host);
+  *buckets = u.buckets;
+  auto read = [&](const Buffer& b, std::uint64_t count) {
+    return std::vector<std::uint64_t>(b.as<std::uint64_t>(), b.as<std::uint64_t>() + count);
+  };
+  return {read(u.keys, u.unique * d.words), read(u.counts, u.unique), read(u.index, n), read(u.values, u.unique)};
+}
+
 TEST(SortUnique, ResidentChainAddedBlockByBlockIsOneChainsBytes) {
   auto cpu = make_backend({"cpu", 0, 0, 0});
   for (const std::uint32_t w : {1u, 3u}) {
@@ -566,6 +595,43 @@ TEST(SortUnique, ResidentChainAddedBlockByBlockIsOneChainsBytes) {
       EXPECT_EQ(on_gpu.value_bits, whole.value_bits);
     }
   }
+}
+
+// HostChain cuts its buckets where the tiles' sorted records allow and merges them one by one: the
+// bytes of ResidentChain's one bucket for any bucket size (a key's records in one bucket, in tile
+// order), on the CPU and on a GPU. It fails if a bucket's records are gathered out of tile order
+// (the value sums), if a bound splits a key's records (the counts) or if the index table is filled
+// without each bucket's first position.
+TEST(SortUnique, HostChainInBucketsIsTheResidentChainsBytes) {
+  auto cpu = make_backend({"cpu", 0, 0, 0});
+  for (const std::uint32_t w : {1u, 2u, 3u}) {
+    SCOPED_TRACE(testing::Message() << "words " << w);
+    const Data d = skewed(5003, w, 11 + w);
+    const ChainOutput want = resident_chain(*cpu, d, 64, 64 * 80);
+    // (79 tiles: a bucket holds at least 8 records of each, 632; records about 3,000)
+    for (const std::uint64_t block : {640ull, 1280ull, 64ull * 80}) {
+      SCOPED_TRACE(testing::Message() << "block " << block);
+      std::uint32_t buckets = 0;
+      const ChainOutput got = host_chain(*cpu, d, 64, block, &buckets);
+      EXPECT_EQ(got.keys, want.keys);
+      EXPECT_EQ(got.counts, want.counts);
+      EXPECT_EQ(got.index, want.index);
+      EXPECT_EQ(got.value_bits, want.value_bits);
+      if (block == 640) EXPECT_GE(buckets, 4u);
+      if (block == 64 * 80) EXPECT_EQ(buckets, 1u);
+    }
+    if (test::gpu_available()) {
+      test::GpuRun gpu;
+      std::uint32_t buckets = 0;
+      const ChainOutput on_gpu = host_chain(*gpu.backend, d, 64, 640, &buckets);
+      EXPECT_EQ(on_gpu.keys, want.keys);
+      EXPECT_EQ(on_gpu.counts, want.counts);
+      EXPECT_EQ(on_gpu.index, want.index);
+      EXPECT_EQ(on_gpu.value_bits, want.value_bits);
+    }
+  }
+  EXPECT_THROW(stages::keys::HostChain(*cpu, *cpu->make_stream(false), RecordLayout{1, true, true}, 5003, 64, 320),
+               std::logic_error);  // (320 rows cannot hold 8 records of each of 79 tiles)
 }
 
 }  // namespace
