@@ -12,7 +12,8 @@ qstage runs first; Dice then starts from qstage's reference determinant (the out
 Epstein-Nesbet PT2 at `epsilon2 eps_pt2` (qstage's final PT2 is deterministic too). Without
 --eps-pt2 neither runs a PT2. With --eps-pt2-large both run semistochastic PT2s: deterministic at
 eps_pt2_large, stochastic at eps_pt2, until the error bar is below --pt2-target-error. qstage draws
---pt2-samples determinants a batch and looks at its error bar every 10 batches; Dice draws sampleN
+--pt2-samples determinants a batch and looks at its error bar after each group of batches (10,
+then as many as the spread so far says are still needed, 2 at least); Dice draws sampleN
 on each rank (sampleN = pt2_samples / ranks, so about as many a batch) and looks after every batch
 from the fifth. Dice gets the FCIDUMP with a one-line `&FCI NORB=..,NELEC=..,MS2=..,`
 header, the only form its reader takes. Dice is a benchmark peer, never part of qstage: build it

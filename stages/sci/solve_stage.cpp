@@ -765,9 +765,10 @@ struct StochasticPT2 {
     diagonal_rows = in.get<std::uint64_t>(), diagonal_sums = in.get_vector<double>();
   }
 };
-// Batches a group of the stochastic part runs as one generate/dedup/score (its error bar is
-// looked at after each group).
-constexpr std::uint64_t kBatchesPerGroup = 10;
+// Batches a group of the stochastic part runs as one generate/dedup/score, at most (its error bar
+// is looked at after each group). Once a whole group has given the spread of the estimates, a
+// group is no larger than the batches that spread says are still needed, two at least.
+constexpr std::uint64_t kBatchesPerGroup = 10, kFewestBatchesPerGroup = 2;
 static_assert(kBatchesPerGroup <= kernels::kSciTileSumSlots, "a group's batches are the tile sums' slots");
 
 // Root r's E_var against E_PT2 over the schedule's points that have a PT2, fitted to a line (least
@@ -1584,11 +1585,21 @@ void SolveRun::deterministic_pt2_done(double pt2) {
   start_group();
 }
 
-// The next group of batches of the stochastic part: its draws, then its passes.
+// The next group of batches of the stochastic part: its draws, then its passes. (The error bar
+// falls as 1/sqrt(n): n batches with error e reach the target t at n (e/t)^2. The estimates are
+// the same bits on every rank, backend and resume, so is every group's size.)
 void SolveRun::start_group() {
   StochasticPT2& st = *stochastic_;
   st.first = st.estimates.size();
-  st.count = std::min<std::uint64_t>(kBatchesPerGroup, params_.pt2_batches - st.first);
+  std::uint64_t count = kBatchesPerGroup;
+  const double error = st.error(), target = params_.pt2_target_error;
+  if (st.first >= kBatchesPerGroup && target > 0 && error > target) {
+    const double needed =
+        std::ceil(static_cast<double>(st.first) * (error / target) * (error / target)) - static_cast<double>(st.first);
+    count = static_cast<std::uint64_t>(
+        std::clamp(needed, static_cast<double>(kFewestBatchesPerGroup), static_cast<double>(kBatchesPerGroup)));
+  }
+  st.count = std::min<std::uint64_t>(count, params_.pt2_batches - st.first);
   sampled_ = sample_sources(m_.space.dets, m_.davidson->eigenvector(root_), pt2_seed(root_), st.first, st.count,
                             params_.pt2_samples);
   dedup_.reset();
