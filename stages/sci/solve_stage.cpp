@@ -974,6 +974,7 @@ class SolveRun final : public StepRun {
   // ranks, run what does not fit.
   // A semistochastic group (sampled_) the same way, ended (end_group); false: it does not fit.
   bool sampled_group_on_resident_data();
+  void say_through_files(const char* what, std::uint64_t room);
   // The next root's passes from `first` (false: every root's are done).
   bool next_root(Phase first);
   // A root's generate/dedup/score at eps_var is done (its PT2 there and its best candidates): the
@@ -1045,6 +1046,7 @@ class SolveRun final : public StepRun {
   int point_ = 0, point_first_iteration_ = 0;  // where the eps_var schedule is, and its first iteration
   std::vector<SchedulePoint> points_;           // the schedule's points done
   std::optional<StochasticPT2> stochastic_;     // the semistochastic PT2's, once its deterministic part is done
+  bool told_through_files_ = false;             // (say_through_files said it)
   std::vector<StochasticPT2> stochastic_roots_; // the roots' whose semistochastic PT2 is done
   SampledSources sampled_;                      // (not saved: its group's draws, drawn again by load())
   // (not saved)
@@ -1458,7 +1460,10 @@ std::optional<Selection> SolveRun::select_on_resident_data(double eps, std::uint
       work.generate(*m_.problem, {&m_.space.dets, &m_.davidson->eigenvector(root_)}, eps,
                     [&](std::uint64_t rows) { return work.dedup_bytes(rows, 2) + space; },
                     [k](std::uint64_t rows) { return k ? rows * 24 : 0; });  // (the top-K's unique keys and values)
-  if (!g) return std::nullopt;
+  if (!g) {
+    say_through_files(phase_ == Phase::pt2_generate ? "the final PT2" : "a selection", work.room);
+    return std::nullopt;
+  }
   Selection out;
   out.generated = g->rows;
   out.generate_seconds = seconds_since(started);
@@ -1482,6 +1487,18 @@ std::optional<Selection> SolveRun::select_on_resident_data(double eps, std::uint
 // A semistochastic group's passes on resident data (its draws in sampled_): generation, its
 // diagonal terms scored as they are, the rest de-duplicated by (candidate, tag) and scored; false
 // when it does not fit (the passes run it).
+// Once a run: a unit that would have run on resident data goes through the passes and their
+// files instead (slower several times over; on the CPU backend often only for want of budget).
+void SolveRun::say_through_files(const char* what, std::uint64_t room) {
+  if (told_through_files_ || !ctx_.comm->root()) return;
+  told_through_files_ = true;
+  spdlog::info(
+      "sci.solve: {}{} does not fit half of what the device budget has left ({}): it runs through the passes and "
+      "their files, several times slower; a larger budget (--device-memory; on the CPU backend the memory the run "
+      "may keep its data in) keeps it in memory",
+      what, named(""), format_bytes(static_cast<double>(room)));
+}
+
 bool SolveRun::sampled_group_on_resident_data() {
   const auto started = std::chrono::steady_clock::now();
   const auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(); };
@@ -1493,7 +1510,10 @@ bool SolveRun::sampled_group_on_resident_data() {
       work.generate(*m_.problem, {&sampled_.dets, &sampled_.coefficients, &sampled_, *params_.eps_pt2_large}, params_.eps_pt2,
                     [&](std::uint64_t rows) { return work.dedup_bytes(rows, 3) + space; },
                     [](std::uint64_t) { return 0; });  // (summed on the device)
-  if (!g) return false;
+  if (!g) {
+    say_through_files("a semistochastic group", work.room);
+    return false;
+  }
   const double generate_seconds = elapsed();
   st.generated += g->rows + g->diagonal_rows;
   st.diagonal_rows = g->diagonal_rows;

@@ -190,6 +190,10 @@ def test_selection_on_resident_data_gives_the_passes_bits(tmp):
     tight_log = (tight / "logs" / "rank-0.log").read_text()
     assert "final PT2 on resident data" in roomy_log and "(generate" not in roomy_log
     assert "selection on resident data" in tight_log and "(generate" in tight_log
+    # (and the log says once why, and what raises it)
+    assert "runs through the passes" not in roomy_log
+    assert tight_log.count("the final PT2 does not fit half of what the device budget has left") == 1, tight_log
+    assert "--device-memory" in tight_log
     # The same budget on 3 ranks: the same phases fit (each rank's room is the least any has),
     # and those that do not are de-duplicated by the passes, spread over the ranks: the bits again.
     three = solve(tmp / "three", DATA / "N2_sto6g_FCIDUMP", params, "{device_memory: 32MiB}", mpi=3)
