@@ -389,17 +389,19 @@ void radix_pass(const std::uint64_t* src, std::uint64_t* dst, std::uint64_t n, s
   constexpr std::uint32_t S = W + 1;
   const std::uint64_t pieces = pieces_for(n);
   std::vector<std::array<std::uint64_t, 256>> at(pieces);
+  // (each piece counts and writes through a copy of its counters on its own stack: the pieces'
+  // counters side by side in `at` would share cache lines between threads at its edges)
   parallel_for(static_cast<std::int64_t>(pieces), [&](std::int64_t p) {
-    auto& count = at[p];
-    count.fill(0);
+    std::array<std::uint64_t, 256> count{};
     const auto [first, last] = piece_rows(n, pieces, p);
     for (std::uint64_t i = first; i < last; ++i) ++count[(src[i * S + word] >> shift) & 255];
+    at[p] = count;
   });
   std::uint64_t start = 0;
   for (std::uint32_t d = 0; d < 256; ++d)
     for (std::uint64_t p = 0; p < pieces; ++p) start += std::exchange(at[p][d], start);
   parallel_for(static_cast<std::int64_t>(pieces), [&](std::int64_t p) {
-    auto& next = at[p];
+    std::array<std::uint64_t, 256> next = at[p];
     const auto [first, last] = piece_rows(n, pieces, p);
     for (std::uint64_t i = first; i < last; ++i) {
       const std::uint64_t* row = src + i * S;
@@ -418,11 +420,11 @@ const std::uint64_t* radix_sort(std::uint64_t* rows, std::uint64_t* spare, std::
     const std::uint64_t pieces = pieces_for(n);
     std::vector<std::array<std::uint64_t, W>> partial(pieces);
     parallel_for(static_cast<std::int64_t>(pieces), [&](std::int64_t p) {
-      auto& v = partial[p];
-      v.fill(0);
+      std::array<std::uint64_t, W> v{};  // (in registers: the pieces' entries in `partial` share cache lines)
       const auto [first, last] = piece_rows(n, pieces, p);
       for (std::uint64_t i = first; i < last; ++i)
         for (std::uint32_t w = 0; w < W; ++w) v[w] |= rows[i * S + w] ^ rows[w];
+      partial[p] = v;
     });
     for (const auto& v : partial)
       for (std::uint32_t w = 0; w < W; ++w) varying[w] |= v[w];
@@ -467,12 +469,17 @@ RadixUnique::RadixUnique(const RadixUniqueArgs& a) : args_(a) {
     part_first_[p] = b;
   }
   std::vector<std::uint64_t> keys(parts, 0), tiles(parts, 0);
+  // (counted in locals and stored once: the parts' counters side by side in `keys` and `tiles`,
+  // stored to at every row, kept two threads' cache line going back and forth, and the count no
+  // faster on two threads than on one)
   parallel_for(static_cast<std::int64_t>(parts), [&](std::int64_t p) {
+    std::uint64_t part_keys = 0, part_tiles = 0;
     for (std::uint64_t i = part_first_[p]; i < part_first_[p + 1]; ++i) {
       const bool new_key = i == part_first_[p] || compare_keys(sorted_ + i * S, sorted_ + (i - 1) * S, a.words) != 0;
-      keys[p] += new_key;
-      tiles[p] += new_key || sorted_[i * S + a.words] / a.tile_rows != sorted_[(i - 1) * S + a.words] / a.tile_rows;
+      part_keys += new_key;
+      part_tiles += new_key || sorted_[i * S + a.words] / a.tile_rows != sorted_[(i - 1) * S + a.words] / a.tile_rows;
     }
+    keys[p] = part_keys, tiles[p] = part_tiles;
   });
   part_first_key_.assign(parts, 0);
   for (std::uint64_t p = 0; p < parts; ++p) {

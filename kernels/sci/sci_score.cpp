@@ -1,6 +1,7 @@
 #include "kernels/sci/sci_score.hpp"
 
 #include <algorithm>
+#include <array>
 #include <stdexcept>
 
 #include "kernels/dispatch.hpp"
@@ -21,14 +22,16 @@ void sci_tile_sums_cpu(const SciTileSums& a) {
   const auto tiles = static_cast<std::int64_t>((a.n + a.tile_rows - 1) / a.tile_rows);
 #pragma omp parallel for schedule(dynamic, 1)
   for (std::int64_t t = 0; t < tiles; ++t) {
-    double* sums = a.sums + t * a.slots;
-    std::fill(sums, sums + a.slots, 0.0);
+    // (summed on the thread's stack, stored once: neighbouring tiles' sums share cache lines, and
+    // other threads sum those tiles)
+    std::array<double, kSciTileSumSlots> sums{};
     const std::uint64_t end = std::min(a.n, (static_cast<std::uint64_t>(t) + 1) * a.tile_rows);
     for (std::uint64_t r = static_cast<std::uint64_t>(t) * a.tile_rows; r < end; ++r) {
       double term;
       std::uint32_t slot;
       if (sci_tile_term(a, r, term, slot)) sums[slot] += term;
     }
+    std::copy(sums.begin(), sums.begin() + a.slots, a.sums + t * a.slots);
   }
 }
 

@@ -63,7 +63,9 @@ void SpacePairs::Strings::link(int removed, std::vector<std::uint32_t>& start, s
   {
 #pragma omp single
     lists.resize(static_cast<std::size_t>(omp_get_num_threads()));
-    auto& pairs = lists[static_cast<std::size_t>(omp_get_thread_num())];
+    // (a thread's own list, moved into `lists` at the end: the lists' headers side by side there
+    // share cache lines, and every pair appended writes one)
+    std::vector<std::pair<std::uint32_t, std::uint32_t>> pairs;
 #pragma omp for schedule(dynamic, 256)
     for (std::int64_t r = 0; r < run_count; ++r)
       for (std::size_t x = runs[r]; x < runs[r + 1]; ++x)
@@ -71,6 +73,7 @@ void SpacePairs::Strings::link(int removed, std::vector<std::uint32_t>& start, s
           const std::uint32_t u = keyed[x].second, v = keyed[y].second;
           if (u != v && popcount(value[u] ^ value[v]) == 2 * removed) pairs.emplace_back(u, v);
         }
+    lists[static_cast<std::size_t>(omp_get_thread_num())] = std::move(pairs);
   }
   compress(lists, strings, start, out);
 }
