@@ -8,13 +8,29 @@
 
 namespace qstage::kernels {
 
+// A row of the same determinant as the row before (a semistochastic PT2's keys are sorted by
+// (alpha, beta, tag): a determinant reached in several batches, or both above and below
+// eps_pt2_large, has a row for each) takes that row's answer instead of computing it again: the
+// same function of the same determinant, so the same bits.
 void sci_score_rows_cpu(const SciScoreRows& a) {
-  const auto n = static_cast<std::int64_t>(a.n);
-#pragma omp parallel for schedule(static, 4096)
-  for (std::int64_t r = 0; r < n; ++r) {
-    const sci::Det d = a.candidate(static_cast<std::uint64_t>(r));
-    a.skipped[r] = sci::score_skips(a.space, a.space_size, a.filter, a.irreps, d);
-    if (!a.skipped[r]) a.denominator[r] = sci::floored_denominator(a.energy - sci::diagonal(a.h, d));
+  constexpr std::uint64_t kChunk = 4096;
+  const auto chunks = static_cast<std::int64_t>((a.n + kChunk - 1) / kChunk);
+#pragma omp parallel for schedule(static)
+  for (std::int64_t c = 0; c < chunks; ++c) {
+    const std::uint64_t first = static_cast<std::uint64_t>(c) * kChunk, end = std::min(a.n, first + kChunk);
+    sci::Det last;
+    unsigned char skipped = 0;
+    double denominator = 0;
+    for (std::uint64_t r = first; r < end; ++r) {
+      const sci::Det d = a.candidate(r);
+      if (r == first || !(d == last)) {
+        last = d;
+        skipped = sci::score_skips(a.space, a.space_size, a.filter, a.irreps, d);
+        if (!skipped) denominator = sci::floored_denominator(a.energy - sci::diagonal(a.h, d));
+      }
+      a.skipped[r] = skipped;
+      if (!skipped) a.denominator[r] = denominator;
+    }
   }
 }
 

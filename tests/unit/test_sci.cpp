@@ -717,6 +717,58 @@ TEST(SciScore, CandidatesInTheSpaceOrOfAnotherIrrepAreSkippedTheOthersGetFloored
     EXPECT_EQ(skipped[i], std::binary_search(c.space.begin(), c.space.end(), c.candidates[i]) ? 1 : 0) << i;
 }
 
+// Rows as the semistochastic PT2 scores them: sorted keys (alpha, beta, tag), a determinant in a
+// run of rows (one a tag); the scorer answers a run once, and every row of it the same as alone.
+TEST(SciScore, RowsOfOneDeterminantInARunEachGetItsAnswer) {
+  ScoreCase c;
+  const std::size_t distinct = c.candidates.size();
+  std::vector<double> den_alone(distinct, -7);
+  std::vector<unsigned char> skipped_alone(distinct, 9);
+  kernels::sci_score_rows_cpu({c.h.view,
+                               c.space.data(),
+                               c.space.size(),
+                               {},
+                               c.irreps,
+                               rows_of(c.candidates),
+                               2,
+                               distinct,
+                               c.energy,
+                               den_alone.data(),
+                               skipped_alone.data()});
+  // (runs of 1 to 3 rows, the whole list again until runs cross the scorer's chunks of 4096 rows)
+  std::vector<std::uint64_t> rows;
+  std::vector<std::size_t> of;
+  for (std::uint64_t pass = 0; of.size() < 3 * 4096 + 17; ++pass)
+    for (std::size_t i = 0; i < distinct; ++i)
+      for (std::uint64_t t = 0; t < 1 + (i + pass) % 3; ++t) {
+        rows.insert(rows.end(), {c.candidates[i].alpha, c.candidates[i].beta, 3 * pass + t});
+        of.push_back(i);
+      }
+  const std::size_t n = of.size();
+  std::vector<double> den(n, -7);
+  std::vector<unsigned char> skipped(n, 9);
+  kernels::sci_score_rows_cpu({c.h.view,
+                               c.space.data(),
+                               c.space.size(),
+                               {},
+                               c.irreps,
+                               rows.data(),
+                               3,
+                               n,
+                               c.energy,
+                               den.data(),
+                               skipped.data()});
+  std::size_t repeated = 0, counted = 0;
+  for (std::size_t r = 0; r < n; ++r) {
+    repeated += r > 0 && of[r] == of[r - 1];
+    counted += !skipped[r];
+    ASSERT_EQ(skipped[r], skipped_alone[of[r]]) << r;
+    ASSERT_EQ(std::memcmp(&den[r], &den_alone[of[r]], 8), 0) << r;
+  }
+  EXPECT_GT(repeated, n / 3);
+  EXPECT_GT(counted, 0u);
+}
+
 TEST(SciGpu, ScoreRowsAreTheCpusBits) {
   REQUIRE_GPU();
   test::GpuRun gpu;
