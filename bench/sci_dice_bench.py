@@ -100,7 +100,8 @@ def run_qstage(a, d, binary=None, run_dir="qstage"):
     (d / "sci.yaml").write_text(f"name: sci-dice-bench\nsteps:\n  - id: sci\n    stage: sci.solve\n    params: {{{params}}}\n")
     t = time.time()
     subprocess.run(["rm", "-rf", str(d / run_dir)], check=True)
-    p = subprocess.run([binary or a.qstage, "run", str(d / "sci.yaml"), "--run-dir", str(d / run_dir), "--device", a.device],
+    budget = ["--device-memory", a.device_memory] if a.device_memory else []
+    p = subprocess.run([binary or a.qstage, "run", str(d / "sci.yaml"), "--run-dir", str(d / run_dir), "--device", a.device] + budget,
                        capture_output=True, text=True)
     wall = time.time() - t
     if p.returncode:
@@ -220,6 +221,8 @@ def main():
     p.add_argument("--nroots", type=int, default=1, help="the lowest states to find (both tools)")
     p.add_argument("--qstage", default="build/qstage")
     p.add_argument("--device", default="cuda")
+    p.add_argument("--device-memory", help="qstage's --device-memory (on the CPU backend the memory a run may keep its data "
+                   "in; its default, a quarter of RAM, sends a large molecule's semistochastic groups through files)")
     p.add_argument("--dice", default=None, help="the Dice binary (bench/build_dice.sh); none: qstage alone")
     p.add_argument("--dice-ranks", type=int, default=os.cpu_count())
     p.add_argument("--dice-timeout", type=float, default=None,
@@ -234,7 +237,7 @@ def main():
     subprocess.run(["rm", "-rf", str(d)], check=True)
     d.mkdir(parents=True)
     out = {"fcidump": str(a.fcidump), "eps_var": a.eps_var, "eps_pt2": a.eps_pt2, "eps_pt2_large": a.eps_pt2_large,
-           "pt2_samples": a.pt2_samples, "pt2_target_error": a.pt2_target_error, "device": a.device,
+           "pt2_samples": a.pt2_samples, "pt2_target_error": a.pt2_target_error, "device": a.device, "device_memory": a.device_memory,
            "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "qstage": run_qstage(a, d)}
     runs, baseline = [out["qstage"]], []
     for k in range(a.repeat):
