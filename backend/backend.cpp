@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include "backend/memory_pool.hpp"
+#include "core/affinity.hpp"
 #include "core/error.hpp"
 #include "core/units.hpp"
 
@@ -155,18 +156,23 @@ bool cuda_available() {
 
 namespace {
 
-std::uint64_t physical_memory() {
+// The memory this process may use: the host's RAM, or less where its cgroup says so (a SLURM job
+// on a shared node gets its --mem, not the node's RAM: budgets from the node's would be killed for
+// memory by the job's limit, without a word).
+std::uint64_t usable_memory() {
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
-  return pages > 0 && page > 0 ? static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page) : (8ull << 30);
+  const std::uint64_t ram =
+      pages > 0 && page > 0 ? static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page) : (8ull << 30);
+  return std::min(ram, affinity::cgroup_memory_limit().value_or(ram));
 }
 
 }  // namespace
 
 std::unique_ptr<Backend> make_backend(const BackendOptions& o) {
-  // Host default: a quarter of RAM for one or two ranks on the host, half of it shared evenly by
+  // Host default: a quarter of RAM (usable_memory) for one or two ranks on the host, half of it shared evenly by
   // more (eight ranks that each took a quarter were killed for memory on a 512 GiB host); the cpu
   // "device" default: the same share.
-  const std::uint64_t share = physical_memory() / static_cast<std::uint64_t>(std::max(4, 2 * o.local_size));
+  const std::uint64_t share = usable_memory() / static_cast<std::uint64_t>(std::max(4, 2 * o.local_size));
   const std::uint64_t host = o.host_memory ? o.host_memory : share;
   if (o.device == "cpu") return detail::make_cpu_backend(o.device_memory ? o.device_memory : share, host);
   if (o.device != "auto" && o.device != "cuda")

@@ -54,7 +54,7 @@ po::options_description engine_options() {
   o.add_options()
       ("device", po::value<std::string>()->default_value("auto"), "auto | cuda | cpu")
       ("device-memory", po::value<std::string>(), "device memory budget per rank, e.g. 8GiB (default: 90% of free GPU memory, split between ranks sharing a GPU; cpu: as --host-memory)")
-      ("host-memory", po::value<std::string>(), "host (pinned) memory budget per rank, e.g. 16GiB (default: a quarter of RAM; with more than 2 ranks on a host, half of it shared evenly)")
+      ("host-memory", po::value<std::string>(), "host (pinned) memory budget per rank, e.g. 16GiB (default: a quarter of RAM, or of the job's cgroup memory limit where one is set, e.g. SLURM's --mem; with more than 2 ranks on a host, half of it shared evenly)")
       ("checkpoint-interval", po::value<std::string>(), "commit progress inside a step this often (or 9x the last commit's time, if longer), durably: 30s, 5m, 0 (every batch, and every pass of a stage of several passes), never (default 2m)")
       ("progress-interval", po::value<std::string>()->default_value("10s"), "seconds between progress lines in a log file")
       ("log-level", po::value<std::string>()->default_value("info"), "trace | debug | info | warn | error | off")

@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "core/error.hpp"
@@ -137,25 +138,44 @@ std::string bind_near(const DevicePlacement& placement, bool cores) {
                      memory ? ", memory preferred there" : " (the memory policy was refused)");
 }
 
+namespace {
+
+// This process's cgroups from /proc/self/cgroup: (controllers, path) a line, "0::/path" (v2, no
+// controllers) or "3:cpuset:/path" (v1); the path relative to the hierarchy's root.
+std::vector<std::pair<std::string, std::filesystem::path>> own_cgroups(const std::filesystem::path& root) {
+  std::vector<std::pair<std::string, std::filesystem::path>> out;
+  std::ifstream groups(root / "proc/self/cgroup");
+  std::string line;
+  while (std::getline(groups, line)) {
+    const auto first = line.find(':'), second = line.find(':', first + 1);
+    if (first == std::string::npos || second == std::string::npos) continue;
+    out.emplace_back(line.substr(first + 1, second - first - 1),
+                     std::filesystem::path(line.substr(second + 1)).relative_path());
+  }
+  return out;
+}
+
+// The first line of a cgroup file ("" where it cannot be read).
+std::string first_line(const std::filesystem::path& file) {
+  std::ifstream in(file);
+  std::string text;
+  if (!in || !std::getline(in, text)) return {};
+  return text;
+}
+
+}  // namespace
+
 std::size_t cgroup_cpu_count(const std::filesystem::path& root) {
   auto count = [](const std::filesystem::path& file) -> std::size_t {
-    std::ifstream in(file);
-    std::string text;
-    if (!in || !std::getline(in, text) || text.empty()) return 0;
+    const std::string text = first_line(file);
+    if (text.empty()) return 0;
     try {
       return parse_cpu_list(text).size();
     } catch (const InputError&) {
       return 0;
     }
   };
-  std::ifstream groups(root / "proc/self/cgroup");
-  std::string line;
-  while (std::getline(groups, line)) {
-    // "0::/path" (v2) or "3:cpuset:/path" (v1)
-    const auto first = line.find(':'), second = line.find(':', first + 1);
-    if (first == std::string::npos || second == std::string::npos) continue;
-    const std::string controllers = line.substr(first + 1, second - first - 1), path = line.substr(second + 1);
-    const std::filesystem::path rel = std::filesystem::path(path).relative_path();
+  for (const auto& [controllers, rel] : own_cgroups(root)) {
     std::size_t n = 0;
     if (controllers.empty()) n = count(root / "sys/fs/cgroup" / rel / "cpuset.cpus.effective");
     else if (controllers == "cpuset") n = count(root / "sys/fs/cgroup/cpuset" / rel / "cpuset.effective_cpus");
@@ -163,6 +183,37 @@ std::size_t cgroup_cpu_count(const std::filesystem::path& root) {
   }
   const long online = sysconf(_SC_NPROCESSORS_ONLN);
   return online > 0 ? static_cast<std::size_t>(online) : 1;
+}
+
+std::optional<std::uint64_t> cgroup_memory_limit(const std::filesystem::path& root) {
+  // (a limit holds for the group and everything below it: SLURM sets the job's, and the process
+  // runs in a step's or a task's group beneath, whose own file says "max")
+  std::optional<std::uint64_t> least;
+  const auto consider = [&](const std::filesystem::path& file) {
+    const std::string text = first_line(file);
+    if (text.empty() || !std::isdigit(static_cast<unsigned char>(text[0]))) return;  // ("max": none)
+    try {
+      const std::uint64_t bytes = std::stoull(text);
+      if (bytes < (std::uint64_t{1} << 62))
+        least = std::min(least.value_or(bytes), bytes);  // (v1's "none": about 2^63)
+    } catch (const std::exception&) {}
+  };
+  for (const auto& [controllers, rel] : own_cgroups(root)) {
+    const bool v2 = controllers.empty();
+    bool memory = v2;
+    for (std::size_t at = 0; !memory && at != std::string::npos;) {  // (v1: "memory" among the line's controllers)
+      const std::size_t comma = controllers.find(',', at);
+      memory = controllers.substr(at, comma == std::string::npos ? std::string::npos : comma - at) == "memory";
+      at = comma == std::string::npos ? comma : comma + 1;
+    }
+    if (!memory) continue;
+    const std::filesystem::path base = root / (v2 ? "sys/fs/cgroup" : "sys/fs/cgroup/memory");
+    for (std::filesystem::path group = rel;; group = group.parent_path()) {
+      consider(base / group / (v2 ? "memory.max" : "memory.limit_in_bytes"));
+      if (group.empty()) break;
+    }
+  }
+  return least;
 }
 
 std::string starved_binding_warning(std::size_t allowed, int local_ranks, std::size_t job_cores) {

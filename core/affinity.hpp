@@ -3,7 +3,9 @@
 // one socket's PCIe root, and host buffers on the other socket cross the inter-socket link on
 // every copy. Linux describes each PCI device in sysfs: `numa_node` (-1 where the machine has no
 // NUMA information) and `local_cpulist` (the cores of that node), which is all this needs (no hwloc).
+#include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -37,6 +39,9 @@ std::string bind_near(const DevicePlacement& placement, bool cores = true);
 // The cores this process's cpuset cgroup gives it (what SLURM allocated the job; cgroup v2 or
 // v1), or every online core where there is no such cgroup.
 std::size_t cgroup_cpu_count(const std::filesystem::path& root = "/");
+// The memory this process's cgroup and those above it allow (SLURM's --mem where the cluster
+// constrains it; cgroup v2 or v1), the least of their limits; nullopt where none is set.
+std::optional<std::uint64_t> cgroup_memory_limit(const std::filesystem::path& root = "/");
 
 // A warning when the launcher left this rank a small share of what the job has: the
 // `local_ranks` ranks on the host, each allowed `allowed` cores, use fewer than half of the

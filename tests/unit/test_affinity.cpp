@@ -87,6 +87,37 @@ TEST(Affinity, TheJobsCoresComeFromItsCpusetCgroup) {
   fs::remove_all(root);
 }
 
+TEST(Affinity, TheJobsMemoryLimitIsTheLeastOfItsCgroupAndThoseAbove) {
+  const fs::path root = fs::temp_directory_path() / "qstage-affinity-memory";
+  fs::remove_all(root);
+  fs::create_directories(root / "proc" / "self");
+  // cgroup v2, as SLURM makes it: the job's group has --mem, the task's below it says "max"
+  fs::create_directories(root / "sys/fs/cgroup/system.slice/slurmstepd.scope/job_7/step_0/user/task_0");
+  std::ofstream(root / "proc/self/cgroup") << "0::/system.slice/slurmstepd.scope/job_7/step_0/user/task_0\n";
+  std::ofstream(root / "sys/fs/cgroup/system.slice/slurmstepd.scope/job_7/memory.max") << "17179869184\n";
+  std::ofstream(root / "sys/fs/cgroup/system.slice/slurmstepd.scope/job_7/step_0/memory.max") << "max\n";
+  std::ofstream(root / "sys/fs/cgroup/system.slice/slurmstepd.scope/job_7/step_0/user/task_0/memory.max") << "max\n";
+  EXPECT_EQ(affinity::cgroup_memory_limit(root), std::optional<std::uint64_t>(16ull << 30));
+  // a lower limit further down wins
+  std::ofstream(root / "sys/fs/cgroup/system.slice/slurmstepd.scope/job_7/step_0/memory.max") << "8589934592\n";
+  EXPECT_EQ(affinity::cgroup_memory_limit(root), std::optional<std::uint64_t>(8ull << 30));
+  // cgroup v1: the memory controller's line (with others on it); "no limit" is about 2^63
+  fs::create_directories(root / "sys/fs/cgroup/memory/slurm/uid_0/job_8/step_batch");
+  std::ofstream(root / "proc/self/cgroup")
+      << "4:cpuset:/slurm/uid_0/job_8\n3:memory,hugetlb:/slurm/uid_0/job_8/step_batch\n";
+  std::ofstream(root / "sys/fs/cgroup/memory/memory.limit_in_bytes") << "9223372036854771712\n";
+  std::ofstream(root / "sys/fs/cgroup/memory/slurm/uid_0/job_8/memory.limit_in_bytes") << "4294967296\n";
+  std::ofstream(root / "sys/fs/cgroup/memory/slurm/uid_0/job_8/step_batch/memory.limit_in_bytes")
+      << "9223372036854771712\n";
+  EXPECT_EQ(affinity::cgroup_memory_limit(root), std::optional<std::uint64_t>(4ull << 30));
+  // none set anywhere, or no such files: no limit
+  std::ofstream(root / "sys/fs/cgroup/memory/slurm/uid_0/job_8/memory.limit_in_bytes") << "9223372036854771712\n";
+  EXPECT_EQ(affinity::cgroup_memory_limit(root), std::nullopt);
+  std::ofstream(root / "proc/self/cgroup") << "0::/nowhere\n";
+  EXPECT_EQ(affinity::cgroup_memory_limit(root), std::nullopt);
+  fs::remove_all(root);
+}
+
 TEST(Affinity, ARankLeftOneCoreOfManyIsWarnedAbout) {
   // OpenMPI's -np 2 on a 64-core host: one core a rank
   const std::string w = affinity::starved_binding_warning(1, 2, 64);
