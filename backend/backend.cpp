@@ -129,6 +129,15 @@ void Backend::charge_host(std::size_t bytes, std::string_view what) {
   host_pool().make_room(bytes);
   host_budget_.charge(bytes, what);
 }
+BudgetHold Backend::hold_device(std::size_t bytes, std::string_view what) {
+  charge_device(bytes, what);
+  return BudgetHold(device_budget_, bytes);
+}
+
+BudgetHold Backend::hold_host(std::size_t bytes, std::string_view what) {
+  charge_host(bytes, what);
+  return BudgetHold(host_budget_, bytes);
+}
 std::unique_ptr<Stream> Backend::make_stream(bool with_blas) { return stream_pool().take(with_blas); }
 
 void Backend::release_idle() {

@@ -13,6 +13,7 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <utility>
 
 namespace qstage {
 
@@ -55,6 +56,35 @@ class MemoryBudget {
   void note_peak();  // (mutex held)
   std::atomic<std::uint64_t> in_use_{0}, idle_{0}, peak_{0}, interval_peak_{0};
   std::mutex mutex_;
+};
+
+// A charge to a budget for memory its holder allocates itself (std::vectors, arrays, a library's
+// allocator capped at it), released when the hold goes: Backend::hold_host and hold_device.
+class BudgetHold {
+ public:
+  BudgetHold() = default;
+  BudgetHold(MemoryBudget& budget, std::uint64_t bytes) : budget_(&budget), bytes_(bytes) {}
+  BudgetHold(BudgetHold&& o) noexcept
+      : budget_(std::exchange(o.budget_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+  BudgetHold& operator=(BudgetHold&& o) noexcept {
+    if (this != &o) {
+      release();
+      budget_ = std::exchange(o.budget_, nullptr), bytes_ = std::exchange(o.bytes_, 0);
+    }
+    return *this;
+  }
+  BudgetHold(const BudgetHold&) = delete;
+  BudgetHold& operator=(const BudgetHold&) = delete;
+  ~BudgetHold() { release(); }
+  std::uint64_t bytes() const { return bytes_; }
+
+ private:
+  void release() {
+    if (budget_) budget_->release(bytes_);
+    budget_ = nullptr, bytes_ = 0;
+  }
+  MemoryBudget* budget_ = nullptr;
+  std::uint64_t bytes_ = 0;
 };
 
 // Memory owned by a backend (device memory, or pinned host memory), released on destruction.
@@ -127,6 +157,9 @@ class Backend {
   // frees it; the user gives it back with the budget's release(). Throws BudgetExceeded.
   void charge_device(std::size_t bytes, std::string_view what);
   void charge_host(std::size_t bytes, std::string_view what);
+  // The same, given back when the returned hold goes.
+  [[nodiscard]] BudgetHold hold_device(std::size_t bytes, std::string_view what);
+  [[nodiscard]] BudgetHold hold_host(std::size_t bytes, std::string_view what);
   // A stream; with_blas also gives it a BLAS handle (and, on cuda, a budgeted cuBLAS workspace).
   // Pooled like memory.
   std::unique_ptr<Stream> make_stream(bool with_blas = false);

@@ -88,24 +88,6 @@ std::vector<double> infidelity_gradient(const std::vector<double>& c, const std:
   return g;
 }
 
-// Memory charged to a budget (the host's, or the device's) while its holder lives.
-class Charge {
- public:
-  enum class Budget { host, device };
-  Charge(Backend& backend, std::uint64_t bytes, const char* what, Budget which = Budget::host)
-      : budget_(which == Budget::host ? backend.host_budget() : backend.device_budget()), bytes_(bytes) {
-    if (which == Budget::host) backend.charge_host(bytes, what);
-    else backend.charge_device(bytes, what);
-  }
-  ~Charge() { budget_.release(bytes_); }
-  Charge(const Charge&) = delete;
-  Charge& operator=(const Charge&) = delete;
-
- private:
-  MemoryBudget& budget_;
-  std::uint64_t bytes_;
-};
-
 // The determinants coupled to S (|H_as| > eps_couple) outside it, in the target's irrep, sorted,
 // and H between them and S: the rows whose amplitudes the energy's local terms reach (seed 004,
 // section 3), and among which the space grows.
@@ -159,7 +141,8 @@ CoupledSet coupled_of(const sci::Problem& problem, const std::vector<Det>& space
   CoupledSet c;
   const std::uint64_t n = space.size(), room = n * problem.max_per_source;
   auto start = Clock::now();
-  const Charge records_charge(backend, room * (2 * sizeof(Candidate) + 3 * 8 + 8 + 8), "sci.nnqs coupled determinants");
+  const BudgetHold records_charge =
+      backend.hold_host(room * (2 * sizeof(Candidate) + 3 * 8 + 8 + 8), "sci.nnqs coupled determinants");
   std::vector<Candidate> records(room);
   std::vector<std::uint64_t> workspace(2 * n);
   const std::vector<double> ones(n, 1.0);
@@ -260,8 +243,8 @@ class NnqsRun final : public stages::StepRun {
     }
     network_ = make_network(shape);
     if (network_->where().rfind("cuda", 0) == 0)
-      network_share_ = std::make_unique<Charge>(*ctx.backend, shape.device_memory,
-                                                "sci.nnqs network (LibTorch's allocator, capped at it)", Charge::Budget::device);
+      network_share_ =
+          ctx.backend->hold_device(shape.device_memory, "sci.nnqs network (LibTorch's allocator, capped at it)");
     space_ = {problem_.target.reference};
     stream_ = ctx.backend->make_stream();
     if (root())
@@ -364,7 +347,7 @@ class NnqsRun final : public stages::StepRun {
   NnqsParams params_;
   sci::Problem problem_;
   std::unique_ptr<Network> network_;
-  std::unique_ptr<Charge> network_share_;  // the network's device memory, on a GPU
+  BudgetHold network_share_;  // the network's device memory, on a GPU
   std::unique_ptr<Stream> stream_;
   // The iteration's H within S (and the last one's, which the next grows from), its vectors.
   std::unique_ptr<sci::ResidentSpace> resident_, grown_from_;
@@ -633,8 +616,8 @@ void NnqsRun::optimize(Iteration& it) {
                                                              std::max(n, kCoupledRowsPerStep));
   const std::uint64_t width = 2 * static_cast<std::uint64_t>(problem_.ints.norb);
   const std::uint64_t coupled_bytes = m * (sizeof(Det) + 8) + (n + 1) * 8 + coupled_.columns.size() * 16;
-  const Charge coupled_charge(backend, 2 * coupled_bytes + (2 * n + 2 * m) * width,
-                              "sci.nnqs coupled set, its strides and the rows' occupations");
+  const BudgetHold coupled_charge = backend.hold_host(2 * coupled_bytes + (2 * n + 2 * m) * width,
+                                                      "sci.nnqs coupled set, its strides and the rows' occupations");
   const std::vector<CoupledSet> strides = coupled_.strides(parts);
   std::vector<std::vector<std::uint8_t>> stride_bits(parts);
   for (std::uint64_t part = 0; part < parts; ++part)
@@ -826,7 +809,8 @@ void NnqsRun::write(const stages::StagePlan&, const stages::StepPass&, h5::File&
   out.set_attribute("ms2", static_cast<std::int64_t>(problem_.target.ms2));
   out.set_attribute("parameters", static_cast<std::int64_t>(network_->parameters()));
   out.set_attribute("network_device", network_->where());
-  if (network_share_)  // (LibTorch's allocator's peak reserve, within the network's share of the device budget)
+  if (network_share_.bytes() >
+      0)  // (LibTorch's allocator's peak reserve, within the network's share of the device budget)
     out.set_attribute("network_peak_device_bytes", static_cast<std::int64_t>(network_->peak_device_bytes()));
   if (params_.reference_energy) out.set_attribute("reference_energy", *params_.reference_energy);
   for (const NamedWeights& w : network_->weights())

@@ -77,9 +77,7 @@ void ResidentSpace::keep_only_growth_seed() {
   if (rows_found_on_host()) offsets_.reset(), lane_ends_.reset(), columns_.reset(), elements_.reset();
 }
 
-ResidentSpace::~ResidentSpace() {
-  if (rows_.budget) rows_.budget->release(rows_.charged);
-}
+ResidentSpace::~ResidentSpace() = default;
 
 // False when the rows would fit the device's share but not the host budget (cuda).
 bool ResidentSpace::store_from_host_strings(Backend& backend, Stream& stream, const kernels::sci::HamiltonianView& host,
@@ -113,13 +111,10 @@ bool ResidentSpace::store_from_host_strings(Backend& backend, Stream& stream, co
   std::uint64_t total = 0;
   for (const std::uint64_t k : counts) total += k;
   if (device_bytes(total) > stored_limit) return true;
-  MemoryBudget& budget = cuda ? backend.host_budget() : backend.device_budget();
   const std::uint64_t host_bytes = HostRows::bytes(size_, total);
-  if (cuda && host_bytes > budget.left()) return false;
-  if (cuda) backend.charge_host(host_bytes, "selected-CI stored H: rows on the host");
-  else backend.charge_device(host_bytes, "selected-CI stored H: rows");
-  rows_.budget = &budget;
-  rows_.charged = host_bytes;
+  if (cuda && host_bytes > backend.host_budget().left()) return false;
+  rows_.charged = cuda ? backend.hold_host(host_bytes, "selected-CI stored H: rows on the host")
+                       : backend.hold_device(host_bytes, "selected-CI stored H: rows");
   rows_.offsets = std::make_unique_for_overwrite<std::uint64_t[]>(size_ + 1);
   rows_.offsets[0] = 0;
   for (std::uint64_t j = 0; j < size_; ++j) rows_.offsets[j + 1] = rows_.offsets[j] + counts[j];

@@ -80,8 +80,7 @@ class ResidentSpace {
     std::unique_ptr<std::uint64_t[]> offsets;
     std::unique_ptr<std::uint32_t[]> columns, places;
     std::unique_ptr<double[]> elements, diagonal;
-    MemoryBudget* budget = nullptr;
-    std::uint64_t charged = 0;
+    BudgetHold charged;
     static std::uint64_t bytes(std::uint64_t rows, std::uint64_t entries) { return (2 * rows + 1) * 8 + entries * 16; }
   };
   bool store_from_host_strings(Backend& backend, Stream& stream, const kernels::sci::HamiltonianView& host,

@@ -1416,12 +1416,7 @@ std::unique_ptr<engine::Reduction> ResidentWork::score(SpaceKernel& kernel, cons
                                                        const Buffer& input, std::uint32_t words, const Buffer* values) {
   // (cuda: the host's copies, charged to the host budget while they live; cpu: the data itself)
   const std::uint64_t copies = cuda && kernel.reads_host_inputs() ? rows * words * 8 + (values ? rows * 8 : 0) : 0;
-  backend.charge_host(copies, "selected-CI score inputs on the host (resident)");
-  struct Charged {
-    MemoryBudget& budget;
-    std::uint64_t bytes;
-    ~Charged() { budget.release(bytes); }
-  } release{backend.host_budget(), copies};
+  const BudgetHold held = backend.hold_host(copies, "selected-CI score inputs on the host (resident)");
   std::vector<std::uint64_t> host_input(copies ? rows * words : 0);
   std::vector<double> host_values(copies && values ? rows : 0);
   if (copies) {

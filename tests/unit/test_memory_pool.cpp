@@ -114,3 +114,28 @@ TEST(MemoryPool, ReusesWhatWasGivenBackWithinTheBudgetOnTheGpu) {
   auto be = make_backend({"cuda", 256u << 20, 256u << 20});
   pools_reuse_and_respect_the_budget(*be);
 }
+
+TEST(MemoryPool, AHoldChargesItsBudgetUntilItGoesAndMovesOnce) {
+  auto be = detail::make_cpu_backend(64u << 20, 32u << 20);
+  MemoryBudget& host = be->host_budget();
+  MemoryBudget& device = be->device_budget();
+  {
+    BudgetHold a = be->hold_host(1000, "a");
+    BudgetHold d = be->hold_device(3000, "d");
+    EXPECT_EQ(host.in_use(), 1000u);
+    EXPECT_EQ(device.in_use(), 3000u);
+    BudgetHold b = std::move(a);  // (released once, by its new holder)
+    EXPECT_EQ(a.bytes(), 0u);
+    EXPECT_EQ(host.in_use(), 1000u);
+    BudgetHold c = be->hold_host(500, "c");
+    c = std::move(b);  // (c's own 500 released, b's 1000 kept)
+    EXPECT_EQ(host.in_use(), 1000u);
+    EXPECT_EQ(c.bytes(), 1000u);
+    // more than the budget: refused, nothing held
+    EXPECT_THROW((void)be->hold_host(32u << 20, "too much"), BudgetExceeded);
+    EXPECT_EQ(host.in_use(), 1000u);
+  }
+  EXPECT_EQ(host.in_use(), 0u);
+  EXPECT_EQ(device.in_use(), 0u);
+  EXPECT_EQ(host.peak(), 1500u);
+}
