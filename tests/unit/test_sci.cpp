@@ -721,20 +721,25 @@ TEST(SciScore, CandidatesInTheSpaceOrOfAnotherIrrepAreSkippedTheOthersGetFloored
 // run of rows (one a tag); the scorer answers a run once, and every row of it the same as alone.
 TEST(SciScore, RowsOfOneDeterminantInARunEachGetItsAnswer) {
   ScoreCase c;
+  // (rows of `words` words, the determinant first; skips and denominators start as markers)
+  const auto score = [&](const std::uint64_t* rows, std::uint32_t words, std::size_t n) {
+    std::pair<std::vector<double>, std::vector<unsigned char>> out{std::vector<double>(n, -7),
+                                                                   std::vector<unsigned char>(n, 9)};
+    kernels::sci_score_rows_cpu({c.h.view,
+                                 c.space.data(),
+                                 c.space.size(),
+                                 {},
+                                 c.irreps,
+                                 rows,
+                                 words,
+                                 n,
+                                 c.energy,
+                                 out.first.data(),
+                                 out.second.data()});
+    return out;
+  };
   const std::size_t distinct = c.candidates.size();
-  std::vector<double> den_alone(distinct, -7);
-  std::vector<unsigned char> skipped_alone(distinct, 9);
-  kernels::sci_score_rows_cpu({c.h.view,
-                               c.space.data(),
-                               c.space.size(),
-                               {},
-                               c.irreps,
-                               rows_of(c.candidates),
-                               2,
-                               distinct,
-                               c.energy,
-                               den_alone.data(),
-                               skipped_alone.data()});
+  const auto [den_alone, skipped_alone] = score(rows_of(c.candidates), 2, distinct);
   // (runs of 1 to 3 rows, the whole list again until runs cross the scorer's chunks of 4096 rows)
   std::vector<std::uint64_t> rows;
   std::vector<std::size_t> of;
@@ -745,19 +750,7 @@ TEST(SciScore, RowsOfOneDeterminantInARunEachGetItsAnswer) {
         of.push_back(i);
       }
   const std::size_t n = of.size();
-  std::vector<double> den(n, -7);
-  std::vector<unsigned char> skipped(n, 9);
-  kernels::sci_score_rows_cpu({c.h.view,
-                               c.space.data(),
-                               c.space.size(),
-                               {},
-                               c.irreps,
-                               rows.data(),
-                               3,
-                               n,
-                               c.energy,
-                               den.data(),
-                               skipped.data()});
+  const auto [den, skipped] = score(rows.data(), 3, n);
   std::size_t repeated = 0, counted = 0;
   for (std::size_t r = 0; r < n; ++r) {
     repeated += r > 0 && of[r] == of[r - 1];
