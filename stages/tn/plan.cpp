@@ -260,9 +260,12 @@ constexpr std::int64_t kSkinny = 16;
 // An operand of at most this many elements stays in the GPU's caches while the looped kernel
 // walks the other one (a gate, or a few gates contracted together).
 constexpr std::int64_t kGateSized = 4096;
-// Products of at most this many result elements (m n) over long sums (k of kernels::kLoopedBlockSum
-// or more) run looped too, one block per element: on an H100 cuBLAS took 0.66 s for a batch of 16
-// 2 x 2 x 2^21 products (256 MiB read) that one block per element reads at memory speed.
+// Products of at most this many result elements (m n, over all loops) over long sums (k of
+// kernels::kLoopedBlockSum or more) run looped too, one block per element: on an H100 cuBLAS took
+// 0.66 s for a batch of 16 2 x 2 x 2^21 products (256 MiB read) that one block per element reads at
+// memory speed. (Not m n alone: a 53-qubit slice had a step of 2 x 2 x 4096 products over 2^26
+// loops, a batch of four 8192 x 8192 x 4096 GEMMs whose operands' loop modes sat apart from i and
+// j; one block per element took 97 s of a 0.17 s compute bound.)
 constexpr std::int64_t kFewResults = 64;
 
 // What a block of a spilled step costs beyond its work (launches, copy and stream setup).
@@ -272,7 +275,7 @@ constexpr double kBlockSeconds = 20e-6;
 // in a host loop), packed, or looped; a packed step's mapping is replaced by the packed one.
 void decide_execution(const Network& net, PlanStep& st) {
   const auto groups = loop_groups(net, st);
-  if (st.m * st.n <= kFewResults && st.k >= kernels::kLoopedBlockSum &&
+  if (st.m * st.n * st.loops <= kFewResults && st.k >= kernels::kLoopedBlockSum &&
       groups.size() <= static_cast<size_t>(kernels::kMaxLoopGroups)) {
     st.execution = Execution::looped;  // a handful of long sums: one block each (cuBLAS runs one CTA per product)
     return;
