@@ -763,7 +763,7 @@ bool DedupRun::run_resident(const h5::Dataset& keys, const h5::Dataset* values) 
     u = chain.finish();
   } else {
     HostChain chain(backend, *stream, L, s.rows, s.tile_rows, block);
-    read_into(chain, HostChain::staging_bytes(L, block) / 2);
+    read_into(chain, HostChain::input_staging_bytes(L, block));
     tiles_seconds = seconds_since(started);
     u = chain.finish();
   }

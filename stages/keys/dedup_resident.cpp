@@ -127,6 +127,14 @@ Buffer host_array(Backend& backend, std::uint64_t bytes, const char* what) {
   }
   return Buffer(p, bytes, &backend.host_budget(), [](void* q) { delete[] static_cast<std::uint64_t*>(q); });
 }
+// words from `from` to `to`, in pieces on the threads
+void parallel_copy(std::uint64_t* to, const std::uint64_t* from, std::uint64_t words) {
+  constexpr std::uint64_t kPiece = 1 << 18;
+  parallel_for(static_cast<std::int64_t>(kernels::tiles_of(words, kPiece)), [&](std::int64_t i) {
+    const std::uint64_t begin = static_cast<std::uint64_t>(i) * kPiece;
+    std::memcpy(to + begin, from + begin, (std::min(words, begin + kPiece) - begin) * 8);
+  });
+}
 std::uint64_t block_phase_bytes(const kernels::RecordLayout& L, std::uint64_t tile_rows, std::uint64_t block_rows) {
   return block_rows * L.cols() * 8 + kernels::tiles_of(block_rows, tile_rows) * 8 + (L.origin ? block_rows * 8 : 0);
 }
@@ -254,6 +262,7 @@ HostChain::HostChain(Backend& backend, Stream& stream, kernels::RecordLayout lay
   if (layout.origin) block_local_ = backend.alloc_device(block_rows * 8, "keys block local ids (host chain)");
   if (const std::uint64_t work = host_workspace_bytes(cuda_, layout, block_rows))
     work_ = backend.alloc_device(work, "keys dedup workspace (host chain)");
+  if (cuda_) landing_ = backend.alloc_host(landing_bytes(layout, block_rows), "keys landing (host chain)");
 }
 
 std::uint64_t HostChain::device_bytes(bool cuda, kernels::RecordLayout L, std::uint64_t tile_rows,
@@ -267,8 +276,12 @@ std::uint64_t HostChain::host_bytes(kernels::RecordLayout L, std::uint64_t rows)
   const std::uint64_t records = rows * L.cols() * 8 + (L.origin ? rows * 8 : 0);
   return records + rows * (L.words * 8 + 8 + (L.value ? 8 : 0)) + (L.origin ? rows * 8 : 0);
 }
+std::uint64_t HostChain::landing_bytes(kernels::RecordLayout L, std::uint64_t block_rows) {
+  // (a block's records and local ids; later a bucket's keys, counts and values, or its pairs)
+  return block_rows * (L.cols() + (L.origin ? 1 : 0)) * 8;
+}
 std::uint64_t HostChain::staging_bytes(kernels::RecordLayout L, std::uint64_t block_rows) {
-  return 2 * block_rows * L.cols() * 8;
+  return 2 * input_staging_bytes(L, block_rows) + landing_bytes(L, block_rows);
 }
 
 void HostChain::add(const kernels::KeyRows& in, std::uint64_t first_row) {
@@ -282,16 +295,28 @@ void HostChain::add(const kernels::KeyRows& in, std::uint64_t first_row) {
                                  layout_.origin ? block_local_.as<std::uint64_t>() : nullptr, workspace()});
   std::uint64_t* counts = tile_count_.data() + first_tile;
   backend_.copy_to_host(counts, block_counts_.data(), tiles * 8, stream_);
-  if (layout_.origin)
-    backend_.copy_to_host(local_.as<std::uint64_t>() + first_row, block_local_.data(), in.rows * 8, stream_);
-  stream_.synchronize();
-  for (std::uint64_t t = 0; t < tiles; ++t) {  // (each tile's records, packed after the last tile's)
-    tile_first_[first_tile + t] = held_records_;
-    backend_.copy_to_host(records_.as<std::uint64_t>() + held_records_ * cols,
-                          block_records_.as<std::uint64_t>() + t * tile_rows_ * cols, counts[t] * cols * 8, stream_);
-    held_records_ += counts[t];
+  // On cuda the block comes down whole into pinned memory (one copy at the bus's rate; a copy a
+  // tile into the pageable arrays ran at a fraction of it, on one thread faulting their pages in).
+  const std::uint64_t* records = block_records_.as<std::uint64_t>();
+  const std::uint64_t* local = block_local_.as<std::uint64_t>();
+  if (cuda_) {
+    std::uint64_t* to = landing_.as<std::uint64_t>();
+    backend_.copy_to_host(to, records, in.rows * cols * 8, stream_);
+    if (layout_.origin) backend_.copy_to_host(to + block_rows_ * cols, local, in.rows * 8, stream_);
+    records = to, local = to + block_rows_ * cols;
   }
   stream_.synchronize();
+  for (std::uint64_t t = 0; t < tiles; ++t)  // (each tile's records, packed after the last tile's)
+    tile_first_[first_tile + t] = held_records_, held_records_ += counts[t];
+  std::uint64_t* held = records_.as<std::uint64_t>();
+  std::uint64_t* local_ids = layout_.origin ? local_.as<std::uint64_t>() + first_row : nullptr;
+  parallel_for(static_cast<std::int64_t>(tiles), [&](std::int64_t t) {
+    const auto u = static_cast<std::uint64_t>(t);
+    std::memcpy(held + tile_first_[first_tile + u] * cols, records + u * tile_rows_ * cols, counts[u] * cols * 8);
+    if (local_ids)
+      std::memcpy(local_ids + u * tile_rows_, local + u * tile_rows_,
+                  (std::min(in.rows, (u + 1) * tile_rows_) - u * tile_rows_) * 8);
+  });
   added_ += in.rows;
 }
 
@@ -320,16 +345,40 @@ void HostChain::collect(Unique& out, std::uint64_t* table) {
   std::uint64_t unique = 0;
   backend_.copy_to_host(&unique, merged_unique_.data(), 8, stream_);
   stream_.synchronize();
+  // The bucket's keys, counts and values (then its pairs) through the landing on cuda (down at the
+  // bus's rate, then into the pageable arrays on the threads); read where they are on the cpu.
+  const auto down = [&](std::initializer_list<std::pair<const Buffer*, std::uint64_t>> parts) {
+    std::vector<const std::uint64_t*> at;
+    std::uint64_t* to = landing_.as<std::uint64_t>();
+    for (const auto& [from, words] : parts) {
+      if (!cuda_) {
+        at.push_back(from->as<std::uint64_t>());
+        continue;
+      }
+      backend_.copy_to_host(to, from->data(), words * 8, stream_);
+      at.push_back(to);
+      to += words;
+    }
+    stream_.synchronize();
+    return at;
+  };
   const std::uint64_t words = layout_.words;
-  backend_.copy_to_host(out.keys.as<std::uint64_t>() + out.unique * words, merged_keys_.data(), unique * words * 8,
-                        stream_);
-  backend_.copy_to_host(out.counts.as<std::uint64_t>() + out.unique, merged_counts_.data(), unique * 8, stream_);
-  if (layout_.value)
-    backend_.copy_to_host(out.values.as<double>() + out.unique, merged_values_.data(), unique * 8, stream_);
-  if (layout_.origin) backend_.copy_to_host(pairs_.data(), merged_pairs_.data(), merging_ * 24, stream_);
-  stream_.synchronize();
-  if (layout_.origin)  // (pair: origin, batch, position among the bucket's keys)
-    for (std::uint64_t p = 0; p < merging_; ++p) table[pairs_[3 * p]] = out.unique + pairs_[3 * p + 2];
+  const auto parts = layout_.value
+                         ? down({{&merged_keys_, unique * words}, {&merged_counts_, unique}, {&merged_values_, unique}})
+                         : down({{&merged_keys_, unique * words}, {&merged_counts_, unique}});
+  parallel_copy(out.keys.as<std::uint64_t>() + out.unique * words, parts[0], unique * words);
+  parallel_copy(out.counts.as<std::uint64_t>() + out.unique, parts[1], unique);
+  if (layout_.value) parallel_copy(out.values.as<std::uint64_t>() + out.unique, parts[2], unique);
+  if (layout_.origin) {  // (pair: origin, batch, position among the bucket's keys; origins apart)
+    const std::uint64_t* pairs = down({{&merged_pairs_, merging_ * 3}})[0];
+    const std::uint64_t first = out.unique;
+    constexpr std::uint64_t kPairsAThread = 1 << 16;
+    parallel_for(static_cast<std::int64_t>(kernels::tiles_of(merging_, kPairsAThread)), [&](std::int64_t c) {
+      const std::uint64_t begin = static_cast<std::uint64_t>(c) * kPairsAThread,
+                          end = std::min(merging_, begin + kPairsAThread);
+      for (std::uint64_t p = begin; p < end; ++p) table[pairs[3 * p]] = first + pairs[3 * p + 2];
+    });
+  }
   out.unique += unique;
   ++out.buckets;
   merging_ = 0;
@@ -353,7 +402,6 @@ HostChain::Unique HostChain::finish() {
   if (layout_.value) merged_values_ = backend_.alloc_device(block_rows_ * 8, "keys merged values (host chain)");
   if (layout_.origin) {
     merged_pairs_ = backend_.alloc_device(block_rows_ * 24, "keys merged pairs (host chain)");
-    pairs_.resize(3 * block_rows_);
   }
   merged_unique_ = backend_.alloc_device(16, "keys merged counts (host chain)");
   Buffer staging[2];

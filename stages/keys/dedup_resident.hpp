@@ -71,11 +71,17 @@ class HostChain {
   HostChain(Backend& backend, Stream& stream, kernels::RecordLayout layout, std::uint64_t rows, std::uint64_t tile_rows,
             std::uint64_t block_rows);
   // Device bytes it holds at once (not the caller's input block), host bytes (its arrays, charged
-  // to the host budget; pageable) and pinned bytes (two staging buffers of block_rows records).
+  // to the host budget; pageable) and pinned bytes on cuda: its landing for blocks and buckets, and
+  // two staging buffers of block_rows records (the caller's for its input blocks, then the
+  // buckets').
   static std::uint64_t device_bytes(bool cuda, kernels::RecordLayout layout, std::uint64_t tile_rows,
                                     std::uint64_t block_rows);
   static std::uint64_t host_bytes(kernels::RecordLayout layout, std::uint64_t rows);
   static std::uint64_t staging_bytes(kernels::RecordLayout layout, std::uint64_t block_rows);
+  static std::uint64_t input_staging_bytes(kernels::RecordLayout layout, std::uint64_t block_rows) {
+    return block_rows * layout.cols() * 8;  // (one of the two)
+  }
+  static std::uint64_t landing_bytes(kernels::RecordLayout layout, std::uint64_t block_rows);
   // As ResidentChain::add: in is device memory, in.rows <= block_rows.
   void add(const kernels::KeyRows& in, std::uint64_t first_row);
   // Once every row was added: the unique keys, counts, values and index in host memory (on_host:
@@ -103,8 +109,9 @@ class HostChain {
   // device: a block's records, tile counts and local ids, and the merge's buffers
   Buffer block_records_, block_counts_, block_local_, work_;
   Buffer bucket_, merged_keys_, merged_counts_, merged_values_, merged_pairs_, merged_unique_;
-  std::uint64_t merging_ = 0;         // the records of the bucket merge() queued
-  std::vector<std::uint64_t> pairs_;  // (a bucket's pairs, on the host)
+  std::uint64_t merging_ = 0;  // the records of the bucket merge() queued
+  // pinned (cuda): a block's records and local ids come down here, then a bucket's outputs
+  Buffer landing_;
   kernels::Workspace workspace() const { return {work_.data(), work_.size()}; }
 };
 
