@@ -260,12 +260,13 @@ constexpr std::int64_t kSkinny = 16;
 // An operand of at most this many elements stays in the GPU's caches while the looped kernel
 // walks the other one (a gate, or a few gates contracted together).
 constexpr std::int64_t kGateSized = 4096;
-// Products of at most this many result elements (m n, over all loops) over long sums (k of
-// kernels::kLoopedBlockSum or more) run looped too, one block per element: on an H100 cuBLAS took
-// 0.66 s for a batch of 16 2 x 2 x 2^21 products (256 MiB read) that one block per element reads at
-// memory speed. (Not m n alone: a 53-qubit slice had a step of 2 x 2 x 4096 products over 2^26
-// loops, a batch of four 8192 x 8192 x 4096 GEMMs whose operands' loop modes sat apart from i and
-// j; one block per element took 97 s of a 0.17 s compute bound.)
+// Products of at most this many result elements (m n once packed: loop modes of one operand only
+// join m or n) over long sums (k of kernels::kLoopedBlockSum or more) run looped too, one block per
+// element: on an H100 cuBLAS took 0.66 s for a batch of 16 2 x 2 x 2^21 products (256 MiB read)
+// that one block per element reads at memory speed, and 87 ms for 4 of 8 x 8 x 2^21 (looped: 2.2
+// ms). (Not m n in place: a 53-qubit slice had a step of 2 x 2 x 4096 products over 2^26 loops, in
+// fact four 8192 x 8192 x 4096 GEMMs whose operands' loop modes sat apart from i and j; one block
+// per element took 97 s of a 0.17 s compute bound.)
 constexpr std::int64_t kFewResults = 64;
 
 // What a block of a spilled step costs beyond its work (launches, copy and stream setup).
@@ -275,7 +276,23 @@ constexpr double kBlockSeconds = 20e-6;
 // in a host loop), packed, or looped; a packed step's mapping is replaced by the packed one.
 void decide_execution(const Network& net, PlanStep& st) {
   const auto groups = loop_groups(net, st);
-  if (st.m * st.n * st.loops <= kFewResults && st.k >= kernels::kLoopedBlockSum &&
+  PlanStep packed = st;
+  packed.execution = Execution::packed;
+  // L is the operand of C's first mode outside the batch (either, if there is none).
+  packed.left_is_b = false;
+  for (Mode m : st.c_modes) {
+    const bool in_a = contains(st.a_modes, m), in_b = contains(st.b_modes, m);
+    if (in_a != in_b) {
+      packed.left_is_b = in_b;
+      break;
+    }
+  }
+  const auto pl = packed_layouts(packed);
+  packed.loop_modes = pl.batch;
+  packed.loops = net.size_of(pl.batch);
+  packed.m = net.size_of(pl.m);
+  packed.n = net.size_of(pl.n);
+  if (packed.m * packed.n <= kFewResults && st.k >= kernels::kLoopedBlockSum &&
       groups.size() <= static_cast<size_t>(kernels::kMaxLoopGroups)) {
     st.execution = Execution::looped;  // a handful of long sums: one block each (cuBLAS runs one CTA per product)
     return;
@@ -298,22 +315,6 @@ void decide_execution(const Network& net, PlanStep& st) {
   // (Batches of tiny products are slow in cuBLAS too: packing may merge them into larger ones.)
   if ((calls <= kMaxHostCalls || (calls <= kMaxBigCalls && per_call >= kBigCall)) && st.m * st.n * st.k > kTinyProduct)
     return;
-  PlanStep packed = st;
-  packed.execution = Execution::packed;
-  // L is the operand of C's first mode outside the batch (either, if there is none).
-  packed.left_is_b = false;
-  for (Mode m : st.c_modes) {
-    const bool in_a = contains(st.a_modes, m), in_b = contains(st.b_modes, m);
-    if (in_a != in_b) {
-      packed.left_is_b = in_b;
-      break;
-    }
-  }
-  const auto pl = packed_layouts(packed);
-  packed.loop_modes = pl.batch;
-  packed.loops = net.size_of(pl.batch);
-  packed.m = net.size_of(pl.m);
-  packed.n = net.size_of(pl.n);
   const auto& L = packed.left_is_b ? st.b_modes : st.a_modes;
   const auto& R = packed.left_is_b ? st.a_modes : st.b_modes;
   if (packed.m * packed.n * packed.k <= kTinyProduct && groups.size() <= static_cast<size_t>(kernels::kMaxLoopGroups)) {

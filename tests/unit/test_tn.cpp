@@ -355,39 +355,44 @@ TEST(TensorNetwork, GenericNetworkMatchesADirectSumIncludingBatchModes) {
   }
 }
 
-// Long sums (k of 4096) over 2 x 2 results in place: looped (one block a result element) only
-// where the results over all loops are few; over many loops the step is a batch of GEMMs (x's
-// four batches of (a i) x (b j) products), packed, with the direct sum's values.
-TEST(TensorNetwork, LongSumsRunLoopedOnlyOverFewResultsInAll) {
-  for (const std::int64_t ab : {2, 8}) {
+// Long sums (k of 4096) over few results a product: looped, one block a result element, where the
+// products stay few-result once packed (x a batch mode shared by both operands: 8 x 8 over 4
+// loops; a and b only the loop modes of 2 x 2 products in place); packed where packing joins the
+// loop modes of one operand to m and n (a and b of 8: x's four batches of 16 x 16 products). Each
+// with the direct sum's values.
+TEST(TensorNetwork, LongSumsRunLoopedOnlyOverFewResultsOncePacked) {
+  struct Case {
+    std::int64_t ab, ij;
+    tn::Execution execution;
+    std::int64_t m, n, loops;
+  };
+  for (const Case& c : {Case{1, 8, tn::Execution::looped, 8, 8, 4}, Case{2, 2, tn::Execution::looped, 2, 2, 16},
+                        Case{8, 2, tn::Execution::packed, 16, 16, 4}}) {
+    const std::int64_t ab = c.ab, ij = c.ij;
     auto net = tn::network_from_einsum("xaik,xbjk->xabij",
-                                       {{"x", 4}, {"a", ab}, {"b", ab}, {"i", 2}, {"j", 2}, {"k", 4096}}, "test");
+                                       {{"x", 4}, {"a", ab}, {"b", ab}, {"i", ij}, {"j", ij}, {"k", 4096}}, "test");
     tn::fill_random(net, 5);
     net.validate("test");
     const auto plan = tn::make_plan(net, tn::Path{{{0, 1}}}, {16});
     ASSERT_EQ(plan.steps.size(), 1u);
     const auto& step = plan.steps[0];
-    if (ab == 2) {
-      EXPECT_EQ(step.execution, tn::Execution::looped);  // 64 results in all
-      EXPECT_EQ(std::tie(step.m, step.n, step.k, step.loops), std::make_tuple(2, 2, 4096, 16));
-    } else {
-      EXPECT_EQ(step.execution, tn::Execution::packed);  // 1024
-      EXPECT_EQ(std::tie(step.m, step.n, step.k, step.loops), std::make_tuple(16, 16, 4096, 4));
-    }
+    EXPECT_EQ(step.execution, c.execution) << ab << " " << ij;
+    EXPECT_EQ(std::tie(step.m, step.n, step.k, step.loops), std::tie(c.m, c.n, step.k, c.loops)) << ab << " " << ij;
+    EXPECT_EQ(step.k, 4096);
     const auto& A = net.tensors[0].data;
     const auto& B = net.tensors[1].data;
     const auto got = contract_all(net, plan, h5::DType::complex128, {});
-    ASSERT_EQ(got.size(), static_cast<size_t>(4 * ab * ab * 4));
+    ASSERT_EQ(got.size(), static_cast<size_t>(4 * ab * ab * ij * ij));
     for (std::int64_t x = 0; x < 4; ++x)
       for (std::int64_t a = 0; a < ab; ++a)
         for (std::int64_t b = 0; b < ab; ++b)
-          for (std::int64_t i = 0; i < 2; ++i)
-            for (std::int64_t j = 0; j < 2; ++j) {
+          for (std::int64_t i = 0; i < ij; ++i)
+            for (std::int64_t j = 0; j < ij; ++j) {
               cd want = 0;
               for (std::int64_t k = 0; k < 4096; ++k)
-                want += A[static_cast<size_t>(((x * ab + a) * 2 + i) * 4096 + k)] *
-                        B[static_cast<size_t>(((x * ab + b) * 2 + j) * 4096 + k)];
-              const auto at = static_cast<size_t>((((x * ab + a) * ab + b) * 2 + i) * 2 + j);
+                want += A[static_cast<size_t>(((x * ab + a) * ij + i) * 4096 + k)] *
+                        B[static_cast<size_t>(((x * ab + b) * ij + j) * 4096 + k)];
+              const auto at = static_cast<size_t>((((x * ab + a) * ab + b) * ij + i) * ij + j);
               EXPECT_NEAR(std::abs(got[at] - want), 0, 1e-9) << at;
             }
   }
