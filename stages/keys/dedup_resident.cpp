@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <stdexcept>
+#include <utility>
 
 #include "core/parallel.hpp"
 
@@ -277,8 +278,8 @@ std::uint64_t HostChain::host_bytes(kernels::RecordLayout L, std::uint64_t rows)
   return records + rows * (L.words * 8 + 8 + (L.value ? 8 : 0)) + (L.origin ? rows * 8 : 0);
 }
 std::uint64_t HostChain::landing_bytes(kernels::RecordLayout L, std::uint64_t block_rows) {
-  // (a block's records and local ids; later a bucket's keys, counts and values, or its pairs)
-  return block_rows * (L.cols() + (L.origin ? 1 : 0)) * 8;
+  // (a block's records and local ids; later a bucket's keys, counts, values and pairs of three)
+  return block_rows * std::max(L.cols() + (L.origin ? 1 : 0), L.words + 1 + (L.value ? 1 : 0) + (L.origin ? 3 : 0)) * 8;
 }
 std::uint64_t HostChain::staging_bytes(kernels::RecordLayout L, std::uint64_t block_rows) {
   return 2 * input_staging_bytes(L, block_rows) + landing_bytes(L, block_rows);
@@ -341,47 +342,45 @@ void HostChain::merge(const std::uint64_t* staged, std::uint64_t records) {
   merging_ = records;
 }
 
-void HostChain::collect(Unique& out, std::uint64_t* table) {
-  std::uint64_t unique = 0;
-  backend_.copy_to_host(&unique, merged_unique_.data(), 8, stream_);
+HostChain::Landed HostChain::download() {
+  Landed l;
+  l.records = merging_;
+  backend_.copy_to_host(&l.unique, merged_unique_.data(), 8, stream_);
   stream_.synchronize();
-  // The bucket's keys, counts and values (then its pairs) through the landing on cuda (down at the
-  // bus's rate, then into the pageable arrays on the threads); read where they are on the cpu.
-  const auto down = [&](std::initializer_list<std::pair<const Buffer*, std::uint64_t>> parts) {
-    std::vector<const std::uint64_t*> at;
-    std::uint64_t* to = landing_.as<std::uint64_t>();
-    for (const auto& [from, words] : parts) {
-      if (!cuda_) {
-        at.push_back(from->as<std::uint64_t>());
-        continue;
-      }
-      backend_.copy_to_host(to, from->data(), words * 8, stream_);
-      at.push_back(to);
-      to += words;
-    }
-    stream_.synchronize();
-    return at;
-  };
+  // On cuda the bucket's keys, counts, values and pairs come down into the landing at the bus's
+  // rate, and the device is free for the next bucket; on the cpu they are read where they are.
   const std::uint64_t words = layout_.words;
-  const auto parts = layout_.value
-                         ? down({{&merged_keys_, unique * words}, {&merged_counts_, unique}, {&merged_values_, unique}})
-                         : down({{&merged_keys_, unique * words}, {&merged_counts_, unique}});
-  parallel_copy(out.keys.as<std::uint64_t>() + out.unique * words, parts[0], unique * words);
-  parallel_copy(out.counts.as<std::uint64_t>() + out.unique, parts[1], unique);
-  if (layout_.value) parallel_copy(out.values.as<std::uint64_t>() + out.unique, parts[2], unique);
+  std::uint64_t* to = landing_.as<std::uint64_t>();
+  const auto down = [&](const Buffer& from, std::uint64_t n) -> const std::uint64_t* {
+    if (!cuda_) return from.as<std::uint64_t>();
+    backend_.copy_to_host(to, from.data(), n * 8, stream_);
+    return std::exchange(to, to + n);
+  };
+  l.keys = down(merged_keys_, l.unique * words);
+  l.counts = down(merged_counts_, l.unique);
+  if (layout_.value) l.values = down(merged_values_, l.unique);
+  if (layout_.origin) l.pairs = down(merged_pairs_, l.records * 3);
+  stream_.synchronize();
+  merging_ = 0;
+  return l;
+}
+
+void HostChain::spread(const Landed& l, Unique& out, std::uint64_t* table) {
+  const std::uint64_t words = layout_.words;
+  parallel_copy(out.keys.as<std::uint64_t>() + out.unique * words, l.keys, l.unique * words);
+  parallel_copy(out.counts.as<std::uint64_t>() + out.unique, l.counts, l.unique);
+  if (layout_.value) parallel_copy(out.values.as<std::uint64_t>() + out.unique, l.values, l.unique);
   if (layout_.origin) {  // (pair: origin, batch, position among the bucket's keys; origins apart)
-    const std::uint64_t* pairs = down({{&merged_pairs_, merging_ * 3}})[0];
     const std::uint64_t first = out.unique;
     constexpr std::uint64_t kPairsAThread = 1 << 16;
-    parallel_for(static_cast<std::int64_t>(kernels::tiles_of(merging_, kPairsAThread)), [&](std::int64_t c) {
+    parallel_for(static_cast<std::int64_t>(kernels::tiles_of(l.records, kPairsAThread)), [&](std::int64_t c) {
       const std::uint64_t begin = static_cast<std::uint64_t>(c) * kPairsAThread,
-                          end = std::min(merging_, begin + kPairsAThread);
-      for (std::uint64_t p = begin; p < end; ++p) table[pairs[3 * p]] = first + pairs[3 * p + 2];
+                          end = std::min(l.records, begin + kPairsAThread);
+      for (std::uint64_t p = begin; p < end; ++p) table[l.pairs[3 * p]] = first + l.pairs[3 * p + 2];
     });
   }
-  out.unique += unique;
+  out.unique += l.unique;
   ++out.buckets;
-  merging_ = 0;
 }
 
 HostChain::Unique HostChain::finish() {
@@ -422,16 +421,20 @@ HostChain::Unique HostChain::finish() {
   };
   std::uint64_t records = cut.next(), k = 0;
   gather(staging[0].as<std::uint64_t>());
-  for (;;) {
-    merge(staging[k % 2].as<std::uint64_t>(), records);
+  merge(staging[0].as<std::uint64_t>(), records);
+  for (;; ++k) {
     const bool more = !cut.done();
     if (more) {  // (the next bucket gathered while the device merges this one)
       records = cut.next();
       gather(staging[(k + 1) % 2].as<std::uint64_t>());
     }
-    collect(out, table.as<std::uint64_t>());
+    const Landed landed = download();
+    // On cuda the next bucket merges while this one spreads from the landing; on the cpu this
+    // one's outputs are the merge's buffers, read before the next merge overwrites them.
+    if (more && cuda_) merge(staging[(k + 1) % 2].as<std::uint64_t>(), records);
+    spread(landed, out, table.as<std::uint64_t>());
     if (!more) break;
-    ++k;
+    if (!cuda_) merge(staging[(k + 1) % 2].as<std::uint64_t>(), records);
   }
   for (Buffer& b : staging) b.reset();
   bucket_.reset(), merged_keys_.reset(), merged_counts_.reset(), merged_values_.reset(), merged_pairs_.reset();

@@ -91,10 +91,16 @@ class HostChain {
 
  private:
   class Cutter;  // (dedup_resident.cpp) where each bucket ends in each tile
-  // A bucket's `records` records, staged in pinned memory, up and merged (queued); then collected:
-  // its keys, counts and values appended to out's, its pairs written into the index table.
+  // A bucket's `records` records, staged in pinned memory, up and merged (queued); then
+  // downloaded (waits for the merge); then spread: its keys, counts and values appended to out's,
+  // its pairs written into the index table.
+  struct Landed {
+    const std::uint64_t *keys = nullptr, *counts = nullptr, *values = nullptr, *pairs = nullptr;
+    std::uint64_t unique = 0, records = 0;
+  };
   void merge(const std::uint64_t* staged, std::uint64_t records);
-  void collect(Unique& out, std::uint64_t* table);
+  Landed download();
+  void spread(const Landed& landed, Unique& out, std::uint64_t* table);
 
   Backend& backend_;
   Stream& stream_;
