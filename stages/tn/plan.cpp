@@ -263,11 +263,11 @@ constexpr std::int64_t kGateSized = 4096;
 // Products of at most this many result elements (m n once packed: loop modes of one operand only
 // join m or n) over long sums (k of kernels::kLoopedBlockSum or more) run looped too, one block per
 // element: on an H100 cuBLAS took 0.66 s for a batch of 16 2 x 2 x 2^21 products (256 MiB read)
-// that one block per element reads at memory speed, and 87 ms for 4 of 8 x 8 x 2^21 (looped: 2.2
-// ms). (Not m n in place: a 53-qubit slice had a step of 2 x 2 x 4096 products over 2^26 loops, in
-// fact four 8192 x 8192 x 4096 GEMMs whose operands' loop modes sat apart from i and j; one block
-// per element took 97 s of a 0.17 s compute bound.)
-constexpr std::int64_t kFewResults = 64;
+// that one block per element reads at memory speed, and 87 ms in place for 4 of 8 x 8 x 2^21 (16 x
+// 16 packed) that took 2.2 ms looped. (Not m n in place: a 53-qubit slice had a step of 2 x 2 x
+// 4096 products over 2^26 loops, in fact four 8192 x 8192 x 4096 GEMMs whose operands' loop modes
+// sat apart from i and j; one block per element took 97 s of a 0.17 s compute bound.)
+constexpr std::int64_t kFewResults = 256;
 
 // What a block of a spilled step costs beyond its work (launches, copy and stream setup).
 constexpr double kBlockSeconds = 20e-6;

@@ -356,18 +356,18 @@ TEST(TensorNetwork, GenericNetworkMatchesADirectSumIncludingBatchModes) {
 }
 
 // Long sums (k of 4096) over few results a product: looped, one block a result element, where the
-// products stay few-result once packed (x a batch mode shared by both operands: 8 x 8 over 4
-// loops; a and b only the loop modes of 2 x 2 products in place); packed where packing joins the
-// loop modes of one operand to m and n (a and b of 8: x's four batches of 16 x 16 products). Each
-// with the direct sum's values.
+// products stay few-result once packed (8 x 8 over x's 4 loops; a and b of 2 the loop modes of 8 x
+// 8 products in place, 16 x 16 packed); packed where packing joins the loop modes of one operand
+// to m and n into larger products (a and b of 16: x's four batches of 32 x 32). Each with the
+// direct sum's values.
 TEST(TensorNetwork, LongSumsRunLoopedOnlyOverFewResultsOncePacked) {
   struct Case {
     std::int64_t ab, ij;
     tn::Execution execution;
     std::int64_t m, n, loops;
   };
-  for (const Case& c : {Case{1, 8, tn::Execution::looped, 8, 8, 4}, Case{2, 2, tn::Execution::looped, 2, 2, 16},
-                        Case{8, 2, tn::Execution::packed, 16, 16, 4}}) {
+  for (const Case& c : {Case{1, 8, tn::Execution::looped, 8, 8, 4}, Case{2, 8, tn::Execution::looped, 8, 8, 16},
+                        Case{16, 2, tn::Execution::packed, 32, 32, 4}}) {
     const std::int64_t ab = c.ab, ij = c.ij;
     auto net = tn::network_from_einsum("xaik,xbjk->xabij",
                                        {{"x", 4}, {"a", ab}, {"b", ab}, {"i", ij}, {"j", ij}, {"k", 4096}}, "test");
