@@ -4,7 +4,6 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
@@ -12,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "core/error.hpp"
+#include "core/stopwatch.hpp"
 #include "io/row_io.hpp"
 
 namespace qstage::stages::keys {
@@ -715,9 +715,7 @@ bool DedupRun::run_resident(const h5::Dataset& keys, const h5::Dataset* values) 
   if (tier == Tier::host) block = host_block;
   if (tier == Tier::none) return false;
 
-  using clock = std::chrono::steady_clock;
-  const auto started = clock::now();
-  const auto seconds_since = [](clock::time_point t) { return std::chrono::duration<double>(clock::now() - t).count(); };
+  const Stopwatch started;
   std::unique_ptr<Stream> stream = backend.make_stream(false);
   double read_seconds = 0;
   // The input read block by block into the chain (on cuda each block is read into pinned staging
@@ -734,10 +732,10 @@ bool DedupRun::run_resident(const h5::Dataset& keys, const h5::Dataset* values) 
       const std::uint64_t n = std::min(block, s.rows - row0);
       // (cuda: read while the device works on the last block; the wait below frees this staging's last use)
       char* to = static_cast<char*>(cuda ? staging[k % 2].data() : in.data());
-      const auto read_started = clock::now();
+      const Stopwatch read_started;
       key_reader.read(row0, n, to);
       if (values) value_reader->read(row0, n, to + block * key_bytes);
-      read_seconds += seconds_since(read_started);
+      read_seconds += read_started.seconds();
       stream->synchronize();
       if (cuda) {
         backend.copy_to_device(in.data(), to, n * key_bytes, *stream);
@@ -755,17 +753,23 @@ bool DedupRun::run_resident(const h5::Dataset& keys, const h5::Dataset* values) 
   };
   double tiles_seconds = 0;
   ResidentChain::Unique u;
+  std::string host_split;  // (the host chain's time, where it went)
   if (tier == Tier::device) {
     ResidentChain chain(backend, *stream, L, s.rows, s.tile_rows, block,
                         [&](std::uint64_t bytes, const char* what) { return backend.alloc_device(bytes, what); });
     read_into(chain, block * row_bytes);
-    tiles_seconds = seconds_since(started);
+    tiles_seconds = started.seconds();
     u = chain.finish();
   } else {
     HostChain chain(backend, *stream, L, s.rows, s.tile_rows, block);
     read_into(chain, HostChain::input_staging_bytes(L, block));
-    tiles_seconds = seconds_since(started);
+    tiles_seconds = started.seconds();
     u = chain.finish();
+    const HostChain::Seconds& t = chain.seconds();
+    host_split = fmt::format(
+        "; on the host: tiles down {:.2f} s, spread {:.2f} s; buckets gathered {:.2f} s, merged {:.2f} s, merges "
+        "waited for {:.2f} s, spread {:.2f} s",
+        t.tiles_down, t.tiles_spread, t.gather, t.merge, t.merge_wait, t.spread);
   }
   phase_ = Phase::done;
   unique_ = u.unique;
@@ -775,10 +779,10 @@ bool DedupRun::run_resident(const h5::Dataset& keys, const h5::Dataset* values) 
   resident_ = std::move(u);
   spdlog::info(
       "keys.dedup: {} unique keys of {} rows on resident data, {} in {:.2f} s (reading and sorting tiles {:.2f} s, "
-      "of it reading {:.2f} s; merging {} records in {} bucket{} {:.2f} s)",
-      unique_, s.rows, resident_->on_host ? "records in host memory" : "in device memory", seconds_since(started),
+      "of it reading {:.2f} s; merging {} records in {} bucket{} {:.2f} s{})",
+      unique_, s.rows, resident_->on_host ? "records in host memory" : "in device memory", started.seconds(),
       tiles_seconds, read_seconds, bucket_rows_[0], buckets_, buckets_ == 1 ? "" : "s",
-      seconds_since(started) - tiles_seconds);
+      started.seconds() - tiles_seconds, host_split);
   return true;
 }
 

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "core/parallel.hpp"
+#include "core/stopwatch.hpp"
 
 namespace qstage::stages::keys {
 
@@ -306,7 +307,9 @@ void HostChain::add(const kernels::KeyRows& in, std::uint64_t first_row) {
     if (layout_.origin) backend_.copy_to_host(to + block_rows_ * cols, local, in.rows * 8, stream_);
     records = to, local = to + block_rows_ * cols;
   }
+  Stopwatch watch;
   stream_.synchronize();
+  seconds_.tiles_down += watch.lap();
   for (std::uint64_t t = 0; t < tiles; ++t)  // (each tile's records, packed after the last tile's)
     tile_first_[first_tile + t] = held_records_, held_records_ += counts[t];
   std::uint64_t* held = records_.as<std::uint64_t>();
@@ -318,6 +321,7 @@ void HostChain::add(const kernels::KeyRows& in, std::uint64_t first_row) {
       std::memcpy(local_ids + u * tile_rows_, local + u * tile_rows_,
                   (std::min(in.rows, (u + 1) * tile_rows_) - u * tile_rows_) * 8);
   });
+  seconds_.tiles_spread += watch.lap();
   added_ += in.rows;
 }
 
@@ -419,22 +423,30 @@ HostChain::Unique HostChain::finish() {
         std::memcpy(to + offset[t] * cols, from + (tile_first_[t] + at[t]) * cols, (end[t] - at[t]) * cols * 8);
     });
   };
+  Stopwatch watch;
   std::uint64_t records = cut.next(), k = 0;
   gather(staging[0].as<std::uint64_t>());
+  seconds_.gather += watch.lap();
   merge(staging[0].as<std::uint64_t>(), records);
+  seconds_.merge += watch.lap();
   for (;; ++k) {
     const bool more = !cut.done();
     if (more) {  // (the next bucket gathered while the device merges this one)
       records = cut.next();
       gather(staging[(k + 1) % 2].as<std::uint64_t>());
     }
+    seconds_.gather += watch.lap();
     const Landed landed = download();
+    seconds_.merge_wait += watch.lap();
     // On cuda the next bucket merges while this one spreads from the landing; on the cpu this
     // one's outputs are the merge's buffers, read before the next merge overwrites them.
     if (more && cuda_) merge(staging[(k + 1) % 2].as<std::uint64_t>(), records);
+    seconds_.merge += watch.lap();
     spread(landed, out, table.as<std::uint64_t>());
+    seconds_.spread += watch.lap();
     if (!more) break;
     if (!cuda_) merge(staging[(k + 1) % 2].as<std::uint64_t>(), records);
+    seconds_.merge += watch.lap();
   }
   for (Buffer& b : staging) b.reset();
   bucket_.reset(), merged_keys_.reset(), merged_counts_.reset(), merged_values_.reset(), merged_pairs_.reset();

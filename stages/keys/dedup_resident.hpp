@@ -88,6 +88,13 @@ class HostChain {
   // pageable arrays charged to the host budget), and the number of buckets merged.
   using Unique = ResidentChain::Unique;
   Unique finish();
+  // Where its host-side time went (for the log): waiting for each block's tiles to come down,
+  // spreading them into the arrays; gathering buckets, in merge() (queueing on cuda, the merge
+  // itself on the cpu), waiting for their merges to come down, spreading their outputs.
+  struct Seconds {
+    double tiles_down = 0, tiles_spread = 0, gather = 0, merge = 0, merge_wait = 0, spread = 0;
+  };
+  const Seconds& seconds() const { return seconds_; }
 
  private:
   class Cutter;  // (dedup_resident.cpp) where each bucket ends in each tile
@@ -119,6 +126,7 @@ class HostChain {
   // pinned (cuda): a block's records and local ids come down here, then a bucket's outputs
   Buffer landing_;
   kernels::Workspace workspace() const { return {work_.data(), work_.size()}; }
+  Seconds seconds_;
 };
 
 }  // namespace qstage::stages::keys
