@@ -124,10 +124,11 @@ steps:
     if resident:  # (the whole de-duplication as one unit on resident data: its seconds, and of them reading the input)
         r["resident_records"] = "host" if resident.group(1) == "records in host memory" else "device"
         r["resident_seconds"], r["resident_tiles_seconds"], r["resident_read_seconds"] = map(float, resident.groups()[1:])
-        host = re.search(r"on the host: tiles down ([0-9.]+) s, spread ([0-9.]+) s; buckets gathered ([0-9.]+) s, "
-                         r"merged ([0-9.]+) s, merges waited for ([0-9.]+) s, spread ([0-9.]+) s", p.stderr + p.stdout)
+        host = re.search(r"on the host: tiles down ([0-9.]+) s, spread ([0-9.]+) s; buckets bounded ([0-9.]+) s, gathered "
+                         r"([0-9.]+) s, merged ([0-9.]+) s, merges waited for ([0-9.]+) s, spread ([0-9.]+) s",
+                         p.stderr + p.stdout)
         if host:  # (the host chain's time, where it went; merged: queueing on cuda, the merges on the cpu)
-            r["host_seconds"] = dict(zip(("tiles_down", "tiles_spread", "gather", "merge", "merge_wait", "spread"),
+            r["host_seconds"] = dict(zip(("tiles_down", "tiles_spread", "bounds", "gather", "merge", "merge_wait", "spread"),
                                          map(float, host.groups())))
     if a.pcie_GBps:
         r["bus_bound_seconds"] = bus / (a.pcie_GBps * 1e9)

@@ -767,9 +767,9 @@ bool DedupRun::run_resident(const h5::Dataset& keys, const h5::Dataset* values) 
     u = chain.finish();
     const HostChain::Seconds& t = chain.seconds();
     host_split = fmt::format(
-        "; on the host: tiles down {:.2f} s, spread {:.2f} s; buckets gathered {:.2f} s, merged {:.2f} s, merges "
-        "waited for {:.2f} s, spread {:.2f} s",
-        t.tiles_down, t.tiles_spread, t.gather, t.merge, t.merge_wait, t.spread);
+        "; on the host: tiles down {:.2f} s, spread {:.2f} s; buckets bounded {:.2f} s, gathered {:.2f} s, merged "
+        "{:.2f} s, merges waited for {:.2f} s, spread {:.2f} s",
+        t.tiles_down, t.tiles_spread, t.bounds, t.gather, t.merge, t.merge_wait, t.spread);
   }
   phase_ = Phase::done;
   unique_ = u.unique;

@@ -89,10 +89,11 @@ class HostChain {
   using Unique = ResidentChain::Unique;
   Unique finish();
   // Where its host-side time went (for the log): waiting for each block's tiles to come down,
-  // spreading them into the arrays; gathering buckets, in merge() (queueing on cuda, the merge
-  // itself on the cpu), waiting for their merges to come down, spreading their outputs.
+  // spreading them into the arrays; finding the buckets' bounds, gathering buckets, in merge()
+  // (queueing on cuda, the merge itself on the cpu), waiting for their merges to come down,
+  // spreading their outputs.
   struct Seconds {
-    double tiles_down = 0, tiles_spread = 0, gather = 0, merge = 0, merge_wait = 0, spread = 0;
+    double tiles_down = 0, tiles_spread = 0, bounds = 0, gather = 0, merge = 0, merge_wait = 0, spread = 0;
   };
   const Seconds& seconds() const { return seconds_; }
 
