@@ -488,7 +488,7 @@ RadixUnique::RadixUnique(const RadixUniqueArgs& a) : args_(a) {
   }
 }
 
-void RadixUnique::write(std::uint64_t* keys, std::uint64_t* counts, double* values) const {
+void RadixUnique::write(std::uint64_t* keys, std::uint64_t* counts, double* values, std::uint64_t* index) const {
   const std::uint32_t W = args_.words, S = W + 1;
   const std::uint64_t parts = part_first_key_.size(), tile_rows = args_.tile_rows;
   parallel_for(static_cast<std::int64_t>(parts), [&](std::int64_t p) {
@@ -506,6 +506,7 @@ void RadixUnique::write(std::uint64_t* keys, std::uint64_t* counts, double* valu
           tile = row / tile_rows;
         }
         tile_sum.add(args_.values[row]);
+        if (index) index[row] = u;
       }
       sum.add(tile_sum.total());
       std::copy(key, key + W, keys + u * W);

@@ -238,8 +238,9 @@ class RadixUnique {
   bool sorted_in_spare() const { return sorted_ == args_.spare; }
   std::uint64_t unique() const { return unique_; }
   std::uint64_t tile_records() const { return tile_records_; }  // (each key's distinct tiles, summed)
-  // unique() keys (words each, ascending), counts and values, into memory apart from the args' arrays.
-  void write(std::uint64_t* keys, std::uint64_t* counts, double* values) const;
+  // unique() keys (words each, ascending), counts and values, into memory apart from the args' arrays;
+  // with `index` (rows), every row's key's position among them (keys.dedup's reverse index).
+  void write(std::uint64_t* keys, std::uint64_t* counts, double* values, std::uint64_t* index = nullptr) const;
 
  private:
   RadixUniqueArgs args_;

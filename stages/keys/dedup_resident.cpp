@@ -27,10 +27,20 @@ std::uint64_t merged_bytes(const kernels::RecordLayout& L, std::uint64_t records
 
 ResidentChain::ResidentChain(Backend& backend, Stream& stream, kernels::RecordLayout layout, std::uint64_t rows,
                              std::uint64_t tile_rows, std::uint64_t block_rows, Take take)
-    : backend_(backend), stream_(stream), layout_(layout), rows_(rows), tile_rows_(tile_rows),
-      cuda_(backend.kind() == BackendKind::cuda), take_(std::move(take)) {
+    : backend_(backend),
+      stream_(stream),
+      layout_(layout),
+      rows_(rows),
+      tile_rows_(tile_rows),
+      cuda_(backend.kind() == BackendKind::cuda),
+      radix_(!cuda_ && layout.origin),
+      take_(std::move(take)) {
   if (rows == 0 || tile_rows == 0 || block_rows == 0 || block_rows % tile_rows)
     throw std::logic_error("ResidentChain: rows, and blocks of whole tiles");
+  if (radix_) {  // (the rows, a key and a value's bits each, for one radix sort at finish)
+    records_ = take_(rows * (layout.words + 1) * 8, "keys rows (resident)");
+    return;
+  }
   records_ = take_(rows * layout.cols() * 8, "keys records (resident)");
   tile_counts_ = take_(kernels::tiles_of(rows, tile_rows) * 8, "keys tile counts (resident)");
   if (layout.origin) local_ = take_(rows * 8, "keys local ids (resident)");
@@ -40,6 +50,12 @@ ResidentChain::ResidentChain(Backend& backend, Stream& stream, kernels::RecordLa
 
 std::uint64_t ResidentChain::peak_bytes(bool cuda, kernels::RecordLayout L, std::uint64_t rows, std::uint64_t tile_rows,
                                         std::uint64_t block_rows) {
+  if (!cuda &&
+      L.origin) {  // (radix: the rows, the sort's other half and values; then one half, the outputs, the index)
+    const std::uint64_t half = rows * (L.words + 1) * 8, values = rows * 8;
+    const std::uint64_t outputs = rows * (L.words * 8 + 16) + (L.origin ? rows * 8 : 0) + 24;
+    return std::max(2 * half + values, half + values + outputs);
+  }
   const std::uint64_t records = rows * L.cols() * 8;
   const std::uint64_t held = (L.origin ? rows * 8 : 0) + kernels::tiles_of(rows, tile_rows) * 8 + 8 +
                              workspace_bytes(cuda, L, rows, std::min(block_rows, rows));
@@ -52,6 +68,27 @@ void ResidentChain::add(const kernels::KeyRows& in, std::uint64_t first_row) {
   if (first_row != added_ || first_row % tile_rows_ || first_row + in.rows > rows_ ||
       (in.rows % tile_rows_ && first_row + in.rows != rows_))
     throw std::logic_error("ResidentChain::add: rows out of order or not whole tiles");
+  if (radix_) {  // (the rows kept: each key and its value's bits, zero without values)
+    const std::uint32_t W = layout_.words, S = W + 1;
+    std::uint64_t* to = records_.as<std::uint64_t>() + first_row * S;
+    constexpr std::int64_t kRowsAPiece = 1 << 16;
+    parallel_for(static_cast<std::int64_t>(kernels::tiles_of(in.rows, kRowsAPiece)), [&](std::int64_t piece) {
+      const std::uint64_t begin = static_cast<std::uint64_t>(piece) * kRowsAPiece,
+                          end = std::min(in.rows, begin + kRowsAPiece);
+      for (std::uint64_t i = begin; i < end; ++i) {
+        const std::uint64_t* key = in.keys + i * in.stride;
+        std::copy_n(key, W, to + i * S);
+        std::uint64_t value = 0;
+        if (in.interleaved)
+          value = key[W];
+        else if (in.values)
+          std::memcpy(&value, in.values + i, 8);
+        to[i * S + W] = value;
+      }
+    });
+    added_ += in.rows;
+    return;
+  }
   const std::uint64_t tile = first_row / tile_rows_;
   kernels::tile_unique(stream_, {in, layout_, tile_rows_, first_row, records_.as<std::uint64_t>() + first_row * layout_.cols(),
                                  tile_counts_.as<std::uint64_t>() + tile,
@@ -59,8 +96,29 @@ void ResidentChain::add(const kernels::KeyRows& in, std::uint64_t first_row) {
   added_ += in.rows;
 }
 
+ResidentChain::Unique ResidentChain::finish_radix() {
+  const std::uint32_t W = layout_.words;
+  Buffer spare = take_(rows_ * (W + 1) * 8, "keys rows sorted (resident)");
+  Buffer values = take_(rows_ * 8, "keys row values (resident)");
+  const kernels::cpu::RadixUnique sorted(
+      {records_.as<std::uint64_t>(), spare.as<std::uint64_t>(), values.as<double>(), rows_, W, tile_rows_});
+  (sorted.sorted_in_spare() ? records_ : spare).reset();
+  Unique out;
+  out.unique = sorted.unique(), out.records = sorted.tile_records();
+  const std::uint64_t unique = std::max<std::uint64_t>(out.unique, 1);
+  out.keys = take_(unique * W * 8, "keys unique (resident)");
+  out.counts = take_(unique * 8, "keys unique counts (resident)");
+  out.values = take_(unique * 8, layout_.value ? "keys summed values (resident)" : "keys sums, unused (resident)");
+  if (layout_.origin) out.index = take_(rows_ * 8, "keys index (resident)");
+  sorted.write(out.keys.as<std::uint64_t>(), out.counts.as<std::uint64_t>(), out.values.as<double>(),
+               layout_.origin ? out.index.as<std::uint64_t>() : nullptr);
+  if (!layout_.value) out.values.reset();
+  return out;
+}
+
 ResidentChain::Unique ResidentChain::finish() {
   if (added_ != rows_) throw std::logic_error("ResidentChain::finish before every row was added");
+  if (radix_) return finish_radix();
   Unique out;
   // One bucket: the tiles' records in tile order (the CPU twin moves them down in place).
   Buffer split = cuda_ ? take_(rows_ * layout_.cols() * 8, "keys records grouped (resident)") : Buffer{};
