@@ -42,4 +42,13 @@ void parallel_for(std::int64_t count, Body&& body) {
   failure.rethrow();
 }
 
+// [0, n) in pieces of `piece` (the last shorter), body(begin, end) for each on the threads.
+template <typename Body>
+void parallel_for_pieces(std::uint64_t n, std::uint64_t piece, Body&& body) {
+  parallel_for(static_cast<std::int64_t>((n + piece - 1) / piece), [&](std::int64_t i) {
+    const std::uint64_t begin = static_cast<std::uint64_t>(i) * piece;
+    body(begin, begin + piece < n ? begin + piece : n);
+  });
+}
+
 }  // namespace qstage

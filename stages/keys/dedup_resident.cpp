@@ -53,7 +53,7 @@ std::uint64_t ResidentChain::peak_bytes(bool cuda, kernels::RecordLayout L, std:
   if (!cuda &&
       L.origin) {  // (radix: the rows, the sort's other half and values; then one half, the outputs, the index)
     const std::uint64_t half = rows * (L.words + 1) * 8, values = rows * 8;
-    const std::uint64_t outputs = rows * (L.words * 8 + 16) + (L.origin ? rows * 8 : 0) + 24;
+    const std::uint64_t outputs = rows * (L.words * 8 + 16 + 8) + 24;  // (keys, counts, sums; the index)
     return std::max(2 * half + values, half + values + outputs);
   }
   const std::uint64_t records = rows * L.cols() * 8;
@@ -71,10 +71,7 @@ void ResidentChain::add(const kernels::KeyRows& in, std::uint64_t first_row) {
   if (radix_) {  // (the rows kept: each key and its value's bits, zero without values)
     const std::uint32_t W = layout_.words, S = W + 1;
     std::uint64_t* to = records_.as<std::uint64_t>() + first_row * S;
-    constexpr std::int64_t kRowsAPiece = 1 << 16;
-    parallel_for(static_cast<std::int64_t>(kernels::tiles_of(in.rows, kRowsAPiece)), [&](std::int64_t piece) {
-      const std::uint64_t begin = static_cast<std::uint64_t>(piece) * kRowsAPiece,
-                          end = std::min(in.rows, begin + kRowsAPiece);
+    parallel_for_pieces(in.rows, 1 << 16, [&](std::uint64_t begin, std::uint64_t end) {
       for (std::uint64_t i = begin; i < end; ++i) {
         const std::uint64_t* key = in.keys + i * in.stride;
         std::copy_n(key, W, to + i * S);
@@ -190,10 +187,8 @@ Buffer host_array(Backend& backend, std::uint64_t bytes, const char* what) {
 }
 // words from `from` to `to`, in pieces on the threads
 void parallel_copy(std::uint64_t* to, const std::uint64_t* from, std::uint64_t words) {
-  constexpr std::uint64_t kPiece = 1 << 18;
-  parallel_for(static_cast<std::int64_t>(kernels::tiles_of(words, kPiece)), [&](std::int64_t i) {
-    const std::uint64_t begin = static_cast<std::uint64_t>(i) * kPiece;
-    std::memcpy(to + begin, from + begin, (std::min(words, begin + kPiece) - begin) * 8);
+  parallel_for_pieces(words, 1 << 18, [&](std::uint64_t begin, std::uint64_t end) {
+    std::memcpy(to + begin, from + begin, (end - begin) * 8);
   });
 }
 std::uint64_t block_phase_bytes(const kernels::RecordLayout& L, std::uint64_t tile_rows, std::uint64_t block_rows) {
@@ -445,10 +440,7 @@ void HostChain::spread(const Landed& l, Unique& out, std::uint64_t* table) {
   if (layout_.value) parallel_copy(out.values.as<std::uint64_t>() + out.unique, l.values, l.unique);
   if (layout_.origin) {  // (pair: origin, batch, position among the bucket's keys; origins apart)
     const std::uint64_t first = out.unique;
-    constexpr std::uint64_t kPairsAThread = 1 << 16;
-    parallel_for(static_cast<std::int64_t>(kernels::tiles_of(l.records, kPairsAThread)), [&](std::int64_t c) {
-      const std::uint64_t begin = static_cast<std::uint64_t>(c) * kPairsAThread,
-                          end = std::min(l.records, begin + kPairsAThread);
+    parallel_for_pieces(l.records, 1 << 16, [&](std::uint64_t begin, std::uint64_t end) {
       for (std::uint64_t p = begin; p < end; ++p) table[l.pairs[3 * p]] = first + l.pairs[3 * p + 2];
     });
   }

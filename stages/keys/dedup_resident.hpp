@@ -9,9 +9,9 @@
 // intermediate file), and sci.solve's selection and PT2 on resident data. On the CPU backend, with
 // the reverse index, the rows are kept as they come and sorted once, stably, by
 // kernels::cpu::RadixUnique, which gives the chain's bytes and the index from the rows it carries
-// (40 million two-word rows on 2 cores: 7.4 s against the chain's 12.9 s, and 2.24 against 2.75 GB;
-// without the index the chain was the faster, 6.0 s against 6.8 s, for keys that vary in every
-// byte).
+// (40 million two-word rows on 2 cores: the unit 7.3 s against the chain's 11.6 s, 2.24 against
+// 4.02 GB; without the index the chain was the faster, 5.9-6.3 s against 6.6-7.8 s, for keys that
+// vary in every byte).
 //
 // HostChain is the tier below: the records in host memory where the device cannot hold them.
 #include <cstdint>
