@@ -6,11 +6,11 @@
 #include <complex>
 #include <random>
 
+#include "circuit_util.hpp"
 #include "core/error.hpp"
-#include "kernels/tn/statevector.hpp"
 #include "stages/tn/circuit.hpp"
-#include "test_util.hpp"
 #include "test_data.hpp"
+#include "test_util.hpp"
 
 using namespace qstage;
 using tn::cd;
@@ -55,24 +55,6 @@ std::vector<cd> simulate_dense(const tn::Circuit& c) {
     for (std::size_t r = 0; r < N; ++r)
       for (std::size_t col = 0; col < N; ++col) t[r] += m[r * N + col] * s[col];
     s = t;
-  }
-  return s;
-}
-
-std::vector<cd> simulate_kernel(const tn::Circuit& c) {
-  std::vector<cd> s(std::size_t{1} << c.qubits, 0.0);
-  s[0] = 1;
-  for (const auto& g : c.gates) {
-    kernels::ApplyGate a;
-    a.state = s.data();
-    a.qubits = c.qubits;
-    a.gate.k = g.arity();
-    for (int j = 0; j < g.arity(); ++j) a.gate.targets[j] = g.qubits[static_cast<size_t>(j)];
-    for (size_t i = 0; i < g.matrix.size(); ++i) {
-      a.gate.matrix[2 * i] = g.matrix[i].real();
-      a.gate.matrix[2 * i + 1] = g.matrix[i].imag();
-    }
-    kernels::apply_gate_cpu(a);
   }
   return s;
 }
@@ -181,7 +163,7 @@ TEST(StateVector, KernelMatchesDenseMatricesOnEveryConvention) {
   add("rzz", {1, 3}, {0.9});
   add("cswap", {0, 4, 2});
   add("u3", {4}, {0.2, 0.4, 0.6});
-  const auto want = simulate_dense(c), got = simulate_kernel(c);
+  const auto want = simulate_dense(c), got = test::state_vector(c);
   for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(std::abs(got[i] - want[i]), 0, 1e-14) << i;
 }
 
@@ -190,11 +172,11 @@ TEST(StateVector, CxControlsOnItsFirstQubit) {
   c.qubits = 2;
   c.gates.push_back({"x", {0}, {}, tn::gate_matrix("x", {}, "t"), 0, 0});
   c.gates.push_back({"cx", {0, 1}, {}, tn::gate_matrix("cx", {}, "t"), 1, 0});
-  const auto s = simulate_kernel(c);
+  const auto s = test::state_vector(c);
   EXPECT_NEAR(std::abs(s[3] - 1.0), 0, 1e-15);  // qubits 0 and 1 set: index 0b11
   // qsim's file format: "cx 0 1" is control 0, target 1 as well.
   const auto q = tn::parse_qsim("2\n0 x 0\n1 cx 0 1\n", "t");
-  EXPECT_NEAR(std::abs(simulate_kernel(q)[3] - 1.0), 0, 1e-15);
+  EXPECT_NEAR(std::abs(test::state_vector(q)[3] - 1.0), 0, 1e-15);
 }
 
 TEST(Generators, AreSeededAndWellFormed) {
@@ -212,7 +194,7 @@ TEST(Generators, AreSeededAndWellFormed) {
   for (size_t i = 0; i < std::min(a.gates.size(), d.gates.size()); ++i) differs |= a.gates[i].name != d.gates[i].name;
   EXPECT_TRUE(differs);
   // norm is preserved
-  const auto s = simulate_kernel(a);
+  const auto s = test::state_vector(a);
   double norm = 0;
   for (auto v : s) norm += std::norm(v);
   EXPECT_NEAR(norm, 1.0, 1e-12);

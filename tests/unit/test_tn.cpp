@@ -14,7 +14,6 @@
 #include "circuit_util.hpp"
 #include "core/error.hpp"
 #include "core/signals.hpp"
-#include "kernels/tn/statevector.hpp"
 #include "stages/common/kept.hpp"
 #include "stages/tn/circuit.hpp"
 #include "stages/tn/contractor.hpp"
@@ -27,28 +26,11 @@
 #include "test_util.hpp"
 
 using namespace qstage;
-using tn::cd;
 using test::grid_circuit;
+using test::state_vector;
+using tn::cd;
 
 namespace {
-
-std::vector<cd> state_vector(const tn::Circuit& c) {
-  std::vector<cd> s(std::size_t{1} << c.qubits, 0.0);
-  s[0] = 1;
-  for (const auto& g : c.gates) {
-    kernels::ApplyGate a;
-    a.state = s.data();
-    a.qubits = c.qubits;
-    a.gate.k = g.arity();
-    for (int j = 0; j < g.arity(); ++j) a.gate.targets[j] = g.qubits[static_cast<size_t>(j)];
-    for (size_t i = 0; i < g.matrix.size(); ++i) {
-      a.gate.matrix[2 * i] = g.matrix[i].real();
-      a.gate.matrix[2 * i + 1] = g.matrix[i].imag();
-    }
-    kernels::apply_gate_cpu(a);
-  }
-  return s;
-}
 
 // Contracts every slice and sums them (complex128 accumulation), on the cpu backend.
 std::vector<cd> contract_all(const tn::Network& net, const tn::Plan& plan, h5::DType dtype,
