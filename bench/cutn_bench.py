@@ -105,6 +105,8 @@ import time
 import zipfile
 from pathlib import Path
 
+from qstage_runs import h5attrs, run_spec, spec_text, ssa_to_linear
+
 HERE = Path(__file__).resolve()
 REPO = HERE.parent.parent
 
@@ -209,27 +211,7 @@ def pack_cutensor(wheel, dest, tmp, part_mb, xz_threads):
 
 # ------------------------------------------------------------------------------------ qstage side
 def qstage_run(args, steps, run_dir):
-    lines = [f"name: cutnbench-{run_dir.name}", "steps:"]
-    for sid, stage, inputs, params in steps:
-        lines += [f"  - id: {sid}", f"    stage: {stage}"]
-        if inputs:
-            lines.append(f"    inputs: {json.dumps(inputs)}")
-        lines.append(f"    params: {json.dumps(params)}")
-    spec = run_dir.parent / (run_dir.name + ".yaml")
-    spec.write_text("\n".join(lines) + "\n")
-    cmd = [args.qstage, "run", str(spec), "--run-dir", str(run_dir), "--device", args.device]
-    if args.device_memory:
-        cmd += ["--device-memory", args.device_memory]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        sys.exit(f"qstage failed ({r.returncode}) on {spec}:\n{r.stderr[-3000:]}")
-    return r.stderr
-
-
-def h5attrs(path):
-    import h5py
-    with h5py.File(path) as f:
-        return {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()}
+    return run_spec(args.qstage, spec_text(f"cutnbench-{run_dir.name}", steps), run_dir, args.device, args.device_memory)
 
 
 def wall(path):
@@ -258,18 +240,6 @@ def executed_path(out, plan_id="plan"):
     with h5py.File(out / f"{plan_id}.h5") as f:
         planned = json.loads(bytes(f["plan"][()]).decode())
     return [(int(s["a"]), int(s["b"])) for s in planned["steps"]], [int(m) for m in planned["sliced"]], planned
-
-
-def ssa_to_linear(ssa, n):
-    ids, linear, nxt = list(range(n)), [], n
-    for a, b in ssa:
-        i, j = ids.index(a), ids.index(b)
-        linear.append((i, j))
-        for k in sorted((i, j), reverse=True):
-            del ids[k]
-        ids.append(nxt)
-        nxt += 1
-    return linear
 
 
 def slice_values(sliced, sizes, index):

@@ -87,6 +87,8 @@ import sys
 import time
 from pathlib import Path
 
+from qstage_runs import h5attrs, run_spec, run_with_timeout, spec_text
+
 HERE = Path(__file__).resolve()
 
 CASES = {
@@ -256,39 +258,6 @@ def peer_job(job_file):
     print(json.dumps(res))
 
 
-def run_with_timeout(cmd, env, timeout, grace=None):
-    """subprocess.run(cmd, capture_output=True, text=True) in a process group of its own, which is
-    killed whole when `timeout` passes (cotengra's pool workers outlived their parent otherwise,
-    and ran beside the next cases' searches). Raises subprocess.TimeoutExpired as run does; with
-    `grace` seconds, the command is first sent SIGTERM and what it prints by then is returned."""
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                         start_new_session=True)
-    try:
-        out, err = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        if grace:
-            p.send_signal(signal.SIGTERM)
-            try:
-                p.wait(timeout=grace)  # (its pool's workers hold the pipes open: they go now)
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                out, err = p.communicate()
-                return subprocess.CompletedProcess(cmd, p.returncode, out, err)
-            except subprocess.TimeoutExpired:
-                pass
-        os.killpg(p.pid, signal.SIGKILL)
-        p.communicate()
-        raise
-    finally:
-        try:  # stray children of a finished job too
-            os.killpg(p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    return subprocess.CompletedProcess(cmd, p.returncode, out, err)
-
-
 def run_peer(args, job):
     """The peer's JSON, or None if it ran past --peer-timeout."""
     job_file = Path(args.work) / f"peer-job-{os.getpid()}.json"
@@ -347,29 +316,12 @@ class QstageTimeout(Exception):
 
 def qstage_run(args, steps, run_dir, timeout=None):
     """steps: [(id, stage, inputs dict, params dict)]; runs them on the CPU; returns stderr."""
-    lines = [f"name: pathbench-{run_dir.name}", "steps:"]
-    for sid, stage, inputs, params in steps:
-        lines += [f"  - id: {sid}", f"    stage: {stage}"]
-        if inputs:
-            lines.append(f"    inputs: {json.dumps(inputs)}")
-        lines.append(f"    params: {json.dumps(params)}")
-    spec = run_dir.parent / (run_dir.name + ".yaml")
-    spec.write_text("\n".join(lines) + "\n")
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
-    cmd = [args.qstage, "run", str(spec), "--run-dir", str(run_dir), "--device", "cpu"]
     try:
-        r = run_with_timeout(cmd, env, timeout)
+        return run_spec(args.qstage, spec_text(f"pathbench-{run_dir.name}", steps), run_dir, "cpu", env=env,
+                        timeout=timeout)
     except subprocess.TimeoutExpired:
-        raise QstageTimeout(f"qstage did not finish {spec} in {timeout:g} s") from None
-    if r.returncode != 0:
-        sys.exit(f"qstage failed ({r.returncode}) on {spec}:\n{r.stderr[-3000:]}")
-    return r.stderr
-
-
-def h5attrs(path):
-    import h5py
-    with h5py.File(path) as f:
-        return {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()}
+        raise QstageTimeout(f"qstage did not finish {run_dir.name}.yaml in {timeout:g} s") from None
 
 
 def load_network(out_dir):

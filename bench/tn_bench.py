@@ -20,7 +20,6 @@ Flops are 8 real flops per complex multiply-add. Prints one JSON object.
 """
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
@@ -28,6 +27,8 @@ from pathlib import Path
 
 import h5py
 import numpy as np
+
+from qstage_runs import run_spec, ssa_to_linear
 
 CASES = {
     "big": {"grid": (5, 8, 12), "tries": 400, "budget": "12GiB"},
@@ -56,16 +57,8 @@ CASES = {
 }
 
 
-def qstage_run(args, spec_text, run_dir):
-    spec = run_dir.parent / (run_dir.name + ".yaml")
-    spec.write_text(spec_text)
-    cmd = [args.qstage, "run", str(spec), "--run-dir", str(run_dir), "--device", args.device]
-    if args.device_memory:
-        cmd += ["--device-memory", args.device_memory]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        sys.exit(f"qstage failed ({r.returncode}):\n{r.stderr[-3000:]}")
-    return r.stderr
+def qstage_run(args, text, run_dir):
+    return run_spec(args.qstage, text, run_dir, args.device, args.device_memory)
 
 
 def spec_for(name, case, compute="full", precision="complex64"):
@@ -107,18 +100,6 @@ def load_network(run_dir):
     sizes = {int(k): v for k, v in net["size_dict"].items()}
     shaped = [t.reshape([sizes[m] for m in modes]) for t, modes in zip(tensors, net["inputs"])]
     return net, shaped, ssa
-
-
-def ssa_to_linear(ssa, n):
-    ids, linear, nxt = list(range(n)), [], n
-    for a, b in ssa:
-        i, j = ids.index(a), ids.index(b)
-        linear.append((i, j))
-        for k in sorted((i, j), reverse=True):
-            del ids[k]
-        ids.append(nxt)
-        nxt += 1
-    return linear
 
 
 def peer_contract(net, tensors, ssa, backend):
