@@ -43,7 +43,9 @@ What is measured, per case:
             own path: Network(...).contract_path(optimize=--cutn-optimize JSON, default {seed: 1}) timed
             (planning), then contract() once cold and --repeats times warm; on qstage's path:
             contract_path(optimize={'path': linear path, 'slicing': [(mode, extent), ...]}), the same.
-            Per amplitude: the best warm contraction. "with planning": Network() + contract_path + the
+            Each Network runs in a process of its own (`cutn_bench.py peer JOB`), killed after
+            --peer-timeout seconds and then reported as no result, so that one contraction that
+            runs long does not cost the other cases' results. Per amplitude: the best warm contraction. "with planning": Network() + contract_path + the
             cold contraction, plus qstage's planning on qstage's path (the path is qstage's work).
             Sliced networks with more than --max-slices slices contract slices range(--max-slices) and
             scale by num_slices (marked "extrapolated"). n53m20's "own path" is on the whole network
@@ -105,7 +107,7 @@ import time
 import zipfile
 from pathlib import Path
 
-from qstage_runs import h5attrs, run_spec, spec_text, ssa_to_linear
+from qstage_runs import h5attrs, run_spec, run_with_timeout, spec_text, ssa_to_linear
 
 HERE = Path(__file__).resolve()
 REPO = HERE.parent.parent
@@ -513,10 +515,11 @@ def import_cutn():
     return cuquantum, tn
 
 
-def cutn_contract(args, tn, net, tensors, optimize, max_slices):
-    """One Network: contract_path(optimize) timed, contract once cold and --repeats times warm."""
+def cutn_contract(job, tn, net, tensors):
+    """One Network: contract_path(optimize) timed, contract once cold and `repeats` times warm."""
     import numpy as np
-    if args.device == "cpu":  # numpy operands (cuTensorNet copies them to the GPU itself; CPU checks)
+    optimize, max_slices = job["optimize"], job["max_slices"]
+    if job["device"] == "cpu":  # numpy operands (cuTensorNet copies them to the GPU itself; CPU checks)
         ops = [np.ascontiguousarray(t.astype(np.complex64)) for t in tensors]
         sync = lambda: None  # noqa: E731
     else:
@@ -528,7 +531,7 @@ def cutn_contract(args, tn, net, tensors, optimize, max_slices):
     for op, modes in zip(ops, net["inputs"]):
         interleaved += [op, [int(m) for m in modes]]
     interleaved.append([int(m) for m in net["output"]])
-    options = json.loads(args.cutn_options) if args.cutn_options else None
+    options = json.loads(job["cutn_options"]) if job["cutn_options"] else None
     t0 = time.perf_counter()
     network = tn.Network(*interleaved, options=options)
     setup = time.perf_counter() - t0
@@ -541,7 +544,7 @@ def cutn_contract(args, tn, net, tensors, optimize, max_slices):
         slices = None if timed == num_slices else range(timed)
         times = []
         value = None
-        for i in range(1 + args.repeats):
+        for i in range(1 + job["repeats"]):
             sync()
             t0 = time.perf_counter()
             out = network.contract(slices=slices)
@@ -564,10 +567,42 @@ def cutn_contract(args, tn, net, tensors, optimize, max_slices):
         return res
     finally:
         network.free()
-        del ops
-        if args.device != "cpu":
-            import torch
-            torch.cuda.empty_cache()
+
+
+def cutn_peer(args, net, tensors, optimize, max_slices, label):
+    """cutn_contract in a process of its own (`cutn_bench.py peer JOB`), killed with its process group
+    after --peer-timeout seconds: its result, or {"timed_out": seconds} or {"failed": message}. A
+    contraction that runs past the limit (cuTensorNet's own path on n53m20 ran over 500 s) leaves
+    the other cases' results to the report."""
+    import numpy as np
+    work = Path(args.work)
+    job = {"device": args.device, "repeats": args.repeats, "cutn_options": args.cutn_options, "optimize": optimize,
+           "max_slices": max_slices, "network": {k: net[k] for k in ("inputs", "output", "size_dict")},
+           "tensors": str(work / f"peer-{label}.npz")}
+    np.savez(job["tensors"], *tensors)
+    job_file = work / f"peer-{label}.json"
+    job_file.write_text(json.dumps(job, default=int))
+    try:
+        r = run_with_timeout([sys.executable, str(HERE), "peer", str(job_file)], None, args.peer_timeout or None)
+    except subprocess.TimeoutExpired:
+        log(f"{label}: cuTensorNet gave no result within --peer-timeout {args.peer_timeout:g} s")
+        return {"timed_out": args.peer_timeout}
+    finally:
+        Path(job["tensors"]).unlink(missing_ok=True)
+    if r.returncode != 0:
+        log(f"{label}: cuTensorNet failed (exit {r.returncode}):\n{r.stderr[-2000:]}")
+        return {"failed": r.stderr.strip().splitlines()[-1] if r.stderr.strip() else f"exit {r.returncode}"}
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def peer(args):
+    """The child side of cutn_peer: one job, its result as the last line of stdout."""
+    import numpy as np
+    job = json.loads(Path(args.job).read_text())
+    _, tn = import_cutn()
+    with np.load(job["tensors"]) as f:
+        tensors = [f[f"arr_{i}"] for i in range(len(f.files))]
+    print(json.dumps(cutn_contract(job, tn, job["network"], tensors), default=float))
 
 
 def ceilings(args):
@@ -614,34 +649,39 @@ def run(args):
         if tn is not None:
             optimize = json.loads(args.cutn_optimize) if args.cutn_optimize else {"seed": 1}
             log(f"{name}: cuTensorNet, its own path (optimize={optimize})")
-            res["cutn_own_path"] = cutn_contract(args, tn, net, tensors, optimize, args.max_slices)
+            res["cutn_own_path"] = cutn_peer(args, net, tensors, optimize, args.max_slices, f"{name}-own")
             log(f"{name}: cuTensorNet on qstage's path")
             if sub is None:
                 lin = ssa_to_linear(ssa, len(tensors))
                 slicing = [(int(m), int(net["size_dict"][m])) for m in sliced]
-                res["cutn_qstage_path"] = cutn_contract(args, tn, net, tensors, {"path": lin, "slicing": slicing},
-                                                        args.max_slices)
+                res["cutn_qstage_path"] = cutn_peer(args, net, tensors, {"path": lin, "slicing": slicing},
+                                                    args.max_slices, f"{name}-ours")
                 ref = q["value"]
                 r = res["cutn_qstage_path"]
-                r["seconds_per_amplitude_with_planning"] += res["planning_seconds"]  # the path is qstage's
+                if "warm_seconds" in r:
+                    r["seconds_per_amplitude_with_planning"] += res["planning_seconds"]  # the path is qstage's
             else:  # the one-slice network and the path (and slicing, if any) qstage executed on it
                 snet, sdata, sssa, ssliced = sub
                 opt = {"path": ssa_to_linear(sssa, len(sdata))}
                 if ssliced:
                     opt["slicing"] = [(int(m), int(snet["size_dict"][m])) for m in ssliced]
-                res["cutn_qstage_path"] = cutn_contract(args, tn, snet, sdata, opt, 1 << 30)
+                res["cutn_qstage_path"] = cutn_peer(args, snet, sdata, opt, 1 << 30, f"{name}-ours")
                 ref = q["slice_value"]
                 r = res["cutn_qstage_path"]
-                r["slice_seconds"] = r["warm_seconds"]
-                r["seconds_per_amplitude"] = r["warm_seconds"] * res["slices"]
-                r["seconds_per_amplitude_with_planning"] = (res["planning_seconds"] + r["setup_seconds"] +
-                                                            r["path_seconds"] + r["first_contract_seconds"] * res["slices"])
-                r["tflops"] = r["flops_total_8_per_cmadd"] / r["warm_seconds"] / 1e12
+                if "warm_seconds" in r:
+                    r["slice_seconds"] = r["warm_seconds"]
+                    r["seconds_per_amplitude"] = r["warm_seconds"] * res["slices"]
+                    r["seconds_per_amplitude_with_planning"] = (res["planning_seconds"] + r["setup_seconds"] +
+                                                                r["path_seconds"] + r["first_contract_seconds"] * res["slices"])
+                    r["tflops"] = r["flops_total_8_per_cmadd"] / r["warm_seconds"] / 1e12
             for key in ("cutn_qstage_path",) + (("cutn_own_path",) if sub is None else ()):
                 c = res[key]  # a value summed over some of the slices is no amplitude
-                c["relative_difference_vs_qstage"] = None if c["extrapolated"] else rel(c["value"], ref)
+                if "warm_seconds" in c:
+                    c["relative_difference_vs_qstage"] = None if c["extrapolated"] else rel(c["value"], ref)
             for key in ("cutn_own_path", "cutn_qstage_path"):
                 c = res[key]
+                if "warm_seconds" not in c:  # (timed out or failed: said so in the report)
+                    continue
                 if gemm:
                     c["fraction_of_cgemm"] = c["tflops"] / gemm
                 c["qstage_speedup"] = c["seconds_per_amplitude"] / q["seconds_per_amplitude"]
@@ -669,8 +709,14 @@ def markdown(report):
             rows.append(f"| | qstage, the same path without gate fusion ({u['steps']} steps; fused plan: "
                         f"{r.get('fused_gates')} fewer passes) | {u['seconds']:.4g} | | | | | |")
         for key, label in (("cutn_own_path", "cuTensorNet, its path"), ("cutn_qstage_path", "cuTensorNet, qstage's path")):
-            if key in r:
-                c = r[key]
+            if key not in r:
+                continue
+            c = r[key]
+            if "timed_out" in c:
+                rows.append(f"| | {label} | no result within {c['timed_out']:g} s (--peer-timeout) | | | | | |")
+            elif "failed" in c:
+                rows.append(f"| | {label} | failed: {c['failed']} | | | | | |")
+            else:
                 n = (f"one slice x {r['slices']}" if "slice_seconds" in c else
                      f"{c['num_slices']} slices{', extrapolated from ' + str(c['slices_timed']) if c['extrapolated'] else ''}")
                 rows.append(f"| | {label} ({n}) | "
@@ -705,6 +751,9 @@ def main():
     r.add_argument("--max-slices", type=int, default=8, help="cuTensorNet: contract at most this many slices, then "
                                                              "extrapolate to all")
     r.add_argument("--repeats", type=int, default=2, help="warm contractions after the cold one (each tool)")
+    r.add_argument("--peer-timeout", type=float, default=0,
+                   help="seconds each cuTensorNet contraction (its own process) may take before it is killed and "
+                        "reported as no result (default 0: no limit)")
     r.add_argument("--qstage-only", action="store_true", help="skip cuTensorNet (CPU checks)")
     r.add_argument("--also-unfused", action="store_true", help="qstage: also plan the same path with fuse_gates: "
                                                                    "false and time its contraction (qstage_unfused)")
@@ -715,9 +764,13 @@ def main():
     p.add_argument("--part-mb", type=int, default=58, help="MiB per part (3 parts; one part + the tracked tree, about 5 MiB, < 64 MiB)")
     p.add_argument("--xz-threads", type=int, default=2)
     p.add_argument("--tmp", default="/tmp/cutn-pack")
+    j = sub.add_parser("peer", help="(run's child) one cuTensorNet contraction described by a job file")
+    j.add_argument("job")
     args = ap.parse_args()
     if args.command == "pack":
         pack(args)
+    elif args.command == "peer":
+        peer(args)
     else:
         run(args)
 
