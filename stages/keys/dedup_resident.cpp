@@ -283,12 +283,12 @@ class HostChain::Cutter {
         }
         const std::uint64_t n = count_below(candidates_[mid - 1].data());
         if (n <= capacity_)
-          lo = mid, lo_records = n;
+          lo = mid, lo_records = n, end_ = below_;  // (lo's ends kept: the bucket's, when lo is the last)
         else
           hi = mid, hi_records = n;
       }
       if (lo == candidates_taken_) throw std::logic_error("HostChain: no bucket bound fits");
-      records = count_below(candidates_[lo - 1].data(), &end_);
+      records = lo_records;
       candidates_taken_ = lo;
       if (records == 0) throw std::logic_error("HostChain: an empty bucket");
     }
@@ -300,10 +300,10 @@ class HostChain::Cutter {
 
  private:
   const std::uint64_t* key(std::size_t tile, std::uint64_t i) const { return records_ + (first_[tile] + i) * cols_; }
-  // Records from the bucket's start below `bound`, summed over the tiles (each tile's ends in `ends`).
+  // Records from the bucket's start below `bound`, summed over the tiles (each tile's end in below_).
   // (The tiles' binary searches on the threads: each misses the caches at every probe, thousands
   // of tiles a bound, a few bounds a bucket.)
-  std::uint64_t count_below(const std::uint64_t* bound, std::vector<std::uint64_t>* ends = nullptr) {
+  std::uint64_t count_below(const std::uint64_t* bound) {
     parallel_for(static_cast<std::int64_t>(count_.size()), [&](std::int64_t i) {
       const auto t = static_cast<std::size_t>(i);
       std::uint64_t lo = at_[t], hi = count_[t];
@@ -318,7 +318,6 @@ class HostChain::Cutter {
     });
     std::uint64_t n = 0;
     for (std::size_t t = 0; t < count_.size(); ++t) n += below_[t] - at_[t];
-    if (ends) *ends = below_;
     return n;
   }
   const std::uint64_t* records_;
