@@ -451,23 +451,8 @@ void DedupRun::finished(const StepPass& pass) {
   const int done_index = *ctx_.passes_done;  // this pass's number in the step
   if (phase_ == Phase::sample) {
     // Weighted samples: each stands for weight / taken of its tile's distinct keys.
-    const auto& d = static_cast<const SampleReduction&>(*pass.reduction).data();
-    struct Sample {
-      const std::uint64_t* key;
-      double weight;
-    };
-    std::vector<Sample> samples;
-    std::uint64_t records = 0;
-    for (std::size_t at = 0; at < d.size();) {
-      const std::uint64_t taken = d[at], weight = d[at + 1];
-      records += weight;
-      for (std::uint64_t j = 0; j < taken; ++j)
-        samples.push_back({d.data() + at + 2 + j * s.words, static_cast<double>(weight) / static_cast<double>(taken)});
-      at += 2 + taken * s.words;
-    }
-    std::stable_sort(samples.begin(), samples.end(), [&](const Sample& a, const Sample& b) {
-      return kernels::compare_keys(a.key, b.key, s.words) < 0;
-    });
+    const SampledKeys sampled(static_cast<const SampleReduction&>(*pass.reduction).data(), s.words);
+    const std::uint64_t records = sampled.records();
     // Buckets: each merge batch (its records, the merge's outputs and scratch) at a quarter of
     // what one of the engine's slots may take, about kMergeBatchBytes, and at least one per rank.
     const RecordLayout L = s.record_layout();
@@ -483,21 +468,7 @@ void DedupRun::finished(const StepPass& pass) {
       buckets = std::max<std::uint64_t>(ranks(ctx_), static_cast<std::uint64_t>(std::ceil(want)));
     }
     buckets = std::clamp<std::uint64_t>(buckets, 1, std::min<std::uint64_t>(kMaxBuckets, std::max<std::uint64_t>(1, records)));
-    // B-1 splitters at equal quantiles of the weight, distinct and ascending (a key that spans
-    // several quantiles gives one splitter: its bucket is then the larger).
-    std::vector<std::uint64_t> splitters;
-    double cumulative = 0;
-    std::uint64_t b = 1;
-    const double total = static_cast<double>(records);
-    for (const Sample& x : samples) {
-      while (b < buckets && cumulative >= total * static_cast<double>(b) / static_cast<double>(buckets)) {
-        if (splitters.empty() ||
-            kernels::compare_keys(splitters.data() + splitters.size() - s.words, x.key, s.words) < 0)
-          splitters.insert(splitters.end(), x.key, x.key + s.words);
-        ++b;
-      }
-      cumulative += x.weight;
-    }
+    std::vector<std::uint64_t> splitters = sampled.splitters(buckets);
     // Row buckets of the reverse index: whole tiles, a finish batch (its local ids, index,
     // pairs, copies and scratch) at a quarter of a slot's share, at least one per rank.
     const std::uint64_t tiles = kernels::tiles_of(s.rows, s.tile_rows);

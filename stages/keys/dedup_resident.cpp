@@ -165,6 +165,140 @@ ResidentChain::Unique ResidentChain::finish() {
   return out;
 }
 
+SampledKeys::SampledKeys(const std::vector<std::uint64_t>& packed, std::uint32_t words) : words_(words) {
+  for (std::size_t at = 0; at < packed.size();) {
+    const std::uint64_t taken = packed[at], weight = packed[at + 1];
+    records_ += weight;
+    for (std::uint64_t j = 0; j < taken; ++j)
+      samples_.push_back(
+          {packed.data() + at + 2 + j * words, static_cast<double>(weight) / static_cast<double>(taken)});
+    at += 2 + taken * words;
+  }
+  std::stable_sort(samples_.begin(), samples_.end(),
+                   [&](const Sample& a, const Sample& b) { return kernels::compare_keys(a.key, b.key, words_) < 0; });
+}
+
+std::vector<std::uint64_t> SampledKeys::splitters(std::uint64_t buckets) const {
+  std::vector<std::uint64_t> out;
+  double cumulative = 0;
+  std::uint64_t b = 1;
+  const double total = static_cast<double>(records_);
+  for (const Sample& x : samples_) {
+    while (b < buckets && cumulative >= total * static_cast<double>(b) / static_cast<double>(buckets)) {
+      if (out.empty() || kernels::compare_keys(out.data() + out.size() - words_, x.key, words_) < 0)
+        out.insert(out.end(), x.key, x.key + words_);
+      ++b;
+    }
+    cumulative += x.weight;
+  }
+  return out;
+}
+
+std::optional<ResidentChain::Unique> unique_over_ranks(Backend& backend, Stream& stream, comm::Communicator& ranks,
+                                                       const kernels::KeyRows& in, kernels::RecordLayout layout,
+                                                       std::uint64_t first_row, std::uint64_t tile_rows,
+                                                       std::uint32_t samples, std::uint64_t room,
+                                                       const ResidentChain::Take& take) {
+  if (layout.origin || tile_rows == 0 || (in.rows && first_row % tile_rows))
+    throw std::logic_error("unique_over_ranks: whole tiles, no index");
+  const bool cuda = backend.kind() == BackendKind::cuda;
+  const std::uint32_t W = layout.words;
+  const std::uint64_t rows = in.rows, tiles = rows ? kernels::tiles_of(rows, tile_rows) : 0, cols = layout.cols();
+  const std::uint64_t sample_words = kernels::sample_partial_words(samples, W);
+  // This rank's tiles, reduced and sampled.
+  Buffer records, tile_counts, work;
+  std::vector<std::uint64_t> tile_samples(tiles * sample_words);
+  if (rows) {
+    records = take(rows * cols * 8, "keys records (resident, this rank's tiles)");
+    tile_counts = take(tiles * 8, "keys tile counts (resident)");
+    const std::uint64_t work_bytes =
+        cuda ? std::max(kernels::tile_unique_scratch_bytes(rows, W), kernels::bucket_split_scratch_bytes(rows)) : 0;
+    if (work_bytes) work = take(work_bytes, "keys dedup workspace (resident)");
+    kernels::tile_unique(stream, {in,
+                                  layout,
+                                  tile_rows,
+                                  first_row,
+                                  records.as<std::uint64_t>(),
+                                  tile_counts.as<std::uint64_t>(),
+                                  nullptr,
+                                  {work.data(), work.size()}});
+    Buffer partials = take(tile_samples.size() * 8, "keys tile samples (resident)");
+    kernels::tile_samples(stream, {records.as<std::uint64_t>(), tile_counts.as<std::uint64_t>(), layout, tiles,
+                                   tile_rows, first_row / tile_rows, samples, partials.as<std::uint64_t>()});
+    backend.copy_to_host(tile_samples.data(), partials.data(), tile_samples.size() * 8, stream);
+    stream.synchronize();
+  }
+  std::vector<std::uint64_t> packed;
+  for (std::uint64_t t = 0; t < tiles; ++t) {
+    const std::uint64_t* partial = tile_samples.data() + t * sample_words;
+    packed.insert(packed.end(), partial, partial + 2 + partial[0] * W);
+  }
+  // One bucket a rank, at splitters every rank draws from the same samples.
+  const std::vector<std::uint64_t> splitters =
+      SampledKeys(ranks.allgatherv(comm::HostSpan<const std::uint64_t>(packed.data(), packed.size())).data, W)
+          .splitters(static_cast<std::uint64_t>(ranks.size()));
+  const auto buckets = static_cast<std::uint32_t>(splitters.size() / W + 1);
+  comm::Counts send(static_cast<std::size_t>(ranks.size()), 0);
+  Buffer grouped;
+  if (rows) {
+    grouped = take(rows * cols * 8, "keys records grouped by rank (resident)");
+    Buffer counts = take(buckets * 8, "keys bucket counts (resident)");
+    Buffer splitters_on_device = take(std::max<std::uint64_t>(splitters.size(), 1) * 8, "keys splitters (resident)");
+    if (!splitters.empty())
+      backend.copy_to_device(splitters_on_device.data(), splitters.data(), splitters.size() * 8, stream);
+    kernels::bucket_split(stream, {records.as<std::uint64_t>(),
+                                   tile_counts.as<std::uint64_t>(),
+                                   layout,
+                                   rows,
+                                   tile_rows,
+                                   splitters_on_device.as<std::uint64_t>(),
+                                   buckets,
+                                   grouped.as<std::uint64_t>(),
+                                   counts.as<std::uint64_t>(),
+                                   {work.data(), work.size()}});
+    backend.copy_to_host(send.data(), counts.data(), buckets * 8, stream);
+    stream.synchronize();
+  }
+  records.reset(), tile_counts.reset(), work.reset();
+  for (std::uint64_t& c : send) c *= cols;  // (records -> words)
+  const comm::Counts receive = ranks.alltoall_counts(send);
+  std::uint64_t received = 0;
+  for (const std::uint64_t c : receive) received += c / cols;
+  const std::uint64_t need = received * cols * 8 + received * (W * 8ull + 8 + (layout.value ? 8 : 0)) + 16 +
+                             (cuda ? kernels::bucket_merge_scratch_bytes(received, W) : 0);
+  for (const std::uint64_t over : ranks.allgather<std::uint64_t>(need > room ? 1 : 0))
+    if (over) return std::nullopt;
+  Buffer bucket = take(std::max<std::uint64_t>(received, 1) * cols * 8, "keys bucket from every rank (resident)");
+  ranks.alltoallv(comm::DeviceSpan<const std::uint64_t>(grouped.as<std::uint64_t>(), rows * cols), send,
+                  comm::DeviceSpan<std::uint64_t>(bucket.as<std::uint64_t>(), received * cols), receive, stream);
+  grouped.reset();
+  // This rank's bucket merged: its records came rank after rank, that is tile after tile.
+  ResidentChain::Unique out;
+  out.records = received;
+  const std::uint64_t at_least_one = std::max<std::uint64_t>(received, 1);
+  out.keys = take(at_least_one * W * 8, "keys unique (resident)");
+  out.counts = take(at_least_one * 8, "keys unique counts (resident)");
+  if (layout.value) out.values = take(at_least_one * 8, "keys summed values (resident)");
+  if (received) {
+    Buffer unique = take(8, "keys unique count (resident)");
+    const std::uint64_t merge_work = cuda ? kernels::bucket_merge_scratch_bytes(received, W) : 0;
+    Buffer merge_space = merge_work ? take(merge_work, "keys merge workspace (resident)") : Buffer{};
+    kernels::BucketMerge m;
+    m.records = bucket.as<std::uint64_t>();
+    m.rows = received;
+    m.layout = layout;
+    m.keys = out.keys.as<std::uint64_t>();
+    m.counts = out.counts.as<std::uint64_t>();
+    m.values = out.values.as<double>();
+    m.unique = unique.as<std::uint64_t>();
+    m.work = {merge_space.data(), merge_space.size()};
+    kernels::bucket_merge(stream, m);
+    backend.copy_to_host(&out.unique, unique.data(), 8, stream);
+    stream.synchronize();
+  }
+  return out;
+}
+
 }  // namespace qstage::stages::keys
 
 // ------------------------------------------------------------------------------ HostChain

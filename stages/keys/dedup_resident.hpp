@@ -14,14 +14,38 @@
 // vary in every byte).
 //
 // HostChain is the tier below: the records in host memory where the device cannot hold them.
+// unique_over_ranks is the chain divided between ranks: each reduces its own tiles, and the
+// buckets, one a rank, are exchanged before the merge.
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <vector>
 
 #include "backend/backend.hpp"
+#include "comm/communicator.hpp"
 #include "kernels/keys/sort_unique.hpp"
 
 namespace qstage::stages::keys {
+
+// The keys that tiles' samples hold (tile_samples' partials packed end to end, [taken, weight,
+// taken keys] each), each weighing weight / taken records: the records they stand for, and
+// buckets - 1 splitters at equal quantiles of the weight, distinct and ascending (a key that
+// spans several quantiles gives one splitter: its bucket is then the larger).
+class SampledKeys {
+ public:
+  SampledKeys(const std::vector<std::uint64_t>& packed, std::uint32_t words);
+  std::uint64_t records() const { return records_; }
+  std::vector<std::uint64_t> splitters(std::uint64_t buckets) const;
+
+ private:
+  struct Sample {
+    const std::uint64_t* key;
+    double weight;
+  };
+  std::uint32_t words_;
+  std::vector<Sample> samples_;  // ascending by key
+  std::uint64_t records_ = 0;
+};
 
 class ResidentChain {
  public:
@@ -136,5 +160,20 @@ class HostChain {
   kernels::Workspace workspace() const { return {work_.data(), work_.size()}; }
   Seconds seconds_;
 };
+
+// ResidentChain's work divided between ranks (no reverse index). Rank r holds whole tiles of the
+// pass rows, [first_row, first_row + in.rows), the ranks' rows end to end in rank order (the last
+// rank's may end in a partial tile; a rank may hold none). Each rank reduces its tiles
+// (tile_unique) and samples them; splitters from every rank's samples cut its records into one
+// bucket a rank, tile after tile (bucket_split); the buckets are exchanged (comm::Communicator:
+// NCCL between GPUs, MPI otherwise) and each rank merges what it received. A key's records arrive
+// in tile order, so every sum is formed as one rank forms it: rank r's keys are the r-th key range
+// of ResidentChain's, with its counts and values, bit for bit. Collective. nullopt on every rank
+// when what some rank would receive and merge passes `room` bytes of device memory.
+std::optional<ResidentChain::Unique> unique_over_ranks(Backend& backend, Stream& stream, comm::Communicator& ranks,
+                                                       const kernels::KeyRows& in, kernels::RecordLayout layout,
+                                                       std::uint64_t first_row, std::uint64_t tile_rows,
+                                                       std::uint32_t samples, std::uint64_t room,
+                                                       const ResidentChain::Take& take);
 
 }  // namespace qstage::stages::keys

@@ -845,10 +845,23 @@ std::string timed_phase(Phase p) {
   }
 }
 
-// What a de-duplication on resident data leaves: the unique keys and their summed values.
+// What a de-duplication on resident data leaves: the unique keys and their summed values (divided
+// between ranks: this rank's, the r-th range of the keys).
 struct ResidentUnique {
   Buffer keys, values;
   std::uint64_t unique = 0, records = 0;
+};
+
+// Rows held end to end in rank order, moved so that every rank holds whole tiles: rank r held rows
+// [held[r], held[r + 1]) and holds [to[r], to[r + 1]), its first row rounded up to a tile (the
+// last rank's may end in a partial one). A rank moves at most a tile's rows to its neighbour.
+struct TileShares {
+  std::vector<std::uint64_t> held, to;
+  TileShares(const comm::Communicator& ranks, std::uint64_t rows, std::uint64_t tile_rows);
+  std::uint64_t total() const { return held.back(); }
+  // This rank's rows after the move (row_words uint64 each), from `data` (its rows before).
+  Buffer move(comm::Communicator& ranks, Stream& stream, const Buffer& data, std::uint64_t row_words,
+              const std::function<Buffer(std::uint64_t)>& take) const;
 };
 
 // The passes' kernels on resident data, within half of the device budget left (`room`); see
@@ -858,22 +871,32 @@ struct ResidentWork {
     Buffer records, diagonal;  // Candidate (TaggedCandidate sampled) records; sampled: the diagonal terms
     std::uint64_t rows = 0, diagonal_rows = 0;
   };
-  // (with several ranks, every rank runs the same unit on the same data: the room is the least
-  // any rank has, so that every decision that depends on it is the same on all)
+  // (with several ranks the room is the least any rank has, so that every decision that depends on
+  // it is the same on all)
   ResidentWork(Backend& backend, Stream& stream, const mpi::Comm& comm);
   // The most device bytes a dedup of `rows` records of `words` key words (the records given
   // included) or the score after it holds at once, and the dedup kernels' workspace among them.
   std::uint64_t dedup_bytes(std::uint64_t rows, std::uint32_t words) const;
   // nullopt once the records and held_after(records) would pass the room, or (cuda) the score's
-  // copies of its inputs on the host (copied(records), at most) the host budget's.
+  // copies of its inputs on the host (copied(records), at most) the host budget's. Divided: from
+  // this rank's share of the sources, and nullopt on every rank when it is so on one.
   std::optional<Generated> generate(const Problem& p, const GenerationSources& sources, double eps,
                                     const std::function<std::uint64_t(std::uint64_t)>& held_after,
                                     const std::function<std::uint64_t(std::uint64_t)>& copied);
-  ResidentUnique dedup(Buffer records, std::uint64_t rows, std::uint32_t words);
+  // Divided: this rank's records moved to whole tiles, then keys::unique_over_ranks within the
+  // room less `beside` (nullopt on every rank when a rank's bucket would not fit).
+  std::optional<ResidentUnique> dedup(Buffer records, std::uint64_t rows, std::uint32_t words,
+                                      std::uint64_t beside = 0);
+  // Divided: the unique keys (and values) moved so that this rank holds whole score tiles; returns
+  // the pass's index of its first tile (0 undivided).
+  std::uint64_t share_tiles(ResidentUnique& u, std::uint32_t words, std::uint64_t tile_rows);
   // (inputs the kernel reads on the host too, SpaceKernel::reads_host_inputs: copied there on cuda)
+  // Divided: the rows are this rank's from first_tile on, and every rank folds every rank's nodes.
   std::unique_ptr<engine::Reduction> score(SpaceKernel& kernel, const engine::Reduction& kind, std::uint64_t rows,
                                            std::uint64_t tile_rows, std::size_t partial_bytes, const Buffer& input,
-                                           std::uint32_t words, const Buffer* values);
+                                           std::uint32_t words, const Buffer* values, std::uint64_t first_tile = 0);
+  // A count summed over the ranks (itself undivided).
+  std::uint64_t summed(std::uint64_t mine) const;
   // A device buffer of at least `bytes`, rounded up by at most an eighth: the sizes a unit asks
   // for change little from one unit to the next (a semistochastic PT2's groups), so the backend's
   // pool hands the last unit's blocks out again instead of fresh memory (on the CPU backend fresh
@@ -885,11 +908,16 @@ struct ResidentWork {
   // Half of what the device budget has left, and of the host budget's (the score's host copies:
   // charged to the host budget on cuda, to the device budget, host memory, on cpu).
   std::uint64_t room = 0, host_room = 0;
+  // Set (several ranks): the unit is divided between them. Each generates from its share of the
+  // sources, the ranks de-duplicate together (their buckets exchanged) and each scores its share of
+  // the unique keys; the bytes are one rank's. Unset: every rank runs the whole unit.
+  comm::Communicator* ranks = nullptr;
 };
 
 // What a root's generation, de-duplication and scoring gave (on resident data).
 struct Selection {
-  std::uint64_t generated = 0, unique = 0, records = 0;
+  std::uint64_t generated = 0, unique = 0;
+  std::vector<std::uint64_t> records;  // the records each rank's merge de-duplicated
   double pt2 = 0;
   std::vector<Scored> top;
   double generate_seconds = 0, dedup_seconds = 0, score_seconds = 0;
@@ -1299,10 +1327,16 @@ std::optional<ResidentWork::Generated> ResidentWork::generate(const Problem& p, 
   const bool sampled = sources.sampled != nullptr;
   const std::uint64_t record = sampled ? sizeof(kernels::sci::TaggedCandidate) : sizeof(Candidate);
   const std::uint64_t n = sources.size(), most = std::max<std::uint64_t>(p.max_per_source, 1);
+  // (divided: this rank's share of the sources, so the ranks' records are the whole's end to end)
+  const auto share = [&](int r) {
+    return ranks ? n * static_cast<std::uint64_t>(r) / static_cast<std::uint64_t>(ranks->size()) : (r ? n : 0);
+  };
+  const std::uint64_t begin = share(ranks ? ranks->rank() : 0), end = share(ranks ? ranks->rank() + 1 : 1);
   // (a chunk's outputs, as a batch's: room for the most a source makes, two records a candidate
   // and a diagonal term sampled; an eighth of the room at most, one source at least)
   const std::uint64_t per_source = most * (sampled ? 3 * record : record) + (sampled ? 32 : 16);
-  const std::uint64_t chunk = std::min(n, room / 8 / per_source);
+  const std::uint64_t chunk =
+      std::min(std::max<std::uint64_t>(n, 1), room / 8 / per_source);  // (the same on every rank)
   if (chunk == 0) return std::nullopt;
   const std::uint64_t fixed = GenerateKernel::resident_bytes(p, sources) + chunk * per_source;
   // The chunks' records gather in blocks of one size (the pool hands them out again, chunk after
@@ -1320,6 +1354,7 @@ std::optional<ResidentWork::Generated> ResidentWork::generate(const Problem& p, 
     return std::max(device, held_after(rows)) > room || (cuda && copied(rows) > host_room);
   };
   if (too_much(0, 0)) return std::nullopt;
+  bool declined = false;
   Generated out;
   std::vector<Buffer> parts[2];  // (each full but the last: bytes[o] in all)
   std::uint64_t bytes[2] = {0, 0};
@@ -1330,9 +1365,9 @@ std::optional<ResidentWork::Generated> ResidentWork::generate(const Problem& p, 
     Buffer diagonal = sampled ? take(chunk * most * record, "selected-CI diagonal terms (resident)") : Buffer{};
     Buffer scratch = take(chunk * (sampled ? 32 : 16), "selected-CI generation scratch (resident)");
     Buffer counts = take(16, "selected-CI candidate counts (resident)");
-    for (std::uint64_t first = 0; first < n; first += chunk) {
+    for (std::uint64_t first = begin; first < end && !declined; first += chunk) {
       engine::BatchView b;
-      b.rows = {first, std::min(n, first + chunk)};
+      b.rows = {first, std::min(end, first + chunk)};
       b.outputs = {records.data(), diagonal.data()};
       b.appended = {counts.as<std::uint64_t>(), counts.as<std::uint64_t>() + 1};
       b.scratch = scratch.data();
@@ -1342,7 +1377,10 @@ std::optional<ResidentWork::Generated> ResidentWork::generate(const Problem& p, 
       backend.copy_to_host(made, counts.data(), sampled ? 16 : 8, stream);
       stream.synchronize();
       out.rows += made[0], out.diagonal_rows += made[1];
-      if (too_much(out.rows, out.diagonal_rows)) return std::nullopt;
+      if (too_much(out.rows, out.diagonal_rows)) {
+        declined = true;
+        break;
+      }
       const Buffer* from[2] = {&records, &diagonal};
       for (int o = 0; o < 2; ++o)
         for (std::uint64_t done = 0; done < made[o] * record;) {
@@ -1355,6 +1393,7 @@ std::optional<ResidentWork::Generated> ResidentWork::generate(const Problem& p, 
     }
     stream.synchronize();
   }
+  if (summed(declined ? 1 : 0)) return std::nullopt;
   Buffer* joined[2] = {&out.records, &out.diagonal};
   const std::uint64_t total[2] = {out.rows, out.diagonal_rows};
   for (int o : {1, 0}) {  // (the diagonal terms' chunks freed before the candidates' are joined)
@@ -1375,10 +1414,34 @@ std::optional<ResidentWork::Generated> ResidentWork::generate(const Problem& p, 
 
 // keys.dedup's partition into one bucket and its merge, over `rows` records of `words` key words
 // and an interleaved value (consumed).
-ResidentUnique ResidentWork::dedup(Buffer records_in, std::uint64_t rows, std::uint32_t words) {
+std::optional<ResidentUnique> ResidentWork::dedup(Buffer records_in, std::uint64_t rows, std::uint32_t words,
+                                                  std::uint64_t beside) {
   const kernels::RecordLayout layout{words, true, false};
   const std::uint64_t tile_rows = keys::DedupSource{}.tile_rows, tiles = kernels::tiles_of(rows, tile_rows);
+  const auto taker = [this](std::uint64_t bytes, const char* what) { return take(bytes, what); };
   ResidentUnique out;
+  if (ranks) {
+    const TileShares shares(*ranks, rows, tile_rows);
+    const std::uint64_t me = static_cast<std::uint64_t>(ranks->rank());
+    Buffer mine = shares.move(*ranks, stream, records_in, words + 1, [this](std::uint64_t bytes) {
+      return take(bytes, "selected-CI candidates (resident, this rank's tiles)");
+    });
+    records_in.reset();
+    kernels::KeyRows in;
+    in.keys = mine.as<std::uint64_t>();
+    in.words = words;
+    in.stride = words + 1;
+    in.interleaved = true;
+    in.rows = shares.to[me + 1] - shares.to[me];
+    const keys::DedupSource defaults;
+    std::optional<keys::ResidentChain::Unique> u =
+        keys::unique_over_ranks(backend, stream, *ranks, in, layout, shares.to[me], tile_rows, defaults.samples,
+                                room > beside ? room - beside : 0, taker);
+    if (!u) return std::nullopt;
+    out.keys = std::move(u->keys), out.values = std::move(u->values);
+    out.unique = u->unique, out.records = u->records;
+    return out;
+  }
   if (!cuda) {  // (the same bytes in one radix sort: kernels::cpu::RadixUnique)
     Buffer spare = take(rows * (words + 1) * 8, "selected-CI records (resident)");
     Buffer values = take(rows * 8, "selected-CI values (resident)");
@@ -1392,8 +1455,7 @@ ResidentUnique ResidentWork::dedup(Buffer records_in, std::uint64_t rows, std::u
     sorted.write(out.keys.as<std::uint64_t>(), key_counts.as<std::uint64_t>(), out.values.as<double>());
     return out;
   }
-  keys::ResidentChain chain(backend, stream, layout, rows, tile_rows, tiles * tile_rows,
-                            [this](std::uint64_t bytes, const char* what) { return take(bytes, what); });
+  keys::ResidentChain chain(backend, stream, layout, rows, tile_rows, tiles * tile_rows, taker);
   kernels::KeyRows in;
   in.keys = records_in.as<std::uint64_t>();
   in.words = words;
@@ -1412,8 +1474,10 @@ ResidentUnique ResidentWork::dedup(Buffer records_in, std::uint64_t rows, std::u
 // if any, on the device and, if the kernel reads them there, on the host; its tiles' partials
 // folded in the tree.
 std::unique_ptr<engine::Reduction> ResidentWork::score(SpaceKernel& kernel, const engine::Reduction& kind,
-                                                       std::uint64_t rows, std::uint64_t tile_rows, std::size_t partial_bytes,
-                                                       const Buffer& input, std::uint32_t words, const Buffer* values) {
+                                                       std::uint64_t rows, std::uint64_t tile_rows,
+                                                       std::size_t partial_bytes, const Buffer& input,
+                                                       std::uint32_t words, const Buffer* values,
+                                                       std::uint64_t first_tile) {
   // (cuda: the host's copies, charged to the host budget while they live; cpu: the data itself)
   const std::uint64_t copies = cuda && kernel.reads_host_inputs() ? rows * words * 8 + (values ? rows * 8 : 0) : 0;
   const BudgetHold held = backend.hold_host(copies, "selected-CI score inputs on the host (resident)");
@@ -1425,21 +1489,84 @@ std::unique_ptr<engine::Reduction> ResidentWork::score(SpaceKernel& kernel, cons
   }
   const void* host_keys = cuda ? static_cast<const void*>(host_input.data()) : input.data();
   const void* host_sums = cuda ? static_cast<const void*>(host_values.data()) : values ? values->data() : nullptr;
-  Buffer scratch = take(rows * SpaceKernel::kScratchPerRow, "selected-CI score scratch (resident)");
   const std::uint64_t tiles = (rows + tile_rows - 1) / tile_rows;
   std::vector<std::byte> partials(tiles * partial_bytes);
-  kernel.prepare(backend, stream);
-  engine::BatchView b;
-  b.rows = {0, rows};
-  b.inputs = {input.data(), values ? values->data() : nullptr};
-  b.host_inputs = {host_keys, host_sums};
-  b.scratch = scratch.data();
-  b.partials = partials.data();
-  b.stream = &stream;
-  kernel.process(b);
+  if (rows) {  // (divided, a rank may hold no rows)
+    Buffer scratch = take(rows * SpaceKernel::kScratchPerRow, "selected-CI score scratch (resident)");
+    kernel.prepare(backend, stream);
+    engine::BatchView b;
+    b.rows = {0, rows};
+    b.inputs = {input.data(), values ? values->data() : nullptr};
+    b.host_inputs = {host_keys, host_sums};
+    b.scratch = scratch.data();
+    b.partials = partials.data();
+    b.stream = &stream;
+    kernel.process(b);
+  }
+  std::vector<engine::FoldNode> nodes = engine::batch_nodes(kind, first_tile, tiles, partials.data(), partial_bytes);
   engine::FoldStack fold(kind);
-  for (engine::FoldNode& node : engine::batch_nodes(kind, 0, tiles, partials.data(), partial_bytes)) fold.push(std::move(node));
+  if (ranks) {  // (every rank's nodes, in rank order: tile order)
+    std::string mine;
+    engine::append_nodes(mine, nodes);
+    const comm::Received<char> all = ranks->allgatherv(comm::HostSpan<const char>(mine.data(), mine.size()));
+    std::uint64_t at = 0;
+    for (const std::uint64_t bytes : all.counts) {
+      for (engine::FoldNode& node : engine::read_nodes(kind, std::string(all.data.data() + at, bytes), 0))
+        fold.push(std::move(node));
+      at += bytes;
+    }
+    return fold.result();
+  }
+  for (engine::FoldNode& node : nodes) fold.push(std::move(node));
   return fold.result();
+}
+
+std::uint64_t ResidentWork::share_tiles(ResidentUnique& u, std::uint32_t words, std::uint64_t tile_rows) {
+  if (!ranks) return 0;
+  const TileShares shares(*ranks, u.unique, tile_rows);
+  const std::uint64_t me = static_cast<std::uint64_t>(ranks->rank());
+  const auto taker = [this](std::uint64_t bytes) {
+    return take(bytes, "selected-CI unique keys (resident, this rank's tiles)");
+  };
+  u.keys = shares.move(*ranks, stream, u.keys, words, taker);
+  u.values = shares.move(*ranks, stream, u.values, 1, taker);
+  u.unique = shares.to[me + 1] - shares.to[me];
+  return shares.to[me] / tile_rows;
+}
+
+std::uint64_t ResidentWork::summed(std::uint64_t mine) const {
+  if (!ranks) return mine;
+  std::uint64_t total = 0;
+  for (const std::uint64_t x : ranks->allgather(mine)) total += x;
+  return total;
+}
+
+TileShares::TileShares(const comm::Communicator& ranks, std::uint64_t rows, std::uint64_t tile_rows) {
+  const std::vector<std::uint64_t> each = ranks.allgather(rows);
+  held.assign(each.size() + 1, 0);
+  for (std::size_t r = 0; r < each.size(); ++r) held[r + 1] = held[r] + each[r];
+  to.resize(held.size());
+  for (std::size_t r = 0; r < held.size(); ++r)
+    to[r] = std::min(held.back(), (held[r] + tile_rows - 1) / tile_rows * tile_rows);
+}
+
+Buffer TileShares::move(comm::Communicator& ranks, Stream& stream, const Buffer& data, std::uint64_t row_words,
+                        const std::function<Buffer(std::uint64_t)>& take) const {
+  const auto me = static_cast<std::size_t>(ranks.rank());
+  const auto overlap = [](std::uint64_t a0, std::uint64_t a1, std::uint64_t b0, std::uint64_t b1) {
+    return std::max(a0, b0) < std::min(a1, b1) ? std::min(a1, b1) - std::max(a0, b0) : 0;
+  };
+  comm::Counts send(held.size() - 1), receive(held.size() - 1);
+  for (std::size_t p = 0; p + 1 < held.size(); ++p) {
+    send[p] = overlap(held[me], held[me + 1], to[p], to[p + 1]) * row_words;
+    receive[p] = overlap(held[p], held[p + 1], to[me], to[me + 1]) * row_words;
+  }
+  const std::uint64_t rows = to[me + 1] - to[me];
+  Buffer out = take(std::max<std::uint64_t>(rows, 1) * row_words * 8);
+  ranks.alltoallv(
+      comm::DeviceSpan<const std::uint64_t>(data.as<std::uint64_t>(), (held[me + 1] - held[me]) * row_words), send,
+      comm::DeviceSpan<std::uint64_t>(out.as<std::uint64_t>(), rows * row_words), receive, stream);
+  return out;
 }
 
 std::optional<Selection> SolveRun::select_on_resident_data(double eps, std::uint64_t k) {
@@ -1447,6 +1574,10 @@ std::optional<Selection> SolveRun::select_on_resident_data(double eps, std::uint
   const auto seconds_since = [](clock::time_point t) { return std::chrono::duration<double>(clock::now() - t).count(); };
   if (!stream_) stream_ = ctx_.backend->make_stream(false);
   ResidentWork work(*ctx_.backend, *stream_, *ctx_.comm);
+  if (ctx_.comm->size() > 1) {  // (divided between the ranks)
+    if (!ranks_) ranks_.emplace(*ctx_.comm, ctx_.backend);
+    work.ranks = &*ranks_;
+  }
   const std::uint64_t space = SpaceKernel::resident_bytes(m_);
   if (phase_ == Phase::pt2_generate && ctx_.comm->root())  // (the longest unit: said when it starts)
     spdlog::info("sci.solve: final PT2{} at eps {:g} from {} determinants", named(""), eps, m_.space.dets.size());
@@ -1460,18 +1591,25 @@ std::optional<Selection> SolveRun::select_on_resident_data(double eps, std::uint
     return std::nullopt;
   }
   Selection out;
-  out.generated = g->rows;
+  out.generated = work.summed(g->rows);
   out.generate_seconds = seconds_since(started);
-  if (g->rows == 0) return out;  // (no candidate passed the screening: E_PT2 0, nothing to add)
+  if (out.generated == 0) return out;  // (no candidate passed the screening: E_PT2 0, nothing to add)
   const auto dedup_started = clock::now();
-  ResidentUnique u = work.dedup(std::move(g->records), g->rows, 2);
-  out.unique = u.unique, out.records = u.records;
+  std::optional<ResidentUnique> u = work.dedup(std::move(g->records), g->rows, 2, space);
+  if (!u) {
+    say_through_files(phase_ == Phase::pt2_generate ? "the final PT2" : "a selection", work.room);
+    return std::nullopt;
+  }
+  out.unique = work.summed(u->unique);
+  out.records = work.ranks ? work.ranks->allgather(u->records) : std::vector<std::uint64_t>{u->records};
   out.dedup_seconds = seconds_since(dedup_started);
   const auto score_started = clock::now();
   const std::uint64_t tile_rows = score_tile_rows(k);
-  ScoreKernel kernel(m_, *m_.amplitude_model, e_var_.at(root_), k, tile_rows, u.unique);
+  const std::uint64_t first_tile = work.share_tiles(*u, 2, tile_rows);
+  ScoreKernel kernel(m_, *m_.amplitude_model, e_var_.at(root_), k, tile_rows, u->unique);
   const std::unique_ptr<engine::Reduction> folded =
-      work.score(kernel, ScoreReduction(k), u.unique, tile_rows, sizeof(ScoreHeader) + k * sizeof(Scored), u.keys, 2, &u.values);
+      work.score(kernel, ScoreReduction(k), u->unique, tile_rows, sizeof(ScoreHeader) + k * sizeof(Scored), u->keys, 2,
+                 &u->values, first_tile);
   const auto& scored = static_cast<const ScoreReduction&>(*folded);
   out.pt2 = scored.pt2();
   out.top = scored.top();
@@ -1525,7 +1663,7 @@ bool SolveRun::sampled_group_on_resident_data() {
   double dedup_seconds = diagonal_seconds;
   std::uint64_t unique = 0;
   if (g->rows > 0) {
-    ResidentUnique u = work.dedup(std::move(g->records), g->rows, 3);
+    ResidentUnique u = *work.dedup(std::move(g->records), g->rows, 3);  // (undivided: never declines)
     dedup_seconds = elapsed();
     unique = u.unique;
     st.unique += u.unique;
@@ -1558,11 +1696,14 @@ void SolveRun::selected(Selection s) {
   }
   (pt2 ? now.pt2_generated : now.generated) += s.generated;
   (pt2 ? now.pt2_unique : now.unique) += s.unique;
-  if (root_ == 0 && s.generated > 0) (pt2 ? now.pt2_merge_records_per_rank : now.merge_records_per_rank) = {s.records};
+  if (root_ == 0 && s.generated > 0) (pt2 ? now.pt2_merge_records_per_rank : now.merge_records_per_rank) = s.records;
   if (ctx_.comm->root())
-    spdlog::info("sci.solve iteration {}{}: {} on resident data: {} candidates, {} unique ({:.2f} s: generate {:.2f}, dedup "
-                 "{:.2f}, score {:.2f})", iteration_, named(""), pt2 ? "final PT2" : "selection", s.generated, s.unique,
-                 s.generate_seconds + s.dedup_seconds + s.score_seconds, s.generate_seconds, s.dedup_seconds, s.score_seconds);
+    spdlog::info(
+        "sci.solve iteration {}{}: {} on resident data{}: {} candidates, {} unique ({:.2f} s: generate {:.2f}, dedup "
+        "{:.2f}, score {:.2f})",
+        iteration_, named(""), pt2 ? "final PT2" : "selection",
+        s.records.size() > 1 ? fmt::format(" (divided between {} ranks)", s.records.size()) : "", s.generated, s.unique,
+        s.generate_seconds + s.dedup_seconds + s.score_seconds, s.generate_seconds, s.dedup_seconds, s.score_seconds);
   if (pt2) return deterministic_pt2_done(s.pt2);
   root_selected(s.pt2, std::move(s.top));
 }

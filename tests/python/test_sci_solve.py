@@ -167,13 +167,14 @@ def merge_loads(attrs):
 
 
 def test_three_ranks_give_the_same_bits(n2_clean, tmp):
-    """3 ranks: each runs the phases that fit on resident data itself (no exchange, the space and
-    the Davidson vectors are every rank's): one rank's bits. (Through the passes, which spread the
+    """3 ranks: the selections and the final PT2 on resident data divided between them (each rank
+    generates from its share of the determinants, the ranks de-duplicate together, each scores its
+    share of the unique candidates): one rank's bits. (Through the passes, which spread the
     de-duplication over the ranks: the test below.)"""
     run_dir = solve(tmp, DATA / "N2_sto6g_FCIDUMP", N2_FAST, SMALL_BATCHES, mpi=3)
     assert digests(run_dir) == n2_clean[0]
     assert checksums(run_dir) == n2_clean[1]
-    assert "final PT2 on resident data" in (run_dir / "logs" / "rank-0.log").read_text()
+    assert "final PT2 on resident data (divided between 3 ranks)" in (run_dir / "logs" / "rank-0.log").read_text()
 
 
 def test_selection_on_resident_data_gives_the_passes_bits(tmp):
@@ -198,6 +199,11 @@ def test_selection_on_resident_data_gives_the_passes_bits(tmp):
     # and those that do not are de-duplicated by the passes, spread over the ranks: the bits again.
     three = solve(tmp / "three", DATA / "N2_sto6g_FCIDUMP", params, "{device_memory: 32MiB}", mpi=3)
     assert digests(three) == digests(roomy)
+    # Roomy on 2 ranks: the final PT2's 413,000 candidates (7 de-duplication tiles) divided between
+    # them, the tile that straddles the ranks' shares moved whole to one: the bits again.
+    two = solve(tmp / "two", DATA / "N2_sto6g_FCIDUMP", params, "{}", mpi=2)
+    assert digests(two) == digests(roomy)
+    assert "final PT2 on resident data (divided between 2 ranks)" in (two / "logs" / "rank-0.log").read_text()
     one, spread = merge_loads(result(tight)["attrs"]), merge_loads(result(three)["attrs"])
     assert set(one) == set(spread) and len(spread["pt2_merge_records_per_rank"]) == 3, spread
     for name, load in spread.items():  # (a phase on resident data reports its records as one rank's)
