@@ -62,8 +62,9 @@ std::vector<std::uint64_t> stable_order(const std::uint64_t* keys, std::uint64_t
   return order;
 }
 
-// stable_order's permutation for keys that mostly come as a few ascending runs (a bucket: each
-// tile's unique keys, sorted, one tile after another): the runs found, then merged (a run's
+// stable_order's permutation for keys that mostly come as a few non-descending runs (a bucket:
+// each tile's unique keys, sorted, one tile after another; or each rank's tile records, key after
+// key, a key's tiles side by side): the runs found, then merged (a run's
 // key before an equal key of a later run, as a stable sort puts them), the key range cut into a
 // part per OpenMP thread at keys of the longest run. Any input gives stable_order's permutation;
 // more than kMostRuns runs go to it (a tree of them costs about as much as the sort).
@@ -73,7 +74,7 @@ std::vector<std::uint64_t> merged_order(const std::uint64_t* keys, std::uint64_t
   const auto key = [&](std::uint64_t i) { return keys + i * stride; };
   std::vector<std::uint64_t> starts{0};
   for (std::uint64_t i = 1; i < n; ++i)
-    if (compare_keys(key(i - 1), key(i), words) >= 0) {
+    if (compare_keys(key(i - 1), key(i), words) > 0) {
       if (starts.size() == kMostRuns) return stable_order(keys, n, stride, words);
       starts.push_back(i);
     }
@@ -512,6 +513,40 @@ void RadixUnique::write(std::uint64_t* keys, std::uint64_t* counts, double* valu
       std::copy(key, key + W, keys + u * W);
       counts[u] = j - i;
       values[u] = sum.total();
+      i = j;
+    }
+  });
+}
+
+void RadixUnique::write_tile_records(std::uint64_t* records) const {
+  const std::uint32_t W = args_.words, S = W + 1, cols = W + 2;
+  const std::uint64_t parts = part_first_key_.size(), tile_rows = args_.tile_rows;
+  // (each part's first record: the tile records of the parts before it)
+  std::vector<std::uint64_t> first(parts + 1, 0);
+  parallel_for(static_cast<std::int64_t>(parts), [&](std::int64_t p) {
+    std::uint64_t n = 0;
+    for (std::uint64_t i = part_first_[p]; i < part_first_[p + 1]; ++i)
+      n += i == part_first_[p] || compare_keys(sorted_ + i * S, sorted_ + (i - 1) * S, W) != 0 ||
+           sorted_[i * S + W] / tile_rows != sorted_[(i - 1) * S + W] / tile_rows;
+    first[p + 1] = n;
+  });
+  for (std::uint64_t p = 0; p < parts; ++p) first[p + 1] += first[p];
+  parallel_for(static_cast<std::int64_t>(parts), [&](std::int64_t p) {
+    std::uint64_t* out = records + first[p] * cols;
+    for (std::uint64_t i = part_first_[p]; i < part_first_[p + 1];) {
+      const std::uint64_t* key = sorted_ + i * S;
+      const std::uint64_t tile = key[W] / tile_rows;
+      PairwiseSum sum;
+      std::uint64_t j = i;
+      for (; j < part_first_[p + 1] && compare_keys(sorted_ + j * S, key, W) == 0 &&
+             sorted_[j * S + W] / tile_rows == tile;
+           ++j)
+        sum.add(args_.values[sorted_[j * S + W]]);
+      std::copy(key, key + W, out);
+      const double total = sum.total();
+      std::memcpy(out + W, &total, 8);
+      out[W + 1] = j - i;
+      out += cols;
       i = j;
     }
   });

@@ -241,6 +241,11 @@ class RadixUnique {
   // unique() keys (words each, ascending), counts and values, into memory apart from the args' arrays;
   // with `index` (rows), every row's key's position among them (keys.dedup's reverse index).
   void write(std::uint64_t* keys, std::uint64_t* counts, double* values, std::uint64_t* index = nullptr) const;
+  // Or tile_records() records of tile_unique's layout ({words, value}: the key, the tile's
+  // PairwiseSum of its rows' values, their count), key after key and each key's tiles in tile
+  // order: the records tile_unique makes, sorted stably by key, which is what bucket_split leaves
+  // of them in a bucket once sorted (and bucket_merge then sums them as write() does).
+  void write_tile_records(std::uint64_t* records) const;
 
  private:
   RadixUniqueArgs args_;

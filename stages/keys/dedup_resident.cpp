@@ -195,71 +195,124 @@ std::vector<std::uint64_t> SampledKeys::splitters(std::uint64_t buckets) const {
 }
 
 std::optional<ResidentChain::Unique> unique_over_ranks(Backend& backend, Stream& stream, comm::Communicator& ranks,
-                                                       const kernels::KeyRows& in, kernels::RecordLayout layout,
+                                                       Buffer rows_in, std::uint64_t rows, std::uint32_t words,
                                                        std::uint64_t first_row, std::uint64_t tile_rows,
                                                        std::uint32_t samples, std::uint64_t room,
                                                        const ResidentChain::Take& take) {
-  if (layout.origin || tile_rows == 0 || (in.rows && first_row % tile_rows))
-    throw std::logic_error("unique_over_ranks: whole tiles, no index");
+  if (tile_rows == 0 || (rows && first_row % tile_rows)) throw std::logic_error("unique_over_ranks: whole tiles");
   const bool cuda = backend.kind() == BackendKind::cuda;
-  const std::uint32_t W = layout.words;
-  const std::uint64_t rows = in.rows, tiles = rows ? kernels::tiles_of(rows, tile_rows) : 0, cols = layout.cols();
-  const std::uint64_t sample_words = kernels::sample_partial_words(samples, W);
-  // This rank's tiles, reduced and sampled.
-  Buffer records, tile_counts, work;
-  std::vector<std::uint64_t> tile_samples(tiles * sample_words);
-  if (rows) {
-    records = take(rows * cols * 8, "keys records (resident, this rank's tiles)");
-    tile_counts = take(tiles * 8, "keys tile counts (resident)");
-    const std::uint64_t work_bytes =
-        cuda ? std::max(kernels::tile_unique_scratch_bytes(rows, W), kernels::bucket_split_scratch_bytes(rows)) : 0;
-    if (work_bytes) work = take(work_bytes, "keys dedup workspace (resident)");
-    kernels::tile_unique(stream, {in,
-                                  layout,
-                                  tile_rows,
-                                  first_row,
-                                  records.as<std::uint64_t>(),
-                                  tile_counts.as<std::uint64_t>(),
-                                  nullptr,
-                                  {work.data(), work.size()}});
-    Buffer partials = take(tile_samples.size() * 8, "keys tile samples (resident)");
-    kernels::tile_samples(stream, {records.as<std::uint64_t>(), tile_counts.as<std::uint64_t>(), layout, tiles,
-                                   tile_rows, first_row / tile_rows, samples, partials.as<std::uint64_t>()});
-    backend.copy_to_host(tile_samples.data(), partials.data(), tile_samples.size() * 8, stream);
-    stream.synchronize();
-  }
-  std::vector<std::uint64_t> packed;
-  for (std::uint64_t t = 0; t < tiles; ++t) {
-    const std::uint64_t* partial = tile_samples.data() + t * sample_words;
-    packed.insert(packed.end(), partial, partial + 2 + partial[0] * W);
-  }
-  // One bucket a rank, at splitters every rank draws from the same samples.
-  const std::vector<std::uint64_t> splitters =
-      SampledKeys(ranks.allgatherv(comm::HostSpan<const std::uint64_t>(packed.data(), packed.size())).data, W)
-          .splitters(static_cast<std::uint64_t>(ranks.size()));
-  const auto buckets = static_cast<std::uint32_t>(splitters.size() / W + 1);
+  const std::uint32_t W = words;
+  const kernels::RecordLayout layout{W, true, false};
+  const std::uint64_t cols = layout.cols();
+  // This rank's tiles' records grouped by bucket, one bucket a rank, and what goes to each.
   comm::Counts send(static_cast<std::size_t>(ranks.size()), 0);
   Buffer grouped;
-  if (rows) {
-    grouped = take(rows * cols * 8, "keys records grouped by rank (resident)");
-    Buffer counts = take(buckets * 8, "keys bucket counts (resident)");
-    Buffer splitters_on_device = take(std::max<std::uint64_t>(splitters.size(), 1) * 8, "keys splitters (resident)");
-    if (!splitters.empty())
-      backend.copy_to_device(splitters_on_device.data(), splitters.data(), splitters.size() * 8, stream);
-    kernels::bucket_split(stream, {records.as<std::uint64_t>(),
-                                   tile_counts.as<std::uint64_t>(),
-                                   layout,
-                                   rows,
-                                   tile_rows,
-                                   splitters_on_device.as<std::uint64_t>(),
-                                   buckets,
-                                   grouped.as<std::uint64_t>(),
-                                   counts.as<std::uint64_t>(),
-                                   {work.data(), work.size()}});
-    backend.copy_to_host(send.data(), counts.data(), buckets * 8, stream);
-    stream.synchronize();
+  std::uint64_t grouped_records = 0;
+  if (cuda) {  // tile_unique, samples, splitters, bucket_split
+    const std::uint64_t tiles = rows ? kernels::tiles_of(rows, tile_rows) : 0;
+    const std::uint64_t sample_words = kernels::sample_partial_words(samples, W);
+    Buffer records, tile_counts, work;
+    std::vector<std::uint64_t> tile_samples(tiles * sample_words);
+    if (rows) {
+      kernels::KeyRows in;
+      in.keys = rows_in.as<std::uint64_t>();
+      in.words = W;
+      in.stride = W + 1;
+      in.interleaved = true;
+      in.rows = rows;
+      records = take(rows * cols * 8, "keys records (resident, this rank's tiles)");
+      tile_counts = take(tiles * 8, "keys tile counts (resident)");
+      work = take(std::max(kernels::tile_unique_scratch_bytes(rows, W), kernels::bucket_split_scratch_bytes(rows)),
+                  "keys dedup workspace (resident)");
+      kernels::tile_unique(stream, {in,
+                                    layout,
+                                    tile_rows,
+                                    first_row,
+                                    records.as<std::uint64_t>(),
+                                    tile_counts.as<std::uint64_t>(),
+                                    nullptr,
+                                    {work.data(), work.size()}});
+      Buffer partials = take(tile_samples.size() * 8, "keys tile samples (resident)");
+      kernels::tile_samples(stream, {records.as<std::uint64_t>(), tile_counts.as<std::uint64_t>(), layout, tiles,
+                                     tile_rows, first_row / tile_rows, samples, partials.as<std::uint64_t>()});
+      backend.copy_to_host(tile_samples.data(), partials.data(), tile_samples.size() * 8, stream);
+      stream.synchronize();
+      rows_in.reset();  // (the stream has run past its last reader)
+    }
+    std::vector<std::uint64_t> packed;
+    for (std::uint64_t t = 0; t < tiles; ++t) {
+      const std::uint64_t* partial = tile_samples.data() + t * sample_words;
+      packed.insert(packed.end(), partial, partial + 2 + partial[0] * W);
+    }
+    const std::vector<std::uint64_t> splitters =
+        SampledKeys(ranks.allgatherv(comm::HostSpan<const std::uint64_t>(packed.data(), packed.size())).data, W)
+            .splitters(static_cast<std::uint64_t>(ranks.size()));
+    const auto buckets = static_cast<std::uint32_t>(splitters.size() / W + 1);
+    if (rows) {
+      grouped = take(rows * cols * 8, "keys records grouped by rank (resident)");
+      Buffer counts = take(buckets * 8, "keys bucket counts (resident)");
+      Buffer splitters_on_device = take(std::max<std::uint64_t>(splitters.size(), 1) * 8, "keys splitters (resident)");
+      if (!splitters.empty())
+        backend.copy_to_device(splitters_on_device.data(), splitters.data(), splitters.size() * 8, stream);
+      kernels::bucket_split(stream, {records.as<std::uint64_t>(),
+                                     tile_counts.as<std::uint64_t>(),
+                                     layout,
+                                     rows,
+                                     tile_rows,
+                                     splitters_on_device.as<std::uint64_t>(),
+                                     buckets,
+                                     grouped.as<std::uint64_t>(),
+                                     counts.as<std::uint64_t>(),
+                                     {work.data(), work.size()}});
+      backend.copy_to_host(send.data(), counts.data(), buckets * 8, stream);
+      stream.synchronize();
+    }
+    for (const std::uint64_t c : send) grouped_records += c;
+  } else {  // one radix sort gives the tiles' records key after key: the buckets are runs of them
+    if (rows) {
+      Buffer spare = take(rows * (W + 1) * 8, "keys rows sorted (resident)");
+      Buffer values = take(rows * 8, "keys row values (resident)");
+      const kernels::cpu::RadixUnique sorted(
+          {rows_in.as<std::uint64_t>(), spare.as<std::uint64_t>(), values.as<double>(), rows, W, tile_rows});
+      grouped_records = sorted.tile_records();
+      grouped = take(grouped_records * cols * 8, "keys records grouped by rank (resident)");
+      sorted.write_tile_records(grouped.as<std::uint64_t>());
+    }
+    rows_in.reset();
+    // (samples at regular places of the sorted records, each standing for an equal share)
+    const std::uint64_t taken = std::min<std::uint64_t>(grouped_records, std::uint64_t{samples} * 64);
+    std::vector<std::uint64_t> packed;
+    if (taken) {
+      packed = {taken, grouped_records};
+      for (std::uint64_t j = 0; j < taken; ++j) {
+        const std::uint64_t* key = grouped.as<std::uint64_t>() + j * grouped_records / taken * cols;
+        packed.insert(packed.end(), key, key + W);
+      }
+    }
+    const std::vector<std::uint64_t> splitters =
+        SampledKeys(ranks.allgatherv(comm::HostSpan<const std::uint64_t>(packed.data(), packed.size())).data, W)
+            .splitters(static_cast<std::uint64_t>(ranks.size()));
+    // (bucket b: the records from the first at or above splitter b - 1 to the first at or above splitter b)
+    const std::uint64_t* records = grouped.as<std::uint64_t>();
+    std::uint64_t begin = 0;
+    for (std::size_t b = 0; b < send.size(); ++b) {
+      std::uint64_t end = grouped_records;
+      if ((b + 1) * W <= splitters.size()) {
+        const std::uint64_t* splitter = splitters.data() + b * W;
+        std::uint64_t lo = begin, hi = grouped_records;
+        while (lo < hi) {
+          const std::uint64_t mid = lo + (hi - lo) / 2;
+          if (kernels::compare_keys(records + mid * cols, splitter, W) < 0)
+            lo = mid + 1;
+          else
+            hi = mid;
+        }
+        end = lo;
+      }
+      send[b] = end - begin;
+      begin = end;
+    }
   }
-  records.reset(), tile_counts.reset(), work.reset();
   for (std::uint64_t& c : send) c *= cols;  // (records -> words)
   const comm::Counts receive = ranks.alltoall_counts(send);
   std::uint64_t received = 0;
@@ -269,7 +322,7 @@ std::optional<ResidentChain::Unique> unique_over_ranks(Backend& backend, Stream&
   for (const std::uint64_t over : ranks.allgather<std::uint64_t>(need > room ? 1 : 0))
     if (over) return std::nullopt;
   Buffer bucket = take(std::max<std::uint64_t>(received, 1) * cols * 8, "keys bucket from every rank (resident)");
-  ranks.alltoallv(comm::DeviceSpan<const std::uint64_t>(grouped.as<std::uint64_t>(), rows * cols), send,
+  ranks.alltoallv(comm::DeviceSpan<const std::uint64_t>(grouped.as<std::uint64_t>(), grouped_records * cols), send,
                   comm::DeviceSpan<std::uint64_t>(bucket.as<std::uint64_t>(), received * cols), receive, stream);
   grouped.reset();
   // This rank's bucket merged: its records came rank after rank, that is tile after tile.

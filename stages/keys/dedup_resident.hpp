@@ -161,17 +161,18 @@ class HostChain {
   Seconds seconds_;
 };
 
-// ResidentChain's work divided between ranks (no reverse index). Rank r holds whole tiles of the
-// pass rows, [first_row, first_row + in.rows), the ranks' rows end to end in rank order (the last
-// rank's may end in a partial tile; a rank may hold none). Each rank reduces its tiles
-// (tile_unique) and samples them; splitters from every rank's samples cut its records into one
-// bucket a rank, tile after tile (bucket_split); the buckets are exchanged (comm::Communicator:
-// NCCL between GPUs, MPI otherwise) and each rank merges what it received. A key's records arrive
-// in tile order, so every sum is formed as one rank forms it: rank r's keys are the r-th key range
+// ResidentChain's work divided between ranks, for rows of `words` key words and an interleaved
+// value (rows_in: consumed). Rank r holds whole tiles of the pass rows, [first_row, first_row +
+// rows), the ranks' rows end to end in rank order (the last rank's may end in a partial tile; a
+// rank may hold none). Each rank reduces its tiles to records (cuda: tile_unique; cpu: one radix
+// sort, kernels::cpu::RadixUnique, which leaves them key after key); splitters from every rank's
+// samples cut them into one bucket a rank; the buckets are exchanged (comm::Communicator: NCCL
+// between GPUs, MPI otherwise) and each rank merges what it received. A key's records arrive in
+// tile order, so every sum is formed as one rank forms it: rank r's keys are the r-th key range
 // of ResidentChain's, with its counts and values, bit for bit. Collective. nullopt on every rank
 // when what some rank would receive and merge passes `room` bytes of device memory.
 std::optional<ResidentChain::Unique> unique_over_ranks(Backend& backend, Stream& stream, comm::Communicator& ranks,
-                                                       const kernels::KeyRows& in, kernels::RecordLayout layout,
+                                                       Buffer rows_in, std::uint64_t rows, std::uint32_t words,
                                                        std::uint64_t first_row, std::uint64_t tile_rows,
                                                        std::uint32_t samples, std::uint64_t room,
                                                        const ResidentChain::Take& take);

@@ -852,9 +852,9 @@ struct ResidentUnique {
   std::uint64_t unique = 0, records = 0;
 };
 
-// Rows held end to end in rank order, moved so that every rank holds whole tiles: rank r held rows
-// [held[r], held[r + 1]) and holds [to[r], to[r + 1]), its first row rounded up to a tile (the
-// last rank's may end in a partial one). A rank moves at most a tile's rows to its neighbour.
+// Rows held end to end in rank order, moved so that every rank holds whole tiles and about as
+// many as any other: rank r held rows [held[r], held[r + 1]) and holds [to[r], to[r + 1]), the
+// r-th of equal shares of them, rounded up to a tile (the last rank's may end in a partial one).
 struct TileShares {
   std::vector<std::uint64_t> held, to;
   TileShares(const comm::Communicator& ranks, std::uint64_t rows, std::uint64_t tile_rows);
@@ -1427,16 +1427,10 @@ std::optional<ResidentUnique> ResidentWork::dedup(Buffer records_in, std::uint64
       return take(bytes, "selected-CI candidates (resident, this rank's tiles)");
     });
     records_in.reset();
-    kernels::KeyRows in;
-    in.keys = mine.as<std::uint64_t>();
-    in.words = words;
-    in.stride = words + 1;
-    in.interleaved = true;
-    in.rows = shares.to[me + 1] - shares.to[me];
     const keys::DedupSource defaults;
     std::optional<keys::ResidentChain::Unique> u =
-        keys::unique_over_ranks(backend, stream, *ranks, in, layout, shares.to[me], tile_rows, defaults.samples,
-                                room > beside ? room - beside : 0, taker);
+        keys::unique_over_ranks(backend, stream, *ranks, std::move(mine), shares.to[me + 1] - shares.to[me], words,
+                                shares.to[me], tile_rows, defaults.samples, room > beside ? room - beside : 0, taker);
     if (!u) return std::nullopt;
     out.keys = std::move(u->keys), out.values = std::move(u->values);
     out.unique = u->unique, out.records = u->records;
@@ -1546,8 +1540,9 @@ TileShares::TileShares(const comm::Communicator& ranks, std::uint64_t rows, std:
   held.assign(each.size() + 1, 0);
   for (std::size_t r = 0; r < each.size(); ++r) held[r + 1] = held[r] + each[r];
   to.resize(held.size());
-  for (std::size_t r = 0; r < held.size(); ++r)
-    to[r] = std::min(held.back(), (held[r] + tile_rows - 1) / tile_rows * tile_rows);
+  const std::uint64_t total = held.back(), shares = each.size();  // (total * r: rows below 2^40)
+  for (std::size_t r = 0; r <= shares; ++r)
+    to[r] = std::min(total, (total * r / shares + tile_rows - 1) / tile_rows * tile_rows);
 }
 
 Buffer TileShares::move(comm::Communicator& ranks, Stream& stream, const Buffer& data, std::uint64_t row_words,

@@ -358,6 +358,24 @@ void expect_radix_is_the_chains_bytes(const Data& d, std::uint64_t tile_rows) {
     EXPECT_TRUE(std::equal(counts.begin(), counts.end(), want.counts.begin())) << where;
     for (std::uint64_t u = 0; u < want.unique; ++u)
       ASSERT_EQ(std::bit_cast<std::uint64_t>(sums[u]), std::bit_cast<std::uint64_t>(want.values[u])) << u << ", " << where;
+    // Its tile records: tile_unique's, sorted stably by key (what ranks exchange), and merged
+    // they are the chain's bytes again.
+    std::vector<std::uint64_t> tiles(count[0] * L.cols());
+    got.write_tile_records(tiles.data());
+    std::vector<std::uint64_t> order(count[0]);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](std::uint64_t a, std::uint64_t b) {
+      return kernels::compare_keys(split.data() + a * L.cols(), split.data() + b * L.cols(), d.words) < 0;
+    });
+    for (std::uint64_t i = 0; i < count[0]; ++i)
+      ASSERT_TRUE(std::equal(tiles.begin() + i * L.cols(), tiles.begin() + (i + 1) * L.cols(),
+                             split.begin() + order[i] * L.cols()))
+          << i << ", " << where;
+    const Merged again = merge_bucket(tiles.data(), count[0], L, 0, 1, n);
+    EXPECT_EQ(again.keys, want.keys) << where;
+    for (std::uint64_t u = 0; u < want.unique; ++u)
+      ASSERT_EQ(std::bit_cast<std::uint64_t>(again.values[u]), std::bit_cast<std::uint64_t>(want.values[u]))
+          << u << ", " << where;
   }
   omp_set_num_threads(threads);
 }
