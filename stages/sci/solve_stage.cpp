@@ -889,7 +889,7 @@ struct ResidentWork {
                                       std::uint64_t beside = 0);
   // Divided: the unique keys (and values) moved so that this rank holds whole score tiles; returns
   // the pass's index of its first tile (0 undivided).
-  std::uint64_t share_tiles(ResidentUnique& u, std::uint32_t words, std::uint64_t tile_rows);
+  std::uint64_t share_tiles(ResidentUnique& u, std::uint32_t words, std::uint64_t tile_rows, bool with_values = true);
   // (inputs the kernel reads on the host too, SpaceKernel::reads_host_inputs: copied there on cuda)
   // Divided: the rows are this rank's from first_tile on, and every rank folds every rank's nodes.
   std::unique_ptr<engine::Reduction> score(SpaceKernel& kernel, const engine::Reduction& kind, std::uint64_t rows,
@@ -1002,6 +1002,12 @@ class SolveRun final : public StepRun {
   // ranks, run what does not fit.
   // A semistochastic group (sampled_) the same way, ended (end_group); false: it does not fit.
   bool sampled_group_on_resident_data();
+  // With several ranks, a unit on resident data is divided between them (ResidentWork::ranks).
+  void divide(ResidentWork& work) {
+    if (ctx_.comm->size() < 2) return;
+    if (!ranks_) ranks_.emplace(*ctx_.comm, ctx_.backend);
+    work.ranks = &*ranks_;
+  }
   void say_through_files(const char* what, std::uint64_t room);
   // The next root's passes from `first` (false: every root's are done).
   bool next_root(Phase first);
@@ -1078,7 +1084,7 @@ class SolveRun final : public StepRun {
   std::vector<StochasticPT2> stochastic_roots_; // the roots' whose semistochastic PT2 is done
   SampledSources sampled_;                      // (not saved: its group's draws, drawn again by load())
   // (not saved)
-  std::optional<comm::Communicator> ranks_;  // (the products' rows, gathered on every rank)
+  std::optional<comm::Communicator> ranks_;  // (the products' rows gathered on every rank; divided units)
   std::unique_ptr<Stream> stream_;           // (the products')
   std::chrono::steady_clock::time_point pass_started_;
   // An iteration's Davidson seconds, for the log: storing H, the products (and their copies),
@@ -1515,7 +1521,8 @@ std::unique_ptr<engine::Reduction> ResidentWork::score(SpaceKernel& kernel, cons
   return fold.result();
 }
 
-std::uint64_t ResidentWork::share_tiles(ResidentUnique& u, std::uint32_t words, std::uint64_t tile_rows) {
+std::uint64_t ResidentWork::share_tiles(ResidentUnique& u, std::uint32_t words, std::uint64_t tile_rows,
+                                        bool with_values) {
   if (!ranks) return 0;
   const TileShares shares(*ranks, u.unique, tile_rows);
   const std::uint64_t me = static_cast<std::uint64_t>(ranks->rank());
@@ -1523,7 +1530,7 @@ std::uint64_t ResidentWork::share_tiles(ResidentUnique& u, std::uint32_t words, 
     return take(bytes, "selected-CI unique keys (resident, this rank's tiles)");
   };
   u.keys = shares.move(*ranks, stream, u.keys, words, taker);
-  u.values = shares.move(*ranks, stream, u.values, 1, taker);
+  if (with_values) u.values = shares.move(*ranks, stream, u.values, 1, taker);
   u.unique = shares.to[me + 1] - shares.to[me];
   return shares.to[me] / tile_rows;
 }
@@ -1569,10 +1576,7 @@ std::optional<Selection> SolveRun::select_on_resident_data(double eps, std::uint
   const auto seconds_since = [](clock::time_point t) { return std::chrono::duration<double>(clock::now() - t).count(); };
   if (!stream_) stream_ = ctx_.backend->make_stream(false);
   ResidentWork work(*ctx_.backend, *stream_, *ctx_.comm);
-  if (ctx_.comm->size() > 1) {  // (divided between the ranks)
-    if (!ranks_) ranks_.emplace(*ctx_.comm, ctx_.backend);
-    work.ranks = &*ranks_;
-  }
+  divide(work);
   const std::uint64_t space = SpaceKernel::resident_bytes(m_);
   if (phase_ == Phase::pt2_generate && ctx_.comm->root())  // (the longest unit: said when it starts)
     spdlog::info("sci.solve: final PT2{} at eps {:g} from {} determinants", named(""), eps, m_.space.dets.size());
@@ -1632,6 +1636,7 @@ bool SolveRun::sampled_group_on_resident_data() {
   const auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(); };
   if (!stream_) stream_ = ctx_.backend->make_stream(false);
   ResidentWork work(*ctx_.backend, *stream_, *ctx_.comm);
+  divide(work);
   StochasticPT2& st = *stochastic_;
   const std::uint64_t space = SpaceKernel::resident_bytes(m_);
   std::optional<ResidentWork::Generated> g =
@@ -1643,37 +1648,50 @@ bool SolveRun::sampled_group_on_resident_data() {
     return false;
   }
   const double generate_seconds = elapsed();
-  st.generated += g->rows + g->diagonal_rows;
-  st.diagonal_rows = g->diagonal_rows;
-  st.diagonal_sums.assign(st.count, 0.0);
+  const std::uint64_t generated = work.summed(g->rows), diagonal_rows = work.summed(g->diagonal_rows);
   const double energy = e_var_.at(root_);
-  if (g->diagonal_rows > 0) {
-    SampledScoreKernel kernel(m_, energy, st.first, st.count, kScoreTileMin, true, g->diagonal_rows);
-    const auto folded = work.score(kernel, engine::ElementwiseSums(st.count), g->diagonal_rows, kScoreTileMin, st.count * 8, g->diagonal, 4, nullptr);
-    st.diagonal_sums = static_cast<const engine::ElementwiseSums&>(*folded).sums();
+  std::vector<double> diagonal_sums(st.count, 0.0);
+  if (diagonal_rows > 0) {  // (divided: this rank's whole score tiles of them)
+    ResidentUnique diagonal;
+    diagonal.keys = std::move(g->diagonal), diagonal.unique = g->diagonal_rows;
+    const std::uint64_t first_tile = work.share_tiles(diagonal, 4, kScoreTileMin, false);
+    SampledScoreKernel kernel(m_, energy, st.first, st.count, kScoreTileMin, true, diagonal.unique);
+    const auto folded = work.score(kernel, engine::ElementwiseSums(st.count), diagonal.unique, kScoreTileMin,
+                                   st.count * 8, diagonal.keys, 4, nullptr, first_tile);
+    diagonal_sums = static_cast<const engine::ElementwiseSums&>(*folded).sums();
   }
   g->diagonal.reset();
   const double diagonal_seconds = elapsed();
   std::vector<double> sums(st.count, 0.0);
   double dedup_seconds = diagonal_seconds;
   std::uint64_t unique = 0;
-  if (g->rows > 0) {
-    ResidentUnique u = *work.dedup(std::move(g->records), g->rows, 3);  // (undivided: never declines)
+  if (generated > 0) {
+    std::optional<ResidentUnique> u = work.dedup(std::move(g->records), g->rows, 3, space);
+    if (!u) {  // (divided, and a rank's bucket would not fit: the passes run the group, nothing kept)
+      say_through_files("a semistochastic group", work.room);
+      return false;
+    }
     dedup_seconds = elapsed();
-    unique = u.unique;
-    st.unique += u.unique;
-    SampledScoreKernel kernel(m_, energy, st.first, st.count, kScoreTileMin, false, u.unique);
-    const auto folded = work.score(kernel, engine::ElementwiseSums(st.count), u.unique, kScoreTileMin, st.count * 8, u.keys, 3, &u.values);
+    unique = work.summed(u->unique);
+    const std::uint64_t first_tile = work.share_tiles(*u, 3, kScoreTileMin);
+    SampledScoreKernel kernel(m_, energy, st.first, st.count, kScoreTileMin, false, u->unique);
+    const auto folded = work.score(kernel, engine::ElementwiseSums(st.count), u->unique, kScoreTileMin, st.count * 8,
+                                   u->keys, 3, &u->values, first_tile);
     sums = static_cast<const engine::ElementwiseSums&>(*folded).sums();
   }
+  st.generated += generated + diagonal_rows;
+  st.diagonal_rows = diagonal_rows;
+  st.diagonal_sums = std::move(diagonal_sums);
+  st.unique += unique;
   const double seconds = elapsed();
   account("pt2", seconds);
   if (ctx_.comm->root())
-    spdlog::debug("sci.solve: semistochastic batches {}-{}{} on resident data: {} candidates and {} diagonal terms from {} "
-                  "determinants, {} unique ({:.2f} s: generate {:.2f}, diagonal terms {:.2f}, dedup {:.2f}, score {:.2f})",
-                  st.first, st.first + st.count - 1, named(""), g->rows, g->diagonal_rows, sampled_.dets.size(), unique,
-                  seconds, generate_seconds, diagonal_seconds - generate_seconds, dedup_seconds - diagonal_seconds,
-                  seconds - dedup_seconds);
+    spdlog::debug(
+        "sci.solve: semistochastic batches {}-{}{} on resident data: {} candidates and {} diagonal terms from {} "
+        "determinants, {} unique ({:.2f} s: generate {:.2f}, diagonal terms {:.2f}, dedup {:.2f}, score {:.2f})",
+        st.first, st.first + st.count - 1, named(""), generated, diagonal_rows, sampled_.dets.size(), unique, seconds,
+        generate_seconds, diagonal_seconds - generate_seconds, dedup_seconds - diagonal_seconds,
+        seconds - dedup_seconds);
   end_group(sums);
   return true;
 }
