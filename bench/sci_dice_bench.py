@@ -6,6 +6,9 @@ use, on the same FCIDUMP, thresholds and state, one after the other on the same 
         [--eps-pt2-large 1e-5 --pt2-samples 200 --pt2-target-error 1e-5] [--repeat 3 --baseline OTHER_QSTAGE] \\
         --qstage build/qstage --device cuda --dice /path/to/Dice --dice-ranks 16 [--irrep 1] [--nroots 3] [--dir /tmp/sd]
 
+Ranks against one rank in one run, without --dice: `--ranks 2 --baseline build/qstage --baseline-ranks 1`
+(each rank OMP_NUM_THREADS threads; the final PT2's seconds are reported beside the walls).
+
 qstage runs first; Dice then starts from qstage's reference determinant (the output's
 `reference_determinant`: the same irrep and S_z, as Dice's `nocc` line fixes them), with
 `schedule 0 eps_var`, `davidsonTol 1e-5`, `dE 1e-6` and, with --eps-pt2, deterministic
@@ -86,7 +89,7 @@ def extrapolated(e_var, e_pt2):
     return my - slope * mx, slope
 
 
-def run_qstage(a, d, binary=None, run_dir="qstage"):
+def run_qstage(a, d, binary=None, run_dir="qstage", ranks=None):
     eps_var = a.eps_var[0] if len(a.eps_var) == 1 else "[" + ", ".join(map(str, a.eps_var)) + "]"
     params = f"fcidump: {Path(a.fcidump).resolve()}, eps_var: {eps_var}, max_new_dets: {a.max_new_dets}"
     params += f", eps_pt2: {a.eps_pt2 if a.eps_pt2 else a.eps_var[-1]}"
@@ -101,8 +104,10 @@ def run_qstage(a, d, binary=None, run_dir="qstage"):
     t = time.time()
     subprocess.run(["rm", "-rf", str(d / run_dir)], check=True)
     budget = ["--device-memory", a.device_memory] if a.device_memory else []
-    p = subprocess.run([binary or a.qstage, "run", str(d / "sci.yaml"), "--run-dir", str(d / run_dir), "--device", a.device] + budget,
-                       capture_output=True, text=True)
+    ranks = ranks or a.ranks
+    mpi = ["mpirun", "--allow-run-as-root", "--bind-to", "none", "-np", str(ranks), "-x", "OMP_NUM_THREADS"] if ranks > 1 else []
+    p = subprocess.run(mpi + [binary or a.qstage, "run", str(d / "sci.yaml"), "--run-dir", str(d / run_dir), "--device", a.device]
+                       + budget, capture_output=True, text=True)
     wall = time.time() - t
     if p.returncode:
         raise SystemExit(f"qstage failed (exit {p.returncode}):\n{p.stderr[-2000:]}")
@@ -111,6 +116,7 @@ def run_qstage(a, d, binary=None, run_dir="qstage"):
         for name in ("dets", "coefficients", "energy", "e_total"):
             digest.update(f[name][()].tobytes())
         davidson = sum(float(v) for k, v in f.attrs.items() if k.startswith("seconds_") and k.endswith("_davidson"))
+        pt2 = sum(float(v) for k, v in f.attrs.items() if k.startswith("seconds_") and k.endswith("_pt2"))  # (the final PT2)
         schedule = {}
         if "schedule" in f:
             schedule = {k: f["schedule"][k][()].tolist() for k in ("eps_var", "e_var", "e_pt2", "dets")}
@@ -124,7 +130,7 @@ def run_qstage(a, d, binary=None, run_dir="qstage"):
                 "e_pt2_error": float(f["e_pt2_error"][()]) if "e_pt2_error" in f else 0.0,
                 "pt2_batches": len(f["pt2_stochastic/batch_e_pt2"]) if "pt2_stochastic" in f else 0,
                 "dets": int(f["dets"].shape[0]), "step_seconds": float(f.attrs["qstage.wall_seconds"]),
-                "davidson_seconds": davidson, "digest": digest.hexdigest()[:16],
+                "davidson_seconds": davidson, "pt2_seconds": pt2, "ranks": ranks, "digest": digest.hexdigest()[:16],
                 "irrep": int(f.attrs["irrep"]), "s_squared": float(f.attrs["s_squared"]),
                 "reference": f.attrs["reference_determinant"]}
 
@@ -230,8 +236,10 @@ def main():
     p.add_argument("--dir", default="/tmp/sci-dice-bench")
     p.add_argument("--repeat", type=int, default=1, help="qstage's runs (its first is reported, every wall listed)")
     p.add_argument("--baseline", default=None,
-                   help="another qstage build, run alternately with --qstage: walls, Davidson seconds and "
-                        "whether its outputs are the same bytes")
+                   help="another qstage build (or the same on --baseline-ranks), run alternately with --qstage: walls, "
+                        "Davidson and final-PT2 seconds and whether its outputs are the same bytes")
+    p.add_argument("--ranks", type=int, default=1, help="qstage's MPI ranks (mpirun -np; each rank OMP_NUM_THREADS threads)")
+    p.add_argument("--baseline-ranks", type=int, default=None, help="the baseline's ranks (default: --ranks)")
     a = p.parse_args()
     d = Path(a.dir)
     subprocess.run(["rm", "-rf", str(d)], check=True)
@@ -242,13 +250,15 @@ def main():
     runs, baseline = [out["qstage"]], []
     for k in range(a.repeat):
         if a.baseline:
-            baseline.append(run_qstage(a, d, a.baseline, "baseline"))
+            baseline.append(run_qstage(a, d, a.baseline, "baseline", a.baseline_ranks))
         if k + 1 < a.repeat:
             runs.append(run_qstage(a, d))
-    out["qstage"]["runs"] = [{"wall_seconds": r["wall_seconds"], "davidson_seconds": r["davidson_seconds"]} for r in runs]
+    timed = ("wall_seconds", "davidson_seconds", "pt2_seconds")
+    out["qstage"]["runs"] = [{k: r[k] for k in timed} for r in runs]
     if baseline:
-        out["baseline"] = {"qstage": a.baseline, "same_bytes": all(b["digest"] == runs[0]["digest"] for b in baseline + runs),
-                           "runs": [{"wall_seconds": r["wall_seconds"], "davidson_seconds": r["davidson_seconds"]} for r in baseline]}
+        out["baseline"] = {"qstage": a.baseline, "ranks": baseline[0]["ranks"],
+                           "same_bytes": all(b["digest"] == runs[0]["digest"] for b in baseline + runs),
+                           "runs": [{k: r[k] for k in timed} for r in baseline]}
     if a.dice:
         out["dice"] = run_dice(a, d, out["qstage"]["reference"])
         q, x = out["qstage"], out["dice"]
