@@ -858,7 +858,6 @@ struct ResidentUnique {
 struct TileShares {
   std::vector<std::uint64_t> held, to;
   TileShares(const comm::Communicator& ranks, std::uint64_t rows, std::uint64_t tile_rows);
-  std::uint64_t total() const { return held.back(); }
   // This rank's rows after the move (row_words uint64 each), from `data` (its rows before).
   Buffer move(comm::Communicator& ranks, Stream& stream, const Buffer& data, std::uint64_t row_words,
               const std::function<Buffer(std::uint64_t)>& take) const;
