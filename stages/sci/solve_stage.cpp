@@ -1427,15 +1427,19 @@ std::optional<ResidentUnique> ResidentWork::dedup(Buffer records_in, std::uint64
   ResidentUnique out;
   if (ranks) {
     const TileShares shares(*ranks, rows, tile_rows);
-    const std::uint64_t me = static_cast<std::uint64_t>(ranks->rank());
+    const std::uint64_t me = static_cast<std::uint64_t>(ranks->rank()), mine_rows = shares.to[me + 1] - shares.to[me];
+    // (a rank may get more rows than it made: what it then holds, the move's two buffers or the
+    // chain's, checked on every rank before any is taken)
+    const std::uint64_t need = std::max(dedup_bytes(mine_rows, words), (rows + mine_rows) * (words + 1) * 8);
+    if (summed(need > (room > beside ? room - beside : 0) ? 1 : 0)) return std::nullopt;
     Buffer mine = shares.move(*ranks, stream, records_in, words + 1, [this](std::uint64_t bytes) {
       return take(bytes, "selected-CI candidates (resident, this rank's tiles)");
     });
     records_in.reset();
     const keys::DedupSource defaults;
     std::optional<keys::ResidentChain::Unique> u =
-        keys::unique_over_ranks(backend, stream, *ranks, std::move(mine), shares.to[me + 1] - shares.to[me], words,
-                                shares.to[me], tile_rows, defaults.samples, room > beside ? room - beside : 0, taker);
+        keys::unique_over_ranks(backend, stream, *ranks, std::move(mine), mine_rows, words, shares.to[me], tile_rows,
+                                defaults.samples, room > beside ? room - beside : 0, taker);
     if (!u) return std::nullopt;
     out.keys = std::move(u->keys), out.values = std::move(u->values);
     out.unique = u->unique, out.records = u->records;
