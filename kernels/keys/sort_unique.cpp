@@ -483,8 +483,9 @@ RadixUnique::RadixUnique(const RadixUniqueArgs& a) : args_(a) {
     keys[p] = part_keys, tiles[p] = part_tiles;
   });
   part_first_key_.assign(parts, 0);
+  part_first_tile_record_.assign(parts, 0);
   for (std::uint64_t p = 0; p < parts; ++p) {
-    part_first_key_[p] = unique_;
+    part_first_key_[p] = unique_, part_first_tile_record_[p] = tile_records_;
     unique_ += keys[p], tile_records_ += tiles[p];
   }
 }
@@ -521,18 +522,8 @@ void RadixUnique::write(std::uint64_t* keys, std::uint64_t* counts, double* valu
 void RadixUnique::write_tile_records(std::uint64_t* records) const {
   const std::uint32_t W = args_.words, S = W + 1, cols = W + 2;
   const std::uint64_t parts = part_first_key_.size(), tile_rows = args_.tile_rows;
-  // (each part's first record: the tile records of the parts before it)
-  std::vector<std::uint64_t> first(parts + 1, 0);
   parallel_for(static_cast<std::int64_t>(parts), [&](std::int64_t p) {
-    std::uint64_t n = 0;
-    for (std::uint64_t i = part_first_[p]; i < part_first_[p + 1]; ++i)
-      n += i == part_first_[p] || compare_keys(sorted_ + i * S, sorted_ + (i - 1) * S, W) != 0 ||
-           sorted_[i * S + W] / tile_rows != sorted_[(i - 1) * S + W] / tile_rows;
-    first[p + 1] = n;
-  });
-  for (std::uint64_t p = 0; p < parts; ++p) first[p + 1] += first[p];
-  parallel_for(static_cast<std::int64_t>(parts), [&](std::int64_t p) {
-    std::uint64_t* out = records + first[p] * cols;
+    std::uint64_t* out = records + part_first_tile_record_[p] * cols;
     for (std::uint64_t i = part_first_[p]; i < part_first_[p + 1];) {
       const std::uint64_t* key = sorted_ + i * S;
       const std::uint64_t tile = key[W] / tile_rows;

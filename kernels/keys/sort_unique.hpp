@@ -104,6 +104,10 @@ struct KeyRows {
   bool interleaved = false;
   std::uint64_t rows = 0;
   bool has_value() const { return values != nullptr || interleaved; }
+  // Rows of `words` key words, each followed by its value's bits.
+  static KeyRows interleaved_rows(const std::uint64_t* keys, std::uint32_t words, std::uint64_t rows) {
+    return {keys, words, words + 1, nullptr, true, rows};
+  }
 };
 
 // Per tile (rows [t * tile_rows, ...) of the batch; a batch is whole tiles of the pass, so tiles do
@@ -251,6 +255,7 @@ class RadixUnique {
   RadixUniqueArgs args_;
   const std::uint64_t* sorted_ = nullptr;
   std::vector<std::uint64_t> part_first_, part_first_key_;  // parts of the sorted rows, each a whole number of keys
+  std::vector<std::uint64_t> part_first_tile_record_;       // each part's first (key, tile) record
   std::uint64_t unique_ = 0, tile_records_ = 0;
 };
 

@@ -214,12 +214,7 @@ std::optional<ResidentChain::Unique> unique_over_ranks(Backend& backend, Stream&
     Buffer records, tile_counts, work;
     std::vector<std::uint64_t> tile_samples(tiles * sample_words);
     if (rows) {
-      kernels::KeyRows in;
-      in.keys = rows_in.as<std::uint64_t>();
-      in.words = W;
-      in.stride = W + 1;
-      in.interleaved = true;
-      in.rows = rows;
+      const kernels::KeyRows in = kernels::KeyRows::interleaved_rows(rows_in.as<std::uint64_t>(), W, rows);
       records = take(rows * cols * 8, "keys records (resident, this rank's tiles)");
       tile_counts = take(tiles * 8, "keys tile counts (resident)");
       work = take(std::max(kernels::tile_unique_scratch_bytes(rows, W), kernels::bucket_split_scratch_bytes(rows)),
@@ -317,7 +312,7 @@ std::optional<ResidentChain::Unique> unique_over_ranks(Backend& backend, Stream&
   const comm::Counts receive = ranks.alltoall_counts(send);
   std::uint64_t received = 0;
   for (const std::uint64_t c : receive) received += c / cols;
-  const std::uint64_t need = received * cols * 8 + received * (W * 8ull + 8 + (layout.value ? 8 : 0)) + 16 +
+  const std::uint64_t need = received * cols * 8 + merged_bytes(layout, received) +
                              (cuda ? kernels::bucket_merge_scratch_bytes(received, W) : 0);
   for (const std::uint64_t over : ranks.allgather<std::uint64_t>(need > room ? 1 : 0))
     if (over) return std::nullopt;

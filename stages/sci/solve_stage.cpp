@@ -1459,13 +1459,7 @@ std::optional<ResidentUnique> ResidentWork::dedup(Buffer records_in, std::uint64
     return out;
   }
   keys::ResidentChain chain(backend, stream, layout, rows, tile_rows, tiles * tile_rows, taker);
-  kernels::KeyRows in;
-  in.keys = records_in.as<std::uint64_t>();
-  in.words = words;
-  in.stride = words + 1;
-  in.interleaved = true;
-  in.rows = rows;
-  chain.add(in, 0);
+  chain.add(kernels::KeyRows::interleaved_rows(records_in.as<std::uint64_t>(), words, rows), 0);
   records_in.reset();  // (each buffer freed once read, so dedup_bytes holds; the stream orders reuse)
   keys::ResidentChain::Unique u = chain.finish();
   out.keys = std::move(u.keys), out.values = std::move(u.values);

@@ -46,9 +46,7 @@ Flat one_rank(Backend& backend, const std::vector<std::uint64_t>& rows, std::uin
   const kernels::RecordLayout layout{words, true, false};
   stages::keys::ResidentChain chain(backend, *stream, layout, n, tile_rows, kernels::tiles_of(n, tile_rows) * tile_rows,
                                     [&](std::uint64_t bytes, const char* what) { return backend.alloc_device(bytes, what); });
-  kernels::KeyRows in;
-  in.keys = rows.data(), in.words = words, in.stride = words + 1, in.interleaved = true, in.rows = n;
-  chain.add(in, 0);
+  chain.add(kernels::KeyRows::interleaved_rows(rows.data(), words, n), 0);
   const stages::keys::ResidentChain::Unique u = chain.finish();
   Flat f;
   f.keys.assign(u.keys.as<std::uint64_t>(), u.keys.as<std::uint64_t>() + u.unique * words);
