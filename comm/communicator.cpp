@@ -73,13 +73,18 @@ Counts Communicator::alltoall_counts(const Counts& send_counts) const {
 
 void Communicator::alltoallv_bytes(const void* send, const Counts& send_bytes, void* recv, const Counts& recv_bytes,
                                    std::uint64_t send_capacity, std::uint64_t recv_capacity, Where where,
-                                   Stream* stream) {
+                                   Stream* stream, Counts send_at) {
   if (send_bytes.size() != static_cast<std::size_t>(size_) || recv_bytes.size() != static_cast<std::size_t>(size_))
     throw std::logic_error(fmt::format("alltoallv needs one count per rank ({}), got {} send and {} receive counts",
                                        size_, send_bytes.size(), recv_bytes.size()));
-  if (total(send_bytes, "send") > send_capacity)
-    throw std::logic_error(fmt::format("alltoallv sends {} bytes from a buffer of {}", total(send_bytes, "send"),
-                                       send_capacity));
+  if (send_at.empty()) send_at = displacements(send_bytes);
+  if (send_at.size() != send_bytes.size())
+    throw std::logic_error(fmt::format("alltoallv needs one send offset per rank ({}), got {}", size_, send_at.size()));
+  total(send_bytes, "send");  // (checks the sum)
+  for (std::size_t p = 0; p < send_bytes.size(); ++p)
+    if (send_at[p] + send_bytes[p] < send_at[p] || send_at[p] + send_bytes[p] > send_capacity)
+      throw std::logic_error(
+          fmt::format("alltoallv sends bytes [{}, +{}) from a buffer of {}", send_at[p], send_bytes[p], send_capacity));
   if (total(recv_bytes, "receive") > recv_capacity)
     throw std::logic_error(fmt::format("alltoallv receives {} bytes into a buffer of {}",
                                        total(recv_bytes, "receive"), recv_capacity));
@@ -89,18 +94,19 @@ void Communicator::alltoallv_bytes(const void* send, const Counts& send_bytes, v
                                        recv_bytes[self]));
   if (where == Where::device && stream && stream->kind() == BackendKind::cuda) {
     if (!device_path_) device_path_ = gpus_shared() ? DevicePath::staged : DevicePath::nccl;
-    if (*device_path_ == DevicePath::staged) return staged_alltoallv(send, send_bytes, recv, recv_bytes, *stream);
+    if (*device_path_ == DevicePath::staged)
+      return staged_alltoallv(send, send_bytes, send_at, recv, recv_bytes, *stream);
     if (!nccl_) {
       if (backend_) backend_->bind_thread();
       nccl_ = std::make_unique<detail::NcclComm>(comm_, rank_, size_);
     }
-    nccl_->alltoallv(static_cast<const char*>(send), send_bytes, static_cast<char*>(recv), recv_bytes,
+    nccl_->alltoallv(static_cast<const char*>(send), send_bytes, send_at, static_cast<char*>(recv), recv_bytes,
                      stream->native());
     return;
   }
   // Host memory, or the cpu backend's "device" memory (host memory too; its stream has already
   // run everything enqueued on it).
-  mpi_alltoallv(static_cast<const char*>(send), send_bytes, displacements(send_bytes), static_cast<char*>(recv), recv_bytes);
+  mpi_alltoallv(static_cast<const char*>(send), send_bytes, send_at, static_cast<char*>(recv), recv_bytes);
 }
 
 // Whether two ranks of this communicator drive the same GPU (more ranks than GPUs on a host):
@@ -117,15 +123,22 @@ bool Communicator::gpus_shared() const {
 }
 
 // Device buffers through pinned host memory and MPI, for ranks that share a GPU.
-void Communicator::staged_alltoallv(const void* send, const Counts& send_bytes, void* recv, const Counts& recv_bytes,
-                                    Stream& stream) {
-  const std::uint64_t out = total(send_bytes, "send"), in = total(recv_bytes, "receive");
+void Communicator::staged_alltoallv(const void* send, const Counts& send_bytes, const Counts& send_at, void* recv,
+                                    const Counts& recv_bytes, Stream& stream) {
+  // (the send buffer's span that the blocks cover, copied once: blocks may overlap, as an allgather's do)
+  std::uint64_t first = UINT64_MAX, end = 0;
+  for (std::size_t p = 0; p < send_bytes.size(); ++p)
+    if (send_bytes[p]) first = std::min(first, send_at[p]), end = std::max(end, send_at[p] + send_bytes[p]);
+  const std::uint64_t out = end > first ? end - first : 0, in = total(recv_bytes, "receive");
   Buffer host_send = backend_->alloc_host(std::max<std::uint64_t>(out, 1), "all-to-all staging (ranks share a GPU)");
   Buffer host_recv = backend_->alloc_host(std::max<std::uint64_t>(in, 1), "all-to-all staging (ranks share a GPU)");
-  if (out) backend_->copy_to_host(host_send.data(), send, out, stream);
+  if (out) backend_->copy_to_host(host_send.data(), static_cast<const char*>(send) + first, out, stream);
   stream.synchronize();
-  mpi_alltoallv(static_cast<const char*>(host_send.data()), send_bytes, displacements(send_bytes),
-                static_cast<char*>(host_recv.data()), recv_bytes);
+  Counts at(send_at.size(), 0);
+  for (std::size_t p = 0; p < at.size(); ++p)
+    if (send_bytes[p]) at[p] = send_at[p] - first;
+  mpi_alltoallv(static_cast<const char*>(host_send.data()), send_bytes, at, static_cast<char*>(host_recv.data()),
+                recv_bytes);
   if (in) backend_->copy_to_device(recv, host_recv.data(), in, stream);
   stream.synchronize();  // (the staging goes now)
 }

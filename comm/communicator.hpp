@@ -148,6 +148,21 @@ class Communicator {
     return exchange(HostSpan<const T>(send.data(), send.size()), send_counts);
   }
 
+  // Every rank's counts[r] elements into `out` on every rank, in rank order (this rank's are
+  // counts[rank()] of `mine`; counts from allgather): device buffers ordered on `stream`, moved as
+  // alltoallv moves them (NCCL, staged through the host, or MPI on the cpu backend), each rank's
+  // block sent from the one place to every peer. Collective.
+  template <typename T>
+  void allgatherv(DeviceSpan<const T> mine, DeviceSpan<T> out, const Counts& counts, Stream& stream) {
+    check_types<const T, T>();
+    const Counts bytes = in_bytes<T>(counts);
+    const std::uint64_t own = bytes.at(static_cast<std::size_t>(rank_));
+    if (own > capacity_bytes<T>(mine.size()))
+      throw std::logic_error("allgatherv: this rank's count exceeds its buffer");
+    alltoallv_bytes(mine.data(), Counts(bytes.size(), own), out.data(), bytes, capacity_bytes<T>(mine.size()),
+                    capacity_bytes<T>(out.size()), Where::device, &stream, Counts(bytes.size(), 0));
+  }
+
   // Every rank's elements on every rank, in rank order, any number from each (the messages cut
   // into pieces as alltoallv's: no 2 GiB limit). Collective.
   template <typename T>
@@ -203,14 +218,17 @@ class Communicator {
     return counts;
   }
 
+  // (send_at[p]: where peer p's block starts in `send`; empty: end to end, in peer order)
   void alltoallv_bytes(const void* send, const Counts& send_bytes, void* recv, const Counts& recv_bytes,
-                       std::uint64_t send_capacity, std::uint64_t recv_capacity, Where where, Stream* stream);
+                       std::uint64_t send_capacity, std::uint64_t recv_capacity, Where where, Stream* stream,
+                       Counts send_at = {});
   // (send_at[p]: where peer p's block starts in `send`)
   void mpi_alltoallv(const char* send, const Counts& send_bytes, const Counts& send_at, char* recv,
                      const Counts& recv_bytes) const;
   void allgatherv_bytes(const void* mine, const Counts& bytes, void* out) const;
   bool gpus_shared() const;
-  void staged_alltoallv(const void* send, const Counts& send_bytes, void* recv, const Counts& recv_bytes, Stream& stream);
+  void staged_alltoallv(const void* send, const Counts& send_bytes, const Counts& send_at, void* recv,
+                        const Counts& recv_bytes, Stream& stream);
   void allgather_bytes(const void* value, void* out, std::size_t bytes) const;
   std::uint64_t broadcast_count(std::uint64_t count, int root) const;
   void broadcast_bytes(void* data, std::uint64_t bytes, int root) const;

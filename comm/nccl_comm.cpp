@@ -37,10 +37,11 @@ NcclComm::~NcclComm() {
   if (comm_) ncclCommDestroy(comm_);
 }
 
-void NcclComm::alltoallv(const char* send, const std::vector<std::uint64_t>& send_bytes, char* recv,
+void NcclComm::alltoallv(const char* send, const std::vector<std::uint64_t>& send_bytes,
+                         const std::vector<std::uint64_t>& send_at, char* recv,
                          const std::vector<std::uint64_t>& recv_bytes, void* stream) {
   auto* s = static_cast<cudaStream_t>(stream);
-  const Counts send_at = displacements(send_bytes), recv_at = displacements(recv_bytes);
+  const Counts recv_at = displacements(recv_bytes);
   const auto self = static_cast<std::size_t>(rank_);
   // NCCL counts are size_t, so no pieces; the block to ourselves is a copy on the stream.
   check(ncclGroupStart(), "ncclGroupStart");
@@ -76,8 +77,8 @@ NcclComm::NcclComm(MPI_Comm, int, int) {
   throw RuntimeFailure("exchanging device buffers on a cuda stream needs NCCL, and this build of qstage has none");
 }
 NcclComm::~NcclComm() = default;
-void NcclComm::alltoallv(const char*, const std::vector<std::uint64_t>&, char*, const std::vector<std::uint64_t>&,
-                         void*) {
+void NcclComm::alltoallv(const char*, const std::vector<std::uint64_t>&, const std::vector<std::uint64_t>&, char*,
+                         const std::vector<std::uint64_t>&, void*) {
   throw RuntimeFailure("exchanging device buffers on a cuda stream needs NCCL, and this build of qstage has none");
 }
 

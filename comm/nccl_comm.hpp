@@ -20,10 +20,11 @@ class NcclComm {
   NcclComm(const NcclComm&) = delete;
   NcclComm& operator=(const NcclComm&) = delete;
 
-  // Byte counts per peer; blocks at the exclusive prefix sums of the counts. Enqueued on
-  // `stream` (a cudaStream_t) and asynchronous.
-  void alltoallv(const char* send, const std::vector<std::uint64_t>& send_bytes, char* recv,
-                 const std::vector<std::uint64_t>& recv_bytes, void* stream);
+  // Byte counts per peer; the blocks sent at send_at (they may overlap), those received at the
+  // exclusive prefix sums of their counts. Enqueued on `stream` (a cudaStream_t) and asynchronous.
+  void alltoallv(const char* send, const std::vector<std::uint64_t>& send_bytes,
+                 const std::vector<std::uint64_t>& send_at, char* recv, const std::vector<std::uint64_t>& recv_bytes,
+                 void* stream);
 
  private:
   ncclComm* comm_ = nullptr;

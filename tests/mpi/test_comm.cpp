@@ -7,6 +7,7 @@
 
 #include <climits>
 #include <cstdint>
+#include <cstring>
 #include <iostream>
 #include <random>
 #include <string>
@@ -239,6 +240,24 @@ TEST_F(CommTest, AllgathervGivesEveryRanksElementsInRankOrder) {
     }
     EXPECT_EQ(got.counts, counts) << "rank " << rank << ", pieces of " << piece;
     EXPECT_EQ(got.data, want) << "rank " << rank << ", pieces of " << piece;
+
+    // The same through "device" buffers of the cpu backend (MPI), into a buffer with room to spare.
+    auto backend = qstage::detail::make_cpu_backend(std::uint64_t{1} << 30, std::uint64_t{1} << 30);
+    auto stream = backend->make_stream();
+    Communicator on_backend(world, backend.get());
+    on_backend.set_piece_bytes(piece);
+    Buffer from = backend->alloc_device(mine.size() * 8 + 8, "test mine");
+    Buffer to = backend->alloc_device(want.size() * 8 + 16, "test all");
+    if (!mine.empty()) std::memcpy(from.data(), mine.data(), mine.size() * 8);
+    on_backend.allgatherv(device_span<const std::uint64_t>(from), device_span<std::uint64_t>(to), counts, *stream);
+    stream->synchronize();
+    EXPECT_EQ(std::vector<std::uint64_t>(to.as<std::uint64_t>(), to.as<std::uint64_t>() + want.size()), want)
+        << "rank " << rank << ", device buffers, pieces of " << piece;
+    Counts too_many = counts;
+    too_many[static_cast<std::size_t>(rank)] = mine.size() + 2;  // (more than its buffer holds: refused on every rank)
+    EXPECT_THROW(on_backend.allgatherv(device_span<const std::uint64_t>(from), device_span<std::uint64_t>(to), too_many,
+                                       *stream),
+                 std::logic_error);
   }
 }
 
