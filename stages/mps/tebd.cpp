@@ -419,6 +419,7 @@ BondUpdater::BondUpdater(Backend& backend, std::int64_t gpu_svd_from, Precision 
 BondUpdater::~BondUpdater() = default;
 
 void BondUpdater::release_device() { work_->release_device(); }
+std::uint64_t BondUpdater::device_bytes() const { return work_->device_bytes(); }
 
 // The device bytes an update (or one group of it: blocks [first, last)) is estimated to take: the
 // two sites (bounded by the blocks' size), C, Theta when it has its own buffer (`separate_theta`),
@@ -884,8 +885,12 @@ std::vector<std::int64_t> LayerUpdater::run_concurrently(U1Mps& psi, const std::
         BondUpdater& updater = updater_of(omp_get_thread_num());
         discarded[i] = updater.update(psi, updates[i].bond, *updates[i].gate, trunc);
         norms[i] = updater.last_norm();
-      } catch (const BudgetExceeded&) {
+      } catch (const BudgetExceeded& e) {
         // (update() changes psi only once it has computed: rerun, it gives the same bits)
+        const BondUpdater& updater = updater_of(omp_get_thread_num());
+        spdlog::debug("mps.tebd: bond {} deferred from {} at a time (its share {}, its buffers {}): {}",
+                      updates[i].bond + 1, concurrency_, format_bytes(static_cast<double>(updater.device_share())),
+                      format_bytes(static_cast<double>(updater.device_bytes())), e.what());
         const std::lock_guard lock(deferred_mutex);
         deferred.push_back(static_cast<std::int64_t>(i));
       }

@@ -74,6 +74,7 @@ class BondUpdater {
   // The device bytes one update may take (estimated from its blocks; unlimited by default).
   void set_device_share(std::uint64_t bytes) { device_share_ = bytes; }
   std::uint64_t device_share() const { return device_share_; }
+  std::uint64_t device_bytes() const;  // its buffers' device bytes now
   // Whether a charge block whose GPU SVD workspace does not fit the share is decomposed on the
   // host (its bits then those of the host's LAPACK) rather than refused with BudgetExceeded.
   void set_host_svd_when_short(bool on) { host_svd_when_short_ = on; }
