@@ -121,6 +121,10 @@ steps:
          "merge_max_over_min": balance(load)["max_over_min"], "merge_cv": balance(load)["cv"],
          "pass_lines": [l[l.find("pass "):][:160] for l in (p.stderr + p.stdout).splitlines() if "to the device and" in l],
          "digest": digest(out)}
+    divided = re.search(r"on resident data divided between (\d+) ranks in ([0-9.]+) s \(reading ([0-9.]+) s", p.stderr + p.stdout)
+    if divided:  # (the unit divided between the ranks: its seconds, and of them reading this rank's share)
+        r["resident_records"] = "device, divided"
+        r["resident_seconds"], r["resident_read_seconds"] = float(divided.group(2)), float(divided.group(3))
     if resident:  # (the whole de-duplication as one unit on resident data: its seconds, and of them reading the input)
         r["resident_records"] = "host" if resident.group(1) == "records in host memory" else "device"
         r["resident_seconds"], r["resident_tiles_seconds"], r["resident_read_seconds"] = map(float, resident.groups()[1:])

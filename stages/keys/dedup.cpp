@@ -149,6 +149,13 @@ class DedupStage final : public Stage {
     std::string describe(const StagePlan& plan, const StepPass&) const override {
       const auto load = merge_load();
       const auto [least, most] = std::minmax_element(load.begin(), load.end());
+      const double spread = *least ? static_cast<double>(*most) / static_cast<double>(*least) : 0.0;
+      if (dedup_.resident_divided())
+        return fmt::format(
+            "{} unique keys of {} rows (on resident data divided between {} ranks; merged records per "
+            "rank max/min {:.3f})",
+            plan.summary.at("unique").get<std::uint64_t>(), plan.summary.at("rows").get<std::uint64_t>(), load.size(),
+            spread);
       if (dedup_.resident())
         return fmt::format(
             "{} unique keys of {} rows (on resident data{}, {} records merged)",
@@ -157,8 +164,7 @@ class DedupStage final : public Stage {
             load[0]);
       return fmt::format("{} unique keys of {} rows ({} buckets; merged records per rank max/min {:.3f})",
                          plan.summary.at("unique").get<std::uint64_t>(), plan.summary.at("rows").get<std::uint64_t>(),
-                         plan.summary.at("buckets").get<std::uint64_t>(),
-                         *least ? static_cast<double>(*most) / static_cast<double>(*least) : 0.0);
+                         plan.summary.at("buckets").get<std::uint64_t>(), spread);
     }
 
    private:

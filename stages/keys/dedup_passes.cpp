@@ -529,7 +529,8 @@ int DedupRun::first_live_pass(int none) const {
 }
 
 std::vector<std::uint64_t> DedupRun::merge_rows_per_rank(int ranks) const {
-  // (on resident data every rank merged every record)
+  // (divided: rank r merged bucket r; else, on resident data, every rank merged every record)
+  if (divided_ && resident_) return bucket_rows_;
   if (resident_) return std::vector<std::uint64_t>(static_cast<std::size_t>(std::max(ranks, 1)), resident_->records);
   std::vector<std::uint64_t> load(static_cast<std::size_t>(std::max(ranks, 1)), 0);
   std::size_t batch = 0;
@@ -676,7 +677,8 @@ bool DedupRun::run_resident(const h5::Dataset& keys, const h5::Dataset* values) 
   while (!host_fits(host_block) && host_block / 2 >= s.tile_rows)
     host_block = host_block / 2 / s.tile_rows * s.tile_rows;
   bool on_host = host_fits(host_block);
-  // (several ranks: each runs the whole unit on its own device, if every one of them can, the same way)
+  // (several ranks: the unit divided between them where each could hold the chain on its device;
+  // else each runs it whole on its own device, if every one of them can, the same way)
   if (ranks(ctx_) > 1) {
     on_device = !ctx_.comm->any(!on_device);
     on_host = !ctx_.comm->any(!on_host);
@@ -689,6 +691,45 @@ bool DedupRun::run_resident(const h5::Dataset& keys, const h5::Dataset* values) 
   const Stopwatch started;
   std::unique_ptr<Stream> stream = backend.make_stream(false);
   double read_seconds = 0;
+  // Rows [first, first + count) into device memory (keys, then values at `values_to`), block by
+  // block through pinned staging on cuda (the next block read while the last is copied).
+  const ReadRows read_rows = [&](std::uint64_t first, std::uint64_t count, std::uint64_t rows_a_block, char* keys_to,
+                                 char* values_to, Stream& on) {
+    Buffer staging[2];
+    if (cuda)
+      for (Buffer& b : staging) b = backend.alloc_host(rows_a_block * row_bytes, "keys input staging (resident)");
+    h5::RowReader key_reader(keys);
+    std::optional<h5::RowReader> value_reader;
+    if (values) value_reader.emplace(*values);
+    for (std::uint64_t row0 = 0, k = 0; row0 < count; row0 += rows_a_block, ++k) {
+      const std::uint64_t n = std::min(rows_a_block, count - row0);
+      char* key_dst = cuda ? staging[k % 2].as<char>() : keys_to + row0 * key_bytes;
+      char* value_dst = cuda ? staging[k % 2].as<char>() + n * key_bytes : values_to + row0 * 8;
+      const Stopwatch read_started;
+      key_reader.read(first + row0, n, key_dst);
+      if (values) value_reader->read(first + row0, n, value_dst);
+      read_seconds += read_started.seconds();
+      if (!cuda) continue;
+      on.synchronize();  // (the staging read two blocks ago has gone up)
+      backend.copy_to_device(keys_to + row0 * key_bytes, key_dst, n * key_bytes, on);
+      if (values) backend.copy_to_device(values_to + row0 * 8, value_dst, n * 8, on);
+    }
+    on.synchronize();
+  };
+  // (divided where every rank holds rows of the equal shares: not for a few tiles over many ranks)
+  if (tier == Tier::device && ranks(ctx_) > 1 &&
+      (ranks(ctx_) - 1) * share_width(s.rows, s.tile_rows, ranks(ctx_)) < s.rows) {
+    if (run_divided(read_rows, block, device_left)) {
+      spdlog::info(
+          "keys.dedup: {} unique keys of {} rows on resident data divided between {} ranks in {:.2f} s (reading "
+          "{:.2f} s; {} records merged)",
+          unique_, s.rows, ranks(ctx_), started.seconds(), read_seconds, resident_->records);
+      return true;
+    }
+    spdlog::info(
+        "keys.dedup: the unit divided between {} ranks does not fit some rank's device budget; each runs it whole",
+        ranks(ctx_));
+  }
   // The input read block by block into the chain (on cuda each block is read into pinned staging
   // while the device works on the last; staging as large as HostChain's buckets, which reuse it).
   const auto read_into = [&](auto& chain, std::uint64_t staging_bytes) {
@@ -754,6 +795,63 @@ bool DedupRun::run_resident(const h5::Dataset& keys, const h5::Dataset* values) 
       unique_, s.rows, resident_->on_host ? "records in host memory" : "in device memory", started.seconds(),
       tiles_seconds, read_seconds, bucket_rows_[0], buckets_, buckets_ == 1 ? "" : "s",
       started.seconds() - tiles_seconds, host_split);
+  return true;
+}
+
+bool DedupRun::run_divided(const ReadRows& read, std::uint64_t block, std::uint64_t device_left) {
+  const DedupSource& s = source_;
+  Backend& backend = *ctx_.backend;
+  comm::Communicator ranks(*ctx_.comm, &backend);
+  const auto P = static_cast<std::uint64_t>(ranks.size()), me = static_cast<std::uint64_t>(ranks.rank());
+  // Equal shares of whole tiles (the reverse index's row buckets); every rank must hold some rows.
+  const std::uint64_t width = share_width(s.rows, s.tile_rows, P);
+  if ((P - 1) * width >= s.rows) throw std::logic_error("DedupRun::run_divided: a rank without rows");
+  const std::uint64_t first = me * width, rows = std::min(s.rows, first + width) - first;
+  const std::uint64_t key_bytes = key_row_bytes(s), value_bytes = s.has_value() ? 8 : 0;
+  std::unique_ptr<Stream> stream = backend.make_stream(false);
+  const auto take = [&](std::uint64_t bytes, const char* what) { return backend.alloc_device(bytes, what); };
+  Buffer in =
+      take(std::max<std::uint64_t>(rows, 1) * (key_bytes + value_bytes), "keys input, this rank's share (resident)");
+  read(first, rows, std::min(block, rows), in.as<char>(), in.as<char>() + rows * key_bytes, *stream);
+  kernels::KeyRows mine{in.as<std::uint64_t>(), s.words, s.words, nullptr, false, rows};
+  if (value_bytes) mine.values = reinterpret_cast<const double*>(in.as<char>() + rows * key_bytes);
+  std::optional<ResidentChain::Unique> part = unique_over_ranks(backend, *stream, ranks, {mine, std::move(in), first},
+                                                                s.tile_rows, s.samples, s.index, device_left, take);
+  if (!part) return false;
+  // Every rank's keys, counts, values and index on every rank, for the output pass as it is.
+  const comm::Counts unique_of = ranks.allgather(part->unique), rows_of = ranks.allgather(rows);
+  std::uint64_t unique = 0;
+  for (const std::uint64_t u : unique_of) unique += u;
+  const std::uint64_t whole =
+      std::max<std::uint64_t>(unique, 1) * (key_bytes + 8 + value_bytes) + (s.index ? s.rows * 8 : 0);
+  if (ctx_.comm->any(whole > backend.device_budget().left())) return false;
+  ResidentChain::Unique out;
+  out.unique = unique, out.buckets = static_cast<std::uint32_t>(P);
+  const comm::Counts records_of = ranks.allgather(part->records);
+  for (const std::uint64_t r : records_of) out.records += r;
+  const auto gather = [&](Buffer& to, const Buffer& from, const comm::Counts& counts, std::uint64_t words,
+                          std::uint64_t total, const char* what) {
+    to = take(std::max<std::uint64_t>(total, 1) * words * 8, what);
+    comm::Counts elements = counts;
+    for (std::uint64_t& c : elements) c *= words;
+    ranks.allgatherv(
+        comm::DeviceSpan<const std::uint64_t>(from.as<std::uint64_t>(), std::max<std::uint64_t>(elements[me], 1)),
+        comm::DeviceSpan<std::uint64_t>(to.as<std::uint64_t>(), std::max<std::uint64_t>(total, 1) * words), elements,
+        *stream);
+  };
+  gather(out.keys, part->keys, unique_of, s.words, unique, "keys unique, every rank's (resident)");
+  gather(out.counts, part->counts, unique_of, 1, unique, "keys unique counts, every rank's (resident)");
+  if (value_bytes)
+    gather(out.values, part->values, unique_of, 1, unique, "keys summed values, every rank's (resident)");
+  if (s.index) gather(out.index, part->index, rows_of, 1, s.rows, "keys index, every rank's rows (resident)");
+  stream->synchronize();
+  phase_ = Phase::done;
+  unique_ = unique;
+  bucket_rows_ = records_of;  // (merge_rows_per_rank: what each rank merged)
+  buckets_ = out.buckets;
+  row_buckets_ = 1;
+  resident_ = std::move(out);
+  divided_ = true;
   return true;
 }
 

@@ -33,6 +33,7 @@
 //   partition's `records`: kernels::RecordLayout (key words, [value bits], count, [origin]);
 //   merge's `pairs`: (origin, merge batch, position in that batch's keys).
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -88,8 +89,11 @@ class DedupRun {
   // when it fits on every rank: ResidentChain where the chain and its input blocks fit half of what
   // the device budget has left (and the host budget the staging blocks), else HostChain (the
   // records in host memory, the device taking a block, then a bucket, at a time) where its arrays
-  // fit half of what the host budget has left. With several ranks each runs the whole unit on its
-  // own device (no exchange) and the output pass is spread as usual. It reads the source's
+  // fit half of what the host budget has left. With several ranks, where each could hold the chain
+  // on its device, the unit is divided between them (each reads and reduces an equal share of the
+  // rows, unique_over_ranks exchanges one bucket a rank and sends the index back), and the result
+  // is gathered on every rank; else each runs the whole unit on its own device (HostChain) or
+  // the passes run. Either way the output pass is spread as usual. It reads the source's
   // datasets once, block by block (the read of one overlapping the device's work on the last),
   // writes no file, and keeps the unique keys (and the index) in memory for finish_pass: done()
   // after it. False when neither fits, the source names its buckets or the passes have begun: they
@@ -97,6 +101,7 @@ class DedupRun {
   // (save() keeps the state before it), so a resumed step runs it again.
   bool run_resident(const h5::Dataset& keys, const h5::Dataset* values);
   bool resident() const { return resident_.has_value(); }
+  bool resident_divided() const { return resident_ && divided_; }            // (between the ranks)
   bool resident_on_host() const { return resident_ && resident_->on_host; }  // (HostChain's)
 
   // Once done() by the passes (not run_resident).
@@ -139,6 +144,12 @@ class DedupRun {
   std::uint64_t unique_ = 0;
   std::vector<std::uint64_t> unique_prefix_, pair_rows_;
   std::optional<ResidentChain::Unique> resident_;  // run_resident's unique keys, counts, values and index
+  bool divided_ = false;                           // (run_resident's unit divided between the ranks)
+  // The divided unit: true once resident_ holds the whole result on every rank; false on every
+  // rank (nothing kept) where some rank's share or the gathered result does not fit.
+  using ReadRows = std::function<void(std::uint64_t first, std::uint64_t rows, std::uint64_t block, char* keys,
+                                      char* values, Stream& stream)>;
+  bool run_divided(const ReadRows& read, std::uint64_t block, std::uint64_t device_left);
 };
 
 }  // namespace qstage::stages::keys

@@ -194,46 +194,63 @@ std::vector<std::uint64_t> SampledKeys::splitters(std::uint64_t buckets) const {
   return out;
 }
 
+std::uint64_t share_width(std::uint64_t rows, std::uint64_t tile_rows, std::uint64_t shares) {
+  const std::uint64_t tiles = kernels::tiles_of(rows, tile_rows);
+  return std::max<std::uint64_t>(1, (tiles + shares - 1) / shares) * tile_rows;
+}
+
 std::optional<ResidentChain::Unique> unique_over_ranks(Backend& backend, Stream& stream, comm::Communicator& ranks,
-                                                       Buffer rows_in, std::uint64_t rows, std::uint32_t words,
-                                                       std::uint64_t first_row, std::uint64_t tile_rows,
-                                                       std::uint32_t samples, std::uint64_t room,
+                                                       RankRows mine, std::uint64_t tile_rows, std::uint32_t samples,
+                                                       bool index, std::uint64_t room,
                                                        const ResidentChain::Take& take) {
+  const std::uint64_t rows = mine.rows.rows, first_row = mine.first_row;
   if (tile_rows == 0 || (rows && first_row % tile_rows)) throw std::logic_error("unique_over_ranks: whole tiles");
   const bool cuda = backend.kind() == BackendKind::cuda;
-  const std::uint32_t W = words;
-  const kernels::RecordLayout layout{W, true, false};
+  const std::uint32_t W = mine.rows.words;
+  const kernels::RecordLayout layout{W, mine.rows.has_value(), index};
   const std::uint64_t cols = layout.cols();
+  const auto P = static_cast<std::size_t>(ranks.size()), me = static_cast<std::size_t>(ranks.rank());
+  // (the index: a row's rank is its row over the ranks' equal width)
+  std::uint64_t width = 0;
+  if (index) {
+    std::uint64_t total = 0;
+    for (const std::uint64_t n : ranks.allgather(rows)) total += n;
+    width = share_width(total, tile_rows, P);
+    if ((rows && first_row != me * width) || rows > width)
+      throw std::logic_error("unique_over_ranks: the index needs rank r's rows at r * share_width(...)");
+  }
   // This rank's tiles' records grouped by bucket, one bucket a rank, and what goes to each.
-  comm::Counts send(static_cast<std::size_t>(ranks.size()), 0);
-  Buffer grouped;
+  comm::Counts send(P, 0);
+  Buffer grouped, local;
   std::uint64_t grouped_records = 0;
-  if (cuda) {  // tile_unique, samples, splitters, bucket_split
+  const bool radix = !cuda && mine.rows.interleaved && !index;
+  if (!radix) {  // tile_unique, samples, splitters, bucket_split (on the cpu, their twins)
     const std::uint64_t tiles = rows ? kernels::tiles_of(rows, tile_rows) : 0;
     const std::uint64_t sample_words = kernels::sample_partial_words(samples, W);
     Buffer records, tile_counts, work;
     std::vector<std::uint64_t> tile_samples(tiles * sample_words);
+    const std::uint64_t work_bytes =
+        cuda ? std::max(kernels::tile_unique_scratch_bytes(rows, W), kernels::bucket_split_scratch_bytes(rows)) : 0;
     if (rows) {
-      const kernels::KeyRows in = kernels::KeyRows::interleaved_rows(rows_in.as<std::uint64_t>(), W, rows);
       records = take(rows * cols * 8, "keys records (resident, this rank's tiles)");
       tile_counts = take(tiles * 8, "keys tile counts (resident)");
-      work = take(std::max(kernels::tile_unique_scratch_bytes(rows, W), kernels::bucket_split_scratch_bytes(rows)),
-                  "keys dedup workspace (resident)");
-      kernels::tile_unique(stream, {in,
+      if (index) local = take(rows * 8, "keys local ids (resident)");
+      if (work_bytes) work = take(work_bytes, "keys dedup workspace (resident)");
+      kernels::tile_unique(stream, {mine.rows,
                                     layout,
                                     tile_rows,
                                     first_row,
                                     records.as<std::uint64_t>(),
                                     tile_counts.as<std::uint64_t>(),
-                                    nullptr,
+                                    index ? local.as<std::uint64_t>() : nullptr,
                                     {work.data(), work.size()}});
       Buffer partials = take(tile_samples.size() * 8, "keys tile samples (resident)");
       kernels::tile_samples(stream, {records.as<std::uint64_t>(), tile_counts.as<std::uint64_t>(), layout, tiles,
                                      tile_rows, first_row / tile_rows, samples, partials.as<std::uint64_t>()});
       backend.copy_to_host(tile_samples.data(), partials.data(), tile_samples.size() * 8, stream);
       stream.synchronize();
-      rows_in.reset();  // (the stream has run past its last reader)
     }
+    mine.holder.reset();  // (the stream has run past its last reader)
     std::vector<std::uint64_t> packed;
     for (std::uint64_t t = 0; t < tiles; ++t) {
       const std::uint64_t* partial = tile_samples.data() + t * sample_words;
@@ -241,7 +258,7 @@ std::optional<ResidentChain::Unique> unique_over_ranks(Backend& backend, Stream&
     }
     const std::vector<std::uint64_t> splitters =
         SampledKeys(ranks.allgatherv(comm::HostSpan<const std::uint64_t>(packed.data(), packed.size())).data, W)
-            .splitters(static_cast<std::uint64_t>(ranks.size()));
+            .splitters(static_cast<std::uint64_t>(P));
     const auto buckets = static_cast<std::uint32_t>(splitters.size() / W + 1);
     if (rows) {
       grouped = take(rows * cols * 8, "keys records grouped by rank (resident)");
@@ -268,12 +285,12 @@ std::optional<ResidentChain::Unique> unique_over_ranks(Backend& backend, Stream&
       Buffer spare = take(rows * (W + 1) * 8, "keys rows sorted (resident)");
       Buffer values = take(rows * 8, "keys row values (resident)");
       const kernels::cpu::RadixUnique sorted(
-          {rows_in.as<std::uint64_t>(), spare.as<std::uint64_t>(), values.as<double>(), rows, W, tile_rows});
+          {mine.holder.as<std::uint64_t>(), spare.as<std::uint64_t>(), values.as<double>(), rows, W, tile_rows});
       grouped_records = sorted.tile_records();
       grouped = take(grouped_records * cols * 8, "keys records grouped by rank (resident)");
       sorted.write_tile_records(grouped.as<std::uint64_t>());
     }
-    rows_in.reset();
+    mine.holder.reset();
     // (samples at regular places of the sorted records, each standing for an equal share)
     const std::uint64_t taken = std::min<std::uint64_t>(grouped_records, std::uint64_t{samples} * 64);
     std::vector<std::uint64_t> packed;
@@ -286,7 +303,7 @@ std::optional<ResidentChain::Unique> unique_over_ranks(Backend& backend, Stream&
     }
     const std::vector<std::uint64_t> splitters =
         SampledKeys(ranks.allgatherv(comm::HostSpan<const std::uint64_t>(packed.data(), packed.size())).data, W)
-            .splitters(static_cast<std::uint64_t>(ranks.size()));
+            .splitters(static_cast<std::uint64_t>(P));
     // (bucket b: the records from the first at or above splitter b - 1 to the first at or above splitter b)
     const std::uint64_t* records = grouped.as<std::uint64_t>();
     std::uint64_t begin = 0;
@@ -312,8 +329,11 @@ std::optional<ResidentChain::Unique> unique_over_ranks(Backend& backend, Stream&
   const comm::Counts receive = ranks.alltoall_counts(send);
   std::uint64_t received = 0;
   for (const std::uint64_t c : receive) received += c / cols;
+  // (with the index: then the pairs that come back, the index and its gather's workspace, beside the local ids)
+  const std::uint64_t index_bytes =
+      index ? rows * 24 + 16 * P + rows * 8 + (cuda ? kernels::index_gather_scratch_bytes(rows) : 0) : 0;
   const std::uint64_t need = received * cols * 8 + merged_bytes(layout, received) +
-                             (cuda ? kernels::bucket_merge_scratch_bytes(received, W) : 0);
+                             (cuda ? kernels::bucket_merge_scratch_bytes(received, W) : 0) + index_bytes;
   for (const std::uint64_t over : ranks.allgather<std::uint64_t>(need > room ? 1 : 0))
     if (over) return std::nullopt;
   Buffer bucket = take(std::max<std::uint64_t>(received, 1) * cols * 8, "keys bucket from every rank (resident)");
@@ -327,8 +347,11 @@ std::optional<ResidentChain::Unique> unique_over_ranks(Backend& backend, Stream&
   out.keys = take(at_least_one * W * 8, "keys unique (resident)");
   out.counts = take(at_least_one * 8, "keys unique counts (resident)");
   if (layout.value) out.values = take(at_least_one * 8, "keys summed values (resident)");
+  // (the merge's unique count, then with the index its pairs' counts by the rank of their rows)
+  Buffer counts = take((1 + P) * 8, "keys unique count (resident)");
+  Buffer pairs = index ? take(at_least_one * 24, "keys index pairs (resident)") : Buffer{};
+  std::vector<std::uint64_t> pair_counts(P, 0);
   if (received) {
-    Buffer unique = take(8, "keys unique count (resident)");
     const std::uint64_t merge_work = cuda ? kernels::bucket_merge_scratch_bytes(received, W) : 0;
     Buffer merge_space = merge_work ? take(merge_work, "keys merge workspace (resident)") : Buffer{};
     kernels::BucketMerge m;
@@ -338,10 +361,52 @@ std::optional<ResidentChain::Unique> unique_over_ranks(Backend& backend, Stream&
     m.keys = out.keys.as<std::uint64_t>();
     m.counts = out.counts.as<std::uint64_t>();
     m.values = out.values.as<double>();
-    m.unique = unique.as<std::uint64_t>();
+    m.unique = counts.as<std::uint64_t>();
+    if (index) {
+      m.batch = me;  // (the pairs' batch: this rank, whose keys start at its prefix)
+      m.pairs = pairs.as<std::uint64_t>();
+      m.pair_counts = counts.as<std::uint64_t>() + 1;
+      m.row_buckets = static_cast<std::uint32_t>(P);
+      m.rows_per_row_bucket = width;
+    }
     m.work = {merge_space.data(), merge_space.size()};
     kernels::bucket_merge(stream, m);
-    backend.copy_to_host(&out.unique, unique.data(), 8, stream);
+    backend.copy_to_host(&out.unique, counts.data(), 8, stream);
+    if (index) backend.copy_to_host(pair_counts.data(), counts.as<std::uint64_t>() + 1, P * 8, stream);
+    stream.synchronize();
+  }
+  bucket.reset();
+  const std::vector<std::uint64_t> unique_of = ranks.allgather(out.unique);
+  std::vector<std::uint64_t> prefix(P, 0);
+  for (std::size_t r = 1; r < P; ++r) prefix[r] = prefix[r - 1] + unique_of[r - 1];
+  out.first = prefix[me];
+  if (!index) return out;
+  // Each pair (origin, batch = the merging rank, position) back to the rank of its origin's rows.
+  comm::Counts pairs_out(P), pairs_in;
+  for (std::size_t r = 0; r < P; ++r) pairs_out[r] = pair_counts[r] * 3;
+  pairs_in = ranks.alltoall_counts(pairs_out);
+  std::uint64_t back = 0;
+  for (const std::uint64_t c : pairs_in) back += c / 3;
+  if (back > rows) throw std::logic_error("unique_over_ranks: more pairs came back than this rank has rows");
+  Buffer returned = take(std::max<std::uint64_t>(back, 1) * 24, "keys index pairs, this rank's rows (resident)");
+  ranks.alltoallv(comm::DeviceSpan<const std::uint64_t>(pairs.as<std::uint64_t>(), received * 3), pairs_out,
+                  comm::DeviceSpan<std::uint64_t>(returned.as<std::uint64_t>(), back * 3), pairs_in, stream);
+  pairs.reset();
+  out.index = take(std::max<std::uint64_t>(rows, 1) * 8, "keys index (resident)");
+  if (rows) {
+    Buffer prefix_on_device = take(P * 8, "keys index offsets (resident)");
+    backend.copy_to_device(prefix_on_device.data(), prefix.data(), P * 8, stream);
+    const std::uint64_t gather_work = cuda ? kernels::index_gather_scratch_bytes(rows) : 0;
+    Buffer gather_space = gather_work ? take(gather_work, "keys index workspace (resident)") : Buffer{};
+    kernels::index_gather(stream, {local.as<std::uint64_t>(),
+                                   rows,
+                                   first_row,
+                                   tile_rows,
+                                   returned.as<std::uint64_t>(),
+                                   back,
+                                   prefix_on_device.as<std::uint64_t>(),
+                                   out.index.as<std::uint64_t>(),
+                                   {gather_space.data(), gather_space.size()}});
     stream.synchronize();
   }
   return out;

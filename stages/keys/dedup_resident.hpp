@@ -55,6 +55,7 @@ class ResidentChain {
     Buffer keys, counts, values;  // `unique` keys (words each, ascending), their counts and summed values
     Buffer index;                 // with the origin layout: every row's position in keys
     std::uint64_t unique = 0, records = 0;  // (records: the tiles' distinct keys, summed over tiles)
+    std::uint64_t first = 0;                // (unique_over_ranks) the position of keys[0] among every rank's keys
     bool on_host = false;                   // the buffers are host memory (HostChain's), not the device's
     std::uint32_t buckets = 1;              // buckets merged
   };
@@ -161,20 +162,33 @@ class HostChain {
   Seconds seconds_;
 };
 
-// ResidentChain's work divided between ranks, for rows of `words` key words and an interleaved
-// value (rows_in: consumed). Rank r holds whole tiles of the pass rows, [first_row, first_row +
-// rows), the ranks' rows end to end in rank order (the last rank's may end in a partial tile; a
-// rank may hold none). Each rank reduces its tiles to records (cuda: tile_unique; cpu: one radix
-// sort, kernels::cpu::RadixUnique, which leaves them key after key); splitters from every rank's
-// samples cut them into one bucket a rank; the buckets are exchanged (comm::Communicator: NCCL
-// between GPUs, MPI otherwise) and each rank merges what it received. A key's records arrive in
-// tile order, so every sum is formed as one rank forms it: rank r's keys are the r-th key range
-// of ResidentChain's, with its counts and values, bit for bit. Collective. nullopt on every rank
-// when what some rank would receive and merge passes `room` bytes of device memory.
+// This rank's rows for unique_over_ranks: whole tiles of the pass rows from first_row (device
+// memory; host memory on the cpu backend), in `holder`, which is freed once they are reduced.
+struct RankRows {
+  kernels::KeyRows rows;
+  Buffer holder;
+  std::uint64_t first_row = 0;
+};
+
+// The rows of the `shares` equal shares of `rows` rows in whole tiles: share s holds [s * width,
+// (s + 1) * width) (the last ones shorter or empty), width = ceil(tiles / shares) tiles. Equal
+// widths, so that a row's share is its row over the width (the reverse index's row buckets).
+std::uint64_t share_width(std::uint64_t rows, std::uint64_t tile_rows, std::uint64_t shares);
+
+// ResidentChain's work divided between ranks. Rank r holds whole tiles of the pass rows, the
+// ranks' rows end to end in rank order (the last rank's may end in a partial tile; a rank may hold
+// none). Each rank reduces its tiles to records (cuda, or with the index or a value apart:
+// tile_unique; else, on the cpu, one radix sort, kernels::cpu::RadixUnique, which leaves them key
+// after key); splitters from every rank's samples cut them into one bucket a rank; the buckets are
+// exchanged (comm::Communicator: NCCL between GPUs, MPI otherwise) and each rank merges what it
+// received. A key's records arrive in tile order, so every sum is formed as one rank forms it:
+// rank r's keys are the r-th key range of ResidentChain's, with its counts and values, bit for bit
+// (Unique::first: where they start). With `index` (every rank's rows at rank * share_width(...)),
+// each record's position goes back to the rank its rows came from, and Unique::index holds this
+// rank's rows' positions among every rank's keys: ResidentChain's index, cut by rank. Collective.
+// nullopt on every rank when what some rank would receive and merge passes `room` bytes.
 std::optional<ResidentChain::Unique> unique_over_ranks(Backend& backend, Stream& stream, comm::Communicator& ranks,
-                                                       Buffer rows_in, std::uint64_t rows, std::uint32_t words,
-                                                       std::uint64_t first_row, std::uint64_t tile_rows,
-                                                       std::uint32_t samples, std::uint64_t room,
-                                                       const ResidentChain::Take& take);
+                                                       RankRows mine, std::uint64_t tile_rows, std::uint32_t samples,
+                                                       bool index, std::uint64_t room, const ResidentChain::Take& take);
 
 }  // namespace qstage::stages::keys

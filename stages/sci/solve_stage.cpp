@@ -1437,9 +1437,10 @@ std::optional<ResidentUnique> ResidentWork::dedup(Buffer records_in, std::uint64
     });
     records_in.reset();
     const keys::DedupSource defaults;
+    const kernels::KeyRows rows_in = kernels::KeyRows::interleaved_rows(mine.as<std::uint64_t>(), words, mine_rows);
     std::optional<keys::ResidentChain::Unique> u =
-        keys::unique_over_ranks(backend, stream, *ranks, std::move(mine), mine_rows, words, shares.to[me], tile_rows,
-                                defaults.samples, room > beside ? room - beside : 0, taker);
+        keys::unique_over_ranks(backend, stream, *ranks, {rows_in, std::move(mine), shares.to[me]}, tile_rows,
+                                defaults.samples, false, room > beside ? room - beside : 0, taker);
     if (!u) return std::nullopt;
     out.keys = std::move(u->keys), out.values = std::move(u->values);
     out.unique = u->unique, out.records = u->records;

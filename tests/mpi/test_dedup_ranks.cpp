@@ -1,7 +1,8 @@
 // keys::unique_over_ranks (ctest runs it on 3 ranks): the de-duplication divided between ranks,
 // each holding whole tiles of the rows (a rank may hold none), gives ResidentChain's keys, counts
-// and values on one rank, bit for bit, end to end over the ranks in rank order. The oracle is
-// ResidentChain over every row on every rank.
+// and values on one rank, bit for bit, end to end over the ranks in rank order, and with the
+// reverse index ResidentChain's index, each rank its rows'. The oracle is ResidentChain over
+// every row on every rank.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -37,21 +38,37 @@ std::vector<std::uint64_t> make_rows(std::uint64_t rows, std::uint32_t words, st
 }
 
 struct Flat {
-  std::vector<std::uint64_t> keys, counts, values;
+  std::vector<std::uint64_t> keys, counts, values, index;
 };
 
-Flat one_rank(Backend& backend, const std::vector<std::uint64_t>& rows, std::uint64_t n, std::uint32_t words,
-              std::uint64_t tile_rows) {
+// The rows' keys apart (words each) and their values apart, as keys.dedup reads them.
+struct Apart {
+  std::vector<std::uint64_t> keys;
+  std::vector<double> values;
+};
+Apart apart(const std::vector<std::uint64_t>& rows, std::uint32_t words) {
+  Apart a;
+  for (std::size_t at = 0; at < rows.size(); at += words + 1) {
+    a.keys.insert(a.keys.end(), rows.begin() + static_cast<std::ptrdiff_t>(at),
+                  rows.begin() + static_cast<std::ptrdiff_t>(at + words));
+    a.values.push_back(std::bit_cast<double>(rows[at + words]));
+  }
+  return a;
+}
+
+Flat one_rank(Backend& backend, const kernels::KeyRows& in, std::uint64_t tile_rows, bool index) {
   auto stream = backend.make_stream(false);
-  const kernels::RecordLayout layout{words, true, false};
+  const std::uint64_t n = in.rows;
+  const kernels::RecordLayout layout{in.words, in.has_value(), index};
   stages::keys::ResidentChain chain(backend, *stream, layout, n, tile_rows, kernels::tiles_of(n, tile_rows) * tile_rows,
                                     [&](std::uint64_t bytes, const char* what) { return backend.alloc_device(bytes, what); });
-  chain.add(kernels::KeyRows::interleaved_rows(rows.data(), words, n), 0);
+  chain.add(in, 0);
   const stages::keys::ResidentChain::Unique u = chain.finish();
   Flat f;
-  f.keys.assign(u.keys.as<std::uint64_t>(), u.keys.as<std::uint64_t>() + u.unique * words);
+  f.keys.assign(u.keys.as<std::uint64_t>(), u.keys.as<std::uint64_t>() + u.unique * in.words);
   f.counts.assign(u.counts.as<std::uint64_t>(), u.counts.as<std::uint64_t>() + u.unique);
-  f.values.assign(u.values.as<std::uint64_t>(), u.values.as<std::uint64_t>() + u.unique);
+  if (in.has_value()) f.values.assign(u.values.as<std::uint64_t>(), u.values.as<std::uint64_t>() + u.unique);
+  if (index) f.index.assign(u.index.as<std::uint64_t>(), u.index.as<std::uint64_t>() + n);
   return f;
 }
 
@@ -64,8 +81,9 @@ Flat divided(Backend& backend, comm::Communicator& ranks, const std::vector<std:
   Buffer in = backend.alloc_device(std::max<std::uint64_t>(mine, 1) * S * 8, "test rows");
   std::memcpy(in.data(), rows.data() + first[me] * S, mine * S * 8);
   const auto take = [&](std::uint64_t bytes, const char* what) { return backend.alloc_device(bytes, what); };
-  std::optional<stages::keys::ResidentChain::Unique> u =
-      stages::keys::unique_over_ranks(backend, *stream, ranks, std::move(in), mine, words, first[me], tile_rows, 4, 1ull << 40, take);
+  const kernels::KeyRows rows_in = kernels::KeyRows::interleaved_rows(in.as<std::uint64_t>(), words, mine);
+  std::optional<stages::keys::ResidentChain::Unique> u = stages::keys::unique_over_ranks(
+      backend, *stream, ranks, {rows_in, std::move(in), first[me]}, tile_rows, 4, false, 1ull << 40, take);
   EXPECT_TRUE(u.has_value());
   const auto gather = [&](const Buffer& b, std::uint64_t n) {
     return ranks.allgatherv(comm::HostSpan<const std::uint64_t>(b.as<std::uint64_t>(), n)).data;
@@ -86,7 +104,7 @@ TEST(DedupRanks, DividedIsOneRanksBytes) {
     for (const std::uint64_t tile_rows : {1ull, 7ull, 64ull}) {
       const std::uint64_t n = 5003;
       const std::vector<std::uint64_t> rows = make_rows(n, words, 17 * words + tile_rows);
-      const Flat want = one_rank(*backend, rows, n, words, tile_rows);
+      const Flat want = one_rank(*backend, kernels::KeyRows::interleaved_rows(rows.data(), words, n), tile_rows, false);
       const std::uint64_t tiles = kernels::tiles_of(n, tile_rows);
       // Shares: even ones; rank 1 holding none; every row on the last rank.
       std::vector<std::uint64_t> even(P + 1), last(P + 1, 0);
@@ -103,6 +121,60 @@ TEST(DedupRanks, DividedIsOneRanksBytes) {
         EXPECT_EQ(got.values, want.values) << where;  // (the values' bits)
       }
     }
+}
+
+// With the reverse index, rank r holding rows [r w, (r + 1) w) (w = share_width: the last
+// ranks' shorter or empty), keys and values apart, or keys alone.
+Flat divided_with_index(Backend& backend, comm::Communicator& ranks, const Apart& rows, std::uint32_t words,
+                        bool values, std::uint64_t tile_rows) {
+  auto stream = backend.make_stream(false);
+  const auto me = static_cast<std::uint64_t>(ranks.rank());
+  const std::uint64_t n = rows.values.size();
+  const std::uint64_t width = stages::keys::share_width(n, tile_rows, static_cast<std::uint64_t>(ranks.size()));
+  const std::uint64_t first = std::min(n, me * width), mine = std::min(n, first + width) - first;
+  Buffer in = backend.alloc_device(std::max<std::uint64_t>(mine, 1) * (words + 1) * 8, "test rows");
+  std::memcpy(in.data(), rows.keys.data() + first * words, mine * words * 8);
+  std::memcpy(in.as<std::uint64_t>() + mine * words, rows.values.data() + first, mine * 8);
+  kernels::KeyRows keys{in.as<std::uint64_t>(), words, words, nullptr, false, mine};
+  if (values) keys.values = reinterpret_cast<const double*>(in.as<std::uint64_t>() + mine * words);
+  const auto take = [&](std::uint64_t bytes, const char* what) { return backend.alloc_device(bytes, what); };
+  std::optional<stages::keys::ResidentChain::Unique> u = stages::keys::unique_over_ranks(
+      backend, *stream, ranks, {keys, std::move(in), first}, tile_rows, 4, true, 1ull << 40, take);
+  EXPECT_TRUE(u.has_value());
+  const auto gather = [&](const Buffer& b, std::uint64_t count) {
+    return ranks.allgatherv(comm::HostSpan<const std::uint64_t>(b.as<std::uint64_t>(), count)).data;
+  };
+  const std::vector<std::uint64_t> unique = ranks.allgather(u->unique);  // (keys[0]'s place: the ranks' before)
+  std::uint64_t expected_first = 0;
+  for (std::uint64_t r = 0; r < me; ++r) expected_first += unique[r];
+  EXPECT_EQ(u->first, expected_first);
+  Flat f;
+  f.keys = gather(u->keys, u->unique * words);
+  f.counts = gather(u->counts, u->unique);
+  if (values) f.values = gather(u->values, u->unique);
+  f.index = gather(u->index, mine);
+  return f;
+}
+
+TEST(DedupRanks, DividedWithTheIndexIsOneRanksBytes) {
+  const mpi::Comm world;
+  auto backend = detail::make_cpu_backend(1ull << 30, 1ull << 30);
+  comm::Communicator ranks(world, backend.get());
+  for (const std::uint32_t words : {1u, 2u, 4u})
+    for (const std::uint64_t tile_rows : {1ull, 7ull, 64ull, 4096ull})
+      for (const bool values : {true, false}) {
+        const std::uint64_t n = 5003;
+        const Apart rows = apart(make_rows(n, words, 31 * words + tile_rows), words);
+        kernels::KeyRows all{rows.keys.data(), words, words, values ? rows.values.data() : nullptr, false, n};
+        const Flat want = one_rank(*backend, all, tile_rows, true);
+        const Flat got = divided_with_index(*backend, ranks, rows, words, values, tile_rows);
+        const std::string where = "words " + std::to_string(words) + ", tiles of " + std::to_string(tile_rows) +
+                                  (values ? ", values" : ", no values");
+        EXPECT_EQ(got.keys, want.keys) << where;
+        EXPECT_EQ(got.counts, want.counts) << where;
+        EXPECT_EQ(got.values, want.values) << where;
+        EXPECT_EQ(got.index, want.index) << where;
+      }
 }
 
 }  // namespace

@@ -15,8 +15,8 @@ import h5py
 import numpy as np
 import pytest
 
-from conftest import (DEVICE, committed_run, manifest, run, stop_once_checkpointed, stop_then_resume, write_spec,
-                      one_line_error)
+from conftest import (DEVICE, committed_run, manifest, run, sigterm_mpi_run, stop_once_checkpointed, stop_then_resume,
+                      write_spec, one_line_error)
 
 # On cuda each batch carries CUB's fixed temporary storage (kernels/keys/sort_unique.hpp, 64 KiB), so
 # "a device budget an eighth of the data" needs more data there to leave a batch room.
@@ -123,6 +123,12 @@ def records_in_host_memory(run_dir):
     return "records in host memory" in (run_dir / "logs" / "rank-0.log").read_text()
 
 
+def divided_between(run_dir):
+    """The ranks the unit on resident data was divided between, as the log says (None: not divided)."""
+    m = re.search(r"on resident data divided between (\d+) ranks", (run_dir / "logs" / "rank-0.log").read_text())
+    return int(m.group(1)) if m else None
+
+
 def out_of_core(keys, values, more=""):
     """Options with both budgets an eighth of the data: neither the device nor the host holds the
     records, so the sample, partition and merge passes run, through files."""
@@ -179,6 +185,8 @@ def test_small_budget_and_three_ranks_store_the_same_bytes(clean, tmp_path, word
         assert r.code == 0, r
         assert on_resident_data(tmp / "run") == (options in ("{}", device_small))  # (else the passes)
         assert records_in_host_memory(tmp / "run") == (options == device_small)
+        # (in core on 3 ranks the unit is divided between them; in host memory each runs it whole)
+        assert divided_between(tmp / "run") == (3 if mpi == 3 and options == "{}" else None)
         got, _ = outputs(tmp / "run")
         same(got, want)
         if options == small:  # a pass's log line says what it streamed, not the run's state
@@ -208,6 +216,24 @@ def test_without_index_or_values(tmp_path):
         np.testing.assert_array_equal(f["counts"][...], counts)
 
 
+@pytest.mark.parametrize("index, values", [(True, False), (False, True), (False, False)])
+def test_divided_between_two_ranks_without_index_or_values(tmp_path, index, values):
+    """The unit divided between 2 ranks, without the index, the values or both: one rank's bytes."""
+    make_input(tmp_path, 2)
+    params = "" if index else ", index: false"
+    got = []
+    for mpi in (0, 2):
+        spec = write_spec(tmp_path / f"spec{mpi}.yaml", spec_text(params, values=values))
+        r = run(["run", spec, "--run-dir", tmp_path / f"run{mpi}", "--device", DEVICE], mpi=mpi)
+        assert r.code == 0, r
+        assert divided_between(tmp_path / f"run{mpi}") == (2 if mpi else None)
+        with h5py.File(tmp_path / f"run{mpi}" / "outputs" / "unique.h5", "r") as f:
+            assert set(f.keys()) == {"keys", "counts"} | ({"values"} if values else set()) | ({"index"} if index else set())
+            got.append({k: f[k][...] for k in f.keys()})
+    for k in got[0]:
+        assert got[0][k].dtype == got[1][k].dtype and got[0][k].tobytes() == got[1][k].tobytes(), k
+
+
 @pytest.mark.parametrize("resume_ranks", [0, 3])
 def test_stopped_and_resumed_on_any_rank_count(clean, tmp_path, resume_ranks):
     """SIGTERM in the partition pass (its first checkpoint), then resumed, here or on 3 ranks:
@@ -226,16 +252,27 @@ def test_stopped_and_resumed_on_any_rank_count(clean, tmp_path, resume_ranks):
     same(got, want)
 
 
-@pytest.mark.parametrize("device_half", [False, True])
-def test_on_resident_data_stopped_in_the_output_pass_resumes_to_the_same_bytes(clean, tmp_path, device_half):
+@pytest.mark.parametrize("device_half, ranks", [(False, 0), (True, 0), (False, 3)])
+def test_on_resident_data_stopped_in_the_output_pass_resumes_to_the_same_bytes(clean, tmp_path, device_half, ranks):
     """Nothing of the unit on resident data is committed (in device memory, or in host memory with a
-    device budget half the data): a resume runs it again, then continues the output pass from its
-    last commit, with the clean run's bytes."""
+    device budget half the data, or divided between 3 ranks): a resume runs it again, then continues
+    the output pass from its last commit, with the clean run's bytes."""
     keys, values, want = clean[2]
     make_input(tmp_path, 2)
     device = f"device_memory: {(keys.nbytes + values.nbytes) // 2 // 1024}KiB, " if device_half else ""
     spec = write_spec(tmp_path / "spec.yaml", spec_text(options=f"{{{device}max_batch_rows: 1024, checkpoint_interval: 0}}"))
-    r = stop_then_resume(spec, tmp_path / "run", "unique")
+    if ranks:  # (SIGTERM to every rank at the output pass's first commit, as srun sends it)
+        run_dir = tmp_path / "run"
+        code, err = sigterm_mpi_run(ranks, ["run", spec, "--run-dir", run_dir, "--device", DEVICE],
+                                    run_dir / "steps" / "unique" / "journal.json")
+        if code == 0:
+            pytest.skip("the run finished before SIGTERM arrived")
+        assert code == 75, err
+        r = run(["resume", run_dir, "--device", DEVICE], mpi=ranks)
+        assert r.code == 0 and "resuming at row" in r.err, r
+    else:
+        r = stop_then_resume(spec, tmp_path / "run", "unique")
+    assert divided_between(tmp_path / "run") == (ranks or None)
     assert "on resident data" in r.err, r
     assert ("records in host memory" in r.err) == device_half, r
     same(outputs(tmp_path / "run")[0], want)
