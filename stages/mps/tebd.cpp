@@ -946,7 +946,9 @@ void LayerUpdater::run_alone(U1Mps& psi, const std::vector<BondGate>& updates, s
   for (std::int64_t i : indices) {
     const BondGate& u = updates[static_cast<std::size_t>(i)];
     // An update whose buffers outgrow its estimate (the gather form's tables are not in it) is
-    // retried in smaller groups: the share halved, up to 8 times.
+    // retried in smaller groups: the share halved, up to 8 times. One whose estimate refuses it (a
+    // charge block alone above the share) is not helped by a smaller share: too small a budget.
+    std::string overrun;  // (the device pool's refusal that began the retries)
     for (int attempt = 0;; ++attempt) {
       try {
         discarded[static_cast<std::size_t>(i)] = updater.update(psi, u.bond, *u.gate, trunc);
@@ -957,9 +959,16 @@ void LayerUpdater::run_alone(U1Mps& psi, const std::vector<BondGate>& updates, s
         if (e.budget() == "host")
           throw InputError(fmt::format("the host budget is too small for one two-site update (sites {} and {}): {}; expected a larger "
                                        "--host-memory", u.bond, u.bond + 1, e.what()));
-        if (attempt == 8)
-          throw InputError(fmt::format("the device budget is too small for one two-site update (sites {} and {}): {}; expected a larger "
-                                       "--device-memory", u.bond, u.bond + 1, e.what()));
+        if (e.budget().empty() || attempt == 8)
+          throw InputError(
+              fmt::format("the device budget is too small for one two-site update (sites {} and {}): {}{}; expected a "
+                          "larger --device-memory",
+                          u.bond, u.bond + 1, e.what(),
+                          overrun.empty() ? "" : fmt::format(" (in smaller groups after: {})", overrun)));
+        if (overrun.empty()) overrun = e.what();
+        spdlog::debug("mps.tebd: bond {} alone, retried in smaller groups (its share {}, its buffers {}): {}",
+                      u.bond + 1, format_bytes(static_cast<double>(updater.device_share())),
+                      format_bytes(static_cast<double>(updater.device_bytes())), e.what());
         updater.set_device_share(updater.device_share() / 2);
       }
     }

@@ -495,6 +495,8 @@ def test_device_budgets_below_the_in_core_peak_give_the_same_bits(tmp, threads):
             assert int(f.attrs["qstage.peak_device_bytes"]) <= budget
     small = run(["run", spec, "--run-dir", tmp / "run-small", "--device", DEVICE, "--device-memory", "1000"], env=env)
     one_line_error(small, "too small for one two-site update", "--device-memory")
+    if DEVICE == "cpu":  # (the block that does not fit the whole budget, not one of a share halved to nothing)
+        assert re.search(r"one charge block of [0-9]+ x [0-9]+ needs about .*, the update's share is 1000 B;", small.err), small.err
 
 
 # ---------------------------------------------------------------- (f) bad input
