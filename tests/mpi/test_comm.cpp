@@ -325,6 +325,25 @@ TEST(CommNccl, DeviceBuffersOnTwoGpusGoThroughNccl) {
     stream->synchronize();
     EXPECT_EQ(first_difference(got, plan.expected), "") << "seed " << seed << ", rank " << comm.rank();
   }
+  // allgatherv: each rank's block sent from one place to every peer (rank r: 3 + 5 r elements).
+  Counts counts;
+  std::vector<std::uint64_t> want;
+  for (int p = 0; p < comm.size(); ++p) {
+    counts.push_back(static_cast<std::uint64_t>(3 + 5 * p));
+    for (std::uint64_t i = 0; i < counts.back(); ++i) want.push_back(static_cast<std::uint64_t>(p) * 1000 + i);
+  }
+  const std::uint64_t own = counts[static_cast<std::size_t>(comm.rank())];
+  std::vector<std::uint64_t> mine(
+      want.begin() + static_cast<std::ptrdiff_t>(displacements(counts)[static_cast<std::size_t>(comm.rank())]),
+      want.begin() + static_cast<std::ptrdiff_t>(displacements(counts)[static_cast<std::size_t>(comm.rank())] + own));
+  Buffer from = backend->alloc_device(own * 8, "test mine");
+  Buffer to = backend->alloc_device(want.size() * 8, "test all");
+  backend->copy_to_device(from.data(), mine.data(), own * 8, *stream);
+  comm.allgatherv(device_span<const std::uint64_t>(from), device_span<std::uint64_t>(to), counts, *stream);
+  std::vector<std::uint64_t> got(want.size());
+  backend->copy_to_host(got.data(), to.data(), want.size() * 8, *stream);
+  stream->synchronize();
+  EXPECT_EQ(first_difference(got, want), "") << "allgatherv, rank " << comm.rank();
 #else
   GTEST_SKIP() << "NCCL test skipped: this build has no NCCL";
 #endif
