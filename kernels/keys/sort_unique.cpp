@@ -519,24 +519,29 @@ void RadixUnique::write(std::uint64_t* keys, std::uint64_t* counts, double* valu
   });
 }
 
-void RadixUnique::write_tile_records(std::uint64_t* records) const {
-  const std::uint32_t W = args_.words, S = W + 1, cols = W + 2;
+void RadixUnique::write_tile_records(std::uint64_t* records, std::uint64_t* record_of_row,
+                                     std::uint64_t first_origin) const {
+  const std::uint32_t W = args_.words, S = W + 1, cols = W + (record_of_row ? 3 : 2);
   const std::uint64_t parts = part_first_key_.size(), tile_rows = args_.tile_rows;
   parallel_for(static_cast<std::int64_t>(parts), [&](std::int64_t p) {
-    std::uint64_t* out = records + part_first_tile_record_[p] * cols;
-    for (std::uint64_t i = part_first_[p]; i < part_first_[p + 1];) {
+    std::uint64_t record = part_first_tile_record_[p];
+    std::uint64_t* out = records + record * cols;
+    for (std::uint64_t i = part_first_[p]; i < part_first_[p + 1]; ++record) {
       const std::uint64_t* key = sorted_ + i * S;
       const std::uint64_t tile = key[W] / tile_rows;
       PairwiseSum sum;
       std::uint64_t j = i;
       for (; j < part_first_[p + 1] && compare_keys(sorted_ + j * S, key, W) == 0 &&
              sorted_[j * S + W] / tile_rows == tile;
-           ++j)
+           ++j) {
         sum.add(args_.values[sorted_[j * S + W]]);
+        if (record_of_row) record_of_row[sorted_[j * S + W]] = record;
+      }
       std::copy(key, key + W, out);
       const double total = sum.total();
       std::memcpy(out + W, &total, 8);
       out[W + 1] = j - i;
+      if (record_of_row) out[W + 2] = first_origin + record;
       out += cols;
       i = j;
     }

@@ -249,7 +249,11 @@ class RadixUnique {
   // PairwiseSum of its rows' values, their count), key after key and each key's tiles in tile
   // order: the records tile_unique makes, sorted stably by key, which is what bucket_split leaves
   // of them in a bucket once sorted (and bucket_merge then sums them as write() does).
-  void write_tile_records(std::uint64_t* records) const;
+  // With `record_of_row` (rows), the records take the origin layout ({words, value, origin}), the
+  // origin of record k being first_origin + k, and record_of_row[row] = the record its row went
+  // into: a reverse index through whatever positions the records' keys get (unique_over_ranks).
+  void write_tile_records(std::uint64_t* records, std::uint64_t* record_of_row = nullptr,
+                          std::uint64_t first_origin = 0) const;
 
  private:
   RadixUniqueArgs args_;

@@ -207,12 +207,17 @@ std::optional<ResidentChain::Unique> unique_over_ranks(Backend& backend, Stream&
   if (tile_rows == 0 || (rows && first_row % tile_rows)) throw std::logic_error("unique_over_ranks: whole tiles");
   const bool cuda = backend.kind() == BackendKind::cuda;
   const std::uint32_t W = mine.rows.words;
-  const kernels::RecordLayout layout{W, mine.rows.has_value(), index};
+  // (cpu: one radix sort, whose records always carry a value, zero where the rows have none)
+  const bool radix = !cuda;
+  const kernels::RecordLayout layout{W, radix || mine.rows.has_value(), index};
   const std::uint64_t cols = layout.cols();
   const auto P = static_cast<std::size_t>(ranks.size()), me = static_cast<std::size_t>(ranks.rank());
-  // (the index: a row's rank is its row over the ranks' equal width)
+  // (the index: the merge groups its pairs by the rank their records came from, origin over
+  // `row_bucket`: on cuda the origins are pass rows, a rank's share the ranks' equal width; on the
+  // cpu they are record numbers from rank << 40)
   std::uint64_t width = 0;
-  if (index) {
+  constexpr std::uint64_t kRankOrigins = std::uint64_t{1} << 40;
+  if (index && !radix) {
     std::uint64_t total = 0;
     for (const std::uint64_t n : ranks.allgather(rows)) total += n;
     width = share_width(total, tile_rows, P);
@@ -221,10 +226,9 @@ std::optional<ResidentChain::Unique> unique_over_ranks(Backend& backend, Stream&
   }
   // This rank's tiles' records grouped by bucket, one bucket a rank, and what goes to each.
   comm::Counts send(P, 0);
-  Buffer grouped, local;
+  Buffer grouped, local;  // (local: cuda, each row's tile-local id; cpu, each row's record)
   std::uint64_t grouped_records = 0;
-  const bool radix = !cuda && mine.rows.interleaved && !index;
-  if (!radix) {  // tile_unique, samples, splitters, bucket_split (on the cpu, their twins)
+  if (!radix) {  // tile_unique, samples, splitters, bucket_split on the device
     const std::uint64_t tiles = rows ? kernels::tiles_of(rows, tile_rows) : 0;
     const std::uint64_t sample_words = kernels::sample_partial_words(samples, W);
     Buffer records, tile_counts, work;
@@ -282,13 +286,30 @@ std::optional<ResidentChain::Unique> unique_over_ranks(Backend& backend, Stream&
     for (const std::uint64_t c : send) grouped_records += c;
   } else {  // one radix sort gives the tiles' records key after key: the buckets are runs of them
     if (rows) {
+      // (the sort's rows: each key and its value's bits, zero without values; consumed)
+      Buffer sorted_rows =
+          mine.rows.interleaved ? std::move(mine.holder) : take(rows * (W + 1) * 8, "keys rows (resident)");
+      if (!mine.rows.interleaved) {
+        std::uint64_t* to = sorted_rows.as<std::uint64_t>();
+        parallel_for_pieces(rows, 1 << 16, [&](std::uint64_t begin, std::uint64_t end) {
+          for (std::uint64_t i = begin; i < end; ++i) {
+            std::copy_n(mine.rows.keys + i * mine.rows.stride, W, to + i * (W + 1));
+            std::uint64_t value = 0;
+            if (mine.rows.values) std::memcpy(&value, mine.rows.values + i, 8);
+            to[i * (W + 1) + W] = value;
+          }
+        });
+        mine.holder.reset();
+      }
       Buffer spare = take(rows * (W + 1) * 8, "keys rows sorted (resident)");
       Buffer values = take(rows * 8, "keys row values (resident)");
       const kernels::cpu::RadixUnique sorted(
-          {mine.holder.as<std::uint64_t>(), spare.as<std::uint64_t>(), values.as<double>(), rows, W, tile_rows});
+          {sorted_rows.as<std::uint64_t>(), spare.as<std::uint64_t>(), values.as<double>(), rows, W, tile_rows});
       grouped_records = sorted.tile_records();
       grouped = take(grouped_records * cols * 8, "keys records grouped by rank (resident)");
-      sorted.write_tile_records(grouped.as<std::uint64_t>());
+      if (index) local = take(rows * 8, "keys each row's record (resident)");
+      sorted.write_tile_records(grouped.as<std::uint64_t>(), index ? local.as<std::uint64_t>() : nullptr,
+                                me * kRankOrigins);
     }
     mine.holder.reset();
     // (samples at regular places of the sorted records, each standing for an equal share)
@@ -367,7 +388,7 @@ std::optional<ResidentChain::Unique> unique_over_ranks(Backend& backend, Stream&
       m.pairs = pairs.as<std::uint64_t>();
       m.pair_counts = counts.as<std::uint64_t>() + 1;
       m.row_buckets = static_cast<std::uint32_t>(P);
-      m.rows_per_row_bucket = width;
+      m.rows_per_row_bucket = radix ? kRankOrigins : width;
     }
     m.work = {merge_space.data(), merge_space.size()};
     kernels::bucket_merge(stream, m);
@@ -393,7 +414,17 @@ std::optional<ResidentChain::Unique> unique_over_ranks(Backend& backend, Stream&
                   comm::DeviceSpan<std::uint64_t>(returned.as<std::uint64_t>(), back * 3), pairs_in, stream);
   pairs.reset();
   out.index = take(std::max<std::uint64_t>(rows, 1) * 8, "keys index (resident)");
-  if (rows) {
+  if (rows && radix) {  // each record's position, then each row's through its record
+    std::vector<std::uint64_t> position(grouped_records, ~std::uint64_t{0});
+    const std::uint64_t* pair = returned.as<std::uint64_t>();
+    for (std::uint64_t k = 0; k < back; ++k, pair += 3)
+      position.at(pair[0] - me * kRankOrigins) = prefix[pair[1]] + pair[2];
+    const std::uint64_t* record_of = local.as<std::uint64_t>();
+    std::uint64_t* to = out.index.as<std::uint64_t>();
+    parallel_for_pieces(rows, 1 << 16, [&](std::uint64_t begin, std::uint64_t end) {
+      for (std::uint64_t i = begin; i < end; ++i) to[i] = position[record_of[i]];
+    });
+  } else if (rows) {
     Buffer prefix_on_device = take(P * 8, "keys index offsets (resident)");
     backend.copy_to_device(prefix_on_device.data(), prefix.data(), P * 8, stream);
     const std::uint64_t gather_work = cuda ? kernels::index_gather_scratch_bytes(rows) : 0;

@@ -177,15 +177,16 @@ std::uint64_t share_width(std::uint64_t rows, std::uint64_t tile_rows, std::uint
 
 // ResidentChain's work divided between ranks. Rank r holds whole tiles of the pass rows, the
 // ranks' rows end to end in rank order (the last rank's may end in a partial tile; a rank may hold
-// none). Each rank reduces its tiles to records (cuda, or with the index or a value apart:
-// tile_unique; else, on the cpu, one radix sort, kernels::cpu::RadixUnique, which leaves them key
-// after key); splitters from every rank's samples cut them into one bucket a rank; the buckets are
+// none). Each rank reduces its tiles to records (cuda: tile_unique; cpu: one radix sort,
+// kernels::cpu::RadixUnique, which leaves them key after key); splitters from every rank's
+// samples cut them into one bucket a rank; the buckets are
 // exchanged (comm::Communicator: NCCL between GPUs, MPI otherwise) and each rank merges what it
 // received. A key's records arrive in tile order, so every sum is formed as one rank forms it:
 // rank r's keys are the r-th key range of ResidentChain's, with its counts and values, bit for bit
-// (Unique::first: where they start). With `index` (every rank's rows at rank * share_width(...)),
-// each record's position goes back to the rank its rows came from, and Unique::index holds this
-// rank's rows' positions among every rank's keys: ResidentChain's index, cut by rank. Collective.
+// (Unique::first: where they start). With `index` (on cuda, every rank's rows at rank *
+// share_width(...)), each record's position goes back to the rank its rows came from, and
+// Unique::index holds this rank's rows' positions among every rank's keys: ResidentChain's index,
+// cut by rank. Collective.
 // nullopt on every rank when what some rank would receive and merge passes `room` bytes.
 std::optional<ResidentChain::Unique> unique_over_ranks(Backend& backend, Stream& stream, comm::Communicator& ranks,
                                                        RankRows mine, std::uint64_t tile_rows, std::uint32_t samples,

@@ -123,15 +123,13 @@ TEST(DedupRanks, DividedIsOneRanksBytes) {
     }
 }
 
-// With the reverse index, rank r holding rows [r w, (r + 1) w) (w = share_width: the last
-// ranks' shorter or empty), keys and values apart, or keys alone.
+// With the reverse index, rank r holding rows [first[r], first[r + 1]), keys and values apart, or
+// keys alone. (The GPU's chain needs the equal shares of share_width; the CPU's radix sort any.)
 Flat divided_with_index(Backend& backend, comm::Communicator& ranks, const Apart& rows, std::uint32_t words,
-                        bool values, std::uint64_t tile_rows) {
+                        bool values, std::uint64_t tile_rows, const std::vector<std::uint64_t>& firsts) {
   auto stream = backend.make_stream(false);
   const auto me = static_cast<std::uint64_t>(ranks.rank());
-  const std::uint64_t n = rows.values.size();
-  const std::uint64_t width = stages::keys::share_width(n, tile_rows, static_cast<std::uint64_t>(ranks.size()));
-  const std::uint64_t first = std::min(n, me * width), mine = std::min(n, first + width) - first;
+  const std::uint64_t first = firsts[me], mine = firsts[me + 1] - first;
   Buffer in = backend.alloc_device(std::max<std::uint64_t>(mine, 1) * (words + 1) * 8, "test rows");
   std::memcpy(in.data(), rows.keys.data() + first * words, mine * words * 8);
   std::memcpy(in.as<std::uint64_t>() + mine * words, rows.values.data() + first, mine * 8);
@@ -167,13 +165,22 @@ TEST(DedupRanks, DividedWithTheIndexIsOneRanksBytes) {
         const Apart rows = apart(make_rows(n, words, 31 * words + tile_rows), words);
         kernels::KeyRows all{rows.keys.data(), words, words, values ? rows.values.data() : nullptr, false, n};
         const Flat want = one_rank(*backend, all, tile_rows, true);
-        const Flat got = divided_with_index(*backend, ranks, rows, words, values, tile_rows);
-        const std::string where = "words " + std::to_string(words) + ", tiles of " + std::to_string(tile_rows) +
-                                  (values ? ", values" : ", no values");
-        EXPECT_EQ(got.keys, want.keys) << where;
-        EXPECT_EQ(got.counts, want.counts) << where;
-        EXPECT_EQ(got.values, want.values) << where;
-        EXPECT_EQ(got.index, want.index) << where;
+        // Shares: equal widths (share_width: the last ranks' shorter or empty); every row on the last rank.
+        const std::uint64_t P = static_cast<std::uint64_t>(ranks.size()),
+                            width = stages::keys::share_width(n, tile_rows, P);
+        std::vector<std::uint64_t> equal(P + 1), last(P + 1, 0);
+        for (std::uint64_t r = 0; r <= P; ++r) equal[r] = std::min(n, r * width);
+        last[P] = n;
+        for (const auto* shares : {&equal, &last}) {
+          const Flat got = divided_with_index(*backend, ranks, rows, words, values, tile_rows, *shares);
+          const std::string where = "words " + std::to_string(words) + ", tiles of " + std::to_string(tile_rows) +
+                                    (values ? ", values" : ", no values") +
+                                    (shares == &last ? ", all on the last rank" : "");
+          EXPECT_EQ(got.keys, want.keys) << where;
+          EXPECT_EQ(got.counts, want.counts) << where;
+          EXPECT_EQ(got.values, want.values) << where;
+          EXPECT_EQ(got.index, want.index) << where;
+        }
       }
 }
 

@@ -371,6 +371,29 @@ void expect_radix_is_the_chains_bytes(const Data& d, std::uint64_t tile_rows) {
       ASSERT_TRUE(std::equal(tiles.begin() + i * L.cols(), tiles.begin() + (i + 1) * L.cols(),
                              split.begin() + order[i] * L.cols()))
           << i << ", " << where;
+    // With origins: the same records, record k's origin first + k, and every row sent to a
+    // record of its key that counts it (each record's count equals the rows sent to it).
+    const std::uint64_t cols = L.cols() + 1, first = 1000;
+    std::vector<std::uint64_t> with_origin(count[0] * cols), record_of(n, ~std::uint64_t{0}), rows_of(count[0], 0),
+        tile_of(count[0], ~std::uint64_t{0});
+    got.write_tile_records(with_origin.data(), record_of.data(), first);
+    for (std::uint64_t i = 0; i < count[0]; ++i) {
+      ASSERT_TRUE(
+          std::equal(tiles.begin() + i * L.cols(), tiles.begin() + (i + 1) * L.cols(), with_origin.begin() + i * cols))
+          << i << ", " << where;
+      ASSERT_EQ(with_origin[i * cols + L.cols()], first + i) << i << ", " << where;
+    }
+    for (std::uint64_t r = 0; r < n; ++r) {
+      ASSERT_LT(record_of[r], count[0]) << r << ", " << where;
+      ASSERT_EQ(kernels::compare_keys(d.keys.data() + r * d.words, with_origin.data() + record_of[r] * cols, d.words),
+                0)
+          << r << ", " << where;
+      ++rows_of[record_of[r]];
+      if (tile_of[record_of[r]] == ~std::uint64_t{0}) tile_of[record_of[r]] = r / tile_rows;
+      ASSERT_EQ(tile_of[record_of[r]], r / tile_rows) << r << ", " << where;  // (a record is one tile's)
+    }
+    for (std::uint64_t i = 0; i < count[0]; ++i)
+      ASSERT_EQ(rows_of[i], tiles[i * L.cols() + d.words + 1]) << i << ", " << where;
     const Merged again = merge_bucket(tiles.data(), count[0], L, 0, 1, n);
     EXPECT_EQ(again.keys, want.keys) << where;
     for (std::uint64_t u = 0; u < want.unique; ++u)
