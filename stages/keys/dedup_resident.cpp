@@ -1,5 +1,7 @@
 #include "stages/keys/dedup_resident.hpp"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <array>
 #include <cstring>
@@ -224,6 +226,9 @@ std::optional<ResidentChain::Unique> unique_over_ranks(Backend& backend, Stream&
     if ((rows && first_row != me * width) || rows > width)
       throw std::logic_error("unique_over_ranks: the index needs rank r's rows at r * share_width(...)");
   }
+  // (where the time goes, for the debug log: reduce, exchange, merge, index)
+  const Stopwatch started;
+  double reduced = 0, exchanged = 0, merged = 0;
   // This rank's tiles' records grouped by bucket, one bucket a rank, and what goes to each.
   comm::Counts send(P, 0);
   Buffer grouped, local;  // (local: cuda, each row's tile-local id; cpu, each row's record)
@@ -346,6 +351,7 @@ std::optional<ResidentChain::Unique> unique_over_ranks(Backend& backend, Stream&
       begin = end;
     }
   }
+  reduced = started.seconds();
   for (std::uint64_t& c : send) c *= cols;  // (records -> words)
   const comm::Counts receive = ranks.alltoall_counts(send);
   std::uint64_t received = 0;
@@ -361,6 +367,8 @@ std::optional<ResidentChain::Unique> unique_over_ranks(Backend& backend, Stream&
   ranks.alltoallv(comm::DeviceSpan<const std::uint64_t>(grouped.as<std::uint64_t>(), grouped_records * cols), send,
                   comm::DeviceSpan<std::uint64_t>(bucket.as<std::uint64_t>(), received * cols), receive, stream);
   grouped.reset();
+  stream.synchronize();
+  exchanged = started.seconds();
   // This rank's bucket merged: its records came rank after rank, that is tile after tile.
   ResidentChain::Unique out;
   out.records = received;
@@ -401,7 +409,18 @@ std::optional<ResidentChain::Unique> unique_over_ranks(Backend& backend, Stream&
   std::vector<std::uint64_t> prefix(P, 0);
   for (std::size_t r = 1; r < P; ++r) prefix[r] = prefix[r - 1] + unique_of[r - 1];
   out.first = prefix[me];
-  if (!index) return out;
+  merged = started.seconds();
+  const auto say = [&] {
+    spdlog::debug(
+        "keys: rank {} of {}: {} rows to {} records in {:.3f} s, {} records exchanged in {:.3f} s, merged to {} "
+        "keys in {:.3f} s{}",
+        me, P, rows, grouped_records, reduced, received, exchanged - reduced, out.unique, merged - exchanged,
+        index ? fmt::format(", the index in {:.3f} s", started.seconds() - merged) : std::string());
+  };
+  if (!index) {
+    say();
+    return out;
+  }
   // Each pair (origin, batch = the merging rank, position) back to the rank of its origin's rows.
   comm::Counts pairs_out(P), pairs_in;
   for (std::size_t r = 0; r < P; ++r) pairs_out[r] = pair_counts[r] * 3;
@@ -440,6 +459,7 @@ std::optional<ResidentChain::Unique> unique_over_ranks(Backend& backend, Stream&
                                    {gather_space.data(), gather_space.size()}});
     stream.synchronize();
   }
+  say();
   return out;
 }
 
