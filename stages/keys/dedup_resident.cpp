@@ -21,6 +21,23 @@ std::uint64_t workspace_bytes(bool cuda, const kernels::RecordLayout& L, std::ui
   if (L.origin) bytes = std::max(bytes, kernels::index_gather_scratch_bytes(rows));
   return bytes;
 }
+// in's rows as RadixUnique takes them, into `to` (rows of words + 1): each key, then its value's
+// bits (interleaved or apart), zero without values.
+void interleave_rows(const kernels::KeyRows& in, std::uint64_t* to) {
+  const std::uint32_t W = in.words, S = W + 1;
+  parallel_for_pieces(in.rows, 1 << 16, [&](std::uint64_t begin, std::uint64_t end) {
+    for (std::uint64_t i = begin; i < end; ++i) {
+      const std::uint64_t* key = in.keys + i * in.stride;
+      std::copy_n(key, W, to + i * S);
+      std::uint64_t value = 0;
+      if (in.interleaved)
+        value = key[W];
+      else if (in.values)
+        std::memcpy(&value, in.values + i, 8);
+      to[i * S + W] = value;
+    }
+  });
+}
 // The merge's outputs for `records` records: keys, counts, values and, with the origin, the pairs.
 std::uint64_t merged_bytes(const kernels::RecordLayout& L, std::uint64_t records) {
   return records * (L.words * 8ull + 8 + (L.value ? 8 : 0) + (L.origin ? 24 : 0)) + 16;
@@ -71,20 +88,7 @@ void ResidentChain::add(const kernels::KeyRows& in, std::uint64_t first_row) {
       (in.rows % tile_rows_ && first_row + in.rows != rows_))
     throw std::logic_error("ResidentChain::add: rows out of order or not whole tiles");
   if (radix_) {  // (the rows kept: each key and its value's bits, zero without values)
-    const std::uint32_t W = layout_.words, S = W + 1;
-    std::uint64_t* to = records_.as<std::uint64_t>() + first_row * S;
-    parallel_for_pieces(in.rows, 1 << 16, [&](std::uint64_t begin, std::uint64_t end) {
-      for (std::uint64_t i = begin; i < end; ++i) {
-        const std::uint64_t* key = in.keys + i * in.stride;
-        std::copy_n(key, W, to + i * S);
-        std::uint64_t value = 0;
-        if (in.interleaved)
-          value = key[W];
-        else if (in.values)
-          std::memcpy(&value, in.values + i, 8);
-        to[i * S + W] = value;
-      }
-    });
+    interleave_rows(in, records_.as<std::uint64_t>() + first_row * (layout_.words + 1));
     added_ += in.rows;
     return;
   }
@@ -239,12 +243,12 @@ std::optional<ResidentChain::Unique> unique_over_ranks(Backend& backend, Stream&
     Buffer records, tile_counts, work;
     std::vector<std::uint64_t> tile_samples(tiles * sample_words);
     const std::uint64_t work_bytes =
-        cuda ? std::max(kernels::tile_unique_scratch_bytes(rows, W), kernels::bucket_split_scratch_bytes(rows)) : 0;
+        std::max(kernels::tile_unique_scratch_bytes(rows, W), kernels::bucket_split_scratch_bytes(rows));
     if (rows) {
       records = take(rows * cols * 8, "keys records (resident, this rank's tiles)");
       tile_counts = take(tiles * 8, "keys tile counts (resident)");
       if (index) local = take(rows * 8, "keys local ids (resident)");
-      if (work_bytes) work = take(work_bytes, "keys dedup workspace (resident)");
+      work = take(work_bytes, "keys dedup workspace (resident)");
       kernels::tile_unique(stream, {mine.rows,
                                     layout,
                                     tile_rows,
@@ -295,15 +299,7 @@ std::optional<ResidentChain::Unique> unique_over_ranks(Backend& backend, Stream&
       Buffer sorted_rows =
           mine.rows.interleaved ? std::move(mine.holder) : take(rows * (W + 1) * 8, "keys rows (resident)");
       if (!mine.rows.interleaved) {
-        std::uint64_t* to = sorted_rows.as<std::uint64_t>();
-        parallel_for_pieces(rows, 1 << 16, [&](std::uint64_t begin, std::uint64_t end) {
-          for (std::uint64_t i = begin; i < end; ++i) {
-            std::copy_n(mine.rows.keys + i * mine.rows.stride, W, to + i * (W + 1));
-            std::uint64_t value = 0;
-            if (mine.rows.values) std::memcpy(&value, mine.rows.values + i, 8);
-            to[i * (W + 1) + W] = value;
-          }
-        });
+        interleave_rows(mine.rows, sorted_rows.as<std::uint64_t>());
         mine.holder.reset();
       }
       Buffer spare = take(rows * (W + 1) * 8, "keys rows sorted (resident)");
@@ -443,11 +439,10 @@ std::optional<ResidentChain::Unique> unique_over_ranks(Backend& backend, Stream&
     parallel_for_pieces(rows, 1 << 16, [&](std::uint64_t begin, std::uint64_t end) {
       for (std::uint64_t i = begin; i < end; ++i) to[i] = position[record_of[i]];
     });
-  } else if (rows) {
+  } else if (rows) {  // (cuda: the pass rows' tile-local ids, through index_gather)
     Buffer prefix_on_device = take(P * 8, "keys index offsets (resident)");
     backend.copy_to_device(prefix_on_device.data(), prefix.data(), P * 8, stream);
-    const std::uint64_t gather_work = cuda ? kernels::index_gather_scratch_bytes(rows) : 0;
-    Buffer gather_space = gather_work ? take(gather_work, "keys index workspace (resident)") : Buffer{};
+    Buffer gather_space = take(kernels::index_gather_scratch_bytes(rows), "keys index workspace (resident)");
     kernels::index_gather(stream, {local.as<std::uint64_t>(),
                                    rows,
                                    first_row,
