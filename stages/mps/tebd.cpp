@@ -448,9 +448,11 @@ std::vector<std::size_t> group_cuts(const std::vector<ChargeBlock>& blocks, cons
   for (std::size_t i = 0; i < blocks.size(); ++i) {
     const std::uint64_t alone = update_bytes(blocks, svd_bytes, i, i + 1, element, false);
     if (alone > share)
-      throw BudgetExceeded(fmt::format("mps: one charge block of {} x {} needs about {} of device memory, the update's share is {}",
-                                       blocks[i].m, blocks[i].n, format_bytes(static_cast<double>(alone)),
-                                       format_bytes(static_cast<double>(share))));
+      throw BudgetExceeded(
+          fmt::format("mps: one charge block of {} x {} needs about {} of device memory, the update's share is {}",
+                      blocks[i].m, blocks[i].n, format_bytes(static_cast<double>(alone)),
+                      format_bytes(static_cast<double>(share))),
+          {}, alone);
     if (i > cuts.back() && update_bytes(blocks, svd_bytes, cuts.back(), i + 1, element, false) > share) cuts.push_back(i);
   }
   cuts.push_back(blocks.size());
@@ -821,24 +823,26 @@ void LayerUpdater::apply(U1Mps& psi, const std::vector<BondGate>& updates, const
   const std::vector<std::int64_t> mine = owned_updates(static_cast<std::int64_t>(updates.size()), ranks_ ? ranks_->rank() : 0,
                                                        P, static_cast<int>(exchange_.exchanges % P));
   std::exception_ptr failure;
-  // Level by level (level_): updates whose workspace did not fit the device budget beside the
-  // others' are rerun at the next level, half as many at a time, down to one at a time, where a
-  // budget too small for one update is a bad input. Each update computes what it would alone:
-  // the same bits in any order.
+  // Group by group (at_once_): an update whose workspace did not fit the device budget beside the
+  // others' is rerun later in the layer with fewer at a time: as many as leave the share its
+  // estimate asked for, or half as many where the pool refused (an estimate below the truth), down
+  // to one at a time, where a budget too small for one update is a bad input. Each update
+  // computes what it would alone: the same bits in any order and at any share.
   const int threads = static_cast<int>(updaters_.size());
-  // A bond met for the first time starts at the first level whose streams alone (on cuda each
-  // holds a cuBLAS workspace) fit the device budget: below it every update would fail.
-  int first_level = 0;
   const std::uint64_t limit = backend_.device_budget().limit(), stream_bytes = backend_.blas_stream_bytes();
-  while ((threads >> first_level) > 1 && static_cast<std::uint64_t>(threads >> first_level) * stream_bytes >= limit) ++first_level;
-  std::map<int, std::vector<std::int64_t>> by_level;
-  for (std::int64_t i : mine) by_level[level_.try_emplace(updates[static_cast<std::size_t>(i)].bond, first_level).first->second].push_back(i);
-  fewest_ = std::min(fewest_, std::max(1, threads >> first_level));
-  while (!by_level.empty() && !failure) {
-    const auto [level, indices] = *by_level.begin();
-    by_level.erase(by_level.begin());
-    set_concurrency(std::max(1, threads >> level));
-    if (concurrency_ == 1) {
+  // A bond met for the first time starts at the most updates at a time whose streams alone (on
+  // cuda each holds a cuBLAS workspace) fit the device budget: beyond it every update would fail.
+  int first = threads;
+  while (first > 1 && static_cast<std::uint64_t>(first) * stream_bytes >= limit) first = first / 2;
+  std::map<int, std::vector<std::int64_t>, std::greater<>> by_count;  // (the most at a time first)
+  for (std::int64_t i : mine)
+    by_count[at_once_.try_emplace(updates[static_cast<std::size_t>(i)].bond, first).first->second].push_back(i);
+  fewest_ = std::min(fewest_, first);
+  while (!by_count.empty() && !failure) {
+    const auto [count, indices] = *by_count.begin();
+    by_count.erase(by_count.begin());
+    set_concurrency(count);
+    if (count == 1) {
       try {
         run_alone(psi, updates, indices, trunc, discarded, norms);
       } catch (...) {
@@ -846,13 +850,16 @@ void LayerUpdater::apply(U1Mps& psi, const std::vector<BondGate>& updates, const
       }
       continue;
     }
-    const std::vector<std::int64_t> deferred = run_concurrently(psi, updates, indices, trunc, discarded, norms, failure);
+    const std::vector<Deferred> deferred = run_concurrently(psi, updates, indices, trunc, discarded, norms, failure);
     retired_.serialized += static_cast<std::int64_t>(deferred.size());
-    for (std::int64_t i : deferred) {
-      level_[updates[static_cast<std::size_t>(i)].bond] = level + 1;
-      by_level[level + 1].push_back(i);
+    for (const Deferred& d : deferred) {
+      // share(c) = (limit - c streams) / c holds `needed` for c <= limit / (needed + a stream)
+      const std::uint64_t fits = d.needed ? limit / (d.needed + stream_bytes) : static_cast<std::uint64_t>(count / 2);
+      const int fewer = static_cast<int>(std::clamp<std::uint64_t>(fits, 1, static_cast<std::uint64_t>(count - 1)));
+      at_once_[updates[static_cast<std::size_t>(d.index)].bond] = fewer;
+      by_count[fewer].push_back(d.index);
+      fewest_ = std::min(fewest_, fewer);
     }
-    if (!deferred.empty()) fewest_ = std::min(fewest_, std::max(1, threads >> (level + 1)));
   }
   if (ranks_) exchange(psi, updates, mine, failure, discarded, norms);
   else if (failure) std::rethrow_exception(failure);
@@ -862,13 +869,12 @@ void LayerUpdater::apply(U1Mps& psi, const std::vector<BondGate>& updates, const
     for (double n : norms) psi.weight *= n;
 }
 
-std::vector<std::int64_t> LayerUpdater::run_concurrently(U1Mps& psi, const std::vector<BondGate>& updates,
-                                                         const std::vector<std::int64_t>& indices, const TruncParams& trunc,
-                                                         std::vector<double>& discarded, std::vector<double>& norms,
-                                                         std::exception_ptr& failure) {
+std::vector<LayerUpdater::Deferred> LayerUpdater::run_concurrently(
+    U1Mps& psi, const std::vector<BondGate>& updates, const std::vector<std::int64_t>& indices,
+    const TruncParams& trunc, std::vector<double>& discarded, std::vector<double>& norms, std::exception_ptr& failure) {
   const auto count = static_cast<std::int64_t>(indices.size());
   std::mutex deferred_mutex;
-  std::vector<std::int64_t> deferred;
+  std::vector<Deferred> deferred;
   // With fewer updates at a time than threads, each update's host SVDs (kernels::batched_svd's
   // OpenMP loop over blocks, nested here) get the threads left over; each SVD still runs on one.
   const int team = static_cast<int>(std::min<std::int64_t>(concurrency_, count));
@@ -892,12 +898,12 @@ std::vector<std::int64_t> LayerUpdater::run_concurrently(U1Mps& psi, const std::
                       updates[i].bond + 1, concurrency_, format_bytes(static_cast<double>(updater.device_share())),
                       format_bytes(static_cast<double>(updater.device_bytes())), e.what());
         const std::lock_guard lock(deferred_mutex);
-        deferred.push_back(static_cast<std::int64_t>(i));
+        deferred.push_back({static_cast<std::int64_t>(i), e.needed()});
       }
     });
   if (!failure) failure = thrown.first();
   omp_set_max_active_levels(saved_levels);
-  std::sort(deferred.begin(), deferred.end());
+  std::sort(deferred.begin(), deferred.end(), [](const Deferred& a, const Deferred& b) { return a.index < b.index; });
   return deferred;
 }
 

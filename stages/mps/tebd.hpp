@@ -160,23 +160,31 @@ class LayerUpdater {
   comm::Communicator* ranks_ = nullptr;
   ExchangeStats exchange_;
   std::vector<std::unique_ptr<BondUpdater>> updaters_;  // one per OpenMP thread, made on first use
-  // How many updates run at once now. Per bond, the level its update needs: its updates run
-  // threads >> level at a time, each with that share of the device budget; an update whose
-  // workspace does not fit beside the others' moves its bond one level up (half as many at a
-  // time) for the rest of the evolution. A layer runs its updates level by level, so small bonds
-  // keep running many at a time while the largest run alone (unequal shares of the budget). New
-  // bonds start at the first level whose streams alone fit the budget.
+  // How many updates run at once now. Per bond, how many its updates run beside: each of them
+  // gets that share of the device budget; an update whose workspace does not fit its share moves
+  // its bond to fewer at a time, as many as leave its estimate room (or half as many where the
+  // pool refused it), for the rest of the evolution. A layer runs its updates group by group, the
+  // most at a time first, so small bonds keep running many at a time while the largest run with
+  // few (unequal shares of the budget). New bonds start at the most whose streams alone fit the
+  // budget.
   int concurrency_ = 1, fewest_ = 1;
-  std::map<int, int> level_;
+  std::map<int, int> at_once_;
   // Makes `count` updates run at once: updaters beyond it released, and where it grows, the
   // others' device workspaces too (they were grown for larger shares).
   void set_concurrency(int count);
   UpdateTimings retired_;  // the timings of updaters released to make room
+  // An update that did not fit its share: its index in the layer, and the bytes its estimate asked
+  // for (0 where the device pool refused it instead).
+  struct Deferred {
+    std::int64_t index = 0;
+    std::uint64_t needed = 0;
+  };
   // Runs `indices` of `updates`, concurrency_ at a time; returns those that did not fit the budget
   // (ascending) and records another failure in `failure`.
-  std::vector<std::int64_t> run_concurrently(U1Mps& psi, const std::vector<BondGate>& updates, const std::vector<std::int64_t>& indices,
-                                             const TruncParams& trunc, std::vector<double>& discarded, std::vector<double>& norms,
-                                             std::exception_ptr& failure);
+  std::vector<Deferred> run_concurrently(U1Mps& psi, const std::vector<BondGate>& updates,
+                                         const std::vector<std::int64_t>& indices, const TruncParams& trunc,
+                                         std::vector<double>& discarded, std::vector<double>& norms,
+                                         std::exception_ptr& failure);
   // OpenMP thread `thread`'s updater, made on first use (on the thread, whose device it binds).
   BondUpdater& updater_of(int thread);
   // Reruns `indices` of `updates` one at a time on one updater; a budget too small for one update

@@ -458,8 +458,9 @@ StepPass TebdStage::Run::output(StagePlan& plan) {
                         tm.canonicalizations, tm.canonical)
           : std::string(),
       tm.serialized
-          ? fmt::format("; {} update{} did not fit the device budget beside the others' and {} rerun with half as many "
-                        "at a time (their bonds from then on; the largest {} at a time, the others as before)",
+          ? fmt::format("; {} update{} did not fit the device budget beside the others' and {} rerun with fewer at a "
+                        "time, as many as their estimates left room for (their bonds from then on; the fewest {} at a "
+                        "time, the others as before)",
                         tm.serialized, tm.serialized == 1 ? "" : "s", tm.serialized == 1 ? "was" : "were",
                         updater.concurrency())
           : std::string(),
