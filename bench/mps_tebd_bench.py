@@ -21,6 +21,15 @@ Where both do not fit one time limit (chi 4096 on a GPU machine lent 10 minutes 
 with --no-tenpy, then TeNPy with --tenpy-only (it makes or reuses qstage's `warm` state in --dir
 and times TeNPy alone; --untimed-steps 0 --steps 1 times its first step), the ratio taken by hand.
 
+Out of core: --budget-fractions 0.25 also runs qstage's timed steps from the same `warm` state (a
+copy of its run directory) with --device-memory that fraction of the state's values
+(complex128 bytes), after the in-core run on the same machine, and reports each fraction's
+seconds per step against the in-core figure (the fraction of the in-core rate), whether its `more`
+state has the in-core bytes, and the log's line on deferred and grouped updates:
+
+    python3 bench/mps_tebd_bench.py --L 100 --chi 4096 --start random --steps 1 --no-tenpy \
+        --budget-fractions 0.25 --qstage build/qstage --device cuda --threads 16 --dir /tmp/mps-bench
+
 Threads: OMP_NUM_THREADS, OPENBLAS_NUM_THREADS, MKL_NUM_THREADS (and the rest below) are set to
 --threads before numpy is imported, for TeNPy (its SVDs and GEMMs are numpy/scipy's LAPACK and
 BLAS), and for qstage's OpenMP. Without tenpy (PyPI physics-tenpy) it says so and times qstage
@@ -29,6 +38,7 @@ alone. Prints a Markdown table and one JSON object per chi_max (and all of them 
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -65,6 +75,9 @@ def parse():
     p.add_argument("--dir", default="/tmp/mps-tebd-bench")
     p.add_argument("--json", default=None, help="also write all rows to this file")
     p.add_argument("--no-tenpy", action="store_true", help="time qstage alone")
+    p.add_argument("--budget-fractions", default="",
+                   help="comma-separated fractions of the warm state's values: the timed steps again within that "
+                        "device budget (e.g. 0.25), against the in-core run")
     p.add_argument("--precision", default="complex128", choices=("complex128", "complex64"),
                    help="mps.tebd's precision in the timed steps (the warm-up runs in complex128)")
     return p.parse_args()
@@ -106,6 +119,55 @@ def blas_info():
         return cfg.get("Build Dependencies", {}).get("lapack", {}).get("name", "unknown")
 
 
+FRACTIONS = [float(f) for f in ARGS.budget_fractions.split(",") if f.strip()]
+
+
+def qstage(spec, run_dir, *extra, check=True):
+    """`qstage run spec` in run_dir; returns its stderr (the log). check=False: a failure's last line
+    (qstage's one-line error) is returned as ("error", line) instead of stopping the bench."""
+    cmd = [ARGS.qstage, "run", str(spec), "--run-dir", str(run_dir), "--device", ARGS.device, *extra]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        if not check:
+            return ("error", (p.stdout + p.stderr).strip().splitlines()[-1])
+        raise SystemExit(f"qstage failed (exit {p.returncode}):\n" + "\n".join((p.stdout + p.stderr).splitlines()[-12:]))
+    return p.stderr
+
+
+def datasets(path):
+    with h5py.File(path) as f:
+        return {k: f[k][()].tobytes() for k in f if isinstance(f[k], h5py.Dataset)}
+
+
+def budgeted_runs(chi, per_step):
+    """The timed steps again from a copy of the warm run directory, within each fraction of the warm
+    state's values: seconds per step, against the in-core per_step, and the same bytes or not."""
+    d = Path(ARGS.dir) / f"chi{chi}"
+    with h5py.File(d / "warm-run" / "outputs" / "warm.h5") as f:
+        values_bytes = int(f["values"].size) * 16
+    in_core = datasets(d / "run" / "outputs" / "more.h5")
+    out = []
+    for fraction in FRACTIONS:
+        run_dir = d / f"run-{fraction:g}"
+        subprocess.run(["rm", "-rf", str(run_dir)], check=True)
+        subprocess.run(["cp", "-r", str(d / "warm-run"), str(run_dir)], check=True)
+        budget = int(values_bytes * fraction)
+        log = qstage(d / "spec.yaml", run_dir, "--device-memory", f"{budget}B", check=False)
+        if isinstance(log, tuple):
+            out.append({"fraction": fraction, "budget_bytes": budget, "error": log[1]})
+            continue
+        steps = json.loads((run_dir / "manifest.json").read_text())["steps"]
+        seconds = (steps["more"]["wall_seconds"] - steps["one"]["wall_seconds"]) / ARGS.steps
+        # (the summary line's parts on deferred and grouped updates)
+        deferred = ["; ".join(re.findall(r"[0-9]+ updates? (?:did not fit|larger than)[^(]*\([^)]*\)", line))
+                    for line in log.splitlines() if "mps.tebd:" in line and "updates on" in line]
+        out.append({"fraction": fraction, "budget_bytes": budget, "seconds_per_step": seconds,
+                    "of_in_core_rate": per_step / seconds if seconds > 0 else None,
+                    "same_bytes": datasets(run_dir / "outputs" / "more.h5") == in_core,
+                    "log": deferred[-1] if deferred else ""})
+    return out
+
+
 def qstage_run(chi):
     """The workflow above; returns (per-step seconds, the manifest's metrics, the `warm` and `more` files)."""
     d = Path(ARGS.dir) / f"chi{chi}"
@@ -141,11 +203,12 @@ def qstage_run(chi):
 """)
     spec = d / ("spec-warm.yaml" if ARGS.tenpy_only else "spec.yaml")
     spec.write_text(f"name: mps-tebd-bench\nsteps:\n{warm}{timed}")
-    cmd = [ARGS.qstage, "run", str(spec), "--run-dir", str(d / "run"), "--device", ARGS.device]
+    if FRACTIONS and not ARGS.tenpy_only:  # (the warm state alone first, kept for the budgeted runs)
+        (d / "spec-warm.yaml").write_text(f"name: mps-tebd-bench\nsteps:\n{warm}")
+        qstage(d / "spec-warm.yaml", d / "run")
+        subprocess.run(["cp", "-r", str(d / "run"), str(d / "warm-run")], check=True)
     t = time.time()
-    p = subprocess.run(cmd, capture_output=True, text=True)  # (--tenpy-only: a warm state already there is skipped)
-    if p.returncode != 0:
-        raise SystemExit(f"qstage failed (exit {p.returncode}):\n" + "\n".join((p.stdout + p.stderr).splitlines()[-12:]))
+    qstage(spec, d / "run")  # (--tenpy-only: a warm state already there is skipped)
     wall = time.time() - t
     steps = json.loads(manifest.read_text())["steps"]
     out = d / "run" / "outputs"
@@ -246,7 +309,21 @@ def main():
             tp = f"– | – | {q['max_chi']} / – | {q['truncation_error']:.3e} / – | –"
         qs = f"{per_step:.4g}" if per_step else "–"
         print(f"| {chi} | {warm_chi}{'' if warm_chi == chi else ' (not saturated)'} | {qs} | {tp} |", flush=True)
+        if FRACTIONS and per_step:
+            row["budgeted"] = budgeted_runs(chi, per_step)
         rows.append(row)
+    if any("budgeted" in r for r in rows):
+        print("\n| chi_max | fraction of the values | budget | s/step | in core s/step | of the in-core rate | same bytes |")
+        print("| --- | --- | --- | --- | --- | --- | --- |")
+        for r in rows:
+            for b in r.get("budgeted", []):
+                if "error" in b:
+                    print(f"| {r['chi_max']} | {b['fraction']:g} | {b['budget_bytes']} B | failed: {b['error'][:300]} | | | |")
+                    continue
+                print(f"| {r['chi_max']} | {b['fraction']:g} | {b['budget_bytes']} B | {b['seconds_per_step']:.4g} | "
+                      f"{r['qstage_seconds_per_step']:.4g} | {b['of_in_core_rate']:.1%} | {'yes' if b['same_bytes'] else 'NO'} |")
+                if b["log"]:
+                    print(f"#   {b['log']}")
     for r in rows:
         print(json.dumps(r))
     if ARGS.json:
