@@ -25,7 +25,7 @@ Out of core: --budget-fractions 0.25 also runs qstage's timed steps from the sam
 copy of its run directory) with --device-memory that fraction of the state's values
 (complex128 bytes), after the in-core run on the same machine, and reports each fraction's
 seconds per step against the in-core figure (the fraction of the in-core rate), whether its `more`
-state has the in-core bytes, and the log's line on deferred and grouped updates:
+state has the in-core bytes, and the log's line on how the updates shared the budget and went in groups:
 
     python3 bench/mps_tebd_bench.py --L 100 --chi 4096 --start random --steps 1 --no-tenpy \
         --budget-fractions 0.25 --qstage build/qstage --device cuda --threads 16 --dir /tmp/mps-bench
@@ -158,13 +158,13 @@ def budgeted_runs(chi, per_step):
             continue
         steps = json.loads((run_dir / "manifest.json").read_text())["steps"]
         seconds = (steps["more"]["wall_seconds"] - steps["one"]["wall_seconds"]) / ARGS.steps
-        # (the summary line's parts on deferred and grouped updates)
-        deferred = ["; ".join(re.findall(r"[0-9]+ updates? (?:did not fit|larger than)[^(]*\([^)]*\)", line))
+        # (the summary line's parts on the updates' sharing of the budget and on grouped updates)
+        sharing = ["; ".join(re.findall(r"within the device budget [^;]*|[0-9]+ updates? larger than[^(]*\([^)]*\)", line))
                     for line in log.splitlines() if "mps.tebd:" in line and "updates on" in line]
         out.append({"fraction": fraction, "budget_bytes": budget, "seconds_per_step": seconds,
                     "of_in_core_rate": per_step / seconds if seconds > 0 else None,
                     "same_bytes": datasets(run_dir / "outputs" / "more.h5") == in_core,
-                    "log": deferred[-1] if deferred else ""})
+                    "log": sharing[-1] if sharing else ""})
     return out
 
 

@@ -7,7 +7,9 @@
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -459,6 +461,59 @@ std::vector<std::size_t> group_cuts(const std::vector<ChargeBlock>& blocks, cons
   return cuts;
 }
 
+// Each centre block's SVD workspace alone on the device (0 for the blocks the host decomposes),
+// as kernels::batched_svd sizes it.
+// (cuSOLVER's answers are remembered per shape: a layer's updates ask about the same few shapes,
+// each an estimate before the update starts and again as it plans its groups)
+template <typename T>
+std::vector<std::size_t> block_svd_bytes(Stream& st, const std::vector<ChargeBlock>& blocks,
+                                         std::int64_t gpu_svd_from) {
+  static std::mutex mutex;
+  static std::map<std::tuple<BackendKind, std::int64_t, std::int64_t, std::int64_t>, std::size_t> known;
+  std::vector<std::size_t> bytes(blocks.size(), 0);
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    const auto key = std::tuple{st.kind(), blocks[i].m, blocks[i].n, gpu_svd_from};
+    {
+      const std::lock_guard lock(mutex);
+      if (const auto it = known.find(key); it != known.end()) {
+        bytes[i] = it->second;
+        continue;
+      }
+    }
+    bytes[i] =
+        kernels::svd_workspace_bytes<T>(st, {{blocks[i].m, blocks[i].n, 0, 0, 0}}, kernels::SvdRouting{gpu_svd_from});
+    const std::lock_guard lock(mutex);
+    known.emplace(key, bytes[i]);
+  }
+  return bytes;
+}
+
+namespace {
+
+// What one update asks of the device budget by update_bytes' estimate: in one piece (`whole`),
+// and at the least, in groups of centre charges whose largest is one charge block (`least`).
+struct UpdateNeed {
+  std::uint64_t whole = 0, least = 0;
+};
+
+UpdateNeed update_need(const std::vector<ChargeBlock>& blocks, const std::vector<std::size_t>& svd_bytes,
+                       std::size_t element) {
+  UpdateNeed need{update_bytes(blocks, svd_bytes, 0, blocks.size(), element, true), 0};
+  for (std::size_t i = 0; i < blocks.size(); ++i)
+    need.least = std::max(need.least, update_bytes(blocks, svd_bytes, i, i + 1, element, false));
+  return need;
+}
+
+UpdateNeed update_need(Stream& st, const U1Mps& psi, int j, Precision precision, std::int64_t gpu_svd_from) {
+  const std::vector<ChargeBlock> blocks = centre_blocks(psi, j);
+  return precision == Precision::complex64
+             ? update_need(blocks, block_svd_bytes<kernels::cplx64>(st, blocks, gpu_svd_from), sizeof(kernels::cplx64))
+             : update_need(blocks, block_svd_bytes<kernels::cplx128>(st, blocks, gpu_svd_from),
+                           sizeof(kernels::cplx128));
+}
+
+}  // namespace
+
 // One update() of a BondUpdater in element type T, a step a function: the update's groups of
 // centre charges (plan_groups), each group's Theta and SVDs (decompose), the global truncation on the
 // host (truncate), each group's B'[j] = C Y^dagger / norm (finish), and the new bond and sites cut
@@ -510,8 +565,9 @@ class BondUpdate {
     svd_bytes_.assign(blocks_.size(), 0);
     std::vector<bool> svd_on_host(blocks_.size(), false);
     if (u_.device_share_ != std::numeric_limits<std::uint64_t>::max())
+      svd_bytes_ = block_svd_bytes<T>(st_, blocks_, gpu_from);
+    if (u_.device_share_ != std::numeric_limits<std::uint64_t>::max())
       for (std::size_t i = 0; i < blocks_.size(); ++i) {
-        svd_bytes_[i] = kernels::svd_workspace_bytes<T>(st_, {{blocks_[i].m, blocks_[i].n, 0, 0, 0}}, kernels::SvdRouting{gpu_from});
         // (the last resort before a budget too small: the block's SVD without its GPU workspace)
         if (u_.host_svd_when_short_ && svd_bytes_[i] > 0 &&
             update_bytes(blocks_, svd_bytes_, i, i + 1, sizeof(T), false) > u_.device_share_) {
@@ -810,9 +866,10 @@ std::vector<std::int64_t> owned_updates(std::int64_t count, int rank, int ranks,
 }
 
 LayerUpdater::LayerUpdater(Backend& backend, std::int64_t gpu_svd_from, Precision precision, comm::Communicator* ranks)
-    : backend_(backend), gpu_svd_from_(gpu_svd_from), precision_(precision), ranks_(ranks && ranks->size() > 1 ? ranks : nullptr),
-      updaters_(static_cast<std::size_t>(std::max(1, omp_get_max_threads()))), concurrency_(std::max(1, omp_get_max_threads())),
-      fewest_(concurrency_) {}
+    : backend_(backend),
+      gpu_svd_from_(gpu_svd_from),
+      precision_(precision),
+      ranks_(ranks && ranks->size() > 1 ? ranks : nullptr) {}
 LayerUpdater::~LayerUpdater() = default;
 
 void LayerUpdater::apply(U1Mps& psi, const std::vector<BondGate>& updates, const TruncParams& trunc, double& eps) {
@@ -823,42 +880,16 @@ void LayerUpdater::apply(U1Mps& psi, const std::vector<BondGate>& updates, const
   const std::vector<std::int64_t> mine = owned_updates(static_cast<std::int64_t>(updates.size()), ranks_ ? ranks_->rank() : 0,
                                                        P, static_cast<int>(exchange_.exchanges % P));
   std::exception_ptr failure;
-  // Group by group (at_once_): an update whose workspace did not fit the device budget beside the
-  // others' is rerun later in the layer with fewer at a time: as many as leave the share its
-  // estimate asked for, or half as many where the pool refused (an estimate below the truth), down
-  // to one at a time, where a budget too small for one update is a bad input. Each update
-  // computes what it would alone: the same bits in any order and at any share.
-  const int threads = static_cast<int>(updaters_.size());
-  const std::uint64_t limit = backend_.device_budget().limit(), stream_bytes = backend_.blas_stream_bytes();
-  // A bond met for the first time starts at the most updates at a time whose streams alone (on
-  // cuda each holds a cuBLAS workspace) fit the device budget: beyond it every update would fail.
-  int first = threads;
-  while (first > 1 && static_cast<std::uint64_t>(first) * stream_bytes >= limit) first = first / 2;
-  std::map<int, std::vector<std::int64_t>, std::greater<>> by_count;  // (the most at a time first)
-  for (std::int64_t i : mine)
-    by_count[at_once_.try_emplace(updates[static_cast<std::size_t>(i)].bond, first).first->second].push_back(i);
-  fewest_ = std::min(fewest_, first);
-  while (!by_count.empty() && !failure) {
-    const auto [count, indices] = *by_count.begin();
-    by_count.erase(by_count.begin());
-    set_concurrency(count);
-    if (count == 1) {
-      try {
-        run_alone(psi, updates, indices, trunc, discarded, norms);
-      } catch (...) {
-        failure = std::current_exception();
-      }
-      continue;
-    }
-    const std::vector<Deferred> deferred = run_concurrently(psi, updates, indices, trunc, discarded, norms, failure);
-    retired_.serialized += static_cast<std::int64_t>(deferred.size());
-    for (const Deferred& d : deferred) {
-      // share(c) = (limit - c streams) / c holds `needed` for c <= limit / (needed + a stream)
-      const std::uint64_t fits = d.needed ? limit / (d.needed + stream_bytes) : static_cast<std::uint64_t>(count / 2);
-      const int fewer = static_cast<int>(std::clamp<std::uint64_t>(fits, 1, static_cast<std::uint64_t>(count - 1)));
-      at_once_[updates[static_cast<std::size_t>(d.index)].bond] = fewer;
-      by_count[fewer].push_back(d.index);
-      fewest_ = std::min(fewest_, fewer);
+  // The updates beside each other within the device budget, then those that need it to
+  // themselves one at a time. Each update computes what it would alone: the same bits in any
+  // order and at any share.
+  std::vector<std::int64_t> alone;
+  run_shared(psi, updates, mine, trunc, discarded, norms, failure, alone);
+  if (!failure && !alone.empty()) {
+    try {
+      run_alone(psi, updates, alone, trunc, discarded, norms);
+    } catch (...) {
+      failure = std::current_exception();
     }
   }
   if (ranks_) exchange(psi, updates, mine, failure, discarded, norms);
@@ -869,88 +900,232 @@ void LayerUpdater::apply(U1Mps& psi, const std::vector<BondGate>& updates, const
     for (double n : norms) psi.weight *= n;
 }
 
-std::vector<LayerUpdater::Deferred> LayerUpdater::run_concurrently(
-    U1Mps& psi, const std::vector<BondGate>& updates, const std::vector<std::int64_t>& indices,
-    const TruncParams& trunc, std::vector<double>& discarded, std::vector<double>& norms, std::exception_ptr& failure) {
-  const auto count = static_cast<std::int64_t>(indices.size());
-  std::mutex deferred_mutex;
-  std::vector<Deferred> deferred;
-  // With fewer updates at a time than threads, each update's host SVDs (kernels::batched_svd's
-  // OpenMP loop over blocks, nested here) get the threads left over; each SVD still runs on one.
-  const int team = static_cast<int>(std::min<std::int64_t>(concurrency_, count));
-  const int threads = omp_get_max_threads(), inner = std::max(1, threads / std::max(1, team));
+namespace {
+
+// The device budget of a layer's updates, lent as each starts (libcudf-style: the state here, the
+// callers drive it). Every updater holds its stream's bytes (on cuda a cuBLAS workspace) and, while
+// idle, the buffers it kept; a running update holds the share it was lent plus a margin for what
+// update_bytes leaves out (the gather form's tables, the row scales, S). Updates are served in the order they ask: the
+// first in line gets clamp(what is free / those in line, its least, its whole) and waits while
+// even its least does not fit; before waiting it frees what idle updaters keep, then the idle
+// updaters themselves. So the smaller updates run many at a time, the larger in groups of centre
+// charges beside fewer, and none waits for a share it does not need.
+class UpdaterSlots {
+ public:
+  using Make = std::function<std::unique_ptr<BondUpdater>()>;
+  UpdaterSlots(std::vector<std::unique_ptr<BondUpdater>>& idle, UpdateTimings& retired, LayerUpdater::Sharing& sharing,
+               std::uint64_t limit, std::uint64_t stream_bytes, Make make)
+      : idle_(idle),
+        retired_(retired),
+        sharing_(sharing),
+        limit_(limit),
+        stream_(stream_bytes),
+        make_(std::move(make)) {
+    for (const auto& u : idle_) held_ += stream_ + u->device_bytes();
+  }
+
+  // (an eighth, and 16 KiB for the small buffers it leaves out: the row scales, S, the tables)
+  static std::uint64_t with_margin(std::uint64_t share) { return share + share / 8 + (16 << 10); }
+
+  struct Lent {
+    std::unique_ptr<BondUpdater> updater;
+    std::uint64_t held = 0;  // its stream, the share and the margin
+    int running = 0;         // updates running now, this one included
+  };
+
+  // Blocks until `need` fits beside the running updates; BudgetExceeded if the device pool refuses
+  // a new updater's stream (the caller runs that update alone).
+  Lent lend(const UpdateNeed& need) {
+    std::unique_lock lock(mutex_);
+    const std::uint64_t ticket = next_ticket_++;
+    bool waited = false;
+    for (;;) {
+      if (serving_ == ticket) {
+        std::unique_ptr<BondUpdater> u;
+        if (!idle_.empty()) u = std::move(idle_.back()), idle_.pop_back();
+        const std::uint64_t kept = u ? stream_ + u->device_bytes() : 0;
+        const std::uint64_t others = held_ - kept, free = limit_ > others + stream_ ? limit_ - others - stream_ : 0;
+        const std::uint64_t in_line = next_ticket_ - serving_;
+        // (the buffers an updater kept stay within a share that has room for them beside the estimate)
+        const std::uint64_t most = need.whole + (u ? u->device_bytes() : 0);
+        // (a fair part of what is free, less its margin)
+        const std::uint64_t fair = free / in_line > (16 << 10) ? (free / in_line - (16 << 10)) / 9 * 8 : 0;
+        const std::uint64_t share = std::clamp<std::uint64_t>(fair, need.least, std::max(most, need.least));
+        if (with_margin(share) <= free) {
+          if (!u) {
+            lock.unlock();
+            try {
+              u = make_();
+            } catch (...) {
+              lock.lock();
+              ++serving_;
+              cv_.notify_all();
+              throw;
+            }
+            lock.lock();
+          }
+          u->set_device_share(share);
+          Lent lent{std::move(u), stream_ + with_margin(share), ++running_};
+          held_ = held_ - kept + lent.held;  // (others may have given back while the updater was made)
+          ++serving_;
+          sharing_.most_at_once = std::max(sharing_.most_at_once, running_);
+          sharing_.waited += waited ? 1 : 0;
+          cv_.notify_all();
+          return lent;
+        }
+        // Short: what idle updaters keep, then the idle updaters themselves, then wait.
+        if (u) idle_.push_back(std::move(u));
+        if (free_idle()) continue;
+        waited = true;
+      }
+      cv_.wait(lock);
+    }
+  }
+
+  // An update done (or failed): its updater idle again, holding its stream and what it kept.
+  void give_back(Lent&& lent) {
+    const std::lock_guard lock(mutex_);
+    held_ -= lent.held;
+    held_ += stream_ + lent.updater->device_bytes();
+    idle_.push_back(std::move(lent.updater));
+    --running_;
+    cv_.notify_all();
+  }
+
+ private:
+  // Frees what one idle updater keeps (its buffers, else the updater): false if none is idle.
+  bool free_idle() {
+    for (auto& u : idle_)
+      if (u->device_bytes() > 0) {
+        held_ -= u->device_bytes();
+        u->release_device();
+        return true;
+      }
+    if (idle_.empty()) return false;
+    retired_ += idle_.back()->timings();
+    idle_.pop_back();
+    held_ -= stream_;
+    return true;
+  }
+
+  std::vector<std::unique_ptr<BondUpdater>>& idle_;
+  UpdateTimings& retired_;
+  LayerUpdater::Sharing& sharing_;
+  const std::uint64_t limit_, stream_;
+  Make make_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::uint64_t held_ = 0, next_ticket_ = 0, serving_ = 0;
+  int running_ = 0;
+};
+
+}  // namespace
+
+void LayerUpdater::run_shared(U1Mps& psi, const std::vector<BondGate>& updates,
+                              const std::vector<std::int64_t>& indices, const TruncParams& trunc,
+                              std::vector<double>& discarded, std::vector<double>& norms, std::exception_ptr& failure,
+                              std::vector<std::int64_t>& alone) {
+  const std::uint64_t limit = backend_.device_budget().limit(), stream_bytes = backend_.blas_stream_bytes();
+  // Each update's estimate (one stream for the SVD workspace queries; no device memory); one that
+  // does not fit beside a single stream runs alone, and so do the bonds the pool refused before.
+  if (!planner_) planner_ = backend_.make_stream(false);
+  std::vector<std::pair<UpdateNeed, std::int64_t>> order;
+  for (std::int64_t i : indices) {
+    const int bond = updates[static_cast<std::size_t>(i)].bond;
+    const UpdateNeed need =
+        alone_bonds_.count(bond) ? UpdateNeed{} : update_need(*planner_, psi, bond, precision_, gpu_svd_from_);
+    if (alone_bonds_.count(bond) || UpdaterSlots::with_margin(need.least) + stream_bytes > limit) {
+      alone.push_back(i);
+      sharing_.alone_by_pool += alone_bonds_.count(bond) ? 1 : 0;
+    } else {
+      order.emplace_back(need, i);
+    }
+  }
+  // The largest first, so that the small ones fill in around them at the end.
+  std::stable_sort(order.begin(), order.end(),
+                   [](const auto& a, const auto& b) { return a.first.whole > b.first.whole; });
+  std::mutex alone_mutex;
+  UpdaterSlots slots(idle_, retired_, sharing_, limit, stream_bytes, [&] {
+    backend_.bind_thread();
+    return std::make_unique<BondUpdater>(backend_, gpu_svd_from_, precision_);
+  });
+  const auto count = static_cast<std::int64_t>(order.size());
+  const int threads = omp_get_max_threads();
+  const int team = static_cast<int>(std::min<std::int64_t>(threads, count));
   const int saved_levels = omp_get_max_active_levels();
-  if (team > 1 && inner > 1) omp_set_max_active_levels(2);
+  if (team > 1) omp_set_max_active_levels(2);
   FirstFailure thrown;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(team) if (team > 1)
   for (std::int64_t k = 0; k < count; ++k)
     thrown.run([&] {
-      const auto i = static_cast<std::size_t>(indices[static_cast<std::size_t>(k)]);
-      omp_set_num_threads(inner);
+      const auto& [need, index] = order[static_cast<std::size_t>(k)];
+      const auto i = static_cast<std::size_t>(index);
+      backend_.bind_thread();
+      UpdaterSlots::Lent lent;
       try {
-        BondUpdater& updater = updater_of(omp_get_thread_num());
-        discarded[i] = updater.update(psi, updates[i].bond, *updates[i].gate, trunc);
-        norms[i] = updater.last_norm();
-      } catch (const BudgetExceeded& e) {
-        // (update() changes psi only once it has computed: rerun, it gives the same bits)
-        const BondUpdater& updater = updater_of(omp_get_thread_num());
-        spdlog::debug("mps.tebd: bond {} deferred from {} at a time (its share {}, its buffers {}): {}",
-                      updates[i].bond + 1, concurrency_, format_bytes(static_cast<double>(updater.device_share())),
-                      format_bytes(static_cast<double>(updater.device_bytes())), e.what());
-        const std::lock_guard lock(deferred_mutex);
-        deferred.push_back({static_cast<std::int64_t>(i), e.needed()});
+        lent = slots.lend(need);
+      } catch (const BudgetExceeded&) {  // (the pool refused a new stream: alone, after the others)
+        const std::lock_guard lock(alone_mutex);
+        alone.push_back(index);
+        ++sharing_.alone_by_pool;
+        return;
       }
+      // Each update's host SVDs (kernels::batched_svd's OpenMP loop over blocks, nested here) get
+      // the threads the running updates leave; each SVD still runs on one.
+      omp_set_num_threads(std::max(1, threads / lent.running));
+      try {
+        lent.updater->set_host_svd_when_short(false);
+        discarded[i] = lent.updater->update(psi, updates[i].bond, *updates[i].gate, trunc);
+        norms[i] = lent.updater->last_norm();
+      } catch (const BudgetExceeded& e) {
+        // (update() changes psi only once it has computed: rerun alone, it gives the same bits)
+        spdlog::debug("mps.tebd: bond {} runs alone after the others (its share {}, its buffers {}): {}",
+                      updates[i].bond + 1, format_bytes(static_cast<double>(lent.updater->device_share())),
+                      format_bytes(static_cast<double>(lent.updater->device_bytes())), e.what());
+        const std::lock_guard lock(alone_mutex);
+        alone.push_back(index);
+        alone_bonds_.insert(updates[i].bond);
+        ++sharing_.alone_by_pool;
+      } catch (...) {
+        slots.give_back(std::move(lent));
+        throw;
+      }
+      slots.give_back(std::move(lent));
     });
   if (!failure) failure = thrown.first();
   omp_set_max_active_levels(saved_levels);
-  std::sort(deferred.begin(), deferred.end(), [](const Deferred& a, const Deferred& b) { return a.index < b.index; });
-  return deferred;
-}
-
-void LayerUpdater::set_concurrency(int count) {
-  if (count < concurrency_) {
-    for (std::size_t t = static_cast<std::size_t>(count); t < updaters_.size(); ++t)
-      if (updaters_[t]) {
-        retired_ += updaters_[t]->timings();
-        updaters_[t].reset();
-      }
-  } else if (count > concurrency_) {
-    for (auto& u : updaters_)
-      if (u) u->release_device();
-  }
-  concurrency_ = count;
-}
-
-BondUpdater& LayerUpdater::updater_of(int thread) {
-  auto& updater = updaters_[static_cast<std::size_t>(thread)];
-  if (!updater) {
-    backend_.bind_thread();
-    updater = std::make_unique<BondUpdater>(backend_, gpu_svd_from_, precision_);
-  }
-  // Each of the updates running at once gets an equal share of the device budget, less the
-  // streams' own (cuBLAS workspaces); a larger update goes in groups of centre charges. One at a
-  // time, a block whose GPU SVD workspace does not fit the share is decomposed on the host.
-  updater->set_host_svd_when_short(concurrency_ == 1);
-  const std::uint64_t limit = backend_.device_budget().limit(), streams = static_cast<std::uint64_t>(concurrency_) * backend_.blas_stream_bytes();
-  updater->set_device_share(limit > streams ? (limit - streams) / static_cast<std::uint64_t>(concurrency_) : 0);
-  return *updater;
+  std::sort(alone.begin(), alone.end());
 }
 
 void LayerUpdater::run_alone(U1Mps& psi, const std::vector<BondGate>& updates, std::vector<std::int64_t> indices,
                              const TruncParams& trunc, std::vector<double>& discarded, std::vector<double>& norms) {
   std::sort(indices.begin(), indices.end());
-  BondUpdater* one = nullptr;
-  try {
-    one = &updater_of(0);
-  } catch (const BudgetExceeded& e) {
-    // (on cuda the updater's stream holds a cuBLAS workspace, charged to the budget)
-    throw InputError(fmt::format("the device budget is too small for one two-site updater's stream: {}; expected a larger --device-memory",
-                                 e.what()));
+  sharing_.alone += static_cast<std::int64_t>(indices.size());
+  // One updater with the whole budget but its stream: the others and what they kept go.
+  while (idle_.size() > 1) {
+    retired_ += idle_.back()->timings();
+    idle_.pop_back();
   }
-  BondUpdater& updater = *one;
-  const std::uint64_t whole = updater.device_share();
+  if (idle_.empty()) {
+    try {
+      backend_.bind_thread();
+      idle_.push_back(std::make_unique<BondUpdater>(backend_, gpu_svd_from_, precision_));
+    } catch (const BudgetExceeded& e) {
+      // (on cuda the updater's stream holds a cuBLAS workspace, charged to the budget)
+      throw InputError(fmt::format(
+          "the device budget is too small for one two-site updater's stream: {}; expected a larger --device-memory",
+          e.what()));
+    }
+  }
+  BondUpdater& updater = *idle_.front();
+  updater.release_device();
+  const std::uint64_t limit = backend_.device_budget().limit(), stream_bytes = backend_.blas_stream_bytes();
+  const std::uint64_t whole = limit > stream_bytes ? limit - stream_bytes : 0;
+  updater.set_host_svd_when_short(true);
+  sharing_.most_at_once = std::max(sharing_.most_at_once, 1);
   for (std::int64_t i : indices) {
     const BondGate& u = updates[static_cast<std::size_t>(i)];
+    updater.set_device_share(whole);
     // An update whose buffers outgrow its estimate (the gather form's tables are not in it) is
     // retried in smaller groups: the share halved, up to 8 times. One whose estimate refuses it (a
     // charge block alone above the share) is not helped by a smaller share: too small a budget.
@@ -978,9 +1153,9 @@ void LayerUpdater::run_alone(U1Mps& psi, const std::vector<BondGate>& updates, s
         updater.set_device_share(updater.device_share() / 2);
       }
     }
-    updater.set_device_share(whole);
     norms[static_cast<std::size_t>(i)] = updater.last_norm();
   }
+  updater.release_device();  // (the next layer's updates share the budget again)
 }
 
 void LayerUpdater::exchange(U1Mps& psi, const std::vector<BondGate>& updates, const std::vector<std::int64_t>& mine,
@@ -1067,8 +1242,7 @@ void LayerUpdater::recanonicalize(U1Mps& psi, int bond) {
 
 UpdateTimings LayerUpdater::timings() const {
   UpdateTimings t = retired_;
-  for (const auto& u : updaters_)
-    if (u) t += u->timings();
+  for (const auto& u : idle_) t += u->timings();
   return t;
 }
 

@@ -5,6 +5,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -27,8 +28,7 @@ struct UpdateTimings {
   double finish = 0;      // B'[j] = C Y^dagger / norm
   std::int64_t updates = 0;
   std::int64_t products = 0, gathered_pairs = 0;  // Theta's GEMM products, and its pairs in gather form
-  std::int64_t wide_pairs = 0, rounds = 0;        // of those, pairs whose products went through the workspace, in rounds
-  std::int64_t serialized = 0;  // updates rerun with fewer at a time: their workspace did not fit the budget beside the others'
+  std::int64_t wide_pairs = 0, rounds = 0;  // of those, pairs whose products went through the workspace, in rounds
   std::int64_t grouped = 0, groups = 0;  // updates split into groups of centre charges (to fit their device share); groups of all updates
   std::int64_t svd_for_memory = 0;       // charge blocks decomposed on the host because their GPU SVD workspace did not fit
   double canonical = 0;          // wall seconds of LayerUpdater::recanonicalize
@@ -36,8 +36,8 @@ struct UpdateTimings {
   kernels::SvdReport svd_paths;
   UpdateTimings& operator+=(const UpdateTimings& o) {
     planning += o.planning, theta += o.theta, svd += o.svd, truncation += o.truncation, transfers += o.transfers, finish += o.finish;
-    updates += o.updates, products += o.products, gathered_pairs += o.gathered_pairs, serialized += o.serialized;
-    wide_pairs += o.wide_pairs, rounds += o.rounds;
+    updates += o.updates, products += o.products, gathered_pairs += o.gathered_pairs, wide_pairs += o.wide_pairs,
+        rounds += o.rounds;
     grouped += o.grouped, groups += o.groups, svd_for_memory += o.svd_for_memory;
     canonical += o.canonical, canonicalizations += o.canonicalizations;
     svd_paths += o.svd_paths;
@@ -115,9 +115,10 @@ struct ExchangeStats {
 std::vector<std::int64_t> owned_updates(std::int64_t count, int rank, int ranks, int first = 0);
 
 // One brickwork layer at a time: the bonds first, first + 2, ... touch disjoint sites, so they are
-// updated at the same time, one BondUpdater (and stream) per OpenMP thread (seed 001's
-// unitary-level parallelism). Each update is computed as it would be alone and the discarded
-// weights are summed in bond order, so the result does not depend on the thread count.
+// updated at the same time, each on a BondUpdater (and stream) of its own, on OpenMP threads (seed
+// 001's unitary-level parallelism), as many at once as the device budget holds (each update lent
+// what its estimate asks, a larger one in groups of centre charges; run_shared). Each update is computed as it would be
+// alone and the discarded weights are summed in bond order, so the result does not depend on the thread count.
 //
 // With `ranks` (several MPI ranks, each holding the whole MPS), each rank computes its
 // owned_updates with its threads (starting each layer one rank further), then the ranks allgather
@@ -146,8 +147,15 @@ class LayerUpdater {
   // The updaters' timings summed (thread-seconds), and the layers' wall seconds.
   UpdateTimings timings() const;
   double wall_seconds() const { return wall_; }
-  // The fewest updates at a time that some bond's update has needed (the threads if none was short).
-  int concurrency() const { return fewest_; }
+  // How the layers' updates shared the device budget (the log's summary).
+  struct Sharing {
+    int most_at_once = 0;     // updates running at the same time, at most
+    std::int64_t waited = 0;  // updates that waited for device memory before they started
+    std::int64_t alone = 0;   // updates run alone after the others (they did not fit the budget beside them)
+    std::int64_t alone_by_pool =
+        0;  // of those, refused by the device pool beside the others (their bond then or before)
+  };
+  const Sharing& sharing() const { return sharing_; }
   const ExchangeStats& exchange_stats() const { return exchange_; }
 
  private:
@@ -159,36 +167,23 @@ class LayerUpdater {
   Precision precision_;
   comm::Communicator* ranks_ = nullptr;
   ExchangeStats exchange_;
-  std::vector<std::unique_ptr<BondUpdater>> updaters_;  // one per OpenMP thread, made on first use
-  // How many updates run at once now. Per bond, how many its updates run beside: each of them
-  // gets that share of the device budget; an update whose workspace does not fit its share moves
-  // its bond to fewer at a time, as many as leave its estimate room (or half as many where the
-  // pool refused it), for the rest of the evolution. A layer runs its updates group by group, the
-  // most at a time first, so small bonds keep running many at a time while the largest run with
-  // few (unequal shares of the budget). New bonds start at the most whose streams alone fit the
-  // budget.
-  int concurrency_ = 1, fewest_ = 1;
-  std::map<int, int> at_once_;
-  // Makes `count` updates run at once: updaters beyond it released, and where it grows, the
-  // others' device workspaces too (they were grown for larger shares).
-  void set_concurrency(int count);
-  UpdateTimings retired_;  // the timings of updaters released to make room
-  // An update that did not fit its share: its index in the layer, and the bytes its estimate asked
-  // for (0 where the device pool refused it instead).
-  struct Deferred {
-    std::int64_t index = 0;
-    std::uint64_t needed = 0;
-  };
-  // Runs `indices` of `updates`, concurrency_ at a time; returns those that did not fit the budget
-  // (ascending) and records another failure in `failure`.
-  std::vector<Deferred> run_concurrently(U1Mps& psi, const std::vector<BondGate>& updates,
-                                         const std::vector<std::int64_t>& indices, const TruncParams& trunc,
-                                         std::vector<double>& discarded, std::vector<double>& norms,
-                                         std::exception_ptr& failure);
-  // OpenMP thread `thread`'s updater, made on first use (on the thread, whose device it binds).
-  BondUpdater& updater_of(int thread);
-  // Reruns `indices` of `updates` one at a time on one updater; a budget too small for one update
-  // is an InputError naming it.
+  // The updaters not running an update (each with its stream and the device buffers it kept),
+  // made as updates start, kept across layers; updates take them in turn (UpdaterSlots, tebd.cpp).
+  std::vector<std::unique_ptr<BondUpdater>> idle_;
+  UpdateTimings retired_;  // the timings of updaters destroyed to make room
+  Sharing sharing_;
+  // Bonds whose update the device pool refused beside the others' (an estimate below the truth):
+  // from then on they run alone after the others.
+  std::set<int> alone_bonds_;
+  std::unique_ptr<Stream> planner_;  // the updates' estimates (cuSOLVER's workspace queries)
+  // Runs `indices` of `updates` at most a thread each at a time, each lent the device bytes its
+  // estimate asks (UpdaterSlots); those that cannot run beside the others go to `alone`
+  // (ascending), another failure to `failure`.
+  void run_shared(U1Mps& psi, const std::vector<BondGate>& updates, const std::vector<std::int64_t>& indices,
+                  const TruncParams& trunc, std::vector<double>& discarded, std::vector<double>& norms,
+                  std::exception_ptr& failure, std::vector<std::int64_t>& alone);
+  // Runs `indices` of `updates` one at a time on one updater with the whole budget; a budget too
+  // small for one update is an InputError naming it.
   void run_alone(U1Mps& psi, const std::vector<BondGate>& updates, std::vector<std::int64_t> indices, const TruncParams& trunc,
                  std::vector<double>& discarded, std::vector<double>& norms);
   double wall_ = 0;

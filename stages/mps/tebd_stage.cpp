@@ -11,6 +11,8 @@
 #include <spdlog/spdlog.h>
 #include <fmt/ranges.h>
 
+#include <omp.h>
+
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -214,6 +216,19 @@ double input_truncation_error(const h5::File& in) {
   if (ds.dtype() != DType::float64 || v.empty()) return 0;
   ds.read_all(v.data());
   return v.back();
+}
+
+// How the updates shared the device budget, for the summary line: nothing where none waited or ran alone.
+std::string sharing_line(const LayerUpdater::Sharing& s, int threads) {
+  if (s.waited == 0 && s.alone == 0) return {};
+  std::string line = fmt::format(
+      "; within the device budget at most {} updates ran at once on {} threads ({} waited for device memory)",
+      s.most_at_once, threads, s.waited);
+  if (s.alone)
+    line += fmt::format(", {} ran alone after the others{}", s.alone,
+                        s.alone_by_pool ? fmt::format(" ({} refused by the device pool beside them)", s.alone_by_pool)
+                                        : " (their estimate did not fit beside another update)");
+  return line;
 }
 
 // ------------------------------------------------------------------ ranks
@@ -457,13 +472,7 @@ StepPass TebdStage::Run::output(StagePlan& plan) {
           ? fmt::format("; the chain brought back to canonical form after {} gates that were not unitary, in {:.3f} s",
                         tm.canonicalizations, tm.canonical)
           : std::string(),
-      tm.serialized
-          ? fmt::format("; {} update{} did not fit the device budget beside the others' and {} rerun with fewer at a "
-                        "time, as many as their estimates left room for (their bonds from then on; the fewest {} at a "
-                        "time, the others as before)",
-                        tm.serialized, tm.serialized == 1 ? "" : "s", tm.serialized == 1 ? "was" : "were",
-                        updater.concurrency())
-          : std::string(),
+      sharing_line(updater.sharing(), omp_get_max_threads()),
       tm.grouped
           ? fmt::format(
                 "; {} update{} larger than {} device share went in groups of centre charges ({} groups, C and Vh "

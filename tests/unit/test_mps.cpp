@@ -3,6 +3,7 @@
 // blocked two-site update against the dense gate applied to the dense state (d = 2 and d = 3),
 // and the global truncation's ranking, ties and TeNPy constraints.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cmath>
 #include <complex>
@@ -755,6 +756,53 @@ TEST(MpsUpdate, UpdatesInGroupsOfCentreChargesEqualThemInOnePiece) {
   for (int j = 0; j + 1 < rho.L; ++j) grow.update(rho, j, boson, TruncParams{1000, 0, 0});
   for (int j = rho.L - 2; j >= 0; --j) grow.update(rho, j, boson, TruncParams{1000, 0, 0});
   check_grouped_updates(*cpu, rho, boson, TruncParams{1000, 0, 0});
+}
+
+// A layer's updates share the device budget, each lent what its estimate asks (LayerUpdater's
+// UpdaterSlots): at every budget from ample down to the smallest at which the layers still run,
+// the bits are those of the updates one after the other on one updater with the whole device. At
+// the smallest, the largest update cannot run beside another (its estimate and margin exceed the
+// budget) and runs alone after the others; below it, the budget is too small (InputError).
+TEST(MpsLayer, UpdatesSharingTheDeviceBudgetGiveTheBitsOfUpdatesAlone) {
+  const auto xx = gate_table(exp_minus_i(random_conserving_hamiltonian(2, 5), 4, 0.3), 2, "test gate");
+  const U1Mps start = random_state(12, 2, 6, 48, 5);
+  const TruncParams trunc{40, 1e-12, 0};
+  std::vector<LayerUpdater::BondGate> even, odd;
+  for (int j = 0; j + 1 < start.L; ++j) (j % 2 ? odd : even).push_back({j, &xx});
+  U1Mps alone = start;
+  double alone_eps = 0;
+  {
+    auto cpu = detail::make_cpu_backend(1ull << 34, 1ull << 34);
+    BondUpdater one(*cpu);
+    for (const auto* layer : {&even, &odd})
+      for (const auto& u : *layer) alone_eps += one.update(alone, u.bond, xx, trunc);
+  }
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(4);
+  std::int64_t alone_at_smallest = -1;
+  bool too_small = false;
+  for (std::uint64_t budget = 1ull << 24; budget > 1024 && !too_small; budget = budget * 19 / 20) {
+    auto cpu = detail::make_cpu_backend(budget, 1ull << 34);
+    LayerUpdater layer(*cpu);
+    U1Mps psi = start;
+    double eps = 0;
+    try {
+      layer.apply(psi, even, trunc, eps);
+      layer.apply(psi, odd, trunc, eps);
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("too small for one two-site update"), std::string::npos) << e.what();
+      too_small = true;
+      break;
+    }
+    EXPECT_TRUE(same_state(psi, alone)) << "budget " << budget;
+    EXPECT_EQ(eps, alone_eps) << "budget " << budget;
+    EXPECT_LE(layer.sharing().most_at_once, 4);
+    EXPECT_EQ(layer.sharing().alone_by_pool, 0) << "budget " << budget;
+    alone_at_smallest = layer.sharing().alone;
+  }
+  omp_set_num_threads(saved);
+  EXPECT_TRUE(too_small);
+  EXPECT_GE(alone_at_smallest, 1);
 }
 
 // A host budget too small for one update's staging and parked blocks is named as such (the
