@@ -930,7 +930,7 @@ class UpdaterSlots {
   struct Lent {
     std::unique_ptr<BondUpdater> updater;
     std::uint64_t held = 0;  // its stream, the share and the margin
-    int running = 0;         // updates running now, this one included
+    int busy = 1;            // updates running now, this one included, and those in line that fit beside them
   };
 
   // Blocks until `need` fits beside the running updates; BudgetExceeded if the device pool refuses
@@ -968,6 +968,9 @@ class UpdaterSlots {
           Lent lent{std::move(u), stream_ + with_margin(share), ++running_};
           held_ = held_ - kept + lent.held;  // (others may have given back while the updater was made)
           ++serving_;
+          // (those in line start soon where what is left holds them with shares like this one's)
+          const std::uint64_t left = limit_ > held_ ? limit_ - held_ : 0, behind = next_ticket_ - serving_;
+          lent.busy = running_ + static_cast<int>(std::min<std::uint64_t>(behind, left / lent.held));
           sharing_.most_at_once = std::max(sharing_.most_at_once, running_);
           sharing_.waited += waited ? 1 : 0;
           cv_.notify_all();
@@ -993,7 +996,7 @@ class UpdaterSlots {
   }
 
  private:
-  // Frees what one idle updater keeps (its buffers, else the updater): false if none is idle.
+  // Frees what one idle updater keeps (its buffers, else the updater, but the last): false if nothing is left to free.
   bool free_idle() {
     for (auto& u : idle_)
       if (u->device_bytes() > 0) {
@@ -1001,7 +1004,7 @@ class UpdaterSlots {
         u->release_device();
         return true;
       }
-    if (idle_.empty()) return false;
+    if (idle_.size() <= 1) return false;  // (the one left is the next update's: it needs a stream anyway)
     retired_ += idle_.back()->timings();
     idle_.pop_back();
     held_ -= stream_;
@@ -1071,8 +1074,9 @@ void LayerUpdater::run_shared(U1Mps& psi, const std::vector<BondGate>& updates,
         return;
       }
       // Each update's host SVDs (kernels::batched_svd's OpenMP loop over blocks, nested here) get
-      // the threads the running updates leave; each SVD still runs on one.
-      omp_set_num_threads(std::max(1, threads / lent.running));
+      // the threads the busy updates leave (in core all of them are busy: one each); each SVD
+      // still runs on one.
+      omp_set_num_threads(std::max(1, threads / lent.busy));
       try {
         lent.updater->set_host_svd_when_short(false);
         discarded[i] = lent.updater->update(psi, updates[i].bond, *updates[i].gate, trunc);

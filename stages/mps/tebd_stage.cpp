@@ -218,9 +218,10 @@ double input_truncation_error(const h5::File& in) {
   return v.back();
 }
 
-// How the updates shared the device budget, for the summary line: nothing where none waited or ran alone.
-std::string sharing_line(const LayerUpdater::Sharing& s, int threads) {
-  if (s.waited == 0 && s.alone == 0) return {};
+// How the updates shared the device budget, for the summary line: nothing where the budget held
+// every update in one piece without a wait.
+std::string sharing_line(const LayerUpdater::Sharing& s, const UpdateTimings& tm, int threads) {
+  if (s.waited == 0 && s.alone == 0 && tm.grouped == 0) return {};
   std::string line = fmt::format(
       "; within the device budget at most {} updates ran at once on {} threads ({} waited for device memory)",
       s.most_at_once, threads, s.waited);
@@ -472,7 +473,7 @@ StepPass TebdStage::Run::output(StagePlan& plan) {
           ? fmt::format("; the chain brought back to canonical form after {} gates that were not unitary, in {:.3f} s",
                         tm.canonicalizations, tm.canonical)
           : std::string(),
-      sharing_line(updater.sharing(), omp_get_max_threads()),
+      sharing_line(updater.sharing(), tm, omp_get_max_threads()),
       tm.grouped
           ? fmt::format(
                 "; {} update{} larger than {} device share went in groups of centre charges ({} groups, C and Vh "
