@@ -443,7 +443,7 @@ std::uint64_t update_bytes(const std::vector<ChargeBlock>& blocks, const std::ve
 
 // Runs of consecutive centre blocks whose groups, with C parked on the host, fit `share` device
 // bytes: the boundaries, 0 first and blocks.size() last. BudgetExceeded if one block alone does
-// not (LayerUpdater then runs fewer updates at a time, each with a larger share).
+// not (LayerUpdater lends every update at least its largest block's need, or runs it alone).
 std::vector<std::size_t> group_cuts(const std::vector<ChargeBlock>& blocks, const std::vector<std::size_t>& svd_bytes,
                                     std::size_t element, std::uint64_t share) {
   std::vector<std::size_t> cuts{0};
