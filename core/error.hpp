@@ -61,16 +61,13 @@ class RuntimeFailure : public std::runtime_error {
 // or tell the user which budget the work needs (InputError).
 class BudgetExceeded : public RuntimeFailure {
  public:
-  // budget: the MemoryBudget that refused ("device" or "host"), empty where a caller's estimate did;
-  // needed: the bytes that estimate asked for (0 where unknown), so a caller can size the retry
-  explicit BudgetExceeded(const std::string& what, std::string budget = {}, std::uint64_t needed = 0)
-      : RuntimeFailure(what), budget_(std::move(budget)), needed_(needed) {}
+  // budget: the MemoryBudget that refused ("device" or "host"), empty where a caller's estimate did
+  explicit BudgetExceeded(const std::string& what, std::string budget = {})
+      : RuntimeFailure(what), budget_(std::move(budget)) {}
   const std::string& budget() const { return budget_; }
-  std::uint64_t needed() const { return needed_; }
 
  private:
   std::string budget_;
-  std::uint64_t needed_ = 0;
 };
 
 }  // namespace qstage

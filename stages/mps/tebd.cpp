@@ -450,11 +450,9 @@ std::vector<std::size_t> group_cuts(const std::vector<ChargeBlock>& blocks, cons
   for (std::size_t i = 0; i < blocks.size(); ++i) {
     const std::uint64_t alone = update_bytes(blocks, svd_bytes, i, i + 1, element, false);
     if (alone > share)
-      throw BudgetExceeded(
-          fmt::format("mps: one charge block of {} x {} needs about {} of device memory, the update's share is {}",
-                      blocks[i].m, blocks[i].n, format_bytes(static_cast<double>(alone)),
-                      format_bytes(static_cast<double>(share))),
-          {}, alone);
+      throw BudgetExceeded(fmt::format(
+          "mps: one charge block of {} x {} needs about {} of device memory, the update's share is {}", blocks[i].m,
+          blocks[i].n, format_bytes(static_cast<double>(alone)), format_bytes(static_cast<double>(share))));
     if (i > cuts.back() && update_bytes(blocks, svd_bytes, cuts.back(), i + 1, element, false) > share) cuts.push_back(i);
   }
   cuts.push_back(blocks.size());
