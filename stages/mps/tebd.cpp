@@ -459,6 +459,8 @@ std::vector<std::size_t> group_cuts(const std::vector<ChargeBlock>& blocks, cons
   return cuts;
 }
 
+namespace {
+
 // Each centre block's SVD workspace alone on the device (0 for the blocks the host decomposes),
 // as kernels::batched_svd sizes it.
 // (cuSOLVER's answers are remembered per shape: a layer's updates ask about the same few shapes,
@@ -485,8 +487,6 @@ std::vector<std::size_t> block_svd_bytes(Stream& st, const std::vector<ChargeBlo
   }
   return bytes;
 }
-
-namespace {
 
 // What one update asks of the device budget by update_bytes' estimate: in one piece (`whole`),
 // and at the least, in groups of centre charges whose largest is one charge block (`least`).
@@ -562,9 +562,8 @@ class BondUpdate {
     const std::int64_t gpu_from = u_.gpu_svd_from_;
     svd_bytes_.assign(blocks_.size(), 0);
     std::vector<bool> svd_on_host(blocks_.size(), false);
-    if (u_.device_share_ != std::numeric_limits<std::uint64_t>::max())
+    if (u_.device_share_ != std::numeric_limits<std::uint64_t>::max()) {
       svd_bytes_ = block_svd_bytes<T>(st_, blocks_, gpu_from);
-    if (u_.device_share_ != std::numeric_limits<std::uint64_t>::max())
       for (std::size_t i = 0; i < blocks_.size(); ++i) {
         // (the last resort before a budget too small: the block's SVD without its GPU workspace)
         if (u_.host_svd_when_short_ && svd_bytes_[i] > 0 &&
@@ -573,6 +572,7 @@ class BondUpdate {
           ++svd_for_memory_;
         }
       }
+    }
     parked_ = update_bytes(blocks_, svd_bytes_, 0, blocks_.size(), sizeof(T), true) > u_.device_share_;
     cuts_ = parked_ ? group_cuts(blocks_, svd_bytes_, sizeof(T), u_.device_share_) : std::vector<std::size_t>{0, blocks_.size()};
     const std::size_t groups = cuts_.size() - 1;
@@ -903,11 +903,11 @@ namespace {
 // The device budget of a layer's updates, lent as each starts (libcudf-style: the state here, the
 // callers drive it). Every updater holds its stream's bytes (on cuda a cuBLAS workspace) and, while
 // idle, the buffers it kept; a running update holds the share it was lent plus a margin for what
-// update_bytes leaves out (the gather form's tables, the row scales, S). Updates are served in the order they ask: the
-// first in line gets clamp(what is free / those in line, its least, its whole) and waits while
-// even its least does not fit; before waiting it frees what idle updaters keep, then the idle
-// updaters themselves. So the smaller updates run many at a time, the larger in groups of centre
-// charges beside fewer, and none waits for a share it does not need.
+// update_bytes leaves out (the gather form's tables, the row scales, S). Updates are served in
+// the order they ask: the first in line gets clamp(what is free / those in line, its least, its
+// whole) and waits while even its least does not fit; before waiting it frees what idle updaters
+// keep, then the idle updaters themselves (but the last). So the smaller updates run many at a time, the larger in
+// groups of centre charges beside fewer, and none waits for a share it does not need.
 class UpdaterSlots {
  public:
   using Make = std::function<std::unique_ptr<BondUpdater>()>;
